@@ -1,0 +1,40 @@
+# Lit configuration for pagedc's compiler, CLI and runtime tests.
+import os
+import subprocess
+
+import lit.formats
+
+config.name = "pagedc"
+config.test_format = lit.formats.ShTest(execute_external=False)
+config.suffixes = [".attn", ".mlir", ".test"]
+config.excludes = ["Inputs", "lit.local.cfg", "CMakeLists.txt", "lit.cfg.py", "lit.site.cfg.py"]
+config.test_source_root = os.path.dirname(__file__)
+config.test_exec_root = os.path.join(config.pagedc_obj_root, "test")
+
+# Our tools first, then FileCheck / not / split-file from LLVM.
+path = os.path.pathsep.join([config.pagedc_tools_dir, config.llvm_tools_dir,
+                             config.environment.get("PATH", os.environ.get("PATH", ""))])
+config.environment["PATH"] = path
+# Keep the kernel cache of the tests away from the user's.
+config.environment["PAGEDC_CACHE_DIR"] = os.path.join(config.test_exec_root, "kernel-cache")
+config.environment["HOME"] = os.environ.get("HOME", "/tmp")
+
+config.substitutions.append(("%examples", os.path.join(config.pagedc_src_root, "examples")))
+config.substitutions.append(("%python", config.python_executable))
+
+if config.have_nvrtc:
+    config.available_features.add("nvrtc")
+
+# A usable GPU: pagedc itself reports whether it can open a CUDA device.
+def has_cuda_gpu():
+    tool = os.path.join(config.pagedc_tools_dir, "pagedc")
+    if not os.path.exists(tool):
+        return False
+    try:
+        result = subprocess.run([tool, "--list-devices"], capture_output=True, text=True, timeout=60)
+    except Exception:
+        return False
+    return result.returncode == 0 and "cuda:" in result.stdout
+
+if has_cuda_gpu():
+    config.available_features.add("cuda-gpu")
