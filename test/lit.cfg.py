@@ -25,13 +25,14 @@ config.substitutions.append(("%python", config.python_executable))
 if config.have_nvrtc:
     config.available_features.add("nvrtc")
 
-# A usable GPU: pagedc itself reports whether it can open a CUDA device.
+# A usable GPU: pagedc-device-query exits 0 and prints "cuda:N ..." lines only
+# when the driver loads and reports a device.
 def has_cuda_gpu():
-    tool = os.path.join(config.pagedc_tools_dir, "pagedc")
+    tool = os.path.join(config.pagedc_tools_dir, "pagedc-device-query")
     if not os.path.exists(tool):
         return False
     try:
-        result = subprocess.run([tool, "--list-devices"], capture_output=True, text=True, timeout=60)
+        result = subprocess.run([tool], capture_output=True, text=True, timeout=60)
     except Exception:
         return False
     return result.returncode == 0 and "cuda:" in result.stdout
