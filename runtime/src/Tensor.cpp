@@ -1,0 +1,253 @@
+//===- Tensor.cpp - Tensor views, DLPack mapping, float conversions -------===//
+#include "pagedc/Tensor.h"
+#include "pagedc/Error.h"
+
+#include <fmt/format.h>
+
+namespace pagedc {
+
+size_t dtypeSize(DType type) {
+  switch (type) {
+  case DType::F32: return 4;
+  case DType::F64: return 8;
+  case DType::F16: return 2;
+  case DType::BF16: return 2;
+  case DType::I32: return 4;
+  case DType::I64: return 8;
+  case DType::U8: return 1;
+  case DType::Bool: return 1;
+  }
+  return 0;
+}
+
+const char *dtypeName(DType type) {
+  switch (type) {
+  case DType::F32: return "f32";
+  case DType::F64: return "f64";
+  case DType::F16: return "f16";
+  case DType::BF16: return "bf16";
+  case DType::I32: return "i32";
+  case DType::I64: return "i64";
+  case DType::U8: return "u8";
+  case DType::Bool: return "bool";
+  }
+  return "?";
+}
+
+std::string deviceName(Device device) {
+  return device.kind == DeviceKind::CPU ? std::string("cpu")
+                                        : fmt::format("cuda:{}", device.index);
+}
+
+static void checkRank(size_t rank) {
+  if (rank > static_cast<size_t>(TensorView::kMaxRank))
+    throw Error(fmt::format("tensor rank {} exceeds the supported maximum of {}", rank,
+                            TensorView::kMaxRank));
+}
+
+TensorView::TensorView(void *data, DType dtype, std::initializer_list<int64_t> shape,
+                       Device device)
+    : TensorView(data, dtype, std::vector<int64_t>(shape), device) {}
+
+TensorView::TensorView(void *data, DType dtype, const std::vector<int64_t> &shape,
+                       Device device)
+    : data_(data), dtype_(dtype), device_(device), rank_(static_cast<int>(shape.size())) {
+  checkRank(shape.size());
+  int64_t stride = 1;
+  for (int i = rank_ - 1; i >= 0; --i) {
+    if (shape[i] < 0)
+      throw Error(fmt::format("negative extent {} in dimension {}", shape[i], i));
+    shape_[i] = shape[i];
+    strides_[i] = stride;
+    stride *= shape[i];
+  }
+}
+
+TensorView::TensorView(void *data, DType dtype, const std::vector<int64_t> &shape,
+                       const std::vector<int64_t> &strides, Device device)
+    : data_(data), dtype_(dtype), device_(device), rank_(static_cast<int>(shape.size())) {
+  checkRank(shape.size());
+  if (strides.size() != shape.size())
+    throw Error(fmt::format("shape has {} dimensions but strides have {}", shape.size(),
+                            strides.size()));
+  for (int i = 0; i < rank_; ++i) {
+    if (shape[i] < 0)
+      throw Error(fmt::format("negative extent {} in dimension {}", shape[i], i));
+    shape_[i] = shape[i];
+    strides_[i] = strides[i];
+  }
+}
+
+int64_t TensorView::numel() const {
+  int64_t n = 1;
+  for (int i = 0; i < rank_; ++i)
+    n *= shape_[i];
+  return n;
+}
+
+bool TensorView::isContiguous() const {
+  int64_t expected = 1;
+  for (int i = rank_ - 1; i >= 0; --i) {
+    if (shape_[i] != 1 && strides_[i] != expected)
+      return false;
+    expected *= shape_[i];
+  }
+  return true;
+}
+
+std::string TensorView::shapeString() const {
+  std::string text = "[";
+  for (int i = 0; i < rank_; ++i)
+    text += (i ? ", " : "") + std::to_string(shape_[i]);
+  return text + "]";
+}
+
+static DType dtypeFromDLPack(PagedcDLDataType type) {
+  if (type.lanes != 1)
+    throw Error(fmt::format("DLPack tensors with {} lanes are not supported", type.lanes));
+  switch (type.code) {
+  case 0:
+    if (type.bits == 32) return DType::I32;
+    if (type.bits == 64) return DType::I64;
+    break;
+  case 1:
+    if (type.bits == 8) return DType::U8;
+    break;
+  case 2:
+    if (type.bits == 16) return DType::F16;
+    if (type.bits == 32) return DType::F32;
+    if (type.bits == 64) return DType::F64;
+    break;
+  case 4:
+    if (type.bits == 16) return DType::BF16;
+    break;
+  case 6:
+    if (type.bits == 8) return DType::Bool;
+    break;
+  }
+  throw Error(fmt::format("unsupported DLPack dtype (code {}, {} bits)", type.code, type.bits));
+}
+
+static PagedcDLDataType dtypeToDLPack(DType type) {
+  switch (type) {
+  case DType::I32: return {0, 32, 1};
+  case DType::I64: return {0, 64, 1};
+  case DType::U8: return {1, 8, 1};
+  case DType::F16: return {2, 16, 1};
+  case DType::F32: return {2, 32, 1};
+  case DType::F64: return {2, 64, 1};
+  case DType::BF16: return {4, 16, 1};
+  case DType::Bool: return {6, 8, 1};
+  }
+  return {2, 32, 1};
+}
+
+TensorView TensorView::fromDLPack(const PagedcDLTensor &tensor) {
+  Device device;
+  if (tensor.device.device_type == 1)
+    device = Device::cpu();
+  else if (tensor.device.device_type == 2)
+    device = Device::cuda(tensor.device.device_id);
+  else
+    throw Error(fmt::format("unsupported DLPack device type {}", tensor.device.device_type));
+  if (tensor.ndim < 0)
+    throw Error("DLPack tensor with a negative rank");
+  checkRank(static_cast<size_t>(tensor.ndim));
+  DType dtype = dtypeFromDLPack(tensor.dtype);
+  std::vector<int64_t> shape(tensor.shape, tensor.shape + tensor.ndim);
+  char *data = static_cast<char *>(tensor.data) + tensor.byte_offset;
+  if (!tensor.strides)
+    return TensorView(data, dtype, shape, device);
+  std::vector<int64_t> strides(tensor.strides, tensor.strides + tensor.ndim);
+  return TensorView(data, dtype, shape, strides, device);
+}
+
+PagedcDLTensor TensorView::toDLPack() const {
+  for (int i = 0; i < rank_; ++i) {
+    dlShape_[i] = shape_[i];
+    dlStrides_[i] = strides_[i];
+  }
+  PagedcDLTensor tensor{};
+  tensor.data = data_;
+  tensor.device.device_type = device_.kind == DeviceKind::CPU ? 1 : 2;
+  tensor.device.device_id = device_.index;
+  tensor.ndim = rank_;
+  tensor.dtype = dtypeToDLPack(dtype_);
+  tensor.shape = dlShape_.data();
+  tensor.strides = dlStrides_.data();
+  tensor.byte_offset = 0;
+  return tensor;
+}
+
+HostTensor::HostTensor(DType dtype, std::vector<int64_t> shape)
+    : dtype_(dtype), shape_(std::move(shape)) {
+  for (int64_t extent : shape_)
+    if (extent < 0)
+      throw Error(fmt::format("negative extent {}", extent));
+  storage_.assign(static_cast<size_t>(numel()) * dtypeSize(dtype_), 0);
+}
+
+int64_t HostTensor::numel() const {
+  int64_t n = 1;
+  for (int64_t extent : shape_)
+    n *= extent;
+  return n;
+}
+
+uint16_t floatToHalf(float value) {
+  uint32_t bits;
+  std::memcpy(&bits, &value, 4);
+  uint32_t sign = (bits >> 16) & 0x8000u;
+  uint32_t exponent = (bits >> 23) & 0xffu;
+  uint32_t mantissa = bits & 0x7fffffu;
+  if (exponent == 0xff) // inf or NaN
+    return static_cast<uint16_t>(sign | 0x7c00u | (mantissa ? 0x200u : 0u));
+  int32_t e = static_cast<int32_t>(exponent) - 127 + 15;
+  if (e >= 0x1f) // overflow to inf
+    return static_cast<uint16_t>(sign | 0x7c00u);
+  if (e <= 0) { // subnormal or zero
+    if (e < -10)
+      return static_cast<uint16_t>(sign);
+    mantissa |= 0x800000u;
+    uint32_t shift = static_cast<uint32_t>(14 - e);
+    uint32_t half = mantissa >> shift;
+    uint32_t remainder = mantissa & ((1u << shift) - 1u);
+    uint32_t halfway = 1u << (shift - 1);
+    if (remainder > halfway || (remainder == halfway && (half & 1u)))
+      ++half;
+    return static_cast<uint16_t>(sign | half);
+  }
+  uint32_t half = sign | (static_cast<uint32_t>(e) << 10) | (mantissa >> 13);
+  uint32_t remainder = mantissa & 0x1fffu;
+  if (remainder > 0x1000u || (remainder == 0x1000u && (half & 1u)))
+    ++half; // may carry into the exponent, which rounds up to inf correctly
+  return static_cast<uint16_t>(half);
+}
+
+float halfToFloat(uint16_t bits) {
+  uint32_t sign = static_cast<uint32_t>(bits & 0x8000u) << 16;
+  uint32_t exponent = (bits >> 10) & 0x1fu;
+  uint32_t mantissa = bits & 0x3ffu;
+  uint32_t result;
+  if (exponent == 0) {
+    if (mantissa == 0) {
+      result = sign;
+    } else { // subnormal: normalise
+      int32_t e = -1;
+      do {
+        ++e;
+        mantissa <<= 1;
+      } while ((mantissa & 0x400u) == 0);
+      result = sign | (static_cast<uint32_t>(127 - 15 - e) << 23) | ((mantissa & 0x3ffu) << 13);
+    }
+  } else if (exponent == 0x1f) {
+    result = sign | 0x7f800000u | (mantissa << 13);
+  } else {
+    result = sign | ((exponent - 15 + 127) << 23) | (mantissa << 13);
+  }
+  float value;
+  std::memcpy(&value, &result, 4);
+  return value;
+}
+
+} // namespace pagedc
