@@ -1,0 +1,68 @@
+//===- CpuAttention.h - Paged flex attention on the CPU --------*- C++ -*-===//
+//
+// The CPU backend of the attention call: a tiled, multi-threaded flash
+// attention over a paged KV cache that calls compiled mods row-vectorised on
+// logical kv indices. The public flexAttention() validates its inputs and
+// then calls pagedAttention(); nothing here checks user input again.
+//
+//===----------------------------------------------------------------------===//
+#ifndef PAGEDC_RUNTIME_CPU_CPUATTENTION_H
+#define PAGEDC_RUNTIME_CPU_CPUATTENTION_H
+
+#include "pagedc/BlockMask.h"
+#include "pagedc/ModABI.h"
+#include "pagedc/Mods.h"
+#include "pagedc/Tensor.h"
+
+#include <cstdint>
+
+namespace pagedc::cpu {
+
+/// Everything one attention call needs. The caller has validated shapes,
+/// dtypes, devices (all CPU), page tables and bindings. Tensors may be
+/// strided in any dimension.
+struct PagedAttentionArgs {
+  /// [B, Hq, Lq, D], f32 or bf16.
+  TensorView q;
+  /// [Hkv, numPages, pageSize, D], f32 or bf16 storage.
+  TensorView kCache;
+  /// [Hkv, numPages, pageSize, Dv], f32 or bf16 storage.
+  TensorView vCache;
+  /// [B, pageTableStride]: row b maps the call's batch b from logical page
+  /// to physical page. Only the first ceil(kvLength[b] / pageSize) entries of
+  /// a row are read.
+  const int32_t *pageTable = nullptr;
+  int64_t pageTableStride = 0;
+  int32_t pageSize = 0;
+  /// [B]: keys at logical index >= kvLength[b] are masked out (never read).
+  const int32_t *kvLength = nullptr;
+  /// [B] or null (= 0): mods see q = qOffset[b] + row.
+  const int32_t *qOffset = nullptr;
+  /// Logical block mask or null (no block sparsity). The row used for query
+  /// position p is p / qBlockSize; batch and head extents of 1 broadcast.
+  /// Positions must lie inside the mask's numQBlocks * qBlockSize.
+  const BlockMask *blockMask = nullptr;
+  /// Mods to apply; either mod may be absent, and mods itself may be null.
+  const CompiledMods *mods = nullptr;
+  /// Bound buffers and params passed to every mod call (may be null when the
+  /// mods read none).
+  const PagedcModContext *context = nullptr;
+  /// Multiplies q.k before the score mod.
+  float scale = 1.0f;
+  /// [B, Hq, Lq, Dv], f32 or bf16. Every element is written.
+  TensorView out;
+  /// [B, Hq, Lq] f32 natural-log logsumexp of the modded scores, or empty.
+  TensorView lse;
+  /// Worker threads; 0 = hardware concurrency.
+  int threads = 0;
+};
+
+/// Computes softmax(score_mod(scale * q.k) masked) . v for every query row.
+/// Query head h reads KV head h / (Hq / Hkv). Full blocks of the block mask
+/// skip the mask mod, partial blocks apply it and blocks in neither list are
+/// skipped. A fully masked row gives out = 0 and lse = -inf.
+void pagedAttention(const PagedAttentionArgs &args);
+
+} // namespace pagedc::cpu
+
+#endif // PAGEDC_RUNTIME_CPU_CPUATTENTION_H
