@@ -1,0 +1,106 @@
+/*===- KernelArgs.h - Arguments of the CUDA kernels -------------*- C -*-===*\
+|*                                                                          *|
+|* The argument blocks of the pagedc CUDA kernels. This one header is read  *|
+|* by the host (launch code packs these structs) and, embedded verbatim,    *|
+|* by NVRTC (the kernels take them by value), so both sides always agree on *|
+|* the layout. Only fixed-width fields; every stride is in elements.        *|
+|*                                                                          *|
+\*===----------------------------------------------------------------------===*/
+#ifndef PAGEDC_KERNELARGS_H
+#define PAGEDC_KERNELARGS_H
+
+#ifndef __CUDACC_RTC__
+#include <stdint.h>
+#endif
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/// Arguments of the prefill, decode and decode-merge kernels.
+typedef struct PagedcAttentionKernelArgs {
+  /// [B, Hq, Lq, D] element type of the kernel; last dim contiguous.
+  const void *q;
+  /// [Hkv, numPages, pageSize, D]; last dim contiguous.
+  const void *k_cache;
+  /// [Hkv, numPages, pageSize, D]; last dim contiguous.
+  const void *v_cache;
+  /// [B, Hq, Lq, D]; last dim contiguous.
+  void *out;
+  /// [B, Hq, Lq] f32, contiguous; null when the kernel has no lse output.
+  float *lse;
+  /// [B, page_table_stride] physical page of each logical page.
+  const int32_t *page_table;
+  /// [B] keys at logical index >= kv_len[b] are masked out and never read.
+  const int32_t *kv_len;
+  /// [B] or null (= 0): mods see q = q_offset[b] + row.
+  const int32_t *q_offset;
+  /// Logical block mask (BlockMask.h layout) or all null for "no block
+  /// sparsity". [mask_batch, mask_heads, num_q_blocks]
+  const int32_t *kv_num_blocks;
+  /// [mask_batch, mask_heads, num_q_blocks, max_kv_blocks]
+  const int32_t *kv_indices;
+  /// [mask_batch, mask_heads, num_q_blocks] or null (no full blocks).
+  const int32_t *full_kv_num_blocks;
+  /// [mask_batch, mask_heads, num_q_blocks, max_kv_blocks] or null.
+  const int32_t *full_kv_indices;
+  /// Decode split-KV workspace: [B, Hq, Lq, num_splits, D] f32.
+  float *partial_out;
+  /// Decode split-KV workspace: [B, Hq, Lq, num_splits] f32.
+  float *partial_lse;
+  /// Strides of q for (b, h, row).
+  int64_t q_stride[3];
+  /// Strides of out for (b, h, row).
+  int64_t out_stride[3];
+  /// Strides of k_cache for (kv head, page, slot).
+  int64_t k_stride[3];
+  /// Strides of v_cache for (kv head, page, slot).
+  int64_t v_stride[3];
+  int64_t page_table_stride;
+  int32_t batch;
+  int32_t heads_q;
+  int32_t heads_kv;
+  int32_t q_len;
+  /// Block-mask extents; 1 broadcasts over the call's batch / heads.
+  int32_t mask_batch;
+  int32_t mask_heads;
+  int32_t num_q_blocks;
+  int32_t max_kv_blocks;
+  int32_t q_block_size;
+  /// A multiple of the kernel's KV tile.
+  int32_t kv_block_size;
+  /// Decode: number of KV splits and kv tokens per split (a multiple of
+  /// kv_block_size when a block mask is given, else of the KV tile).
+  int32_t num_splits;
+  int32_t split_size;
+  /// Multiplies q.k before the score mod.
+  float scale;
+  int32_t reserved;
+} PagedcAttentionKernelArgs;
+
+/// Arguments of the block-mask builder kernel. Outputs use BlockMask.h's
+/// layout with batch = `batch` and heads = `heads`.
+typedef struct PagedcBlockMaskKernelArgs {
+  /// [batch, heads, num_q_blocks]
+  int32_t *kv_num_blocks;
+  /// [batch, heads, num_q_blocks, max_kv_blocks]
+  int32_t *kv_indices;
+  /// [batch, heads, num_q_blocks]
+  int32_t *full_kv_num_blocks;
+  /// [batch, heads, num_q_blocks, max_kv_blocks]
+  int32_t *full_kv_indices;
+  int32_t batch;
+  int32_t heads;
+  int32_t q_len;
+  int32_t kv_len;
+  int32_t q_block_size;
+  int32_t kv_block_size;
+  int32_t num_q_blocks;
+  int32_t max_kv_blocks;
+} PagedcBlockMaskKernelArgs;
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* PAGEDC_KERNELARGS_H */

@@ -1,0 +1,122 @@
+//===- KernelSource.h - Assembling CUDA kernel translation units -*- C++ -*-===//
+//
+// The CUDA side of the compiler/runtime boundary. The compiler's EmitC
+// lowering produces the mod code (the hooks documented in
+// templates/Hooks.cuh); assembleKernel() surrounds it with the prelude, the
+// configuration constexprs and one kernel template, all embedded in the
+// binary at build time. The result is one self-contained CUDA source that
+// NVRTC (or nvcc) compiles with no include path.
+//
+//===----------------------------------------------------------------------===//
+#ifndef PAGEDC_KERNELSOURCE_H
+#define PAGEDC_KERNELSOURCE_H
+
+#include "pagedc/Mods.h"
+#include "pagedc/Tensor.h"
+
+#include <cstdint>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace pagedc {
+
+/// Which kernel template a translation unit instantiates.
+enum class KernelKind : uint8_t {
+  /// FlashAttention-2 style tiles over the paged cache; Lq > 1.
+  Prefill,
+  /// Split-KV decode for 1..8 query tokens; the TU also holds the merge
+  /// kernel that combines the splits by lse.
+  Decode,
+  /// Evaluates the mask mod over tiles and writes a BlockMask.
+  BlockMaskBuilder,
+};
+const char *kernelKindName(KernelKind kind);
+
+/// Compile-time configuration of one kernel. Every field becomes a constexpr
+/// in `namespace pagedc_config` of the TU.
+struct KernelConfig {
+  KernelKind kind = KernelKind::Prefill;
+  /// Element type of q, k, v and out: F16 or BF16.
+  DType elementType = DType::BF16;
+  /// Head dim of q, k and v: 64, 128 or 256.
+  int headDim = 128;
+  /// Tokens per KV page: a power of two in [1, 1024].
+  int pageSize = 16;
+  /// Prefill: query rows per CTA (64 or 128; 16 per warp).
+  int blockM = 64;
+  /// KV rows per tile (32 or 64). Block-mask kv blocks must be multiples.
+  int blockN = 64;
+  /// Decode: query heads per KV head (Hq / Hkv, any value >= 1). Prefill
+  /// reads the ratio at run time and ignores this.
+  int groupSize = 1;
+  /// Decode: query tokens per sequence (1..8, speculative decoding).
+  int queryTokens = 1;
+  /// Write lse [B, Hq, Lq] (natural log).
+  bool returnLse = false;
+  /// >= 0: the TU static_asserts sizeof(pagedc_mods::Params) == paramsSize,
+  /// catching a host/device layout disagreement at compile time.
+  int64_t paramsSize = -1;
+
+  /// Throws pagedc::Error naming the first unsupported value.
+  void validate() const;
+  /// A canonical one-line description, e.g. "prefill bf16 d128 page16 ...".
+  std::string describe() const;
+  /// Decode: query heads one CTA serves (rows = heads * queryTokens <= 64).
+  int decodeHeadsPerCta() const;
+  /// Threads per CTA of the main kernel.
+  int threadsPerCta() const;
+  /// Dynamic shared memory of the main kernel, in bytes.
+  int sharedMemoryBytes() const;
+};
+
+/// A complete CUDA translation unit and the kernels it defines.
+struct KernelSource {
+  KernelConfig config;
+  /// The CUDA source: self-contained, no #include needed.
+  std::string code;
+  /// extern "C" kernel names defined by `code` (main kernel first).
+  std::vector<std::string> kernelNames;
+  /// 1-based line in `code` where the generated mod code starts, and its
+  /// line count (for mapping compile errors back to the generator's output).
+  int modFirstLine = 0;
+  int modLineCount = 0;
+};
+
+/// Builds the TU for `config` around `generatedModCode` (the hooks of
+/// templates/Hooks.cuh). Pure string assembly; validates the config.
+KernelSource assembleKernel(const KernelConfig &config,
+                            std::string_view generatedModCode);
+
+/// Names of the embedded templates ("Prelude.cuh", "Prefill.cuh",
+/// "testing/causal.cuh", ...).
+std::vector<std::string> embeddedTemplateNames();
+/// The text of an embedded template; throws pagedc::Error for an unknown
+/// name.
+std::string_view embeddedTemplate(std::string_view name);
+
+/// Byte layout of pagedc_mods::Params for a set of declarations, following
+/// the rule in templates/Hooks.cuh.
+struct ParamsLayout {
+  struct Field {
+    std::string name;
+    int64_t offset = 0;
+    int64_t size = 0;
+  };
+  std::vector<Field> fields;
+  int64_t size = 0;
+  int64_t alignment = 1;
+
+  static ParamsLayout forDeclarations(const std::vector<ParamDecl> &params,
+                                      const std::vector<BufferDecl> &buffers);
+  /// Packs the bound values (params then, per buffer, the data pointer and
+  /// its first `rank` strides) into `size` bytes. Buffer data pointers must
+  /// be device addresses; strides are in elements.
+  std::vector<unsigned char> pack(const std::vector<ParamDecl> &params,
+                                  const std::vector<BufferDecl> &buffers,
+                                  const PagedcModContext &context) const;
+};
+
+} // namespace pagedc
+
+#endif // PAGEDC_KERNELSOURCE_H

@@ -1,0 +1,74 @@
+//===- Hooks.cuh - The boundary between generated mods and kernels -*- CUDA -*-===//
+//
+// One CUDA translation unit is assembled (pagedc::assembleKernel) as:
+//
+//   1. Prelude.cuh + KernelArgs.h        fixed: integer types, pagedc_f16 /
+//                                        pagedc_bf16, pagedc::tanh_approx,
+//                                        floor_div / floor_mod, to_float,
+//                                        the kernels' argument structs
+//   2. generated mod code                from the compiler (below)
+//   3. Hooks.cuh (this file)             checks the hooks' exact signatures
+//   4. namespace pagedc_config { ... }   configuration constexprs, emitted by
+//                                        assembleKernel from a KernelConfig
+//   5. KernelCommon.cuh + one kernel     Prefill.cuh, Decode.cuh or
+//                                        BlockMaskBuilder.cuh
+//
+// The generated code defines, in namespace pagedc_mods:
+//
+//   struct Params {
+//     // one field per runtime param, in declaration order:
+//     //   float (f32) | int32_t (i32) | bool (bool)
+//     // then one group per buffer, in declaration order:
+//     //   const T *NAME; int64_t NAME_stride[RANK];
+//     // T: float, int32_t, bool, pagedc_f16, pagedc_bf16
+//   };
+//   constexpr bool kHasMask = ...;   // false: mask() is never called
+//   constexpr bool kHasScore = ...;  // false: score() is never called
+//   struct MaskRow  { ... };  // mask values that do not depend on kv
+//   struct ScoreRow { ... };  // score values that do not depend on kv
+//   __device__ __forceinline__ MaskRow mask_row(const Params &, int b, int h,
+//                                               int q);
+//   __device__ __forceinline__ bool mask(const Params &, const MaskRow &,
+//                                        int b, int h, int q, int kv);
+//   __device__ __forceinline__ ScoreRow score_row(const Params &, int b,
+//                                                 int h, int q);
+//   __device__ __forceinline__ float score(const Params &, const ScoreRow &,
+//                                          float s, int b, int h, int q,
+//                                          int kv);
+//
+// When a mod is absent the generator still emits the four functions (empty
+// row struct, mask returning true, score returning s) and sets the flag to
+// false. Indices are LOGICAL: b is the call's batch index, h the query head,
+// q = q_offset[b] + row, kv the logical key position. `s` is the scaled
+// logit scale * q.k. The kernels call *_row once per query row they own and
+// the per-element functions only inside `if constexpr (kHas*)`.
+//
+// The host packs Params with C layout rules (each field at the next multiple
+// of its alignment: bool 1, int32_t/float 4, pointers and int64_t 8; total
+// size a multiple of the largest alignment); pagedc::ParamsLayout computes
+// it, and KernelConfig::paramsSize makes the TU static_assert the size.
+// An empty Params (no params, no buffers) is allowed.
+//
+//===----------------------------------------------------------------------===//
+
+namespace pagedc_hooks_check {
+
+/// Never called: fails to compile, naming the hook, when the generated code
+/// does not match the contract above.
+[[maybe_unused]] __device__ inline void checkHookSignatures() {
+  using namespace pagedc_mods;
+  static_assert(sizeof(kHasMask) == sizeof(bool), "kHasMask must be a bool");
+  static_assert(sizeof(kHasScore) == sizeof(bool), "kHasScore must be a bool");
+  MaskRow (*maskRowHook)(const Params &, int, int, int) = &mask_row;
+  bool (*maskHook)(const Params &, const MaskRow &, int, int, int, int) =
+      &mask;
+  ScoreRow (*scoreRowHook)(const Params &, int, int, int) = &score_row;
+  float (*scoreHook)(const Params &, const ScoreRow &, float, int, int, int,
+                     int) = &score;
+  (void)maskRowHook;
+  (void)maskHook;
+  (void)scoreRowHook;
+  (void)scoreHook;
+}
+
+} // namespace pagedc_hooks_check

@@ -1,0 +1,87 @@
+//===- Prelude.cuh - Types and helpers every kernel TU starts with -*- CUDA -*-===//
+//
+// The first part of every generated translation unit. It includes no CUDA
+// header (NVRTC's front end time is most of a cold compile), so it declares
+// the fixed-width integers itself, the 16-bit element types the kernels and
+// mods use, and the helpers generated mod code may call:
+//
+//   pagedc::tanh_approx(x)      tanh.approx.f32 (max rel. error ~2^-11)
+//   pagedc::floor_div(a, b)     integer division rounding toward -infinity
+//   pagedc::floor_mod(a, b)     the matching modulo (sign of b)
+//   pagedc::to_float(v)         f16 / bf16 / float / int32 / bool -> float
+//   pagedc::kInfinity           +infinity as a float constant
+//
+// Numerics: the TU is compiled without --use_fast_math, so mod arithmetic is
+// IEEE f32 (with FMA contraction, as nvcc does by default). The softmax uses
+// ex2.approx explicitly; that is the only approximate function the kernels
+// add besides tanh_approx where a mod asks for it.
+//
+//===----------------------------------------------------------------------===//
+
+#ifdef __CUDACC_RTC__
+typedef signed char int8_t;
+typedef unsigned char uint8_t;
+typedef short int16_t;
+typedef unsigned short uint16_t;
+typedef int int32_t;
+typedef unsigned int uint32_t;
+typedef long long int64_t;
+typedef unsigned long long uint64_t;
+#else
+#include <stdint.h>
+#endif
+
+#define PAGEDC_DEVICE __device__ __forceinline__
+
+/// IEEE binary16 storage (bits only; arithmetic happens in f32).
+struct pagedc_f16 {
+  uint16_t bits;
+};
+/// bfloat16 storage (bits only; arithmetic happens in f32).
+struct pagedc_bf16 {
+  uint16_t bits;
+};
+
+namespace pagedc {
+
+constexpr float kInfinity = __int_as_float(0x7f800000);
+
+PAGEDC_DEVICE float to_float(float v) { return v; }
+PAGEDC_DEVICE float to_float(int32_t v) { return static_cast<float>(v); }
+PAGEDC_DEVICE float to_float(bool v) { return v ? 1.0f : 0.0f; }
+PAGEDC_DEVICE float to_float(pagedc_f16 v) {
+  float out;
+  asm("cvt.f32.f16 %0, %1;" : "=f"(out) : "h"(v.bits));
+  return out;
+}
+PAGEDC_DEVICE float to_float(pagedc_bf16 v) {
+  return __uint_as_float(static_cast<uint32_t>(v.bits) << 16);
+}
+
+/// tanh through the hardware approximation (sm_75+).
+PAGEDC_DEVICE float tanh_approx(float x) {
+  float out;
+  asm("tanh.approx.f32 %0, %1;" : "=f"(out) : "f"(x));
+  return out;
+}
+
+/// 2^x through the hardware approximation; -inf gives 0.
+PAGEDC_DEVICE float exp2_approx(float x) {
+  float out;
+  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(out) : "f"(x));
+  return out;
+}
+
+/// Integer division rounding toward negative infinity (Python's //).
+PAGEDC_DEVICE int32_t floor_div(int32_t a, int32_t b) {
+  int32_t quotient = a / b;
+  return (a % b != 0 && ((a < 0) != (b < 0))) ? quotient - 1 : quotient;
+}
+/// The modulo matching floor_div (Python's %): the result has b's sign.
+PAGEDC_DEVICE int32_t floor_mod(int32_t a, int32_t b) {
+  int32_t remainder = a % b;
+  return (remainder != 0 && ((remainder < 0) != (b < 0))) ? remainder + b
+                                                          : remainder;
+}
+
+} // namespace pagedc
