@@ -1,0 +1,518 @@
+//===- KVCache.cpp - A paged key/value cache ------------------------------===//
+#include "pagedc/KVCache.h"
+#include "pagedc/Error.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cstdlib>
+#include <cstring>
+#include <limits>
+#include <map>
+#include <mutex>
+#include <unordered_map>
+#include <unordered_set>
+
+namespace pagedc {
+
+//===----------------------------------------------------------------------===//
+// Host memory and the memory registry
+//===----------------------------------------------------------------------===//
+
+namespace {
+
+class HostKVMemory final : public KVMemory {
+public:
+  Device device() const override { return Device::cpu(); }
+
+  void *allocate(size_t bytes) override {
+    void *data = std::calloc(std::max<size_t>(bytes, 1), 1);
+    if (!data)
+      throw Error(fmt::format("out of host memory allocating {} bytes for the KV cache", bytes));
+    return data;
+  }
+
+  void deallocate(void *data, size_t) noexcept override { std::free(data); }
+
+  void copy(void *dst, const void *src, size_t bytes) override {
+    std::memmove(dst, src, bytes);
+  }
+
+  void scatterRows(const TensorView &values, const TensorView &cache,
+                   const int64_t *slots) override {
+    const size_t elementSize = dtypeSize(values.dtype());
+    const int64_t batch = values.size(0), heads = values.size(1), seqLen = values.size(2),
+                  dim = values.size(3);
+    const int64_t rows = cache.size(1);
+    const auto *source = static_cast<const unsigned char *>(values.data());
+    auto *target = static_cast<unsigned char *>(cache.data());
+    const size_t rowBytes = static_cast<size_t>(dim) * elementSize;
+    for (int64_t b = 0; b < batch; ++b)
+      for (int64_t h = 0; h < heads; ++h)
+        for (int64_t s = 0; s < seqLen; ++s) {
+          const unsigned char *from =
+              source + (b * values.stride(0) + h * values.stride(1) + s * values.stride(2)) *
+                           static_cast<int64_t>(elementSize);
+          unsigned char *to = target + ((h * rows + slots[b * seqLen + s]) * dim) *
+                                           static_cast<int64_t>(elementSize);
+          if (values.stride(3) == 1) {
+            std::memcpy(to, from, rowBytes);
+            continue;
+          }
+          for (int64_t d = 0; d < dim; ++d)
+            std::memcpy(to + d * elementSize,
+                        from + d * values.stride(3) * static_cast<int64_t>(elementSize),
+                        elementSize);
+        }
+  }
+};
+
+std::mutex registryMutex;
+std::map<DeviceKind, KVMemoryFactory> &memoryFactories() {
+  static std::map<DeviceKind, KVMemoryFactory> factories;
+  return factories;
+}
+
+std::shared_ptr<KVMemory> memoryFor(Device device) {
+  if (device.kind == DeviceKind::CPU)
+    return hostKVMemory();
+  KVMemoryFactory factory;
+  {
+    std::lock_guard<std::mutex> lock(registryMutex);
+    auto it = memoryFactories().find(device.kind);
+    if (it != memoryFactories().end())
+      factory = it->second;
+  }
+  if (!factory)
+    throw Error(fmt::format("KV cache memory on {} is not available in this build",
+                            deviceName(device)));
+  return factory(device);
+}
+
+bool isPowerOfTwo(int64_t value) { return value > 0 && (value & (value - 1)) == 0; }
+
+/// Reads element i of a rank-1 or the (i, j) element of a rank-2 integer view.
+int64_t readIndex(const TensorView &view, int64_t offset) {
+  if (view.dtype() == DType::I32)
+    return view.dataAs<const int32_t>()[offset];
+  return view.dataAs<const int64_t>()[offset];
+}
+
+void checkIndexTensor(const TensorView &view, const char *name, int rank) {
+  if (view.rank() != rank)
+    throw Error(fmt::format("{} must have rank {} but has shape {}", name, rank,
+                            view.shapeString()));
+  if (view.dtype() != DType::I32 && view.dtype() != DType::I64)
+    throw Error(fmt::format("{} must be i32 or i64 but is {}", name, dtypeName(view.dtype())));
+  if (view.device().kind != DeviceKind::CPU)
+    throw Error(fmt::format("{} must be in host memory but is on {}", name,
+                            deviceName(view.device())));
+  if (view.data() == nullptr && view.numel() != 0)
+    throw Error(fmt::format("{} has no data", name));
+}
+
+} // namespace
+
+std::shared_ptr<KVMemory> hostKVMemory() {
+  static std::shared_ptr<KVMemory> memory = std::make_shared<HostKVMemory>();
+  return memory;
+}
+
+void setKVMemoryFactory(DeviceKind kind, KVMemoryFactory factory) {
+  std::lock_guard<std::mutex> lock(registryMutex);
+  memoryFactories()[kind] = std::move(factory);
+}
+
+//===----------------------------------------------------------------------===//
+// Construction
+//===----------------------------------------------------------------------===//
+
+static void checkConfig(const KVCacheConfig &config) {
+  constexpr int64_t kMaxInt32 = std::numeric_limits<int32_t>::max();
+  if (!isPowerOfTwo(config.pageSize) || config.pageSize > 1024)
+    throw Error(fmt::format("page size must be a power of two from 1 to 1024 but is {}",
+                            config.pageSize));
+  if (config.numPages < 1 || config.numPages > kMaxInt32 / config.pageSize)
+    throw Error(fmt::format("number of pages must be from 1 to {} for page size {} but is {}",
+                            kMaxInt32 / config.pageSize, config.pageSize, config.numPages));
+  if (config.maxBatch < 1 || config.maxBatch > kMaxInt32)
+    throw Error(fmt::format("max batch must be at least 1 but is {}", config.maxBatch));
+  if (config.heads < 1)
+    throw Error(fmt::format("number of KV heads must be at least 1 but is {}", config.heads));
+  if (config.headDim < 1 || config.valueHeadDim < 1)
+    throw Error(fmt::format("head dims must be at least 1 but are D={} and Dv={}",
+                            config.headDim, config.valueHeadDim));
+  if (config.dtype != DType::F32 && config.dtype != DType::F16 && config.dtype != DType::BF16)
+    throw Error(fmt::format("KV cache dtype must be f32, f16 or bf16 but is {}",
+                            dtypeName(config.dtype)));
+  // Bytes of the larger of K and V must fit size_t with room to spare.
+  const double bytes = static_cast<double>(config.heads) * static_cast<double>(config.numPages) *
+                       static_cast<double>(config.pageSize) *
+                       static_cast<double>(std::max(config.headDim, config.valueHeadDim)) *
+                       static_cast<double>(dtypeSize(config.dtype));
+  if (bytes > 9.0e18)
+    throw Error("KV cache is too large to address");
+}
+
+PagedKVCache::PagedKVCache(const KVCacheConfig &config, std::shared_ptr<KVMemory> memory)
+    : config_(config) {
+  checkConfig(config);
+  memory_ = memory ? std::move(memory) : memoryFor(config.device);
+  if (memory_->device() != config.device)
+    throw Error(fmt::format("KV cache memory is on {} but the cache is configured for {}",
+                            deviceName(memory_->device()), deviceName(config.device)));
+  allocateStorage();
+}
+
+PagedKVCache::PagedKVCache(const KVCacheConfig &config, const TensorView &kCache,
+                           const TensorView &vCache, std::shared_ptr<KVMemory> memory)
+    : config_(config) {
+  checkConfig(config);
+  const std::vector<int64_t> kShape = {config.heads, config.numPages, config.pageSize,
+                                       config.headDim};
+  const std::vector<int64_t> vShape = {config.heads, config.numPages, config.pageSize,
+                                       config.valueHeadDim};
+  auto check = [&](const TensorView &view, const std::vector<int64_t> &shape, const char *name) {
+    if (view.shape() != shape)
+      throw Error(fmt::format("{} storage must have shape {} ([Hkv, numPages, pageSize, D]) "
+                              "but has {}",
+                              name, TensorView(nullptr, config.dtype, shape).shapeString(),
+                              view.shapeString()));
+    if (view.dtype() != config.dtype)
+      throw Error(fmt::format("{} storage is {} but the cache is {}", name,
+                              dtypeName(view.dtype()), dtypeName(config.dtype)));
+    if (view.device() != config.device)
+      throw Error(fmt::format("{} storage is on {} but the cache is configured for {}", name,
+                              deviceName(view.device()), deviceName(config.device)));
+    if (!view.isContiguous())
+      throw Error(fmt::format("{} storage must be compact (row-major) but has strides that "
+                              "are not",
+                              name));
+    if (view.data() == nullptr)
+      throw Error(fmt::format("{} storage has no data", name));
+  };
+  check(kCache, kShape, "K");
+  check(vCache, vShape, "V");
+  memory_ = memory ? std::move(memory) : memoryFor(config.device);
+  if (memory_->device() != config.device)
+    throw Error(fmt::format("KV cache memory is on {} but the cache is configured for {}",
+                            deviceName(memory_->device()), deviceName(config.device)));
+  kCache_ = TensorView(kCache.data(), config.dtype, kShape, config.device);
+  vCache_ = TensorView(vCache.data(), config.dtype, vShape, config.device);
+  tables_.resize(static_cast<size_t>(config.maxBatch));
+  freePages_.reserve(static_cast<size_t>(config.numPages));
+  for (int64_t page = config.numPages - 1; page >= 0; --page)
+    freePages_.push_back(static_cast<int32_t>(page));
+  refCount_.assign(static_cast<size_t>(config.numPages), 0);
+  pageLogical_.assign(static_cast<size_t>(config.numPages), -1);
+}
+
+void PagedKVCache::allocateStorage() {
+  const size_t elementSize = dtypeSize(config_.dtype);
+  const size_t rows = static_cast<size_t>(config_.heads * config_.numPages * config_.pageSize);
+  kBytes_ = rows * static_cast<size_t>(config_.headDim) * elementSize;
+  vBytes_ = rows * static_cast<size_t>(config_.valueHeadDim) * elementSize;
+  void *k = memory_->allocate(kBytes_);
+  void *v = nullptr;
+  try {
+    v = memory_->allocate(vBytes_);
+    tables_.resize(static_cast<size_t>(config_.maxBatch));
+    freePages_.reserve(static_cast<size_t>(config_.numPages));
+    refCount_.assign(static_cast<size_t>(config_.numPages), 0);
+    pageLogical_.assign(static_cast<size_t>(config_.numPages), -1);
+  } catch (...) {
+    memory_->deallocate(k, kBytes_);
+    if (v)
+      memory_->deallocate(v, vBytes_);
+    throw;
+  }
+  for (int64_t page = config_.numPages - 1; page >= 0; --page)
+    freePages_.push_back(static_cast<int32_t>(page));
+  ownsStorage_ = true;
+  kCache_ = TensorView(k, config_.dtype,
+                       {config_.heads, config_.numPages, config_.pageSize, config_.headDim},
+                       config_.device);
+  vCache_ = TensorView(v, config_.dtype,
+                       {config_.heads, config_.numPages, config_.pageSize, config_.valueHeadDim},
+                       config_.device);
+}
+
+PagedKVCache::~PagedKVCache() {
+  if (ownsStorage_) {
+    memory_->deallocate(kCache_.data(), kBytes_);
+    memory_->deallocate(vCache_.data(), vBytes_);
+  }
+}
+
+//===----------------------------------------------------------------------===//
+// Allocation
+//===----------------------------------------------------------------------===//
+
+void PagedKVCache::checkSlot(int64_t slot, const char *what) const {
+  if (slot < 0 || slot >= config_.maxBatch)
+    throw Error(fmt::format("{} slot {} is out of range [0, {})", what, slot, config_.maxBatch));
+}
+
+void PagedKVCache::checkPage(int64_t page) const {
+  if (page < 0 || page >= config_.numPages)
+    throw Error(fmt::format("page {} is out of range [0, {})", page, config_.numPages));
+}
+
+static Error outOfPages(int64_t requested, int64_t available) {
+  return Error(fmt::format("requested {} pages but there are only {} empty pages", requested,
+                           available));
+}
+
+int32_t PagedKVCache::takeFreePage() {
+  int32_t page = freePages_.back();
+  freePages_.pop_back();
+  refCount_[page] = 1;
+  return page;
+}
+
+void PagedKVCache::copyPage(int32_t dst, int32_t src) {
+  const int64_t elementSize = static_cast<int64_t>(dtypeSize(config_.dtype));
+  auto copyIn = [&](const TensorView &storage, int64_t dim) {
+    auto *base = static_cast<unsigned char *>(storage.data());
+    const int64_t pageBytes = config_.pageSize * dim * elementSize;
+    for (int64_t h = 0; h < config_.heads; ++h)
+      memory_->copy(base + (h * config_.numPages + dst) * pageBytes,
+                    base + (h * config_.numPages + src) * pageBytes,
+                    static_cast<size_t>(pageBytes));
+  };
+  copyIn(kCache_, config_.headDim);
+  copyIn(vCache_, config_.valueHeadDim);
+}
+
+void PagedKVCache::reserve(int64_t slot, int64_t seqLen) {
+  checkSlot(slot, "reserve:");
+  if (seqLen < 0)
+    throw Error(fmt::format("reserve: sequence length must not be negative but is {}", seqLen));
+  std::vector<int32_t> &table = tables_[slot];
+  const int64_t capacity = static_cast<int64_t>(table.size()) * config_.pageSize;
+  if (seqLen <= capacity)
+    return;
+  const int64_t needed = (seqLen - capacity + config_.pageSize - 1) / config_.pageSize;
+  if (needed > freePageCount())
+    throw outOfPages(needed, freePageCount());
+  table.reserve(table.size() + static_cast<size_t>(needed)); // the only step that may throw
+  // Like the reference, take the free list's last `needed` entries in list
+  // order: the first of them becomes the lowest new logical page.
+  const size_t first = freePages_.size() - static_cast<size_t>(needed);
+  for (size_t i = first; i < freePages_.size(); ++i) {
+    const int32_t page = freePages_[i];
+    refCount_[page] = 1;
+    pageLogical_[page] = static_cast<int32_t>(table.size());
+    table.push_back(page);
+  }
+  freePages_.resize(first);
+}
+
+void PagedKVCache::erase(int64_t slot) {
+  checkSlot(slot, "erase:");
+  std::vector<int32_t> &table = tables_[slot];
+  for (int32_t page : table) {
+    if (--refCount_[page] == 0) {
+      pageLogical_[page] = -1;
+      freePages_.push_back(page); // capacity is numPages: never reallocates
+    }
+  }
+  table.clear();
+}
+
+void PagedKVCache::fork(int64_t src, int64_t dst, int64_t length) {
+  checkSlot(src, "fork: source");
+  checkSlot(dst, "fork: destination");
+  if (src == dst)
+    throw Error(fmt::format("fork: source and destination are the same slot {}", src));
+  if (!tables_[dst].empty())
+    throw Error(fmt::format("fork: destination slot {} is not empty (capacity {}); erase it "
+                            "first",
+                            dst, capacity(dst)));
+  if (length < 0 || length > capacity(src))
+    throw Error(fmt::format("fork: length {} is outside the source slot {}'s capacity [0, {}]",
+                            length, src, capacity(src)));
+  const std::vector<int32_t> &source = tables_[src];
+  const int64_t sharedPages = length / config_.pageSize;
+  const bool partial = length % config_.pageSize != 0;
+  if (partial && freePageCount() < 1)
+    throw outOfPages(1, freePageCount());
+  std::vector<int32_t> &target = tables_[dst];
+  target.reserve(static_cast<size_t>(sharedPages + (partial ? 1 : 0)));
+  for (int64_t i = 0; i < sharedPages; ++i) {
+    ++refCount_[source[i]];
+    target.push_back(source[i]);
+  }
+  if (partial) {
+    int32_t page = takeFreePage();
+    pageLogical_[page] = static_cast<int32_t>(sharedPages);
+    copyPage(page, source[sharedPages]);
+    target.push_back(page);
+  }
+}
+
+void PagedKVCache::assign(const TensorView &batchIdx, const TensorView &inputPos,
+                          const TensorView &k, const TensorView &v) {
+  checkIndexTensor(batchIdx, "assign: batch_idx", 1);
+  checkIndexTensor(inputPos, "assign: input_pos", 2);
+  if (k.rank() != 4)
+    throw Error(fmt::format("assign: k must be [B, H, S, D] but has shape {}", k.shapeString()));
+  if (v.rank() != 4)
+    throw Error(fmt::format("assign: v must be [B, H, S, Dv] but has shape {}",
+                            v.shapeString()));
+  const int64_t batch = k.size(0), heads = k.size(1), seqLen = k.size(2);
+  if (batch != batchIdx.size(0))
+    throw Error(fmt::format("Expect val and batch_idx have the same batch size but got B={} "
+                            "and B={}.",
+                            batch, batchIdx.size(0)));
+  if (heads != config_.heads)
+    throw Error(fmt::format("Expect val and cache has the same number of heads but got H={} "
+                            "and H={}.",
+                            heads, config_.heads));
+  if (inputPos.size(0) != batch)
+    throw Error(fmt::format("Expect val and input_pos have the same batch size but got B={} "
+                            "and B={}.",
+                            batch, inputPos.size(0)));
+  if (seqLen != inputPos.size(1))
+    throw Error(fmt::format("Expect val and input_pos has the same length but got S={} and "
+                            "S={}.",
+                            seqLen, inputPos.size(1)));
+  if (k.size(3) != config_.headDim)
+    throw Error(fmt::format("Expect k_val and k_cache has the same hidden dim but got D={} and "
+                            "D={}.",
+                            k.size(3), config_.headDim));
+  if (v.size(3) != config_.valueHeadDim)
+    throw Error(fmt::format("Expect v_val and v_cache has the same hidden dim but got D={} and "
+                            "D={}.",
+                            v.size(3), config_.valueHeadDim));
+  if (v.size(0) != batch || v.size(1) != heads || v.size(2) != seqLen)
+    throw Error(fmt::format("assign: k has shape {} but v has shape {}; they must agree in B, "
+                            "H and S",
+                            k.shapeString(), v.shapeString()));
+  for (const auto &[view, name] : {std::make_pair(&k, "k"), std::make_pair(&v, "v")}) {
+    if (view->dtype() != config_.dtype)
+      throw Error(fmt::format("assign: {} is {} but the cache stores {} (no conversion is done)",
+                              name, dtypeName(view->dtype()), dtypeName(config_.dtype)));
+    if (view->device() != config_.device)
+      throw Error(fmt::format("assign: {} is on {} but the cache is on {}", name,
+                              deviceName(view->device()), deviceName(config_.device)));
+    if (view->data() == nullptr && view->numel() != 0)
+      throw Error(fmt::format("assign: {} has no data", name));
+  }
+
+  // Validate every slot and position and find the logical pages written.
+  std::vector<int64_t> slots(static_cast<size_t>(batch), 0);
+  for (int64_t b = 0; b < batch; ++b) {
+    int64_t slot = readIndex(batchIdx, b * batchIdx.stride(0));
+    if (slot < 0 || slot >= config_.maxBatch)
+      throw Error(fmt::format("assign: batch_idx[{}] = {} is out of range [0, {})", b, slot,
+                              config_.maxBatch));
+    slots[b] = slot;
+    const int64_t cap = capacity(slot);
+    for (int64_t s = 0; s < seqLen; ++s) {
+      int64_t pos = readIndex(inputPos, b * inputPos.stride(0) + s * inputPos.stride(1));
+      if (pos < 0 || pos >= cap)
+        throw Error(fmt::format("assign: input_pos[{}, {}] = {} is outside slot {}'s reserved "
+                                "capacity [0, {})",
+                                b, s, pos, slot, cap));
+    }
+  }
+
+  // Copy-on-write: every shared page about to be written needs a fresh page.
+  // Simulate reference drops so two writers of one page copy it only once.
+  std::vector<std::pair<int64_t, int64_t>> copies; // (slot, logical page)
+  std::unordered_map<int32_t, int32_t> dropped;
+  std::unordered_set<int64_t> seen; // slot * numPages + logical page
+  for (int64_t b = 0; b < batch; ++b)
+    for (int64_t s = 0; s < seqLen; ++s) {
+      int64_t pos = readIndex(inputPos, b * inputPos.stride(0) + s * inputPos.stride(1));
+      int64_t logical = pos / config_.pageSize;
+      int32_t page = tables_[slots[b]][logical];
+      if (refCount_[page] <= 1)
+        continue;
+      if (!seen.insert(slots[b] * config_.numPages + logical).second)
+        continue;
+      if (refCount_[page] - dropped[page] > 1) {
+        copies.emplace_back(slots[b], logical);
+        ++dropped[page];
+      }
+    }
+  if (static_cast<int64_t>(copies.size()) > freePageCount())
+    throw Error(fmt::format("assign: copy-on-write of shared pages requested {} pages but there "
+                            "are only {} empty pages",
+                            copies.size(), freePageCount()));
+  std::vector<int64_t> rows(static_cast<size_t>(batch * seqLen));
+  for (const auto &[slot, logical] : copies) {
+    int32_t shared = tables_[slot][logical];
+    int32_t page = takeFreePage();
+    pageLogical_[page] = static_cast<int32_t>(logical);
+    copyPage(page, shared);
+    --refCount_[shared];
+    tables_[slot][logical] = page;
+  }
+  for (int64_t b = 0; b < batch; ++b)
+    for (int64_t s = 0; s < seqLen; ++s) {
+      int64_t pos = readIndex(inputPos, b * inputPos.stride(0) + s * inputPos.stride(1));
+      rows[b * seqLen + s] =
+          static_cast<int64_t>(tables_[slots[b]][pos / config_.pageSize]) * config_.pageSize +
+          pos % config_.pageSize;
+    }
+  if (rows.empty() || heads == 0)
+    return;
+  const int64_t totalRows = config_.numPages * config_.pageSize;
+  TensorView kRows(kCache_.data(), config_.dtype, {config_.heads, totalRows, config_.headDim},
+                   config_.device);
+  TensorView vRows(vCache_.data(), config_.dtype,
+                   {config_.heads, totalRows, config_.valueHeadDim}, config_.device);
+  memory_->scatterRows(k, kRows, rows.data());
+  memory_->scatterRows(v, vRows, rows.data());
+}
+
+//===----------------------------------------------------------------------===//
+// Queries
+//===----------------------------------------------------------------------===//
+
+int64_t PagedKVCache::capacity(int64_t slot) const {
+  checkSlot(slot, "capacity:");
+  return static_cast<int64_t>(tables_[slot].size()) * config_.pageSize;
+}
+
+const std::vector<int32_t> &PagedKVCache::pageTable(int64_t slot) const {
+  checkSlot(slot, "page table:");
+  return tables_[slot];
+}
+
+std::vector<int32_t> PagedKVCache::densePageTable(const std::vector<int32_t> &slots,
+                                                  int64_t columns) const {
+  int64_t width = columns;
+  for (int32_t slot : slots) {
+    checkSlot(slot, "page table:");
+    if (columns < 0)
+      width = std::max<int64_t>(width, static_cast<int64_t>(tables_[slot].size()));
+  }
+  width = std::max<int64_t>(width, 0);
+  std::vector<int32_t> dense(slots.size() * static_cast<size_t>(width), -1);
+  for (size_t row = 0; row < slots.size(); ++row) {
+    const std::vector<int32_t> &table = tables_[slots[row]];
+    const size_t count = std::min(table.size(), static_cast<size_t>(width));
+    std::copy(table.begin(), table.begin() + count, dense.begin() + row * width);
+  }
+  return dense;
+}
+
+int32_t PagedKVCache::physicalToLogical(int64_t slot, int64_t page) const {
+  checkSlot(slot, "physical to logical:");
+  checkPage(page);
+  const int32_t logical = pageLogical_[page];
+  if (logical < 0)
+    return -1;
+  const std::vector<int32_t> &table = tables_[slot];
+  return static_cast<size_t>(logical) < table.size() && table[logical] == page ? logical : -1;
+}
+
+int32_t PagedKVCache::pageRefCount(int64_t page) const {
+  checkPage(page);
+  return refCount_[page];
+}
+
+} // namespace pagedc
