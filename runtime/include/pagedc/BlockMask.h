@@ -5,10 +5,14 @@
 // element; "full" tiles (full_kv_indices) are kept whole and skip mask_mod;
 // tiles in neither list are skipped. Indices are *logical* kv block numbers:
 // pagedc kernels translate them through the page table themselves.
+// createBlockMask() builds one from a compiled mask mod; convertLogical-
+// BlockMask() (PhysicalBlockMask.h) maps one onto a paged KV cache.
 //
 //===----------------------------------------------------------------------===//
 #ifndef PAGEDC_BLOCKMASK_H
 #define PAGEDC_BLOCKMASK_H
+
+#include "pagedc/ModABI.h"
 
 #include <cstdint>
 #include <vector>
@@ -56,7 +60,71 @@ struct BlockMask {
   int32_t fullCount(int64_t b, int64_t h, int64_t qBlock) const {
     return fullKvNumBlocks.empty() ? 0 : fullKvNumBlocks[rowIndex(b, h, qBlock)];
   }
+  /// ceil(kvLength / kvBlockSize): the kv blocks the mask's indices range over.
+  int64_t numKvBlocks() const {
+    return kvBlockSize > 0 ? (kvLength + kvBlockSize - 1) / kvBlockSize : 0;
+  }
 };
+
+struct CompiledMods;
+
+/// How createBlockMask() classifies blocks.
+enum class BlockMaskMethod : uint8_t {
+  /// The fastest exact method the mods allow: whole diagonals when the mask's
+  /// dependence says it reads q and kv only through q - kv, else the
+  /// compiler's block classifier when there is one, else element-wise.
+  Auto,
+  /// Evaluate mods.maskRow on every (q, kv) pair (the general path).
+  ElementWise,
+};
+
+/// Builds the block mask of `mods`' mask mod for a B x H x qLength x kvLength
+/// attention with blocks of qBlockSize x kvBlockSize. A batch or head extent
+/// of 1 broadcasts; when the mask's dependence analysis says it reads
+/// neither b nor h, the mask is built with extent 1 there whatever B and H
+/// are. A last partial q or kv block is classified from its in-range indices
+/// only. Without a mask mod every block is full. Throws pagedc::Error for
+/// non-positive sizes, lengths beyond int32, or a mask mod with no CPU
+/// function.
+BlockMask createBlockMask(const CompiledMods &mods, const PagedcModContext &context,
+                          int64_t batch, int64_t heads, int64_t qLength, int64_t kvLength,
+                          int32_t qBlockSize = 128, int32_t kvBlockSize = 128,
+                          BlockMaskMethod method = BlockMaskMethod::Auto);
+
+/// Builds a block mask from FlexAttention-style block lists (from_kv_blocks):
+/// `kvNumBlocks` [batch, heads, numQBlocks], `kvIndices` [..., maxKvBlocks],
+/// and optionally the full-block pair (both empty for none). Checks every
+/// size, count and valid index (in range, no block listed twice in a row).
+BlockMask blockMaskFromKvBlocks(std::vector<int32_t> kvNumBlocks, std::vector<int32_t> kvIndices,
+                                std::vector<int32_t> fullKvNumBlocks,
+                                std::vector<int32_t> fullKvIndices, int64_t batch,
+                                int64_t heads, int64_t maxKvBlocks, int64_t qLength,
+                                int64_t kvLength, int32_t qBlockSize = 128,
+                                int32_t kvBlockSize = 128);
+
+/// Builds a block mask from a dense element mask `dense` [batch, heads,
+/// qLength, kvLength] (nonzero = keep): all-true blocks are full, mixed ones
+/// partial, all-false ones absent.
+BlockMask denseToBlockMask(const uint8_t *dense, int64_t batch, int64_t heads, int64_t qLength,
+                           int64_t kvLength, int32_t qBlockSize = 128,
+                           int32_t kvBlockSize = 128);
+
+/// Checks a block mask's structure (the invariants blockMaskFromKvBlocks()
+/// checks); throws pagedc::Error naming the first violation.
+void validateBlockMask(const BlockMask &mask);
+
+/// Block classes: 0 = skipped, 1 = partial, 2 = full.
+enum BlockClass : uint8_t { EmptyBlock = 0, PartialBlock = 1, FullBlock = 2 };
+
+/// The mask's block classes as a dense [batch, heads, numQBlocks,
+/// numKvBlocks] array of BlockClass values.
+std::vector<uint8_t> toDenseBlocks(const BlockMask &mask);
+
+/// The element mask the block mask stands for, [batch, heads, qLength,
+/// kvLength] of 0/1: full blocks are 1, skipped blocks 0, and partial blocks
+/// evaluate `mods`' mask mod (1 everywhere when mods is null or has none).
+std::vector<uint8_t> toDense(const BlockMask &mask, const CompiledMods *mods = nullptr,
+                             const PagedcModContext *context = nullptr);
 
 } // namespace pagedc
 

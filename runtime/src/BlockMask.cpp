@@ -1,0 +1,460 @@
+//===- BlockMask.cpp - Building and checking block masks ------------------===//
+//
+// createBlockMask() has three ways to classify a block, from fastest to most
+// general:
+//  * diagonal: the mask reads q and kv only through q - kv, so a block's
+//    class is a function of the set of differences it covers. With equal
+//    block sizes every interior block on one block diagonal covers the same
+//    set, so each diagonal is classified once; edge blocks (partial last q or
+//    kv block) and unequal block sizes use a prefix sum over a table of the
+//    mask per difference, which needs only qLength + kvLength evaluations.
+//  * block classifier: the compiler's interval classification, per block.
+//  * element-wise: maskRow over every (q, kv) pair.
+//
+//===----------------------------------------------------------------------===//
+#include "pagedc/BlockMask.h"
+#include "pagedc/Error.h"
+#include "pagedc/Mods.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <limits>
+
+namespace pagedc {
+
+namespace {
+
+constexpr int64_t kMaxIndex = std::numeric_limits<int32_t>::max();
+
+int64_t ceilDiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
+
+/// Block geometry of one mask.
+struct Geometry {
+  int64_t qLength, kvLength;
+  int64_t qBlock, kvBlock;
+  int64_t numQ, numKv;
+
+  Geometry(int64_t qLength, int64_t kvLength, int64_t qBlock, int64_t kvBlock)
+      : qLength(qLength), kvLength(kvLength), qBlock(qBlock), kvBlock(kvBlock),
+        numQ(ceilDiv(qLength, qBlock)), numKv(ceilDiv(kvLength, kvBlock)) {}
+  int64_t qLo(int64_t i) const { return i * qBlock; }
+  int64_t qHi(int64_t i) const { return std::min((i + 1) * qBlock, qLength) - 1; }
+  int64_t kvLo(int64_t j) const { return j * kvBlock; }
+  int64_t kvHi(int64_t j) const { return std::min((j + 1) * kvBlock, kvLength) - 1; }
+};
+
+void checkSizes(int64_t batch, int64_t heads, int64_t qLength, int64_t kvLength,
+                int64_t qBlockSize, int64_t kvBlockSize) {
+  if (batch < 1 || heads < 1)
+    throw Error(fmt::format("block mask batch and heads must be at least 1 but are B={} and "
+                            "H={}",
+                            batch, heads));
+  if (qLength < 1 || kvLength < 1 || qLength > kMaxIndex || kvLength > kMaxIndex)
+    throw Error(fmt::format("block mask lengths must be from 1 to {} but are Q_LEN={} and "
+                            "KV_LEN={}",
+                            kMaxIndex, qLength, kvLength));
+  if (qBlockSize < 1 || kvBlockSize < 1)
+    throw Error(fmt::format("block sizes must be at least 1 but are {} x {}", qBlockSize,
+                            kvBlockSize));
+}
+
+/// A mask of the given extents with every array sized and counts zero.
+BlockMask allocateMask(int64_t batch, int64_t heads, const Geometry &geometry) {
+  BlockMask mask;
+  mask.batch = batch;
+  mask.heads = heads;
+  mask.qLength = geometry.qLength;
+  mask.kvLength = geometry.kvLength;
+  mask.qBlockSize = static_cast<int32_t>(geometry.qBlock);
+  mask.kvBlockSize = static_cast<int32_t>(geometry.kvBlock);
+  mask.numQBlocks = geometry.numQ;
+  mask.maxKvBlocks = geometry.numKv;
+  const size_t rows = static_cast<size_t>(batch * heads * geometry.numQ);
+  mask.kvNumBlocks.resize(rows);
+  mask.fullKvNumBlocks.resize(rows);
+  mask.kvIndices.resize(rows * static_cast<size_t>(geometry.numKv));
+  mask.fullKvIndices.resize(rows * static_cast<size_t>(geometry.numKv));
+  return mask;
+}
+
+/// Appends blocks to one row of a mask under construction.
+class RowWriter {
+public:
+  RowWriter(BlockMask &mask, int64_t row)
+      : mask_(mask), row_(row), partial_(mask.kvIndices.data() + row * mask.maxKvBlocks),
+        full_(mask.fullKvIndices.data() + row * mask.maxKvBlocks) {}
+  ~RowWriter() {
+    mask_.kvNumBlocks[row_] = partialCount_;
+    mask_.fullKvNumBlocks[row_] = fullCount_;
+  }
+  void add(int64_t kvBlock, BlockClass cls) {
+    if (cls == PartialBlock)
+      partial_[partialCount_++] = static_cast<int32_t>(kvBlock);
+    else if (cls == FullBlock)
+      full_[fullCount_++] = static_cast<int32_t>(kvBlock);
+  }
+  void addFull(int64_t kvBlock) { full_[fullCount_++] = static_cast<int32_t>(kvBlock); }
+  void addPartial(int64_t kvBlock) { partial_[partialCount_++] = static_cast<int32_t>(kvBlock); }
+
+private:
+  BlockMask &mask_;
+  int64_t row_;
+  int32_t *partial_;
+  int32_t *full_;
+  int32_t partialCount_ = 0, fullCount_ = 0;
+};
+
+BlockClass classFromCount(int64_t trueCount, int64_t total) {
+  if (trueCount == 0)
+    return EmptyBlock;
+  return trueCount == total ? FullBlock : PartialBlock;
+}
+
+BlockClass classFromClassifier(int32_t answer) {
+  if (answer == 0)
+    return EmptyBlock;
+  return answer == 2 ? FullBlock : PartialBlock; // anything else: must run the mod
+}
+
+//===----------------------------------------------------------------------===//
+// The three classification methods
+//===----------------------------------------------------------------------===//
+
+void buildElementWise(BlockMask &mask, const Geometry &g, const CompiledMods &mods,
+                      const PagedcModContext &context) {
+  std::vector<uint8_t> values(static_cast<size_t>(g.kvLength));
+  std::vector<int64_t> trueCounts(static_cast<size_t>(g.numKv));
+  for (int64_t b = 0; b < mask.batch; ++b)
+    for (int64_t h = 0; h < mask.heads; ++h)
+      for (int64_t i = 0; i < g.numQ; ++i) {
+        std::fill(trueCounts.begin(), trueCounts.end(), 0);
+        for (int64_t q = g.qLo(i); q <= g.qHi(i); ++q) {
+          mods.maskRow(&context, static_cast<int32_t>(b), static_cast<int32_t>(h),
+                       static_cast<int32_t>(q), 0, static_cast<int32_t>(g.kvLength),
+                       values.data());
+          for (int64_t j = 0; j < g.numKv; ++j) {
+            int64_t count = 0;
+            for (int64_t kv = g.kvLo(j); kv <= g.kvHi(j); ++kv)
+              count += values[kv] != 0;
+            trueCounts[j] += count;
+          }
+        }
+        RowWriter row(mask, mask.rowIndex(b, h, i));
+        const int64_t rows = g.qHi(i) - g.qLo(i) + 1;
+        for (int64_t j = 0; j < g.numKv; ++j)
+          row.add(j, classFromCount(trueCounts[j], rows * (g.kvHi(j) - g.kvLo(j) + 1)));
+      }
+}
+
+void buildWithClassifier(BlockMask &mask, const Geometry &g, const CompiledMods &mods,
+                         const PagedcModContext &context) {
+  for (int64_t b = 0; b < mask.batch; ++b)
+    for (int64_t h = 0; h < mask.heads; ++h)
+      for (int64_t i = 0; i < g.numQ; ++i) {
+        RowWriter row(mask, mask.rowIndex(b, h, i));
+        for (int64_t j = 0; j < g.numKv; ++j)
+          row.add(j, classFromClassifier(mods.maskBlockClass(
+                         &context, static_cast<int32_t>(b), static_cast<int32_t>(h),
+                         static_cast<int32_t>(g.qLo(i)), static_cast<int32_t>(g.qHi(i)),
+                         static_cast<int32_t>(g.kvLo(j)), static_cast<int32_t>(g.kvHi(j)))));
+      }
+}
+
+/// Classifies rectangles of a mask that reads q and kv only through q - kv,
+/// for one (b, h).
+class DiagonalClassifier {
+public:
+  DiagonalClassifier(const CompiledMods &mods, const PagedcModContext &context, const Geometry &g,
+                     int32_t b, int32_t h)
+      : mods_(mods), context_(context), g_(g), b_(b), h_(h) {
+    if (mods.maskBlockClass)
+      return; // the classifier answers rectangles directly
+    // mask(q, kv) = f(q - kv) for q - kv in [-(kvLength - 1), qLength - 1].
+    // Row q covers differences [q - kvLength + 1, q]; rows 0, kvLength,
+    // 2 kvLength, ..., qLength - 1 cover them all.
+    const int64_t offset = g.kvLength - 1;
+    std::vector<uint8_t> values(static_cast<size_t>(g.kvLength));
+    std::vector<uint8_t> byDifference(static_cast<size_t>(g.qLength + g.kvLength - 1));
+    for (int64_t q = 0;; q = std::min(q + g.kvLength, g.qLength - 1)) {
+      mods.maskRow(&context, b, h, static_cast<int32_t>(q), 0, static_cast<int32_t>(g.kvLength),
+                   values.data());
+      uint8_t *target = byDifference.data() + q + offset; // difference q - kv, kv = 0
+      for (int64_t kv = 0; kv < g.kvLength; ++kv)
+        *(target - kv) = values[kv] != 0;
+      if (q == g.qLength - 1)
+        break;
+    }
+    prefix_.resize(byDifference.size() + 1);
+    prefix_[0] = 0;
+    for (size_t t = 0; t < byDifference.size(); ++t)
+      prefix_[t + 1] = prefix_[t] + byDifference[t];
+  }
+
+  /// The class of the rectangle [qLo, qHi] x [kvLo, kvHi]. Every difference
+  /// between qLo - kvHi and qHi - kvLo occurs in it.
+  BlockClass classify(int64_t qLo, int64_t qHi, int64_t kvLo, int64_t kvHi) const {
+    if (mods_.maskBlockClass)
+      return classFromClassifier(mods_.maskBlockClass(
+          &context_, b_, h_, static_cast<int32_t>(qLo), static_cast<int32_t>(qHi),
+          static_cast<int32_t>(kvLo), static_cast<int32_t>(kvHi)));
+    const int64_t offset = g_.kvLength - 1;
+    const int64_t lo = qLo - kvHi + offset, hi = qHi - kvLo + offset;
+    return classFromCount(prefix_[hi + 1] - prefix_[lo], hi - lo + 1);
+  }
+
+private:
+  const CompiledMods &mods_;
+  const PagedcModContext &context_;
+  const Geometry &g_;
+  int32_t b_, h_;
+  std::vector<int64_t> prefix_;
+};
+
+void buildDiagonal(BlockMask &mask, const Geometry &g, const CompiledMods &mods,
+                   const PagedcModContext &context) {
+  for (int64_t b = 0; b < mask.batch; ++b)
+    for (int64_t h = 0; h < mask.heads; ++h) {
+      DiagonalClassifier classifier(mods, context, g, static_cast<int32_t>(b),
+                                    static_cast<int32_t>(h));
+      auto classifyBlock = [&](int64_t i, int64_t j) {
+        return classifier.classify(g.qLo(i), g.qHi(i), g.kvLo(j), g.kvHi(j));
+      };
+      if (g.qBlock != g.kvBlock) {
+        for (int64_t i = 0; i < g.numQ; ++i) {
+          RowWriter row(mask, mask.rowIndex(b, h, i));
+          for (int64_t j = 0; j < g.numKv; ++j)
+            row.add(j, classifyBlock(i, j));
+        }
+        continue;
+      }
+      // Equal block sizes: interior block (i, j) has the class of diagonal
+      // d = j - i. Rows [0, wholeRows) and columns [0, wholeCols) hold whole
+      // blocks; the partial last row or column is classified block by block.
+      const int64_t wholeRows = g.qLength / g.qBlock, wholeCols = g.kvLength / g.kvBlock;
+      std::vector<int64_t> fullDiagonals, partialDiagonals;
+      if (wholeRows > 0 && wholeCols > 0)
+        for (int64_t d = -(wholeRows - 1); d <= wholeCols - 1; ++d) {
+          const int64_t i = d < 0 ? -d : 0; // a whole block on this diagonal
+          const BlockClass cls = classifyBlock(i, i + d);
+          if (cls == FullBlock)
+            fullDiagonals.push_back(d);
+          else if (cls == PartialBlock)
+            partialDiagonals.push_back(d);
+        }
+      for (int64_t i = 0; i < g.numQ; ++i) {
+        RowWriter row(mask, mask.rowIndex(b, h, i));
+        if (i >= wholeRows) {
+          for (int64_t j = 0; j < g.numKv; ++j)
+            row.add(j, classifyBlock(i, j));
+          continue;
+        }
+        // Diagonals d with 0 <= i + d < wholeCols, in increasing j order.
+        for (auto it = std::lower_bound(partialDiagonals.begin(), partialDiagonals.end(), -i);
+             it != partialDiagonals.end() && i + *it < wholeCols; ++it)
+          row.addPartial(i + *it);
+        for (auto it = std::lower_bound(fullDiagonals.begin(), fullDiagonals.end(), -i);
+             it != fullDiagonals.end() && i + *it < wholeCols; ++it)
+          row.addFull(i + *it);
+        if (wholeCols < g.numKv)
+          row.add(wholeCols, classifyBlock(i, wholeCols));
+      }
+    }
+}
+
+} // namespace
+
+//===----------------------------------------------------------------------===//
+// Public entry points
+//===----------------------------------------------------------------------===//
+
+BlockMask createBlockMask(const CompiledMods &mods, const PagedcModContext &context,
+                          int64_t batch, int64_t heads, int64_t qLength, int64_t kvLength,
+                          int32_t qBlockSize, int32_t kvBlockSize, BlockMaskMethod method) {
+  checkSizes(batch, heads, qLength, kvLength, qBlockSize, kvBlockSize);
+  const Geometry geometry(qLength, kvLength, qBlockSize, kvBlockSize);
+  if (!mods.hasMask()) {
+    BlockMask mask = allocateMask(1, 1, geometry);
+    for (int64_t i = 0; i < geometry.numQ; ++i) {
+      RowWriter row(mask, i);
+      for (int64_t j = 0; j < geometry.numKv; ++j)
+        row.addFull(j);
+    }
+    return mask;
+  }
+  if (!mods.maskRow)
+    throw Error(fmt::format("mask mod '{}' has no CPU function to build a block mask with",
+                            mods.maskName));
+  const ModDependence &dependence = mods.maskDependence;
+  BlockMask mask = allocateMask(dependence.b ? batch : 1, dependence.h ? heads : 1, geometry);
+  if (method == BlockMaskMethod::ElementWise)
+    buildElementWise(mask, geometry, mods, context);
+  else if (dependence.diagonal)
+    buildDiagonal(mask, geometry, mods, context);
+  else if (mods.maskBlockClass)
+    buildWithClassifier(mask, geometry, mods, context);
+  else
+    buildElementWise(mask, geometry, mods, context);
+  return mask;
+}
+
+void validateBlockMask(const BlockMask &mask) {
+  if (mask.batch < 1 || mask.heads < 1)
+    throw Error(fmt::format("block mask batch and heads must be at least 1 but are B={} and "
+                            "H={}",
+                            mask.batch, mask.heads));
+  if (mask.qBlockSize < 1 || mask.kvBlockSize < 1)
+    throw Error(fmt::format("block mask block sizes must be at least 1 but are {} x {}",
+                            mask.qBlockSize, mask.kvBlockSize));
+  if (mask.qLength < 0 || mask.kvLength < 0 || mask.qLength > kMaxIndex ||
+      mask.kvLength > kMaxIndex)
+    throw Error(fmt::format("block mask lengths must be from 0 to {} but are Q_LEN={} and "
+                            "KV_LEN={}",
+                            kMaxIndex, mask.qLength, mask.kvLength));
+  if (mask.numQBlocks != ceilDiv(mask.qLength, mask.qBlockSize))
+    throw Error(fmt::format("block mask has {} q blocks but Q_LEN={} with q block size {} needs "
+                            "{}",
+                            mask.numQBlocks, mask.qLength, mask.qBlockSize,
+                            ceilDiv(mask.qLength, mask.qBlockSize)));
+  if (mask.maxKvBlocks < 0)
+    throw Error(fmt::format("block mask maxKvBlocks must not be negative but is {}",
+                            mask.maxKvBlocks));
+  const int64_t rows = mask.batch * mask.heads * mask.numQBlocks;
+  const int64_t entries = rows * mask.maxKvBlocks;
+  auto checkSize = [](const std::vector<int32_t> &array, int64_t expected, const char *name) {
+    if (static_cast<int64_t>(array.size()) != expected)
+      throw Error(fmt::format("block mask {} has {} entries but its shape needs {}", name,
+                              array.size(), expected));
+  };
+  checkSize(mask.kvNumBlocks, rows, "kvNumBlocks");
+  checkSize(mask.kvIndices, entries, "kvIndices");
+  const bool hasFull = !mask.fullKvNumBlocks.empty() || !mask.fullKvIndices.empty();
+  if (hasFull) {
+    checkSize(mask.fullKvNumBlocks, rows, "fullKvNumBlocks");
+    checkSize(mask.fullKvIndices, entries, "fullKvIndices");
+  }
+  const int64_t numKv = mask.numKvBlocks();
+  std::vector<int64_t> seenInRow(static_cast<size_t>(numKv), -1);
+  auto checkList = [&](int64_t row, int32_t count, const int32_t *indices, const char *name) {
+    if (count < 0 || count > mask.maxKvBlocks)
+      throw Error(fmt::format("block mask row {} has {} {} blocks; the count must be from 0 to "
+                              "{}",
+                              row, count, name, mask.maxKvBlocks));
+    for (int32_t k = 0; k < count; ++k) {
+      const int32_t block = indices[k];
+      if (block < 0 || block >= numKv)
+        throw Error(fmt::format("block mask row {} lists {} kv block {}, outside [0, {})", row,
+                                name, block, numKv));
+      if (seenInRow[block] == row)
+        throw Error(fmt::format("block mask row {} lists kv block {} twice", row, block));
+      seenInRow[block] = row;
+    }
+  };
+  for (int64_t row = 0; row < rows; ++row) {
+    checkList(row, mask.kvNumBlocks[row], mask.kvIndices.data() + row * mask.maxKvBlocks,
+              "partial");
+    if (hasFull)
+      checkList(row, mask.fullKvNumBlocks[row], mask.fullKvIndices.data() + row * mask.maxKvBlocks,
+                "full");
+  }
+}
+
+BlockMask blockMaskFromKvBlocks(std::vector<int32_t> kvNumBlocks, std::vector<int32_t> kvIndices,
+                                std::vector<int32_t> fullKvNumBlocks,
+                                std::vector<int32_t> fullKvIndices, int64_t batch,
+                                int64_t heads, int64_t maxKvBlocks, int64_t qLength,
+                                int64_t kvLength, int32_t qBlockSize, int32_t kvBlockSize) {
+  if (fullKvNumBlocks.empty() != fullKvIndices.empty())
+    throw Error("full block counts and indices must be given together");
+  BlockMask mask;
+  mask.batch = batch;
+  mask.heads = heads;
+  mask.qLength = qLength;
+  mask.kvLength = kvLength;
+  mask.qBlockSize = qBlockSize;
+  mask.kvBlockSize = kvBlockSize;
+  mask.numQBlocks = qBlockSize > 0 ? ceilDiv(qLength, qBlockSize) : 0;
+  mask.maxKvBlocks = maxKvBlocks;
+  mask.kvNumBlocks = std::move(kvNumBlocks);
+  mask.kvIndices = std::move(kvIndices);
+  mask.fullKvNumBlocks = std::move(fullKvNumBlocks);
+  mask.fullKvIndices = std::move(fullKvIndices);
+  validateBlockMask(mask);
+  return mask;
+}
+
+BlockMask denseToBlockMask(const uint8_t *dense, int64_t batch, int64_t heads, int64_t qLength,
+                           int64_t kvLength, int32_t qBlockSize, int32_t kvBlockSize) {
+  checkSizes(batch, heads, qLength, kvLength, qBlockSize, kvBlockSize);
+  const Geometry g(qLength, kvLength, qBlockSize, kvBlockSize);
+  BlockMask mask = allocateMask(batch, heads, g);
+  for (int64_t b = 0; b < batch; ++b)
+    for (int64_t h = 0; h < heads; ++h)
+      for (int64_t i = 0; i < g.numQ; ++i) {
+        RowWriter row(mask, mask.rowIndex(b, h, i));
+        for (int64_t j = 0; j < g.numKv; ++j) {
+          int64_t count = 0;
+          for (int64_t q = g.qLo(i); q <= g.qHi(i); ++q) {
+            const uint8_t *values = dense + ((b * heads + h) * qLength + q) * kvLength;
+            for (int64_t kv = g.kvLo(j); kv <= g.kvHi(j); ++kv)
+              count += values[kv] != 0;
+          }
+          row.add(j, classFromCount(count, (g.qHi(i) - g.qLo(i) + 1) * (g.kvHi(j) - g.kvLo(j) + 1)));
+        }
+      }
+  return mask;
+}
+
+std::vector<uint8_t> toDenseBlocks(const BlockMask &mask) {
+  validateBlockMask(mask);
+  const int64_t numKv = mask.numKvBlocks();
+  std::vector<uint8_t> blocks(
+      static_cast<size_t>(mask.batch * mask.heads * mask.numQBlocks * numKv), EmptyBlock);
+  for (int64_t b = 0; b < mask.batch; ++b)
+    for (int64_t h = 0; h < mask.heads; ++h)
+      for (int64_t i = 0; i < mask.numQBlocks; ++i) {
+        uint8_t *row = blocks.data() + mask.rowIndex(b, h, i) * numKv;
+        for (int32_t k = 0; k < mask.partialCount(b, h, i); ++k)
+          row[mask.partialRow(b, h, i)[k]] = PartialBlock;
+        for (int32_t k = 0; k < mask.fullCount(b, h, i); ++k)
+          row[mask.fullRow(b, h, i)[k]] = FullBlock;
+      }
+  return blocks;
+}
+
+std::vector<uint8_t> toDense(const BlockMask &mask, const CompiledMods *mods,
+                             const PagedcModContext *context) {
+  const std::vector<uint8_t> blocks = toDenseBlocks(mask);
+  const bool applyMod = mods && mods->hasMask();
+  if (applyMod && !mods->maskRow)
+    throw Error(fmt::format("mask mod '{}' has no CPU function", mods->maskName));
+  const PagedcModContext emptyContext{nullptr, nullptr};
+  const Geometry g(mask.qLength, mask.kvLength, mask.qBlockSize, mask.kvBlockSize);
+  std::vector<uint8_t> dense(static_cast<size_t>(mask.batch * mask.heads * g.qLength * g.kvLength),
+                             0);
+  for (int64_t b = 0; b < mask.batch; ++b)
+    for (int64_t h = 0; h < mask.heads; ++h)
+      for (int64_t i = 0; i < g.numQ; ++i)
+        for (int64_t j = 0; j < g.numKv; ++j) {
+          const uint8_t cls = blocks[mask.rowIndex(b, h, i) * g.numKv + j];
+          if (cls == EmptyBlock)
+            continue;
+          for (int64_t q = g.qLo(i); q <= g.qHi(i); ++q) {
+            uint8_t *out = dense.data() + ((b * mask.heads + h) * g.qLength + q) * g.kvLength;
+            const int64_t begin = g.kvLo(j), count = g.kvHi(j) - g.kvLo(j) + 1;
+            if (cls == FullBlock || !applyMod) {
+              std::fill(out + begin, out + begin + count, 1);
+              continue;
+            }
+            mods->maskRow(context ? context : &emptyContext, static_cast<int32_t>(b),
+                          static_cast<int32_t>(h), static_cast<int32_t>(q),
+                          static_cast<int32_t>(begin), static_cast<int32_t>(count),
+                          out + begin);
+            for (int64_t k = 0; k < count; ++k)
+              out[begin + k] = out[begin + k] != 0;
+          }
+        }
+  return dense;
+}
+
+} // namespace pagedc
