@@ -52,23 +52,29 @@
 //===----------------------------------------------------------------------===//
 
 namespace pagedc_hooks_check {
-
-/// Never called: fails to compile, naming the hook, when the generated code
-/// does not match the contract above.
-[[maybe_unused]] __device__ inline void checkHookSignatures() {
-  using namespace pagedc_mods;
-  static_assert(sizeof(kHasMask) == sizeof(bool), "kHasMask must be a bool");
-  static_assert(sizeof(kHasScore) == sizeof(bool), "kHasScore must be a bool");
-  MaskRow (*maskRowHook)(const Params &, int, int, int) = &mask_row;
-  bool (*maskHook)(const Params &, const MaskRow &, int, int, int, int) =
-      &mask;
-  ScoreRow (*scoreRowHook)(const Params &, int, int, int) = &score_row;
-  float (*scoreHook)(const Params &, const ScoreRow &, float, int, int, int,
-                     int) = &score;
-  (void)maskRowHook;
-  (void)maskHook;
-  (void)scoreRowHook;
-  (void)scoreHook;
-}
-
+using namespace pagedc_mods;
+using pagedc::is_same;
+// Each fails to compile, naming the hook, when the generated code does not
+// match the contract above.
+static_assert(is_same<decltype(kHasMask), const bool>::value,
+              "pagedc_mods::kHasMask must be a constexpr bool");
+static_assert(is_same<decltype(kHasScore), const bool>::value,
+              "pagedc_mods::kHasScore must be a constexpr bool");
+static_assert(is_same<decltype(&mask_row),
+                      MaskRow (*)(const Params &, int, int, int)>::value,
+              "pagedc_mods::mask_row must be "
+              "MaskRow mask_row(const Params &, int b, int h, int q)");
+static_assert(is_same<decltype(&mask), bool (*)(const Params &, const MaskRow &,
+                                                int, int, int, int)>::value,
+              "pagedc_mods::mask must be bool mask(const Params &, const "
+              "MaskRow &, int b, int h, int q, int kv)");
+static_assert(is_same<decltype(&score_row),
+                      ScoreRow (*)(const Params &, int, int, int)>::value,
+              "pagedc_mods::score_row must be "
+              "ScoreRow score_row(const Params &, int b, int h, int q)");
+static_assert(is_same<decltype(&score),
+                      float (*)(const Params &, const ScoreRow &, float, int,
+                                int, int, int)>::value,
+              "pagedc_mods::score must be float score(const Params &, const "
+              "ScoreRow &, float s, int b, int h, int q, int kv)");
 } // namespace pagedc_hooks_check

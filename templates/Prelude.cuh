@@ -33,6 +33,9 @@ typedef unsigned long long uint64_t;
 
 #define PAGEDC_DEVICE __device__ __forceinline__
 
+// Configuration constexprs a kernel does not read are expected.
+#pragma nv_diag_suppress 177
+
 /// IEEE binary16 storage (bits only; arithmetic happens in f32).
 struct pagedc_f16 {
   uint16_t bits;
@@ -44,7 +47,7 @@ struct pagedc_bf16 {
 
 namespace pagedc {
 
-constexpr float kInfinity = __int_as_float(0x7f800000);
+constexpr float kInfinity = __builtin_huge_valf();
 
 PAGEDC_DEVICE float to_float(float v) { return v; }
 PAGEDC_DEVICE float to_float(int32_t v) { return static_cast<float>(v); }
@@ -72,6 +75,9 @@ PAGEDC_DEVICE float exp2_approx(float x) {
   return out;
 }
 
+PAGEDC_DEVICE int32_t imin(int32_t a, int32_t b) { return a < b ? a : b; }
+PAGEDC_DEVICE int32_t imax(int32_t a, int32_t b) { return a > b ? a : b; }
+
 /// Integer division rounding toward negative infinity (Python's //).
 PAGEDC_DEVICE int32_t floor_div(int32_t a, int32_t b) {
   int32_t quotient = a / b;
@@ -83,5 +89,13 @@ PAGEDC_DEVICE int32_t floor_mod(int32_t a, int32_t b) {
   return (remainder != 0 && ((remainder < 0) != (b < 0))) ? remainder + b
                                                           : remainder;
 }
+
+/// Type equality for compile-time checks (no <type_traits> in NVRTC).
+template <typename A, typename B> struct is_same {
+  static constexpr bool value = false;
+};
+template <typename A> struct is_same<A, A> {
+  static constexpr bool value = true;
+};
 
 } // namespace pagedc

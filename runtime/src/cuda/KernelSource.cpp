@@ -1,0 +1,278 @@
+//===- KernelSource.cpp - Assembling CUDA kernel translation units --------===//
+//
+// Pure string assembly: embedded prelude + generated mods + hook checks +
+// configuration constexprs + one kernel template.
+//
+//===----------------------------------------------------------------------===//
+
+#include "pagedc/KernelSource.h"
+
+#include "pagedc/Error.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cstring>
+
+namespace pagedc::detail {
+struct EmbeddedTemplate {
+  const char *name;
+  const char *text;
+  std::size_t size;
+};
+extern const EmbeddedTemplate kEmbeddedTemplates[];
+extern const std::size_t kEmbeddedTemplateCount;
+} // namespace pagedc::detail
+
+namespace pagedc {
+namespace {
+
+/// Most kv blocks of a block mask one decode split may cover.
+constexpr int kMaxSplitBlocks = 64;
+
+int countLines(std::string_view text) {
+  return static_cast<int>(std::count(text.begin(), text.end(), '\n'));
+}
+
+bool isPowerOfTwo(int value) { return value > 0 && (value & (value - 1)) == 0; }
+
+int log2Exact(int value) {
+  int result = 0;
+  while ((1 << result) < value)
+    ++result;
+  return result;
+}
+
+/// Rows a decode CTA pads to (16 per row-warp, 1, 2 or 4 row-warps).
+int decodePaddedRows(const KernelConfig &config) {
+  int rows = config.decodeHeadsPerCta() * config.queryTokens;
+  return rows <= 16 ? 16 : rows <= 32 ? 32 : 64;
+}
+
+} // namespace
+
+const char *kernelKindName(KernelKind kind) {
+  switch (kind) {
+  case KernelKind::Prefill:
+    return "prefill";
+  case KernelKind::Decode:
+    return "decode";
+  case KernelKind::BlockMaskBuilder:
+    return "block-mask";
+  }
+  return "?";
+}
+
+void KernelConfig::validate() const {
+  if (elementType != DType::F16 && elementType != DType::BF16)
+    throw Error(fmt::format("CUDA kernels take f16 or bf16 elements, not {}",
+                            dtypeName(elementType)));
+  if (headDim != 64 && headDim != 128 && headDim != 256)
+    throw Error(fmt::format("head dim {} is not supported by the CUDA "
+                            "kernels (64, 128 or 256)",
+                            headDim));
+  if (!isPowerOfTwo(pageSize) || pageSize > 1024)
+    throw Error(fmt::format(
+        "page size {} is not a power of two in [1, 1024]", pageSize));
+  if (blockM != 64 && blockM != 128)
+    throw Error(fmt::format("prefill blockM {} must be 64 or 128", blockM));
+  if (blockN != 32 && blockN != 64)
+    throw Error(fmt::format("blockN {} must be 32 or 64", blockN));
+  if (kind == KernelKind::Decode && blockN != 64)
+    throw Error("the decode kernel uses KV tiles of 64 rows (blockN = 64)");
+  if (groupSize < 1)
+    throw Error(fmt::format("group size {} must be at least 1", groupSize));
+  if (queryTokens < 1 || queryTokens > 8)
+    throw Error(fmt::format("decode takes 1..8 query tokens, not {}",
+                            queryTokens));
+}
+
+std::string KernelConfig::describe() const {
+  return fmt::format("{} {} d{} page{} m{} n{} group{} tokens{} lse{} params{}",
+                     kernelKindName(kind), dtypeName(elementType), headDim,
+                     pageSize, blockM, blockN, groupSize, queryTokens,
+                     returnLse ? 1 : 0, paramsSize);
+}
+
+int KernelConfig::decodeHeadsPerCta() const {
+  int ctas = (groupSize * queryTokens + 63) / 64;
+  return (groupSize + ctas - 1) / ctas;
+}
+
+int KernelConfig::threadsPerCta() const {
+  switch (kind) {
+  case KernelKind::Prefill:
+    return blockM * 2;
+  case KernelKind::Decode:
+  case KernelKind::BlockMaskBuilder:
+    return 128;
+  }
+  return 128;
+}
+
+int KernelConfig::sharedMemoryBytes() const {
+  const int rowBytes = headDim * 2;
+  switch (kind) {
+  case KernelKind::Prefill:
+    return (blockM + 4 * blockN) * rowBytes;
+  case KernelKind::Decode: {
+    // Q tile, two K and two V stages, the class map, seen flags, and the
+    // kv-warp merge maxima and sums (64 rows x kv-warps = 64 floats each).
+    int padded = decodePaddedRows(*this);
+    return padded * rowBytes + 4 * 64 * rowBytes + padded * kMaxSplitBlocks +
+           kMaxSplitBlocks + 2 * 64 * 4;
+  }
+  case KernelKind::BlockMaskBuilder:
+    return 0;
+  }
+  return 0;
+}
+
+std::vector<std::string> embeddedTemplateNames() {
+  std::vector<std::string> names;
+  for (std::size_t i = 0; i < detail::kEmbeddedTemplateCount; ++i)
+    names.emplace_back(detail::kEmbeddedTemplates[i].name);
+  return names;
+}
+
+std::string_view embeddedTemplate(std::string_view name) {
+  for (std::size_t i = 0; i < detail::kEmbeddedTemplateCount; ++i) {
+    const auto &entry = detail::kEmbeddedTemplates[i];
+    if (name == entry.name)
+      return std::string_view(entry.text, entry.size);
+  }
+  throw Error(fmt::format("no embedded kernel template named '{}'", name));
+}
+
+KernelSource assembleKernel(const KernelConfig &config,
+                            std::string_view generatedModCode) {
+  config.validate();
+  KernelSource source;
+  source.config = config;
+  std::string &code = source.code;
+  code.reserve(64 * 1024 + generatedModCode.size());
+  code += fmt::format("// pagedc kernel: {}\n", config.describe());
+  auto append = [&](std::string_view name) {
+    code += fmt::format("// ---- {} ----\n", name);
+    code += embeddedTemplate(name);
+    if (!code.empty() && code.back() != '\n')
+      code += '\n';
+  };
+  append("Prelude.cuh");
+  append("KernelArgs.h");
+
+  code += "// ---- generated mod code ----\n";
+  source.modFirstLine = countLines(code) + 1;
+  code += generatedModCode;
+  if (!generatedModCode.empty() && generatedModCode.back() != '\n')
+    code += '\n';
+  source.modLineCount = countLines(generatedModCode) +
+                        (generatedModCode.empty() ||
+                                 generatedModCode.back() == '\n'
+                             ? 0
+                             : 1);
+  append("Hooks.cuh");
+
+  code += "// ---- configuration ----\n";
+  code += "namespace pagedc_config {\n";
+  code += fmt::format("using Element = {};\n", config.elementType == DType::BF16
+                                                   ? "pagedc_bf16"
+                                                   : "pagedc_f16");
+  code += fmt::format("constexpr bool kIsBF16 = {};\n",
+                      config.elementType == DType::BF16 ? "true" : "false");
+  code += fmt::format("constexpr int kHeadDim = {};\n", config.headDim);
+  code += fmt::format("constexpr int kPageSize = {};\n", config.pageSize);
+  code += fmt::format("constexpr int kLog2PageSize = {};\n",
+                      log2Exact(config.pageSize));
+  code += fmt::format("constexpr int kBlockM = {};\n", config.blockM);
+  code += fmt::format("constexpr int kBlockN = {};\n", config.blockN);
+  code += fmt::format("constexpr int kGroupSize = {};\n", config.groupSize);
+  code += fmt::format("constexpr int kQueryTokens = {};\n", config.queryTokens);
+  code += fmt::format("constexpr int kDecodeHeadsPerCta = {};\n",
+                      config.decodeHeadsPerCta());
+  code += fmt::format("constexpr int kMaxSplitBlocks = {};\n", kMaxSplitBlocks);
+  code += fmt::format("constexpr bool kHasLse = {};\n",
+                      config.returnLse ? "true" : "false");
+  code += "} // namespace pagedc_config\n";
+  if (config.paramsSize >= 0)
+    code += fmt::format(
+        "static_assert(sizeof(pagedc_mods::Params) == {0}, \"pagedc_mods::Params "
+        "does not have the {0}-byte layout the host packs\");\n",
+        config.paramsSize);
+
+  switch (config.kind) {
+  case KernelKind::Prefill:
+    append("KernelCommon.cuh");
+    append("Prefill.cuh");
+    source.kernelNames = {"pagedc_prefill"};
+    break;
+  case KernelKind::Decode:
+    append("KernelCommon.cuh");
+    append("Decode.cuh");
+    source.kernelNames = {"pagedc_decode", "pagedc_decode_merge"};
+    break;
+  case KernelKind::BlockMaskBuilder:
+    append("BlockMaskBuilder.cuh");
+    source.kernelNames = {"pagedc_build_block_mask"};
+    break;
+  }
+  return source;
+}
+
+//===--- Params layout ---------------------------------------------------===//
+
+ParamsLayout
+ParamsLayout::forDeclarations(const std::vector<ParamDecl> &params,
+                              const std::vector<BufferDecl> &buffers) {
+  ParamsLayout layout;
+  int64_t offset = 0;
+  auto place = [&](std::string name, int64_t size, int64_t alignment) {
+    offset = (offset + alignment - 1) / alignment * alignment;
+    layout.fields.push_back({std::move(name), offset, size});
+    offset += size;
+    layout.alignment = std::max(layout.alignment, alignment);
+  };
+  for (const ParamDecl &param : params) {
+    if (param.type == ScalarKind::Bool)
+      place(param.name, 1, 1);
+    else
+      place(param.name, 4, 4);
+  }
+  for (const BufferDecl &buffer : buffers) {
+    place(buffer.name, 8, 8);
+    place(buffer.name + "_stride", 8 * static_cast<int64_t>(buffer.dims.size()),
+          8);
+  }
+  // C++ gives an empty struct size 1; otherwise round up to the alignment.
+  layout.size = offset == 0 ? 1
+                            : (offset + layout.alignment - 1) /
+                                  layout.alignment * layout.alignment;
+  return layout;
+}
+
+std::vector<unsigned char>
+ParamsLayout::pack(const std::vector<ParamDecl> &params,
+                   const std::vector<BufferDecl> &buffers,
+                   const PagedcModContext &context) const {
+  std::vector<unsigned char> bytes(size, 0);
+  if (fields.size() != params.size() + 2 * buffers.size())
+    throw Error("params layout does not match the declarations it packs");
+  std::size_t field = 0;
+  for (std::size_t i = 0; i < params.size(); ++i, ++field) {
+    const PagedcParamSlot &slot = context.params[i];
+    unsigned char *at = bytes.data() + fields[field].offset;
+    if (params[i].type == ScalarKind::Bool)
+      *at = slot.i32 != 0 ? 1 : 0;
+    else
+      std::memcpy(at, &slot, 4);
+  }
+  for (std::size_t i = 0; i < buffers.size(); ++i) {
+    const PagedcBufferRef &ref = context.buffers[i];
+    std::memcpy(bytes.data() + fields[field++].offset, &ref.data, 8);
+    std::memcpy(bytes.data() + fields[field++].offset, ref.strides,
+                8 * buffers[i].dims.size());
+  }
+  return bytes;
+}
+
+} // namespace pagedc

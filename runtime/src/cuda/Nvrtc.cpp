@@ -1,0 +1,329 @@
+//===- Nvrtc.cpp - NVRTC loaded at run time -------------------------------===//
+
+#include "pagedc/Nvrtc.h"
+
+#include "pagedc/Error.h"
+
+#include <fmt/format.h>
+
+#include <dlfcn.h>
+
+#include <chrono>
+#include <cstdlib>
+#include <mutex>
+#include <sstream>
+
+namespace pagedc {
+
+/// The NVRTC entry points we use, declared here so the build needs no
+/// nvrtc.h. nvrtcResult is an int enum (0 = NVRTC_SUCCESS).
+struct Nvrtc::Api {
+  using Program = void *;
+  const char *(*getErrorString)(int);
+  int (*version)(int *, int *);
+  int (*getNumSupportedArchs)(int *);
+  int (*getSupportedArchs)(int *);
+  int (*createProgram)(Program *, const char *, const char *, int,
+                       const char *const *, const char *const *);
+  int (*destroyProgram)(Program *);
+  int (*compileProgram)(Program, int, const char *const *);
+  int (*getProgramLogSize)(Program, size_t *);
+  int (*getProgramLog)(Program, char *);
+  int (*getPTXSize)(Program, size_t *);
+  int (*getPTX)(Program, char *);
+  int (*getCUBINSize)(Program, size_t *);
+  int (*getCUBIN)(Program, char *);
+};
+
+std::string buildCudaRoot() {
+#ifdef PAGEDC_CUDA_ROOT_HINT
+  return PAGEDC_CUDA_ROOT_HINT;
+#else
+  return "";
+#endif
+}
+
+std::vector<std::string>
+cudaLibraryCandidates(const std::vector<std::string> &fileNames) {
+  std::vector<std::string> candidates;
+  auto addRoot = [&](const std::string &root) {
+    if (root.empty())
+      return;
+    for (const std::string &file : fileNames) {
+      candidates.push_back(root + "/lib64/" + file);
+      candidates.push_back(root + "/lib/" + file);
+    }
+  };
+  for (const char *variable : {"CUDA_HOME", "CUDA_PATH"})
+    if (const char *root = std::getenv(variable))
+      addRoot(root);
+  for (const std::string &file : fileNames)
+    candidates.push_back(file); // the dynamic linker's search path
+  addRoot(buildCudaRoot());
+  return candidates;
+}
+
+namespace {
+
+struct Loaded {
+  Nvrtc::Api api{};
+  std::string path;
+  std::string error; // non-empty: not available
+  int major = 0, minor = 0;
+};
+
+const Loaded &loadNvrtc() {
+  static Loaded loaded = [] {
+    Loaded result;
+    void *handle = nullptr;
+    std::string tried;
+    for (const std::string &candidate : cudaLibraryCandidates(
+             {"libnvrtc.so.13", "libnvrtc.so.12", "libnvrtc.so"})) {
+      handle = dlopen(candidate.c_str(), RTLD_NOW | RTLD_LOCAL);
+      if (handle) {
+        result.path = candidate;
+        break;
+      }
+      tried += "\n  " + candidate;
+    }
+    if (!handle) {
+      result.error = "NVRTC not found (set CUDA_HOME); tried:" + tried;
+      return result;
+    }
+    bool missing = false;
+    std::string missingNames;
+    auto resolve = [&](auto &slot, const char *name) {
+      void *symbol = dlsym(handle, name);
+      if (!symbol) {
+        missing = true;
+        missingNames += std::string(" ") + name;
+      }
+      slot = reinterpret_cast<std::remove_reference_t<decltype(slot)>>(symbol);
+    };
+    Nvrtc::Api &api = result.api;
+    resolve(api.getErrorString, "nvrtcGetErrorString");
+    resolve(api.version, "nvrtcVersion");
+    resolve(api.getNumSupportedArchs, "nvrtcGetNumSupportedArchs");
+    resolve(api.getSupportedArchs, "nvrtcGetSupportedArchs");
+    resolve(api.createProgram, "nvrtcCreateProgram");
+    resolve(api.destroyProgram, "nvrtcDestroyProgram");
+    resolve(api.compileProgram, "nvrtcCompileProgram");
+    resolve(api.getProgramLogSize, "nvrtcGetProgramLogSize");
+    resolve(api.getProgramLog, "nvrtcGetProgramLog");
+    resolve(api.getPTXSize, "nvrtcGetPTXSize");
+    resolve(api.getPTX, "nvrtcGetPTX");
+    resolve(api.getCUBINSize, "nvrtcGetCUBINSize");
+    resolve(api.getCUBIN, "nvrtcGetCUBIN");
+    if (missing) {
+      result.error = fmt::format("{} lacks NVRTC functions:{}", result.path,
+                                 missingNames);
+      return result;
+    }
+    api.version(&result.major, &result.minor);
+    return result;
+  }();
+  return loaded;
+}
+
+/// "sm_90a" -> "compute_90a".
+std::string virtualArch(const std::string &arch) {
+  if (arch.rfind("sm_", 0) == 0)
+    return "compute_" + arch.substr(3);
+  return arch;
+}
+
+std::string lineOf(std::string_view code, int line) {
+  int current = 1;
+  size_t begin = 0;
+  while (current < line) {
+    size_t next = code.find('\n', begin);
+    if (next == std::string_view::npos)
+      return "";
+    begin = next + 1;
+    ++current;
+  }
+  size_t end = code.find('\n', begin);
+  return std::string(code.substr(begin, end == std::string_view::npos
+                                             ? std::string_view::npos
+                                             : end - begin));
+}
+
+/// For each "NAME(LINE): error" in the log, quotes the source line.
+std::string quoteErrorLines(std::string_view log, std::string_view name,
+                            std::string_view code, const KernelSource *kernel) {
+  std::string quotes;
+  std::string prefix = std::string(name) + "(";
+  size_t at = 0;
+  int quoted = 0;
+  while ((at = log.find(prefix, at)) != std::string_view::npos && quoted < 10) {
+    size_t numberBegin = at + prefix.size();
+    size_t close = log.find(')', numberBegin);
+    at = numberBegin;
+    if (close == std::string_view::npos)
+      break;
+    if (log.substr(close, 9) != "): error:")
+      continue;
+    int line = std::atoi(std::string(log.substr(numberBegin, close - numberBegin)).c_str());
+    size_t messageEnd = log.find('\n', close);
+    std::string message(log.substr(close + 3, messageEnd == std::string_view::npos
+                                                  ? std::string_view::npos
+                                                  : messageEnd - close - 3));
+    std::string where = fmt::format("line {}", line);
+    if (kernel && line >= kernel->modFirstLine &&
+        line < kernel->modFirstLine + kernel->modLineCount)
+      where += fmt::format(" (generated mod code line {})",
+                           line - kernel->modFirstLine + 1);
+    quotes += fmt::format("  {}: {}\n    | {}\n", where, message,
+                          lineOf(code, line));
+    ++quoted;
+  }
+  return quotes;
+}
+
+} // namespace
+
+std::vector<std::string> CompileOptions::nvrtcOptions() const {
+  std::vector<std::string> list;
+  list.push_back("--gpu-architecture=" +
+                 (output == Output::Cubin ? arch : virtualArch(arch)));
+  list.push_back("-std=c++17");
+  // No CUDA headers are included; --minimal skips NVRTC's implicit runtime
+  // declarations (texture types, device runtime), which saves front-end time.
+  list.push_back("--minimal");
+  if (ptxasVerbose)
+    list.push_back("--ptxas-options=-v");
+  for (const std::string &option : extraOptions)
+    list.push_back(option);
+  return list;
+}
+
+std::string CompileOptions::key() const {
+  std::string key = output == Output::Cubin ? "cubin" : "ptx";
+  for (const std::string &option : nvrtcOptions())
+    key += " " + option;
+  return key;
+}
+
+std::vector<PtxasKernelReport> parsePtxasReport(std::string_view log) {
+  std::vector<PtxasKernelReport> reports;
+  std::istringstream stream{std::string(log)};
+  std::string line;
+  PtxasKernelReport *current = nullptr;
+  while (std::getline(stream, line)) {
+    size_t at = line.find("Compiling entry function '");
+    if (at != std::string::npos) {
+      PtxasKernelReport report;
+      size_t begin = at + 26, end = line.find('\'', begin);
+      report.kernel = line.substr(begin, end - begin);
+      size_t forAt = line.find("for '", end);
+      if (forAt != std::string::npos)
+        report.arch = line.substr(forAt + 5, line.find('\'', forAt + 5) - forAt - 5);
+      reports.push_back(report);
+      current = &reports.back();
+      continue;
+    }
+    if (!current)
+      continue;
+    if (line.find("bytes stack frame") != std::string::npos) {
+      std::sscanf(line.c_str(), " %d bytes stack frame, %d bytes spill stores, %d bytes spill loads",
+                  &current->stackFrameBytes, &current->spillStoreBytes,
+                  &current->spillLoadBytes);
+    } else if ((at = line.find("Used ")) != std::string::npos &&
+               line.find("registers") != std::string::npos) {
+      current->registers = std::atoi(line.c_str() + at + 5);
+    }
+  }
+  return reports;
+}
+
+bool Nvrtc::available(std::string *reason) {
+  const Loaded &loaded = loadNvrtc();
+  if (!loaded.error.empty() && reason)
+    *reason = loaded.error;
+  return loaded.error.empty();
+}
+
+const Nvrtc &Nvrtc::get() {
+  static std::once_flag once;
+  static Nvrtc instance;
+  const Loaded &loaded = loadNvrtc();
+  if (!loaded.error.empty())
+    throw Error(loaded.error);
+  std::call_once(once, [&] {
+    instance.api_ = &loaded.api;
+    instance.path_ = loaded.path;
+    instance.major_ = loaded.major;
+    instance.minor_ = loaded.minor;
+  });
+  return instance;
+}
+
+std::vector<int> Nvrtc::supportedArchitectures() const {
+  int count = 0;
+  api_->getNumSupportedArchs(&count);
+  std::vector<int> archs(count);
+  if (count)
+    api_->getSupportedArchs(archs.data());
+  return archs;
+}
+
+CompileResult Nvrtc::compile(std::string_view code, std::string_view name,
+                             const CompileOptions &options,
+                             const KernelSource *kernel) const {
+  auto start = std::chrono::steady_clock::now();
+  std::string codeText(code), nameText(name);
+  Api::Program program = nullptr;
+  int status = api_->createProgram(&program, codeText.c_str(), nameText.c_str(),
+                                   0, nullptr, nullptr);
+  if (status != 0)
+    throw Error(fmt::format("nvrtcCreateProgram failed: {}",
+                            api_->getErrorString(status)));
+  struct Destroy {
+    const Api *api;
+    Api::Program *program;
+    ~Destroy() { api->destroyProgram(program); }
+  } destroy{api_, &program};
+
+  std::vector<std::string> optionList = options.nvrtcOptions();
+  std::vector<const char *> optionPointers;
+  for (const std::string &option : optionList)
+    optionPointers.push_back(option.c_str());
+  status = api_->compileProgram(program, static_cast<int>(optionPointers.size()),
+                                optionPointers.data());
+  CompileResult result;
+  size_t logSize = 0;
+  api_->getProgramLogSize(program, &logSize);
+  if (logSize > 1) {
+    result.log.resize(logSize);
+    api_->getProgramLog(program, result.log.data());
+    result.log.resize(logSize - 1);
+  }
+  if (status != 0) {
+    std::string options;
+    for (const std::string &option : optionList)
+      options += " " + option;
+    throw Error(fmt::format(
+        "NVRTC failed to compile {} ({}; options:{}):\n{}{}{}", nameText,
+        api_->getErrorString(status), options,
+        quoteErrorLines(result.log, nameText, code, kernel),
+        result.log.empty() ? "" : "full log:\n", result.log));
+  }
+  size_t size = 0;
+  if (options.output == CompileOptions::Output::Cubin) {
+    api_->getCUBINSize(program, &size);
+    result.image.resize(size);
+    api_->getCUBIN(program, result.image.data());
+  } else {
+    api_->getPTXSize(program, &size);
+    result.image.resize(size);
+    api_->getPTX(program, result.image.data());
+    if (!result.image.empty() && result.image.back() == '\0')
+      result.image.pop_back();
+  }
+  result.seconds = std::chrono::duration<double>(
+                       std::chrono::steady_clock::now() - start)
+                       .count();
+  return result;
+}
+
+} // namespace pagedc

@@ -1,0 +1,379 @@
+//===- Decode.cuh - Split-KV paged decode and its merge kernel -*- CUDA -*-===//
+//
+// pagedc_decode: one CTA owns one split (a range of kv positions) of one
+// sequence and one KV head, and computes every query row that reads that KV
+// head: kDecodeHeads query heads x kQueryTokens tokens (speculative
+// decoding), so each K/V page is read from memory once for the whole GQA
+// group. Rows are padded to 16 per row-warp; when there are fewer than four
+// row-warps, the remaining warps split each KV tile's columns and the CTA
+// merges their softmax states at the end.
+//
+// Block masks: the rows of one CTA may use different mask rows (different
+// heads, tokens in different q blocks), so the CTA first expands each row's
+// block lists into a class map over the split's kv blocks (0 skipped,
+// 1 partial, 2 full) and skips a tile only when no row sees it.
+//
+// With num_splits == 1 the CTA writes out (and lse); otherwise it writes
+// normalised f32 partials and lse per split, and pagedc_decode_merge
+// combines them: out = sum_i exp(lse_i - L) out_i, L = log sum_i exp(lse_i).
+//
+// Grid: (num_splits, heads_kv * kDecodeHeadChunks, batch); block: 128
+// threads. Merge grid: (q_len, heads_q, batch); block: 128 threads.
+//
+//===----------------------------------------------------------------------===//
+
+namespace pagedc {
+constexpr int kDecodeThreads = 128;
+constexpr int kDecodeTileN = 64;
+constexpr int kQueryTokens = pagedc_config::kQueryTokens;
+constexpr int kGroupSize = pagedc_config::kGroupSize;
+/// Query heads one CTA serves and the CTAs one KV head needs.
+constexpr int kDecodeHeads = pagedc_config::kDecodeHeadsPerCta;
+constexpr int kDecodeHeadChunks = (kGroupSize + kDecodeHeads - 1) / kDecodeHeads;
+constexpr int kDecodeRows = kDecodeHeads * kQueryTokens;
+constexpr int kRowWarps = kDecodeRows <= 16 ? 1 : kDecodeRows <= 32 ? 2 : 4;
+constexpr int kPaddedRows = kRowWarps * 16;
+constexpr int kKvWarps = 4 / kRowWarps;
+constexpr int kColumnsPerWarp = kDecodeTileN / kKvWarps;
+/// Most kv blocks of the block mask one split may cover.
+constexpr int kMaxSplitBlocks = pagedc_config::kMaxSplitBlocks;
+constexpr bool kDecodeQInRegisters = kHeadDim <= 128;
+static_assert(kDecodeRows <= 64, "at most 64 query rows per decode CTA");
+static_assert(kQueryTokens >= 1 && kQueryTokens <= 8, "1..8 query tokens");
+
+/// Byte sizes of the decode CTA's shared-memory regions.
+constexpr int kDecodeQBytes = kPaddedRows * kRowBytes;
+constexpr int kDecodeStageBytes = kDecodeTileN * kRowBytes;
+constexpr int kDecodeClassBytes = kPaddedRows * kMaxSplitBlocks;
+
+/// Identifies decode row `row` (0..kPaddedRows): its query head and token,
+/// and whether it exists.
+struct DecodeRow {
+  int head;
+  int token;
+  bool valid;
+};
+PAGEDC_DEVICE DecodeRow decode_row(int row, int kv_head, int head_chunk,
+                                   int q_len) {
+  int local_head = row / kQueryTokens;
+  int group_head = head_chunk * kDecodeHeads + local_head;
+  int token = row - local_head * kQueryTokens;
+  DecodeRow result;
+  result.valid = local_head < kDecodeHeads && group_head < kGroupSize &&
+                 token < q_len;
+  result.head = kv_head * kGroupSize + imin(group_head, kGroupSize - 1);
+  result.token = imin(token, q_len - 1);
+  return result;
+}
+} // namespace pagedc
+
+extern "C" __global__ void __launch_bounds__(pagedc::kDecodeThreads)
+    pagedc_decode(const __grid_constant__ PagedcAttentionKernelArgs args,
+                  const __grid_constant__ pagedc_mods::Params params) {
+  using namespace pagedc;
+  extern __shared__ __align__(128) unsigned char shared[];
+  const int thread = threadIdx.x, lane = thread & 31, warp = thread >> 5;
+  const int row_warp = warp / kKvWarps, kv_warp = warp % kKvWarps;
+  const int split = blockIdx.x, b = blockIdx.z;
+  const int kv_head = blockIdx.y / kDecodeHeadChunks;
+  const int head_chunk = blockIdx.y % kDecodeHeadChunks;
+  const int kv_len = args.kv_len[b];
+  const int q_offset = args.q_offset ? args.q_offset[b] : 0;
+  const int split_begin = split * args.split_size;
+  const int split_end = imin(kv_len, split_begin + args.split_size);
+
+  const uint32_t q_tile = shared_address(shared);
+  const uint32_t k_tiles = q_tile + kDecodeQBytes;
+  const uint32_t v_tiles = k_tiles + 2 * kDecodeStageBytes;
+  uint8_t *classes = shared + kDecodeQBytes + 4 * kDecodeStageBytes;
+  uint8_t *tile_seen = classes + kDecodeClassBytes;
+
+  // Query rows: head-major, token-minor; gathered from q [B, Hq, Lq, D].
+  const Element *q_batch = static_cast<const Element *>(args.q) + b * args.q_stride[0];
+#pragma unroll
+  for (int i = 0; i < kPaddedRows * kChunksPerRow / kDecodeThreads; ++i) {
+    int index = thread + i * kDecodeThreads;
+    int row = index / kChunksPerRow, chunk = index % kChunksPerRow;
+    DecodeRow info = decode_row(row, kv_head, head_chunk, args.q_len);
+    const Element *source = q_batch + info.head * args.q_stride[1] +
+                            info.token * args.q_stride[2] + chunk * 8;
+    cp_async_16(q_tile + tile_offset(row, chunk), source, info.valid ? 16 : 0);
+  }
+  cp_async_commit();
+
+  const Element *k_head =
+      static_cast<const Element *>(args.k_cache) + kv_head * args.k_stride[0];
+  const Element *v_head =
+      static_cast<const Element *>(args.v_cache) + kv_head * args.v_stride[0];
+  const int32_t *page_row = args.page_table + b * args.page_table_stride;
+
+  // The two rows this thread holds.
+  int local_row[2], b_of[2], h_of[2], q_of[2];
+  pagedc_mods::MaskRow mask_rows[2];
+  pagedc_mods::ScoreRow score_rows[2];
+#pragma unroll
+  for (int half = 0; half < 2; ++half) {
+    local_row[half] = row_warp * 16 + (lane >> 2) + 8 * half;
+    DecodeRow info = decode_row(local_row[half], kv_head, head_chunk, args.q_len);
+    b_of[half] = b;
+    h_of[half] = info.head;
+    q_of[half] = q_offset + info.token;
+    mask_rows[half] = pagedc_mods::mask_row(params, b, info.head, q_of[half]);
+    score_rows[half] = pagedc_mods::score_row(params, b, info.head, q_of[half]);
+  }
+
+  // Block classes of every row over this split's kv blocks.
+  const bool has_block_mask = args.kv_num_blocks != nullptr;
+  const int block_begin = has_block_mask ? split_begin / args.kv_block_size : 0;
+  const int block_count =
+      has_block_mask && split_end > split_begin
+          ? (split_end - 1) / args.kv_block_size - block_begin + 1
+          : 0;
+  if (has_block_mask) {
+    for (int i = thread; i < kDecodeClassBytes; i += kDecodeThreads)
+      classes[i] = 0;
+    __syncthreads();
+    for (int row = 0; row < kPaddedRows; ++row) {
+      DecodeRow info = decode_row(row, kv_head, head_chunk, args.q_len);
+      int q_block = (q_offset + info.token) / args.q_block_size;
+      if (!info.valid || q_block >= args.num_q_blocks)
+        continue;
+      int64_t mask_row_index =
+          (static_cast<int64_t>(args.mask_batch == 1 ? 0 : b) * args.mask_heads +
+           (args.mask_heads == 1 ? 0 : info.head)) *
+              args.num_q_blocks +
+          q_block;
+      const int32_t *partial = args.kv_indices + mask_row_index * args.max_kv_blocks;
+      for (int i = thread; i < args.kv_num_blocks[mask_row_index]; i += kDecodeThreads) {
+        int block = partial[i] - block_begin;
+        if (block >= 0 && block < block_count)
+          classes[row * kMaxSplitBlocks + block] = 1;
+      }
+      if (args.full_kv_num_blocks) {
+        const int32_t *full =
+            args.full_kv_indices + mask_row_index * args.max_kv_blocks;
+        for (int i = thread; i < args.full_kv_num_blocks[mask_row_index];
+             i += kDecodeThreads) {
+          int block = full[i] - block_begin;
+          if (block >= 0 && block < block_count)
+            classes[row * kMaxSplitBlocks + block] = 2;
+        }
+      }
+    }
+    __syncthreads();
+    for (int block = thread; block < block_count; block += kDecodeThreads) {
+      uint8_t seen = 0;
+      for (int row = 0; row < kPaddedRows; ++row)
+        seen |= classes[row * kMaxSplitBlocks + block];
+      tile_seen[block] = seen;
+    }
+    __syncthreads();
+  }
+
+  RowState state;
+  float out[kHeadDim / 8][4];
+#pragma unroll
+  for (int half = 0; half < 2; ++half) {
+    state.max[half] = -kInfinity;
+    state.sum[half] = 0.0f;
+  }
+#pragma unroll
+  for (int d = 0; d < kHeadDim / 8; ++d)
+#pragma unroll
+    for (int e = 0; e < 4; ++e)
+      out[d][e] = 0.0f;
+
+  const int tiles = split_end > split_begin
+                        ? (split_end - split_begin + kDecodeTileN - 1) / kDecodeTileN
+                        : 0;
+  auto tile_block = [&](int tile) {
+    return (split_begin + tile * kDecodeTileN) / args.kv_block_size - block_begin;
+  };
+  auto next_tile = [&](int tile) {
+    if (has_block_mask)
+      while (tile < tiles && tile_seen[tile_block(tile)] == 0)
+        ++tile;
+    return tile;
+  };
+
+  int tile = next_tile(0), stage = 0;
+  if (tile < tiles)
+    load_kv_tiles<kDecodeTileN, kDecodeThreads>(
+        k_tiles, v_tiles, k_head, v_head, args.k_stride[1], args.k_stride[2],
+        args.v_stride[1], args.v_stride[2], page_row,
+        split_begin + tile * kDecodeTileN, split_end, thread);
+  cp_async_commit();
+  cp_async_wait<1>();
+  __syncthreads();
+  uint32_t q_regs[kDecodeQInRegisters ? kHeadDim / 16 : 1][4];
+  if constexpr (kDecodeQInRegisters) {
+#pragma unroll
+    for (int k_step = 0; k_step < kHeadDim / 16; ++k_step)
+      load_query_fragment(q_regs[k_step], q_tile, row_warp * 16, k_step, lane);
+  }
+
+  while (tile < tiles) {
+    const int kv_begin = split_begin + tile * kDecodeTileN;
+    const int next = next_tile(tile + 1);
+    if (next < tiles)
+      load_kv_tiles<kDecodeTileN, kDecodeThreads>(
+          k_tiles + (stage ^ 1) * kDecodeStageBytes,
+          v_tiles + (stage ^ 1) * kDecodeStageBytes, k_head, v_head,
+          args.k_stride[1], args.k_stride[2], args.v_stride[1],
+          args.v_stride[2], page_row, split_begin + next * kDecodeTileN,
+          split_end, thread);
+    cp_async_commit();
+    cp_async_wait<1>();
+    __syncthreads();
+
+    bool visible[2] = {true, true}, check_mask[2] = {true, true};
+    if (has_block_mask) {
+      const int block = tile_block(tile);
+#pragma unroll
+      for (int half = 0; half < 2; ++half) {
+        uint8_t block_class = classes[local_row[half] * kMaxSplitBlocks + block];
+        visible[half] = block_class != 0;
+        check_mask[half] = block_class == 1;
+      }
+    }
+    constexpr int kNTiles = kColumnsPerWarp / 8;
+    float scores[kNTiles][4];
+    warp_scores<kNTiles, kDecodeQInRegisters>(
+        scores, q_regs, q_tile, row_warp * 16, k_tiles + stage * kDecodeStageBytes,
+        kv_warp * kColumnsPerWarp, lane);
+    apply_mods<kNTiles>(scores, params, mask_rows, score_rows, b_of, h_of, q_of,
+                        visible, check_mask, kv_begin + kv_warp * kColumnsPerWarp,
+                        split_end, args.scale, lane);
+    online_softmax<kNTiles>(state, scores, out);
+    warp_accumulate<kNTiles>(out, scores, v_tiles + stage * kDecodeStageBytes,
+                             kv_warp * kColumnsPerWarp, lane);
+    __syncthreads();
+    tile = next;
+    stage ^= 1;
+  }
+  cp_async_wait<0>();
+  __syncthreads();
+
+  // Merge the kv-warps' states: row maxima and sums first, then the
+  // rescaled outputs, accumulated in f32 over the K/V tiles' memory.
+  float *part_max = reinterpret_cast<float *>(tile_seen + kMaxSplitBlocks);
+  float *part_sum = part_max + kKvWarps * kPaddedRows;
+  float *merged = reinterpret_cast<float *>(shared + kDecodeQBytes);
+  float row_scale[2], row_lse[2];
+#pragma unroll
+  for (int half = 0; half < 2; ++half) {
+    float sum = quad_sum(state.sum[half]);
+    if ((lane & 3) == 0) {
+      part_max[kv_warp * kPaddedRows + local_row[half]] = state.max[half];
+      part_sum[kv_warp * kPaddedRows + local_row[half]] = sum;
+    }
+  }
+  __syncthreads();
+#pragma unroll
+  for (int half = 0; half < 2; ++half) {
+    float row_max = -kInfinity;
+#pragma unroll
+    for (int w = 0; w < kKvWarps; ++w)
+      row_max = fmaxf(row_max, part_max[w * kPaddedRows + local_row[half]]);
+    float base = row_max == -kInfinity ? 0.0f : row_max;
+    float total = 0.0f;
+#pragma unroll
+    for (int w = 0; w < kKvWarps; ++w)
+      total += part_sum[w * kPaddedRows + local_row[half]] *
+               exp2_approx(part_max[w * kPaddedRows + local_row[half]] - base);
+    row_scale[half] = total > 0.0f ? exp2_approx(state.max[half] - base) / total : 0.0f;
+    row_lse[half] = total > 0.0f ? (row_max + log2f(total)) * kLn2 : -kInfinity;
+  }
+#pragma unroll
+  for (int w = 0; w < kKvWarps; ++w) {
+    if (kv_warp == w) {
+#pragma unroll
+      for (int half = 0; half < 2; ++half) {
+        float *merged_row = merged + local_row[half] * kHeadDim + 2 * (lane & 3);
+#pragma unroll
+        for (int d = 0; d < kHeadDim / 8; ++d) {
+          float x = out[d][2 * half] * row_scale[half];
+          float y = out[d][2 * half + 1] * row_scale[half];
+          if (w == 0) {
+            merged_row[d * 8] = x;
+            merged_row[d * 8 + 1] = y;
+          } else {
+            merged_row[d * 8] += x;
+            merged_row[d * 8 + 1] += y;
+          }
+        }
+      }
+    }
+    __syncthreads();
+  }
+
+  const bool single_split = args.num_splits == 1;
+  if (kv_warp == 0 && (lane & 3) == 0) {
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+      DecodeRow info = decode_row(local_row[half], kv_head, head_chunk, args.q_len);
+      if (!info.valid)
+        continue;
+      int64_t row_index =
+          (static_cast<int64_t>(b) * args.heads_q + info.head) * args.q_len + info.token;
+      if (!single_split)
+        args.partial_lse[row_index * args.num_splits + split] = row_lse[half];
+      else if constexpr (pagedc_config::kHasLse)
+        args.lse[row_index] = row_lse[half];
+    }
+  }
+  // Rows out: consecutive threads store consecutive column pairs.
+  for (int index = thread; index < kPaddedRows * kHeadDim / 2; index += kDecodeThreads) {
+    int row = index / (kHeadDim / 2), column = (index % (kHeadDim / 2)) * 2;
+    DecodeRow info = decode_row(row, kv_head, head_chunk, args.q_len);
+    if (!info.valid)
+      continue;
+    float x = merged[row * kHeadDim + column], y = merged[row * kHeadDim + column + 1];
+    if (single_split) {
+      Element *out_row = static_cast<Element *>(args.out) + b * args.out_stride[0] +
+                         info.head * args.out_stride[1] + info.token * args.out_stride[2];
+      *reinterpret_cast<uint32_t *>(out_row + column) = pack_pair(x, y);
+    } else {
+      int64_t row_index =
+          (static_cast<int64_t>(b) * args.heads_q + info.head) * args.q_len + info.token;
+      float *partial = args.partial_out + (row_index * args.num_splits + split) * kHeadDim;
+      partial[column] = x;
+      partial[column + 1] = y;
+    }
+  }
+}
+
+extern "C" __global__ void __launch_bounds__(128)
+    pagedc_decode_merge(const __grid_constant__ PagedcAttentionKernelArgs args) {
+  using namespace pagedc;
+  const int token = blockIdx.x, h = blockIdx.y, b = blockIdx.z;
+  const int splits = args.num_splits;
+  const int64_t row_index =
+      (static_cast<int64_t>(b) * args.heads_q + h) * args.q_len + token;
+  // partial_lse: [splits] of this row; partial_out: [splits, D].
+  const float *lse = args.partial_lse + row_index * splits;
+  const float *partial = args.partial_out + row_index * splits * kHeadDim;
+  float row_max = -kInfinity;
+  for (int i = 0; i < splits; ++i)
+    row_max = fmaxf(row_max, lse[i]);
+  const float base = row_max == -kInfinity ? 0.0f : row_max;
+  float total = 0.0f;
+  for (int i = 0; i < splits; ++i)
+    total += exp2_approx((lse[i] - base) * kLog2e);
+  const float inverse = total > 0.0f ? 1.0f / total : 0.0f;
+  Element *out_row = static_cast<Element *>(args.out) + b * args.out_stride[0] +
+                     h * args.out_stride[1] + token * args.out_stride[2];
+  for (int column = threadIdx.x * 2; column < kHeadDim; column += 256) {
+    float x = 0.0f, y = 0.0f;
+    for (int i = 0; i < splits; ++i) {
+      float weight = exp2_approx((lse[i] - base) * kLog2e);
+      x += weight * partial[i * kHeadDim + column];
+      y += weight * partial[i * kHeadDim + column + 1];
+    }
+    *reinterpret_cast<uint32_t *>(out_row + column) = pack_pair(x * inverse, y * inverse);
+  }
+  if constexpr (pagedc_config::kHasLse) {
+    if (threadIdx.x == 0)
+      args.lse[row_index] = total > 0.0f ? row_max + logf(total) : -kInfinity;
+  }
+}

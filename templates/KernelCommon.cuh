@@ -1,0 +1,334 @@
+//===- KernelCommon.cuh - Tensor-core tiles over a paged KV cache -*- CUDA -*-===//
+//
+// Building blocks shared by the prefill and decode kernels: inline-PTX
+// wrappers (cp.async, ldmatrix, mma.sync m16n8k16), swizzled shared-memory
+// tiles, the paged K/V tile loader, and the per-row online softmax state.
+// Everything is parameterised by the constexprs of `pagedc_config`.
+//
+// Shared-memory tiles hold rows of kHeadDim 16-bit elements as 16-byte
+// chunks; chunk c of row r lives at position c ^ (r & 7) of that row, so the
+// eight rows an ldmatrix phase reads fall in eight different bank groups.
+//
+//===----------------------------------------------------------------------===//
+
+namespace pagedc {
+
+using pagedc_config::kHeadDim;
+using pagedc_config::kIsBF16;
+using pagedc_config::kLog2PageSize;
+using pagedc_config::kPageSize;
+using Element = pagedc_config::Element;
+
+constexpr float kLog2e = 1.4426950408889634f;
+constexpr float kLn2 = 0.6931471805599453f;
+/// 16-byte chunks per tile row.
+constexpr int kChunksPerRow = kHeadDim / 8;
+/// Bytes per tile row in shared memory.
+constexpr int kRowBytes = kHeadDim * 2;
+
+static_assert(kHeadDim == 64 || kHeadDim == 128 || kHeadDim == 256,
+              "head dim must be 64, 128 or 256");
+static_assert((kPageSize & (kPageSize - 1)) == 0 && kPageSize <= 1024,
+              "page size must be a power of two in [1, 1024]");
+
+//===--- PTX wrappers ----------------------------------------------------===//
+
+PAGEDC_DEVICE uint32_t shared_address(const void *pointer) {
+  uint32_t address;
+  asm("{ .reg .u64 wide; cvta.to.shared.u64 wide, %1; cvt.u32.u64 %0, wide; }"
+      : "=r"(address)
+      : "l"(pointer));
+  return address;
+}
+
+/// Copies 16 bytes global -> shared asynchronously; bytes past `valid_bytes`
+/// (0 or 16) are zero-filled, so a masked row never holds stale data.
+PAGEDC_DEVICE void cp_async_16(uint32_t shared, const void *global,
+                               int valid_bytes) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(shared),
+               "l"(global), "r"(valid_bytes));
+}
+PAGEDC_DEVICE void cp_async_commit() {
+  asm volatile("cp.async.commit_group;" ::);
+}
+template <int kPending> PAGEDC_DEVICE void cp_async_wait() {
+  asm volatile("cp.async.wait_group %0;" ::"n"(kPending));
+}
+
+PAGEDC_DEVICE void ldmatrix_x4(uint32_t (&fragment)[4], uint32_t address) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];"
+               : "=r"(fragment[0]), "=r"(fragment[1]), "=r"(fragment[2]),
+                 "=r"(fragment[3])
+               : "r"(address));
+}
+PAGEDC_DEVICE void ldmatrix_x4_trans(uint32_t (&fragment)[4],
+                                     uint32_t address) {
+  asm volatile(
+      "ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];"
+      : "=r"(fragment[0]), "=r"(fragment[1]), "=r"(fragment[2]),
+        "=r"(fragment[3])
+      : "r"(address));
+}
+
+/// acc[16x8] += a[16x16] * b[16x8] with f32 accumulation.
+PAGEDC_DEVICE void mma_16816(float (&acc)[4], const uint32_t (&a)[4],
+                             uint32_t b0, uint32_t b1) {
+  if constexpr (kIsBF16) {
+    asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 "
+                 "{%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+                 "{%0, %1, %2, %3};"
+                 : "+f"(acc[0]), "+f"(acc[1]), "+f"(acc[2]), "+f"(acc[3])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0),
+                   "r"(b1));
+  } else {
+    asm("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 "
+                 "{%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+                 "{%0, %1, %2, %3};"
+                 : "+f"(acc[0]), "+f"(acc[1]), "+f"(acc[2]), "+f"(acc[3])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0),
+                   "r"(b1));
+  }
+}
+
+/// Two floats -> two packed 16-bit elements (lo in the low half).
+PAGEDC_DEVICE uint32_t pack_pair(float lo, float hi) {
+  uint32_t packed;
+  if constexpr (kIsBF16)
+    asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(packed) : "f"(hi), "f"(lo));
+  else
+    asm("cvt.rn.f16x2.f32 %0, %1, %2;" : "=r"(packed) : "f"(hi), "f"(lo));
+  return packed;
+}
+
+PAGEDC_DEVICE float quad_max(float value) {
+  value = fmaxf(value, __shfl_xor_sync(0xffffffffu, value, 1));
+  return fmaxf(value, __shfl_xor_sync(0xffffffffu, value, 2));
+}
+PAGEDC_DEVICE float quad_sum(float value) {
+  value += __shfl_xor_sync(0xffffffffu, value, 1);
+  return value + __shfl_xor_sync(0xffffffffu, value, 2);
+}
+
+//===--- Shared-memory tiles ---------------------------------------------===//
+
+/// Byte offset of 16-byte chunk `chunk` of row `row` in a swizzled tile.
+PAGEDC_DEVICE uint32_t tile_offset(int row, int chunk) {
+  return row * kRowBytes + ((chunk ^ (row & 7)) << 4);
+}
+
+/// Loads `kRows` query rows into a swizzled tile; rows >= row_count are
+/// zero-filled.
+template <int kRows, int kThreads>
+PAGEDC_DEVICE void load_query_tile(uint32_t tile, const Element *q_rows,
+                                   // [rows, D] with row stride `row_stride`
+                                   int64_t row_stride, int row_count,
+                                   int thread) {
+  static_assert((kRows * kChunksPerRow) % kThreads == 0, "uneven Q tile load");
+#pragma unroll
+  for (int i = 0; i < kRows * kChunksPerRow / kThreads; ++i) {
+    int index = thread + i * kThreads;
+    int row = index / kChunksPerRow, chunk = index % kChunksPerRow;
+    bool valid = row < row_count;
+    const Element *source = q_rows + (valid ? row * row_stride : 0) + chunk * 8;
+    cp_async_16(tile + tile_offset(row, chunk), source, valid ? 16 : 0);
+  }
+}
+
+/// Loads KV rows [kv_begin, kv_begin + kRows) of one KV head into the K and
+/// V tiles, translating each logical row to its page once for both tensors.
+/// Rows at or past kv_len are zero-filled and never read from memory.
+template <int kRows, int kThreads>
+PAGEDC_DEVICE void load_kv_tiles(uint32_t k_tile, uint32_t v_tile,
+                                 const Element *k_head,
+                                 // [pages, page_size, D] strides k_page, k_slot
+                                 const Element *v_head,
+                                 // [pages, page_size, D] strides v_page, v_slot
+                                 int64_t k_page, int64_t k_slot, int64_t v_page,
+                                 int64_t v_slot,
+                                 const int32_t *page_row, // [max pages]
+                                 int kv_begin, int kv_len, int thread) {
+  static_assert((kRows * kChunksPerRow) % kThreads == 0, "uneven KV tile load");
+#pragma unroll
+  for (int i = 0; i < kRows * kChunksPerRow / kThreads; ++i) {
+    int index = thread + i * kThreads;
+    int row = index / kChunksPerRow, chunk = index % kChunksPerRow;
+    int kv = kv_begin + row;
+    bool valid = kv < kv_len;
+    int64_t page = valid ? page_row[kv >> kLog2PageSize] : 0;
+    int slot = kv & (kPageSize - 1);
+    const Element *k_source =
+        k_head + (valid ? page * k_page + slot * k_slot : 0) + chunk * 8;
+    const Element *v_source =
+        v_head + (valid ? page * v_page + slot * v_slot : 0) + chunk * 8;
+    uint32_t offset = tile_offset(row, chunk);
+    cp_async_16(k_tile + offset, k_source, valid ? 16 : 0);
+    cp_async_16(v_tile + offset, v_source, valid ? 16 : 0);
+  }
+}
+
+/// A-operand fragments of 16 query rows for k-step `k_step` (16 columns).
+PAGEDC_DEVICE void load_query_fragment(uint32_t (&fragment)[4], uint32_t tile,
+                                       int row_base, int k_step, int lane) {
+  int row = row_base + (lane & 15);
+  int chunk = k_step * 2 + (lane >> 4);
+  ldmatrix_x4(fragment, tile + tile_offset(row, chunk));
+}
+
+//===--- Warp tile math --------------------------------------------------===//
+
+/// One k-step (16 columns of D) of warp_scores.
+template <int kNTiles>
+PAGEDC_DEVICE void warp_scores_step(float (&scores)[kNTiles][4],
+                                    const uint32_t (&a)[4], uint32_t k_tile,
+                                    int col_base, int k_step, int lane) {
+#pragma unroll
+  for (int pair = 0; pair < kNTiles / 2; ++pair) {
+    uint32_t b[4];
+    int row = col_base + pair * 16 + (lane & 7) + ((lane >> 4) << 3);
+    int chunk = k_step * 2 + ((lane >> 3) & 1);
+    ldmatrix_x4(b, k_tile + tile_offset(row, chunk));
+    mma_16816(scores[2 * pair], a, b[0], b[1]);
+    mma_16816(scores[2 * pair + 1], a, b[2], b[3]);
+  }
+}
+
+/// scores[16 x 8*kNTiles] = Q[16 x D] * K[kv rows col_base.., D]^T for one
+/// warp. Query fragments come from registers or, with kQInRegisters false,
+/// from the query tile.
+template <int kNTiles, bool kQInRegisters>
+PAGEDC_DEVICE void warp_scores(float (&scores)[kNTiles][4],
+                               const uint32_t (&q_regs)[kQInRegisters ? kHeadDim / 16 : 1][4],
+                               uint32_t q_tile, int q_row_base,
+                               uint32_t k_tile, int col_base, int lane) {
+  static_assert(kNTiles % 2 == 0, "score tiles come in pairs");
+#pragma unroll
+  for (int j = 0; j < kNTiles; ++j)
+#pragma unroll
+    for (int e = 0; e < 4; ++e)
+      scores[j][e] = 0.0f;
+  // Q from registers: fully unrolled (the fragments are indexed by k_step).
+  // Q from shared memory: unrolled by two only, which keeps ptxas from
+  // hoisting every K fragment of the tile (0 spills at D = 128).
+  if constexpr (kQInRegisters) {
+#pragma unroll
+    for (int k_step = 0; k_step < kHeadDim / 16; ++k_step)
+      warp_scores_step<kNTiles>(scores, q_regs[k_step], k_tile, col_base,
+                                k_step, lane);
+  } else {
+#pragma unroll 2
+    for (int k_step = 0; k_step < kHeadDim / 16; ++k_step) {
+      uint32_t a[4];
+      load_query_fragment(a, q_tile, q_row_base, k_step, lane);
+      warp_scores_step<kNTiles>(scores, a, k_tile, col_base, k_step, lane);
+    }
+  }
+}
+
+/// out[16 x D] += P[16 x 8*kNTiles] * V[kv rows col_base.., D] for one warp;
+/// P is the probability tile in the accumulator layout of warp_scores.
+template <int kNTiles>
+PAGEDC_DEVICE void warp_accumulate(float (&out)[kHeadDim / 8][4],
+                                   const float (&probs)[kNTiles][4],
+                                   uint32_t v_tile, int col_base, int lane) {
+#pragma unroll
+  for (int k_step = 0; k_step < kNTiles / 2; ++k_step) {
+    uint32_t a[4];
+    a[0] = pack_pair(probs[2 * k_step][0], probs[2 * k_step][1]);
+    a[1] = pack_pair(probs[2 * k_step][2], probs[2 * k_step][3]);
+    a[2] = pack_pair(probs[2 * k_step + 1][0], probs[2 * k_step + 1][1]);
+    a[3] = pack_pair(probs[2 * k_step + 1][2], probs[2 * k_step + 1][3]);
+    int row = col_base + k_step * 16 + (lane & 15);
+#pragma unroll
+    for (int pair = 0; pair < kHeadDim / 16; ++pair) {
+      uint32_t b[4];
+      ldmatrix_x4_trans(b, v_tile + tile_offset(row, pair * 2 + (lane >> 4)));
+      mma_16816(out[2 * pair], a, b[0], b[1]);
+      mma_16816(out[2 * pair + 1], a, b[2], b[3]);
+    }
+  }
+}
+
+/// Online-softmax state of the two rows (lane / 4 and lane / 4 + 8 of the
+/// warp's 16) a thread holds. `max` is in the log2 domain; `sum` is this
+/// thread's partial sum (reduced over the quad only at the end).
+struct RowState {
+  float max[2];
+  float sum[2];
+};
+
+/// Folds a tile of log2-domain scores (masked = -inf) into the state and the
+/// output accumulator, and turns `scores` into probabilities.
+template <int kNTiles>
+PAGEDC_DEVICE void online_softmax(RowState &state, float (&scores)[kNTiles][4],
+                                  float (&out)[kHeadDim / 8][4]) {
+#pragma unroll
+  for (int half = 0; half < 2; ++half) {
+    float tile_max = -kInfinity;
+#pragma unroll
+    for (int j = 0; j < kNTiles; ++j)
+      tile_max = fmaxf(tile_max, fmaxf(scores[j][2 * half], scores[j][2 * half + 1]));
+    tile_max = quad_max(tile_max);
+    float new_max = fmaxf(state.max[half], tile_max);
+    // A row with nothing visible yet keeps max = -inf; subtract 0 instead so
+    // that exp2 gives 0 rather than NaN.
+    float base = new_max == -kInfinity ? 0.0f : new_max;
+    float rescale = exp2_approx(state.max[half] - base);
+    state.max[half] = new_max;
+    float sum = 0.0f;
+#pragma unroll
+    for (int j = 0; j < kNTiles; ++j) {
+      scores[j][2 * half] = exp2_approx(scores[j][2 * half] - base);
+      scores[j][2 * half + 1] = exp2_approx(scores[j][2 * half + 1] - base);
+      sum += scores[j][2 * half] + scores[j][2 * half + 1];
+    }
+    state.sum[half] = state.sum[half] * rescale + sum;
+#pragma unroll
+    for (int d = 0; d < kHeadDim / 8; ++d) {
+      out[d][2 * half] *= rescale;
+      out[d][2 * half + 1] *= rescale;
+    }
+  }
+}
+
+/// Applies scale, score mod, mask mod, kv_len and row limits to one warp's
+/// raw q.k tile, leaving log2-domain logits (-inf where masked).
+/// `kv_base` is the logical kv of the warp's first column; `visible[half]`
+/// says whether the thread's row may see this tile at all; `check_mask`
+/// is false for full blocks.
+template <int kNTiles>
+PAGEDC_DEVICE void apply_mods(float (&scores)[kNTiles][4],
+                              const pagedc_mods::Params &params,
+                              const pagedc_mods::MaskRow (&mask_rows)[2],
+                              const pagedc_mods::ScoreRow (&score_rows)[2],
+                              const int (&b)[2], const int (&h)[2],
+                              const int (&q)[2], const bool (&visible)[2],
+                              const bool (&check_mask)[2], int kv_base,
+                              int kv_len, float scale, int lane) {
+#pragma unroll
+  for (int j = 0; j < kNTiles; ++j) {
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      int half = e >> 1;
+      int kv = kv_base + j * 8 + 2 * (lane & 3) + (e & 1);
+      bool keep = visible[half] && kv < kv_len;
+      if constexpr (pagedc_mods::kHasMask) {
+        if (keep && check_mask[half])
+          keep = pagedc_mods::mask(params, mask_rows[half], b[half], h[half],
+                                   q[half], kv);
+      }
+      float logit;
+      if constexpr (pagedc_mods::kHasScore) {
+        logit = keep ? pagedc_mods::score(params, score_rows[half],
+                                          scores[j][e] * scale, b[half],
+                                          h[half], q[half], kv) *
+                           kLog2e
+                     : 0.0f;
+      } else {
+        logit = scores[j][e] * (scale * kLog2e);
+      }
+      scores[j][e] = keep ? logit : -kInfinity;
+    }
+  }
+}
+
+} // namespace pagedc

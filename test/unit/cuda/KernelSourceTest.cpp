@@ -1,0 +1,144 @@
+//===- KernelSourceTest.cpp - Template assembly and config checks ---------===//
+
+#include "pagedc/Error.h"
+#include "pagedc/KernelSource.h"
+
+#include <gtest/gtest.h>
+
+using namespace pagedc;
+
+TEST(KernelSource, EmbedsEveryTemplate) {
+  auto names = embeddedTemplateNames();
+  for (const char *name :
+       {"Prelude.cuh", "Hooks.cuh", "KernelCommon.cuh", "Prefill.cuh",
+        "Decode.cuh", "BlockMaskBuilder.cuh", "KernelArgs.h",
+        "testing/causal.cuh", "testing/alibi.cuh", "testing/softcap.cuh",
+        "testing/document.cuh", "testing/none.cuh"}) {
+    EXPECT_NE(std::find(names.begin(), names.end(), name), names.end()) << name;
+  }
+  EXPECT_NE(embeddedTemplate("Prefill.cuh").find("pagedc_prefill"),
+            std::string_view::npos);
+  EXPECT_THROW(embeddedTemplate("Nope.cuh"), Error);
+}
+
+TEST(KernelSource, AssemblesInContractOrder) {
+  KernelConfig config;
+  config.kind = KernelKind::Decode;
+  config.headDim = 64;
+  config.groupSize = 4;
+  std::string mods(embeddedTemplate("testing/causal.cuh"));
+  KernelSource source = assembleKernel(config, mods);
+  const std::string &code = source.code;
+  size_t prelude = code.find("struct pagedc_bf16");
+  size_t args = code.find("typedef struct PagedcAttentionKernelArgs");
+  size_t modCode = code.find("return row.q >= kv;");
+  size_t hooks = code.find("namespace pagedc_hooks_check");
+  size_t configuration = code.find("constexpr int kHeadDim = 64;");
+  size_t kernel = code.find("pagedc_decode(");
+  ASSERT_NE(kernel, std::string::npos);
+  EXPECT_LT(prelude, args);
+  EXPECT_LT(args, modCode);
+  EXPECT_LT(modCode, hooks);
+  EXPECT_LT(hooks, configuration);
+  EXPECT_LT(configuration, kernel);
+  EXPECT_NE(code.find("constexpr int kGroupSize = 4;"), std::string::npos);
+  EXPECT_EQ(source.kernelNames,
+            (std::vector<std::string>{"pagedc_decode", "pagedc_decode_merge"}));
+  // modFirstLine points at the mod's first line.
+  int line = 1;
+  size_t at = 0;
+  while (line < source.modFirstLine)
+    at = code.find('\n', at) + 1, ++line;
+  EXPECT_EQ(code.compare(at, mods.find('\n'), mods, 0, mods.find('\n')), 0);
+  EXPECT_EQ(source.modLineCount,
+            static_cast<int>(std::count(mods.begin(), mods.end(), '\n')));
+}
+
+TEST(KernelSource, RejectsUnsupportedConfigs) {
+  KernelConfig config;
+  config.headDim = 96;
+  EXPECT_THROW(assembleKernel(config, ""), Error);
+  config = {};
+  config.pageSize = 24;
+  try {
+    assembleKernel(config, "");
+    FAIL() << "page size 24 accepted";
+  } catch (const Error &error) {
+    EXPECT_NE(std::string(error.what()).find("page size 24"), std::string::npos);
+  }
+  config = {};
+  config.pageSize = 2048;
+  EXPECT_THROW(config.validate(), Error);
+  config = {};
+  config.elementType = DType::F32;
+  EXPECT_THROW(config.validate(), Error);
+  config = {};
+  config.kind = KernelKind::Decode;
+  config.queryTokens = 9;
+  EXPECT_THROW(config.validate(), Error);
+  for (int pageSize = 1; pageSize <= 1024; pageSize *= 2) {
+    config = {};
+    config.pageSize = pageSize;
+    EXPECT_NO_THROW(config.validate()) << pageSize;
+  }
+}
+
+TEST(KernelSource, DecodeRowsFitOneCta) {
+  KernelConfig config;
+  config.kind = KernelKind::Decode;
+  for (int group : {1, 3, 4, 6, 7, 8, 12, 16, 32, 64})
+    for (int tokens : {1, 2, 4, 8}) {
+      config.groupSize = group;
+      config.queryTokens = tokens;
+      int heads = config.decodeHeadsPerCta();
+      EXPECT_GE(heads, 1);
+      EXPECT_LE(heads, group);
+      EXPECT_LE(heads * tokens, 64) << group << "x" << tokens;
+    }
+}
+
+TEST(ParamsLayout, FollowsCLayoutRules) {
+  std::vector<ParamDecl> params(3);
+  params[0].name = "flag";
+  params[0].type = ScalarKind::Bool;
+  params[1].name = "window";
+  params[1].type = ScalarKind::I32;
+  params[2].name = "cap";
+  params[2].type = ScalarKind::F32;
+  std::vector<BufferDecl> buffers(1);
+  buffers[0].name = "slopes";
+  buffers[0].dims.resize(2);
+  ParamsLayout layout = ParamsLayout::forDeclarations(params, buffers);
+  ASSERT_EQ(layout.fields.size(), 5u);
+  EXPECT_EQ(layout.fields[0].offset, 0);  // bool flag
+  EXPECT_EQ(layout.fields[1].offset, 4);  // int32 window, aligned to 4
+  EXPECT_EQ(layout.fields[2].offset, 8);  // float cap
+  EXPECT_EQ(layout.fields[3].offset, 16); // pointer, aligned to 8
+  EXPECT_EQ(layout.fields[4].offset, 24); // int64 strides[2]
+  EXPECT_EQ(layout.size, 40);
+  EXPECT_EQ(ParamsLayout::forDeclarations({}, {}).size, 1); // empty struct
+
+  float slopesData[4] = {};
+  PagedcBufferRef ref{slopesData, {2, 2, 0, 0}, {2, 1, 0, 0}};
+  PagedcParamSlot slots[3];
+  slots[0].i32 = 1;
+  slots[1].i32 = 4096;
+  slots[2].f32 = 30.0f;
+  PagedcModContext context{&ref, slots};
+  auto bytes = layout.pack(params, buffers, context);
+  ASSERT_EQ(bytes.size(), 40u);
+  EXPECT_EQ(bytes[0], 1);
+  int32_t window;
+  std::memcpy(&window, bytes.data() + 4, 4);
+  EXPECT_EQ(window, 4096);
+  float cap;
+  std::memcpy(&cap, bytes.data() + 8, 4);
+  EXPECT_EQ(cap, 30.0f);
+  const void *pointer;
+  std::memcpy(&pointer, bytes.data() + 16, 8);
+  EXPECT_EQ(pointer, slopesData);
+  int64_t strides[2];
+  std::memcpy(strides, bytes.data() + 24, 16);
+  EXPECT_EQ(strides[0], 2);
+  EXPECT_EQ(strides[1], 1);
+}
