@@ -15,8 +15,19 @@
 #include "pagedc/Tensor.h"
 
 #include <cstdint>
+#include <vector>
 
 namespace pagedc::cpu {
+
+/// Instruction-set variants of the vectorised tile kernels. Auto picks the
+/// widest one the running CPU supports; the others exist so that tests and
+/// benchmarks can exercise each.
+enum class KernelVariant : uint8_t { Auto, Generic, Avx2, Avx512 };
+
+/// The variants the running CPU can execute (Generic always).
+std::vector<KernelVariant> supportedKernelVariants();
+/// "auto", "generic", "avx2", "avx512".
+const char *kernelVariantName(KernelVariant variant);
 
 /// Everything one attention call needs. The caller has validated shapes,
 /// dtypes, devices (all CPU), page tables and bindings. Tensors may be
@@ -55,6 +66,8 @@ struct PagedAttentionArgs {
   TensorView lse;
   /// Worker threads; 0 = hardware concurrency.
   int threads = 0;
+  /// Tile-kernel instruction set; an unsupported choice falls back to Auto.
+  KernelVariant variant = KernelVariant::Auto;
 };
 
 /// Computes softmax(score_mod(scale * q.k) masked) . v for every query row.

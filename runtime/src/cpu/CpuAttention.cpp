@@ -1,0 +1,615 @@
+//===- CpuAttention.cpp - Paged flex attention on the CPU -----------------===//
+//
+// Work is split into items (batch, KV head, row tile, KV split). A row tile
+// holds up to kMaxTileRows query rows of the Hq / Hkv query heads that read
+// one KV head, so each K/V tile loaded serves all of them. Per KV tile of
+// kKvTile logical positions an item:
+//   1. classifies the tile per row (skipped, mask mod needed, full) from the
+//      block mask, the mask's block classifier or nothing;
+//   2. computes scores S^T[kv][row] = K . (scale Q)^T with a GEMM that reads K
+//      straight from its pages (the kv-major layout keeps the query rows in
+//      vector lanes, so the softmax below is vectorised across rows);
+//   3. runs the score mod and mask mod on contiguous logical kv runs;
+//   4. does one online-softmax step and accumulates P . V.
+// Items of one (batch, KV head, row tile) that split the KV range are merged
+// by their logsumexp afterwards.
+//
+//===----------------------------------------------------------------------===//
+#include "cpu/CpuAttention.h"
+#include "cpu/ThreadPool.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <limits>
+
+#if defined(__x86_64__) && defined(__GNUC__)
+#include <immintrin.h>
+#define PAGEDC_CPU_X86_VARIANTS 1
+#endif
+
+namespace pagedc::cpu {
+namespace {
+
+//===----------------------------------------------------------------------===//
+// Tile primitives, one copy per instruction set
+//===----------------------------------------------------------------------===//
+
+/// The vectorised primitives of one instruction set.
+struct TileOps {
+  int lanes;
+  void (*gemm)(int64_t rows, int64_t cols, int64_t depth, const float *const *aRows,
+               int64_t aStep, const float *const *bRows, float *c, int64_t ldc,
+               bool accumulate);
+  void (*softmaxTile)(float *tile, int64_t n, int64_t width, float *m, float *l,
+                      float *alpha);
+  void (*scaleRow)(float *row, int64_t n, float factor);
+};
+
+namespace generic {
+using Vec = float __attribute__((vector_size(16)));
+constexpr int kLanes = 4;
+constexpr int kRowBlock = 6;
+static inline Vec fmadd(Vec a, Vec b, Vec c) { return a * b + c; }
+#include "AttentionTiles.inc"
+} // namespace generic
+
+#ifdef PAGEDC_CPU_X86_VARIANTS
+#pragma GCC push_options
+#pragma GCC target("avx2,fma")
+namespace avx2 {
+using Vec = float __attribute__((vector_size(32)));
+constexpr int kLanes = 8;
+constexpr int kRowBlock = 6;
+static inline Vec fmadd(Vec a, Vec b, Vec c) { return _mm256_fmadd_ps(a, b, c); }
+#include "AttentionTiles.inc"
+} // namespace avx2
+#pragma GCC pop_options
+
+#pragma GCC push_options
+#pragma GCC target("avx512f")
+namespace avx512 {
+using Vec = float __attribute__((vector_size(64)));
+constexpr int kLanes = 16;
+constexpr int kRowBlock = 8;
+static inline Vec fmadd(Vec a, Vec b, Vec c) { return _mm512_fmadd_ps(a, b, c); }
+#include "AttentionTiles.inc"
+} // namespace avx512
+#pragma GCC pop_options
+#endif
+
+bool cpuSupports(KernelVariant variant) {
+  switch (variant) {
+  case KernelVariant::Auto:
+  case KernelVariant::Generic:
+    return true;
+#ifdef PAGEDC_CPU_X86_VARIANTS
+  case KernelVariant::Avx2:
+    return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+  case KernelVariant::Avx512:
+    return __builtin_cpu_supports("avx512f");
+#else
+  case KernelVariant::Avx2:
+  case KernelVariant::Avx512:
+    return false;
+#endif
+  }
+  return false;
+}
+
+const TileOps &selectTileOps(KernelVariant requested) {
+  if (requested == KernelVariant::Auto || !cpuSupports(requested)) {
+    static const KernelVariant best = [] {
+      if (cpuSupports(KernelVariant::Avx512))
+        return KernelVariant::Avx512;
+      if (cpuSupports(KernelVariant::Avx2))
+        return KernelVariant::Avx2;
+      return KernelVariant::Generic;
+    }();
+    requested = best;
+  }
+#ifdef PAGEDC_CPU_X86_VARIANTS
+  if (requested == KernelVariant::Avx512)
+    return avx512::kTileOps;
+  if (requested == KernelVariant::Avx2)
+    return avx2::kTileOps;
+#endif
+  return generic::kTileOps;
+}
+
+//===----------------------------------------------------------------------===//
+// Planning
+//===----------------------------------------------------------------------===//
+
+/// Logical kv positions per tile.
+constexpr int64_t kKvTile = 64;
+/// Query rows (across the heads of one KV group) per row tile.
+constexpr int64_t kMaxTileRows = 64;
+/// A KV split is never shorter than this many positions.
+constexpr int64_t kMinSplitLength = 256;
+
+constexpr float kNegInf = -std::numeric_limits<float>::infinity();
+
+/// How a tile column range is treated for one query row.
+enum BlockStatus : uint8_t { Skip = 0, Partial = 1, Full = 2 };
+
+struct Plan {
+  int64_t batch, qHeads, qLength, dim, kvHeads, vDim, group;
+  int64_t tileRows, rowTiles, paddedRows;
+  int64_t splits, splitLength;
+  int64_t items;
+};
+
+Plan makePlan(const PagedAttentionArgs &args, int lanes, int threads) {
+  Plan plan;
+  plan.batch = args.q.size(0);
+  plan.qHeads = args.q.size(1);
+  plan.qLength = args.q.size(2);
+  plan.dim = args.q.size(3);
+  plan.kvHeads = args.kCache.size(0);
+  plan.vDim = args.vCache.size(3);
+  plan.group = plan.qHeads / plan.kvHeads;
+  int64_t groupRows = plan.qLength * plan.group;
+  plan.tileRows = std::min(groupRows, kMaxTileRows);
+  plan.rowTiles = (groupRows + plan.tileRows - 1) / plan.tileRows;
+  plan.paddedRows = (plan.tileRows + lanes - 1) / lanes * lanes;
+
+  int64_t maxKvLength = 0;
+  for (int64_t b = 0; b < plan.batch; ++b)
+    maxKvLength = std::max<int64_t>(maxKvLength, args.kvLength[b]);
+  int64_t baseItems = plan.batch * plan.kvHeads * plan.rowTiles;
+  // Split the KV range only when the other dimensions leave threads idle
+  // (decode of a few long sequences).
+  int64_t wanted = 4 * static_cast<int64_t>(threads);
+  plan.splits = 1;
+  if (threads > 1 && baseItems < wanted)
+    plan.splits = std::max<int64_t>(
+        1, std::min((wanted + baseItems - 1) / baseItems, maxKvLength / kMinSplitLength));
+  int64_t perSplit = (maxKvLength + plan.splits - 1) / plan.splits;
+  plan.splitLength = std::max<int64_t>(kKvTile, (perSplit + kKvTile - 1) / kKvTile * kKvTile);
+  plan.items = baseItems * plan.splits;
+  return plan;
+}
+
+//===----------------------------------------------------------------------===//
+// Element access
+//===----------------------------------------------------------------------===//
+
+inline float loadElement(const void *base, DType dtype, int64_t offset) {
+  if (dtype == DType::BF16)
+    return bf16ToFloat(static_cast<const uint16_t *>(base)[offset]);
+  return static_cast<const float *>(base)[offset];
+}
+
+inline void storeElement(void *base, DType dtype, int64_t offset, float value) {
+  if (dtype == DType::BF16)
+    static_cast<uint16_t *>(base)[offset] = floatToBF16(value);
+  else
+    static_cast<float *>(base)[offset] = value;
+}
+
+/// A run [begin, end) of logical kv positions with one status for a row.
+struct Segment {
+  int32_t begin, end;
+  BlockStatus status;
+};
+
+/// Per-thread scratch, kept between calls.
+struct Workspace {
+  std::vector<float> qT;     // [dim][paddedRows], scale folded in
+  std::vector<float> scores; // [kKvTile][paddedRows]
+  std::vector<float> acc;    // [tileRows][vDim]
+  std::vector<float> rowMax, rowSum, alpha; // [paddedRows]
+  std::vector<float> kConverted, vConverted; // [kKvTile][dim | vDim]
+  std::vector<const float *> kRows, vRows, qTRows, scoreRows;
+  std::vector<float> modScores;  // [kKvTile]
+  std::vector<uint8_t> modMask;  // [kKvTile]
+  std::vector<int32_t> rowHead, rowQuery, rowPosition; // [tileRows]
+  std::vector<const uint8_t *> rowBlockStatus;         // [tileRows]
+  std::vector<int64_t> statusKeys;
+  std::vector<std::vector<uint8_t>> statusRows;
+  std::vector<Segment> segments;
+  std::vector<int64_t> segmentStart; // [tileRows + 1]
+  std::vector<BlockStatus> headClass; // [group]
+};
+
+template <typename T> void ensureSize(std::vector<T> &v, size_t n) {
+  if (v.size() < n)
+    v.resize(n);
+}
+
+//===----------------------------------------------------------------------===//
+// The attention kernel
+//===----------------------------------------------------------------------===//
+
+class Kernel {
+public:
+  Kernel(const PagedAttentionArgs &args, const TileOps &ops, const Plan &plan)
+      : args_(args), ops_(ops), plan_(plan) {
+    const CompiledMods *mods = args.mods;
+    hasMask_ = mods && mods->hasMask() && mods->maskRow;
+    hasScore_ = mods && mods->hasScore() && mods->scoreRow;
+    blockClass_ = hasMask_ ? mods->maskBlockClass : nullptr;
+    context_ = args.context ? args.context : &emptyContext_;
+    if (plan.splits > 1) {
+      int64_t rows = plan.items * plan.tileRows;
+      partialMax_.assign(rows, kNegInf);
+      partialSum_.assign(rows, 0.0f);
+      partialAcc_.assign(rows * plan.vDim, 0.0f);
+    }
+  }
+
+  void runItem(int64_t item);
+  void mergeSplits(int64_t group);
+
+private:
+  void prepareRows(Workspace &ws, int64_t b, int64_t kvHead, int64_t rowTile,
+                   int64_t rows);
+  bool classifyTile(Workspace &ws, int64_t b, int64_t rows, int64_t kv0, int64_t n);
+  const float *const *gatherRows(Workspace &ws, const TensorView &cache,
+                                 std::vector<float> &converted,
+                                 std::vector<const float *> &rowPointers, int64_t b,
+                                 int64_t kvHead, int64_t kv0, int64_t n, int64_t width);
+  void applyMods(Workspace &ws, int64_t b, int64_t rows, int64_t kv0);
+  void writeRow(int64_t b, int64_t h, int64_t i, const float *acc, float maxScore,
+                float sum);
+
+  const PagedAttentionArgs &args_;
+  const TileOps &ops_;
+  const Plan &plan_;
+  bool hasMask_ = false, hasScore_ = false;
+  PagedcBlockClassFn blockClass_ = nullptr;
+  PagedcModContext emptyContext_{nullptr, nullptr};
+  const PagedcModContext *context_;
+  // Split partials: [item][tileRows] and [item][tileRows][vDim].
+  std::vector<float> partialMax_, partialSum_, partialAcc_;
+};
+
+void Kernel::prepareRows(Workspace &ws, int64_t b, int64_t kvHead, int64_t rowTile,
+                         int64_t rows) {
+  const Plan &plan = plan_;
+  const TensorView &q = args_.q;
+  int64_t padded = plan.paddedRows;
+  int64_t qOffset = args_.qOffset ? args_.qOffset[b] : 0;
+  ensureSize(ws.rowHead, rows);
+  ensureSize(ws.rowQuery, rows);
+  ensureSize(ws.rowPosition, rows);
+  for (int64_t r = 0; r < rows; ++r) {
+    int64_t groupRow = rowTile * plan.tileRows + r;
+    ws.rowQuery[r] = static_cast<int32_t>(groupRow / plan.group);
+    ws.rowHead[r] = static_cast<int32_t>(kvHead * plan.group + groupRow % plan.group);
+    ws.rowPosition[r] = static_cast<int32_t>(qOffset + ws.rowQuery[r]);
+  }
+
+  // Q^T with the scale folded in; padding columns stay zero.
+  ws.qT.assign(plan.dim * padded, 0.0f);
+  ensureSize(ws.qTRows, plan.dim);
+  for (int64_t d = 0; d < plan.dim; ++d)
+    ws.qTRows[d] = ws.qT.data() + d * padded;
+  for (int64_t r = 0; r < rows; ++r) {
+    int64_t base = b * q.stride(0) + ws.rowHead[r] * q.stride(1) + ws.rowQuery[r] * q.stride(2);
+    for (int64_t d = 0; d < plan.dim; ++d)
+      ws.qT[d * padded + r] =
+          args_.scale * loadElement(q.data(), q.dtype(), base + d * q.stride(3));
+  }
+
+  // Dense per-kv-block status of every block-mask row the tile touches.
+  ensureSize(ws.rowBlockStatus, rows);
+  ws.statusKeys.clear();
+  const BlockMask *mask = args_.blockMask;
+  if (!mask)
+    return;
+  int64_t kvLength = args_.kvLength[b];
+  int64_t kvBlocks = (kvLength + mask->kvBlockSize - 1) / mask->kvBlockSize;
+  for (int64_t r = 0; r < rows; ++r) {
+    int64_t qBlock = ws.rowPosition[r] / mask->qBlockSize;
+    if (ws.rowPosition[r] < 0 || qBlock >= mask->numQBlocks) {
+      ws.rowBlockStatus[r] = nullptr; // outside the mask: nothing visible
+      continue;
+    }
+    int64_t key = mask->rowIndex(b, ws.rowHead[r], qBlock);
+    size_t slot = std::find(ws.statusKeys.begin(), ws.statusKeys.end(), key) -
+                  ws.statusKeys.begin();
+    if (slot == ws.statusKeys.size()) {
+      ws.statusKeys.push_back(key);
+      if (ws.statusRows.size() < ws.statusKeys.size())
+        ws.statusRows.emplace_back();
+      std::vector<uint8_t> &status = ws.statusRows[slot];
+      status.assign(kvBlocks, Skip);
+      const int32_t *partial = mask->kvIndices.data() + key * mask->maxKvBlocks;
+      for (int32_t k = 0, e = mask->kvNumBlocks[key]; k < e; ++k)
+        if (partial[k] >= 0 && partial[k] < kvBlocks)
+          status[partial[k]] = Partial;
+      if (!mask->fullKvNumBlocks.empty()) {
+        const int32_t *full = mask->fullKvIndices.data() + key * mask->maxKvBlocks;
+        for (int32_t k = 0, e = mask->fullKvNumBlocks[key]; k < e; ++k)
+          if (full[k] >= 0 && full[k] < kvBlocks)
+            status[full[k]] = Full;
+      }
+    }
+    ws.rowBlockStatus[r] = ws.statusRows[slot].data();
+  }
+}
+
+/// Fills ws.segments for the tile [kv0, kv0 + n); returns whether any row
+/// sees any position of it.
+bool Kernel::classifyTile(Workspace &ws, int64_t b, int64_t rows, int64_t kv0,
+                          int64_t n) {
+  ws.segments.clear();
+  ensureSize(ws.segmentStart, rows + 1);
+  const BlockMask *mask = args_.blockMask;
+  BlockStatus unmasked = hasMask_ ? Partial : Full;
+  int32_t begin = static_cast<int32_t>(kv0), end = static_cast<int32_t>(kv0 + n);
+  bool anyVisible = false;
+  size_t rowFirstSegment = 0; // runs never merge across rows
+  auto add = [&](int32_t from, int32_t to, BlockStatus status) {
+    if (status == Partial && !hasMask_)
+      status = Full;
+    if (status != Skip)
+      anyVisible = true;
+    if (ws.segments.size() > rowFirstSegment && ws.segments.back().end == from &&
+        ws.segments.back().status == status)
+      ws.segments.back().end = to;
+    else
+      ws.segments.push_back({from, to, status});
+  };
+
+  if (!mask && blockClass_) {
+    // Rows of one head in a tile hold consecutive query positions.
+    ensureSize(ws.headClass, plan_.group);
+    int64_t firstHead = ws.rowHead[0] - ws.rowHead[0] % plan_.group;
+    for (int64_t g = 0; g < plan_.group; ++g) {
+      int32_t head = static_cast<int32_t>(firstHead + g);
+      int32_t qLow = std::numeric_limits<int32_t>::max();
+      int32_t qHigh = std::numeric_limits<int32_t>::min();
+      for (int64_t r = 0; r < rows; ++r) {
+        if (ws.rowHead[r] != head)
+          continue;
+        qLow = std::min(qLow, ws.rowPosition[r]);
+        qHigh = std::max(qHigh, ws.rowPosition[r]);
+      }
+      ws.headClass[g] = Skip; // no row of this head in the tile
+      if (qLow <= qHigh)
+        ws.headClass[g] = static_cast<BlockStatus>(
+            std::clamp(blockClass_(context_, static_cast<int32_t>(b), head, qLow, qHigh,
+                                   begin, end - 1),
+                       0, 2));
+    }
+  }
+
+  for (int64_t r = 0; r < rows; ++r) {
+    ws.segmentStart[r] = static_cast<int64_t>(ws.segments.size());
+    rowFirstSegment = ws.segments.size();
+    if (mask) {
+      const uint8_t *status = ws.rowBlockStatus[r];
+      if (!status) {
+        add(begin, end, Skip);
+      } else {
+        int32_t blockSize = mask->kvBlockSize;
+        for (int32_t block = begin / blockSize; block * blockSize < end; ++block) {
+          int32_t from = std::max(begin, block * blockSize);
+          int32_t to = std::min(end, (block + 1) * blockSize);
+          add(from, to, static_cast<BlockStatus>(status[block]));
+        }
+      }
+    } else if (blockClass_) {
+      add(begin, end, ws.headClass[ws.rowHead[r] % plan_.group]);
+    } else {
+      add(begin, end, unmasked);
+    }
+  }
+  ws.segmentStart[rows] = static_cast<int64_t>(ws.segments.size());
+  return anyVisible;
+}
+
+/// Row pointers of the logical positions [kv0, kv0 + n) of one KV head,
+/// read in place when the cache holds contiguous f32 rows and converted into
+/// `converted` otherwise.
+const float *const *Kernel::gatherRows(Workspace &ws, const TensorView &cache,
+                                       std::vector<float> &converted,
+                                       std::vector<const float *> &rowPointers,
+                                       int64_t b, int64_t kvHead, int64_t kv0, int64_t n,
+                                       int64_t width) {
+  ensureSize(rowPointers, kKvTile);
+  bool direct = cache.dtype() == DType::F32 && cache.stride(3) == 1;
+  if (!direct)
+    ensureSize(converted, kKvTile * width);
+  const int32_t *pages = args_.pageTable + b * args_.pageTableStride;
+  int64_t pageSize = args_.pageSize;
+  for (int64_t j = 0; j < n; ++j) {
+    int64_t position = kv0 + j;
+    int64_t page = pages[position / pageSize];
+    int64_t base = kvHead * cache.stride(0) + page * cache.stride(1) +
+                   (position % pageSize) * cache.stride(2);
+    if (direct) {
+      rowPointers[j] = cache.dataAs<const float>() + base;
+      continue;
+    }
+    float *row = converted.data() + j * width;
+    for (int64_t d = 0; d < width; ++d)
+      row[d] = loadElement(cache.data(), cache.dtype(), base + d * cache.stride(3));
+    rowPointers[j] = row;
+  }
+  return rowPointers.data();
+}
+
+/// Runs the score mod and mask mod over the visible runs of every row and
+/// sets skipped or masked scores to -inf. Scores are [kv][paddedRows].
+void Kernel::applyMods(Workspace &ws, int64_t b, int64_t rows, int64_t kv0) {
+  int64_t padded = plan_.paddedRows;
+  float *scores = ws.scores.data();
+  for (int64_t r = 0; r < rows; ++r) {
+    for (int64_t s = ws.segmentStart[r]; s < ws.segmentStart[r + 1]; ++s) {
+      const Segment &segment = ws.segments[s];
+      int32_t count = segment.end - segment.begin;
+      float *column = scores + (segment.begin - kv0) * padded + r;
+      if (segment.status == Skip) {
+        for (int32_t j = 0; j < count; ++j)
+          column[j * padded] = kNegInf;
+        continue;
+      }
+      if (hasScore_) {
+        float *run = ws.modScores.data();
+        for (int32_t j = 0; j < count; ++j)
+          run[j] = column[j * padded];
+        args_.mods->scoreRow(context_, static_cast<int32_t>(b), ws.rowHead[r],
+                             ws.rowPosition[r], segment.begin, count, run);
+        for (int32_t j = 0; j < count; ++j)
+          column[j * padded] = run[j];
+      }
+      if (segment.status == Partial) {
+        uint8_t *keep = ws.modMask.data();
+        args_.mods->maskRow(context_, static_cast<int32_t>(b), ws.rowHead[r],
+                            ws.rowPosition[r], segment.begin, count, keep);
+        for (int32_t j = 0; j < count; ++j)
+          if (!keep[j])
+            column[j * padded] = kNegInf;
+      }
+    }
+  }
+}
+
+void Kernel::writeRow(int64_t b, int64_t h, int64_t i, const float *acc, float maxScore,
+                      float sum) {
+  const TensorView &out = args_.out;
+  int64_t base = b * out.stride(0) + h * out.stride(1) + i * out.stride(2);
+  bool empty = maxScore == kNegInf;
+  float inverse = empty ? 0.0f : 1.0f / sum;
+  for (int64_t d = 0; d < plan_.vDim; ++d)
+    storeElement(out.data(), out.dtype(), base + d * out.stride(3),
+                 empty ? 0.0f : acc[d] * inverse);
+  const TensorView &lse = args_.lse;
+  if (lse.data())
+    lse.dataAs<float>()[b * lse.stride(0) + h * lse.stride(1) + i * lse.stride(2)] =
+        empty ? kNegInf : maxScore + std::log(sum);
+}
+
+void Kernel::runItem(int64_t item) {
+  static thread_local Workspace ws;
+  const Plan &plan = plan_;
+  // Items run heaviest row tiles (latest query positions) first.
+  int64_t split = item % plan.splits;
+  int64_t rest = item / plan.splits;
+  int64_t kvHead = rest % plan.kvHeads;
+  rest /= plan.kvHeads;
+  int64_t b = rest % plan.batch;
+  int64_t rowTile = plan.rowTiles - 1 - rest / plan.batch;
+  int64_t rows = std::min(plan.tileRows, plan.qLength * plan.group - rowTile * plan.tileRows);
+  int64_t padded = plan.paddedRows;
+
+  prepareRows(ws, b, kvHead, rowTile, rows);
+  ws.rowMax.assign(padded, kNegInf);
+  ws.rowSum.assign(padded, 0.0f);
+  ensureSize(ws.alpha, padded);
+  ws.acc.assign(rows * plan.vDim, 0.0f);
+  ensureSize(ws.scores, kKvTile * padded);
+  ensureSize(ws.modScores, kKvTile);
+  ensureSize(ws.modMask, kKvTile);
+  ensureSize(ws.scoreRows, rows);
+  for (int64_t r = 0; r < rows; ++r)
+    ws.scoreRows[r] = ws.scores.data() + r;
+
+  int64_t kvLength = args_.kvLength[b];
+  int64_t kvBegin = split * plan.splitLength;
+  int64_t kvEnd = std::min(kvLength, kvBegin + plan.splitLength);
+  for (int64_t kv0 = kvBegin; kv0 < kvEnd; kv0 += kKvTile) {
+    int64_t n = std::min(kKvTile, kvEnd - kv0);
+    if (!classifyTile(ws, b, rows, kv0, n))
+      continue;
+    const float *const *kRows =
+        gatherRows(ws, args_.kCache, ws.kConverted, ws.kRows, b, kvHead, kv0, n, plan.dim);
+    ops_.gemm(n, padded, plan.dim, kRows, 1, ws.qTRows.data(), ws.scores.data(), padded,
+              /*accumulate=*/false);
+    applyMods(ws, b, rows, kv0);
+    ops_.softmaxTile(ws.scores.data(), n, padded, ws.rowMax.data(), ws.rowSum.data(),
+                     ws.alpha.data());
+    for (int64_t r = 0; r < rows; ++r)
+      if (ws.alpha[r] != 1.0f)
+        ops_.scaleRow(ws.acc.data() + r * plan.vDim, plan.vDim, ws.alpha[r]);
+    const float *const *vRows =
+        gatherRows(ws, args_.vCache, ws.vConverted, ws.vRows, b, kvHead, kv0, n, plan.vDim);
+    ops_.gemm(rows, plan.vDim, n, ws.scoreRows.data(), padded, vRows, ws.acc.data(),
+              plan.vDim, /*accumulate=*/true);
+  }
+
+  if (plan.splits == 1) {
+    for (int64_t r = 0; r < rows; ++r)
+      writeRow(b, ws.rowHead[r], ws.rowQuery[r], ws.acc.data() + r * plan.vDim,
+               ws.rowMax[r], ws.rowSum[r]);
+    return;
+  }
+  int64_t base = item * plan.tileRows;
+  std::copy(ws.rowMax.begin(), ws.rowMax.begin() + rows, partialMax_.begin() + base);
+  std::copy(ws.rowSum.begin(), ws.rowSum.begin() + rows, partialSum_.begin() + base);
+  std::copy(ws.acc.begin(), ws.acc.begin() + rows * plan.vDim,
+            partialAcc_.begin() + base * plan.vDim);
+}
+
+/// Combines the KV splits of item group `group` = items [group * splits,
+/// (group + 1) * splits) and writes the final rows.
+void Kernel::mergeSplits(int64_t group) {
+  const Plan &plan = plan_;
+  int64_t kvHead = group % plan.kvHeads;
+  int64_t b = (group / plan.kvHeads) % plan.batch;
+  int64_t rowTile = plan.rowTiles - 1 - group / (plan.kvHeads * plan.batch);
+  int64_t rows = std::min(plan.tileRows, plan.qLength * plan.group - rowTile * plan.tileRows);
+  std::vector<float> acc(plan.vDim);
+  for (int64_t r = 0; r < rows; ++r) {
+    float maxScore = kNegInf;
+    for (int64_t s = 0; s < plan.splits; ++s)
+      maxScore = std::max(maxScore, partialMax_[(group * plan.splits + s) * plan.tileRows + r]);
+    std::fill(acc.begin(), acc.end(), 0.0f);
+    float sum = 0.0f;
+    if (maxScore != kNegInf) {
+      for (int64_t s = 0; s < plan.splits; ++s) {
+        int64_t row = (group * plan.splits + s) * plan.tileRows + r;
+        if (partialMax_[row] == kNegInf)
+          continue;
+        float weight = std::exp(partialMax_[row] - maxScore);
+        sum += weight * partialSum_[row];
+        const float *partial = partialAcc_.data() + row * plan.vDim;
+        for (int64_t d = 0; d < plan.vDim; ++d)
+          acc[d] += weight * partial[d];
+      }
+    }
+    int64_t groupRow = rowTile * plan.tileRows + r;
+    writeRow(b, kvHead * plan.group + groupRow % plan.group, groupRow / plan.group,
+             acc.data(), maxScore, sum);
+  }
+}
+
+} // namespace
+
+std::vector<KernelVariant> supportedKernelVariants() {
+  std::vector<KernelVariant> variants{KernelVariant::Generic};
+  for (KernelVariant variant : {KernelVariant::Avx2, KernelVariant::Avx512})
+    if (cpuSupports(variant))
+      variants.push_back(variant);
+  return variants;
+}
+
+const char *kernelVariantName(KernelVariant variant) {
+  switch (variant) {
+  case KernelVariant::Auto: return "auto";
+  case KernelVariant::Generic: return "generic";
+  case KernelVariant::Avx2: return "avx2";
+  case KernelVariant::Avx512: return "avx512";
+  }
+  return "?";
+}
+
+void pagedAttention(const PagedAttentionArgs &args) {
+  const TileOps &ops = selectTileOps(args.variant);
+  int threads = ThreadPool::resolveThreads(args.threads);
+  Plan plan = makePlan(args, ops.lanes, threads);
+  if (plan.batch == 0 || plan.qHeads == 0 || plan.qLength == 0)
+    return;
+  Kernel kernel(args, ops, plan);
+  ThreadPool &pool = ThreadPool::global();
+  pool.parallelFor(plan.items, threads, [&](int64_t item, int) { kernel.runItem(item); });
+  if (plan.splits > 1)
+    pool.parallelFor(plan.items / plan.splits, threads,
+                     [&](int64_t group, int) { kernel.mergeSplits(group); });
+}
+
+} // namespace pagedc::cpu
