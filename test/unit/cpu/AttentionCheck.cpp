@@ -1,0 +1,232 @@
+//===- AttentionCheck.cpp - Paged CPU attention vs the float64 reference --===//
+#include "AttentionCheck.h"
+
+#include "cpu/Reference.h"
+#include "pagedc/Error.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <random>
+
+namespace pagedc::testutil {
+
+std::string AttentionCheckResult::describe() const {
+  return fmt::format("max |out err| {:.3g} ({} over tolerance), max |lse err| {:.3g} "
+                     "({} over tolerance), {} non-finite outputs, {} of {} rows fully masked",
+                     maxOutError, outViolations, maxLseError, lseViolations, nonFinite,
+                     maskedRows, rows);
+}
+
+BlockMask buildDenseBlockMask(const CompiledMods &mods, const PagedcModContext *context,
+                              int64_t batch, int64_t heads, int64_t qLength,
+                              int64_t kvLength, int32_t qBlockSize, int32_t kvBlockSize) {
+  BlockMask mask;
+  mask.batch = batch;
+  mask.heads = heads;
+  mask.qLength = qLength;
+  mask.kvLength = kvLength;
+  mask.qBlockSize = qBlockSize;
+  mask.kvBlockSize = kvBlockSize;
+  mask.numQBlocks = (qLength + qBlockSize - 1) / qBlockSize;
+  int64_t kvBlocks = (kvLength + kvBlockSize - 1) / kvBlockSize;
+  mask.maxKvBlocks = std::max<int64_t>(kvBlocks, 1);
+  int64_t rows = batch * heads * mask.numQBlocks;
+  mask.kvNumBlocks.assign(rows, 0);
+  mask.fullKvNumBlocks.assign(rows, 0);
+  // Unused index entries hold garbage on purpose: kernels must not read them.
+  mask.kvIndices.assign(rows * mask.maxKvBlocks, 999999);
+  mask.fullKvIndices.assign(rows * mask.maxKvBlocks, -999999);
+  PagedcModContext empty{nullptr, nullptr};
+  const PagedcModContext &ctx = context ? *context : empty;
+  for (int64_t b = 0; b < batch; ++b)
+    for (int64_t h = 0; h < heads; ++h)
+      for (int64_t qBlock = 0; qBlock < mask.numQBlocks; ++qBlock) {
+        int64_t row = mask.rowIndex(b, h, qBlock);
+        for (int64_t kvBlock = 0; kvBlock < kvBlocks; ++kvBlock) {
+          int64_t kept = 0, total = 0;
+          for (int64_t q = qBlock * qBlockSize; q < std::min(qLength, (qBlock + 1) * qBlockSize); ++q)
+            for (int64_t kv = kvBlock * kvBlockSize;
+                 kv < std::min(kvLength, (kvBlock + 1) * kvBlockSize); ++kv) {
+              ++total;
+              kept += !mods.hasMask() ||
+                      mods.maskReference(ctx, static_cast<int32_t>(b), static_cast<int32_t>(h),
+                                         static_cast<int32_t>(q), static_cast<int32_t>(kv));
+            }
+          if (kept == 0)
+            continue;
+          if (kept == total)
+            mask.fullKvIndices[row * mask.maxKvBlocks + mask.fullKvNumBlocks[row]++] =
+                static_cast<int32_t>(kvBlock);
+          else
+            mask.kvIndices[row * mask.maxKvBlocks + mask.kvNumBlocks[row]++] =
+                static_cast<int32_t>(kvBlock);
+        }
+      }
+  return mask;
+}
+
+namespace {
+
+/// A random tensor of `dtype` (F32 or BF16) with values in [-range, range],
+/// never exactly zero.
+HostTensor randomTensor(DType dtype, std::vector<int64_t> shape, float range,
+                        std::mt19937 &rng) {
+  HostTensor tensor(dtype, std::move(shape));
+  std::uniform_real_distribution<float> uniform(-range, range);
+  for (int64_t i = 0; i < tensor.numel(); ++i) {
+    float value = uniform(rng);
+    if (value == 0.0f)
+      value = range * 0.5f;
+    if (dtype == DType::BF16)
+      tensor.dataAs<uint16_t>()[i] = floatToBF16(value);
+    else
+      tensor.dataAs<float>()[i] = value;
+  }
+  return tensor;
+}
+
+void fillNaN(HostTensor &tensor) {
+  for (int64_t i = 0; i < tensor.numel(); ++i) {
+    if (tensor.dtype() == DType::BF16)
+      tensor.dataAs<uint16_t>()[i] = 0x7fc0;
+    else
+      tensor.dataAs<float>()[i] = std::numeric_limits<float>::quiet_NaN();
+  }
+}
+
+} // namespace
+
+AttentionCheckResult checkPagedAttention(const CompiledMods &mods,
+                                         const PagedcModContext *context,
+                                         const AttentionConfig &config) {
+  const AttentionConfig &c = config;
+  if (c.kvHeads <= 0 || c.qHeads % c.kvHeads != 0)
+    throw Error("checkPagedAttention: qHeads must be a multiple of kvHeads");
+  std::vector<int32_t> kvLengths = c.kvLengths;
+  if (kvLengths.empty())
+    kvLengths.assign(c.batch, static_cast<int32_t>(c.qLength));
+  std::vector<int32_t> qOffsets = c.qOffsets;
+  if (qOffsets.empty()) {
+    qOffsets.assign(c.batch, 0);
+    if (c.qOffsetAtEnd)
+      for (int64_t b = 0; b < c.batch; ++b)
+        qOffsets[b] = std::max<int32_t>(0, kvLengths[b] - static_cast<int32_t>(c.qLength));
+  }
+  int64_t kvCapacity = *std::max_element(kvLengths.begin(), kvLengths.end());
+  kvCapacity = std::max<int64_t>(kvCapacity, 1);
+
+  std::mt19937 rng(static_cast<uint32_t>(c.seed * 7919 + 17));
+  // q: either compact [B, Hq, Lq, D] or stored [B, Lq, Hq, D] and viewed
+  // through strides.
+  std::vector<int64_t> qStorageShape = c.transposedQueryLayout
+                                           ? std::vector<int64_t>{c.batch, c.qLength, c.qHeads, c.dim}
+                                           : std::vector<int64_t>{c.batch, c.qHeads, c.qLength, c.dim};
+  HostTensor q = randomTensor(c.storage, qStorageShape, c.range, rng);
+  HostTensor k = randomTensor(c.storage, {c.batch, c.kvHeads, kvCapacity, c.dim}, c.range, rng);
+  HostTensor v = randomTensor(c.storage, {c.batch, c.kvHeads, kvCapacity, c.vDim}, c.range, rng);
+  auto logicalView = [&](HostTensor &tensor, int64_t inner) {
+    if (!c.transposedQueryLayout)
+      return tensor.view();
+    return TensorView(tensor.data(), tensor.dtype(), {c.batch, c.qHeads, c.qLength, inner},
+                      {c.qLength * c.qHeads * inner, inner, c.qHeads * inner, 1}, Device::cpu());
+  };
+  TensorView qView = logicalView(q, c.dim);
+
+  cpu::PagedCache cache = cpu::buildPagedCache(k.view(), v.view(), kvLengths.data(), c.pageSize,
+                                               c.storage, c.seed);
+
+  BlockMask blockMask;
+  if (c.withBlockMask) {
+    int64_t maskQLength = 0;
+    for (int64_t b = 0; b < c.batch; ++b)
+      maskQLength = std::max<int64_t>(maskQLength, qOffsets[b] + c.qLength);
+    blockMask = buildDenseBlockMask(mods, context, c.broadcastMaskBatch ? 1 : c.batch,
+                                    c.broadcastMaskHeads ? 1 : c.qHeads, maskQLength,
+                                    kvCapacity, c.qBlockSize, c.kvBlockSize);
+  }
+
+  HostTensor out(c.outType, c.transposedQueryLayout
+                                ? std::vector<int64_t>{c.batch, c.qLength, c.qHeads, c.vDim}
+                                : std::vector<int64_t>{c.batch, c.qHeads, c.qLength, c.vDim});
+  HostTensor lse(DType::F32, {c.batch, c.qHeads, c.qLength});
+  fillNaN(out);
+  fillNaN(lse);
+  float scale = c.scale != 0.0f ? c.scale : 1.0f / std::sqrt(static_cast<float>(c.dim));
+
+  cpu::PagedAttentionArgs args;
+  args.q = qView;
+  args.kCache = cache.kCache.view();
+  args.vCache = cache.vCache.view();
+  args.pageTable = cache.pageTable.data();
+  args.pageTableStride = cache.pageTableStride;
+  args.pageSize = cache.pageSize;
+  args.kvLength = kvLengths.data();
+  args.qOffset = qOffsets.data();
+  args.blockMask = c.withBlockMask ? &blockMask : nullptr;
+  args.mods = &mods;
+  args.context = context;
+  args.scale = scale;
+  args.out = logicalView(out, c.vDim);
+  if (c.withLse)
+    args.lse = lse.view();
+  args.threads = c.threads;
+  args.variant = c.variant;
+  cpu::pagedAttention(args);
+
+  cpu::ReferenceArgs referenceArgs;
+  referenceArgs.q = qView;
+  referenceArgs.k = k.view();
+  referenceArgs.v = v.view();
+  referenceArgs.kvLength = kvLengths.data();
+  referenceArgs.qOffset = qOffsets.data();
+  referenceArgs.mods = &mods;
+  referenceArgs.context = context;
+  referenceArgs.scale = scale;
+  cpu::ReferenceResult reference = cpu::referenceAttention(referenceArgs);
+
+  AttentionCheckResult result;
+  TensorView outView = logicalView(out, c.vDim);
+  bool bf16Out = c.outType == DType::BF16;
+  for (int64_t b = 0; b < c.batch; ++b)
+    for (int64_t h = 0; h < c.qHeads; ++h)
+      for (int64_t i = 0; i < c.qLength; ++i) {
+        ++result.rows;
+        double expectedLse = reference.lseAt(b, h, i);
+        bool masked = std::isinf(expectedLse);
+        result.maskedRows += masked;
+        for (int64_t d = 0; d < c.vDim; ++d) {
+          double expected = reference.outAt(b, h, i, d);
+          double actual = cpu::readAsDouble(
+              outView, b * outView.stride(0) + h * outView.stride(1) + i * outView.stride(2) +
+                           d * outView.stride(3));
+          if (!std::isfinite(actual)) {
+            ++result.nonFinite;
+            continue;
+          }
+          double error = std::abs(actual - expected);
+          // bf16 output rounds to 8 significant bits: half an ulp is at most
+          // 2^-8 of the value.
+          double tolerance = 1e-4 + (bf16Out ? std::ldexp(std::abs(expected), -8) : 0.0);
+          result.maxOutError = std::max(result.maxOutError, error);
+          result.outViolations += error > tolerance;
+        }
+        if (!c.withLse)
+          continue;
+        double actualLse = lse.dataAs<float>()[(b * c.qHeads + h) * c.qLength + i];
+        if (std::isnan(actualLse)) {
+          ++result.nonFinite;
+        } else if (masked || std::isinf(actualLse)) {
+          result.lseViolations += !(masked && actualLse < 0 && std::isinf(actualLse));
+        } else {
+          double error = std::abs(actualLse - expectedLse);
+          result.maxLseError = std::max(result.maxLseError, error);
+          result.lseViolations += error > 1e-4 * std::max(1.0, std::abs(expectedLse));
+        }
+      }
+  return result;
+}
+
+} // namespace pagedc::testutil

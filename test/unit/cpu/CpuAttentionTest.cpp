@@ -1,0 +1,399 @@
+//===- CpuAttentionTest.cpp - Paged CPU attention vs the float64 reference -===//
+//
+// Every case draws fresh random inputs (seeded per case), lays K/V out on
+// shuffled pages, poisons the outputs with NaN and compares every element
+// with the float64 reference.
+//
+//===----------------------------------------------------------------------===//
+#include "AttentionCheck.h"
+#include "TestMods.h"
+
+#include "cpu/Reference.h"
+#include "pagedc/Error.h"
+
+#include <gtest/gtest.h>
+
+#include <random>
+
+#include <cmath>
+#include <limits>
+#include <ostream>
+#include <string>
+
+using namespace pagedc;
+using namespace pagedc::testutil;
+
+namespace {
+
+/// Runs one configuration with the named mods and expects a match.
+AttentionCheckResult expectMatch(const std::string &mask, const std::string &score,
+                                 const AttentionConfig &config) {
+  int64_t length = config.qLength;
+  for (int32_t kv : config.kvLengths)
+    length = std::max<int64_t>(length, kv);
+  for (int32_t offset : config.qOffsets)
+    length = std::max<int64_t>(length, offset + config.qLength);
+  TestBindings bindings(config.batch, config.qHeads, length, config.seed + 101);
+  CompiledMods mods = makeTestMods(mask, score);
+  AttentionCheckResult result = checkPagedAttention(mods, bindings.context(), config);
+  EXPECT_TRUE(result.ok()) << "mask '" << mask << "' score '" << score << "': "
+                           << result.describe();
+  EXPECT_GT(result.rows, 0);
+  return result;
+}
+
+//===----------------------------------------------------------------------===//
+// Prefill: every mod, page sizes, GQA ratios
+//===----------------------------------------------------------------------===//
+
+struct ModPair {
+  const char *mask;
+  const char *score;
+};
+
+void PrintTo(const ModPair &p, std::ostream *os) {
+  *os << "mask '" << p.mask << "' score '" << p.score << "'";
+}
+
+class PrefillMods : public ::testing::TestWithParam<ModPair> {};
+
+TEST_P(PrefillMods, MatchesReferenceWithAndWithoutBlockMask) {
+  ModPair mods = GetParam();
+  AttentionConfig config;
+  config.batch = 2;
+  config.qHeads = 6;
+  config.kvHeads = 2;
+  config.qLength = 75; // not a multiple of page, tile or block sizes
+  config.kvLengths = {75, 75};
+  config.pageSize = 16;
+  config.seed = 1000 + std::hash<std::string>()(std::string(mods.mask) + mods.score) % 1000;
+  expectMatch(mods.mask, mods.score, config);
+  config.withBlockMask = true;
+  config.seed += 1;
+  expectMatch(mods.mask, mods.score, config);
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Cpu, PrefillMods,
+    ::testing::Values(ModPair{"", ""}, ModPair{"causal", ""}, ModPair{"sliding", ""},
+                      ModPair{"document", ""}, ModPair{"holes", ""}, ModPair{"", "alibi"},
+                      ModPair{"", "softcap"}, ModPair{"causal", "alibi"},
+                      ModPair{"sliding", "softcap"}, ModPair{"document", "alibi"},
+                      ModPair{"holes", "softcap"}),
+    [](const ::testing::TestParamInfo<ModPair> &info) {
+      std::string name = std::string(info.param.mask[0] ? info.param.mask : "nomask") + "_" +
+                         (info.param.score[0] ? info.param.score : "noscore");
+      return name;
+    });
+
+struct Layout {
+  int32_t pageSize;
+  int64_t group; // Hq / Hkv
+};
+
+void PrintTo(const Layout &p, std::ostream *os) {
+  *os << "page size " << p.pageSize << ", Hq/Hkv " << p.group;
+}
+
+class PrefillLayouts : public ::testing::TestWithParam<Layout> {};
+
+TEST_P(PrefillLayouts, CausalAlibiMatchesReference) {
+  Layout layout = GetParam();
+  AttentionConfig config;
+  config.batch = 3;
+  config.kvHeads = 2;
+  config.qHeads = 2 * layout.group;
+  config.qLength = 90;
+  // Lengths differ per sequence and are not multiples of the page size; the
+  // queries are end-aligned so every row has a key.
+  config.kvLengths = {90, 131, 257};
+  config.qOffsetAtEnd = true;
+  config.pageSize = layout.pageSize;
+  config.seed = 17 + layout.pageSize * 13 + layout.group;
+  expectMatch("causal", "alibi", config);
+  config.withBlockMask = true;
+  config.qBlockSize = 64;
+  config.kvBlockSize = 48;
+  config.seed += 1;
+  expectMatch("sliding", "", config);
+}
+
+INSTANTIATE_TEST_SUITE_P(Cpu, PrefillLayouts,
+                         ::testing::Values(Layout{1, 1}, Layout{1, 4}, Layout{16, 1},
+                                           Layout{16, 3}, Layout{16, 8}, Layout{128, 4},
+                                           Layout{128, 3}, Layout{4, 8}),
+                         [](const ::testing::TestParamInfo<Layout> &info) {
+                           return "page" + std::to_string(info.param.pageSize) + "_gqa" +
+                                  std::to_string(info.param.group);
+                         });
+
+//===----------------------------------------------------------------------===//
+// Decode
+//===----------------------------------------------------------------------===//
+
+struct DecodeCase {
+  int64_t qLength;
+  int32_t pageSize;
+  int64_t group;
+  int threads;
+};
+
+void PrintTo(const DecodeCase &p, std::ostream *os) {
+  *os << "Lq " << p.qLength << ", page size " << p.pageSize << ", Hq/Hkv " << p.group
+      << ", threads " << p.threads;
+}
+
+class Decode : public ::testing::TestWithParam<DecodeCase> {};
+
+TEST_P(Decode, EndAlignedQueriesMatchReference) {
+  DecodeCase param = GetParam();
+  AttentionConfig config;
+  config.batch = 3;
+  config.kvHeads = 2;
+  config.qHeads = 2 * param.group;
+  config.qLength = param.qLength;
+  config.dim = 128;
+  config.vDim = 128;
+  config.kvLengths = {1, 700, 1299};
+  config.qOffsetAtEnd = true;
+  config.pageSize = param.pageSize;
+  config.threads = param.threads;
+  config.seed = 300 + param.qLength * 7 + param.pageSize + param.group * 3 + param.threads;
+  expectMatch("causal", "", config);
+  config.seed += 1;
+  expectMatch("sliding", "alibi", config);
+  config.withBlockMask = true;
+  config.qBlockSize = 128;
+  config.kvBlockSize = 128;
+  config.seed += 1;
+  expectMatch("document", "softcap", config);
+}
+
+INSTANTIATE_TEST_SUITE_P(Cpu, Decode,
+                         ::testing::Values(DecodeCase{1, 16, 4, 2}, DecodeCase{1, 1, 8, 3},
+                                           DecodeCase{1, 128, 1, 4}, DecodeCase{3, 16, 3, 2},
+                                           DecodeCase{3, 128, 4, 1}, DecodeCase{1, 16, 1, 1}),
+                         [](const ::testing::TestParamInfo<DecodeCase> &info) {
+                           return "lq" + std::to_string(info.param.qLength) + "_page" +
+                                  std::to_string(info.param.pageSize) + "_gqa" +
+                                  std::to_string(info.param.group) + "_threads" +
+                                  std::to_string(info.param.threads);
+                         });
+
+TEST(CpuAttention, LongSingleSequenceDecodeSplitsTheKvRange) {
+  // One sequence and one KV head leave threads idle, so the kernel splits the
+  // 5000 keys and merges the parts by their logsumexp.
+  AttentionConfig config;
+  config.batch = 1;
+  config.qHeads = 1;
+  config.kvHeads = 1;
+  config.qLength = 1;
+  config.kvLengths = {5000};
+  config.qOffsetAtEnd = true;
+  config.threads = 4;
+  config.scale = 0.5f; // peaked weights
+  config.seed = 77;
+  expectMatch("", "alibi", config);
+  config.seed = 78;
+  expectMatch("sliding", "", config); // most splits see nothing
+}
+
+//===----------------------------------------------------------------------===//
+// Masking semantics
+//===----------------------------------------------------------------------===//
+
+TEST(CpuAttention, FullyMaskedRowsGiveZeroAndMinusInfinity) {
+  AttentionConfig config;
+  config.qLength = 40;
+  config.kvLengths = {40, 0}; // the second sequence has no keys at all
+  config.seed = 5;
+  AttentionCheckResult holes = expectMatch("holes", "", config);
+  EXPECT_GE(holes.maskedRows, config.qLength * config.qHeads); // batch 1 + holes
+  config.withBlockMask = true;
+  config.seed = 6;
+  expectMatch("holes", "alibi", config);
+  config.seed = 7;
+  AttentionCheckResult never = expectMatch("never", "softcap", config);
+  EXPECT_EQ(never.maskedRows, never.rows);
+  config.withBlockMask = false;
+  config.seed = 8;
+  expectMatch("never", "", config);
+}
+
+TEST(CpuAttention, FullBlocksSkipTheMaskModAndAbsentBlocksAreSkipped) {
+  // A block mask that marks every block full must win over a mask mod that
+  // keeps nothing, and one that lists no block must mask every row.
+  TestBindings bindings(1, 2, 64, 3);
+  CompiledMods never = makeTestMods("never", "");
+  CompiledMods none = makeTestMods("", "");
+  BlockMask allFull =
+      buildDenseBlockMask(none, bindings.context(), 1, 1, 50, 64, 16, 32);
+  BlockMask empty = allFull;
+  std::fill(empty.fullKvNumBlocks.begin(), empty.fullKvNumBlocks.end(), 0);
+
+  std::mt19937 rng(9);
+  std::uniform_real_distribution<float> uniform(-1, 1);
+  std::vector<float> q(1 * 2 * 50 * 8), k(1 * 1 * 64 * 8), v(1 * 1 * 64 * 8);
+  for (auto *data : {&q, &k, &v})
+    for (float &x : *data)
+      x = uniform(rng);
+  cpu::PagedCache cache = cpu::buildPagedCache(TensorView(k.data(), DType::F32, {1, 1, 64, 8}),
+                                               TensorView(v.data(), DType::F32, {1, 1, 64, 8}),
+                                               nullptr, 16, DType::F32, 4);
+  int32_t kvLength[] = {61};
+  std::vector<float> out(2 * 50 * 8), lse(2 * 50);
+  cpu::PagedAttentionArgs args;
+  args.q = TensorView(q.data(), DType::F32, {1, 2, 50, 8});
+  args.kCache = cache.kCache.view();
+  args.vCache = cache.vCache.view();
+  args.pageTable = cache.pageTable.data();
+  args.pageTableStride = cache.pageTableStride;
+  args.pageSize = cache.pageSize;
+  args.kvLength = kvLength;
+  args.mods = &never;
+  args.context = bindings.context();
+  args.scale = 0.3f;
+  args.out = TensorView(out.data(), DType::F32, {1, 2, 50, 8});
+  args.lse = TensorView(lse.data(), DType::F32, {1, 2, 50});
+
+  cpu::ReferenceArgs referenceArgs;
+  referenceArgs.q = args.q;
+  referenceArgs.k = TensorView(k.data(), DType::F32, {1, 1, 64, 8});
+  referenceArgs.v = TensorView(v.data(), DType::F32, {1, 1, 64, 8});
+  referenceArgs.kvLength = kvLength;
+  referenceArgs.mods = &none;
+  referenceArgs.scale = 0.3;
+  cpu::ReferenceResult reference = cpu::referenceAttention(referenceArgs);
+
+  args.blockMask = &allFull;
+  std::fill(out.begin(), out.end(), std::numeric_limits<float>::quiet_NaN());
+  cpu::pagedAttention(args);
+  for (int64_t h = 0; h < 2; ++h)
+    for (int64_t i = 0; i < 50; ++i) {
+      EXPECT_NEAR(lse[h * 50 + i], reference.lseAt(0, h, i), 1e-4);
+      for (int64_t d = 0; d < 8; ++d)
+        EXPECT_NEAR(out[(h * 50 + i) * 8 + d], reference.outAt(0, h, i, d), 1e-5);
+    }
+
+  args.blockMask = &empty;
+  args.mods = &none;
+  std::fill(out.begin(), out.end(), std::numeric_limits<float>::quiet_NaN());
+  cpu::pagedAttention(args);
+  for (float x : out)
+    EXPECT_EQ(x, 0.0f);
+  for (float x : lse)
+    EXPECT_TRUE(std::isinf(x) && x < 0);
+}
+
+TEST(CpuAttention, BroadcastBlockMaskRows) {
+  AttentionConfig config;
+  config.qLength = 70;
+  config.withBlockMask = true;
+  config.broadcastMaskBatch = true;
+  config.broadcastMaskHeads = true;
+  config.qBlockSize = 16;
+  config.kvBlockSize = 16;
+  config.seed = 44;
+  expectMatch("causal", "softcap", config);
+  config.broadcastMaskHeads = false; // holes depends on h but not on b
+  config.seed = 45;
+  expectMatch("holes", "", config);
+}
+
+TEST(CpuAttention, BlockClassifierWithoutBlockMask) {
+  // causal carries an exact block classifier, which the kernel uses to skip
+  // and to trust tiles when no block mask is given.
+  AttentionConfig config;
+  config.batch = 1;
+  config.qHeads = 4;
+  config.kvHeads = 4;
+  config.qLength = 300;
+  config.seed = 51;
+  expectMatch("causal", "", config);
+  config.qOffsets = {41};
+  config.kvLengths = {341};
+  config.seed = 52;
+  expectMatch("causal", "alibi", config);
+}
+
+//===----------------------------------------------------------------------===//
+// Storage types, layouts, variants
+//===----------------------------------------------------------------------===//
+
+TEST(CpuAttention, Bf16StorageAndOutput) {
+  // The reference reads the same bf16-rounded inputs, so f32 output keeps the
+  // f32 tolerance; bf16 output adds half an ulp of each value.
+  AttentionConfig config;
+  config.storage = DType::BF16;
+  config.qLength = 50;
+  config.kvLengths = {50, 33};
+  config.seed = 61;
+  expectMatch("causal", "alibi", config);
+  config.outType = DType::BF16;
+  config.seed = 62;
+  expectMatch("document", "", config);
+  config.qLength = 1;
+  config.kvLengths = {400, 129};
+  config.qOffsetAtEnd = true;
+  config.dim = config.vDim = 128;
+  config.seed = 63;
+  expectMatch("sliding", "softcap", config);
+}
+
+TEST(CpuAttention, StridedQueryAndOutputWithoutLse) {
+  AttentionConfig config;
+  config.transposedQueryLayout = true;
+  config.withLse = false;
+  config.qLength = 33;
+  config.seed = 71;
+  expectMatch("causal", "", config);
+  config.storage = DType::BF16;
+  config.outType = DType::BF16;
+  config.seed = 72;
+  expectMatch("", "alibi", config);
+}
+
+TEST(CpuAttention, OddHeadDimensionsAndValueDim) {
+  AttentionConfig config;
+  config.dim = 24;
+  config.vDim = 40;
+  config.qLength = 29;
+  config.seed = 81;
+  expectMatch("causal", "softcap", config);
+  config.dim = 3;
+  config.vDim = 5;
+  config.seed = 82;
+  expectMatch("document", "alibi", config);
+  config.dim = 256;
+  config.vDim = 256;
+  config.seed = 83;
+  expectMatch("sliding", "", config);
+}
+
+TEST(CpuAttention, EveryKernelVariantMatches) {
+  for (cpu::KernelVariant variant : cpu::supportedKernelVariants()) {
+    SCOPED_TRACE(cpu::kernelVariantName(variant));
+    AttentionConfig config;
+    config.variant = variant;
+    config.qLength = 67;
+    config.kvLengths = {67, 150};
+    config.qOffsetAtEnd = true;
+    config.seed = 90 + static_cast<int>(variant);
+    expectMatch("causal", "alibi", config);
+    config.qLength = 1;
+    config.dim = config.vDim = 128;
+    config.withBlockMask = true;
+    expectMatch("document", "softcap", config);
+  }
+}
+
+TEST(CpuAttention, NoModsOnOneAndTwoThreads) {
+  AttentionConfig config;
+  config.qLength = 20;
+  config.seed = 95;
+  expectMatch("", "", config);
+  config.threads = 1;
+  expectMatch("", "", config);
+}
+
+} // namespace

@@ -1,0 +1,188 @@
+//===- TestMods.cpp - Hand-written mods for the CPU attention tests -------===//
+#include "TestMods.h"
+
+#include "pagedc/Error.h"
+
+#include <algorithm>
+#include <cmath>
+#include <random>
+
+namespace pagedc::testutil {
+namespace {
+
+// Declaration order of the test program's buffers and params.
+enum BufferSlot { DocBuffer = 0, SlopesBuffer = 1 };
+enum ParamSlot { WindowParam = 0, TemperatureParam = 1, SoftcapParam = 2 };
+
+int32_t documentAt(const PagedcModContext *ctx, int32_t b, int32_t position) {
+  const PagedcBufferRef &doc = ctx->buffers[DocBuffer];
+  return static_cast<const int32_t *>(doc.data)[b * doc.strides[0] + position * doc.strides[1]];
+}
+float slopeAt(const PagedcModContext *ctx, int32_t h) {
+  const PagedcBufferRef &slopes = ctx->buffers[SlopesBuffer];
+  return static_cast<const float *>(slopes.data)[h * slopes.strides[0]];
+}
+
+//===- Mask mods (ABI and reference) --------------------------------------===//
+
+bool causal(int32_t q, int32_t kv) { return q >= kv; }
+bool sliding(const PagedcModContext &ctx, int32_t q, int32_t kv) {
+  return q >= kv && q - kv <= ctx.params[WindowParam].i32;
+}
+bool document(const PagedcModContext &ctx, int32_t b, int32_t q, int32_t kv) {
+  return q >= kv && documentAt(&ctx, b, q) == documentAt(&ctx, b, kv);
+}
+bool holes(int32_t h, int32_t q, int32_t kv) { return (q + h) % 3 != 0 && q >= kv; }
+
+void causalRow(const PagedcModContext *, int32_t, int32_t, int32_t q, int32_t kv,
+               int32_t count, uint8_t *out) {
+  for (int32_t i = 0; i < count; ++i)
+    out[i] = causal(q, kv + i);
+}
+void slidingRow(const PagedcModContext *ctx, int32_t, int32_t, int32_t q, int32_t kv,
+                int32_t count, uint8_t *out) {
+  for (int32_t i = 0; i < count; ++i)
+    out[i] = sliding(*ctx, q, kv + i);
+}
+void documentRow(const PagedcModContext *ctx, int32_t b, int32_t, int32_t q, int32_t kv,
+                 int32_t count, uint8_t *out) {
+  for (int32_t i = 0; i < count; ++i)
+    out[i] = document(*ctx, b, q, kv + i);
+}
+void holesRow(const PagedcModContext *, int32_t, int32_t h, int32_t q, int32_t kv,
+              int32_t count, uint8_t *out) {
+  for (int32_t i = 0; i < count; ++i)
+    out[i] = holes(h, q, kv + i);
+}
+void neverRow(const PagedcModContext *, int32_t, int32_t, int32_t, int32_t, int32_t count,
+              uint8_t *out) {
+  std::fill(out, out + count, 0);
+}
+
+/// Exact classification of causal over q in [qLow, qHigh], kv in [kvLow, kvHigh].
+int32_t causalBlockClass(const PagedcModContext *, int32_t, int32_t, int32_t qLow,
+                         int32_t qHigh, int32_t kvLow, int32_t kvHigh) {
+  if (qHigh < kvLow)
+    return 0;
+  if (qLow >= kvHigh)
+    return 2;
+  return 1;
+}
+
+//===- Score mods ---------------------------------------------------------===//
+
+void alibiRow(const PagedcModContext *ctx, int32_t, int32_t h, int32_t q, int32_t kv,
+              int32_t count, float *scores) {
+  float temperature = ctx->params[TemperatureParam].f32;
+  float slope = slopeAt(ctx, h);
+  for (int32_t i = 0; i < count; ++i)
+    scores[i] = scores[i] * temperature + slope * static_cast<float>(kv + i - q);
+}
+void softcapRow(const PagedcModContext *ctx, int32_t, int32_t, int32_t, int32_t,
+                int32_t count, float *scores) {
+  float cap = ctx->params[SoftcapParam].f32;
+  for (int32_t i = 0; i < count; ++i)
+    scores[i] = cap * std::tanh(scores[i] / cap);
+}
+
+} // namespace
+
+CompiledMods makeTestMods(const std::string &mask, const std::string &score) {
+  CompiledMods mods;
+  BufferDecl doc;
+  doc.name = "doc";
+  doc.elementType = DType::I32;
+  doc.dims = {BufferDim{BufferDim::Named, 0, "B"}, BufferDim{BufferDim::Named, 0, "S"}};
+  BufferDecl slopes;
+  slopes.name = "slopes";
+  slopes.elementType = DType::F32;
+  slopes.dims = {BufferDim{BufferDim::Named, 0, "H"}};
+  mods.buffers = {doc, slopes};
+  ParamDecl window{"window", ScalarKind::I32, std::nullopt};
+  ParamDecl temperature{"temperature", ScalarKind::F32, std::nullopt};
+  ParamDecl softcap{"softcap", ScalarKind::F32, std::nullopt};
+  mods.params = {window, temperature, softcap};
+
+  mods.maskName = mask;
+  if (mask == "causal") {
+    mods.maskRow = causalRow;
+    mods.maskBlockClass = causalBlockClass;
+    mods.maskReference = [](const PagedcModContext &, int32_t, int32_t, int32_t q,
+                            int32_t kv) { return causal(q, kv); };
+    mods.maskDependence = {false, false, true, true, true, {}, {}};
+  } else if (mask == "sliding") {
+    mods.maskRow = slidingRow;
+    mods.maskReference = [](const PagedcModContext &ctx, int32_t, int32_t, int32_t q,
+                            int32_t kv) { return sliding(ctx, q, kv); };
+    mods.maskDependence = {false, false, true, true, true, {}, {"window"}};
+  } else if (mask == "document") {
+    mods.maskRow = documentRow;
+    mods.maskReference = [](const PagedcModContext &ctx, int32_t b, int32_t, int32_t q,
+                            int32_t kv) { return document(ctx, b, q, kv); };
+    mods.maskDependence = {true, false, true, true, false, {"doc"}, {}};
+  } else if (mask == "holes") {
+    mods.maskRow = holesRow;
+    mods.maskReference = [](const PagedcModContext &, int32_t, int32_t h, int32_t q,
+                            int32_t kv) { return holes(h, q, kv); };
+    mods.maskDependence = {false, true, true, true, false, {}, {}};
+  } else if (mask == "never") {
+    mods.maskRow = neverRow;
+    mods.maskReference = [](const PagedcModContext &, int32_t, int32_t, int32_t,
+                            int32_t) { return false; };
+    mods.maskDependence = {false, false, false, false, false, {}, {}};
+  } else if (!mask.empty()) {
+    throw Error("makeTestMods: unknown mask mod '" + mask + "'");
+  }
+
+  mods.scoreName = score;
+  if (score == "alibi") {
+    mods.scoreRow = alibiRow;
+    mods.scoreReference = [](const PagedcModContext &ctx, double s, int32_t, int32_t h,
+                             int32_t q, int32_t kv) {
+      return s * ctx.params[TemperatureParam].f32 +
+             static_cast<double>(slopeAt(&ctx, h)) * (static_cast<double>(kv) - q);
+    };
+    mods.scoreDependence = {false, true, true, true, true, {"slopes"}, {"temperature"}};
+  } else if (score == "softcap") {
+    mods.scoreRow = softcapRow;
+    mods.scoreReference = [](const PagedcModContext &ctx, double s, int32_t, int32_t,
+                             int32_t, int32_t) {
+      double cap = ctx.params[SoftcapParam].f32;
+      return cap * std::tanh(s / cap);
+    };
+    mods.scoreDependence = {false, false, false, false, false, {}, {"softcap"}};
+  } else if (!score.empty()) {
+    throw Error("makeTestMods: unknown score mod '" + score + "'");
+  }
+  return mods;
+}
+
+TestBindings::TestBindings(int64_t batch, int64_t heads, int64_t length, uint64_t seed,
+                           int32_t window, float temperature, float softcap,
+                           int32_t meanDocument) {
+  std::mt19937 rng(static_cast<uint32_t>(seed));
+  std::uniform_int_distribution<int32_t> documentLength(1, 2 * meanDocument);
+  documents_.resize(batch * length);
+  for (int64_t b = 0; b < batch; ++b) {
+    int32_t id = 0;
+    int64_t position = 0;
+    while (position < length) {
+      int32_t run = documentLength(rng);
+      for (int32_t i = 0; i < run && position < length; ++i)
+        documents_[b * length + position++] = id;
+      ++id;
+    }
+  }
+  slopes_.resize(heads);
+  for (int64_t h = 0; h < heads; ++h)
+    slopes_[h] = std::exp2(-8.0f * static_cast<float>(h + 1) / static_cast<float>(heads));
+
+  buffers_[DocBuffer] = {documents_.data(), {batch, length, 0, 0}, {length, 1, 0, 0}};
+  buffers_[SlopesBuffer] = {slopes_.data(), {heads, 0, 0, 0}, {1, 0, 0, 0}};
+  params_[WindowParam].i32 = window;
+  params_[TemperatureParam].f32 = temperature;
+  params_[SoftcapParam].f32 = softcap;
+  context_ = {buffers_, params_};
+}
+
+} // namespace pagedc::testutil
