@@ -104,8 +104,8 @@ private:
     if (text[pos] == '\n') {
       ++line;
       column = 1;
-    } else {
-      ++column;
+    } else if ((static_cast<unsigned char>(text[pos]) & 0xC0) != 0x80) {
+      ++column; // a UTF-8 continuation byte shares its character's column
     }
     ++pos;
   }

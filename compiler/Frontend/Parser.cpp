@@ -177,6 +177,9 @@ std::unique_ptr<Program> Parser::parseProgram() {
 
 void Parser::recoverToNextItem() {
   nesting = 0;
+  // Already at the start of the next item (e.g. after an unterminated block).
+  if (atItemStart() && (index == 0 || tokens[index - 1].is(TokenKind::Newline)))
+    return;
   // Skip the rest of the broken item: to a line that starts with an item
   // keyword (or the end of the file).
   while (!at(TokenKind::Eof)) {
