@@ -174,7 +174,7 @@ extern "C" __global__ void __launch_bounds__(pagedc::kDecodeThreads)
   float out[kHeadDim / 8][4];
 #pragma unroll
   for (int half = 0; half < 2; ++half) {
-    state.max[half] = -kInfinity;
+    state.max[half] = -infinity();
     state.sum[half] = 0.0f;
   }
 #pragma unroll
@@ -271,18 +271,18 @@ extern "C" __global__ void __launch_bounds__(pagedc::kDecodeThreads)
   __syncthreads();
 #pragma unroll
   for (int half = 0; half < 2; ++half) {
-    float row_max = -kInfinity;
+    float row_max = -infinity();
 #pragma unroll
     for (int w = 0; w < kKvWarps; ++w)
       row_max = fmaxf(row_max, part_max[w * kPaddedRows + local_row[half]]);
-    float base = row_max == -kInfinity ? 0.0f : row_max;
+    float base = row_max == -infinity() ? 0.0f : row_max;
     float total = 0.0f;
 #pragma unroll
     for (int w = 0; w < kKvWarps; ++w)
       total += part_sum[w * kPaddedRows + local_row[half]] *
                exp2_approx(part_max[w * kPaddedRows + local_row[half]] - base);
     row_scale[half] = total > 0.0f ? exp2_approx(state.max[half] - base) / total : 0.0f;
-    row_lse[half] = total > 0.0f ? (row_max + log2f(total)) * kLn2 : -kInfinity;
+    row_lse[half] = total > 0.0f ? (row_max + log2f(total)) * kLn2 : -infinity();
   }
 #pragma unroll
   for (int w = 0; w < kKvWarps; ++w) {
@@ -353,10 +353,10 @@ extern "C" __global__ void __launch_bounds__(128)
   // partial_lse: [splits] of this row; partial_out: [splits, D].
   const float *lse = args.partial_lse + row_index * splits;
   const float *partial = args.partial_out + row_index * splits * kHeadDim;
-  float row_max = -kInfinity;
+  float row_max = -infinity();
   for (int i = 0; i < splits; ++i)
     row_max = fmaxf(row_max, lse[i]);
-  const float base = row_max == -kInfinity ? 0.0f : row_max;
+  const float base = row_max == -infinity() ? 0.0f : row_max;
   float total = 0.0f;
   for (int i = 0; i < splits; ++i)
     total += exp2_approx((lse[i] - base) * kLog2e);
@@ -374,6 +374,6 @@ extern "C" __global__ void __launch_bounds__(128)
   }
   if constexpr (pagedc_config::kHasLse) {
     if (threadIdx.x == 0)
-      args.lse[row_index] = total > 0.0f ? row_max + logf(total) : -kInfinity;
+      args.lse[row_index] = total > 0.0f ? row_max + logf(total) : -infinity();
   }
 }

@@ -263,7 +263,7 @@ PAGEDC_DEVICE void online_softmax(RowState &state, float (&scores)[kNTiles][4],
                                   float (&out)[kHeadDim / 8][4]) {
 #pragma unroll
   for (int half = 0; half < 2; ++half) {
-    float tile_max = -kInfinity;
+    float tile_max = -infinity();
 #pragma unroll
     for (int j = 0; j < kNTiles; ++j)
       tile_max = fmaxf(tile_max, fmaxf(scores[j][2 * half], scores[j][2 * half + 1]));
@@ -271,7 +271,7 @@ PAGEDC_DEVICE void online_softmax(RowState &state, float (&scores)[kNTiles][4],
     float new_max = fmaxf(state.max[half], tile_max);
     // A row with nothing visible yet keeps max = -inf; subtract 0 instead so
     // that exp2 gives 0 rather than NaN.
-    float base = new_max == -kInfinity ? 0.0f : new_max;
+    float base = new_max == -infinity() ? 0.0f : new_max;
     float rescale = exp2_approx(state.max[half] - base);
     state.max[half] = new_max;
     float sum = 0.0f;
@@ -326,7 +326,7 @@ PAGEDC_DEVICE void apply_mods(float (&scores)[kNTiles][4],
       } else {
         logit = scores[j][e] * (scale * kLog2e);
       }
-      scores[j][e] = keep ? logit : -kInfinity;
+      scores[j][e] = keep ? logit : -infinity();
     }
   }
 }

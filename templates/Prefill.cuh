@@ -74,7 +74,7 @@ extern "C" __global__ void __launch_bounds__(pagedc::kPrefillThreads)
   float out[kHeadDim / 8][4];
 #pragma unroll
   for (int half = 0; half < 2; ++half) {
-    state.max[half] = -kInfinity;
+    state.max[half] = -infinity();
     state.sum[half] = 0.0f;
   }
 #pragma unroll
@@ -214,7 +214,7 @@ extern "C" __global__ void __launch_bounds__(pagedc::kPrefillThreads)
         args.lse[(static_cast<int64_t>(b) * args.heads_q + h) * args.q_len +
                  row] = sum > 0.0f
                             ? (state.max[half] + log2f(sum)) * kLn2
-                            : -kInfinity;
+                            : -infinity();
     }
   }
 }

@@ -9,7 +9,7 @@
 //   pagedc::floor_div(a, b)     integer division rounding toward -infinity
 //   pagedc::floor_mod(a, b)     the matching modulo (sign of b)
 //   pagedc::to_float(v)         f16 / bf16 / float / int32 / bool -> float
-//   pagedc::kInfinity           +infinity as a float constant
+//   pagedc::infinity()          +infinity
 //
 // Numerics: the TU is compiled without --use_fast_math, so mod arithmetic is
 // IEEE f32 (with FMA contraction, as nvcc does by default). The softmax uses
@@ -47,7 +47,8 @@ struct pagedc_bf16 {
 
 namespace pagedc {
 
-constexpr float kInfinity = __builtin_huge_valf();
+/// +infinity (NVRTC has no constexpr way to spell it).
+PAGEDC_DEVICE float infinity() { return __int_as_float(0x7f800000); }
 
 PAGEDC_DEVICE float to_float(float v) { return v; }
 PAGEDC_DEVICE float to_float(int32_t v) { return static_cast<float>(v); }

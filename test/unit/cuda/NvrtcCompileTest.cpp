@@ -1,0 +1,290 @@
+//===- NvrtcCompileTest.cpp - Every test mod compiles through NVRTC -------===//
+//
+// Compiles each hand-written test mod x {prefill, decode} x {f16, bf16} x
+// {64, 128} to cubin for sm_80 and sm_90 (in parallel), checks ptxas's
+// spill report for the main configurations and mma.sync in the prefill PTX.
+// PAGEDC_FULL_COMPILE_MATRIX=1 adds head dim 256, the block-mask builder,
+// page sizes 1 and 1024 and speculative decode (ctest label "slow").
+//
+//===----------------------------------------------------------------------===//
+
+#include "pagedc/Error.h"
+#include "pagedc/KernelSource.h"
+#include "pagedc/Nvrtc.h"
+
+#include <fmt/format.h>
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <cstdlib>
+#include <future>
+#include <mutex>
+#include <thread>
+
+using namespace pagedc;
+
+namespace {
+
+#define REQUIRE_NVRTC()                                                        \
+  do {                                                                         \
+    std::string reason;                                                        \
+    if (!Nvrtc::available(&reason))                                            \
+      GTEST_SKIP() << "NVRTC unavailable: " << reason;                         \
+  } while (0)
+
+const char *const kTestMods[] = {"none", "causal", "alibi", "softcap",
+                                 "document"};
+
+std::string testMod(const std::string &name) {
+  return std::string(embeddedTemplate("testing/" + name + ".cuh"));
+}
+
+struct Case {
+  std::string mod;
+  KernelConfig config;
+  std::string arch;
+  std::string label() const {
+    return fmt::format("{} [{}] {}", mod, config.describe(), arch);
+  }
+};
+
+struct Outcome {
+  std::string error;
+  std::vector<PtxasKernelReport> reports;
+  double seconds = 0;
+  size_t cubinBytes = 0;
+};
+
+/// Compiles the cases on up to `workers` threads.
+std::vector<Outcome> compileAll(const std::vector<Case> &cases, int workers) {
+  std::vector<Outcome> outcomes(cases.size());
+  std::atomic<size_t> next{0};
+  auto work = [&] {
+    for (size_t i; (i = next++) < cases.size();) {
+      const Case &c = cases[i];
+      try {
+        KernelSource source = assembleKernel(c.config, testMod(c.mod));
+        CompileOptions options;
+        options.arch = c.arch;
+        options.ptxasVerbose = true;
+        CompileResult result =
+            Nvrtc::get().compile(source.code, "pagedc_kernel.cu", options, &source);
+        outcomes[i].reports = parsePtxasReport(result.log);
+        outcomes[i].seconds = result.seconds;
+        outcomes[i].cubinBytes = result.image.size();
+      } catch (const std::exception &error) {
+        outcomes[i].error = error.what();
+      }
+    }
+  };
+  std::vector<std::future<void>> futures;
+  for (int w = 0; w < workers; ++w)
+    futures.push_back(std::async(std::launch::async, work));
+  for (auto &future : futures)
+    future.get();
+  return outcomes;
+}
+
+int workerCount() {
+  return std::max(2u, std::thread::hardware_concurrency());
+}
+
+bool fullMatrix() {
+  const char *value = std::getenv("PAGEDC_FULL_COMPILE_MATRIX");
+  return value && std::string(value) == "1";
+}
+
+} // namespace
+
+TEST(NvrtcCompile, LoadsAndReportsVersion) {
+  REQUIRE_NVRTC();
+  const Nvrtc &nvrtc = Nvrtc::get();
+  EXPECT_GE(nvrtc.majorVersion(), 11);
+  auto archs = nvrtc.supportedArchitectures();
+  EXPECT_NE(std::find(archs.begin(), archs.end(), 90), archs.end());
+  EXPECT_NE(std::find(archs.begin(), archs.end(), 80), archs.end());
+}
+
+TEST(NvrtcCompile, EveryTestModCompilesForSm80AndSm90) {
+  REQUIRE_NVRTC();
+  std::vector<Case> cases;
+  std::vector<int> headDims = {64, 128};
+  if (fullMatrix())
+    headDims.push_back(256);
+  for (const char *mod : kTestMods)
+    for (KernelKind kind : {KernelKind::Prefill, KernelKind::Decode})
+      for (DType type : {DType::F16, DType::BF16})
+        for (int headDim : headDims)
+          for (const char *arch : {"sm_80", "sm_90"}) {
+            Case c;
+            c.mod = mod;
+            c.config.kind = kind;
+            c.config.elementType = type;
+            c.config.headDim = headDim;
+            c.config.groupSize = kind == KernelKind::Decode ? 4 : 1;
+            c.config.returnLse = true;
+            c.arch = arch;
+            cases.push_back(c);
+          }
+  if (fullMatrix()) {
+    for (const char *mod : kTestMods)
+      for (const char *arch : {"sm_80", "sm_90"}) {
+        Case c;
+        c.mod = mod;
+        c.config.kind = KernelKind::BlockMaskBuilder;
+        c.arch = arch;
+        cases.push_back(c);
+      }
+    for (int pageSize : {1, 1024})
+      for (int tokens : {1, 8}) {
+        Case c;
+        c.mod = "softcap";
+        c.config.kind = KernelKind::Decode;
+        c.config.pageSize = pageSize;
+        c.config.queryTokens = tokens;
+        c.config.groupSize = 8;
+        c.arch = "sm_90";
+        cases.push_back(c);
+      }
+  }
+  auto start = std::chrono::steady_clock::now();
+  std::vector<Outcome> outcomes = compileAll(cases, workerCount());
+  double wall = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  double cpu = 0;
+  for (size_t i = 0; i < cases.size(); ++i) {
+    EXPECT_EQ(outcomes[i].error, "") << cases[i].label();
+    EXPECT_GT(outcomes[i].cubinBytes, 0u) << cases[i].label();
+    EXPECT_EQ(outcomes[i].reports.size(), cases[i].config.kind == KernelKind::Decode ? 2u : 1u)
+        << cases[i].label();
+    cpu += outcomes[i].seconds;
+  }
+  std::printf("[ matrix ] %zu kernels compiled in %.1f s wall (%.1f s summed, "
+              "%.2f s per kernel)\n",
+              cases.size(), wall, cpu, cpu / cases.size());
+}
+
+/// The main configurations (D = 128 bf16 prefill and decode, sm_90, every
+/// test mod) must not spill.
+TEST(NvrtcCompile, MainConfigurationsDoNotSpill) {
+  REQUIRE_NVRTC();
+  std::vector<Case> cases;
+  for (const char *mod : kTestMods)
+    for (KernelKind kind : {KernelKind::Prefill, KernelKind::Decode}) {
+      Case c;
+      c.mod = mod;
+      c.config.kind = kind;
+      c.config.elementType = DType::BF16;
+      c.config.headDim = 128;
+      c.config.groupSize = kind == KernelKind::Decode ? 4 : 1;
+      c.config.returnLse = true;
+      c.arch = "sm_90";
+      cases.push_back(c);
+    }
+  std::vector<Outcome> outcomes = compileAll(cases, workerCount());
+  for (size_t i = 0; i < cases.size(); ++i) {
+    ASSERT_EQ(outcomes[i].error, "") << cases[i].label();
+    ASSERT_FALSE(outcomes[i].reports.empty()) << cases[i].label();
+    for (const PtxasKernelReport &report : outcomes[i].reports) {
+      EXPECT_EQ(report.spillStoreBytes, 0) << cases[i].label() << " " << report.kernel;
+      EXPECT_EQ(report.spillLoadBytes, 0) << cases[i].label() << " " << report.kernel;
+      EXPECT_EQ(report.stackFrameBytes, 0) << cases[i].label() << " " << report.kernel;
+      EXPECT_GT(report.registers, 0);
+      std::printf("[ ptxas ] %-8s %-7s %-22s %3d registers\n", cases[i].mod.c_str(),
+                  kernelKindName(cases[i].config.kind), report.kernel.c_str(),
+                  report.registers);
+    }
+  }
+}
+
+TEST(NvrtcCompile, PrefillPtxUsesTensorCoreMma) {
+  REQUIRE_NVRTC();
+  for (DType type : {DType::F16, DType::BF16}) {
+    KernelConfig config;
+    config.elementType = type;
+    KernelSource source = assembleKernel(config, testMod("causal"));
+    CompileOptions options;
+    options.arch = "sm_90";
+    options.output = CompileOptions::Output::Ptx;
+    CompileResult result = Nvrtc::get().compile(source.code, "prefill.cu", options);
+    std::string mma = fmt::format("mma.sync.aligned.m16n8k16.row.col.f32.{0}.{0}.f32",
+                                  type == DType::BF16 ? "bf16" : "f16");
+    EXPECT_NE(result.image.find(mma), std::string::npos) << mma;
+    EXPECT_NE(result.image.find("ldmatrix.sync.aligned.m8n8.x4.trans"), std::string::npos);
+    EXPECT_NE(result.image.find("cp.async.cg.shared.global"), std::string::npos);
+    EXPECT_NE(result.image.find(".entry pagedc_prefill"), std::string::npos);
+    EXPECT_NE(result.image.find(".target sm_90"), std::string::npos);
+  }
+}
+
+TEST(NvrtcCompile, ErrorsQuoteTheGeneratedLine) {
+  REQUIRE_NVRTC();
+  std::string mods = testMod("causal");
+  // Break the mask's body: an undeclared name on a known line of the mod.
+  size_t at = mods.find("return row.q >= kv;");
+  ASSERT_NE(at, std::string::npos);
+  mods.replace(at, 19, "return row.q >= kv_undeclared;");
+  int modLine = static_cast<int>(std::count(mods.begin(), mods.begin() + at, '\n')) + 1;
+  KernelSource source = assembleKernel(KernelConfig{}, mods);
+  try {
+    Nvrtc::get().compile(source.code, "pagedc_kernel.cu", CompileOptions{}, &source);
+    FAIL() << "broken mod compiled";
+  } catch (const Error &error) {
+    std::string message = error.what();
+    EXPECT_NE(message.find("kv_undeclared"), std::string::npos) << message;
+    EXPECT_NE(message.find(fmt::format("generated mod code line {}", modLine)),
+              std::string::npos)
+        << message;
+    EXPECT_NE(message.find("| __device__") == std::string::npos
+                  ? message.find("|   return row.q >= kv_undeclared;")
+                  : 0,
+              std::string::npos)
+        << message;
+    EXPECT_NE(message.find("full log:"), std::string::npos);
+  }
+}
+
+TEST(NvrtcCompile, HookSignatureMismatchIsNamed) {
+  REQUIRE_NVRTC();
+  std::string mods = testMod("causal");
+  size_t at = mods.find("bool mask(const Params &, const MaskRow &row, int,");
+  ASSERT_NE(at, std::string::npos);
+  mods.replace(at, 4, "int ");
+  KernelSource source = assembleKernel(KernelConfig{}, mods);
+  try {
+    Nvrtc::get().compile(source.code, "pagedc_kernel.cu", CompileOptions{}, &source);
+    FAIL() << "mismatched hook compiled";
+  } catch (const Error &error) {
+    EXPECT_NE(std::string(error.what()).find("pagedc_mods::mask must be"),
+              std::string::npos)
+        << error.what();
+  }
+}
+
+TEST(NvrtcCompile, ParamsSizeIsCheckedAtCompileTime) {
+  REQUIRE_NVRTC();
+  KernelConfig config;
+  config.kind = KernelKind::BlockMaskBuilder;
+  config.paramsSize = 8; // softcap's Params is {int32_t, float}
+  EXPECT_NO_THROW(Nvrtc::get().compile(
+      assembleKernel(config, testMod("softcap")).code, "k.cu", CompileOptions{}));
+  config.paramsSize = 16;
+  EXPECT_THROW(Nvrtc::get().compile(assembleKernel(config, testMod("softcap")).code,
+                                    "k.cu", CompileOptions{}),
+               Error);
+}
+
+TEST(PtxasReport, ParsesNvrtcLog) {
+  std::string log = "ptxas info    : 0 bytes gmem\n"
+                    "ptxas info    : Compiling entry function 'pagedc_decode' for 'sm_90'\n"
+                    "ptxas info    : Function properties for pagedc_decode\n"
+                    "    8 bytes stack frame, 4 bytes spill stores, 12 bytes spill loads\n"
+                    "ptxas info    : Used 168 registers, used 1 barriers\n";
+  auto reports = parsePtxasReport(log);
+  ASSERT_EQ(reports.size(), 1u);
+  EXPECT_EQ(reports[0].kernel, "pagedc_decode");
+  EXPECT_EQ(reports[0].arch, "sm_90");
+  EXPECT_EQ(reports[0].registers, 168);
+  EXPECT_EQ(reports[0].stackFrameBytes, 8);
+  EXPECT_EQ(reports[0].spillStoreBytes, 4);
+  EXPECT_EQ(reports[0].spillLoadBytes, 12);
+}
