@@ -1,0 +1,346 @@
+//===- Attention.cpp - Validate and dispatch paged flex attention ---------===//
+#include "pagedc/Attention.h"
+#include "pagedc/Error.h"
+
+#include "AttentionDispatch.h"
+#include "cpu/CpuAttention.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <map>
+#include <mutex>
+
+namespace pagedc {
+
+//===----------------------------------------------------------------------===//
+// Backend registry
+//===----------------------------------------------------------------------===//
+
+namespace {
+
+std::mutex backendMutex;
+std::map<DeviceKind, detail::DeviceAttentionFn> &deviceBackends() {
+  static std::map<DeviceKind, detail::DeviceAttentionFn> backends;
+  return backends;
+}
+
+detail::DeviceAttentionFn backendFor(Device device) {
+  std::lock_guard<std::mutex> lock(backendMutex);
+  auto it = deviceBackends().find(device.kind);
+  return it == deviceBackends().end() ? nullptr : it->second;
+}
+
+const char *deviceKindName(DeviceKind kind) {
+  return kind == DeviceKind::CUDA ? "CUDA" : "CPU";
+}
+
+} // namespace
+
+void detail::setAttentionBackend(DeviceKind kind, DeviceAttentionFn backend) {
+  std::lock_guard<std::mutex> lock(backendMutex);
+  deviceBackends()[kind] = std::move(backend);
+}
+
+//===----------------------------------------------------------------------===//
+// Validation
+//===----------------------------------------------------------------------===//
+
+namespace {
+
+/// A default-constructed view means "not given".
+bool isProvided(const TensorView &view) { return view.data() != nullptr || view.rank() != 0; }
+
+bool isCpuFloat(DType type) { return type == DType::F32 || type == DType::BF16; }
+bool isGpuFloat(DType type) { return type == DType::F16 || type == DType::BF16; }
+
+std::string shapeText(const std::vector<int64_t> &shape) {
+  return TensorView(nullptr, DType::F32, shape).shapeString();
+}
+
+/// Output tensors must not alias themselves: every dimension longer than 1
+/// needs a positive stride.
+void checkWritable(const TensorView &view, const char *name) {
+  for (int d = 0; d < view.rank(); ++d)
+    if (view.size(d) > 1 && view.stride(d) < 1)
+      throw Error(fmt::format("{} has stride {} in dimension {}; outputs need positive strides",
+                              name, view.stride(d), d));
+}
+
+void checkReadable(const TensorView &view, const char *name) {
+  for (int d = 0; d < view.rank(); ++d)
+    if (view.stride(d) < 0)
+      throw Error(fmt::format("{} has negative stride {} in dimension {}", name, view.stride(d),
+                              d));
+  if (view.data() == nullptr && view.numel() != 0)
+    throw Error(fmt::format("{} has no data", name));
+}
+
+/// The call's facts once its inputs are checked.
+struct CheckedCall {
+  Device device;
+  int64_t batch, queryHeads, queryLength, headDim, valueHeadDim;
+  std::vector<int32_t> slots, kvLength, qOffset;
+  float scale;
+  bool returnLse;
+};
+
+CheckedCall checkCall(const TensorView &q, const PagedKVCache &cache, const BlockMask *blockMask,
+                      const CompiledMods &mods, const AttentionOptions &options) {
+  CheckedCall call;
+  call.device = options.device.value_or(q.device());
+  const bool onCpu = call.device.kind == DeviceKind::CPU;
+
+  // Devices.
+  if (q.device() != call.device)
+    throw Error(fmt::format("q is on {} but the call runs on {}", deviceName(q.device()),
+                            deviceName(call.device)));
+  if (cache.device() != call.device)
+    throw Error(fmt::format("the KV cache is on {} but the call runs on {}",
+                            deviceName(cache.device()), deviceName(call.device)));
+
+  // q and the cache.
+  if (q.rank() != 4)
+    throw Error(fmt::format("q must be [B, Hq, Lq, D] but has shape {}", q.shapeString()));
+  checkReadable(q, "q");
+  if (onCpu && !isCpuFloat(q.dtype()))
+    throw Error(fmt::format("q must be f32 or bf16 on the CPU but is {}", dtypeName(q.dtype())));
+  if (onCpu && !isCpuFloat(cache.dtype()))
+    throw Error(fmt::format("the KV cache stores {}, which the CPU backend does not support "
+                            "(f32 or bf16)",
+                            dtypeName(cache.dtype())));
+  if (!onCpu && !isGpuFloat(q.dtype()))
+    throw Error(fmt::format("q must be f16 or bf16 on {} but is {}", deviceName(call.device),
+                            dtypeName(q.dtype())));
+  if (!onCpu && cache.dtype() != q.dtype())
+    throw Error(fmt::format("q is {} but the KV cache stores {}; on {} they must match",
+                            dtypeName(q.dtype()), dtypeName(cache.dtype()),
+                            deviceName(call.device)));
+  if (!onCpu && q.stride(3) != 1)
+    throw Error(fmt::format("q's last dimension must be contiguous on {} but has stride {}",
+                            deviceName(call.device), q.stride(3)));
+  call.batch = q.size(0);
+  call.queryHeads = q.size(1);
+  call.queryLength = q.size(2);
+  call.headDim = q.size(3);
+  call.valueHeadDim = cache.valueHeadDim();
+  if (call.headDim != cache.headDim())
+    throw Error(fmt::format("q has head dim D={} but the KV cache has D={}", call.headDim,
+                            cache.headDim()));
+  if (call.queryHeads % cache.heads() != 0)
+    throw Error(fmt::format("query heads Hq={} are not a multiple of the KV cache's heads "
+                            "Hkv={}",
+                            call.queryHeads, cache.heads()));
+  if (call.queryLength > std::numeric_limits<int32_t>::max())
+    throw Error(fmt::format("q length Lq={} exceeds the int32 index range", call.queryLength));
+
+  // Batch slots, lengths, offsets.
+  const int64_t batch = call.batch;
+  if (options.batchIdx.empty()) {
+    if (batch > cache.maxBatch())
+      throw Error(fmt::format("q has batch B={} but the KV cache has only {} slots; pass "
+                              "options.batchIdx",
+                              batch, cache.maxBatch()));
+    for (int64_t b = 0; b < batch; ++b)
+      call.slots.push_back(static_cast<int32_t>(b));
+  } else {
+    if (static_cast<int64_t>(options.batchIdx.size()) != batch)
+      throw Error(fmt::format("options.batchIdx has {} entries but q has batch B={}",
+                              options.batchIdx.size(), batch));
+    for (int64_t b = 0; b < batch; ++b)
+      if (options.batchIdx[b] < 0 || options.batchIdx[b] >= cache.maxBatch())
+        throw Error(fmt::format("options.batchIdx[{}] = {} is out of range [0, {})", b,
+                                options.batchIdx[b], cache.maxBatch()));
+    call.slots = options.batchIdx;
+  }
+  if (static_cast<int64_t>(options.kvLength.size()) != batch)
+    throw Error(options.kvLength.empty()
+                    ? fmt::format("options.kvLength is required: one valid KV length per batch "
+                                  "entry (B={})",
+                                  batch)
+                    : fmt::format("options.kvLength has {} entries but q has batch B={}",
+                                  options.kvLength.size(), batch));
+  for (int64_t b = 0; b < batch; ++b) {
+    const int64_t capacity = cache.capacity(call.slots[b]);
+    if (options.kvLength[b] < 0 || options.kvLength[b] > capacity)
+      throw Error(fmt::format("options.kvLength[{}] = {} is outside [0, {}], the capacity of "
+                              "cache slot {}",
+                              b, options.kvLength[b], capacity, call.slots[b]));
+  }
+  call.kvLength = options.kvLength;
+  if (options.qOffset.empty()) {
+    call.qOffset.assign(static_cast<size_t>(batch), 0);
+  } else {
+    if (static_cast<int64_t>(options.qOffset.size()) != batch)
+      throw Error(fmt::format("options.qOffset has {} entries but q has batch B={}",
+                              options.qOffset.size(), batch));
+    for (int64_t b = 0; b < batch; ++b)
+      if (options.qOffset[b] < 0 ||
+          options.qOffset[b] + call.queryLength > std::numeric_limits<int32_t>::max())
+        throw Error(fmt::format("options.qOffset[{}] = {} is negative or puts query positions "
+                                "past the int32 range",
+                                b, options.qOffset[b]));
+    call.qOffset = options.qOffset;
+  }
+
+  // Scale.
+  call.scale = options.scale.value_or(
+      call.headDim > 0 ? 1.0f / std::sqrt(static_cast<float>(call.headDim)) : 1.0f);
+  if (!std::isfinite(call.scale))
+    throw Error(fmt::format("scale must be finite but is {}", call.scale));
+  if (options.threads < 0)
+    throw Error(fmt::format("options.threads must not be negative but is {}", options.threads));
+
+  // The block mask against the call.
+  if (blockMask) {
+    validateBlockMask(*blockMask);
+    if (blockMask->batch != 1 && blockMask->batch != batch)
+      throw Error(fmt::format("block mask has batch extent {} but the call has B={} (the extent "
+                              "must be 1 or B)",
+                              blockMask->batch, batch));
+    if (blockMask->heads != 1 && blockMask->heads != call.queryHeads)
+      throw Error(fmt::format("block mask has head extent {} but the call has Hq={} (the extent "
+                              "must be 1 or Hq)",
+                              blockMask->heads, call.queryHeads));
+    for (int64_t b = 0; b < batch; ++b) {
+      const int64_t lastPosition = call.qOffset[b] + call.queryLength;
+      if (call.queryLength > 0 && lastPosition > blockMask->qLength)
+        throw Error(fmt::format("block mask was built for Q_LEN={} but batch entry {} has query "
+                                "positions up to {} (q offset {} + Lq {})",
+                                blockMask->qLength, b, lastPosition - 1, call.qOffset[b],
+                                call.queryLength));
+      if (call.kvLength[b] > blockMask->kvLength)
+        throw Error(fmt::format("block mask was built for KV_LEN={} but options.kvLength[{}] = "
+                                "{}",
+                                blockMask->kvLength, b, call.kvLength[b]));
+    }
+  }
+
+  // Mods (bindings are resolved by the caller).
+  if (onCpu && mods.hasMask() && !mods.maskRow)
+    throw Error(fmt::format("mask mod '{}' has no CPU function", mods.maskName));
+  if (onCpu && mods.hasScore() && !mods.scoreRow)
+    throw Error(fmt::format("score mod '{}' has no CPU function", mods.scoreName));
+
+  // Outputs.
+  call.returnLse = options.returnLse || isProvided(options.lse);
+  const std::vector<int64_t> outShape = {batch, call.queryHeads, call.queryLength,
+                                         call.valueHeadDim};
+  const std::vector<int64_t> lseShape = {batch, call.queryHeads, call.queryLength};
+  if (isProvided(options.out)) {
+    const TensorView &out = options.out;
+    if (out.shape() != outShape)
+      throw Error(fmt::format("options.out must be {} ([B, Hq, Lq, Dv]) but has shape {}",
+                              shapeText(outShape), out.shapeString()));
+    if (out.device() != call.device)
+      throw Error(fmt::format("options.out is on {} but the call runs on {}",
+                              deviceName(out.device()), deviceName(call.device)));
+    if (onCpu ? !isCpuFloat(out.dtype()) : out.dtype() != q.dtype())
+      throw Error(fmt::format("options.out is {} but must be {}", dtypeName(out.dtype()),
+                              onCpu ? "f32 or bf16" : dtypeName(q.dtype())));
+    if (out.data() == nullptr && out.numel() != 0)
+      throw Error("options.out has no data");
+    checkWritable(out, "options.out");
+  } else if (!onCpu) {
+    throw Error(fmt::format("on {} pass options.out (the runtime allocates outputs only on the "
+                            "CPU)",
+                            deviceName(call.device)));
+  }
+  if (isProvided(options.lse)) {
+    const TensorView &lse = options.lse;
+    if (lse.shape() != lseShape)
+      throw Error(fmt::format("options.lse must be {} ([B, Hq, Lq]) but has shape {}",
+                              shapeText(lseShape), lse.shapeString()));
+    if (lse.device() != call.device)
+      throw Error(fmt::format("options.lse is on {} but the call runs on {}",
+                              deviceName(lse.device()), deviceName(call.device)));
+    if (lse.dtype() != DType::F32)
+      throw Error(fmt::format("options.lse is {} but must be f32", dtypeName(lse.dtype())));
+    if (lse.data() == nullptr && lse.numel() != 0)
+      throw Error("options.lse has no data");
+    checkWritable(lse, "options.lse");
+  } else if (call.returnLse && !onCpu) {
+    throw Error(fmt::format("on {} pass options.lse to get the lse", deviceName(call.device)));
+  }
+  return call;
+}
+
+} // namespace
+
+//===----------------------------------------------------------------------===//
+// flexAttention
+//===----------------------------------------------------------------------===//
+
+AttentionResult flexAttention(const TensorView &q, const PagedKVCache &cache,
+                              const BlockMask *blockMask, const CompiledMods &mods,
+                              const Bindings &bindings, const AttentionOptions &options) {
+  const Device device = options.device.value_or(q.device());
+  detail::DeviceAttentionFn deviceBackend;
+  if (device.kind != DeviceKind::CPU) {
+    deviceBackend = backendFor(device);
+    if (!deviceBackend)
+      throw Error(fmt::format("{} execution is not available in this build",
+                              deviceKindName(device.kind)));
+  }
+  const CheckedCall call = checkCall(q, cache, blockMask, mods, options);
+  const ResolvedBindings resolved = resolveBindings(mods, bindings, call.device);
+
+  // Everything is valid: allocate outputs and build the call's page table,
+  // row b holding the pages of slot batchIdx[b] that kvLength[b] reaches.
+  AttentionResult result;
+  const int64_t batch = call.batch;
+  if (!isProvided(options.out)) {
+    result.ownedOut = HostTensor(q.dtype(), {batch, call.queryHeads, call.queryLength,
+                                             call.valueHeadDim});
+    result.out = result.ownedOut.view();
+  } else {
+    result.out = options.out;
+  }
+  if (call.returnLse) {
+    if (!isProvided(options.lse)) {
+      result.ownedLse = HostTensor(DType::F32, {batch, call.queryHeads, call.queryLength});
+      result.lse = result.ownedLse.view();
+    } else {
+      result.lse = options.lse;
+    }
+  }
+  if (batch == 0 || call.queryHeads == 0 || call.queryLength == 0)
+    return result;
+
+  const int64_t pageSize = cache.pageSize();
+  int64_t stride = 1;
+  for (int64_t b = 0; b < batch; ++b)
+    stride = std::max<int64_t>(stride, (call.kvLength[b] + pageSize - 1) / pageSize);
+  std::vector<int32_t> pageTable(static_cast<size_t>(batch * stride), -1);
+  for (int64_t b = 0; b < batch; ++b) {
+    const std::vector<int32_t> &table = cache.pageTable(call.slots[b]);
+    const int64_t pages = (call.kvLength[b] + pageSize - 1) / pageSize;
+    std::copy(table.begin(), table.begin() + pages, pageTable.begin() + b * stride);
+  }
+
+  cpu::PagedAttentionArgs args;
+  args.q = q;
+  args.kCache = cache.kCache();
+  args.vCache = cache.vCache();
+  args.pageTable = pageTable.data();
+  args.pageTableStride = stride;
+  args.pageSize = static_cast<int32_t>(pageSize);
+  args.kvLength = call.kvLength.data();
+  args.qOffset = call.qOffset.data();
+  args.blockMask = blockMask;
+  args.mods = &mods;
+  args.context = &resolved.context();
+  args.scale = call.scale;
+  args.out = result.out;
+  args.lse = result.lse;
+  args.threads = options.threads;
+  if (device.kind == DeviceKind::CPU)
+    cpu::pagedAttention(args);
+  else
+    deviceBackend(args, device);
+  return result;
+}
+
+} // namespace pagedc

@@ -1,0 +1,31 @@
+//===- AttentionDispatch.h - Device backends of flexAttention --*- C++ -*-===//
+//
+// flexAttention() validates a call and describes it as a
+// cpu::PagedAttentionArgs (device-neutral: tensors on the call's device,
+// host-side page table, lengths and offsets). The CPU backend runs it
+// directly; other devices run through a backend registered here, which is
+// the seam the CUDA backend plugs into.
+//
+//===----------------------------------------------------------------------===//
+#ifndef PAGEDC_RUNTIME_ATTENTIONDISPATCH_H
+#define PAGEDC_RUNTIME_ATTENTIONDISPATCH_H
+
+#include "cpu/CpuAttention.h"
+
+#include <functional>
+
+namespace pagedc::detail {
+
+/// Runs one validated call on `device`. `args.pageTable`, `args.kvLength`
+/// and `args.qOffset` point to host memory valid for the duration of the
+/// call; every tensor is on `device`; `args.threads` is meaningless there.
+using DeviceAttentionFn = std::function<void(const cpu::PagedAttentionArgs &args, Device device)>;
+
+/// Registers the backend for a device kind other than the CPU (replacing
+/// any earlier one). Without one, calls on that kind throw
+/// "<KIND> execution is not available in this build".
+void setAttentionBackend(DeviceKind kind, DeviceAttentionFn backend);
+
+} // namespace pagedc::detail
+
+#endif // PAGEDC_RUNTIME_ATTENTIONDISPATCH_H
