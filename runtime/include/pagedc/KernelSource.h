@@ -58,6 +58,15 @@ struct KernelConfig {
   /// catching a host/device layout disagreement at compile time.
   int64_t paramsSize = -1;
 
+  bool operator==(const KernelConfig &other) const {
+    return kind == other.kind && elementType == other.elementType &&
+           headDim == other.headDim && pageSize == other.pageSize &&
+           blockM == other.blockM && blockN == other.blockN &&
+           groupSize == other.groupSize && queryTokens == other.queryTokens &&
+           returnLse == other.returnLse && paramsSize == other.paramsSize;
+  }
+  bool operator!=(const KernelConfig &other) const { return !(*this == other); }
+
   /// Throws pagedc::Error naming the first unsupported value.
   void validate() const;
   /// A canonical one-line description, e.g. "prefill bf16 d128 page16 ...".

@@ -1,0 +1,116 @@
+//===- KernelCache.h - Compiled kernels in memory and on disk --*- C++ -*-===//
+//
+// getOrCompile() returns a compiled kernel for (config, mod code, options),
+// looking in three places: an in-process map (a hash of the mod code and
+// config, no source assembly), the on-disk directory ($PAGEDC_CACHE_DIR,
+// default ~/.cache/pagedc), and finally NVRTC. Disk entries are keyed by a
+// 128-bit FNV-1a hash of the assembled source, the options, the NVRTC
+// version and the architecture; each carries checksums so a truncated or
+// corrupt entry is detected, removed and rebuilt; writes go to a temporary
+// file renamed into place, so concurrent processes never see half an entry.
+// Thread-safe: concurrent requests for one kernel compile it once.
+//
+//===----------------------------------------------------------------------===//
+#ifndef PAGEDC_KERNELCACHE_H
+#define PAGEDC_KERNELCACHE_H
+
+#include "pagedc/KernelSource.h"
+#include "pagedc/Nvrtc.h"
+
+#include <atomic>
+#include <cstdint>
+#include <future>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <string_view>
+#include <unordered_map>
+#include <vector>
+
+namespace pagedc {
+
+/// A compiled translation unit: one cubin (or PTX) and the kernels in it.
+struct CompiledKernel {
+  KernelConfig config;
+  std::string arch;
+  std::vector<std::string> kernelNames;
+  /// The disk key (32 hex digits).
+  std::string key;
+  CompileOptions::Output output = CompileOptions::Output::Cubin;
+  std::string image;
+  /// NVRTC's log when compiled in this process (empty for disk hits).
+  std::string log;
+};
+
+/// 64-bit FNV-1a.
+uint64_t fnv1a64(std::string_view data,
+                 uint64_t seed = 0xcbf29ce484222325ull);
+
+class KernelCache {
+public:
+  /// `directory` empty: memory only.
+  explicit KernelCache(std::string directory);
+  /// $PAGEDC_CACHE_DIR, else $HOME/.cache/pagedc (else /tmp/pagedc-cache).
+  static std::string defaultDirectory();
+  /// A process-wide cache in defaultDirectory().
+  static KernelCache &global();
+
+  /// The fast path: assembles the source only on an in-process miss.
+  std::shared_ptr<const CompiledKernel>
+  getOrCompile(const KernelConfig &config, std::string_view modCode,
+               const CompileOptions &options);
+  /// For an already assembled source (no in-process shortcut).
+  std::shared_ptr<const CompiledKernel>
+  getOrCompile(const KernelSource &source, const CompileOptions &options);
+
+  struct Request {
+    KernelConfig config;
+    std::string modCode;
+    CompileOptions options;
+  };
+  /// Compiles independent kernels in parallel (e.g. prefill and decode).
+  std::vector<std::shared_ptr<const CompiledKernel>>
+  getOrCompileAll(const std::vector<Request> &requests);
+
+  /// The disk key of a source compiled with `options`.
+  static std::string diskKey(std::string_view code,
+                             const CompileOptions &options);
+  /// The file an entry with this key lives in.
+  std::string entryPath(const std::string &key) const;
+  const std::string &directory() const { return directory_; }
+
+  struct Stats {
+    uint64_t memoryHits = 0;
+    uint64_t diskHits = 0;
+    uint64_t compiles = 0;
+    uint64_t corruptEntries = 0;
+  };
+  Stats stats() const;
+  /// Forgets the in-process entries (the disk is untouched).
+  void clearMemory();
+
+private:
+  using Future = std::shared_future<std::shared_ptr<const CompiledKernel>>;
+  struct FastEntry {
+    KernelConfig config;
+    std::string modCode;
+    std::string optionsKey;
+    Future result;
+  };
+  std::shared_ptr<const CompiledKernel> loadOrBuild(const KernelSource &source,
+                                                    const CompileOptions &options,
+                                                    const std::string &key);
+  std::shared_ptr<const CompiledKernel> readEntry(const std::string &key);
+  void writeEntry(const CompiledKernel &kernel);
+
+  std::string directory_;
+  mutable std::mutex mutex_;
+  std::unordered_map<uint64_t, std::vector<FastEntry>> fast_;
+  std::unordered_map<std::string, Future> byKey_;
+  std::atomic<uint64_t> memoryHits_{0}, diskHits_{0}, compiles_{0},
+      corruptEntries_{0};
+};
+
+} // namespace pagedc
+
+#endif // PAGEDC_KERNELCACHE_H

@@ -1,0 +1,314 @@
+//===- KernelCache.cpp - Compiled kernels in memory and on disk -----------===//
+
+#include "pagedc/KernelCache.h"
+
+#include "pagedc/Error.h"
+
+#include <fmt/format.h>
+
+#include <unistd.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <sstream>
+#include <thread>
+
+namespace pagedc {
+
+namespace fs = std::filesystem;
+
+uint64_t fnv1a64(std::string_view data, uint64_t seed) {
+  uint64_t hash = seed;
+  for (unsigned char c : data) {
+    hash ^= c;
+    hash *= 0x100000001b3ull;
+  }
+  return hash;
+}
+
+namespace {
+
+constexpr std::string_view kEntryMagic = "PAGEDC-KERNEL-CACHE 1\n";
+
+std::string hex64(uint64_t value) { return fmt::format("{:016x}", value); }
+
+/// Hash of the in-process key: mod code, config and options.
+uint64_t fastHash(const KernelConfig &config, std::string_view modCode,
+                  const std::string &optionsKey) {
+  uint64_t hash = fnv1a64(modCode);
+  hash = fnv1a64(optionsKey, hash);
+  const int fields[] = {static_cast<int>(config.kind),
+                        static_cast<int>(config.elementType),
+                        config.headDim,
+                        config.pageSize,
+                        config.blockM,
+                        config.blockN,
+                        config.groupSize,
+                        config.queryTokens,
+                        config.returnLse ? 1 : 0,
+                        static_cast<int>(config.paramsSize)};
+  return fnv1a64(std::string_view(reinterpret_cast<const char *>(fields),
+                                  sizeof(fields)),
+                 hash);
+}
+
+/// Entry layout: magic, "name=value" header lines, an empty line, the
+/// image bytes. The header names the image size and checksum and ends with
+/// a checksum of the header lines before it.
+std::string serializeEntry(const CompiledKernel &kernel) {
+  std::string names;
+  for (const std::string &name : kernel.kernelNames)
+    names += (names.empty() ? "" : ",") + name;
+  std::string header = fmt::format(
+      "key={}\narch={}\nkernels={}\nconfig={}\nimage={}\nsize={}\nchecksum={}\n",
+      kernel.key, kernel.arch, names, kernel.config.describe(),
+      kernel.output == CompileOptions::Output::Cubin ? "cubin" : "ptx",
+      kernel.image.size(), hex64(fnv1a64(kernel.image)));
+  header += fmt::format("header_checksum={}\n\n", hex64(fnv1a64(header)));
+  return std::string(kEntryMagic) + header + kernel.image;
+}
+
+/// Parses an entry; returns false for anything malformed or inconsistent.
+bool parseEntry(const std::string &bytes, const std::string &key,
+                CompiledKernel &kernel) {
+  if (bytes.compare(0, kEntryMagic.size(), kEntryMagic) != 0)
+    return false;
+  size_t headerBegin = kEntryMagic.size();
+  size_t headerEnd = bytes.find("\n\n", headerBegin);
+  if (headerEnd == std::string::npos)
+    return false;
+  std::string header = bytes.substr(headerBegin, headerEnd + 1 - headerBegin);
+  size_t checksumAt = header.rfind("header_checksum=");
+  if (checksumAt == std::string::npos ||
+      header.substr(checksumAt + 16, 16) !=
+          hex64(fnv1a64(std::string_view(header).substr(0, checksumAt))))
+    return false;
+  std::map<std::string, std::string> fields;
+  std::istringstream lines(header);
+  for (std::string line; std::getline(lines, line);) {
+    size_t equals = line.find('=');
+    if (equals != std::string::npos)
+      fields[line.substr(0, equals)] = line.substr(equals + 1);
+  }
+  if (fields["key"] != key)
+    return false;
+  char *end = nullptr;
+  unsigned long long size = std::strtoull(fields["size"].c_str(), &end, 10);
+  size_t imageBegin = headerEnd + 2;
+  if (bytes.size() - imageBegin != size)
+    return false; // truncated or padded
+  kernel.image = bytes.substr(imageBegin);
+  if (hex64(fnv1a64(kernel.image)) != fields["checksum"])
+    return false;
+  kernel.key = key;
+  kernel.arch = fields["arch"];
+  kernel.output = fields["image"] == "ptx" ? CompileOptions::Output::Ptx
+                                           : CompileOptions::Output::Cubin;
+  kernel.kernelNames.clear();
+  std::istringstream names(fields["kernels"]);
+  for (std::string name; std::getline(names, name, ',');)
+    kernel.kernelNames.push_back(name);
+  return !kernel.kernelNames.empty();
+}
+
+} // namespace
+
+KernelCache::KernelCache(std::string directory)
+    : directory_(std::move(directory)) {}
+
+std::string KernelCache::defaultDirectory() {
+  if (const char *dir = std::getenv("PAGEDC_CACHE_DIR"); dir && *dir)
+    return dir;
+  if (const char *home = std::getenv("HOME"); home && *home)
+    return std::string(home) + "/.cache/pagedc";
+  return "/tmp/pagedc-cache";
+}
+
+KernelCache &KernelCache::global() {
+  static KernelCache cache(defaultDirectory());
+  return cache;
+}
+
+std::string KernelCache::diskKey(std::string_view code,
+                                 const CompileOptions &options) {
+  const Nvrtc &nvrtc = Nvrtc::get();
+  std::string material = fmt::format("nvrtc {}.{}\narch {}\noptions {}\n",
+                                     nvrtc.majorVersion(), nvrtc.minorVersion(),
+                                     options.arch, options.key());
+  uint64_t first = fnv1a64(code, fnv1a64(material));
+  // A second, differently seeded pass makes the key 128 bits wide.
+  uint64_t second = fnv1a64(code, fnv1a64(material, first ^ 0x9e3779b97f4a7c15ull));
+  return hex64(first) + hex64(second);
+}
+
+std::string KernelCache::entryPath(const std::string &key) const {
+  return directory_ + "/" + key + ".kernel";
+}
+
+KernelCache::Stats KernelCache::stats() const {
+  Stats stats;
+  stats.memoryHits = memoryHits_;
+  stats.diskHits = diskHits_;
+  stats.compiles = compiles_;
+  stats.corruptEntries = corruptEntries_;
+  return stats;
+}
+
+void KernelCache::clearMemory() {
+  std::lock_guard<std::mutex> lock(mutex_);
+  fast_.clear();
+  byKey_.clear();
+}
+
+std::shared_ptr<const CompiledKernel> KernelCache::readEntry(const std::string &key) {
+  if (directory_.empty())
+    return nullptr;
+  std::string path = entryPath(key);
+  std::ifstream file(path, std::ios::binary);
+  if (!file)
+    return nullptr;
+  std::string bytes((std::istreambuf_iterator<char>(file)),
+                    std::istreambuf_iterator<char>());
+  auto kernel = std::make_shared<CompiledKernel>();
+  if (!parseEntry(bytes, key, *kernel)) {
+    ++corruptEntries_;
+    std::error_code ignored;
+    fs::remove(path, ignored);
+    return nullptr;
+  }
+  return kernel;
+}
+
+void KernelCache::writeEntry(const CompiledKernel &kernel) {
+  if (directory_.empty())
+    return;
+  std::error_code error;
+  fs::create_directories(directory_, error);
+  static std::atomic<uint64_t> counter{0};
+  std::string temporary =
+      fmt::format("{}.tmp-{}-{}-{}", entryPath(kernel.key), getpid(),
+                  std::hash<std::thread::id>()(std::this_thread::get_id()),
+                  counter++);
+  std::string bytes = serializeEntry(kernel);
+  {
+    std::ofstream file(temporary, std::ios::binary | std::ios::trunc);
+    file.write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
+    file.flush();
+    if (!file) {
+      fs::remove(temporary, error);
+      return; // a cache that cannot be written is only slower
+    }
+  }
+  // rename() replaces the destination atomically: readers see the old
+  // entry, no entry, or the complete new one.
+  if (std::rename(temporary.c_str(), entryPath(kernel.key).c_str()) != 0)
+    fs::remove(temporary, error);
+}
+
+std::shared_ptr<const CompiledKernel>
+KernelCache::loadOrBuild(const KernelSource &source, const CompileOptions &options,
+                         const std::string &key) {
+  if (auto kernel = readEntry(key)) {
+    auto result = std::const_pointer_cast<CompiledKernel>(kernel);
+    result->config = source.config;
+    ++diskHits_;
+    return result;
+  }
+  auto kernel = std::make_shared<CompiledKernel>();
+  CompileResult compiled = Nvrtc::get().compile(
+      source.code, fmt::format("pagedc_{}.cu", kernelKindName(source.config.kind)),
+      options, &source);
+  ++compiles_;
+  kernel->config = source.config;
+  kernel->arch = options.arch;
+  kernel->kernelNames = source.kernelNames;
+  kernel->key = key;
+  kernel->output = options.output;
+  kernel->image = std::move(compiled.image);
+  kernel->log = std::move(compiled.log);
+  writeEntry(*kernel);
+  return kernel;
+}
+
+std::shared_ptr<const CompiledKernel>
+KernelCache::getOrCompile(const KernelSource &source, const CompileOptions &options) {
+  std::string key = diskKey(source.code, options);
+  std::promise<std::shared_ptr<const CompiledKernel>> promise;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    auto found = byKey_.find(key);
+    if (found != byKey_.end()) {
+      Future future = found->second;
+      ++memoryHits_;
+      return future.get();
+    }
+    byKey_.emplace(key, promise.get_future().share());
+  }
+  try {
+    auto kernel = loadOrBuild(source, options, key);
+    promise.set_value(kernel);
+    return kernel;
+  } catch (...) {
+    promise.set_exception(std::current_exception());
+    std::lock_guard<std::mutex> lock(mutex_);
+    byKey_.erase(key); // a later call retries
+    throw;
+  }
+}
+
+std::shared_ptr<const CompiledKernel>
+KernelCache::getOrCompile(const KernelConfig &config, std::string_view modCode,
+                          const CompileOptions &options) {
+  std::string optionsKey = options.key();
+  uint64_t hash = fastHash(config, modCode, optionsKey);
+  std::promise<std::shared_ptr<const CompiledKernel>> promise;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    auto &bucket = fast_[hash];
+    for (const FastEntry &entry : bucket) {
+      if (entry.config == config && entry.modCode == modCode &&
+          entry.optionsKey == optionsKey) {
+        Future future = entry.result;
+        ++memoryHits_;
+        return future.get();
+      }
+    }
+    bucket.push_back({config, std::string(modCode), optionsKey,
+                      promise.get_future().share()});
+  }
+  try {
+    KernelSource source = assembleKernel(config, modCode);
+    auto kernel = getOrCompile(source, options);
+    promise.set_value(kernel);
+    return kernel;
+  } catch (...) {
+    promise.set_exception(std::current_exception());
+    std::lock_guard<std::mutex> lock(mutex_);
+    auto &bucket = fast_[hash];
+    for (auto it = bucket.begin(); it != bucket.end(); ++it)
+      if (it->config == config && it->modCode == modCode &&
+          it->optionsKey == optionsKey) {
+        bucket.erase(it);
+        break;
+      }
+    throw;
+  }
+}
+
+std::vector<std::shared_ptr<const CompiledKernel>>
+KernelCache::getOrCompileAll(const std::vector<Request> &requests) {
+  std::vector<std::future<std::shared_ptr<const CompiledKernel>>> futures;
+  for (const Request &request : requests)
+    futures.push_back(std::async(std::launch::async, [this, &request] {
+      return getOrCompile(request.config, request.modCode, request.options);
+    }));
+  std::vector<std::shared_ptr<const CompiledKernel>> results;
+  for (auto &future : futures)
+    results.push_back(future.get());
+  return results;
+}
+
+} // namespace pagedc

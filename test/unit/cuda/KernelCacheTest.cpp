@@ -1,0 +1,266 @@
+//===- KernelCacheTest.cpp - In-process and on-disk kernel cache ----------===//
+
+#include "pagedc/Error.h"
+#include "pagedc/KernelCache.h"
+
+#include <fmt/format.h>
+#include <gtest/gtest.h>
+
+#include <spawn.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <thread>
+
+using namespace pagedc;
+namespace fs = std::filesystem;
+
+extern char **environ;
+
+namespace {
+
+#define REQUIRE_NVRTC()                                                        \
+  do {                                                                         \
+    std::string reason;                                                        \
+    if (!Nvrtc::available(&reason))                                            \
+      GTEST_SKIP() << "NVRTC unavailable: " << reason;                         \
+  } while (0)
+
+/// A fresh, empty cache directory removed at the end of the test.
+class TempDir {
+public:
+  TempDir() {
+    std::string pattern = (fs::temp_directory_path() / "pagedc-cache-XXXXXX").string();
+    path_ = mkdtemp(pattern.data());
+  }
+  ~TempDir() {
+    std::error_code ignored;
+    fs::remove_all(path_, ignored);
+  }
+  const std::string &path() const { return path_; }
+
+private:
+  std::string path_;
+};
+
+/// The cheapest kernel to compile: the block-mask builder with a causal mod.
+KernelConfig cheapConfig() {
+  KernelConfig config;
+  config.kind = KernelKind::BlockMaskBuilder;
+  return config;
+}
+std::string cheapMods() { return std::string(embeddedTemplate("testing/causal.cuh")); }
+
+std::vector<fs::path> filesIn(const std::string &dir) {
+  std::vector<fs::path> files;
+  for (const auto &entry : fs::directory_iterator(dir))
+    files.push_back(entry.path());
+  return files;
+}
+
+std::string readFile(const fs::path &path) {
+  std::ifstream file(path, std::ios::binary);
+  return std::string((std::istreambuf_iterator<char>(file)), std::istreambuf_iterator<char>());
+}
+
+} // namespace
+
+TEST(Fnv1a, KnownVectors) {
+  EXPECT_EQ(fnv1a64(""), 0xcbf29ce484222325ull);
+  EXPECT_EQ(fnv1a64("a"), 0xaf63dc4c8601ec8cull);
+  EXPECT_EQ(fnv1a64("foobar"), 0x85944171f73967e8ull);
+}
+
+TEST(KernelCache, MissThenMemoryHitThenDiskHitInANewCache) {
+  REQUIRE_NVRTC();
+  TempDir dir;
+  CompileOptions options;
+  std::shared_ptr<const CompiledKernel> first;
+  {
+    KernelCache cache(dir.path());
+    first = cache.getOrCompile(cheapConfig(), cheapMods(), options);
+    EXPECT_EQ(cache.stats().compiles, 1u);
+    EXPECT_EQ(cache.stats().diskHits, 0u);
+    auto again = cache.getOrCompile(cheapConfig(), cheapMods(), options);
+    EXPECT_EQ(again.get(), first.get());
+    EXPECT_EQ(cache.stats().memoryHits, 1u);
+    EXPECT_EQ(cache.stats().compiles, 1u);
+  }
+  ASSERT_EQ(filesIn(dir.path()).size(), 1u);
+  EXPECT_EQ(filesIn(dir.path())[0].filename().string(), first->key + ".kernel");
+  EXPECT_EQ(first->kernelNames, std::vector<std::string>{"pagedc_build_block_mask"});
+  EXPECT_EQ(first->image.compare(0, 4, "\x7f" "ELF"), 0);
+
+  KernelCache fresh(dir.path());
+  auto loaded = fresh.getOrCompile(cheapConfig(), cheapMods(), options);
+  EXPECT_EQ(fresh.stats().compiles, 0u);
+  EXPECT_EQ(fresh.stats().diskHits, 1u);
+  EXPECT_EQ(loaded->image, first->image);
+  EXPECT_EQ(loaded->key, first->key);
+  EXPECT_EQ(loaded->kernelNames, first->kernelNames);
+  EXPECT_EQ(loaded->arch, "sm_90");
+}
+
+TEST(KernelCache, ArchOptionsAndSourceChangeTheKey) {
+  REQUIRE_NVRTC();
+  TempDir dir;
+  KernelCache cache(dir.path());
+  CompileOptions sm90, sm80, verbose, ptx;
+  sm80.arch = "sm_80";
+  verbose.ptxasVerbose = true;
+  ptx.output = CompileOptions::Output::Ptx;
+  std::string code = assembleKernel(cheapConfig(), cheapMods()).code;
+  std::string keys[] = {KernelCache::diskKey(code, sm90), KernelCache::diskKey(code, sm80),
+                        KernelCache::diskKey(code, verbose), KernelCache::diskKey(code, ptx),
+                        KernelCache::diskKey(code + "\n", sm90)};
+  for (int i = 0; i < 5; ++i)
+    for (int j = i + 1; j < 5; ++j)
+      EXPECT_NE(keys[i], keys[j]) << i << " vs " << j;
+  EXPECT_EQ(keys[0], KernelCache::diskKey(code, sm90)); // deterministic
+  EXPECT_EQ(keys[0].size(), 32u);
+
+  auto a = cache.getOrCompile(cheapConfig(), cheapMods(), sm90);
+  auto b = cache.getOrCompile(cheapConfig(), cheapMods(), sm80);
+  auto c = cache.getOrCompile(cheapConfig(), cheapMods(), verbose);
+  EXPECT_EQ(cache.stats().compiles, 3u);
+  EXPECT_EQ(filesIn(dir.path()).size(), 3u);
+  EXPECT_NE(a->image, b->image);
+  EXPECT_EQ(b->arch, "sm_80");
+  EXPECT_NE(c->log.find("ptxas info"), std::string::npos);
+}
+
+TEST(KernelCache, CorruptEntriesAreDetectedAndRebuilt) {
+  REQUIRE_NVRTC();
+  TempDir dir;
+  CompileOptions options;
+  std::string key, original;
+  {
+    KernelCache cache(dir.path());
+    auto kernel = cache.getOrCompile(cheapConfig(), cheapMods(), options);
+    key = kernel->key;
+    original = kernel->image;
+  }
+  std::string path = KernelCache(dir.path()).entryPath(key);
+  std::string intact = readFile(path);
+
+  // Each damage: truncated image, a flipped image byte, a flipped header
+  // byte, an empty file, an extra trailing byte.
+  std::vector<std::string> damaged;
+  damaged.push_back(intact.substr(0, intact.size() - 100));
+  damaged.push_back(intact);
+  damaged.back()[intact.size() - 50] ^= 0x40;
+  damaged.push_back(intact);
+  damaged.back()[30] ^= 0x01;
+  damaged.push_back("");
+  damaged.push_back(intact + "x");
+  for (size_t i = 0; i < damaged.size(); ++i) {
+    {
+      std::ofstream file(path, std::ios::binary | std::ios::trunc);
+      file << damaged[i];
+    }
+    KernelCache cache(dir.path());
+    auto kernel = cache.getOrCompile(cheapConfig(), cheapMods(), options);
+    EXPECT_EQ(cache.stats().corruptEntries, 1u) << "damage " << i;
+    EXPECT_EQ(cache.stats().compiles, 1u) << "damage " << i;
+    EXPECT_EQ(kernel->image, original) << "damage " << i;
+    EXPECT_EQ(readFile(path), intact) << "damage " << i << ": entry not rewritten";
+  }
+}
+
+TEST(KernelCache, ConcurrentThreadsCompileOnce) {
+  REQUIRE_NVRTC();
+  TempDir dir;
+  KernelCache cache(dir.path());
+  std::vector<std::shared_ptr<const CompiledKernel>> results(4);
+  std::vector<std::thread> threads;
+  for (int i = 0; i < 4; ++i)
+    threads.emplace_back([&, i] {
+      results[i] = cache.getOrCompile(cheapConfig(), cheapMods(), CompileOptions{});
+    });
+  for (auto &thread : threads)
+    thread.join();
+  EXPECT_EQ(cache.stats().compiles, 1u);
+  for (int i = 1; i < 4; ++i)
+    EXPECT_EQ(results[i].get(), results[0].get());
+}
+
+TEST(KernelCache, FailedCompileIsReportedAndRetried) {
+  REQUIRE_NVRTC();
+  KernelCache cache("");
+  EXPECT_THROW(cache.getOrCompile(cheapConfig(), "this is not C++", CompileOptions{}), Error);
+  EXPECT_THROW(cache.getOrCompile(cheapConfig(), "this is not C++", CompileOptions{}), Error);
+  EXPECT_EQ(cache.stats().memoryHits, 0u);
+}
+
+TEST(KernelCache, CompilesPrefillAndDecodeTogether) {
+  REQUIRE_NVRTC();
+  KernelCache cache(""); // memory only
+  KernelConfig prefill, decode;
+  decode.kind = KernelKind::Decode;
+  decode.groupSize = 4;
+  prefill.headDim = decode.headDim = 64;
+  std::string mods = cheapMods();
+  auto kernels = cache.getOrCompileAll({{prefill, mods, {}}, {decode, mods, {}}});
+  ASSERT_EQ(kernels.size(), 2u);
+  EXPECT_EQ(kernels[0]->kernelNames[0], "pagedc_prefill");
+  EXPECT_EQ(kernels[1]->kernelNames[0], "pagedc_decode");
+  EXPECT_EQ(cache.stats().compiles, 2u);
+}
+
+/// Run only as a child of ConcurrentProcessesShareOneEntry.
+TEST(DISABLED_CacheChild, CompileOnce) {
+  const char *dir = std::getenv("PAGEDC_TEST_CHILD_CACHE");
+  ASSERT_NE(dir, nullptr);
+  KernelCache cache(dir);
+  auto kernel = cache.getOrCompile(cheapConfig(), cheapMods(), CompileOptions{});
+  ASSERT_FALSE(kernel->image.empty());
+}
+
+TEST(KernelCache, ConcurrentProcessesShareOneEntry) {
+  REQUIRE_NVRTC();
+  TempDir dir;
+  std::string variable = "PAGEDC_TEST_CHILD_CACHE=" + dir.path();
+  std::vector<char *> environment;
+  for (char **e = environ; *e; ++e)
+    environment.push_back(*e);
+  environment.push_back(variable.data());
+  environment.push_back(nullptr);
+  std::string self = fs::read_symlink("/proc/self/exe").string();
+  std::string filter = "--gtest_filter=DISABLED_CacheChild.CompileOnce";
+  std::string disabled = "--gtest_also_run_disabled_tests";
+  char *argv[] = {self.data(), filter.data(), disabled.data(), nullptr};
+  pid_t children[2];
+  for (pid_t &child : children)
+    ASSERT_EQ(posix_spawn(&child, self.c_str(), nullptr, nullptr, argv,
+                          environment.data()),
+              0);
+  for (pid_t child : children) {
+    int status = 0;
+    ASSERT_EQ(waitpid(child, &status, 0), child);
+    EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << status;
+  }
+  // One complete entry, no temporary files left behind.
+  auto files = filesIn(dir.path());
+  ASSERT_EQ(files.size(), 1u);
+  EXPECT_EQ(files[0].extension(), ".kernel");
+  KernelCache cache(dir.path());
+  auto kernel = cache.getOrCompile(cheapConfig(), cheapMods(), CompileOptions{});
+  EXPECT_EQ(cache.stats().diskHits, 1u);
+  EXPECT_EQ(cache.stats().corruptEntries, 0u);
+}
+
+TEST(KernelCache, DefaultDirectoryHonoursEnvironment) {
+  const char *saved = std::getenv("PAGEDC_CACHE_DIR");
+  std::string savedValue = saved ? saved : "";
+  setenv("PAGEDC_CACHE_DIR", "/tmp/pagedc-test-dir", 1);
+  EXPECT_EQ(KernelCache::defaultDirectory(), "/tmp/pagedc-test-dir");
+  unsetenv("PAGEDC_CACHE_DIR");
+  const char *home = std::getenv("HOME");
+  if (home && *home)
+    EXPECT_EQ(KernelCache::defaultDirectory(), std::string(home) + "/.cache/pagedc");
+  if (saved)
+    setenv("PAGEDC_CACHE_DIR", savedValue.c_str(), 1);
+}
