@@ -288,13 +288,13 @@ static OpTy lookupDecl(Operation *user, SymbolTableCollection &symbolTable,
                        FlatSymbolRefAttr name, StringRef what) {
   Operation *symbol = symbolTable.lookupNearestSymbolFrom(user, name);
   if (!symbol) {
-    user->emitOpError() << "refers to '" << name.getValue()
+    user->emitOpError() << "refers to '@" << name.getValue()
                         << "', which is not defined";
     return nullptr;
   }
   auto decl = llvm::dyn_cast<OpTy>(symbol);
   if (!decl)
-    user->emitOpError() << "refers to '" << name.getValue()
+    user->emitOpError() << "refers to '@" << name.getValue()
                         << "', which is not a " << what;
   return decl;
 }
@@ -306,15 +306,15 @@ LogicalResult CallOp::verifySymbolUses(SymbolTableCollection &symbolTable) {
     return failure();
   if (getOperands().getTypes() != callee.getArgumentTypes())
     return emitOpError() << "passes (" << getOperands().getTypes()
-                         << ") but '" << getCallee() << "' takes ("
+                         << ") but '@" << getCallee() << "' takes ("
                          << callee.getArgumentTypes() << ")";
   if (ArrayRef<Type>(getResult().getType()) != callee.getResultTypes())
-    return emitOpError() << "expects " << getResult().getType() << " but '"
+    return emitOpError() << "expects " << getResult().getType() << " but '@"
                          << getCallee() << "' yields "
                          << callee.getResultTypes();
   auto caller = (*this)->getParentOfType<ModOp>();
   if (caller && caller.isScore() && callee.isMask())
-    return emitOpError() << "a score mod may not call the mask mod '"
+    return emitOpError() << "a score mod may not call the mask mod '@"
                          << getCallee() << "'";
   return success();
 }
@@ -326,7 +326,7 @@ ConstRefOp::verifySymbolUses(SymbolTableCollection &symbolTable) {
   if (!decl)
     return failure();
   if (decl.getValue().getType() != getType())
-    return emitOpError() << "has type " << getType() << " but '" << getName()
+    return emitOpError() << "has type " << getType() << " but '@" << getName()
                          << "' has type " << decl.getValue().getType();
   return success();
 }
@@ -338,7 +338,7 @@ ParamRefOp::verifySymbolUses(SymbolTableCollection &symbolTable) {
   if (!param)
     return failure();
   if (param.getType() != getType())
-    return emitOpError() << "has type " << getType() << " but '" << getName()
+    return emitOpError() << "has type " << getType() << " but '@" << getName()
                          << "' has type " << param.getType();
   return success();
 }
@@ -350,10 +350,10 @@ BufferLoadOp::verifySymbolUses(SymbolTableCollection &symbolTable) {
   if (!buffer)
     return failure();
   if (getIndices().size() != buffer.getRank())
-    return emitOpError() << "has " << getIndices().size() << " indices but '"
+    return emitOpError() << "has " << getIndices().size() << " indices but '@"
                          << getBuffer() << "' has rank " << buffer.getRank();
   if (getType() != buffer.getLoadType())
-    return emitOpError() << "reads " << getType() << " but elements of '"
+    return emitOpError() << "reads " << getType() << " but elements of '@"
                          << getBuffer() << "' (" << buffer.getElementType()
                          << ") read as " << buffer.getLoadType();
   return success();
