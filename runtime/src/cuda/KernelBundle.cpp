@@ -1,0 +1,219 @@
+//===- KernelBundle.cpp - Precompiled kernels the runtime loads -----------===//
+
+#include "pagedc/KernelBundle.h"
+
+#include "cuda/Json.h"
+#include "pagedc/Error.h"
+
+#include <fmt/format.h>
+
+#include <unistd.h>
+
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+
+namespace pagedc {
+
+namespace fs = std::filesystem;
+using json::Value;
+
+namespace {
+
+constexpr const char *kFormat = "pagedc-kernel-bundle";
+constexpr int kVersion = 1;
+
+const char *dtypeTag(DType type) { return type == DType::F16 ? "f16" : "bf16"; }
+
+KernelKind kindFromName(const std::string &name) {
+  for (KernelKind kind : {KernelKind::Prefill, KernelKind::Decode,
+                          KernelKind::BlockMaskBuilder})
+    if (name == kernelKindName(kind))
+      return kind;
+  throw Error(fmt::format("bundle manifest: unknown kernel kind '{}'", name));
+}
+
+Value configToJson(const KernelConfig &config) {
+  Value value = Value::object();
+  value.set("kind", kernelKindName(config.kind));
+  value.set("dtype", dtypeTag(config.elementType));
+  value.set("head_dim", config.headDim);
+  value.set("page_size", config.pageSize);
+  value.set("block_m", config.blockM);
+  value.set("block_n", config.blockN);
+  value.set("group_size", config.groupSize);
+  value.set("query_tokens", config.queryTokens);
+  value.set("return_lse", config.returnLse);
+  value.set("params_size", config.paramsSize);
+  return value;
+}
+
+KernelConfig configFromJson(const Value &value, const std::string &where) {
+  KernelConfig config;
+  auto field = [&](const char *name) -> const Value & {
+    try {
+      return value.at(name);
+    } catch (const Error &error) {
+      throw Error(fmt::format("bundle manifest {}.config: {}", where, error.what()));
+    }
+  };
+  auto name = [&](const char *key) { return fmt::format("{}.config.{}", where, key); };
+  config.kind = kindFromName(field("kind").asString(name("kind")));
+  std::string dtype = field("dtype").asString(name("dtype"));
+  if (dtype != "f16" && dtype != "bf16")
+    throw Error(fmt::format("bundle manifest {}: dtype '{}' is not f16 or bf16", where, dtype));
+  config.elementType = dtype == "f16" ? DType::F16 : DType::BF16;
+  config.headDim = static_cast<int>(field("head_dim").asInt(name("head_dim")));
+  config.pageSize = static_cast<int>(field("page_size").asInt(name("page_size")));
+  config.blockM = static_cast<int>(field("block_m").asInt(name("block_m")));
+  config.blockN = static_cast<int>(field("block_n").asInt(name("block_n")));
+  config.groupSize = static_cast<int>(field("group_size").asInt(name("group_size")));
+  config.queryTokens = static_cast<int>(field("query_tokens").asInt(name("query_tokens")));
+  config.returnLse = field("return_lse").asBool(name("return_lse"));
+  config.paramsSize = field("params_size").asInt(name("params_size"));
+  config.validate();
+  return config;
+}
+
+std::string readBytes(const fs::path &path) {
+  std::ifstream file(path, std::ios::binary);
+  if (!file)
+    throw Error(fmt::format("cannot read {}", path.string()));
+  return std::string((std::istreambuf_iterator<char>(file)), std::istreambuf_iterator<char>());
+}
+
+void writeAtomically(const fs::path &path, const std::string &bytes) {
+  fs::path temporary = path;
+  temporary += fmt::format(".tmp-{}", getpid());
+  {
+    std::ofstream file(temporary, std::ios::binary | std::ios::trunc);
+    file.write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
+    file.flush();
+    if (!file)
+      throw Error(fmt::format("cannot write {}", temporary.string()));
+  }
+  if (std::rename(temporary.c_str(), path.c_str()) != 0)
+    throw Error(fmt::format("cannot rename {} to {}", temporary.string(), path.string()));
+}
+
+} // namespace
+
+void KernelBundle::add(const CompiledKernel &kernel, std::string modsLabel) {
+  BundleModule module;
+  module.file = fmt::format("{}-{}.{}", kernelKindName(kernel.config.kind), kernel.key,
+                            kernel.output == CompileOptions::Output::Cubin ? "cubin" : "ptx");
+  module.arch = kernel.arch;
+  module.key = kernel.key;
+  module.checksum = fmt::format("{:016x}", fnv1a64(kernel.image));
+  module.output = kernel.output;
+  module.kernelNames = kernel.kernelNames;
+  module.threads = kernel.config.threadsPerCta();
+  module.sharedMemoryBytes = kernel.config.sharedMemoryBytes();
+  module.config = kernel.config;
+  module.mods = std::move(modsLabel);
+  module.image = kernel.image;
+  modules.push_back(std::move(module));
+}
+
+const BundleModule *KernelBundle::find(std::string_view modsLabel,
+                                       const KernelConfig &config,
+                                       std::string_view arch) const {
+  for (const BundleModule &module : modules)
+    if (module.mods == modsLabel && module.config == config && module.arch == arch)
+      return &module;
+  return nullptr;
+}
+
+std::string KernelBundle::manifestJson() const {
+  Value root = Value::object();
+  root.set("format", kFormat);
+  root.set("version", kVersion);
+  Value list = Value::array();
+  for (const BundleModule &module : modules) {
+    Value entry = Value::object();
+    entry.set("file", module.file);
+    entry.set("arch", module.arch);
+    entry.set("key", module.key);
+    entry.set("checksum", module.checksum);
+    entry.set("image", module.output == CompileOptions::Output::Cubin ? "cubin" : "ptx");
+    Value names = Value::array();
+    for (const std::string &name : module.kernelNames)
+      names.push(name);
+    entry.set("kernels", std::move(names));
+    entry.set("threads", module.threads);
+    entry.set("shared_memory", module.sharedMemoryBytes);
+    entry.set("config", configToJson(module.config));
+    entry.set("mods", module.mods);
+    list.push(std::move(entry));
+  }
+  root.set("modules", std::move(list));
+  return root.dump();
+}
+
+KernelBundle KernelBundle::parseManifest(std::string_view text) {
+  Value root = Value::parse(text);
+  if (!root.isObject())
+    throw Error("bundle manifest must be a JSON object");
+  if (root.at("format").asString("format") != kFormat)
+    throw Error(fmt::format("bundle manifest format is not '{}'", kFormat));
+  int64_t version = root.at("version").asInt("version");
+  if (version != kVersion)
+    throw Error(fmt::format("bundle manifest version {} is not supported (expected {})",
+                            version, kVersion));
+  KernelBundle bundle;
+  const auto &list = root.at("modules").asArray("modules");
+  for (size_t i = 0; i < list.size(); ++i) {
+    const Value &entry = list[i];
+    std::string where = fmt::format("modules[{}]", i);
+    auto get = [&](const char *key) -> const Value & {
+      if (const Value *value = entry.find(key))
+        return *value;
+      throw Error(fmt::format("bundle manifest {}: missing field '{}'", where, key));
+    };
+    auto name = [&](const char *key) { return where + "." + key; };
+    BundleModule module;
+    module.file = get("file").asString(name("file"));
+    if (module.file.empty() || module.file.find('/') != std::string::npos ||
+        module.file.find("..") != std::string::npos)
+      throw Error(fmt::format("bundle manifest {}: file '{}' must be a plain file name",
+                              where, module.file));
+    module.arch = get("arch").asString(name("arch"));
+    module.key = get("key").asString(name("key"));
+    module.checksum = get("checksum").asString(name("checksum"));
+    std::string image = get("image").asString(name("image"));
+    if (image != "cubin" && image != "ptx")
+      throw Error(fmt::format("bundle manifest {}: image '{}' is not cubin or ptx", where, image));
+    module.output = image == "cubin" ? CompileOptions::Output::Cubin : CompileOptions::Output::Ptx;
+    for (const Value &kernel : get("kernels").asArray(name("kernels")))
+      module.kernelNames.push_back(kernel.asString(name("kernels")));
+    if (module.kernelNames.empty())
+      throw Error(fmt::format("bundle manifest {}: no kernels", where));
+    module.threads = static_cast<int>(get("threads").asInt(name("threads")));
+    module.sharedMemoryBytes = static_cast<int>(get("shared_memory").asInt(name("shared_memory")));
+    module.config = configFromJson(get("config"), where);
+    module.mods = get("mods").asString(name("mods"));
+    bundle.modules.push_back(std::move(module));
+  }
+  return bundle;
+}
+
+void KernelBundle::write(const std::string &directory) const {
+  fs::create_directories(directory);
+  for (const BundleModule &module : modules)
+    writeAtomically(fs::path(directory) / module.file, module.image);
+  writeAtomically(fs::path(directory) / "manifest.json", manifestJson());
+}
+
+KernelBundle KernelBundle::read(const std::string &directory) {
+  KernelBundle bundle = parseManifest(readBytes(fs::path(directory) / "manifest.json"));
+  for (BundleModule &module : bundle.modules) {
+    module.image = readBytes(fs::path(directory) / module.file);
+    std::string checksum = fmt::format("{:016x}", fnv1a64(module.image));
+    if (checksum != module.checksum)
+      throw Error(fmt::format("bundle module {} is corrupt: checksum {} but the manifest says {}",
+                              module.file, checksum, module.checksum));
+  }
+  return bundle;
+}
+
+} // namespace pagedc

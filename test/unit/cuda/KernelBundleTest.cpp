@@ -1,0 +1,134 @@
+//===- KernelBundleTest.cpp - Bundle manifest writer and reader -----------===//
+
+#include "pagedc/Error.h"
+#include "pagedc/KernelBundle.h"
+
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <fstream>
+
+using namespace pagedc;
+namespace fs = std::filesystem;
+
+namespace {
+
+class TempDir {
+public:
+  TempDir() {
+    std::string pattern = (fs::temp_directory_path() / "pagedc-bundle-XXXXXX").string();
+    path_ = mkdtemp(pattern.data());
+  }
+  ~TempDir() {
+    std::error_code ignored;
+    fs::remove_all(path_, ignored);
+  }
+  const std::string &path() const { return path_; }
+
+private:
+  std::string path_;
+};
+
+/// A compiled kernel with fake image bytes (the bundle code never looks
+/// inside the image), so these tests need no NVRTC.
+CompiledKernel fakeKernel(KernelKind kind, std::string image) {
+  CompiledKernel kernel;
+  kernel.config.kind = kind;
+  kernel.config.elementType = DType::F16;
+  kernel.config.headDim = 64;
+  kernel.config.pageSize = 128;
+  kernel.config.groupSize = 4;
+  kernel.config.returnLse = true;
+  kernel.arch = "sm_90";
+  kernel.key = kind == KernelKind::Prefill ? "00112233445566778899aabbccddeeff"
+                                           : "ffeeddccbbaa99887766554433221100";
+  kernel.kernelNames = kind == KernelKind::Prefill
+                           ? std::vector<std::string>{"pagedc_prefill"}
+                           : std::vector<std::string>{"pagedc_decode", "pagedc_decode_merge"};
+  kernel.image = std::move(image);
+  return kernel;
+}
+
+} // namespace
+
+TEST(KernelBundle, WritesAndReadsBack) {
+  TempDir dir;
+  KernelBundle bundle;
+  bundle.add(fakeKernel(KernelKind::Prefill, std::string("\x7f" "ELF\0prefill", 12)), "causal \"v2\"");
+  bundle.add(fakeKernel(KernelKind::Decode, "\x7f" "ELFdecode bytes"), "causal \"v2\"");
+  bundle.write(dir.path());
+  EXPECT_TRUE(fs::exists(fs::path(dir.path()) / "manifest.json"));
+
+  KernelBundle loaded = KernelBundle::read(dir.path());
+  ASSERT_EQ(loaded.modules.size(), 2u);
+  for (size_t i = 0; i < 2; ++i) {
+    const BundleModule &a = bundle.modules[i], &b = loaded.modules[i];
+    EXPECT_EQ(a.file, b.file);
+    EXPECT_EQ(a.arch, b.arch);
+    EXPECT_EQ(a.key, b.key);
+    EXPECT_EQ(a.checksum, b.checksum);
+    EXPECT_EQ(a.kernelNames, b.kernelNames);
+    EXPECT_EQ(a.threads, b.threads);
+    EXPECT_EQ(a.sharedMemoryBytes, b.sharedMemoryBytes);
+    EXPECT_TRUE(a.config == b.config);
+    EXPECT_EQ(a.mods, "causal \"v2\"");
+    EXPECT_EQ(b.mods, a.mods);
+    EXPECT_EQ(a.image, b.image);
+  }
+  KernelConfig decode = bundle.modules[1].config;
+  EXPECT_EQ(loaded.find("causal \"v2\"", decode, "sm_90"), &loaded.modules[1]);
+  EXPECT_EQ(loaded.find("causal \"v2\"", decode, "sm_80"), nullptr);
+  EXPECT_EQ(loaded.find("alibi", decode, "sm_90"), nullptr);
+  EXPECT_EQ(loaded.modules[1].sharedMemoryBytes, decode.sharedMemoryBytes());
+}
+
+TEST(KernelBundle, CorruptModuleIsRejected) {
+  TempDir dir;
+  KernelBundle bundle;
+  bundle.add(fakeKernel(KernelKind::Prefill, "0123456789"), "none");
+  bundle.write(dir.path());
+  {
+    std::ofstream file(fs::path(dir.path()) / bundle.modules[0].file,
+                       std::ios::binary | std::ios::trunc);
+    file << "0123456788";
+  }
+  try {
+    KernelBundle::read(dir.path());
+    FAIL() << "corrupt module accepted";
+  } catch (const Error &error) {
+    EXPECT_NE(std::string(error.what()).find("is corrupt"), std::string::npos);
+  }
+}
+
+TEST(KernelBundle, MalformedManifestsNameTheProblem) {
+  KernelBundle bundle;
+  bundle.add(fakeKernel(KernelKind::Decode, "x"), "none");
+  std::string good = bundle.manifestJson();
+  EXPECT_NO_THROW(KernelBundle::parseManifest(good));
+
+  auto expectError = [](const std::string &text, const std::string &needle) {
+    try {
+      KernelBundle::parseManifest(text);
+      ADD_FAILURE() << "accepted: " << text;
+    } catch (const Error &error) {
+      EXPECT_NE(std::string(error.what()).find(needle), std::string::npos)
+          << error.what() << " (wanted " << needle << ")";
+    }
+  };
+  auto replaced = [&](const std::string &from, const std::string &to) {
+    std::string text = good;
+    size_t at = text.find(from);
+    EXPECT_NE(at, std::string::npos) << from;
+    return text.replace(at, from.size(), to);
+  };
+  expectError("{", "invalid JSON");
+  expectError("[]", "must be a JSON object");
+  expectError(replaced("\"version\": 1", "\"version\": 7"), "version 7");
+  expectError(replaced("\"threads\": 128", "\"threads\": \"many\""), "modules[0].threads must be an integer");
+  expectError(replaced("\"head_dim\": 64", "\"head_dim\": 96"), "head dim 96");
+  expectError(replaced("\"kind\": \"decode\"", "\"kind\": \"sideways\""), "unknown kernel kind 'sideways'");
+  expectError(replaced("\"checksum\"", "\"checksun\""), "missing field 'checksum'");
+  std::string file = bundle.modules[0].file;
+  expectError(replaced("\"" + file + "\"", "\"../etc/passwd\""), "plain file name");
+  expectError(good + "x", "trailing characters");
+}
