@@ -41,6 +41,8 @@ struct TileOps {
   void (*gemm)(int64_t rows, int64_t cols, int64_t depth, const float *const *aRows,
                int64_t aStep, const float *const *bRows, float *c, int64_t ldc,
                bool accumulate);
+  void (*scoresByDot)(int64_t n, int64_t rows, int64_t width, int64_t depth,
+                      const float *const *kRows, const float *qRows, float *scores);
   void (*softmaxTile)(float *tile, int64_t n, int64_t width, float *m, float *l,
                       float *alpha);
   void (*scaleRow)(float *row, int64_t n, float factor);
@@ -125,6 +127,9 @@ const TileOps &selectTileOps(KernelVariant requested) {
 constexpr int64_t kKvTile = 64;
 /// Query rows (across the heads of one KV group) per row tile.
 constexpr int64_t kMaxTileRows = 64;
+/// Up to this many rows per tile, scores are dot products along the head
+/// dimension instead of a GEMM over Q^T columns.
+constexpr int64_t kMaxDotRows = 8;
 /// A KV split is never shorter than this many positions.
 constexpr int64_t kMinSplitLength = 256;
 
@@ -197,6 +202,7 @@ struct Segment {
 /// Per-thread scratch, kept between calls.
 struct Workspace {
   std::vector<float> qT;     // [dim][paddedRows], scale folded in
+  std::vector<float> qRows;  // [tileRows][dim], the same values row-major
   std::vector<float> scores; // [kKvTile][paddedRows]
   std::vector<float> acc;    // [tileRows][vDim]
   std::vector<float> rowMax, rowSum, alpha; // [paddedRows]
@@ -250,6 +256,7 @@ private:
                                  std::vector<float> &converted,
                                  std::vector<const float *> &rowPointers, int64_t b,
                                  int64_t kvHead, int64_t kv0, int64_t n, int64_t width);
+  void prefetchRows(int64_t b, int64_t kvHead, int64_t kv0, int64_t n) const;
   void applyMods(Workspace &ws, int64_t b, int64_t rows, int64_t kv0);
   void writeRow(int64_t b, int64_t h, int64_t i, const float *acc, float maxScore,
                 float sum);
@@ -286,11 +293,14 @@ void Kernel::prepareRows(Workspace &ws, int64_t b, int64_t kvHead, int64_t rowTi
   ensureSize(ws.qTRows, plan.dim);
   for (int64_t d = 0; d < plan.dim; ++d)
     ws.qTRows[d] = ws.qT.data() + d * padded;
+  ensureSize(ws.qRows, rows * plan.dim);
   for (int64_t r = 0; r < rows; ++r) {
     int64_t base = b * q.stride(0) + ws.rowHead[r] * q.stride(1) + ws.rowQuery[r] * q.stride(2);
-    for (int64_t d = 0; d < plan.dim; ++d)
-      ws.qT[d * padded + r] =
-          args_.scale * loadElement(q.data(), q.dtype(), base + d * q.stride(3));
+    for (int64_t d = 0; d < plan.dim; ++d) {
+      float value = args_.scale * loadElement(q.data(), q.dtype(), base + d * q.stride(3));
+      ws.qT[d * padded + r] = value;
+      ws.qRows[r * plan.dim + d] = value;
+    }
   }
 
   // Dense per-kv-block status of every block-mask row the tile touches.
@@ -433,6 +443,29 @@ const float *const *Kernel::gatherRows(Workspace &ws, const TensorView &cache,
   return rowPointers.data();
 }
 
+/// Asks for the V rows of the tile [kv0, kv0 + n) and the K rows of the next
+/// tile to be brought into cache while this tile's scores are computed: pages
+/// are scattered, so the hardware prefetcher cannot guess them.
+void Kernel::prefetchRows(int64_t b, int64_t kvHead, int64_t kv0, int64_t n) const {
+  const int32_t *pages = args_.pageTable + b * args_.pageTableStride;
+  int64_t pageSize = args_.pageSize;
+  auto prefetch = [&](const TensorView &cache, int64_t position, int64_t width) {
+    int64_t page = pages[position / pageSize];
+    const char *row = static_cast<const char *>(cache.data()) +
+                      (kvHead * cache.stride(0) + page * cache.stride(1) +
+                       (position % pageSize) * cache.stride(2)) *
+                          static_cast<int64_t>(dtypeSize(cache.dtype()));
+    int64_t bytes = width * static_cast<int64_t>(dtypeSize(cache.dtype())) * cache.stride(3);
+    for (int64_t offset = 0; offset < bytes; offset += 64)
+      __builtin_prefetch(row + offset);
+  };
+  for (int64_t j = 0; j < n; ++j)
+    prefetch(args_.vCache, kv0 + j, plan_.vDim);
+  int64_t nextEnd = std::min<int64_t>(kv0 + n + kKvTile, args_.kvLength[b]);
+  for (int64_t position = kv0 + n; position < nextEnd; ++position)
+    prefetch(args_.kCache, position, plan_.dim);
+}
+
 /// Runs the score mod and mask mod over the visible runs of every row and
 /// sets skipped or masked scores to -inf. Scores are [kv][paddedRows].
 void Kernel::applyMods(Workspace &ws, int64_t b, int64_t rows, int64_t kv0) {
@@ -518,8 +551,12 @@ void Kernel::runItem(int64_t item) {
       continue;
     const float *const *kRows =
         gatherRows(ws, args_.kCache, ws.kConverted, ws.kRows, b, kvHead, kv0, n, plan.dim);
-    ops_.gemm(n, padded, plan.dim, kRows, 1, ws.qTRows.data(), ws.scores.data(), padded,
-              /*accumulate=*/false);
+    prefetchRows(b, kvHead, kv0, n);
+    if (rows <= kMaxDotRows)
+      ops_.scoresByDot(n, rows, padded, plan.dim, kRows, ws.qRows.data(), ws.scores.data());
+    else
+      ops_.gemm(n, padded, plan.dim, kRows, 1, ws.qTRows.data(), ws.scores.data(), padded,
+                /*accumulate=*/false);
     applyMods(ws, b, rows, kv0);
     ops_.softmaxTile(ws.scores.data(), n, padded, ws.rowMax.data(), ws.rowSum.data(),
                      ws.alpha.data());
