@@ -22,6 +22,8 @@ void pagedc::buildPipeline(OpPassManager &pm, const PipelineOptions &options) {
   pm.addPass(flex::createFlexFoldConstants());
   pm.addPass(createCanonicalizerPass());
   pm.addPass(createCSEPass());
+  // CSE exposes new folds (x & x after inlining one mod twice).
+  pm.addPass(createCanonicalizerPass());
   if (options.analyzeDependences)
     pm.addPass(flex::createFlexDependenceAnalysis());
 }
@@ -36,6 +38,6 @@ void pagedc::registerFlexPasses() {
   PassPipelineRegistration<>(
       "flex-pipeline",
       "pagedc's pipeline (inline, fold constants, canonicalize, CSE, "
-      "dependence analysis)",
+      "canonicalize, dependence analysis)",
       [](OpPassManager &pm) { buildPipeline(pm, PipelineOptions()); });
 }

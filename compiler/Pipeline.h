@@ -31,7 +31,7 @@ struct PipelineOptions {
 /// Adds to `pm` (which must run on a builtin.module) the passes that take a
 /// flex module from MLIRGen to the form the lowerings accept:
 ///   -flex-inline-mods, [-flex-select-mods], -flex-fold-constants,
-///   -canonicalize, -cse, -flex-dependence-analysis.
+///   -canonicalize, -cse, -canonicalize, -flex-dependence-analysis.
 void buildPipeline(mlir::OpPassManager &pm, const PipelineOptions &options);
 
 /// Registers the dialects a flex module uses: flex, arith, math and func.
