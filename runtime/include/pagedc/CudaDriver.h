@@ -1,0 +1,122 @@
+//===- CudaDriver.h - The CUDA driver API, loaded at run time --*- C++ -*-===//
+//
+// libcuda.so.1 is opened with dlopen on first use, so pagedc binaries start
+// on machines without an NVIDIA driver; there, CudaDriver::available()
+// returns false with the reason ("no NVIDIA driver: libcuda.so.1 not found",
+// or the cuInit error) and get() throws pagedc::Error with it.
+//
+//===----------------------------------------------------------------------===//
+#ifndef PAGEDC_CUDADRIVER_H
+#define PAGEDC_CUDADRIVER_H
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <string_view>
+
+namespace pagedc {
+
+/// Driver API types, declared here so the build needs no cuda.h.
+namespace cu {
+using Result = int; // CUresult; 0 = CUDA_SUCCESS
+using Device = int;
+using Context = struct Context_st *;
+using Module = struct Module_st *;
+using Function = struct Function_st *;
+using Stream = struct Stream_st *;
+using DevicePointer = unsigned long long;
+constexpr int kAttributeMultiprocessorCount = 16;
+constexpr int kAttributeComputeCapabilityMajor = 75;
+constexpr int kAttributeComputeCapabilityMinor = 76;
+constexpr int kAttributeMaxSharedMemoryPerBlockOptin = 97;
+constexpr int kFunctionAttributeMaxDynamicSharedSizeBytes = 8;
+} // namespace cu
+
+/// One device as the driver describes it.
+struct CudaDeviceInfo {
+  int index = 0;
+  std::string name;
+  int major = 0, minor = 0;
+  size_t totalMemoryBytes = 0;
+  int multiprocessors = 0;
+  int maxSharedMemoryPerBlockOptin = 0;
+  /// "sm_90"
+  std::string arch() const;
+};
+
+class CudaDriver {
+public:
+  /// The driver's entry points (the _v2 variants where cuda.h maps to them).
+  struct Api {
+    cu::Result (*init)(unsigned);
+    cu::Result (*driverGetVersion)(int *);
+    cu::Result (*getErrorName)(cu::Result, const char **);
+    cu::Result (*getErrorString)(cu::Result, const char **);
+    cu::Result (*deviceGetCount)(int *);
+    cu::Result (*deviceGet)(cu::Device *, int);
+    cu::Result (*deviceGetName)(char *, int, cu::Device);
+    cu::Result (*deviceGetAttribute)(int *, int, cu::Device);
+    cu::Result (*deviceTotalMem)(size_t *, cu::Device);
+    cu::Result (*primaryCtxRetain)(cu::Context *, cu::Device);
+    cu::Result (*primaryCtxRelease)(cu::Device);
+    cu::Result (*ctxSetCurrent)(cu::Context);
+    cu::Result (*ctxSynchronize)();
+    cu::Result (*moduleLoadData)(cu::Module *, const void *);
+    cu::Result (*moduleUnload)(cu::Module);
+    cu::Result (*moduleGetFunction)(cu::Function *, cu::Module, const char *);
+    cu::Result (*funcSetAttribute)(cu::Function, int, int);
+    cu::Result (*launchKernel)(cu::Function, unsigned, unsigned, unsigned,
+                               unsigned, unsigned, unsigned, unsigned,
+                               cu::Stream, void **, void **);
+    cu::Result (*memAlloc)(cu::DevicePointer *, size_t);
+    cu::Result (*memFree)(cu::DevicePointer);
+    cu::Result (*memcpyHtoD)(cu::DevicePointer, const void *, size_t);
+    cu::Result (*memcpyDtoH)(void *, cu::DevicePointer, size_t);
+    cu::Result (*memsetD8)(cu::DevicePointer, unsigned char, size_t);
+    cu::Result (*streamCreate)(cu::Stream *, unsigned);
+    cu::Result (*streamDestroy)(cu::Stream);
+    cu::Result (*streamSynchronize)(cu::Stream);
+  };
+
+  /// The process-wide driver (cuInit done); throws pagedc::Error with the
+  /// reason when there is none.
+  static const CudaDriver &get();
+  /// Whether a usable driver is present; sets `reason` when not.
+  static bool available(std::string *reason = nullptr);
+
+  const Api &api() const { return *api_; }
+  int version() const { return version_; }
+  const std::string &libraryPath() const { return path_; }
+  int deviceCount() const;
+  CudaDeviceInfo deviceInfo(int index) const;
+  /// Throws pagedc::Error "<what> failed: CUDA_ERROR_... (description)"
+  /// unless `result` is success.
+  void check(cu::Result result, std::string_view what) const;
+
+private:
+  CudaDriver() = default;
+  const Api *api_ = nullptr;
+  int version_ = 0;
+  std::string path_;
+};
+
+/// A loaded module (cubin or PTX image) in the current context.
+class CudaModule {
+public:
+  CudaModule(const CudaDriver &driver, const std::string &image);
+  ~CudaModule();
+  CudaModule(const CudaModule &) = delete;
+  CudaModule &operator=(const CudaModule &) = delete;
+  /// The kernel named `name`; raises its dynamic shared-memory limit to
+  /// `dynamicSharedBytes` when that is over the 48 KiB default.
+  cu::Function function(const std::string &name, int dynamicSharedBytes = 0) const;
+
+private:
+  const CudaDriver &driver_;
+  cu::Module module_ = nullptr;
+};
+
+} // namespace pagedc
+
+#endif // PAGEDC_CUDADRIVER_H

@@ -1,0 +1,187 @@
+//===- CudaDriver.cpp - The CUDA driver API, loaded at run time -----------===//
+
+#include "pagedc/CudaDriver.h"
+
+#include "pagedc/Error.h"
+
+#include <fmt/format.h>
+
+#include <dlfcn.h>
+
+#include <mutex>
+#include <type_traits>
+
+namespace pagedc {
+
+namespace {
+
+struct Loaded {
+  CudaDriver::Api api{};
+  std::string path;
+  std::string error; // non-empty: no usable driver
+  int version = 0;
+};
+
+std::string errorText(const CudaDriver::Api &api, cu::Result result) {
+  const char *name = nullptr, *text = nullptr;
+  if (api.getErrorName)
+    api.getErrorName(result, &name);
+  if (api.getErrorString)
+    api.getErrorString(result, &text);
+  return fmt::format("{} ({})", name ? name : fmt::format("CUDA error {}", result),
+                     text ? text : "no description");
+}
+
+const Loaded &loadDriver() {
+  static Loaded loaded = [] {
+    Loaded result;
+    // The driver is installed with the kernel module, on the linker's path;
+    // the toolkit's lib64/stubs/libcuda.so is a link-time stub and is never
+    // loaded.
+    void *handle = nullptr;
+    for (const char *name : {"libcuda.so.1", "libcuda.so"}) {
+      handle = dlopen(name, RTLD_NOW | RTLD_LOCAL);
+      if (handle) {
+        result.path = name;
+        break;
+      }
+    }
+    if (!handle) {
+      result.error = "no NVIDIA driver: libcuda.so.1 not found";
+      if (const char *why = dlerror())
+        result.error += fmt::format(" ({})", why);
+      return result;
+    }
+    std::string missing;
+    auto resolve = [&](auto &slot, const char *name) {
+      void *symbol = dlsym(handle, name);
+      if (!symbol)
+        missing += std::string(" ") + name;
+      slot = reinterpret_cast<std::remove_reference_t<decltype(slot)>>(symbol);
+    };
+    CudaDriver::Api &api = result.api;
+    resolve(api.init, "cuInit");
+    resolve(api.driverGetVersion, "cuDriverGetVersion");
+    resolve(api.getErrorName, "cuGetErrorName");
+    resolve(api.getErrorString, "cuGetErrorString");
+    resolve(api.deviceGetCount, "cuDeviceGetCount");
+    resolve(api.deviceGet, "cuDeviceGet");
+    resolve(api.deviceGetName, "cuDeviceGetName");
+    resolve(api.deviceGetAttribute, "cuDeviceGetAttribute");
+    resolve(api.deviceTotalMem, "cuDeviceTotalMem_v2");
+    resolve(api.primaryCtxRetain, "cuDevicePrimaryCtxRetain");
+    resolve(api.primaryCtxRelease, "cuDevicePrimaryCtxRelease_v2");
+    resolve(api.ctxSetCurrent, "cuCtxSetCurrent");
+    resolve(api.ctxSynchronize, "cuCtxSynchronize");
+    resolve(api.moduleLoadData, "cuModuleLoadData");
+    resolve(api.moduleUnload, "cuModuleUnload");
+    resolve(api.moduleGetFunction, "cuModuleGetFunction");
+    resolve(api.funcSetAttribute, "cuFuncSetAttribute");
+    resolve(api.launchKernel, "cuLaunchKernel");
+    resolve(api.memAlloc, "cuMemAlloc_v2");
+    resolve(api.memFree, "cuMemFree_v2");
+    resolve(api.memcpyHtoD, "cuMemcpyHtoD_v2");
+    resolve(api.memcpyDtoH, "cuMemcpyDtoH_v2");
+    resolve(api.memsetD8, "cuMemsetD8_v2");
+    resolve(api.streamCreate, "cuStreamCreate");
+    resolve(api.streamDestroy, "cuStreamDestroy_v2");
+    resolve(api.streamSynchronize, "cuStreamSynchronize");
+    if (!missing.empty()) {
+      result.error = fmt::format("the NVIDIA driver {} lacks:{}", result.path, missing);
+      return result;
+    }
+    cu::Result status = api.init(0);
+    if (status != 0) {
+      result.error = fmt::format("the NVIDIA driver did not initialise: cuInit "
+                                 "failed with {}",
+                                 errorText(api, status));
+      return result;
+    }
+    api.driverGetVersion(&result.version);
+    return result;
+  }();
+  return loaded;
+}
+
+} // namespace
+
+std::string CudaDeviceInfo::arch() const {
+  return fmt::format("sm_{}{}", major, minor);
+}
+
+bool CudaDriver::available(std::string *reason) {
+  const Loaded &loaded = loadDriver();
+  if (!loaded.error.empty() && reason)
+    *reason = loaded.error;
+  return loaded.error.empty();
+}
+
+const CudaDriver &CudaDriver::get() {
+  static std::once_flag once;
+  static CudaDriver instance;
+  const Loaded &loaded = loadDriver();
+  if (!loaded.error.empty())
+    throw Error(loaded.error);
+  std::call_once(once, [&] {
+    instance.api_ = &loaded.api;
+    instance.version_ = loaded.version;
+    instance.path_ = loaded.path;
+  });
+  return instance;
+}
+
+void CudaDriver::check(cu::Result result, std::string_view what) const {
+  if (result != 0)
+    throw Error(fmt::format("{} failed: {}", what, errorText(*api_, result)));
+}
+
+int CudaDriver::deviceCount() const {
+  int count = 0;
+  check(api_->deviceGetCount(&count), "cuDeviceGetCount");
+  return count;
+}
+
+CudaDeviceInfo CudaDriver::deviceInfo(int index) const {
+  CudaDeviceInfo info;
+  info.index = index;
+  cu::Device device = 0;
+  check(api_->deviceGet(&device, index), "cuDeviceGet");
+  char name[256] = {};
+  check(api_->deviceGetName(name, sizeof(name) - 1, device), "cuDeviceGetName");
+  info.name = name;
+  check(api_->deviceGetAttribute(&info.major, cu::kAttributeComputeCapabilityMajor, device),
+        "cuDeviceGetAttribute");
+  check(api_->deviceGetAttribute(&info.minor, cu::kAttributeComputeCapabilityMinor, device),
+        "cuDeviceGetAttribute");
+  check(api_->deviceGetAttribute(&info.multiprocessors, cu::kAttributeMultiprocessorCount, device),
+        "cuDeviceGetAttribute");
+  check(api_->deviceGetAttribute(&info.maxSharedMemoryPerBlockOptin,
+                                 cu::kAttributeMaxSharedMemoryPerBlockOptin, device),
+        "cuDeviceGetAttribute");
+  check(api_->deviceTotalMem(&info.totalMemoryBytes, device), "cuDeviceTotalMem");
+  return info;
+}
+
+CudaModule::CudaModule(const CudaDriver &driver, const std::string &image)
+    : driver_(driver) {
+  driver_.check(driver_.api().moduleLoadData(&module_, image.data()), "cuModuleLoadData");
+}
+
+CudaModule::~CudaModule() {
+  if (module_)
+    driver_.api().moduleUnload(module_);
+}
+
+cu::Function CudaModule::function(const std::string &name, int dynamicSharedBytes) const {
+  cu::Function function = nullptr;
+  driver_.check(driver_.api().moduleGetFunction(&function, module_, name.c_str()),
+                "cuModuleGetFunction(" + name + ")");
+  if (dynamicSharedBytes > 48 * 1024)
+    driver_.check(driver_.api().funcSetAttribute(
+                      function, cu::kFunctionAttributeMaxDynamicSharedSizeBytes,
+                      dynamicSharedBytes),
+                  "cuFuncSetAttribute(max dynamic shared memory of " + name + ")");
+  return function;
+}
+
+} // namespace pagedc
