@@ -34,11 +34,52 @@ void checkKvLength(const PagedKVCache &cache, const std::vector<int32_t> &slots,
                               kvLength[b], slots[b], cache.capacity(slots[b])));
 }
 
+struct RowCounts {
+  int32_t partial = 0, full = 0;
+};
+
+/// Converts row (b, h, i) of `mask` for a sequence of valid length `bound`:
+/// blocks starting at or past it are dropped, a full block reaching past it
+/// becomes partial, and with Physical every block becomes its page.
+template <bool Physical>
+RowCounts convertRow(const BlockMask &mask, int64_t b, int64_t h, int64_t i, int64_t bound,
+                     const int32_t *table, int32_t *partial, int32_t *full) {
+  RowCounts counts;
+  const int64_t blockSize = mask.kvBlockSize;
+  const int32_t *source = mask.partialRow(b, h, i);
+  for (int32_t k = 0, e = mask.partialCount(b, h, i); k < e; ++k) {
+    const int32_t block = source[k];
+    if (int64_t(block) * blockSize < bound)
+      partial[counts.partial++] = Physical ? table[block] : block;
+  }
+  source = mask.fullRow(b, h, i);
+  for (int32_t k = 0, e = mask.fullCount(b, h, i); k < e; ++k) {
+    const int32_t block = source[k];
+    const int64_t begin = int64_t(block) * blockSize;
+    if (begin >= bound)
+      continue;
+    const int32_t index = Physical ? table[block] : block;
+    if (std::min<int64_t>(begin + blockSize, mask.kvLength) > bound)
+      partial[counts.partial++] = index;
+    else
+      full[counts.full++] = index;
+  }
+  return counts;
+}
+
 } // namespace
 
 PhysicalBlockMask convertLogicalBlockMask(const PagedKVCache &cache, const BlockMask &mask,
                                           const std::vector<int32_t> &batchIdx,
                                           const std::vector<int32_t> &kvLength) {
+  PhysicalBlockMask result;
+  convertLogicalBlockMaskInto(cache, mask, batchIdx, kvLength, result);
+  return result;
+}
+
+void convertLogicalBlockMaskInto(const PagedKVCache &cache, const BlockMask &mask,
+                                 const std::vector<int32_t> &batchIdx,
+                                 const std::vector<int32_t> &kvLength, PhysicalBlockMask &result) {
   validateBlockMask(mask);
   std::vector<int32_t> slots = batchIdx;
   if (slots.empty())
@@ -60,33 +101,30 @@ PhysicalBlockMask convertLogicalBlockMask(const PagedKVCache &cache, const Block
     bound[b] = kvLength.empty() ? cache.capacity(slots[b]) : kvLength[b];
     stride = std::max(stride, (bound[b] + pageSize - 1) / pageSize);
   }
-  auto blockEnd = [&](int64_t block) {
-    return std::min<int64_t>((block + 1) * mask.kvBlockSize, mask.kvLength);
-  };
-
-  // Pass 1: the columns the converted rows need.
+  // Columns: the logical mask's, plus one when a row's partial list is full
+  // already and a straddling full block could join it (at most one block
+  // per row holds the length).
   int64_t columns = mask.maxKvBlocks;
-  for (int64_t b = 0; b < batch; ++b)
-    for (int64_t h = 0; h < mask.heads; ++h)
-      for (int64_t i = 0; i < mask.numQBlocks; ++i) {
-        int64_t partial = 0;
-        for (int32_t k = 0; k < mask.partialCount(b, h, i); ++k)
-          partial += int64_t(mask.partialRow(b, h, i)[k]) * mask.kvBlockSize < bound[b];
-        for (int32_t k = 0; k < mask.fullCount(b, h, i); ++k) {
-          const int64_t block = mask.fullRow(b, h, i)[k];
-          partial += block * mask.kvBlockSize < bound[b] && blockEnd(block) > bound[b];
-        }
-        columns = std::max(columns, partial);
-      }
+  for (int32_t count : mask.kvNumBlocks)
+    columns = std::max<int64_t>(columns, int64_t(count) + 1);
+  columns = std::min<int64_t>(columns, std::max<int64_t>(mask.maxKvBlocks, mask.numKvBlocks()));
 
-  PhysicalBlockMask result;
+  // Everything is checked: from here on only `result` changes. Resizing to
+  // the sizes of a previous call reuses its storage.
   result.indexSpace = physical ? PhysicalBlockMask::IndexSpace::PhysicalPages
                                : PhysicalBlockMask::IndexSpace::LogicalBlocks;
-  result.slots = slots;
+  result.slots = std::move(slots);
   result.kvLength = kvLength;
   result.pageSize = pageSize;
   result.pageTableStride = stride;
-  result.pageTable = cache.densePageTable(slots, stride);
+  result.pageTable.resize(static_cast<size_t>(batch * stride));
+  for (int64_t b = 0; b < batch; ++b) {
+    const std::vector<int32_t> &table = cache.pageTable(result.slots[b]);
+    const int64_t used = std::min<int64_t>(stride, static_cast<int64_t>(table.size()));
+    int32_t *row = result.pageTable.data() + b * stride;
+    std::copy(table.begin(), table.begin() + used, row);
+    std::fill(row + used, row + stride, -1);
+  }
 
   BlockMask &out = result.mask;
   out.batch = batch;
@@ -103,35 +141,23 @@ PhysicalBlockMask convertLogicalBlockMask(const PagedKVCache &cache, const Block
   out.kvIndices.resize(rows * static_cast<size_t>(columns));
   out.fullKvIndices.resize(rows * static_cast<size_t>(columns));
 
-  // Pass 2: keep live blocks, demote straddling full blocks, translate.
+  // Keep live blocks, demote straddling full blocks, translate.
   for (int64_t b = 0; b < batch; ++b) {
-    const std::vector<int32_t> &table = cache.pageTable(slots[b]);
-    auto translate = [&](int32_t block) { return physical ? table[block] : block; };
+    const int32_t *table = cache.pageTable(result.slots[b]).data();
     for (int64_t h = 0; h < mask.heads; ++h)
       for (int64_t i = 0; i < mask.numQBlocks; ++i) {
         const int64_t row = out.rowIndex(b, h, i);
-        int32_t *partial = out.kvIndices.data() + row * columns;
-        int32_t *full = out.fullKvIndices.data() + row * columns;
-        int32_t partialCount = 0, fullCount = 0;
-        for (int32_t k = 0; k < mask.partialCount(b, h, i); ++k) {
-          const int32_t block = mask.partialRow(b, h, i)[k];
-          if (int64_t(block) * mask.kvBlockSize < bound[b])
-            partial[partialCount++] = translate(block);
-        }
-        for (int32_t k = 0; k < mask.fullCount(b, h, i); ++k) {
-          const int32_t block = mask.fullRow(b, h, i)[k];
-          if (int64_t(block) * mask.kvBlockSize >= bound[b])
-            continue;
-          if (blockEnd(block) > bound[b])
-            partial[partialCount++] = translate(block);
-          else
-            full[fullCount++] = translate(block);
-        }
-        out.kvNumBlocks[row] = partialCount;
-        out.fullKvNumBlocks[row] = fullCount;
+        const RowCounts counts =
+            physical ? convertRow<true>(mask, b, h, i, bound[b], table,
+                                        out.kvIndices.data() + row * columns,
+                                        out.fullKvIndices.data() + row * columns)
+                     : convertRow<false>(mask, b, h, i, bound[b], table,
+                                         out.kvIndices.data() + row * columns,
+                                         out.fullKvIndices.data() + row * columns);
+        out.kvNumBlocks[row] = counts.partial;
+        out.fullKvNumBlocks[row] = counts.full;
       }
   }
-  return result;
 }
 
 //===----------------------------------------------------------------------===//

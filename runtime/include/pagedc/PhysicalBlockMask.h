@@ -58,6 +58,13 @@ PhysicalBlockMask convertLogicalBlockMask(const PagedKVCache &cache, const Block
                                           const std::vector<int32_t> &batchIdx = {},
                                           const std::vector<int32_t> &kvLength = {});
 
+/// convertLogicalBlockMask() writing into `out`, whose storage is reused:
+/// repeated conversions of the same shape (a decode loop) allocate nothing.
+/// `out` is left unchanged when the inputs are invalid.
+void convertLogicalBlockMaskInto(const PagedKVCache &cache, const BlockMask &mask,
+                                 const std::vector<int32_t> &batchIdx,
+                                 const std::vector<int32_t> &kvLength, PhysicalBlockMask &out);
+
 /// Translates physical kv indices back to logical ones for a batch of slots:
 /// the reference's get_mask_mod / get_score_mod logic, one element at a
 /// time. It reads the cache's current page tables, so the cache must outlive

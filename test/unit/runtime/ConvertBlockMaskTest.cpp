@@ -230,3 +230,22 @@ TEST(PhysicalScoreView, TranslatesOrGivesMinusInfinity) {
   const PhysicalScoreView identity(cache, nullptr, nullptr, {1});
   EXPECT_EQ(identity(0.25f, 0, 0, 0, 0 * 4 + 3), 0.25f);
 }
+
+TEST(ConvertLogicalBlockMask, IntoReusesTheResultAndKeepsItOnError) {
+  PagedKVCache cache(makeConfig(8, 128, 2));
+  reserveVector3(cache);
+  const CompiledMods causal = maskMods(causalRow, nullptr, false, false, true);
+  const BlockMask broadcast = createBlockMask(causal, kNoContext, 2, 1, 512, 512);
+  PhysicalBlockMask reused;
+  // A different conversion first, then vector 3's into the same object.
+  convertLogicalBlockMaskInto(cache, broadcast, {1}, {300}, reused);
+  EXPECT_EQ(reused.mask.batch, 1);
+  EXPECT_EQ(reused.slots, (std::vector<int32_t>{1}));
+  convertLogicalBlockMaskInto(cache, broadcast, {0, 1}, {}, reused);
+  expectVector3(reused);
+  const std::vector<int32_t> indicesBefore = reused.mask.kvIndices;
+  EXPECT_PAGEDC_ERROR(convertLogicalBlockMaskInto(cache, broadcast, {0, 5}, {}, reused),
+                      "batch_idx[1] = 5 is out of range");
+  EXPECT_EQ(reused.mask.kvIndices, indicesBefore);
+  expectVector3(reused);
+}
