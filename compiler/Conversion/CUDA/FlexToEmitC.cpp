@@ -1,0 +1,637 @@
+//===- FlexToEmitC.cpp - Selected mods to the EmitC kernel hooks ----------===//
+//
+// -convert-flex-to-emitc: builds `struct Params`, the row structs and the
+// four hook functions of templates/Hooks.cuh from the selected mods, splitting
+// each mod body into its kv-independent part (once per query row) and its
+// per-element part, then converts the arith / math / flex ops inside to EmitC.
+//
+//===----------------------------------------------------------------------===//
+
+#include "Conversion/CUDA/FlexToEmitC.h"
+
+#include "Flex/FlexDialect.h"
+
+#include "mlir/Dialect/Arith/IR/Arith.h"
+#include "mlir/Dialect/EmitC/IR/EmitC.h"
+#include "mlir/Dialect/EmitC/Transforms/Transforms.h"
+#include "mlir/Dialect/Math/IR/Math.h"
+#include "mlir/IR/Builders.h"
+#include "mlir/IR/BuiltinOps.h"
+#include "mlir/IR/IRMapping.h"
+#include "mlir/Pass/PassManager.h"
+#include "mlir/Transforms/DialectConversion.h"
+#include "mlir/Transforms/GreedyPatternRewriteDriver.h"
+#include "llvm/ADT/SetVector.h"
+#include "llvm/ADT/StringSet.h"
+#include "llvm/Support/raw_ostream.h"
+
+namespace pagedc {
+#define GEN_PASS_DEF_CONVERTFLEXTOEMITC
+#include "Conversion/CUDA/Passes.h.inc"
+} // namespace pagedc
+
+using namespace mlir;
+using namespace pagedc;
+
+namespace {
+
+//===----------------------------------------------------------------------===//
+// struct Params
+//===----------------------------------------------------------------------===//
+
+/// Where a buffer lives in struct Params.
+struct BufferField {
+  std::string dataName;
+  std::string strideName;
+  Type elementType;
+  unsigned rank = 0;
+};
+
+/// The fields of struct Params, by declaration name, and its C++ text.
+struct ParamsStruct {
+  llvm::StringMap<std::string> params;
+  llvm::StringMap<BufferField> buffers;
+  std::string text;
+};
+
+/// C++ spelling of a scalar or buffer element type in the generated code.
+std::optional<StringRef> cppTypeName(Type type) {
+  if (type.isInteger(1))
+    return StringRef("bool");
+  if (type.isInteger(32))
+    return StringRef("int32_t");
+  if (type.isInteger(64))
+    return StringRef("int64_t");
+  if (type.isF32())
+    return StringRef("float");
+  if (type.isF16())
+    return StringRef("pagedc_f16");
+  if (type.isBF16())
+    return StringRef("pagedc_bf16");
+  return std::nullopt;
+}
+
+/// The EmitC type of a buffer element in memory: builtin scalars stay, the
+/// 16-bit floats are the prelude's storage structs.
+Type emitcElementType(Type type) {
+  if (type.isF16() || type.isBF16())
+    return emitc::OpaqueType::get(type.getContext(), *cppTypeName(type));
+  return type;
+}
+
+/// Names a declaration may not use verbatim as a C++ field name.
+bool isReservedCppName(StringRef name) {
+  static const llvm::StringSet<> reserved = {
+      "alignas",   "alignof",  "and",      "asm",       "auto",    "bool",
+      "break",     "case",     "catch",    "char",      "class",   "const",
+      "constexpr", "continue", "default",  "delete",    "do",      "double",
+      "else",      "enum",     "explicit", "export",    "extern",  "false",
+      "float",     "for",      "friend",   "goto",      "if",      "inline",
+      "int",       "long",     "mutable",  "namespace", "new",     "noexcept",
+      "not",       "nullptr",  "operator", "or",        "private", "protected",
+      "public",    "register", "return",   "short",     "signed",  "sizeof",
+      "static",    "struct",   "switch",   "template",  "this",    "throw",
+      "true",      "try",      "typedef",  "typename",  "union",   "unsigned",
+      "using",     "virtual",  "void",     "volatile",  "while",   "xor",
+      "int8_t",    "int16_t",  "int32_t",  "int64_t",   "uint8_t", "uint16_t",
+      "uint32_t",  "uint64_t", "size_t",   "INFINITY",  "NAN"};
+  return reserved.contains(name) || name.starts_with("__");
+}
+
+/// Lays out struct Params from the declarations of `module`: params first,
+/// then buffers, each in declaration order (the rule of templates/Hooks.cuh,
+/// which pagedc::ParamsLayout follows on the host).
+FailureOr<ParamsStruct> buildParamsStruct(ModuleOp module) {
+  ParamsStruct result;
+  llvm::StringSet<> used;
+  auto fieldName = [&](StringRef wanted) {
+    std::string name = wanted.str();
+    if (isReservedCppName(name))
+      name += "_";
+    while (used.contains(name))
+      name += "_";
+    used.insert(name);
+    return name;
+  };
+
+  llvm::raw_string_ostream os(result.text);
+  os << "struct Params {";
+  bool empty = true;
+  for (auto param : module.getOps<flex::ParamOp>()) {
+    std::optional<StringRef> type = cppTypeName(param.getType());
+    if (!type || param.getType().isF16() || param.getType().isBF16())
+      return param.emitOpError("has a type the CUDA lowering cannot pass");
+    std::string name = fieldName(param.getSymName());
+    os << "\n  " << *type << " " << name << ";";
+    result.params[param.getSymName()] = name;
+    empty = false;
+  }
+  for (auto buffer : module.getOps<flex::BufferOp>()) {
+    std::optional<StringRef> type = cppTypeName(buffer.getElementType());
+    if (!type)
+      return buffer.emitOpError("has an element type the CUDA lowering "
+                                "cannot read");
+    BufferField field;
+    field.dataName = fieldName(buffer.getSymName());
+    field.strideName = fieldName((buffer.getSymName() + "_stride").str());
+    field.elementType = buffer.getElementType();
+    field.rank = buffer.getRank();
+    os << "\n  const " << *type << "* " << field.dataName << ";";
+    os << "\n  int64_t " << field.strideName << "[" << field.rank << "];";
+    result.buffers[buffer.getSymName()] = std::move(field);
+    empty = false;
+  }
+  os << (empty ? "};" : "\n};");
+  return result;
+}
+
+//===----------------------------------------------------------------------===//
+// Hoisting
+//===----------------------------------------------------------------------===//
+
+/// Constants and param reads cost nothing to recompute per element: they are
+/// cloned where needed instead of travelling in the row struct.
+bool isRematerializable(Operation *op) {
+  return op && isa<arith::ConstantOp, flex::ParamRefOp>(op);
+}
+
+/// The split of a mod body into the part that runs once per query row and
+/// the part that runs per element.
+struct HoistingPlan {
+  /// Operations that depend on kv (or s), in body order.
+  llvm::SetVector<Operation *> elementOps;
+  /// Row-part values the element part reads: the fields r0, r1, ... of the
+  /// row struct, in this order.
+  llvm::SetVector<Value> rowFields;
+};
+
+HoistingPlan planHoisting(flex::ModOp mod) {
+  HoistingPlan plan;
+  DenseSet<Value> varying;
+  varying.insert(mod.getKV());
+  if (mod.isScore())
+    varying.insert(mod.getScoreArg());
+  Block &body = mod.getBody().front();
+  for (Operation &op : body.without_terminator()) {
+    if (llvm::none_of(op.getOperands(),
+                      [&](Value v) { return varying.contains(v); }))
+      continue;
+    plan.elementOps.insert(&op);
+    varying.insert(op.result_begin(), op.result_end());
+  }
+  auto needsField = [&](Value value) {
+    return !varying.contains(value) && !isa<BlockArgument>(value) &&
+           !isRematerializable(value.getDefiningOp());
+  };
+  for (Operation *op : plan.elementOps)
+    for (Value operand : op->getOperands())
+      if (needsField(operand))
+        plan.rowFields.insert(operand);
+  Value result = mod.getYield().getValue();
+  if (needsField(result))
+    plan.rowFields.insert(result);
+  return plan;
+}
+
+/// A short description of where a row field comes from, for a comment.
+std::string describeField(Value value) {
+  Operation *op = value.getDefiningOp();
+  std::string text = op->getName().getStringRef().str();
+  if (auto load = dyn_cast<flex::BufferLoadOp>(op))
+    text += " @" + load.getBuffer().str();
+  return text;
+}
+
+//===----------------------------------------------------------------------===//
+// Hook functions
+//===----------------------------------------------------------------------===//
+
+/// Names of one kind of hook.
+struct HookNames {
+  StringRef rowFunction;     // mask_row / score_row
+  StringRef rowStruct;       // MaskRow / ScoreRow
+  StringRef elementFunction; // mask / score
+};
+
+constexpr HookNames kMaskHooks{"mask_row", "MaskRow", "mask"};
+constexpr HookNames kScoreHooks{"score_row", "ScoreRow", "score"};
+
+/// Builds the hook functions of one kind (from `mod`, or the neutral ones
+/// when `mod` is null) at the end of `module`.
+class HookBuilder {
+public:
+  HookBuilder(ModuleOp module, const HookNames &names, bool isScore)
+      : context(module.getContext()), builder(module.getContext()),
+        names(names), isScore(isScore) {
+    builder.setInsertionPointToEnd(module.getBody());
+    paramsType = emitc::OpaqueType::get(context, "const Params&");
+    rowType = emitc::OpaqueType::get(context, names.rowStruct);
+    rowRefType = emitc::OpaqueType::get(
+        context, ("const " + names.rowStruct + "&").str());
+  }
+
+  LogicalResult build(flex::ModOp mod, Location loc) {
+    HoistingPlan plan;
+    if (mod)
+      plan = planHoisting(mod);
+    if (failed(emitRowStruct(plan, loc)))
+      return failure();
+    emitRowFunction(mod, plan, loc);
+    emitElementFunction(mod, plan, loc);
+    return success();
+  }
+
+private:
+  emitc::FuncOp createHook(Location loc, StringRef name, ArrayRef<Type> inputs,
+                           Type result) {
+    auto func = builder.create<emitc::FuncOp>(
+        loc, name, builder.getFunctionType(inputs, result));
+    func.setSpecifiersAttr(
+        builder.getStrArrayAttr({"__device__", "__forceinline__"}));
+    func.addEntryBlock();
+    return func;
+  }
+
+  LogicalResult emitRowStruct(const HoistingPlan &plan, Location loc) {
+    std::string text;
+    llvm::raw_string_ostream os(text);
+    os << "struct " << names.rowStruct << " {";
+    for (auto [index, field] : llvm::enumerate(plan.rowFields)) {
+      std::optional<StringRef> type = cppTypeName(field.getType());
+      if (!type)
+        return field.getDefiningOp()->emitOpError(
+            "produces a type the CUDA lowering cannot keep in a row struct");
+      os << "\n  " << *type << " r" << index << "; // " << describeField(field);
+    }
+    os << (plan.rowFields.empty() ? "};" : "\n};");
+    builder.create<emitc::VerbatimOp>(loc, text);
+    return success();
+  }
+
+  /// NAME_row(params, b, h, q): the row part, stored into the row struct.
+  void emitRowFunction(flex::ModOp mod, const HoistingPlan &plan,
+                       Location loc) {
+    Type i32 = builder.getI32Type();
+    emitc::FuncOp func = createHook(loc, names.rowFunction,
+                                    {paramsType, i32, i32, i32}, rowType);
+    OpBuilder::InsertionGuard guard(builder);
+    builder.setInsertionPointToStart(&func.getBody().front());
+    IRMapping mapping;
+    if (mod) {
+      mapping.map(mod.getB(), func.getArgument(1));
+      mapping.map(mod.getH(), func.getArgument(2));
+      mapping.map(mod.getQ(), func.getArgument(3));
+      // Clone the backward slice of the fields, in body order.
+      DenseSet<Operation *> needed;
+      SmallVector<Operation *> worklist;
+      for (Value field : plan.rowFields)
+        worklist.push_back(field.getDefiningOp());
+      while (!worklist.empty()) {
+        Operation *op = worklist.pop_back_val();
+        if (!op || !needed.insert(op).second)
+          continue;
+        for (Value operand : op->getOperands())
+          worklist.push_back(operand.getDefiningOp());
+      }
+      for (Operation &op : mod.getBody().front().without_terminator())
+        if (needed.contains(&op))
+          builder.clone(op, mapping);
+    }
+    auto row = builder.create<emitc::VariableOp>(
+        loc, rowType, emitc::OpaqueAttr::get(context, "{}"));
+    for (auto [index, field] : llvm::enumerate(plan.rowFields)) {
+      auto member = builder.create<emitc::MemberOp>(
+          loc, field.getType(), ("r" + Twine(index)).str(), row);
+      builder.create<emitc::AssignOp>(loc, member, mapping.lookup(field));
+    }
+    builder.create<emitc::ReturnOp>(loc, row.getResult());
+  }
+
+  /// NAME(params, row, [s,] b, h, q, kv): the per-element part.
+  void emitElementFunction(flex::ModOp mod, const HoistingPlan &plan,
+                           Location loc) {
+    Type i32 = builder.getI32Type();
+    Type f32 = builder.getF32Type();
+    SmallVector<Type> inputs = {paramsType, rowRefType};
+    if (isScore)
+      inputs.push_back(f32);
+    inputs.append({i32, i32, i32, i32});
+    Type resultType = isScore ? f32 : builder.getI1Type();
+    emitc::FuncOp func =
+        createHook(loc, names.elementFunction, inputs, resultType);
+    OpBuilder::InsertionGuard guard(builder);
+    builder.setInsertionPointToStart(&func.getBody().front());
+    unsigned firstIndex = isScore ? 3 : 2;
+
+    if (!mod) {
+      // The neutral hook: keep every element, leave the score as it is.
+      Value result =
+          isScore ? func.getArgument(2)
+                  : builder
+                        .create<emitc::LiteralOp>(loc, builder.getI1Type(),
+                                                  "true")
+                        .getResult();
+      builder.create<emitc::ReturnOp>(loc, result);
+      return;
+    }
+
+    IRMapping mapping;
+    if (isScore)
+      mapping.map(mod.getScoreArg(), func.getArgument(2));
+    for (unsigned i = 0; i < 4; ++i)
+      mapping.map(mod.getIndexArg(i), func.getArgument(firstIndex + i));
+    for (auto [index, field] : llvm::enumerate(plan.rowFields)) {
+      auto member = builder.create<emitc::MemberOp>(loc, field.getType(),
+                                                    ("r" + Twine(index)).str(),
+                                                    func.getArgument(1));
+      mapping.map(field, member.getResult());
+    }
+    auto materialize = [&](Value value) {
+      if (mapping.contains(value))
+        return;
+      Operation *def = value.getDefiningOp();
+      assert(isRematerializable(def) && "value neither mapped nor cheap");
+      builder.clone(*def, mapping);
+    };
+    for (Operation *op : plan.elementOps) {
+      for (Value operand : op->getOperands())
+        materialize(operand);
+      builder.clone(*op, mapping);
+    }
+    Value result = mod.getYield().getValue();
+    materialize(result);
+    builder.create<emitc::ReturnOp>(loc, mapping.lookup(result));
+  }
+
+  MLIRContext *context;
+  OpBuilder builder;
+  const HookNames &names;
+  bool isScore;
+  Type paramsType, rowType, rowRefType;
+};
+
+//===----------------------------------------------------------------------===//
+// flex ops -> EmitC
+//===----------------------------------------------------------------------===//
+
+/// The `const Params&` argument of the hook function around `op`.
+Value paramsArgument(Operation *op) {
+  return op->getParentOfType<emitc::FuncOp>().getArgument(0);
+}
+
+/// flex.param_ref @x -> p.x
+class ParamRefLowering : public OpConversionPattern<flex::ParamRefOp> {
+public:
+  ParamRefLowering(const TypeConverter &converter, MLIRContext *context,
+                   const ParamsStruct &params)
+      : OpConversionPattern(converter, context), params(params) {}
+
+  LogicalResult
+  matchAndRewrite(flex::ParamRefOp op, OpAdaptor adaptor,
+                  ConversionPatternRewriter &rewriter) const override {
+    auto it = params.params.find(op.getName());
+    if (it == params.params.end())
+      return rewriter.notifyMatchFailure(op, "undeclared param");
+    rewriter.replaceOpWithNewOp<emitc::MemberOp>(op, op.getType(), it->second,
+                                                 paramsArgument(op));
+    return success();
+  }
+
+private:
+  const ParamsStruct &params;
+};
+
+/// flex.buffer_load @buf[i, j] ->
+///   p.buf[(int64_t) i * p.buf_stride[0] + (int64_t) j * p.buf_stride[1]]
+/// with f16 / bf16 elements widened by pagedc::to_float.
+class BufferLoadLowering : public OpConversionPattern<flex::BufferLoadOp> {
+public:
+  BufferLoadLowering(const TypeConverter &converter, MLIRContext *context,
+                     const ParamsStruct &params)
+      : OpConversionPattern(converter, context), params(params) {}
+
+  LogicalResult
+  matchAndRewrite(flex::BufferLoadOp op, OpAdaptor adaptor,
+                  ConversionPatternRewriter &rewriter) const override {
+    auto it = params.buffers.find(op.getBuffer());
+    if (it == params.buffers.end())
+      return rewriter.notifyMatchFailure(op, "undeclared buffer");
+    const BufferField &field = it->second;
+    if (adaptor.getIndices().size() != field.rank)
+      return rewriter.notifyMatchFailure(op, "wrong number of indices");
+    Location loc = op.getLoc();
+    Type i64 = rewriter.getI64Type();
+    Value params = paramsArgument(op);
+    auto strideArrayType = emitc::ArrayType::get({field.rank}, i64);
+    Value strides = rewriter.create<emitc::MemberOp>(loc, strideArrayType,
+                                                     field.strideName, params);
+
+    Value offset;
+    for (auto [dim, index] : llvm::enumerate(adaptor.getIndices())) {
+      Value wide = index;
+      if (!index.getType().isInteger(64))
+        wide = rewriter.create<emitc::CastOp>(loc, i64, index);
+      Value position = rewriter.create<emitc::LiteralOp>(
+          loc, emitc::SizeTType::get(getContext()), std::to_string(dim));
+      Value stride = rewriter.create<emitc::SubscriptOp>(loc, i64, strides,
+                                                         ValueRange{position});
+      Value term = rewriter.create<emitc::MulOp>(loc, i64, wide, stride);
+      offset = offset ? rewriter.create<emitc::AddOp>(loc, i64, offset, term)
+                            .getResult()
+                      : term;
+    }
+
+    Type elementType = emitcElementType(field.elementType);
+    Value data = rewriter.create<emitc::MemberOp>(
+        loc, emitc::PointerType::get(elementType), field.dataName, params);
+    Value element = rewriter.create<emitc::SubscriptOp>(loc, elementType, data,
+                                                        ValueRange{offset});
+    if (elementType != op.getType())
+      element = rewriter
+                    .create<emitc::CallOpaqueOp>(loc, TypeRange{op.getType()},
+                                                 "pagedc::to_float",
+                                                 ValueRange{element})
+                    .getResult(0);
+    rewriter.replaceOp(op, element);
+    return success();
+  }
+
+private:
+  const ParamsStruct &params;
+};
+
+/// A flex op that is one call of a prelude helper.
+template <typename SourceOp>
+class HelperCallLowering : public OpConversionPattern<SourceOp> {
+public:
+  HelperCallLowering(const TypeConverter &converter, MLIRContext *context,
+                     StringRef callee)
+      : OpConversionPattern<SourceOp>(converter, context), callee(callee) {}
+
+  LogicalResult
+  matchAndRewrite(SourceOp op, typename SourceOp::Adaptor adaptor,
+                  ConversionPatternRewriter &rewriter) const override {
+    rewriter.replaceOpWithNewOp<emitc::CallOpaqueOp>(
+        op, op->getResultTypes(), callee, adaptor.getOperands());
+    return success();
+  }
+
+private:
+  StringRef callee;
+};
+
+//===----------------------------------------------------------------------===//
+// C expressions
+//===----------------------------------------------------------------------===//
+
+/// Casts and unary operators: printed before their operand.
+bool isPrefixOperator(Operation *op) {
+  return isa<emitc::CastOp, emitc::UnaryMinusOp, emitc::UnaryPlusOp,
+             emitc::LogicalNotOp, emitc::BitwiseNotOp>(op);
+}
+
+/// EmitC's -form-expressions, with one exception: a prefix operator used by
+/// another prefix operator stays its own statement. MLIR 19's C++ emitter
+/// drops the parentheses around the operand of the inner one when both sit
+/// in one expression: `(float) (int64_t) (a - b)` would print as
+/// `(float) ((int64_t) a - b)`, and `~(-(a - b))` as `~(-a - b)`.
+LogicalResult formExpressions(Operation *root) {
+  OpBuilder builder(root->getContext());
+  root->walk([&](Operation *op) {
+    if (!op->hasTrait<OpTrait::emitc::CExpression>() ||
+        isa<emitc::ExpressionOp>(op->getParentOp()))
+      return;
+    if (isPrefixOperator(op) && llvm::any_of(op->getUsers(), isPrefixOperator))
+      return;
+    emitc::createExpression(op, builder);
+  });
+  RewritePatternSet patterns(root->getContext());
+  emitc::populateExpressionPatterns(patterns);
+  return applyPatternsAndFoldGreedily(root, std::move(patterns));
+}
+
+//===----------------------------------------------------------------------===//
+// The pass
+//===----------------------------------------------------------------------===//
+
+/// Finds the mod `name` of `kind`; an empty name selects none.
+FailureOr<flex::ModOp> findMod(ModuleOp module, StringRef name,
+                               flex::ModKind kind) {
+  if (name.empty())
+    return flex::ModOp();
+  auto mod = module.lookupSymbol<flex::ModOp>(name);
+  StringRef kindName = kind == flex::ModKind::Mask ? "mask" : "score";
+  if (!mod)
+    return module.emitError()
+           << "no " << kindName << " mod named '" << name << "'";
+  if (mod.getKind() != kind)
+    return mod.emitError() << "'" << name << "' is not a " << kindName
+                           << " mod";
+  WalkResult walk = mod.walk([&](Operation *op) {
+    if (isa<flex::CallOp>(op)) {
+      op->emitError("calls must be inlined (-flex-inline-mods) before "
+                    "-convert-flex-to-emitc");
+      return WalkResult::interrupt();
+    }
+    if (op->getNumRegions() != 0 && op != mod.getOperation()) {
+      op->emitError("operations with regions are not supported by the CUDA "
+                    "lowering");
+      return WalkResult::interrupt();
+    }
+    return WalkResult::advance();
+  });
+  if (walk.wasInterrupted())
+    return failure();
+  return mod;
+}
+
+class ConvertFlexToEmitCPass
+    : public pagedc::impl::ConvertFlexToEmitCBase<ConvertFlexToEmitCPass> {
+public:
+  using ConvertFlexToEmitCBase::ConvertFlexToEmitCBase;
+
+  void runOnOperation() override {
+    ModuleOp module = getOperation();
+    MLIRContext *context = &getContext();
+    FailureOr<flex::ModOp> maskMod =
+        findMod(module, maskName, flex::ModKind::Mask);
+    FailureOr<flex::ModOp> scoreMod =
+        findMod(module, scoreName, flex::ModKind::Score);
+    FailureOr<ParamsStruct> params = buildParamsStruct(module);
+    if (failed(maskMod) || failed(scoreMod) || failed(params))
+      return signalPassFailure();
+
+    // Remember what was there; everything flex goes once the hooks exist.
+    SmallVector<Operation *> original;
+    for (Operation &op : module.getBody()->getOperations())
+      original.push_back(&op);
+
+    Location loc = module.getLoc();
+    OpBuilder builder = OpBuilder::atBlockEnd(module.getBody());
+    builder.create<emitc::VerbatimOp>(loc, params->text);
+    builder.create<emitc::VerbatimOp>(
+        loc, std::string("constexpr bool kHasMask = ") +
+                 (*maskMod ? "true" : "false") + ";");
+    builder.create<emitc::VerbatimOp>(
+        loc, std::string("constexpr bool kHasScore = ") +
+                 (*scoreMod ? "true" : "false") + ";");
+    HookBuilder maskHooks(module, kMaskHooks, /*isScore=*/false);
+    HookBuilder scoreHooks(module, kScoreHooks, /*isScore=*/true);
+    if (failed(maskHooks.build(*maskMod, *maskMod ? maskMod->getLoc() : loc)) ||
+        failed(
+            scoreHooks.build(*scoreMod, *scoreMod ? scoreMod->getLoc() : loc)))
+      return signalPassFailure();
+
+    for (Operation *op : original) {
+      if (!isa<flex::FlexDialect>(op->getDialect())) {
+        op->emitError("unexpected operation in a flex module");
+        return signalPassFailure();
+      }
+      op->erase();
+    }
+
+    TypeConverter typeConverter;
+    configureCudaEmitCTypeConverter(typeConverter);
+    RewritePatternSet patterns(context);
+    populateCudaArithMathToEmitCPatterns(typeConverter, patterns);
+    patterns.add<ParamRefLowering, BufferLoadLowering>(typeConverter, context,
+                                                       *params);
+    patterns.add<HelperCallLowering<flex::FloorDivOp>>(typeConverter, context,
+                                                       "flex_floordiv");
+    patterns.add<HelperCallLowering<flex::FloorModOp>>(typeConverter, context,
+                                                       "flex_floormod");
+    patterns.add<HelperCallLowering<flex::TanhApproxOp>>(typeConverter, context,
+                                                         "pagedc::tanh_approx");
+
+    ConversionTarget target(*context);
+    target.addLegalDialect<emitc::EmitCDialect>();
+    target.addLegalOp<ModuleOp>();
+    target.addIllegalDialect<arith::ArithDialect, math::MathDialect,
+                             flex::FlexDialect>();
+    if (failed(applyFullConversion(module, target, std::move(patterns))))
+      return signalPassFailure();
+    if (failed(formExpressions(module)))
+      return signalPassFailure();
+  }
+};
+
+} // namespace
+
+void pagedc::addCudaLoweringPasses(OpPassManager &pm, StringRef maskName,
+                                   StringRef scoreName) {
+  ConvertFlexToEmitCOptions options;
+  options.maskName = maskName.str();
+  options.scoreName = scoreName.str();
+  pm.addPass(createConvertFlexToEmitC(options));
+}
+
+void pagedc::registerCudaLoweringDialects(DialectRegistry &registry) {
+  registry.insert<emitc::EmitCDialect>();
+}
+
+llvm::StringRef pagedc::getCudaModPrelude() {
+  static const char kPrelude[] =
+#include "Conversion/CUDA/Prelude.inc"
+      ;
+  return llvm::StringRef(kPrelude, sizeof(kPrelude) - 1);
+}
