@@ -18,7 +18,6 @@ int main(int argc, char **argv) {
   pagedc::registerFlexPasses();
   mlir::registerCanonicalizerPass();
   mlir::registerCSEPass();
-  mlir::registerInlinerPass();
   mlir::registerSymbolDCEPass();
   return mlir::asMainReturnCode(
       mlir::MlirOptMain(argc, argv, "pagedc optimizer driver\n", registry));
