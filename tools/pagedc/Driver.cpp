@@ -283,7 +283,7 @@ int pagedc::driver::runDriver(const Registry &registry, int argc, const char **a
   std::string output;
   llvm::raw_string_ostream outputStream(output);
   int status = stage->run(compilation, outputStream);
-  if (status != kExitSuccess)
+  if (status != kExitSuccess || stage->writesOutputPath)
     return status;
   outputStream.flush();
   if (llvm::Error error = llvm::writeToOutput(options.outputPath, [&](llvm::raw_ostream &os) {

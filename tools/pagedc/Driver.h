@@ -84,6 +84,9 @@ struct EmitStage {
   /// True for stages that need the checked program (all but "tokens").
   bool needsProgram = true;
   std::function<int(Compilation &, llvm::raw_ostream &os)> run;
+  /// The stage writes Options::outputPath itself (a directory, e.g. a kernel
+  /// bundle); the driver then writes nothing.
+  bool writesOutputPath = false;
 };
 
 /// `pagedc NAME ARGS...`: a subcommand gets the arguments after its name.
@@ -119,6 +122,9 @@ void registerFrontendStages(Registry &registry);
 /// Registers the MLIR stages (mlir, lowered) when this build has MLIRGen and
 /// the pipeline; otherwise does nothing.
 void registerMLIRStages(Registry &registry);
+/// Registers the CUDA stages (cuda, ptx, cubin, bundle) and their options
+/// (tools/pagedc/CudaStages.cpp; built when the CUDA code generator is).
+void registerCudaStages(Registry &registry);
 
 /// Runs pagedc with the given registry: parses `argv`, dispatches
 /// subcommands, runs the front end and the selected stage, writes the output

@@ -16,5 +16,8 @@ int main(int argc, const char **argv) {
   pagedc::driver::registerCoreOptions(registry);
   pagedc::driver::registerFrontendStages(registry);
   pagedc::driver::registerMLIRStages(registry);
+#ifdef PAGEDC_HAVE_CUDA_STAGES
+  pagedc::driver::registerCudaStages(registry);
+#endif
   return pagedc::driver::runDriver(registry, argc, argv);
 }

@@ -1,0 +1,380 @@
+//===- CudaStages.cpp - The cuda, ptx, cubin and bundle stages ------------===//
+//
+// Ahead-of-time CUDA compilation from the command line:
+//
+//   pagedc --emit=cuda|ptx|cubin|bundle --kernel=prefill|decode --arch=sm_90
+//          --head-dim=128 --dtype=bf16 --page-size=16 --block=64x64 --gqa=4
+//          --mask=NAME --score=NAME FILE.attn -o OUT
+//
+// cuda prints the kernel translation unit (generated hooks + templates), ptx
+// and cubin run NVRTC on it, bundle writes a directory of cubins plus
+// manifest.json for one or more kernels and architectures (--kernel and
+// --arch then take comma-separated lists).
+//
+//===----------------------------------------------------------------------===//
+
+#include "Driver.h"
+
+#include "Frontend/MLIRGen.h"
+#include "Pipeline.h"
+#include "Target/CudaSource.h"
+
+#include "Conversion/CUDA/FlexToEmitC.h"
+
+#include "pagedc/Error.h"
+#include "pagedc/KernelBundle.h"
+#include "pagedc/KernelCache.h"
+#include "pagedc/Nvrtc.h"
+
+#include "mlir/IR/Diagnostics.h"
+#include "mlir/IR/DialectRegistry.h"
+#include "mlir/IR/MLIRContext.h"
+#include "mlir/Pass/PassManager.h"
+#include "llvm/ADT/StringExtras.h"
+#include "llvm/Support/Path.h"
+#include "llvm/Support/Process.h"
+
+using namespace pagedc;
+using namespace pagedc::driver;
+
+namespace {
+
+/// Everything the CUDA options say.
+struct CudaTarget {
+  KernelConfig config;
+  std::vector<KernelKind> kinds;
+  std::vector<std::string> archs;
+  bool ptxasReport = false;
+};
+
+int inputError(const llvm::Twine &message) {
+  llvm::errs() << "pagedc: error: " << message << "\n";
+  return kExitInputError;
+}
+
+int usage(const llvm::Twine &message) {
+  llvm::errs() << "pagedc: error: " << message << "\n";
+  return kExitUsageError;
+}
+
+std::optional<KernelKind> parseKind(llvm::StringRef name) {
+  if (name == "prefill")
+    return KernelKind::Prefill;
+  if (name == "decode")
+    return KernelKind::Decode;
+  return std::nullopt;
+}
+
+bool parseInt(llvm::StringRef text, int &value) {
+  return !text.getAsInteger(10, value) && value > 0;
+}
+
+/// An option handler that checks `value` with `check` (which returns an
+/// error message or "") and stores it in Options::extra[key].
+OptionHandler checked(std::string key,
+                      std::function<std::string(llvm::StringRef)> check) {
+  return [key, check](Options &options, llvm::StringRef value) {
+    std::string error = check(value);
+    if (error.empty())
+      options.extra[key] = value.str();
+    return error;
+  };
+}
+
+std::string checkList(llvm::StringRef option, llvm::StringRef value,
+                      std::function<bool(llvm::StringRef)> valid,
+                      llvm::StringRef expected) {
+  llvm::SmallVector<llvm::StringRef> items;
+  value.split(items, ',');
+  for (llvm::StringRef item : items)
+    if (!valid(item))
+      return (option + ": '" + item + "' is not " + expected).str();
+  return {};
+}
+
+bool isArch(llvm::StringRef arch) {
+  if (!arch.consume_front("sm_"))
+    return false;
+  arch.consume_back("a");
+  int number = 0;
+  return parseInt(arch, number);
+}
+
+/// Reads the CUDA options out of Options::extra, with the defaults.
+CudaTarget readTarget(const Options &options) {
+  auto get = [&](const char *key, const char *fallback) {
+    auto it = options.extra.find(key);
+    return it == options.extra.end() ? std::string(fallback) : it->second;
+  };
+  CudaTarget target;
+  llvm::SmallVector<llvm::StringRef> items;
+  std::string kinds = get("kernel", "prefill");
+  llvm::StringRef(kinds).split(items, ',');
+  for (llvm::StringRef item : items)
+    target.kinds.push_back(*parseKind(item));
+  items.clear();
+  std::string archs = get("arch", "sm_90");
+  llvm::StringRef(archs).split(items, ',');
+  for (llvm::StringRef item : items)
+    target.archs.push_back(item.str());
+
+  KernelConfig &config = target.config;
+  config.kind = target.kinds.front();
+  config.elementType = get("dtype", "bf16") == "f16" ? DType::F16 : DType::BF16;
+  parseInt(get("head-dim", "128"), config.headDim);
+  parseInt(get("page-size", "16"), config.pageSize);
+  parseInt(get("gqa", "1"), config.groupSize);
+  std::string block = get("block", "");
+  if (!block.empty()) {
+    auto [rows, columns] = llvm::StringRef(block).split('x');
+    parseInt(rows, config.blockM);
+    parseInt(columns, config.blockN);
+  }
+  target.ptxasReport = options.extra.count("ptxas-report") != 0;
+  return target;
+}
+
+/// The mod program after the pipeline: MLIRGen, then buildPipeline() keeping
+/// the selected mods (all when none is selected). Null after reporting.
+mlir::OwningOpRef<mlir::ModuleOp> buildFlexModule(Compilation &compilation,
+                                                  mlir::MLIRContext &context) {
+  mlir::OwningOpRef<mlir::ModuleOp> module =
+      mlirGen(context, *compilation.program);
+  if (!module)
+    return nullptr;
+  PipelineOptions pipelineOptions;
+  for (const std::string &name :
+       {compilation.options.maskName, compilation.options.scoreName})
+    if (!name.empty())
+      pipelineOptions.keepMods.push_back(name);
+  mlir::PassManager pm(&context);
+  buildPipeline(pm, pipelineOptions);
+  if (mlir::failed(pm.run(*module)))
+    return nullptr;
+  return module;
+}
+
+/// Runs `body` with the checked target and the kernel source of each
+/// requested kind; shared by every stage.
+int withKernelSources(
+    Compilation &compilation, bool allowLists,
+    const std::function<int(const CudaTarget &,
+                            const std::vector<KernelSource> &)> &body) {
+  CudaTarget target = readTarget(compilation.options);
+  if (!allowLists && (target.kinds.size() > 1 || target.archs.size() > 1))
+    return usage("--kernel and --arch take one value except with "
+                 "--emit=bundle");
+  try {
+    for (KernelKind kind : target.kinds) {
+      KernelConfig config = target.config;
+      config.kind = kind;
+      config.validate();
+    }
+  } catch (const Error &error) {
+    return usage(error.what());
+  }
+
+  mlir::DialectRegistry registry;
+  registerFlexDialects(registry);
+  registerCudaLoweringDialects(registry);
+  mlir::MLIRContext context(registry);
+  mlir::ScopedDiagnosticHandler diagnostics(
+      &context, [](mlir::Diagnostic &diagnostic) {
+        llvm::errs() << diagnostic.getLocation() << ": error: " << diagnostic
+                     << "\n";
+        return mlir::success();
+      });
+  mlir::OwningOpRef<mlir::ModuleOp> module =
+      buildFlexModule(compilation, context);
+  if (!module)
+    return kExitInputError;
+
+  std::vector<KernelSource> sources;
+  for (KernelKind kind : target.kinds) {
+    KernelConfig config = target.config;
+    config.kind = kind;
+    llvm::Expected<KernelSource> source =
+        buildKernelSource(*module, compilation.options.maskName,
+                          compilation.options.scoreName, config);
+    if (!source)
+      return inputError(llvm::toString(source.takeError()));
+    sources.push_back(std::move(*source));
+  }
+  return body(target, sources);
+}
+
+/// NVRTC on `source`; prints the ptxas report to stderr when asked.
+std::optional<CompileResult> compileSource(const KernelSource &source,
+                                           const std::string &arch,
+                                           CompileOptions::Output output,
+                                           bool ptxasReport) {
+  CompileOptions options;
+  options.arch = arch;
+  options.output = output;
+  options.ptxasVerbose = ptxasReport;
+  try {
+    std::string name =
+        std::string("pagedc_") + kernelKindName(source.config.kind) + ".cu";
+    CompileResult result =
+        Nvrtc::get().compile(source.code, name, options, &source);
+    if (ptxasReport)
+      llvm::errs() << result.log;
+    return result;
+  } catch (const Error &error) {
+    inputError(error.what());
+    return std::nullopt;
+  }
+}
+
+int runCudaStage(Compilation &compilation, llvm::raw_ostream &os) {
+  return withKernelSources(
+      compilation, /*allowLists=*/false,
+      [&](const CudaTarget &, const std::vector<KernelSource> &sources) {
+        os << sources.front().code;
+        return int(kExitSuccess);
+      });
+}
+
+int runPtxStage(Compilation &compilation, llvm::raw_ostream &os) {
+  return withKernelSources(
+      compilation, /*allowLists=*/false,
+      [&](const CudaTarget &target, const std::vector<KernelSource> &sources) {
+        std::optional<CompileResult> result =
+            compileSource(sources.front(), target.archs.front(),
+                          CompileOptions::Output::Ptx, target.ptxasReport);
+        if (!result)
+          return int(kExitInputError);
+        // NVRTC's PTX ends with a NUL byte.
+        llvm::StringRef ptx(result->image);
+        os << ptx.rtrim('\0');
+        return int(kExitSuccess);
+      });
+}
+
+int runCubinStage(Compilation &compilation, llvm::raw_ostream &os) {
+  if (compilation.options.outputPath == "-" &&
+      llvm::sys::Process::StandardOutIsDisplayed())
+    return usage("a cubin is binary; refusing to write it to a terminal "
+                 "(give -o FILE or redirect the output)");
+  return withKernelSources(
+      compilation, /*allowLists=*/false,
+      [&](const CudaTarget &target, const std::vector<KernelSource> &sources) {
+        std::optional<CompileResult> result =
+            compileSource(sources.front(), target.archs.front(),
+                          CompileOptions::Output::Cubin, target.ptxasReport);
+        if (!result)
+          return int(kExitInputError);
+        os << result->image;
+        return int(kExitSuccess);
+      });
+}
+
+int runBundleStage(Compilation &compilation, llvm::raw_ostream &) {
+  const std::string &directory = compilation.options.outputPath;
+  if (directory == "-")
+    return usage("--emit=bundle writes a directory: give -o DIR");
+  return withKernelSources(
+      compilation, /*allowLists=*/true,
+      [&](const CudaTarget &target, const std::vector<KernelSource> &sources) {
+        const Options &options = compilation.options;
+        std::string label =
+            llvm::sys::path::stem(options.inputPath).str() + ":" +
+            (options.maskName.empty() ? "-" : options.maskName) + ":" +
+            (options.scoreName.empty() ? "-" : options.scoreName);
+        KernelBundle bundle;
+        for (const KernelSource &source : sources) {
+          for (const std::string &arch : target.archs) {
+            std::optional<CompileResult> result =
+                compileSource(source, arch, CompileOptions::Output::Cubin,
+                              target.ptxasReport);
+            if (!result)
+              return int(kExitInputError);
+            CompileOptions compileOptions;
+            compileOptions.arch = arch;
+            CompiledKernel kernel;
+            kernel.config = source.config;
+            kernel.arch = arch;
+            kernel.kernelNames = source.kernelNames;
+            kernel.key = KernelCache::diskKey(source.code, compileOptions);
+            kernel.output = CompileOptions::Output::Cubin;
+            kernel.image = std::move(result->image);
+            bundle.add(kernel, label);
+          }
+        }
+        try {
+          bundle.write(directory);
+        } catch (const Error &error) {
+          return inputError(error.what());
+        }
+        return int(kExitSuccess);
+      });
+}
+
+} // namespace
+
+void pagedc::driver::registerCudaStages(Registry &registry) {
+  registry.addOption(
+      {"--kernel", "KIND",
+       "prefill or decode (cuda, ptx, cubin; default "
+       "prefill); a comma list for bundle",
+       checked("kernel", [](llvm::StringRef value) {
+         return checkList(
+             "--kernel", value,
+             [](llvm::StringRef item) { return parseKind(item).has_value(); },
+             "prefill or decode");
+       })});
+  registry.addOption({"--arch", "SM",
+                      "GPU architecture, e.g. sm_80, sm_90 (default "
+                      "sm_90); a comma list for bundle",
+                      checked("arch", [](llvm::StringRef value) {
+                        return checkList("--arch", value, isArch,
+                                         "an architecture like sm_90");
+                      })});
+  auto positive = [](const char *option) {
+    return [option](llvm::StringRef value) {
+      int number = 0;
+      return parseInt(value, number) ? std::string()
+                                     : (llvm::Twine(option) + ": '" + value +
+                                        "' is not a positive integer")
+                                           .str();
+    };
+  };
+  registry.addOption({"--head-dim", "N", "head dimension (default 128)",
+                      checked("head-dim", positive("--head-dim"))});
+  registry.addOption(
+      {"--dtype", "TYPE", "element type of q, k, v: f16 or bf16 (default bf16)",
+       checked("dtype", [](llvm::StringRef value) {
+         return value == "f16" || value == "bf16"
+                    ? std::string()
+                    : "--dtype: '" + value.str() + "' is not f16 or bf16";
+       })});
+  registry.addOption({"--page-size", "N", "tokens per KV page (default 16)",
+                      checked("page-size", positive("--page-size"))});
+  registry.addOption(
+      {"--block", "QxKV", "query rows x KV rows per tile (default 64x64)",
+       checked("block", [](llvm::StringRef value) {
+         auto [rows, columns] = value.split('x');
+         int number = 0;
+         return parseInt(rows, number) && parseInt(columns, number)
+                    ? std::string()
+                    : "--block: '" + value.str() + "' is not QxKV, e.g. 64x64";
+       })});
+  registry.addOption({"--gqa", "N",
+                      "query heads per KV head (decode kernels; default 1)",
+                      checked("gqa", positive("--gqa"))});
+  registry.addOption({"--ptxas-report", "",
+                      "print ptxas's register and spill report to stderr",
+                      storeExtra("ptxas-report")});
+
+  registry.addStage({"cuda", "the CUDA kernel translation unit",
+                     /*needsProgram=*/true, runCudaStage});
+  registry.addStage(
+      {"ptx", "PTX from NVRTC", /*needsProgram=*/true, runPtxStage});
+  registry.addStage({"cubin", "a cubin from NVRTC (binary)",
+                     /*needsProgram=*/true, runCubinStage});
+  EmitStage bundle{"bundle",
+                   "a kernel bundle directory (cubins + manifest.json)",
+                   /*needsProgram=*/true, runBundleStage};
+  bundle.writesOutputPath = true;
+  registry.addStage(bundle);
+}
