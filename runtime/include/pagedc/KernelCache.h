@@ -5,7 +5,8 @@
 // config, no source assembly), the on-disk directory ($PAGEDC_CACHE_DIR,
 // default ~/.cache/pagedc), and finally NVRTC. Disk entries are keyed by a
 // 128-bit FNV-1a hash of the assembled source, the options, the NVRTC
-// version and the architecture; each carries checksums so a truncated or
+// library's identity (nvrtcLibraryIdentity: path, size, mtime; a disk hit
+// never loads NVRTC) and the architecture; each carries checksums so a truncated or
 // corrupt entry is detected, removed and rebuilt; writes go to a temporary
 // file renamed into place, so concurrent processes never see half an entry.
 // Thread-safe: concurrent requests for one kernel compile it once.

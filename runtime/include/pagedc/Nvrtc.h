@@ -69,8 +69,10 @@ public:
   /// NVRTC's version, e.g. {13, 0}.
   int majorVersion() const { return major_; }
   int minorVersion() const { return minor_; }
-  /// The library file that was loaded.
+  /// The library file that was loaded (as found on the candidate list) and
+  /// its resolved real path.
   const std::string &libraryPath() const { return path_; }
+  const std::string &libraryRealPath() const { return realPath_; }
   /// Real architectures this NVRTC can target (e.g. 75, 80, 90, 100).
   std::vector<int> supportedArchitectures() const;
 
@@ -87,9 +89,17 @@ public:
 private:
   Nvrtc() = default;
   const Api *api_ = nullptr;
-  std::string path_;
+  std::string path_, realPath_;
   int major_ = 0, minor_ = 0;
 };
+
+/// Identifies the NVRTC library that Nvrtc::get() would load without
+/// loading it (loading takes ~25 ms): "realpath|size|mtime" of the first
+/// candidate found, searching bare names in LD_LIBRARY_PATH, the directories
+/// of /etc/ld.so.conf.d and the standard library directories the way the
+/// dynamic linker does. Empty when none is found. The kernel cache keys disk
+/// entries with it, so a warm hit needs no NVRTC.
+const std::string &nvrtcLibraryIdentity();
 
 /// Directories and file names a CUDA library is looked for in, in order:
 /// $CUDA_HOME, $CUDA_PATH, the linker path, the build's toolkit.

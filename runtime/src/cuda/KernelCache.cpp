@@ -134,10 +134,10 @@ KernelCache &KernelCache::global() {
 
 std::string KernelCache::diskKey(std::string_view code,
                                  const CompileOptions &options) {
-  const Nvrtc &nvrtc = Nvrtc::get();
-  std::string material = fmt::format("nvrtc {}.{}\narch {}\noptions {}\n",
-                                     nvrtc.majorVersion(), nvrtc.minorVersion(),
-                                     options.arch, options.key());
+  // The NVRTC library is identified by file (path, size, mtime) rather than
+  // by nvrtcVersion(), so a disk hit never loads NVRTC.
+  std::string material = fmt::format("nvrtc {}\narch {}\noptions {}\n",
+                                     nvrtcLibraryIdentity(), options.arch, options.key());
   uint64_t first = fnv1a64(code, fnv1a64(material));
   // A second, differently seeded pass makes the key 128 bits wide.
   uint64_t second = fnv1a64(code, fnv1a64(material, first ^ 0x9e3779b97f4a7c15ull));
@@ -229,7 +229,12 @@ KernelCache::loadOrBuild(const KernelSource &source, const CompileOptions &optio
   kernel->output = options.output;
   kernel->image = std::move(compiled.image);
   kernel->log = std::move(compiled.log);
-  writeEntry(*kernel);
+  // Only cache what the key describes: if the loaded NVRTC is not the file
+  // the key was computed from, a later process could not trust the entry.
+  const std::string &identity = nvrtcLibraryIdentity();
+  const std::string &loaded = Nvrtc::get().libraryRealPath();
+  if (!identity.empty() && identity.compare(0, loaded.size() + 1, loaded + "|") == 0)
+    writeEntry(*kernel);
   return kernel;
 }
 

@@ -7,10 +7,15 @@
 #include <fmt/format.h>
 
 #include <dlfcn.h>
+#include <link.h>
+#include <sys/stat.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdlib>
 #include <mutex>
+#include <filesystem>
+#include <fstream>
 #include <sstream>
 
 namespace pagedc {
@@ -65,9 +70,13 @@ cudaLibraryCandidates(const std::vector<std::string> &fileNames) {
 
 namespace {
 
+const std::vector<std::string> kNvrtcFileNames = {"libnvrtc.so.13", "libnvrtc.so.12",
+                                                 "libnvrtc.so"};
+
 struct Loaded {
   Nvrtc::Api api{};
   std::string path;
+  std::string realPath;
   std::string error; // non-empty: not available
   int major = 0, minor = 0;
 };
@@ -77,9 +86,8 @@ const Loaded &loadNvrtc() {
     Loaded result;
     void *handle = nullptr;
     std::string tried;
-    for (const std::string &candidate : cudaLibraryCandidates(
-             {"libnvrtc.so.13", "libnvrtc.so.12", "libnvrtc.so"})) {
-      handle = dlopen(candidate.c_str(), RTLD_NOW | RTLD_LOCAL);
+    for (const std::string &candidate : cudaLibraryCandidates(kNvrtcFileNames)) {
+      handle = dlopen(candidate.c_str(), RTLD_LAZY | RTLD_LOCAL);
       if (handle) {
         result.path = candidate;
         break;
@@ -120,6 +128,11 @@ const Loaded &loadNvrtc() {
       return result;
     }
     api.version(&result.major, &result.minor);
+    struct link_map *map = nullptr;
+    if (dlinfo(handle, RTLD_DI_LINKMAP, &map) == 0 && map && map->l_name) {
+      std::error_code error;
+      result.realPath = std::filesystem::canonical(map->l_name, error).string();
+    }
     return result;
   }();
   return loaded;
@@ -180,7 +193,64 @@ std::string quoteErrorLines(std::string_view log, std::string_view name,
   return quotes;
 }
 
+/// Directories the dynamic linker searches for a bare library name, in
+/// order (LD_LIBRARY_PATH, ld.so.conf.d entries, the standard ones).
+std::vector<std::string> linkerSearchDirectories() {
+  std::vector<std::string> dirs;
+  if (const char *path = std::getenv("LD_LIBRARY_PATH")) {
+    std::istringstream list(path);
+    for (std::string dir; std::getline(list, dir, ':');)
+      if (!dir.empty())
+        dirs.push_back(dir);
+  }
+  std::error_code error;
+  std::vector<std::filesystem::path> confs;
+  for (const auto &entry : std::filesystem::directory_iterator("/etc/ld.so.conf.d", error))
+    if (entry.path().extension() == ".conf")
+      confs.push_back(entry.path());
+  std::sort(confs.begin(), confs.end());
+  for (const auto &conf : confs) {
+    std::ifstream file(conf);
+    for (std::string line; std::getline(file, line);)
+      if (!line.empty() && line[0] == '/')
+        dirs.push_back(line.substr(0, line.find_first_of(" \t#")));
+  }
+  for (const char *dir : {"/lib/x86_64-linux-gnu", "/usr/lib/x86_64-linux-gnu",
+                          "/lib/aarch64-linux-gnu", "/usr/lib/aarch64-linux-gnu", "/lib64",
+                          "/usr/lib64", "/lib", "/usr/lib"})
+    dirs.push_back(dir);
+  return dirs;
+}
+
 } // namespace
+
+const std::string &nvrtcLibraryIdentity() {
+  static const std::string identity = [] {
+    std::vector<std::string> dirs;
+    for (const std::string &candidate : cudaLibraryCandidates(kNvrtcFileNames)) {
+      std::vector<std::string> paths;
+      if (candidate.find('/') != std::string::npos) {
+        paths.push_back(candidate);
+      } else {
+        if (dirs.empty())
+          dirs = linkerSearchDirectories();
+        for (const std::string &dir : dirs)
+          paths.push_back(dir + "/" + candidate);
+      }
+      for (const std::string &path : paths) {
+        struct stat info;
+        if (stat(path.c_str(), &info) != 0 || !S_ISREG(info.st_mode))
+          continue;
+        std::error_code error;
+        std::string real = std::filesystem::canonical(path, error).string();
+        return fmt::format("{}|{}|{}", real, static_cast<long long>(info.st_size),
+                           static_cast<long long>(info.st_mtime));
+      }
+    }
+    return std::string();
+  }();
+  return identity;
+}
 
 std::vector<std::string> CompileOptions::nvrtcOptions() const {
   std::vector<std::string> list;
@@ -252,6 +322,7 @@ const Nvrtc &Nvrtc::get() {
   std::call_once(once, [&] {
     instance.api_ = &loaded.api;
     instance.path_ = loaded.path;
+    instance.realPath_ = loaded.realPath;
     instance.major_ = loaded.major;
     instance.minor_ = loaded.minor;
   });

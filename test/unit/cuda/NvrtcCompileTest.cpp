@@ -105,6 +105,14 @@ TEST(NvrtcCompile, LoadsAndReportsVersion) {
   EXPECT_NE(std::find(archs.begin(), archs.end(), 80), archs.end());
 }
 
+TEST(NvrtcCompile, LibraryIdentityNamesTheLoadedFile) {
+  REQUIRE_NVRTC();
+  const std::string &identity = nvrtcLibraryIdentity();
+  const std::string &loaded = Nvrtc::get().libraryRealPath();
+  ASSERT_FALSE(loaded.empty());
+  EXPECT_EQ(identity.substr(0, loaded.size() + 1), loaded + "|") << identity;
+}
+
 TEST(NvrtcCompile, EveryTestModCompilesForSm80AndSm90) {
   REQUIRE_NVRTC();
   std::vector<Case> cases;

@@ -1,0 +1,234 @@
+//===- JitLatency.cpp - How long a kernel variant takes to get ------------===//
+//
+// performance.md section 1, for the decode and prefill kernels (bf16, D=128,
+// page 16, causal + ALiBi test mod, sm_90):
+//   cold      assemble + NVRTC -> cubin into an empty cache, median of 5
+//   nvcc      `nvcc -cubin -arch=sm_90` on the identical source, median of 5
+//   warm      the same variant from the on-disk cache in a new process,
+//             median of 5 (whole process, and the lookup inside it)
+//   in-proc   a hit in the in-process map (Google Benchmark, and a median
+//             of 5 batches for the table)
+// Prints a table and writes bench/results/jit.json.
+//
+//===----------------------------------------------------------------------===//
+
+#include "pagedc/KernelCache.h"
+
+#include <benchmark/benchmark.h>
+#include <fmt/format.h>
+
+#include <spawn.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+
+using namespace pagedc;
+namespace fs = std::filesystem;
+using Clock = std::chrono::steady_clock;
+
+extern char **environ;
+
+namespace {
+
+constexpr int kRepetitions = 5;
+
+KernelConfig benchConfig(KernelKind kind) {
+  KernelConfig config;
+  config.kind = kind;
+  config.elementType = DType::BF16;
+  config.headDim = 128;
+  config.pageSize = 16;
+  config.groupSize = kind == KernelKind::Decode ? 4 : 1;
+  return config;
+}
+
+std::string benchMods() { return std::string(embeddedTemplate("testing/alibi.cuh")); }
+
+CompileOptions benchOptions() {
+  CompileOptions options;
+  options.arch = "sm_90";
+  return options;
+}
+
+double seconds(Clock::time_point start) {
+  return std::chrono::duration<double>(Clock::now() - start).count();
+}
+
+double median(std::vector<double> values) {
+  std::sort(values.begin(), values.end());
+  size_t n = values.size();
+  return n % 2 ? values[n / 2] : 0.5 * (values[n / 2 - 1] + values[n / 2]);
+}
+
+std::string freshDirectory(const char *tag) {
+  std::string pattern = (fs::temp_directory_path() / fmt::format("pagedc-bench-{}-XXXXXX", tag)).string();
+  return mkdtemp(pattern.data());
+}
+
+/// Runs this binary as `--warm-child KIND DIR` and returns its wall time;
+/// the child's own lookup time comes back through `lookup`.
+double runWarmChild(const std::string &self, const std::string &kind, const std::string &dir,
+                    double &lookup) {
+  std::string resultFile = dir + "/lookup.txt";
+  std::string flag = "--warm-child";
+  char *argv[] = {const_cast<char *>(self.c_str()), flag.data(), const_cast<char *>(kind.c_str()),
+                  const_cast<char *>(dir.c_str()), nullptr};
+  auto start = Clock::now();
+  pid_t child;
+  if (posix_spawn(&child, self.c_str(), nullptr, nullptr, argv, environ) != 0)
+    throw std::runtime_error("posix_spawn failed");
+  int status = 0;
+  waitpid(child, &status, 0);
+  double wall = seconds(start);
+  if (!WIFEXITED(status) || WEXITSTATUS(status) != 0)
+    throw std::runtime_error("warm child failed");
+  std::ifstream(resultFile) >> lookup;
+  return wall;
+}
+
+/// The child: one disk lookup, which must be a hit.
+int warmChild(const std::string &kind, const std::string &dir) {
+  auto start = Clock::now();
+  KernelCache cache(dir);
+  auto kernel = cache.getOrCompile(
+      benchConfig(kind == "decode" ? KernelKind::Decode : KernelKind::Prefill), benchMods(),
+      benchOptions());
+  double lookup = seconds(start);
+  if (cache.stats().diskHits != 1 || kernel->image.empty())
+    return 2;
+  std::ofstream(dir + "/lookup.txt") << lookup;
+  return 0;
+}
+
+struct KindResult {
+  std::string kind;
+  std::vector<double> cold, nvcc, warmProcess, warmLookup, inProcess;
+  int registers = 0;
+};
+
+KindResult measure(KernelKind kind, const std::string &self) {
+  KindResult result;
+  result.kind = kernelKindName(kind);
+  KernelConfig config = benchConfig(kind);
+  std::string mods = benchMods();
+  std::string warmDir;
+  for (int i = 0; i < kRepetitions; ++i) {
+    std::string dir = freshDirectory("cold");
+    KernelCache cache(dir);
+    auto start = Clock::now();
+    auto kernel = cache.getOrCompile(config, mods, benchOptions());
+    result.cold.push_back(seconds(start));
+    if (i == 0)
+      warmDir = dir;
+    else
+      fs::remove_all(dir);
+  }
+  // nvcc on the identical source.
+  std::string source = assembleKernel(config, mods).code;
+  std::string work = freshDirectory("nvcc");
+  std::string path = work + "/kernel.cu";
+  std::ofstream(path) << source;
+  std::string command = fmt::format("{} -cubin -arch=sm_90 -std=c++17 {} -o {}/kernel.cubin",
+                                    PAGEDC_BENCH_NVCC, path, work);
+  for (int i = 0; i < kRepetitions; ++i) {
+    auto start = Clock::now();
+    if (std::system(command.c_str()) != 0)
+      throw std::runtime_error("nvcc failed: " + command);
+    result.nvcc.push_back(seconds(start));
+  }
+  fs::remove_all(work);
+  for (int i = 0; i < kRepetitions; ++i) {
+    double lookup = 0;
+    result.warmProcess.push_back(runWarmChild(self, result.kind, warmDir, lookup));
+    result.warmLookup.push_back(lookup);
+  }
+  fs::remove_all(warmDir);
+  // In-process: batches of hits.
+  KernelCache cache("");
+  cache.getOrCompile(config, mods, benchOptions());
+  for (int i = 0; i < kRepetitions; ++i) {
+    constexpr int kHits = 20000;
+    auto start = Clock::now();
+    for (int j = 0; j < kHits; ++j)
+      benchmark::DoNotOptimize(cache.getOrCompile(config, mods, benchOptions()));
+    result.inProcess.push_back(seconds(start) / kHits);
+  }
+  return result;
+}
+
+void inProcessHit(benchmark::State &state) {
+  static KernelCache cache("");
+  KernelConfig config = benchConfig(state.range(0) ? KernelKind::Decode : KernelKind::Prefill);
+  std::string mods = benchMods();
+  CompileOptions options = benchOptions();
+  cache.getOrCompile(config, mods, options);
+  for (auto _ : state)
+    benchmark::DoNotOptimize(cache.getOrCompile(config, mods, options));
+}
+BENCHMARK(inProcessHit)->Arg(0)->Arg(1)->ArgName("decode");
+
+} // namespace
+
+int main(int argc, char **argv) {
+  if (argc == 4 && std::string(argv[1]) == "--warm-child")
+    return warmChild(argv[2], argv[3]);
+  std::string reason;
+  if (!Nvrtc::available(&reason)) {
+    fmt::print(stderr, "pagedc-bench-jit: NVRTC unavailable: {}\n", reason);
+    return 1;
+  }
+  std::string self = fs::read_symlink("/proc/self/exe").string();
+  std::vector<KindResult> results;
+  for (KernelKind kind : {KernelKind::Decode, KernelKind::Prefill})
+    results.push_back(measure(kind, self));
+
+  fmt::print("\nJIT latency, bf16 D=128 page 16, causal+alibi mod, sm_90, NVRTC {}.{}, "
+             "median of {} (min..max)\n",
+             Nvrtc::get().majorVersion(), Nvrtc::get().minorVersion(), kRepetitions);
+  fmt::print("{:<8} {:>22} {:>22} {:>7} {:>20} {:>18} {:>12}\n", "kernel", "cold NVRTC s",
+             "nvcc -cubin s", "ratio", "warm process ms", "warm lookup ms", "in-proc us");
+  auto range = [](const std::vector<double> &v, double scale) {
+    auto [lo, hi] = std::minmax_element(v.begin(), v.end());
+    return fmt::format("{:.3f} ({:.3f}..{:.3f})", median(v) * scale, *lo * scale, *hi * scale);
+  };
+  std::string json = "{\n  \"benchmark\": \"jit-latency\",\n";
+  json += fmt::format("  \"nvrtc\": \"{}.{}\",\n  \"arch\": \"sm_90\",\n  \"repetitions\": {},\n",
+                      Nvrtc::get().majorVersion(), Nvrtc::get().minorVersion(), kRepetitions);
+  json += "  \"kernels\": [\n";
+  for (size_t i = 0; i < results.size(); ++i) {
+    const KindResult &r = results[i];
+    double ratio = median(r.cold) / median(r.nvcc);
+    fmt::print("{:<8} {:>22} {:>22} {:>7.2f} {:>20} {:>18} {:>12.3f}\n", r.kind, range(r.cold, 1),
+               range(r.nvcc, 1), ratio, range(r.warmProcess, 1e3), range(r.warmLookup, 1e3),
+               median(r.inProcess) * 1e6);
+    auto list = [](const std::vector<double> &v) {
+      std::string s;
+      for (double x : v)
+        s += (s.empty() ? "" : ", ") + fmt::format("{:.6f}", x);
+      return "[" + s + "]";
+    };
+    json += fmt::format(
+        "    {{\"kernel\": \"{}\", \"cold_nvrtc_s\": {}, \"nvcc_s\": {}, \"cold_over_nvcc\": "
+        "{:.3f},\n     \"warm_process_s\": {}, \"warm_lookup_s\": {}, \"in_process_hit_s\": "
+        "{}}}{}\n",
+        r.kind, list(r.cold), list(r.nvcc), ratio, list(r.warmProcess), list(r.warmLookup),
+        list(r.inProcess), i + 1 < results.size() ? "," : "");
+  }
+  json += "  ],\n  \"targets\": {\"cold_nvrtc_s\": 1.0, \"cold_over_nvcc\": 0.8, "
+          "\"warm_process_s\": 0.020, \"in_process_hit_s\": 5e-6}\n}\n";
+  std::string out = std::string(PAGEDC_BENCH_RESULTS_DIR) + "/jit.json";
+  fs::create_directories(PAGEDC_BENCH_RESULTS_DIR);
+  std::ofstream(out) << json;
+  fmt::print("wrote {}\n\n", out);
+
+  benchmark::Initialize(&argc, argv);
+  benchmark::RunSpecifiedBenchmarks();
+  benchmark::Shutdown();
+  return 0;
+}
