@@ -8,6 +8,10 @@
 
 #include "Pipeline.h"
 
+#ifdef PAGEDC_HAVE_CUDA_CONVERSION
+#include "Conversion/CUDA/FlexToEmitC.h"
+#endif
+
 #include "mlir/IR/DialectRegistry.h"
 #include "mlir/Tools/mlir-opt/MlirOptMain.h"
 #include "mlir/Transforms/Passes.h"
@@ -19,6 +23,10 @@ int main(int argc, char **argv) {
   mlir::registerCanonicalizerPass();
   mlir::registerCSEPass();
   mlir::registerSymbolDCEPass();
+#ifdef PAGEDC_HAVE_CUDA_CONVERSION
+  pagedc::registerCudaLoweringDialects(registry);
+  pagedc::registerPagedcCudaPasses();
+#endif
   return mlir::asMainReturnCode(
       mlir::MlirOptMain(argc, argv, "pagedc optimizer driver\n", registry));
 }
