@@ -215,6 +215,7 @@ llvm::Expected<CompiledMods> compileUncached(ModuleOp module, StringRef mask,
   OwningOpRef<ModuleOp> cpuModule = ModuleOp::create(module.getLoc());
   FlexToCpuOptions conversion;
   conversion.blockClass = options.blockClassifier && maskMod;
+  bool withClassifier = conversion.blockClass && isIntervalClassifiable(maskMod);
   for (flex::ModOp mod : selected)
     conversion.mods.push_back(mod.getSymName().str());
   if (failed(convertFlexModsToCpu(module, conversion, *cpuModule)) ||
@@ -233,7 +234,7 @@ llvm::Expected<CompiledMods> compileUncached(ModuleOp module, StringRef mask,
     if (!row)
       return row.takeError();
     result.maskRow = reinterpret_cast<PagedcMaskRowFn>(*row);
-    if (conversion.blockClass) {
+    if (withClassifier) {
       auto classify = lookup(cpuMaskBlockClassSymbol(mask));
       if (!classify)
         return classify.takeError();

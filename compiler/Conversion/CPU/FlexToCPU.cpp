@@ -743,6 +743,35 @@ private:
   ContextReader &reader;
 };
 
+} // namespace
+
+bool pagedc::isIntervalClassifiable(flex::ModOp mod) {
+  if (!mod.isMask())
+    return false;
+  for (Operation &op : mod.getBody().front().getOperations()) {
+    bool integerOrBool = llvm::all_of(op.getResultTypes(), [](Type type) {
+      return type.isInteger(32) || type.isInteger(1);
+    });
+    if (isa<flex::YieldOp>(op))
+      continue;
+    if (!integerOrBool)
+      return false;
+    if (isa<arith::XOrIOp, arith::AndIOp, arith::OrIOp>(op)) {
+      if (!op.getResult(0).getType().isInteger(1)) // bitwise on ints
+        return false;
+      continue;
+    }
+    if (!isa<arith::ConstantOp, arith::AddIOp, arith::SubIOp, arith::MulIOp,
+             arith::MaxSIOp, arith::MinSIOp, math::AbsIOp, flex::FloorDivOp,
+             flex::FloorModOp, arith::SelectOp, arith::CmpIOp,
+             flex::ParamRefOp>(op))
+      return false;
+  }
+  return true;
+}
+
+namespace {
+
 /// Emits `mask_block_class_NAME(ctx, b, h, q_lo, q_hi, kv_lo, kv_hi) -> i32`.
 void buildBlockClassFunction(ModOp mod, const DeclarationTable &declarations,
                              OpBuilder &moduleBuilder) {
@@ -894,7 +923,7 @@ LogicalResult pagedc::convertFlexModsToCpu(ModuleOp flexModule,
   for (ModOp mod : selected) {
     if (failed(buildRowFunction(mod, declarations, builder)))
       return failure();
-    if (mod.isMask() && options.blockClass)
+    if (mod.isMask() && options.blockClass && isIntervalClassifiable(mod))
       buildBlockClassFunction(mod, declarations, builder);
   }
   return success();

@@ -37,11 +37,19 @@ struct ModInterface {
 ModInterface collectModInterface(mlir::ModuleOp module,
                                  llvm::ArrayRef<flex::ModOp> mods);
 
+/// True when every operation of mask `mod` has an interval transfer function
+/// (integer index arithmetic, comparisons, booleans, params) and it reads no
+/// buffer: then its block classifier is precise enough to beat element-wise
+/// evaluation. Otherwise the classifier would answer "partial" for most
+/// blocks, and none is generated.
+bool isIntervalClassifiable(flex::ModOp mod);
+
 /// What to generate.
 struct FlexToCpuOptions {
   /// Names of the mods to convert; empty means every mod in the module.
   std::vector<std::string> mods;
-  /// Also generate the interval-arithmetic block classifier of each mask.
+  /// Also generate the interval-arithmetic block classifier of each mask
+  /// for which isIntervalClassifiable() holds.
   bool blockClass = true;
 };
 

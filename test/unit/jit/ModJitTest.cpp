@@ -327,7 +327,13 @@ void checkMask(ModJitTest &test, pagedc::CompiledMods &mods,
   EXPECT_GT(kept, 0) << mods.maskName;
   EXPECT_GT(dropped, 0) << mods.maskName;
 
-  ASSERT_TRUE(mods.maskBlockClass);
+  // Masks reading buffers or using bitwise integer operations get no
+  // classifier (it would say "partial" for nearly every block).
+  bool expectClassifier =
+      mods.maskName != "document" && mods.maskName != "bits";
+  ASSERT_EQ(bool(mods.maskBlockClass), expectClassifier);
+  if (!expectClassifier)
+    return;
   for (int trial = 0; trial < 300; ++trial) {
     int32_t b = pick(0, Bindings::kBatch - 1);
     int32_t h = pick(0, Bindings::kHeads - 1);
