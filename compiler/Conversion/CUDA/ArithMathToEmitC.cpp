@@ -16,6 +16,9 @@
 #include "mlir/Dialect/Math/IR/Math.h"
 #include "mlir/Transforms/DialectConversion.h"
 
+#include <cstdint>
+#include <cstdio>
+
 using namespace mlir;
 
 namespace {
@@ -113,6 +116,57 @@ void addCallLowering(TypeConverter &typeConverter, RewritePatternSet &patterns,
       typeConverter, patterns.getContext(), CalleeNames{f32, integer});
 }
 
+/// Scalar i1, i32 and f32 constants become C literals printed where they are
+/// used (`q - kv <= 1024`) instead of one variable each. Floats print with
+/// nine significant digits, which round-trips every f32 exactly.
+class ConstantLiteralLowering : public OpConversionPattern<arith::ConstantOp> {
+public:
+  ConstantLiteralLowering(const TypeConverter &typeConverter,
+                          MLIRContext *context)
+      : OpConversionPattern(typeConverter, context, /*benefit=*/2) {}
+
+  LogicalResult
+  matchAndRewrite(arith::ConstantOp op, OpAdaptor adaptor,
+                  ConversionPatternRewriter &rewriter) const override {
+    std::optional<std::string> text = literalText(op.getValue());
+    if (!text)
+      return rewriter.notifyMatchFailure(op, "not a scalar i1/i32/f32");
+    rewriter.replaceOpWithNewOp<emitc::LiteralOp>(op, op.getType(), *text);
+    return success();
+  }
+
+private:
+  static std::optional<std::string> literalText(Attribute value) {
+    if (auto integer = dyn_cast<IntegerAttr>(value)) {
+      Type type = integer.getType();
+      if (type.isInteger(1))
+        return std::string(integer.getValue().isZero() ? "false" : "true");
+      if (!type.isInteger(32))
+        return std::nullopt;
+      int64_t number = integer.getValue().getSExtValue();
+      if (number == INT32_MIN)
+        return std::string("(-2147483647 - 1)");
+      std::string digits = std::to_string(number);
+      return number < 0 ? "(" + digits + ")" : digits;
+    }
+    auto real = dyn_cast<FloatAttr>(value);
+    if (!real || !real.getType().isF32())
+      return std::nullopt;
+    const APFloat &number = real.getValue();
+    if (number.isNaN())
+      return std::string("NAN");
+    if (number.isInfinity())
+      return std::string(number.isNegative() ? "(-INFINITY)" : "INFINITY");
+    char buffer[32];
+    std::snprintf(buffer, sizeof(buffer), "%.9g", number.convertToFloat());
+    std::string digits = buffer;
+    if (digits.find_first_of(".e") == std::string::npos)
+      digits += ".0";
+    digits += "f";
+    return number.isNegative() ? "(" + digits + ")" : digits;
+  }
+};
+
 /// Integer add/sub/mul as the plain C operators on the signed type. MLIR's
 /// lowering goes through unsigned casts to avoid C's undefined signed
 /// overflow; mods compute indices far below 2^31, PyTorch's own CUDA kernels
@@ -144,7 +198,7 @@ void pagedc::populateCudaArithMathToEmitCPatterns(TypeConverter &typeConverter,
                                                   RewritePatternSet &patterns) {
   MLIRContext *context = patterns.getContext();
   populateArithToEmitCPatterns(typeConverter, patterns);
-  patterns.add<SimpleCmpFLowering,
+  patterns.add<SimpleCmpFLowering, ConstantLiteralLowering,
                SignedIntegerLowering<arith::AddIOp, emitc::AddOp>,
                SignedIntegerLowering<arith::SubIOp, emitc::SubOp>,
                SignedIntegerLowering<arith::MulIOp, emitc::MulOp>>(
