@@ -18,6 +18,7 @@
 #include <fmt/format.h>
 
 #include <spawn.h>
+#include <sys/resource.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -37,6 +38,13 @@ extern char **environ;
 namespace {
 
 constexpr int kRepetitions = 5;
+
+std::string loadAverage() {
+  std::ifstream file("/proc/loadavg");
+  std::string first;
+  file >> first;
+  return first;
+}
 
 KernelConfig benchConfig(KernelKind kind) {
   KernelConfig config;
@@ -58,6 +66,19 @@ CompileOptions benchOptions() {
 
 double seconds(Clock::time_point start) {
   return std::chrono::duration<double>(Clock::now() - start).count();
+}
+
+/// CPU seconds of this process (all threads) and of its waited-for children.
+double processCpu() {
+  timespec now;
+  clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &now);
+  return now.tv_sec + now.tv_nsec * 1e-9;
+}
+double childrenCpu() {
+  rusage usage;
+  getrusage(RUSAGE_CHILDREN, &usage);
+  return usage.ru_utime.tv_sec + usage.ru_stime.tv_sec +
+         (usage.ru_utime.tv_usec + usage.ru_stime.tv_usec) * 1e-6;
 }
 
 double median(std::vector<double> values) {
@@ -108,7 +129,7 @@ int warmChild(const std::string &kind, const std::string &dir) {
 
 struct KindResult {
   std::string kind;
-  std::vector<double> cold, nvcc, warmProcess, warmLookup, inProcess;
+  std::vector<double> cold, coldCpu, nvcc, nvccCpu, warmProcess, warmLookup, inProcess;
   int registers = 0;
 };
 
@@ -122,8 +143,10 @@ KindResult measure(KernelKind kind, const std::string &self) {
     std::string dir = freshDirectory("cold");
     KernelCache cache(dir);
     auto start = Clock::now();
+    double cpu = processCpu();
     auto kernel = cache.getOrCompile(config, mods, benchOptions());
     result.cold.push_back(seconds(start));
+    result.coldCpu.push_back(processCpu() - cpu);
     if (i == 0)
       warmDir = dir;
     else
@@ -138,9 +161,11 @@ KindResult measure(KernelKind kind, const std::string &self) {
                                     PAGEDC_BENCH_NVCC, path, work);
   for (int i = 0; i < kRepetitions; ++i) {
     auto start = Clock::now();
+    double cpu = childrenCpu();
     if (std::system(command.c_str()) != 0)
       throw std::runtime_error("nvcc failed: " + command);
     result.nvcc.push_back(seconds(start));
+    result.nvccCpu.push_back(childrenCpu() - cpu);
   }
   fs::remove_all(work);
   for (int i = 0; i < kRepetitions; ++i) {
@@ -188,11 +213,13 @@ int main(int argc, char **argv) {
   for (KernelKind kind : {KernelKind::Decode, KernelKind::Prefill})
     results.push_back(measure(kind, self));
 
+  fmt::print("\nload average at the end: {}\n", loadAverage());
   fmt::print("\nJIT latency, bf16 D=128 page 16, causal+alibi mod, sm_90, NVRTC {}.{}, "
              "median of {} (min..max)\n",
              Nvrtc::get().majorVersion(), Nvrtc::get().minorVersion(), kRepetitions);
-  fmt::print("{:<8} {:>22} {:>22} {:>7} {:>20} {:>18} {:>12}\n", "kernel", "cold NVRTC s",
-             "nvcc -cubin s", "ratio", "warm process ms", "warm lookup ms", "in-proc us");
+  fmt::print("{:<8} {:>22} {:>22} {:>7} {:>9} {:>9} {:>6} {:>20} {:>18} {:>10}\n", "kernel",
+             "cold NVRTC wall s", "nvcc -cubin wall s", "ratio", "cold cpu", "nvcc cpu",
+             "ratio", "warm process ms", "warm lookup ms", "in-proc us");
   auto range = [](const std::vector<double> &v, double scale) {
     auto [lo, hi] = std::minmax_element(v.begin(), v.end());
     return fmt::format("{:.3f} ({:.3f}..{:.3f})", median(v) * scale, *lo * scale, *hi * scale);
@@ -200,25 +227,29 @@ int main(int argc, char **argv) {
   std::string json = "{\n  \"benchmark\": \"jit-latency\",\n";
   json += fmt::format("  \"nvrtc\": \"{}.{}\",\n  \"arch\": \"sm_90\",\n  \"repetitions\": {},\n",
                       Nvrtc::get().majorVersion(), Nvrtc::get().minorVersion(), kRepetitions);
+  json += fmt::format("  \"load_average\": \"{}\",\n", loadAverage());
   json += "  \"kernels\": [\n";
   for (size_t i = 0; i < results.size(); ++i) {
     const KindResult &r = results[i];
     double ratio = median(r.cold) / median(r.nvcc);
-    fmt::print("{:<8} {:>22} {:>22} {:>7.2f} {:>20} {:>18} {:>12.3f}\n", r.kind, range(r.cold, 1),
-               range(r.nvcc, 1), ratio, range(r.warmProcess, 1e3), range(r.warmLookup, 1e3),
+    double cpuRatio = median(r.coldCpu) / median(r.nvccCpu);
+    fmt::print("{:<8} {:>22} {:>22} {:>7.2f} {:>9.3f} {:>9.3f} {:>6.2f} {:>20} {:>18} {:>10.3f}\n",
+               r.kind, range(r.cold, 1), range(r.nvcc, 1), ratio, median(r.coldCpu),
+               median(r.nvccCpu), cpuRatio, range(r.warmProcess, 1e3), range(r.warmLookup, 1e3),
                median(r.inProcess) * 1e6);
     auto list = [](const std::vector<double> &v) {
       std::string s;
       for (double x : v)
-        s += (s.empty() ? "" : ", ") + fmt::format("{:.6f}", x);
+        s += (s.empty() ? "" : ", ") + fmt::format("{:.9f}", x);
       return "[" + s + "]";
     };
     json += fmt::format(
         "    {{\"kernel\": \"{}\", \"cold_nvrtc_s\": {}, \"nvcc_s\": {}, \"cold_over_nvcc\": "
-        "{:.3f},\n     \"warm_process_s\": {}, \"warm_lookup_s\": {}, \"in_process_hit_s\": "
-        "{}}}{}\n",
-        r.kind, list(r.cold), list(r.nvcc), ratio, list(r.warmProcess), list(r.warmLookup),
-        list(r.inProcess), i + 1 < results.size() ? "," : "");
+        "{:.3f},\n     \"cold_nvrtc_cpu_s\": {}, \"nvcc_cpu_s\": {}, \"cold_over_nvcc_cpu\": {:.3f},\n"
+        "     \"warm_process_s\": {}, \"warm_lookup_s\": {}, \"in_process_hit_s\": {}}}{}\n",
+        r.kind, list(r.cold), list(r.nvcc), ratio, list(r.coldCpu), list(r.nvccCpu), cpuRatio,
+        list(r.warmProcess), list(r.warmLookup), list(r.inProcess),
+        i + 1 < results.size() ? "," : "");
   }
   json += "  ],\n  \"targets\": {\"cold_nvrtc_s\": 1.0, \"cold_over_nvcc\": 0.8, "
           "\"warm_process_s\": 0.020, \"in_process_hit_s\": 5e-6}\n}\n";

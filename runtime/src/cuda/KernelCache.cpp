@@ -10,6 +10,7 @@
 
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <map>
@@ -35,11 +36,29 @@ constexpr std::string_view kEntryMagic = "PAGEDC-KERNEL-CACHE 1\n";
 
 std::string hex64(uint64_t value) { return fmt::format("{:016x}", value); }
 
+/// A word-at-a-time multiply-xor hash for the in-process map (about 8x
+/// faster than byte-wise FNV-1a on kilobytes of mod code; collisions only
+/// cost a string compare, so it need not be strong).
+uint64_t wordHash(std::string_view data, uint64_t hash) {
+  const char *bytes = data.data();
+  size_t size = data.size(), i = 0;
+  for (; i + 8 <= size; i += 8) {
+    uint64_t word;
+    std::memcpy(&word, bytes + i, 8);
+    hash = (hash ^ word) * 0x9e3779b97f4a7c15ull;
+    hash ^= hash >> 29;
+  }
+  uint64_t tail = 0;
+  std::memcpy(&tail, bytes + i, size - i);
+  hash = (hash ^ tail ^ (uint64_t(size) << 56)) * 0x9e3779b97f4a7c15ull;
+  return hash ^ (hash >> 32);
+}
+
 /// Hash of the in-process key: mod code, config and options.
 uint64_t fastHash(const KernelConfig &config, std::string_view modCode,
                   const std::string &optionsKey) {
-  uint64_t hash = fnv1a64(modCode);
-  hash = fnv1a64(optionsKey, hash);
+  uint64_t hash = wordHash(modCode, 0xcbf29ce484222325ull);
+  hash = wordHash(optionsKey, hash);
   const int fields[] = {static_cast<int>(config.kind),
                         static_cast<int>(config.elementType),
                         config.headDim,
@@ -50,9 +69,9 @@ uint64_t fastHash(const KernelConfig &config, std::string_view modCode,
                         config.queryTokens,
                         config.returnLse ? 1 : 0,
                         static_cast<int>(config.paramsSize)};
-  return fnv1a64(std::string_view(reinterpret_cast<const char *>(fields),
-                                  sizeof(fields)),
-                 hash);
+  return wordHash(std::string_view(reinterpret_cast<const char *>(fields),
+                                   sizeof(fields)),
+                  hash);
 }
 
 /// Entry layout: magic, "name=value" header lines, an empty line, the
