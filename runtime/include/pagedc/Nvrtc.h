@@ -107,6 +107,10 @@ std::vector<std::string> cudaLibraryCandidates(
     const std::vector<std::string> &fileNames);
 /// The toolkit this build was configured with ("" when none).
 std::string buildCudaRoot();
+/// The CUDA headers' directory: $CUDA_HOME/include, $CUDA_PATH/include or
+/// the build's toolkit ("" when none exists). Kernel units need no header;
+/// a caller whose code includes one adds "-I" + this to extraOptions.
+std::string cudaIncludeDirectory();
 
 } // namespace pagedc
 

@@ -48,6 +48,20 @@ std::string buildCudaRoot() {
 #endif
 }
 
+std::string cudaIncludeDirectory() {
+  std::vector<std::string> roots;
+  for (const char *variable : {"CUDA_HOME", "CUDA_PATH"})
+    if (const char *root = std::getenv(variable))
+      roots.push_back(root);
+  roots.push_back(buildCudaRoot());
+  for (const std::string &root : roots) {
+    std::error_code error;
+    if (!root.empty() && std::filesystem::exists(root + "/include/cuda_fp16.h", error))
+      return root + "/include";
+  }
+  return "";
+}
+
 std::vector<std::string>
 cudaLibraryCandidates(const std::vector<std::string> &fileNames) {
   std::vector<std::string> candidates;

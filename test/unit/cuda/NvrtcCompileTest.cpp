@@ -281,6 +281,20 @@ TEST(NvrtcCompile, ParamsSizeIsCheckedAtCompileTime) {
                Error);
 }
 
+TEST(NvrtcCompile, CudaHeadersCanBeAdded) {
+  REQUIRE_NVRTC();
+  std::string include = cudaIncludeDirectory();
+  if (include.empty())
+    GTEST_SKIP() << "no CUDA include directory found";
+  CompileOptions options;
+  options.extraOptions = {"-I" + include};
+  CompileResult result = Nvrtc::get().compile(
+      "#include <cuda_fp16.h>\n"
+      "extern \"C\" __global__ void halve(__half *x) { x[0] = __hmul(x[0], __float2half(0.5f)); }\n",
+      "headers.cu", options);
+  EXPECT_FALSE(result.image.empty());
+}
+
 TEST(PtxasReport, ParsesNvrtcLog) {
   std::string log = "ptxas info    : 0 bytes gmem\n"
                     "ptxas info    : Compiling entry function 'pagedc_decode' for 'sm_90'\n"
