@@ -258,9 +258,12 @@ struct JitCache {
   JitCacheStatistics statistics;
 };
 
+/// Never destroyed: JIT'd code may run until exit, and tearing an
+/// ExecutionEngine down after llvm_shutdown() (InitLLVM's destructor) would
+/// use LLVM after it is gone.
 JitCache &jitCache() {
-  static JitCache cache;
-  return cache;
+  static JitCache *cache = new JitCache();
+  return *cache;
 }
 
 } // namespace

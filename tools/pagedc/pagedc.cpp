@@ -7,6 +7,9 @@
 //===----------------------------------------------------------------------===//
 
 #include "Driver.h"
+#ifdef PAGEDC_HAVE_RUN
+#include "Run.h"
+#endif
 
 #include "llvm/Support/InitLLVM.h"
 
@@ -18,6 +21,9 @@ int main(int argc, const char **argv) {
   pagedc::driver::registerMLIRStages(registry);
 #ifdef PAGEDC_HAVE_CUDA_STAGES
   pagedc::driver::registerCudaStages(registry);
+#endif
+#ifdef PAGEDC_HAVE_RUN
+  pagedc::driver::registerRunSubcommands(registry);
 #endif
   return pagedc::driver::runDriver(registry, argc, argv);
 }

@@ -1,0 +1,445 @@
+//===- Run.cpp - `pagedc run`: attention on .npy files --------------------===//
+//
+//   pagedc run FILE.attn [--mask=NAME] [--score=NAME] --q q.npy --k k.npy
+//       --v v.npy -o out.npy [--lse lse.npy] [--buffer NAME=file.npy]...
+//       [--param NAME=VALUE]... [-D NAME=VALUE]... [--scale F] [--block=QxKV]
+//       [--page-size N] [--shuffle-pages SEED] [--q-offset N|end]
+//       [--device cpu|cuda|auto] [--reference] [--threads N]
+//
+// The mods are compiled by the CPU JIT; K/V go into a PagedKVCache (reserve +
+// assign), the block mask comes from createBlockMask and the attention from
+// flexAttention. --reference computes the float64 reference instead (and
+// writes it as f32). Every input is checked before anything is computed, and
+// outputs are written through temporary files renamed into place, so a
+// failure leaves no file behind. Exit status: 0, 1 for bad input, 2 for a bad
+// command line.
+//
+//===----------------------------------------------------------------------===//
+
+#include "Run.h"
+#include "RunSupport.h"
+
+#include "JIT/CompileSource.h"
+#include "cpu/Reference.h"
+#include "pagedc/Attention.h"
+#include "pagedc/CudaDriver.h"
+#include "pagedc/Error.h"
+#include "pagedc/Npy.h"
+
+#include "llvm/Support/FileSystem.h"
+#include "llvm/Support/Path.h"
+#include "llvm/Support/raw_ostream.h"
+
+#include <fmt/format.h>
+
+#include <cmath>
+#include <cstdio>
+#include <optional>
+#include <random>
+
+using namespace pagedc;
+using namespace pagedc::driver;
+
+namespace {
+
+constexpr const char *kRunUsage =
+    "usage: pagedc run FILE.attn [--mask=NAME] [--score=NAME] --q Q.npy "
+    "--k K.npy --v V.npy -o OUT.npy\n"
+    "           [--lse LSE.npy] [--buffer NAME=FILE.npy]... [--param "
+    "NAME=VALUE]... [-D NAME=VALUE]...\n"
+    "           [--scale F] [--block=QxKV] [--page-size N] [--shuffle-pages "
+    "SEED] [--q-offset N|end]\n"
+    "           [--device cpu|cuda|auto] [--reference] [--threads N]\n";
+
+/// A problem with the command line: exit status 2.
+struct UsageError {
+  std::string message;
+};
+
+/// Everything `pagedc run` was asked to do.
+struct RunOptions {
+  std::string program;
+  std::string mask, score;
+  std::string qPath, kPath, vPath, outPath, lsePath;
+  std::vector<std::pair<std::string, std::string>> buffers; // NAME, file
+  std::vector<std::pair<std::string, std::string>> params;  // NAME, value
+  std::vector<ConstOverride> constOverrides;
+  std::optional<float> scale;
+  int32_t qBlock = 128, kvBlock = 128;
+  std::optional<int64_t> pageSize;
+  std::optional<uint64_t> shuffleSeed;
+  std::optional<int64_t> qOffset; // nullopt with qOffsetAtEnd
+  bool qOffsetAtEnd = false;
+  std::string device = "auto";
+  bool reference = false;
+  int threads = 0;
+};
+
+int64_t parseInteger(llvm::StringRef option, llvm::StringRef text, int64_t lo,
+                     int64_t hi) {
+  int64_t value = 0;
+  if (text.getAsInteger(10, value) || value < lo || value > hi)
+    throw UsageError{option.str() + " expects an integer in [" +
+                     std::to_string(lo) + ", " + std::to_string(hi) +
+                     "], got '" + text.str() + "'"};
+  return value;
+}
+
+std::pair<std::string, std::string> splitAssignment(llvm::StringRef option,
+                                                    llvm::StringRef text) {
+  auto [name, value] = text.split('=');
+  if (name.empty() || !text.contains('='))
+    throw UsageError{option.str() + " expects NAME=VALUE, got '" + text.str() +
+                     "'"};
+  return {name.str(), value.str()};
+}
+
+RunOptions parseRunOptions(llvm::ArrayRef<const char *> args) {
+  RunOptions options;
+  for (size_t i = 0; i < args.size(); ++i) {
+    llvm::StringRef arg = args[i];
+    // Split `--name=value`; otherwise options with values take the next arg.
+    llvm::StringRef name = arg, inlineValue;
+    bool hasInline = false;
+    if (arg.starts_with("--") && arg.contains('=')) {
+      std::tie(name, inlineValue) = arg.split('=');
+      hasInline = true;
+    } else if (arg.starts_with("-D") && arg.size() > 2) {
+      name = "-D";
+      inlineValue = arg.drop_front(2);
+      hasInline = true;
+    } else if (arg.starts_with("-o") && arg.size() > 2) {
+      name = "-o";
+      inlineValue = arg.drop_front(2);
+      hasInline = true;
+    }
+    auto value = [&]() -> llvm::StringRef {
+      if (hasInline)
+        return inlineValue;
+      if (i + 1 >= args.size())
+        throw UsageError{name.str() + " needs a value"};
+      return args[++i];
+    };
+    auto flag = [&]() {
+      if (hasInline)
+        throw UsageError{name.str() + " takes no value"};
+    };
+    if (name == "--mask") options.mask = value().str();
+    else if (name == "--score") options.score = value().str();
+    else if (name == "--q") options.qPath = value().str();
+    else if (name == "--k") options.kPath = value().str();
+    else if (name == "--v") options.vPath = value().str();
+    else if (name == "-o" || name == "--output") options.outPath = value().str();
+    else if (name == "--lse") options.lsePath = value().str();
+    else if (name == "--buffer")
+      options.buffers.push_back(splitAssignment(name, value()));
+    else if (name == "--param")
+      options.params.push_back(splitAssignment(name, value()));
+    else if (name == "-D") {
+      auto [constant, text] = splitAssignment(name, value());
+      options.constOverrides.push_back({constant, text});
+    } else if (name == "--scale") {
+      double scale = 0;
+      llvm::StringRef text = value();
+      if (text.getAsDouble(scale) || !std::isfinite(scale))
+        throw UsageError{"--scale expects a finite number, got '" + text.str() +
+                         "'"};
+      options.scale = static_cast<float>(scale);
+    } else if (name == "--block") {
+      llvm::StringRef text = value();
+      auto [q, kv] = text.split('x');
+      if (!text.contains('x'))
+        throw UsageError{"--block expects QxKV (e.g. 128x128), got '" +
+                         text.str() + "'"};
+      options.qBlock = static_cast<int32_t>(parseInteger("--block", q, 1, 4096));
+      options.kvBlock =
+          static_cast<int32_t>(parseInteger("--block", kv, 1, 4096));
+    } else if (name == "--page-size") {
+      int64_t size = parseInteger(name, value(), 1, 1024);
+      if (size & (size - 1))
+        throw UsageError{"--page-size must be a power of two from 1 to 1024, "
+                         "got " + std::to_string(size)};
+      options.pageSize = size;
+    } else if (name == "--shuffle-pages") {
+      options.shuffleSeed = static_cast<uint64_t>(
+          parseInteger(name, value(), 0, INT64_MAX));
+    } else if (name == "--q-offset") {
+      llvm::StringRef text = value();
+      if (text == "end")
+        options.qOffsetAtEnd = true;
+      else
+        options.qOffset = parseInteger(name, text, 0, INT32_MAX);
+    } else if (name == "--device") {
+      options.device = value().str();
+      if (options.device != "cpu" && options.device != "cuda" &&
+          options.device != "auto")
+        throw UsageError{"--device expects cpu, cuda or auto, got '" +
+                         options.device + "'"};
+    } else if (name == "--reference") {
+      flag();
+      options.reference = true;
+    } else if (name == "--threads") {
+      options.threads = static_cast<int>(parseInteger(name, value(), 0, 1024));
+    } else if (arg.starts_with("-") && arg != "-") {
+      throw UsageError{"unknown option '" + arg.str() + "'"};
+    } else if (options.program.empty()) {
+      options.program = arg.str();
+    } else {
+      throw UsageError{"unexpected argument '" + arg.str() +
+                       "' (the program is '" + options.program + "')"};
+    }
+  }
+  if (options.program.empty())
+    throw UsageError{"no .attn program given"};
+  for (auto [path, what] : {std::pair{&options.qPath, "--q"},
+                            std::pair{&options.kPath, "--k"},
+                            std::pair{&options.vPath, "--v"},
+                            std::pair{&options.outPath, "-o"}})
+    if (path->empty())
+      throw UsageError{std::string(what) + " is required"};
+  return options;
+}
+
+/// Reads an attention input: rank 4, a floating dtype (bf16 as '<u2').
+HostTensor readAttentionInput(const std::string &path, const char *role) {
+  NpyReadOptions read;
+  read.uint16AsBF16 = true;
+  HostTensor tensor = readNpy(path, read);
+  if (tensor.dtype() != DType::F32 && tensor.dtype() != DType::F16 &&
+      tensor.dtype() != DType::BF16)
+    throw Error(fmt::format("npy file '{}': {} must be f32, f16 or bf16 (as <u2), "
+                    "not {}",
+                    path.c_str(), role, dtypeName(tensor.dtype())));
+  if (tensor.shape().size() != 4)
+    throw Error(fmt::format("npy file '{}': {} must have rank 4 [B, H, L, D], got "
+                    "shape {}",
+                    path.c_str(), role,
+                    shapeToString(tensor.shape()).c_str()));
+  return tensor;
+}
+
+/// Parses a param value of the declared type.
+PagedcParamSlot parseParam(const ParamDecl &decl, const std::string &text) {
+  PagedcParamSlot slot{};
+  llvm::StringRef value(text);
+  switch (decl.type) {
+  case ScalarKind::F32: {
+    double real = 0;
+    if (value.getAsDouble(real))
+      throw Error(fmt::format("--param {}={}: '{}' is not a number ({} is f32)",
+                      decl.name.c_str(), text.c_str(), text.c_str(),
+                      decl.name.c_str()));
+    slot.f32 = static_cast<float>(real);
+    return slot;
+  }
+  case ScalarKind::I32: {
+    int64_t integer = 0;
+    if (value.getAsInteger(10, integer) || integer < INT32_MIN ||
+        integer > INT32_MAX)
+      throw Error(fmt::format("--param {}={}: '{}' is not an i32", decl.name.c_str(),
+                      text.c_str(), text.c_str()));
+    slot.i32 = static_cast<int32_t>(integer);
+    return slot;
+  }
+  case ScalarKind::Bool:
+    if (value == "true" || value == "1")
+      slot.i32 = 1;
+    else if (value == "false" || value == "0")
+      slot.i32 = 0;
+    else
+      throw Error(fmt::format("--param {}={}: expected true or false",
+                      decl.name.c_str(), text.c_str()));
+    return slot;
+  }
+  return slot;
+}
+
+int runChecked(const RunOptions &options) {
+  // 1. The device.
+  std::string cudaReason;
+  bool cudaUsable = false;
+  if (options.device != "cpu" && CudaDriver::available(&cudaReason))
+    cudaReason = "the CUDA attention backend is not part of this build of "
+                 "pagedc run";
+  if (options.device == "cuda" && !cudaUsable && !options.reference)
+    throw Error("--device cuda: CUDA execution is not available: " +
+                cudaReason);
+
+  // 2. The mods.
+  jit::SourceCompileOptions compileOptions;
+  compileOptions.constOverrides = options.constOverrides;
+  auto compiled = jit::compileModsFromFile(options.program, options.mask,
+                                           options.score, compileOptions,
+                                           llvm::errs());
+  if (!compiled)
+    throw Error(llvm::toString(compiled.takeError()));
+  const CompiledMods &mods = *compiled;
+
+  // 3. Inputs and their shapes.
+  HostTensor q = toF32(readAttentionInput(options.qPath, "q"));
+  HostTensor k = toF32(readAttentionInput(options.kPath, "k"));
+  HostTensor v = toF32(readAttentionInput(options.vPath, "v"));
+  const auto &qs = q.shape(), &ks = k.shape(), &vs = v.shape();
+  const int64_t batch = qs[0], qHeads = qs[1], qLength = qs[2], dim = qs[3];
+  const int64_t kvHeads = ks[1], kvLength = ks[2], vDim = vs[3];
+  auto mismatch = [&](const std::string &path, const std::string &what) {
+    return Error("npy file '" + path + "': " + what);
+  };
+  if (ks[0] != batch)
+    throw mismatch(options.kPath, fmt::format("batch {} differs from q's {}",
+                                      (long long)ks[0], (long long)batch));
+  if (vs[0] != batch)
+    throw mismatch(options.vPath, fmt::format("batch {} differs from q's {}",
+                                      (long long)vs[0], (long long)batch));
+  if (ks[3] != dim)
+    throw mismatch(options.kPath, fmt::format("head dim {} differs from q's {}",
+                                      (long long)ks[3], (long long)dim));
+  if (vs[1] != kvHeads || vs[2] != kvLength)
+    throw mismatch(options.vPath,
+                   fmt::format("shape {} does not match k's {} in heads and length",
+                       shapeToString(vs).c_str(), shapeToString(ks).c_str()));
+  if (kvHeads <= 0 || qHeads % kvHeads != 0)
+    throw mismatch(options.kPath,
+                   fmt::format("{} KV heads do not divide q's {} heads",
+                       (long long)kvHeads, (long long)qHeads));
+  if (batch <= 0 || qLength <= 0 || kvLength <= 0 || dim <= 0 || vDim <= 0)
+    throw mismatch(options.qPath, "every dimension must be positive");
+  if (kvLength > INT32_MAX / 2 || qLength > INT32_MAX / 2)
+    throw mismatch(options.kPath, "sequence too long");
+
+  int64_t qOffset = options.qOffsetAtEnd ? kvLength - qLength
+                                         : options.qOffset.value_or(0);
+  if (qOffset < 0)
+    throw Error(fmt::format("--q-offset end: q has {} rows but k only {}, so the "
+                    "offset would be negative",
+                    (long long)qLength, (long long)kvLength));
+
+  // 4. Bindings: every given buffer and param must be declared by the mods.
+  std::vector<HostTensor> bufferStorage;
+  Bindings bindings;
+  bufferStorage.reserve(options.buffers.size());
+  for (const auto &[name, path] : options.buffers) {
+    const BufferDecl *decl = nullptr;
+    for (const BufferDecl &candidate : mods.buffers)
+      if (candidate.name == name)
+        decl = &candidate;
+    if (!decl)
+      throw Error("--buffer " + name + "=" + path + ": the selected mods read "
+                  "no buffer named '" + name + "'" +
+                  declaredList(mods.buffers));
+    NpyReadOptions read;
+    read.uint16AsBF16 = decl->elementType == DType::BF16;
+    HostTensor tensor = readNpy(path, read);
+    if (tensor.dtype() != decl->elementType)
+      throw Error(fmt::format("npy file '{}': buffer '{}' is declared {} but the file "
+                      "holds {}",
+                      path.c_str(), name.c_str(), dtypeName(decl->elementType),
+                      dtypeName(tensor.dtype())));
+    if (tensor.shape().size() != decl->dims.size())
+      throw Error(fmt::format("npy file '{}': buffer '{}' is declared with rank {} "
+                      "but the file has shape {}",
+                      path.c_str(), name.c_str(), decl->dims.size(),
+                      shapeToString(tensor.shape()).c_str()));
+    bufferStorage.push_back(std::move(tensor));
+    bindings.buffers[name] = bufferStorage.back().view();
+  }
+  std::vector<PagedcParamSlot> paramSlots;
+  for (const auto &[name, text] : options.params) {
+    const ParamDecl *decl = nullptr;
+    for (const ParamDecl &candidate : mods.params)
+      if (candidate.name == name)
+        decl = &candidate;
+    if (!decl)
+      throw Error("--param " + name + "=" + text + ": the selected mods read "
+                  "no param named '" + name + "'" + declaredList(mods.params));
+    PagedcParamSlot slot = parseParam(*decl, text);
+    bindings.params[name] =
+        decl->type == ScalarKind::F32    ? ParamValue::ofF32(slot.f32)
+        : decl->type == ScalarKind::I32 ? ParamValue::ofI32(slot.i32)
+                                        : ParamValue::ofBool(slot.i32 != 0);
+  }
+  // Missing buffers/params, named dims that disagree: the runtime's checks.
+  ResolvedBindings resolved = resolveBindings(mods, bindings, Device::cpu());
+
+  // 5. Attention: the float64 reference or the runtime.
+  HostTensor out(DType::F32, {batch, qHeads, qLength, vDim});
+  HostTensor lse(DType::F32, {batch, qHeads, qLength});
+  std::vector<int32_t> kvLengths(batch, static_cast<int32_t>(kvLength));
+  std::vector<int32_t> qOffsets(batch, static_cast<int32_t>(qOffset));
+  float scale = options.scale.value_or(1.0f / std::sqrt(float(dim)));
+  if (options.reference) {
+    cpu::ReferenceArgs args;
+    args.q = q.view();
+    args.k = k.view();
+    args.v = v.view();
+    args.kvLength = kvLengths.data();
+    args.qOffset = qOffsets.data();
+    args.mods = &mods;
+    args.context = &resolved.context();
+    args.scale = scale;
+    cpu::ReferenceResult result = cpu::referenceAttention(args);
+    for (size_t i = 0; i < result.out.size(); ++i)
+      out.dataAs<float>()[i] = static_cast<float>(result.out[i]);
+    for (size_t i = 0; i < result.lse.size(); ++i)
+      lse.dataAs<float>()[i] = static_cast<float>(result.lse[i]);
+  } else {
+    int64_t pageSize = options.pageSize.value_or(contiguousPageSize(kvLength));
+    std::unique_ptr<PagedKVCache> cache = buildCache(
+        k, v, std::vector<int64_t>(batch, kvLength), pageSize,
+        options.shuffleSeed);
+    BlockMask blockMask = createBlockMask(
+        mods, resolved.context(), batch, qHeads, qOffset + qLength, kvLength,
+        options.qBlock, options.kvBlock);
+    AttentionOptions attention;
+    attention.kvLength = kvLengths;
+    attention.qOffset = qOffsets;
+    attention.scale = scale;
+    attention.out = out.view();
+    attention.lse = lse.view();
+    attention.returnLse = true;
+    attention.threads = options.threads;
+    flexAttention(q.view(), *cache, &blockMask, mods, bindings, attention);
+  }
+
+  // 6. Outputs, all or nothing.
+  std::vector<std::pair<std::string, std::vector<uint8_t>>> files;
+  files.push_back({options.outPath, encodeNpy(out.view())});
+  if (!options.lsePath.empty())
+    files.push_back({options.lsePath, encodeNpy(lse.view())});
+  writeFilesAtomically(files);
+  return kExitSuccess;
+}
+
+} // namespace
+
+int pagedc::driver::runAttentionCommand(llvm::ArrayRef<const char *> args) {
+  for (llvm::StringRef arg : args)
+    if (arg == "--help" || arg == "-h") {
+      llvm::outs() << kRunUsage;
+      return kExitSuccess;
+    }
+  RunOptions options;
+  try {
+    options = parseRunOptions(args);
+  } catch (const UsageError &error) {
+    llvm::errs() << "pagedc run: error: " << error.message << "\n" << kRunUsage;
+    return kExitUsageError;
+  }
+  try {
+    return runChecked(options);
+  } catch (const Error &error) {
+    llvm::errs() << "pagedc run: error: " << error.what() << "\n";
+    return kExitInputError;
+  }
+}
+
+void pagedc::driver::registerRunSubcommands(Registry &registry) {
+  registry.addSubcommand({"run",
+                          "compute attention on .npy inputs with the mods of "
+                          "a .attn program (CPU JIT)",
+                          runAttentionCommand});
+  registry.addSubcommand({"demo",
+                          "a paged decode loop with example mods, checked "
+                          "against the float64 reference",
+                          runDemoCommand});
+}

@@ -1,0 +1,71 @@
+//===- RunSupport.h - Helpers of `pagedc run` and `pagedc demo` -*- C++ -*-===//
+#ifndef PAGEDC_TOOLS_RUNSUPPORT_H
+#define PAGEDC_TOOLS_RUNSUPPORT_H
+
+#include "pagedc/KVCache.h"
+#include "pagedc/Mods.h"
+#include "pagedc/Tensor.h"
+
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
+namespace pagedc::driver {
+
+/// "[2, 8, 128, 64]"
+std::string shapeToString(const std::vector<int64_t> &shape);
+
+/// A copy of `tensor` as f32 (f32 tensors are moved through unchanged).
+HostTensor toF32(HostTensor tensor);
+
+/// " (they read: a, b)" or " (they read none)", for error messages.
+std::string declaredList(const std::vector<BufferDecl> &decls);
+std::string declaredList(const std::vector<ParamDecl> &decls);
+
+/// The page size that stores a sequence of `length` tokens in one page:
+/// the next power of two, at most 1024.
+int64_t contiguousPageSize(int64_t length);
+
+/// Reserves `tokens` more positions for `slot`, one page at a time, in an
+/// order drawn from `random` together with the other growing slots: see
+/// buildCache(). Used by the demo's decode loop as well.
+class PageShuffler {
+public:
+  /// `scratchSlot` is a slot of `cache` no sequence uses.
+  PageShuffler(PagedKVCache &cache, int64_t scratchSlot, uint64_t seed);
+  /// Grows every slot `s` to `lengths[s]` tokens (slots in `slots`),
+  /// interleaving their pages at random with pages that the scratch slot
+  /// takes and gives back, so that physical pages end up scattered and out
+  /// of order in every page table.
+  void reserve(const std::vector<int64_t> &slots,
+               const std::vector<int64_t> &lengths);
+
+private:
+  uint64_t next(uint64_t bound);
+  PagedKVCache &cache_;
+  int64_t scratch_;
+  uint64_t state_;
+};
+
+/// A new f32 PagedKVCache holding K and V ([B, H, L, D] f32; sequence b has
+/// lengths[b] tokens) in slots 0..B-1, written with reserve + assign. With
+/// `shuffleSeed`, pages are reserved through a PageShuffler (and the cache
+/// has spare pages and one scratch slot); without, in slot order.
+std::unique_ptr<PagedKVCache> buildCache(const HostTensor &k,
+                                         const HostTensor &v,
+                                         const std::vector<int64_t> &lengths,
+                                         int64_t pageSize,
+                                         std::optional<uint64_t> shuffleSeed);
+
+/// Writes every (path, bytes) to a temporary file next to it, then renames
+/// them all into place; on any failure removes the temporaries and throws
+/// pagedc::Error naming the file.
+void writeFilesAtomically(
+    const std::vector<std::pair<std::string, std::vector<uint8_t>>> &files);
+
+} // namespace pagedc::driver
+
+#endif // PAGEDC_TOOLS_RUNSUPPORT_H
