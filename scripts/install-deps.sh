@@ -2,7 +2,7 @@
 # Installs the Debian packages pagedc needs, only those that are missing.
 # Quiet when everything is already there; safe to run any number of times.
 set -euo pipefail
-packages=(cmake ninja-build g++ python3 llvm-19-dev libmlir-19-dev mlir-19-tools llvm-19-tools
+packages=(cmake ninja-build g++ lld python3 llvm-19-dev libmlir-19-dev mlir-19-tools llvm-19-tools
           libfmt-dev libgtest-dev libbenchmark-dev)
 missing=()
 for p in "${packages[@]}"; do
