@@ -215,12 +215,14 @@ BENCHMARK(BM_ConvertLogicalBlockMaskPerSequence)
 enum MaskKind { Causal = 0, SlidingWindow = 1 };
 enum Method { Diagonal = 0, DiagonalWithClassifier = 1, Classifier = 2, ElementWise = 3 };
 
-/// createBlockMask(length x length, blocks 128): argument 0 the length,
-/// 1 the mask kind, 2 the method.
+/// createBlockMask(length x length, blocks 128): arguments the length, the
+/// mask kind, the method and whether the result is reused (createBlockMask-
+/// Into one BlockMask: no allocation) or fresh every call.
 void BM_CreateBlockMask(benchmark::State &state) {
   const int64_t length = state.range(0);
   const bool window = state.range(1) == SlidingWindow;
   const Method method = static_cast<Method>(state.range(2));
+  const bool reuse = state.range(3) == 1;
   PagedcParamSlot windowSize;
   windowSize.i32 = 4096;
   const PagedcModContext context{nullptr, &windowSize};
@@ -228,11 +230,19 @@ void BM_CreateBlockMask(benchmark::State &state) {
   if (window)
     mods = maskMods(windowRow, method != Classifier, nullptr);
   else
-    mods = maskMods(causalRow, method == Diagonal || method == DiagonalWithClassifier,
-                    method == Diagonal ? nullptr : causalClass);
+    mods = maskMods(causalRow,
+                    method == Diagonal || method == DiagonalWithClassifier,
+                    method == DiagonalWithClassifier || method == Classifier ? causalClass
+                                                                             : nullptr);
   const BlockMaskMethod how =
       method == ElementWise ? BlockMaskMethod::ElementWise : BlockMaskMethod::Auto;
+  BlockMask reused;
   for (auto _ : state) {
+    if (reuse) {
+      createBlockMaskInto(mods, context, kBatch, 32, length, length, 128, 128, how, reused);
+      benchmark::DoNotOptimize(reused.kvIndices.data());
+      continue;
+    }
     BlockMask mask = createBlockMask(mods, context, kBatch, 32, length, length, 128, 128, how);
     benchmark::DoNotOptimize(mask.kvIndices.data());
   }
@@ -240,18 +250,22 @@ void BM_CreateBlockMask(benchmark::State &state) {
                  (method == Diagonal                 ? "diagonal"
                   : method == DiagonalWithClassifier ? "diagonal + classifier"
                   : method == Classifier             ? "classifier per block"
-                                                     : "element-wise"));
+                                                     : "element-wise") +
+                 (reuse ? ", reused result" : ""));
 }
 BENCHMARK(BM_CreateBlockMask)
-    ->ArgNames({"len", "kind", "method"})
-    ->Args({32 * 1024, Causal, Diagonal})
-    ->Args({32 * 1024, SlidingWindow, Diagonal})
-    ->Args({128 * 1024, Causal, Diagonal})
-    ->Args({128 * 1024, Causal, DiagonalWithClassifier})
-    ->Args({128 * 1024, SlidingWindow, Diagonal})
-    ->Args({128 * 1024, Causal, Classifier})
-    ->Args({8 * 1024, Causal, ElementWise})
-    ->Args({8 * 1024, SlidingWindow, ElementWise})
+    ->ArgNames({"len", "kind", "method", "reuse"})
+    ->Args({32 * 1024, Causal, Diagonal, 0})
+    ->Args({32 * 1024, SlidingWindow, Diagonal, 0})
+    ->Args({128 * 1024, Causal, Diagonal, 0})
+    ->Args({128 * 1024, Causal, Diagonal, 1})
+    ->Args({128 * 1024, Causal, DiagonalWithClassifier, 0})
+    ->Args({128 * 1024, Causal, DiagonalWithClassifier, 1})
+    ->Args({128 * 1024, SlidingWindow, Diagonal, 0})
+    ->Args({128 * 1024, SlidingWindow, Diagonal, 1})
+    ->Args({128 * 1024, Causal, Classifier, 1})
+    ->Args({8 * 1024, Causal, ElementWise, 1})
+    ->Args({8 * 1024, SlidingWindow, ElementWise, 1})
     ->Unit(benchmark::kMicrosecond);
 
 } // namespace

@@ -59,9 +59,9 @@ void checkSizes(int64_t batch, int64_t heads, int64_t qLength, int64_t kvLength,
                             kvBlockSize));
 }
 
-/// A mask of the given extents with every array sized and counts zero.
-BlockMask allocateMask(int64_t batch, int64_t heads, const Geometry &geometry) {
-  BlockMask mask;
+/// Shapes `mask` for the given extents, reusing its storage: counts and
+/// indices are left for the builder to write (every row's counts are).
+void shapeMask(BlockMask &mask, int64_t batch, int64_t heads, const Geometry &geometry) {
   mask.batch = batch;
   mask.heads = heads;
   mask.qLength = geometry.qLength;
@@ -75,6 +75,11 @@ BlockMask allocateMask(int64_t batch, int64_t heads, const Geometry &geometry) {
   mask.fullKvNumBlocks.resize(rows);
   mask.kvIndices.resize(rows * static_cast<size_t>(geometry.numKv));
   mask.fullKvIndices.resize(rows * static_cast<size_t>(geometry.numKv));
+}
+
+BlockMask allocateMask(int64_t batch, int64_t heads, const Geometry &geometry) {
+  BlockMask mask;
+  shapeMask(mask, batch, heads, geometry);
   return mask;
 }
 
@@ -185,10 +190,12 @@ public:
       if (q == g.qLength - 1)
         break;
     }
+    // Counts stay below qLength + kvLength < 2^32: 32-bit prefix sums.
     prefix_.resize(byDifference.size() + 1);
     prefix_[0] = 0;
+    uint32_t running = 0;
     for (size_t t = 0; t < byDifference.size(); ++t)
-      prefix_[t + 1] = prefix_[t] + byDifference[t];
+      prefix_[t + 1] = running += byDifference[t];
   }
 
   /// The class of the rectangle [qLo, qHi] x [kvLo, kvHi]. Every difference
@@ -200,7 +207,7 @@ public:
           static_cast<int32_t>(kvLo), static_cast<int32_t>(kvHi)));
     const int64_t offset = g_.kvLength - 1;
     const int64_t lo = qLo - kvHi + offset, hi = qHi - kvLo + offset;
-    return classFromCount(prefix_[hi + 1] - prefix_[lo], hi - lo + 1);
+    return classFromCount(int64_t(prefix_[hi + 1] - prefix_[lo]), hi - lo + 1);
   }
 
 private:
@@ -208,7 +215,7 @@ private:
   const PagedcModContext &context_;
   const Geometry &g_;
   int32_t b_, h_;
-  std::vector<int64_t> prefix_;
+  std::vector<uint32_t> prefix_;
 };
 
 void buildDiagonal(BlockMask &mask, const Geometry &g, const CompiledMods &mods,
@@ -271,22 +278,32 @@ void buildDiagonal(BlockMask &mask, const Geometry &g, const CompiledMods &mods,
 BlockMask createBlockMask(const CompiledMods &mods, const PagedcModContext &context,
                           int64_t batch, int64_t heads, int64_t qLength, int64_t kvLength,
                           int32_t qBlockSize, int32_t kvBlockSize, BlockMaskMethod method) {
+  BlockMask mask;
+  createBlockMaskInto(mods, context, batch, heads, qLength, kvLength, qBlockSize, kvBlockSize,
+                      method, mask);
+  return mask;
+}
+
+void createBlockMaskInto(const CompiledMods &mods, const PagedcModContext &context,
+                         int64_t batch, int64_t heads, int64_t qLength, int64_t kvLength,
+                         int32_t qBlockSize, int32_t kvBlockSize, BlockMaskMethod method,
+                         BlockMask &mask) {
   checkSizes(batch, heads, qLength, kvLength, qBlockSize, kvBlockSize);
+  if (mods.hasMask() && !mods.maskRow)
+    throw Error(fmt::format("mask mod '{}' has no CPU function to build a block mask with",
+                            mods.maskName));
   const Geometry geometry(qLength, kvLength, qBlockSize, kvBlockSize);
   if (!mods.hasMask()) {
-    BlockMask mask = allocateMask(1, 1, geometry);
+    shapeMask(mask, 1, 1, geometry);
     for (int64_t i = 0; i < geometry.numQ; ++i) {
       RowWriter row(mask, i);
       for (int64_t j = 0; j < geometry.numKv; ++j)
         row.addFull(j);
     }
-    return mask;
+    return;
   }
-  if (!mods.maskRow)
-    throw Error(fmt::format("mask mod '{}' has no CPU function to build a block mask with",
-                            mods.maskName));
   const ModDependence &dependence = mods.maskDependence;
-  BlockMask mask = allocateMask(dependence.b ? batch : 1, dependence.h ? heads : 1, geometry);
+  shapeMask(mask, dependence.b ? batch : 1, dependence.h ? heads : 1, geometry);
   if (method == BlockMaskMethod::ElementWise)
     buildElementWise(mask, geometry, mods, context);
   else if (dependence.diagonal)
@@ -295,7 +312,6 @@ BlockMask createBlockMask(const CompiledMods &mods, const PagedcModContext &cont
     buildWithClassifier(mask, geometry, mods, context);
   else
     buildElementWise(mask, geometry, mods, context);
-  return mask;
 }
 
 void validateBlockMask(const BlockMask &mask) {

@@ -91,6 +91,14 @@ BlockMask createBlockMask(const CompiledMods &mods, const PagedcModContext &cont
                           int32_t qBlockSize = 128, int32_t kvBlockSize = 128,
                           BlockMaskMethod method = BlockMaskMethod::Auto);
 
+/// createBlockMask() writing into `mask`, whose storage is reused: building
+/// masks of the same shape again allocates nothing. `mask` is unchanged
+/// when the arguments are invalid.
+void createBlockMaskInto(const CompiledMods &mods, const PagedcModContext &context,
+                         int64_t batch, int64_t heads, int64_t qLength, int64_t kvLength,
+                         int32_t qBlockSize, int32_t kvBlockSize, BlockMaskMethod method,
+                         BlockMask &mask);
+
 /// Builds a block mask from FlexAttention-style block lists (from_kv_blocks):
 /// `kvNumBlocks` [batch, heads, numQBlocks], `kvIndices` [..., maxKvBlocks],
 /// and optionally the full-block pair (both empty for none). Checks every

@@ -291,3 +291,33 @@ TEST(DenseToBlockMask, ClassifiesHandWrittenBlocks) {
       expected[q * 6 + kv] = 1;
   EXPECT_EQ(toDense(mask), expected);
 }
+
+TEST(CreateBlockMask, IntoReusesTheResultAndKeepsItOnError) {
+  std::vector<PagedcParamSlot> params(1);
+  params[0].i32 = 24;
+  const PagedcModContext context{nullptr, params.data()};
+  const CompiledMods window = maskMods(slidingWindowRow, nullptr, false, false, true);
+  const CompiledMods causal = maskMods(causalRow, causalClass);
+  BlockMask reused;
+  // Shapes that grow, shrink and repeat must each equal a fresh build.
+  const int64_t lengths[][2] = {{200, 300}, {64, 64}, {200, 300}, {1, 500}};
+  for (const auto &length : lengths)
+    for (const CompiledMods *mods : {&window, &causal}) {
+      createBlockMaskInto(*mods, context, 2, 2, length[0], length[1], 16, 32,
+                          BlockMaskMethod::Auto, reused);
+      const BlockMask fresh = createBlockMask(*mods, context, 2, 2, length[0], length[1], 16, 32);
+      EXPECT_EQ(toDenseBlocks(reused), toDenseBlocks(fresh));
+      EXPECT_EQ(reused.kvNumBlocks, fresh.kvNumBlocks);
+      EXPECT_EQ(reused.fullKvNumBlocks, fresh.fullKvNumBlocks);
+    }
+  const std::vector<uint8_t> before = toDenseBlocks(reused);
+  EXPECT_PAGEDC_ERROR(createBlockMaskInto(causal, context, 1, 1, 0, 8, 16, 16,
+                                          BlockMaskMethod::Auto, reused),
+                      "block mask lengths");
+  CompiledMods noFunction = causal;
+  noFunction.maskRow = nullptr;
+  EXPECT_PAGEDC_ERROR(createBlockMaskInto(noFunction, context, 1, 1, 8, 8, 16, 16,
+                                          BlockMaskMethod::Auto, reused),
+                      "has no CPU function");
+  EXPECT_EQ(toDenseBlocks(reused), before);
+}
