@@ -196,6 +196,9 @@ CheckedCall checkCall(const TensorView &q, const PagedKVCache &cache, const Bloc
   // The block mask against the call.
   if (blockMask) {
     validateBlockMask(*blockMask);
+    if (blockMask->physicalIndices)
+      throw Error("the block mask holds physical page indices (from convertLogicalBlockMask); "
+                  "flexAttention takes the logical mask");
     if (blockMask->batch != 1 && blockMask->batch != batch)
       throw Error(fmt::format("block mask has batch extent {} but the call has B={} (the extent "
                               "must be 1 or B)",

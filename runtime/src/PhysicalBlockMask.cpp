@@ -81,6 +81,8 @@ void convertLogicalBlockMaskInto(const PagedKVCache &cache, const BlockMask &mas
                                  const std::vector<int32_t> &batchIdx,
                                  const std::vector<int32_t> &kvLength, PhysicalBlockMask &result) {
   validateBlockMask(mask);
+  if (mask.physicalIndices)
+    throw Error("the block mask is already converted (it holds physical page indices)");
   std::vector<int32_t> slots = batchIdx;
   if (slots.empty())
     for (int64_t b = 0; b < mask.batch; ++b)
@@ -135,6 +137,7 @@ void convertLogicalBlockMaskInto(const PagedKVCache &cache, const BlockMask &mas
   out.kvBlockSize = mask.kvBlockSize;
   out.numQBlocks = mask.numQBlocks;
   out.maxKvBlocks = columns;
+  out.physicalIndices = physical;
   const size_t rows = static_cast<size_t>(batch * mask.heads * mask.numQBlocks);
   out.kvNumBlocks.resize(rows);
   out.fullKvNumBlocks.resize(rows);

@@ -30,6 +30,10 @@ struct BlockMask {
   int32_t kvBlockSize = 128;
   int64_t numQBlocks = 0;  // ceil(qLength / qBlockSize)
   int64_t maxKvBlocks = 0; // columns of the index arrays
+  /// True when the indices are physical page numbers (a mask converted by
+  /// convertLogicalBlockMask() with block size == page size); such a mask is
+  /// for physical-index consumers only and flexAttention() rejects it.
+  bool physicalIndices = false;
 
   /// [batch, heads, numQBlocks]
   std::vector<int32_t> kvNumBlocks;

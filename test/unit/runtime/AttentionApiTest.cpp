@@ -356,6 +356,9 @@ TEST_F(ValidationFixture, BlockMaskAgreement) {
   mask = createBlockMask(mods, kNoContext, 2, 4, 16, 10, 8, 8);
   EXPECT_PAGEDC_ERROR(run(), "block mask was built for KV_LEN=10 but options.kvLength[1] = 12");
   mask = saved;
+  mask.physicalIndices = true;
+  EXPECT_PAGEDC_ERROR(run(), "the block mask holds physical page indices");
+  mask = saved;
   mask.kvIndices.push_back(0);
   EXPECT_PAGEDC_ERROR(run(), "block mask kvIndices has");
   mask = saved;

@@ -207,6 +207,10 @@ TEST(ConvertLogicalBlockMask, Validation) {
                       "kv_len has 1 entries but there are 2 batch rows");
   EXPECT_PAGEDC_ERROR(convertLogicalBlockMask(cache, logical, {0, 1}, {32, 1}),
                       "kv_len[1] = 1 is outside slot 1's capacity [0, 0]");
+  const PhysicalBlockMask converted = convertLogicalBlockMask(cache, logical, {0, 1});
+  EXPECT_TRUE(converted.mask.physicalIndices);
+  EXPECT_PAGEDC_ERROR(convertLogicalBlockMask(cache, converted.mask, {0, 1}),
+                      "the block mask is already converted");
   BlockMask broken = logical;
   broken.kvIndices.pop_back();
   EXPECT_PAGEDC_ERROR(convertLogicalBlockMask(cache, broken, {0, 1}), "kvIndices has");
