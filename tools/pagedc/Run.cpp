@@ -359,7 +359,14 @@ int runChecked(const RunOptions &options) {
                                         : ParamValue::ofBool(slot.i32 != 0);
   }
   // Missing buffers/params, named dims that disagree: the runtime's checks.
-  ResolvedBindings resolved = resolveBindings(mods, bindings, Device::cpu());
+  ResolvedBindings resolved;
+  try {
+    resolved = resolveBindings(mods, bindings, Device::cpu());
+  } catch (const Error &error) {
+    throw Error(std::string(error.what()) +
+                " (bind buffers with --buffer NAME=FILE.npy, params with "
+                "--param NAME=VALUE)");
+  }
 
   // 5. Attention: the float64 reference or the runtime.
   HostTensor out(DType::F32, {batch, qHeads, qLength, vDim});

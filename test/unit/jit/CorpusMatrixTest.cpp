@@ -36,6 +36,12 @@ struct CorpusCase {
   std::string score;
 };
 
+/// Readable test names in gtest's failure messages.
+void PrintTo(const CorpusCase &c, std::ostream *os) {
+  *os << std::filesystem::path(c.file).filename().string() << " mask '"
+      << c.mask << "' score '" << c.score << "'";
+}
+
 std::string readFile(const std::string &path) {
   std::ifstream in(path);
   std::stringstream text;
