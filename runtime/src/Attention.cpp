@@ -4,6 +4,8 @@
 
 #include "AttentionDispatch.h"
 #include "cpu/CpuAttention.h"
+#include "cuda/CudaAttention.h"
+#include "pagedc/CudaDriver.h"
 
 #include <fmt/format.h>
 
@@ -283,6 +285,13 @@ AttentionResult flexAttention(const TensorView &q, const PagedKVCache &cache,
   detail::DeviceAttentionFn deviceBackend;
   if (device.kind != DeviceKind::CPU) {
     deviceBackend = backendFor(device);
+    if (!deviceBackend && device.kind == DeviceKind::CUDA) {
+      // The built-in CUDA backend; without a driver, say why before anything.
+      std::string reason;
+      if (!CudaDriver::available(&reason))
+        throw Error(fmt::format("CUDA execution is not available: {}", reason));
+      deviceBackend = cuda::pagedAttention;
+    }
     if (!deviceBackend)
       throw Error(fmt::format("{} execution is not available in this build",
                               deviceKindName(device.kind)));
@@ -342,7 +351,7 @@ AttentionResult flexAttention(const TensorView &q, const PagedKVCache &cache,
   if (device.kind == DeviceKind::CPU)
     cpu::pagedAttention(args);
   else
-    deviceBackend(args, device);
+    deviceBackend(args, device, options.stream);
   return result;
 }
 

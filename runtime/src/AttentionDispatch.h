@@ -16,13 +16,17 @@
 
 namespace pagedc::detail {
 
-/// Runs one validated call on `device`. `args.pageTable`, `args.kvLength`
-/// and `args.qOffset` point to host memory valid for the duration of the
-/// call; every tensor is on `device`; `args.threads` is meaningless there.
-using DeviceAttentionFn = std::function<void(const cpu::PagedAttentionArgs &args, Device device)>;
+/// Runs one validated call on `device` and `stream` (options.stream: a
+/// CUstream for CUDA, null = the default stream). `args.pageTable`,
+/// `args.kvLength` and `args.qOffset` point to host memory valid for the
+/// duration of the call; every tensor is on `device`; `args.threads` is
+/// meaningless there.
+using DeviceAttentionFn =
+    std::function<void(const cpu::PagedAttentionArgs &args, Device device, void *stream)>;
 
 /// Registers the backend for a device kind other than the CPU (replacing
-/// any earlier one). Without one, calls on that kind throw
+/// any earlier one). Without one, CUDA calls run on the built-in backend
+/// (cuda/CudaAttention.h) and calls on other kinds throw
 /// "<KIND> execution is not available in this build".
 void setAttentionBackend(DeviceKind kind, DeviceAttentionFn backend);
 

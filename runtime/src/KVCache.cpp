@@ -2,6 +2,8 @@
 #include "pagedc/KVCache.h"
 #include "pagedc/Error.h"
 
+#include "cuda/CudaAttention.h"
+
 #include <fmt/format.h>
 
 #include <algorithm>
@@ -83,6 +85,8 @@ std::shared_ptr<KVMemory> memoryFor(Device device) {
     if (it != memoryFactories().end())
       factory = it->second;
   }
+  if (!factory && device.kind == DeviceKind::CUDA)
+    return cuda::kvMemory(device); // throws the driver's reason without one
   if (!factory)
     throw Error(fmt::format("KV cache memory on {} is not available in this build",
                             deviceName(device)));

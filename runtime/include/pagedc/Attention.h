@@ -3,7 +3,8 @@
 // flexAttention() computes softmax(score_mod(scale * q.k), masked) . v for a
 // batch of queries against sequences stored in a PagedKVCache. It checks
 // every input before doing any work and then runs on the device the tensors
-// live on (the CPU backend here; CUDA once the CUDA backend registers).
+// live on: the CPU backend, or CUDA (pagedc/CudaAttention.h) through the
+// driver loaded at run time.
 //
 //===----------------------------------------------------------------------===//
 #ifndef PAGEDC_ATTENTION_H
@@ -47,6 +48,9 @@ struct AttentionOptions {
   int threads = 0;
   /// The device to run on; by default q's. Every tensor must be on it.
   std::optional<Device> device;
+  /// CUDA: the CUstream to run on (null = the legacy default stream). The
+  /// call returns when its work on the stream is done.
+  void *stream = nullptr;
 };
 
 /// The outputs of flexAttention(). `out` and `lse` view either the caller's

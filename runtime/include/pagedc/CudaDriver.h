@@ -25,6 +25,7 @@ using Context = struct Context_st *;
 using Module = struct Module_st *;
 using Function = struct Function_st *;
 using Stream = struct Stream_st *;
+using Event = struct Event_st *;
 using DevicePointer = unsigned long long;
 constexpr int kAttributeMultiprocessorCount = 16;
 constexpr int kAttributeComputeCapabilityMajor = 75;
@@ -77,6 +78,19 @@ public:
     cu::Result (*streamCreate)(cu::Stream *, unsigned);
     cu::Result (*streamDestroy)(cu::Stream);
     cu::Result (*streamSynchronize)(cu::Stream);
+    // Used by the CUDA attention backend and pagedc-gpu (stream-ordered
+    // copies, device-to-device copies, events for timing).
+    cu::Result (*memcpyDtoD)(cu::DevicePointer, cu::DevicePointer, size_t);
+    cu::Result (*memcpyHtoDAsync)(cu::DevicePointer, const void *, size_t, cu::Stream);
+    cu::Result (*memcpyDtoHAsync)(void *, cu::DevicePointer, size_t, cu::Stream);
+    cu::Result (*memcpyDtoDAsync)(cu::DevicePointer, cu::DevicePointer, size_t, cu::Stream);
+    cu::Result (*memsetD8Async)(cu::DevicePointer, unsigned char, size_t, cu::Stream);
+    cu::Result (*memGetInfo)(size_t *, size_t *);
+    cu::Result (*eventCreate)(cu::Event *, unsigned);
+    cu::Result (*eventDestroy)(cu::Event);
+    cu::Result (*eventRecord)(cu::Event, cu::Stream);
+    cu::Result (*eventSynchronize)(cu::Event);
+    cu::Result (*eventElapsedTime)(float *, cu::Event, cu::Event);
   };
 
   /// The process-wide driver (cuInit done); throws pagedc::Error with the

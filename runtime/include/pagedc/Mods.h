@@ -70,6 +70,23 @@ struct ModDependence {
   std::vector<std::string> params;
 };
 
+class KernelBundle;
+
+/// Where the CUDA backend (CudaAttention.h) gets the kernels of a mod
+/// selection: a bundle of precompiled modules (no compiler or NVRTC needed)
+/// or the generated hook code (templates/Hooks.cuh) that the kernel cache
+/// compiles with NVRTC. The bundle wins when both are set. The Params layout
+/// is ParamsLayout::forDeclarations(params, buffers).
+struct CudaModsSource {
+  /// Generated mod code for assembleKernel(); empty when none.
+  std::string modCode;
+  /// Precompiled kernels and the label of this selection's modules in it.
+  std::shared_ptr<const KernelBundle> bundle;
+  std::string bundleLabel;
+
+  bool empty() const { return modCode.empty() && !bundle; }
+};
+
 /// The mods of one compiled program, selected for one attention call: at most
 /// one mask mod and at most one score mod. Copyable; `owner` keeps whatever
 /// backs the function pointers (a JIT, a shared object) alive.
@@ -93,6 +110,9 @@ struct CompiledMods {
   std::function<double(const PagedcModContext &, double score, int32_t b,
                        int32_t h, int32_t q, int32_t kv)>
       scoreReference;
+
+  // CUDA kernels (see CudaModsSource).
+  CudaModsSource cuda;
 
   std::shared_ptr<void> owner;
 

@@ -86,6 +86,22 @@ const Loaded &loadDriver() {
     resolve(api.streamCreate, "cuStreamCreate");
     resolve(api.streamDestroy, "cuStreamDestroy_v2");
     resolve(api.streamSynchronize, "cuStreamSynchronize");
+    resolve(api.memcpyDtoD, "cuMemcpyDtoD_v2");
+    resolve(api.memcpyHtoDAsync, "cuMemcpyHtoDAsync_v2");
+    resolve(api.memcpyDtoHAsync, "cuMemcpyDtoHAsync_v2");
+    resolve(api.memcpyDtoDAsync, "cuMemcpyDtoDAsync_v2");
+    resolve(api.memsetD8Async, "cuMemsetD8Async");
+    resolve(api.memGetInfo, "cuMemGetInfo_v2");
+    resolve(api.eventCreate, "cuEventCreate");
+    resolve(api.eventDestroy, "cuEventDestroy_v2");
+    resolve(api.eventRecord, "cuEventRecord");
+    resolve(api.eventSynchronize, "cuEventSynchronize");
+    // CUDA 12.8+ exports the _v2 name (cuda.h maps to it); older drivers
+    // only the original.
+    if (void *symbol = dlsym(handle, "cuEventElapsedTime_v2"))
+      api.eventElapsedTime = reinterpret_cast<decltype(api.eventElapsedTime)>(symbol);
+    else
+      resolve(api.eventElapsedTime, "cuEventElapsedTime");
     if (!missing.empty()) {
       result.error = fmt::format("the NVIDIA driver {} lacks:{}", result.path, missing);
       return result;

@@ -1,0 +1,209 @@
+//===- CudaAttention.h - Paged flex attention on CUDA devices --*- C++ -*-===//
+//
+// The CUDA execution path of the runtime, with no LLVM and no CUDA headers:
+// the driver is loaded at run time (CudaDriver.h), kernels come either from
+// a kernel bundle (cubins + manifest, no compiler needed) or from the kernel
+// cache (NVRTC on the generated mod code the compiler puts into
+// CompiledMods::cuda). On a machine without a driver every entry point
+// throws pagedc::Error with the driver's reason ("no NVIDIA driver: ...").
+//
+// Two levels:
+//  * flexAttention() (Attention.h) on CUDA tensors runs through the backend
+//    here: it uploads the call's page table, lengths and block mask, picks
+//    and loads the kernel, launches on options.stream and waits for it.
+//  * CudaAttentionLaunch plans a call once on device-resident arguments and
+//    enqueues it any number of times (benchmarks, fixed-shape decode loops).
+//
+//===----------------------------------------------------------------------===//
+#ifndef PAGEDC_CUDAATTENTION_H
+#define PAGEDC_CUDAATTENTION_H
+
+#include "pagedc/BlockMask.h"
+#include "pagedc/CudaDriver.h"
+#include "pagedc/CudaLaunch.h"
+#include "pagedc/KVCache.h"
+#include "pagedc/KernelBundle.h"
+#include "pagedc/Mods.h"
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+namespace pagedc {
+
+//===----------------------------------------------------------------------===//
+// Devices and memory
+//===----------------------------------------------------------------------===//
+
+/// Makes the primary context of CUDA device `index` current on the calling
+/// thread (retained once per process) and returns the driver. Throws
+/// pagedc::Error with the reason when there is no driver or no such device.
+const CudaDriver &cudaUseDevice(int index);
+
+/// The description of device `index` (queried once per process).
+const CudaDeviceInfo &cudaDeviceInfo(int index);
+
+/// Device memory from cuMemAlloc on the current context, freed on
+/// destruction. Move-only.
+class DeviceBuffer {
+public:
+  DeviceBuffer() = default;
+  /// Allocates `bytes` (at least 1) on device `deviceIndex`; throws
+  /// pagedc::Error naming the size when the device is out of memory.
+  DeviceBuffer(size_t bytes, int deviceIndex);
+  ~DeviceBuffer();
+  DeviceBuffer(DeviceBuffer &&other) noexcept;
+  DeviceBuffer &operator=(DeviceBuffer &&other) noexcept;
+  DeviceBuffer(const DeviceBuffer &) = delete;
+  DeviceBuffer &operator=(const DeviceBuffer &) = delete;
+
+  cu::DevicePointer address() const { return address_; }
+  void *data() const { return reinterpret_cast<void *>(address_); }
+  size_t size() const { return bytes_; }
+  int device() const { return device_; }
+
+  /// Copies `bytes` from host `source` to offset `offset` (synchronous).
+  void upload(const void *source, size_t bytes, size_t offset = 0);
+  /// Copies `bytes` from offset `offset` to host `target` (synchronous).
+  void download(void *target, size_t bytes, size_t offset = 0) const;
+  /// Sets every byte to `value` (0xff: NaN in f32, f16 and bf16).
+  void fill(unsigned char value);
+
+private:
+  cu::DevicePointer address_ = 0;
+  size_t bytes_ = 0;
+  int device_ = 0;
+};
+
+/// KV-cache memory on CUDA device `index`: cuMemAlloc'd zero-filled pages,
+/// device-to-device copies for copy-on-write, and assign's scatter as
+/// stream-ordered device-to-device copies of runs of consecutive rows
+/// (one copy per (b, h, run of positions that land in consecutive slots)).
+/// PagedKVCache uses it for configs with device cuda:N.
+std::shared_ptr<KVMemory> cudaKVMemory(int index);
+
+//===----------------------------------------------------------------------===//
+// Kernels
+//===----------------------------------------------------------------------===//
+
+/// A loaded kernel module and its entry points.
+struct CudaKernel {
+  KernelConfig config;
+  std::string arch;
+  int device = 0;
+  std::shared_ptr<CudaModule> module;
+  /// pagedc_prefill, pagedc_decode or pagedc_build_block_mask.
+  cu::Function main = nullptr;
+  /// pagedc_decode_merge (decode modules only).
+  cu::Function merge = nullptr;
+};
+
+/// Loads a module image (cubin or PTX) on device `deviceIndex` and resolves
+/// its kernels, raising the main kernel's dynamic shared-memory limit.
+std::shared_ptr<const CudaKernel> loadCudaKernel(const KernelConfig &config,
+                                                 const std::string &arch,
+                                                 const std::string &image,
+                                                 int deviceIndex);
+
+/// The kernel of `config` for `mods` on device `deviceIndex`, loaded once per
+/// process: from mods.cuda.bundle (module labelled mods.cuda.bundleLabel
+/// for the device's architecture) when there is one, else compiled by
+/// KernelCache::global() from mods.cuda.modCode. Throws pagedc::Error when
+/// neither source has it.
+std::shared_ptr<const CudaKernel> cudaKernelFor(const CompiledMods &mods,
+                                                const KernelConfig &config,
+                                                int deviceIndex);
+
+/// The kernel configuration the backend uses for a call: decode for up to 8
+/// query tokens when a decode kernel is available (always with mod code; in
+/// a bundle, a decode module of the call's group size with enough query
+/// tokens), prefill otherwise. The element type, head dim, page size, group
+/// size, lse flag and params size come from the call; block sizes from the
+/// bundle module found (defaults with mod code). `arch` is the device's.
+KernelConfig chooseCudaAttentionConfig(const CompiledMods &mods, DType elementType,
+                                       int headDim, int pageSize, int groupSize,
+                                       int queryLength, bool returnLse,
+                                       const std::string &arch);
+
+//===----------------------------------------------------------------------===//
+// Block masks on the device
+//===----------------------------------------------------------------------===//
+
+/// A BlockMask (BlockMask.h layout, logical indices) in device memory.
+struct DeviceBlockMask {
+  int64_t batch = 1, heads = 1, qLength = 0, kvLength = 0;
+  int32_t qBlockSize = 128, kvBlockSize = 128;
+  int64_t numQBlocks = 0, maxKvBlocks = 0;
+  /// kvNumBlocks, fullKvNumBlocks ([batch, heads, numQBlocks] each), then
+  /// kvIndices, fullKvIndices ([..., maxKvBlocks] each), int32.
+  DeviceBuffer storage;
+
+  int32_t *kvNumBlocks() const;
+  int32_t *fullKvNumBlocks() const;
+  int32_t *kvIndices() const;
+  int32_t *fullKvIndices() const;
+
+  /// Copies a host mask to device `deviceIndex`.
+  static DeviceBlockMask upload(const BlockMask &mask, int deviceIndex);
+  /// Copies the mask back (synchronous).
+  BlockMask download() const;
+  /// Points a kernel argument block at this mask.
+  void bind(PagedcAttentionKernelArgs &args) const;
+};
+
+/// Builds the block mask of the mask mod compiled into `builder` (a
+/// BlockMaskBuilder kernel) on the device: grid (q blocks, heads, batch),
+/// `params` the packed pagedc_mods::Params (device buffer addresses).
+/// Enqueued on `stream`; synchronise before download().
+DeviceBlockMask buildBlockMaskCuda(const CudaKernel &builder,
+                                   const std::vector<unsigned char> &params,
+                                   int64_t batch, int64_t heads, int64_t qLength,
+                                   int64_t kvLength, int32_t qBlockSize,
+                                   int32_t kvBlockSize, cu::Stream stream);
+
+//===----------------------------------------------------------------------===//
+// Launching
+//===----------------------------------------------------------------------===//
+
+/// One attention call planned on device-resident arguments: the plan
+/// (grids, packed arguments) and the decode workspace it owns. enqueue()
+/// may be called any number of times; the argument memory must stay valid.
+class CudaAttentionLaunch {
+public:
+  /// Plans `args` (device pointers; see KernelArgs.h) for `kernel`;
+  /// `maxKvLength` is the longest kv_len of the call.
+  CudaAttentionLaunch(std::shared_ptr<const CudaKernel> kernel,
+                      const PagedcAttentionKernelArgs &args,
+                      std::vector<unsigned char> params, int maxKvLength);
+  /// Launches the call's kernels on `stream` (checks each launch).
+  void enqueue(cu::Stream stream);
+  const AttentionLaunchPlan &plan() const { return plan_; }
+
+private:
+  std::shared_ptr<const CudaKernel> kernel_;
+  AttentionLaunchPlan plan_;
+  DeviceBuffer workspace_;
+};
+
+/// cuEvent pair for timing work on a stream.
+class CudaTimer {
+public:
+  explicit CudaTimer(int deviceIndex);
+  ~CudaTimer();
+  CudaTimer(const CudaTimer &) = delete;
+  CudaTimer &operator=(const CudaTimer &) = delete;
+  void start(cu::Stream stream);
+  void stop(cu::Stream stream);
+  /// Waits for the stop event; milliseconds between the two.
+  float elapsedMilliseconds();
+
+private:
+  const CudaDriver &driver_;
+  cu::Event start_ = nullptr, stop_ = nullptr;
+};
+
+} // namespace pagedc
+
+#endif // PAGEDC_CUDAATTENTION_H
