@@ -11,6 +11,10 @@
 #ifdef PAGEDC_HAVE_CUDA_CONVERSION
 #include "Conversion/CUDA/FlexToEmitC.h"
 #endif
+#ifdef PAGEDC_HAVE_CPU_CONVERSION
+#include "Conversion/CPU/FlexToCPU.h"
+#include "Conversion/CPU/LowerToLLVM.h"
+#endif
 
 #include "mlir/IR/DialectRegistry.h"
 #include "mlir/Tools/mlir-opt/MlirOptMain.h"
@@ -26,6 +30,10 @@ int main(int argc, char **argv) {
 #ifdef PAGEDC_HAVE_CUDA_CONVERSION
   pagedc::registerCudaLoweringDialects(registry);
   pagedc::registerPagedcCudaPasses();
+#endif
+#ifdef PAGEDC_HAVE_CPU_CONVERSION
+  pagedc::registerCpuLoweringDialects(registry);
+  pagedc::registerFlexToCpuPasses();
 #endif
   return mlir::asMainReturnCode(
       mlir::MlirOptMain(argc, argv, "pagedc optimizer driver\n", registry));
