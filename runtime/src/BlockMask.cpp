@@ -175,27 +175,29 @@ public:
       : mods_(mods), context_(context), g_(g), b_(b), h_(h) {
     if (mods.maskBlockClass)
       return; // the classifier answers rectangles directly
-    // mask(q, kv) = f(q - kv) for q - kv in [-(kvLength - 1), qLength - 1].
-    // Row q covers differences [q - kvLength + 1, q]; rows 0, kvLength,
-    // 2 kvLength, ..., qLength - 1 cover them all.
+    // mask(q, kv) = f(q - kv) for q - kv in [-(kvLength - 1), qLength - 1];
+    // prefix_[t + 1] counts the true values of f at differences up to
+    // t - (kvLength - 1). Row q covers t in [q, q + kvLength - 1], in
+    // increasing t as kv decreases; rows 0, kvLength, 2 kvLength, ...,
+    // qLength - 1 cover every t, and each t is taken from the first row
+    // that reaches it. Counts stay below 2^32.
     const int64_t offset = g.kvLength - 1;
     std::vector<uint8_t> values(static_cast<size_t>(g.kvLength));
-    std::vector<uint8_t> byDifference(static_cast<size_t>(g.qLength + g.kvLength - 1));
+    prefix_.resize(static_cast<size_t>(g.qLength + g.kvLength));
+    prefix_[0] = 0;
+    uint32_t running = 0;
+    int64_t next = 0; // the first t not counted yet
     for (int64_t q = 0;; q = std::min(q + g.kvLength, g.qLength - 1)) {
       mods.maskRow(&context, b, h, static_cast<int32_t>(q), 0, static_cast<int32_t>(g.kvLength),
                    values.data());
-      uint8_t *target = byDifference.data() + q + offset; // difference q - kv, kv = 0
-      for (int64_t kv = 0; kv < g.kvLength; ++kv)
-        *(target - kv) = values[kv] != 0;
+      for (int64_t t = next; t <= q + offset; ++t) {
+        running += values[q + offset - t] != 0;
+        prefix_[t + 1] = running;
+      }
+      next = q + offset + 1;
       if (q == g.qLength - 1)
         break;
     }
-    // Counts stay below qLength + kvLength < 2^32: 32-bit prefix sums.
-    prefix_.resize(byDifference.size() + 1);
-    prefix_[0] = 0;
-    uint32_t running = 0;
-    for (size_t t = 0; t < byDifference.size(); ++t)
-      prefix_[t + 1] = running += byDifference[t];
   }
 
   /// The class of the rectangle [qLo, qHi] x [kvLo, kvHi]. Every difference
