@@ -1,0 +1,304 @@
+//===- CpuJitModsBench.cpp - JIT'd mods cost what hand-written ones do ----===//
+//
+// performance.md section 3 with mods from the compiler: the same CPU paged
+// attention shapes run once with hand-written C++ mods (the anchor, as in
+// bench/cpu) and once with the same mods compiled from examples/mods.attn by
+// the CPU JIT (causal; alibi = s + slopes[h] * (kv - q)). Measurements of the
+// two alternate, so machine noise hits both alike; the table shows medians
+// and the JIT/hand ratio. A second table times the row functions alone
+// (ns per element over 4096-wide rows). Writes JSON with --json FILE.
+//
+//===----------------------------------------------------------------------===//
+
+#include "JIT/CompileSource.h"
+
+#include "cpu/CpuAttention.h"
+#include "cpu/Reference.h"
+#include "pagedc/BlockMask.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <functional>
+#include <random>
+#include <string>
+#include <thread>
+#include <vector>
+
+using namespace pagedc;
+
+namespace {
+
+//===- Hand-written mods (the anchor) -------------------------------------===//
+
+void causalRow(const PagedcModContext *, int32_t, int32_t, int32_t q,
+               int32_t kv, int32_t count, uint8_t *out) {
+  for (int32_t i = 0; i < count; ++i)
+    out[i] = q >= kv + i;
+}
+int32_t causalClass(const PagedcModContext *, int32_t, int32_t, int32_t qLow,
+                    int32_t qHigh, int32_t kvLow, int32_t kvHigh) {
+  return qHigh < kvLow ? 0 : (qLow >= kvHigh ? 2 : 1);
+}
+void alibiRow(const PagedcModContext *ctx, int32_t, int32_t h, int32_t q,
+              int32_t kv, int32_t count, float *scores) {
+  float slope = static_cast<const float *>(ctx->buffers[0].data)[h];
+  for (int32_t i = 0; i < count; ++i)
+    scores[i] += slope * static_cast<float>(kv + i - q);
+}
+
+CompiledMods handWritten(bool causal, bool alibi) {
+  CompiledMods mods;
+  if (causal) {
+    mods.maskName = "causal";
+    mods.maskRow = causalRow;
+    mods.maskBlockClass = causalClass;
+    mods.maskDependence.b = mods.maskDependence.h = false;
+    mods.maskDependence.diagonal = true;
+  }
+  if (alibi) {
+    mods.scoreName = "alibi";
+    mods.scoreRow = alibiRow;
+    mods.buffers.push_back({"slopes", DType::F32, {}});
+  }
+  return mods;
+}
+
+CompiledMods compiled(bool causal, bool alibi) {
+  auto mods = jit::compileModsFromFile(
+      std::string(PAGEDC_BENCH_EXAMPLES_DIR) + "/mods.attn",
+      causal ? "causal" : "", alibi ? "alibi" : "", {}, llvm::errs());
+  if (!mods) {
+    fmt::print(stderr, "compile failed: {}\n", llvm::toString(mods.takeError()));
+    std::exit(1);
+  }
+  return *mods;
+}
+
+//===- Timing -------------------------------------------------------------===//
+
+double seconds(const std::function<void()> &run) {
+  auto start = std::chrono::steady_clock::now();
+  run();
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - start)
+      .count();
+}
+
+double median(std::vector<double> values) {
+  std::sort(values.begin(), values.end());
+  return values[values.size() / 2];
+}
+
+/// Alternates the two runs `reps` times after one warm-up each; returns the
+/// medians (hand, jit).
+std::pair<double, double> alternate(int reps, const std::function<void()> &hand,
+                                    const std::function<void()> &jit) {
+  hand();
+  jit();
+  std::vector<double> handTimes, jitTimes;
+  for (int r = 0; r < reps; ++r) {
+    handTimes.push_back(seconds(hand));
+    jitTimes.push_back(seconds(jit));
+  }
+  return {median(handTimes), median(jitTimes)};
+}
+
+struct Case {
+  std::string name;
+  int64_t batch, qHeads, kvHeads, qLength, kvLength, dim;
+  int32_t pageSize;
+  bool causal, alibi;
+};
+
+struct Options {
+  int reps = 5;
+  int threads = 0;
+  bool quick = false; ///< shorter sequences (S = 512, context 1024)
+  std::string json;
+};
+
+std::string runCase(const Case &c, const Options &options) {
+  std::mt19937 rng(42);
+  std::uniform_real_distribution<float> uniform(-1.0f, 1.0f);
+  auto random = [&](std::vector<int64_t> shape) {
+    HostTensor t(DType::F32, std::move(shape));
+    for (int64_t i = 0; i < t.numel(); ++i)
+      t.dataAs<float>()[i] = uniform(rng);
+    return t;
+  };
+  HostTensor q = random({c.batch, c.qHeads, c.qLength, c.dim});
+  HostTensor k = random({c.batch, c.kvHeads, c.kvLength, c.dim});
+  HostTensor v = random({c.batch, c.kvHeads, c.kvLength, c.dim});
+  std::vector<int32_t> kvLength(c.batch, static_cast<int32_t>(c.kvLength));
+  std::vector<int32_t> qOffset(c.batch,
+                               static_cast<int32_t>(c.kvLength - c.qLength));
+  cpu::PagedCache cache = cpu::buildPagedCache(
+      k.view(), v.view(), kvLength.data(), c.pageSize, DType::F32, 7, 0);
+  std::vector<float> slopes(c.qHeads);
+  for (int64_t h = 0; h < c.qHeads; ++h)
+    slopes[h] = std::exp2(-8.0f * float(h + 1) / float(c.qHeads));
+  PagedcBufferRef slopesRef{slopes.data(), {c.qHeads, 0, 0, 0}, {1, 0, 0, 0}};
+  PagedcModContext context{&slopesRef, nullptr};
+
+  CompiledMods hand = handWritten(c.causal, c.alibi);
+  CompiledMods jitMods = compiled(c.causal, c.alibi);
+  // One block mask for both (built with the JIT's classifier).
+  BlockMask blockMask;
+  if (c.causal)
+    blockMask = createBlockMask(jitMods, context, 1, 1, c.kvLength, c.kvLength);
+
+  HostTensor outHand(DType::F32, {c.batch, c.qHeads, c.qLength, c.dim});
+  HostTensor outJit(DType::F32, {c.batch, c.qHeads, c.qLength, c.dim});
+  auto args = [&](const CompiledMods &mods, HostTensor &out) {
+    cpu::PagedAttentionArgs a;
+    a.q = q.view();
+    a.kCache = cache.kCache.view();
+    a.vCache = cache.vCache.view();
+    a.pageTable = cache.pageTable.data();
+    a.pageTableStride = cache.pageTableStride;
+    a.pageSize = cache.pageSize;
+    a.kvLength = kvLength.data();
+    a.qOffset = qOffset.data();
+    a.blockMask = c.causal ? &blockMask : nullptr;
+    a.mods = &mods;
+    a.context = &context;
+    a.scale = 1.0f / std::sqrt(static_cast<float>(c.dim));
+    a.out = out.view();
+    a.threads = options.threads;
+    return a;
+  };
+  cpu::PagedAttentionArgs handArgs = args(hand, outHand);
+  cpu::PagedAttentionArgs jitArgs = args(jitMods, outJit);
+  auto [handSeconds, jitSeconds] =
+      alternate(options.reps, [&] { cpu::pagedAttention(handArgs); },
+                [&] { cpu::pagedAttention(jitArgs); });
+  double maxDifference = 0;
+  for (int64_t i = 0; i < outHand.numel(); ++i)
+    maxDifference = std::max<double>(
+        maxDifference, std::abs(outHand.dataAs<float>()[i] - outJit.dataAs<float>()[i]));
+  double tokens = static_cast<double>(c.batch * c.qLength);
+  fmt::print("{:<16} {:>10.2f} {:>10.2f} {:>7.3f} {:>12.0f} {:>12.0f}  {:.1e}\n",
+             c.name, handSeconds * 1e3, jitSeconds * 1e3,
+             jitSeconds / handSeconds, tokens / handSeconds,
+             tokens / jitSeconds, maxDifference);
+  return fmt::format(
+      "    {{\"name\": \"{}\", \"batch\": {}, \"q_heads\": {}, \"kv_heads\": {}, "
+      "\"q_len\": {}, \"kv_len\": {}, \"head_dim\": {}, \"page_size\": {}, "
+      "\"hand_median_ms\": {:.4f}, \"jit_median_ms\": {:.4f}, "
+      "\"jit_over_hand\": {:.4f}, \"max_abs_diff\": {:.3g}}}",
+      c.name, c.batch, c.qHeads, c.kvHeads, c.qLength, c.kvLength, c.dim,
+      c.pageSize, handSeconds * 1e3, jitSeconds * 1e3, jitSeconds / handSeconds,
+      maxDifference);
+}
+
+/// ns per element of the row functions alone.
+std::string runRowFunctions(const Options &options) {
+  constexpr int32_t kWidth = 4096, kRows = 2048;
+  std::vector<float> slopes(32, 0.25f);
+  PagedcBufferRef slopesRef{slopes.data(), {32, 0, 0, 0}, {1, 0, 0, 0}};
+  PagedcModContext context{&slopesRef, nullptr};
+  CompiledMods hand = handWritten(true, true);
+  CompiledMods jitMods = compiled(true, true);
+  std::vector<uint8_t> mask(kWidth);
+  std::vector<float> scores(kWidth, 0.5f);
+  auto maskRows = [&](PagedcMaskRowFn fn) {
+    return [&, fn] {
+      for (int32_t r = 0; r < kRows; ++r)
+        fn(&context, 0, r % 32, r, 0, kWidth, mask.data());
+    };
+  };
+  auto scoreRows = [&](PagedcScoreRowFn fn) {
+    return [&, fn] {
+      for (int32_t r = 0; r < kRows; ++r)
+        fn(&context, 0, r % 32, r, 0, kWidth, scores.data());
+    };
+  };
+  double elements = double(kWidth) * kRows;
+  auto [maskHand, maskJit] = alternate(options.reps * 3, maskRows(hand.maskRow),
+                                       maskRows(jitMods.maskRow));
+  auto [scoreHand, scoreJit] = alternate(
+      options.reps * 3, scoreRows(hand.scoreRow), scoreRows(jitMods.scoreRow));
+  fmt::print("\nrow functions alone ({} rows x {} kv), ns per element\n", kRows,
+             kWidth);
+  fmt::print("{:<16} {:>10} {:>10} {:>7}\n", "mod", "hand", "jit", "ratio");
+  fmt::print("{:<16} {:>10.3f} {:>10.3f} {:>7.3f}\n", "causal mask",
+             maskHand / elements * 1e9, maskJit / elements * 1e9,
+             maskJit / maskHand);
+  fmt::print("{:<16} {:>10.3f} {:>10.3f} {:>7.3f}\n", "alibi score",
+             scoreHand / elements * 1e9, scoreJit / elements * 1e9,
+             scoreJit / scoreHand);
+  return fmt::format(
+      "  \"row_functions_ns_per_element\": {{\"causal_hand\": {:.4f}, "
+      "\"causal_jit\": {:.4f}, \"alibi_hand\": {:.4f}, \"alibi_jit\": {:.4f}}}",
+      maskHand / elements * 1e9, maskJit / elements * 1e9,
+      scoreHand / elements * 1e9, scoreJit / elements * 1e9);
+}
+
+} // namespace
+
+int main(int argc, char **argv) {
+  Options options;
+  for (int i = 1; i < argc; ++i) {
+    std::string arg = argv[i];
+    auto value = [&]() -> std::string {
+      if (i + 1 >= argc) {
+        fmt::print(stderr, "{} needs a value\n", arg);
+        std::exit(2);
+      }
+      return argv[++i];
+    };
+    if (arg == "--reps")
+      options.reps = std::max(1, std::stoi(value()));
+    else if (arg == "--threads")
+      options.threads = std::stoi(value());
+    else if (arg == "--quick")
+      options.quick = true;
+    else if (arg == "--json")
+      options.json = value();
+    else {
+      fmt::print(stderr, "usage: {} [--reps N] [--threads T] [--quick] "
+                         "[--json FILE]\n", argv[0]);
+      return 2;
+    }
+  }
+  int64_t prefill = options.quick ? 512 : 2048;
+  int64_t context = options.quick ? 1024 : 4096;
+  const Case cases[] = {
+      {"prefill-causal", 1, 8, 8, prefill, prefill, 64, 16, true, false},
+      {"prefill-alibi", 1, 8, 8, prefill, prefill, 64, 16, false, true},
+      {"decode-causal", 16, 32, 8, 1, context, 128, 16, true, false},
+      {"decode-alibi", 16, 32, 8, 1, context, 128, 16, false, true},
+  };
+  int threads = options.threads > 0
+                    ? options.threads
+                    : static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  fmt::print("CPU paged attention, f32, {} threads: hand-written mods vs the "
+             "same mods JIT-compiled from examples/mods.attn (median of {}, "
+             "alternating)\n",
+             threads, options.reps);
+  fmt::print("{:<16} {:>10} {:>10} {:>7} {:>12} {:>12}  {}\n", "case",
+             "hand ms", "jit ms", "ratio", "hand tok/s", "jit tok/s",
+             "max|diff|");
+  std::string entries;
+  for (const Case &c : cases)
+    entries += (entries.empty() ? "" : ",\n") + runCase(c, options);
+  std::string rows = runRowFunctions(options);
+  if (!options.json.empty()) {
+    std::FILE *file = std::fopen(options.json.c_str(), "w");
+    if (!file) {
+      fmt::print(stderr, "cannot write {}\n", options.json);
+      return 1;
+    }
+    fmt::print(file,
+               "{{\n  \"benchmark\": \"cpu_jit_mods_vs_hand_written\",\n  "
+               "\"threads\": {},\n  \"reps\": {},\n  \"quick\": {},\n  "
+               "\"cases\": [\n{}\n  ],\n{}\n}}\n",
+               threads, options.reps, options.quick ? "true" : "false",
+               entries, rows);
+    std::fclose(file);
+  }
+  return 0;
+}
