@@ -80,9 +80,13 @@ llvm::StringRef elementTypeName(ElementType type);
 /// read as F32, i32 as I32, i64 as I64, bool as Bool.
 Type readType(ElementType type);
 /// True for I32 and I64.
-inline bool isInteger(Type type) { return type == Type::I32 || type == Type::I64; }
+inline bool isInteger(Type type) {
+  return type == Type::I32 || type == Type::I64;
+}
 /// True for I32, I64 and F32.
-inline bool isNumeric(Type type) { return isInteger(type) || type == Type::F32; }
+inline bool isNumeric(Type type) {
+  return isInteger(type) || type == Type::F32;
+}
 
 //===----------------------------------------------------------------------===//
 // Expressions
@@ -136,7 +140,9 @@ public:
   IntegerLiteralExpr(SourceRange range, int64_t value)
       : Expr(Kind::IntegerLiteral, range), value(value) {}
   int64_t getValue() const { return value; }
-  static bool classof(const Expr *e) { return e->getKind() == Kind::IntegerLiteral; }
+  static bool classof(const Expr *e) {
+    return e->getKind() == Kind::IntegerLiteral;
+  }
 
 private:
   int64_t value;
@@ -149,7 +155,9 @@ public:
   FloatLiteralExpr(SourceRange range, double value)
       : Expr(Kind::FloatLiteral, range), value(value) {}
   double getValue() const { return value; }
-  static bool classof(const Expr *e) { return e->getKind() == Kind::FloatLiteral; }
+  static bool classof(const Expr *e) {
+    return e->getKind() == Kind::FloatLiteral;
+  }
 
 private:
   double value;
@@ -161,7 +169,9 @@ public:
   BoolLiteralExpr(SourceRange range, bool value)
       : Expr(Kind::BoolLiteral, range), value(value) {}
   bool getValue() const { return value; }
-  static bool classof(const Expr *e) { return e->getKind() == Kind::BoolLiteral; }
+  static bool classof(const Expr *e) {
+    return e->getKind() == Kind::BoolLiteral;
+  }
 
 private:
   bool value;
@@ -187,10 +197,22 @@ public:
   const ConstDecl *getConst() const { return constDecl; }
   const ParamDecl *getParam() const { return paramDecl; }
 
-  void resolveToArgument(unsigned index) { refKind = RefKind::ModArgument; argumentIndex = index; }
-  void resolveToLet(const LetStmt *binding) { refKind = RefKind::Let; let = binding; }
-  void resolveToConst(const ConstDecl *decl) { refKind = RefKind::Const; constDecl = decl; }
-  void resolveToParam(const ParamDecl *decl) { refKind = RefKind::Param; paramDecl = decl; }
+  void resolveToArgument(unsigned index) {
+    refKind = RefKind::ModArgument;
+    argumentIndex = index;
+  }
+  void resolveToLet(const LetStmt *binding) {
+    refKind = RefKind::Let;
+    let = binding;
+  }
+  void resolveToConst(const ConstDecl *decl) {
+    refKind = RefKind::Const;
+    constDecl = decl;
+  }
+  void resolveToParam(const ParamDecl *decl) {
+    refKind = RefKind::Param;
+    paramDecl = decl;
+  }
 
   static bool classof(const Expr *e) { return e->getKind() == Kind::Name; }
 
@@ -216,7 +238,8 @@ llvm::StringRef unaryOpSpelling(UnaryOp op);
 class UnaryExpr : public Expr {
 public:
   UnaryExpr(SourceRange range, UnaryOp op, SourceRange opRange, ExprPtr operand)
-      : Expr(Kind::Unary, range), op(op), opRange(opRange), operand(std::move(operand)) {}
+      : Expr(Kind::Unary, range), op(op), opRange(opRange),
+        operand(std::move(operand)) {}
   UnaryOp getOp() const { return op; }
   void setOp(UnaryOp newOp) { op = newOp; }
   SourceRange getOpRange() const { return opRange; }
@@ -233,15 +256,26 @@ private:
 
 /// Infix operators.
 enum class BinaryOp : uint8_t {
-  Add, Sub, Mul,
+  Add,
+  Sub,
+  Mul,
   TrueDiv,  ///< `/`: always f32 (PyTorch true division)
   FloorDiv, ///< `//`: rounds toward negative infinity
   Mod,      ///< `%`: result has the sign of the divisor
   Pow,      ///< `**`
-  BitAnd, BitOr, BitXor, ///< `& | ^`: bitwise on ints, logical on bool
-  Shl, Shr,              ///< `<< >>` (ints; `>>` is arithmetic)
-  LogicalAnd, LogicalOr, ///< `and`, `or`
-  Eq, Ne, Lt, Le, Gt, Ge,
+  BitAnd,
+  BitOr,
+  BitXor, ///< `& | ^`: bitwise on ints, logical on bool
+  Shl,
+  Shr, ///< `<< >>` (ints; `>>` is arithmetic)
+  LogicalAnd,
+  LogicalOr, ///< `and`, `or`
+  Eq,
+  Ne,
+  Lt,
+  Le,
+  Gt,
+  Ge,
 };
 
 /// The operator as written: "+", "//", "and", "<=", ...
@@ -251,9 +285,10 @@ bool isComparison(BinaryOp op);
 
 class BinaryExpr : public Expr {
 public:
-  BinaryExpr(SourceRange range, BinaryOp op, SourceRange opRange, ExprPtr lhs, ExprPtr rhs)
-      : Expr(Kind::Binary, range), op(op), opRange(opRange), lhs(std::move(lhs)),
-        rhs(std::move(rhs)) {}
+  BinaryExpr(SourceRange range, BinaryOp op, SourceRange opRange, ExprPtr lhs,
+             ExprPtr rhs)
+      : Expr(Kind::Binary, range), op(op), opRange(opRange),
+        lhs(std::move(lhs)), rhs(std::move(rhs)) {}
   BinaryOp getOp() const { return op; }
   SourceRange getOpRange() const { return opRange; }
   const Expr *getLHS() const { return lhs.get(); }
@@ -275,10 +310,22 @@ enum class Builtin : uint8_t {
   Min,   ///< min(a, b)        [T, T] -> T, T numeric (common type)
   Max,   ///< max(a, b)        [T, T] -> T
   Clamp, ///< clamp(x, lo, hi) [T, T, T] -> T  == min(max(x, lo), hi)
-  Exp, Exp2, Log, Log2, Sqrt, Rsqrt, Tanh, Sigmoid, Sin, Cos, Tan,
+  Exp,
+  Exp2,
+  Log,
+  Log2,
+  Sqrt,
+  Rsqrt,
+  Tanh,
+  Sigmoid,
+  Sin,
+  Cos,
+  Tan,
   TanhApprox, ///< tanh_approx(x): fast tanh on the GPU, tanh elsewhere
               ///< (all of the above: [F32] -> F32; int arguments are cast)
-  Floor, Ceil, Round, ///< [T] -> T; the identity on ints; round is half-to-even
+  Floor,
+  Ceil,
+  Round, ///< [T] -> T; the identity on ints; round is half-to-even
   Where, ///< where(c, a, b)   [Bool, T, T] -> T, T any type (common type)
   Float, ///< float(x): replaced by a CastExpr to F32 in Sema
   Int,   ///< int(x): replaced by a CastExpr to I32 in Sema
@@ -288,14 +335,16 @@ enum class Builtin : uint8_t {
 llvm::StringRef builtinName(Builtin builtin);
 /// Looks a builtin up by name; false if there is none.
 bool lookupBuiltin(llvm::StringRef name, Builtin &result);
+/// The names of all builtins, in declaration order.
+std::vector<llvm::StringRef> builtinNames();
 
 /// `name(args...)`: a builtin or a call of another mod (inlined later).
 class CallExpr : public Expr {
 public:
   CallExpr(SourceRange range, std::string callee, SourceRange calleeRange,
            std::vector<ExprPtr> args)
-      : Expr(Kind::Call, range), calleeName(std::move(callee)), calleeRange(calleeRange),
-        args(std::move(args)) {}
+      : Expr(Kind::Call, range), calleeName(std::move(callee)),
+        calleeRange(calleeRange), args(std::move(args)) {}
   llvm::StringRef getCalleeName() const { return calleeName; }
   SourceRange getCalleeRange() const { return calleeRange; }
   unsigned getNumArgs() const { return args.size(); }
@@ -308,7 +357,10 @@ public:
   Builtin getBuiltin() const { return builtin; }
   /// The mod called (nullptr for builtins or before Sema).
   const ModDecl *getCallee() const { return callee; }
-  void resolveToBuiltin(Builtin b) { builtinCall = true; builtin = b; }
+  void resolveToBuiltin(Builtin b) {
+    builtinCall = true;
+    builtin = b;
+  }
   void resolveToMod(const ModDecl *mod) { callee = mod; }
 
   static bool classof(const Expr *e) { return e->getKind() == Kind::Call; }
@@ -327,8 +379,8 @@ class IndexExpr : public Expr {
 public:
   IndexExpr(SourceRange range, std::string bufferName, SourceRange nameRange,
             std::vector<ExprPtr> indices)
-      : Expr(Kind::Index, range), bufferName(std::move(bufferName)), nameRange(nameRange),
-        indices(std::move(indices)) {}
+      : Expr(Kind::Index, range), bufferName(std::move(bufferName)),
+        nameRange(nameRange), indices(std::move(indices)) {}
   llvm::StringRef getBufferName() const { return bufferName; }
   SourceRange getNameRange() const { return nameRange; }
   unsigned getNumIndices() const { return indices.size(); }
@@ -354,7 +406,8 @@ private:
 class CastExpr : public Expr {
 public:
   CastExpr(SourceRange range, ExprPtr operand, Type to, bool isImplicit)
-      : Expr(Kind::Cast, range), operand(std::move(operand)), implicit(isImplicit) {
+      : Expr(Kind::Cast, range), operand(std::move(operand)),
+        implicit(isImplicit) {
     setType(to);
   }
   const Expr *getOperand() const { return operand.get(); }
@@ -374,21 +427,39 @@ private:
 
 /// A compile-time value: the folded value of a `const`, or a param default.
 struct ConstantValue {
-  Type type = Type::Unknown; ///< I32, F32 or Bool (bool only for param defaults)
+  Type type =
+      Type::Unknown; ///< I32, F32 or Bool (bool only for param defaults)
   int64_t intValue = 0;
   double floatValue = 0.0;
   bool boolValue = false;
 
-  static ConstantValue ofInt(int64_t v) { ConstantValue c; c.type = Type::I32; c.intValue = v; return c; }
-  static ConstantValue ofFloat(double v) { ConstantValue c; c.type = Type::F32; c.floatValue = v; return c; }
-  static ConstantValue ofBool(bool v) { ConstantValue c; c.type = Type::Bool; c.boolValue = v; return c; }
+  static ConstantValue ofInt(int64_t v) {
+    ConstantValue c;
+    c.type = Type::I32;
+    c.intValue = v;
+    return c;
+  }
+  static ConstantValue ofFloat(double v) {
+    ConstantValue c;
+    c.type = Type::F32;
+    c.floatValue = v;
+    return c;
+  }
+  static ConstantValue ofBool(bool v) {
+    ConstantValue c;
+    c.type = Type::Bool;
+    c.boolValue = v;
+    return c;
+  }
 };
 
 /// `const NAME = expr`
 class ConstDecl {
 public:
-  ConstDecl(SourceRange range, std::string name, SourceRange nameRange, ExprPtr init)
-      : range(range), nameRange(nameRange), name(std::move(name)), init(std::move(init)) {}
+  ConstDecl(SourceRange range, std::string name, SourceRange nameRange,
+            ExprPtr init)
+      : range(range), nameRange(nameRange), name(std::move(name)),
+        init(std::move(init)) {}
   llvm::StringRef getName() const { return name; }
   SourceRange getRange() const { return range; }
   SourceRange getNameRange() const { return nameRange; }
@@ -413,8 +484,8 @@ private:
 /// `param NAME: TYPE (= literal)?` -- a runtime scalar bound at launch.
 class ParamDecl {
 public:
-  ParamDecl(SourceRange range, std::string name, SourceRange nameRange, Type type,
-            bool hasDefault, ConstantValue defaultValue)
+  ParamDecl(SourceRange range, std::string name, SourceRange nameRange,
+            Type type, bool hasDefault, ConstantValue defaultValue)
       : range(range), nameRange(nameRange), name(std::move(name)), type(type),
         hasDefault(hasDefault), defaultValue(defaultValue) {}
   llvm::StringRef getName() const { return name; }
@@ -444,8 +515,8 @@ private:
 struct BufferDim {
   enum class Kind : uint8_t { Fixed, Named, Any };
   Kind kind = Kind::Any;
-  int64_t size = 0;  ///< Fixed
-  std::string name;  ///< Named
+  int64_t size = 0; ///< Fixed
+  std::string name; ///< Named
   SourceRange range;
 };
 
@@ -454,8 +525,8 @@ class BufferDecl {
 public:
   BufferDecl(SourceRange range, std::string name, SourceRange nameRange,
              ElementType elementType, std::vector<BufferDim> dims)
-      : range(range), nameRange(nameRange), name(std::move(name)), elementType(elementType),
-        dims(std::move(dims)) {}
+      : range(range), nameRange(nameRange), name(std::move(name)),
+        elementType(elementType), dims(std::move(dims)) {}
   llvm::StringRef getName() const { return name; }
   SourceRange getRange() const { return range; }
   SourceRange getNameRange() const { return nameRange; }
@@ -493,11 +564,12 @@ class ModDecl {
 public:
   enum class ModKind : uint8_t { Mask, Score };
 
-  ModDecl(SourceRange range, ModKind kind, std::string name, SourceRange nameRange,
-          std::vector<ModParam> params, std::vector<std::unique_ptr<LetStmt>> lets,
-          ExprPtr result)
+  ModDecl(SourceRange range, ModKind kind, std::string name,
+          SourceRange nameRange, std::vector<ModParam> params,
+          std::vector<std::unique_ptr<LetStmt>> lets, ExprPtr result)
       : range(range), nameRange(nameRange), kind(kind), name(std::move(name)),
-        params(std::move(params)), lets(std::move(lets)), result(std::move(result)) {}
+        params(std::move(params)), lets(std::move(lets)),
+        result(std::move(result)) {}
   llvm::StringRef getName() const { return name; }
   SourceRange getRange() const { return range; }
   SourceRange getNameRange() const { return nameRange; }
@@ -506,7 +578,9 @@ public:
   bool isScore() const { return kind == ModKind::Score; }
   const std::vector<ModParam> &getParams() const { return params; }
   /// The type of the i'th parameter.
-  Type getParamType(unsigned i) const { return (isScore() && i == 0) ? Type::F32 : Type::I32; }
+  Type getParamType(unsigned i) const {
+    return (isScore() && i == 0) ? Type::F32 : Type::I32;
+  }
   /// The number of parameters a mod of this kind has (4 or 5).
   unsigned getExpectedArity() const { return isMask() ? 4 : 5; }
   /// `let` bindings in source order (empty for the `= expr` form).

@@ -27,10 +27,18 @@ private:
   }
   void printValue(const ConstantValue &value) {
     switch (value.type) {
-    case Type::I32: os << value.intValue; break;
-    case Type::F32: printFloat(value.floatValue); break;
-    case Type::Bool: os << (value.boolValue ? "true" : "false"); break;
-    default: os << "<unknown>"; break;
+    case Type::I32:
+      os << value.intValue;
+      break;
+    case Type::F32:
+      printFloat(value.floatValue);
+      break;
+    case Type::Bool:
+      os << (value.boolValue ? "true" : "false");
+      break;
+    default:
+      os << "<unknown>";
+      break;
     }
   }
   void printType(const Expr &expr) {
@@ -57,7 +65,8 @@ void Dumper::dump(const Program &program) {
     dumpExpr(*decl->getInit(), 2);
   }
   for (const auto &param : program.params) {
-    indent(1) << "Param " << param->getName() << " : " << typeName(param->getType());
+    indent(1) << "Param " << param->getName() << " : "
+              << typeName(param->getType());
     if (param->hasDefaultValue()) {
       os << " = ";
       printValue(param->getDefaultValue());
@@ -73,9 +82,15 @@ void Dumper::dump(const Program &program) {
         os << ", ";
       first = false;
       switch (dim.kind) {
-      case BufferDim::Kind::Fixed: os << dim.size; break;
-      case BufferDim::Kind::Named: os << dim.name; break;
-      case BufferDim::Kind::Any: os << "?"; break;
+      case BufferDim::Kind::Fixed:
+        os << dim.size;
+        break;
+      case BufferDim::Kind::Named:
+        os << dim.name;
+        break;
+      case BufferDim::Kind::Any:
+        os << "?";
+        break;
       }
     }
     os << "] [slot " << buffer->getIndex() << "]\n";
@@ -117,7 +132,8 @@ void Dumper::dumpExpr(const Expr &expr, unsigned depth) {
     os << "\n";
     return;
   case Expr::Kind::BoolLiteral:
-    os << "BoolLiteral " << (llvm::cast<BoolLiteralExpr>(expr).getValue() ? "true" : "false");
+    os << "BoolLiteral "
+       << (llvm::cast<BoolLiteralExpr>(expr).getValue() ? "true" : "false");
     printType(expr);
     os << "\n";
     return;
@@ -126,15 +142,22 @@ void Dumper::dumpExpr(const Expr &expr, unsigned depth) {
     os << "Name " << name.getName();
     printType(expr);
     switch (name.getRefKind()) {
-    case NameExpr::RefKind::Unresolved: break;
-    case NameExpr::RefKind::ModArgument: os << " [argument " << name.getArgumentIndex() << "]"; break;
-    case NameExpr::RefKind::Let: os << " [let]"; break;
+    case NameExpr::RefKind::Unresolved:
+      break;
+    case NameExpr::RefKind::ModArgument:
+      os << " [argument " << name.getArgumentIndex() << "]";
+      break;
+    case NameExpr::RefKind::Let:
+      os << " [let]";
+      break;
     case NameExpr::RefKind::Const:
       os << " [const = ";
       printValue(name.getConst()->getValue());
       os << "]";
       break;
-    case NameExpr::RefKind::Param: os << " [param slot " << name.getParam()->getIndex() << "]"; break;
+    case NameExpr::RefKind::Param:
+      os << " [param slot " << name.getParam()->getIndex() << "]";
+      break;
     }
     os << "\n";
     return;
@@ -184,7 +207,8 @@ void Dumper::dumpExpr(const Expr &expr, unsigned depth) {
   case Expr::Kind::Cast: {
     const auto &cast = llvm::cast<CastExpr>(expr);
     os << "Cast " << typeName(cast.getOperand()->getType()) << " -> "
-       << typeName(cast.getType()) << (cast.isImplicit() ? " (implicit)" : "") << "\n";
+       << typeName(cast.getType()) << (cast.isImplicit() ? " (implicit)" : "")
+       << "\n";
     dumpExpr(*cast.getOperand(), depth + 1);
     return;
   }
@@ -193,4 +217,6 @@ void Dumper::dumpExpr(const Expr &expr, unsigned depth) {
 
 } // namespace
 
-void pagedc::dumpAST(const Program &program, llvm::raw_ostream &os) { Dumper(os).dump(program); }
+void pagedc::dumpAST(const Program &program, llvm::raw_ostream &os) {
+  Dumper(os).dump(program);
+}

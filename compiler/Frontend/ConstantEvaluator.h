@@ -39,7 +39,8 @@ public:
   std::optional<ast::ConstantValue> evaluate(const ast::Expr &expr);
 
 private:
-  std::optional<ast::ConstantValue> fail(const ast::Expr &expr, const llvm::Twine &message);
+  std::optional<ast::ConstantValue> fail(const ast::Expr &expr,
+                                         const llvm::Twine &message);
   std::optional<ast::ConstantValue> evaluateBinary(const ast::BinaryExpr &expr);
   std::optional<ast::ConstantValue> evaluateCall(const ast::CallExpr &expr);
 

@@ -8,8 +8,8 @@ using namespace pagedc;
 
 DiagnosticEngine::DiagnosticEngine(llvm::StringRef name, llvm::StringRef text,
                                    llvm::raw_ostream &os, unsigned errorLimit)
-    : fileName(name == "-" ? std::string("<stdin>") : name.str()), text(text.str()), os(os),
-      errorLimit(errorLimit == 0 ? 1 : errorLimit) {}
+    : fileName(name == "-" ? std::string("<stdin>") : name.str()),
+      text(text.str()), os(os), errorLimit(errorLimit == 0 ? 1 : errorLimit) {}
 
 DiagnosticEngine::~DiagnosticEngine() { flush(); }
 
@@ -20,7 +20,8 @@ llvm::StringRef DiagnosticEngine::getText(ast::SourceRange range) const {
   return all.slice(range.begin.offset, range.end.offset);
 }
 
-void DiagnosticEngine::error(ast::SourceRange range, const llvm::Twine &message) {
+void DiagnosticEngine::error(ast::SourceRange range,
+                             const llvm::Twine &message) {
   ++numErrors;
   Group group;
   group.entries.push_back(Diagnostic{false, true, range, message.str()});
@@ -38,21 +39,24 @@ void DiagnosticEngine::error(const llvm::Twine &message) {
   pending.push_back(std::move(group));
 }
 
-void DiagnosticEngine::note(ast::SourceRange range, const llvm::Twine &message) {
+void DiagnosticEngine::note(ast::SourceRange range,
+                            const llvm::Twine &message) {
   if (pending.empty())
     return;
-  pending.back().entries.push_back(Diagnostic{true, true, range, message.str()});
+  pending.back().entries.push_back(
+      Diagnostic{true, true, range, message.str()});
 }
 
 void DiagnosticEngine::flush() {
   // File-level errors first, then by position; equal positions keep the
   // order they were reported in.
-  std::stable_sort(pending.begin(), pending.end(), [](const Group &a, const Group &b) {
-    const Diagnostic &x = a.entries.front(), &y = b.entries.front();
-    if (x.hasLocation != y.hasLocation)
-      return !x.hasLocation;
-    return x.range.begin.offset < y.range.begin.offset;
-  });
+  std::stable_sort(
+      pending.begin(), pending.end(), [](const Group &a, const Group &b) {
+        const Diagnostic &x = a.entries.front(), &y = b.entries.front();
+        if (x.hasLocation != y.hasLocation)
+          return !x.hasLocation;
+        return x.range.begin.offset < y.range.begin.offset;
+      });
   unsigned skipped = 0;
   for (const Group &group : pending) {
     if (numPrinted >= errorLimit) {
@@ -64,8 +68,8 @@ void DiagnosticEngine::flush() {
       print(diagnostic);
   }
   if (skipped)
-    os << fileName << ": error: too many errors; " << skipped << " more not shown (the limit is "
-       << errorLimit << ")\n";
+    os << fileName << ": error: too many errors; " << skipped
+       << " more not shown (the limit is " << errorLimit << ")\n";
   pending.clear();
   os.flush();
 }
@@ -87,11 +91,12 @@ void DiagnosticEngine::print(const Diagnostic &diagnostic) {
   }
   llvm::StringRef all = text;
   size_t begin = std::min<size_t>(diagnostic.range.begin.offset, all.size());
-  size_t end = std::min<size_t>(std::max(diagnostic.range.end.offset,
-                                         diagnostic.range.begin.offset),
-                                all.size());
-  os << fileName << ":" << diagnostic.range.begin.line << ":" << diagnostic.range.begin.column
-     << ": " << kind << ": " << diagnostic.message << "\n";
+  size_t end = std::min<size_t>(
+      std::max(diagnostic.range.end.offset, diagnostic.range.begin.offset),
+      all.size());
+  os << fileName << ":" << diagnostic.range.begin.line << ":"
+     << diagnostic.range.begin.column << ": " << kind << ": "
+     << diagnostic.message << "\n";
 
   // The source line, then the caret line. Tabs are kept in the caret line so
   // that the caret stays under the right character.

@@ -1,4 +1,5 @@
-//===- Diagnostics.h - Source buffer and clang-style diagnostics -*- C++ -*-===//
+//===- Diagnostics.h - Source buffer and clang-style diagnostics -*- C++
+//-*-===//
 //
 // A DiagnosticEngine owns the text of one .attn file and reports errors as
 //
@@ -34,7 +35,8 @@ public:
 
   /// `fileName` is what messages print ("-" is shown as "<stdin>"); `text` is
   /// copied. Diagnostics go to `os`.
-  DiagnosticEngine(llvm::StringRef fileName, llvm::StringRef text, llvm::raw_ostream &os,
+  DiagnosticEngine(llvm::StringRef fileName, llvm::StringRef text,
+                   llvm::raw_ostream &os,
                    unsigned errorLimit = kDefaultErrorLimit);
   /// Flushes what is left.
   ~DiagnosticEngine();

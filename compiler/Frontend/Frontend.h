@@ -45,11 +45,13 @@ bool parseOverrideValue(llvm::StringRef text, ast::ConstantValue &result);
 
 /// Parses the tokens into a Program. Items with syntax errors are reported
 /// and dropped (their names land in Program::droppedItemNames); never null.
-std::unique_ptr<ast::Program> parse(const std::vector<Token> &tokens, DiagnosticEngine &diags);
+std::unique_ptr<ast::Program> parse(const std::vector<Token> &tokens,
+                                    DiagnosticEngine &diags);
 
 /// Checks and annotates `program` in place. Returns false when any error was
 /// reported (also errors left by the parser in `diags`).
-bool analyze(ast::Program &program, DiagnosticEngine &diags, const FrontendOptions &options);
+bool analyze(ast::Program &program, DiagnosticEngine &diags,
+             const FrontendOptions &options);
 
 /// Lexes, parses and analyzes the source of `diags`. Returns null when any
 /// error was reported; every independent error is reported (up to the

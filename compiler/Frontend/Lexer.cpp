@@ -16,54 +16,102 @@ using ast::SourceRange;
 
 llvm::StringRef pagedc::tokenKindName(TokenKind kind) {
   switch (kind) {
-  case TokenKind::Eof: return "eof";
-  case TokenKind::Newline: return "newline";
-  case TokenKind::Error: return "error";
-  case TokenKind::Identifier: return "identifier";
-  case TokenKind::Integer: return "integer";
-  case TokenKind::Float: return "float";
-  case TokenKind::KwConst: return "kw_const";
-  case TokenKind::KwParam: return "kw_param";
-  case TokenKind::KwBuffer: return "kw_buffer";
-  case TokenKind::KwMask: return "kw_mask";
-  case TokenKind::KwScore: return "kw_score";
-  case TokenKind::KwLet: return "kw_let";
-  case TokenKind::KwTrue: return "kw_true";
-  case TokenKind::KwFalse: return "kw_false";
-  case TokenKind::KwInf: return "kw_inf";
-  case TokenKind::KwAnd: return "kw_and";
-  case TokenKind::KwOr: return "kw_or";
-  case TokenKind::KwNot: return "kw_not";
-  case TokenKind::LParen: return "l_paren";
-  case TokenKind::RParen: return "r_paren";
-  case TokenKind::LBracket: return "l_bracket";
-  case TokenKind::RBracket: return "r_bracket";
-  case TokenKind::LBrace: return "l_brace";
-  case TokenKind::RBrace: return "r_brace";
-  case TokenKind::Comma: return "comma";
-  case TokenKind::Colon: return "colon";
-  case TokenKind::Semicolon: return "semicolon";
-  case TokenKind::Question: return "question";
-  case TokenKind::Assign: return "assign";
-  case TokenKind::Plus: return "plus";
-  case TokenKind::Minus: return "minus";
-  case TokenKind::Star: return "star";
-  case TokenKind::StarStar: return "star_star";
-  case TokenKind::Slash: return "slash";
-  case TokenKind::SlashSlash: return "slash_slash";
-  case TokenKind::Percent: return "percent";
-  case TokenKind::Amp: return "amp";
-  case TokenKind::Pipe: return "pipe";
-  case TokenKind::Caret: return "caret";
-  case TokenKind::Tilde: return "tilde";
-  case TokenKind::LessLess: return "less_less";
-  case TokenKind::GreaterGreater: return "greater_greater";
-  case TokenKind::EqualEqual: return "equal_equal";
-  case TokenKind::NotEqual: return "not_equal";
-  case TokenKind::Less: return "less";
-  case TokenKind::LessEqual: return "less_equal";
-  case TokenKind::Greater: return "greater";
-  case TokenKind::GreaterEqual: return "greater_equal";
+  case TokenKind::Eof:
+    return "eof";
+  case TokenKind::Newline:
+    return "newline";
+  case TokenKind::Error:
+    return "error";
+  case TokenKind::Identifier:
+    return "identifier";
+  case TokenKind::Integer:
+    return "integer";
+  case TokenKind::Float:
+    return "float";
+  case TokenKind::KwConst:
+    return "kw_const";
+  case TokenKind::KwParam:
+    return "kw_param";
+  case TokenKind::KwBuffer:
+    return "kw_buffer";
+  case TokenKind::KwMask:
+    return "kw_mask";
+  case TokenKind::KwScore:
+    return "kw_score";
+  case TokenKind::KwLet:
+    return "kw_let";
+  case TokenKind::KwTrue:
+    return "kw_true";
+  case TokenKind::KwFalse:
+    return "kw_false";
+  case TokenKind::KwInf:
+    return "kw_inf";
+  case TokenKind::KwAnd:
+    return "kw_and";
+  case TokenKind::KwOr:
+    return "kw_or";
+  case TokenKind::KwNot:
+    return "kw_not";
+  case TokenKind::LParen:
+    return "l_paren";
+  case TokenKind::RParen:
+    return "r_paren";
+  case TokenKind::LBracket:
+    return "l_bracket";
+  case TokenKind::RBracket:
+    return "r_bracket";
+  case TokenKind::LBrace:
+    return "l_brace";
+  case TokenKind::RBrace:
+    return "r_brace";
+  case TokenKind::Comma:
+    return "comma";
+  case TokenKind::Colon:
+    return "colon";
+  case TokenKind::Semicolon:
+    return "semicolon";
+  case TokenKind::Question:
+    return "question";
+  case TokenKind::Assign:
+    return "assign";
+  case TokenKind::Plus:
+    return "plus";
+  case TokenKind::Minus:
+    return "minus";
+  case TokenKind::Star:
+    return "star";
+  case TokenKind::StarStar:
+    return "star_star";
+  case TokenKind::Slash:
+    return "slash";
+  case TokenKind::SlashSlash:
+    return "slash_slash";
+  case TokenKind::Percent:
+    return "percent";
+  case TokenKind::Amp:
+    return "amp";
+  case TokenKind::Pipe:
+    return "pipe";
+  case TokenKind::Caret:
+    return "caret";
+  case TokenKind::Tilde:
+    return "tilde";
+  case TokenKind::LessLess:
+    return "less_less";
+  case TokenKind::GreaterGreater:
+    return "greater_greater";
+  case TokenKind::EqualEqual:
+    return "equal_equal";
+  case TokenKind::NotEqual:
+    return "not_equal";
+  case TokenKind::Less:
+    return "less";
+  case TokenKind::LessEqual:
+    return "less_equal";
+  case TokenKind::Greater:
+    return "greater";
+  case TokenKind::GreaterEqual:
+    return "greater_equal";
   }
   llvm_unreachable("unknown token kind");
 }
@@ -93,7 +141,9 @@ public:
   }
 
 private:
-  SourceLoc here() const { return SourceLoc{line, column, static_cast<uint32_t>(pos)}; }
+  SourceLoc here() const {
+    return SourceLoc{line, column, static_cast<uint32_t>(pos)};
+  }
   char peek(size_t ahead = 0) const {
     return pos + ahead < text.size() ? text[pos + ahead] : '\0';
   }
@@ -139,7 +189,8 @@ Token Lexer::next() {
     } else if (c == '#') {
       while (!atEnd() && peek() != '\n')
         advance();
-    } else if (c == '\\' && (peek(1) == '\n' || (peek(1) == '\r' && peek(2) == '\n'))) {
+    } else if (c == '\\' &&
+               (peek(1) == '\n' || (peek(1) == '\r' && peek(2) == '\n'))) {
       // An explicit line continuation, as in Python.
       advance();
       while (!atEnd() && peek() != '\n')
@@ -181,26 +232,46 @@ Token Lexer::next() {
   };
 
   switch (c) {
-  case '(': return single(TokenKind::LParen);
-  case ')': return single(TokenKind::RParen);
-  case '[': return single(TokenKind::LBracket);
-  case ']': return single(TokenKind::RBracket);
-  case '{': return single(TokenKind::LBrace);
-  case '}': return single(TokenKind::RBrace);
-  case ',': return single(TokenKind::Comma);
-  case ':': return single(TokenKind::Colon);
-  case ';': return single(TokenKind::Semicolon);
-  case '?': return single(TokenKind::Question);
-  case '+': return single(TokenKind::Plus);
-  case '-': return single(TokenKind::Minus);
-  case '%': return single(TokenKind::Percent);
-  case '&': return single(TokenKind::Amp);
-  case '|': return single(TokenKind::Pipe);
-  case '^': return single(TokenKind::Caret);
-  case '~': return single(TokenKind::Tilde);
-  case '*': return twoWay('*', TokenKind::StarStar, TokenKind::Star);
-  case '/': return twoWay('/', TokenKind::SlashSlash, TokenKind::Slash);
-  case '=': return twoWay('=', TokenKind::EqualEqual, TokenKind::Assign);
+  case '(':
+    return single(TokenKind::LParen);
+  case ')':
+    return single(TokenKind::RParen);
+  case '[':
+    return single(TokenKind::LBracket);
+  case ']':
+    return single(TokenKind::RBracket);
+  case '{':
+    return single(TokenKind::LBrace);
+  case '}':
+    return single(TokenKind::RBrace);
+  case ',':
+    return single(TokenKind::Comma);
+  case ':':
+    return single(TokenKind::Colon);
+  case ';':
+    return single(TokenKind::Semicolon);
+  case '?':
+    return single(TokenKind::Question);
+  case '+':
+    return single(TokenKind::Plus);
+  case '-':
+    return single(TokenKind::Minus);
+  case '%':
+    return single(TokenKind::Percent);
+  case '&':
+    return single(TokenKind::Amp);
+  case '|':
+    return single(TokenKind::Pipe);
+  case '^':
+    return single(TokenKind::Caret);
+  case '~':
+    return single(TokenKind::Tilde);
+  case '*':
+    return twoWay('*', TokenKind::StarStar, TokenKind::Star);
+  case '/':
+    return twoWay('/', TokenKind::SlashSlash, TokenKind::Slash);
+  case '=':
+    return twoWay('=', TokenKind::EqualEqual, TokenKind::Assign);
   case '<':
     if (peek(1) == '<') {
       advance();
@@ -233,23 +304,30 @@ Token Lexer::lexBadCharacter(SourceLoc begin) {
     while (!atEnd() && (static_cast<unsigned char>(peek()) & 0xC0) == 0x80)
       advance();
     Token token = make(TokenKind::Error, begin);
-    diags.error(token.range, "non-ASCII character in source; only ASCII is allowed outside "
-                             "comments");
+    diags.error(token.range,
+                "non-ASCII character in source; only ASCII is allowed outside "
+                "comments");
     return token;
   }
   advance();
   Token token = make(TokenKind::Error, begin);
   if (c == '!')
-    diags.error(token.range, "stray '!' in program; use 'not' (or '~') for negation and '!=' "
-                             "for inequality");
+    diags.error(
+        token.range,
+        "stray '!' in program; use 'not' (or '~') for negation and '!=' "
+        "for inequality");
   else if (c == '\\')
-    diags.error(token.range, "stray '\\' in program; a line continuation '\\' must end the line");
+    diags.error(
+        token.range,
+        "stray '\\' in program; a line continuation '\\' must end the line");
   else if (c >= 0x20 && c < 0x7f)
-    diags.error(token.range, llvm::Twine("stray '") + llvm::Twine(static_cast<char>(c)) +
+    diags.error(token.range, llvm::Twine("stray '") +
+                                 llvm::Twine(static_cast<char>(c)) +
                                  "' in program");
   else
     diags.error(token.range, llvm::Twine("stray control character (code ") +
-                                 llvm::Twine(static_cast<unsigned>(c)) + ") in program");
+                                 llvm::Twine(static_cast<unsigned>(c)) +
+                                 ") in program");
   return token;
 }
 
@@ -289,9 +367,11 @@ Token Lexer::lexNumber(SourceLoc begin) {
       advance();
     Token token = make(TokenKind::Error, begin);
     if (badExponent)
-      diags.error(token.range, "expected digits after the exponent in '" + token.text + "'");
+      diags.error(token.range,
+                  "expected digits after the exponent in '" + token.text + "'");
     else
-      diags.error(token.range, "invalid suffix '" + text.slice(suffixBegin.offset, pos) +
+      diags.error(token.range, "invalid suffix '" +
+                                   text.slice(suffixBegin.offset, pos) +
                                    "' on number '" + token.text + "'");
     return token;
   }
@@ -301,7 +381,8 @@ Token Lexer::lexNumber(SourceLoc begin) {
   if (isFloat) {
     token.floatValue = std::strtod(spelling.c_str(), nullptr);
     if (std::isinf(token.floatValue)) {
-      diags.error(token.range, "float literal '" + token.text + "' is too large");
+      diags.error(token.range,
+                  "float literal '" + token.text + "' is too large");
       token.kind = TokenKind::Error;
     }
     return token;
@@ -310,7 +391,8 @@ Token Lexer::lexNumber(SourceLoc begin) {
   unsigned long long value = std::strtoull(spelling.c_str(), nullptr, 10);
   if (errno == ERANGE || value > static_cast<unsigned long long>(
                                      std::numeric_limits<int64_t>::max())) {
-    diags.error(token.range, "integer literal '" + token.text + "' is too large");
+    diags.error(token.range,
+                "integer literal '" + token.text + "' is too large");
     token.kind = TokenKind::Error;
     return token;
   }
@@ -343,9 +425,12 @@ Token Lexer::lexIdentifier(SourceLoc begin) {
 
 } // namespace
 
-std::vector<Token> pagedc::lex(DiagnosticEngine &diags) { return Lexer(diags).run(); }
+std::vector<Token> pagedc::lex(DiagnosticEngine &diags) {
+  return Lexer(diags).run();
+}
 
-void pagedc::dumpTokens(const std::vector<Token> &tokens, llvm::raw_ostream &os) {
+void pagedc::dumpTokens(const std::vector<Token> &tokens,
+                        llvm::raw_ostream &os) {
   for (const Token &token : tokens) {
     os << token.range.begin.line << ":" << token.range.begin.column << " "
        << tokenKindName(token.kind);

@@ -24,18 +24,54 @@ enum class TokenKind : uint8_t {
   Integer,
   Float,
   // Keywords.
-  KwConst, KwParam, KwBuffer, KwMask, KwScore, KwLet,
-  KwTrue, KwFalse, KwInf, KwAnd, KwOr, KwNot,
+  KwConst,
+  KwParam,
+  KwBuffer,
+  KwMask,
+  KwScore,
+  KwLet,
+  KwTrue,
+  KwFalse,
+  KwInf,
+  KwAnd,
+  KwOr,
+  KwNot,
   // Punctuation.
-  LParen, RParen, LBracket, RBracket, LBrace, RBrace,
-  Comma, Colon, Semicolon, Question, Assign,
+  LParen,
+  RParen,
+  LBracket,
+  RBracket,
+  LBrace,
+  RBrace,
+  Comma,
+  Colon,
+  Semicolon,
+  Question,
+  Assign,
   // Operators.
-  Plus, Minus, Star, StarStar, Slash, SlashSlash, Percent,
-  Amp, Pipe, Caret, Tilde, LessLess, GreaterGreater,
-  EqualEqual, NotEqual, Less, LessEqual, Greater, GreaterEqual,
+  Plus,
+  Minus,
+  Star,
+  StarStar,
+  Slash,
+  SlashSlash,
+  Percent,
+  Amp,
+  Pipe,
+  Caret,
+  Tilde,
+  LessLess,
+  GreaterGreater,
+  EqualEqual,
+  NotEqual,
+  Less,
+  LessEqual,
+  Greater,
+  GreaterEqual,
 };
 
-/// A stable lower-case name of a token kind ("identifier", "kw_const", "star_star").
+/// A stable lower-case name of a token kind ("identifier", "kw_const",
+/// "star_star").
 llvm::StringRef tokenKindName(TokenKind kind);
 
 /// One token. `text` points into the DiagnosticEngine's buffer.
@@ -43,8 +79,8 @@ struct Token {
   TokenKind kind = TokenKind::Eof;
   llvm::StringRef text;
   ast::SourceRange range;
-  int64_t intValue = 0;     ///< Integer
-  double floatValue = 0.0;  ///< Float (and KwInf: infinity)
+  int64_t intValue = 0;    ///< Integer
+  double floatValue = 0.0; ///< Float (and KwInf: infinity)
 
   bool is(TokenKind k) const { return kind == k; }
   bool isNot(TokenKind k) const { return kind != k; }

@@ -64,8 +64,10 @@ private:
     case TokenKind::KwParam:
     case TokenKind::KwBuffer:
     case TokenKind::KwMask:
-    case TokenKind::KwScore: return true;
-    default: return false;
+    case TokenKind::KwScore:
+      return true;
+    default:
+      return false;
     }
   }
 
@@ -90,13 +92,18 @@ private:
   }
   static std::string describe(const Token &token) {
     switch (token.kind) {
-    case TokenKind::Eof: return "end of file";
-    case TokenKind::Newline: return "end of line";
-    default: return "'" + token.text.str() + "'";
+    case TokenKind::Eof:
+      return "end of file";
+    case TokenKind::Newline:
+      return "end of line";
+    default:
+      return "'" + token.text.str() + "'";
     }
   }
 
-  SourceRange rangeFrom(SourceLoc begin) const { return SourceRange{begin, lastEnd}; }
+  SourceRange rangeFrom(SourceLoc begin) const {
+    return SourceRange{begin, lastEnd};
+  }
 
   //===--- Items ----------------------------------------------------------===//
 
@@ -130,9 +137,11 @@ private:
                          std::vector<ExprPtr> &args);
 
   /// Builds `lhs op rhs`; the operator token has been consumed.
-  ExprPtr makeBinary(BinaryOp op, SourceRange opRange, ExprPtr lhs, ExprPtr rhs) {
+  ExprPtr makeBinary(BinaryOp op, SourceRange opRange, ExprPtr lhs,
+                     ExprPtr rhs) {
     SourceRange range{lhs->getRange().begin, rhs->getRange().end};
-    return std::make_unique<BinaryExpr>(range, op, opRange, std::move(lhs), std::move(rhs));
+    return std::make_unique<BinaryExpr>(range, op, opRange, std::move(lhs),
+                                        std::move(rhs));
   }
   /// After a binary operator an expression may go on on the next line.
   Token consumeOperator() {
@@ -167,7 +176,8 @@ std::unique_ptr<Program> Parser::parseProgram() {
     size_t itemStart = index;
     if (!parseItem(*program) || itemHasError) {
       // Remember the name so that its uses are not reported again.
-      if (itemStart + 1 < tokens.size() && tokens[itemStart + 1].is(TokenKind::Identifier))
+      if (itemStart + 1 < tokens.size() &&
+          tokens[itemStart + 1].is(TokenKind::Identifier))
         program->droppedItemNames.push_back(tokens[itemStart + 1].text.str());
       recoverToNextItem();
     }
@@ -195,11 +205,16 @@ void Parser::recoverToNextItem() {
 
 bool Parser::parseItem(Program &program) {
   switch (cur().kind) {
-  case TokenKind::KwConst: return parseConst(program);
-  case TokenKind::KwParam: return parseParam(program);
-  case TokenKind::KwBuffer: return parseBuffer(program);
-  case TokenKind::KwMask: return parseMod(program, ModDecl::ModKind::Mask);
-  case TokenKind::KwScore: return parseMod(program, ModDecl::ModKind::Score);
+  case TokenKind::KwConst:
+    return parseConst(program);
+  case TokenKind::KwParam:
+    return parseParam(program);
+  case TokenKind::KwBuffer:
+    return parseBuffer(program);
+  case TokenKind::KwMask:
+    return parseMod(program, ModDecl::ModKind::Mask);
+  case TokenKind::KwScore:
+    return parseMod(program, ModDecl::ModKind::Score);
   default:
     errorExpected("an item ('const', 'param', 'buffer', 'mask' or 'score')");
     return false;
@@ -211,7 +226,8 @@ bool Parser::expectEndOfItem() {
     return true;
   if (cur().is(TokenKind::Error))
     return false;
-  diags.error(cur().range, "expected end of line after the item, found " + describe(cur()));
+  diags.error(cur().range,
+              "expected end of line after the item, found " + describe(cur()));
   return false;
 }
 
@@ -229,8 +245,8 @@ bool Parser::parseConst(Program &program) {
   if (!init || !expectEndOfItem())
     return false;
   if (!itemHasError)
-    program.consts.push_back(std::make_unique<ConstDecl>(rangeFrom(begin), name.text.str(),
-                                                         name.range, std::move(init)));
+    program.consts.push_back(std::make_unique<ConstDecl>(
+        rangeFrom(begin), name.text.str(), name.range, std::move(init)));
   return true;
 }
 
@@ -241,7 +257,8 @@ bool Parser::parseParam(Program &program) {
     return false;
   }
   Token name = consume();
-  if (!expect(TokenKind::Colon, "':' and a type (i32, f32 or bool) after the param name"))
+  if (!expect(TokenKind::Colon,
+              "':' and a type (i32, f32 or bool) after the param name"))
     return false;
   if (!at(TokenKind::Identifier)) {
     errorExpected("a param type (i32, f32 or bool)");
@@ -267,11 +284,13 @@ bool Parser::parseParam(Program &program) {
     const Token &value = cur();
     switch (value.kind) {
     case TokenKind::Integer:
-      defaultValue = ConstantValue::ofInt(negative ? -value.intValue : value.intValue);
+      defaultValue =
+          ConstantValue::ofInt(negative ? -value.intValue : value.intValue);
       break;
     case TokenKind::Float:
     case TokenKind::KwInf:
-      defaultValue = ConstantValue::ofFloat(negative ? -value.floatValue : value.floatValue);
+      defaultValue = ConstantValue::ofFloat(negative ? -value.floatValue
+                                                     : value.floatValue);
       break;
     case TokenKind::KwTrue:
     case TokenKind::KwFalse:
@@ -289,9 +308,9 @@ bool Parser::parseParam(Program &program) {
   }
   if (!expectEndOfItem())
     return false;
-  program.params.push_back(std::make_unique<ParamDecl>(rangeFrom(begin), name.text.str(),
-                                                       name.range, type, hasDefault,
-                                                       defaultValue));
+  program.params.push_back(
+      std::make_unique<ParamDecl>(rangeFrom(begin), name.text.str(), name.range,
+                                  type, hasDefault, defaultValue));
   return true;
 }
 
@@ -302,7 +321,8 @@ bool Parser::parseBuffer(Program &program) {
     return false;
   }
   Token name = consume();
-  if (!expect(TokenKind::Colon, "':' and an element type after the buffer name"))
+  if (!expect(TokenKind::Colon,
+              "':' and an element type after the buffer name"))
     return false;
   if (!at(TokenKind::Identifier)) {
     errorExpected("an element type (i32, i64, f32, f16, bf16 or bool)");
@@ -326,11 +346,13 @@ bool Parser::parseBuffer(Program &program) {
   else
     known = false;
   if (!known) {
-    diags.error(typeToken.range, "unknown element type '" + typeToken.text +
-                                     "'; expected i32, i64, f32, f16, bf16 or bool");
+    diags.error(typeToken.range,
+                "unknown element type '" + typeToken.text +
+                    "'; expected i32, i64, f32, f16, bf16 or bool");
     return false;
   }
-  if (!expect(TokenKind::LBracket, "'[' and the buffer's dimensions after the element type"))
+  if (!expect(TokenKind::LBracket,
+              "'[' and the buffer's dimensions after the element type"))
     return false;
   std::vector<BufferDim> dims;
   {
@@ -369,15 +391,16 @@ bool Parser::parseBuffer(Program &program) {
   consume(); // ]
   if (dims.size() > 4) {
     diags.error(SourceRange{dims[4].range.begin, dims.back().range.end},
-                "buffer '" + name.text + "' has rank " + llvm::Twine(dims.size()) +
-                    "; buffers have rank 1 to 4");
+                "buffer '" + name.text + "' has rank " +
+                    llvm::Twine(dims.size()) + "; buffers have rank 1 to 4");
     itemHasError = true;
   }
   if (!expectEndOfItem())
     return false;
   if (!itemHasError)
-    program.buffers.push_back(std::make_unique<BufferDecl>(
-        rangeFrom(begin), name.text.str(), name.range, elementType, std::move(dims)));
+    program.buffers.push_back(
+        std::make_unique<BufferDecl>(rangeFrom(begin), name.text.str(),
+                                     name.range, elementType, std::move(dims)));
   return true;
 }
 
@@ -418,8 +441,9 @@ bool Parser::parseMod(Program &program, ModDecl::ModKind kind) {
   if (consumeIf(TokenKind::Assign)) {
     skipNewlines();
     if (at(TokenKind::LBrace)) {
-      diags.error(cur().range, "a block body follows the parameters directly: write '" +
-                                   keyword + " " + name.text + "(...) { ... }' without '='");
+      diags.error(cur().range,
+                  "a block body follows the parameters directly: write '" +
+                      keyword + " " + name.text + "(...) { ... }' without '='");
       return false;
     }
     result = parseExpr();
@@ -431,24 +455,26 @@ bool Parser::parseMod(Program &program, ModDecl::ModKind kind) {
     if (!expectEndOfItem())
       return false;
   } else {
-    errorExpected("'=' and an expression, or a '{' block, after the parameter list");
+    errorExpected(
+        "'=' and an expression, or a '{' block, after the parameter list");
     (void)close;
     return false;
   }
   if (!itemHasError)
-    program.mods.push_back(std::make_unique<ModDecl>(rangeFrom(begin), kind, name.text.str(),
-                                                     name.range, std::move(params),
-                                                     std::move(lets), std::move(result)));
+    program.mods.push_back(std::make_unique<ModDecl>(
+        rangeFrom(begin), kind, name.text.str(), name.range, std::move(params),
+        std::move(lets), std::move(result)));
   return true;
 }
 
-bool Parser::parseBlock(std::vector<std::unique_ptr<LetStmt>> &lets, ExprPtr &result,
-                        llvm::StringRef modName) {
+bool Parser::parseBlock(std::vector<std::unique_ptr<LetStmt>> &lets,
+                        ExprPtr &result, llvm::StringRef modName) {
   Token open = consume(); // {
   bool ok = true;
   auto reportUnterminated = [&]() {
-    diags.error(cur().range, "unterminated block: expected '}' to end the body of '" +
-                                 modName + "' before " + describe(cur()));
+    diags.error(cur().range,
+                "unterminated block: expected '}' to end the body of '" +
+                    modName + "' before " + describe(cur()));
     diags.note(open.range, "the block starts here");
   };
   auto skipSeparators = [&]() {
@@ -458,8 +484,8 @@ bool Parser::parseBlock(std::vector<std::unique_ptr<LetStmt>> &lets, ExprPtr &re
   // Skips to the next statement inside the block after an error.
   auto recoverInBlock = [&]() {
     nesting = 0;
-    while (!at(TokenKind::Eof) && !at(TokenKind::Newline) && !at(TokenKind::Semicolon) &&
-           !at(TokenKind::RBrace))
+    while (!at(TokenKind::Eof) && !at(TokenKind::Newline) &&
+           !at(TokenKind::Semicolon) && !at(TokenKind::RBrace))
       consume();
   };
 
@@ -472,9 +498,10 @@ bool Parser::parseBlock(std::vector<std::unique_ptr<LetStmt>> &lets, ExprPtr &re
     if (at(TokenKind::RBrace)) {
       if (!result) {
         if (ok)
-          diags.error(cur().range, "the block of '" + modName +
-                                       "' has no result expression; its last line must be "
-                                       "an expression");
+          diags.error(cur().range,
+                      "the block of '" + modName +
+                          "' has no result expression; its last line must be "
+                          "an expression");
         return false;
       }
       consume();
@@ -483,8 +510,9 @@ bool Parser::parseBlock(std::vector<std::unique_ptr<LetStmt>> &lets, ExprPtr &re
     if (result) {
       // Something follows the result expression.
       if (cur().isNot(TokenKind::Error))
-        diags.error(result->getRange(), "only the last line of a block may be an expression; "
-                                        "bind this value with 'let NAME = ...'");
+        diags.error(result->getRange(),
+                    "only the last line of a block may be an expression; "
+                    "bind this value with 'let NAME = ...'");
       ok = false;
       result.reset();
     }
@@ -508,8 +536,8 @@ bool Parser::parseBlock(std::vector<std::unique_ptr<LetStmt>> &lets, ExprPtr &re
         recoverInBlock();
         continue;
       }
-      if (!at(TokenKind::Newline) && !at(TokenKind::Semicolon) && !at(TokenKind::RBrace) &&
-          !at(TokenKind::Eof)) {
+      if (!at(TokenKind::Newline) && !at(TokenKind::Semicolon) &&
+          !at(TokenKind::RBrace) && !at(TokenKind::Eof)) {
         errorExpected("end of line after the 'let' statement");
         ok = false;
         recoverInBlock();
@@ -528,8 +556,8 @@ bool Parser::parseBlock(std::vector<std::unique_ptr<LetStmt>> &lets, ExprPtr &re
       recoverInBlock();
       continue;
     }
-    if (!at(TokenKind::Newline) && !at(TokenKind::Semicolon) && !at(TokenKind::RBrace) &&
-        !at(TokenKind::Eof) && !atItemStart()) {
+    if (!at(TokenKind::Newline) && !at(TokenKind::Semicolon) &&
+        !at(TokenKind::RBrace) && !at(TokenKind::Eof) && !atItemStart()) {
       errorExpected("end of line or '}' after the expression");
       ok = false;
       recoverInBlock();
@@ -550,7 +578,8 @@ ExprPtr Parser::parseOr() {
     ExprPtr rhs = parseAnd();
     if (!rhs)
       return nullptr;
-    lhs = makeBinary(BinaryOp::LogicalOr, op.range, std::move(lhs), std::move(rhs));
+    lhs = makeBinary(BinaryOp::LogicalOr, op.range, std::move(lhs),
+                     std::move(rhs));
   }
   return lhs;
 }
@@ -562,7 +591,8 @@ ExprPtr Parser::parseAnd() {
     ExprPtr rhs = parseNot();
     if (!rhs)
       return nullptr;
-    lhs = makeBinary(BinaryOp::LogicalAnd, op.range, std::move(lhs), std::move(rhs));
+    lhs = makeBinary(BinaryOp::LogicalAnd, op.range, std::move(lhs),
+                     std::move(rhs));
   }
   return lhs;
 }
@@ -574,20 +604,34 @@ ExprPtr Parser::parseNot() {
     if (!operand)
       return nullptr;
     SourceRange range{op.range.begin, operand->getRange().end};
-    return std::make_unique<UnaryExpr>(range, UnaryOp::LogicalNot, op.range, std::move(operand));
+    return std::make_unique<UnaryExpr>(range, UnaryOp::LogicalNot, op.range,
+                                       std::move(operand));
   }
   return parseComparison();
 }
 
 static bool comparisonOp(TokenKind kind, BinaryOp &op) {
   switch (kind) {
-  case TokenKind::EqualEqual: op = BinaryOp::Eq; return true;
-  case TokenKind::NotEqual: op = BinaryOp::Ne; return true;
-  case TokenKind::Less: op = BinaryOp::Lt; return true;
-  case TokenKind::LessEqual: op = BinaryOp::Le; return true;
-  case TokenKind::Greater: op = BinaryOp::Gt; return true;
-  case TokenKind::GreaterEqual: op = BinaryOp::Ge; return true;
-  default: return false;
+  case TokenKind::EqualEqual:
+    op = BinaryOp::Eq;
+    return true;
+  case TokenKind::NotEqual:
+    op = BinaryOp::Ne;
+    return true;
+  case TokenKind::Less:
+    op = BinaryOp::Lt;
+    return true;
+  case TokenKind::LessEqual:
+    op = BinaryOp::Le;
+    return true;
+  case TokenKind::Greater:
+    op = BinaryOp::Gt;
+    return true;
+  case TokenKind::GreaterEqual:
+    op = BinaryOp::Ge;
+    return true;
+  default:
+    return false;
   }
 }
 
@@ -614,19 +658,22 @@ ExprPtr Parser::parseComparison() {
   std::string suggestion;
   auto text = [&](const Expr *e) { return diags.getText(e->getRange()).str(); };
   auto *bitwise = llvm::dyn_cast<BinaryExpr>(middle.get());
-  if (bitwise && (bitwise->getOp() == BinaryOp::BitAnd || bitwise->getOp() == BinaryOp::BitOr ||
+  if (bitwise && (bitwise->getOp() == BinaryOp::BitAnd ||
+                  bitwise->getOp() == BinaryOp::BitOr ||
                   bitwise->getOp() == BinaryOp::BitXor)) {
     suggestion = "(" + text(lhs.get()) + " " + opToken.text.str() + " " +
-                 text(bitwise->getLHS()) + ") " + binaryOpSpelling(bitwise->getOp()).str() +
-                 " (" + text(bitwise->getRHS()) + " " + secondToken.text.str() + " " +
+                 text(bitwise->getLHS()) + ") " +
+                 binaryOpSpelling(bitwise->getOp()).str() + " (" +
+                 text(bitwise->getRHS()) + " " + secondToken.text.str() + " " +
                  text(rhs.get()) + ")";
   } else {
-    suggestion = "(" + text(lhs.get()) + " " + opToken.text.str() + " " + text(middle.get()) +
-                 ") & (" + text(middle.get()) + " " + secondToken.text.str() + " " +
-                 text(rhs.get()) + ")";
+    suggestion = "(" + text(lhs.get()) + " " + opToken.text.str() + " " +
+                 text(middle.get()) + ") & (" + text(middle.get()) + " " +
+                 secondToken.text.str() + " " + text(rhs.get()) + ")";
   }
-  diags.error(secondToken.range, "comparisons cannot be chained; add parentheses, e.g. '" +
-                                     suggestion + "'");
+  diags.error(secondToken.range,
+              "comparisons cannot be chained; add parentheses, e.g. '" +
+                  suggestion + "'");
   itemHasError = true;
   // Go on to find later errors; the item is dropped.
   while (comparisonOp(cur().kind, secondOp)) {
@@ -656,7 +703,8 @@ ExprPtr Parser::parseBitXor() {
     ExprPtr rhs = parseBitAnd();
     if (!rhs)
       return nullptr;
-    lhs = makeBinary(BinaryOp::BitXor, op.range, std::move(lhs), std::move(rhs));
+    lhs =
+        makeBinary(BinaryOp::BitXor, op.range, std::move(lhs), std::move(rhs));
   }
   return lhs;
 }
@@ -668,7 +716,8 @@ ExprPtr Parser::parseBitAnd() {
     ExprPtr rhs = parseShift();
     if (!rhs)
       return nullptr;
-    lhs = makeBinary(BinaryOp::BitAnd, op.range, std::move(lhs), std::move(rhs));
+    lhs =
+        makeBinary(BinaryOp::BitAnd, op.range, std::move(lhs), std::move(rhs));
   }
   return lhs;
 }
@@ -704,11 +753,20 @@ ExprPtr Parser::parseMultiplicative() {
   while (lhs) {
     BinaryOp op;
     switch (cur().kind) {
-    case TokenKind::Star: op = BinaryOp::Mul; break;
-    case TokenKind::Slash: op = BinaryOp::TrueDiv; break;
-    case TokenKind::SlashSlash: op = BinaryOp::FloorDiv; break;
-    case TokenKind::Percent: op = BinaryOp::Mod; break;
-    default: return lhs;
+    case TokenKind::Star:
+      op = BinaryOp::Mul;
+      break;
+    case TokenKind::Slash:
+      op = BinaryOp::TrueDiv;
+      break;
+    case TokenKind::SlashSlash:
+      op = BinaryOp::FloorDiv;
+      break;
+    case TokenKind::Percent:
+      op = BinaryOp::Mod;
+      break;
+    default:
+      return lhs;
     }
     Token opToken = consumeOperator();
     ExprPtr rhs = parseUnary();
@@ -727,12 +785,15 @@ ExprPtr Parser::parseUnary() {
     if (!operand)
       return nullptr;
     SourceRange range{opToken.range.begin, operand->getRange().end};
-    return std::make_unique<UnaryExpr>(range, op, opToken.range, std::move(operand));
+    return std::make_unique<UnaryExpr>(range, op, opToken.range,
+                                       std::move(operand));
   }
   if (at(TokenKind::KwNot)) {
     // `a + not b` is a syntax error in Python too; say how to write it.
-    diags.error(cur().range, "'not' cannot appear inside an arithmetic or comparison operand; "
-                             "add parentheses: '(not x)'");
+    diags.error(
+        cur().range,
+        "'not' cannot appear inside an arithmetic or comparison operand; "
+        "add parentheses: '(not x)'");
     return nullptr;
   }
   return parsePower();
@@ -747,7 +808,8 @@ ExprPtr Parser::parsePower() {
   ExprPtr exponent = parseUnary();
   if (!exponent)
     return nullptr;
-  return makeBinary(BinaryOp::Pow, op.range, std::move(base), std::move(exponent));
+  return makeBinary(BinaryOp::Pow, op.range, std::move(base),
+                    std::move(exponent));
 }
 
 bool Parser::parseArgumentList(TokenKind close, llvm::StringRef closeSpelling,
@@ -814,8 +876,9 @@ ExprPtr Parser::parsePrimary() {
       std::vector<ExprPtr> args;
       if (!parseArgumentList(TokenKind::RParen, ")", args))
         return nullptr;
-      return std::make_unique<CallExpr>(rangeFrom(name.range.begin), name.text.str(),
-                                        name.range, std::move(args));
+      return std::make_unique<CallExpr>(rangeFrom(name.range.begin),
+                                        name.text.str(), name.range,
+                                        std::move(args));
     }
     if (at(TokenKind::LBracket)) {
       consume();
@@ -823,11 +886,13 @@ ExprPtr Parser::parsePrimary() {
       if (!parseArgumentList(TokenKind::RBracket, "]", indices))
         return nullptr;
       if (indices.empty()) {
-        diags.error(rangeFrom(name.range.begin), "a buffer read needs at least one index");
+        diags.error(rangeFrom(name.range.begin),
+                    "a buffer read needs at least one index");
         return nullptr;
       }
-      return std::make_unique<IndexExpr>(rangeFrom(name.range.begin), name.text.str(),
-                                         name.range, std::move(indices));
+      return std::make_unique<IndexExpr>(rangeFrom(name.range.begin),
+                                         name.text.str(), name.range,
+                                         std::move(indices));
     }
     return std::make_unique<NameExpr>(name.range, name.text.str());
   }

@@ -39,7 +39,8 @@ void coerce(ExprPtr &slot, Type to) {
   if (from == to || from == Type::Unknown || to == Type::Unknown)
     return;
   SourceRange range = slot->getRange();
-  slot = std::make_unique<CastExpr>(range, std::move(slot), to, /*isImplicit=*/true);
+  slot = std::make_unique<CastExpr>(range, std::move(slot), to,
+                                    /*isImplicit=*/true);
 }
 
 /// A global item as Sema sees it while checking names.
@@ -62,7 +63,8 @@ struct Scope {
 
 class Sema {
 public:
-  Sema(Program &program, DiagnosticEngine &diags, const FrontendOptions &options)
+  Sema(Program &program, DiagnosticEngine &diags,
+       const FrontendOptions &options)
       : program(program), diags(diags), options(options) {}
 
   bool run();
@@ -82,20 +84,39 @@ private:
   Type checkBuiltin(ExprPtr &slot, CallExpr &expr, Scope &scope);
   Type checkIndex(IndexExpr &expr, Scope &scope);
 
+  /// True when `name` is a parameter or `let` of the mod being checked.
+  static bool isLocalName(const Scope &scope, llvm::StringRef name) {
+    if (!scope.mod)
+      return false;
+    for (const LetStmt *let : scope.lets)
+      if (let->name == name)
+        return true;
+    for (const ModParam &param : scope.mod->getParams())
+      if (param.name == name)
+        return true;
+    return false;
+  }
   const GlobalItem *findGlobal(llvm::StringRef name) const {
     auto it = globals.find(name);
     return it == globals.end() ? nullptr : &it->second;
   }
-  bool isDropped(llvm::StringRef name) const { return droppedNames.contains(name); }
-  std::string suggest(llvm::StringRef name, const Scope &scope, bool functions) const;
-  void reportUnknown(SourceRange range, llvm::StringRef name, const Scope &scope,
-                     bool functions);
+  bool isDropped(llvm::StringRef name) const {
+    return droppedNames.contains(name);
+  }
+  std::string suggest(llvm::StringRef name, const Scope &scope,
+                      bool functions) const;
+  void reportUnknown(SourceRange range, llvm::StringRef name,
+                     const Scope &scope, bool functions);
   static llvm::StringRef kindName(GlobalItem::Kind kind) {
     switch (kind) {
-    case GlobalItem::Kind::Const: return "constant";
-    case GlobalItem::Kind::Param: return "param";
-    case GlobalItem::Kind::Buffer: return "buffer";
-    case GlobalItem::Kind::Mod: return "mod";
+    case GlobalItem::Kind::Const:
+      return "constant";
+    case GlobalItem::Kind::Param:
+      return "param";
+    case GlobalItem::Kind::Buffer:
+      return "buffer";
+    case GlobalItem::Kind::Mod:
+      return "mod";
     }
     return "item";
   }
@@ -138,22 +159,28 @@ bool Sema::run() {
 void Sema::collectGlobals() {
   std::vector<GlobalItem> items;
   for (auto &c : program.consts)
-    items.push_back({GlobalItem::Kind::Const, c->getName(), c->getNameRange(), c.get()});
+    items.push_back(
+        {GlobalItem::Kind::Const, c->getName(), c->getNameRange(), c.get()});
   for (auto &p : program.params)
-    items.push_back({GlobalItem::Kind::Param, p->getName(), p->getNameRange(), p.get()});
+    items.push_back(
+        {GlobalItem::Kind::Param, p->getName(), p->getNameRange(), p.get()});
   for (auto &b : program.buffers)
-    items.push_back({GlobalItem::Kind::Buffer, b->getName(), b->getNameRange(), b.get()});
+    items.push_back(
+        {GlobalItem::Kind::Buffer, b->getName(), b->getNameRange(), b.get()});
   for (auto &m : program.mods)
-    items.push_back({GlobalItem::Kind::Mod, m->getName(), m->getNameRange(), m.get()});
-  std::stable_sort(items.begin(), items.end(), [](const GlobalItem &a, const GlobalItem &b) {
-    return a.nameRange.begin.offset < b.nameRange.begin.offset;
-  });
+    items.push_back(
+        {GlobalItem::Kind::Mod, m->getName(), m->getNameRange(), m.get()});
+  std::stable_sort(items.begin(), items.end(),
+                   [](const GlobalItem &a, const GlobalItem &b) {
+                     return a.nameRange.begin.offset < b.nameRange.begin.offset;
+                   });
 
   for (const GlobalItem &item : items) {
     Builtin builtin;
     if (lookupBuiltin(item.name, builtin)) {
-      diags.error(item.nameRange, "'" + item.name + "' is the name of a builtin function; "
-                                  "choose another name");
+      diags.error(item.nameRange, "'" + item.name +
+                                      "' is the name of a builtin function; "
+                                      "choose another name");
       droppedNames.insert(item.name);
       continue;
     }
@@ -179,21 +206,23 @@ void Sema::checkParams() {
     ConstantValue value = param->getDefaultValue();
     Type want = param->getType();
     if (want == Type::F32 && value.type == Type::I32) {
-      param->setDefaultValue(ConstantValue::ofFloat(static_cast<double>(value.intValue)));
+      param->setDefaultValue(
+          ConstantValue::ofFloat(static_cast<double>(value.intValue)));
       continue;
     }
     if (want == Type::I32 && value.type == Type::I32) {
       if (value.intValue > std::numeric_limits<int32_t>::max() ||
           value.intValue < std::numeric_limits<int32_t>::min())
-        diags.error(param->getRange(), "default value of param '" + param->getName() +
+        diags.error(param->getRange(), "default value of param '" +
+                                           param->getName() +
                                            "' does not fit in i32");
       continue;
     }
     if (want == value.type)
       continue;
-    diags.error(param->getRange(), "default value of param '" + param->getName() +
-                                       "' must be " + typeName(want) + ", got " +
-                                       typeName(value.type));
+    diags.error(param->getRange(),
+                "default value of param '" + param->getName() + "' must be " +
+                    typeName(want) + ", got " + typeName(value.type));
   }
 }
 
@@ -203,8 +232,8 @@ void Sema::checkConsts() {
   for (const ConstOverride &override : options.constOverrides) {
     ConstantValue value;
     if (!program.findConst(override.name)) {
-      diags.error("-D " + override.name + "=" + override.value + ": there is no constant named '" +
-                  override.name + "'");
+      diags.error("-D " + override.name + "=" + override.value +
+                  ": there is no constant named '" + override.name + "'");
       continue;
     }
     if (!parseOverrideValue(override.value, value)) {
@@ -212,9 +241,11 @@ void Sema::checkConsts() {
                   ": the value must be an int or a float literal");
       continue;
     }
-    if (value.type == Type::I32 && (value.intValue > std::numeric_limits<int32_t>::max() ||
-                                    value.intValue < std::numeric_limits<int32_t>::min())) {
-      diags.error("-D " + override.name + "=" + override.value + ": the value does not fit in i32");
+    if (value.type == Type::I32 &&
+        (value.intValue > std::numeric_limits<int32_t>::max() ||
+         value.intValue < std::numeric_limits<int32_t>::min())) {
+      diags.error("-D " + override.name + "=" + override.value +
+                  ": the value does not fit in i32");
       continue;
     }
     overrides[override.name] = value; // the last -D of a name wins
@@ -234,8 +265,9 @@ void Sema::checkConsts() {
     Type type = check(decl->initSlot(), scope);
     std::optional<ConstantValue> value;
     if (type == Type::Bool) {
-      diags.error(decl->getInit()->getRange(), "constant '" + decl->getName() +
-                                                   "' must be an int or a float, got bool");
+      diags.error(decl->getInit()->getRange(),
+                  "constant '" + decl->getName() +
+                      "' must be an int or a float, got bool");
     } else if (type != Type::Unknown) {
       ConstantEvaluator evaluator(&diags);
       value = evaluator.evaluate(*decl->getInit());
@@ -243,8 +275,8 @@ void Sema::checkConsts() {
           (value->intValue > std::numeric_limits<int32_t>::max() ||
            value->intValue < std::numeric_limits<int32_t>::min())) {
         diags.error(decl->getInit()->getRange(),
-                    "constant '" + decl->getName() + "' = " + llvm::Twine(value->intValue) +
-                        " does not fit in i32");
+                    "constant '" + decl->getName() + "' = " +
+                        llvm::Twine(value->intValue) + " does not fit in i32");
         value.reset();
       }
       if (value && value->type == Type::F32 && std::isnan(value->floatValue)) {
@@ -267,15 +299,18 @@ void Sema::checkMod(ModDecl &mod) {
     SourceRange range = mod.getNameRange();
     if (!params.empty())
       range = SourceRange{params.front().range.begin, params.back().range.end};
-    diags.error(range, "a " + kind + " mod takes " + llvm::Twine(mod.getExpectedArity()) +
-                           " parameters (" +
-                           (mod.isMask() ? "b, h, q, kv" : "score, b, h, q, kv") + "), but '" +
-                           mod.getName() + "' has " + llvm::Twine(params.size()));
+    diags.error(range,
+                "a " + kind + " mod takes " +
+                    llvm::Twine(mod.getExpectedArity()) + " parameters (" +
+                    (mod.isMask() ? "b, h, q, kv" : "score, b, h, q, kv") +
+                    "), but '" + mod.getName() + "' has " +
+                    llvm::Twine(params.size()));
   }
   for (size_t i = 0; i < params.size(); ++i) {
     for (size_t j = 0; j < i; ++j) {
       if (params[i].name == params[j].name) {
-        diags.error(params[i].range, "redefinition of parameter '" + params[i].name + "'");
+        diags.error(params[i].range,
+                    "redefinition of parameter '" + params[i].name + "'");
         diags.note(params[j].range, "previous definition is here");
         break;
       }
@@ -291,16 +326,19 @@ void Sema::checkMod(ModDecl &mod) {
     bool clash = false;
     for (const ModParam &param : params) {
       if (param.name == binding.name) {
-        diags.error(binding.nameRange, "redefinition of '" + binding.name + "'");
-        diags.note(param.range, "previous definition is here (a parameter of '" +
-                                    mod.getName() + "')");
+        diags.error(binding.nameRange,
+                    "redefinition of '" + binding.name + "'");
+        diags.note(param.range,
+                   "previous definition is here (a parameter of '" +
+                       mod.getName() + "')");
         clash = true;
         break;
       }
     }
     for (const LetStmt *earlier : scope.lets) {
       if (!clash && earlier->name == binding.name) {
-        diags.error(binding.nameRange, "redefinition of '" + binding.name + "'");
+        diags.error(binding.nameRange,
+                    "redefinition of '" + binding.name + "'");
         diags.note(earlier->nameRange, "previous definition is here");
         clash = true;
       }
@@ -312,13 +350,15 @@ void Sema::checkMod(ModDecl &mod) {
   if (result == Type::Unknown)
     return;
   if (mod.isMask() && result != Type::Bool) {
-    diags.error(mod.getResult()->getRange(), "mask mod '" + mod.getName() +
-                                                 "' must return bool, but its result has type " +
-                                                 typeName(result));
-  } else if (mod.isScore() && result == Type::Bool) {
     diags.error(mod.getResult()->getRange(),
-                "score mod '" + mod.getName() +
-                    "' must return a number (f32), but its result has type bool");
+                "mask mod '" + mod.getName() +
+                    "' must return bool, but its result has type " +
+                    typeName(result));
+  } else if (mod.isScore() && result == Type::Bool) {
+    diags.error(
+        mod.getResult()->getRange(),
+        "score mod '" + mod.getName() +
+            "' must return a number (f32), but its result has type bool");
   } else if (mod.isScore()) {
     coerce(mod.resultSlot(), Type::F32);
   }
@@ -337,15 +377,17 @@ void Sema::checkRecursion() {
       State calleeState = state.lookup(edge.callee);
       if (calleeState == State::OnStack) {
         if (edge.callee == mod) {
-          diags.error(edge.range, "mod '" + mod->getName() +
-                                      "' calls itself; recursion is not allowed");
+          diags.error(edge.range,
+                      "mod '" + mod->getName() +
+                          "' calls itself; recursion is not allowed");
         } else {
           std::string cycle;
           auto start = std::find(stack.begin(), stack.end(), edge.callee);
           for (auto it = start; it != stack.end(); ++it)
             cycle += "'" + (*it)->getName().str() + "' -> ";
           cycle += "'" + edge.callee->getName().str() + "'";
-          diags.error(edge.range, "recursive call: " + cycle + "; recursion is not allowed");
+          diags.error(edge.range, "recursive call: " + cycle +
+                                      "; recursion is not allowed");
         }
       } else if (calleeState == State::Unvisited) {
         visit(edge.callee);
@@ -363,16 +405,13 @@ void Sema::checkRecursion() {
 // Expressions
 //===----------------------------------------------------------------------===//
 
-std::string Sema::suggest(llvm::StringRef name, const Scope &scope, bool functions) const {
+std::string Sema::suggest(llvm::StringRef name, const Scope &scope,
+                          bool functions) const {
   std::vector<llvm::StringRef> candidates;
   if (functions) {
     for (auto &mod : program.mods)
       candidates.push_back(mod->getName());
-    static const char *const kBuiltinNames[] = {
-        "abs", "min", "max", "clamp", "exp", "exp2", "log", "log2", "sqrt", "rsqrt", "tanh",
-        "sigmoid", "sin", "cos", "tan", "tanh_approx", "floor", "ceil", "round", "where",
-        "float", "int"};
-    for (const char *builtin : kBuiltinNames)
+    for (llvm::StringRef builtin : builtinNames())
       candidates.push_back(builtin);
   } else {
     for (const LetStmt *let : scope.lets)
@@ -393,7 +432,8 @@ std::string Sema::suggest(llvm::StringRef name, const Scope &scope, bool functio
   unsigned bestDistance = 3;
   for (llvm::StringRef candidate : candidates) {
     unsigned distance = name.edit_distance(candidate, true, bestDistance);
-    if (distance < bestDistance && distance < std::max<size_t>(name.size(), 2)) {
+    if (distance < bestDistance &&
+        distance < std::max<size_t>(name.size(), 2)) {
       best = candidate;
       bestDistance = distance;
     }
@@ -401,8 +441,8 @@ std::string Sema::suggest(llvm::StringRef name, const Scope &scope, bool functio
   return best.str();
 }
 
-void Sema::reportUnknown(SourceRange range, llvm::StringRef name, const Scope &scope,
-                         bool functions) {
+void Sema::reportUnknown(SourceRange range, llvm::StringRef name,
+                         const Scope &scope, bool functions) {
   std::string suggestion = suggest(name, scope, functions);
   std::string message =
       (functions ? "unknown function '" : "unknown name '") + name.str() + "'";
@@ -419,22 +459,37 @@ Type Sema::check(ExprPtr &slot, Scope &scope) {
     auto &literal = llvm::cast<IntegerLiteralExpr>(expr);
     type = Type::I32;
     if (scope.mod && literal.getValue() > std::numeric_limits<int32_t>::max()) {
-      diags.error(expr.getRange(), "integer literal " + llvm::Twine(literal.getValue()) +
+      diags.error(expr.getRange(), "integer literal " +
+                                       llvm::Twine(literal.getValue()) +
                                        " does not fit in i32");
       type = Type::Unknown;
     }
     break;
   }
-  case Expr::Kind::FloatLiteral: type = Type::F32; break;
-  case Expr::Kind::BoolLiteral: type = Type::Bool; break;
-  case Expr::Kind::Name: type = checkName(llvm::cast<NameExpr>(expr), scope); break;
-  case Expr::Kind::Unary: type = checkUnary(llvm::cast<UnaryExpr>(expr), scope); break;
-  case Expr::Kind::Binary: type = checkBinary(llvm::cast<BinaryExpr>(expr), scope); break;
+  case Expr::Kind::FloatLiteral:
+    type = Type::F32;
+    break;
+  case Expr::Kind::BoolLiteral:
+    type = Type::Bool;
+    break;
+  case Expr::Kind::Name:
+    type = checkName(llvm::cast<NameExpr>(expr), scope);
+    break;
+  case Expr::Kind::Unary:
+    type = checkUnary(llvm::cast<UnaryExpr>(expr), scope);
+    break;
+  case Expr::Kind::Binary:
+    type = checkBinary(llvm::cast<BinaryExpr>(expr), scope);
+    break;
   case Expr::Kind::Call:
     // May replace `slot` (float(x) / int(x) become casts).
     return checkCall(slot, llvm::cast<CallExpr>(expr), scope);
-  case Expr::Kind::Index: type = checkIndex(llvm::cast<IndexExpr>(expr), scope); break;
-  case Expr::Kind::Cast: type = expr.getType(); break;
+  case Expr::Kind::Index:
+    type = checkIndex(llvm::cast<IndexExpr>(expr), scope);
+    break;
+  case Expr::Kind::Cast:
+    type = expr.getType();
+    break;
   }
   expr.setType(type);
   return type;
@@ -454,7 +509,8 @@ Type Sema::checkName(NameExpr &expr, Scope &scope) {
       if (params[i].name == name) {
         expr.resolveToArgument(i);
         // Extra parameters (already reported) read as i32.
-        return i < scope.mod->getExpectedArity() ? scope.mod->getParamType(i) : Type::I32;
+        return i < scope.mod->getExpectedArity() ? scope.mod->getParamType(i)
+                                                 : Type::I32;
       }
     }
   }
@@ -464,8 +520,9 @@ Type Sema::checkName(NameExpr &expr, Scope &scope) {
   if (!global) {
     Builtin builtin;
     if (lookupBuiltin(name, builtin)) {
-      diags.error(expr.getRange(), "'" + name + "' is a builtin function; call it: '" + name +
-                                       "(...)'");
+      diags.error(expr.getRange(), "'" + name +
+                                       "' is a builtin function; call it: '" +
+                                       name + "(...)'");
       return Type::Unknown;
     }
     reportUnknown(expr.getRange(), name, scope, /*functions=*/false);
@@ -475,14 +532,16 @@ Type Sema::checkName(NameExpr &expr, Scope &scope) {
   switch (global->kind) {
   case GlobalItem::Kind::Const: {
     const auto *decl = static_cast<const ConstDecl *>(global->decl);
-    if (scope.currentConst &&
-        decl->getRange().begin.offset >= scope.currentConst->getRange().begin.offset) {
+    if (scope.currentConst && decl->getRange().begin.offset >=
+                                  scope.currentConst->getRange().begin.offset) {
       if (decl == scope.currentConst)
-        diags.error(expr.getRange(), "constant '" + name + "' is used in its own definition");
+        diags.error(expr.getRange(),
+                    "constant '" + name + "' is used in its own definition");
       else
-        diags.error(expr.getRange(), "constant '" + name +
-                                         "' is used before its definition; a constant may "
-                                         "use only earlier constants");
+        diags.error(expr.getRange(),
+                    "constant '" + name +
+                        "' is used before its definition; a constant may "
+                        "use only earlier constants");
       return Type::Unknown;
     }
     expr.resolveToConst(decl);
@@ -501,16 +560,19 @@ Type Sema::checkName(NameExpr &expr, Scope &scope) {
     return decl->getType();
   }
   case GlobalItem::Kind::Buffer:
-    diags.error(expr.getRange(), "buffer '" + name + "' cannot be used as a value; read an "
-                                     "element: '" + name + "[...]'");
+    diags.error(expr.getRange(), "buffer '" + name +
+                                     "' cannot be used as a value; read an "
+                                     "element: '" +
+                                     name + "[...]'");
     return Type::Unknown;
   case GlobalItem::Kind::Mod:
-    diags.error(expr.getRange(), "mod '" + name + "' must be called with arguments, e.g. '" +
-                                     name + "(" +
-                                     (static_cast<const ModDecl *>(global->decl)->isMask()
-                                          ? "b, h, q, kv"
-                                          : "score, b, h, q, kv") +
-                                     ")'");
+    diags.error(expr.getRange(),
+                "mod '" + name + "' must be called with arguments, e.g. '" +
+                    name + "(" +
+                    (static_cast<const ModDecl *>(global->decl)->isMask()
+                         ? "b, h, q, kv"
+                         : "score, b, h, q, kv") +
+                    ")'");
     return Type::Unknown;
   }
   return Type::Unknown;
@@ -523,7 +585,8 @@ Type Sema::checkUnary(UnaryExpr &expr, Scope &scope) {
   switch (expr.getOp()) {
   case UnaryOp::Neg:
     if (!isNumeric(operand)) {
-      diags.error(expr.getRange(), "unary '-' needs a number, got " + typeName(operand) +
+      diags.error(expr.getRange(), "unary '-' needs a number, got " +
+                                       typeName(operand) +
                                        "; use 'not' for bool");
       return Type::Unknown;
     }
@@ -534,13 +597,15 @@ Type Sema::checkUnary(UnaryExpr &expr, Scope &scope) {
       return Type::Bool;
     }
     if (!isInteger(operand)) {
-      diags.error(expr.getRange(), "'~' needs a bool or an integer, got " + typeName(operand));
+      diags.error(expr.getRange(),
+                  "'~' needs a bool or an integer, got " + typeName(operand));
       return Type::Unknown;
     }
     return operand;
   case UnaryOp::LogicalNot:
     if (operand != Type::Bool) {
-      diags.error(expr.getRange(), "'not' needs a bool, got " + typeName(operand));
+      diags.error(expr.getRange(),
+                  "'not' needs a bool, got " + typeName(operand));
       return Type::Unknown;
     }
     return Type::Bool;
@@ -556,8 +621,9 @@ Type Sema::checkBinary(BinaryExpr &expr, Scope &scope) {
   BinaryOp op = expr.getOp();
   llvm::StringRef spelling = binaryOpSpelling(op);
   auto mismatch = [&](const llvm::Twine &needs) {
-    diags.error(expr.getOpRange(), "operator '" + spelling + "' needs " + needs + ", got " +
-                                       typeName(lhs) + " and " + typeName(rhs));
+    diags.error(expr.getOpRange(), "operator '" + spelling + "' needs " +
+                                       needs + ", got " + typeName(lhs) +
+                                       " and " + typeName(rhs));
     return Type::Unknown;
   };
 
@@ -570,29 +636,35 @@ Type Sema::checkBinary(BinaryExpr &expr, Scope &scope) {
   case BinaryOp::Pow:
   case BinaryOp::TrueDiv: {
     if (!isNumeric(lhs) || !isNumeric(rhs))
-      return mismatch("numbers" + llvm::Twine(lhs == Type::Bool || rhs == Type::Bool
-                                                  ? " (convert a bool with int(...))"
-                                                  : ""));
-    Type type = op == BinaryOp::TrueDiv ? Type::F32 : commonNumericType(lhs, rhs);
+      return mismatch("numbers" +
+                      llvm::Twine(lhs == Type::Bool || rhs == Type::Bool
+                                      ? " (convert a bool with int(...))"
+                                      : ""));
+    Type type =
+        op == BinaryOp::TrueDiv ? Type::F32 : commonNumericType(lhs, rhs);
     coerce(expr.lhsSlot(), type);
     coerce(expr.rhsSlot(), type);
-    if (op == BinaryOp::TrueDiv || op == BinaryOp::FloorDiv || op == BinaryOp::Mod ||
-        op == BinaryOp::Pow) {
+    if (op == BinaryOp::TrueDiv || op == BinaryOp::FloorDiv ||
+        op == BinaryOp::Mod || op == BinaryOp::Pow) {
       // Catch constant zero divisors (and negative int powers) in mods; in
       // constants the evaluator reports them.
       if (scope.mod) {
         ConstantEvaluator folder(nullptr);
         std::optional<ConstantValue> divisor = folder.evaluate(*expr.getRHS());
-        bool zero = divisor && (divisor->type == Type::F32 ? divisor->floatValue == 0.0
-                                                           : divisor->intValue == 0);
+        bool zero =
+            divisor && (divisor->type == Type::F32 ? divisor->floatValue == 0.0
+                                                   : divisor->intValue == 0);
         if (op != BinaryOp::Pow && zero) {
           diags.error(expr.getRHS()->getRange(),
-                      llvm::Twine(op == BinaryOp::Mod ? "modulo" : "division") + " by zero");
+                      llvm::Twine(op == BinaryOp::Mod ? "modulo" : "division") +
+                          " by zero");
           return Type::Unknown;
         }
-        if (op == BinaryOp::Pow && divisor && isInteger(type) && divisor->intValue < 0) {
+        if (op == BinaryOp::Pow && divisor && isInteger(type) &&
+            divisor->intValue < 0) {
           diags.error(expr.getRHS()->getRange(),
-                      "integers cannot be raised to a negative power; use a float base, e.g. "
+                      "integers cannot be raised to a negative power; use a "
+                      "float base, e.g. "
                       "'2.0 ** -1'");
           return Type::Unknown;
         }
@@ -638,7 +710,8 @@ Type Sema::checkBinary(BinaryExpr &expr, Scope &scope) {
       coerce(expr.rhsSlot(), type);
       return Type::Bool;
     }
-    if (lhs == Type::Bool && rhs == Type::Bool && (op == BinaryOp::Eq || op == BinaryOp::Ne))
+    if (lhs == Type::Bool && rhs == Type::Bool &&
+        (op == BinaryOp::Eq || op == BinaryOp::Ne))
       return Type::Bool;
     if (lhs == Type::Bool && rhs == Type::Bool)
       return mismatch("numbers (bools compare only with '==' and '!=')");
@@ -661,17 +734,19 @@ Type Sema::checkCall(ExprPtr &slot, CallExpr &expr, Scope &scope) {
     Type result = callee->getResultType();
     expr.setType(result);
     if (!scope.mod) {
-      diags.error(expr.getCalleeRange(), "a constant cannot call mod '" + name + "'");
+      diags.error(expr.getCalleeRange(),
+                  "a constant cannot call mod '" + name + "'");
       expr.setType(Type::Unknown);
       return Type::Unknown;
     }
     if (callee->getModKind() != scope.mod->getModKind()) {
       llvm::StringRef callerKind = scope.mod->isMask() ? "mask" : "score";
       llvm::StringRef calleeKind = callee->isMask() ? "mask" : "score";
-      diags.error(expr.getCalleeRange(), callerKind + " mod '" + scope.mod->getName() +
-                                             "' cannot call " + calleeKind + " mod '" + name +
-                                             "'; a " + callerKind + " mod may call only " +
-                                             callerKind + " mods");
+      diags.error(expr.getCalleeRange(),
+                  callerKind + " mod '" + scope.mod->getName() +
+                      "' cannot call " + calleeKind + " mod '" + name +
+                      "'; a " + callerKind + " mod may call only " +
+                      callerKind + " mods");
       diags.note(callee->getNameRange(), "'" + name + "' is defined here");
       expr.setType(Type::Unknown);
       return Type::Unknown;
@@ -679,9 +754,10 @@ Type Sema::checkCall(ExprPtr &slot, CallExpr &expr, Scope &scope) {
     callGraph[scope.mod].push_back(CallEdge{callee, expr.getCalleeRange()});
     unsigned arity = callee->getExpectedArity();
     if (expr.getNumArgs() != arity) {
-      diags.error(expr.getRange(), "'" + name + "' takes " + llvm::Twine(arity) +
-                                       " arguments, but " + llvm::Twine(expr.getNumArgs()) +
-                                       (expr.getNumArgs() == 1 ? " was" : " were") + " given");
+      diags.error(expr.getRange(),
+                  "'" + name + "' takes " + llvm::Twine(arity) +
+                      " arguments, but " + llvm::Twine(expr.getNumArgs()) +
+                      (expr.getNumArgs() == 1 ? " was" : " were") + " given");
       expr.setType(Type::Unknown);
       return Type::Unknown;
     }
@@ -696,9 +772,10 @@ Type Sema::checkCall(ExprPtr &slot, CallExpr &expr, Scope &scope) {
       bool acceptable = want == Type::F32 ? isNumeric(got) : isInteger(got);
       if (!acceptable) {
         diags.error(expr.getArg(i)->getRange(),
-                    "argument " + llvm::Twine(i + 1) + " of '" + name + "' must be " +
-                        (want == Type::F32 ? "a number" : "an integer") + ", got " +
-                        typeName(got));
+                    "argument " + llvm::Twine(i + 1) + " of '" + name +
+                        "' must be " +
+                        (want == Type::F32 ? "a number" : "an integer") +
+                        ", got " + typeName(got));
         ok = false;
         continue;
       }
@@ -721,23 +798,17 @@ Type Sema::checkCall(ExprPtr &slot, CallExpr &expr, Scope &scope) {
   if (isDropped(name))
     return Type::Unknown;
   if (global) {
-    diags.error(expr.getCalleeRange(), kindName(global->kind) + " '" + name +
-                                           "' is not a function" +
-                                           (global->kind == GlobalItem::Kind::Buffer
-                                                ? llvm::Twine("; read it with '[...]'")
-                                                : llvm::Twine("")));
+    diags.error(expr.getCalleeRange(),
+                kindName(global->kind) + " '" + name + "' is not a function" +
+                    (global->kind == GlobalItem::Kind::Buffer
+                         ? llvm::Twine("; read it with '[...]'")
+                         : llvm::Twine("")));
     return Type::Unknown;
   }
-  if (scope.mod) {
-    bool isLocal = false;
-    for (const LetStmt *let : scope.lets)
-      isLocal |= let->name == name;
-    for (const ModParam &param : scope.mod->getParams())
-      isLocal |= param.name == name;
-    if (isLocal) {
-      diags.error(expr.getCalleeRange(), "'" + name + "' is a value, not a function");
-      return Type::Unknown;
-    }
+  if (isLocalName(scope, name)) {
+    diags.error(expr.getCalleeRange(),
+                "'" + name + "' is a value, not a function");
+    return Type::Unknown;
   }
   reportUnknown(expr.getCalleeRange(), name, scope, /*functions=*/true);
   return Type::Unknown;
@@ -749,10 +820,15 @@ Type Sema::checkBuiltin(ExprPtr &slot, CallExpr &expr, Scope &scope) {
   unsigned arity = 1;
   switch (builtin) {
   case Builtin::Min:
-  case Builtin::Max: arity = 2; break;
+  case Builtin::Max:
+    arity = 2;
+    break;
   case Builtin::Clamp:
-  case Builtin::Where: arity = 3; break;
-  default: break;
+  case Builtin::Where:
+    arity = 3;
+    break;
+  default:
+    break;
   }
   std::vector<Type> args;
   bool anyUnknown = false;
@@ -765,10 +841,11 @@ Type Sema::checkBuiltin(ExprPtr &slot, CallExpr &expr, Scope &scope) {
     return Type::Unknown;
   };
   if (expr.getNumArgs() != arity) {
-    diags.error(expr.getRange(), "'" + name + "' takes " + llvm::Twine(arity) +
-                                     (arity == 1 ? " argument" : " arguments") + ", but " +
-                                     llvm::Twine(expr.getNumArgs()) +
-                                     (expr.getNumArgs() == 1 ? " was" : " were") + " given");
+    diags.error(expr.getRange(),
+                "'" + name + "' takes " + llvm::Twine(arity) +
+                    (arity == 1 ? " argument" : " arguments") + ", but " +
+                    llvm::Twine(expr.getNumArgs()) +
+                    (expr.getNumArgs() == 1 ? " was" : " were") + " given");
     return fail();
   }
   if (anyUnknown)
@@ -776,8 +853,9 @@ Type Sema::checkBuiltin(ExprPtr &slot, CallExpr &expr, Scope &scope) {
   auto needNumber = [&](unsigned i) {
     if (isNumeric(args[i]))
       return true;
-    diags.error(expr.getArg(i)->getRange(), "argument " + llvm::Twine(i + 1) + " of '" + name +
-                                                "' must be a number, got " + typeName(args[i]));
+    diags.error(expr.getArg(i)->getRange(),
+                "argument " + llvm::Twine(i + 1) + " of '" + name +
+                    "' must be a number, got " + typeName(args[i]));
     return false;
   };
 
@@ -826,7 +904,8 @@ Type Sema::checkBuiltin(ExprPtr &slot, CallExpr &expr, Scope &scope) {
   case Builtin::Where:
     if (args[0] != Type::Bool) {
       diags.error(expr.getArg(0)->getRange(),
-                  "the condition of 'where' must be bool, got " + typeName(args[0]));
+                  "the condition of 'where' must be bool, got " +
+                      typeName(args[0]));
       return fail();
     }
     if (args[1] == Type::Bool && args[2] == Type::Bool) {
@@ -836,9 +915,10 @@ Type Sema::checkBuiltin(ExprPtr &slot, CallExpr &expr, Scope &scope) {
       coerce(expr.argSlot(1), result);
       coerce(expr.argSlot(2), result);
     } else {
-      diags.error(expr.getRange(), "the branches of 'where' must be two numbers or two bools, "
-                                   "got " +
-                                       typeName(args[1]) + " and " + typeName(args[2]));
+      diags.error(expr.getRange(),
+                  "the branches of 'where' must be two numbers or two bools, "
+                  "got " +
+                      typeName(args[1]) + " and " + typeName(args[2]));
       return fail();
     }
     break;
@@ -852,7 +932,8 @@ Type Sema::checkBuiltin(ExprPtr &slot, CallExpr &expr, Scope &scope) {
       slot = std::move(operand);
       return to;
     }
-    slot = std::make_unique<CastExpr>(range, std::move(operand), to, /*isImplicit=*/false);
+    slot = std::make_unique<CastExpr>(range, std::move(operand), to,
+                                      /*isImplicit=*/false);
     return to;
   }
   }
@@ -866,16 +947,10 @@ Type Sema::checkIndex(IndexExpr &expr, Scope &scope) {
   for (unsigned i = 0; i < expr.getNumIndices(); ++i)
     indexTypes.push_back(check(expr.indexSlot(i), scope));
 
-  if (scope.mod) {
-    bool isLocal = false;
-    for (const LetStmt *let : scope.lets)
-      isLocal |= let->name == name;
-    for (const ModParam &param : scope.mod->getParams())
-      isLocal |= param.name == name;
-    if (isLocal) {
-      diags.error(expr.getNameRange(), "'" + name + "' is not a buffer and cannot be indexed");
-      return Type::Unknown;
-    }
+  if (isLocalName(scope, name)) {
+    diags.error(expr.getNameRange(),
+                "'" + name + "' is not a buffer and cannot be indexed");
+    return Type::Unknown;
   }
   if (isDropped(name))
     return Type::Unknown;
@@ -885,11 +960,12 @@ Type Sema::checkIndex(IndexExpr &expr, Scope &scope) {
     return Type::Unknown;
   }
   if (global->kind != GlobalItem::Kind::Buffer) {
-    diags.error(expr.getNameRange(), kindName(global->kind) + " '" + name +
-                                         "' is not a buffer and cannot be indexed" +
-                                         (global->kind == GlobalItem::Kind::Mod
-                                              ? llvm::Twine("; call it with '(...)'")
-                                              : llvm::Twine("")));
+    diags.error(expr.getNameRange(),
+                kindName(global->kind) + " '" + name +
+                    "' is not a buffer and cannot be indexed" +
+                    (global->kind == GlobalItem::Kind::Mod
+                         ? llvm::Twine("; call it with '(...)'")
+                         : llvm::Twine("")));
     return Type::Unknown;
   }
   if (!scope.mod) {
@@ -900,10 +976,11 @@ Type Sema::checkIndex(IndexExpr &expr, Scope &scope) {
   const auto *buffer = static_cast<const BufferDecl *>(global->decl);
   expr.resolve(buffer);
   if (expr.getNumIndices() != buffer->getRank()) {
-    diags.error(expr.getRange(), "buffer '" + name + "' has rank " +
-                                     llvm::Twine(buffer->getRank()) + " but is indexed with " +
-                                     llvm::Twine(expr.getNumIndices()) +
-                                     (expr.getNumIndices() == 1 ? " index" : " indices"));
+    diags.error(expr.getRange(),
+                "buffer '" + name + "' has rank " +
+                    llvm::Twine(buffer->getRank()) + " but is indexed with " +
+                    llvm::Twine(expr.getNumIndices()) +
+                    (expr.getNumIndices() == 1 ? " index" : " indices"));
     diags.note(buffer->getRange(), "'" + name + "' is declared here");
     return Type::Unknown;
   }
@@ -912,9 +989,10 @@ Type Sema::checkIndex(IndexExpr &expr, Scope &scope) {
     if (indexTypes[i] == Type::Unknown) {
       ok = false;
     } else if (!isInteger(indexTypes[i])) {
-      diags.error(expr.getIndex(i)->getRange(),
-                  "buffer index must be an integer, got " + typeName(indexTypes[i]) +
-                      (indexTypes[i] == Type::F32 ? "; convert it with int(...)" : ""));
+      diags.error(
+          expr.getIndex(i)->getRange(),
+          "buffer index must be an integer, got " + typeName(indexTypes[i]) +
+              (indexTypes[i] == Type::F32 ? "; convert it with int(...)" : ""));
       ok = false;
     }
   }
@@ -955,13 +1033,15 @@ bool pagedc::parseOverrideValue(llvm::StringRef text, ConstantValue &result) {
   return true;
 }
 
-bool pagedc::analyze(Program &program, DiagnosticEngine &diags, const FrontendOptions &options) {
+bool pagedc::analyze(Program &program, DiagnosticEngine &diags,
+                     const FrontendOptions &options) {
   Sema sema(program, diags, options);
   return sema.run();
 }
 
-std::unique_ptr<Program> pagedc::parseAndAnalyze(DiagnosticEngine &diags,
-                                                 const FrontendOptions &options) {
+std::unique_ptr<Program>
+pagedc::parseAndAnalyze(DiagnosticEngine &diags,
+                        const FrontendOptions &options) {
   std::vector<Token> tokens = lex(diags);
   std::unique_ptr<Program> program = parse(tokens, diags);
   if (!analyze(*program, diags, options))

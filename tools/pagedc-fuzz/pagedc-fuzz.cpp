@@ -75,7 +75,8 @@ private:
   }
 
   std::string mutateOnce(std::string text) {
-    static const char kInteresting[] = "()[]{}=,:;?#\n\t -+*/%&|^~<>!.0123456789eE_qkvbhs\\\"'$@`";
+    static const char kInteresting[] =
+        "()[]{}=,:;?#\n\t -+*/%&|^~<>!.0123456789eE_qkvbhs\\\"'$@`";
     switch (pick(0, 6)) {
     case 0: { // flip bits of one byte (may make it non-ASCII)
       if (text.empty())
@@ -88,8 +89,9 @@ private:
       return text.substr(0, text.empty() ? 0 : pick(0, text.size() - 1));
     case 2: { // insert an interesting or arbitrary byte
       size_t at = text.empty() ? 0 : pick(0, text.size());
-      char c = pick(0, 3) == 0 ? static_cast<char>(pick(0, 255))
-                               : kInteresting[pick(0, sizeof(kInteresting) - 2)];
+      char c = pick(0, 3) == 0
+                   ? static_cast<char>(pick(0, 255))
+                   : kInteresting[pick(0, sizeof(kInteresting) - 2)];
       text.insert(text.begin() + at, c);
       return text;
     }
@@ -150,7 +152,8 @@ public:
     for (const auto &decl : program.consts) {
       Type type = decl->getValue().type;
       if (type != Type::I32 && type != Type::F32)
-        fail("constant '" + decl->getName().str() + "' has no int or float value");
+        fail("constant '" + decl->getName().str() +
+             "' has no int or float value");
       if (type == Type::I32 && (decl->getValue().intValue > INT32_MAX ||
                                 decl->getValue().intValue < INT32_MIN))
         fail("constant '" + decl->getName().str() + "' does not fit in i32");
@@ -185,23 +188,27 @@ private:
       visit(*binary->getRHS());
       Type lhs = binary->getLHS()->getType(), rhs = binary->getRHS()->getType();
       if (lhs != rhs)
-        fail("operands of '" + binaryOpSpelling(binary->getOp()).str() + "' differ in type");
+        fail("operands of '" + binaryOpSpelling(binary->getOp()).str() +
+             "' differ in type");
       if (binary->getOp() == BinaryOp::TrueDiv && lhs != Type::F32)
         fail("'/' on non-f32 operands");
-      if (isComparison(binary->getOp()) != (type == Type::Bool) && lhs != Type::Bool)
+      if (isComparison(binary->getOp()) != (type == Type::Bool) &&
+          lhs != Type::Bool)
         fail("comparison result type");
     } else if (auto *call = llvm::dyn_cast<CallExpr>(&expr)) {
       for (unsigned i = 0; i < call->getNumArgs(); ++i)
         visit(*call->getArg(i));
       if (call->isBuiltin() == (call->getCallee() != nullptr))
-        fail("call '" + call->getCalleeName().str() + "' is not resolved to exactly one target");
-      if (call->isBuiltin() &&
-          (call->getBuiltin() == Builtin::Float || call->getBuiltin() == Builtin::Int))
+        fail("call '" + call->getCalleeName().str() +
+             "' is not resolved to exactly one target");
+      if (call->isBuiltin() && (call->getBuiltin() == Builtin::Float ||
+                                call->getBuiltin() == Builtin::Int))
         fail("float()/int() left as a call");
       if (const ModDecl *callee = call->getCallee()) {
         if (call->getNumArgs() != callee->getExpectedArity())
           fail("mod call with the wrong number of arguments");
-        for (unsigned i = 0; i < call->getNumArgs() && i < callee->getExpectedArity(); ++i)
+        for (unsigned i = 0;
+             i < call->getNumArgs() && i < callee->getExpectedArity(); ++i)
           if (call->getArg(i)->getType() != callee->getParamType(i))
             fail("mod call argument not cast to the parameter type");
       }
@@ -249,7 +256,8 @@ bool parseArguments(int argc, char **argv, Settings &settings) {
       settings.inputs.push_back(arg.str());
     }
   }
-  return !settings.inputs.empty() && (settings.spawnCount == 0 || !settings.pagedcPath.empty());
+  return !settings.inputs.empty() &&
+         (settings.spawnCount == 0 || !settings.pagedcPath.empty());
 }
 
 /// Reads every input; directories contribute their *.attn files (sorted, so
@@ -273,8 +281,8 @@ bool loadCorpus(const Settings &settings, std::vector<std::string> &corpus) {
   for (const std::string &path : paths) {
     auto buffer = llvm::MemoryBuffer::getFile(path, /*IsText=*/true);
     if (!buffer) {
-      llvm::errs() << "pagedc-fuzz: cannot read '" << path << "': " << buffer.getError().message()
-                   << "\n";
+      llvm::errs() << "pagedc-fuzz: cannot read '" << path
+                   << "': " << buffer.getError().message() << "\n";
       return false;
     }
     corpus.push_back((*buffer)->getBuffer().str());
@@ -322,7 +330,8 @@ std::string runInProcess(const std::string &mutant, bool &accepted) {
 int main(int argc, char **argv) {
   Settings settings;
   if (!parseArguments(argc, argv, settings)) {
-    llvm::errs() << "usage: pagedc-fuzz [--seed=N] [--mutations=N] [--pagedc=PATH --spawn=N] "
+    llvm::errs() << "usage: pagedc-fuzz [--seed=N] [--mutations=N] "
+                    "[--pagedc=PATH --spawn=N] "
                     "FILE_OR_DIR...\n";
     return 2;
   }
@@ -351,25 +360,31 @@ int main(int argc, char **argv) {
     if (!failure.empty()) {
       saveFailure(mutant);
       llvm::errs() << "pagedc-fuzz: mutant " << i << " (seed " << settings.seed
-                   << "): " << failure << "; saved as pagedc-fuzz-failure.attn\n";
+                   << "): " << failure
+                   << "; saved as pagedc-fuzz-failure.attn\n";
       return 1;
     }
     acceptedCount += accepted;
   }
-  llvm::outs() << "pagedc-fuzz: seed " << settings.seed << ": " << settings.mutations
-               << " in-process runs over " << corpus.size() << " files, " << acceptedCount
-               << " accepted, " << settings.mutations - acceptedCount << " rejected\n";
+  llvm::outs() << "pagedc-fuzz: seed " << settings.seed << ": "
+               << settings.mutations << " in-process runs over "
+               << corpus.size() << " files, " << acceptedCount << " accepted, "
+               << settings.mutations - acceptedCount << " rejected\n";
 
   if (settings.spawnCount == 0)
     return 0;
-  llvm::ErrorOr<std::string> pagedc = llvm::sys::findProgramByName(settings.pagedcPath);
+  llvm::ErrorOr<std::string> pagedc =
+      llvm::sys::findProgramByName(settings.pagedcPath);
   if (!pagedc) {
-    llvm::errs() << "pagedc-fuzz: cannot find '" << settings.pagedcPath << "'\n";
+    llvm::errs() << "pagedc-fuzz: cannot find '" << settings.pagedcPath
+                 << "'\n";
     return 2;
   }
   llvm::SmallString<128> mutantPath;
-  if (std::error_code ec = llvm::sys::fs::createTemporaryFile("pagedc-fuzz", "attn", mutantPath)) {
-    llvm::errs() << "pagedc-fuzz: cannot create a temporary file: " << ec.message() << "\n";
+  if (std::error_code ec = llvm::sys::fs::createTemporaryFile(
+          "pagedc-fuzz", "attn", mutantPath)) {
+    llvm::errs() << "pagedc-fuzz: cannot create a temporary file: "
+                 << ec.message() << "\n";
     return 2;
   }
   unsigned exitCounts[2] = {0, 0};
@@ -381,24 +396,27 @@ int main(int argc, char **argv) {
       llvm::raw_fd_ostream out(mutantPath, ec);
       out << mutant;
     }
-    std::optional<llvm::StringRef> redirects[] = {llvm::StringRef(""), llvm::StringRef(""),
-                                                  llvm::StringRef("")};
+    std::optional<llvm::StringRef> redirects[] = {
+        llvm::StringRef(""), llvm::StringRef(""), llvm::StringRef("")};
     std::string errorMessage;
     llvm::StringRef args[] = {*pagedc, mutantPath};
-    int status = llvm::sys::ExecuteAndWait(*pagedc, args, std::nullopt, redirects,
-                                           /*SecondsToWait=*/60, 0, &errorMessage);
+    int status =
+        llvm::sys::ExecuteAndWait(*pagedc, args, std::nullopt, redirects,
+                                  /*SecondsToWait=*/60, 0, &errorMessage);
     if (status != 0 && status != 1) {
       saveFailure(mutant);
-      llvm::errs() << "pagedc-fuzz: pagedc exited with status " << status << " on spawned mutant "
-                   << i << " (seed " << settings.seed << ")" << (errorMessage.empty() ? "" : ": ")
-                   << errorMessage << "; saved as pagedc-fuzz-failure.attn\n";
+      llvm::errs() << "pagedc-fuzz: pagedc exited with status " << status
+                   << " on spawned mutant " << i << " (seed " << settings.seed
+                   << ")" << (errorMessage.empty() ? "" : ": ") << errorMessage
+                   << "; saved as pagedc-fuzz-failure.attn\n";
       llvm::sys::fs::remove(mutantPath);
       return 1;
     }
     ++exitCounts[status];
   }
   llvm::sys::fs::remove(mutantPath);
-  llvm::outs() << "pagedc-fuzz: " << settings.spawnCount << " pagedc runs: " << exitCounts[0]
-               << " exited 0, " << exitCounts[1] << " exited 1\n";
+  llvm::outs() << "pagedc-fuzz: " << settings.spawnCount
+               << " pagedc runs: " << exitCounts[0] << " exited 0, "
+               << exitCounts[1] << " exited 1\n";
   return 0;
 }

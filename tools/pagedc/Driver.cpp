@@ -25,7 +25,8 @@ int usageError(const llvm::Twine &message) {
 }
 
 bool isIdentifier(llvm::StringRef text) {
-  if (text.empty() || !(std::isalpha(static_cast<unsigned char>(text[0])) || text[0] == '_'))
+  if (text.empty() ||
+      !(std::isalpha(static_cast<unsigned char>(text[0])) || text[0] == '_'))
     return false;
   return llvm::all_of(text, [](char c) {
     return std::isalnum(static_cast<unsigned char>(c)) || c == '_';
@@ -35,14 +36,18 @@ bool isIdentifier(llvm::StringRef text) {
 std::string defaultStage(const Registry &registry) {
   if (registry.findStage("lowered"))
     return "lowered";
-  return registry.getStages().empty() ? std::string() : registry.getStages().back().name;
+  return registry.getStages().empty() ? std::string()
+                                      : registry.getStages().back().name;
 }
 
 void printHelp(const Registry &registry, llvm::raw_ostream &os) {
-  os << "OVERVIEW: pagedc - compiles attention mods written in the .attn language\n\n"
-     << "USAGE: pagedc [options] FILE.attn      (FILE '-' reads standard input)\n";
+  os << "OVERVIEW: pagedc - compiles attention mods written in the .attn "
+        "language\n\n"
+     << "USAGE: pagedc [options] FILE.attn      (FILE '-' reads standard "
+        "input)\n";
   for (const Subcommand &subcommand : registry.getSubcommands())
-    os << "       pagedc " << subcommand.name << " ...   " << subcommand.help << "\n";
+    os << "       pagedc " << subcommand.name << " ...   " << subcommand.help
+       << "\n";
   os << "\nOPTIONS:\n";
   auto row = [&](const std::string &left, const std::string &help) {
     os << "  " << left;
@@ -55,18 +60,23 @@ void printHelp(const Registry &registry, llvm::raw_ostream &os) {
   for (const OptionSpec &option : registry.getOptions()) {
     std::string left = option.name;
     if (!option.valueName.empty())
-      left += (llvm::StringRef(option.name).starts_with("--") ? "=" : " ") + option.valueName;
+      left += (llvm::StringRef(option.name).starts_with("--") ? "=" : " ") +
+              option.valueName;
     row(left, option.help);
     if (option.name == "--emit") {
       for (const EmitStage &stage : registry.getStages())
         os << std::string(26, ' ') << stage.name
-           << std::string(stage.name.size() < 9 ? 9 - stage.name.size() : 1, ' ') << stage.help
-           << (stage.name == defaultStage(registry) ? " (default)" : "") << "\n";
+           << std::string(stage.name.size() < 9 ? 9 - stage.name.size() : 1,
+                          ' ')
+           << stage.help
+           << (stage.name == defaultStage(registry) ? " (default)" : "")
+           << "\n";
     }
   }
   row("-h, --help", "Print this help and exit");
   row("--version", "Print the version and exit");
-  os << "\nEXIT STATUS: 0 on success, 1 when the input has errors or cannot be read or\n"
+  os << "\nEXIT STATUS: 0 on success, 1 when the input has errors or cannot be "
+        "read or\n"
      << "written (no output file is written), 2 on a usage error.\n";
 }
 
@@ -94,13 +104,15 @@ const Subcommand *Registry::findSubcommand(llvm::StringRef name) const {
 }
 
 void pagedc::driver::registerCoreOptions(Registry &registry) {
-  registry.addOption({"--emit", "STAGE", "What to write (default: lowered, or the last stage this "
-                                         "build has):",
+  registry.addOption({"--emit", "STAGE",
+                      "What to write (default: lowered, or the last stage this "
+                      "build has):",
                       [](Options &options, llvm::StringRef value) {
                         options.emit = value.str();
                         return std::string();
                       }});
-  registry.addOption({"-o", "PATH", "Write the output to PATH (default: standard output)",
+  registry.addOption({"-o", "PATH",
+                      "Write the output to PATH (default: standard output)",
                       [](Options &options, llvm::StringRef value) {
                         if (value.empty())
                           return std::string("-o needs a non-empty PATH");
@@ -108,35 +120,40 @@ void pagedc::driver::registerCoreOptions(Registry &registry) {
                         return std::string();
                       }});
   registry.addOption(
-      {"-D", "NAME=VALUE", "Override constant NAME with an int or float VALUE (repeatable)",
+      {"-D", "NAME=VALUE",
+       "Override constant NAME with an int or float VALUE (repeatable)",
        [](Options &options, llvm::StringRef value) {
          auto [name, number] = value.split('=');
          if (!value.contains('=') || !isIdentifier(name))
            return "-D expects NAME=VALUE, got '" + value.str() + "'";
          ast::ConstantValue parsed;
          if (!parseOverrideValue(number, parsed))
-           return "-D " + value.str() + ": VALUE must be an int or a float literal";
+           return "-D " + value.str() +
+                  ": VALUE must be an int or a float literal";
          options.constOverrides.push_back({name.str(), number.str()});
          return std::string();
        }});
-  registry.addOption({"--mask", "NAME", "Select the mask mod NAME (must exist in the file)",
-                      [](Options &options, llvm::StringRef value) {
-                        if (!isIdentifier(value))
-                          return "--mask expects a mod name, got '" + value.str() + "'";
-                        options.maskName = value.str();
-                        return std::string();
-                      }});
-  registry.addOption({"--score", "NAME", "Select the score mod NAME (must exist in the file)",
-                      [](Options &options, llvm::StringRef value) {
-                        if (!isIdentifier(value))
-                          return "--score expects a mod name, got '" + value.str() + "'";
-                        options.scoreName = value.str();
-                        return std::string();
-                      }});
+  registry.addOption(
+      {"--mask", "NAME", "Select the mask mod NAME (must exist in the file)",
+       [](Options &options, llvm::StringRef value) {
+         if (!isIdentifier(value))
+           return "--mask expects a mod name, got '" + value.str() + "'";
+         options.maskName = value.str();
+         return std::string();
+       }});
+  registry.addOption(
+      {"--score", "NAME", "Select the score mod NAME (must exist in the file)",
+       [](Options &options, llvm::StringRef value) {
+         if (!isIdentifier(value))
+           return "--score expects a mod name, got '" + value.str() + "'";
+         options.scoreName = value.str();
+         return std::string();
+       }});
 }
 
 void pagedc::driver::registerFrontendStages(Registry &registry) {
-  registry.addStage({"tokens", "the tokens, one per line", /*needsProgram=*/false,
+  registry.addStage({"tokens", "the tokens, one per line",
+                     /*needsProgram=*/false,
                      [](Compilation &compilation, llvm::raw_ostream &os) {
                        std::vector<Token> tokens = lex(compilation.diags);
                        if (compilation.diags.hasErrors())
@@ -144,14 +161,16 @@ void pagedc::driver::registerFrontendStages(Registry &registry) {
                        dumpTokens(tokens, os);
                        return int(kExitSuccess);
                      }});
-  registry.addStage({"ast", "the checked syntax tree, with types", /*needsProgram=*/true,
+  registry.addStage({"ast", "the checked syntax tree, with types",
+                     /*needsProgram=*/true,
                      [](Compilation &compilation, llvm::raw_ostream &os) {
                        dumpAST(*compilation.program, os);
                        return int(kExitSuccess);
                      }});
 }
 
-bool pagedc::driver::checkModSelection(const Options &options, const ast::Program &program,
+bool pagedc::driver::checkModSelection(const Options &options,
+                                       const ast::Program &program,
                                        DiagnosticEngine &diags) {
   bool ok = true;
   auto check = [&](const std::string &name, bool wantMask) {
@@ -160,7 +179,8 @@ bool pagedc::driver::checkModSelection(const Options &options, const ast::Progra
     llvm::StringRef option = wantMask ? "--mask" : "--score";
     const ast::ModDecl *mod = program.findMod(name);
     if (!mod) {
-      diags.error(option + "=" + name + ": there is no mod named '" + name + "'");
+      diags.error(option + "=" + name + ": there is no mod named '" + name +
+                  "'");
       ok = false;
     } else if (mod->isMask() != wantMask) {
       diags.error(option + "=" + name + ": '" + name + "' is a " +
@@ -174,7 +194,8 @@ bool pagedc::driver::checkModSelection(const Options &options, const ast::Progra
   return ok;
 }
 
-int pagedc::driver::runDriver(const Registry &registry, int argc, const char **argv) {
+int pagedc::driver::runDriver(const Registry &registry, int argc,
+                              const char **argv) {
   llvm::ArrayRef<const char *> args(argv + 1, argv + std::max(argc, 1));
   if (!args.empty()) {
     if (const Subcommand *subcommand = registry.findSubcommand(args.front()))
@@ -200,8 +221,8 @@ int pagedc::driver::runDriver(const Registry &registry, int argc, const char **a
       return kExitSuccess;
     }
     if (arg == "--version") {
-      llvm::outs() << "pagedc version " << PAGEDC_VERSION << " (LLVM/MLIR " << LLVM_VERSION_STRING
-                   << ")\n";
+      llvm::outs() << "pagedc version " << PAGEDC_VERSION << " (LLVM/MLIR "
+                   << LLVM_VERSION_STRING << ")\n";
       return kExitSuccess;
     }
 
@@ -214,13 +235,14 @@ int pagedc::driver::runDriver(const Registry &registry, int argc, const char **a
         match = &option;
         break;
       }
-      if (name.starts_with("--") && arg.starts_with(name) && arg[name.size()] == '=') {
+      if (name.starts_with("--") && arg.starts_with(name) &&
+          arg[name.size()] == '=') {
         match = &option;
         value = arg.drop_front(name.size() + 1).str();
         break;
       }
-      if (!name.starts_with("--") && name.size() == 2 && arg.starts_with(name) &&
-          !option.valueName.empty()) {
+      if (!name.starts_with("--") && name.size() == 2 &&
+          arg.starts_with(name) && !option.valueName.empty()) {
         match = &option;
         value = arg.drop_front(2).str();
         break;
@@ -234,8 +256,8 @@ int pagedc::driver::runDriver(const Registry &registry, int argc, const char **a
       value = std::string();
     } else if (!value) {
       if (i + 1 >= args.size())
-        return usageError("option '" + match->name + "' needs a value (" + match->valueName +
-                          ")");
+        return usageError("option '" + match->name + "' needs a value (" +
+                          match->valueName + ")");
       value = args[++i];
     }
     std::string error = match->apply(options, *value);
@@ -244,17 +266,19 @@ int pagedc::driver::runDriver(const Registry &registry, int argc, const char **a
   }
 
   if (inputs.empty())
-    return usageError("no input file (give FILE.attn, or '-' for standard input)");
+    return usageError(
+        "no input file (give FILE.attn, or '-' for standard input)");
   if (inputs.size() > 1)
-    return usageError("more than one input file ('" + inputs[0] + "', '" + inputs[1] + "')");
+    return usageError("more than one input file ('" + inputs[0] + "', '" +
+                      inputs[1] + "')");
   options.inputPath = inputs.front();
   const EmitStage *stage = registry.findStage(options.emit);
   if (!stage) {
     std::string known;
     for (const EmitStage &candidate : registry.getStages())
       known += (known.empty() ? "" : ", ") + candidate.name;
-    return usageError("unknown --emit stage '" + options.emit + "' (this build has: " + known +
-                      ")");
+    return usageError("unknown --emit stage '" + options.emit +
+                      "' (this build has: " + known + ")");
   }
 
   // Read the input.
@@ -265,7 +289,8 @@ int pagedc::driver::runDriver(const Registry &registry, int argc, const char **a
                  << "': " << input.getError().message() << "\n";
     return kExitInputError;
   }
-  DiagnosticEngine diags(options.inputPath, (*input)->getBuffer(), llvm::errs());
+  DiagnosticEngine diags(options.inputPath, (*input)->getBuffer(),
+                         llvm::errs());
   Compilation compilation{options, diags, nullptr};
 
   if (stage->needsProgram) {
@@ -286,10 +311,11 @@ int pagedc::driver::runDriver(const Registry &registry, int argc, const char **a
   if (status != kExitSuccess || stage->writesOutputPath)
     return status;
   outputStream.flush();
-  if (llvm::Error error = llvm::writeToOutput(options.outputPath, [&](llvm::raw_ostream &os) {
-        os << output;
-        return llvm::Error::success();
-      })) {
+  if (llvm::Error error =
+          llvm::writeToOutput(options.outputPath, [&](llvm::raw_ostream &os) {
+            os << output;
+            return llvm::Error::success();
+          })) {
     llvm::errs() << "pagedc: error: cannot write '" << options.outputPath
                  << "': " << llvm::toString(std::move(error)) << "\n";
     return kExitInputError;

@@ -40,19 +40,20 @@ enum ExitCode : int {
 
 /// Everything the command line says.
 struct Options {
-  std::string inputPath;              ///< "-" reads stdin
-  std::string outputPath = "-";       ///< "-" writes stdout
-  std::string emit = "lowered";       ///< the --emit stage
+  std::string inputPath;        ///< "-" reads stdin
+  std::string outputPath = "-"; ///< "-" writes stdout
+  std::string emit = "lowered"; ///< the --emit stage
   std::vector<ConstOverride> constOverrides;
-  std::string maskName;               ///< --mask (empty: not given)
-  std::string scoreName;              ///< --score (empty: not given)
+  std::string maskName;  ///< --mask (empty: not given)
+  std::string scoreName; ///< --score (empty: not given)
   /// Values of options registered by other parts, by key.
   std::map<std::string, std::string> extra;
 };
 
 /// Applies an option's value to Options; returns an error message (a usage
 /// error) or an empty string.
-using OptionHandler = std::function<std::string(Options &, llvm::StringRef value)>;
+using OptionHandler =
+    std::function<std::string(Options &, llvm::StringRef value)>;
 
 /// One command-line option.
 struct OptionSpec {
@@ -101,7 +102,9 @@ class Registry {
 public:
   void addOption(OptionSpec option) { options.push_back(std::move(option)); }
   void addStage(EmitStage stage) { stages.push_back(std::move(stage)); }
-  void addSubcommand(Subcommand subcommand) { subcommands.push_back(std::move(subcommand)); }
+  void addSubcommand(Subcommand subcommand) {
+    subcommands.push_back(std::move(subcommand));
+  }
 
   const std::vector<OptionSpec> &getOptions() const { return options; }
   const std::vector<EmitStage> &getStages() const { return stages; }

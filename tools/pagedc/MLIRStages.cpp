@@ -23,13 +23,15 @@ using namespace pagedc;
 using namespace pagedc::driver;
 
 #ifdef PAGEDC_HAVE_MLIR_STAGES
-static int runMLIRStage(Compilation &compilation, llvm::raw_ostream &os, bool lower) {
+static int runMLIRStage(Compilation &compilation, llvm::raw_ostream &os,
+                        bool lower) {
   mlir::DialectRegistry dialects;
   registerFlexDialects(dialects);
   mlir::MLIRContext context(dialects);
   // MLIR reports its own diagnostics (with the file:line:col of the source)
   // to stderr through the context's default handler.
-  mlir::OwningOpRef<mlir::ModuleOp> module = mlirGen(context, *compilation.program);
+  mlir::OwningOpRef<mlir::ModuleOp> module =
+      mlirGen(context, *compilation.program);
   if (!module)
     return kExitInputError;
   if (lower) {
@@ -50,15 +52,19 @@ static int runMLIRStage(Compilation &compilation, llvm::raw_ostream &os, bool lo
 
 void pagedc::driver::registerMLIRStages(Registry &registry) {
 #ifdef PAGEDC_HAVE_MLIR_STAGES
-  registry.addStage({"mlir", "the flex module MLIRGen builds", /*needsProgram=*/true,
+  registry.addStage({"mlir", "the flex module MLIRGen builds",
+                     /*needsProgram=*/true,
                      [](Compilation &compilation, llvm::raw_ostream &os) {
                        return runMLIRStage(compilation, os, /*lower=*/false);
                      }});
-  registry.addStage({"lowered", "the flex module after the pass pipeline (inlined, folded, "
-                                "with dependences)",
-                     /*needsProgram=*/true, [](Compilation &compilation, llvm::raw_ostream &os) {
-                       return runMLIRStage(compilation, os, /*lower=*/true);
-                     }});
+  registry.addStage(
+      {"lowered",
+       "the flex module after the pass pipeline (inlined, folded, "
+       "with dependences)",
+       /*needsProgram=*/true,
+       [](Compilation &compilation, llvm::raw_ostream &os) {
+         return runMLIRStage(compilation, os, /*lower=*/true);
+       }});
 #else
   (void)registry;
 #endif

@@ -1,7 +1,7 @@
 //===- FrontendTest.cpp - Unit tests of the .attn front end ---------------===//
 
-#include "Frontend/ConstantEvaluator.h"
 #include "Frontend/Frontend.h"
+#include "Frontend/ConstantEvaluator.h"
 
 #include "gtest/gtest.h"
 
@@ -70,7 +70,7 @@ TEST(ConstantFolding, PythonSemanticsOnNegatives) {
   EXPECT_EQ(intConst("7 % -2"), -1);
   EXPECT_EQ(intConst("-(7 // -2)"), 4);
   EXPECT_EQ(intConst("2 ** 10"), 1024);
-  EXPECT_EQ(intConst("-2 ** 2"), -4); // ** binds tighter than unary minus
+  EXPECT_EQ(intConst("-2 ** 2"), -4);      // ** binds tighter than unary minus
   EXPECT_EQ(intConst("2 ** 3 ** 2"), 512); // right-associative
   EXPECT_EQ(intConst("1 << 4 | 1"), 17);
   EXPECT_EQ(intConst("-16 >> 2"), -4);
@@ -92,8 +92,8 @@ TEST(ConstantFolding, UsesEarlierConstantsAndOverrides) {
   std::string errors;
   FrontendOptions options;
   options.constOverrides.push_back({"A", "-3"});
-  std::unique_ptr<Program> program =
-      compile("const A = 10\nconst B = A * 2 + 1\nconst C = B // 4\n", errors, options);
+  std::unique_ptr<Program> program = compile(
+      "const A = 10\nconst B = A * 2 + 1\nconst C = B // 4\n", errors, options);
   ASSERT_TRUE(program) << errors;
   EXPECT_TRUE(program->consts[0]->isOverridden());
   EXPECT_EQ(program->consts[1]->getValue().intValue, -5);
@@ -105,21 +105,29 @@ TEST(ConstantFolding, ReportsProblems) {
     const char *source;
     const char *error;
   } cases[] = {
-      {"const A = 1 // 0\n", "test.attn:1:16: error: division by zero in constant expression"},
-      {"const A = 1 % 0\n", "test.attn:1:15: error: modulo by zero in constant expression"},
-      {"const A = 1.0 / 0\n", "test.attn:1:17: error: division by zero in constant expression"},
-      {"const A = 2 ** -1\n", "test.attn:1:16: error: integers cannot be raised to a negative"},
-      {"const A = 1 << 64\n", "test.attn:1:16: error: shift count 64 out of range"},
-      {"const A = 65536 * 65536\n", "test.attn:1:11: error: constant 'A' = 4294967296 does not "
-                                    "fit in i32"},
+      {"const A = 1 // 0\n",
+       "test.attn:1:16: error: division by zero in constant expression"},
+      {"const A = 1 % 0\n",
+       "test.attn:1:15: error: modulo by zero in constant expression"},
+      {"const A = 1.0 / 0\n",
+       "test.attn:1:17: error: division by zero in constant expression"},
+      {"const A = 2 ** -1\n",
+       "test.attn:1:16: error: integers cannot be raised to a negative"},
+      {"const A = 1 << 64\n",
+       "test.attn:1:16: error: shift count 64 out of range"},
+      {"const A = 65536 * 65536\n",
+       "test.attn:1:11: error: constant 'A' = 4294967296 does not "
+       "fit in i32"},
       {"const A = 4611686018427387904 * 4\n",
        "test.attn:1:11: error: integer overflow in constant expression ('*')"},
-      {"const A = sqrt(-1.0)\n", "test.attn:1:11: error: constant 'A' evaluates to NaN"},
+      {"const A = sqrt(-1.0)\n",
+       "test.attn:1:11: error: constant 'A' evaluates to NaN"},
   };
   for (const Case &c : cases) {
     std::string errors;
     EXPECT_FALSE(compile(c.source, errors)) << c.source;
-    EXPECT_NE(errors.find(c.error), std::string::npos) << c.source << "\ngot: " << errors;
+    EXPECT_NE(errors.find(c.error), std::string::npos)
+        << c.source << "\ngot: " << errors;
   }
 }
 
@@ -146,7 +154,8 @@ TEST(OverrideValues, AcceptsIntAndFloatLiterals) {
 TEST(Lexer, PositionsAndKinds) {
   std::string errors;
   llvm::raw_string_ostream stream(errors);
-  DiagnosticEngine diags("t.attn", "mask m # comment\n  x//2 ** .5 1e3", stream);
+  DiagnosticEngine diags("t.attn", "mask m # comment\n  x//2 ** .5 1e3",
+                         stream);
   std::vector<Token> tokens = lex(diags);
   std::vector<TokenKind> kinds;
   for (const Token &token : tokens)
@@ -168,20 +177,26 @@ TEST(Lexer, ColumnsCountCharactersNotBytes) {
   std::string errors;
   {
     llvm::raw_string_ostream stream(errors);
-    DiagnosticEngine diags("t.attn", "# \xc3\xa9t\xc3\xa9\nx \xe2\x89\xa5 @", stream);
+    DiagnosticEngine diags("t.attn", "# \xc3\xa9t\xc3\xa9\nx \xe2\x89\xa5 @",
+                           stream);
     lex(diags);
     EXPECT_EQ(diags.getNumErrors(), 2u);
   }
-  EXPECT_NE(errors.find("t.attn:2:3: error: non-ASCII character"), std::string::npos) << errors;
-  EXPECT_NE(errors.find("t.attn:2:5: error: stray '@' in program"), std::string::npos) << errors;
+  EXPECT_NE(errors.find("t.attn:2:3: error: non-ASCII character"),
+            std::string::npos)
+      << errors;
+  EXPECT_NE(errors.find("t.attn:2:5: error: stray '@' in program"),
+            std::string::npos)
+      << errors;
 }
 
 TEST(Sema, ResolvesNamesAndInsertsCasts) {
   std::string errors;
-  std::unique_ptr<Program> program = compile(
-      "param scale: f32 = 2\nbuffer bias: f32[S]\n"
-      "score s(x, b, h, q, kv) {\n  let d = q - kv\n  x * scale + bias[d] + d\n}\n",
-      errors);
+  std::unique_ptr<Program> program =
+      compile("param scale: f32 = 2\nbuffer bias: f32[S]\n"
+              "score s(x, b, h, q, kv) {\n  let d = q - kv\n  x * scale + "
+              "bias[d] + d\n}\n",
+              errors);
   ASSERT_TRUE(program) << errors;
   EXPECT_DOUBLE_EQ(program->params[0]->getDefaultValue().floatValue, 2.0);
   EXPECT_EQ(program->params[0]->getDefaultValue().type, Type::F32);
@@ -204,18 +219,20 @@ TEST(Diagnostics, SortedAndLimited) {
   // one line says how many more there were.
   std::string source;
   for (int i = 0; i < 25; ++i)
-    source += "mask m" + std::to_string(i) + "(b, h, q, kv) = q >= unknown" + std::to_string(i) +
-              "\n";
+    source += "mask m" + std::to_string(i) + "(b, h, q, kv) = q >= unknown" +
+              std::to_string(i) + "\n";
   std::string errors;
   EXPECT_FALSE(compile(source, errors));
   size_t count = 0;
-  for (size_t at = errors.find(": error: unknown name"); at != std::string::npos;
+  for (size_t at = errors.find(": error: unknown name");
+       at != std::string::npos;
        at = errors.find(": error: unknown name", at + 1))
     ++count;
   EXPECT_EQ(count, 20u);
   EXPECT_NE(errors.find("test.attn:20:"), std::string::npos);
   EXPECT_EQ(errors.find("test.attn:21:"), std::string::npos);
-  EXPECT_NE(errors.find("test.attn: error: too many errors; 5 more not shown (the limit is 20)"),
+  EXPECT_NE(errors.find("test.attn: error: too many errors; 5 more not shown "
+                        "(the limit is 20)"),
             std::string::npos)
       << errors;
 }
