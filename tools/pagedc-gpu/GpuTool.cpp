@@ -1,0 +1,263 @@
+//===- GpuTool.cpp - pagedc-gpu: run a prepared pack on a GPU -------------===//
+//
+//   pagedc-gpu check PACK [--dry-run] [--json FILE] [--filter TEXT]
+//                         [--device N] [--sms N]
+//   pagedc-gpu bench PACK [--dry-run] [--json FILE] [--filter TEXT]
+//                         [--device N] [--iters N] [--warmup N] [--copy-mib N]
+//
+// check runs every correctness case of the pack (inputs regenerated and
+// verified against their checksum, K/V written through the paged cache's
+// assign, outputs poisoned with NaN, the device-built block mask and the
+// dense variant) and compares with the float64 references: ||out - ref|| /
+// ||ref|| <= the case's tolerance (1e-2), no NaN, every element written, lse
+// within 2x the tolerance and -inf exactly where the reference has it.
+// bench times the performance.md section 4 configurations with CUDA events
+// (warm-up, median) and measures the device-to-device copy bandwidth.
+// --dry-run does everything up to the first launch without a driver.
+// Exit status: 0 all passed (or planned), 1 a case failed, 2 usage or pack
+// errors.
+//
+//===----------------------------------------------------------------------===//
+
+#include "GpuCheck.h"
+
+#include "cuda/Json.h"
+#include "pagedc/CudaAttention.h"
+#include "pagedc/Error.h"
+
+#include <fmt/format.h>
+
+#include <ctime>
+#include <fstream>
+#include <iostream>
+
+using namespace pagedc;
+using namespace pagedc::gpu;
+using json::Value;
+
+namespace {
+
+const char *kUsage =
+    "usage: pagedc-gpu check PACK [--dry-run] [--json FILE] [--filter TEXT] [--device N] "
+    "[--sms N]\n"
+    "       pagedc-gpu bench PACK [--dry-run] [--json FILE] [--filter TEXT] [--device N] "
+    "[--iters N] [--warmup N] [--copy-mib N]\n";
+
+struct ToolOptions {
+  std::string command, pack, jsonPath;
+  RunOptions run;
+  int copyMiB = 1024;
+};
+
+/// The run's header: date, device, driver (or why there is none).
+Value environment(const ToolOptions &options, const Pack &pack) {
+  Value env = Value::object();
+  std::time_t now = std::time(nullptr);
+  char date[64];
+  std::strftime(date, sizeof(date), "%Y-%m-%dT%H:%M:%SZ", std::gmtime(&now));
+  env.set("date", date);
+  env.set("pack", options.pack);
+  env.set("pack_created", pack.created);
+  env.set("pack_arch", pack.arch);
+  env.set("dry_run", options.run.dryRun);
+  std::string reason;
+  if (!options.run.dryRun && CudaDriver::available(&reason)) {
+    const CudaDriver &driver = CudaDriver::get();
+    const CudaDeviceInfo &info = cudaDeviceInfo(options.run.device);
+    env.set("gpu", info.name);
+    env.set("arch", info.arch());
+    env.set("multiprocessors", info.multiprocessors);
+    env.set("memory_bytes", Value(static_cast<int64_t>(info.totalMemoryBytes)));
+    env.set("driver_version", driver.version());
+  } else {
+    env.set("gpu", "none");
+    env.set("driver", options.run.dryRun ? "not used (dry run)" : reason);
+    env.set("assumed_multiprocessors", options.run.multiprocessors);
+  }
+  return env;
+}
+
+void writeJson(const std::string &path, const Value &value) {
+  if (path.empty())
+    return;
+  std::ofstream out(path);
+  out << value.dump() << "\n";
+  if (!out)
+    throw Error("cannot write " + path);
+  std::cout << "wrote " << path << "\n";
+}
+
+Value launchesJson(const std::vector<std::string> &launches) {
+  Value array = Value::array();
+  for (const std::string &launch : launches)
+    array.push(launch);
+  return array;
+}
+
+int runCheck(const ToolOptions &options, const Pack &pack) {
+  std::vector<CaseResult> results = checkPack(pack, options.run, std::cerr);
+  Value root = environment(options, pack);
+  Value cases = Value::array();
+  int passed = 0, failed = 0, planned = 0;
+  std::cout << fmt::format("{:<8} {:<11} {:>10} {:>9} {:>6}  {}\n", "status", "variant",
+                           "rel.err", "lse.err", "nan", "case");
+  for (const CaseResult &r : results) {
+    passed += r.status == "pass";
+    planned += r.status == "planned";
+    failed += r.status == "fail" || r.status == "error";
+    std::cout << fmt::format("{:<8} {:<11} {:>10.3g} {:>9.3g} {:>6}  {}{}\n", r.status, r.variant,
+                             r.relativeError, r.lseMaxError, r.nonFinite, r.name,
+                             r.message.empty() ? "" : "  -- " + r.message);
+    if (options.run.dryRun)
+      for (const std::string &launch : r.launches)
+        std::cout << "           would launch " << launch << "\n";
+    Value item = Value::object();
+    item.set("name", r.name);
+    item.set("variant", r.variant);
+    item.set("kernel", r.kernel);
+    item.set("status", r.status);
+    item.set("relative_error", r.relativeError);
+    item.set("lse_max_error", r.lseMaxError);
+    item.set("non_finite", Value(r.nonFinite));
+    item.set("elements", Value(r.elements));
+    item.set("message", r.message);
+    item.set("launches", launchesJson(r.launches));
+    cases.push(std::move(item));
+  }
+  root.set("cases", std::move(cases));
+  root.set("passed", passed);
+  root.set("failed", failed);
+  root.set("planned", planned);
+  writeJson(options.jsonPath, root);
+  std::cout << fmt::format("pagedc-gpu check: {} passed, {} failed, {} planned (dry run) of {}\n",
+                           passed, failed, planned, results.size());
+  if (results.empty()) {
+    std::cout << "pagedc-gpu check: no case matched\n";
+    return 1;
+  }
+  return failed ? 1 : 0;
+}
+
+int runBench(const ToolOptions &options, const Pack &pack) {
+  Value root = environment(options, pack);
+  double copy = 0;
+  if (!options.run.dryRun) {
+    copy = copyBandwidth(options.run.device, size_t(options.copyMiB) << 20, 20);
+    root.set("copy_bandwidth_bytes_per_s", copy);
+    std::cout << fmt::format("device-to-device copy ({} MiB): {:.1f} GB/s (read + write)\n",
+                             options.copyMiB, copy * 1e-9);
+  }
+  std::vector<BenchResult> results = benchPack(pack, options.run, std::cerr);
+  Value configs = Value::array();
+  int errors = 0;
+  std::cout << fmt::format("{:<44} {:>10} {:>10} {:>9} {:>9}\n", "configuration", "median ms",
+                           "GB/s", "of copy", "TFLOP/s");
+  for (const BenchResult &r : results) {
+    errors += r.status == "error";
+    const double seconds = r.medianMs * 1e-3;
+    const double bandwidth = seconds > 0 ? r.bytes / seconds : 0;
+    const double tflops = seconds > 0 ? r.flops / seconds * 1e-12 : 0;
+    std::cout << fmt::format("{:<44} {:>10.4f} {:>10.1f} {:>9.3f} {:>9.1f}{}\n", r.name,
+                             r.medianMs, bandwidth * 1e-9, copy > 0 ? bandwidth / copy : 0.0,
+                             tflops, r.status == "error" ? "  -- " + r.message : "");
+    if (options.run.dryRun)
+      for (const std::string &launch : r.launches)
+        std::cout << "           would launch " << launch << "\n";
+    Value item = Value::object();
+    item.set("name", r.name);
+    item.set("kind", r.kind);
+    item.set("status", r.status);
+    item.set("message", r.message);
+    item.set("batch", r.batch);
+    item.set("kv_len", r.kvLength);
+    item.set("q_len", r.queryLength);
+    item.set("page_size", r.pageSize);
+    item.set("median_ms", r.medianMs);
+    item.set("min_ms", r.minMs);
+    item.set("bytes", r.bytes);
+    item.set("flops", r.flops);
+    item.set("bandwidth_bytes_per_s", bandwidth);
+    item.set("fraction_of_copy", copy > 0 ? bandwidth / copy : 0.0);
+    item.set("tflops", tflops);
+    item.set("launches", launchesJson(r.launches));
+    configs.push(std::move(item));
+  }
+  root.set("configurations", std::move(configs));
+  writeJson(options.jsonPath, root);
+  return errors ? 1 : 0;
+}
+
+int parseInt(const std::string &option, const std::string &text) {
+  try {
+    size_t used = 0;
+    int value = std::stoi(text, &used);
+    if (used == text.size() && value >= 0)
+      return value;
+  } catch (const std::exception &) {
+  }
+  throw Error(option + " expects a non-negative integer, got '" + text + "'");
+}
+
+} // namespace
+
+int main(int argc, char **argv) {
+  ToolOptions options;
+  try {
+    for (int i = 1; i < argc; ++i) {
+      const std::string arg = argv[i];
+      auto value = [&]() -> std::string {
+        if (i + 1 >= argc)
+          throw Error(arg + " needs a value");
+        return argv[++i];
+      };
+      if (arg == "-h" || arg == "--help") {
+        std::cout << kUsage;
+        return 0;
+      } else if (arg == "--dry-run") {
+        options.run.dryRun = true;
+      } else if (arg == "--json") {
+        options.jsonPath = value();
+      } else if (arg == "--filter") {
+        options.run.filter = value();
+      } else if (arg == "--device") {
+        options.run.device = parseInt(arg, value());
+      } else if (arg == "--sms") {
+        options.run.multiprocessors = parseInt(arg, value());
+      } else if (arg == "--iters") {
+        options.run.iterations = std::max(1, parseInt(arg, value()));
+      } else if (arg == "--warmup") {
+        options.run.warmup = parseInt(arg, value());
+      } else if (arg == "--copy-mib") {
+        options.copyMiB = std::max(1, parseInt(arg, value()));
+      } else if (!arg.empty() && arg[0] == '-') {
+        throw Error("unknown option '" + arg + "'");
+      } else if (options.command.empty()) {
+        options.command = arg;
+      } else if (options.pack.empty()) {
+        options.pack = arg;
+      } else {
+        throw Error("unexpected argument '" + arg + "'");
+      }
+    }
+    if ((options.command != "check" && options.command != "bench") || options.pack.empty())
+      throw Error("expected `check PACK` or `bench PACK`");
+  } catch (const Error &error) {
+    std::cerr << "pagedc-gpu: error: " << error.what() << "\n" << kUsage;
+    return 2;
+  }
+  try {
+    const Pack pack = Pack::read(options.pack);
+    if (!options.run.dryRun) {
+      std::string reason;
+      if (!CudaDriver::available(&reason)) {
+        std::cerr << "pagedc-gpu: error: CUDA is not available: " << reason
+                  << "\n(--dry-run does everything up to the first launch without a driver)\n";
+        return 2;
+      }
+    }
+    return options.command == "check" ? runCheck(options, pack) : runBench(options, pack);
+  } catch (const std::exception &error) {
+    std::cerr << "pagedc-gpu: error: " << error.what() << "\n";
+    return 2;
+  }
+}
