@@ -71,7 +71,10 @@ struct Options {
 struct Selection {
   std::string file, mask, score;
   std::string label() const {
-    return fmt::format("{}:{}:{}", fs::path(file).stem().string(), mask, score);
+    // The label `pagedc --emit=bundle` writes: <file stem>:<mask>:<score>,
+    // "-" for an absent mod.
+    return fmt::format("{}:{}:{}", fs::path(file).stem().string(), mask.empty() ? "-" : mask,
+                       score.empty() ? "-" : score);
   }
   std::string dirName() const {
     std::string name = label();
@@ -497,8 +500,8 @@ int run(const Options &options) {
   if (options.quick) {
     std::vector<Selection> subset;
     for (const Selection &s : selections)
-      if (s.label() == "causal:causal:" || s.label() == "mods:causal:alibi" ||
-          s.label() == "document_mask:document_causal:")
+      if (s.label() == "causal:causal:-" || s.label() == "mods:causal:alibi" ||
+          s.label() == "document_mask:document_causal:-")
         subset.push_back(s);
     selections = subset;
   }
@@ -557,8 +560,10 @@ int run(const Options &options) {
     const std::string label = bundle.modules.front().mods;
     // The CLI's label is <file stem>:<mask>:<score>.
     const size_t first = label.find(':'), second = label.find(':', first + 1);
+    auto mod = [](std::string name) { return name == "-" ? std::string() : name; };
     Selection selection{options.examples + "/" + label.substr(0, first) + ".attn",
-                        label.substr(first + 1, second - first - 1), label.substr(second + 1)};
+                        mod(label.substr(first + 1, second - first - 1)),
+                        mod(label.substr(second + 1))};
     if (!modsOfLabel.count(label))
       modsOfLabel.emplace(label, std::make_pair(selection, cpuMods(selection)));
     const fs::path relative = fs::relative(fs::absolute(cliDir), fs::absolute(packDir));

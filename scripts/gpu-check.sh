@@ -1,0 +1,117 @@
+#!/usr/bin/env bash
+# The GPU check, run ON the GPU machine in one command (no LLVM there):
+#
+#   scripts/gpu-check.sh [--dry-run] [PACK_DIR]       (default: gpu-pack/)
+#
+# Results go to $OUT (the run tool's folder) or gpu-results/:
+#   summary.txt          every step's status and the tables
+#   gpu-check.json       correctness: per case and variant, the error, NaNs
+#   sanitizer.txt        compute-sanitizer memcheck over one small case of
+#                        each kernel (prefill, decode + merge, block-mask builder)
+#   gpu-bench-pagedc.json, gpu-bench-torch.json, gpu-bench.json
+#                        section 4 benchmark: ours, PyTorch's, merged + targets
+#
+# Steps: (0) configure + build runtime-only (-DPAGEDC_ENABLE_COMPILER=OFF;
+# fmt from the pack when the machine has none): pagedc-gpu and
+# pagedc-device-query; (1) pagedc-gpu check; (2) compute-sanitizer; (3)
+# pagedc-gpu bench + bench/gpu/torch_flex.py + bench/gpu/report.py.
+# --dry-run builds and runs everything up to the first launch (steps 0-1
+# with --dry-run; no driver needed), which is what the tests do without a GPU.
+# Exit status: 0 when every step passed, 1 otherwise.
+set -uo pipefail
+
+root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+dry=0
+pack=""
+for arg in "$@"; do
+  case "$arg" in
+    --dry-run) dry=1 ;;
+    -h|--help) sed -n '2,24p' "$0"; exit 0 ;;
+    *) pack="$arg" ;;
+  esac
+done
+pack=${pack:-$root/gpu-pack}
+out=${OUT:-$root/gpu-results}
+build=${PAGEDC_GPU_RT_BUILD:-$root/build-gpu-check}
+jobs=${PAGEDC_JOBS:-$(nproc 2>/dev/null || echo 4)}
+budget=${PAGEDC_TORCH_BUDGET_S:-240}
+mkdir -p "$out"
+summary="$out/summary.txt"
+: >"$summary"
+failures=0
+note() { echo "$*" | tee -a "$summary"; }
+step() {  # step NAME COMMAND...: runs, records the status
+  local name=$1; shift
+  note "== $name"
+  "$@" 2>&1 | tee -a "$summary"
+  local status=${PIPESTATUS[0]}
+  note "== $name: $([[ $status == 0 ]] && echo ok || echo "FAILED (exit $status)")"
+  [[ $status == 0 ]] || failures=$((failures + 1))
+  return $status
+}
+
+note "pagedc GPU check $(date -u +%Y-%m-%dT%H:%M:%SZ) pack=$pack dry_run=$dry"
+[[ -f "$pack/pack.json" ]] || { note "no pack at $pack (run scripts/gpu-prepare.sh first)"; exit 1; }
+if [[ $dry == 0 ]] && command -v nvidia-smi >/dev/null; then
+  nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.mem --format=csv 2>&1 | tee -a "$summary"
+fi
+
+# (0) Build: runtime only.
+fmt_args=()
+if [[ ! -f /usr/include/fmt/format.h && ! -f /usr/local/include/fmt/format.h ]] ||
+   [[ -n "${PAGEDC_FORCE_PACK_FMT:-}" ]]; then
+  fmt_args=(-Dfmt_DIR="$pack/deps/fmt")
+fi
+step "configure (runtime only)" cmake -S "$root" -B "$build" -G Ninja \
+  -DPAGEDC_ENABLE_COMPILER=OFF -DPAGEDC_BUILD_TESTS=OFF -DPAGEDC_BUILD_BENCHMARKS=OFF \
+  "${fmt_args[@]}" || exit 1
+step "build" ninja -C "$build" -j"$jobs" pagedc-gpu pagedc-device-query || exit 1
+gpu="$build/bin/pagedc-gpu"
+
+if [[ $dry == 1 ]]; then
+  step "check --dry-run" "$gpu" check "$pack" --dry-run --json "$out/gpu-check.json"
+  step "bench --dry-run" "$gpu" bench "$pack" --dry-run --json "$out/gpu-bench-pagedc.json"
+  note "gpu-check (dry run): $failures step(s) failed"
+  exit $((failures > 0))
+fi
+
+step "device" "$build/bin/pagedc-device-query" || exit 1
+
+# (1) Correctness.
+step "check" "$gpu" check "$pack" --json "$out/gpu-check.json"
+
+# (2) compute-sanitizer memcheck on one small case of each kernel: the first
+# prefill and decode cases with a device-built block mask (builder + kernel).
+if command -v compute-sanitizer >/dev/null; then
+  : >"$out/sanitizer.txt"
+  for kind in prefill decode; do
+    name=$(python3 - "$pack" "$kind" <<'EOF'
+import json, sys
+pack = json.load(open(sys.argv[1] + "/pack.json"))
+cases = [c for c in pack["cases"] if c["kind"] == sys.argv[2] and c["q_block"] > 0]
+cases.sort(key=lambda c: c["batch"] * c["heads_q"] * c["q_len"] * c["max_kv_len"])
+print(cases[0]["name"] if cases else "")
+EOF
+)
+    [[ -n "$name" ]] || continue
+    step "compute-sanitizer memcheck $name" compute-sanitizer --tool memcheck \
+      --error-exitcode 3 --log-file "$out/sanitizer-$kind.log" \
+      "$gpu" check "$pack" --filter "$name"
+    cat "$out/sanitizer-$kind.log" >>"$out/sanitizer.txt" 2>/dev/null
+    rm -f "$out/sanitizer-$kind.log"
+  done
+else
+  note "compute-sanitizer not found: memcheck skipped"
+  failures=$((failures + 1))
+fi
+
+# (3) Benchmarks: ours, then PyTorch's on the same GPU, then the merge.
+step "bench (pagedc)" "$gpu" bench "$pack" --json "$out/gpu-bench-pagedc.json"
+PYTHONUNBUFFERED=1 step "bench (PyTorch flex_attention + PagedAttention, SDPA flash)" \
+  python3 "$root/bench/gpu/torch_flex.py" --pack "$pack" --json "$out/gpu-bench-torch.json" \
+  --budget-s "$budget"
+step "report" python3 "$root/bench/gpu/report.py" "$out/gpu-bench-pagedc.json" \
+  "$out/gpu-bench-torch.json" --json "$out/gpu-bench.json"
+
+note "gpu-check: $failures step(s) failed; results in $out"
+exit $((failures > 0))

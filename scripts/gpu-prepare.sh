@@ -1,0 +1,84 @@
+#!/usr/bin/env bash
+# Prepares the GPU check pack HERE, on a machine with the compiler (LLVM/MLIR
+# 19 and the CUDA toolkit's NVRTC; no GPU needed):
+#
+#   scripts/gpu-prepare.sh [--quick] [PACK_DIR]       (default: gpu-pack/)
+#
+# 1. builds pagedc, pagedc-gpu-prepare and pagedc-gpu (build-gpu/, or
+#    $PAGEDC_GPU_BUILD; PAGEDC_GPU_SKIP_BUILD=1 uses what is there);
+# 2. `pagedc --emit=bundle` writes one bundle through the CLI (causal, prefill
+#    + decode, bf16, page 16, GQA 4) so the check also covers CLI bundles;
+# 3. pagedc-gpu-prepare writes the corpus cases, their bundles and float64
+#    references, and the benchmark plan (--quick: a few of each, for tests);
+# 4. copies what the GPU machine lacks: fmt's headers with a header-only CMake
+#    package (PACK/deps/fmt);
+# 5. dry-runs the pack (`pagedc-gpu check --dry-run`, `bench --dry-run`) and
+#    checks its size against the 64 MiB the run tool carries.
+#
+# Then, on the GPU machine (see docs/gpu.md): scripts/gpu-check.sh
+set -euo pipefail
+
+root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+quick=()
+pack=""
+for arg in "$@"; do
+  case "$arg" in
+    --quick) quick=(--quick) ;;
+    -h|--help) sed -n '2,20p' "$0"; exit 0 ;;
+    *) pack="$arg" ;;
+  esac
+done
+pack=${pack:-$root/gpu-pack}
+build=${PAGEDC_GPU_BUILD:-$root/build-gpu}
+jobs=${PAGEDC_JOBS:-2}
+export PAGEDC_CACHE_DIR=${PAGEDC_CACHE_DIR:-$build/kernel-cache}
+
+if [[ "${PAGEDC_GPU_SKIP_BUILD:-0}" != 1 ]]; then
+  cmake -S "$root" -B "$build" -G Ninja >/dev/null
+  ninja -C "$build" -j"$jobs" pagedc pagedc-gpu-prepare pagedc-gpu
+fi
+for tool in pagedc pagedc-gpu-prepare pagedc-gpu; do
+  [[ -x "$build/bin/$tool" ]] || { echo "gpu-prepare: $build/bin/$tool is missing" >&2; exit 1; }
+done
+
+rm -rf "$pack"
+mkdir -p "$pack/bundles"
+echo "== pagedc --emit=bundle (CLI bundle)"
+"$build/bin/pagedc" --emit=bundle --kernel=prefill,decode --arch=sm_90 --dtype=bf16 \
+  --head-dim=128 --page-size=16 --gqa=4 --mask=causal "$root/examples/causal.attn" \
+  -o "$pack/bundles/cli-causal"
+
+echo "== pagedc-gpu-prepare"
+"$build/bin/pagedc-gpu-prepare" -o "$pack" "${quick[@]}" --cli-bundle "$pack/bundles/cli-causal"
+
+echo "== dependencies for the GPU machine (fmt, header-only)"
+fmt_include=""
+for candidate in /usr/include /usr/local/include; do
+  [[ -f "$candidate/fmt/format.h" ]] && fmt_include=$candidate && break
+done
+[[ -n "$fmt_include" ]] || { echo "gpu-prepare: fmt headers not found" >&2; exit 1; }
+mkdir -p "$pack/deps/fmt/include"
+cp -r "$fmt_include/fmt" "$pack/deps/fmt/include/"
+cat >"$pack/deps/fmt/fmt-config.cmake" <<'EOF'
+# fmt as a header-only package (carried by the pagedc GPU pack; the GPU
+# machine has no libfmt). Use with -Dfmt_DIR=<this directory>.
+if(NOT TARGET fmt::fmt)
+  add_library(fmt::fmt INTERFACE IMPORTED)
+  set_target_properties(fmt::fmt PROPERTIES
+    INTERFACE_INCLUDE_DIRECTORIES "${CMAKE_CURRENT_LIST_DIR}/include"
+    INTERFACE_COMPILE_DEFINITIONS "FMT_HEADER_ONLY=1")
+endif()
+set(fmt_FOUND TRUE)
+EOF
+
+echo "== dry run"
+"$build/bin/pagedc-gpu" check "$pack" --dry-run --json "$pack/dry-run-check.json" >"$pack/dry-run-check.txt"
+"$build/bin/pagedc-gpu" bench "$pack" --dry-run --json "$pack/dry-run-bench.json" >"$pack/dry-run-bench.txt"
+tail -n 1 "$pack/dry-run-check.txt"
+
+size_kib=$(du -sk "$pack" | cut -f1)
+echo "gpu-prepare: $pack is $((size_kib / 1024)) MiB"
+if (( size_kib > 60 * 1024 )); then
+  echo "gpu-prepare: the pack is over 60 MiB; the run tool carries at most 64 MiB with the tree" >&2
+  exit 1
+fi

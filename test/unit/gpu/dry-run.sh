@@ -1,0 +1,37 @@
+#!/usr/bin/env bash
+# gpu.dry-run: the GPU check as far as it goes without a GPU.
+#   dry-run.sh SOURCE_DIR BUILD_DIR WORK_DIR
+# Prepares a small pack with this build's tools (the real gpu-prepare.sh),
+# then runs the real gpu-check.sh --dry-run, which configures and builds the
+# runtime-only tree (as on the GPU machine, fmt from the pack) and plans every
+# case and benchmark. Fails unless every case variant is planned.
+set -euo pipefail
+source_dir=$1 build_dir=$2 work=$3
+mkdir -p "$work"
+export PAGEDC_CACHE_DIR="$build_dir/kernel-cache"
+PAGEDC_GPU_BUILD="$build_dir" PAGEDC_GPU_SKIP_BUILD=1 \
+  bash "$source_dir/scripts/gpu-prepare.sh" --quick "$work/pack"
+rm -rf "$work/out"
+OUT="$work/out" PAGEDC_GPU_RT_BUILD="$work/build-rt" PAGEDC_FORCE_PACK_FMT=1 PAGEDC_JOBS=2 \
+  bash "$source_dir/scripts/gpu-check.sh" --dry-run "$work/pack"
+python3 - "$work/pack/pack.json" "$work/out/gpu-check.json" "$work/out/gpu-bench-pagedc.json" <<'PY'
+import json, sys
+pack = json.load(open(sys.argv[1]))
+check = json.load(open(sys.argv[2]))
+bench = json.load(open(sys.argv[3]))
+variants = sum(2 if c["q_block"] else 1 for c in pack["cases"])
+statuses = [c["status"] for c in check["cases"]]
+assert check["dry_run"] is True
+assert len(statuses) == variants, (len(statuses), variants)
+assert all(s == "planned" for s in statuses), statuses
+assert any(c["name"].startswith("cli-") for c in pack["cases"]), "no case for the CLI bundle"
+for case in check["cases"]:
+    kernels = " ".join(case["launches"])
+    assert ("pagedc_prefill" in kernels) != ("pagedc_decode " in kernels), case
+    if case["variant"] == "block-mask":
+        assert "pagedc_build_block_mask" in kernels, case
+configs = bench["configurations"]
+assert len(configs) == len(pack["bench"]) and all(c["status"] == "planned" for c in configs)
+print("gpu.dry-run: %d case variants and %d benchmark configurations planned" %
+      (len(statuses), len(configs)))
+PY
