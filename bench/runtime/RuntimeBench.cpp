@@ -171,8 +171,8 @@ void BM_ConvertLogicalBlockMaskPerSequence(benchmark::State &state) {
       cache.reserve(b, length);
   const CompiledMods causal = maskMods(causalRow, true, causalClass);
   const PagedcModContext context{nullptr, nullptr};
-  const BlockMask logical = createBlockMask(causal, context, 1, 1, kContext, kContext, 128,
-                                            kPageSize);
+  const BlockMask logical =
+      createBlockMask(causal, context, 1, 1, kContext, kContext, 128, kPageSize);
   // Keep the last q block only: the rows a decode step at ~32k reads.
   BlockMask decode;
   {
@@ -183,8 +183,8 @@ void BM_ConvertLogicalBlockMaskPerSequence(benchmark::State &state) {
                                  logical.partialRow(0, 0, row) + logical.maxKvBlocks);
     std::vector<int32_t> fullIndices(logical.fullRow(0, 0, row),
                                      logical.fullRow(0, 0, row) + logical.maxKvBlocks);
-    decode = blockMaskFromKvBlocks(num, indices, full, fullIndices, 1, 1, logical.maxKvBlocks,
-                                   128, kContext, 128, kPageSize);
+    decode = blockMaskFromKvBlocks(num, indices, full, fullIndices, 1, 1, logical.maxKvBlocks, 128,
+                                   kContext, 128, kPageSize);
   }
   std::vector<int32_t> batchIdx(kBatch), kvLength(kBatch);
   for (int64_t b = 0; b < kBatch; ++b) {
@@ -230,10 +230,9 @@ void BM_CreateBlockMask(benchmark::State &state) {
   if (window)
     mods = maskMods(windowRow, method != Classifier, nullptr);
   else
-    mods = maskMods(causalRow,
-                    method == Diagonal || method == DiagonalWithClassifier,
-                    method == DiagonalWithClassifier || method == Classifier ? causalClass
-                                                                             : nullptr);
+    mods =
+        maskMods(causalRow, method == Diagonal || method == DiagonalWithClassifier,
+                 method == DiagonalWithClassifier || method == Classifier ? causalClass : nullptr);
   const BlockMaskMethod how =
       method == ElementWise ? BlockMaskMethod::ElementWise : BlockMaskMethod::Auto;
   BlockMask reused;

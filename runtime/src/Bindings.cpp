@@ -16,9 +16,12 @@ namespace pagedc {
 
 static const char *scalarKindName(ScalarKind kind) {
   switch (kind) {
-  case ScalarKind::I32: return "i32";
-  case ScalarKind::F32: return "f32";
-  case ScalarKind::Bool: return "bool";
+  case ScalarKind::I32:
+    return "i32";
+  case ScalarKind::F32:
+    return "f32";
+  case ScalarKind::Bool:
+    return "bool";
   }
   return "?";
 }
@@ -34,9 +37,12 @@ static std::string declaredNames(const std::vector<std::string> &names) {
 
 static std::string dimString(const BufferDim &dim) {
   switch (dim.kind) {
-  case BufferDim::Fixed: return std::to_string(dim.size);
-  case BufferDim::Named: return dim.name;
-  case BufferDim::Any: return "?";
+  case BufferDim::Fixed:
+    return std::to_string(dim.size);
+  case BufferDim::Named:
+    return dim.name;
+  case BufferDim::Any:
+    return "?";
   }
   return "?";
 }
@@ -68,8 +74,8 @@ ResolvedBindings resolveBindings(const CompiledMods &mods, const Bindings &bindi
                               name, declaredNames(bufferList)));
   for (const auto &[name, value] : bindings.params)
     if (!paramNames.count(name))
-      throw Error(fmt::format("unknown param '{}' in the bindings (the program declares: {})",
-                              name, declaredNames(paramList)));
+      throw Error(fmt::format("unknown param '{}' in the bindings (the program declares: {})", name,
+                              declaredNames(paramList)));
 
   ResolvedBindings resolved;
   std::map<std::string, std::pair<int64_t, std::string>> namedDims; // size, where
@@ -130,13 +136,19 @@ ResolvedBindings resolveBindings(const CompiledMods &mods, const Bindings &bindi
       throw Error(fmt::format("missing value for param '{}' ({}, no default)", decl.name,
                               scalarKindName(decl.type)));
     if (value.kind != decl.type)
-      throw Error(fmt::format("param '{}' is declared {} but was given a value of type {}", decl.name,
-                              scalarKindName(decl.type), scalarKindName(value.kind)));
+      throw Error(fmt::format("param '{}' is declared {} but was given a value of type {}",
+                              decl.name, scalarKindName(decl.type), scalarKindName(value.kind)));
     PagedcParamSlot slot;
     switch (decl.type) {
-    case ScalarKind::I32: slot.i32 = value.i32; break;
-    case ScalarKind::F32: slot.f32 = value.f32; break;
-    case ScalarKind::Bool: slot.i32 = value.boolean ? 1 : 0; break;
+    case ScalarKind::I32:
+      slot.i32 = value.i32;
+      break;
+    case ScalarKind::F32:
+      slot.f32 = value.f32;
+      break;
+    case ScalarKind::Bool:
+      slot.i32 = value.boolean ? 1 : 0;
+      break;
     }
     resolved.params_.push_back(slot);
   }

@@ -44,8 +44,8 @@ struct Geometry {
   int64_t kvHi(int64_t j) const { return std::min((j + 1) * kvBlock, kvLength) - 1; }
 };
 
-void checkSizes(int64_t batch, int64_t heads, int64_t qLength, int64_t kvLength,
-                int64_t qBlockSize, int64_t kvBlockSize) {
+void checkSizes(int64_t batch, int64_t heads, int64_t qLength, int64_t kvLength, int64_t qBlockSize,
+                int64_t kvBlockSize) {
   if (batch < 1 || heads < 1)
     throw Error(fmt::format("block mask batch and heads must be at least 1 but are B={} and "
                             "H={}",
@@ -55,8 +55,8 @@ void checkSizes(int64_t batch, int64_t heads, int64_t qLength, int64_t kvLength,
                             "KV_LEN={}",
                             kMaxIndex, qLength, kvLength));
   if (qBlockSize < 1 || kvBlockSize < 1)
-    throw Error(fmt::format("block sizes must be at least 1 but are {} x {}", qBlockSize,
-                            kvBlockSize));
+    throw Error(
+        fmt::format("block sizes must be at least 1 but are {} x {}", qBlockSize, kvBlockSize));
 }
 
 /// Shapes `mask` for the given extents, reusing its storage: counts and
@@ -136,8 +136,7 @@ void buildElementWise(BlockMask &mask, const Geometry &g, const CompiledMods &mo
         std::fill(trueCounts.begin(), trueCounts.end(), 0);
         for (int64_t q = g.qLo(i); q <= g.qHi(i); ++q) {
           mods.maskRow(&context, static_cast<int32_t>(b), static_cast<int32_t>(h),
-                       static_cast<int32_t>(q), 0, static_cast<int32_t>(g.kvLength),
-                       values.data());
+                       static_cast<int32_t>(q), 0, static_cast<int32_t>(g.kvLength), values.data());
           for (int64_t j = 0; j < g.numKv; ++j) {
             int64_t count = 0;
             for (int64_t kv = g.kvLo(j); kv <= g.kvHi(j); ++kv)
@@ -277,23 +276,22 @@ void buildDiagonal(BlockMask &mask, const Geometry &g, const CompiledMods &mods,
 // Public entry points
 //===----------------------------------------------------------------------===//
 
-BlockMask createBlockMask(const CompiledMods &mods, const PagedcModContext &context,
-                          int64_t batch, int64_t heads, int64_t qLength, int64_t kvLength,
-                          int32_t qBlockSize, int32_t kvBlockSize, BlockMaskMethod method) {
+BlockMask createBlockMask(const CompiledMods &mods, const PagedcModContext &context, int64_t batch,
+                          int64_t heads, int64_t qLength, int64_t kvLength, int32_t qBlockSize,
+                          int32_t kvBlockSize, BlockMaskMethod method) {
   BlockMask mask;
   createBlockMaskInto(mods, context, batch, heads, qLength, kvLength, qBlockSize, kvBlockSize,
                       method, mask);
   return mask;
 }
 
-void createBlockMaskInto(const CompiledMods &mods, const PagedcModContext &context,
-                         int64_t batch, int64_t heads, int64_t qLength, int64_t kvLength,
-                         int32_t qBlockSize, int32_t kvBlockSize, BlockMaskMethod method,
-                         BlockMask &mask) {
+void createBlockMaskInto(const CompiledMods &mods, const PagedcModContext &context, int64_t batch,
+                         int64_t heads, int64_t qLength, int64_t kvLength, int32_t qBlockSize,
+                         int32_t kvBlockSize, BlockMaskMethod method, BlockMask &mask) {
   checkSizes(batch, heads, qLength, kvLength, qBlockSize, kvBlockSize);
   if (mods.hasMask() && !mods.maskRow)
-    throw Error(fmt::format("mask mod '{}' has no CPU function to build a block mask with",
-                            mods.maskName));
+    throw Error(
+        fmt::format("mask mod '{}' has no CPU function to build a block mask with", mods.maskName));
   const Geometry geometry(qLength, kvLength, qBlockSize, kvBlockSize);
   if (!mods.hasMask()) {
     shapeMask(mask, 1, 1, geometry);
@@ -335,8 +333,8 @@ void validateBlockMask(const BlockMask &mask) {
                             mask.numQBlocks, mask.qLength, mask.qBlockSize,
                             ceilDiv(mask.qLength, mask.qBlockSize)));
   if (mask.maxKvBlocks < 0)
-    throw Error(fmt::format("block mask maxKvBlocks must not be negative but is {}",
-                            mask.maxKvBlocks));
+    throw Error(
+        fmt::format("block mask maxKvBlocks must not be negative but is {}", mask.maxKvBlocks));
   const int64_t rows = mask.batch * mask.heads * mask.numQBlocks;
   const int64_t entries = rows * mask.maxKvBlocks;
   auto checkSize = [](const std::vector<int32_t> &array, int64_t expected, const char *name) {
@@ -379,9 +377,9 @@ void validateBlockMask(const BlockMask &mask) {
 
 BlockMask blockMaskFromKvBlocks(std::vector<int32_t> kvNumBlocks, std::vector<int32_t> kvIndices,
                                 std::vector<int32_t> fullKvNumBlocks,
-                                std::vector<int32_t> fullKvIndices, int64_t batch,
-                                int64_t heads, int64_t maxKvBlocks, int64_t qLength,
-                                int64_t kvLength, int32_t qBlockSize, int32_t kvBlockSize) {
+                                std::vector<int32_t> fullKvIndices, int64_t batch, int64_t heads,
+                                int64_t maxKvBlocks, int64_t qLength, int64_t kvLength,
+                                int32_t qBlockSize, int32_t kvBlockSize) {
   if (fullKvNumBlocks.empty() != fullKvIndices.empty())
     throw Error("full block counts and indices must be given together");
   BlockMask mask;
@@ -417,7 +415,8 @@ BlockMask denseToBlockMask(const uint8_t *dense, int64_t batch, int64_t heads, i
             for (int64_t kv = g.kvLo(j); kv <= g.kvHi(j); ++kv)
               count += values[kv] != 0;
           }
-          row.add(j, classFromCount(count, (g.qHi(i) - g.qLo(i) + 1) * (g.kvHi(j) - g.kvLo(j) + 1)));
+          row.add(j,
+                  classFromCount(count, (g.qHi(i) - g.qLo(i) + 1) * (g.kvHi(j) - g.kvLo(j) + 1)));
         }
       }
   return mask;
@@ -466,8 +465,7 @@ std::vector<uint8_t> toDense(const BlockMask &mask, const CompiledMods *mods,
             }
             mods->maskRow(context ? context : &emptyContext, static_cast<int32_t>(b),
                           static_cast<int32_t>(h), static_cast<int32_t>(q),
-                          static_cast<int32_t>(begin), static_cast<int32_t>(count),
-                          out + begin);
+                          static_cast<int32_t>(begin), static_cast<int32_t>(count), out + begin);
             for (int64_t k = 0; k < count; ++k)
               out[begin + k] = out[begin + k] != 0;
           }

@@ -36,9 +36,7 @@ public:
 
   void deallocate(void *data, size_t) noexcept override { std::free(data); }
 
-  void copy(void *dst, const void *src, size_t bytes) override {
-    std::memmove(dst, src, bytes);
-  }
+  void copy(void *dst, const void *src, size_t bytes) override { std::memmove(dst, src, bytes); }
 
   void scatterRows(const TensorView &values, const TensorView &cache,
                    const int64_t *slots) override {
@@ -88,8 +86,8 @@ std::shared_ptr<KVMemory> memoryFor(Device device) {
   if (!factory && device.kind == DeviceKind::CUDA)
     return cuda::kvMemory(device); // throws the driver's reason without one
   if (!factory)
-    throw Error(fmt::format("KV cache memory on {} is not available in this build",
-                            deviceName(device)));
+    throw Error(
+        fmt::format("KV cache memory on {} is not available in this build", deviceName(device)));
   return factory(device);
 }
 
@@ -104,13 +102,13 @@ int64_t readIndex(const TensorView &view, int64_t offset) {
 
 void checkIndexTensor(const TensorView &view, const char *name, int rank) {
   if (view.rank() != rank)
-    throw Error(fmt::format("{} must have rank {} but has shape {}", name, rank,
-                            view.shapeString()));
+    throw Error(
+        fmt::format("{} must have rank {} but has shape {}", name, rank, view.shapeString()));
   if (view.dtype() != DType::I32 && view.dtype() != DType::I64)
     throw Error(fmt::format("{} must be i32 or i64 but is {}", name, dtypeName(view.dtype())));
   if (view.device().kind != DeviceKind::CPU)
-    throw Error(fmt::format("{} must be in host memory but is on {}", name,
-                            deviceName(view.device())));
+    throw Error(
+        fmt::format("{} must be in host memory but is on {}", name, deviceName(view.device())));
   if (view.data() == nullptr && view.numel() != 0)
     throw Error(fmt::format("{} has no data", name));
 }
@@ -134,8 +132,8 @@ void setKVMemoryFactory(DeviceKind kind, KVMemoryFactory factory) {
 static void checkConfig(const KVCacheConfig &config) {
   constexpr int64_t kMaxInt32 = std::numeric_limits<int32_t>::max();
   if (!isPowerOfTwo(config.pageSize) || config.pageSize > 1024)
-    throw Error(fmt::format("page size must be a power of two from 1 to 1024 but is {}",
-                            config.pageSize));
+    throw Error(
+        fmt::format("page size must be a power of two from 1 to 1024 but is {}", config.pageSize));
   if (config.numPages < 1 || config.numPages > kMaxInt32 / config.pageSize)
     throw Error(fmt::format("number of pages must be from 1 to {} for page size {} but is {}",
                             kMaxInt32 / config.pageSize, config.pageSize, config.numPages));
@@ -144,11 +142,11 @@ static void checkConfig(const KVCacheConfig &config) {
   if (config.heads < 1)
     throw Error(fmt::format("number of KV heads must be at least 1 but is {}", config.heads));
   if (config.headDim < 1 || config.valueHeadDim < 1)
-    throw Error(fmt::format("head dims must be at least 1 but are D={} and Dv={}",
-                            config.headDim, config.valueHeadDim));
+    throw Error(fmt::format("head dims must be at least 1 but are D={} and Dv={}", config.headDim,
+                            config.valueHeadDim));
   if (config.dtype != DType::F32 && config.dtype != DType::F16 && config.dtype != DType::BF16)
-    throw Error(fmt::format("KV cache dtype must be f32, f16 or bf16 but is {}",
-                            dtypeName(config.dtype)));
+    throw Error(
+        fmt::format("KV cache dtype must be f32, f16 or bf16 but is {}", dtypeName(config.dtype)));
   // Bytes of the larger of K and V must fit size_t with room to spare.
   const double bytes = static_cast<double>(config.heads) * static_cast<double>(config.numPages) *
                        static_cast<double>(config.pageSize) *
@@ -183,8 +181,8 @@ PagedKVCache::PagedKVCache(const KVCacheConfig &config, const TensorView &kCache
                               name, TensorView(nullptr, config.dtype, shape).shapeString(),
                               view.shapeString()));
     if (view.dtype() != config.dtype)
-      throw Error(fmt::format("{} storage is {} but the cache is {}", name,
-                              dtypeName(view.dtype()), dtypeName(config.dtype)));
+      throw Error(fmt::format("{} storage is {} but the cache is {}", name, dtypeName(view.dtype()),
+                              dtypeName(config.dtype)));
     if (view.device() != config.device)
       throw Error(fmt::format("{} storage is on {} but the cache is configured for {}", name,
                               deviceName(view.device()), deviceName(config.device)));
@@ -263,8 +261,8 @@ void PagedKVCache::checkPage(int64_t page) const {
 }
 
 static Error outOfPages(int64_t requested, int64_t available) {
-  return Error(fmt::format("requested {} pages but there are only {} empty pages", requested,
-                           available));
+  return Error(
+      fmt::format("requested {} pages but there are only {} empty pages", requested, available));
 }
 
 int32_t PagedKVCache::takeFreePage() {
@@ -362,8 +360,7 @@ void PagedKVCache::assign(const TensorView &batchIdx, const TensorView &inputPos
   if (k.rank() != 4)
     throw Error(fmt::format("assign: k must be [B, H, S, D] but has shape {}", k.shapeString()));
   if (v.rank() != 4)
-    throw Error(fmt::format("assign: v must be [B, H, S, Dv] but has shape {}",
-                            v.shapeString()));
+    throw Error(fmt::format("assign: v must be [B, H, S, Dv] but has shape {}", v.shapeString()));
   const int64_t batch = k.size(0), heads = k.size(1), seqLen = k.size(2);
   if (batch != batchIdx.size(0))
     throw Error(fmt::format("Expect val and batch_idx have the same batch size but got B={} "
@@ -466,8 +463,8 @@ void PagedKVCache::assign(const TensorView &batchIdx, const TensorView &inputPos
   const int64_t totalRows = config_.numPages * config_.pageSize;
   TensorView kRows(kCache_.data(), config_.dtype, {config_.heads, totalRows, config_.headDim},
                    config_.device);
-  TensorView vRows(vCache_.data(), config_.dtype,
-                   {config_.heads, totalRows, config_.valueHeadDim}, config_.device);
+  TensorView vRows(vCache_.data(), config_.dtype, {config_.heads, totalRows, config_.valueHeadDim},
+                   config_.device);
   memory_->scatterRows(k, kRows, rows.data());
   memory_->scatterRows(v, vRows, rows.data());
 }

@@ -16,8 +16,8 @@ const PagedcModContext kEmptyContext{nullptr, nullptr};
 std::vector<int32_t> checkedSlots(const PagedKVCache &cache, std::vector<int32_t> slots) {
   for (size_t b = 0; b < slots.size(); ++b)
     if (slots[b] < 0 || slots[b] >= cache.maxBatch())
-      throw Error(fmt::format("batch_idx[{}] = {} is out of range [0, {})", b, slots[b],
-                              cache.maxBatch()));
+      throw Error(
+          fmt::format("batch_idx[{}] = {} is out of range [0, {})", b, slots[b], cache.maxBatch()));
   return slots;
 }
 
@@ -150,13 +150,13 @@ void convertLogicalBlockMaskInto(const PagedKVCache &cache, const BlockMask &mas
     for (int64_t h = 0; h < mask.heads; ++h)
       for (int64_t i = 0; i < mask.numQBlocks; ++i) {
         const int64_t row = out.rowIndex(b, h, i);
-        const RowCounts counts =
-            physical ? convertRow<true>(mask, b, h, i, bound[b], table,
-                                        out.kvIndices.data() + row * columns,
-                                        out.fullKvIndices.data() + row * columns)
-                     : convertRow<false>(mask, b, h, i, bound[b], table,
-                                         out.kvIndices.data() + row * columns,
-                                         out.fullKvIndices.data() + row * columns);
+        const RowCounts counts = physical
+                                     ? convertRow<true>(mask, b, h, i, bound[b], table,
+                                                        out.kvIndices.data() + row * columns,
+                                                        out.fullKvIndices.data() + row * columns)
+                                     : convertRow<false>(mask, b, h, i, bound[b], table,
+                                                         out.kvIndices.data() + row * columns,
+                                                         out.fullKvIndices.data() + row * columns);
         out.kvNumBlocks[row] = counts.partial;
         out.fullKvNumBlocks[row] = counts.full;
       }
@@ -169,8 +169,7 @@ void convertLogicalBlockMaskInto(const PagedKVCache &cache, const BlockMask &mas
 
 PhysicalIndexMap::PhysicalIndexMap(const PagedKVCache &cache, std::vector<int32_t> slots,
                                    std::vector<int32_t> kvLength)
-    : cache_(cache), slots_(checkedSlots(cache, std::move(slots))),
-      kvLength_(std::move(kvLength)) {
+    : cache_(cache), slots_(checkedSlots(cache, std::move(slots))), kvLength_(std::move(kvLength)) {
   if (!kvLength_.empty() && kvLength_.size() != slots_.size())
     throw Error(fmt::format("kv_len has {} entries but there are {} batch rows", kvLength_.size(),
                             slots_.size()));

@@ -90,18 +90,17 @@ enum class BlockMaskMethod : uint8_t {
 /// only. Without a mask mod every block is full. Throws pagedc::Error for
 /// non-positive sizes, lengths beyond int32, or a mask mod with no CPU
 /// function.
-BlockMask createBlockMask(const CompiledMods &mods, const PagedcModContext &context,
-                          int64_t batch, int64_t heads, int64_t qLength, int64_t kvLength,
+BlockMask createBlockMask(const CompiledMods &mods, const PagedcModContext &context, int64_t batch,
+                          int64_t heads, int64_t qLength, int64_t kvLength,
                           int32_t qBlockSize = 128, int32_t kvBlockSize = 128,
                           BlockMaskMethod method = BlockMaskMethod::Auto);
 
 /// createBlockMask() writing into `mask`, whose storage is reused: building
 /// masks of the same shape again allocates nothing. `mask` is unchanged
 /// when the arguments are invalid.
-void createBlockMaskInto(const CompiledMods &mods, const PagedcModContext &context,
-                         int64_t batch, int64_t heads, int64_t qLength, int64_t kvLength,
-                         int32_t qBlockSize, int32_t kvBlockSize, BlockMaskMethod method,
-                         BlockMask &mask);
+void createBlockMaskInto(const CompiledMods &mods, const PagedcModContext &context, int64_t batch,
+                         int64_t heads, int64_t qLength, int64_t kvLength, int32_t qBlockSize,
+                         int32_t kvBlockSize, BlockMaskMethod method, BlockMask &mask);
 
 /// Builds a block mask from FlexAttention-style block lists (from_kv_blocks):
 /// `kvNumBlocks` [batch, heads, numQBlocks], `kvIndices` [..., maxKvBlocks],
@@ -109,17 +108,15 @@ void createBlockMaskInto(const CompiledMods &mods, const PagedcModContext &conte
 /// size, count and valid index (in range, no block listed twice in a row).
 BlockMask blockMaskFromKvBlocks(std::vector<int32_t> kvNumBlocks, std::vector<int32_t> kvIndices,
                                 std::vector<int32_t> fullKvNumBlocks,
-                                std::vector<int32_t> fullKvIndices, int64_t batch,
-                                int64_t heads, int64_t maxKvBlocks, int64_t qLength,
-                                int64_t kvLength, int32_t qBlockSize = 128,
-                                int32_t kvBlockSize = 128);
+                                std::vector<int32_t> fullKvIndices, int64_t batch, int64_t heads,
+                                int64_t maxKvBlocks, int64_t qLength, int64_t kvLength,
+                                int32_t qBlockSize = 128, int32_t kvBlockSize = 128);
 
 /// Builds a block mask from a dense element mask `dense` [batch, heads,
 /// qLength, kvLength] (nonzero = keep): all-true blocks are full, mixed ones
 /// partial, all-false ones absent.
 BlockMask denseToBlockMask(const uint8_t *dense, int64_t batch, int64_t heads, int64_t qLength,
-                           int64_t kvLength, int32_t qBlockSize = 128,
-                           int32_t kvBlockSize = 128);
+                           int64_t kvLength, int32_t qBlockSize = 128, int32_t kvBlockSize = 128);
 
 /// Checks a block mask's structure (the invariants blockMaskFromKvBlocks()
 /// checks); throws pagedc::Error naming the first violation.

@@ -90,9 +90,9 @@ struct KVCacheConfig {
 ///
 /// Allocation (the reference semantics): the free list starts as
 /// `[numPages-1, ..., 1, 0]`; reserve() of n pages takes the list's last n
-/// entries and appends them, in list order, to the slot's page table; erase() returns a slot's pages to
-/// the tail in logical order. Pages shared by fork() are reference counted
-/// and return to the free list when their last owner lets go.
+/// entries and appends them, in list order, to the slot's page table; erase() returns a slot's
+/// pages to the tail in logical order. Pages shared by fork() are reference counted and return to
+/// the free list when their last owner lets go.
 ///
 /// Memory grows with use: a slot's page table is a vector of its used length
 /// and the physical-to-logical map is one record per page (its logical page
@@ -110,13 +110,12 @@ public:
   /// A cache that owns its storage, allocated zero-filled from `memory`
   /// (default: the memory registered for config.device; host memory for the
   /// CPU).
-  explicit PagedKVCache(const KVCacheConfig &config,
-                        std::shared_ptr<KVMemory> memory = nullptr);
+  explicit PagedKVCache(const KVCacheConfig &config, std::shared_ptr<KVMemory> memory = nullptr);
   /// A cache over user storage: `kCache` [Hkv, numPages, pageSize, D] and
   /// `vCache` [Hkv, numPages, pageSize, Dv], compact, of config's dtype and
   /// device. The views must outlive the cache.
-  PagedKVCache(const KVCacheConfig &config, const TensorView &kCache,
-               const TensorView &vCache, std::shared_ptr<KVMemory> memory = nullptr);
+  PagedKVCache(const KVCacheConfig &config, const TensorView &kCache, const TensorView &vCache,
+               std::shared_ptr<KVMemory> memory = nullptr);
   ~PagedKVCache();
   PagedKVCache(const PagedKVCache &) = delete;
   PagedKVCache &operator=(const PagedKVCache &) = delete;
@@ -156,8 +155,8 @@ public:
   /// Positions must be below the slot's capacity. Writing into a page that
   /// other slots share first gives the writer its own copy (copy-on-write),
   /// which needs free pages.
-  void assign(const TensorView &batchIdx, const TensorView &inputPos,
-              const TensorView &k, const TensorView &v);
+  void assign(const TensorView &batchIdx, const TensorView &inputPos, const TensorView &k,
+              const TensorView &v);
   /// Makes empty slot `dst` share the first `length` tokens of slot `src`:
   /// src's full pages below `length` are shared (reference counted); a last
   /// partial page is copied to a fresh page for dst. dst's capacity becomes
@@ -205,7 +204,7 @@ private:
 
   std::vector<std::vector<int32_t>> tables_; // per slot, used length
   std::vector<int32_t> freePages_;
-  std::vector<int32_t> refCount_;   // per physical page
+  std::vector<int32_t> refCount_;    // per physical page
   std::vector<int32_t> pageLogical_; // per physical page, -1 when free
 };
 

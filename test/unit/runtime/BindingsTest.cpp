@@ -145,7 +145,8 @@ TEST_F(BindingsTest, EachProblemIsNamed) {
   {
     Bindings saved = bindings;
     bindings.params["causal"] = ParamValue::ofI32(1);
-    EXPECT_PAGEDC_ERROR(resolve(), "param 'causal' is declared bool but was given a value of type i32");
+    EXPECT_PAGEDC_ERROR(resolve(),
+                        "param 'causal' is declared bool but was given a value of type i32");
     bindings = saved;
   }
   {

@@ -70,7 +70,8 @@ std::vector<int32_t> partialRow(const BlockMask &mask, int64_t b, int64_t h, int
                               mask.partialRow(b, h, i) + mask.partialCount(b, h, i));
 }
 std::vector<int32_t> fullRow(const BlockMask &mask, int64_t b, int64_t h, int64_t i) {
-  return std::vector<int32_t>(mask.fullRow(b, h, i), mask.fullRow(b, h, i) + mask.fullCount(b, h, i));
+  return std::vector<int32_t>(mask.fullRow(b, h, i),
+                              mask.fullRow(b, h, i) + mask.fullCount(b, h, i));
 }
 
 } // namespace
@@ -127,25 +128,25 @@ TEST(CreateBlockMask, EveryMethodMatchesTheDefinitionForCausalAndWindows) {
   struct Case {
     int64_t q, kv, qBlock, kvBlock, window;
   };
-  const Case cases[] = {{64, 64, 16, 16, 20},  {70, 53, 16, 16, 1},  {53, 70, 8, 8, 9},
+  const Case cases[] = {{64, 64, 16, 16, 20},  {70, 53, 16, 16, 1},   {53, 70, 8, 8, 9},
                         {64, 100, 16, 32, 33}, {100, 64, 32, 16, 16}, {37, 37, 64, 64, 5},
                         {1, 90, 16, 16, 40},   {90, 1, 4, 4, 3},      {128, 128, 32, 32, 64}};
   for (const Case &c : cases) {
     params[0].i32 = static_cast<int32_t>(c.window);
-    for (auto [row, blockClass] : {std::pair{causalRow, causalClass},
-                                   std::pair{slidingWindowRow, slidingWindowClass}}) {
-      const std::vector<uint8_t> expected = referenceClasses(
-          evaluateDense(maskMods(row), context, 1, 1, c.q, c.kv), 1, 1, c.q, c.kv, c.qBlock,
-          c.kvBlock);
+    for (auto [row, blockClass] :
+         {std::pair{causalRow, causalClass}, std::pair{slidingWindowRow, slidingWindowClass}}) {
+      const std::vector<uint8_t> expected =
+          referenceClasses(evaluateDense(maskMods(row), context, 1, 1, c.q, c.kv), 1, 1, c.q, c.kv,
+                           c.qBlock, c.kvBlock);
       const CompiledMods variants[] = {
-          maskMods(row),                                     // element-wise
-          maskMods(row, blockClass),                         // classifier per block
-          maskMods(row, nullptr, false, false, true),        // diagonal, difference table
-          maskMods(row, blockClass, false, false, true)};    // diagonal, classifier
+          maskMods(row),                                  // element-wise
+          maskMods(row, blockClass),                      // classifier per block
+          maskMods(row, nullptr, false, false, true),     // diagonal, difference table
+          maskMods(row, blockClass, false, false, true)}; // diagonal, classifier
       for (const CompiledMods &mods : variants) {
-        const BlockMask mask = createBlockMask(mods, context, 1, 1, c.q, c.kv,
-                                               static_cast<int32_t>(c.qBlock),
-                                               static_cast<int32_t>(c.kvBlock));
+        const BlockMask mask =
+            createBlockMask(mods, context, 1, 1, c.q, c.kv, static_cast<int32_t>(c.qBlock),
+                            static_cast<int32_t>(c.kvBlock));
         EXPECT_NO_THROW(validateBlockMask(mask));
         EXPECT_EQ(toDenseBlocks(mask), expected)
             << "q " << c.q << " kv " << c.kv << " blocks " << c.qBlock << "x" << c.kvBlock
@@ -172,18 +173,18 @@ TEST(CreateBlockMask, DiagonalFastPathEqualsElementWiseOnRandomDifferenceMasks) 
         value = !value;
       entry = (rng() % 50 == 0) ? !value : value;
     }
-    PagedcBufferRef buffer{table.data(), {static_cast<int64_t>(table.size()), 1, 1, 1},
-                           {1, 0, 0, 0}};
+    PagedcBufferRef buffer{
+        table.data(), {static_cast<int64_t>(table.size()), 1, 1, 1}, {1, 0, 0, 0}};
     PagedcParamSlot offset;
     offset.i32 = static_cast<int32_t>(kvLength - 1);
     const PagedcModContext context{&buffer, &offset};
     const CompiledMods mods = maskMods(differenceTableRow, nullptr, false, false, true);
     const BlockMask fast = createBlockMask(mods, context, 1, 1, qLength, kvLength, qBlock, kvBlock);
     const BlockMask slow = createBlockMask(mods, context, 1, 1, qLength, kvLength, qBlock, kvBlock,
-                                          BlockMaskMethod::ElementWise);
-    const std::vector<uint8_t> expected = referenceClasses(
-        evaluateDense(mods, context, 1, 1, qLength, kvLength), 1, 1, qLength, kvLength, qBlock,
-        kvBlock);
+                                           BlockMaskMethod::ElementWise);
+    const std::vector<uint8_t> expected =
+        referenceClasses(evaluateDense(mods, context, 1, 1, qLength, kvLength), 1, 1, qLength,
+                         kvLength, qBlock, kvBlock);
     EXPECT_EQ(toDenseBlocks(slow), expected) << "trial " << trial;
     EXPECT_EQ(toDenseBlocks(fast), expected) << "trial " << trial;
     // Same lists in the same (ascending) order.
@@ -209,11 +210,12 @@ TEST(CreateBlockMask, RandomBatchAndHeadDependentMasksMatchDenseEvaluation) {
     params[2].i32 = static_cast<int32_t>(rng());
     const PagedcModContext context{nullptr, params.data()};
     const CompiledMods mods = maskMods(regionHashRow, nullptr, true, true);
-    const BlockMask mask = createBlockMask(mods, context, batch, heads, qLength, kvLength, qBlock,
-                                           kvBlock);
+    const BlockMask mask =
+        createBlockMask(mods, context, batch, heads, qLength, kvLength, qBlock, kvBlock);
     ASSERT_EQ(mask.batch, batch);
     ASSERT_EQ(mask.heads, heads);
-    const std::vector<uint8_t> dense = evaluateDense(mods, context, batch, heads, qLength, kvLength);
+    const std::vector<uint8_t> dense =
+        evaluateDense(mods, context, batch, heads, qLength, kvLength);
     EXPECT_EQ(toDenseBlocks(mask),
               referenceClasses(dense, batch, heads, qLength, kvLength, qBlock, kvBlock))
         << "trial " << trial;
@@ -256,7 +258,8 @@ TEST(BlockMaskFromKvBlocks, ChecksStructure) {
   const BlockMask mask = make({1, 2}, {2, 0, 0, 0, 1, 0}, {1, 0}, {0, 0, 0, 0, 0, 0});
   EXPECT_EQ(toDenseBlocks(mask), (std::vector<uint8_t>{FullBlock, EmptyBlock, PartialBlock,
                                                        PartialBlock, PartialBlock, EmptyBlock}));
-  EXPECT_PAGEDC_ERROR(make({1}, {0, 0, 0}, {}, {}), "kvNumBlocks has 1 entries but its shape needs 2");
+  EXPECT_PAGEDC_ERROR(make({1}, {0, 0, 0}, {}, {}),
+                      "kvNumBlocks has 1 entries but its shape needs 2");
   EXPECT_PAGEDC_ERROR(make({1, 1}, {0, 0, 0, 0, 0}, {}, {}),
                       "kvIndices has 5 entries but its shape needs 6");
   EXPECT_PAGEDC_ERROR(make({4, 0}, {0, 1, 2, 0, 0, 0}, {}, {}),
@@ -275,9 +278,9 @@ TEST(BlockMaskFromKvBlocks, ChecksStructure) {
 TEST(DenseToBlockMask, ClassifiesHandWrittenBlocks) {
   // 4 x 6 mask, blocks 2 x 3: block (0,0) full, (0,1) partial, (1,0) empty,
   // (1,1) full.
-  const std::vector<uint8_t> dense = {1, 1, 1, 0, 1, 0,  //
-                                      1, 1, 1, 0, 0, 0,  //
-                                      0, 0, 0, 1, 1, 1,  //
+  const std::vector<uint8_t> dense = {1, 1, 1, 0, 1, 0, //
+                                      1, 1, 1, 0, 0, 0, //
+                                      0, 0, 0, 1, 1, 1, //
                                       0, 0, 0, 1, 1, 1};
   const BlockMask mask = denseToBlockMask(dense.data(), 1, 1, 4, 6, 2, 3);
   EXPECT_EQ(toDenseBlocks(mask),
@@ -303,21 +306,21 @@ TEST(CreateBlockMask, IntoReusesTheResultAndKeepsItOnError) {
   const int64_t lengths[][2] = {{200, 300}, {64, 64}, {200, 300}, {1, 500}};
   for (const auto &length : lengths)
     for (const CompiledMods *mods : {&window, &causal}) {
-      createBlockMaskInto(*mods, context, 2, 2, length[0], length[1], 16, 32,
-                          BlockMaskMethod::Auto, reused);
+      createBlockMaskInto(*mods, context, 2, 2, length[0], length[1], 16, 32, BlockMaskMethod::Auto,
+                          reused);
       const BlockMask fresh = createBlockMask(*mods, context, 2, 2, length[0], length[1], 16, 32);
       EXPECT_EQ(toDenseBlocks(reused), toDenseBlocks(fresh));
       EXPECT_EQ(reused.kvNumBlocks, fresh.kvNumBlocks);
       EXPECT_EQ(reused.fullKvNumBlocks, fresh.fullKvNumBlocks);
     }
   const std::vector<uint8_t> before = toDenseBlocks(reused);
-  EXPECT_PAGEDC_ERROR(createBlockMaskInto(causal, context, 1, 1, 0, 8, 16, 16,
-                                          BlockMaskMethod::Auto, reused),
-                      "block mask lengths");
+  EXPECT_PAGEDC_ERROR(
+      createBlockMaskInto(causal, context, 1, 1, 0, 8, 16, 16, BlockMaskMethod::Auto, reused),
+      "block mask lengths");
   CompiledMods noFunction = causal;
   noFunction.maskRow = nullptr;
-  EXPECT_PAGEDC_ERROR(createBlockMaskInto(noFunction, context, 1, 1, 8, 8, 16, 16,
-                                          BlockMaskMethod::Auto, reused),
-                      "has no CPU function");
+  EXPECT_PAGEDC_ERROR(
+      createBlockMaskInto(noFunction, context, 1, 1, 8, 8, 16, 16, BlockMaskMethod::Auto, reused),
+      "has no CPU function");
   EXPECT_EQ(toDenseBlocks(reused), before);
 }

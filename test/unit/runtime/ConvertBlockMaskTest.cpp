@@ -29,7 +29,8 @@ std::vector<int32_t> partialRow(const BlockMask &mask, int64_t b, int64_t h, int
                               mask.partialRow(b, h, i) + mask.partialCount(b, h, i));
 }
 std::vector<int32_t> fullRow(const BlockMask &mask, int64_t b, int64_t h, int64_t i) {
-  return std::vector<int32_t>(mask.fullRow(b, h, i), mask.fullRow(b, h, i) + mask.fullCount(b, h, i));
+  return std::vector<int32_t>(mask.fullRow(b, h, i),
+                              mask.fullRow(b, h, i) + mask.fullCount(b, h, i));
 }
 using Rows = std::vector<std::vector<int32_t>>;
 Rows partialRows(const BlockMask &mask, int64_t b) {
@@ -111,9 +112,10 @@ TEST(ConvertLogicalBlockMask, BatchIndexOrderSelectsThoseSlotsTables) {
   EXPECT_EQ(converted.slots, batchIdx);
   for (int64_t b = 0; b < 3; ++b) {
     const std::vector<int32_t> &table = cache.pageTable(batchIdx[b]);
-    EXPECT_EQ(std::vector<int32_t>(converted.pageTable.begin() + b * converted.pageTableStride,
-                                   converted.pageTable.begin() + (b + 1) * converted.pageTableStride),
-              table);
+    EXPECT_EQ(
+        std::vector<int32_t>(converted.pageTable.begin() + b * converted.pageTableStride,
+                             converted.pageTable.begin() + (b + 1) * converted.pageTableStride),
+        table);
     for (int64_t i = 0; i < 4; ++i) {
       EXPECT_EQ(partialRow(converted.mask, b, 0, i), (std::vector<int32_t>{table[i]}));
       std::vector<int32_t> full;
@@ -128,7 +130,7 @@ TEST(ConvertLogicalBlockMask, KvLengthDropsAndDemotesBlocks) {
   PagedKVCache cache(makeConfig(16, 16, 2));
   cache.reserve(0, 64); // pages [3, 2, 1, 0]
   cache.reserve(1, 32); // pages [5, 4]
-  CompiledMods none; // every block full
+  CompiledMods none;    // every block full
   const BlockMask logical = createBlockMask(none, kNoContext, 1, 1, 16, 64, 16, 16);
   // Row 0: length 40 keeps blocks 0 and 1 whole, block 2 only partly (32..39),
   // drops block 3. Row 1: no length given, its capacity 32 bounds it.
@@ -189,9 +191,8 @@ TEST(ConvertLogicalBlockMask, PageLargerThanBlockKeepsLogicalBlocks) {
     EXPECT_EQ(partialRow(converted.mask, 0, 0, i), partialRow(logical, 0, 0, i));
   }
   EXPECT_EQ(converted.pageTableStride, 2);
-  EXPECT_EQ(converted.pageTable,
-            (std::vector<int32_t>{cache.pageTable(1)[0], cache.pageTable(1)[1],
-                                  cache.pageTable(0)[0], -1}));
+  EXPECT_EQ(converted.pageTable, (std::vector<int32_t>{cache.pageTable(1)[0], cache.pageTable(1)[1],
+                                                       cache.pageTable(0)[0], -1}));
 }
 
 TEST(ConvertLogicalBlockMask, Validation) {
@@ -227,8 +228,8 @@ TEST(PhysicalScoreView, TranslatesOrGivesMinusInfinity) {
       scores[i] += 1000.0f * q + (kvBegin + i);
   };
   const PhysicalScoreView view(cache, &mods, nullptr, {1}, {6});
-  EXPECT_EQ(view(0.5f, 0, 0, 2, 1 * 4 + 1), 2001.5f); // page 1 = logical page 0
-  EXPECT_EQ(view(0.5f, 0, 0, 2, 0 * 4 + 1), 2005.5f); // page 0 = logical page 1: kv 5
+  EXPECT_EQ(view(0.5f, 0, 0, 2, 1 * 4 + 1), 2001.5f);      // page 1 = logical page 0
+  EXPECT_EQ(view(0.5f, 0, 0, 2, 0 * 4 + 1), 2005.5f);      // page 0 = logical page 1: kv 5
   EXPECT_TRUE(std::isinf(view(0.5f, 0, 0, 2, 0 * 4 + 2))); // kv 6 >= kv_len
   EXPECT_TRUE(std::isinf(view(0.5f, 0, 0, 2, 3 * 4)));     // page 3 is free
   const PhysicalScoreView identity(cache, nullptr, nullptr, {1});

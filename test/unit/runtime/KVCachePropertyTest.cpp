@@ -39,8 +39,8 @@ struct Snapshot {
   std::vector<int32_t> freePages, refCounts;
   std::vector<unsigned char> storage;
   bool operator==(const Snapshot &other) const {
-    return tables == other.tables && freePages == other.freePages &&
-           refCounts == other.refCounts && storage == other.storage;
+    return tables == other.tables && freePages == other.freePages && refCounts == other.refCounts &&
+           storage == other.storage;
   }
 };
 
@@ -251,8 +251,7 @@ private:
 
   void convert() {
     const int32_t blockSizes[] = {1, 4, 16, 64};
-    const int32_t kvBlock =
-        pick(0, 1) ? static_cast<int32_t>(ps()) : blockSizes[pick(0, 3)];
+    const int32_t kvBlock = pick(0, 1) ? static_cast<int32_t>(ps()) : blockSizes[pick(0, 3)];
     const int64_t qLength = pick(1, 40);
     const int64_t kvLength = pick(1, 600);
     const CompiledMods causal = maskMods(causalRow, nullptr, false, false, true);

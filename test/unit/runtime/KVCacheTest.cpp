@@ -10,8 +10,8 @@ using namespace pagedc::test;
 
 namespace {
 
-KVCacheConfig makeConfig(int64_t numPages, int64_t pageSize, int64_t maxBatch,
-                         int64_t heads = 1, int64_t headDim = 4, int64_t valueHeadDim = 4) {
+KVCacheConfig makeConfig(int64_t numPages, int64_t pageSize, int64_t maxBatch, int64_t heads = 1,
+                         int64_t headDim = 4, int64_t valueHeadDim = 4) {
   KVCacheConfig config;
   config.numPages = numPages;
   config.pageSize = pageSize;
@@ -126,8 +126,8 @@ TEST(KVCacheVectors, AssignScattersRowsToPhysicalSlots) {
                TensorView(v.data(), DType::F32, {2, 2, 6, 3}));
 
   const std::vector<std::vector<float>> head0 = {
-      {0, 1, 2},    {3, 4, 5},    {42, 43, 44}, {45, 46, 47}, {36, 37, 38}, {39, 40, 41},
-      {6, 7, 8},    {9, 10, 11},  {48, 49, 50}, {51, 52, 53}, {12, 13, 14}, {15, 16, 17}};
+      {0, 1, 2}, {3, 4, 5},   {42, 43, 44}, {45, 46, 47}, {36, 37, 38}, {39, 40, 41},
+      {6, 7, 8}, {9, 10, 11}, {48, 49, 50}, {51, 52, 53}, {12, 13, 14}, {15, 16, 17}};
   const float *kCache = cache.kCache().dataAs<const float>();
   const float *vCache = cache.vCache().dataAs<const float>();
   for (int64_t head = 0; head < 2; ++head)
@@ -230,8 +230,8 @@ struct AssignFixture : ::testing::Test {
     v.assign(2 * 2 * 2 * 2, 2.0f);
   }
   void assign(std::vector<int64_t> kShape, std::vector<int64_t> vShape, DType dtype = DType::F32) {
-    cache.assign(i32View(batchIdx), i32View(positions, {2, 2}),
-                 TensorView(k.data(), dtype, kShape), TensorView(v.data(), dtype, vShape));
+    cache.assign(i32View(batchIdx), i32View(positions, {2, 2}), TensorView(k.data(), dtype, kShape),
+                 TensorView(v.data(), dtype, vShape));
   }
   std::vector<float> snapshot() const {
     const float *data = cache.kCache().dataAs<const float>();

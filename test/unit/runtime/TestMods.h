@@ -39,8 +39,8 @@ inline void slidingWindowRow(const PagedcModContext *context, int32_t, int32_t, 
     out[i] = distance >= 0 && distance < window;
   }
 }
-inline int32_t slidingWindowClass(const PagedcModContext *context, int32_t, int32_t,
-                                  int32_t qLo, int32_t qHi, int32_t kvLo, int32_t kvHi) {
+inline int32_t slidingWindowClass(const PagedcModContext *context, int32_t, int32_t, int32_t qLo,
+                                  int32_t qHi, int32_t kvLo, int32_t kvHi) {
   const int64_t window = context->params[0].i32;
   const int64_t minDistance = static_cast<int64_t>(qLo) - kvHi;
   const int64_t maxDistance = static_cast<int64_t>(qHi) - kvLo;
@@ -77,8 +77,8 @@ inline void regionHashRow(const PagedcModContext *context, int32_t b, int32_t h,
   const uint32_t seed = context->params[2].i32;
   for (int32_t i = 0; i < count; ++i) {
     const uint32_t kv = kvBegin + i;
-    const uint32_t region =
-        mixHash(seed ^ mixHash(b * 131u + h * 17u) ^ mixHash((q / qRegion) * 7919u + kv / kvRegion));
+    const uint32_t region = mixHash(seed ^ mixHash(b * 131u + h * 17u) ^
+                                    mixHash((q / qRegion) * 7919u + kv / kvRegion));
     const uint32_t kind = region % 3;
     if (kind == 0)
       out[i] = 0;

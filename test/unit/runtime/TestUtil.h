@@ -36,12 +36,11 @@ template <typename Body> std::string errorOf(Body &&body) {
 } // namespace pagedc::test
 
 /// Expects `statement` to throw pagedc::Error whose message contains `text`.
-#define EXPECT_PAGEDC_ERROR(statement, text)                                                 \
-  do {                                                                                       \
-    std::string message_ = ::pagedc::test::errorOf([&] { statement; });                      \
-    EXPECT_NE(message_.find(text), std::string::npos)                                        \
-        << "expected an error containing \"" << (text) << "\" but got \"" << message_        \
-        << "\"";                                                                              \
+#define EXPECT_PAGEDC_ERROR(statement, text)                                                       \
+  do {                                                                                             \
+    std::string message_ = ::pagedc::test::errorOf([&] { statement; });                            \
+    EXPECT_NE(message_.find(text), std::string::npos)                                              \
+        << "expected an error containing \"" << (text) << "\" but got \"" << message_ << "\"";     \
   } while (0)
 
 #endif // PAGEDC_TEST_UNIT_RUNTIME_TESTUTIL_H
