@@ -10,6 +10,11 @@
 #include "mlir/Pass/PassManager.h"
 #include "llvm/Support/MemoryBuffer.h"
 
+#ifdef PAGEDC_HAVE_CUDA_TARGET
+#include "Conversion/CUDA/FlexToEmitC.h"
+#include "Target/CudaSource.h"
+#endif
+
 using namespace pagedc;
 using namespace pagedc::jit;
 
@@ -40,7 +45,31 @@ analyzeSource(llvm::StringRef fileName, llvm::StringRef source,
   return program;
 }
 
+#ifdef PAGEDC_HAVE_CUDA_TARGET
+/// The CUDA mod code of an empty selection: generated from an empty program,
+/// so that its Params is as empty as the CPU side's declarations.
+llvm::Expected<std::string> emptySelectionModCode() {
+  mlir::DialectRegistry registry;
+  registerFlexDialects(registry);
+  registerCudaLoweringDialects(registry);
+  mlir::MLIRContext context(registry, mlir::MLIRContext::Threading::DISABLED);
+  ast::Program empty;
+  mlir::OwningOpRef<mlir::ModuleOp> module = mlirGen(context, empty);
+  if (!module)
+    return makeError("MLIR generation of an empty program failed");
+  return generateModCode(*module, "", "");
+}
+#endif
+
 } // namespace
+
+bool pagedc::jit::cudaCodeGenAvailable() {
+#ifdef PAGEDC_HAVE_CUDA_TARGET
+  return true;
+#else
+  return false;
+#endif
+}
 
 llvm::Expected<CompiledMods> pagedc::jit::compileModsFromSource(
     llvm::StringRef fileName, llvm::StringRef source, llvm::StringRef mask,
@@ -71,8 +100,14 @@ llvm::Expected<CompiledMods> pagedc::jit::compileModsFromSource(
     mlirErrorStream << d.getLocation() << ": " << d << "\n";
     return mlir::success();
   });
+  if (options.withCuda && !cudaCodeGenAvailable())
+    return makeError("this build has no CUDA code generator (PagedcTarget)");
   mlir::DialectRegistry registry;
   registerFlexDialects(registry);
+#ifdef PAGEDC_HAVE_CUDA_TARGET
+  if (options.withCuda)
+    registerCudaLoweringDialects(registry);
+#endif
   context.appendDialectRegistry(registry);
   mlir::OwningOpRef<mlir::ModuleOp> module = mlirGen(context, **program);
   if (!module)
@@ -87,11 +122,36 @@ llvm::Expected<CompiledMods> pagedc::jit::compileModsFromSource(
   if (pipeline.keepMods.empty()) {
     // Nothing selected: no mods to compile, and no declarations needed.
     CompiledMods none;
+#ifdef PAGEDC_HAVE_CUDA_TARGET
+    if (options.withCuda) {
+      auto code = emptySelectionModCode();
+      if (!code)
+        return makeError(fileName + ": CUDA mod code: " +
+                         llvm::toString(code.takeError()));
+      none.cuda.modCode = std::move(*code);
+    }
+#endif
     return none;
   }
   if (mlir::failed(pm.run(*module)))
     return makeError(fileName + ": the pass pipeline failed:\n" + mlirErrors);
-  return compileMods(*module, mask, score, options.jit);
+#ifdef PAGEDC_HAVE_CUDA_TARGET
+  // Before compileMods(), which lowers the module for the CPU JIT.
+  std::string cudaModCode;
+  if (options.withCuda) {
+    auto code = generateModCode(*module, mask, score);
+    if (!code)
+      return makeError(fileName + ": CUDA mod code: " +
+                       llvm::toString(code.takeError()));
+    cudaModCode = std::move(*code);
+  }
+#endif
+  auto mods = compileMods(*module, mask, score, options.jit);
+#ifdef PAGEDC_HAVE_CUDA_TARGET
+  if (mods)
+    mods->cuda.modCode = std::move(cudaModCode);
+#endif
+  return mods;
 }
 
 llvm::Expected<CompiledMods> pagedc::jit::compileModsFromFile(

@@ -30,7 +30,15 @@ struct ModSummary {
 struct SourceCompileOptions {
   std::vector<ConstOverride> constOverrides; ///< -D NAME=VALUE
   JitOptions jit;
+  /// Also generate the CUDA mod code (CompiledMods::cuda.modCode) for the
+  /// kernel cache. Off by default: the CPU path does no CUDA work. An error
+  /// when this build has no CUDA code generator (cudaCodeGenAvailable()).
+  bool withCuda = false;
 };
+
+/// Whether this build can fill CompiledMods::cuda (the CUDA target library
+/// was linked in); when false, SourceCompileOptions::withCuda is an error.
+bool cudaCodeGenAvailable();
 
 /// Compiles mask `mask` and score `score` (either may be empty) of the .attn
 /// program `source`. Front-end errors are printed to `diagnostics` in the

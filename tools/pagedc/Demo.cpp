@@ -6,7 +6,10 @@
 // sequence, then decode steps that append one token to every sequence. Each
 // attention call goes through the runtime's flexAttention() and is compared
 // with the float64 reference; the demo prints what it does and exits 1 if
-// any step is off by more than 1e-4.
+// any step is off by more than 1e-4. When CUDA is usable (as for `pagedc run
+// --device auto`) it runs on cuda:0 instead: mods also compiled to CUDA
+// code, a bf16 cache in device memory, inputs rounded to bf16 (the
+// reference reads the rounded values) and a tolerance of 1e-2.
 //
 //===----------------------------------------------------------------------===//
 
@@ -56,7 +59,18 @@ struct DemoOptions {
 };
 
 constexpr int64_t kQHeads = 8, kKVHeads = 2, kHeadDim = 64;
-constexpr double kTolerance = 1e-4;
+constexpr double kTolerance = 1e-4, kCudaTolerance = 1e-2;
+
+/// Where the demo's attention runs.
+struct DemoDevice {
+  bool cuda = false; // cuda:0, bf16 (else the CPU, f32)
+  double tolerance() const { return cuda ? kCudaTolerance : kTolerance; }
+};
+
+/// `value` as the device stores it (bf16-rounded on CUDA).
+float stored(const DemoDevice &device, float value) {
+  return device.cuda ? bf16ToFloat(floatToBF16(value)) : value;
+}
 
 /// Uniform in [-1, 1], never exactly zero.
 float randomValue(std::mt19937 &random) {
@@ -84,7 +98,8 @@ struct History {
 /// Appends `count` random tokens to sequence `b`: reserve (shuffled), then
 /// assign into the cache and the dense history.
 void appendTokens(PagedKVCache &cache, PageShuffler &shuffler, History &history,
-                  int64_t b, int64_t count, std::mt19937 &random) {
+                  int64_t b, int64_t count, std::mt19937 &random,
+                  const DemoDevice &device) {
   int64_t start = history.lengths[b];
   shuffler.reserve({b}, {start + count});
   HostTensor k(DType::F32, {1, kKVHeads, count, kHeadDim});
@@ -92,7 +107,8 @@ void appendTokens(PagedKVCache &cache, PageShuffler &shuffler, History &history,
   for (int64_t h = 0; h < kKVHeads; ++h)
     for (int64_t t = 0; t < count; ++t)
       for (int64_t d = 0; d < kHeadDim; ++d) {
-        float kv[2] = {randomValue(random), randomValue(random)};
+        float kv[2] = {stored(device, randomValue(random)),
+                       stored(device, randomValue(random))};
         k.dataAs<float>()[(h * count + t) * kHeadDim + d] = kv[0];
         v.dataAs<float>()[(h * count + t) * kHeadDim + d] = kv[1];
         history.row(history.k, b, h, start + t)[d] = kv[0];
@@ -103,7 +119,14 @@ void appendTokens(PagedKVCache &cache, PageShuffler &shuffler, History &history,
   HostTensor positions(DType::I32, {1, count});
   for (int64_t t = 0; t < count; ++t)
     positions.dataAs<int32_t>()[t] = static_cast<int32_t>(start + t);
-  cache.assign(batchIdx.view(), positions.view(), k.view(), v.view());
+  if (device.cuda) {
+    DeviceTensor kDevice = uploadTensor(fromF32(k, DType::BF16), 0);
+    DeviceTensor vDevice = uploadTensor(fromF32(v, DType::BF16), 0);
+    cache.assign(batchIdx.view(), positions.view(), kDevice.view,
+                 vDevice.view); // synchronous: the uploads may go after
+  } else {
+    cache.assign(batchIdx.view(), positions.view(), k.view(), v.view());
+  }
   history.lengths[b] = start + count;
 }
 
@@ -123,11 +146,11 @@ bool attendAndCheck(const std::string &label, const PagedKVCache &cache,
                     int64_t qLength, const BlockMask &blockMask,
                     const CompiledMods &mods, const Bindings &bindings,
                     const ResolvedBindings &resolved, int threads,
-                    std::mt19937 &random) {
+                    std::mt19937 &random, const DemoDevice &device) {
   const int64_t batch = static_cast<int64_t>(slots.size());
   HostTensor q(DType::F32, {batch, kQHeads, qLength, kHeadDim});
   for (int64_t i = 0; i < q.numel(); ++i)
-    q.dataAs<float>()[i] = randomValue(random);
+    q.dataAs<float>()[i] = stored(device, randomValue(random));
   AttentionOptions options;
   for (int64_t slot : slots) {
     options.batchIdx.push_back(static_cast<int32_t>(slot));
@@ -137,8 +160,42 @@ bool attendAndCheck(const std::string &label, const PagedKVCache &cache,
   }
   options.returnLse = true;
   options.threads = threads;
-  AttentionResult result =
-      flexAttention(q.view(), cache, &blockMask, mods, bindings, options);
+  AttentionResult result;
+  HostTensor outF32(DType::F32, {batch, kQHeads, qLength, kHeadDim});
+  HostTensor lseOut(DType::F32, {batch, kQHeads, qLength});
+  if (device.cuda) {
+    // q and the bound buffers uploaded, out (bf16) and lse downloaded.
+    const Device gpu = Device::cuda(0);
+    DeviceTensor qDevice = uploadTensor(fromF32(q, DType::BF16), 0);
+    HostTensor out16(DType::BF16, outF32.shape());
+    DeviceBuffer outDevice(out16.numel() * 2, 0);
+    DeviceBuffer lseDevice(lseOut.numel() * sizeof(float), 0);
+    outDevice.fill(0xff); // NaN: an unwritten element fails the check
+    Bindings deviceBindings;
+    deviceBindings.params = bindings.params;
+    std::vector<DeviceTensor> buffers;
+    buffers.reserve(bindings.buffers.size());
+    for (const auto &[name, view] : bindings.buffers) {
+      HostTensor host(view.dtype(), view.shape());
+      std::copy_n(static_cast<const char *>(view.data()),
+                  host.numel() * dtypeSize(view.dtype()),
+                  static_cast<char *>(host.data()));
+      buffers.push_back(uploadTensor(host, 0));
+      deviceBindings.buffers[name] = buffers.back().view;
+    }
+    options.out =
+        TensorView(outDevice.data(), DType::BF16, outF32.shape(), gpu);
+    options.lse = TensorView(lseDevice.data(), DType::F32, lseOut.shape(), gpu);
+    flexAttention(qDevice.view, cache, &blockMask, mods, deviceBindings,
+                  options);
+    outDevice.download(out16.data(), outDevice.size());
+    lseDevice.download(lseOut.data(), lseDevice.size());
+    outF32 = toF32(std::move(out16));
+    result.out = outF32.view();
+    result.lse = lseOut.view();
+  } else {
+    result = flexAttention(q.view(), cache, &blockMask, mods, bindings, options);
+  }
 
   // The reference reads the same sequences from the dense history.
   HostTensor k(DType::F32, {batch, kKVHeads, history.capacity, kHeadDim});
@@ -175,7 +232,8 @@ bool attendAndCheck(const std::string &label, const PagedKVCache &cache,
     finite &= std::isfinite(lse[i]);
     maxLseError = std::max(maxLseError, std::abs(lse[i] - reference.lse[i]));
   }
-  bool pass = finite && maxError <= kTolerance && maxLseError <= kTolerance;
+  bool pass = finite && maxError <= device.tolerance() &&
+              maxLseError <= device.tolerance();
   std::string lengths;
   for (int64_t slot : slots)
     lengths += (lengths.empty() ? "" : ", ") +
@@ -188,7 +246,7 @@ bool attendAndCheck(const std::string &label, const PagedKVCache &cache,
 }
 
 bool runVariant(const Variant &variant, const DemoOptions &options,
-                const std::string &device) {
+                const DemoDevice &device) {
   std::string path = options.examples + "/" + variant.file;
   llvm::outs() << "\n== " << variant.title << " (" << variant.file;
   if (*variant.mask)
@@ -201,6 +259,7 @@ bool runVariant(const Variant &variant, const DemoOptions &options,
 
   jit::SourceCompileOptions compileOptions;
   compileOptions.constOverrides = variant.defines;
+  compileOptions.withCuda = device.cuda;
   auto compiled = jit::compileModsFromFile(path, variant.mask, variant.score,
                                            compileOptions, llvm::errs());
   if (!compiled)
@@ -209,7 +268,8 @@ bool runVariant(const Variant &variant, const DemoOptions &options,
   llvm::outs() << "  compiled with the CPU JIT: "
                << (mods.maskRow ? "mask row function" : "no mask")
                << (mods.maskBlockClass ? " + block classifier" : "") << ", "
-               << (mods.scoreRow ? "score row function" : "no score") << "\n";
+               << (mods.scoreRow ? "score row function" : "no score")
+               << (device.cuda ? " (+ CUDA mod code)" : "") << "\n";
 
   // Bindings the mods read: ALiBi slopes and the softcap.
   std::vector<float> slopes(kQHeads);
@@ -237,6 +297,8 @@ bool runVariant(const Variant &variant, const DemoOptions &options,
   config.headDim = kHeadDim;
   config.valueHeadDim = kHeadDim;
   config.maxBatch = batch + 1; // + a scratch slot that scatters pages
+  config.dtype = device.cuda ? DType::BF16 : DType::F32;
+  config.device = device.cuda ? Device::cuda(0) : Device::cpu();
   int64_t pages = 0;
   for (int64_t prompt : prompts)
     pages += (prompt + options.steps + options.pageSize - 1) / options.pageSize;
@@ -247,15 +309,16 @@ bool runVariant(const Variant &variant, const DemoOptions &options,
   History history(batch, finalLength);
 
   llvm::outs() << fmt::format(
-      "  cache: {} pages of {} tokens, {} KV heads x {} dims, f32, on {}\n",
-      config.numPages, config.pageSize, kKVHeads, kHeadDim, device);
+      "  cache: {} pages of {} tokens, {} KV heads x {} dims, {}, on {}\n",
+      config.numPages, config.pageSize, kKVHeads, kHeadDim,
+      dtypeName(config.dtype), device.cuda ? "cuda:0" : "cpu");
   // Reserve every prompt's pages in one shuffled interleaving, then assign.
   std::vector<int64_t> all(batch);
   for (int64_t b = 0; b < batch; ++b)
     all[b] = b;
   shuffler.reserve(all, prompts);
   for (int64_t b = 0; b < batch; ++b)
-    appendTokens(cache, shuffler, history, b, prompts[b], random);
+    appendTokens(cache, shuffler, history, b, prompts[b], random, device);
   for (int64_t b = 0; b < batch; ++b)
     llvm::outs() << fmt::format(
         "  reserve + assign: sequence {} prompt of {} tokens -> pages {}\n", b,
@@ -266,23 +329,26 @@ bool runVariant(const Variant &variant, const DemoOptions &options,
   // extent is 1, which needs a mask that does not read b.
   if (mods.hasMask() && mods.maskDependence.b)
     throw Error("the demo's block mask assumes a mask that does not read b");
+  // (The CUDA kernels read kv blocks in tiles of 64.)
+  const int32_t block = device.cuda ? 64 : 16;
   BlockMask blockMask = createBlockMask(mods, resolved.context(), 1, kQHeads,
-                                        finalLength, finalLength, 16, 16);
+                                        finalLength, finalLength, block, block);
   llvm::outs() << fmt::format(
-      "  block mask: {}x{} positions in 16x16 blocks ({} x {} extent)\n",
-      finalLength, finalLength, blockMask.batch, blockMask.heads);
+      "  block mask: {}x{} positions in {}x{} blocks ({} x {} extent)\n",
+      finalLength, finalLength, block, block, blockMask.batch,
+      blockMask.heads);
 
   bool pass = true;
   for (int64_t b = 0; b < batch; ++b)
     pass &= attendAndCheck(fmt::format("prefill sequence {}", b), cache,
                            history, {b}, prompts[b], blockMask, mods, bindings,
-                           resolved, options.threads, random);
+                           resolved, options.threads, random, device);
   for (int step = 1; step <= options.steps; ++step) {
     for (int64_t b = 0; b < batch; ++b)
-      appendTokens(cache, shuffler, history, b, 1, random);
+      appendTokens(cache, shuffler, history, b, 1, random, device);
     pass &= attendAndCheck(fmt::format("decode step {} (batch {})", step, batch),
                            cache, history, all, 1, blockMask, mods, bindings,
-                           resolved, options.threads, random);
+                           resolved, options.threads, random, device);
   }
   for (int64_t b = 0; b < batch; ++b)
     llvm::outs() << fmt::format("  sequence {} now holds {} tokens in pages {}\n",
@@ -342,13 +408,17 @@ int pagedc::driver::runDemoCommand(llvm::ArrayRef<const char *> args) {
                  << options.examples << "' not found (use --examples DIR)\n";
     return kExitInputError;
   }
+  // The same rule as `pagedc run --device auto`.
   std::string reason;
-  std::string device = "cpu";
-  if (CudaDriver::available(&reason))
-    reason = "the CUDA attention backend is not part of this build";
+  DemoDevice device;
+  device.cuda = cudaExecutionUsable(reason);
   llvm::outs() << "pagedc demo: paged decoding with JIT-compiled mods, every "
-                  "step checked against the float64 reference\n"
-               << "device: cpu (CUDA not used: " << reason << ")\n";
+                  "step checked against the float64 reference\n";
+  if (device.cuda)
+    llvm::outs() << fmt::format("device: cuda:0 ({}), bf16\n",
+                                cudaDeviceInfo(0).name);
+  else
+    llvm::outs() << "device: cpu (CUDA not used: " << reason << ")\n";
 
   const std::vector<Variant> variants = {
       {"causal", "causal.attn", "causal", "", {}},
@@ -365,7 +435,7 @@ int pagedc::driver::runDemoCommand(llvm::ArrayRef<const char *> args) {
     return kExitInputError;
   }
   llvm::outs() << "\n" << (pass ? "PASS" : "FAIL") << ": every step within "
-               << fmt::format("{:.0e}", kTolerance)
+               << fmt::format("{:.0e}", device.tolerance())
                << " of the float64 reference\n";
   return pass ? kExitSuccess : kExitInputError;
 }

@@ -4,11 +4,15 @@
 //       --v v.npy -o out.npy [--lse lse.npy] [--buffer NAME=file.npy]...
 //       [--param NAME=VALUE]... [-D NAME=VALUE]... [--scale F] [--block=QxKV]
 //       [--page-size N] [--shuffle-pages SEED] [--q-offset N|end]
-//       [--device cpu|cuda|auto] [--reference] [--threads N]
+//       [--device cpu|cuda|auto] [--dtype f16|bf16] [--reference] [--threads N]
 //
 // The mods are compiled by the CPU JIT; K/V go into a PagedKVCache (reserve +
 // assign), the block mask comes from createBlockMask and the attention from
-// flexAttention. --reference computes the float64 reference instead (and
+// flexAttention. On the CPU everything is f32. With --device cuda (or auto
+// on a machine with a usable CUDA driver and a shape the CUDA kernels take)
+// the mods' CUDA code is generated too, the cache lives on cuda:0 and the
+// inputs are converted to --dtype (bf16 by default); the output is still
+// written as f32. --reference computes the float64 reference instead (and
 // writes it as f32). Every input is checked before anything is computed, and
 // outputs are written through temporary files renamed into place, so a
 // failure leaves no file behind. Exit status: 0, 1 for bad input, 2 for a bad
@@ -22,6 +26,7 @@
 #include "JIT/CompileSource.h"
 #include "cpu/Reference.h"
 #include "pagedc/Attention.h"
+#include "pagedc/CudaAttention.h"
 #include "pagedc/CudaDriver.h"
 #include "pagedc/Error.h"
 #include "pagedc/Npy.h"
@@ -49,7 +54,8 @@ constexpr const char *kRunUsage =
     "NAME=VALUE]... [-D NAME=VALUE]...\n"
     "           [--scale F] [--block=QxKV] [--page-size N] [--shuffle-pages "
     "SEED] [--q-offset N|end]\n"
-    "           [--device cpu|cuda|auto] [--reference] [--threads N]\n";
+    "           [--device cpu|cuda|auto] [--dtype f16|bf16] [--reference] "
+    "[--threads N]\n";
 
 /// A problem with the command line: exit status 2.
 struct UsageError {
@@ -71,6 +77,7 @@ struct RunOptions {
   std::optional<int64_t> qOffset; // nullopt with qOffsetAtEnd
   bool qOffsetAtEnd = false;
   std::string device = "auto";
+  DType gpuType = DType::BF16; // --dtype: the element type on CUDA
   bool reference = false;
   int threads = 0;
 };
@@ -175,6 +182,15 @@ RunOptions parseRunOptions(llvm::ArrayRef<const char *> args) {
           options.device != "auto")
         throw UsageError{"--device expects cpu, cuda or auto, got '" +
                          options.device + "'"};
+    } else if (name == "--dtype") {
+      llvm::StringRef text = value();
+      if (text == "bf16")
+        options.gpuType = DType::BF16;
+      else if (text == "f16")
+        options.gpuType = DType::F16;
+      else
+        throw UsageError{"--dtype expects f16 or bf16, got '" + text.str() +
+                         "'"};
     } else if (name == "--reference") {
       flag();
       options.reference = true;
@@ -254,20 +270,37 @@ PagedcParamSlot parseParam(const ParamDecl &decl, const std::string &text) {
   return slot;
 }
 
+/// Why the CUDA kernels cannot run a call of this shape; empty when they can.
+std::string cudaShapeProblem(int64_t dim, int64_t vDim, int32_t kvBlock) {
+  if (vDim != dim)
+    return fmt::format("the CUDA kernels need the value head dim to equal "
+                       "the key head dim, but Dv={} and D={}",
+                       (long long)vDim, (long long)dim);
+  if (dim != 64 && dim != 128 && dim != 256)
+    return fmt::format("the CUDA kernels take head dims 64, 128 and 256, "
+                       "not {}",
+                       (long long)dim);
+  if (kvBlock % 64 != 0)
+    return fmt::format("the CUDA kernels need a kv block size that is a "
+                       "multiple of 64 (--block), not {}",
+                       kvBlock);
+  return {};
+}
+
 int runChecked(const RunOptions &options) {
-  // 1. The device.
+  // 1. The device: cuda must be usable; auto takes it when it is.
   std::string cudaReason;
-  bool cudaUsable = false;
-  if (options.device != "cpu" && CudaDriver::available(&cudaReason))
-    cudaReason = "the CUDA attention backend is not part of this build of "
-                 "pagedc run";
-  if (options.device == "cuda" && !cudaUsable && !options.reference)
+  bool useCuda = false;
+  if (options.device != "cpu" && !options.reference)
+    useCuda = cudaExecutionUsable(cudaReason);
+  if (options.device == "cuda" && !useCuda && !options.reference)
     throw Error("--device cuda: CUDA execution is not available: " +
                 cudaReason);
 
-  // 2. The mods.
+  // 2. The mods (with their CUDA code only when CUDA may run them).
   jit::SourceCompileOptions compileOptions;
   compileOptions.constOverrides = options.constOverrides;
+  compileOptions.withCuda = useCuda;
   auto compiled = jit::compileModsFromFile(options.program, options.mask,
                                            options.score, compileOptions,
                                            llvm::errs());
@@ -313,6 +346,13 @@ int runChecked(const RunOptions &options) {
     throw Error(fmt::format("--q-offset end: q has {} rows but k only {}, so the "
                     "offset would be negative",
                     (long long)qLength, (long long)kvLength));
+  if (useCuda) {
+    std::string problem = cudaShapeProblem(dim, vDim, options.kvBlock);
+    if (!problem.empty() && options.device == "cuda")
+      throw Error("--device cuda: " + problem);
+    if (!problem.empty())
+      useCuda = false; // auto: the CPU runs every shape
+  }
 
   // 4. Bindings: every given buffer and param must be declared by the mods.
   std::vector<HostTensor> bufferStorage;
@@ -391,9 +431,13 @@ int runChecked(const RunOptions &options) {
       lse.dataAs<float>()[i] = static_cast<float>(result.lse[i]);
   } else {
     int64_t pageSize = options.pageSize.value_or(contiguousPageSize(kvLength));
+    const Device device = useCuda ? Device::cuda(0) : Device::cpu();
+    const DType elementType = useCuda ? options.gpuType : DType::F32;
     std::unique_ptr<PagedKVCache> cache = buildCache(
         k, v, std::vector<int64_t>(batch, kvLength), pageSize,
-        options.shuffleSeed);
+        options.shuffleSeed, elementType, device);
+    // The block mask is built on the host from the host bindings; on CUDA
+    // flexAttention uploads it.
     BlockMask blockMask = createBlockMask(
         mods, resolved.context(), batch, qHeads, qOffset + qLength, kvLength,
         options.qBlock, options.kvBlock);
@@ -401,11 +445,38 @@ int runChecked(const RunOptions &options) {
     attention.kvLength = kvLengths;
     attention.qOffset = qOffsets;
     attention.scale = scale;
-    attention.out = out.view();
-    attention.lse = lse.view();
     attention.returnLse = true;
     attention.threads = options.threads;
-    flexAttention(q.view(), *cache, &blockMask, mods, bindings, attention);
+    if (!useCuda) {
+      attention.out = out.view();
+      attention.lse = lse.view();
+      flexAttention(q.view(), *cache, &blockMask, mods, bindings, attention);
+    } else {
+      // q and the buffers uploaded, outputs downloaded; out converted to f32.
+      DeviceTensor qDevice = uploadTensor(fromF32(q, elementType), 0);
+      HostTensor out16(elementType, out.shape());
+      DeviceBuffer outDevice(out16.numel() * dtypeSize(elementType), 0);
+      DeviceBuffer lseDevice(lse.numel() * sizeof(float), 0);
+      outDevice.fill(0xff); // NaN: an unwritten element shows
+      Bindings deviceBindings;
+      deviceBindings.params = bindings.params;
+      std::vector<DeviceTensor> deviceBuffers;
+      deviceBuffers.reserve(bufferStorage.size());
+      for (size_t i = 0; i < bufferStorage.size(); ++i) {
+        deviceBuffers.push_back(uploadTensor(bufferStorage[i], 0));
+        deviceBindings.buffers[options.buffers[i].first] =
+            deviceBuffers.back().view;
+      }
+      attention.out =
+          TensorView(outDevice.data(), elementType, out.shape(), device);
+      attention.lse = TensorView(lseDevice.data(), DType::F32, lse.shape(),
+                                 device);
+      flexAttention(qDevice.view, *cache, &blockMask, mods, deviceBindings,
+                    attention);
+      outDevice.download(out16.data(), outDevice.size());
+      lseDevice.download(lse.data(), lseDevice.size());
+      out = toF32(std::move(out16));
+    }
   }
 
   // 6. Outputs, all or nothing.
@@ -443,7 +514,7 @@ int pagedc::driver::runAttentionCommand(llvm::ArrayRef<const char *> args) {
 void pagedc::driver::registerRunSubcommands(Registry &registry) {
   registry.addSubcommand({"run",
                           "compute attention on .npy inputs with the mods of "
-                          "a .attn program (CPU JIT)",
+                          "a .attn program (CPU JIT, or CUDA when usable)",
                           runAttentionCommand});
   registry.addSubcommand({"demo",
                           "a paged decode loop with example mods, checked "

@@ -2,6 +2,8 @@
 
 #include "RunSupport.h"
 
+#include "JIT/CompileSource.h"
+#include "pagedc/CudaDriver.h"
 #include "pagedc/Error.h"
 
 #include <cerrno>
@@ -29,6 +31,50 @@ HostTensor pagedc::driver::toF32(HostTensor tensor) {
   for (int64_t i = 0; i < tensor.numel(); ++i)
     values[i] = tensor.dtype() == DType::F16 ? halfToFloat(bits[i])
                                              : bf16ToFloat(bits[i]);
+  return result;
+}
+
+bool pagedc::driver::cudaExecutionUsable(std::string &reason) {
+  if (!jit::cudaCodeGenAvailable()) {
+    reason = "this build of pagedc has no CUDA code generator";
+    return false;
+  }
+  if (!CudaDriver::available(&reason))
+    return false;
+  if (CudaDriver::get().deviceCount() == 0) {
+    reason = "the driver reports no CUDA device";
+    return false;
+  }
+  return true;
+}
+
+DeviceTensor pagedc::driver::uploadTensor(const HostTensor &tensor,
+                                          int device) {
+  const size_t bytes = tensor.numel() * dtypeSize(tensor.dtype());
+  DeviceTensor result{DeviceBuffer(bytes, device), TensorView()};
+  if (bytes)
+    result.buffer.upload(tensor.data(), bytes);
+  std::vector<int64_t> strides(tensor.shape().size(), 1);
+  for (int d = static_cast<int>(strides.size()) - 2; d >= 0; --d)
+    strides[d] = strides[d + 1] * tensor.shape()[d + 1];
+  result.view = TensorView(result.buffer.data(), tensor.dtype(),
+                           tensor.shape(), strides, Device::cuda(device));
+  return result;
+}
+
+HostTensor pagedc::driver::fromF32(const HostTensor &tensor, DType dtype) {
+  HostTensor result(dtype, tensor.shape());
+  const float *values = tensor.dataAs<float>();
+  if (dtype == DType::F32) {
+    std::copy_n(values, tensor.numel(), result.dataAs<float>());
+    return result;
+  }
+  if (dtype != DType::F16 && dtype != DType::BF16)
+    throw Error(std::string("cannot convert f32 to ") + dtypeName(dtype));
+  auto *bits = result.dataAs<uint16_t>();
+  for (int64_t i = 0; i < tensor.numel(); ++i)
+    bits[i] = dtype == DType::F16 ? floatToHalf(values[i])
+                                  : floatToBF16(values[i]);
   return result;
 }
 
@@ -101,8 +147,8 @@ void PageShuffler::reserve(const std::vector<int64_t> &slots,
 std::unique_ptr<PagedKVCache>
 pagedc::driver::buildCache(const HostTensor &k, const HostTensor &v,
                            const std::vector<int64_t> &lengths,
-                           int64_t pageSize,
-                           std::optional<uint64_t> shuffleSeed) {
+                           int64_t pageSize, std::optional<uint64_t> shuffleSeed,
+                           DType dtype, Device device) {
   const auto &ks = k.shape(), &vs = v.shape();
   const int64_t batch = ks[0], heads = ks[1];
   int64_t pages = 0;
@@ -113,7 +159,8 @@ pagedc::driver::buildCache(const HostTensor &k, const HostTensor &v,
   config.heads = heads;
   config.headDim = ks[3];
   config.valueHeadDim = vs[3];
-  config.dtype = DType::F32;
+  config.dtype = dtype;
+  config.device = device;
   config.maxBatch = batch + (shuffleSeed ? 1 : 0);
   config.numPages = shuffleSeed ? pages + pages / 2 + 2 : std::max<int64_t>(pages, 1);
   auto cache = std::make_unique<PagedKVCache>(config);
@@ -127,6 +174,23 @@ pagedc::driver::buildCache(const HostTensor &k, const HostTensor &v,
     for (int64_t b = 0; b < batch; ++b)
       cache->reserve(b, lengths[b]);
   }
+  // The rows assign() reads: K/V in the cache's dtype, on its device. The
+  // CUDA assign synchronises before returning, so the uploads may go after.
+  HostTensor kValues = fromF32(k, dtype), vValues = fromF32(v, dtype);
+  const char *kBase = static_cast<const char *>(kValues.data());
+  const char *vBase = static_cast<const char *>(vValues.data());
+  DeviceBuffer kDevice, vDevice;
+  if (device.kind == DeviceKind::CUDA) {
+    const size_t kBytes = kValues.numel() * dtypeSize(dtype);
+    const size_t vBytes = vValues.numel() * dtypeSize(dtype);
+    kDevice = DeviceBuffer(kBytes, device.index);
+    vDevice = DeviceBuffer(vBytes, device.index);
+    kDevice.upload(kValues.data(), kBytes);
+    vDevice.upload(vValues.data(), vBytes);
+    kBase = static_cast<const char *>(kDevice.data());
+    vBase = static_cast<const char *>(vDevice.data());
+  }
+  const int64_t elementSize = static_cast<int64_t>(dtypeSize(dtype));
   for (int64_t b = 0; b < batch; ++b) {
     const int64_t tokens = lengths[b];
     if (tokens == 0)
@@ -135,15 +199,15 @@ pagedc::driver::buildCache(const HostTensor &k, const HostTensor &v,
     batchIdx.dataAs<int32_t>()[0] = static_cast<int32_t>(b);
     HostTensor positions(DType::I32, {1, tokens});
     std::iota(positions.dataAs<int32_t>(), positions.dataAs<int32_t>() + tokens, 0);
-    auto rows = [&](const HostTensor &t) {
+    auto rows = [&](const HostTensor &t, const char *data) {
       const auto &s = t.shape();
-      const float *base = t.dataAs<float>() + b * s[1] * s[2] * s[3];
-      return TensorView(const_cast<float *>(base), DType::F32,
+      const char *base = data + b * s[1] * s[2] * s[3] * elementSize;
+      return TensorView(const_cast<char *>(base), dtype,
                         {1, s[1], tokens, s[3]},
-                        {s[1] * s[2] * s[3], s[2] * s[3], s[3], 1},
-                        Device::cpu());
+                        {s[1] * s[2] * s[3], s[2] * s[3], s[3], 1}, device);
     };
-    cache->assign(batchIdx.view(), positions.view(), rows(k), rows(v));
+    cache->assign(batchIdx.view(), positions.view(), rows(k, kBase),
+                  rows(v, vBase));
   }
   return cache;
 }

@@ -2,6 +2,7 @@
 #ifndef PAGEDC_TOOLS_RUNSUPPORT_H
 #define PAGEDC_TOOLS_RUNSUPPORT_H
 
+#include "pagedc/CudaAttention.h"
 #include "pagedc/KVCache.h"
 #include "pagedc/Mods.h"
 #include "pagedc/Tensor.h"
@@ -50,15 +51,31 @@ private:
   uint64_t state_;
 };
 
-/// A new f32 PagedKVCache holding K and V ([B, H, L, D] f32; sequence b has
-/// lengths[b] tokens) in slots 0..B-1, written with reserve + assign. With
-/// `shuffleSeed`, pages are reserved through a PageShuffler (and the cache
-/// has spare pages and one scratch slot); without, in slot order.
-std::unique_ptr<PagedKVCache> buildCache(const HostTensor &k,
-                                         const HostTensor &v,
-                                         const std::vector<int64_t> &lengths,
-                                         int64_t pageSize,
-                                         std::optional<uint64_t> shuffleSeed);
+/// Whether attention can run on CUDA at all: this build generates CUDA mod
+/// code, the driver loads and reports a device. Sets `reason` when not.
+bool cudaExecutionUsable(std::string &reason);
+
+/// A compact copy of a host tensor in the memory of a CUDA device.
+struct DeviceTensor {
+  DeviceBuffer buffer;
+  TensorView view;
+};
+DeviceTensor uploadTensor(const HostTensor &tensor, int device);
+
+/// A copy of the f32 `tensor` in `dtype` (f32, f16 or bf16).
+HostTensor fromF32(const HostTensor &tensor, DType dtype);
+
+/// A new PagedKVCache of `dtype` on `device` holding K and V ([B, H, L, D]
+/// f32 on the host; sequence b has lengths[b] tokens) in slots 0..B-1,
+/// written with reserve + assign (on a CUDA device from K/V converted to
+/// `dtype` and uploaded first). With `shuffleSeed`, pages are reserved
+/// through a PageShuffler (and the cache has spare pages and one scratch
+/// slot); without, in slot order.
+std::unique_ptr<PagedKVCache>
+buildCache(const HostTensor &k, const HostTensor &v,
+           const std::vector<int64_t> &lengths, int64_t pageSize,
+           std::optional<uint64_t> shuffleSeed, DType dtype = DType::F32,
+           Device device = Device::cpu());
 
 /// Writes every (path, bytes) to a temporary file next to it, then renames
 /// them all into place; on any failure removes the temporaries and throws

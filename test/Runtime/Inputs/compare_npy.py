@@ -43,6 +43,9 @@ def main():
     parser.add_argument("b")
     parser.add_argument("--atol", type=float, default=1e-4)
     parser.add_argument("--expect-different", action="store_true")
+    parser.add_argument("--rel-l2", type=float, default=None,
+                        help="agree when ||a - b|| / ||b|| <= this (instead "
+                             "of --atol); NaN or infinite elements never agree")
     args = parser.parse_args()
     shape_a, a = read_npy(args.a)
     shape_b, b = read_npy(args.b)
@@ -58,6 +61,19 @@ def main():
             bad += x != y
         else:
             worst = max(worst, abs(x - y))
+    if args.rel_l2 is not None:
+        finite = [(x, y) for x, y in zip(a, b)
+                  if math.isfinite(x) and math.isfinite(y)]
+        bad = len(a) - len(finite)
+        norm = math.sqrt(sum(y * y for _, y in finite))
+        error = math.sqrt(sum((x - y) ** 2 for x, y in finite))
+        rel = error / norm if norm > 0 else (0.0 if error == 0 else math.inf)
+        agree = bad == 0 and rel <= args.rel_l2
+        print("shape %s relative L2 %.3g %s" % (
+            list(shape_a), rel, "agree" if agree else "DIFFER"))
+        if bad:
+            print("%d NaN or infinite elements" % bad)
+        return 0 if agree != args.expect_different else 1
     agree = bad == 0 and worst <= args.atol
     print("shape %s max abs diff %.3g %s" % (
         list(shape_a), worst, "agree" if agree else "DIFFER"))
