@@ -2,6 +2,8 @@
 
 #include "JIT/ModJit.h"
 
+#include "Declarations.h"
+
 #include "Conversion/CPU/FlexToCPU.h"
 #include "Conversion/CPU/LowerToLLVM.h"
 #include "JIT/JitEngine.h"
@@ -23,64 +25,6 @@ namespace {
 llvm::Error makeError(const llvm::Twine &message) {
   return llvm::createStringError(llvm::inconvertibleErrorCode(),
                                  message.str());
-}
-
-std::optional<DType> elementDType(Type type) {
-  if (type.isF32()) return DType::F32;
-  if (type.isF16()) return DType::F16;
-  if (type.isBF16()) return DType::BF16;
-  if (type.isInteger(32)) return DType::I32;
-  if (type.isInteger(64)) return DType::I64;
-  if (type.isInteger(1)) return DType::Bool;
-  return std::nullopt;
-}
-
-llvm::Expected<BufferDecl> describeBuffer(flex::BufferOp buffer) {
-  BufferDecl decl;
-  decl.name = buffer.getSymName().str();
-  std::optional<DType> type = elementDType(buffer.getElementType());
-  if (!type)
-    return makeError("buffer '" + decl.name + "' has an unsupported element "
-                     "type");
-  decl.elementType = *type;
-  for (Attribute dim : buffer.getDims()) {
-    BufferDim out;
-    if (auto size = dyn_cast<IntegerAttr>(dim)) {
-      out.kind = BufferDim::Fixed;
-      out.size = size.getInt();
-    } else if (auto name = dyn_cast<StringAttr>(dim)) {
-      out.kind = BufferDim::Named;
-      out.name = name.str();
-    } else {
-      out.kind = BufferDim::Any;
-    }
-    decl.dims.push_back(std::move(out));
-  }
-  return decl;
-}
-
-llvm::Expected<ParamDecl> describeParam(flex::ParamOp param) {
-  ParamDecl decl;
-  decl.name = param.getSymName().str();
-  Type type = param.getType();
-  if (type.isF32())
-    decl.type = ScalarKind::F32;
-  else if (type.isInteger(32))
-    decl.type = ScalarKind::I32;
-  else if (type.isInteger(1))
-    decl.type = ScalarKind::Bool;
-  else
-    return makeError("param '" + decl.name + "' has an unsupported type");
-  if (std::optional<TypedAttr> value = param.getDefaultValue()) {
-    if (auto real = dyn_cast<FloatAttr>(*value))
-      decl.defaultValue = ParamValue::ofF32(float(real.getValueAsDouble()));
-    else if (auto integer = dyn_cast<IntegerAttr>(*value))
-      decl.defaultValue =
-          decl.type == ScalarKind::Bool
-              ? ParamValue::ofBool(integer.getValue().getBoolValue())
-              : ParamValue::ofI32(int32_t(integer.getValue().getSExtValue()));
-  }
-  return decl;
 }
 
 /// The dependence attributes of `mod`; without them, everything is read.

@@ -10,6 +10,8 @@
 #ifndef PAGEDC_TARGET_CUDASOURCE_H
 #define PAGEDC_TARGET_CUDASOURCE_H
 
+#include "Declarations.h"
+
 #include "pagedc/KernelSource.h"
 #include "pagedc/Mods.h"
 
@@ -22,14 +24,7 @@
 
 namespace pagedc {
 
-/// The runtime's view of a module's declarations, in declaration order.
-struct ModuleDeclarations {
-  std::vector<ParamDecl> params;
-  std::vector<BufferDecl> buffers;
-};
-
-/// Reads the `flex.param` and `flex.buffer` declarations of `module`.
-llvm::Expected<ModuleDeclarations> collectDeclarations(mlir::ModuleOp module);
+// collectDeclarations() (Declarations.h) gives the kernels' Params order.
 
 /// The generated mod code for the mask mod `maskName` and the score mod
 /// `scoreName` of `module` (either may be empty: that hook is neutral): the
