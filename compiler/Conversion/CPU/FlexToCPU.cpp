@@ -224,16 +224,32 @@ private:
 // PyTorch floor division and remainder in arith
 //===----------------------------------------------------------------------===//
 
-/// `a // b` on integers, rounding toward negative infinity. A zero divisor
-/// gives an unspecified value instead of trapping.
-Value emitIntFloorDiv(OpBuilder &b, Location loc, Value lhs, Value rhs) {
+/// What integer floor division and floor remainder share: the divisor with
+/// zero replaced by one (so nothing traps; a zero divisor gives an
+/// unspecified value), the truncated remainder, and whether the truncated
+/// result must move one step toward negative infinity (inexact, and the
+/// remainder's sign differs from the divisor's).
+/// With `withQuotient`, the truncated quotient is emitted too (before the
+/// remainder, so the IR reads in the natural order).
+struct TruncatedRemainder {
+  Value divisor;
+  Value quotient; // null unless asked for
+  Value remainder;
+  Value adjust;
+  Value one;
+};
+
+TruncatedRemainder emitTruncatedRemainder(OpBuilder &b, Location loc,
+                                          Value lhs, Value rhs,
+                                          bool withQuotient) {
   Type type = lhs.getType();
   Value zero = b.create<arith::ConstantOp>(loc, b.getIntegerAttr(type, 0));
   Value one = b.create<arith::ConstantOp>(loc, b.getIntegerAttr(type, 1));
   Value isZero =
       b.create<arith::CmpIOp>(loc, arith::CmpIPredicate::eq, rhs, zero);
   Value divisor = b.create<arith::SelectOp>(loc, isZero, one, rhs);
-  Value quotient = b.create<arith::DivSIOp>(loc, lhs, divisor);
+  Value quotient =
+      withQuotient ? b.create<arith::DivSIOp>(loc, lhs, divisor) : Value();
   Value remainder = b.create<arith::RemSIOp>(loc, lhs, divisor);
   Value inexact =
       b.create<arith::CmpIOp>(loc, arith::CmpIPredicate::ne, remainder, zero);
@@ -244,30 +260,25 @@ Value emitIntFloorDiv(OpBuilder &b, Location loc, Value lhs, Value rhs) {
   Value signsDiffer =
       b.create<arith::XOrIOp>(loc, remainderNegative, divisorNegative);
   Value adjust = b.create<arith::AndIOp>(loc, inexact, signsDiffer);
-  Value minusOne = b.create<arith::SubIOp>(loc, quotient, one);
-  return b.create<arith::SelectOp>(loc, adjust, minusOne, quotient);
+  return {divisor, quotient, remainder, adjust, one};
+}
+
+/// `a // b` on integers, rounding toward negative infinity.
+Value emitIntFloorDiv(OpBuilder &b, Location loc, Value lhs, Value rhs) {
+  TruncatedRemainder parts =
+      emitTruncatedRemainder(b, loc, lhs, rhs, /*withQuotient=*/true);
+  Value minusOne = b.create<arith::SubIOp>(loc, parts.quotient, parts.one);
+  return b.create<arith::SelectOp>(loc, parts.adjust, minusOne,
+                                   parts.quotient);
 }
 
 /// `a % b` on integers: the remainder takes the sign of the divisor.
 Value emitIntFloorMod(OpBuilder &b, Location loc, Value lhs, Value rhs) {
-  Type type = lhs.getType();
-  Value zero = b.create<arith::ConstantOp>(loc, b.getIntegerAttr(type, 0));
-  Value one = b.create<arith::ConstantOp>(loc, b.getIntegerAttr(type, 1));
-  Value isZero =
-      b.create<arith::CmpIOp>(loc, arith::CmpIPredicate::eq, rhs, zero);
-  Value divisor = b.create<arith::SelectOp>(loc, isZero, one, rhs);
-  Value remainder = b.create<arith::RemSIOp>(loc, lhs, divisor);
-  Value inexact =
-      b.create<arith::CmpIOp>(loc, arith::CmpIPredicate::ne, remainder, zero);
-  Value remainderNegative =
-      b.create<arith::CmpIOp>(loc, arith::CmpIPredicate::slt, remainder, zero);
-  Value divisorNegative =
-      b.create<arith::CmpIOp>(loc, arith::CmpIPredicate::slt, divisor, zero);
-  Value signsDiffer =
-      b.create<arith::XOrIOp>(loc, remainderNegative, divisorNegative);
-  Value adjust = b.create<arith::AndIOp>(loc, inexact, signsDiffer);
-  Value shifted = b.create<arith::AddIOp>(loc, remainder, divisor);
-  return b.create<arith::SelectOp>(loc, adjust, shifted, remainder);
+  TruncatedRemainder parts =
+      emitTruncatedRemainder(b, loc, lhs, rhs, /*withQuotient=*/false);
+  Value shifted = b.create<arith::AddIOp>(loc, parts.remainder, parts.divisor);
+  return b.create<arith::SelectOp>(loc, parts.adjust, shifted,
+                                   parts.remainder);
 }
 
 /// `torch.remainder` on floats: fmod moved to the sign of the divisor.
