@@ -6,10 +6,12 @@
 #include <fmt/format.h>
 #include <gtest/gtest.h>
 
+#include <signal.h>
 #include <spawn.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <chrono>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
@@ -64,6 +66,23 @@ std::vector<fs::path> filesIn(const std::string &dir) {
 std::string readFile(const fs::path &path) {
   std::ifstream file(path, std::ios::binary);
   return std::string((std::istreambuf_iterator<char>(file)), std::istreambuf_iterator<char>());
+}
+
+/// Waits for `child` at most `limit`; on time-out kills it, reaps it and
+/// returns false.
+bool waitForChild(pid_t child, std::chrono::seconds limit, int &status) {
+  auto deadline = std::chrono::steady_clock::now() + limit;
+  while (std::chrono::steady_clock::now() < deadline) {
+    pid_t done = waitpid(child, &status, WNOHANG);
+    if (done == child)
+      return true;
+    if (done < 0)
+      return false;
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  kill(child, SIGKILL);
+  waitpid(child, &status, 0);
+  return false;
 }
 
 } // namespace
@@ -237,9 +256,13 @@ TEST(KernelCache, ConcurrentProcessesShareOneEntry) {
     ASSERT_EQ(posix_spawn(&child, self.c_str(), nullptr, nullptr, argv,
                           environment.data()),
               0);
+  // Each child compiles one small kernel (about a second); a child that has
+  // not finished after two minutes is killed and reported, so a hang shows up
+  // as a named failure instead of a stalled test run.
   for (pid_t child : children) {
     int status = 0;
-    ASSERT_EQ(waitpid(child, &status, 0), child);
+    EXPECT_TRUE(waitForChild(child, std::chrono::seconds(120), status))
+        << "child " << child << " still running after 120 s; killed";
     EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << status;
   }
   // One complete entry, no temporary files left behind.
