@@ -73,6 +73,17 @@ public:
   std::vector<std::shared_ptr<const CompiledKernel>>
   getOrCompileAll(const std::vector<Request> &requests);
 
+  /// The kernel recorded under disk key `key` by an earlier process (the
+  /// variant index, CudaJit.h, stores such keys), for `config`: from memory
+  /// or from the disk entry, which counts as a disk hit. nullptr when there
+  /// is no entry or it is corrupt (then it is removed). The caller vouches
+  /// that `key` is the key of (config, modCode, options); on a hit the
+  /// in-process map learns it, so a later getOrCompile(config, modCode,
+  /// options) is a memory hit.
+  std::shared_ptr<const CompiledKernel>
+  lookupEntry(const std::string &key, const KernelConfig &config,
+              std::string_view modCode, const CompileOptions &options);
+
   /// The disk key of a source compiled with `options`.
   static std::string diskKey(std::string_view code,
                              const CompileOptions &options);

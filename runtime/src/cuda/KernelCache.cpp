@@ -322,6 +322,39 @@ KernelCache::getOrCompile(const KernelConfig &config, std::string_view modCode,
   }
 }
 
+std::shared_ptr<const CompiledKernel>
+KernelCache::lookupEntry(const std::string &key, const KernelConfig &config,
+                         std::string_view modCode, const CompileOptions &options) {
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    auto found = byKey_.find(key);
+    if (found != byKey_.end()) {
+      Future future = found->second;
+      ++memoryHits_;
+      return future.get();
+    }
+  }
+  auto kernel = readEntry(key);
+  if (!kernel)
+    return nullptr;
+  std::const_pointer_cast<CompiledKernel>(kernel)->config = config;
+  ++diskHits_;
+  std::promise<std::shared_ptr<const CompiledKernel>> promise;
+  promise.set_value(kernel);
+  Future future = promise.get_future().share();
+  std::string optionsKey = options.key();
+  std::lock_guard<std::mutex> lock(mutex_);
+  byKey_.emplace(key, future);
+  auto &bucket = fast_[fastHash(config, modCode, optionsKey)];
+  bool known = false;
+  for (const FastEntry &entry : bucket)
+    known = known || (entry.config == config && entry.modCode == modCode &&
+                      entry.optionsKey == optionsKey);
+  if (!known)
+    bucket.push_back({config, std::string(modCode), optionsKey, future});
+  return kernel;
+}
+
 std::vector<std::shared_ptr<const CompiledKernel>>
 KernelCache::getOrCompileAll(const std::vector<Request> &requests) {
   std::vector<std::future<std::shared_ptr<const CompiledKernel>>> futures;
