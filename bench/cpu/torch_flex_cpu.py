@@ -1,0 +1,150 @@
+#!/usr/bin/env python3
+"""performance.md section 3, the PyTorch anchor: compiled flex_attention on the CPU.
+
+Times PyTorch's own `torch.compile(flex_attention)` on the shapes of
+pagedc-bench-cpu-attention (f32, the same thread count), then runs that
+benchmark binary in the same invocation and reports pagedc's speed as a ratio
+(PyTorch median time / pagedc median time; > 1 means pagedc is faster).
+
+  prefill-causal  B=1  H=8        S=2048       D=64   causal, 128x128 block mask
+  prefill-alibi   B=1  H=8        S=2048       D=64   ALiBi score mod, no mask
+  decode          B=16 Hq=32 Hkv=8 1 x 4096    D=128  no mask (GQA 4)
+  decode-causal   B=16 Hq=32 Hkv=8 1 x 4096    D=128  causal, query at the end
+
+PyTorch reads K and V from contiguous [B, Hkv, S, D] tensors; pagedc reads
+them through a page table with 16-token pages, so the anchor is the easier
+layout. The outputs of both sides are not compared here (the pagedc binary
+checks itself against a naive loop); this script checks PyTorch's compiled
+result against its own eager result once per case so a miscompiled anchor
+cannot pass for a fast one.
+
+Usage: torch_flex_cpu.py --pagedc-bench build/bin/pagedc-bench-cpu-attention
+                         [--threads 2] [--reps 7] [--json FILE]
+"""
+import argparse
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import warnings
+
+CASES = [
+    # name, batch, q heads, kv heads, q len, kv len, head dim, causal, alibi
+    ("prefill-causal", 1, 8, 8, 2048, 2048, 64, True, False),
+    ("prefill-alibi", 1, 8, 8, 2048, 2048, 64, False, True),
+    ("decode", 16, 32, 8, 1, 4096, 128, False, False),
+    ("decode-causal", 16, 32, 8, 1, 4096, 128, True, False),
+]
+
+
+def torch_case(torch, flex, case, reps):
+    from torch.nn.attention.flex_attention import create_block_mask
+
+    name, batch, hq, hkv, sq, skv, dim, causal, alibi = case
+    generator = torch.Generator().manual_seed(7)
+    q = torch.randn(batch, hq, sq, dim, generator=generator)
+    k = torch.randn(batch, hkv, skv, dim, generator=generator)
+    v = torch.randn(batch, hkv, skv, dim, generator=generator)
+    offset = skv - sq  # the queries are the last sq positions
+
+    block_mask = None
+    if causal:
+        def causal_mask(b, h, q_idx, kv_idx):
+            return q_idx + offset >= kv_idx
+        block_mask = create_block_mask(causal_mask, None, None, sq, skv,
+                                       device="cpu", BLOCK_SIZE=128)
+    score_mod = None
+    if alibi:
+        slopes = torch.exp2(-8.0 * torch.arange(1, hq + 1, dtype=torch.float32) / hq)
+
+        def alibi_score(score, b, h, q_idx, kv_idx):
+            return score + slopes[h] * (kv_idx - q_idx - offset)
+        score_mod = alibi_score
+
+    def call(fn):
+        return fn(q, k, v, score_mod=score_mod, block_mask=block_mask,
+                  enable_gqa=hq != hkv)
+
+    start = time.perf_counter()
+    out = call(flex)  # compiles
+    compile_s = time.perf_counter() - start
+    eager = call(torch.nn.attention.flex_attention.flex_attention)
+    max_diff = (out - eager).abs().max().item()
+    if not max_diff <= 1e-3:
+        raise SystemExit(f"{name}: compiled flex_attention differs from eager by {max_diff}")
+    for _ in range(2):
+        call(flex)
+    times = []
+    for _ in range(reps):
+        start = time.perf_counter()
+        call(flex)
+        times.append(time.perf_counter() - start)
+    return {"name": name, "median_ms": statistics.median(times) * 1e3,
+            "min_ms": min(times) * 1e3, "compile_s": compile_s,
+            "max_abs_diff_compiled_vs_eager": max_diff}
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--pagedc-bench", required=True,
+                        help="path of pagedc-bench-cpu-attention")
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--reps", type=int, default=7)
+    parser.add_argument("--json", help="write the combined results here")
+    args = parser.parse_args()
+    if not os.access(args.pagedc_bench, os.X_OK):
+        raise SystemExit(f"{args.pagedc_bench}: not an executable (build pagedc first)")
+    try:
+        import torch
+        from torch.nn.attention.flex_attention import flex_attention
+    except ImportError as error:
+        raise SystemExit(f"PyTorch with flex_attention is needed: {error}")
+
+    # The eager run is the check of the compiled one, not a mistake.
+    warnings.filterwarnings("ignore", message=".*without torch.compile")
+    torch.set_num_threads(args.threads)
+    flex = torch.compile(flex_attention, dynamic=False)
+    anchors = {}
+    for case in CASES:
+        print(f"torch {case[0]} ...", file=sys.stderr, flush=True)
+        anchors[case[0]] = torch_case(torch, flex, case, args.reps)
+
+    with tempfile.TemporaryDirectory() as scratch:
+        ours_path = os.path.join(scratch, "pagedc.json")
+        subprocess.run([args.pagedc_bench, "--threads", str(args.threads),
+                        "--reps", str(args.reps), "--naive-reps", "1",
+                        "--json", ours_path], check=True, stdout=sys.stderr)
+        with open(ours_path) as file:
+            ours = json.load(file)
+
+    rows = []
+    print(f"{'case':<16} {'pagedc ms':>10} {'torch ms':>10} {'torch/pagedc':>13}")
+    for case in ours["cases"]:
+        anchor = anchors[case["name"]]
+        ratio = anchor["median_ms"] / case["median_ms"]
+        print(f"{case['name']:<16} {case['median_ms']:>10.2f} "
+              f"{anchor['median_ms']:>10.2f} {ratio:>12.2f}x")
+        rows.append({"name": case["name"], "pagedc_median_ms": case["median_ms"],
+                     "torch_flex_compiled_median_ms": anchor["median_ms"],
+                     "torch_min_ms": anchor["min_ms"],
+                     "torch_compile_s": anchor["compile_s"],
+                     "torch_max_abs_diff_compiled_vs_eager":
+                         anchor["max_abs_diff_compiled_vs_eager"],
+                     "speedup_vs_torch": ratio})
+    result = {"benchmark": "cpu_attention_vs_torch_flex",
+              "torch": torch.__version__, "python": platform.python_version(),
+              "threads": args.threads, "reps": args.reps,
+              "anchor_layout": "contiguous K/V (pagedc: 16-token pages)",
+              "cases": rows}
+    if args.json:
+        with open(args.json, "w") as file:
+            json.dump(result, file, indent=2)
+            file.write("\n")
+
+
+if __name__ == "__main__":
+    main()
