@@ -442,4 +442,27 @@ TEST_F(CudaJit, NewProcessHitsWithoutLlvm) {
   EXPECT_EQ(cudaVariantKey(request), stats["variant"]);
 }
 
+TEST_F(CudaJit, VariantOfAnotherPluginFileIsRegenerated) {
+  REQUIRE_NVRTC();
+  TempDir dir;
+  std::string attn = dir.path() + "/test.attn";
+  writeFile(attn, kProgram);
+  // Another build of the code generator: same build id, another file.
+  std::string other = dir.path() + "/other/libpagedc-codegen.so";
+  fs::create_directories(dir.path() + "/other");
+  fs::copy_file(PAGEDC_TEST_PLUGIN, other);
+  std::string args = fmt::format("'{}' --mask=causal --kernel=prefill", attn);
+  std::map<std::string, std::string> stats;
+  std::string errors;
+  ASSERT_EQ(runTool(args, stats, errors, dir.path()), 0) << errors;
+  EXPECT_EQ(stats["outcome"], "generated");
+  ASSERT_EQ(runTool(args, stats, errors, dir.path(), other), 0) << errors;
+  EXPECT_EQ(stats["outcome"], "generated"); // recorded by the other file
+  EXPECT_EQ(stats["plugin_loaded"], "1");
+  EXPECT_EQ(stats["compiles"], "0"); // same mod code, same kernel entry
+  ASSERT_EQ(runTool(args, stats, errors, dir.path(), other), 0) << errors;
+  EXPECT_EQ(stats["outcome"], "variant-hit");
+  EXPECT_EQ(stats["plugin_loaded"], "0");
+}
+
 } // namespace
