@@ -82,6 +82,10 @@ struct CudaJitResult {
   bool usedPlugin = false;
 };
 
+/// result.mods can go to flexAttention() on CUDA tensors (cuda.modCode is
+/// set). That backend compiles through KernelCache::global(); loading with
+/// that cache leaves kernels of the same config and options in its memory.
+///
 /// Serves `request` from the variant index of `cache`'s directory, else
 /// generates and compiles it (see the top of this file). Throws pagedc::Error
 /// for errors in the program (the plugin's file:line:col diagnostics), a
