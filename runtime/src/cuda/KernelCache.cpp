@@ -261,16 +261,21 @@ std::shared_ptr<const CompiledKernel>
 KernelCache::getOrCompile(const KernelSource &source, const CompileOptions &options) {
   std::string key = diskKey(source.code, options);
   std::promise<std::shared_ptr<const CompiledKernel>> promise;
+  Future pending;
   {
     std::lock_guard<std::mutex> lock(mutex_);
     auto found = byKey_.find(key);
     if (found != byKey_.end()) {
-      Future future = found->second;
+      pending = found->second;
       ++memoryHits_;
-      return future.get();
+    } else {
+      byKey_.emplace(key, promise.get_future().share());
     }
-    byKey_.emplace(key, promise.get_future().share());
   }
+  // Wait for another thread's compile outside the lock: that thread needs
+  // the lock to finish.
+  if (pending.valid())
+    return pending.get();
   try {
     auto kernel = loadOrBuild(source, options, key);
     promise.set_value(kernel);
@@ -289,20 +294,25 @@ KernelCache::getOrCompile(const KernelConfig &config, std::string_view modCode,
   std::string optionsKey = options.key();
   uint64_t hash = fastHash(config, modCode, optionsKey);
   std::promise<std::shared_ptr<const CompiledKernel>> promise;
+  Future pending;
   {
     std::lock_guard<std::mutex> lock(mutex_);
     auto &bucket = fast_[hash];
     for (const FastEntry &entry : bucket) {
       if (entry.config == config && entry.modCode == modCode &&
           entry.optionsKey == optionsKey) {
-        Future future = entry.result;
+        pending = entry.result;
         ++memoryHits_;
-        return future.get();
+        break;
       }
     }
-    bucket.push_back({config, std::string(modCode), optionsKey,
-                      promise.get_future().share()});
+    if (!pending.valid())
+      bucket.push_back({config, std::string(modCode), optionsKey,
+                        promise.get_future().share()});
   }
+  // As above: never wait for a compile while holding the lock.
+  if (pending.valid())
+    return pending.get();
   try {
     KernelSource source = assembleKernel(config, modCode);
     auto kernel = getOrCompile(source, options);
@@ -325,15 +335,17 @@ KernelCache::getOrCompile(const KernelConfig &config, std::string_view modCode,
 std::shared_ptr<const CompiledKernel>
 KernelCache::lookupEntry(const std::string &key, const KernelConfig &config,
                          std::string_view modCode, const CompileOptions &options) {
+  Future pending;
   {
     std::lock_guard<std::mutex> lock(mutex_);
     auto found = byKey_.find(key);
     if (found != byKey_.end()) {
-      Future future = found->second;
+      pending = found->second;
       ++memoryHits_;
-      return future.get();
     }
   }
+  if (pending.valid()) // waited for outside the lock, as in getOrCompile
+    return pending.get();
   auto kernel = readEntry(key);
   if (!kernel)
     return nullptr;

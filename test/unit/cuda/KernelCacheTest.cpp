@@ -11,10 +11,13 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <chrono>
+#include <cstdio>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <future>
 #include <thread>
 
 using namespace pagedc;
@@ -189,21 +192,39 @@ TEST(KernelCache, CorruptEntriesAreDetectedAndRebuilt) {
   }
 }
 
+// Threads that ask for a kernel another thread is compiling wait for it
+// without holding the cache's lock (the compiling thread needs the lock to
+// finish; a waiter that held it deadlocked the cache). Each round starts
+// eight threads on an empty cache, so several of them arrive while the first
+// compiles; a deadlock is reported after a minute instead of hanging.
 TEST(KernelCache, ConcurrentThreadsCompileOnce) {
   REQUIRE_NVRTC();
-  TempDir dir;
-  KernelCache cache(dir.path());
-  std::vector<std::shared_ptr<const CompiledKernel>> results(4);
-  std::vector<std::thread> threads;
-  for (int i = 0; i < 4; ++i)
-    threads.emplace_back([&, i] {
-      results[i] = cache.getOrCompile(cheapConfig(), cheapMods(), CompileOptions{});
-    });
-  for (auto &thread : threads)
-    thread.join();
-  EXPECT_EQ(cache.stats().compiles, 1u);
-  for (int i = 1; i < 4; ++i)
-    EXPECT_EQ(results[i].get(), results[0].get());
+  constexpr int kRounds = 10, kThreads = 8;
+  for (int round = 0; round < kRounds; ++round) {
+    auto cache = std::make_shared<KernelCache>("");
+    auto results = std::make_shared<std::vector<std::shared_ptr<const CompiledKernel>>>(kThreads);
+    auto finished = std::make_shared<std::promise<void>>();
+    auto remaining = std::make_shared<std::atomic<int>>(kThreads);
+    std::future<void> allDone = finished->get_future();
+    for (int i = 0; i < kThreads; ++i)
+      // Detached, holding shared state: a deadlocked thread must not keep
+      // the test from reporting.
+      std::thread([=] {
+        (*results)[i] = cache->getOrCompile(cheapConfig(), cheapMods(), CompileOptions{});
+        if (--*remaining == 0)
+          finished->set_value();
+      }).detach();
+    if (allDone.wait_for(std::chrono::seconds(60)) != std::future_status::ready) {
+      ADD_FAILURE() << "round " << round << ": " << remaining->load()
+                    << " threads still waiting after 60 s (deadlock)";
+      std::fflush(nullptr);
+      std::_Exit(1); // the stuck threads cannot be joined
+    }
+    EXPECT_EQ(cache->stats().compiles, 1u) << "round " << round;
+    EXPECT_EQ(cache->stats().memoryHits, kThreads - 1u) << "round " << round;
+    for (int i = 1; i < kThreads; ++i)
+      EXPECT_EQ((*results)[i].get(), (*results)[0].get()) << "round " << round;
+  }
 }
 
 TEST(KernelCache, FailedCompileIsReportedAndRetried) {
