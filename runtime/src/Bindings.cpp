@@ -14,7 +14,7 @@
 
 namespace pagedc {
 
-static const char *scalarKindName(ScalarKind kind) {
+const char *scalarKindName(ScalarKind kind) {
   switch (kind) {
   case ScalarKind::I32:
     return "i32";

@@ -26,6 +26,9 @@ namespace pagedc {
 /// Types of runtime params.
 enum class ScalarKind : uint8_t { I32, F32, Bool };
 
+/// "i32", "f32" or "bool", as the language spells them.
+const char *scalarKindName(ScalarKind kind);
+
 /// A param value as given at launch.
 struct ParamValue {
   ScalarKind kind = ScalarKind::F32;

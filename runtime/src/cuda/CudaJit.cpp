@@ -5,6 +5,8 @@
 #include "pagedc/CodegenPlugin.h"
 #include "pagedc/Error.h"
 
+#include "SealedFile.h"
+
 #include <fmt/format.h>
 
 #include <dlfcn.h>
@@ -38,7 +40,7 @@ namespace {
 
 constexpr std::string_view kVariantMagic = "PAGEDC-VARIANT 1\n";
 
-std::string hex64(uint64_t value) { return fmt::format("{:016x}", value); }
+using sealed::hex64;
 
 /// Appends a length-prefixed field, so that no two different field lists
 /// hash the same material.
@@ -52,18 +54,6 @@ void addField(std::string &material, std::string_view name,
 //===----------------------------------------------------------------------===//
 // Declarations as text
 //===----------------------------------------------------------------------===//
-
-const char *scalarKindName(ScalarKind kind) {
-  switch (kind) {
-  case ScalarKind::I32:
-    return "i32";
-  case ScalarKind::F32:
-    return "f32";
-  case ScalarKind::Bool:
-    return "bool";
-  }
-  return "f32";
-}
 
 bool parseScalarKind(const std::string &text, ScalarKind &kind) {
   for (ScalarKind candidate : {ScalarKind::I32, ScalarKind::F32, ScalarKind::Bool})
@@ -227,57 +217,33 @@ struct Variant {
   std::string modCode;
 };
 
+/// Variant layout (SealedFile.h): names and kernel keys in the header, the
+/// declarations followed by the mod code as the payload.
 std::string serializeVariant(const Variant &variant) {
   std::string kernels;
   for (const std::string &key : variant.kernelKeys)
     kernels += (kernels.empty() ? "" : ",") + key;
-  std::string payload = variant.declarations + variant.modCode;
   std::string header = fmt::format(
       "key={}\nbuild={}\nplugin={}\nmask={}\nscore={}\nkernels={}\n"
-      "declarations_size={}\nmod_code_size={}\nchecksum={}\n",
+      "declarations_size={}\n",
       variant.key, codegenBuildId(), variant.plugin, variant.mask, variant.score,
-      kernels, variant.declarations.size(), variant.modCode.size(),
-      hex64(fnv1a64(payload)));
-  header += fmt::format("header_checksum={}\n\n", hex64(fnv1a64(header)));
-  return std::string(kVariantMagic) + header + payload;
+      kernels, variant.declarations.size());
+  return sealed::seal(kVariantMagic, std::move(header),
+                      variant.declarations + variant.modCode);
 }
 
 /// Parses a variant file; false for anything malformed or inconsistent.
 bool parseVariant(const std::string &bytes, const std::string &key,
                   Variant &variant) {
-  if (bytes.compare(0, kVariantMagic.size(), kVariantMagic) != 0)
-    return false;
-  size_t headerBegin = kVariantMagic.size();
-  size_t headerEnd = bytes.find("\n\n", headerBegin);
-  if (headerEnd == std::string::npos)
-    return false;
-  std::string header = bytes.substr(headerBegin, headerEnd + 1 - headerBegin);
-  size_t checksumAt = header.rfind("header_checksum=");
-  if (checksumAt == std::string::npos ||
-      header.substr(checksumAt + 16, 16) !=
-          hex64(fnv1a64(std::string_view(header).substr(0, checksumAt))))
-    return false;
   std::map<std::string, std::string> fields;
-  std::istringstream lines(header);
-  for (std::string line; std::getline(lines, line);) {
-    size_t equals = line.find('=');
-    if (equals != std::string::npos)
-      fields[line.substr(0, equals)] = line.substr(equals + 1);
-  }
-  if (fields["key"] != key || fields["build"] != codegenBuildId())
+  std::string_view payload;
+  if (!sealed::open(bytes, kVariantMagic, fields, payload) ||
+      fields["key"] != key || fields["build"] != codegenBuildId())
     return false;
-  int64_t declarationsSize = 0, modCodeSize = 0;
+  int64_t declarationsSize = 0;
   if (!parseInteger(fields["declarations_size"], declarationsSize) ||
-      !parseInteger(fields["mod_code_size"], modCodeSize) ||
-      declarationsSize < 0 || modCodeSize <= 0)
-    return false;
-  size_t payloadBegin = headerEnd + 2;
-  if (bytes.size() - payloadBegin !=
-      static_cast<size_t>(declarationsSize + modCodeSize))
-    return false; // truncated or padded
-  std::string_view payload = std::string_view(bytes).substr(payloadBegin);
-  if (hex64(fnv1a64(payload)) != fields["checksum"])
-    return false;
+      declarationsSize < 0 || static_cast<size_t>(declarationsSize) >= payload.size())
+    return false; // the mod code is never empty
   variant.key = key;
   variant.plugin = fields["plugin"];
   variant.mask = fields["mask"];

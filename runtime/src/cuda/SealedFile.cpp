@@ -1,0 +1,58 @@
+//===- SealedFile.cpp - Checksummed files of the on-disk kernel cache -----===//
+
+#include "SealedFile.h"
+
+#include "pagedc/KernelCache.h"
+
+#include <fmt/format.h>
+
+#include <cstdlib>
+#include <sstream>
+
+namespace pagedc::sealed {
+
+std::string hex64(unsigned long long value) { return fmt::format("{:016x}", value); }
+
+std::string seal(std::string_view magic, std::string header, std::string_view payload) {
+  header += fmt::format("size={}\nchecksum={}\n", payload.size(), hex64(fnv1a64(payload)));
+  header += fmt::format("header_checksum={}\n\n", hex64(fnv1a64(header)));
+  std::string file;
+  file.reserve(magic.size() + header.size() + payload.size());
+  file.append(magic).append(header).append(payload);
+  return file;
+}
+
+bool open(std::string_view bytes, std::string_view magic,
+          std::map<std::string, std::string> &fields, std::string_view &payload) {
+  if (bytes.substr(0, magic.size()) != magic)
+    return false;
+  size_t headerBegin = magic.size();
+  size_t headerEnd = bytes.find("\n\n", headerBegin);
+  if (headerEnd == std::string_view::npos)
+    return false;
+  std::string_view header = bytes.substr(headerBegin, headerEnd + 1 - headerBegin);
+  constexpr std::string_view kHeaderChecksum = "header_checksum=";
+  size_t checksumAt = header.rfind(kHeaderChecksum);
+  if (checksumAt == std::string_view::npos ||
+      header.substr(checksumAt + kHeaderChecksum.size(), 16) !=
+          hex64(fnv1a64(header.substr(0, checksumAt))))
+    return false;
+  fields.clear();
+  std::istringstream lines{std::string(header)};
+  for (std::string line; std::getline(lines, line);) {
+    size_t equals = line.find('=');
+    if (equals != std::string::npos)
+      fields[line.substr(0, equals)] = line.substr(equals + 1);
+  }
+  const std::string &size = fields["size"];
+  char *end = nullptr;
+  unsigned long long expected = std::strtoull(size.c_str(), &end, 10);
+  if (size.empty() || *end != '\0')
+    return false;
+  payload = bytes.substr(headerEnd + 2);
+  if (payload.size() != expected)
+    return false; // truncated or padded
+  return hex64(fnv1a64(payload)) == fields["checksum"];
+}
+
+} // namespace pagedc::sealed

@@ -1,0 +1,43 @@
+//===- SealedFile.h - Checksummed files of the on-disk kernel cache -*- C++ -*-===//
+//
+// The kernel cache's entries and the variant index share one file layout:
+//
+//   MAGIC LINE
+//   name=value            header lines of the caller
+//   ...
+//   size=N                the payload's size in bytes
+//   checksum=HEX          FNV-1a 64 of the payload
+//   header_checksum=HEX   FNV-1a 64 of every header line above
+//   (empty line)
+//   payload bytes
+//
+// A file that is truncated, padded, or has a flipped byte anywhere fails to
+// open; the callers treat that as a miss and rewrite the file.
+//
+//===----------------------------------------------------------------------===//
+#ifndef PAGEDC_CUDA_SEALEDFILE_H
+#define PAGEDC_CUDA_SEALEDFILE_H
+
+#include <map>
+#include <string>
+#include <string_view>
+
+namespace pagedc::sealed {
+
+/// The file for `payload` under `magic` (which ends with a newline) and the
+/// caller's `header` lines ("name=value\n" each; the names size, checksum and
+/// header_checksum are added here).
+std::string seal(std::string_view magic, std::string header, std::string_view payload);
+
+/// Checks a file written by seal(): the magic, both checksums and the
+/// payload size. On success fills `fields` with every header line and
+/// `payload` with a view into `bytes`; false for anything malformed.
+bool open(std::string_view bytes, std::string_view magic,
+          std::map<std::string, std::string> &fields, std::string_view &payload);
+
+/// Lowercase 16-digit hexadecimal.
+std::string hex64(unsigned long long value);
+
+} // namespace pagedc::sealed
+
+#endif // PAGEDC_CUDA_SEALEDFILE_H
