@@ -22,6 +22,7 @@
 #include <cmath>
 #include <cstring>
 #include <limits>
+#include <utility>
 
 #if defined(__x86_64__) && defined(__GNUC__)
 #include <immintrin.h>
@@ -43,6 +44,10 @@ struct TileOps {
                bool accumulate);
   void (*scoresByDot)(int64_t n, int64_t rows, int64_t width, int64_t depth,
                       const float *const *kRows, const float *qRows, float *scores);
+  void (*scoresDecode)(int64_t n, int64_t rows, int64_t width, int64_t depth,
+                       const float *const *kRows, const float *qRows, float *scores,
+                       const char *const *prefetch, int64_t nPrefetch,
+                       int64_t prefetchBytes);
   void (*softmaxTile)(float *tile, int64_t n, int64_t width, float *m, float *l,
                       float *alpha);
   void (*scaleRow)(float *row, int64_t n, float factor);
@@ -208,6 +213,7 @@ struct Workspace {
   std::vector<float> rowMax, rowSum, alpha; // [paddedRows]
   std::vector<float> kConverted, vConverted; // [kKvTile][dim | vDim]
   std::vector<const float *> kRows, vRows, qTRows, scoreRows;
+  std::vector<const char *> prefetch; // next tile's K and V rows
   std::vector<float> modScores;  // [kKvTile]
   std::vector<uint8_t> modMask;  // [kKvTile]
   std::vector<int32_t> rowHead, rowQuery, rowPosition; // [tileRows]
@@ -237,6 +243,11 @@ public:
     hasScore_ = mods && mods->hasScore() && mods->scoreRow;
     blockClass_ = hasMask_ ? mods->maskBlockClass : nullptr;
     context_ = args.context ? args.context : &emptyContext_;
+    // Bytes to prefetch per K or V row (the wider of the two).
+    auto bytes = [](const TensorView &cache, int64_t width) {
+      return width * static_cast<int64_t>(dtypeSize(cache.dtype())) * cache.stride(3);
+    };
+    rowBytes_ = std::max(bytes(args.kCache, plan.dim), bytes(args.vCache, plan.vDim));
     if (plan.splits > 1) {
       int64_t rows = plan.items * plan.tileRows;
       partialMax_.assign(rows, kNegInf);
@@ -268,6 +279,7 @@ private:
   PagedcBlockClassFn blockClass_ = nullptr;
   PagedcModContext emptyContext_{nullptr, nullptr};
   const PagedcModContext *context_;
+  int64_t rowBytes_ = 0;
   // Split partials: [item][tileRows] and [item][tileRows][vDim].
   std::vector<float> partialMax_, partialSum_, partialAcc_;
 };
@@ -293,7 +305,8 @@ void Kernel::prepareRows(Workspace &ws, int64_t b, int64_t kvHead, int64_t rowTi
   ensureSize(ws.qTRows, plan.dim);
   for (int64_t d = 0; d < plan.dim; ++d)
     ws.qTRows[d] = ws.qT.data() + d * padded;
-  ensureSize(ws.qRows, rows * plan.dim);
+  // Rounded up to whole blocks of 4 rows for scoresDecode, padding zero.
+  ws.qRows.assign((rows + 3) / 4 * 4 * plan.dim, 0.0f);
   for (int64_t r = 0; r < rows; ++r) {
     int64_t base = b * q.stride(0) + ws.rowHead[r] * q.stride(1) + ws.rowQuery[r] * q.stride(2);
     for (int64_t d = 0; d < plan.dim; ++d) {
@@ -466,6 +479,24 @@ void Kernel::prefetchRows(int64_t b, int64_t kvHead, int64_t kv0, int64_t n) con
     prefetch(args_.kCache, position, plan_.dim);
 }
 
+/// Appends the addresses of the rows [from, to) of one KV head of `cache`
+/// to `list`, one page table lookup per page.
+void appendRowAddresses(const TensorView &cache, const int32_t *pages, int64_t pageSize,
+                        int64_t kvHead, int64_t from, int64_t to,
+                        std::vector<const char *> &list) {
+  int64_t elementSize = static_cast<int64_t>(dtypeSize(cache.dtype()));
+  const char *base = static_cast<const char *>(cache.data()) +
+                     kvHead * cache.stride(0) * elementSize;
+  for (int64_t position = from; position < to;) {
+    int64_t page = pages[position / pageSize];
+    int64_t slot = position % pageSize;
+    int64_t end = std::min(to, position + pageSize - slot);
+    const char *pageBase = base + page * cache.stride(1) * elementSize;
+    for (; position < end; ++position, ++slot)
+      list.push_back(pageBase + slot * cache.stride(2) * elementSize);
+  }
+}
+
 /// Runs the score mod and mask mod over the visible runs of every row and
 /// sets skipped or masked scores to -inf. Scores are [kv][paddedRows].
 void Kernel::applyMods(Workspace &ws, int64_t b, int64_t rows, int64_t kv0) {
@@ -551,12 +582,27 @@ void Kernel::runItem(int64_t item) {
       continue;
     const float *const *kRows =
         gatherRows(ws, args_.kCache, ws.kConverted, ws.kRows, b, kvHead, kv0, n, plan.dim);
-    prefetchRows(b, kvHead, kv0, n);
-    if (rows <= kMaxDotRows)
-      ops_.scoresByDot(n, rows, padded, plan.dim, kRows, ws.qRows.data(), ws.scores.data());
-    else
+    if (rows <= kMaxDotRows) {
+      // Decode: the next tile's K and V rows are requested while this tile
+      // is scored (this tile's V was requested during the previous one).
+      ws.prefetch.clear();
+      const int32_t *pages = args_.pageTable + b * args_.pageTableStride;
+      int64_t nextEnd = std::min(kvEnd, kv0 + n + kKvTile);
+      if (kv0 == kvBegin)
+        appendRowAddresses(args_.vCache, pages, args_.pageSize, kvHead, kv0, kv0 + n,
+                           ws.prefetch);
+      appendRowAddresses(args_.kCache, pages, args_.pageSize, kvHead, kv0 + n, nextEnd,
+                         ws.prefetch);
+      appendRowAddresses(args_.vCache, pages, args_.pageSize, kvHead, kv0 + n, nextEnd,
+                         ws.prefetch);
+      ops_.scoresDecode(n, rows, padded, plan.dim, kRows, ws.qRows.data(), ws.scores.data(),
+                        ws.prefetch.data(), static_cast<int64_t>(ws.prefetch.size()),
+                        rowBytes_);
+    } else {
+      prefetchRows(b, kvHead, kv0, n);
       ops_.gemm(n, padded, plan.dim, kRows, 1, ws.qTRows.data(), ws.scores.data(), padded,
                 /*accumulate=*/false);
+    }
     applyMods(ws, b, rows, kv0);
     ops_.softmaxTile(ws.scores.data(), n, padded, ws.rowMax.data(), ws.rowSum.data(),
                      ws.alpha.data());

@@ -387,6 +387,47 @@ TEST(CpuAttention, EveryKernelVariantMatches) {
   }
 }
 
+TEST(CpuAttention, DecodeRowBlocksOddDimensionsAndLengthsOnEveryVariant) {
+  // The decode scorer takes query rows in blocks of 4 and K rows in groups of
+  // kLanes / 4: 1, 3, 4, 6 and 8 rows, head dims that are not a multiple of
+  // any vector width, odd context lengths (partial tiles and pages), no mods
+  // and bf16 storage.
+  struct Shape {
+    int64_t qLength, group, dim, vDim;
+    int32_t pageSize;
+  };
+  const Shape shapes[] = {{1, 4, 128, 128, 16}, {1, 1, 3, 5, 1},  {1, 3, 24, 40, 7},
+                          {2, 3, 72, 16, 256},  {2, 4, 128, 64, 16}, {1, 6, 20, 20, 3},
+                          {1, 8, 128, 128, 64}};
+  for (cpu::KernelVariant variant : cpu::supportedKernelVariants()) {
+    for (const Shape &shape : shapes) {
+      SCOPED_TRACE(::testing::Message()
+                   << cpu::kernelVariantName(variant) << " Lq " << shape.qLength << " group "
+                   << shape.group << " D " << shape.dim << "/" << shape.vDim << " page "
+                   << shape.pageSize);
+      AttentionConfig config;
+      config.variant = variant;
+      config.batch = 2;
+      config.kvHeads = 2;
+      config.qHeads = 2 * shape.group;
+      config.qLength = shape.qLength;
+      config.dim = shape.dim;
+      config.vDim = shape.vDim;
+      config.pageSize = shape.pageSize;
+      config.kvLengths = {1, 333};
+      config.qOffsetAtEnd = true;
+      config.seed = static_cast<uint64_t>(400 + shape.dim + shape.group);
+      expectMatch("", "", config);
+      config.seed += 1;
+      expectMatch("causal", "", config);
+      config.seed += 1;
+      config.kvLengths = {131, 67};
+      config.storage = DType::BF16;
+      expectMatch("sliding", "alibi", config);
+    }
+  }
+}
+
 TEST(CpuAttention, NoModsOnOneAndTwoThreads) {
   AttentionConfig config;
   config.qLength = 20;
