@@ -14,6 +14,13 @@
 // Items of one (batch, KV head, row tile) that split the KV range are merged
 // by their logsumexp afterwards.
 //
+// Row tiles of at most kMaxDotRows rows (decode) take a bandwidth-minded
+// path instead of the two GEMMs: scores are dot products along the head
+// dimension (scoresDecode), each K vector loaded once for 4 rows; the next
+// tile's K and V rows are prefetched a few at a time while this tile is
+// scored (pages are scattered, so the hardware prefetcher cannot guess them);
+// and P . V streams each V row once for two rows at a time (pvDecode).
+//
 //===----------------------------------------------------------------------===//
 #include "cpu/CpuAttention.h"
 #include "cpu/ThreadPool.h"
@@ -42,12 +49,12 @@ struct TileOps {
   void (*gemm)(int64_t rows, int64_t cols, int64_t depth, const float *const *aRows,
                int64_t aStep, const float *const *bRows, float *c, int64_t ldc,
                bool accumulate);
-  void (*scoresByDot)(int64_t n, int64_t rows, int64_t width, int64_t depth,
-                      const float *const *kRows, const float *qRows, float *scores);
   void (*scoresDecode)(int64_t n, int64_t rows, int64_t width, int64_t depth,
                        const float *const *kRows, const float *qRows, float *scores,
                        const char *const *prefetch, int64_t nPrefetch,
                        int64_t prefetchBytes);
+  void (*pvDecode)(int64_t n, int64_t rows, int64_t width, const float *p,
+                   const float *const *vRows, int64_t vDim, float *acc);
   void (*softmaxTile)(float *tile, int64_t n, int64_t width, float *m, float *l,
                       float *alpha);
   void (*scaleRow)(float *row, int64_t n, float factor);
@@ -132,8 +139,8 @@ const TileOps &selectTileOps(KernelVariant requested) {
 constexpr int64_t kKvTile = 64;
 /// Query rows (across the heads of one KV group) per row tile.
 constexpr int64_t kMaxTileRows = 64;
-/// Up to this many rows per tile, scores are dot products along the head
-/// dimension instead of a GEMM over Q^T columns.
+/// Up to this many rows per tile, the decode path (scoresDecode, pvDecode)
+/// replaces the GEMMs.
 constexpr int64_t kMaxDotRows = 8;
 /// A KV split is never shorter than this many positions.
 constexpr int64_t kMinSplitLength = 256;
@@ -611,8 +618,11 @@ void Kernel::runItem(int64_t item) {
         ops_.scaleRow(ws.acc.data() + r * plan.vDim, plan.vDim, ws.alpha[r]);
     const float *const *vRows =
         gatherRows(ws, args_.vCache, ws.vConverted, ws.vRows, b, kvHead, kv0, n, plan.vDim);
-    ops_.gemm(rows, plan.vDim, n, ws.scoreRows.data(), padded, vRows, ws.acc.data(),
-              plan.vDim, /*accumulate=*/true);
+    if (rows <= kMaxDotRows)
+      ops_.pvDecode(n, rows, padded, ws.scores.data(), vRows, plan.vDim, ws.acc.data());
+    else
+      ops_.gemm(rows, plan.vDim, n, ws.scoreRows.data(), padded, vRows, ws.acc.data(),
+                plan.vDim, /*accumulate=*/true);
   }
 
   if (plan.splits == 1) {
