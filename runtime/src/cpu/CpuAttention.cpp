@@ -17,9 +17,10 @@
 // Row tiles of at most kMaxDotRows rows (decode) take a bandwidth-minded
 // path instead of the two GEMMs: scores are dot products along the head
 // dimension (scoresDecode), each K vector loaded once for 4 rows; the next
-// tile's K and V rows are prefetched a few at a time while this tile is
-// scored (pages are scattered, so the hardware prefetcher cannot guess them);
-// and P . V streams each V row once for two rows at a time (pvDecode).
+// tile's K and V rows are prefetched a few at a time, K while this tile is
+// scored and V during its P . V (pages are scattered, so the hardware
+// prefetcher cannot guess them); and P . V streams each V row once for two
+// rows at a time (pvDecode).
 //
 //===----------------------------------------------------------------------===//
 #include "cpu/CpuAttention.h"
@@ -54,7 +55,8 @@ struct TileOps {
                        const char *const *prefetch, int64_t nPrefetch,
                        int64_t prefetchBytes);
   void (*pvDecode)(int64_t n, int64_t rows, int64_t width, const float *p,
-                   const float *const *vRows, int64_t vDim, float *acc);
+                   const float *const *vRows, int64_t vDim, float *acc,
+                   const char *const *prefetch, int64_t nPrefetch, int64_t prefetchBytes);
   void (*softmaxTile)(float *tile, int64_t n, int64_t width, float *m, float *l,
                       float *alpha);
   void (*scaleRow)(float *row, int64_t n, float factor);
@@ -220,7 +222,7 @@ struct Workspace {
   std::vector<float> rowMax, rowSum, alpha; // [paddedRows]
   std::vector<float> kConverted, vConverted; // [kKvTile][dim | vDim]
   std::vector<const float *> kRows, vRows, qTRows, scoreRows;
-  std::vector<const char *> prefetch; // next tile's K and V rows
+  std::vector<const char *> prefetch, prefetchV; // rows to request (decode)
   std::vector<float> modScores;  // [kKvTile]
   std::vector<uint8_t> modMask;  // [kKvTile]
   std::vector<int32_t> rowHead, rowQuery, rowPosition; // [tileRows]
@@ -590,8 +592,9 @@ void Kernel::runItem(int64_t item) {
     const float *const *kRows =
         gatherRows(ws, args_.kCache, ws.kConverted, ws.kRows, b, kvHead, kv0, n, plan.dim);
     if (rows <= kMaxDotRows) {
-      // Decode: the next tile's K and V rows are requested while this tile
-      // is scored (this tile's V was requested during the previous one).
+      // Decode: the next tile's K rows are requested while this tile is
+      // scored and its V rows while this tile's P . V runs, so memory stays
+      // busy in both phases (the first tile's V is requested with the scores).
       ws.prefetch.clear();
       const int32_t *pages = args_.pageTable + b * args_.pageTableStride;
       int64_t nextEnd = std::min(kvEnd, kv0 + n + kKvTile);
@@ -600,8 +603,9 @@ void Kernel::runItem(int64_t item) {
                            ws.prefetch);
       appendRowAddresses(args_.kCache, pages, args_.pageSize, kvHead, kv0 + n, nextEnd,
                          ws.prefetch);
+      ws.prefetchV.clear();
       appendRowAddresses(args_.vCache, pages, args_.pageSize, kvHead, kv0 + n, nextEnd,
-                         ws.prefetch);
+                         ws.prefetchV);
       ops_.scoresDecode(n, rows, padded, plan.dim, kRows, ws.qRows.data(), ws.scores.data(),
                         ws.prefetch.data(), static_cast<int64_t>(ws.prefetch.size()),
                         rowBytes_);
@@ -619,7 +623,9 @@ void Kernel::runItem(int64_t item) {
     const float *const *vRows =
         gatherRows(ws, args_.vCache, ws.vConverted, ws.vRows, b, kvHead, kv0, n, plan.vDim);
     if (rows <= kMaxDotRows)
-      ops_.pvDecode(n, rows, padded, ws.scores.data(), vRows, plan.vDim, ws.acc.data());
+      ops_.pvDecode(n, rows, padded, ws.scores.data(), vRows, plan.vDim, ws.acc.data(),
+                    ws.prefetchV.data(), static_cast<int64_t>(ws.prefetchV.size()),
+                    rowBytes_);
     else
       ops_.gemm(rows, plan.vDim, n, ws.scoreRows.data(), padded, vRows, ws.acc.data(),
                 plan.vDim, /*accumulate=*/true);
