@@ -7,6 +7,7 @@ function(pagedc_add_unittest name)
   cmake_parse_arguments(ARG "" "" "SOURCES;LIBS" ${ARGN})
   add_executable(${name} ${ARG_SOURCES})
   target_link_libraries(${name} PRIVATE ${ARG_LIBS} GTest::gtest GTest::gtest_main Threads::Threads)
+  target_include_directories(${name} PRIVATE ${PROJECT_SOURCE_DIR}/test/unit)
   # Full gtest output: when a test times out, ctest shows which case was
   # running.
   add_test(NAME unit.${name} COMMAND ${name})

@@ -9,6 +9,7 @@
 #include "pagedc/CudaLaunch.h"
 #include "pagedc/Error.h"
 #include "pagedc/KernelCache.h"
+#include "support/CudaTestSupport.h"
 
 #include <gtest/gtest.h>
 
@@ -17,13 +18,6 @@
 using namespace pagedc;
 
 namespace {
-
-#define REQUIRE_NVRTC()                                                        \
-  do {                                                                         \
-    std::string reason;                                                        \
-    if (!Nvrtc::available(&reason))                                            \
-      GTEST_SKIP() << "NVRTC unavailable: " << reason;                         \
-  } while (0)
 
 /// Device-looking addresses: never dereferenced on the host.
 template <typename T> T *fakeDevicePointer(uintptr_t address) {

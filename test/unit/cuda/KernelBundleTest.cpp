@@ -2,6 +2,7 @@
 
 #include "pagedc/Error.h"
 #include "pagedc/KernelBundle.h"
+#include "support/CudaTestSupport.h"
 
 #include <gtest/gtest.h>
 
@@ -13,21 +14,7 @@ namespace fs = std::filesystem;
 
 namespace {
 
-class TempDir {
-public:
-  TempDir() {
-    std::string pattern = (fs::temp_directory_path() / "pagedc-bundle-XXXXXX").string();
-    path_ = mkdtemp(pattern.data());
-  }
-  ~TempDir() {
-    std::error_code ignored;
-    fs::remove_all(path_, ignored);
-  }
-  const std::string &path() const { return path_; }
-
-private:
-  std::string path_;
-};
+using pagedc::test::TempDir;
 
 /// A compiled kernel with fake image bytes (the bundle code never looks
 /// inside the image), so these tests need no NVRTC.
@@ -52,7 +39,7 @@ CompiledKernel fakeKernel(KernelKind kind, std::string image) {
 } // namespace
 
 TEST(KernelBundle, WritesAndReadsBack) {
-  TempDir dir;
+  TempDir dir("pagedc-bundle");
   KernelBundle bundle;
   bundle.add(fakeKernel(KernelKind::Prefill, std::string("\x7f" "ELF\0prefill", 12)), "causal \"v2\"");
   bundle.add(fakeKernel(KernelKind::Decode, "\x7f" "ELFdecode bytes"), "causal \"v2\"");
@@ -83,7 +70,7 @@ TEST(KernelBundle, WritesAndReadsBack) {
 }
 
 TEST(KernelBundle, CorruptModuleIsRejected) {
-  TempDir dir;
+  TempDir dir("pagedc-bundle");
   KernelBundle bundle;
   bundle.add(fakeKernel(KernelKind::Prefill, "0123456789"), "none");
   bundle.write(dir.path());

@@ -2,6 +2,7 @@
 
 #include "pagedc/Error.h"
 #include "pagedc/KernelCache.h"
+#include "support/CudaTestSupport.h"
 
 #include <fmt/format.h>
 #include <gtest/gtest.h>
@@ -27,29 +28,7 @@ extern char **environ;
 
 namespace {
 
-#define REQUIRE_NVRTC()                                                        \
-  do {                                                                         \
-    std::string reason;                                                        \
-    if (!Nvrtc::available(&reason))                                            \
-      GTEST_SKIP() << "NVRTC unavailable: " << reason;                         \
-  } while (0)
-
-/// A fresh, empty cache directory removed at the end of the test.
-class TempDir {
-public:
-  TempDir() {
-    std::string pattern = (fs::temp_directory_path() / "pagedc-cache-XXXXXX").string();
-    path_ = mkdtemp(pattern.data());
-  }
-  ~TempDir() {
-    std::error_code ignored;
-    fs::remove_all(path_, ignored);
-  }
-  const std::string &path() const { return path_; }
-
-private:
-  std::string path_;
-};
+using pagedc::test::TempDir;
 
 /// The cheapest kernel to compile: the block-mask builder with a causal mod.
 KernelConfig cheapConfig() {
@@ -98,7 +77,7 @@ TEST(Fnv1a, KnownVectors) {
 
 TEST(KernelCache, MissThenMemoryHitThenDiskHitInANewCache) {
   REQUIRE_NVRTC();
-  TempDir dir;
+  TempDir dir("pagedc-cache");
   CompileOptions options;
   std::shared_ptr<const CompiledKernel> first;
   {
@@ -128,7 +107,7 @@ TEST(KernelCache, MissThenMemoryHitThenDiskHitInANewCache) {
 
 TEST(KernelCache, ArchOptionsAndSourceChangeTheKey) {
   REQUIRE_NVRTC();
-  TempDir dir;
+  TempDir dir("pagedc-cache");
   KernelCache cache(dir.path());
   CompileOptions sm90, sm80, verbose, ptx;
   sm80.arch = "sm_80";
@@ -156,7 +135,7 @@ TEST(KernelCache, ArchOptionsAndSourceChangeTheKey) {
 
 TEST(KernelCache, CorruptEntriesAreDetectedAndRebuilt) {
   REQUIRE_NVRTC();
-  TempDir dir;
+  TempDir dir("pagedc-cache");
   CompileOptions options;
   std::string key, original;
   {
@@ -261,7 +240,7 @@ TEST(DISABLED_CacheChild, CompileOnce) {
 
 TEST(KernelCache, ConcurrentProcessesShareOneEntry) {
   REQUIRE_NVRTC();
-  TempDir dir;
+  TempDir dir("pagedc-cache");
   std::string variable = "PAGEDC_TEST_CHILD_CACHE=" + dir.path();
   std::vector<char *> environment;
   for (char **e = environ; *e; ++e)

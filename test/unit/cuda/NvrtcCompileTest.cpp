@@ -11,6 +11,7 @@
 #include "pagedc/Error.h"
 #include "pagedc/KernelSource.h"
 #include "pagedc/Nvrtc.h"
+#include "support/CudaTestSupport.h"
 
 #include <fmt/format.h>
 #include <gtest/gtest.h>
@@ -24,13 +25,6 @@
 using namespace pagedc;
 
 namespace {
-
-#define REQUIRE_NVRTC()                                                        \
-  do {                                                                         \
-    std::string reason;                                                        \
-    if (!Nvrtc::available(&reason))                                            \
-      GTEST_SKIP() << "NVRTC unavailable: " << reason;                         \
-  } while (0)
 
 const char *const kTestMods[] = {"none", "causal", "alibi", "softcap",
                                  "document"};

@@ -2,6 +2,7 @@
 
 #include "pagedc/CudaJit.h"
 #include "pagedc/Error.h"
+#include "support/CudaTestSupport.h"
 
 #include <fmt/format.h>
 #include <gtest/gtest.h>
@@ -20,29 +21,7 @@ namespace fs = std::filesystem;
 
 namespace {
 
-#define REQUIRE_NVRTC()                                                        \
-  do {                                                                         \
-    std::string reason;                                                        \
-    if (!Nvrtc::available(&reason))                                            \
-      GTEST_SKIP() << "NVRTC unavailable: " << reason;                         \
-  } while (0)
-
-class TempDir {
-public:
-  TempDir() {
-    std::string pattern =
-        (fs::temp_directory_path() / "pagedc-cudajit-XXXXXX").string();
-    path_ = mkdtemp(pattern.data());
-  }
-  ~TempDir() {
-    std::error_code ignored;
-    fs::remove_all(path_, ignored);
-  }
-  const std::string &path() const { return path_; }
-
-private:
-  std::string path_;
-};
+using pagedc::test::TempDir;
 
 /// Sets an environment variable for one scope.
 class ScopedEnv {
@@ -171,7 +150,7 @@ TEST(CudaJitDeclarations, RoundTrip) {
 
 TEST_F(CudaJit, MissCompilesThenNewCacheHitsTheVariant) {
   REQUIRE_NVRTC();
-  TempDir dir;
+  TempDir dir("pagedc-cudajit");
   CudaJitRequest request = cheapRequest();
   KernelCache first(dir.path());
   CudaJitResult generated = loadCudaMods(request, first);
@@ -219,7 +198,7 @@ TEST_F(CudaJit, MissCompilesThenNewCacheHitsTheVariant) {
 
 TEST_F(CudaJit, HitNeedsNoPlugin) {
   REQUIRE_NVRTC();
-  TempDir dir;
+  TempDir dir("pagedc-cudajit");
   CudaJitRequest request = cheapRequest();
   KernelCache first(dir.path());
   loadCudaMods(request, first);
@@ -236,7 +215,7 @@ TEST_F(CudaJit, HitNeedsNoPlugin) {
 
 TEST_F(CudaJit, ChangedInputsMiss) {
   REQUIRE_NVRTC();
-  TempDir dir;
+  TempDir dir("pagedc-cudajit");
   CudaJitRequest base = cheapRequest();
   KernelCache cache(dir.path());
   CudaJitResult original = loadCudaMods(base, cache);
@@ -282,7 +261,7 @@ TEST_F(CudaJit, ChangedInputsMiss) {
 
 TEST_F(CudaJit, CorruptOrTruncatedVariantIsRebuilt) {
   REQUIRE_NVRTC();
-  TempDir dir;
+  TempDir dir("pagedc-cudajit");
   CudaJitRequest request = cheapRequest();
   KernelCache cache(dir.path());
   CudaJitResult original = loadCudaMods(request, cache);
@@ -308,7 +287,7 @@ TEST_F(CudaJit, CorruptOrTruncatedVariantIsRebuilt) {
 
 TEST_F(CudaJit, MissingOrCorruptKernelEntryIsRebuilt) {
   REQUIRE_NVRTC();
-  TempDir dir;
+  TempDir dir("pagedc-cudajit");
   CudaJitRequest request = cheapRequest();
   KernelCache cache(dir.path());
   CudaJitResult original = loadCudaMods(request, cache);
@@ -336,7 +315,7 @@ TEST_F(CudaJit, MissingOrCorruptKernelEntryIsRebuilt) {
 
 TEST_F(CudaJit, ProgramErrorsNameTheirPlace) {
   REQUIRE_NVRTC();
-  TempDir dir;
+  TempDir dir("pagedc-cudajit");
   CudaJitRequest request = cheapRequest();
   request.source = "mask causal(b, h, q, kv) = q >= nowhere\n";
   request.score = "";
@@ -385,7 +364,7 @@ TEST_F(CudaJit, PluginSearchOrder) {
 
 TEST_F(CudaJit, PluginNotFoundIsAClearError) {
   REQUIRE_NVRTC();
-  TempDir dir;
+  TempDir dir("pagedc-cudajit");
   std::string attn = dir.path() + "/test.attn";
   writeFile(attn, kProgram);
   std::map<std::string, std::string> stats;
@@ -404,7 +383,7 @@ TEST_F(CudaJit, PluginNotFoundIsAClearError) {
 
 TEST_F(CudaJit, NewProcessHitsWithoutLlvm) {
   REQUIRE_NVRTC();
-  TempDir dir;
+  TempDir dir("pagedc-cudajit");
   std::string attn = dir.path() + "/test.attn";
   writeFile(attn, kProgram);
   std::string args = fmt::format(
@@ -444,7 +423,7 @@ TEST_F(CudaJit, NewProcessHitsWithoutLlvm) {
 
 TEST_F(CudaJit, VariantOfAnotherPluginFileIsRegenerated) {
   REQUIRE_NVRTC();
-  TempDir dir;
+  TempDir dir("pagedc-cudajit");
   std::string attn = dir.path() + "/test.attn";
   writeFile(attn, kProgram);
   // Another build of the code generator: same build id, another file.

@@ -1,0 +1,56 @@
+//===- CudaTestSupport.h - Shared helpers of the CUDA-path unit tests -*- C++ -*-===//
+//
+// Header-only; test binaries include it as "support/CudaTestSupport.h"
+// (pagedc_add_unittest puts test/unit on their include path).
+//
+//===----------------------------------------------------------------------===//
+#ifndef PAGEDC_TEST_SUPPORT_CUDATESTSUPPORT_H
+#define PAGEDC_TEST_SUPPORT_CUDATESTSUPPORT_H
+
+#include "pagedc/Nvrtc.h"
+
+#include <gtest/gtest.h>
+
+#include <stdlib.h>
+
+#include <filesystem>
+#include <stdexcept>
+#include <string>
+#include <system_error>
+
+/// Skips the current test, with the reason, when NVRTC cannot be loaded.
+#define REQUIRE_NVRTC()                                                        \
+  do {                                                                         \
+    std::string reason;                                                        \
+    if (!::pagedc::Nvrtc::available(&reason))                                  \
+      GTEST_SKIP() << "NVRTC unavailable: " << reason;                         \
+  } while (0)
+
+namespace pagedc::test {
+
+/// A fresh, empty directory under the system's temporary directory, removed
+/// with everything in it at the end of the scope.
+class TempDir {
+public:
+  explicit TempDir(const std::string &prefix = "pagedc-test") {
+    std::string pattern =
+        (std::filesystem::temp_directory_path() / (prefix + "-XXXXXX")).string();
+    if (!mkdtemp(pattern.data()))
+      throw std::runtime_error("mkdtemp failed for " + pattern);
+    path_ = pattern;
+  }
+  ~TempDir() {
+    std::error_code ignored;
+    std::filesystem::remove_all(path_, ignored);
+  }
+  TempDir(const TempDir &) = delete;
+  TempDir &operator=(const TempDir &) = delete;
+  const std::string &path() const { return path_; }
+
+private:
+  std::string path_;
+};
+
+} // namespace pagedc::test
+
+#endif // PAGEDC_TEST_SUPPORT_CUDATESTSUPPORT_H
