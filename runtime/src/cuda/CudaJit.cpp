@@ -272,26 +272,9 @@ bool readVariant(const std::string &path, const std::string &key,
   return false;
 }
 
-void writeVariant(const std::string &directory, const std::string &path,
-                  const Variant &variant) {
-  std::error_code error;
-  fs::create_directories(directory, error);
-  static std::atomic<uint64_t> counter{0};
-  std::string temporary = fmt::format(
-      "{}.tmp-{}-{}-{}", path, getpid(),
-      std::hash<std::thread::id>()(std::this_thread::get_id()), counter++);
-  std::string bytes = serializeVariant(variant);
-  {
-    std::ofstream file(temporary, std::ios::binary | std::ios::trunc);
-    file.write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
-    file.flush();
-    if (!file) {
-      fs::remove(temporary, error);
-      return; // an index that cannot be written is only slower
-    }
-  }
-  if (std::rename(temporary.c_str(), path.c_str()) != 0)
-    fs::remove(temporary, error);
+void writeVariant(const std::string &path, const Variant &variant) {
+  // An index that cannot be written is only slower.
+  sealed::writeAtomically(path, serializeVariant(variant));
 }
 
 /// The request's configs with paramsSize filled in from the declarations.
@@ -590,7 +573,7 @@ CudaJitResult loadCudaMods(const CudaJitRequest &request, KernelCache &cache) {
       }
       result.outcome = CudaJitOutcome::KernelsRebuilt;
       variant.modCode = result.mods.cuda.modCode;
-      writeVariant(directory, result.variantPath, variant);
+      writeVariant(result.variantPath, variant);
       return result;
     }
   }
@@ -626,7 +609,7 @@ CudaJitResult loadCudaMods(const CudaJitRequest &request, KernelCache &cache) {
     fresh.declarations =
         serializeModDeclarations(result.mods.params, result.mods.buffers);
     fresh.modCode = result.mods.cuda.modCode;
-    writeVariant(directory, result.variantPath, fresh);
+    writeVariant(result.variantPath, fresh);
   }
   return result;
 }

@@ -177,29 +177,8 @@ std::shared_ptr<const CompiledKernel> KernelCache::readEntry(const std::string &
 }
 
 void KernelCache::writeEntry(const CompiledKernel &kernel) {
-  if (directory_.empty())
-    return;
-  std::error_code error;
-  fs::create_directories(directory_, error);
-  static std::atomic<uint64_t> counter{0};
-  std::string temporary =
-      fmt::format("{}.tmp-{}-{}-{}", entryPath(kernel.key), getpid(),
-                  std::hash<std::thread::id>()(std::this_thread::get_id()),
-                  counter++);
-  std::string bytes = serializeEntry(kernel);
-  {
-    std::ofstream file(temporary, std::ios::binary | std::ios::trunc);
-    file.write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
-    file.flush();
-    if (!file) {
-      fs::remove(temporary, error);
-      return; // a cache that cannot be written is only slower
-    }
-  }
-  // rename() replaces the destination atomically: readers see the old
-  // entry, no entry, or the complete new one.
-  if (std::rename(temporary.c_str(), entryPath(kernel.key).c_str()) != 0)
-    fs::remove(temporary, error);
+  if (!directory_.empty()) // a cache that cannot be written is only slower
+    sealed::writeAtomically(entryPath(kernel.key), serializeEntry(kernel));
 }
 
 std::shared_ptr<const CompiledKernel>

@@ -6,8 +6,16 @@
 
 #include <fmt/format.h>
 
+#include <unistd.h>
+
+#include <atomic>
+#include <cstdio>
 #include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <functional>
 #include <sstream>
+#include <thread>
 
 namespace pagedc::sealed {
 
@@ -53,6 +61,30 @@ bool open(std::string_view bytes, std::string_view magic,
   if (payload.size() != expected)
     return false; // truncated or padded
   return hex64(fnv1a64(payload)) == fields["checksum"];
+}
+
+bool writeAtomically(const std::string &path, std::string_view bytes) {
+  namespace fs = std::filesystem;
+  std::error_code error;
+  fs::create_directories(fs::path(path).parent_path(), error);
+  static std::atomic<uint64_t> counter{0};
+  std::string temporary =
+      fmt::format("{}.tmp-{}-{}-{}", path, getpid(),
+                  std::hash<std::thread::id>()(std::this_thread::get_id()), counter++);
+  {
+    std::ofstream file(temporary, std::ios::binary | std::ios::trunc);
+    file.write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
+    file.flush();
+    if (!file) {
+      fs::remove(temporary, error);
+      return false;
+    }
+  }
+  if (std::rename(temporary.c_str(), path.c_str()) != 0) {
+    fs::remove(temporary, error);
+    return false;
+  }
+  return true;
 }
 
 } // namespace pagedc::sealed

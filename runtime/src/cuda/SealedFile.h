@@ -35,6 +35,13 @@ std::string seal(std::string_view magic, std::string header, std::string_view pa
 bool open(std::string_view bytes, std::string_view magic,
           std::map<std::string, std::string> &fields, std::string_view &payload);
 
+/// Writes `bytes` to `path` through a temporary file in the same directory
+/// (created if missing) and rename(), which replaces the destination
+/// atomically: readers see the old file, no file, or the complete new one.
+/// False when it could not be written (nothing is left behind); a cache
+/// that cannot be written is only slower, so callers may ignore it.
+bool writeAtomically(const std::string &path, std::string_view bytes);
+
 /// Lowercase 16-digit hexadecimal.
 std::string hex64(unsigned long long value);
 
