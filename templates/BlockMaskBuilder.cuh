@@ -18,7 +18,7 @@ extern "C" __global__ void __launch_bounds__(128)
     pagedc_build_block_mask(const __grid_constant__ PagedcBlockMaskKernelArgs args,
                             const __grid_constant__ pagedc_mods::Params params) {
   using pagedc::imin;
-  __shared__ int kept[32];
+  PAGEDC_SHARED(int, kept, 32);
   const int thread = threadIdx.x, lane = thread & 31;
   const int q_block = blockIdx.x, h = blockIdx.y, b = blockIdx.z;
   const int q_begin = q_block * args.q_block_size;

@@ -71,7 +71,7 @@ extern "C" __global__ void __launch_bounds__(pagedc::kDecodeThreads)
     pagedc_decode(const __grid_constant__ PagedcAttentionKernelArgs args,
                   const __grid_constant__ pagedc_mods::Params params) {
   using namespace pagedc;
-  extern __shared__ __align__(128) unsigned char shared[];
+  PAGEDC_EXTERN_SHARED(unsigned char, shared);
   const int thread = threadIdx.x, lane = thread & 31, warp = thread >> 5;
   const int row_warp = warp / kKvWarps, kv_warp = warp % kKvWarps;
   const int split = blockIdx.x, b = blockIdx.z;

@@ -33,46 +33,74 @@ static_assert((kPageSize & (kPageSize - 1)) == 0 && kPageSize <= 1024,
 
 //===--- PTX wrappers ----------------------------------------------------===//
 
-PAGEDC_DEVICE uint32_t shared_address(const void *pointer) {
+PAGEDC_DEVICE uint32_t shared_address(const void *pointer PAGEDC_SITE_PARAMS) {
+#ifdef PAGEDC_EMULATOR
+  return pagedc_emu::shared_address(pointer PAGEDC_SITE_ARGS);
+#else
   uint32_t address;
   asm("{ .reg .u64 wide; cvta.to.shared.u64 wide, %1; cvt.u32.u64 %0, wide; }"
       : "=r"(address)
       : "l"(pointer));
   return address;
+#endif
 }
 
 /// Copies 16 bytes global -> shared asynchronously; bytes past `valid_bytes`
 /// (0 or 16) are zero-filled, so a masked row never holds stale data.
 PAGEDC_DEVICE void cp_async_16(uint32_t shared, const void *global,
-                               int valid_bytes) {
+                               int valid_bytes PAGEDC_SITE_PARAMS) {
+#ifdef PAGEDC_EMULATOR
+  return pagedc_emu::cp_async_16(shared, global, valid_bytes PAGEDC_SITE_ARGS);
+#else
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(shared),
                "l"(global), "r"(valid_bytes));
+#endif
 }
-PAGEDC_DEVICE void cp_async_commit() {
+PAGEDC_DEVICE void cp_async_commit(PAGEDC_SITE_PARAMS_ONLY) {
+#ifdef PAGEDC_EMULATOR
+  return pagedc_emu::cp_async_commit(PAGEDC_SITE_ARGS_ONLY);
+#else
   asm volatile("cp.async.commit_group;" ::);
+#endif
 }
-template <int kPending> PAGEDC_DEVICE void cp_async_wait() {
+template <int kPending> PAGEDC_DEVICE void cp_async_wait(PAGEDC_SITE_PARAMS_ONLY) {
+#ifdef PAGEDC_EMULATOR
+  return pagedc_emu::cp_async_wait(kPending PAGEDC_SITE_ARGS);
+#else
   asm volatile("cp.async.wait_group %0;" ::"n"(kPending));
+#endif
 }
 
-PAGEDC_DEVICE void ldmatrix_x4(uint32_t (&fragment)[4], uint32_t address) {
+PAGEDC_DEVICE void ldmatrix_x4(uint32_t (&fragment)[4],
+                               uint32_t address PAGEDC_SITE_PARAMS) {
+#ifdef PAGEDC_EMULATOR
+  return pagedc_emu::ldmatrix_x4(fragment, address, false PAGEDC_SITE_ARGS);
+#else
   asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];"
                : "=r"(fragment[0]), "=r"(fragment[1]), "=r"(fragment[2]),
                  "=r"(fragment[3])
                : "r"(address));
+#endif
 }
 PAGEDC_DEVICE void ldmatrix_x4_trans(uint32_t (&fragment)[4],
-                                     uint32_t address) {
+                                     uint32_t address PAGEDC_SITE_PARAMS) {
+#ifdef PAGEDC_EMULATOR
+  return pagedc_emu::ldmatrix_x4(fragment, address, true PAGEDC_SITE_ARGS);
+#else
   asm volatile(
       "ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];"
       : "=r"(fragment[0]), "=r"(fragment[1]), "=r"(fragment[2]),
         "=r"(fragment[3])
       : "r"(address));
+#endif
 }
 
 /// acc[16x8] += a[16x16] * b[16x8] with f32 accumulation.
 PAGEDC_DEVICE void mma_16816(float (&acc)[4], const uint32_t (&a)[4],
-                             uint32_t b0, uint32_t b1) {
+                             uint32_t b0, uint32_t b1 PAGEDC_SITE_PARAMS) {
+#ifdef PAGEDC_EMULATOR
+  return pagedc_emu::mma_16816(acc, a, b0, b1, kIsBF16 PAGEDC_SITE_ARGS);
+#else
   if constexpr (kIsBF16) {
     asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 "
                  "{%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
@@ -88,16 +116,21 @@ PAGEDC_DEVICE void mma_16816(float (&acc)[4], const uint32_t (&a)[4],
                  : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0),
                    "r"(b1));
   }
+#endif
 }
 
 /// Two floats -> two packed 16-bit elements (lo in the low half).
 PAGEDC_DEVICE uint32_t pack_pair(float lo, float hi) {
+#ifdef PAGEDC_EMULATOR
+  return pagedc_emu::pack_pair(lo, hi, kIsBF16);
+#else
   uint32_t packed;
   if constexpr (kIsBF16)
     asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(packed) : "f"(hi), "f"(lo));
   else
     asm("cvt.rn.f16x2.f32 %0, %1, %2;" : "=r"(packed) : "f"(hi), "f"(lo));
   return packed;
+#endif
 }
 
 PAGEDC_DEVICE float quad_max(float value) {

@@ -29,7 +29,7 @@ extern "C" __global__ void __launch_bounds__(pagedc::kPrefillThreads)
     pagedc_prefill(const __grid_constant__ PagedcAttentionKernelArgs args,
                    const __grid_constant__ pagedc_mods::Params params) {
   using namespace pagedc;
-  extern __shared__ __align__(128) unsigned char shared[];
+  PAGEDC_EXTERN_SHARED(unsigned char, shared);
   const int thread = threadIdx.x, lane = thread & 31, warp = thread >> 5;
   const int b = blockIdx.z, h = blockIdx.y, row_begin = blockIdx.x * kBlockM;
   const int kv_head = h / (args.heads_q / args.heads_kv);

@@ -18,7 +18,7 @@
 //
 //===----------------------------------------------------------------------===//
 
-#ifdef __CUDACC_RTC__
+#if defined(__CUDACC_RTC__)
 typedef signed char int8_t;
 typedef unsigned char uint8_t;
 typedef short int16_t;
@@ -33,8 +33,32 @@ typedef unsigned long long uint64_t;
 
 #define PAGEDC_DEVICE __device__ __forceinline__
 
+// The portability layer: built for the SIMT emulator (PAGEDC_EMULATOR, see
+// Emulator.cuh, which the emulator build puts before this file), shared
+// arrays and the inline-PTX wrappers below take their emulator branch, and
+// each wrapper learns its caller's source line for the emulator's reports.
+// Under NVRTC the macros expand to plain CUDA and to nothing.
+#ifdef PAGEDC_EMULATOR
+#define PAGEDC_SITE_PARAMS                                                     \
+  , const char *pagedc_site_file = __builtin_FILE(),                           \
+              int pagedc_site_line = __builtin_LINE()
+#define PAGEDC_SITE_ARGS , pagedc_site_file, pagedc_site_line
+#define PAGEDC_SITE_PARAMS_ONLY                                                \
+  const char *pagedc_site_file = __builtin_FILE(),                             \
+             int pagedc_site_line = __builtin_LINE()
+#define PAGEDC_SITE_ARGS_ONLY pagedc_site_file, pagedc_site_line
+#else
+#define PAGEDC_SITE_PARAMS
+#define PAGEDC_SITE_ARGS
+#define PAGEDC_SITE_PARAMS_ONLY
+#define PAGEDC_SITE_ARGS_ONLY
+/// The block's dynamic shared memory, 128-byte aligned.
+#define PAGEDC_EXTERN_SHARED(type, name) extern __shared__ __align__(128) type name[]
+/// A static shared array of the block.
+#define PAGEDC_SHARED(type, name, count) __shared__ type name[count]
 // Configuration constexprs a kernel does not read are expected.
 #pragma nv_diag_suppress 177
+#endif
 
 /// IEEE binary16 storage (bits only; arithmetic happens in f32).
 struct pagedc_f16 {
@@ -54,9 +78,13 @@ PAGEDC_DEVICE float to_float(float v) { return v; }
 PAGEDC_DEVICE float to_float(int32_t v) { return static_cast<float>(v); }
 PAGEDC_DEVICE float to_float(bool v) { return v ? 1.0f : 0.0f; }
 PAGEDC_DEVICE float to_float(pagedc_f16 v) {
+#ifdef PAGEDC_EMULATOR
+  return pagedc_emu::half_to_float(v.bits);
+#else
   float out;
   asm("cvt.f32.f16 %0, %1;" : "=f"(out) : "h"(v.bits));
   return out;
+#endif
 }
 PAGEDC_DEVICE float to_float(pagedc_bf16 v) {
   return __uint_as_float(static_cast<uint32_t>(v.bits) << 16);
@@ -64,16 +92,24 @@ PAGEDC_DEVICE float to_float(pagedc_bf16 v) {
 
 /// tanh through the hardware approximation (sm_75+).
 PAGEDC_DEVICE float tanh_approx(float x) {
+#ifdef PAGEDC_EMULATOR
+  return pagedc_emu::approx(PAGEDC_EMU_TANH_APPROX, x);
+#else
   float out;
   asm("tanh.approx.f32 %0, %1;" : "=f"(out) : "f"(x));
   return out;
+#endif
 }
 
 /// 2^x through the hardware approximation; -inf gives 0.
 PAGEDC_DEVICE float exp2_approx(float x) {
+#ifdef PAGEDC_EMULATOR
+  return pagedc_emu::approx(PAGEDC_EMU_EX2_APPROX_FTZ, x);
+#else
   float out;
   asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(out) : "f"(x));
   return out;
+#endif
 }
 
 PAGEDC_DEVICE int32_t imin(int32_t a, int32_t b) { return a < b ? a : b; }

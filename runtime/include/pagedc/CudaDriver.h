@@ -5,6 +5,12 @@
 // returns false with the reason ("no NVIDIA driver: libcuda.so.1 not found",
 // or the cuInit error) and get() throws pagedc::Error with it.
 //
+// PAGEDC_CUDA_DRIVER=emu loads the SIMT emulator's driver instead
+// (libpagedc-emu-cuda.so, emulator/): the same entry points, one device whose
+// kernels are built for the architecture "emu" and run on the CPU with every
+// checker on. PAGEDC_CUDA_DRIVER=/path/to/lib loads that library. Either is
+// read once, at the first use of the driver.
+//
 //===----------------------------------------------------------------------===//
 #ifndef PAGEDC_CUDADRIVER_H
 #define PAGEDC_CUDADRIVER_H
@@ -14,6 +20,7 @@
 #include <memory>
 #include <string>
 #include <string_view>
+#include <vector>
 
 namespace pagedc {
 
@@ -39,10 +46,12 @@ struct CudaDeviceInfo {
   int index = 0;
   std::string name;
   int major = 0, minor = 0;
+  /// The SIMT emulator's device: kernels are built for "emu".
+  bool emulated = false;
   size_t totalMemoryBytes = 0;
   int multiprocessors = 0;
   int maxSharedMemoryPerBlockOptin = 0;
-  /// "sm_90"
+  /// "sm_90", or "emu" for the emulator's device.
   std::string arch() const;
 };
 
@@ -102,6 +111,8 @@ public:
   const Api &api() const { return *api_; }
   int version() const { return version_; }
   const std::string &libraryPath() const { return path_; }
+  /// Whether this is the SIMT emulator's driver.
+  bool emulated() const { return emulated_; }
   int deviceCount() const;
   CudaDeviceInfo deviceInfo(int index) const;
   /// Throws pagedc::Error "<what> failed: CUDA_ERROR_... (description)"
@@ -113,7 +124,13 @@ private:
   const Api *api_ = nullptr;
   int version_ = 0;
   std::string path_;
+  bool emulated_ = false;
 };
+
+/// Where the emulator's driver library is looked for, in order:
+/// $PAGEDC_EMU_DRIVER (when set, the only place), <exe>/../lib, the build
+/// tree, the install prefix.
+std::vector<std::string> emulatorDriverCandidates();
 
 /// A loaded module (cubin or PTX image) in the current context.
 class CudaModule {

@@ -101,7 +101,10 @@ KernelSource assembleKernel(const KernelConfig &config,
 /// "testing/causal.cuh", ...).
 std::vector<std::string> embeddedTemplateNames();
 /// The text of an embedded template; throws pagedc::Error for an unknown
-/// name.
+/// name. Test seam: when $PAGEDC_TEMPLATE_DIR is set at the first call, a
+/// file of the same name in that directory replaces the embedded text for
+/// the whole process (a patched Prefill.cuh, say); the cache keys follow
+/// the assembled text, so patched kernels never mix with the real ones.
 std::string_view embeddedTemplate(std::string_view name);
 
 /// Byte layout of pagedc_mods::Params for a set of declarations, following

@@ -7,6 +7,10 @@
 #include <fmt/format.h>
 
 #include <dlfcn.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cstdlib>
 
 #include <mutex>
 #include <type_traits>
@@ -20,7 +24,13 @@ struct Loaded {
   std::string path;
   std::string error; // non-empty: no usable driver
   int version = 0;
+  bool emulated = false;
 };
+
+bool isRegularFile(const std::string &path) {
+  struct stat info;
+  return ::stat(path.c_str(), &info) == 0 && S_ISREG(info.st_mode);
+}
 
 std::string errorText(const CudaDriver::Api &api, cu::Result result) {
   const char *name = nullptr, *text = nullptr;
@@ -39,19 +49,52 @@ const Loaded &loadDriver() {
     // the toolkit's lib64/stubs/libcuda.so is a link-time stub and is never
     // loaded.
     void *handle = nullptr;
-    for (const char *name : {"libcuda.so.1", "libcuda.so"}) {
-      handle = dlopen(name, RTLD_NOW | RTLD_LOCAL);
-      if (handle) {
-        result.path = name;
-        break;
+    const char *chosen = std::getenv("PAGEDC_CUDA_DRIVER");
+    if (chosen && std::string_view(chosen) == "emu") {
+      std::string tried;
+      for (const std::string &candidate : emulatorDriverCandidates()) {
+        tried += "\n  " + candidate;
+        if (!isRegularFile(candidate))
+          continue;
+        handle = dlopen(candidate.c_str(), RTLD_NOW | RTLD_LOCAL);
+        if (handle) {
+          result.path = candidate;
+          break;
+        }
+        tried += fmt::format(" ({})", dlerror());
+      }
+      if (!handle) {
+        result.error = "the SIMT emulator's driver (libpagedc-emu-cuda.so) was not found; "
+                       "set PAGEDC_EMU_DRIVER to its path. Tried:" +
+                       tried;
+        return result;
+      }
+    } else if (chosen && *chosen) {
+      handle = dlopen(chosen, RTLD_NOW | RTLD_LOCAL);
+      if (!handle) {
+        const char *why = dlerror();
+        result.error = fmt::format("the CUDA driver named by PAGEDC_CUDA_DRIVER ({}) did not "
+                                   "load: {}",
+                                   chosen, why ? why : "unknown error");
+        return result;
+      }
+      result.path = chosen;
+    } else {
+      for (const char *name : {"libcuda.so.1", "libcuda.so"}) {
+        handle = dlopen(name, RTLD_NOW | RTLD_LOCAL);
+        if (handle) {
+          result.path = name;
+          break;
+        }
+      }
+      if (!handle) {
+        result.error = "no NVIDIA driver: libcuda.so.1 not found";
+        if (const char *why = dlerror())
+          result.error += fmt::format(" ({})", why);
+        return result;
       }
     }
-    if (!handle) {
-      result.error = "no NVIDIA driver: libcuda.so.1 not found";
-      if (const char *why = dlerror())
-        result.error += fmt::format(" ({})", why);
-      return result;
-    }
+    result.emulated = dlsym(handle, "pagedcEmuDriverVersion") != nullptr;
     std::string missing;
     auto resolve = [&](auto &slot, const char *name) {
       void *symbol = dlsym(handle, name);
@@ -122,7 +165,28 @@ const Loaded &loadDriver() {
 } // namespace
 
 std::string CudaDeviceInfo::arch() const {
-  return fmt::format("sm_{}{}", major, minor);
+  return emulated ? std::string("emu") : fmt::format("sm_{}{}", major, minor);
+}
+
+std::vector<std::string> emulatorDriverCandidates() {
+  std::vector<std::string> candidates;
+  if (const char *path = std::getenv("PAGEDC_EMU_DRIVER"); path && *path) {
+    candidates.push_back(path);
+    return candidates;
+  }
+  char self[4096];
+  ssize_t length = readlink("/proc/self/exe", self, sizeof(self) - 1);
+  if (length > 0) {
+    std::string exe(self, static_cast<size_t>(length));
+    candidates.push_back(exe.substr(0, exe.rfind('/')) + "/../lib/libpagedc-emu-cuda.so");
+  }
+#ifdef PAGEDC_EMU_DRIVER_BUILD
+  candidates.push_back(PAGEDC_EMU_DRIVER_BUILD);
+#endif
+#ifdef PAGEDC_EMU_DRIVER_INSTALL
+  candidates.push_back(PAGEDC_EMU_DRIVER_INSTALL);
+#endif
+  return candidates;
 }
 
 bool CudaDriver::available(std::string *reason) {
@@ -142,6 +206,7 @@ const CudaDriver &CudaDriver::get() {
     instance.api_ = &loaded.api;
     instance.version_ = loaded.version;
     instance.path_ = loaded.path;
+    instance.emulated_ = loaded.emulated;
   });
   return instance;
 }
@@ -160,6 +225,7 @@ int CudaDriver::deviceCount() const {
 CudaDeviceInfo CudaDriver::deviceInfo(int index) const {
   CudaDeviceInfo info;
   info.index = index;
+  info.emulated = emulated_;
   cu::Device device = 0;
   check(api_->deviceGet(&device, index), "cuDeviceGet");
   char name[256] = {};

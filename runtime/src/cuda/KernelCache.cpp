@@ -4,6 +4,7 @@
 
 #include "SealedFile.h"
 
+#include "pagedc/EmulatorBuild.h"
 #include "pagedc/Error.h"
 
 #include <fmt/format.h>
@@ -130,8 +131,13 @@ std::string KernelCache::diskKey(std::string_view code,
                                  const CompileOptions &options) {
   // The NVRTC library is identified by file (path, size, mtime) rather than
   // by nvrtcVersion(), so a disk hit never loads NVRTC.
-  std::string material = fmt::format("nvrtc {}\narch {}\noptions {}\n",
-                                     nvrtcLibraryIdentity(), options.arch, options.key());
+  // Emulator images depend on the host compiler instead (EmulatorBuild.h).
+  std::string material =
+      isEmulatorArch(options.arch)
+          ? fmt::format("{}\narch {}\noptions {}\n", emulatorBuildIdentity(), options.arch,
+                        options.key())
+          : fmt::format("nvrtc {}\narch {}\noptions {}\n", nvrtcLibraryIdentity(), options.arch,
+                        options.key());
   uint64_t first = fnv1a64(code, fnv1a64(material));
   // A second, differently seeded pass makes the key 128 bits wide.
   uint64_t second = fnv1a64(code, fnv1a64(material, first ^ 0x9e3779b97f4a7c15ull));
@@ -191,9 +197,12 @@ KernelCache::loadOrBuild(const KernelSource &source, const CompileOptions &optio
     return result;
   }
   auto kernel = std::make_shared<CompiledKernel>();
-  CompileResult compiled = Nvrtc::get().compile(
-      source.code, fmt::format("pagedc_{}.cu", kernelKindName(source.config.kind)),
-      options, &source);
+  const bool emulator = isEmulatorArch(options.arch);
+  CompileResult compiled =
+      emulator ? compileForEmulator(source)
+               : Nvrtc::get().compile(
+                     source.code, fmt::format("pagedc_{}.cu", kernelKindName(source.config.kind)),
+                     options, &source);
   ++compiles_;
   kernel->config = source.config;
   kernel->arch = options.arch;
@@ -204,6 +213,10 @@ KernelCache::loadOrBuild(const KernelSource &source, const CompileOptions &optio
   kernel->log = std::move(compiled.log);
   // Only cache what the key describes: if the loaded NVRTC is not the file
   // the key was computed from, a later process could not trust the entry.
+  if (emulator) {
+    writeEntry(*kernel);
+    return kernel;
+  }
   const std::string &identity = nvrtcLibraryIdentity();
   const std::string &loaded = Nvrtc::get().libraryRealPath();
   if (!identity.empty() && identity.compare(0, loaded.size() + 1, loaded + "|") == 0)

@@ -12,7 +12,10 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <cstdlib>
 #include <cstring>
+#include <fstream>
+#include <map>
 
 namespace pagedc::detail {
 struct EmbeddedTemplate {
@@ -135,7 +138,31 @@ std::vector<std::string> embeddedTemplateNames() {
   return names;
 }
 
+namespace {
+/// Templates read from $PAGEDC_TEMPLATE_DIR (test seam), loaded once.
+const std::map<std::string, std::string, std::less<>> &templateOverrides() {
+  static const std::map<std::string, std::string, std::less<>> overrides = [] {
+    std::map<std::string, std::string, std::less<>> files;
+    const char *directory = std::getenv("PAGEDC_TEMPLATE_DIR");
+    if (!directory || !*directory)
+      return files;
+    for (std::size_t i = 0; i < detail::kEmbeddedTemplateCount; ++i) {
+      const std::string name = detail::kEmbeddedTemplates[i].name;
+      std::ifstream file(std::string(directory) + "/" + name, std::ios::binary);
+      if (file)
+        files.emplace(name, std::string((std::istreambuf_iterator<char>(file)),
+                                        std::istreambuf_iterator<char>()));
+    }
+    return files;
+  }();
+  return overrides;
+}
+} // namespace
+
 std::string_view embeddedTemplate(std::string_view name) {
+  const auto &overrides = templateOverrides();
+  if (auto found = overrides.find(name); found != overrides.end())
+    return found->second;
   for (std::size_t i = 0; i < detail::kEmbeddedTemplateCount; ++i) {
     const auto &entry = detail::kEmbeddedTemplates[i];
     if (name == entry.name)

@@ -1,0 +1,140 @@
+//===- Emulator.h - CUDA kernels executed on the CPU -----------*- C++ -*-===//
+//
+// The SIMT emulator runs kernel images (the kernel's CUDA unit compiled by
+// the host compiler, KernelAbi.h) on the CPU: every CUDA thread is a fiber,
+// the blocks of a grid run on a pool of OS threads, warp collectives
+// (shuffles, ballots, ldmatrix, mma.sync) meet at a warp rendezvous, and
+// cp.async copies land only at the issuing thread's wait_group. Checkers
+// (memcheck, racecheck, initcheck, synccheck) report with the kernel, block,
+// thread, source line and address; counters describe each launch for the
+// performance model. It needs neither LLVM nor the compiler; the emulated
+// CUDA driver (Driver.cpp, libpagedc-emu-cuda.so) is its one user in the
+// runtime's path, tests use this interface directly.
+//
+//===----------------------------------------------------------------------===//
+#ifndef PAGEDC_EMU_EMULATOR_H
+#define PAGEDC_EMU_EMULATOR_H
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+namespace pagedc::emu {
+
+/// What the checkers look for; all on by default ($PAGEDC_EMU_CHECKS:
+/// "all", "none" or a comma list of memcheck,racecheck,initcheck,synccheck).
+struct Checks {
+  bool memcheck = true;
+  bool racecheck = true;
+  bool initcheck = true;
+  bool synccheck = true;
+  static Checks fromEnvironment();
+};
+
+/// One checker finding.
+struct Report {
+  /// memcheck, racecheck, initcheck, synccheck.
+  std::string checker;
+  std::string message;
+  std::string kernel;
+  unsigned block[3] = {0, 0, 0};
+  unsigned thread[3] = {0, 0, 0};
+  /// "Prefill.cuh:123" (or the image offset when no line is known).
+  std::string location;
+  uint64_t address = 0;
+  /// Identical findings (checker, location, message) folded into this one.
+  uint64_t count = 1;
+  std::string format() const;
+};
+
+/// Per-launch counters (emulator-counted events, not hardware measurements).
+struct Counters {
+  uint64_t blocks = 0, threads = 0;
+  /// Warp-level mma.sync m16n8k16 instructions (4096 FLOP each).
+  uint64_t mma = 0;
+  /// Warp-level ldmatrix .x4 instructions, their shared-memory wavefronts
+  /// and the conflict-free count (4 per instruction).
+  uint64_t ldmatrix = 0, ldmatrixWavefronts = 0, ldmatrixIdealWavefronts = 0;
+  /// Plain shared loads and stores: bytes, warp-level requests, wavefronts
+  /// and the conflict-free count.
+  uint64_t sharedLoadBytes = 0, sharedStoreBytes = 0;
+  uint64_t sharedRequests = 0, sharedWavefronts = 0, sharedIdealWavefronts = 0;
+  /// Global loads and stores by threads (not cp.async).
+  uint64_t globalLoadBytes = 0, globalStoreBytes = 0;
+  /// 32-byte sectors: summed over warp-level requests, and distinct over the
+  /// launch (cp.async sources included).
+  uint64_t globalRequests = 0, globalSectorsRequested = 0, globalSectorsUnique = 0;
+  /// cp.async: instructions, bytes read from global, bytes zero-filled.
+  uint64_t cpAsync = 0, cpAsyncBytes = 0, cpAsyncZeroFillBytes = 0;
+  uint64_t barriers = 0, shuffles = 0, ballots = 0, atomics = 0;
+  /// ex2.approx / tanh.approx calls (thread-level).
+  uint64_t transcendentals = 0;
+  void add(const Counters &other);
+  std::string json() const;
+};
+
+/// A loaded kernel image.
+class Module;
+
+/// One kernel of a module.
+struct Kernel {
+  std::string name;
+  void (*entry)(void **params) = nullptr;
+  /// The byte size of each parameter, in order.
+  std::vector<unsigned long> parameterSizes;
+  const Module *module = nullptr;
+};
+
+/// The result of one launch.
+struct LaunchResult {
+  /// False when a checker reported or the launch was aborted.
+  bool ok = true;
+  /// An abort that is not a checker finding (bad launch configuration, ...).
+  std::string error;
+  std::vector<Report> reports;
+  Counters counters;
+  double seconds = 0;
+};
+
+/// Device memory: host memory the checkers know about. Fresh allocations
+/// are "never written" for initcheck until something writes them.
+void *allocate(size_t bytes);
+/// False when `pointer` is not an allocation's start.
+bool release(void *pointer);
+/// Host-side writes (uploads, memset, device copies) mark bytes written.
+/// False when the range is not inside one allocation.
+bool markWritten(const void *pointer, size_t bytes);
+/// Whether [pointer, pointer + bytes) lies in one allocation.
+bool isAllocated(const void *pointer, size_t bytes);
+
+/// Loads an image (KernelAbi.h: magic, size, shared object). Returns null
+/// with `error` set when it is not a valid image.
+std::shared_ptr<Module> loadModule(const void *image, std::string *error);
+/// The kernel `name` of `module`, or null.
+const Kernel *findKernel(const Module &module, const std::string &name);
+
+struct LaunchConfig {
+  unsigned grid[3] = {1, 1, 1};
+  unsigned block[3] = {1, 1, 1};
+  unsigned dynamicSharedBytes = 0;
+  /// Most dynamic shared memory the kernel may use (cuFuncSetAttribute).
+  unsigned maxDynamicSharedBytes = 48 * 1024;
+};
+
+/// Runs `kernel` over the grid; `params` as cuLaunchKernel takes them.
+LaunchResult launch(const Kernel &kernel, const LaunchConfig &config, void **params,
+                    const Checks &checks);
+
+/// The emulated device's limits (H100 SXM figures, used for planning).
+struct DeviceLimits {
+  int multiprocessors = 132;
+  int maxSharedMemoryPerBlockOptin = 227 * 1024;
+  int maxThreadsPerBlock = 1024;
+  size_t memoryBytes = size_t(80) << 30;
+};
+
+} // namespace pagedc::emu
+
+#endif // PAGEDC_EMU_EMULATOR_H

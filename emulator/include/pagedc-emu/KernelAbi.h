@@ -1,0 +1,102 @@
+/*===- KernelAbi.h - Between an emulator kernel image and the emulator -*- C -*-===*\
+|*                                                                            *|
+|* A kernel built for the emulator is the kernel's CUDA translation unit      *|
+|* compiled by the host C++ compiler into a shared object. This header,       *|
+|* embedded verbatim into that unit (as KernelArgs.h is for NVRTC) and        *|
+|* included by the emulator, is everything the two sides share:               *|
+|*                                                                            *|
+|*  - the image exports pagedc_emu_image_bind(runtime, kernel_names) which    *|
+|*    stores the emulator's function table and checks the ABI version,        *|
+|*    and one entry pagedc_emu_entry_<kernel>(void **params) per kernel that  *|
+|*    unpacks cuLaunchKernel's parameter array and calls the kernel body;     *|
+|*  - every device intrinsic (barriers, warp collectives, cp.async, tensor    *|
+|*    core MMA, atomics) and every instrumented memory access of the kernel   *|
+|*    calls through the table, on the fiber of the CUDA thread doing it.      *|
+|*                                                                            *|
+|* Source locations are (file, line) as the unit's #line directives give     *|
+|* them, so reports name template lines, not lines of the assembled unit.    *|
+|*                                                                            *|
+\*===------------------------------------------------------------------------===*/
+#ifndef PAGEDC_EMU_KERNELABI_H
+#define PAGEDC_EMU_KERNELABI_H
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define PAGEDC_EMU_ABI_VERSION 1
+
+/** The CUDA built-in index variables of the running thread. */
+typedef struct PagedcEmuThreadIndex {
+  unsigned thread_idx[3];
+  unsigned block_idx[3];
+  unsigned block_dim[3];
+  unsigned grid_dim[3];
+} PagedcEmuThreadIndex;
+
+/** Flags of PagedcEmuRuntime::access. */
+enum {
+  PAGEDC_EMU_READ = 0,
+  PAGEDC_EMU_WRITE = 1,
+  /** The access is not naturally aligned by the compiler's own account. */
+  PAGEDC_EMU_UNALIGNED = 2,
+};
+
+/** Transcendental functions with hardware approximations on the GPU. */
+enum {
+  PAGEDC_EMU_EX2_APPROX_FTZ = 0,
+  PAGEDC_EMU_TANH_APPROX = 1,
+};
+
+/** The emulator's side of the interface: one table per process. */
+typedef struct PagedcEmuRuntime {
+  unsigned abi_version;
+  const PagedcEmuThreadIndex *(*thread_index)(void);
+  /** The block's dynamic shared memory (extern __shared__). */
+  unsigned char *(*dynamic_shared)(void);
+  /** A static __shared__ array: `*slot` holds its offset in the block's
+   * static region once assigned (0 = not yet; offsets start at 16). */
+  unsigned char *(*static_shared)(unsigned *slot, unsigned bytes, unsigned align);
+  /** cvta.to.shared: the 32-bit shared-window address of a pointer. */
+  unsigned (*shared_address)(const void *pointer, const char *file, int line);
+  void (*syncthreads)(const char *file, int line);
+  unsigned (*shfl_xor)(unsigned mask, unsigned value, int lane_mask, const char *file, int line);
+  unsigned (*ballot)(unsigned mask, int predicate, const char *file, int line);
+  /** ldmatrix.sync.aligned.m8n8.x4[.trans].shared.b16 */
+  void (*ldmatrix_x4)(unsigned fragment[4], unsigned address, int transpose, const char *file,
+                      int line);
+  /** mma.sync.aligned.m16n8k16.row.col.f32.{bf16,f16}.{bf16,f16}.f32, in place. */
+  void (*mma_16816)(float acc[4], const unsigned a[4], unsigned b0, unsigned b1, int bf16,
+                    const char *file, int line);
+  /** cp.async.cg.shared.global 16 bytes, src-size valid_bytes (0..16). */
+  void (*cp_async_16)(unsigned shared, const void *global, int valid_bytes, const char *file,
+                      int line);
+  void (*cp_async_commit)(const char *file, int line);
+  void (*cp_async_wait)(int pending, const char *file, int line);
+  int (*atomic_add_i32)(int *address, int value, const char *file, int line);
+  float (*approx)(int function, float x);
+  /** Every load and store the compiler instrumented; `pc` is its return
+   * address in the image. */
+  void (*access)(const void *address, unsigned long size, int flags, const void *pc);
+  /** memcpy/memset/memmove the compiler emitted (checked as ranges). */
+  void (*access_range)(const void *address, unsigned long size, int flags, const void *pc);
+} PagedcEmuRuntime;
+
+/** An image as cuModuleLoadData takes it: these 16 bytes, the shared
+ * object's size as 8 little-endian bytes, then the shared object. */
+#define PAGEDC_EMU_IMAGE_MAGIC "PAGEDC-EMU-IMG1\n"
+#define PAGEDC_EMU_IMAGE_HEADER_BYTES 24
+
+/** Exported by every image: 0 on success, else the image's ABI version. */
+typedef int (*PagedcEmuBindFunction)(const PagedcEmuRuntime *runtime);
+/** Exported per kernel as pagedc_emu_entry_<name>. */
+typedef void (*PagedcEmuEntryFunction)(void **params);
+/** Exported per kernel as pagedc_emu_params_<name>: the byte size of each
+ * parameter, so the emulator copies them at launch as a driver does. */
+typedef const unsigned long *(*PagedcEmuParamsFunction)(unsigned *count);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* PAGEDC_EMU_KERNELABI_H */

@@ -1,0 +1,42 @@
+//===- EmulatorBuild.h - Kernels built for the SIMT emulator ----*- C++ -*-===//
+//
+// A kernel for the emulator (CompileOptions::arch "emu") is the unit NVRTC
+// would compile, behind the embedded Emulator.cuh and the emulator's kernel
+// ABI, compiled by the host C++ compiler with ThreadSanitizer
+// instrumentation (whose hooks the emulator implements) into a shared
+// object. The kernel cache stores these images like cubins.
+//
+// The compiler is $PAGEDC_EMU_CXX when set, else the compiler pagedc was
+// built with, else `c++` (g++ or clang++).
+//
+//===----------------------------------------------------------------------===//
+#ifndef PAGEDC_EMULATORBUILD_H
+#define PAGEDC_EMULATORBUILD_H
+
+#include "pagedc/KernelSource.h"
+#include "pagedc/Nvrtc.h"
+
+#include <string>
+#include <string_view>
+
+namespace pagedc {
+
+/// The architecture name of the emulator.
+constexpr std::string_view kEmulatorArch = "emu";
+inline bool isEmulatorArch(std::string_view arch) { return arch == kEmulatorArch; }
+
+/// The host-compiler unit of `source`: #line directives name the template
+/// files, and one exported entry per kernel follows the kernels.
+std::string emulatorSource(const KernelSource &source);
+
+/// What identifies the emulator build for cache keys: the compiler (path,
+/// size, mtime), its flags, and the emulator's embedded headers.
+const std::string &emulatorBuildIdentity();
+
+/// Compiles `source` into an emulator image (emulator/include/pagedc-emu/
+/// KernelAbi.h). Throws pagedc::Error with the compiler's output.
+CompileResult compileForEmulator(const KernelSource &source);
+
+} // namespace pagedc
+
+#endif // PAGEDC_EMULATORBUILD_H

@@ -1,0 +1,216 @@
+//===- EmulatorBuild.cpp - Kernels built for the SIMT emulator ------------===//
+
+#include "pagedc/EmulatorBuild.h"
+
+#include "pagedc/Error.h"
+
+#include <fmt/format.h>
+
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+
+namespace pagedc {
+
+namespace fs = std::filesystem;
+
+namespace {
+
+std::string compilerPath() {
+  if (const char *chosen = std::getenv("PAGEDC_EMU_CXX"); chosen && *chosen)
+    return chosen;
+#ifdef PAGEDC_EMU_CXX_HINT
+  if (::access(PAGEDC_EMU_CXX_HINT, X_OK) == 0)
+    return PAGEDC_EMU_CXX_HINT;
+#endif
+  return "c++";
+}
+
+bool isClang(const std::string &compiler) {
+  return compiler.find("clang") != std::string::npos;
+}
+
+std::string quote(const std::string &text) {
+  std::string out = "'";
+  for (char c : text) {
+    if (c == '\'')
+      out += "'\\''";
+    else
+      out += c;
+  }
+  return out + "'";
+}
+
+/// Flags of the compile step. -O1 keeps a unit near 0.3 s; TSan's hooks
+/// are implemented by the emulator (Emulator.cuh), never by libtsan, so the
+/// link step leaves the flag out.
+std::string compileFlags(const std::string &compiler) {
+  std::string flags = "-std=c++17 -O1 -g1 -fPIC -fvisibility=hidden -fno-exceptions "
+                      "-fsanitize=thread -w";
+  flags += isClang(compiler) ? " -mllvm -tsan-instrument-func-entry-exit=0"
+                             : " --param=tsan-instrument-func-entry-exit=0";
+  return flags;
+}
+
+std::string fileIdentity(const std::string &path) {
+  std::string resolved = path;
+  if (path.find('/') == std::string::npos) {
+    // A bare name: the first match on PATH.
+    const char *search = std::getenv("PATH");
+    std::stringstream stream(search ? search : "/usr/bin");
+    std::string dir;
+    while (std::getline(stream, dir, ':'))
+      if (::access((dir + "/" + path).c_str(), X_OK) == 0) {
+        resolved = dir + "/" + path;
+        break;
+      }
+  }
+  std::error_code error;
+  fs::path real = fs::canonical(resolved, error);
+  struct stat info;
+  if (error || ::stat(real.c_str(), &info) != 0)
+    return path;
+  return fmt::format("{}|{}|{}", real.string(), info.st_size, info.st_mtime);
+}
+
+uint64_t textHash(std::string_view text, uint64_t hash) {
+  for (unsigned char c : text) {
+    hash ^= c;
+    hash *= 0x100000001b3ull;
+  }
+  return hash;
+}
+
+/// Runs `command` through the shell; returns its exit status and output.
+int run(const std::string &command, std::string &output) {
+  FILE *pipe = popen((command + " 2>&1").c_str(), "r");
+  if (!pipe)
+    throw Error(fmt::format("could not start the host compiler: {}", std::strerror(errno)));
+  char buffer[4096];
+  size_t n;
+  while ((n = fread(buffer, 1, sizeof(buffer), pipe)) > 0)
+    output.append(buffer, n);
+  int status = pclose(pipe);
+  return WIFEXITED(status) ? WEXITSTATUS(status) : 128;
+}
+
+/// A temporary directory removed with its contents at scope exit.
+struct TempDirectory {
+  std::string path;
+  TempDirectory() {
+    const char *base = std::getenv("TMPDIR");
+    std::string pattern = std::string(base && *base ? base : "/tmp") + "/pagedc-emu-XXXXXX";
+    std::vector<char> buffer(pattern.begin(), pattern.end());
+    buffer.push_back('\0');
+    if (!mkdtemp(buffer.data()))
+      throw Error(fmt::format("could not create a temporary directory for the emulator build "
+                              "({}): {}",
+                              pattern, std::strerror(errno)));
+    path = buffer.data();
+  }
+  ~TempDirectory() {
+    std::error_code ignored;
+    fs::remove_all(path, ignored);
+  }
+};
+
+} // namespace
+
+std::string emulatorSource(const KernelSource &source) {
+  std::string code;
+  code.reserve(source.code.size() + 32 * 1024);
+  code += "// pagedc kernel, built for the SIMT emulator\n#define PAGEDC_EMULATOR 1\n";
+  code += "#line 1 \"EmuKernelAbi.h\"\n";
+  code += embeddedTemplate("EmuKernelAbi.h");
+  code += "\n#line 1 \"Emulator.cuh\"\n";
+  code += embeddedTemplate("Emulator.cuh");
+  code += "\n";
+  // Each part of the unit starts with a "// ---- NAME ----" line; from there
+  // on, lines are numbered as in NAME.
+  std::string_view rest = source.code;
+  while (!rest.empty()) {
+    size_t end = rest.find('\n');
+    std::string_view line = rest.substr(0, end == std::string_view::npos ? rest.size() : end + 1);
+    rest.remove_prefix(line.size());
+    code += line;
+    if (line.rfind("// ---- ", 0) == 0) {
+      std::string_view name = line.substr(8);
+      size_t close = name.find(" ----");
+      if (close != std::string_view::npos) {
+        name = name.substr(0, close);
+        if (code.back() != '\n')
+          code += '\n';
+        code += fmt::format("#line 1 \"{}\"\n", name == "generated mod code" ? "mods" : name);
+      }
+    }
+  }
+  if (!code.empty() && code.back() != '\n')
+    code += '\n';
+  code += "#line 1 \"emulator entries\"\n";
+  for (const std::string &kernel : source.kernelNames)
+    code += fmt::format("PAGEDC_EMU_ENTRY({})\n", kernel);
+  return code;
+}
+
+const std::string &emulatorBuildIdentity() {
+  static const std::string identity = [] {
+    const std::string compiler = compilerPath();
+    uint64_t hash = textHash(embeddedTemplate("EmuKernelAbi.h"), 0xcbf29ce484222325ull);
+    hash = textHash(embeddedTemplate("Emulator.cuh"), hash);
+    return fmt::format("emulator cxx {} flags {} headers {:016x}", fileIdentity(compiler),
+                       compileFlags(compiler), hash);
+  }();
+  return identity;
+}
+
+CompileResult compileForEmulator(const KernelSource &source) {
+  const auto start = std::chrono::steady_clock::now();
+  const std::string compiler = compilerPath();
+  TempDirectory directory;
+  const std::string unit = directory.path + "/kernel.cpp";
+  const std::string object = directory.path + "/kernel.o";
+  const std::string library = directory.path + "/kernel.so";
+  {
+    std::ofstream file(unit, std::ios::binary);
+    file << emulatorSource(source);
+    if (!file.flush())
+      throw Error(fmt::format("could not write the emulator build's source to {}", unit));
+  }
+  CompileResult result;
+  std::string output;
+  int status = run(fmt::format("{} {} -c {} -o {}", quote(compiler), compileFlags(compiler),
+                               quote(unit), quote(object)),
+                   output);
+  if (status == 0)
+    status = run(fmt::format("{} -shared -o {} {}", quote(compiler), quote(library),
+                             quote(object)),
+                 output);
+  if (status != 0)
+    throw Error(fmt::format("the host compiler ({}) could not build the {} kernel for the SIMT "
+                            "emulator (exit {}):\n{}",
+                            compiler, kernelKindName(source.config.kind), status, output));
+  std::ifstream file(library, std::ios::binary);
+  std::string bytes((std::istreambuf_iterator<char>(file)), std::istreambuf_iterator<char>());
+  if (bytes.empty())
+    throw Error(fmt::format("the host compiler ({}) wrote no emulator image", compiler));
+  // KernelAbi.h's image header: magic, size (8 bytes, little-endian).
+  result.image = "PAGEDC-EMU-IMG1\n";
+  uint64_t size = bytes.size();
+  for (int i = 0; i < 8; ++i)
+    result.image += static_cast<char>((size >> (8 * i)) & 0xff);
+  result.image += bytes;
+  result.log = std::move(output);
+  result.seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  return result;
+}
+
+} // namespace pagedc
