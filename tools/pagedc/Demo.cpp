@@ -38,7 +38,9 @@ namespace {
 
 constexpr const char *kDemoUsage =
     "usage: pagedc demo [--examples DIR] [--steps N] [--page-size N] "
-    "[--seed S] [--threads N]\n";
+    "[--seed S] [--threads N] [--device auto|cpu|cuda|emu]\n"
+    "  --device emu runs the CUDA kernels on the SIMT emulator (CPU), every\n"
+    "  checker on; auto (the default) takes a usable GPU, else the CPU.\n";
 
 /// One attention variant of the demo: mods of one corpus file.
 struct Variant {
@@ -56,6 +58,7 @@ struct DemoOptions {
   int64_t pageSize = 16;
   uint64_t seed = 2024;
   int threads = 0;
+  std::string device = "auto";
 };
 
 constexpr int64_t kQHeads = 8, kKVHeads = 2, kHeadDim = 64;
@@ -380,6 +383,9 @@ DemoOptions parseDemoOptions(llvm::ArrayRef<const char *> args) {
       options.seed = static_cast<uint64_t>(number);
     else if (name == "--threads" && numeric && number <= 1024)
       options.threads = static_cast<int>(number);
+    else if (name == "--device" &&
+             (value == "auto" || value == "cpu" || value == "cuda" || value == "emu"))
+      options.device = value.str();
     else
       throw Error("bad option '" + arg.str() + "'" +
                   (value.empty() ? "" : " value '" + value.str() + "'"));
@@ -408,10 +414,18 @@ int pagedc::driver::runDemoCommand(llvm::ArrayRef<const char *> args) {
                  << options.examples << "' not found (use --examples DIR)\n";
     return kExitInputError;
   }
-  // The same rule as `pagedc run --device auto`.
-  std::string reason;
+  // The same rule as `pagedc run --device`.
+  std::string reason = "--device cpu";
   DemoDevice device;
-  device.cuda = cudaExecutionUsable(reason);
+  if (options.device == "emu")
+    selectEmulatorDriver();
+  if (options.device != "cpu")
+    device.cuda = cudaExecutionUsable(reason);
+  if (!device.cuda && (options.device == "cuda" || options.device == "emu")) {
+    llvm::errs() << "pagedc demo: error: --device " << options.device
+                 << ": CUDA execution is not available: " << reason << "\n";
+    return kExitInputError;
+  }
   llvm::outs() << "pagedc demo: paged decoding with JIT-compiled mods, every "
                   "step checked against the float64 reference\n";
   if (device.cuda)

@@ -4,7 +4,7 @@
 //       --v v.npy -o out.npy [--lse lse.npy] [--buffer NAME=file.npy]...
 //       [--param NAME=VALUE]... [-D NAME=VALUE]... [--scale F] [--block=QxKV]
 //       [--page-size N] [--shuffle-pages SEED] [--q-offset N|end]
-//       [--device cpu|cuda|auto] [--dtype f16|bf16] [--reference] [--threads N]
+//       [--device cpu|cuda|emu|auto] [--dtype f16|bf16] [--reference] [--threads N]
 //
 // The mods are compiled by the CPU JIT; K/V go into a PagedKVCache (reserve +
 // assign), the block mask comes from createBlockMask and the attention from
@@ -12,7 +12,9 @@
 // on a machine with a usable CUDA driver and a shape the CUDA kernels take)
 // the mods' CUDA code is generated too, the cache lives on cuda:0 and the
 // inputs are converted to --dtype (bf16 by default); the output is still
-// written as f32. --reference computes the float64 reference instead (and
+// written as f32. --device emu takes the same CUDA path on the SIMT emulator
+// (the kernels executed on the CPU with every checker on; a checker report
+// fails the run). --reference computes the float64 reference instead (and
 // writes it as f32). Every input is checked before anything is computed, and
 // outputs are written through temporary files renamed into place, so a
 // failure leaves no file behind. Exit status: 0, 1 for bad input, 2 for a bad
@@ -54,7 +56,7 @@ constexpr const char *kRunUsage =
     "NAME=VALUE]... [-D NAME=VALUE]...\n"
     "           [--scale F] [--block=QxKV] [--page-size N] [--shuffle-pages "
     "SEED] [--q-offset N|end]\n"
-    "           [--device cpu|cuda|auto] [--dtype f16|bf16] [--reference] "
+    "           [--device cpu|cuda|emu|auto] [--dtype f16|bf16] [--reference] "
     "[--threads N]\n";
 
 /// A problem with the command line: exit status 2.
@@ -179,8 +181,8 @@ RunOptions parseRunOptions(llvm::ArrayRef<const char *> args) {
     } else if (name == "--device") {
       options.device = value().str();
       if (options.device != "cpu" && options.device != "cuda" &&
-          options.device != "auto")
-        throw UsageError{"--device expects cpu, cuda or auto, got '" +
+          options.device != "auto" && options.device != "emu")
+        throw UsageError{"--device expects cpu, cuda, emu or auto, got '" +
                          options.device + "'"};
     } else if (name == "--dtype") {
       llvm::StringRef text = value();
@@ -289,13 +291,17 @@ std::string cudaShapeProblem(int64_t dim, int64_t vDim, int32_t kvBlock) {
 
 int runChecked(const RunOptions &options) {
   // 1. The device: cuda must be usable; auto takes it when it is.
+  // emu: the CUDA path on the SIMT emulator.
   std::string cudaReason;
   bool useCuda = false;
+  const bool cudaRequired = options.device == "cuda" || options.device == "emu";
+  if (options.device == "emu")
+    selectEmulatorDriver();
   if (options.device != "cpu" && !options.reference)
     useCuda = cudaExecutionUsable(cudaReason);
-  if (options.device == "cuda" && !useCuda && !options.reference)
-    throw Error("--device cuda: CUDA execution is not available: " +
-                cudaReason);
+  if (cudaRequired && !useCuda && !options.reference)
+    throw Error("--device " + options.device +
+                ": CUDA execution is not available: " + cudaReason);
 
   // 2. The mods (with their CUDA code only when CUDA may run them).
   jit::SourceCompileOptions compileOptions;
@@ -348,8 +354,8 @@ int runChecked(const RunOptions &options) {
                     (long long)qLength, (long long)kvLength));
   if (useCuda) {
     std::string problem = cudaShapeProblem(dim, vDim, options.kvBlock);
-    if (!problem.empty() && options.device == "cuda")
-      throw Error("--device cuda: " + problem);
+    if (!problem.empty() && cudaRequired)
+      throw Error("--device " + options.device + ": " + problem);
     if (!problem.empty())
       useCuda = false; // auto: the CPU runs every shape
   }

@@ -2,6 +2,8 @@
 
 #include "RunSupport.h"
 
+#include <cstdlib>
+
 #include "JIT/CompileSource.h"
 #include "pagedc/CudaDriver.h"
 #include "pagedc/Error.h"
@@ -32,6 +34,11 @@ HostTensor pagedc::driver::toF32(HostTensor tensor) {
     values[i] = tensor.dtype() == DType::F16 ? halfToFloat(bits[i])
                                              : bf16ToFloat(bits[i]);
   return result;
+}
+
+void pagedc::driver::selectEmulatorDriver() {
+  // Read by CudaDriver at its first use, which has not happened yet.
+  ::setenv("PAGEDC_CUDA_DRIVER", "emu", 1);
 }
 
 bool pagedc::driver::cudaExecutionUsable(std::string &reason) {

@@ -51,6 +51,10 @@ private:
   uint64_t state_;
 };
 
+/// Makes CUDA execution use the SIMT emulator (--device emu): call before
+/// anything touches the CUDA driver.
+void selectEmulatorDriver();
+
 /// Whether attention can run on CUDA at all: this build generates CUDA mod
 /// code, the driver loads and reports a device. Sets `reason` when not.
 bool cudaExecutionUsable(std::string &reason);
