@@ -21,6 +21,7 @@ config.environment["HOME"] = os.environ.get("HOME", "/tmp")
 
 config.substitutions.append(("%examples", os.path.join(config.pagedc_src_root, "examples")))
 config.substitutions.append(("%python", config.python_executable))
+config.substitutions.append(("%templates", os.path.join(config.pagedc_src_root, "templates")))
 
 if config.have_nvrtc:
     config.available_features.add("nvrtc")

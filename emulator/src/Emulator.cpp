@@ -306,7 +306,10 @@ void report(const char *checker, std::string message, std::string location, uint
   Launch &launch = *worker->launch;
   {
     std::lock_guard<std::mutex> lock(launch.reportMutex);
-    std::string key = std::string(checker) + "|" + location + "|" + message;
+    // One entry per checker, site and kind of finding (the message up to
+    // its first colon); repeats only count.
+    std::string key = std::string(checker) + "|" + location + "|" +
+                      message.substr(0, message.find(':'));
     auto found = launch.reportIndex.find(key);
     if (found != launch.reportIndex.end()) {
       ++launch.reports[found->second].count;

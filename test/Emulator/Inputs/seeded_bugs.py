@@ -1,0 +1,199 @@
+#!/usr/bin/env python3
+"""Seeded kernel bugs, each of which the SIMT emulator must detect.
+
+  seeded_bugs.py TEMPLATES WORKDIR EXAMPLES [BUG...]
+
+For each bug: copies one template from TEMPLATES with a small patch applied
+(the patch must match exactly once, so a template change cannot silently
+turn a bug into a no-op), runs `pagedc run --device emu` with
+PAGEDC_TEMPLATE_DIR pointing at the patched copy (the documented test seam),
+and classifies the outcome:
+
+  detected by CHECKER   the run failed with a "pagedc-emu: CHECKER:" report
+  detected numerically  the run succeeded but its output is off the float64
+                        reference (relative L2 > 1e-2) or not finite
+  NOT DETECTED          neither
+
+Prints one line per bug and a total; exits 1 unless every bug is detected
+and the unpatched templates give a clean, correct run.
+"""
+import math
+import os
+import shutil
+import subprocess
+import sys
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "Runtime", "Inputs"))
+from compare_npy import read_npy  # noqa: E402
+
+# name: (template, text, replacement, run)
+BUGS = {
+    "no-trailing-syncthreads": (
+        "Prefill.cuh",
+        "      __syncthreads();\n      v = next;\n",
+        "      v = next;\n",
+        "prefill"),
+    "wait-group-2": (
+        "Prefill.cuh",
+        "      cp_async_commit();\n      cp_async_wait<1>();\n      __syncthreads();\n\n"
+        "      float scores",
+        "      cp_async_commit();\n      cp_async_wait<2>();\n      __syncthreads();\n\n"
+        "      float scores",
+        "prefill"),
+    "page-index-off-by-one": (
+        "KernelCommon.cuh",
+        "int64_t page = valid ? page_row[kv >> kLog2PageSize] : 0;",
+        "int64_t page = valid ? page_row[(kv >> kLog2PageSize) + 1] : 0;",
+        "prefill"),
+    "swapped-ldmatrix-lanes": (
+        "KernelCommon.cuh",
+        "  int row = row_base + (lane & 15);\n  int chunk = k_step * 2 + (lane >> 4);",
+        "  int row = row_base + ((lane < 2 ? lane ^ 1 : lane) & 15);\n"
+        "  int chunk = k_step * 2 + (lane >> 4);",
+        "prefill"),
+    "no-zero-fill-past-kv-len": (
+        "KernelCommon.cuh",
+        "    cp_async_16(k_tile + offset, k_source, valid ? 16 : 0);\n"
+        "    cp_async_16(v_tile + offset, v_source, valid ? 16 : 0);",
+        "    if (valid) {\n"
+        "      cp_async_16(k_tile + offset, k_source, 16);\n"
+        "      cp_async_16(v_tile + offset, v_source, 16);\n"
+        "    }",
+        "prefill"),
+    "shuffle-in-lane-dependent-branch": (
+        "KernelCommon.cuh",
+        "PAGEDC_DEVICE float quad_max(float value) {\n"
+        "  value = fmaxf(value, __shfl_xor_sync(0xffffffffu, value, 1));",
+        "PAGEDC_DEVICE float quad_max(float value) {\n"
+        "  if ((threadIdx.x & 1) == 0)\n"
+        "    value = fmaxf(value, __shfl_xor_sync(0xffffffffu, value, 1));",
+        "prefill"),
+    "block-mask-index-past-end": (
+        "Prefill.cuh",
+        "      partial_count = args.kv_num_blocks[mask_row_index];",
+        "      partial_count = args.kv_num_blocks[mask_row_index] + 1;",
+        "prefill"),
+    "merge-reads-unwritten-split": (
+        "Decode.cuh",
+        "    DecodeRow info = decode_row(row, kv_head, head_chunk, args.q_len);\n"
+        "    if (!info.valid)\n      continue;\n"
+        "    float x = merged",
+        "    DecodeRow info = decode_row(row, kv_head, head_chunk, args.q_len);\n"
+        "    if (!info.valid || (!single_split && split == args.num_splits - 1))\n"
+        "      continue;\n"
+        "    float x = merged",
+        "decode"),
+}
+
+
+def make_npy(path, shape, seed):
+    subprocess.run([sys.executable,
+                    os.path.join(os.path.dirname(__file__), "..", "..", "Runtime", "Inputs",
+                                 "make_npy.py"),
+                    path, "--shape", ",".join(map(str, shape)), "--seed", str(seed)],
+                   check=True)
+
+
+def rel_l2(a_path, b_path):
+    _, a = read_npy(a_path)
+    _, b = read_npy(b_path)
+    if any(math.isnan(x) or math.isinf(x) for x in a):
+        return math.inf
+    num = sum((x - y) ** 2 for x, y in zip(a, b))
+    den = sum(y * y for y in b) or 1.0
+    return math.sqrt(num / den)
+
+
+def main():
+    templates, work, examples = sys.argv[1:4]
+    chosen = sys.argv[4:] or list(BUGS)
+    os.makedirs(work, exist_ok=True)
+    # Prefill: q rows and keys not multiples of the 64-row tiles, GQA 2,
+    # causal block mask, 16-token shuffled pages. Decode: one token against
+    # 1100 keys, which the launch plan splits (split-KV + merge).
+    runs = {
+        "prefill": dict(q=(1, 4, 150, 64), k=(1, 2, 300, 64), extra=["--q-offset", "end"]),
+        "decode": dict(q=(1, 4, 1, 64), k=(1, 2, 1100, 64), extra=["--q-offset", "end"]),
+    }
+    env = dict(os.environ)
+    env.setdefault("PAGEDC_CACHE_DIR", os.path.join(work, "cache"))
+    for name, run in runs.items():
+        make_npy(os.path.join(work, name + "-q.npy"), run["q"], 11)
+        make_npy(os.path.join(work, name + "-k.npy"), run["k"], 12)
+        make_npy(os.path.join(work, name + "-v.npy"), run["k"], 13)
+        run["args"] = ["pagedc", "run", os.path.join(examples, "causal.attn"), "--mask=causal",
+                       "--q", os.path.join(work, name + "-q.npy"),
+                       "--k", os.path.join(work, name + "-k.npy"),
+                       "--v", os.path.join(work, name + "-v.npy"),
+                       "--page-size", "16", "--shuffle-pages", "7"] + run["extra"]
+        reference = os.path.join(work, name + "-ref.npy")
+        subprocess.run(run["args"] + ["-o", reference, "--reference"], check=True, env=env)
+        run["reference"] = reference
+
+    def attempt(run, out, template_dir):
+        child = dict(env)
+        if template_dir:
+            child["PAGEDC_TEMPLATE_DIR"] = template_dir
+        return subprocess.run(run["args"] + ["-o", out, "--device", "emu"], env=child,
+                              capture_output=True, text=True)
+
+    failures = 0
+    # The unpatched templates: no report, output within tolerance.
+    for name, run in runs.items():
+        out = os.path.join(work, name + "-clean.npy")
+        result = attempt(run, out, None)
+        if result.returncode != 0 or "pagedc-emu:" in result.stderr:
+            print("clean %s run: FAILED (exit %d)\n%s" % (name, result.returncode, result.stderr))
+            failures += 1
+            continue
+        error = rel_l2(out, run["reference"])
+        print("clean %s run: no report, relative L2 %.1e %s" %
+              (name, error, "agrees" if error <= 1e-2 else "DISAGREES"))
+        failures += error > 1e-2
+
+    detected = 0
+    for bug in chosen:
+        template, text, replacement, run_name = BUGS[bug]
+        source = open(os.path.join(templates, template)).read()
+        if source.count(text) != 1:
+            print("BUG %s: the patch matches %d times in %s (must be once)" %
+                  (bug, source.count(text), template))
+            failures += 1
+            continue
+        patched_dir = os.path.join(work, bug)
+        shutil.rmtree(patched_dir, ignore_errors=True)
+        os.makedirs(patched_dir)
+        with open(os.path.join(patched_dir, template), "w") as f:
+            f.write(source.replace(text, replacement))
+        out = os.path.join(work, bug + ".npy")
+        result = attempt(runs[run_name], out, patched_dir)
+        verdict = None
+        if result.returncode != 0:
+            for line in result.stderr.splitlines():
+                if line.startswith("pagedc-emu: "):
+                    checker = line.split(":")[1].strip()
+                    verdict = "detected by %s: %s" % (checker, line[len("pagedc-emu: "):][:160])
+                    break
+            if verdict is None and "error:" in result.stderr and \
+                    "could not build" not in result.stderr:
+                verdict = "detected (run failed): " + result.stderr.strip().splitlines()[-1][:160]
+            if verdict is None:
+                print("BUG %s: the run failed without a checker report:\n%s" % (bug, result.stderr))
+                failures += 1
+                continue
+        else:
+            error = rel_l2(out, runs[run_name]["reference"])
+            if error > 1e-2:
+                verdict = "detected numerically: relative L2 %.2e" % error
+        if verdict:
+            detected += 1
+            print("BUG %s: %s" % (bug, verdict))
+        else:
+            print("BUG %s: NOT DETECTED" % bug)
+            failures += 1
+    print("seeded bugs: %d of %d detected" % (detected, len(chosen)))
+    return 1 if failures else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
