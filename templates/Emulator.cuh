@@ -21,9 +21,6 @@
 #include <stdint.h>
 #include <string.h>
 
-#include <type_traits>
-#include <utility>
-
 #define __device__
 #define __global__
 #define __host__
@@ -156,13 +153,22 @@ inline uint32_t pack_pair(float lo, float hi, bool bf16) {
   return low | (high << 16);
 }
 
-/// Calls a kernel with the arguments of cuLaunchKernel's parameter array.
+// (No standard C++ headers: they would double a unit's compile time.)
+template <size_t... I> struct Indices {};
+template <size_t N, size_t... I> struct MakeIndices : MakeIndices<N - 1, N - 1, I...> {};
+template <size_t... I> struct MakeIndices<0, I...> {
+  using type = Indices<I...>;
+};
+
+/// Calls a kernel with the arguments of cuLaunchKernel's parameter array
+/// (kernel parameters are never references; top-level const is not part of
+/// the function type).
 template <typename... Args, size_t... I>
-void invoke(void (*kernel)(Args...), void **params, std::index_sequence<I...>) {
-  kernel(*static_cast<std::remove_cv_t<std::remove_reference_t<Args>> *>(params[I])...);
+void invoke(void (*kernel)(Args...), void **params, Indices<I...>) {
+  kernel(*static_cast<Args *>(params[I])...);
 }
 template <typename... Args> void invoke(void (*kernel)(Args...), void **params) {
-  invoke(kernel, params, std::index_sequence_for<Args...>{});
+  invoke(kernel, params, typename MakeIndices<sizeof...(Args)>::type{});
 }
 template <typename... Args>
 const unsigned long *parameter_sizes(void (*)(Args...), unsigned *count) {

@@ -377,6 +377,13 @@ unsigned staticLimit(const Worker &worker) {
 void landGroup(Worker &worker, Thread &thread, const std::vector<AsyncCopy> &group);
 
 void releaseBarrier(Worker &worker) {
+  if (worker.live < worker.threadCount && worker.launch->checks.synccheck)
+    report("synccheck",
+           "__syncthreads at " + siteString(worker.barrierFile, worker.barrierLine) +
+               " completed by " + std::to_string(worker.live) + " of " +
+               std::to_string(worker.threadCount) +
+               " threads: the others exited without reaching it (a barrier in divergent code)",
+           siteString(worker.barrierFile, worker.barrierLine), 0, false);
   ++worker.counters.barriers;
   ++worker.epoch;
   worker.atBarrier = 0;

@@ -2,6 +2,8 @@
 
 #include "GpuCheck.h"
 
+#include "pagedc/EmulatorBuild.h"
+
 #include "pagedc/Attention.h"
 #include "pagedc/CudaAttention.h"
 #include "pagedc/Error.h"
@@ -130,7 +132,13 @@ public:
     for (const BundleModule &module : bundle->modules) {
       if (module.output != CompileOptions::Output::Cubin)
         continue;
-      std::string problem = validateCubin(module.image, module.arch, module.kernelNames);
+      // Emulator images are checked by the emulator's loader.
+      std::string problem =
+          isEmulatorArch(module.arch)
+              ? (module.image.compare(0, 16, "PAGEDC-EMU-IMG1\n") == 0
+                     ? ""
+                     : "not an emulator image")
+              : validateCubin(module.image, module.arch, module.kernelNames);
       if (!problem.empty())
         throw Error(fmt::format("{}/{}: {}", directory.string(), module.file, problem));
     }

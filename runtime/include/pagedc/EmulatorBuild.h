@@ -37,6 +37,14 @@ const std::string &emulatorBuildIdentity();
 /// KernelAbi.h). Throws pagedc::Error with the compiler's output.
 CompileResult compileForEmulator(const KernelSource &source);
 
+/// What every emulator unit starts with: PAGEDC_EMULATOR, the kernel ABI
+/// and Emulator.cuh. Hand-written kernels (tests) follow it with their own
+/// code and PAGEDC_EMU_ENTRY(name) lines.
+std::string emulatorPrologue();
+
+/// Compiles any emulator unit (`what` names it in errors).
+CompileResult compileEmulatorUnit(const std::string &code, const std::string &what);
+
 } // namespace pagedc
 
 #endif // PAGEDC_EMULATORBUILD_H

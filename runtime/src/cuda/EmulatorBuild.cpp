@@ -127,12 +127,8 @@ struct TempDirectory {
 std::string emulatorSource(const KernelSource &source) {
   std::string code;
   code.reserve(source.code.size() + 32 * 1024);
-  code += "// pagedc kernel, built for the SIMT emulator\n#define PAGEDC_EMULATOR 1\n";
-  code += "#line 1 \"EmuKernelAbi.h\"\n";
-  code += embeddedTemplate("EmuKernelAbi.h");
-  code += "\n#line 1 \"Emulator.cuh\"\n";
-  code += embeddedTemplate("Emulator.cuh");
-  code += "\n";
+  code += "// pagedc kernel, built for the SIMT emulator\n";
+  code += emulatorPrologue();
   // Each part of the unit starts with a "// ---- NAME ----" line; from there
   // on, lines are numbered as in NAME.
   std::string_view rest = source.code;
@@ -172,6 +168,20 @@ const std::string &emulatorBuildIdentity() {
 }
 
 CompileResult compileForEmulator(const KernelSource &source) {
+  return compileEmulatorUnit(emulatorSource(source),
+                             fmt::format("the {} kernel", kernelKindName(source.config.kind)));
+}
+
+std::string emulatorPrologue() {
+  std::string code = "#define PAGEDC_EMULATOR 1\n#line 1 \"EmuKernelAbi.h\"\n";
+  code += embeddedTemplate("EmuKernelAbi.h");
+  code += "\n#line 1 \"Emulator.cuh\"\n";
+  code += embeddedTemplate("Emulator.cuh");
+  code += "\n";
+  return code;
+}
+
+CompileResult compileEmulatorUnit(const std::string &code, const std::string &what) {
   const auto start = std::chrono::steady_clock::now();
   const std::string compiler = compilerPath();
   TempDirectory directory;
@@ -180,7 +190,7 @@ CompileResult compileForEmulator(const KernelSource &source) {
   const std::string library = directory.path + "/kernel.so";
   {
     std::ofstream file(unit, std::ios::binary);
-    file << emulatorSource(source);
+    file << code;
     if (!file.flush())
       throw Error(fmt::format("could not write the emulator build's source to {}", unit));
   }
@@ -194,9 +204,9 @@ CompileResult compileForEmulator(const KernelSource &source) {
                              quote(object)),
                  output);
   if (status != 0)
-    throw Error(fmt::format("the host compiler ({}) could not build the {} kernel for the SIMT "
+    throw Error(fmt::format("the host compiler ({}) could not build {} for the SIMT "
                             "emulator (exit {}):\n{}",
-                            compiler, kernelKindName(source.config.kind), status, output));
+                            compiler, what, status, output));
   std::ifstream file(library, std::ios::binary);
   std::string bytes((std::istreambuf_iterator<char>(file)), std::istreambuf_iterator<char>());
   if (bytes.empty())
