@@ -8,6 +8,7 @@
 // images, launches that run to completion before cuLaunchKernel returns.
 //
 // Environment: PAGEDC_EMU_CHECKS (Emulator.h), PAGEDC_EMU_THREADS,
+// PAGEDC_EMU_SAMPLE_BLOCKS=N (run N blocks of each grid, for counting only),
 // PAGEDC_EMU_REPORT=FILE (each report as a JSON line), PAGEDC_EMU_COUNTERS=FILE
 // (a JSON line per launch), PAGEDC_EMU_QUIET=1 (no reports on stderr).
 //
@@ -324,6 +325,9 @@ EXPORT int cuLaunchKernel(void *function, unsigned gridX, unsigned gridY, unsign
   config.block[2] = blockZ;
   config.dynamicSharedBytes = sharedBytes;
   config.maxDynamicSharedBytes = target->maxDynamicShared;
+  // PAGEDC_EMU_SAMPLE_BLOCKS=N: count a sample of each grid (the model).
+  if (const char *sample = std::getenv("PAGEDC_EMU_SAMPLE_BLOCKS"))
+    config.sampleBlocks = std::strtoull(sample, nullptr, 10);
   emu::LaunchResult result =
       emu::launch(*target->kernel, config, params, emu::Checks::fromEnvironment());
 

@@ -223,6 +223,8 @@ struct Launch {
   std::vector<void *> parameterPointers;
   std::atomic<uint64_t> nextBlock{0};
   uint64_t blockCount = 0;
+  /// Blocks actually run: all, or a sample (LaunchConfig::sampleBlocks).
+  uint64_t runBlocks = 0;
   std::atomic<bool> aborted{false};
   std::mutex reportMutex;
   std::vector<Report> reports;
@@ -1419,9 +1421,13 @@ void workerLoop(Launch &launch, Counters &total, std::mutex &totalMutex) {
   worker->lastAllocation = nullptr;
   currentWorker = worker.get();
   while (!launch.aborted) {
-    const uint64_t block = launch.nextBlock.fetch_add(1);
-    if (block >= launch.blockCount)
+    const uint64_t index = launch.nextBlock.fetch_add(1);
+    if (index >= launch.runBlocks)
       break;
+    // Sampling runs blocks evenly spread over the grid.
+    const uint64_t block = launch.runBlocks == launch.blockCount
+                               ? index
+                               : index * launch.blockCount / launch.runBlocks;
     runBlock(*worker, block);
   }
   currentWorker = nullptr;
@@ -1490,6 +1496,7 @@ std::string Report::format() const {
 }
 
 void Counters::add(const Counters &o) {
+  gridBlocks = std::max(gridBlocks, o.gridBlocks);
   blocks += o.blocks;
   threads += o.threads;
   mma += o.mma;
@@ -1523,6 +1530,7 @@ std::string Counters::json() const {
       text += ", ";
     text += "\"" + std::string(name) + "\": " + std::to_string(value);
   };
+  field("grid_blocks", gridBlocks);
   field("blocks", blocks);
   field("threads", threads);
   field("mma", mma);
@@ -1702,6 +1710,8 @@ LaunchResult launch(const Kernel &kernel, const LaunchConfig &config, void **par
   state.config = config;
   state.checks = checks;
   state.blockCount = blocks;
+  state.runBlocks = config.sampleBlocks && config.sampleBlocks < blocks ? config.sampleBlocks
+                                                                        : blocks;
   state.staticBase = (config.dynamicSharedBytes + 127) / 128 * 128;
   // Copy the parameters, as the driver does at launch.
   size_t total = 0;
@@ -1721,7 +1731,8 @@ LaunchResult launch(const Kernel &kernel, const LaunchConfig &config, void **par
       for (size_t i = 0; i < entry.second->sectorWords; ++i)
         entry.second->sectors[i].store(0, std::memory_order_relaxed);
   }
-  const unsigned workers = static_cast<unsigned>(std::min<uint64_t>(poolSize(), blocks));
+  const unsigned workers =
+      static_cast<unsigned>(std::min<uint64_t>(poolSize(), state.runBlocks));
   std::mutex totalMutex;
   if (workers <= 1) {
     workerLoop(state, result.counters, totalMutex);
@@ -1739,6 +1750,7 @@ LaunchResult launch(const Kernel &kernel, const LaunchConfig &config, void **par
         result.counters.globalSectorsUnique +=
             __builtin_popcountll(entry.second->sectors[i].load(std::memory_order_relaxed));
   }
+  result.counters.gridBlocks = blocks;
   result.reports = std::move(state.reports);
   result.ok = result.reports.empty() && !state.aborted;
   if (state.aborted && result.reports.empty())

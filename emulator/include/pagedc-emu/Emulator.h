@@ -51,6 +51,8 @@ struct Report {
 
 /// Per-launch counters (emulator-counted events, not hardware measurements).
 struct Counters {
+  /// Blocks of the grid, and blocks run (fewer when sampling).
+  uint64_t gridBlocks = 0;
   uint64_t blocks = 0, threads = 0;
   /// Warp-level mma.sync m16n8k16 instructions (4096 FLOP each).
   uint64_t mma = 0;
@@ -121,6 +123,9 @@ struct LaunchConfig {
   unsigned dynamicSharedBytes = 0;
   /// Most dynamic shared memory the kernel may use (cuFuncSetAttribute).
   unsigned maxDynamicSharedBytes = 48 * 1024;
+  /// > 0: run only this many blocks, evenly spread over the grid, to count
+  /// (the performance model); outputs of the other blocks are not written.
+  uint64_t sampleBlocks = 0;
 };
 
 /// Runs `kernel` over the grid; `params` as cuLaunchKernel takes them.

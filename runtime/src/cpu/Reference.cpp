@@ -114,7 +114,7 @@ PagedCache buildPagedCache(const TensorView &k, const TensorView &v,
                            DType storage, uint64_t seed, int64_t sparePages) {
   if (k.rank() != 4 || v.rank() != 4 || pageSize <= 0)
     throw Error("buildPagedCache: k and v must be rank 4 and pageSize positive");
-  if (storage != DType::F32 && storage != DType::BF16)
+  if (storage != DType::F32 && storage != DType::BF16 && storage != DType::F16)
     throw Error(fmt::format("buildPagedCache: unsupported storage dtype {}",
                             dtypeName(storage)));
   int64_t batch = k.size(0), kvHeads = k.size(1), capacity = k.size(2);
@@ -142,6 +142,8 @@ PagedCache buildPagedCache(const TensorView &k, const TensorView &v,
   auto store = [storage](HostTensor &tensor, int64_t index, double value) {
     if (storage == DType::F32)
       tensor.dataAs<float>()[index] = static_cast<float>(value);
+    else if (storage == DType::F16)
+      tensor.dataAs<uint16_t>()[index] = floatToHalf(static_cast<float>(value));
     else
       tensor.dataAs<uint16_t>()[index] = floatToBF16(static_cast<float>(value));
   };

@@ -361,7 +361,9 @@ KernelConfig chooseCudaAttentionConfig(const CompiledMods &mods, DType elementTy
       config.kind = KernelKind::Decode;
       config.queryTokens = std::max(queryLength, 1);
     } else {
+      // Prefill reads the GQA ratio at run time: one kernel for every ratio.
       config.kind = KernelKind::Prefill;
+      config.groupSize = 1;
     }
     config.validate();
     return config;

@@ -33,9 +33,14 @@ struct AttentionConfig {
   std::vector<int32_t> qOffsets;
   bool qOffsetAtEnd = false;
   int32_t pageSize = 16;
-  /// Storage of q, K and V: F32 or BF16. The reference reads the same
+  /// Storage of q, K and V: F32, BF16 or F16. The reference reads the same
   /// (rounded) values.
   DType storage = DType::F32;
+  /// Where the paged attention runs: the CPU backend, or cuda:N through the
+  /// runtime's CUDA backend (the GPU kernels; on a machine without a GPU, the
+  /// SIMT emulator's driver). CUDA needs storage and outType BF16 or F16
+  /// (outType is then taken equal to storage) and mods with CUDA code.
+  Device device = Device::cpu();
   DType outType = DType::F32;
   bool withLse = true;
   /// Builds a block mask by evaluating maskReference densely.

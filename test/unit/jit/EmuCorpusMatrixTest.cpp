@@ -1,0 +1,174 @@
+//===- EmuCorpusMatrixTest.cpp - Every corpus mod, CUDA kernels vs float64 -===//
+//
+// The correctness matrix of the CUDA kernels, executed on the SIMT emulator
+// (PAGEDC_CUDA_DRIVER=emu, set before anything touches the driver) through
+// the runtime's CUDA backend with every checker on: every mod of
+// examples/*.attn, compiled with its CUDA code, x prefill / decode /
+// 3-token decode x page sizes 1, 16, 128 (shuffled page tables) x GQA 1 and
+// 4 x bf16 and f16 x head dims 64 and 128, lengths off the tile and page
+// grid, half of the runs with a block mask, lse on; outputs against the
+// float64 reference on fresh random inputs. A checker report fails the
+// launch and so the case.
+//
+// Each case first builds all its kernels in parallel (the kernel cache's
+// emulator builds), then runs; ctest runs the matrix in shards.
+//
+//===----------------------------------------------------------------------===//
+
+#include "AttentionCheck.h"
+#include "CorpusSupport.h"
+#include "JIT/CompileSource.h"
+
+#include "pagedc/CudaAttention.h"
+#include "pagedc/KernelCache.h"
+#include "pagedc/Error.h"
+
+#include <fmt/format.h>
+
+#include <gtest/gtest.h>
+
+#include <cstdlib>
+#include <thread>
+
+namespace {
+
+using namespace corpus;
+
+struct Mode {
+  const char *name;
+  int64_t qLength;
+  std::vector<int32_t> kvLengths;
+  bool atEnd;
+};
+
+// Lengths off the 64-row tiles and the pages; the decode lengths make the
+// launch plan split the 400-key sequence (split-KV + merge).
+const Mode kModes[] = {
+    {"prefill", 77, {77, 61}, false},
+    {"decode", 1, {150, 37, 400}, true},
+    {"speculative", 3, {45, 131}, true},
+};
+
+class EmuCorpusMatrixTest : public ::testing::TestWithParam<CorpusCase> {};
+
+int64_t gRuns = 0, gMaskedRows = 0;
+
+struct Variant {
+  const Mode *mode;
+  int32_t pageSize;
+  int gqa;
+  pagedc::DType dtype;
+  int64_t dim;
+  bool withBlockMask;
+};
+
+TEST_P(EmuCorpusMatrixTest, CudaKernelsOnEmulatorMatchFloat64Reference) {
+  const CorpusCase &c = GetParam();
+  std::string diagnostics;
+  llvm::raw_string_ostream diagnosticStream(diagnostics);
+  pagedc::jit::SourceCompileOptions options;
+  options.withCuda = true;
+  const std::string source = readFile(c.file);
+  auto compiled = pagedc::jit::compileModsFromSource(c.file, source, c.mask, c.score, options,
+                                                     diagnosticStream);
+  ASSERT_TRUE(bool(compiled)) << llvm::toString(compiled.takeError()) << "\n" << diagnostics;
+  const pagedc::CompiledMods &mods = *compiled;
+
+  std::vector<Variant> variants;
+  int index = 0;
+  for (const Mode &mode : kModes)
+    for (int32_t pageSize : {1, 16, 128})
+      for (int gqa : {1, 4})
+        for (pagedc::DType dtype : {pagedc::DType::BF16, pagedc::DType::F16})
+          for (int64_t dim : {64, 128})
+            variants.push_back(
+                {&mode, pageSize, gqa, dtype, dim, mods.hasMask() && ++index % 2 == 0});
+
+  // Build every kernel of the case first, a few at a time in parallel.
+  const std::string arch = pagedc::cudaDeviceInfo(0).arch();
+  ASSERT_EQ(arch, "emu");
+  std::vector<pagedc::KernelCache::Request> requests;
+  for (const Variant &v : variants) {
+    pagedc::KernelCache::Request request;
+    request.config = pagedc::chooseCudaAttentionConfig(mods, v.dtype, static_cast<int>(v.dim),
+                                                       v.pageSize, v.gqa,
+                                                       static_cast<int>(v.mode->qLength),
+                                                       /*returnLse=*/true, arch);
+    request.modCode = mods.cuda.modCode;
+    request.options.arch = arch;
+    if (std::none_of(requests.begin(), requests.end(), [&](const auto &r) {
+          return r.config == request.config;
+        }))
+      requests.push_back(request);
+  }
+  const size_t parallel = std::max(1u, std::thread::hardware_concurrency());
+  for (size_t begin = 0; begin < requests.size(); begin += parallel) {
+    std::vector<pagedc::KernelCache::Request> batch(
+        requests.begin() + begin, requests.begin() + std::min(requests.size(), begin + parallel));
+    ASSERT_NO_THROW(pagedc::KernelCache::global().getOrCompileAll(batch));
+  }
+
+  uint64_t seed = std::hash<std::string>()(caseName({c, 0}));
+  int variantIndex = 0;
+  for (const Variant &v : variants) {
+    ++variantIndex;
+    pagedc::testutil::AttentionConfig config;
+    config.device = pagedc::Device::cuda(0);
+    config.batch = static_cast<int64_t>(v.mode->kvLengths.size());
+    config.kvHeads = v.gqa == 1 ? 2 : 1;
+    config.qHeads = config.kvHeads * v.gqa;
+    config.qLength = v.mode->qLength;
+    config.kvLengths = v.mode->kvLengths;
+    config.qOffsetAtEnd = v.mode->atEnd;
+    config.dim = config.vDim = v.dim;
+    config.pageSize = v.pageSize;
+    config.storage = v.dtype;
+    config.withLse = true;
+    config.withBlockMask = v.withBlockMask;
+    config.qBlockSize = 32;
+    config.kvBlockSize = 64;
+    config.range = 2.0f;
+    config.seed = seed + variantIndex;
+
+    int32_t positions = static_cast<int32_t>(v.mode->qLength);
+    for (int32_t length : v.mode->kvLengths)
+      positions = std::max(positions, length);
+    std::mt19937 random(static_cast<uint32_t>(config.seed));
+    RandomBindings bindings(mods, {config.batch, config.qHeads, positions}, random);
+    if (!bindings.complete())
+      return;
+    const std::string label = fmt::format("{} page {} gqa {} {} d{}{}", v.mode->name, v.pageSize,
+                                          v.gqa, pagedc::dtypeName(v.dtype), v.dim,
+                                          v.withBlockMask ? " block mask" : "");
+    try {
+      pagedc::testutil::AttentionCheckResult result =
+          pagedc::testutil::checkPagedAttention(mods, bindings.context(), config);
+      ++gRuns;
+      gMaskedRows += result.maskedRows;
+      EXPECT_TRUE(result.ok()) << label << ": " << result.describe();
+      EXPECT_EQ(result.nonFinite, 0) << label;
+    } catch (const pagedc::Error &error) {
+      ADD_FAILURE() << label << ": " << error.what();
+    }
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Corpus, EmuCorpusMatrixTest, ::testing::ValuesIn(corpusCases()),
+                         caseName);
+
+/// Runs on the emulator's driver, with a kernel cache of its own unless the
+/// caller chose one; the whole matrix must have seen a fully masked row.
+class EmulatorEnvironment : public ::testing::Environment {
+public:
+  void SetUp() override {
+    ::setenv("PAGEDC_CUDA_DRIVER", "emu", 1);
+    ::setenv("PAGEDC_EMU_QUIET", "1", 0);
+  }
+  void TearDown() override {
+    if (gRuns > 40)
+      EXPECT_GT(gMaskedRows, 0) << "no run produced a fully masked row";
+  }
+};
+const auto *const gEnvironment = ::testing::AddGlobalTestEnvironment(new EmulatorEnvironment);
+
+} // namespace
