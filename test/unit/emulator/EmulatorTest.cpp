@@ -11,14 +11,18 @@
 
 #include "pagedc-emu/Emulator.h"
 #include "pagedc/EmulatorBuild.h"
+#include "pagedc/KernelCache.h"
 #include "pagedc/Tensor.h"
 
 #include <gtest/gtest.h>
 
 #include <cmath>
 #include <cstring>
+#include <filesystem>
 #include <memory>
 #include <random>
+
+#include <unistd.h>
 
 namespace {
 
@@ -277,6 +281,39 @@ TEST_F(Emulator, EachCheckerReportsItsBug) {
   EXPECT_EQ(unwritten.reports[0].checker, "initcheck");
   emu::release(fresh);
   emu::release(data);
+}
+
+TEST(EmulatorImages, AreCachedLikeCubins) {
+  const std::string directory =
+      (std::filesystem::temp_directory_path() / ("pagedc-emu-cache-" + std::to_string(getpid())))
+          .string();
+  std::filesystem::remove_all(directory);
+  KernelConfig config;
+  config.kind = KernelKind::Decode;
+  config.headDim = 64;
+  CompileOptions options;
+  options.arch = std::string(kEmulatorArch);
+  const std::string modCode(embeddedTemplate("testing/causal.cuh"));
+  {
+    KernelCache cache(directory);
+    auto kernel = cache.getOrCompile(config, modCode, options);
+    EXPECT_EQ(kernel->image.compare(0, 16, "PAGEDC-EMU-IMG1\n"), 0);
+    EXPECT_EQ(cache.stats().compiles, 1u);
+    cache.getOrCompile(config, modCode, options);
+    EXPECT_EQ(cache.stats().memoryHits, 1u);
+  }
+  KernelCache fresh(directory);
+  auto again = fresh.getOrCompile(config, modCode, options);
+  EXPECT_EQ(fresh.stats().diskHits, 1u);
+  EXPECT_EQ(fresh.stats().compiles, 0u);
+  // A cubin key and an emulator key never meet.
+  CompileOptions gpu;
+  gpu.arch = "sm_90";
+  KernelSource source = assembleKernel(config, modCode);
+  EXPECT_NE(KernelCache::diskKey(source.code, gpu), KernelCache::diskKey(source.code, options));
+  std::string error;
+  EXPECT_TRUE(emu::loadModule(again->image.data(), &error)) << error;
+  std::filesystem::remove_all(directory);
 }
 
 } // namespace
