@@ -21,6 +21,7 @@
 #include <filesystem>
 #include <memory>
 #include <random>
+#include <vector>
 
 #include <unistd.h>
 
@@ -97,6 +98,18 @@ extern "C" __global__ void mma_tile(float *data, int) {
   data[512 + (g + 8) * 8 + c + 1] = acc[3];
 }
 
+// cvt.rn.bf16x2.f32 / cvt.rn.f16x2.f32 of data[i] (as bits) into data[n + i],
+// and cvt.f32.f16 of every 16-bit pattern i into data[2n + i].
+extern "C" __global__ void convert(float *data, int n) {
+  for (int i = threadIdx.x; i < n; i += blockDim.x) {
+    const u32 packed = pagedc_emu::pack_pair(data[i], data[i], true);
+    const u32 half = pagedc_emu::pack_pair(data[i], data[i], false);
+    data[n + i] = __uint_as_float((packed & 0xffffu) | (half << 16));
+  }
+  for (int i = threadIdx.x; i < 65536; i += blockDim.x)
+    data[2 * n + i] = pagedc_emu::half_to_float(static_cast<uint16_t>(i));
+}
+
 // Bugs, one per checker.
 extern "C" __global__ void write_past_end(float *data, int n) {
   data[n + threadIdx.x] = 1.0f;
@@ -124,6 +137,7 @@ extern "C" __global__ void half_barrier(float *data, int) {
 
 const char *const kNames[] = {"ldmatrix_conflict_free", "ldmatrix_four_way", "load_coalesced",
                               "load_strided",           "store_banks",       "mma_tile",
+                              "convert",
                               "write_past_end",         "shared_race",       "read_unwritten",
                               "partial_shuffle",        "half_barrier"};
 
@@ -245,6 +259,50 @@ TEST_F(Emulator, MmaFragmentsMatchMatrixProduct) {
         expected += double(a[i][k]) * b[k][n];
       EXPECT_NEAR(data[512 + i * 8 + n], expected, 1e-5) << "row " << i << " col " << n;
     }
+  emu::release(data);
+}
+
+TEST_F(Emulator, ConversionsAreBitExact) {
+  // Edge cases (ties, subnormals, overflow, infinities, NaN) and random bits.
+  std::vector<uint32_t> bits = {0x00000000u, 0x80000000u, 0x3f800000u, 0x3f808000u, 0x3f818000u,
+                                0x3f80c000u, 0x477fe000u, 0x477ff000u, 0x477fefffu, 0x47800000u,
+                                0x33000000u, 0x33000001u, 0x387fc000u, 0x38800000u, 0x00000001u,
+                                0x7f800000u, 0xff800000u, 0x7fc00000u, 0x7f7fffffu, 0x3ffff000u,
+                                0x7f7f8000u, 0x7f7f7fffu};
+  std::mt19937 random(11);
+  while (bits.size() < 20000)
+    bits.push_back(static_cast<uint32_t>(random()));
+  const int n = static_cast<int>(bits.size());
+  float *data = deviceFloats(2 * n + 65536);
+  std::memcpy(data, bits.data(), bits.size() * 4);
+  emu::LaunchResult result = run("convert", data, n, 128);
+  ASSERT_TRUE(result.ok) << (result.reports.empty() ? result.error : result.reports[0].format());
+  int mismatches = 0;
+  for (int i = 0; i < n; ++i) {
+    float value;
+    std::memcpy(&value, &bits[i], 4);
+    uint32_t out;
+    std::memcpy(&out, &data[n + i], 4);
+    const uint16_t bf16 = out & 0xffff, half = out >> 16;
+    if (std::isnan(value)) {
+      mismatches += !std::isnan(bf16ToFloat(bf16)) || !std::isnan(halfToFloat(half));
+      continue;
+    }
+    if (bf16 != floatToBF16(value) || half != floatToHalf(value)) {
+      if (++mismatches < 5)
+        ADD_FAILURE() << std::hex << "bits 0x" << bits[i] << ": bf16 0x" << bf16 << " expected 0x"
+                      << floatToBF16(value) << ", f16 0x" << half << " expected 0x"
+                      << floatToHalf(value);
+    }
+  }
+  EXPECT_EQ(mismatches, 0);
+  for (int i = 0; i < 65536; ++i) {
+    const float expected = halfToFloat(static_cast<uint16_t>(i)), actual = data[2 * n + i];
+    if (std::isnan(expected))
+      EXPECT_TRUE(std::isnan(actual)) << i;
+    else
+      EXPECT_EQ(std::memcmp(&expected, &actual, 4), 0) << "f16 pattern " << i;
+  }
   emu::release(data);
 }
 
