@@ -21,7 +21,7 @@
 
 #include "GpuCheck.h"
 
-#include "cuda/Json.h"
+#include "kernels/Json.h"
 #include "pagedc/CudaAttention.h"
 #include "pagedc/Error.h"
 

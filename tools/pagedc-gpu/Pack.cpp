@@ -2,7 +2,7 @@
 
 #include "Pack.h"
 
-#include "cuda/Json.h"
+#include "kernels/Json.h"
 #include "pagedc/Error.h"
 #include "pagedc/KernelCache.h"
 

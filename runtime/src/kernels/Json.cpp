@@ -1,6 +1,6 @@
 //===- Json.cpp - A small JSON value, writer and parser -------------------===//
 
-#include "cuda/Json.h"
+#include "kernels/Json.h"
 
 #include "pagedc/Error.h"
 

@@ -2,7 +2,7 @@
 
 #include "pagedc/KernelBundle.h"
 
-#include "cuda/Json.h"
+#include "kernels/Json.h"
 #include "pagedc/Error.h"
 
 #include <fmt/format.h>
