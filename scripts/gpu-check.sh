@@ -62,6 +62,8 @@ if [[ ! -f /usr/include/fmt/format.h && ! -f /usr/local/include/fmt/format.h ]] 
    [[ -n "${PAGEDC_FORCE_PACK_FMT:-}" ]]; then
   fmt_args=(-Dfmt_DIR="$pack/deps/fmt")
 fi
+# xxHash and nlohmann/json: the system's, else the pack's copies.
+[[ -d "$pack/deps/include" ]] && fmt_args+=(-DPAGEDC_EXTRA_INCLUDE="$pack/deps/include")
 step "configure (runtime only)" cmake -S "$root" -B "$build" -G Ninja \
   -DPAGEDC_ENABLE_COMPILER=OFF -DPAGEDC_BUILD_TESTS=OFF -DPAGEDC_BUILD_BENCHMARKS=OFF \
   "${fmt_args[@]}" || exit 1

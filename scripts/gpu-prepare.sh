@@ -11,7 +11,7 @@
 # 3. pagedc-gpu-prepare writes the corpus cases, their bundles and float64
 #    references, and the benchmark plan (--quick: a few of each, for tests);
 # 4. copies what the GPU machine lacks: fmt's headers with a header-only CMake
-#    package (PACK/deps/fmt);
+#    package (PACK/deps/fmt), xxhash.h and nlohmann/json (PACK/deps/include);
 # 5. dry-runs the pack (`pagedc-gpu check --dry-run`, `bench --dry-run`) and
 #    checks its size against the 64 MiB the run tool carries.
 #
@@ -51,7 +51,7 @@ echo "== pagedc --emit=bundle (CLI bundle)"
 echo "== pagedc-gpu-prepare"
 "$build/bin/pagedc-gpu-prepare" -o "$pack" "${quick[@]}" --cli-bundle "$pack/bundles/cli-causal"
 
-echo "== dependencies for the GPU machine (fmt, header-only)"
+echo "== dependencies for the GPU machine (fmt, xxHash, nlohmann/json; header-only)"
 fmt_include=""
 for candidate in /usr/include /usr/local/include; do
   [[ -f "$candidate/fmt/format.h" ]] && fmt_include=$candidate && break
@@ -70,6 +70,17 @@ if(NOT TARGET fmt::fmt)
 endif()
 set(fmt_FOUND TRUE)
 EOF
+
+# xxHash and nlohmann/json, header-only, for -DPAGEDC_EXTRA_INCLUDE.
+mkdir -p "$pack/deps/include"
+for header in xxhash.h nlohmann; do
+  found=""
+  for candidate in /usr/include /usr/local/include; do
+    [[ -e "$candidate/$header" ]] && found=$candidate/$header && break
+  done
+  [[ -n "$found" ]] || { echo "gpu-prepare: $header not found (libxxhash-dev, nlohmann-json3-dev)" >&2; exit 1; }
+  cp -r "$found" "$pack/deps/include/"
+done
 
 echo "== dry run"
 "$build/bin/pagedc-gpu" check "$pack" --dry-run --json "$pack/dry-run-check.json" >"$pack/dry-run-check.txt"

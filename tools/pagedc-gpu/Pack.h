@@ -70,7 +70,7 @@ struct PackCase {
   /// The mask's dependence (block-mask extents: 1 where it reads no b / h).
   bool maskReadsB = true, maskReadsH = true;
   uint64_t seed = 0;
-  /// FNV-1a of generateInputs()'s bytes (q, k, v), 16 hex digits.
+  /// XXH3-64 of generateInputs()'s bytes (q, k, v), 16 hex digits.
   std::string inputChecksum;
   std::vector<CaseParam> params;
   std::vector<CaseBuffer> buffers;

@@ -8,7 +8,7 @@
 //     "format": "pagedc-kernel-bundle", "version": 1,
 //     "modules": [
 //       { "file": "decode-<key>.cubin", "arch": "sm_90", "key": "<32 hex>",
-//         "checksum": "<16 hex FNV-1a of the file>", "image": "cubin",
+//         "checksum": "<16 hex XXH3-64 of the file>", "image": "cubin",
 //         "kernels": ["pagedc_decode", "pagedc_decode_merge"],
 //         "threads": 128, "shared_memory": 83456,
 //         "config": { "kind": "decode", "dtype": "bf16", "head_dim": 128,

@@ -4,7 +4,7 @@
 // looking in three places: an in-process map (a hash of the mod code and
 // config, no source assembly), the on-disk directory ($PAGEDC_CACHE_DIR,
 // default ~/.cache/pagedc), and finally NVRTC. Disk entries are keyed by a
-// 128-bit FNV-1a hash of the assembled source, the options, the NVRTC
+// 128-bit XXH3 hash (xxHash) of the assembled source, the options, the NVRTC
 // library's identity (nvrtcLibraryIdentity: path, size, mtime; a disk hit
 // never loads NVRTC) and the architecture; each carries checksums so a truncated or
 // corrupt entry is detected, removed and rebuilt; writes go to a temporary
@@ -21,6 +21,7 @@
 #include <atomic>
 #include <cstdint>
 #include <future>
+#include <initializer_list>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -43,9 +44,12 @@ struct CompiledKernel {
   std::string log;
 };
 
-/// 64-bit FNV-1a.
-uint64_t fnv1a64(std::string_view data,
-                 uint64_t seed = 0xcbf29ce484222325ull);
+/// XXH3-64 (xxHash) of `data`: checksums of cache entries, bundles and
+/// packs, and in-process keys. Chain with `seed` for several pieces.
+uint64_t contentHash64(std::string_view data, uint64_t seed = 0);
+/// XXH3-128 over `parts`, each length-prefixed, as 32 hex digits: the
+/// content keys of kernel-cache entries and variant files.
+std::string contentKey128(std::initializer_list<std::string_view> parts);
 
 class KernelCache {
 public:

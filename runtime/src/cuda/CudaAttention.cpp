@@ -309,7 +309,7 @@ std::shared_ptr<const CudaKernel> cudaKernelFor(const CompiledMods &mods,
     key = fmt::format("bundle {} {}", static_cast<const void *>(mods.cuda.bundle.get()),
                       mods.cuda.bundleLabel);
   else if (!mods.cuda.modCode.empty())
-    key = fmt::format("code {:016x} {}", fnv1a64(mods.cuda.modCode), mods.cuda.modCode.size());
+    key = fmt::format("code {:016x} {}", contentHash64(mods.cuda.modCode), mods.cuda.modCode.size());
   else
     throw Error(fmt::format("the mods ({}) have no CUDA kernels: CompiledMods::cuda holds "
                             "neither generated mod code nor a kernel bundle",

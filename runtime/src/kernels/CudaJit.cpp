@@ -315,10 +315,10 @@ const std::string &codegenBuildId() {
   static const std::string id = [] {
     std::vector<std::string> names = embeddedTemplateNames();
     std::sort(names.begin(), names.end());
-    uint64_t hash = fnv1a64("pagedc templates");
+    uint64_t hash = contentHash64("pagedc templates");
     for (const std::string &name : names) {
-      hash = fnv1a64(name, hash);
-      hash = fnv1a64(embeddedTemplate(name), hash);
+      hash = contentHash64(name, hash);
+      hash = contentHash64(embeddedTemplate(name), hash);
     }
     return fmt::format("pagedc {} templates {}", PAGEDC_VERSION_STRING, hex64(hash));
   }();
@@ -522,9 +522,7 @@ std::string cudaVariantKey(const CudaJitRequest &request) {
     addField(material, "config", config.describe());
   addField(material, "arch", request.options.arch);
   addField(material, "options", request.options.key());
-  uint64_t first = fnv1a64(material);
-  uint64_t second = fnv1a64(material, first ^ 0x9e3779b97f4a7c15ull);
-  return hex64(first) + hex64(second);
+  return contentKey128({material});
 }
 
 CudaJitResult loadCudaMods(const CudaJitRequest &request, KernelCache &cache) {

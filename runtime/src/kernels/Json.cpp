@@ -1,4 +1,10 @@
-//===- Json.cpp - A small JSON value, writer and parser -------------------===//
+//===- Json.cpp - A small JSON value over nlohmann/json -------------------===//
+//
+// Parsing and writing are nlohmann/json's (Debian nlohmann-json3-dev); this
+// file converts between its documents and Value, whose typed accessors give
+// errors that name the field.
+//
+//===----------------------------------------------------------------------===//
 
 #include "kernels/Json.h"
 
@@ -6,6 +12,9 @@
 
 #include <fmt/format.h>
 
+#include <nlohmann/json.hpp>
+
+#include <climits>
 #include <cmath>
 #include <cstdlib>
 
@@ -25,189 +34,50 @@ const char *kindName(Value::Kind kind) {
   return "?";
 }
 
-void escape(std::string &out, const std::string &text) {
-  out += '"';
-  for (unsigned char c : text) {
-    switch (c) {
-    case '"': out += "\\\""; break;
-    case '\\': out += "\\\\"; break;
-    case '\n': out += "\\n"; break;
-    case '\t': out += "\\t"; break;
-    case '\r': out += "\\r"; break;
-    default:
-      if (c < 0x20)
-        out += fmt::format("\\u{:04x}", c);
-      else
-        out += static_cast<char>(c);
-    }
-  }
-  out += '"';
-}
+using Document = nlohmann::ordered_json;
 
-class Parser {
-public:
-  explicit Parser(std::string_view text) : text_(text) {}
+/// Value -> nlohmann document (the writer is nlohmann's).
+Document toDocument(const Value &value);
 
-  Value document() {
-    Value value = parseValue();
-    skipSpace();
-    if (at_ != text_.size())
-      fail("trailing characters");
-    return value;
+/// nlohmann document -> Value; `depth` bounds nesting (hostile input).
+Value fromDocument(const Document &document, int depth) {
+  if (depth > 256)
+    throw Error("JSON nested deeper than 256 levels");
+  switch (document.type()) {
+  case Document::value_t::null:
+  case Document::value_t::discarded:
+    return Value();
+  case Document::value_t::boolean:
+    return Value(document.get<bool>());
+  case Document::value_t::number_integer:
+    return Value(document.get<int64_t>());
+  case Document::value_t::number_unsigned: {
+    const uint64_t value = document.get<uint64_t>();
+    if (value > static_cast<uint64_t>(INT64_MAX))
+      return Value(static_cast<double>(value));
+    return Value(static_cast<int64_t>(value));
   }
-
-private:
-  [[noreturn]] void fail(const std::string &what) {
-    throw Error(fmt::format("invalid JSON at offset {}: {}", at_, what));
-  }
-  void skipSpace() {
-    while (at_ < text_.size() && (text_[at_] == ' ' || text_[at_] == '\n' ||
-                                  text_[at_] == '\t' || text_[at_] == '\r'))
-      ++at_;
-  }
-  bool consume(std::string_view word) {
-    if (text_.substr(at_, word.size()) == word) {
-      at_ += word.size();
-      return true;
-    }
-    return false;
-  }
-  Value parseValue() {
-    skipSpace();
-    if (at_ >= text_.size())
-      fail("unexpected end");
-    char c = text_[at_];
-    if (c == '{')
-      return parseObject();
-    if (c == '[')
-      return parseArray();
-    if (c == '"')
-      return Value(parseString());
-    if (consume("true"))
-      return Value(true);
-    if (consume("false"))
-      return Value(false);
-    if (consume("null"))
-      return Value();
-    return parseNumber();
-  }
-  Value parseNumber() {
-    size_t begin = at_;
-    if (at_ < text_.size() && text_[at_] == '-')
-      ++at_;
-    bool integral = true;
-    while (at_ < text_.size()) {
-      char c = text_[at_];
-      if (c >= '0' && c <= '9') {
-        ++at_;
-      } else if (c == '.' || c == 'e' || c == 'E' || c == '+' || c == '-') {
-        integral = false;
-        ++at_;
-      } else {
-        break;
-      }
-    }
-    std::string number(text_.substr(begin, at_ - begin));
-    if (number.empty() || number == "-")
-      fail("expected a value");
-    char *end = nullptr;
-    if (integral) {
-      long long value = std::strtoll(number.c_str(), &end, 10);
-      return Value(static_cast<int64_t>(value));
-    }
-    double value = std::strtod(number.c_str(), &end);
-    if (*end)
-      fail("bad number '" + number + "'");
-    return Value(value);
-  }
-  std::string parseString() {
-    ++at_; // opening quote
-    std::string out;
-    while (true) {
-      if (at_ >= text_.size())
-        fail("unterminated string");
-      char c = text_[at_++];
-      if (c == '"')
-        return out;
-      if (c != '\\') {
-        out += c;
-        continue;
-      }
-      if (at_ >= text_.size())
-        fail("unterminated escape");
-      char e = text_[at_++];
-      switch (e) {
-      case '"': out += '"'; break;
-      case '\\': out += '\\'; break;
-      case '/': out += '/'; break;
-      case 'n': out += '\n'; break;
-      case 't': out += '\t'; break;
-      case 'r': out += '\r'; break;
-      case 'b': out += '\b'; break;
-      case 'f': out += '\f'; break;
-      case 'u': {
-        if (at_ + 4 > text_.size())
-          fail("short \\u escape");
-        unsigned code = std::strtoul(std::string(text_.substr(at_, 4)).c_str(), nullptr, 16);
-        at_ += 4;
-        if (code < 0x80) {
-          out += static_cast<char>(code);
-        } else if (code < 0x800) {
-          out += static_cast<char>(0xc0 | (code >> 6));
-          out += static_cast<char>(0x80 | (code & 0x3f));
-        } else {
-          out += static_cast<char>(0xe0 | (code >> 12));
-          out += static_cast<char>(0x80 | ((code >> 6) & 0x3f));
-          out += static_cast<char>(0x80 | (code & 0x3f));
-        }
-        break;
-      }
-      default:
-        fail(std::string("bad escape \\") + e);
-      }
-    }
-  }
-  Value parseArray() {
-    ++at_;
+  case Document::value_t::number_float:
+    return Value(document.get<double>());
+  case Document::value_t::string:
+    return Value(document.get<std::string>());
+  case Document::value_t::binary:
+    throw Error("JSON binary values are not supported");
+  case Document::value_t::array: {
     Value array = Value::array();
-    skipSpace();
-    if (consume("]"))
-      return array;
-    while (true) {
-      array.push(parseValue());
-      skipSpace();
-      if (consume("]"))
-        return array;
-      if (!consume(","))
-        fail("expected ',' or ']'");
-    }
+    for (const Document &item : document)
+      array.push(fromDocument(item, depth + 1));
+    return array;
   }
-  Value parseObject() {
-    ++at_;
+  case Document::value_t::object: {
     Value object = Value::object();
-    skipSpace();
-    if (consume("}"))
-      return object;
-    while (true) {
-      skipSpace();
-      if (at_ >= text_.size() || text_[at_] != '"')
-        fail("expected a key");
-      std::string key = parseString();
-      skipSpace();
-      if (!consume(":"))
-        fail("expected ':'");
-      object.set(std::move(key), parseValue());
-      skipSpace();
-      if (consume("}"))
-        return object;
-      if (!consume(","))
-        fail("expected ',' or '}'");
-    }
+    for (auto it = document.begin(); it != document.end(); ++it)
+      object.set(it.key(), fromDocument(it.value(), depth + 1));
+    return object;
   }
-
-  std::string_view text_;
-  size_t at_ = 0;
-};
+  }
+  return Value();
+}
 
 } // namespace
 
@@ -258,61 +128,50 @@ void Value::set(std::string key, Value value) {
   members_.emplace_back(std::move(key), std::move(value));
 }
 
-std::string Value::dump(int indent) const {
-  std::string out;
-  dumpTo(out, indent, 0);
-  out += '\n';
-  return out;
-}
-
-void Value::dumpTo(std::string &out, int indent, int depth) const {
-  auto newline = [&](int level) {
-    if (indent > 0) {
-      out += '\n';
-      out.append(static_cast<size_t>(indent * level), ' ');
-    }
-  };
-  switch (kind_) {
-  case Kind::Null: out += "null"; break;
-  case Kind::Bool: out += bool_ ? "true" : "false"; break;
-  case Kind::Number:
-    if (isInteger_)
-      out += std::to_string(integer_);
-    else if (std::isfinite(number_))
-      out += fmt::format("{}", number_);
-    else
-      out += "null";
-    break;
-  case Kind::String: escape(out, string_); break;
-  case Kind::Array:
-    out += '[';
-    for (size_t i = 0; i < items_.size(); ++i) {
-      if (i)
-        out += ',';
-      newline(depth + 1);
-      items_[i].dumpTo(out, indent, depth + 1);
-    }
-    if (!items_.empty())
-      newline(depth);
-    out += ']';
-    break;
-  case Kind::Object:
-    out += '{';
-    for (size_t i = 0; i < members_.size(); ++i) {
-      if (i)
-        out += ',';
-      newline(depth + 1);
-      escape(out, members_[i].first);
-      out += indent > 0 ? ": " : ":";
-      members_[i].second.dumpTo(out, indent, depth + 1);
-    }
-    if (!members_.empty())
-      newline(depth);
-    out += '}';
-    break;
+namespace {
+Document toDocument(const Value &value) {
+  switch (value.kind()) {
+  case Value::Kind::Null:
+    return nullptr;
+  case Value::Kind::Bool:
+    return value.asBool("value");
+  case Value::Kind::Number:
+    if (value.isInteger())
+      return value.asInt("value");
+    // NaN and infinities have no JSON spelling.
+    return std::isfinite(value.asDouble("value")) ? Document(value.asDouble("value"))
+                                                  : Document(nullptr);
+  case Value::Kind::String:
+    return value.asString("value");
+  case Value::Kind::Array: {
+    Document array = Document::array();
+    for (const Value &item : value.asArray("value"))
+      array.push_back(toDocument(item));
+    return array;
   }
+  case Value::Kind::Object: {
+    Document object = Document::object();
+    for (const auto &[key, member] : value.members())
+      object[key] = toDocument(member);
+    return object;
+  }
+  }
+  return nullptr;
+}
+} // namespace
+
+std::string Value::dump(int indent) const {
+  return toDocument(*this).dump(indent > 0 ? indent : -1) + "\n";
 }
 
-Value Value::parse(std::string_view text) { return Parser(text).document(); }
+Value Value::parse(std::string_view text) {
+  Document document;
+  try {
+    document = Document::parse(text.begin(), text.end());
+  } catch (const nlohmann::json::exception &error) {
+    throw Error(fmt::format("invalid JSON: {}", error.what()));
+  }
+  return fromDocument(document, 0);
+}
 
 } // namespace pagedc::json

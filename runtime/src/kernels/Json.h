@@ -1,8 +1,8 @@
 //===- Json.h - A small JSON value, writer and parser ----------*- C++ -*-===//
 //
 // Enough JSON for bundle manifests and benchmark results: null, booleans,
-// numbers (kept as double, with exact int64 when integral), strings with
-// escapes, arrays and objects (key order preserved).
+// numbers (kept as double, with exact int64 when integral), strings, arrays
+// and objects (key order preserved). Parsing and writing are nlohmann/json's.
 //
 //===----------------------------------------------------------------------===//
 #ifndef PAGEDC_RUNTIME_CUDA_JSON_H
@@ -32,6 +32,9 @@ public:
 
   Kind kind() const { return kind_; }
   bool isObject() const { return kind_ == Kind::Object; }
+  bool isInteger() const { return kind_ == Kind::Number && isInteger_; }
+  /// Object members in insertion order.
+  const std::vector<std::pair<std::string, Value>> &members() const { return members_; }
 
   /// Typed access; throw pagedc::Error naming `what` on a kind mismatch.
   bool asBool(std::string_view what) const;
@@ -52,8 +55,6 @@ public:
   static Value parse(std::string_view text);
 
 private:
-  void dumpTo(std::string &out, int indent, int depth) const;
-
   Kind kind_ = Kind::Null;
   bool bool_ = false;
   double number_ = 0;

@@ -104,7 +104,7 @@ void KernelBundle::add(const CompiledKernel &kernel, std::string modsLabel) {
                             kernel.output == CompileOptions::Output::Cubin ? "cubin" : "ptx");
   module.arch = kernel.arch;
   module.key = kernel.key;
-  module.checksum = fmt::format("{:016x}", fnv1a64(kernel.image));
+  module.checksum = fmt::format("{:016x}", contentHash64(kernel.image));
   module.output = kernel.output;
   module.kernelNames = kernel.kernelNames;
   module.threads = kernel.config.threadsPerCta();
@@ -208,7 +208,7 @@ KernelBundle KernelBundle::read(const std::string &directory) {
   KernelBundle bundle = parseManifest(readBytes(fs::path(directory) / "manifest.json"));
   for (BundleModule &module : bundle.modules) {
     module.image = readBytes(fs::path(directory) / module.file);
-    std::string checksum = fmt::format("{:016x}", fnv1a64(module.image));
+    std::string checksum = fmt::format("{:016x}", contentHash64(module.image));
     if (checksum != module.checksum)
       throw Error(fmt::format("bundle module {} is corrupt: checksum {} but the manifest says {}",
                               module.file, checksum, module.checksum));

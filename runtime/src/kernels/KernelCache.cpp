@@ -9,6 +9,10 @@
 
 #include <fmt/format.h>
 
+// xxHash compiled into this unit (header-only), no library to link.
+#define XXH_INLINE_ALL
+#include <xxhash.h>
+
 #include <unistd.h>
 
 #include <cstdio>
@@ -24,13 +28,20 @@ namespace pagedc {
 
 namespace fs = std::filesystem;
 
-uint64_t fnv1a64(std::string_view data, uint64_t seed) {
-  uint64_t hash = seed;
-  for (unsigned char c : data) {
-    hash ^= c;
-    hash *= 0x100000001b3ull;
+uint64_t contentHash64(std::string_view data, uint64_t seed) {
+  return XXH3_64bits_withSeed(data.data(), data.size(), seed);
+}
+
+std::string contentKey128(std::initializer_list<std::string_view> parts) {
+  XXH3_state_t state;
+  XXH3_128bits_reset(&state);
+  for (std::string_view part : parts) {
+    const uint64_t size = part.size();
+    XXH3_128bits_update(&state, &size, sizeof(size));
+    XXH3_128bits_update(&state, part.data(), part.size());
   }
-  return hash;
+  const XXH128_hash_t hash = XXH3_128bits_digest(&state);
+  return fmt::format("{:016x}{:016x}", hash.high64, hash.low64);
 }
 
 namespace {
@@ -39,29 +50,11 @@ constexpr std::string_view kEntryMagic = "PAGEDC-KERNEL-CACHE 1\n";
 
 using sealed::hex64;
 
-/// A word-at-a-time multiply-xor hash for the in-process map (about 8x
-/// faster than byte-wise FNV-1a on kilobytes of mod code; collisions only
-/// cost a string compare, so it need not be strong).
-uint64_t wordHash(std::string_view data, uint64_t hash) {
-  const char *bytes = data.data();
-  size_t size = data.size(), i = 0;
-  for (; i + 8 <= size; i += 8) {
-    uint64_t word;
-    std::memcpy(&word, bytes + i, 8);
-    hash = (hash ^ word) * 0x9e3779b97f4a7c15ull;
-    hash ^= hash >> 29;
-  }
-  uint64_t tail = 0;
-  std::memcpy(&tail, bytes + i, size - i);
-  hash = (hash ^ tail ^ (uint64_t(size) << 56)) * 0x9e3779b97f4a7c15ull;
-  return hash ^ (hash >> 32);
-}
-
 /// Hash of the in-process key: mod code, config and options.
 uint64_t fastHash(const KernelConfig &config, std::string_view modCode,
                   const std::string &optionsKey) {
-  uint64_t hash = wordHash(modCode, 0xcbf29ce484222325ull);
-  hash = wordHash(optionsKey, hash);
+  uint64_t hash = contentHash64(modCode);
+  hash = contentHash64(optionsKey, hash);
   const int fields[] = {static_cast<int>(config.kind),
                         static_cast<int>(config.elementType),
                         config.headDim,
@@ -72,9 +65,8 @@ uint64_t fastHash(const KernelConfig &config, std::string_view modCode,
                         config.queryTokens,
                         config.returnLse ? 1 : 0,
                         static_cast<int>(config.paramsSize)};
-  return wordHash(std::string_view(reinterpret_cast<const char *>(fields),
-                                   sizeof(fields)),
-                  hash);
+  return contentHash64(std::string_view(reinterpret_cast<const char *>(fields), sizeof(fields)),
+                       hash);
 }
 
 /// Entry layout (SealedFile.h): the kernel's key, arch, kernel names and
@@ -138,10 +130,7 @@ std::string KernelCache::diskKey(std::string_view code,
                         options.key())
           : fmt::format("nvrtc {}\narch {}\noptions {}\n", nvrtcLibraryIdentity(), options.arch,
                         options.key());
-  uint64_t first = fnv1a64(code, fnv1a64(material));
-  // A second, differently seeded pass makes the key 128 bits wide.
-  uint64_t second = fnv1a64(code, fnv1a64(material, first ^ 0x9e3779b97f4a7c15ull));
-  return hex64(first) + hex64(second);
+  return contentKey128({material, code});
 }
 
 std::string KernelCache::entryPath(const std::string &key) const {

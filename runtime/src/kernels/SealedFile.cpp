@@ -22,8 +22,8 @@ namespace pagedc::sealed {
 std::string hex64(unsigned long long value) { return fmt::format("{:016x}", value); }
 
 std::string seal(std::string_view magic, std::string header, std::string_view payload) {
-  header += fmt::format("size={}\nchecksum={}\n", payload.size(), hex64(fnv1a64(payload)));
-  header += fmt::format("header_checksum={}\n\n", hex64(fnv1a64(header)));
+  header += fmt::format("size={}\nchecksum={}\n", payload.size(), hex64(contentHash64(payload)));
+  header += fmt::format("header_checksum={}\n\n", hex64(contentHash64(header)));
   std::string file;
   file.reserve(magic.size() + header.size() + payload.size());
   file.append(magic).append(header).append(payload);
@@ -43,7 +43,7 @@ bool open(std::string_view bytes, std::string_view magic,
   size_t checksumAt = header.rfind(kHeaderChecksum);
   if (checksumAt == std::string_view::npos ||
       header.substr(checksumAt + kHeaderChecksum.size(), 16) !=
-          hex64(fnv1a64(header.substr(0, checksumAt))))
+          hex64(contentHash64(header.substr(0, checksumAt))))
     return false;
   fields.clear();
   std::istringstream lines{std::string(header)};
@@ -60,7 +60,7 @@ bool open(std::string_view bytes, std::string_view magic,
   payload = bytes.substr(headerEnd + 2);
   if (payload.size() != expected)
     return false; // truncated or padded
-  return hex64(fnv1a64(payload)) == fields["checksum"];
+  return hex64(contentHash64(payload)) == fields["checksum"];
 }
 
 bool writeAtomically(const std::string &path, std::string_view bytes) {

@@ -6,8 +6,8 @@
 //   name=value            header lines of the caller
 //   ...
 //   size=N                the payload's size in bytes
-//   checksum=HEX          FNV-1a 64 of the payload
-//   header_checksum=HEX   FNV-1a 64 of every header line above
+//   checksum=HEX          XXH3-64 of the payload
+//   header_checksum=HEX   XXH3-64 of every header line above
 //   (empty line)
 //   payload bytes
 //

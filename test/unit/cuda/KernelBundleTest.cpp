@@ -117,5 +117,5 @@ TEST(KernelBundle, MalformedManifestsNameTheProblem) {
   expectError(replaced("\"checksum\"", "\"checksun\""), "missing field 'checksum'");
   std::string file = bundle.modules[0].file;
   expectError(replaced("\"" + file + "\"", "\"../etc/passwd\""), "plain file name");
-  expectError(good + "x", "trailing characters");
+  expectError(good + "x", "expected end of input");
 }

@@ -69,10 +69,16 @@ bool waitForChild(pid_t child, std::chrono::seconds limit, int &status) {
 
 } // namespace
 
-TEST(Fnv1a, KnownVectors) {
-  EXPECT_EQ(fnv1a64(""), 0xcbf29ce484222325ull);
-  EXPECT_EQ(fnv1a64("a"), 0xaf63dc4c8601ec8cull);
-  EXPECT_EQ(fnv1a64("foobar"), 0x85944171f73967e8ull);
+TEST(ContentHash, KnownValueAndKeys) {
+  // XXH3-64 of the empty input (xxHash's published value), and seeds and
+  // contents that change the hash; keys are 32 hex digits and see the
+  // boundary between parts.
+  EXPECT_EQ(contentHash64(""), 0x2d06800538d394c2ull);
+  EXPECT_NE(contentHash64("a"), contentHash64("b"));
+  EXPECT_NE(contentHash64("a", 1), contentHash64("a", 2));
+  EXPECT_EQ(contentKey128({"ab", "c"}).size(), 32u);
+  EXPECT_NE(contentKey128({"ab", "c"}), contentKey128({"a", "bc"}));
+  EXPECT_EQ(contentKey128({"ab", "c"}), contentKey128({"ab", "c"}));
 }
 
 TEST(KernelCache, MissThenMemoryHitThenDiskHitInANewCache) {
