@@ -60,7 +60,33 @@ struct Allocation {
   std::unique_ptr<std::atomic<uint64_t>[]> sectors;
   size_t sectorWords = 0;
   uint64_t serial = 0;
+  /// Racecheck across blocks: per 4-byte word, the (launch, block) that
+  /// last wrote it from a kernel; made on the first kernel write.
+  std::atomic<std::atomic<uint64_t> *> blockWriters{nullptr};
+  std::unique_ptr<std::atomic<uint64_t>[]> blockWritersStorage;
+  std::mutex blockWritersMutex;
 };
+
+std::atomic<uint32_t> launchSerial{0};
+
+std::atomic<uint64_t> *blockWritersOf(Allocation &allocation) {
+  std::atomic<uint64_t> *words = allocation.blockWriters.load(std::memory_order_acquire);
+  if (words)
+    return words;
+  std::lock_guard<std::mutex> lock(allocation.blockWritersMutex);
+  words = allocation.blockWriters.load(std::memory_order_acquire);
+  if (!words) {
+    const size_t count = (allocation.bytes + 3) / 4;
+    allocation.blockWritersStorage.reset(new (std::nothrow) std::atomic<uint64_t>[count]);
+    if (!allocation.blockWritersStorage)
+      return nullptr;
+    for (size_t i = 0; i < count; ++i)
+      allocation.blockWritersStorage[i].store(0, std::memory_order_relaxed);
+    words = allocation.blockWritersStorage.get();
+    allocation.blockWriters.store(words, std::memory_order_release);
+  }
+  return words;
+}
 
 std::shared_mutex memoryMutex;
 std::map<uintptr_t, std::unique_ptr<Allocation>> &allocations() {
@@ -223,6 +249,8 @@ struct Launch {
   std::vector<void *> parameterPointers;
   std::atomic<uint64_t> nextBlock{0};
   uint64_t blockCount = 0;
+  /// Distinguishes this launch's writes from earlier ones (racecheck).
+  uint32_t serial = 0;
   /// Blocks actually run: all, or a sample (LaunchConfig::sampleBlocks).
   uint64_t runBlocks = 0;
   std::atomic<bool> aborted{false};
@@ -243,6 +271,8 @@ struct Worker {
   std::unique_ptr<SharedShadow[]> shadow{new SharedShadow[kWindowBytes]};
   Launch *launch = nullptr;
   unsigned block[3] = {0, 0, 0};
+  /// (launch serial << 32) | (linear block + 1) of the block being run.
+  uint64_t blockTag = 0;
   unsigned threadCount = 0, live = 0, atBarrier = 0;
   const char *barrierFile = "";
   int barrierLine = 0;
@@ -484,6 +514,7 @@ void runBlock(Worker &worker, uint64_t linearBlock) {
   worker.block[0] = static_cast<unsigned>(linearBlock % config.grid[0]);
   worker.block[1] = static_cast<unsigned>(linearBlock / config.grid[0] % config.grid[1]);
   worker.block[2] = static_cast<unsigned>(linearBlock / config.grid[0] / config.grid[1]);
+  worker.blockTag = (uint64_t(launch.serial) << 32) | (linearBlock + 1);
   const unsigned threads = worker.threadCount;
   // Fresh shared memory: garbage contents, and a new block serial and epoch
   // so that no shadow entry of an earlier block counts.
@@ -711,6 +742,33 @@ Allocation *checkGlobal(Worker &worker, uintptr_t address, size_t size, bool wri
                siteText(where), address + i, false);
         break;
       }
+  }
+  // Blocks of one launch are unordered: a word written by one block and
+  // read or written by another is a hazard.
+  if (checks.racecheck && (write || allocation->blockWriters.load(std::memory_order_relaxed))) {
+    if (std::atomic<uint64_t> *words = write ? blockWritersOf(*allocation)
+                                             : allocation->blockWriters.load(
+                                                   std::memory_order_acquire)) {
+      const uint64_t mine = worker.blockTag;
+      for (uintptr_t word = offset / 4; word <= (offset + size - 1) / 4; ++word) {
+        const uint64_t other = write ? words[word].exchange(mine, std::memory_order_relaxed)
+                                     : words[word].load(std::memory_order_relaxed);
+        if (other == 0 || other == mine || (other >> 32) != (mine >> 32))
+          continue;
+        const uint64_t linear = (other & 0xffffffffu) - 1;
+        const LaunchConfig &config = worker.launch->config;
+        report("racecheck",
+               std::string(write ? "write-after-write" : "read-after-write") +
+                   " hazard between blocks: byte " + std::to_string(word * 4) + " of a " +
+                   std::to_string(allocation->bytes) + "-byte allocation was written by block (" +
+                   std::to_string(linear % config.grid[0]) + "," +
+                   std::to_string(linear / config.grid[0] % config.grid[1]) + "," +
+                   std::to_string(linear / config.grid[0] / config.grid[1]) +
+                   ") of this launch; blocks are unordered",
+               siteText(where), allocation->base + word * 4, false);
+        break;
+      }
+    }
   }
   // Distinct sectors of the launch.
   for (uintptr_t sector = offset / 32; sector <= (offset + size - 1) / 32; ++sector)
@@ -1710,6 +1768,7 @@ LaunchResult launch(const Kernel &kernel, const LaunchConfig &config, void **par
   state.config = config;
   state.checks = checks;
   state.blockCount = blocks;
+  state.serial = ++launchSerial;
   state.runBlocks = config.sampleBlocks && config.sampleBlocks < blocks ? config.sampleBlocks
                                                                         : blocks;
   state.staticBase = (config.dynamicSharedBytes + 127) / 128 * 128;

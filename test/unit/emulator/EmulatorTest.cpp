@@ -119,6 +119,14 @@ extern "C" __global__ void shared_race(float *data, int) {
   shared[threadIdx.x] = 1.0f;
   data[threadIdx.x] = shared[(threadIdx.x + 1) % blockDim.x]; // no barrier
 }
+// Every block writes the same words: a hazard between blocks.
+extern "C" __global__ void blocks_collide(float *data, int) {
+  data[threadIdx.x] = static_cast<float>(blockIdx.x);
+}
+// Each block its own words: no hazard.
+extern "C" __global__ void blocks_apart(float *data, int) {
+  data[blockIdx.x * blockDim.x + threadIdx.x] = static_cast<float>(blockIdx.x);
+}
 extern "C" __global__ void read_unwritten(float *data, int) {
   data[threadIdx.x] = data[64 + threadIdx.x];
 }
@@ -138,6 +146,7 @@ extern "C" __global__ void half_barrier(float *data, int) {
 const char *const kNames[] = {"ldmatrix_conflict_free", "ldmatrix_four_way", "load_coalesced",
                               "load_strided",           "store_banks",       "mma_tile",
                               "convert",
+                              "blocks_collide",         "blocks_apart",
                               "write_past_end",         "shared_race",       "read_unwritten",
                               "partial_shuffle",        "half_barrier"};
 
@@ -331,6 +340,26 @@ TEST_F(Emulator, EachCheckerReportsItsBug) {
     EXPECT_TRUE(found) << c.kernel << " has no " << c.checker << " report '" << c.message
                        << "'; reports:\n"
                        << all;
+  }
+  // Blocks writing the same global words race; blocks with their own don't.
+  {
+    const emu::Kernel *collide = emu::findKernel(**module_, "blocks_collide");
+    const emu::Kernel *apart = emu::findKernel(**module_, "blocks_apart");
+    emu::LaunchConfig config;
+    config.grid[0] = 2;
+    config.block[0] = 32;
+    int n = 0;
+    void *params[] = {&data, &n};
+    emu::LaunchResult result = emu::launch(*collide, config, params, emu::Checks{});
+    ASSERT_FALSE(result.reports.empty());
+    EXPECT_EQ(result.reports[0].checker, "racecheck");
+    EXPECT_NE(result.reports[0].message.find("hazard between blocks"), std::string::npos)
+        << result.reports[0].format();
+    result = emu::launch(*apart, config, params, emu::Checks{});
+    EXPECT_TRUE(result.ok) << (result.reports.empty() ? "" : result.reports[0].format());
+    // A later launch may rewrite what an earlier one wrote.
+    result = emu::launch(*apart, config, params, emu::Checks{});
+    EXPECT_TRUE(result.ok);
   }
   // initcheck: a fresh allocation read before anything wrote it.
   auto *fresh = static_cast<float *>(emu::allocate(128 * sizeof(float)));
