@@ -8,7 +8,8 @@
 // images, launches that run to completion before cuLaunchKernel returns.
 //
 // Environment: PAGEDC_EMU_CHECKS (Emulator.h), PAGEDC_EMU_THREADS,
-// PAGEDC_EMU_SAMPLE_BLOCKS=N (run N blocks of each grid, for counting only),
+// PAGEDC_EMU_SAMPLE_BLOCKS=N (run N blocks of each grid, for counting only;
+// PAGEDC_EMU_SAMPLE_KERNELS=a,b limits that to the kernels named),
 // PAGEDC_EMU_REPORT=FILE (each report as a JSON line), PAGEDC_EMU_COUNTERS=FILE
 // (a JSON line per launch), PAGEDC_EMU_QUIET=1 (no reports on stderr).
 //
@@ -326,8 +327,15 @@ EXPORT int cuLaunchKernel(void *function, unsigned gridX, unsigned gridY, unsign
   config.dynamicSharedBytes = sharedBytes;
   config.maxDynamicSharedBytes = target->maxDynamicShared;
   // PAGEDC_EMU_SAMPLE_BLOCKS=N: count a sample of each grid (the model).
-  if (const char *sample = std::getenv("PAGEDC_EMU_SAMPLE_BLOCKS"))
-    config.sampleBlocks = std::strtoull(sample, nullptr, 10);
+  // Only the kernels named in PAGEDC_EMU_SAMPLE_KERNELS (comma list) when
+  // set: a kernel whose output the next launch reads (a block-mask builder)
+  // must run whole.
+  if (const char *sample = std::getenv("PAGEDC_EMU_SAMPLE_BLOCKS")) {
+    const char *only = std::getenv("PAGEDC_EMU_SAMPLE_KERNELS");
+    const std::string list = only ? "," + std::string(only) + "," : "";
+    if (!only || list.find("," + target->kernel->name + ",") != std::string::npos)
+      config.sampleBlocks = std::strtoull(sample, nullptr, 10);
+  }
   emu::LaunchResult result =
       emu::launch(*target->kernel, config, params, emu::Checks::fromEnvironment());
 

@@ -729,8 +729,9 @@ Allocation *checkGlobal(Worker &worker, uintptr_t address, size_t size, bool wri
              siteText(where), address, true);
     return nullptr;
   }
-  uint8_t *written = allocation->written.get() + offset;
-  if (write) {
+  uint8_t *written = allocation->written ? allocation->written.get() + offset : nullptr;
+  if (!written) {
+  } else if (write) {
     for (size_t i = 0; i < size; ++i)
       __atomic_store_n(written + i, uint8_t(1), __ATOMIC_RELAXED);
   } else if (checks.initcheck) {
@@ -1482,10 +1483,14 @@ void workerLoop(Launch &launch, Counters &total, std::mutex &totalMutex) {
     const uint64_t index = launch.nextBlock.fetch_add(1);
     if (index >= launch.runBlocks)
       break;
-    // Sampling runs blocks evenly spread over the grid.
-    const uint64_t block = launch.runBlocks == launch.blockCount
-                               ? index
-                               : index * launch.blockCount / launch.runBlocks;
+    // A sample walks the linear block index with a large prime stride
+    // (coprime with the block count), so it spreads over every grid
+    // dimension instead of repeating one x.
+    const uint64_t block =
+        launch.runBlocks == launch.blockCount
+            ? index
+            : (index * (launch.blockCount % 1000003 == 0 ? 998244353ull : 1000003ull)) %
+                  launch.blockCount;
     runBlock(*worker, block);
   }
   currentWorker = nullptr;
@@ -1626,10 +1631,13 @@ void *allocate(size_t bytes) {
   auto allocation = std::make_unique<Allocation>();
   allocation->base = reinterpret_cast<uintptr_t>(memory);
   allocation->bytes = size;
-  allocation->written.reset(new (std::nothrow) uint8_t[size]());
+  // The initcheck shadow only when initcheck may run (it doubles memory).
+  const bool tracked = Checks::fromEnvironment().initcheck;
+  if (tracked)
+    allocation->written.reset(new (std::nothrow) uint8_t[size]());
   allocation->sectorWords = (size + 32 * 64 - 1) / (32 * 64);
   allocation->sectors.reset(new (std::nothrow) std::atomic<uint64_t>[allocation->sectorWords]);
-  if (!allocation->written || !allocation->sectors) {
+  if ((tracked && !allocation->written) || !allocation->sectors) {
     std::free(memory);
     return nullptr;
   }
@@ -1665,7 +1673,8 @@ bool markWritten(const void *pointer, size_t bytes) {
   Allocation *allocation = findAllocation(address);
   if (!allocation || address - allocation->base + bytes > allocation->bytes)
     return false;
-  std::memset(allocation->written.get() + (address - allocation->base), 1, bytes);
+  if (allocation->written)
+    std::memset(allocation->written.get() + (address - allocation->base), 1, bytes);
   return true;
 }
 

@@ -123,7 +123,7 @@ struct LaunchConfig {
   unsigned dynamicSharedBytes = 0;
   /// Most dynamic shared memory the kernel may use (cuFuncSetAttribute).
   unsigned maxDynamicSharedBytes = 48 * 1024;
-  /// > 0: run only this many blocks, evenly spread over the grid, to count
+  /// > 0: run only this many blocks, spread over the grid, to count
   /// (the performance model); outputs of the other blocks are not written.
   uint64_t sampleBlocks = 0;
 };
