@@ -6,6 +6,7 @@
 #include "pagedc/Error.h"
 
 #include "SealedFile.h"
+#include "TestHooks.h"
 
 #include <fmt/format.h>
 
@@ -610,6 +611,23 @@ CudaJitResult loadCudaMods(const CudaJitRequest &request, KernelCache &cache) {
     writeVariant(result.variantPath, fresh);
   }
   return result;
+}
+
+// Test-only entry points (TestHooks.h).
+std::string_view testing::variantFileMagic() { return kVariantMagic; }
+
+bool testing::parseVariantFile(const std::string &bytes, const std::string &key,
+                               VariantFields &fields) {
+  Variant variant;
+  if (!parseVariant(bytes, key, variant))
+    return false;
+  fields.plugin = std::move(variant.plugin);
+  fields.mask = std::move(variant.mask);
+  fields.score = std::move(variant.score);
+  fields.kernelKeys = std::move(variant.kernelKeys);
+  fields.declarations = std::move(variant.declarations);
+  fields.modCode = std::move(variant.modCode);
+  return true;
 }
 
 } // namespace pagedc

@@ -3,6 +3,7 @@
 #include "pagedc/KernelCache.h"
 
 #include "SealedFile.h"
+#include "TestHooks.h"
 
 #include "pagedc/EmulatorBuild.h"
 #include "pagedc/Error.h"
@@ -334,6 +335,14 @@ KernelCache::getOrCompileAll(const std::vector<Request> &requests) {
   for (auto &future : futures)
     results.push_back(future.get());
   return results;
+}
+
+// Test-only entry points (TestHooks.h).
+std::string_view testing::kernelCacheEntryMagic() { return kEntryMagic; }
+
+bool testing::parseKernelCacheEntry(const std::string &bytes, const std::string &key,
+                                    CompiledKernel &kernel) {
+  return parseEntry(bytes, key, kernel);
 }
 
 } // namespace pagedc

@@ -1,0 +1,80 @@
+#!/usr/bin/env bash
+# Builds the libFuzzer targets (test/fuzz/) in the clang-19 sanitizer tree
+# (scripts/sanitizer-tree.sh, build-fuzz/) and runs each for a bounded time
+# from its committed seed corpus (test/fuzz/corpus/<target>/). One line per
+# target; exits 1 when any target reports a finding (a crash, a sanitizer
+# report, a timeout, running out of memory, or a failed check of the
+# harness), with the reproducer kept under build-fuzz/fuzz/artifacts/.
+#
+#   scripts/fuzz.sh [SECONDS_PER_TARGET]      default 20
+#
+# Environment:
+#   PAGEDC_FUZZ_TARGETS   targets to run (default: all five), e.g. "npy bundle"
+#   PAGEDC_FUZZ_KEEP_GOING=1
+#                         long runs: libFuzzer's -fork=1 -ignore_crashes=1, so a
+#                         target goes on after a finding and saves every one
+#   PAGEDC_FUZZ_BUILD_DIR the tree (default build-fuzz/)
+#
+# New inputs the fuzzer finds go to build-fuzz/fuzz/corpus/<target>/ (kept
+# between runs, never into the source tree). Reproduce a finding with
+#   build-fuzz/bin/pagedc-fuzz-<target> FILE
+set -euo pipefail
+root=$(cd "$(dirname "$0")/.." && pwd)
+seconds=${1:-20}
+targets=${PAGEDC_FUZZ_TARGETS:-"attn npy bundle cache-entry runtime-api"}
+build=$("$root/scripts/sanitizer-tree.sh")
+
+echo "pagedc: building fuzz targets ($build), $(date -u +%H:%M:%S) UTC"
+bins=()
+for t in $targets; do bins+=("pagedc-fuzz-$t"); done
+cmake --build "$build" -j "$(nproc)" --target "${bins[@]}"
+
+# Largest input per target: room for every seed, small enough to stay fast.
+max_len() {
+  case $1 in
+    attn) echo 8192 ;;
+    bundle) echo 4096 ;;
+    *) echo 2048 ;;
+  esac
+}
+
+# Huge allocations fail (std::bad_alloc, which the harnesses report) instead
+# of aborting inside ASan; UBSan prints where.
+export ASAN_OPTIONS=${ASAN_OPTIONS:-allocator_may_return_null=1:detect_leaks=1:abort_on_error=0}
+export UBSAN_OPTIONS=${UBSAN_OPTIONS:-print_stacktrace=1:halt_on_error=1}
+
+failed=0
+start=$(date +%s)
+for t in $targets; do
+  work="$build/fuzz/corpus/$t"
+  artifacts="$build/fuzz/artifacts/$t"
+  log="$build/fuzz/$t.log"
+  mkdir -p "$work" "$artifacts"
+  rm -f "$artifacts"/*
+  extra=()
+  if [ "${PAGEDC_FUZZ_KEEP_GOING:-0}" = 1 ]; then
+    extra=(-fork=1 -ignore_crashes=1 -ignore_timeouts=1 -ignore_ooms=1)
+  fi
+  set +e
+  "$build/bin/pagedc-fuzz-$t" "${extra[@]}" -max_total_time="$seconds" -timeout=25 \
+    -rss_limit_mb=2048 -malloc_limit_mb=2048 -max_len="$(max_len "$t")" \
+    -print_final_stats=1 -artifact_prefix="$artifacts/" \
+    "$work" "$root/test/fuzz/corpus/$t" >"$log" 2>&1
+  status=$?
+  set -e
+  runs=$(grep -o 'stat::number_of_executed_units: [0-9]*' "$log" | tail -1 | grep -o '[0-9]*$' || true)
+  [ -n "$runs" ] || runs=$(grep -o '^#[0-9]*' "$log" | tail -1 | tr -d '#' || true)
+  cov=$(grep -o 'cov: [0-9]*' "$log" | tail -1 | grep -o '[0-9]*' || true)
+  corpus=$(find "$work" -type f | wc -l)
+  found=$(find "$artifacts" -type f | wc -l)
+  if [ "$status" -ne 0 ] || [ "$found" -ne 0 ]; then
+    failed=1
+    echo "pagedc-fuzz-$t: FINDING (exit $status), ${runs:-?} runs in ${seconds} s, cov ${cov:-?}," \
+      "corpus $corpus; reproducers in $artifacts; log $log"
+    grep -m1 -E 'FINDING|ERROR: |runtime error|Test unit written' "$log" | sed 's/^/    /' || true
+  else
+    echo "pagedc-fuzz-$t: ok, ${runs:-?} runs in ${seconds} s, cov ${cov:-?}, corpus $corpus"
+  fi
+done
+echo "pagedc: fuzzing took $(($(date +%s) - start)) s"
+exit "$failed"
