@@ -14,6 +14,9 @@
 #                         long runs: libFuzzer's -fork=1 -ignore_crashes=1, so a
 #                         target goes on after a finding and saves every one
 #   PAGEDC_FUZZ_BUILD_DIR the tree (default build-fuzz/)
+#   PAGEDC_FUZZ_SKIP_BUILD=1
+#                         run the targets as built (another build may be
+#                         running in the tree)
 #
 # New inputs the fuzzer finds go to build-fuzz/fuzz/corpus/<target>/ (kept
 # between runs, never into the source tree). Reproduce a finding with
@@ -24,10 +27,15 @@ seconds=${1:-20}
 targets=${PAGEDC_FUZZ_TARGETS:-"attn npy bundle cache-entry runtime-api"}
 build=$("$root/scripts/sanitizer-tree.sh")
 
-echo "pagedc: building fuzz targets ($build), $(date -u +%H:%M:%S) UTC"
-bins=()
-for t in $targets; do bins+=("pagedc-fuzz-$t"); done
-cmake --build "$build" -j "$(nproc)" --target "${bins[@]}"
+# The committed seeds are what test/fuzz/make_corpus.py writes.
+python3 "$root/test/fuzz/make_corpus.py" --check
+
+if [ "${PAGEDC_FUZZ_SKIP_BUILD:-0}" != 1 ]; then
+  echo "pagedc: building fuzz targets ($build), $(date -u +%H:%M:%S) UTC"
+  bins=()
+  for t in $targets; do bins+=("pagedc-fuzz-$t"); done
+  cmake --build "$build" -j "$(nproc)" --target "${bins[@]}"
+fi
 
 # Largest input per target: room for every seed, small enough to stay fast.
 max_len() {

@@ -61,6 +61,8 @@ void checkTensor(const HostTensor &tensor, const std::string &how) {
   }
   if (tensor.numel() != count)
     finding(how + ": numel() differs from the product of the shape");
+  if (count > INT64_MAX / int64_t(dtypeSize(tensor.dtype())))
+    finding(how + ": accepted a shape whose byte size overflows 64 bits");
   // Round trip: what we write, we read back the same.
   std::vector<int64_t> shape = tensor.shape();
   HostTensor copy = tensor;
