@@ -2,6 +2,8 @@
 #include "pagedc/Npy.h"
 #include "pagedc/Error.h"
 
+#include "OutputFiles.h"
+
 #include <fmt/format.h>
 
 #include <cctype>
@@ -9,8 +11,13 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
-#include <fstream>
-#include <iterator>
+#include <algorithm>
+#include <new>
+#include <stdexcept>
+
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 namespace pagedc {
 namespace {
@@ -208,67 +215,196 @@ std::string npyDescr(DType dtype) {
   throw Error("npyDescr: unknown dtype");
 }
 
-HostTensor parseNpy(const std::vector<uint8_t> &bytes, const std::string &name,
-                    const NpyReadOptions &options) {
-  if (bytes.size() < kMagicLength + 2 || std::memcmp(bytes.data(), kMagic, kMagicLength) != 0)
+namespace {
+
+/// What a .npy header says: where the data starts and how it is laid out.
+struct NpyLayout {
+  DType dtype = DType::F32;
+  std::vector<int64_t> shape;
+  uint64_t dataStart = 0;
+  uint64_t dataBytes = 0;
+};
+
+/// The bytes of the prefix (magic, version, header length) and how long the
+/// whole prefix + header is; fails for a wrong magic or version. `available`
+/// is the size of the file (or buffer).
+uint64_t prefixLength(const uint8_t *bytes, uint64_t size, uint64_t available,
+                      const std::string &name, uint64_t &headerLength) {
+  if (size < kMagicLength + 2 || std::memcmp(bytes, kMagic, kMagicLength) != 0)
     fail(name, "wrong magic: not a .npy file");
   int major = bytes[kMagicLength], minor = bytes[kMagicLength + 1];
   if (major < 1 || major > 3)
     fail(name, fmt::format("unsupported .npy version {}.{} (1.0, 2.0 and 3.0 are)", major, minor));
   int lengthBytes = major == 1 ? 2 : 4;
-  size_t headerStart = kMagicLength + 2 + lengthBytes;
-  if (bytes.size() < headerStart)
+  uint64_t headerStart = kMagicLength + 2 + lengthBytes;
+  if (size < headerStart)
     fail(name, "truncated header");
-  size_t headerLength = readLittleEndian(bytes.data() + kMagicLength + 2, lengthBytes);
-  if (bytes.size() < headerStart + headerLength)
+  headerLength = readLittleEndian(bytes + kMagicLength + 2, lengthBytes);
+  if (available < headerStart + headerLength)
     fail(name, fmt::format("truncated header: it declares {} bytes, the file has {}",
-                           headerLength, bytes.size() - headerStart));
-  std::string text(reinterpret_cast<const char *>(bytes.data() + headerStart), headerLength);
-  Header header = HeaderParser(text, name).parse();
+                           headerLength, available - headerStart));
+  return headerStart;
+}
 
-  DType dtype = dtypeOfDescr(header.descr, name, options);
+/// Parses the header dictionary at `text` and checks it against `options`;
+/// every size is computed without overflow.
+NpyLayout parseLayout(const std::string &text, uint64_t dataStart, const std::string &name,
+                      const NpyReadOptions &options) {
+  Header header = HeaderParser(text, name).parse();
+  NpyLayout layout;
+  layout.dtype = dtypeOfDescr(header.descr, name, options);
   if (header.fortranOrder && header.shape.size() > 1)
     fail(name, "Fortran-order arrays are not supported (save with C order)");
   if (header.shape.size() > static_cast<size_t>(TensorView::kMaxRank))
     fail(name, fmt::format("rank {} exceeds the supported maximum of {}", header.shape.size(),
                            TensorView::kMaxRank));
-  if (options.expectDType && *options.expectDType != dtype)
+  if (options.expectDType && *options.expectDType != layout.dtype)
     fail(name, fmt::format("dtype mismatch: expected {}, the file holds {} ('{}')",
-                           dtypeName(*options.expectDType), dtypeName(dtype), header.descr));
+                           dtypeName(*options.expectDType), dtypeName(layout.dtype), header.descr));
   if (options.expectShape && *options.expectShape != header.shape)
     fail(name, fmt::format("shape mismatch: expected {}, the file holds {}",
                            shapeText(*options.expectShape), shapeText(header.shape)));
+  // The byte size must fit int64 (and so size_t and file offsets).
+  int64_t bytes = static_cast<int64_t>(dtypeSize(layout.dtype));
+  for (int64_t extent : header.shape)
+    if (__builtin_mul_overflow(bytes, extent, &bytes))
+      fail(name, fmt::format("shape {} of {} is too large: its byte size overflows 64 bits",
+                             shapeText(header.shape), header.descr));
+  layout.shape = std::move(header.shape);
+  layout.dataStart = dataStart;
+  layout.dataBytes = static_cast<uint64_t>(bytes);
+  return layout;
+}
 
-  uint64_t count = 1;
-  for (int64_t extent : header.shape) {
-    if (extent != 0 && count > UINT64_MAX / static_cast<uint64_t>(extent))
-      fail(name, "shape too large");
-    count *= static_cast<uint64_t>(extent);
+void failTruncated(const std::string &name, const NpyLayout &layout, uint64_t available) {
+  fail(name, fmt::format("truncated data: shape {} of {} needs {} bytes, the file has {}",
+                         shapeText(layout.shape), npyDescr(layout.dtype), layout.dataBytes,
+                         available));
+}
+
+/// A tensor of the layout's shape, with allocation failures as pagedc::Error.
+HostTensor allocateTensor(const std::string &name, const NpyLayout &layout) {
+  try {
+    return HostTensor(layout.dtype, layout.shape);
+  } catch (const std::bad_alloc &) {
+    fail(name, fmt::format("out of memory allocating {} bytes for shape {}", layout.dataBytes,
+                           shapeText(layout.shape)));
+  } catch (const std::length_error &) {
+    fail(name, fmt::format("out of memory allocating {} bytes for shape {}", layout.dataBytes,
+                           shapeText(layout.shape)));
   }
-  uint64_t dataBytes = count * dtypeSize(dtype);
-  size_t dataStart = headerStart + headerLength;
-  if (bytes.size() - dataStart < dataBytes)
-    fail(name, fmt::format("truncated data: shape {} of {} needs {} bytes, the file has {}",
-                           shapeText(header.shape), header.descr, dataBytes,
-                           bytes.size() - dataStart));
-  HostTensor tensor(dtype, header.shape);
-  if (dataBytes)
-    std::memcpy(tensor.data(), bytes.data() + dataStart, dataBytes);
-  if (dtype == DType::Bool)
+}
+
+void normaliseBools(HostTensor &tensor) {
+  if (tensor.dtype() == DType::Bool)
     for (int64_t i = 0; i < tensor.numel(); ++i)
       tensor.dataAs<uint8_t>()[i] = tensor.dataAs<uint8_t>()[i] != 0;
+}
+
+} // namespace
+
+HostTensor parseNpy(const std::vector<uint8_t> &bytes, const std::string &name,
+                    const NpyReadOptions &options) {
+  uint64_t headerLength = 0;
+  uint64_t headerStart = prefixLength(bytes.data(), bytes.size(), bytes.size(), name, headerLength);
+  std::string text(reinterpret_cast<const char *>(bytes.data() + headerStart), headerLength);
+  NpyLayout layout = parseLayout(text, headerStart + headerLength, name, options);
+  if (bytes.size() - layout.dataStart < layout.dataBytes)
+    failTruncated(name, layout, bytes.size() - layout.dataStart);
+  HostTensor tensor = allocateTensor(name, layout);
+  if (layout.dataBytes)
+    std::memcpy(tensor.data(), bytes.data() + layout.dataStart, layout.dataBytes);
+  normaliseBools(tensor);
+  return tensor;
+}
+
+//===----------------------------------------------------------------------===//
+// NpyFile: a .npy file read in place
+//===----------------------------------------------------------------------===//
+
+NpyFile::NpyFile(const std::string &path, const NpyReadOptions &options) : path_(path) {
+  fd_ = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
+  if (fd_ < 0)
+    fail(path, fmt::format("cannot open: {}", std::strerror(errno)));
+  try {
+    struct stat info;
+    if (::fstat(fd_, &info) != 0)
+      fail(path, fmt::format("cannot open: {}", std::strerror(errno)));
+    if (S_ISDIR(info.st_mode))
+      fail(path, "cannot read: it is a directory, not a .npy file");
+    if (!S_ISREG(info.st_mode))
+      fail(path, "cannot read: not a regular file (a device, FIFO or socket); .npy inputs must "
+                 "be regular files");
+    fileSize_ = static_cast<uint64_t>(info.st_size);
+    uint8_t prefix[kMagicLength + 2 + 4] = {};
+    const uint64_t prefixBytes = std::min<uint64_t>(sizeof prefix, fileSize_);
+    readAt(0, prefix, prefixBytes);
+    uint64_t headerLength = 0;
+    uint64_t headerStart = prefixLength(prefix, prefixBytes, fileSize_, path, headerLength);
+    std::string text(headerLength, '\0');
+    readAt(headerStart, text.data(), headerLength);
+    NpyLayout layout = parseLayout(text, headerStart + headerLength, path, options);
+    if (fileSize_ - layout.dataStart < layout.dataBytes)
+      failTruncated(path, layout, fileSize_ - layout.dataStart);
+    dtype_ = layout.dtype;
+    shape_ = std::move(layout.shape);
+    dataStart_ = layout.dataStart;
+    dataBytes_ = layout.dataBytes;
+  } catch (...) {
+    ::close(fd_);
+    throw;
+  }
+}
+
+NpyFile::~NpyFile() {
+  if (fd_ >= 0)
+    ::close(fd_);
+}
+
+int64_t NpyFile::numel() const {
+  int64_t count = 1;
+  for (int64_t extent : shape_)
+    count *= extent; // checked not to overflow when the header was parsed
+  return count;
+}
+
+void NpyFile::readAt(uint64_t offset, void *target, uint64_t bytes) const {
+  auto *out = static_cast<char *>(target);
+  while (bytes > 0) {
+    const size_t chunk = static_cast<size_t>(std::min<uint64_t>(bytes, 1u << 30));
+    ssize_t got = ::pread(fd_, out, chunk, static_cast<off_t>(offset));
+    if (got < 0 && errno == EINTR)
+      continue;
+    if (got < 0)
+      fail(path_, fmt::format("read error: {}", std::strerror(errno)));
+    if (got == 0)
+      fail(path_, "truncated data: the file shrank while it was read");
+    out += got;
+    offset += static_cast<uint64_t>(got);
+    bytes -= static_cast<uint64_t>(got);
+  }
+}
+
+void NpyFile::readData(uint64_t offset, void *target, uint64_t bytes) const {
+  if (offset > dataBytes_ || bytes > dataBytes_ - offset)
+    throw Error(fmt::format("npy file '{}': read of {} bytes at {} is past its {} data bytes",
+                            path_, bytes, offset, dataBytes_));
+  readAt(dataStart_ + offset, target, bytes);
+}
+
+HostTensor NpyFile::read() const {
+  NpyLayout layout;
+  layout.dtype = dtype_;
+  layout.shape = shape_;
+  layout.dataBytes = dataBytes_;
+  HostTensor tensor = allocateTensor(path_, layout);
+  readData(0, tensor.data(), dataBytes_);
+  normaliseBools(tensor);
   return tensor;
 }
 
 HostTensor readNpy(const std::string &path, const NpyReadOptions &options) {
-  std::ifstream file(path, std::ios::binary);
-  if (!file)
-    fail(path, fmt::format("cannot open: {}", std::strerror(errno)));
-  std::vector<uint8_t> bytes((std::istreambuf_iterator<char>(file)),
-                             std::istreambuf_iterator<char>());
-  if (file.bad())
-    fail(path, "read error");
-  return parseNpy(bytes, path, options);
+  return NpyFile(path, options).read();
 }
 
 std::vector<uint8_t> encodeNpy(const TensorView &tensor) {
@@ -325,18 +461,7 @@ std::vector<uint8_t> encodeNpy(const TensorView &tensor) {
 }
 
 void writeNpy(const std::string &path, const TensorView &tensor) {
-  std::vector<uint8_t> bytes = encodeNpy(tensor);
-  std::string temporary = path + ".tmp";
-  std::FILE *file = std::fopen(temporary.c_str(), "wb");
-  if (!file)
-    fail(path, fmt::format("cannot create: {}", std::strerror(errno)));
-  bool ok = std::fwrite(bytes.data(), 1, bytes.size(), file) == bytes.size();
-  ok = std::fclose(file) == 0 && ok;
-  if (!ok || std::rename(temporary.c_str(), path.c_str()) != 0) {
-    int error = errno;
-    std::remove(temporary.c_str());
-    fail(path, fmt::format("cannot write: {}", std::strerror(error)));
-  }
+  files::writeAll({{{"npy file", path}, encodeNpy(tensor)}});
 }
 
 } // namespace pagedc

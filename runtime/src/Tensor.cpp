@@ -4,6 +4,9 @@
 
 #include <fmt/format.h>
 
+#include <new>
+#include <stdexcept>
+
 namespace pagedc {
 
 size_t dtypeSize(DType type) {
@@ -181,10 +184,24 @@ PagedcDLTensor TensorView::toDLPack() const {
 
 HostTensor::HostTensor(DType dtype, std::vector<int64_t> shape)
     : dtype_(dtype), shape_(std::move(shape)) {
-  for (int64_t extent : shape_)
+  int64_t bytes = static_cast<int64_t>(dtypeSize(dtype_));
+  for (int64_t extent : shape_) {
     if (extent < 0)
       throw Error(fmt::format("negative extent {}", extent));
-  storage_.assign(static_cast<size_t>(numel()) * dtypeSize(dtype_), 0);
+    if (__builtin_mul_overflow(bytes, extent, &bytes))
+      throw Error(fmt::format("a {} tensor with an extent of {} is too large: its byte size "
+                              "overflows 64 bits",
+                              dtypeName(dtype_), extent));
+  }
+  try {
+    storage_.assign(static_cast<size_t>(bytes), 0);
+  } catch (const std::bad_alloc &) {
+    throw Error(fmt::format("out of memory allocating a {} tensor of {} bytes", dtypeName(dtype_),
+                            bytes));
+  } catch (const std::length_error &) {
+    throw Error(fmt::format("out of memory allocating a {} tensor of {} bytes", dtypeName(dtype_),
+                            bytes));
+  }
 }
 
 int64_t HostTensor::numel() const {

@@ -32,6 +32,7 @@
 #include "pagedc/CudaDriver.h"
 #include "pagedc/Error.h"
 #include "pagedc/Npy.h"
+#include "OutputFiles.h"
 
 #include "llvm/Support/FileSystem.h"
 #include "llvm/Support/Path.h"
@@ -218,21 +219,22 @@ RunOptions parseRunOptions(llvm::ArrayRef<const char *> args) {
   return options;
 }
 
-/// Reads an attention input: rank 4, a floating dtype (bf16 as '<u2').
-HostTensor readAttentionInput(const std::string &path, const char *role) {
+/// Opens an attention input and checks its header: rank 4, a floating dtype
+/// (bf16 as '<u2'). The data is read later, in place.
+std::unique_ptr<NpyFile> openAttentionInput(const std::string &path, const char *role) {
   NpyReadOptions read;
   read.uint16AsBF16 = true;
-  HostTensor tensor = readNpy(path, read);
-  if (tensor.dtype() != DType::F32 && tensor.dtype() != DType::F16 &&
-      tensor.dtype() != DType::BF16)
+  auto tensor = std::make_unique<NpyFile>(path, read);
+  if (tensor->dtype() != DType::F32 && tensor->dtype() != DType::F16 &&
+      tensor->dtype() != DType::BF16)
     throw Error(fmt::format("npy file '{}': {} must be f32, f16 or bf16 (as <u2), "
                     "not {}",
-                    path.c_str(), role, dtypeName(tensor.dtype())));
-  if (tensor.shape().size() != 4)
+                    path.c_str(), role, dtypeName(tensor->dtype())));
+  if (tensor->shape().size() != 4)
     throw Error(fmt::format("npy file '{}': {} must have rank 4 [B, H, L, D], got "
                     "shape {}",
                     path.c_str(), role,
-                    shapeToString(tensor.shape()).c_str()));
+                    shapeToString(tensor->shape()).c_str()));
   return tensor;
 }
 
@@ -289,7 +291,25 @@ std::string cudaShapeProblem(int64_t dim, int64_t vDim, int32_t kvBlock) {
   return {};
 }
 
+/// The outputs and every file the run reads, as named on the command line.
+void checkOutputPaths(const RunOptions &options) {
+  std::vector<files::NamedPath> outputs = {{"-o", options.outPath}};
+  if (!options.lsePath.empty())
+    outputs.push_back({"--lse", options.lsePath});
+  std::vector<files::NamedPath> inputs = {{"program", options.program},
+                                          {"--q", options.qPath},
+                                          {"--k", options.kPath},
+                                          {"--v", options.vPath}};
+  for (const auto &[name, path] : options.buffers)
+    inputs.push_back({"--buffer " + name, path});
+  files::checkOutputs(outputs, inputs);
+}
+
 int runChecked(const RunOptions &options) {
+  // 0. Outputs that must not be written (an input, a directory, the same
+  // file twice) fail before any work.
+  checkOutputPaths(options);
+
   // 1. The device: cuda must be usable; auto takes it when it is.
   // emu: the CUDA path on the SIMT emulator.
   std::string cudaReason;
@@ -315,10 +335,13 @@ int runChecked(const RunOptions &options) {
   const CompiledMods &mods = *compiled;
 
   // 3. Inputs and their shapes.
-  HostTensor q = toF32(readAttentionInput(options.qPath, "q"));
-  HostTensor k = toF32(readAttentionInput(options.kPath, "k"));
-  HostTensor v = toF32(readAttentionInput(options.vPath, "v"));
-  const auto &qs = q.shape(), &ks = k.shape(), &vs = v.shape();
+  // q is read whole; K and V only have their headers read here: their data
+  // goes from the files straight into the KV cache (buildCache), so the run
+  // holds one copy of them.
+  std::unique_ptr<NpyFile> qFile = openAttentionInput(options.qPath, "q");
+  std::unique_ptr<NpyFile> kFile = openAttentionInput(options.kPath, "k");
+  std::unique_ptr<NpyFile> vFile = openAttentionInput(options.vPath, "v");
+  const std::vector<int64_t> qs = qFile->shape(), ks = kFile->shape(), vs = vFile->shape();
   const int64_t batch = qs[0], qHeads = qs[1], qLength = qs[2], dim = qs[3];
   const int64_t kvHeads = ks[1], kvLength = ks[2], vDim = vs[3];
   auto mismatch = [&](const std::string &path, const std::string &what) {
@@ -341,9 +364,16 @@ int runChecked(const RunOptions &options) {
     throw mismatch(options.kPath,
                    fmt::format("{} KV heads do not divide q's {} heads",
                        (long long)kvHeads, (long long)qHeads));
-  if (batch <= 0 || qLength <= 0 || kvLength <= 0 || dim <= 0 || vDim <= 0)
-    throw mismatch(options.qPath, "every dimension must be positive");
-  if (kvLength > INT32_MAX / 2 || qLength > INT32_MAX / 2)
+  for (const auto &[path, shape] :
+       {std::pair{&options.qPath, &qs}, std::pair{&options.kPath, &ks},
+        std::pair{&options.vPath, &vs}})
+    for (int64_t extent : *shape)
+      if (extent <= 0)
+        throw mismatch(*path, "every dimension must be positive, but the "
+                              "shape is " + shapeToString(*shape));
+  if (qLength > INT32_MAX / 2)
+    throw mismatch(options.qPath, "sequence too long");
+  if (kvLength > INT32_MAX / 2)
     throw mismatch(options.kPath, "sequence too long");
 
   int64_t qOffset = options.qOffsetAtEnd ? kvLength - qLength
@@ -420,7 +450,11 @@ int runChecked(const RunOptions &options) {
   std::vector<int32_t> kvLengths(batch, static_cast<int32_t>(kvLength));
   std::vector<int32_t> qOffsets(batch, static_cast<int32_t>(qOffset));
   float scale = options.scale.value_or(1.0f / std::sqrt(float(dim)));
+  HostTensor q = toF32(qFile->read());
+  qFile.reset();
   if (options.reference) {
+    HostTensor k = toF32(kFile->read());
+    HostTensor v = toF32(vFile->read());
     cpu::ReferenceArgs args;
     args.q = q.view();
     args.k = k.view();
@@ -440,13 +474,21 @@ int runChecked(const RunOptions &options) {
     const Device device = useCuda ? Device::cuda(0) : Device::cpu();
     const DType elementType = useCuda ? options.gpuType : DType::F32;
     std::unique_ptr<PagedKVCache> cache = buildCache(
-        k, v, std::vector<int64_t>(batch, kvLength), pageSize,
-        options.shuffleSeed, elementType, device);
+        KVRows(*kFile), KVRows(*vFile), std::vector<int64_t>(batch, kvLength),
+        pageSize, options.shuffleSeed, elementType, device);
+    kFile.reset();
+    vFile.reset();
     // The block mask is built on the host from the host bindings; on CUDA
-    // flexAttention uploads it.
-    BlockMask blockMask = createBlockMask(
-        mods, resolved.context(), batch, qHeads, qOffset + qLength, kvLength,
-        options.qBlock, options.kvBlock);
+    // flexAttention uploads it. On the CPU it covers only the call's query
+    // rows (a decode step's mask is O(kv / block)); the CUDA kernels take
+    // masks from q block 0.
+    BlockMask blockMask =
+        useCuda ? createBlockMask(mods, resolved.context(), batch, qHeads,
+                                  qOffset + qLength, kvLength, options.qBlock,
+                                  options.kvBlock)
+                : createBlockMaskRows(mods, resolved.context(), batch, qHeads,
+                                      qOffset, qOffset + qLength, kvLength,
+                                      options.qBlock, options.kvBlock);
     AttentionOptions attention;
     attention.kvLength = kvLengths;
     attention.qOffset = qOffsets;
@@ -485,12 +527,12 @@ int runChecked(const RunOptions &options) {
     }
   }
 
-  // 6. Outputs, all or nothing.
-  std::vector<std::pair<std::string, std::vector<uint8_t>>> files;
-  files.push_back({options.outPath, encodeNpy(out.view())});
+  // 6. Outputs, all or nothing (OutputFiles.h).
+  std::vector<files::OutputFile> outputs;
+  outputs.push_back({{"-o", options.outPath}, encodeNpy(out.view())});
   if (!options.lsePath.empty())
-    files.push_back({options.lsePath, encodeNpy(lse.view())});
-  writeFilesAtomically(files);
+    outputs.push_back({{"--lse", options.lsePath}, encodeNpy(lse.view())});
+  files::writeAll(outputs);
   return kExitSuccess;
 }
 

@@ -7,6 +7,7 @@
 #include "JIT/CompileSource.h"
 #include "pagedc/CudaDriver.h"
 #include "pagedc/Error.h"
+#include "OutputFiles.h"
 
 #include <cerrno>
 #include <cstdio>
@@ -151,8 +152,50 @@ void PageShuffler::reserve(const std::vector<int64_t> &slots,
   cache_.erase(scratch_);
 }
 
+KVRows::KVRows(const HostTensor &tensor)
+    : tensor_(&tensor), dtype_(tensor.dtype()), shape_(tensor.shape()) {}
+KVRows::KVRows(const NpyFile &file)
+    : file_(&file), dtype_(file.dtype()), shape_(file.shape()) {}
+
+void KVRows::read(int64_t b, int64_t h, int64_t t0, int64_t n, DType target,
+                  void *out) const {
+  const int64_t dim = shape_[3];
+  const int64_t count = n * dim;
+  const size_t sourceSize = dtypeSize(dtype_);
+  const int64_t first = ((b * shape_[1] + h) * shape_[2] + t0) * dim;
+  const void *source = nullptr;
+  if (tensor_) {
+    source = static_cast<const char *>(tensor_->data()) + first * sourceSize;
+  } else if (dtype_ == target) {
+    file_->readData(first * sourceSize, out, count * sourceSize);
+    return;
+  } else {
+    scratch_.resize(count * sourceSize);
+    file_->readData(first * sourceSize, scratch_.data(), count * sourceSize);
+    source = scratch_.data();
+  }
+  if (dtype_ == target) {
+    std::memcpy(out, source, count * sourceSize);
+    return;
+  }
+  auto load = [&](int64_t i) -> float {
+    if (dtype_ == DType::F32)
+      return static_cast<const float *>(source)[i];
+    uint16_t bits = static_cast<const uint16_t *>(source)[i];
+    return dtype_ == DType::F16 ? halfToFloat(bits) : bf16ToFloat(bits);
+  };
+  for (int64_t i = 0; i < count; ++i) {
+    float value = load(i);
+    if (target == DType::F32)
+      static_cast<float *>(out)[i] = value;
+    else
+      static_cast<uint16_t *>(out)[i] =
+          target == DType::F16 ? floatToHalf(value) : floatToBF16(value);
+  }
+}
+
 std::unique_ptr<PagedKVCache>
-pagedc::driver::buildCache(const HostTensor &k, const HostTensor &v,
+pagedc::driver::buildCache(const KVRows &k, const KVRows &v,
                            const std::vector<int64_t> &lengths,
                            int64_t pageSize, std::optional<uint64_t> shuffleSeed,
                            DType dtype, Device device) {
@@ -181,76 +224,52 @@ pagedc::driver::buildCache(const HostTensor &k, const HostTensor &v,
     for (int64_t b = 0; b < batch; ++b)
       cache->reserve(b, lengths[b]);
   }
-  // The rows assign() reads: K/V in the cache's dtype, on its device. The
-  // CUDA assign synchronises before returning, so the uploads may go after.
-  HostTensor kValues = fromF32(k, dtype), vValues = fromF32(v, dtype);
-  const char *kBase = static_cast<const char *>(kValues.data());
-  const char *vBase = static_cast<const char *>(vValues.data());
+  // assign() a bounded piece at a time (about 8 MiB of K and of V), so the
+  // input never exists a second time in full: rows of K/V in the cache's
+  // dtype, on its device (the CUDA assign synchronises before returning, so
+  // the staging buffers may be reused right after).
+  const int64_t elementSize = static_cast<int64_t>(dtypeSize(dtype));
+  const int64_t rowBytes = heads * std::max(ks[3], vs[3]) * elementSize;
+  const int64_t chunk = std::max<int64_t>(1, (int64_t(8) << 20) / rowBytes);
+  const int64_t maxTokens = std::min(chunk, ks[2]);
+  std::vector<uint8_t> kHost(heads * maxTokens * ks[3] * elementSize);
+  std::vector<uint8_t> vHost(heads * maxTokens * vs[3] * elementSize);
   DeviceBuffer kDevice, vDevice;
   if (device.kind == DeviceKind::CUDA) {
-    const size_t kBytes = kValues.numel() * dtypeSize(dtype);
-    const size_t vBytes = vValues.numel() * dtypeSize(dtype);
-    kDevice = DeviceBuffer(kBytes, device.index);
-    vDevice = DeviceBuffer(vBytes, device.index);
-    kDevice.upload(kValues.data(), kBytes);
-    vDevice.upload(vValues.data(), vBytes);
-    kBase = static_cast<const char *>(kDevice.data());
-    vBase = static_cast<const char *>(vDevice.data());
+    kDevice = DeviceBuffer(kHost.size(), device.index);
+    vDevice = DeviceBuffer(vHost.size(), device.index);
   }
-  const int64_t elementSize = static_cast<int64_t>(dtypeSize(dtype));
+  HostTensor batchIdx(DType::I32, {1});
+  HostTensor positions(DType::I32, {1, maxTokens});
   for (int64_t b = 0; b < batch; ++b) {
-    const int64_t tokens = lengths[b];
-    if (tokens == 0)
-      continue;
-    HostTensor batchIdx(DType::I32, {1});
     batchIdx.dataAs<int32_t>()[0] = static_cast<int32_t>(b);
-    HostTensor positions(DType::I32, {1, tokens});
-    std::iota(positions.dataAs<int32_t>(), positions.dataAs<int32_t>() + tokens, 0);
-    auto rows = [&](const HostTensor &t, const char *data) {
-      const auto &s = t.shape();
-      const char *base = data + b * s[1] * s[2] * s[3] * elementSize;
-      return TensorView(const_cast<char *>(base), dtype,
-                        {1, s[1], tokens, s[3]},
-                        {s[1] * s[2] * s[3], s[2] * s[3], s[3], 1}, device);
-    };
-    cache->assign(batchIdx.view(), positions.view(), rows(k, kBase),
-                  rows(v, vBase));
+    for (int64_t t0 = 0; t0 < lengths[b]; t0 += maxTokens) {
+      const int64_t n = std::min(maxTokens, lengths[b] - t0);
+      for (int64_t h = 0; h < heads; ++h) {
+        k.read(b, h, t0, n, dtype, kHost.data() + h * n * ks[3] * elementSize);
+        v.read(b, h, t0, n, dtype, vHost.data() + h * n * vs[3] * elementSize);
+      }
+      void *kData = kHost.data(), *vData = vHost.data();
+      if (device.kind == DeviceKind::CUDA) {
+        kDevice.upload(kHost.data(), heads * n * ks[3] * elementSize);
+        vDevice.upload(vHost.data(), heads * n * vs[3] * elementSize);
+        kData = kDevice.data();
+        vData = vDevice.data();
+      }
+      std::iota(positions.dataAs<int32_t>(), positions.dataAs<int32_t>() + n,
+                static_cast<int32_t>(t0));
+      TensorView pos(positions.data(), DType::I32, {1, n});
+      cache->assign(batchIdx.view(), pos, TensorView(kData, dtype, {1, heads, n, ks[3]}, device),
+                    TensorView(vData, dtype, {1, heads, n, vs[3]}, device));
+    }
   }
   return cache;
 }
 
 void pagedc::driver::writeFilesAtomically(
     const std::vector<std::pair<std::string, std::vector<uint8_t>>> &files) {
-  std::vector<std::string> temporaries;
-  auto cleanUp = [&] {
-    for (const std::string &path : temporaries)
-      std::remove(path.c_str());
-  };
-  for (const auto &[path, bytes] : files) {
-    std::string temporary =
-        path + ".tmp-" + std::to_string(static_cast<long>(::getpid()));
-    FILE *file = std::fopen(temporary.c_str(), "wb");
-    if (!file) {
-      int error = errno;
-      cleanUp();
-      throw Error("cannot write '" + path + "': " + std::strerror(error));
-    }
-    temporaries.push_back(temporary);
-    bool ok = std::fwrite(bytes.data(), 1, bytes.size(), file) == bytes.size();
-    ok = std::fclose(file) == 0 && ok;
-    if (!ok) {
-      cleanUp();
-      throw Error("cannot write '" + path + "': write failed");
-    }
-  }
-  for (size_t i = 0; i < files.size(); ++i) {
-    if (std::rename(temporaries[i].c_str(), files[i].first.c_str()) != 0) {
-      int error = errno;
-      // Files already renamed stay (they are complete); the rest go.
-      for (size_t j = i; j < temporaries.size(); ++j)
-        std::remove(temporaries[j].c_str());
-      throw Error("cannot write '" + files[i].first + "': " +
-                  std::strerror(error));
-    }
-  }
+  std::vector<files::OutputFile> outputs;
+  for (const auto &[path, bytes] : files)
+    outputs.push_back({{"output", path}, bytes});
+  files::writeAll(outputs);
 }

@@ -5,6 +5,7 @@
 #include "pagedc/CudaAttention.h"
 #include "pagedc/KVCache.h"
 #include "pagedc/Mods.h"
+#include "pagedc/Npy.h"
 #include "pagedc/Tensor.h"
 
 #include <cstdint>
@@ -69,21 +70,43 @@ DeviceTensor uploadTensor(const HostTensor &tensor, int device);
 /// A copy of the f32 `tensor` in `dtype` (f32, f16 or bf16).
 HostTensor fromF32(const HostTensor &tensor, DType dtype);
 
-/// A new PagedKVCache of `dtype` on `device` holding K and V ([B, H, L, D]
-/// f32 on the host; sequence b has lengths[b] tokens) in slots 0..B-1,
-/// written with reserve + assign (on a CUDA device from K/V converted to
-/// `dtype` and uploaded first). With `shuffleSeed`, pages are reserved
-/// through a PageShuffler (and the cache has spare pages and one scratch
-/// slot); without, in slot order.
+/// K or V rows for buildCache(): a [B, H, L, D] f32, f16 or bf16 array in
+/// memory or in a .npy file (read piece by piece, never as a whole).
+class KVRows {
+public:
+  explicit KVRows(const HostTensor &tensor);
+  explicit KVRows(const NpyFile &file);
+  const std::vector<int64_t> &shape() const { return shape_; }
+  /// Tokens [t0, t0 + n) of head h of sequence b, converted to `target`
+  /// (f32, f16 or bf16), to `out` (n * D elements).
+  void read(int64_t b, int64_t h, int64_t t0, int64_t n, DType target, void *out) const;
+
+private:
+  const HostTensor *tensor_ = nullptr;
+  const NpyFile *file_ = nullptr;
+  DType dtype_;
+  std::vector<int64_t> shape_;
+  mutable std::vector<uint8_t> scratch_;
+};
+
+/// A new PagedKVCache of `dtype` on `device` holding K and V (sequence b has
+/// lengths[b] tokens) in slots 0..B-1, written with reserve + assign a
+/// bounded number of tokens at a time (converted to `dtype` and, on a CUDA
+/// device, uploaded piece by piece), so that the only full copy of K/V is
+/// the cache's. With `shuffleSeed`, pages are reserved through a
+/// PageShuffler (and the cache has spare pages and one scratch slot);
+/// without, in slot order.
 std::unique_ptr<PagedKVCache>
-buildCache(const HostTensor &k, const HostTensor &v,
+buildCache(const KVRows &k, const KVRows &v,
            const std::vector<int64_t> &lengths, int64_t pageSize,
            std::optional<uint64_t> shuffleSeed, DType dtype = DType::F32,
            Device device = Device::cpu());
 
-/// Writes every (path, bytes) to a temporary file next to it, then renames
-/// them all into place; on any failure removes the temporaries and throws
-/// pagedc::Error naming the file.
+/// Writes every (path, bytes) through pagedc::files::writeAll (the
+/// runtime's OutputFiles.h): temporary files next to their targets renamed
+/// into place together, devices and FIFOs written in place, symlinks written
+/// through; on any failure removes the temporaries and throws pagedc::Error
+/// naming the file.
 void writeFilesAtomically(
     const std::vector<std::pair<std::string, std::vector<uint8_t>>> &files);
 

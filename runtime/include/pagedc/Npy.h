@@ -30,11 +30,46 @@ struct NpyReadOptions {
   std::optional<std::vector<int64_t>> expectShape;
 };
 
-/// Reads a .npy file. Throws pagedc::Error naming the file and the problem:
-/// unreadable file, wrong magic, unsupported version, malformed header,
+/// Reads a .npy file with one sized read straight into the tensor (no other
+/// copy). Throws pagedc::Error naming the file and the problem: unreadable
+/// file, a directory, device, FIFO or socket (only regular files are read, so
+/// `/dev/zero` is refused instead of read until memory runs out), wrong magic, unsupported version, malformed header,
 /// Fortran order, unsupported or big-endian dtype, truncated data, or a
 /// dtype / shape other than the expected one.
 HostTensor readNpy(const std::string &path, const NpyReadOptions &options = {});
+
+/// An open .npy file whose header has been read and checked (the same
+/// checks and errors as readNpy(), including a byte size that must fit in
+/// 64 bits and data the file really holds); the data is read on demand, in
+/// whole or in pieces, so a caller can stream it somewhere without holding
+/// a second copy.
+class NpyFile {
+public:
+  explicit NpyFile(const std::string &path, const NpyReadOptions &options = {});
+  ~NpyFile();
+  NpyFile(const NpyFile &) = delete;
+  NpyFile &operator=(const NpyFile &) = delete;
+
+  const std::string &path() const { return path_; }
+  DType dtype() const { return dtype_; }
+  const std::vector<int64_t> &shape() const { return shape_; }
+  int64_t numel() const;
+  uint64_t dataBytes() const { return dataBytes_; }
+  /// Reads `bytes` bytes of the array data starting at byte `offset` of it.
+  void readData(uint64_t offset, void *target, uint64_t bytes) const;
+  /// The whole array.
+  HostTensor read() const;
+
+private:
+  void readAt(uint64_t offset, void *target, uint64_t bytes) const;
+  std::string path_;
+  int fd_ = -1;
+  uint64_t fileSize_ = 0;
+  DType dtype_ = DType::F32;
+  std::vector<int64_t> shape_;
+  uint64_t dataStart_ = 0;
+  uint64_t dataBytes_ = 0;
+};
 
 /// Parses .npy bytes held in memory; `name` is used in error messages.
 HostTensor parseNpy(const std::vector<uint8_t> &bytes, const std::string &name,
