@@ -216,11 +216,23 @@ CheckedCall checkCall(const TensorView &q, const PagedKVCache &cache, const Bloc
                                 "positions up to {} (q offset {} + Lq {})",
                                 blockMask->qLength, b, lastPosition - 1, call.qOffset[b],
                                 call.queryLength));
+      const int64_t firstCovered = blockMask->firstQBlock * blockMask->qBlockSize;
+      if (call.queryLength > 0 && call.qOffset[b] < firstCovered)
+        throw Error(fmt::format("block mask covers query positions from {} (q block {}) but "
+                                "batch entry {} starts at position {} (its q offset)",
+                                firstCovered, blockMask->firstQBlock, b, call.qOffset[b]));
       if (call.kvLength[b] > blockMask->kvLength)
         throw Error(fmt::format("block mask was built for KV_LEN={} but options.kvLength[{}] = "
                                 "{}",
                                 blockMask->kvLength, b, call.kvLength[b]));
     }
+    // The CUDA kernels' mask rows start at q block 0 (KernelArgs.h has no
+    // q block offset yet): a mask of only some rows is for the CPU.
+    if (!onCpu && blockMask->firstQBlock != 0)
+      throw Error(fmt::format("the block mask covers only q blocks from {} on "
+                              "(createBlockMaskRows); on {} the mask must cover every q block "
+                              "from 0 (createBlockMask)",
+                              blockMask->firstQBlock, deviceName(call.device)));
   }
 
   // Mods (bindings are resolved by the caller).

@@ -30,22 +30,27 @@ constexpr int64_t kMaxIndex = std::numeric_limits<int32_t>::max();
 int64_t ceilDiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
 /// Block geometry of one mask.
+/// Rows i = 0 .. numQ - 1 of a mask are the q blocks firstQ + i.
 struct Geometry {
   int64_t qLength, kvLength;
   int64_t qBlock, kvBlock;
+  int64_t firstQ; // the first q block the mask covers
   int64_t numQ, numKv;
 
-  Geometry(int64_t qLength, int64_t kvLength, int64_t qBlock, int64_t kvBlock)
-      : qLength(qLength), kvLength(kvLength), qBlock(qBlock), kvBlock(kvBlock),
-        numQ(ceilDiv(qLength, qBlock)), numKv(ceilDiv(kvLength, kvBlock)) {}
-  int64_t qLo(int64_t i) const { return i * qBlock; }
-  int64_t qHi(int64_t i) const { return std::min((i + 1) * qBlock, qLength) - 1; }
+  Geometry(int64_t qLength, int64_t kvLength, int64_t qBlock, int64_t kvBlock,
+           int64_t firstQ = 0)
+      : qLength(qLength), kvLength(kvLength), qBlock(qBlock), kvBlock(kvBlock), firstQ(firstQ),
+        numQ(ceilDiv(qLength, qBlock) - firstQ), numKv(ceilDiv(kvLength, kvBlock)) {}
+  /// The first q position the mask covers.
+  int64_t qBegin() const { return firstQ * qBlock; }
+  int64_t qLo(int64_t i) const { return (firstQ + i) * qBlock; }
+  int64_t qHi(int64_t i) const { return std::min((firstQ + i + 1) * qBlock, qLength) - 1; }
   int64_t kvLo(int64_t j) const { return j * kvBlock; }
   int64_t kvHi(int64_t j) const { return std::min((j + 1) * kvBlock, kvLength) - 1; }
 };
 
 void checkSizes(int64_t batch, int64_t heads, int64_t qLength, int64_t kvLength, int64_t qBlockSize,
-                int64_t kvBlockSize) {
+                int64_t kvBlockSize, int64_t qBegin = 0) {
   if (batch < 1 || heads < 1)
     throw Error(fmt::format("block mask batch and heads must be at least 1 but are B={} and "
                             "H={}",
@@ -57,6 +62,27 @@ void checkSizes(int64_t batch, int64_t heads, int64_t qLength, int64_t kvLength,
   if (qBlockSize < 1 || kvBlockSize < 1)
     throw Error(
         fmt::format("block sizes must be at least 1 but are {} x {}", qBlockSize, kvBlockSize));
+  if (qBegin < 0 || qBegin >= qLength)
+    throw Error(fmt::format("block mask first query position must be in [0, Q_LEN={}) but is {}",
+                            qLength, qBegin));
+}
+
+/// Entries of a mask's index arrays and its bytes, refused beyond the budget
+/// (and on any overflow) before anything is allocated.
+void checkMaskBudget(int64_t batch, int64_t heads, const Geometry &g) {
+  int64_t rows = 0, entries = 0, bytes = 0;
+  const bool overflow = __builtin_mul_overflow(batch, heads, &rows) ||
+                        __builtin_mul_overflow(rows, g.numQ, &rows) ||
+                        __builtin_mul_overflow(rows, g.numKv + 1, &entries) ||
+                        __builtin_mul_overflow(entries, int64_t(2 * sizeof(int32_t)), &bytes);
+  if (overflow || bytes > kBlockMaskMaxBytes)
+    throw Error(fmt::format(
+        "the block mask would need {} for {} x {} rows of {} q blocks x {} kv blocks ({} x {} "
+        "blocks over Q_LEN={} from position {}, KV_LEN={}), more than the block-mask memory "
+        "budget of {} bytes; use larger blocks or fewer query rows",
+        overflow ? std::string("more than 2^63 bytes") : fmt::format("{} bytes", bytes), batch,
+        heads, g.numQ, g.numKv, g.qBlock, g.kvBlock, g.qLength, g.qBegin(), g.kvLength,
+        kBlockMaskMaxBytes));
 }
 
 /// Shapes `mask` for the given extents, reusing its storage: counts and
@@ -68,6 +94,7 @@ void shapeMask(BlockMask &mask, int64_t batch, int64_t heads, const Geometry &ge
   mask.kvLength = geometry.kvLength;
   mask.qBlockSize = static_cast<int32_t>(geometry.qBlock);
   mask.kvBlockSize = static_cast<int32_t>(geometry.kvBlock);
+  mask.firstQBlock = geometry.firstQ;
   mask.numQBlocks = geometry.numQ;
   mask.maxKvBlocks = geometry.numKv;
   const size_t rows = static_cast<size_t>(batch * heads * geometry.numQ);
@@ -109,6 +136,9 @@ private:
   int32_t *full_;
   int32_t partialCount_ = 0, fullCount_ = 0;
 };
+
+void buildMask(const CompiledMods &mods, const PagedcModContext &context, int64_t batch,
+               int64_t heads, const Geometry &geometry, BlockMaskMethod method, BlockMask &mask);
 
 BlockClass classFromCount(int64_t trueCount, int64_t total) {
   if (trueCount == 0)
@@ -180,13 +210,16 @@ public:
     // increasing t as kv decreases; rows 0, kvLength, 2 kvLength, ...,
     // qLength - 1 cover every t, and each t is taken from the first row
     // that reaches it. Counts stay below 2^32.
-    const int64_t offset = g.kvLength - 1;
+    // Only rows from g.qBegin() on are covered: t = q - kv + offset counts
+    // from the smallest difference of those rows, so the table is
+    // O(Q_LEN - qBegin + KV_LEN) (a decode step's is O(KV_LEN)).
+    const int64_t offset = g.kvLength - 1 - g.qBegin();
     std::vector<uint8_t> values(static_cast<size_t>(g.kvLength));
-    prefix_.resize(static_cast<size_t>(g.qLength + g.kvLength));
+    prefix_.resize(static_cast<size_t>(g.qLength - g.qBegin() + g.kvLength));
     prefix_[0] = 0;
     uint32_t running = 0;
     int64_t next = 0; // the first t not counted yet
-    for (int64_t q = 0;; q = std::min(q + g.kvLength, g.qLength - 1)) {
+    for (int64_t q = g.qBegin();; q = std::min(q + g.kvLength, g.qLength - 1)) {
       mods.maskRow(&context, b, h, static_cast<int32_t>(q), 0, static_cast<int32_t>(g.kvLength),
                    values.data());
       for (int64_t t = next; t <= q + offset; ++t) {
@@ -206,7 +239,7 @@ public:
       return classFromClassifier(mods_.maskBlockClass(
           &context_, b_, h_, static_cast<int32_t>(qLo), static_cast<int32_t>(qHi),
           static_cast<int32_t>(kvLo), static_cast<int32_t>(kvHi)));
-    const int64_t offset = g_.kvLength - 1;
+    const int64_t offset = g_.kvLength - 1 - g_.qBegin();
     const int64_t lo = qLo - kvHi + offset, hi = qHi - kvLo + offset;
     return classFromCount(int64_t(prefix_[hi + 1] - prefix_[lo]), hi - lo + 1);
   }
@@ -236,15 +269,17 @@ void buildDiagonal(BlockMask &mask, const Geometry &g, const CompiledMods &mods,
         }
         continue;
       }
-      // Equal block sizes: interior block (i, j) has the class of diagonal
-      // d = j - i. Rows [0, wholeRows) and columns [0, wholeCols) hold whole
-      // blocks; the partial last row or column is classified block by block.
+      // Equal block sizes: interior block (a, j) (a = firstQ + i, the
+      // absolute q block) has the class of diagonal d = j - a. Rows
+      // [firstQ, wholeRows) and columns [0, wholeCols) hold whole blocks;
+      // the partial last row or column is classified block by block.
       const int64_t wholeRows = g.qLength / g.qBlock, wholeCols = g.kvLength / g.kvBlock;
       std::vector<int64_t> fullDiagonals, partialDiagonals;
-      if (wholeRows > 0 && wholeCols > 0)
-        for (int64_t d = -(wholeRows - 1); d <= wholeCols - 1; ++d) {
-          const int64_t i = d < 0 ? -d : 0; // a whole block on this diagonal
-          const BlockClass cls = classifyBlock(i, i + d);
+      if (wholeRows > g.firstQ && wholeCols > 0)
+        for (int64_t d = -(wholeRows - 1); d <= wholeCols - 1 - g.firstQ; ++d) {
+          // A whole block of a covered row on this diagonal.
+          const int64_t a = std::max(g.firstQ, -d);
+          const BlockClass cls = classifyBlock(a - g.firstQ, a + d);
           if (cls == FullBlock)
             fullDiagonals.push_back(d);
           else if (cls == PartialBlock)
@@ -252,18 +287,19 @@ void buildDiagonal(BlockMask &mask, const Geometry &g, const CompiledMods &mods,
         }
       for (int64_t i = 0; i < g.numQ; ++i) {
         RowWriter row(mask, mask.rowIndex(b, h, i));
-        if (i >= wholeRows) {
+        const int64_t a = g.firstQ + i;
+        if (a >= wholeRows) {
           for (int64_t j = 0; j < g.numKv; ++j)
             row.add(j, classifyBlock(i, j));
           continue;
         }
-        // Diagonals d with 0 <= i + d < wholeCols, in increasing j order.
-        for (auto it = std::lower_bound(partialDiagonals.begin(), partialDiagonals.end(), -i);
-             it != partialDiagonals.end() && i + *it < wholeCols; ++it)
-          row.addPartial(i + *it);
-        for (auto it = std::lower_bound(fullDiagonals.begin(), fullDiagonals.end(), -i);
-             it != fullDiagonals.end() && i + *it < wholeCols; ++it)
-          row.addFull(i + *it);
+        // Diagonals d with 0 <= a + d < wholeCols, in increasing j order.
+        for (auto it = std::lower_bound(partialDiagonals.begin(), partialDiagonals.end(), -a);
+             it != partialDiagonals.end() && a + *it < wholeCols; ++it)
+          row.addPartial(a + *it);
+        for (auto it = std::lower_bound(fullDiagonals.begin(), fullDiagonals.end(), -a);
+             it != fullDiagonals.end() && a + *it < wholeCols; ++it)
+          row.addFull(a + *it);
         if (wholeCols < g.numKv)
           row.add(wholeCols, classifyBlock(i, wholeCols));
       }
@@ -288,11 +324,43 @@ BlockMask createBlockMask(const CompiledMods &mods, const PagedcModContext &cont
 void createBlockMaskInto(const CompiledMods &mods, const PagedcModContext &context, int64_t batch,
                          int64_t heads, int64_t qLength, int64_t kvLength, int32_t qBlockSize,
                          int32_t kvBlockSize, BlockMaskMethod method, BlockMask &mask) {
-  checkSizes(batch, heads, qLength, kvLength, qBlockSize, kvBlockSize);
+  createBlockMaskRowsInto(mods, context, batch, heads, 0, qLength, kvLength, qBlockSize,
+                          kvBlockSize, method, mask);
+}
+
+BlockMask createBlockMaskRows(const CompiledMods &mods, const PagedcModContext &context,
+                              int64_t batch, int64_t heads, int64_t qBegin, int64_t qLength,
+                              int64_t kvLength, int32_t qBlockSize, int32_t kvBlockSize,
+                              BlockMaskMethod method) {
+  BlockMask mask;
+  createBlockMaskRowsInto(mods, context, batch, heads, qBegin, qLength, kvLength, qBlockSize,
+                          kvBlockSize, method, mask);
+  return mask;
+}
+
+void createBlockMaskRowsInto(const CompiledMods &mods, const PagedcModContext &context,
+                             int64_t batch, int64_t heads, int64_t qBegin, int64_t qLength,
+                             int64_t kvLength, int32_t qBlockSize, int32_t kvBlockSize,
+                             BlockMaskMethod method, BlockMask &mask) {
+  checkSizes(batch, heads, qLength, kvLength, qBlockSize, kvBlockSize, qBegin);
   if (mods.hasMask() && !mods.maskRow)
     throw Error(
         fmt::format("mask mod '{}' has no CPU function to build a block mask with", mods.maskName));
-  const Geometry geometry(qLength, kvLength, qBlockSize, kvBlockSize);
+  const Geometry geometry(qLength, kvLength, qBlockSize, kvBlockSize, qBegin / qBlockSize);
+  const ModDependence &dependence = mods.maskDependence;
+  const bool perB = mods.hasMask() && dependence.b, perH = mods.hasMask() && dependence.h;
+  checkMaskBudget(perB ? batch : 1, perH ? heads : 1, geometry);
+  try {
+    buildMask(mods, context, batch, heads, geometry, method, mask);
+  } catch (const std::bad_alloc &) {
+    throw Error(fmt::format("out of memory building a block mask of {} x {} rows x {} kv blocks",
+                            perB ? batch : 1, perH ? heads : 1, geometry.numQ, geometry.numKv));
+  }
+}
+
+namespace {
+void buildMask(const CompiledMods &mods, const PagedcModContext &context, int64_t batch,
+               int64_t heads, const Geometry &geometry, BlockMaskMethod method, BlockMask &mask) {
   if (!mods.hasMask()) {
     shapeMask(mask, 1, 1, geometry);
     for (int64_t i = 0; i < geometry.numQ; ++i) {
@@ -313,6 +381,7 @@ void createBlockMaskInto(const CompiledMods &mods, const PagedcModContext &conte
   else
     buildElementWise(mask, geometry, mods, context);
 }
+} // namespace
 
 void validateBlockMask(const BlockMask &mask) {
   if (mask.batch < 1 || mask.heads < 1)
@@ -327,16 +396,26 @@ void validateBlockMask(const BlockMask &mask) {
     throw Error(fmt::format("block mask lengths must be from 0 to {} but are Q_LEN={} and "
                             "KV_LEN={}",
                             kMaxIndex, mask.qLength, mask.kvLength));
-  if (mask.numQBlocks != ceilDiv(mask.qLength, mask.qBlockSize))
-    throw Error(fmt::format("block mask has {} q blocks but Q_LEN={} with q block size {} needs "
-                            "{}",
-                            mask.numQBlocks, mask.qLength, mask.qBlockSize,
-                            ceilDiv(mask.qLength, mask.qBlockSize)));
+  const int64_t totalQBlocks = ceilDiv(mask.qLength, mask.qBlockSize);
+  if (mask.firstQBlock < 0 || (mask.firstQBlock > 0 && mask.firstQBlock >= totalQBlocks))
+    throw Error(fmt::format("block mask first q block {} is outside [0, {}) (Q_LEN={}, q block "
+                            "size {})",
+                            mask.firstQBlock, totalQBlocks, mask.qLength, mask.qBlockSize));
+  if (mask.numQBlocks != totalQBlocks - mask.firstQBlock)
+    throw Error(fmt::format("block mask has {} q blocks but Q_LEN={} with q block size {} from q "
+                            "block {} needs {}",
+                            mask.numQBlocks, mask.qLength, mask.qBlockSize, mask.firstQBlock,
+                            totalQBlocks - mask.firstQBlock));
   if (mask.maxKvBlocks < 0)
     throw Error(
         fmt::format("block mask maxKvBlocks must not be negative but is {}", mask.maxKvBlocks));
-  const int64_t rows = mask.batch * mask.heads * mask.numQBlocks;
-  const int64_t entries = rows * mask.maxKvBlocks;
+  int64_t rows = 0, entries = 0;
+  if (__builtin_mul_overflow(mask.batch, mask.heads, &rows) ||
+      __builtin_mul_overflow(rows, mask.numQBlocks, &rows) ||
+      __builtin_mul_overflow(rows, mask.maxKvBlocks, &entries))
+    throw Error(fmt::format("block mask shape B={} x H={} x {} q blocks x maxKvBlocks={} "
+                            "overflows 64 bits",
+                            mask.batch, mask.heads, mask.numQBlocks, mask.maxKvBlocks));
   auto checkSize = [](const std::vector<int32_t> &array, int64_t expected, const char *name) {
     if (static_cast<int64_t>(array.size()) != expected)
       throw Error(fmt::format("block mask {} has {} entries but its shape needs {}", name,
@@ -446,7 +525,8 @@ std::vector<uint8_t> toDense(const BlockMask &mask, const CompiledMods *mods,
   if (applyMod && !mods->maskRow)
     throw Error(fmt::format("mask mod '{}' has no CPU function", mods->maskName));
   const PagedcModContext emptyContext{nullptr, nullptr};
-  const Geometry g(mask.qLength, mask.kvLength, mask.qBlockSize, mask.kvBlockSize);
+  const Geometry g(mask.qLength, mask.kvLength, mask.qBlockSize, mask.kvBlockSize,
+                   mask.firstQBlock);
   std::vector<uint8_t> dense(static_cast<size_t>(mask.batch * mask.heads * g.qLength * g.kvLength),
                              0);
   for (int64_t b = 0; b < mask.batch; ++b)

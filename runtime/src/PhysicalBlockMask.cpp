@@ -135,6 +135,7 @@ void convertLogicalBlockMaskInto(const PagedKVCache &cache, const BlockMask &mas
   out.kvLength = physical ? cache.numPages() * pageSize : mask.kvLength;
   out.qBlockSize = mask.qBlockSize;
   out.kvBlockSize = mask.kvBlockSize;
+  out.firstQBlock = mask.firstQBlock;
   out.numQBlocks = mask.numQBlocks;
   out.maxKvBlocks = columns;
   out.physicalIndices = physical;

@@ -28,7 +28,13 @@ struct BlockMask {
   int64_t kvLength = 0; // KV_LEN the mask was built for
   int32_t qBlockSize = 128;
   int32_t kvBlockSize = 128;
-  int64_t numQBlocks = 0;  // ceil(qLength / qBlockSize)
+  /// The first q block the mask's rows cover: row i is q block
+  /// firstQBlock + i (positions from firstQBlock * qBlockSize on). 0 for a
+  /// mask of every query row; a decode step's mask (createBlockMaskRows())
+  /// covers only the call's rows, so its size is O(KV_LEN / kvBlockSize).
+  /// Host side only so far: the CUDA backend takes masks with 0 here.
+  int64_t firstQBlock = 0;
+  int64_t numQBlocks = 0;  // ceil(qLength / qBlockSize) - firstQBlock
   int64_t maxKvBlocks = 0; // columns of the index arrays
   /// True when the indices are physical page numbers (a mask converted by
   /// convertLogicalBlockMask() with block size == page size); such a mask is
@@ -46,7 +52,8 @@ struct BlockMask {
   std::vector<int32_t> fullKvIndices;
 
   /// Flat offset of row (b, h, qBlock) in the *NumBlocks arrays, applying the
-  /// broadcast of a batch or head extent of 1.
+  /// broadcast of a batch or head extent of 1; qBlock counts from
+  /// firstQBlock (it is the row, not the absolute q block).
   int64_t rowIndex(int64_t b, int64_t h, int64_t qBlock) const {
     int64_t bb = batch == 1 ? 0 : b;
     int64_t hh = heads == 1 ? 0 : h;
@@ -72,6 +79,12 @@ struct BlockMask {
 
 struct CompiledMods;
 
+/// The most memory a mask built by createBlockMask*() may take (its index
+/// arrays, both lists): 2 GiB. Beyond it the call fails with an error that
+/// gives the size, instead of running out of memory (e.g. 1x1 blocks over a
+/// 1M x 1M prefill).
+constexpr int64_t kBlockMaskMaxBytes = int64_t(2) << 30;
+
 /// How createBlockMask() classifies blocks.
 enum class BlockMaskMethod : uint8_t {
   /// The fastest exact method the mods allow: whole diagonals when the mask's
@@ -89,11 +102,26 @@ enum class BlockMaskMethod : uint8_t {
 /// are. A last partial q or kv block is classified from its in-range indices
 /// only. Without a mask mod every block is full. Throws pagedc::Error for
 /// non-positive sizes, lengths beyond int32, or a mask mod with no CPU
-/// function.
+/// function, or a mask larger than kBlockMaskMaxBytes.
 BlockMask createBlockMask(const CompiledMods &mods, const PagedcModContext &context, int64_t batch,
                           int64_t heads, int64_t qLength, int64_t kvLength,
                           int32_t qBlockSize = 128, int32_t kvBlockSize = 128,
                           BlockMaskMethod method = BlockMaskMethod::Auto);
+
+/// createBlockMask() for the query positions [qBegin, qLength) only: the
+/// mask's rows start at q block qBegin / qBlockSize (BlockMask::firstQBlock),
+/// so a decode step at q offset 1M builds one row of q blocks, not 1M / 128.
+/// Its Q_LEN is still qLength (the end of the call's rows). The diagonal
+/// table and the element-wise evaluation cover only those rows too.
+BlockMask createBlockMaskRows(const CompiledMods &mods, const PagedcModContext &context,
+                              int64_t batch, int64_t heads, int64_t qBegin, int64_t qLength,
+                              int64_t kvLength, int32_t qBlockSize = 128,
+                              int32_t kvBlockSize = 128,
+                              BlockMaskMethod method = BlockMaskMethod::Auto);
+void createBlockMaskRowsInto(const CompiledMods &mods, const PagedcModContext &context,
+                             int64_t batch, int64_t heads, int64_t qBegin, int64_t qLength,
+                             int64_t kvLength, int32_t qBlockSize, int32_t kvBlockSize,
+                             BlockMaskMethod method, BlockMask &mask);
 
 /// createBlockMask() writing into `mask`, whose storage is reused: building
 /// masks of the same shape again allocates nothing. `mask` is unchanged
@@ -126,11 +154,12 @@ void validateBlockMask(const BlockMask &mask);
 enum BlockClass : uint8_t { EmptyBlock = 0, PartialBlock = 1, FullBlock = 2 };
 
 /// The mask's block classes as a dense [batch, heads, numQBlocks,
-/// numKvBlocks] array of BlockClass values.
+/// numKvBlocks] array of BlockClass values (rows from firstQBlock on).
 std::vector<uint8_t> toDenseBlocks(const BlockMask &mask);
 
 /// The element mask the block mask stands for, [batch, heads, qLength,
-/// kvLength] of 0/1: full blocks are 1, skipped blocks 0, and partial blocks
+/// kvLength] of 0/1 (rows before firstQBlock are 0): full blocks are 1,
+/// skipped blocks 0, and partial blocks
 /// evaluate `mods`' mask mod (1 everywhere when mods is null or has none).
 std::vector<uint8_t> toDense(const BlockMask &mask, const CompiledMods *mods = nullptr,
                              const PagedcModContext *context = nullptr);

@@ -334,8 +334,8 @@ void Kernel::prepareRows(Workspace &ws, int64_t b, int64_t kvHead, int64_t rowTi
   int64_t kvLength = args_.kvLength[b];
   int64_t kvBlocks = (kvLength + mask->kvBlockSize - 1) / mask->kvBlockSize;
   for (int64_t r = 0; r < rows; ++r) {
-    int64_t qBlock = ws.rowPosition[r] / mask->qBlockSize;
-    if (ws.rowPosition[r] < 0 || qBlock >= mask->numQBlocks) {
+    int64_t qBlock = ws.rowPosition[r] / mask->qBlockSize - mask->firstQBlock;
+    if (ws.rowPosition[r] < 0 || qBlock < 0 || qBlock >= mask->numQBlocks) {
       ws.rowBlockStatus[r] = nullptr; // outside the mask: nothing visible
       continue;
     }
