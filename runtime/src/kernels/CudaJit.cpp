@@ -261,15 +261,15 @@ bool parseVariant(const std::string &bytes, const std::string &key,
 /// Reads the variant at `path`; removes a file that does not parse.
 bool readVariant(const std::string &path, const std::string &key,
                  Variant &variant) {
-  std::ifstream file(path, std::ios::binary);
-  if (!file)
+  std::string bytes;
+  // Never blocks or follows a link (a FIFO, symlink or directory there is
+  // corrupt: removed, and the variant rebuilt).
+  const sealed::ReadStatus status = sealed::readEntryFile(path, bytes);
+  if (status == sealed::ReadStatus::Missing || status == sealed::ReadStatus::Unreadable)
     return false;
-  std::string bytes((std::istreambuf_iterator<char>(file)),
-                    std::istreambuf_iterator<char>());
-  if (parseVariant(bytes, key, variant))
+  if (status == sealed::ReadStatus::Read && parseVariant(bytes, key, variant))
     return true;
-  std::error_code ignored;
-  fs::remove(path, ignored);
+  sealed::removeEntry(path);
   return false;
 }
 

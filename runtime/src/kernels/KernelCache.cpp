@@ -157,16 +157,16 @@ std::shared_ptr<const CompiledKernel> KernelCache::readEntry(const std::string &
   if (directory_.empty())
     return nullptr;
   std::string path = entryPath(key);
-  std::ifstream file(path, std::ios::binary);
-  if (!file)
+  std::string bytes;
+  // Never blocks or follows a link: a FIFO, a symlink or a directory at the
+  // entry's path is a corrupt entry, removed and rebuilt.
+  const sealed::ReadStatus status = sealed::readEntryFile(path, bytes);
+  if (status == sealed::ReadStatus::Missing || status == sealed::ReadStatus::Unreadable)
     return nullptr;
-  std::string bytes((std::istreambuf_iterator<char>(file)),
-                    std::istreambuf_iterator<char>());
   auto kernel = std::make_shared<CompiledKernel>();
-  if (!parseEntry(bytes, key, *kernel)) {
+  if (status == sealed::ReadStatus::NotRegular || !parseEntry(bytes, key, *kernel)) {
     ++corruptEntries_;
-    std::error_code ignored;
-    fs::remove(path, ignored);
+    sealed::removeEntry(path);
     return nullptr;
   }
   return kernel;

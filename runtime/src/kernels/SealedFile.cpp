@@ -6,9 +6,12 @@
 
 #include <fmt/format.h>
 
+#include <fcntl.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <atomic>
+#include <cerrno>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
@@ -85,6 +88,37 @@ bool writeAtomically(const std::string &path, std::string_view bytes) {
     return false;
   }
   return true;
+}
+
+ReadStatus readEntryFile(const std::string &path, std::string &bytes) {
+  int fd = ::open(path.c_str(), O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC);
+  if (fd < 0)
+    return errno == ENOENT ? ReadStatus::Missing
+           : errno == ELOOP || errno == EISDIR || errno == ENXIO ? ReadStatus::NotRegular
+                                                                 : ReadStatus::Unreadable;
+  struct stat info;
+  if (::fstat(fd, &info) != 0 || !S_ISREG(info.st_mode)) {
+    ::close(fd);
+    return ReadStatus::NotRegular;
+  }
+  bytes.resize(static_cast<size_t>(info.st_size));
+  size_t done = 0;
+  while (done < bytes.size()) {
+    ssize_t got = ::read(fd, bytes.data() + done, bytes.size() - done);
+    if (got < 0 && errno == EINTR)
+      continue;
+    if (got <= 0)
+      break; // shrank or failed: the checksums reject what was read
+    done += static_cast<size_t>(got);
+  }
+  bytes.resize(done);
+  ::close(fd);
+  return ReadStatus::Read;
+}
+
+void removeEntry(const std::string &path) {
+  std::error_code ignored;
+  std::filesystem::remove_all(path, ignored); // a symlink is removed, not followed
 }
 
 } // namespace pagedc::sealed

@@ -42,6 +42,20 @@ bool open(std::string_view bytes, std::string_view magic,
 /// that cannot be written is only slower, so callers may ignore it.
 bool writeAtomically(const std::string &path, std::string_view bytes);
 
+/// What readEntryFile() found at a path.
+enum class ReadStatus { Missing, NotRegular, Unreadable, Read };
+
+/// Reads a cache file without ever blocking or following a symlink: opened
+/// with O_NOFOLLOW | O_NONBLOCK, checked with fstat, and read only when it is
+/// a regular file (one sized read). A FIFO, a symlink (to /dev/zero or
+/// anything else), a directory or a device is NotRegular: the caller treats
+/// it as a corrupt entry, removes it (removeEntry) and rebuilds.
+ReadStatus readEntryFile(const std::string &path, std::string &bytes);
+
+/// Removes whatever is at `path` (a directory with its contents, a symlink
+/// itself, never its target), so an atomic rename can put a file there.
+void removeEntry(const std::string &path);
+
 /// Lowercase 16-digit hexadecimal.
 std::string hex64(unsigned long long value);
 
