@@ -147,13 +147,18 @@ static void checkConfig(const KVCacheConfig &config) {
   if (config.dtype != DType::F32 && config.dtype != DType::F16 && config.dtype != DType::BF16)
     throw Error(
         fmt::format("KV cache dtype must be f32, f16 or bf16 but is {}", dtypeName(config.dtype)));
-  // Bytes of the larger of K and V must fit size_t with room to spare.
-  const double bytes = static_cast<double>(config.heads) * static_cast<double>(config.numPages) *
-                       static_cast<double>(config.pageSize) *
-                       static_cast<double>(std::max(config.headDim, config.valueHeadDim)) *
-                       static_cast<double>(dtypeSize(config.dtype));
-  if (bytes > 9.0e18)
-    throw Error("KV cache is too large to address");
+  // Bytes of the larger of K and V, computed without overflow, must fit
+  // int64 (and so size_t); the same product gives every index the cache uses.
+  int64_t bytes = 0;
+  if (__builtin_mul_overflow(config.heads, config.numPages, &bytes) ||
+      __builtin_mul_overflow(bytes, config.pageSize, &bytes) ||
+      __builtin_mul_overflow(bytes, std::max(config.headDim, config.valueHeadDim), &bytes) ||
+      __builtin_mul_overflow(bytes, static_cast<int64_t>(dtypeSize(config.dtype)), &bytes))
+    throw Error(fmt::format("KV cache is too large to address: heads {} x pages {} x page size "
+                            "{} x head dim {} x {} bytes overflows 64 bits",
+                            config.heads, config.numPages, config.pageSize,
+                            std::max(config.headDim, config.valueHeadDim),
+                            dtypeSize(config.dtype)));
 }
 
 PagedKVCache::PagedKVCache(const KVCacheConfig &config, std::shared_ptr<KVMemory> memory)
@@ -201,8 +206,13 @@ PagedKVCache::PagedKVCache(const KVCacheConfig &config, const TensorView &kCache
                             deviceName(memory_->device()), deviceName(config.device)));
   kCache_ = TensorView(kCache.data(), config.dtype, kShape, config.device);
   vCache_ = TensorView(vCache.data(), config.dtype, vShape, config.device);
-  tables_.resize(static_cast<size_t>(config.maxBatch));
-  freePages_.reserve(static_cast<size_t>(config.numPages));
+  try {
+    tables_.resize(static_cast<size_t>(config.maxBatch));
+    freePages_.reserve(static_cast<size_t>(config.numPages));
+  } catch (const std::bad_alloc &) {
+    throw Error(fmt::format("out of host memory for the page tables of {} slots and {} pages",
+                            config.maxBatch, config.numPages));
+  }
   for (int64_t page = config.numPages - 1; page >= 0; --page)
     freePages_.push_back(static_cast<int32_t>(page));
   refCount_.assign(static_cast<size_t>(config.numPages), 0);
@@ -222,6 +232,12 @@ void PagedKVCache::allocateStorage() {
     freePages_.reserve(static_cast<size_t>(config_.numPages));
     refCount_.assign(static_cast<size_t>(config_.numPages), 0);
     pageLogical_.assign(static_cast<size_t>(config_.numPages), -1);
+  } catch (const std::bad_alloc &) {
+    memory_->deallocate(k, kBytes_);
+    if (v)
+      memory_->deallocate(v, vBytes_);
+    throw Error(fmt::format("out of host memory for the page tables of {} slots and {} pages",
+                            config_.maxBatch, config_.numPages));
   } catch (...) {
     memory_->deallocate(k, kBytes_);
     if (v)
@@ -294,10 +310,26 @@ void PagedKVCache::reserve(int64_t slot, int64_t seqLen) {
   const int64_t capacity = static_cast<int64_t>(table.size()) * config_.pageSize;
   if (seqLen <= capacity)
     return;
-  const int64_t needed = (seqLen - capacity + config_.pageSize - 1) / config_.pageSize;
+  // No overflow for any seqLen up to INT64_MAX: seqLen - capacity > 0.
+  const int64_t missing = seqLen - capacity;
+  const int64_t needed = missing / config_.pageSize + (missing % config_.pageSize != 0);
   if (needed > freePageCount())
     throw outOfPages(needed, freePageCount());
-  table.reserve(table.size() + static_cast<size_t>(needed)); // the only step that may throw
+  // Grow the table geometrically: reserving exactly table.size() + needed
+  // reallocated it on every call, so growing a slot one page at a time (a
+  // decode loop, --page-size 1) was quadratic in its length. This is the only
+  // step that may throw, and it changes nothing visible.
+  const size_t wanted = table.size() + static_cast<size_t>(needed);
+  if (wanted > table.capacity()) {
+    try {
+      table.reserve(std::max(wanted, std::min(2 * table.capacity(),
+                                              static_cast<size_t>(config_.numPages))));
+    } catch (const std::bad_alloc &) {
+      throw Error(fmt::format("reserve: out of host memory growing slot {}'s page table to {} "
+                              "pages",
+                              slot, wanted));
+    }
+  }
   // Like the reference, take the free list's last `needed` entries in list
   // order: the first of them becomes the lowest new logical page.
   const size_t first = freePages_.size() - static_cast<size_t>(needed);
@@ -492,7 +524,18 @@ std::vector<int32_t> PagedKVCache::densePageTable(const std::vector<int32_t> &sl
       width = std::max<int64_t>(width, static_cast<int64_t>(tables_[slot].size()));
   }
   width = std::max<int64_t>(width, 0);
-  std::vector<int32_t> dense(slots.size() * static_cast<size_t>(width), -1);
+  int64_t entries = 0;
+  if (__builtin_mul_overflow(static_cast<int64_t>(slots.size()), width, &entries) ||
+      entries > (int64_t(1) << 40))
+    throw Error(fmt::format("page table: {} slots x {} columns is too large", slots.size(),
+                            width));
+  std::vector<int32_t> dense;
+  try {
+    dense.assign(static_cast<size_t>(entries), -1);
+  } catch (const std::bad_alloc &) {
+    throw Error(fmt::format("page table: out of host memory for {} slots x {} columns",
+                            slots.size(), width));
+  }
   for (size_t row = 0; row < slots.size(); ++row) {
     const std::vector<int32_t> &table = tables_[slots[row]];
     const size_t count = std::min(table.size(), static_cast<size_t>(width));

@@ -48,6 +48,17 @@ static void checkRank(size_t rank) {
                             TensorView::kMaxRank));
 }
 
+/// The element count of `shape` must fit int64, so numel() and every offset
+/// computed from a compact layout cannot overflow.
+static void checkElementCount(const std::vector<int64_t> &shape) {
+  int64_t count = 1;
+  for (int64_t extent : shape)
+    if (extent > 0 && __builtin_mul_overflow(count, extent, &count))
+      throw Error(fmt::format("tensor shape with extent {} has more elements than int64 can "
+                              "count",
+                              extent));
+}
+
 TensorView::TensorView(void *data, DType dtype, std::initializer_list<int64_t> shape,
                        Device device)
     : TensorView(data, dtype, std::vector<int64_t>(shape), device) {}
@@ -56,6 +67,7 @@ TensorView::TensorView(void *data, DType dtype, const std::vector<int64_t> &shap
                        Device device)
     : data_(data), dtype_(dtype), device_(device), rank_(static_cast<int>(shape.size())) {
   checkRank(shape.size());
+  checkElementCount(shape);
   int64_t stride = 1;
   for (int i = rank_ - 1; i >= 0; --i) {
     if (shape[i] < 0)
@@ -70,6 +82,7 @@ TensorView::TensorView(void *data, DType dtype, const std::vector<int64_t> &shap
                        const std::vector<int64_t> &strides, Device device)
     : data_(data), dtype_(dtype), device_(device), rank_(static_cast<int>(shape.size())) {
   checkRank(shape.size());
+  checkElementCount(shape);
   if (strides.size() != shape.size())
     throw Error(fmt::format("shape has {} dimensions but strides have {}", shape.size(),
                             strides.size()));
