@@ -13,6 +13,7 @@
 #include <cstdio>
 #include <cstring>
 #include <numeric>
+#include <tuple>
 #include <unistd.h>
 
 using namespace pagedc;
@@ -223,6 +224,28 @@ pagedc::driver::buildCache(const KVRows &k, const KVRows &v,
   } else {
     for (int64_t b = 0; b < batch; ++b)
       cache->reserve(b, lengths[b]);
+  }
+  // On the CPU, rows already in the cache's dtype are read straight into
+  // the pages the slots own (one read per head and page, no staging copy):
+  // what assign() would do, as the cache's layout is [Hkv, pages, pageSize,
+  // D] and each page holds consecutive positions of one slot.
+  if (device.kind == DeviceKind::CPU && k.dtype() == dtype && v.dtype() == dtype) {
+    const int64_t elementSize = static_cast<int64_t>(dtypeSize(dtype));
+    const int64_t numPages = cache->numPages();
+    for (const auto &[rows, storage, dim] :
+         {std::tuple{&k, cache->kCache(), ks[3]}, std::tuple{&v, cache->vCache(), vs[3]}}) {
+      auto *base = static_cast<char *>(storage.data());
+      for (int64_t b = 0; b < batch; ++b) {
+        const std::vector<int32_t> &table = cache->pageTable(b);
+        for (int64_t p = 0; p * pageSize < lengths[b]; ++p) {
+          const int64_t n = std::min(pageSize, lengths[b] - p * pageSize);
+          for (int64_t h = 0; h < heads; ++h)
+            rows->read(b, h, p * pageSize, n, dtype,
+                       base + (h * numPages + table[p]) * pageSize * dim * elementSize);
+        }
+      }
+    }
+    return cache;
   }
   // assign() a bounded piece at a time (about 8 MiB of K and of V), so the
   // input never exists a second time in full: rows of K/V in the cache's

@@ -80,6 +80,8 @@ public:
   /// Tokens [t0, t0 + n) of head h of sequence b, converted to `target`
   /// (f32, f16 or bf16), to `out` (n * D elements).
   void read(int64_t b, int64_t h, int64_t t0, int64_t n, DType target, void *out) const;
+  /// The dtype the rows are stored in.
+  DType dtype() const { return dtype_; }
 
 private:
   const HostTensor *tensor_ = nullptr;
