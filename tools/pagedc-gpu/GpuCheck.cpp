@@ -596,7 +596,9 @@ std::vector<BenchResult> benchPack(const Pack &pack, const RunOptions &options,
         throw Error("the bundle has no block-mask builder for " + b.label);
       std::vector<HostTensor> hostBuffers = readBuffers(pack.directory, b.buffers);
       const int pagesPerSequence = (b.kvLength + b.pageSize - 1) / b.pageSize;
-      const int numPages = b.batch * pagesPerSequence + b.batch;
+      const int stored = options.kvSequences > 0 ? std::min(options.kvSequences, b.batch)
+                                                 : b.batch;
+      const int numPages = stored * pagesPerSequence + stored;
       const int64_t qElements = int64_t(b.batch) * b.headsQ * b.queryLength * b.headDim;
       const int32_t qOffset = b.kind == KernelKind::Decode ? b.kvLength - b.queryLength : 0;
       const int64_t qBlocks = b.qBlock ? (qOffset + b.queryLength + b.qBlock - 1) / b.qBlock : 0;
@@ -607,7 +609,7 @@ std::vector<BenchResult> benchPack(const Pack &pack, const RunOptions &options,
       KVCacheConfig cacheConfig;
       cacheConfig.numPages = numPages;
       cacheConfig.pageSize = b.pageSize;
-      cacheConfig.maxBatch = b.batch;
+      cacheConfig.maxBatch = stored;
       cacheConfig.heads = b.headsKv;
       cacheConfig.headDim = cacheConfig.valueHeadDim = b.headDim;
       cacheConfig.dtype = DType::BF16;
@@ -621,12 +623,12 @@ std::vector<BenchResult> benchPack(const Pack &pack, const RunOptions &options,
       cache = std::make_unique<PagedKVCache>(cacheConfig);
       for (int reserved = 0; reserved < b.kvLength;) {
         reserved = std::min(b.kvLength, reserved + 4 * b.pageSize);
-        for (int s = 0; s < b.batch; ++s)
+        for (int s = 0; s < stored; ++s)
           cache->reserve(s, reserved);
       }
       std::vector<int32_t> slots(static_cast<size_t>(b.batch));
       for (int s = 0; s < b.batch; ++s)
-        slots[s] = s;
+        slots[s] = s % stored;
       std::vector<int32_t> table = cache->densePageTable(slots);
       std::vector<int32_t> callInts = table;
       callInts.insert(callInts.end(), static_cast<size_t>(b.batch), b.kvLength);

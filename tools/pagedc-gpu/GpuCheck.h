@@ -35,6 +35,10 @@ struct RunOptions {
   /// Benchmark: timed launches per configuration (median reported) and
   /// warm-up launches.
   int iterations = 20, warmup = 5;
+  /// Benchmark, for the model only: when > 0 and below the batch, the
+  /// cache holds this many sequences' pages and sequence s reads those of
+  /// s mod kvSequences (same launches and page-table walk, less memory).
+  int kvSequences = 0;
 };
 
 /// The outcome of one case in one variant (block mask built on the device,

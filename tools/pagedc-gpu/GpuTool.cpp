@@ -4,6 +4,9 @@
 //                         [--device N] [--sms N]
 //   pagedc-gpu bench PACK [--dry-run] [--json FILE] [--filter TEXT]
 //                         [--device N] [--iters N] [--warmup N] [--copy-mib N]
+//   pagedc-gpu model PACK [--json FILE] [--filter TEXT] [--sample-blocks N]
+//                         [--decode-sample-blocks N] [--prefill-sample-blocks N]
+//                         [--max-kv-bytes N]
 //
 // check runs every correctness case of the pack (inputs regenerated and
 // verified against their checksum, K/V written through the paged cache's
@@ -13,6 +16,9 @@
 // within 2x the tolerance and -inf exactly where the reference has it.
 // bench times the performance.md section 4 configurations with CUDA events
 // (warm-up, median) and measures the device-to-device copy bandwidth.
+// model runs the bench configurations of a pack built with --arch emu once on
+// the SIMT emulator and turns its counters and the pack's ptxas figures into
+// MODELLED H100 / A100 times (Model.h, docs/emulator.md); no GPU needed.
 // --dry-run does everything up to the first launch without a driver.
 // Exit status: 0 all passed (or planned), 1 a case failed, 2 usage or pack
 // errors.
@@ -20,6 +26,7 @@
 //===----------------------------------------------------------------------===//
 
 #include "GpuCheck.h"
+#include "Model.h"
 
 #include "kernels/Json.h"
 #include "pagedc/CudaAttention.h"
@@ -41,12 +48,16 @@ const char *kUsage =
     "usage: pagedc-gpu check PACK [--dry-run] [--json FILE] [--filter TEXT] [--device N] "
     "[--sms N]\n"
     "       pagedc-gpu bench PACK [--dry-run] [--json FILE] [--filter TEXT] [--device N] "
-    "[--iters N] [--warmup N] [--copy-mib N]\n";
+    "[--iters N] [--warmup N] [--copy-mib N]\n"
+    "       pagedc-gpu model PACK [--json FILE] [--filter TEXT] [--sample-blocks N] "
+    "[--decode-sample-blocks 32] [--prefill-sample-blocks 128] [--max-kv-bytes N]   (MODELLED on "
+    "the emulator)\n";
 
 struct ToolOptions {
   std::string command, pack, jsonPath;
   RunOptions run;
   int copyMiB = 1024;
+  ModelOptions model;
 };
 
 /// The run's header: date, device, driver (or why there is none).
@@ -229,6 +240,20 @@ int main(int argc, char **argv) {
         options.run.warmup = parseInt(arg, value());
       } else if (arg == "--copy-mib") {
         options.copyMiB = std::max(1, parseInt(arg, value()));
+      } else if (arg == "--sample-blocks") {
+        options.model.sampleBlocks = options.model.prefillSampleBlocks =
+            parseInt(arg, value());
+      } else if (arg == "--decode-sample-blocks") {
+        options.model.sampleBlocks = parseInt(arg, value());
+      } else if (arg == "--prefill-sample-blocks") {
+        options.model.prefillSampleBlocks = parseInt(arg, value());
+      } else if (arg == "--max-kv-bytes") {
+        const std::string text = value();
+        try {
+          options.model.maxKvBytes = std::stod(text);
+        } catch (const std::exception &) {
+          throw Error("--max-kv-bytes expects a number, got '" + text + "'");
+        }
       } else if (!arg.empty() && arg[0] == '-') {
         throw Error("unknown option '" + arg + "'");
       } else if (options.command.empty()) {
@@ -239,14 +264,23 @@ int main(int argc, char **argv) {
         throw Error("unexpected argument '" + arg + "'");
       }
     }
-    if ((options.command != "check" && options.command != "bench") || options.pack.empty())
-      throw Error("expected `check PACK` or `bench PACK`");
+    if ((options.command != "check" && options.command != "bench" &&
+         options.command != "model") ||
+        options.pack.empty())
+      throw Error("expected `check PACK`, `bench PACK` or `model PACK`");
+    if (options.command == "model" && options.run.dryRun)
+      throw Error("model runs on the emulator; it has no --dry-run");
   } catch (const Error &error) {
     std::cerr << "pagedc-gpu: error: " << error.what() << "\n" << kUsage;
     return 2;
   }
   try {
     const Pack pack = Pack::read(options.pack);
+    if (options.command == "model") {
+      options.model.filter = options.run.filter;
+      options.model.jsonPath = options.jsonPath;
+      prepareModelEnvironment(options.model);
+    }
     if (!options.run.dryRun) {
       std::string reason;
       if (!CudaDriver::available(&reason)) {
@@ -255,6 +289,8 @@ int main(int argc, char **argv) {
         return 2;
       }
     }
+    if (options.command == "model")
+      return runModel(pack, options.model, std::cout, std::cerr);
     return options.command == "check" ? runCheck(options, pack) : runBench(options, pack);
   } catch (const std::exception &error) {
     std::cerr << "pagedc-gpu: error: " << error.what() << "\n";

@@ -288,6 +288,22 @@ void Pack::write() const {
     item.set("kv_block", b.kvBlock);
     item.set("params", paramsToJson(b.params));
     item.set("buffers", buffersToJson(b.buffers));
+    if (!b.ptxas.empty()) {
+      Value reports = Value::array();
+      for (const BenchPtxas &r : b.ptxas) {
+        Value report = Value::object();
+        report.set("arch", r.arch);
+        report.set("kernel", r.kernel);
+        report.set("registers", r.registers);
+        report.set("stack_bytes", r.stackBytes);
+        report.set("spill_store_bytes", r.spillStoreBytes);
+        report.set("spill_load_bytes", r.spillLoadBytes);
+        report.set("threads", r.threads);
+        report.set("shared_memory_bytes", r.sharedMemoryBytes);
+        reports.push(std::move(report));
+      }
+      item.set("ptxas", std::move(reports));
+    }
     benchArray.push(std::move(item));
   }
   root.set("bench", std::move(benchArray));
@@ -385,6 +401,19 @@ Pack Pack::read(const std::string &directory) {
     b.kvBlock = readInt(item, "kv_block", where);
     b.params = paramsFromJson(item.at("params"), where);
     b.buffers = buffersFromJson(item.at("buffers"), where);
+    if (const Value *reports = item.find("ptxas"))
+      for (const Value &report : reports->asArray(where + ".ptxas")) {
+        BenchPtxas r;
+        r.arch = report.at("arch").asString(where + ".ptxas.arch");
+        r.kernel = report.at("kernel").asString(where + ".ptxas.kernel");
+        r.registers = readInt(report, "registers", where + ".ptxas");
+        r.stackBytes = readInt(report, "stack_bytes", where + ".ptxas");
+        r.spillStoreBytes = readInt(report, "spill_store_bytes", where + ".ptxas");
+        r.spillLoadBytes = readInt(report, "spill_load_bytes", where + ".ptxas");
+        r.threads = readInt(report, "threads", where + ".ptxas");
+        r.sharedMemoryBytes = readInt(report, "shared_memory_bytes", where + ".ptxas");
+        b.ptxas.push_back(std::move(r));
+      }
     pack.bench.push_back(std::move(b));
   }
   return pack;

@@ -81,6 +81,16 @@ struct PackCase {
   CompiledMods declaredMods() const;
 };
 
+/// ptxas's resource report for one kernel of a benchmark configuration,
+/// compiled from the same unit for a real architecture (`pagedc-gpu-prepare
+/// --ptxas-arch`): what `pagedc-gpu model` turns into occupancy.
+struct BenchPtxas {
+  std::string arch, kernel;
+  int registers = 0, stackBytes = 0, spillStoreBytes = 0, spillLoadBytes = 0;
+  /// KernelConfig::threadsPerCta() and sharedMemoryBytes() of the unit.
+  int threads = 0, sharedMemoryBytes = 0;
+};
+
 /// One benchmark configuration (performance.md section 4).
 struct BenchCase {
   std::string name;
@@ -95,6 +105,9 @@ struct BenchCase {
   std::vector<CaseBuffer> buffers; ///< files relative to the pack
   /// Block sizes of the block mask built on the device (0: dense).
   int32_t qBlock = 0, kvBlock = 0;
+  /// ptxas reports of its kernels (attention kernels and the block-mask
+  /// builder) per architecture; empty unless prepared with --ptxas-arch.
+  std::vector<BenchPtxas> ptxas;
 };
 
 struct Pack {

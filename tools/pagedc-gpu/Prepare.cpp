@@ -2,6 +2,7 @@
 //
 //   pagedc-gpu-prepare -o PACK [--examples DIR] [--bench-attn FILE]
 //                      [--arch sm_90] [--quick] [--cli-bundle DIR]...
+//                      [--ptxas-arch sm_90,sm_80]
 //
 // Runs where the compiler is. For every mod selection of the corpus (each
 // mod of examples/*.attn alone, plus the first mask with the first score of
@@ -65,6 +66,9 @@ struct Options {
   std::string arch = "sm_90";
   bool quick = false;
   std::vector<std::string> cliBundles;
+  /// Real architectures whose ptxas report of every benchmark kernel goes
+  /// into the pack (for `pagedc-gpu model`), comma-separated on the line.
+  std::vector<std::string> ptxasArchs;
 };
 
 /// A mod selection of one .attn file.
@@ -601,6 +605,8 @@ int run(const Options &options) {
     benchPages = {16};
   }
   fs::create_directories(packDir / "bench");
+  // The kernel configurations of each benchmark configuration (for ptxas).
+  std::vector<std::vector<KernelConfig>> benchConfigs;
   std::map<std::string, CompiledMods> benchCpu;
   std::map<std::string, std::string> benchCode;
   auto benchSelection = [&](const BenchMods &m) {
@@ -662,8 +668,11 @@ int run(const Options &options) {
           config.groupSize = b.headsQ / b.headsKv;
           config.paramsSize = paramsSize;
           request(b.label, config, benchCode.at(b.label));
-          if (b.qBlock)
+          benchConfigs.push_back({config});
+          if (b.qBlock) {
             request(b.label, builderConfig(paramsSize), benchCode.at(b.label));
+            benchConfigs.back().push_back(builderConfig(paramsSize));
+          }
           pack.bench.push_back(std::move(b));
         }
     for (const BenchMods &m : prefillMods)
@@ -694,6 +703,7 @@ int run(const Options &options) {
         config.paramsSize = paramsSize;
         request(b.label, config, benchCode.at(b.label));
         request(b.label, builderConfig(paramsSize), benchCode.at(b.label));
+        benchConfigs.push_back({config, builderConfig(paramsSize)});
         pack.bench.push_back(std::move(b));
       }
   }
@@ -711,6 +721,52 @@ int run(const Options &options) {
     const fs::path dir = packDir / bundleDirOfLabel.at(label);
     fs::remove_all(dir);
     bundle.write(dir.string());
+  }
+
+  // 4b. ptxas's report of every benchmark kernel for each --ptxas-arch: the
+  // same units compiled for a real architecture, in a memory-only cache (a
+  // disk hit carries no log).
+  for (const std::string &ptxasArch : options.ptxasArchs) {
+    CompileOptions verbose;
+    verbose.arch = ptxasArch;
+    verbose.ptxasVerbose = true;
+    std::vector<KernelCache::Request> ptxasRequests;
+    std::map<std::string, size_t> indexOfKey;
+    for (size_t i = 0; i < pack.bench.size(); ++i)
+      for (const KernelConfig &config : benchConfigs[i]) {
+        const std::string key = pack.bench[i].label + "|" + config.describe();
+        if (indexOfKey.emplace(key, ptxasRequests.size()).second)
+          ptxasRequests.push_back({config, benchCode.at(pack.bench[i].label), verbose});
+      }
+    std::cerr << fmt::format("pagedc-gpu-prepare: ptxas reports of {} benchmark kernels for {}\n",
+                             ptxasRequests.size(), ptxasArch);
+    KernelCache memoryOnly("");
+    std::vector<std::shared_ptr<const CompiledKernel>> compiled =
+        memoryOnly.getOrCompileAll(ptxasRequests);
+    for (size_t i = 0; i < pack.bench.size(); ++i)
+      for (const KernelConfig &config : benchConfigs[i]) {
+        const CompiledKernel &kernel =
+            *compiled[indexOfKey.at(pack.bench[i].label + "|" + config.describe())];
+        std::vector<PtxasKernelReport> reports = parsePtxasReport(kernel.log);
+        if (reports.empty())
+          throw Error(fmt::format("no ptxas report for {} ({}) on {}", pack.bench[i].name,
+                                  config.describe(), ptxasArch));
+        for (const PtxasKernelReport &report : reports) {
+          BenchPtxas figures;
+          figures.arch = ptxasArch;
+          figures.kernel = report.kernel;
+          figures.registers = report.registers;
+          figures.stackBytes = report.stackFrameBytes;
+          figures.spillStoreBytes = report.spillStoreBytes;
+          figures.spillLoadBytes = report.spillLoadBytes;
+          // The unit's configuration sizes its main kernel; the decode merge
+          // is launched with its own block and no dynamic shared memory.
+          const bool merge = report.kernel.find("_merge") != std::string::npos;
+          figures.threads = merge ? 128 : config.threadsPerCta();
+          figures.sharedMemoryBytes = merge ? 0 : config.sharedMemoryBytes();
+          pack.bench[i].ptxas.push_back(std::move(figures));
+        }
+      }
   }
 
   // 5. References.
@@ -752,9 +808,15 @@ int main(int argc, char **argv) {
         options.quick = true;
       else if (arg == "--cli-bundle")
         options.cliBundles.push_back(value());
+      else if (arg == "--ptxas-arch") {
+        std::stringstream list(value());
+        for (std::string item; std::getline(list, item, ',');)
+          if (!item.empty())
+            options.ptxasArchs.push_back(item);
+      }
       else if (arg == "-h" || arg == "--help") {
         std::cout << "usage: pagedc-gpu-prepare -o PACK [--examples DIR] [--bench-attn FILE] "
-                     "[--arch sm_90] [--quick] [--cli-bundle DIR]...\n";
+                     "[--arch sm_90] [--quick] [--cli-bundle DIR]... [--ptxas-arch sm_90,sm_80]\n";
         return 0;
       } else
         throw Error("unknown argument '" + arg + "'");

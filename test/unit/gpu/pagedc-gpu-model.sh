@@ -1,0 +1,64 @@
+#!/usr/bin/env bash
+# gpu.pagedc-gpu-model: `pagedc-gpu model` end to end on a quick pack built for
+# the SIMT emulator with ptxas figures for sm_90 and sm_80: every benchmark
+# configuration is run (sampled) on the emulator and MODELLED for H100 and
+# A100; the table and the JSON must say so and carry the documented fields
+# (docs/emulator.md, "The performance model").
+#   pagedc-gpu-model.sh BUILD_DIR WORK_DIR
+set -euo pipefail
+build=$1
+work=$2
+rm -rf "$work"
+mkdir -p "$work"
+export PAGEDC_CACHE_DIR=${PAGEDC_CACHE_DIR:-$build/test/emu-kernel-cache}
+"$build/bin/pagedc-gpu-prepare" -o "$work/pack" --arch emu --quick \
+    --ptxas-arch sm_90,sm_80 >/dev/null
+"$build/bin/pagedc-gpu" model "$work/pack" --json "$work/model.json" | tee "$work/model.txt"
+grep -q "^MODELLED, not measured" "$work/model.txt"
+# A pack for a real architecture is refused (exit 2, saying why).
+sed 's/"arch": "emu"/"arch": "sm_90"/' "$work/pack/pack.json" > "$work/pack.sm90.json"
+mkdir -p "$work/sm90" && cp "$work/pack.sm90.json" "$work/sm90/pack.json"
+set +e
+"$build/bin/pagedc-gpu" model "$work/sm90" > "$work/refused.txt" 2>&1
+status=$?
+set -e
+[ "$status" = 2 ] && grep -q "built with --arch emu" "$work/refused.txt"
+python3 - "$work/model.json" <<'PY'
+import json, sys
+doc = json.load(open(sys.argv[1]))
+assert doc["label"].startswith("MODELLED, not measured"), doc["label"]
+assert doc["modelled"] is True and doc["measured"] is False
+assert doc["tool"] == "pagedc-gpu model"
+for name in ("H100", "A100"):
+    device = doc["devices"][name]
+    for field in ("arch", "peak_tflops", "mma_sync_fraction", "hbm_bytes_per_s",
+                  "l2_bytes_per_s", "clock_hz", "sms", "shared_per_sm", "note"):
+        assert field in device, (name, field)
+rows = doc["configurations"]
+assert len(rows) == 6, len(rows)
+kinds = {row["kind"] for row in rows}
+assert kinds == {"decode", "prefill"}, kinds
+for row in rows:
+    assert row["status"] == "modelled", row
+    assert row["must_move_bytes"] > 0 and row["unmasked_flops"] > 0
+    assert row["launches"] and all("counters" in l for l in row["launches"])
+    for name in ("H100", "A100"):
+        entry = row["devices"][name]
+        assert entry["modelled_us"] > 0, (row["name"], name)
+        assert entry["bound"] in ("tensor", "shared", "dram", "l2", "mufu"), entry["bound"]
+        for kernel, figures in entry["ptxas"].items():
+            assert figures["known"] and figures["registers"] > 0, (row["name"], kernel)
+        for launch in entry["launches"]:
+            for field in ("ctas_per_sm", "occupancy_limit", "waves", "wave_efficiency",
+                          "terms_us", "modelled_us", "bound"):
+                assert field in launch, (row["name"], field)
+            assert launch["ctas_per_sm"] >= 1
+            assert set(launch["terms_us"]) == {"tensor", "shared", "dram", "l2", "mufu"}
+        if row["kind"] == "decode":
+            assert 0 < entry["modelled_bandwidth_fraction"] <= 1.0, entry
+            assert entry["global_bytes_over_must_move"] >= 0.99, entry
+        else:
+            assert 0 < entry["modelled_tflops"], entry
+            assert entry["modelled_fraction_of_peak"] <= 1.0, entry
+print("pagedc-gpu model: %d configurations MODELLED for H100 and A100" % len(rows))
+PY

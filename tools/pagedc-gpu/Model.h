@@ -1,0 +1,50 @@
+//===- Model.h - pagedc-gpu model: MODELLED GPU time from emulator counts -===//
+//
+// `pagedc-gpu model PACK` runs every benchmark configuration of an emulator
+// pack once through the same runtime CUDA path as `pagedc-gpu bench`, on the
+// SIMT emulator (sampled grids, checkers off), reads the emulator's counters
+// per launch, and combines them with the ptxas figures the pack carries
+// (`pagedc-gpu-prepare --ptxas-arch sm_90,sm_80`) into a roofline estimate
+// of the call's time on an H100 SXM and an A100 SXM. Every figure is
+// MODELLED, never measured; docs/emulator.md ("The performance model")
+// gives the formulas and every assumption.
+//
+//===----------------------------------------------------------------------===//
+#ifndef PAGEDC_TOOLS_PAGEDC_GPU_MODEL_H
+#define PAGEDC_TOOLS_PAGEDC_GPU_MODEL_H
+
+#include "Pack.h"
+
+#include <iosfwd>
+#include <string>
+
+namespace pagedc::gpu {
+
+struct ModelOptions {
+  /// Only configurations whose name contains this.
+  std::string filter;
+  /// The JSON result (empty: none).
+  std::string jsonPath;
+  /// Blocks of each decode / prefill grid the emulator runs (counts are
+  /// scaled by grid blocks / blocks run); 0 runs every block. Decode CTAs
+  /// do near-equal work; causal prefill CTAs' work grows with the query
+  /// block, and 32 blocks over-estimate S 4k by 18% (128: within 1% of 512).
+  int sampleBlocks = 32, prefillSampleBlocks = 128;
+  /// K/V bytes above which the cache stores fewer sequences and the others
+  /// read theirs (RunOptions::kvSequences): the launches stay those of the
+  /// real batch, only resident memory shrinks.
+  double maxKvBytes = 2.5e9;
+};
+
+/// Sets the emulator's environment (driver, checks, sampling); must run
+/// before the CUDA driver is first used.
+void prepareModelEnvironment(const ModelOptions &options);
+
+/// Models every selected configuration; prints a table to `out`, progress
+/// to `log`. Returns the exit status (0: all modelled, 1: one failed).
+int runModel(const Pack &pack, const ModelOptions &options, std::ostream &out,
+             std::ostream &log);
+
+} // namespace pagedc::gpu
+
+#endif // PAGEDC_TOOLS_PAGEDC_GPU_MODEL_H
