@@ -10,6 +10,7 @@
 #include <random>
 #include <string>
 #include <unistd.h>
+#include <sys/stat.h>
 
 using namespace pagedc;
 
@@ -203,3 +204,86 @@ TEST(Npy, FileErrorsNameThePathAndLeaveNothingBehind) {
 }
 
 } // namespace
+
+// Issue 10: headers whose byte size overflows 64 bits (a sweep over dtypes
+// and extents) are rejected by parseNpy and readNpy, naming the file; paths
+// that are not regular files are refused, never read.
+TEST(NpyHardening, ByteSizesThatOverflowAreRejected) {
+  const std::pair<const char *, uint64_t> dtypes[] = {
+      {"<f4", 4}, {"<f2", 2}, {"|u1", 1}, {"<f8", 8}, {"<i8", 8}, {"|b1", 1}};
+  const std::vector<std::vector<uint64_t>> shapes = {
+      {uint64_t(1) << 62, 4}, {uint64_t(1) << 61, 8}, {uint64_t(1) << 32, uint64_t(1) << 32},
+      {1, uint64_t(1) << 62}, {3, 3, uint64_t(1) << 61}, {uint64_t(1) << 31, uint64_t(1) << 31, 4},
+      {uint64_t(1) << 60}};
+  const std::string path = temporaryPath("overflow");
+  for (const auto &[descr, size] : dtypes)
+    for (const auto &shape : shapes) {
+      std::string tuple;
+      unsigned __int128 bytes = size;
+      for (uint64_t extent : shape) {
+        tuple += std::to_string(extent) + ", ";
+        bytes *= extent;
+      }
+      const std::string dict =
+          "{'descr': '" + std::string(descr) + "', 'fortran_order': False, 'shape': (" + tuple +
+          "), }";
+      const std::vector<uint8_t> image = npyBytes(1, dict, {});
+      const bool overflows = bytes >= (static_cast<unsigned __int128>(1) << 63);
+      const std::string expected = overflows ? "overflows 64 bits" : "truncated data";
+      try {
+        parseNpy(image, "mem.npy");
+        ADD_FAILURE() << dict;
+      } catch (const Error &error) {
+        EXPECT_NE(std::string(error.what()).find(expected), std::string::npos) << error.what();
+      }
+      {
+        std::ofstream file(path, std::ios::binary | std::ios::trunc);
+        file.write(reinterpret_cast<const char *>(image.data()), image.size());
+      }
+      try {
+        readNpy(path);
+        ADD_FAILURE() << dict;
+      } catch (const Error &error) {
+        const std::string text = error.what();
+        EXPECT_NE(text.find(expected), std::string::npos) << text;
+        EXPECT_NE(text.find(path), std::string::npos) << text;
+      }
+    }
+  std::remove(path.c_str());
+}
+
+TEST(NpyHardening, NonRegularFilesAreRefused) {
+  const std::string fifo = temporaryPath("fifo");
+  ASSERT_EQ(::mkfifo(fifo.c_str(), 0600), 0);
+  for (const std::string &path : {::testing::TempDir(), std::string("/dev/zero"),
+                                  std::string("/dev/null"), fifo}) {
+    try {
+      readNpy(path);
+      ADD_FAILURE() << path;
+    } catch (const Error &error) {
+      const std::string text = error.what();
+      EXPECT_NE(text.find("'" + path + "'"), std::string::npos) << text;
+      EXPECT_TRUE(text.find("directory") != std::string::npos ||
+                  text.find("not a regular file") != std::string::npos)
+          << text;
+    }
+  }
+  std::remove(fifo.c_str());
+}
+
+// The reader allocates from the header only after checking the file holds
+// the data: a header declaring 2^40 floats over a tiny file is "truncated",
+// never an allocation.
+TEST(NpyHardening, HugeDeclaredShapeOverSmallFileIsTruncatedNotAllocated) {
+  const std::string path = temporaryPath("huge");
+  const std::vector<uint8_t> image =
+      npyBytes(1, "{'descr': '<f4', 'fortran_order': False, 'shape': (1099511627776,), }",
+               {1, 2, 3, 4});
+  {
+    std::ofstream file(path, std::ios::binary | std::ios::trunc);
+    file.write(reinterpret_cast<const char *>(image.data()), image.size());
+  }
+  EXPECT_THROW(readNpy(path), Error);
+  EXPECT_THROW(NpyFile{path}, Error);
+  std::remove(path.c_str());
+}

@@ -1,0 +1,283 @@
+//===- HardeningTest.cpp - Sizes, overflow and scale of the runtime API ---===//
+//
+// Issue 10: block masks of only the call's query rows (a decode step's mask is
+// O(kv / block)), the block-mask memory budget, overflow-safe sizes in the
+// KV cache and tensors with no state change on failure, page tables that grow
+// in amortised O(1).
+//
+//===----------------------------------------------------------------------===//
+#include "pagedc/Attention.h"
+#include "pagedc/BlockMask.h"
+#include "pagedc/Error.h"
+#include "pagedc/KVCache.h"
+#include "pagedc/Mods.h"
+#include "pagedc/Tensor.h"
+
+#include "TestMods.h"
+
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <climits>
+#include <numeric>
+#include <random>
+
+using namespace pagedc;
+using namespace pagedc::test;
+
+namespace {
+
+const PagedcModContext kNoContext{nullptr, nullptr};
+
+/// causalRow counting the elements it evaluates.
+std::atomic<int64_t> evaluated{0};
+void countingCausalRow(const PagedcModContext *context, int32_t b, int32_t h, int32_t q,
+                       int32_t kvBegin, int32_t count, uint8_t *out) {
+  evaluated += count;
+  causalRow(context, b, h, q, kvBegin, count, out);
+}
+
+int64_t maskEntries(const BlockMask &mask) {
+  return static_cast<int64_t>(mask.kvIndices.size() + mask.fullKvIndices.size() +
+                              mask.kvNumBlocks.size() + mask.fullKvNumBlocks.size());
+}
+
+/// Rows [firstQBlock, ...) of `full` as dense block classes.
+std::vector<uint8_t> suffixClasses(const BlockMask &full, int64_t firstQBlock) {
+  const std::vector<uint8_t> all = toDenseBlocks(full);
+  const size_t rowSize = static_cast<size_t>(full.numKvBlocks());
+  std::vector<uint8_t> out;
+  for (int64_t b = 0; b < full.batch; ++b)
+    for (int64_t h = 0; h < full.heads; ++h)
+      for (int64_t i = firstQBlock; i < full.numQBlocks; ++i) {
+        const auto begin = all.begin() + full.rowIndex(b, h, i) * rowSize;
+        out.insert(out.end(), begin, begin + rowSize);
+      }
+  return out;
+}
+
+} // namespace
+
+// Every method, random lengths, block sizes and first rows: the rows mask is
+// exactly the full mask's rows from firstQBlock on.
+TEST(CreateBlockMaskRows, EqualsTheFullMasksRowsForEveryMethod) {
+  std::mt19937 rng(77);
+  std::vector<PagedcParamSlot> params(1);
+  const PagedcModContext context{nullptr, params.data()};
+  const int32_t sizes[] = {1, 3, 4, 8, 16, 32};
+  for (int trial = 0; trial < 300; ++trial) {
+    const int64_t qLength = std::uniform_int_distribution<int64_t>(1, 120)(rng);
+    const int64_t kvLength = std::uniform_int_distribution<int64_t>(1, 120)(rng);
+    const int64_t qBegin = std::uniform_int_distribution<int64_t>(0, qLength - 1)(rng);
+    const int32_t qBlock = sizes[rng() % 6];
+    const int32_t kvBlock = trial % 2 ? qBlock : sizes[rng() % 6];
+    params[0].i32 = std::uniform_int_distribution<int32_t>(1, 60)(rng);
+    for (auto [row, cls] :
+         {std::pair{causalRow, causalClass}, std::pair{slidingWindowRow, slidingWindowClass}}) {
+      const CompiledMods variants[] = {maskMods(row), maskMods(row, cls),
+                                       maskMods(row, nullptr, false, false, true),
+                                       maskMods(row, cls, false, false, true)};
+      for (const CompiledMods &mods : variants) {
+        const BlockMask full =
+            createBlockMask(mods, context, 1, 1, qLength, kvLength, qBlock, kvBlock);
+        const BlockMask rows = createBlockMaskRows(mods, context, 1, 1, qBegin, qLength,
+                                                   kvLength, qBlock, kvBlock);
+        ASSERT_NO_THROW(validateBlockMask(rows));
+        EXPECT_EQ(rows.firstQBlock, qBegin / qBlock);
+        EXPECT_EQ(toDenseBlocks(rows), suffixClasses(full, qBegin / qBlock))
+            << "trial " << trial << " q " << qLength << " kv " << kvLength << " from " << qBegin
+            << " blocks " << qBlock << "x" << kvBlock << " classifier "
+            << (mods.maskBlockClass != nullptr) << " diagonal " << mods.maskDependence.diagonal;
+        // toDense: rows before the first covered block are 0, the rest agree.
+        const std::vector<uint8_t> denseFull = toDense(full, &mods, &context);
+        const std::vector<uint8_t> denseRows = toDense(rows, &mods, &context);
+        const int64_t from = rows.firstQBlock * qBlock * kvLength;
+        EXPECT_TRUE(std::equal(denseRows.begin() + from, denseRows.end(), denseFull.begin() + from));
+        EXPECT_TRUE(std::all_of(denseRows.begin(), denseRows.begin() + from,
+                                [](uint8_t x) { return x == 0; }));
+      }
+    }
+  }
+}
+
+// A decode step (1 query at the end of the context): the mask's memory and
+// its mask-mod evaluations grow linearly with kv, whatever the method.
+TEST(CreateBlockMaskRows, DecodeStepMaskIsLinearInKvLength) {
+  for (bool diagonal : {false, true})
+    for (int64_t kv : {int64_t(1) << 10, int64_t(1) << 14, int64_t(1) << 17, int64_t(1) << 20}) {
+      const CompiledMods mods = maskMods(countingCausalRow, nullptr, false, false, diagonal);
+      evaluated = 0;
+      const BlockMask mask = createBlockMaskRows(mods, kNoContext, 1, 1, kv - 1, kv, kv);
+      const int64_t blocks = (kv + 127) / 128;
+      EXPECT_EQ(mask.numQBlocks, 1);
+      EXPECT_LE(maskEntries(mask), 2 * blocks + 2) << "kv " << kv;
+      // One q block of rows at most (element-wise), or one table of q + kv
+      // differences (diagonal).
+      EXPECT_LE(evaluated.load(), 128 * kv + 2 * kv) << "kv " << kv;
+      EXPECT_EQ(mask.partialCount(0, 0, 0) + mask.fullCount(0, 0, 0), blocks);
+    }
+  // 1x1 blocks at 1M keys: one row of 1M blocks (8 MB), not 1M rows.
+  const CompiledMods causal = maskMods(causalRow, causalClass);
+  const BlockMask oneByOne =
+      createBlockMaskRows(causal, kNoContext, 1, 1, (1 << 20) - 1, 1 << 20, 1 << 20, 1, 1);
+  EXPECT_EQ(oneByOne.numQBlocks, 1);
+  EXPECT_EQ(oneByOne.fullCount(0, 0, 0), 1 << 20);
+}
+
+// Masks beyond the budget fail with an Error naming it, before allocating.
+TEST(CreateBlockMask, RefusesMasksBeyondTheMemoryBudget) {
+  const CompiledMods causal = maskMods(causalRow, causalClass);
+  const CompiledMods byHead = maskMods(causalRow, causalClass, true, true);
+  struct Case {
+    const CompiledMods *mods;
+    int64_t batch, heads, q, kv;
+    int32_t qBlock, kvBlock;
+  };
+  const Case cases[] = {{&causal, 1, 1, 1 << 20, 1 << 20, 1, 1},
+                        {&causal, 1, 1, INT32_MAX, INT32_MAX, 1, 1},
+                        {&byHead, 1 << 20, 1 << 20, 1 << 16, 1 << 16, 64, 64},
+                        {&byHead, INT32_MAX, INT32_MAX, INT32_MAX, INT32_MAX, 1, 1},
+                        {&causal, 1, 1, 1 << 17, 1 << 17, 1, 8}};
+  for (const Case &c : cases) {
+    try {
+      createBlockMask(*c.mods, kNoContext, c.batch, c.heads, c.q, c.kv, c.qBlock, c.kvBlock);
+      ADD_FAILURE() << "no error for " << c.q << " x " << c.kv;
+    } catch (const Error &error) {
+      EXPECT_NE(std::string(error.what()).find("block-mask memory budget"), std::string::npos)
+          << error.what();
+    }
+  }
+  EXPECT_THROW(createBlockMaskRows(causal, kNoContext, 1, 1, 10, 10, 10), Error); // qBegin
+  EXPECT_THROW(createBlockMaskRows(causal, kNoContext, 1, 1, -1, 10, 10), Error);
+}
+
+// The attention call reads a rows mask like the full one, and refuses one
+// that does not cover its first query row.
+TEST(FlexAttention, RowsMaskGivesTheSameOutputAsTheFullMask) {
+  KVCacheConfig config;
+  config.numPages = 64;
+  config.pageSize = 16;
+  config.maxBatch = 2;
+  config.heads = 2;
+  config.headDim = 8;
+  config.valueHeadDim = 8;
+  PagedKVCache cache(config);
+  std::mt19937 rng(5);
+  std::uniform_real_distribution<float> uniform(-1, 1);
+  const int64_t kv = 300, lq = 5;
+  std::vector<float> k(2 * 2 * kv * 8), v(k.size()), q(2 * 4 * lq * 8);
+  for (std::vector<float> *x : {&k, &v, &q})
+    for (float &value : *x)
+      value = uniform(rng);
+  std::vector<int32_t> positions(kv);
+  for (int64_t b = 0; b < 2; ++b) {
+    cache.reserve(b, kv);
+    std::iota(positions.begin(), positions.end(), 0);
+    int32_t slot = static_cast<int32_t>(b);
+    cache.assign(TensorView(&slot, DType::I32, {1}),
+                 TensorView(positions.data(), DType::I32, {1, kv}),
+                 TensorView(&k[b * 2 * kv * 8], DType::F32, {1, 2, kv, 8}),
+                 TensorView(&v[b * 2 * kv * 8], DType::F32, {1, 2, kv, 8}));
+  }
+  const CompiledMods mods = maskMods(causalRow, causalClass);
+  for (int64_t offset : {int64_t(0), int64_t(37), kv - lq}) {
+    AttentionOptions options;
+    options.kvLength = {static_cast<int32_t>(kv), static_cast<int32_t>(kv)};
+    options.qOffset = {static_cast<int32_t>(offset), static_cast<int32_t>(offset)};
+    const TensorView qView(q.data(), DType::F32, {2, 4, lq, 8});
+    const BlockMask full = createBlockMask(mods, kNoContext, 2, 4, offset + lq, kv, 16, 32);
+    const BlockMask rows =
+        createBlockMaskRows(mods, kNoContext, 2, 4, offset, offset + lq, kv, 16, 32);
+    AttentionResult a = flexAttention(qView, cache, &full, mods, {}, options);
+    AttentionResult b = flexAttention(qView, cache, &rows, mods, {}, options);
+    const float *x = a.out.dataAs<const float>(), *y = b.out.dataAs<const float>();
+    EXPECT_TRUE(std::equal(x, x + a.out.numel(), y)) << "offset " << offset;
+    if (rows.firstQBlock > 0) {
+      options.qOffset = {0, 0};
+      EXPECT_THROW(flexAttention(qView, cache, &rows, mods, {}, options), Error);
+    }
+  }
+}
+
+// reserve() with lengths up to INT64_MAX: an Error and no state change.
+TEST(KVCacheHardening, ReserveOverflowsAreErrorsWithNoStateChange) {
+  for (int64_t pageSize : {1, 16, 1024}) {
+    KVCacheConfig config;
+    config.numPages = 8;
+    config.pageSize = pageSize;
+    config.maxBatch = 2;
+    config.heads = 1;
+    config.headDim = 4;
+    config.valueHeadDim = 4;
+    PagedKVCache cache(config);
+    cache.reserve(1, pageSize + 1);
+    const int64_t free = cache.freePageCount();
+    const std::vector<int32_t> table = cache.pageTable(1);
+    for (int64_t length : {INT64_MAX, INT64_MAX - 1, INT64_MAX - pageSize + 2,
+                           INT64_MAX / 2 + 1, (int64_t(1) << 62), 9 * pageSize,
+                           8 * pageSize + 1})
+      for (int64_t slot : {0, 1}) {
+        EXPECT_THROW(cache.reserve(slot, length), Error) << length;
+        EXPECT_EQ(cache.freePageCount(), free);
+        EXPECT_EQ(cache.capacity(0), 0);
+        EXPECT_EQ(cache.pageTable(1), table);
+      }
+    EXPECT_THROW(cache.densePageTable({0, 1}, INT64_MAX), Error);
+    EXPECT_THROW(cache.densePageTable({0, 1}, INT64_MAX / 2), Error);
+  }
+}
+
+// Configurations whose byte size overflows are errors (never a crash).
+TEST(KVCacheHardening, ConfigSizeProductsThatOverflowAreErrors) {
+  const int64_t big[] = {int64_t(1) << 20, int64_t(1) << 31, INT32_MAX, INT64_MAX / 3};
+  for (int64_t heads : big)
+    for (int64_t dim : big) {
+      KVCacheConfig config;
+      config.numPages = INT32_MAX / 1024;
+      config.pageSize = 1024;
+      config.maxBatch = 1;
+      config.heads = heads;
+      config.headDim = dim;
+      config.valueHeadDim = 1;
+      EXPECT_THROW(PagedKVCache{config}, Error) << heads << " x " << dim;
+    }
+}
+
+// Growing a slot one page at a time reallocates its table O(log n) times,
+// not n times (growth was quadratic: --page-size 1 at 1M tokens took 169 s).
+TEST(KVCacheHardening, OnePageAtATimeGrowthIsAmortisedLinear) {
+  KVCacheConfig config;
+  config.numPages = 1 << 16;
+  config.pageSize = 1;
+  config.maxBatch = 1;
+  config.heads = 1;
+  config.headDim = 1;
+  config.valueHeadDim = 1;
+  PagedKVCache cache(config);
+  int reallocations = 0;
+  const int32_t *data = nullptr;
+  for (int64_t length = 1; length <= config.numPages; ++length) {
+    cache.reserve(0, length);
+    if (cache.pageTable(0).data() != data) {
+      ++reallocations;
+      data = cache.pageTable(0).data();
+    }
+  }
+  EXPECT_LE(reallocations, 20);
+}
+
+// Shapes whose element or byte count overflows are Errors, not crashes.
+TEST(TensorHardening, OverflowingShapesAreErrors) {
+  const std::vector<std::vector<int64_t>> shapes = {{INT64_MAX, 2},
+                                                    {int64_t(1) << 32, int64_t(1) << 32},
+                                                    {3, int64_t(1) << 62},
+                                                    {int64_t(1) << 21, int64_t(1) << 21,
+                                                     int64_t(1) << 21}};
+  for (const auto &shape : shapes) {
+    EXPECT_THROW(TensorView(nullptr, DType::F32, shape), Error);
+    EXPECT_THROW(HostTensor(DType::F32, shape), Error);
+  }
+  // Fits int64 elements but not bytes: HostTensor refuses, no bad_alloc.
+  EXPECT_THROW(HostTensor(DType::F64, {int64_t(1) << 61}), Error);
+  EXPECT_THROW(HostTensor(DType::F32, {int64_t(1) << 62}), Error);
+}
