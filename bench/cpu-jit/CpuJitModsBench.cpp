@@ -1,6 +1,6 @@
 //===- CpuJitModsBench.cpp - JIT'd mods cost what hand-written ones do ----===//
 //
-// performance.md section 3 with mods from the compiler: the same CPU paged
+// bench/README.md targets §3 with mods from the compiler: the same CPU paged
 // attention shapes run once with hand-written C++ mods (the anchor, as in
 // bench/cpu) and once with the same mods compiled from examples/mods.attn by
 // the CPU JIT (causal; alibi = s + slopes[h] * (kv - q)). Measurements of the

@@ -1,6 +1,6 @@
 //===- CpuAttentionBench.cpp - CPU paged attention throughput -------------===//
 //
-// performance.md section 3: prefill (B=1, H=8, S=2048, D=64; causal with a
+// bench/README.md targets §3: prefill (B=1, H=8, S=2048, D=64; causal with a
 // 128x128 block mask, and ALiBi) and decode (B=16, Hq=32, Hkv=8, 4k context,
 // D=128, page 16), f32. Each case runs the tiled kernel and, as the anchor,
 // a naive single-pass loop with the same semantics (page lookup and mod call

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""performance.md section 3, the PyTorch anchor: compiled flex_attention on the CPU.
+"""bench/README.md targets §3, the PyTorch anchor: compiled flex_attention on the CPU.
 
 Times PyTorch's own `torch.compile(flex_attention)` on the shapes of
 pagedc-bench-cpu-attention (f32, the same thread count), then runs that

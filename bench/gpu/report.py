@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """Merges `pagedc-gpu bench` and bench/gpu/torch_flex.py results into the
-performance.md section 4 table and JSON (docs/gpu.md).
+bench/README.md targets §4 table and JSON (docs/gpu.md).
 
     report.py PAGEDC.json TORCH.json --json OUT.json
 

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""PyTorch anchors of the GPU benchmark (docs/gpu.md, performance.md section 4).
+"""PyTorch anchors of the GPU benchmark (docs/gpu.md, bench/README.md targets §4).
 
 For every benchmark configuration of a pack (gpu-pack/pack.json, written by
 pagedc-gpu-prepare), on the same GPU and in the same run as `pagedc-gpu bench`:

@@ -1,6 +1,6 @@
 //===- JitEndToEnd.cpp - DSL -> cubin latency with generated code ---------===//
 //
-// performance.md section 1 on real generated code: examples/mods.attn with
+// bench/README.md targets §1 on real generated code: examples/mods.attn with
 // mask `causal` and score `alibi`, bf16, D=128, page 16, sm_90, for the
 // decode (GQA 4) and prefill kernels:
 //   cold     .attn text -> front end -> MLIRGen -> pipeline -> EmitC -> C++

@@ -1,6 +1,6 @@
 //===- JitLatency.cpp - How long a kernel variant takes to get ------------===//
 //
-// performance.md section 1, for the decode and prefill kernels (bf16, D=128,
+// bench/README.md targets §1, for the decode and prefill kernels (bf16, D=128,
 // page 16, causal + ALiBi test mod, sm_90):
 //   cold      assemble + NVRTC -> cubin into an empty cache, median of 5
 //   nvcc      `nvcc -cubin -arch=sm_90` on the identical source, median of 5

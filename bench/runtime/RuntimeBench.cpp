@@ -1,6 +1,6 @@
 //===- RuntimeBench.cpp - Host overhead of the runtime bookkeeping --------===//
 //
-// performance.md section 2: the per-call cost of reserve, erase, assign,
+// bench/README.md targets §2: the per-call cost of reserve, erase, assign,
 // convertLogicalBlockMask and createBlockMask at B = 256 sequences of a 32k
 // context with 16-token pages, and createBlockMask for causal and
 // sliding-window 128k x 128k masks (diagonal flag set, as the compiler sets

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Runs the runtime host-overhead benchmarks (performance.md section 2) with
+# Runs the runtime host-overhead benchmarks (bench/README.md targets §2) with
 # repetitions and writes medians (and means, stddevs) to
 # bench/results/runtime.json. Extra arguments go to the benchmark binary,
 # e.g. --benchmark_filter=CreateBlockMask.
