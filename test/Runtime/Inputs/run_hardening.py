@@ -13,7 +13,6 @@ import subprocess
 import sys
 
 mode, work, examples = sys.argv[1], sys.argv[2], sys.argv[3]
-program = os.path.join(examples, "causal.attn")
 failures = []
 
 
@@ -65,6 +64,11 @@ def snapshot(paths):
 
 
 os.makedirs(work, exist_ok=True)
+# A copy of the program: the outputs sweep writes onto the program's path when
+# pagedc regresses, which must never damage the source tree.
+program = os.path.join(work, "causal.attn")
+with open(os.path.join(examples, "causal.attn")) as source, open(program, "w") as copy:
+    copy.write(source.read())
 q, k, v = (os.path.join(work, n) for n in ("q.npy", "k.npy", "v.npy"))
 npy(q, (1, 2, 3, 8))
 npy(k, (1, 1, 19, 8))
