@@ -123,15 +123,28 @@ public:
   /// The type Sema gave this expression (Unknown before Sema).
   Type getType() const { return type; }
   void setType(Type newType) { type = newType; }
+  /// The height of the tree under this node as the parser built it (a leaf
+  /// is 1). The parser keeps it at most kMaxExpressionDepth.
+  unsigned getDepth() const { return depth; }
+  void setDepth(unsigned newDepth) { depth = newDepth; }
 
 protected:
   Expr(Kind kind, SourceRange range) : kind(kind), range(range) {}
 
 private:
   Kind kind;
-  SourceRange range;
   Type type = Type::Unknown;
+  unsigned depth = 1;
+  SourceRange range;
 };
+
+/// The deepest expression tree (and the deepest nesting of parentheses,
+/// prefix operators, calls and subscripts) the parser accepts. Every later
+/// stage walks expressions recursively; a chain of binary operators is a
+/// left-deep tree, so `a + a + ... + a` with more operators than this is
+/// rejected too (bind parts with `let`). Chosen so that every recursive
+/// stage stays far from the stack limit, sanitizers included.
+constexpr unsigned kMaxExpressionDepth = 256;
 
 /// An integer literal: `42`. Held as int64; Sema requires it to fit in i32
 /// inside a mod body.

@@ -119,7 +119,16 @@ private:
 
   //===--- Expressions ----------------------------------------------------===//
 
-  ExprPtr parseExpr() { return parseOr(); }
+  /// Every nested expression (a parenthesis, an argument, an index, an
+  /// operand of a prefix operator, an exponent) goes through here, so the
+  /// parser's own recursion is bounded by kMaxExpressionDepth.
+  ExprPtr parseExpr() {
+    if (!enterNested())
+      return nullptr;
+    ExprPtr result = parseOr();
+    --recursionDepth;
+    return result;
+  }
   ExprPtr parseOr();
   ExprPtr parseAnd();
   ExprPtr parseNot();
@@ -136,12 +145,60 @@ private:
   bool parseArgumentList(TokenKind close, llvm::StringRef closeSpelling,
                          std::vector<ExprPtr> &args);
 
-  /// Builds `lhs op rhs`; the operator token has been consumed.
+  /// Builds `lhs op rhs`; the operator token has been consumed. Null (after
+  /// an error) when the tree would get deeper than kMaxExpressionDepth.
   ExprPtr makeBinary(BinaryOp op, SourceRange opRange, ExprPtr lhs,
                      ExprPtr rhs) {
+    unsigned depth = 1 + std::max(depthOf(lhs.get()), depthOf(rhs.get()));
+    if (!checkTreeDepth(depth, opRange))
+      return nullptr;
     SourceRange range{lhs->getRange().begin, rhs->getRange().end};
-    return std::make_unique<BinaryExpr>(range, op, opRange, std::move(lhs),
-                                        std::move(rhs));
+    ExprPtr result = std::make_unique<BinaryExpr>(
+        range, op, opRange, std::move(lhs), std::move(rhs));
+    return withDepth(std::move(result), depth);
+  }
+
+  //===--- Nesting limits -------------------------------------------------===//
+  //
+  // Every later stage (Sema, the constant evaluator, ASTDump, MLIRGen)
+  // walks expressions recursively, and a chain of binary operators is a
+  // left-deep tree, so both the parser's recursion and the depth of each
+  // tree it builds are bounded by kMaxExpressionDepth.
+
+  /// The depth of the tree rooted at `expr` (a leaf is 1).
+  static unsigned depthOf(const Expr *expr) { return expr->getDepth(); }
+  static ExprPtr withDepth(ExprPtr expr, unsigned depth) {
+    expr->setDepth(depth);
+    return expr;
+  }
+  /// The depth of a node over `children`, or 0 after an error.
+  unsigned nodeDepth(const std::vector<ExprPtr> &children, SourceRange range) {
+    unsigned depth = 1;
+    for (const ExprPtr &child : children)
+      depth = std::max(depth, 1 + depthOf(child.get()));
+    return checkTreeDepth(depth, range) ? depth : 0;
+  }
+  bool checkTreeDepth(unsigned depth, SourceRange range) {
+    if (depth <= kMaxExpressionDepth)
+      return true;
+    reportTooDeep(range);
+    return false;
+  }
+  bool enterNested() {
+    if (recursionDepth >= kMaxExpressionDepth) {
+      reportTooDeep(cur().range);
+      return false;
+    }
+    ++recursionDepth;
+    return true;
+  }
+  void reportTooDeep(SourceRange range) {
+    if (cur().is(TokenKind::Error))
+      return;
+    diags.error(range, "expression nesting deeper than " +
+                           llvm::Twine(kMaxExpressionDepth) +
+                           " levels (parentheses, operators, calls and "
+                           "subscripts all nest); split it with 'let'");
   }
   /// After a binary operator an expression may go on on the next line.
   Token consumeOperator() {
@@ -154,6 +211,7 @@ private:
   DiagnosticEngine &diags;
   size_t index = 0;
   unsigned nesting = 0; ///< depth of ( and [
+  unsigned recursionDepth = 0; ///< nested parseExpr/prefix-operator calls
   SourceLoc lastEnd;
   bool itemHasError = false; ///< an error was reported but parsing went on
 };
@@ -600,12 +658,19 @@ ExprPtr Parser::parseAnd() {
 ExprPtr Parser::parseNot() {
   if (at(TokenKind::KwNot)) {
     Token op = consumeOperator();
+    if (!enterNested())
+      return nullptr;
     ExprPtr operand = parseNot();
+    --recursionDepth;
     if (!operand)
       return nullptr;
     SourceRange range{op.range.begin, operand->getRange().end};
-    return std::make_unique<UnaryExpr>(range, UnaryOp::LogicalNot, op.range,
-                                       std::move(operand));
+    unsigned depth = 1 + depthOf(operand.get());
+    if (!checkTreeDepth(depth, op.range))
+      return nullptr;
+    return withDepth(std::make_unique<UnaryExpr>(range, UnaryOp::LogicalNot,
+                                                 op.range, std::move(operand)),
+                     depth);
   }
   return parseComparison();
 }
@@ -781,12 +846,19 @@ ExprPtr Parser::parseUnary() {
   if (at(TokenKind::Minus) || at(TokenKind::Tilde)) {
     UnaryOp op = at(TokenKind::Minus) ? UnaryOp::Neg : UnaryOp::BitNot;
     Token opToken = consume();
+    if (!enterNested())
+      return nullptr;
     ExprPtr operand = parseUnary();
+    --recursionDepth;
     if (!operand)
       return nullptr;
     SourceRange range{opToken.range.begin, operand->getRange().end};
-    return std::make_unique<UnaryExpr>(range, op, opToken.range,
-                                       std::move(operand));
+    unsigned depth = 1 + depthOf(operand.get());
+    if (!checkTreeDepth(depth, opToken.range))
+      return nullptr;
+    return withDepth(std::make_unique<UnaryExpr>(range, op, opToken.range,
+                                                 std::move(operand)),
+                     depth);
   }
   if (at(TokenKind::KwNot)) {
     // `a + not b` is a syntax error in Python too; say how to write it.
@@ -805,7 +877,10 @@ ExprPtr Parser::parsePower() {
     return base;
   Token op = consumeOperator();
   // Right-associative, and the exponent may carry a sign: 2 ** -1.
+  if (!enterNested())
+    return nullptr;
   ExprPtr exponent = parseUnary();
+  --recursionDepth;
   if (!exponent)
     return nullptr;
   return makeBinary(BinaryOp::Pow, op.range, std::move(base),
@@ -876,9 +951,13 @@ ExprPtr Parser::parsePrimary() {
       std::vector<ExprPtr> args;
       if (!parseArgumentList(TokenKind::RParen, ")", args))
         return nullptr;
-      return std::make_unique<CallExpr>(rangeFrom(name.range.begin),
-                                        name.text.str(), name.range,
-                                        std::move(args));
+      unsigned depth = nodeDepth(args, name.range);
+      if (!depth)
+        return nullptr;
+      return withDepth(std::make_unique<CallExpr>(rangeFrom(name.range.begin),
+                                                  name.text.str(), name.range,
+                                                  std::move(args)),
+                       depth);
     }
     if (at(TokenKind::LBracket)) {
       consume();
@@ -890,9 +969,13 @@ ExprPtr Parser::parsePrimary() {
                     "a buffer read needs at least one index");
         return nullptr;
       }
-      return std::make_unique<IndexExpr>(rangeFrom(name.range.begin),
-                                         name.text.str(), name.range,
-                                         std::move(indices));
+      unsigned depth = nodeDepth(indices, name.range);
+      if (!depth)
+        return nullptr;
+      return withDepth(std::make_unique<IndexExpr>(rangeFrom(name.range.begin),
+                                                   name.text.str(), name.range,
+                                                   std::move(indices)),
+                       depth);
     }
     return std::make_unique<NameExpr>(name.range, name.text.str());
   }
