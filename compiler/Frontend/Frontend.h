@@ -40,8 +40,11 @@ struct FrontendOptions {
   std::vector<ConstOverride> constOverrides;
 };
 
-/// Parses a -D value; false when it is not an int or float literal.
-bool parseOverrideValue(llvm::StringRef text, ast::ConstantValue &result);
+/// Parses a -D value strictly (pagedc/ConstOverride.h: the whole text is an
+/// int literal that fits in i32, a finite float literal or inf, with at most
+/// one leading '-'). False otherwise, with the reason in `*reason`.
+bool parseOverrideValue(llvm::StringRef text, ast::ConstantValue &result,
+                        std::string *reason = nullptr);
 
 /// Parses the tokens into a Program. Items with syntax errors are reported
 /// and dropped (their names land in Program::droppedItemNames); never null.

@@ -9,6 +9,7 @@
 
 #include "ConstantEvaluator.h"
 #include "Frontend.h"
+#include "pagedc/ConstOverride.h"
 
 #include "llvm/ADT/DenseMap.h"
 #include "llvm/ADT/StringMap.h"
@@ -57,8 +58,10 @@ struct Scope {
   ModDecl *mod = nullptr;
   /// The `const` being checked (only earlier constants are visible).
   const ConstDecl *currentConst = nullptr;
-  /// `let` bindings defined so far.
+  /// `let` bindings defined so far, in order (for suggestions).
   std::vector<const LetStmt *> lets;
+  /// The same bindings by name: name lookups stay O(1) in long blocks.
+  llvm::StringMap<const LetStmt *> letByName;
 };
 
 class Sema {
@@ -88,9 +91,8 @@ private:
   static bool isLocalName(const Scope &scope, llvm::StringRef name) {
     if (!scope.mod)
       return false;
-    for (const LetStmt *let : scope.lets)
-      if (let->name == name)
-        return true;
+    if (scope.letByName.count(name))
+      return true;
     for (const ModParam &param : scope.mod->getParams())
       if (param.name == name)
         return true;
@@ -236,9 +238,10 @@ void Sema::checkConsts() {
                   ": there is no constant named '" + override.name + "'");
       continue;
     }
-    if (!parseOverrideValue(override.value, value)) {
+    std::string reason;
+    if (!parseOverrideValue(override.value, value, &reason)) {
       diags.error("-D " + override.name + "=" + override.value +
-                  ": the value must be an int or a float literal");
+                  ": the value '" + override.value + "' " + reason);
       continue;
     }
     if (value.type == Type::I32 &&
@@ -335,14 +338,14 @@ void Sema::checkMod(ModDecl &mod) {
         break;
       }
     }
-    for (const LetStmt *earlier : scope.lets) {
-      if (!clash && earlier->name == binding.name) {
-        diags.error(binding.nameRange,
-                    "redefinition of '" + binding.name + "'");
-        diags.note(earlier->nameRange, "previous definition is here");
-        clash = true;
-      }
+    auto [earlier, inserted] =
+        scope.letByName.try_emplace(binding.name, &binding);
+    if (!clash && !inserted) {
+      diags.error(binding.nameRange, "redefinition of '" + binding.name + "'");
+      diags.note(earlier->second->nameRange, "previous definition is here");
+      clash = true;
     }
+    earlier->second = &binding; // later uses see the latest binding
     scope.lets.push_back(&binding);
   }
 
@@ -366,14 +369,37 @@ void Sema::checkMod(ModDecl &mod) {
 
 void Sema::checkRecursion() {
   // Depth-first search; an edge back to a mod on the stack closes a cycle.
+  // Iterative: a chain of thousands of mods calling each other must not
+  // overflow the native stack.
   enum class State { Unvisited, OnStack, Done };
   llvm::DenseMap<const ModDecl *, State> state;
-  std::vector<const ModDecl *> stack;
+  struct Frame {
+    const ModDecl *mod;
+    size_t nextEdge;
+  };
+  std::vector<Frame> frames;
+  std::vector<const ModDecl *> stack; // the mods of `frames`, for messages
 
-  std::function<void(const ModDecl *)> visit = [&](const ModDecl *mod) {
+  auto push = [&](const ModDecl *mod) {
     state[mod] = State::OnStack;
+    frames.push_back({mod, 0});
     stack.push_back(mod);
-    for (const CallEdge &edge : callGraph.lookup(mod)) {
+  };
+  for (const std::unique_ptr<ModDecl> &root : program.mods) {
+    if (state.lookup(root.get()) != State::Unvisited)
+      continue;
+    push(root.get());
+    while (!frames.empty()) {
+      Frame &frame = frames.back();
+      const ModDecl *mod = frame.mod;
+      auto edges = callGraph.find(mod);
+      if (edges == callGraph.end() || frame.nextEdge >= edges->second.size()) {
+        state[mod] = State::Done;
+        frames.pop_back();
+        stack.pop_back();
+        continue;
+      }
+      const CallEdge &edge = edges->second[frame.nextEdge++];
       State calleeState = state.lookup(edge.callee);
       if (calleeState == State::OnStack) {
         if (edge.callee == mod) {
@@ -390,15 +416,10 @@ void Sema::checkRecursion() {
                                       "; recursion is not allowed");
         }
       } else if (calleeState == State::Unvisited) {
-        visit(edge.callee);
+        push(edge.callee); // invalidates `frame`
       }
     }
-    stack.pop_back();
-    state[mod] = State::Done;
-  };
-  for (const std::unique_ptr<ModDecl> &mod : program.mods)
-    if (state.lookup(mod.get()) == State::Unvisited)
-      visit(mod.get());
+  }
 }
 
 //===----------------------------------------------------------------------===//
@@ -498,11 +519,10 @@ Type Sema::check(ExprPtr &slot, Scope &scope) {
 Type Sema::checkName(NameExpr &expr, Scope &scope) {
   llvm::StringRef name = expr.getName();
   if (scope.mod) {
-    for (auto it = scope.lets.rbegin(); it != scope.lets.rend(); ++it) {
-      if ((*it)->name == name) {
-        expr.resolveToLet(*it);
-        return (*it)->init->getType();
-      }
+    auto let = scope.letByName.find(name);
+    if (let != scope.letByName.end()) {
+      expr.resolveToLet(let->second);
+      return let->second->init->getType();
     }
     const std::vector<ModParam> &params = scope.mod->getParams();
     for (unsigned i = 0; i < params.size(); ++i) {
@@ -1007,29 +1027,17 @@ Type Sema::checkIndex(IndexExpr &expr, Scope &scope) {
 // Entry points
 //===----------------------------------------------------------------------===//
 
-bool pagedc::parseOverrideValue(llvm::StringRef text, ConstantValue &result) {
-  text = text.trim();
-  bool negative = text.consume_front("-");
-  if (!negative)
-    text.consume_front("+");
-  if (text.empty())
+bool pagedc::parseOverrideValue(llvm::StringRef text, ConstantValue &result,
+                                std::string *reason) {
+  ConstOverrideValue value;
+  std::string why = parseConstOverride(std::string_view(text), value);
+  if (!why.empty()) {
+    if (reason)
+      *reason = why;
     return false;
-  if (text == "inf") {
-    result = ConstantValue::ofFloat(negative ? -INFINITY : INFINITY);
-    return true;
   }
-  int64_t intValue;
-  if (!text.getAsInteger(10, intValue)) {
-    result = ConstantValue::ofInt(negative ? -intValue : intValue);
-    return true;
-  }
-  // A float: digits, optional fraction, optional exponent (no hex, no nan).
-  if (text.find_first_not_of("0123456789.eE+-") != llvm::StringRef::npos)
-    return false;
-  double floatValue;
-  if (text.getAsDouble(floatValue) || std::isinf(floatValue))
-    return false;
-  result = ConstantValue::ofFloat(negative ? -floatValue : floatValue);
+  result = value.isInt ? ConstantValue::ofInt(value.intValue)
+                       : ConstantValue::ofFloat(value.floatValue);
   return true;
 }
 

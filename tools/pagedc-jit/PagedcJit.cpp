@@ -15,6 +15,7 @@
 //
 //===----------------------------------------------------------------------===//
 
+#include "pagedc/ConstOverride.h"
 #include "pagedc/CudaJit.h"
 #include "pagedc/Error.h"
 
@@ -105,6 +106,12 @@ int main(int argc, char **argv) {
       size_t equals = define.find('=');
       if (equals == std::string::npos || equals == 0)
         return usage("-D needs NAME=VALUE, got '" + define + "'");
+      pagedc::ConstOverrideValue parsed;
+      std::string reason =
+          pagedc::parseConstOverride(define.substr(equals + 1), parsed);
+      if (!reason.empty())
+        return usage("-D " + define + ": the value '" +
+                     define.substr(equals + 1) + "' " + reason);
       request.overrides.emplace_back(define.substr(0, equals),
                                      define.substr(equals + 1));
     } else if (!arg.empty() && arg[0] == '-') {

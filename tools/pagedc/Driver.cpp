@@ -127,9 +127,10 @@ void pagedc::driver::registerCoreOptions(Registry &registry) {
          if (!value.contains('=') || !isIdentifier(name))
            return "-D expects NAME=VALUE, got '" + value.str() + "'";
          ast::ConstantValue parsed;
-         if (!parseOverrideValue(number, parsed))
-           return "-D " + value.str() +
-                  ": VALUE must be an int or a float literal";
+         std::string reason;
+         if (!parseOverrideValue(number, parsed, &reason))
+           return "-D " + value.str() + ": the value '" + number.str() + "' " +
+                  reason;
          options.constOverrides.push_back({name.str(), number.str()});
          return std::string();
        }});
