@@ -148,19 +148,6 @@ uint64_t asUnsigned(int64_t value, unsigned width) {
   return uint64_t(value) & ((uint64_t(1) << width) - 1);
 }
 
-int64_t integerPower(int64_t base, int64_t exponent) {
-  if (exponent < 0) // as C++/PyTorch integer pow: 1 / base^n truncated
-    return base == 1 ? 1 : (base == -1 ? (exponent % 2 ? -1 : 1) : 0);
-  int64_t result = 1;
-  while (exponent > 0) {
-    if (exponent & 1)
-      result *= base;
-    base *= base;
-    exponent >>= 1;
-  }
-  return result;
-}
-
 bool compareIntegers(arith::CmpIPredicate predicate, int64_t x, int64_t y,
                      unsigned width) {
   using P = arith::CmpIPredicate;
@@ -422,13 +409,20 @@ ReferenceMod::Slot ReferenceMod::run(const PagedcModContext &context,
     case Opcode::ConstInt: out.integer = in.integer; break;
     case Opcode::ConstReal: out.real = in.real; break;
     case Opcode::LoadBuffer: {
+      // Bounds-checked like the compiled code: an index outside
+      // [0, size) reads 0 (false for bool).
       const PagedcBufferRef &buffer = context.buffers[in.integer];
       int64_t offset = 0;
-      for (unsigned d = 0; d < in.rank; ++d)
-        offset += slots[in.indices[d]].integer * buffer.strides[d];
+      bool inBounds = true;
+      for (unsigned d = 0; d < in.rank; ++d) {
+        int64_t index = slots[in.indices[d]].integer;
+        inBounds = inBounds && index >= 0 && index < buffer.sizes[d];
+        offset += index * buffer.strides[d];
+      }
       int64_t integer = 0;
       double real = 0.0;
-      readElement(buffer.data, offset, in.elementType, integer, real);
+      if (inBounds)
+        readElement(buffer.data, offset, in.elementType, integer, real);
       if (in.elementType == DType::F32 || in.elementType == DType::F16 ||
           in.elementType == DType::BF16)
         out.real = real;
@@ -441,23 +435,41 @@ ReferenceMod::Slot ReferenceMod::run(const PagedcModContext &context,
     case Opcode::ParamBool:
       out.integer = context.params[in.integer].i32 != 0;
       break;
-    case Opcode::AddI: out.integer = x.integer + y.integer; break;
-    case Opcode::SubI: out.integer = x.integer - y.integer; break;
-    case Opcode::MulI: out.integer = x.integer * y.integer; break;
-    case Opcode::DivSI:
-      out.integer = y.integer ? x.integer / y.integer : 0;
+    // Integer results wrap to the width of their type, as the compiled code
+    // does (the language defines two's complement wrap-around).
+    case Opcode::AddI:
+      out.integer = wrapSigned(
+          int64_t(uint64_t(x.integer) + uint64_t(y.integer)), in.width);
+      break;
+    case Opcode::SubI:
+      out.integer = wrapSigned(
+          int64_t(uint64_t(x.integer) - uint64_t(y.integer)), in.width);
+      break;
+    case Opcode::MulI:
+      out.integer = wrapSigned(
+          int64_t(uint64_t(x.integer) * uint64_t(y.integer)), in.width);
+      break;
+    case Opcode::DivSI: // truncating; same edge cases as floor division
+      out.integer = (y.integer == 0 || y.integer == -1)
+                        ? flex::intFloorDiv(x.integer, y.integer, in.width)
+                        : x.integer / y.integer;
       break;
     case Opcode::RemSI:
-      out.integer = y.integer ? x.integer % y.integer : 0;
+      out.integer = (y.integer == 0 || y.integer == -1)
+                        ? flex::intFloorMod(x.integer, y.integer, in.width)
+                        : x.integer % y.integer;
       break;
     case Opcode::FloorDivI:
-      out.integer = y.integer ? flex::floorDiv(x.integer, y.integer) : 0;
+      out.integer = flex::intFloorDiv(x.integer, y.integer, in.width);
       break;
     case Opcode::FloorModI:
-      out.integer = y.integer ? flex::floorMod(x.integer, y.integer) : 0;
+      out.integer = flex::intFloorMod(x.integer, y.integer, in.width);
       break;
     case Opcode::CeilDivSI:
-      out.integer = y.integer ? -flex::floorDiv(-x.integer, y.integer) : 0;
+      out.integer =
+          y.integer
+              ? wrapSigned(-flex::floorDiv(-x.integer, y.integer), in.width)
+              : 0;
       break;
     case Opcode::AndI: out.integer = x.integer & y.integer; break;
     case Opcode::OrI: out.integer = x.integer | y.integer; break;
@@ -466,22 +478,29 @@ ReferenceMod::Slot ReferenceMod::run(const PagedcModContext &context,
                                   : x.integer ^ y.integer;
       break;
     case Opcode::ShLI:
-      out.integer = (y.integer >= 0 && y.integer < 64)
-                        ? int64_t(uint64_t(x.integer) << y.integer)
-                        : 0;
+      out.integer = flex::intShiftLeft(x.integer, y.integer, in.width);
       break;
     case Opcode::ShRSI:
-      out.integer = x.integer >> std::min<int64_t>(std::max<int64_t>(y.integer, 0), 63);
+      out.integer = flex::intShiftRight(x.integer, y.integer, in.width);
       break;
     case Opcode::ShRUI:
-      out.integer = (y.integer >= 0 && y.integer < 64)
-                        ? int64_t(asUnsigned(x.integer, in.width) >> y.integer)
+      out.integer = (y.integer >= 0 && y.integer < int64_t(in.width))
+                        ? wrapSigned(int64_t(asUnsigned(x.integer, in.width) >>
+                                             y.integer),
+                                     in.width)
                         : 0;
       break;
     case Opcode::MaxSI: out.integer = std::max(x.integer, y.integer); break;
     case Opcode::MinSI: out.integer = std::min(x.integer, y.integer); break;
-    case Opcode::AbsI: out.integer = x.integer < 0 ? -x.integer : x.integer; break;
-    case Opcode::IPowI: out.integer = integerPower(x.integer, y.integer); break;
+    case Opcode::AbsI: // abs(MIN) == MIN
+      out.integer =
+          wrapSigned(int64_t(x.integer < 0 ? uint64_t(0) - uint64_t(x.integer)
+                                           : uint64_t(x.integer)),
+                     in.width);
+      break;
+    case Opcode::IPowI:
+      out.integer = flex::intPower(x.integer, y.integer, in.width);
+      break;
     case Opcode::AddF: out.real = x.real + y.real; break;
     case Opcode::SubF: out.real = x.real - y.real; break;
     case Opcode::MulF: out.real = x.real * y.real; break;
@@ -521,8 +540,8 @@ ReferenceMod::Slot ReferenceMod::run(const PagedcModContext &context,
       out.real = double(asUnsigned(x.integer, in.width));
       break;
     case Opcode::RealToInt:
-      // PyTorch's int(): truncation toward zero.
-      out.integer = std::isfinite(x.real) ? int64_t(std::trunc(x.real)) : 0;
+      // int(): truncation toward zero, saturating; NaN gives 0.
+      out.integer = flex::floatToInt(x.real, in.width);
       break;
     case Opcode::ExtSI: // i1 true sign-extends to -1
       out.integer = in.width == 1 ? -(x.integer & 1) : x.integer;

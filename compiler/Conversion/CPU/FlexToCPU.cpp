@@ -129,25 +129,38 @@ public:
              << buffer.getRank() << " indices for @" << name;
     Location loc = user->getLoc();
     Type i64 = builder.getI64Type();
+    // Every read is bounds-checked against the sizes of the bound buffer:
+    // an index outside [0, size) reads 0 (false for bool) from a zeroed
+    // scratch word instead of memory outside the buffer (docs/language.md,
+    // "Buffer reads"). The offset is computed from in-range indices only.
     Value offset;
+    Value inBounds;
     for (auto [dim, index64] : llvm::enumerate(indices)) {
       Value wide = index64;
       if (!wide.getType().isInteger(64))
         wide = builder.create<arith::ExtSIOp>(loc, i64, wide);
+      Value fits = builder.create<arith::CmpIOp>(
+          loc, arith::CmpIPredicate::ult, wide,
+          size(loc, index, static_cast<unsigned>(dim)));
+      inBounds =
+          inBounds ? builder.create<arith::AndIOp>(loc, inBounds, fits) : fits;
       Value term = builder.create<arith::MulIOp>(
           loc, wide, stride(loc, index, static_cast<unsigned>(dim)));
       offset = offset ? builder.create<arith::AddIOp>(loc, offset, term)
                       : term;
     }
+    Value zeroOffset = builder.create<arith::ConstantIntOp>(loc, 0, 64);
+    offset = builder.create<arith::SelectOp>(loc, inBounds, offset, zeroOffset);
     Type element = buffer.getElementType();
     Type storage = element;
     if (element.isF16() || element.isBF16())
       storage = builder.getI16Type();
     else if (element.isInteger(1))
       storage = builder.getI8Type();
-    Value address = builder.create<LLVM::GEPOp>(loc, pointerType, storage,
-                                                data(loc, index),
-                                                ValueRange{offset});
+    Value inside = builder.create<LLVM::GEPOp>(
+        loc, pointerType, storage, data(loc, index), ValueRange{offset});
+    Value address =
+        builder.create<arith::SelectOp>(loc, inBounds, inside, zeroSlot(loc));
     Value raw = builder.create<LLVM::LoadOp>(loc, storage, address);
     if (element.isF16()) {
       Value half = builder.create<arith::BitcastOp>(loc, builder.getF16Type(),
@@ -197,6 +210,32 @@ private:
     return cached;
   }
 
+  /// A zeroed 8-byte stack slot, the target of out-of-range reads.
+  Value zeroSlot(Location loc) {
+    if (zeroScratch)
+      return zeroScratch;
+    Value one = prelude.create<arith::ConstantIntOp>(loc, 1, 64);
+    zeroScratch = prelude.create<LLVM::AllocaOp>(
+        loc, pointerType, prelude.getI64Type(), one, /*alignment=*/8);
+    Value zero = prelude.create<arith::ConstantIntOp>(loc, 0, 64);
+    prelude.create<LLVM::StoreOp>(loc, zero, zeroScratch);
+    return zeroScratch;
+  }
+
+  /// The size of dimension `dim` of a bound buffer (PagedcBufferRef::sizes).
+  Value size(Location loc, unsigned buffer, unsigned dim) {
+    Value &cached = bufferSizes[{buffer, dim}];
+    if (cached)
+      return cached;
+    Value refs = loadField(loc, 0, bufferRefs);
+    Value address = prelude.create<LLVM::GEPOp>(
+        loc, pointerType, bufferRefType, refs,
+        ArrayRef<LLVM::GEPArg>{static_cast<int32_t>(buffer), 1,
+                               static_cast<int32_t>(dim)});
+    cached = prelude.create<LLVM::LoadOp>(loc, prelude.getI64Type(), address);
+    return cached;
+  }
+
   Value stride(Location loc, unsigned buffer, unsigned dim) {
     Value &cached = bufferStrides[{buffer, dim}];
     if (cached)
@@ -218,6 +257,8 @@ private:
   llvm::DenseMap<unsigned, Value> paramValues;
   llvm::DenseMap<unsigned, Value> bufferData;
   llvm::DenseMap<std::pair<unsigned, unsigned>, Value> bufferStrides;
+  llvm::DenseMap<std::pair<unsigned, unsigned>, Value> bufferSizes;
+  Value zeroScratch;
 };
 
 //===----------------------------------------------------------------------===//
@@ -225,10 +266,11 @@ private:
 //===----------------------------------------------------------------------===//
 
 /// What integer floor division and floor remainder share: the divisor with
-/// zero replaced by one (so nothing traps; a zero divisor gives an
-/// unspecified value), the truncated remainder, and whether the truncated
-/// result must move one step toward negative infinity (inexact, and the
-/// remainder's sign differs from the divisor's).
+/// 0 and -1 replaced by 1 (so `divsi`/`remsi` never trap: x86's idiv faults
+/// on a zero divisor and on MIN / -1), the truncated remainder, and whether
+/// the truncated result must move one step toward negative infinity
+/// (inexact, and the remainder's sign differs from the divisor's). The
+/// callers select the defined results for 0 and -1 (docs/language.md).
 /// With `withQuotient`, the truncated quotient is emitted too (before the
 /// remainder, so the IR reads in the natural order).
 struct TruncatedRemainder {
@@ -237,6 +279,9 @@ struct TruncatedRemainder {
   Value remainder;
   Value adjust;
   Value one;
+  Value zero;
+  Value divisorIsZero;
+  Value divisorIsMinusOne;
 };
 
 TruncatedRemainder emitTruncatedRemainder(OpBuilder &b, Location loc,
@@ -245,9 +290,13 @@ TruncatedRemainder emitTruncatedRemainder(OpBuilder &b, Location loc,
   Type type = lhs.getType();
   Value zero = b.create<arith::ConstantOp>(loc, b.getIntegerAttr(type, 0));
   Value one = b.create<arith::ConstantOp>(loc, b.getIntegerAttr(type, 1));
+  Value minusOne = b.create<arith::ConstantOp>(loc, b.getIntegerAttr(type, -1));
   Value isZero =
       b.create<arith::CmpIOp>(loc, arith::CmpIPredicate::eq, rhs, zero);
-  Value divisor = b.create<arith::SelectOp>(loc, isZero, one, rhs);
+  Value isMinusOne =
+      b.create<arith::CmpIOp>(loc, arith::CmpIPredicate::eq, rhs, minusOne);
+  Value special = b.create<arith::OrIOp>(loc, isZero, isMinusOne);
+  Value divisor = b.create<arith::SelectOp>(loc, special, one, rhs);
   Value quotient =
       withQuotient ? b.create<arith::DivSIOp>(loc, lhs, divisor) : Value();
   Value remainder = b.create<arith::RemSIOp>(loc, lhs, divisor);
@@ -260,25 +309,136 @@ TruncatedRemainder emitTruncatedRemainder(OpBuilder &b, Location loc,
   Value signsDiffer =
       b.create<arith::XOrIOp>(loc, remainderNegative, divisorNegative);
   Value adjust = b.create<arith::AndIOp>(loc, inexact, signsDiffer);
-  return {divisor, quotient, remainder, adjust, one};
+  return {divisor, quotient, remainder, adjust, one, zero, isZero, isMinusOne};
 }
 
-/// `a // b` on integers, rounding toward negative infinity.
+/// `a // b` on integers, rounding toward negative infinity; `a // 0 == 0`,
+/// `a // -1 == -a` (wraps: MIN // -1 == MIN).
 Value emitIntFloorDiv(OpBuilder &b, Location loc, Value lhs, Value rhs) {
   TruncatedRemainder parts =
       emitTruncatedRemainder(b, loc, lhs, rhs, /*withQuotient=*/true);
   Value minusOne = b.create<arith::SubIOp>(loc, parts.quotient, parts.one);
-  return b.create<arith::SelectOp>(loc, parts.adjust, minusOne,
-                                   parts.quotient);
+  Value result =
+      b.create<arith::SelectOp>(loc, parts.adjust, minusOne, parts.quotient);
+  Value negated = b.create<arith::SubIOp>(loc, parts.zero, lhs);
+  result =
+      b.create<arith::SelectOp>(loc, parts.divisorIsMinusOne, negated, result);
+  return b.create<arith::SelectOp>(loc, parts.divisorIsZero, parts.zero,
+                                   result);
 }
 
-/// `a % b` on integers: the remainder takes the sign of the divisor.
+/// `a % b` on integers: the remainder takes the sign of the divisor;
+/// `a % 0 == a`, `a % -1 == 0`.
 Value emitIntFloorMod(OpBuilder &b, Location loc, Value lhs, Value rhs) {
   TruncatedRemainder parts =
       emitTruncatedRemainder(b, loc, lhs, rhs, /*withQuotient=*/false);
   Value shifted = b.create<arith::AddIOp>(loc, parts.remainder, parts.divisor);
-  return b.create<arith::SelectOp>(loc, parts.adjust, shifted,
-                                   parts.remainder);
+  Value result =
+      b.create<arith::SelectOp>(loc, parts.adjust, shifted, parts.remainder);
+  // With the divisor replaced by 1 the remainder is already 0 for -1.
+  return b.create<arith::SelectOp>(loc, parts.divisorIsZero, lhs, result);
+}
+
+//===----------------------------------------------------------------------===//
+// Integer edge cases: shifts, int() of floats, integer powers
+//===----------------------------------------------------------------------===//
+
+Value intConstant(OpBuilder &b, Location loc, Type type, int64_t value) {
+  return b.create<arith::ConstantOp>(loc, b.getIntegerAttr(type, value));
+}
+
+/// `a << s`: 0 when s < 0 or s >= width.
+Value emitShiftLeft(OpBuilder &b, Location loc, Value lhs, Value rhs) {
+  Type type = lhs.getType();
+  unsigned width = type.getIntOrFloatBitWidth();
+  Value inRange = b.create<arith::CmpIOp>(loc, arith::CmpIPredicate::ult, rhs,
+                                          intConstant(b, loc, type, width));
+  Value safeShift = b.create<arith::SelectOp>(loc, inRange, rhs,
+                                              intConstant(b, loc, type, 0));
+  Value shifted = b.create<arith::ShLIOp>(loc, lhs, safeShift);
+  return b.create<arith::SelectOp>(loc, inRange, shifted,
+                                   intConstant(b, loc, type, 0));
+}
+
+/// `a >> s` (arithmetic): s < 0 or s >= width shifts by width - 1.
+Value emitShiftRight(OpBuilder &b, Location loc, Value lhs, Value rhs) {
+  Type type = lhs.getType();
+  unsigned width = type.getIntOrFloatBitWidth();
+  Value inRange = b.create<arith::CmpIOp>(loc, arith::CmpIPredicate::ult, rhs,
+                                          intConstant(b, loc, type, width));
+  Value safeShift = b.create<arith::SelectOp>(
+      loc, inRange, rhs, intConstant(b, loc, type, width - 1));
+  return b.create<arith::ShRSIOp>(loc, lhs, safeShift);
+}
+
+/// `int(x)` of a float: truncation, saturating at the integer limits; NaN
+/// gives 0.
+Value emitFloatToInt(OpBuilder &b, Location loc, Value input, Type type) {
+  unsigned width = type.getIntOrFloatBitWidth();
+  FloatType floatType = cast<FloatType>(input.getType());
+  double limit = std::ldexp(1.0, int(width) - 1);
+  Value upper =
+      b.create<arith::ConstantOp>(loc, b.getFloatAttr(floatType, limit));
+  Value lower =
+      b.create<arith::ConstantOp>(loc, b.getFloatAttr(floatType, -limit));
+  Value tooHigh =
+      b.create<arith::CmpFOp>(loc, arith::CmpFPredicate::OGE, input, upper);
+  Value tooLow =
+      b.create<arith::CmpFOp>(loc, arith::CmpFPredicate::OLT, input, lower);
+  Value inRange = b.create<arith::AndIOp>(
+      loc,
+      b.create<arith::CmpFOp>(loc, arith::CmpFPredicate::OLT, input, upper),
+      b.create<arith::CmpFOp>(loc, arith::CmpFPredicate::OGE, input, lower));
+  Value zero = b.create<arith::ConstantOp>(loc, b.getFloatAttr(floatType, 0));
+  Value safe = b.create<arith::SelectOp>(loc, inRange, input, zero);
+  Value result = b.create<arith::FPToSIOp>(loc, type, safe);
+  APInt max = APInt::getSignedMaxValue(width);
+  APInt min = APInt::getSignedMinValue(width);
+  result = b.create<arith::SelectOp>(
+      loc, tooHigh,
+      b.create<arith::ConstantOp>(loc, b.getIntegerAttr(type, max)), result);
+  return b.create<arith::SelectOp>(
+      loc, tooLow,
+      b.create<arith::ConstantOp>(loc, b.getIntegerAttr(type, min)), result);
+}
+
+/// `a ** e` on integers, branch-free: square-and-multiply over every bit of
+/// the exponent (wrapping on overflow); a negative exponent gives 1 for
+/// a == 1, +-1 for a == -1 and 0 otherwise.
+Value emitIntPower(OpBuilder &b, Location loc, Value base, Value exponent) {
+  Type type = base.getType();
+  unsigned width = type.getIntOrFloatBitWidth();
+  Value zero = intConstant(b, loc, type, 0);
+  Value one = intConstant(b, loc, type, 1);
+  Value result = one;
+  Value square = base;
+  for (unsigned bit = 0; bit + 1 < width; ++bit) {
+    Value mask = intConstant(b, loc, type, int64_t(1) << bit);
+    Value set = b.create<arith::CmpIOp>(
+        loc, arith::CmpIPredicate::ne,
+        b.create<arith::AndIOp>(loc, exponent, mask), zero);
+    Value product = b.create<arith::MulIOp>(loc, result, square);
+    result = b.create<arith::SelectOp>(loc, set, product, result);
+    if (bit + 2 < width)
+      square = b.create<arith::MulIOp>(loc, square, square);
+  }
+  // Negative exponents.
+  Value minusOne = intConstant(b, loc, type, -1);
+  Value odd = b.create<arith::CmpIOp>(
+      loc, arith::CmpIPredicate::ne,
+      b.create<arith::AndIOp>(loc, exponent, one), zero);
+  Value baseIsOne =
+      b.create<arith::CmpIOp>(loc, arith::CmpIPredicate::eq, base, one);
+  Value baseIsMinusOne =
+      b.create<arith::CmpIOp>(loc, arith::CmpIPredicate::eq, base, minusOne);
+  Value negativeResult = b.create<arith::SelectOp>(
+      loc, baseIsOne, one,
+      b.create<arith::SelectOp>(
+          loc, baseIsMinusOne,
+          b.create<arith::SelectOp>(loc, odd, minusOne, one), zero));
+  Value negative =
+      b.create<arith::CmpIOp>(loc, arith::CmpIPredicate::slt, exponent, zero);
+  return b.create<arith::SelectOp>(loc, negative, negativeResult, result);
 }
 
 /// `torch.remainder` on floats: fmod moved to the sign of the divisor.
@@ -402,6 +562,41 @@ FailureOr<Value> cloneModBody(OpBuilder &builder, ModOp mod,
               ? emitFloatFloorMod(builder, loc, operand(0), operand(1))
               : emitIntFloorMod(builder, loc, operand(0), operand(1));
       mapping.map(floorMod.getResult(), value);
+      continue;
+    }
+    // Integer operations whose LLVM forms trap or give poison on some
+    // inputs get the language's defined results instead.
+    if (isa<arith::ShLIOp, arith::ShRSIOp, math::IPowIOp>(op) &&
+        op.getResult(0).getType().isSignlessInteger() &&
+        !op.getResult(0).getType().isInteger(1)) {
+      Value value = isa<arith::ShLIOp>(op)
+                        ? emitShiftLeft(builder, loc, operand(0), operand(1))
+                    : isa<arith::ShRSIOp>(op)
+                        ? emitShiftRight(builder, loc, operand(0), operand(1))
+                        : emitIntPower(builder, loc, operand(0), operand(1));
+      mapping.map(op.getResult(0), value);
+      continue;
+    }
+    if (isa<arith::DivSIOp, arith::RemSIOp>(op) &&
+        !op.getResult(0).getType().isInteger(1)) {
+      // Not produced by MLIRGen; defined like floor division at 0 and -1.
+      TruncatedRemainder parts =
+          emitTruncatedRemainder(builder, loc, operand(0), operand(1),
+                                 /*withQuotient=*/isa<arith::DivSIOp>(op));
+      Value value = isa<arith::DivSIOp>(op)
+                        ? emitIntFloorDiv(builder, loc, operand(0), operand(1))
+                        : emitIntFloorMod(builder, loc, operand(0), operand(1));
+      Value truncated =
+          isa<arith::DivSIOp>(op) ? parts.quotient : parts.remainder;
+      Value special = builder.create<arith::OrIOp>(loc, parts.divisorIsZero,
+                                                   parts.divisorIsMinusOne);
+      mapping.map(op.getResult(0), builder.create<arith::SelectOp>(
+                                       loc, special, value, truncated));
+      continue;
+    }
+    if (auto toInt = dyn_cast<arith::FPToSIOp>(op)) {
+      mapping.map(toInt.getResult(),
+                  emitFloatToInt(builder, loc, operand(0), toInt.getType()));
       continue;
     }
     if (auto tanh = dyn_cast<pagedc::flex::TanhApproxOp>(op)) {
@@ -758,6 +953,13 @@ private:
 
 bool pagedc::isIntervalClassifiable(flex::ModOp mod) {
   if (!mod.isMask())
+    return false;
+  // The classifier is straight-line code about ten times the size of the
+  // mask; LLVM's code generation is superlinear in the size of one block, so
+  // very long masks (thousands of `let`s) get none: the runtime's
+  // element-wise path is exact, only slower.
+  constexpr size_t kMaxClassifiedOps = 512;
+  if (mod.getBody().front().getOperations().size() > kMaxClassifiedOps)
     return false;
   for (Operation &op : mod.getBody().front().getOperations()) {
     bool integerOrBool = llvm::all_of(op.getResultTypes(), [](Type type) {

@@ -36,8 +36,9 @@ template <typename SourceOp>
 class CallOpaqueLowering : public OpConversionPattern<SourceOp> {
 public:
   CallOpaqueLowering(const TypeConverter &typeConverter, MLIRContext *context,
-                     CalleeNames names)
-      : OpConversionPattern<SourceOp>(typeConverter, context), names(names) {}
+                     CalleeNames names, unsigned benefit = 1)
+      : OpConversionPattern<SourceOp>(typeConverter, context, benefit),
+        names(names) {}
 
   LogicalResult
   matchAndRewrite(SourceOp op, typename SourceOp::Adaptor adaptor,
@@ -111,9 +112,10 @@ public:
 /// Adds the call lowering of `SourceOp`.
 template <typename SourceOp>
 void addCallLowering(TypeConverter &typeConverter, RewritePatternSet &patterns,
-                     StringRef f32, StringRef integer = {}) {
+                     StringRef f32, StringRef integer = {},
+                     unsigned benefit = 1) {
   patterns.add<CallOpaqueLowering<SourceOp>>(
-      typeConverter, patterns.getContext(), CalleeNames{f32, integer});
+      typeConverter, patterns.getContext(), CalleeNames{f32, integer}, benefit);
 }
 
 /// Scalar i1, i32 and f32 constants become C literals printed where they are
@@ -214,6 +216,14 @@ void pagedc::populateCudaArithMathToEmitCPatterns(TypeConverter &typeConverter,
   addCallLowering<arith::RemFOp>(typeConverter, patterns, "fmodf");
   addCallLowering<arith::FloorDivSIOp>(typeConverter, patterns, "",
                                        "flex_floordiv");
+  // Shifts and int() of floats with every edge case defined (Prelude.cuh);
+  // ahead of MLIR's own patterns, which leave them undefined.
+  addCallLowering<arith::ShLIOp>(typeConverter, patterns, "", "flex_shl",
+                                 /*benefit=*/2);
+  addCallLowering<arith::ShRSIOp>(typeConverter, patterns, "", "flex_shr",
+                                  /*benefit=*/2);
+  addCallLowering<arith::FPToSIOp>(typeConverter, patterns, "flex_float_to_int",
+                                   "", /*benefit=*/2);
 
   // math: f32 CUDA math library calls (precise versions), integer helpers.
   addCallLowering<math::AbsFOp>(typeConverter, patterns, "fabsf");

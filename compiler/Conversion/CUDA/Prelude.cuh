@@ -20,10 +20,21 @@
 
 namespace pagedc_mods {
 
+/// The unsigned type of the same width, for arithmetic that wraps.
+template <typename Int> struct flex_unsigned;
+template <> struct flex_unsigned<int32_t> { using type = uint32_t; };
+template <> struct flex_unsigned<int64_t> { using type = uint64_t; };
+
 /// Python's `a // b` on integers: the quotient rounded toward -infinity.
-/// Division by zero is undefined, as for C's `/`.
+/// Edge cases as docs/language.md defines them (never a trap, never UB):
+/// `a // 0 == 0`, `a // -1 == -a` (MIN // -1 wraps to MIN).
 template <typename Int>
 __device__ __forceinline__ Int flex_floordiv_int(Int a, Int b) {
+  using U = typename flex_unsigned<Int>::type;
+  if (b == 0)
+    return 0;
+  if (b == -1)
+    return static_cast<Int>(U(0) - static_cast<U>(a));
   Int quotient = a / b;
   Int remainder = a % b;
   return (remainder != 0 && ((remainder < 0) != (b < 0))) ? quotient - 1
@@ -52,8 +63,13 @@ __device__ __forceinline__ float flex_floordiv(float a, float b) {
 }
 
 /// Python's `a % b` on integers: the remainder takes the sign of the divisor.
+/// `a % 0 == a`, `a % -1 == 0`.
 template <typename Int>
 __device__ __forceinline__ Int flex_floormod_int(Int a, Int b) {
+  if (b == 0)
+    return a;
+  if (b == -1)
+    return 0;
   Int remainder = a % b;
   return (remainder != 0 && ((remainder < 0) != (b < 0))) ? remainder + b
                                                           : remainder;
@@ -82,7 +98,36 @@ template <typename Int> __device__ __forceinline__ Int flex_max(Int a, Int b) {
   return a < b ? b : a;
 }
 template <typename Int> __device__ __forceinline__ Int flex_abs(Int a) {
-  return a < 0 ? -a : a;
+  using U = typename flex_unsigned<Int>::type;
+  return a < 0 ? static_cast<Int>(U(0) - static_cast<U>(a)) : a; // abs(MIN) == MIN
+}
+
+/// `a << s`: 0 when s < 0 or s >= the width (PyTorch's rule); wraps.
+template <typename Int>
+__device__ __forceinline__ Int flex_shl(Int a, Int s) {
+  using U = typename flex_unsigned<Int>::type;
+  constexpr Int width = sizeof(Int) * 8;
+  return (s < 0 || s >= width) ? Int(0)
+                               : static_cast<Int>(static_cast<U>(a) << s);
+}
+
+/// `a >> s`, arithmetic: s < 0 or s >= the width shifts by width - 1.
+template <typename Int>
+__device__ __forceinline__ Int flex_shr(Int a, Int s) {
+  constexpr Int width = sizeof(Int) * 8;
+  return a >> ((s < 0 || s >= width) ? width - 1 : s);
+}
+
+/// `int(x)`: truncation toward zero, saturating at the i32 limits (+-inf
+/// included); NaN gives 0.
+__device__ __forceinline__ int32_t flex_float_to_int(float x) {
+  if (x != x)
+    return 0;
+  if (x >= 2147483648.0f)
+    return 2147483647;
+  if (x < -2147483648.0f)
+    return -2147483647 - 1;
+  return static_cast<int32_t>(x);
 }
 
 /// torch.minimum / torch.maximum: a NaN operand gives NaN (fminf/fmaxf would
@@ -94,10 +139,11 @@ __device__ __forceinline__ float flex_maximum(float a, float b) {
   return (a != a || b != b) ? NAN : fmaxf(a, b);
 }
 
-/// Integer power by squaring; a negative exponent gives 0 except for bases
-/// 1 and -1 (MLIR's math.ipowi semantics).
+/// Integer power by squaring, wrapping on overflow; a negative exponent
+/// gives 1 for base 1, +-1 for base -1 and 0 otherwise (0 ** -n too).
 template <typename Int>
 __device__ __forceinline__ Int flex_ipow(Int base, Int exponent) {
+  using U = typename flex_unsigned<Int>::type;
   if (exponent < 0) {
     if (base == 1)
       return 1;
@@ -105,14 +151,13 @@ __device__ __forceinline__ Int flex_ipow(Int base, Int exponent) {
       return (exponent & 1) ? -1 : 1;
     return 0;
   }
-  Int result = 1;
-  while (exponent != 0) {
-    if (exponent & 1)
-      result *= base;
-    base *= base;
-    exponent >>= 1;
+  U result = 1, square = static_cast<U>(base);
+  for (U e = static_cast<U>(exponent); e != 0; e >>= 1) {
+    if (e & 1)
+      result *= square;
+    square *= square;
   }
-  return result;
+  return static_cast<Int>(result);
 }
 
 /// Bit counts on 32- and 64-bit integers.
