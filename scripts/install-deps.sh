@@ -4,7 +4,8 @@
 set -euo pipefail
 packages=(cmake ninja-build g++ lld python3 llvm-19-dev libmlir-19-dev mlir-19-tools llvm-19-tools
           libfmt-dev libgtest-dev libbenchmark-dev libxxhash-dev nlohmann-json3-dev
-          clang-19 libclang-rt-19-dev)
+          clang-19 libclang-rt-19-dev
+          python3-dev pybind11-dev python3-numpy python3-pytest)
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

@@ -1,0 +1,648 @@
+//===- module.cpp - The pagedc Python extension (pagedc._pagedc) ----------===//
+//
+// A thin pybind11 layer over the C++ API: compileModsFromSource(), the
+// PagedKVCache, block masks and flexAttention(). Tensors come in through
+// DLPack (any object with __dlpack__, wrapped without a copy as a
+// TensorView) and go out as pagedc Tensor objects that export DLPack
+// capsules, so NumPy and PyTorch read the results without a copy. The
+// pure-Python layer (python/pagedc/__init__.py) gives the user-facing,
+// flex_attention-shaped API on top of this.
+//
+// Errors: pagedc::Error (every runtime input check) becomes pagedc.Error, a
+// ValueError; compile failures are returned as diagnostics text for the
+// Python layer to raise pagedc.CompileError with their location.
+//
+//===----------------------------------------------------------------------===//
+
+#include "JIT/CompileSource.h"
+#include "pagedc/Attention.h"
+#include "pagedc/BlockMask.h"
+#include "pagedc/Error.h"
+#include "pagedc/KVCache.h"
+#include "pagedc/Mods.h"
+#include "pagedc/PhysicalBlockMask.h"
+#include "pagedc/Tensor.h"
+
+#include "llvm/Support/raw_ostream.h"
+
+#include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
+
+#include <memory>
+#include <string>
+#include <vector>
+
+namespace py = pybind11;
+using namespace pagedc;
+
+namespace {
+
+//===----------------------------------------------------------------------===//
+// DLPack
+//===----------------------------------------------------------------------===//
+
+/// DLPack's DLManagedTensor (unversioned ABI), over pagedc's DLTensor layout.
+struct DLManagedTensor {
+  PagedcDLTensor dl_tensor;
+  void *manager_ctx;
+  void (*deleter)(DLManagedTensor *self);
+};
+
+/// A borrowed input tensor: the view and the capsule (or exporter) that keeps
+/// its memory alive for as long as this object lives.
+struct BorrowedTensor {
+  TensorView view;
+  py::object keepAlive;
+};
+
+/// Wraps `obj` (anything with __dlpack__, or a pagedc Tensor) as a TensorView
+/// without copying. `argument` names it in errors (ValueError).
+BorrowedTensor borrowTensor(const py::handle &obj, const std::string &argument);
+
+/// An owning tensor handed to Python: host storage or a view into storage
+/// that `owner` keeps alive (a cache's K/V pages).
+class Tensor {
+public:
+  Tensor() = default;
+  explicit Tensor(HostTensor storage) : host_(std::make_shared<HostTensor>(std::move(storage))) {
+    view_ = host_->view();
+  }
+  Tensor(TensorView view, std::shared_ptr<void> owner) : view_(view), owner_(std::move(owner)) {}
+
+  const TensorView &view() const { return view_; }
+  std::vector<int64_t> shape() const { return view_.shape(); }
+  std::vector<int64_t> strides() const { return view_.strides(); }
+  std::string dtype() const { return dtypeName(view_.dtype()); }
+  uintptr_t dataPtr() const { return reinterpret_cast<uintptr_t>(view_.data()); }
+  std::string device() const { return deviceName(view_.device()); }
+
+private:
+  TensorView view_;
+  std::shared_ptr<HostTensor> host_;
+  std::shared_ptr<void> owner_;
+};
+
+struct ExportContext {
+  PyObject *owner; // a strong reference to the exported Tensor
+  std::vector<int64_t> shape, strides;
+};
+
+void deleteExported(DLManagedTensor *managed) {
+  auto *context = static_cast<ExportContext *>(managed->manager_ctx);
+  {
+    // The consumer may call the deleter from any thread.
+    PyGILState_STATE state = PyGILState_Ensure();
+    Py_XDECREF(context->owner);
+    PyGILState_Release(state);
+  }
+  delete context;
+  delete managed;
+}
+
+void capsuleDestructor(PyObject *capsule) {
+  // Only an unconsumed capsule ("dltensor") still owns its tensor; a consumer
+  // renames it "used_dltensor" and calls the deleter itself.
+  if (PyCapsule_IsValid(capsule, "dltensor")) {
+    auto *managed = static_cast<DLManagedTensor *>(PyCapsule_GetPointer(capsule, "dltensor"));
+    if (managed && managed->deleter)
+      managed->deleter(managed);
+  } else {
+    PyErr_Clear();
+  }
+}
+
+py::capsule exportDLPack(py::object self) {
+  const Tensor &tensor = self.cast<const Tensor &>();
+  auto *context = new ExportContext;
+  context->owner = self.release().ptr();
+  context->shape = tensor.view().shape();
+  context->strides = tensor.view().strides();
+  auto *managed = new DLManagedTensor;
+  managed->dl_tensor = tensor.view().toDLPack();
+  managed->dl_tensor.shape = context->shape.data();
+  managed->dl_tensor.strides = context->strides.data();
+  managed->manager_ctx = context;
+  managed->deleter = deleteExported;
+  PyObject *capsule = PyCapsule_New(managed, "dltensor", capsuleDestructor);
+  if (!capsule) {
+    deleteExported(managed);
+    throw py::error_already_set();
+  }
+  return py::reinterpret_steal<py::capsule>(capsule);
+}
+
+BorrowedTensor borrowTensor(const py::handle &obj, const std::string &argument) {
+  if (py::isinstance<Tensor>(obj)) {
+    const Tensor &tensor = obj.cast<const Tensor &>();
+    return {tensor.view(), py::reinterpret_borrow<py::object>(obj)};
+  }
+  if (!py::hasattr(obj, "__dlpack__"))
+    throw py::value_error(argument + ": expected a tensor with __dlpack__ (a NumPy array, a "
+                          "PyTorch tensor or a pagedc.Tensor), got " +
+                          std::string(py::str(py::type::handle_of(obj).attr("__name__"))));
+  py::object capsule;
+  try {
+    capsule = obj.attr("__dlpack__")();
+  } catch (py::error_already_set &error) {
+    // e.g. NumPy refuses to export read-only or non-native-endian arrays.
+    throw py::value_error(argument + ": cannot be exported through DLPack: " +
+                          std::string(py::str(error.value())));
+  }
+  if (!PyCapsule_IsValid(capsule.ptr(), "dltensor"))
+    throw py::value_error(argument + ": __dlpack__ did not return a DLPack capsule");
+  auto *managed =
+      static_cast<DLManagedTensor *>(PyCapsule_GetPointer(capsule.ptr(), "dltensor"));
+  TensorView view;
+  try {
+    view = TensorView::fromDLPack(managed->dl_tensor);
+  } catch (const Error &error) {
+    throw py::value_error(argument + ": " + error.what());
+  }
+  // The capsule stays unconsumed: its destructor calls the producer's deleter
+  // when the last reference goes, after the call that borrowed the view.
+  return {view, capsule};
+}
+
+//===----------------------------------------------------------------------===//
+// Compiled mods
+//===----------------------------------------------------------------------===//
+
+struct Mods {
+  CompiledMods mods;
+};
+
+struct CompileResult {
+  std::shared_ptr<Mods> mods; // null on failure
+  std::string diagnostics;    // the compiler's located diagnostics
+  std::string error;          // the summary error when it failed
+};
+
+CompileResult compileSource(const std::string &fileName, const std::string &source,
+                            const std::string &mask, const std::string &score,
+                            const std::vector<std::pair<std::string, std::string>> &defines,
+                            bool withCuda) {
+  jit::SourceCompileOptions options;
+  for (const auto &[name, value] : defines)
+    options.constOverrides.push_back({name, value});
+  options.withCuda = withCuda;
+  CompileResult result;
+  {
+    py::gil_scoped_release release;
+    llvm::raw_string_ostream diagnostics(result.diagnostics);
+    auto compiled = jit::compileModsFromSource(fileName, source, mask, score, options, diagnostics);
+    diagnostics.flush();
+    if (compiled)
+      result.mods = std::make_shared<Mods>(Mods{std::move(*compiled)});
+    else
+      result.error = llvm::toString(compiled.takeError());
+  }
+  return result;
+}
+
+py::tuple listMods(const std::string &fileName, const std::string &source,
+                   const std::vector<std::pair<std::string, std::string>> &defines) {
+  jit::SourceCompileOptions options;
+  for (const auto &[name, value] : defines)
+    options.constOverrides.push_back({name, value});
+  std::string text;
+  llvm::raw_string_ostream diagnostics(text);
+  auto listed = jit::listModsInSource(fileName, source, options, diagnostics);
+  diagnostics.flush();
+  py::list mods;
+  std::string error;
+  if (listed) {
+    for (const jit::ModSummary &summary : *listed)
+      mods.append(py::make_tuple(summary.name, summary.isMask ? "mask" : "score"));
+  } else {
+    error = llvm::toString(listed.takeError());
+  }
+  return py::make_tuple(listed ? py::object(mods) : py::object(py::none()), text, error);
+}
+
+py::list bufferDecls(const Mods &self) {
+  py::list out;
+  for (const BufferDecl &decl : self.mods.buffers) {
+    py::list dims;
+    for (const BufferDim &dim : decl.dims) {
+      if (dim.kind == BufferDim::Fixed)
+        dims.append(dim.size);
+      else if (dim.kind == BufferDim::Named)
+        dims.append(dim.name);
+      else
+        dims.append("?");
+    }
+    out.append(py::make_tuple(decl.name, dtypeName(decl.elementType), dims));
+  }
+  return out;
+}
+
+py::list paramDecls(const Mods &self) {
+  py::list out;
+  for (const ParamDecl &decl : self.mods.params) {
+    py::object value = py::none();
+    if (decl.defaultValue) {
+      const ParamValue &v = *decl.defaultValue;
+      value = v.kind == ScalarKind::F32   ? py::object(py::float_(v.f32))
+              : v.kind == ScalarKind::I32 ? py::object(py::int_(v.i32))
+                                          : py::object(py::bool_(v.boolean));
+    }
+    out.append(py::make_tuple(decl.name, scalarKindName(decl.type), value));
+  }
+  return out;
+}
+
+/// Bindings from Python dicts; `keep` holds the borrowed buffers.
+Bindings makeBindings(const Mods &mods, const py::dict &buffers, const py::dict &params,
+                      std::vector<BorrowedTensor> &keep) {
+  Bindings bindings;
+  for (auto item : buffers) {
+    std::string name = py::str(item.first);
+    keep.push_back(borrowTensor(item.second, "buffers['" + name + "']"));
+    bindings.buffers[name] = keep.back().view;
+  }
+  for (auto item : params) {
+    std::string name = py::str(item.first);
+    const ParamDecl *decl = nullptr;
+    for (const ParamDecl &candidate : mods.mods.params)
+      if (candidate.name == name)
+        decl = &candidate;
+    py::handle value = item.second;
+    if (!decl) {
+      std::string declared;
+      for (const ParamDecl &p : mods.mods.params)
+        declared += (declared.empty() ? "" : ", ") + p.name;
+      throw py::value_error("params['" + name + "']: the mods have no param named '" + name +
+                            "' (declared: " + (declared.empty() ? "none" : declared) + ")");
+    }
+    if (decl->type == ScalarKind::Bool) {
+      if (!py::isinstance<py::bool_>(value))
+        throw py::value_error("params['" + name + "']: expected a bool");
+      bindings.params[name] = ParamValue::ofBool(value.cast<bool>());
+    } else if (decl->type == ScalarKind::I32) {
+      if (!py::isinstance<py::int_>(value) || py::isinstance<py::bool_>(value))
+        throw py::value_error("params['" + name + "']: expected an int (param is i32)");
+      int64_t v = value.cast<int64_t>();
+      if (v < INT32_MIN || v > INT32_MAX)
+        throw py::value_error("params['" + name + "']: " + std::to_string(v) +
+                              " does not fit in i32");
+      bindings.params[name] = ParamValue::ofI32(static_cast<int32_t>(v));
+    } else {
+      if (py::isinstance<py::bool_>(value) ||
+          !(py::isinstance<py::float_>(value) || py::isinstance<py::int_>(value)))
+        throw py::value_error("params['" + name + "']: expected a number (param is f32)");
+      bindings.params[name] = ParamValue::ofF32(value.cast<float>());
+    }
+  }
+  return bindings;
+}
+
+//===----------------------------------------------------------------------===//
+// KV cache and block masks
+//===----------------------------------------------------------------------===//
+
+DType parseDType(const std::string &name) {
+  for (DType type : {DType::F32, DType::F64, DType::F16, DType::BF16})
+    if (name == dtypeName(type))
+      return type;
+  if (name == "float32")
+    return DType::F32;
+  if (name == "float16")
+    return DType::F16;
+  if (name == "bfloat16")
+    return DType::BF16;
+  throw py::value_error("dtype: expected 'f32', 'f16' or 'bf16', got '" + name + "'");
+}
+
+std::shared_ptr<PagedKVCache> makeCache(int64_t numPages, int64_t pageSize, int64_t maxBatch,
+                                        int64_t heads, int64_t headDim, int64_t valueHeadDim,
+                                        const std::string &dtype) {
+  KVCacheConfig config;
+  config.numPages = numPages;
+  config.pageSize = pageSize;
+  config.maxBatch = maxBatch;
+  config.heads = heads;
+  config.headDim = headDim;
+  config.valueHeadDim = valueHeadDim < 0 ? headDim : valueHeadDim;
+  config.dtype = parseDType(dtype);
+  return std::make_shared<PagedKVCache>(config);
+}
+
+template <typename T> py::list toList(const std::vector<T> &values) {
+  py::list out;
+  for (const T &v : values)
+    out.append(v);
+  return out;
+}
+
+std::vector<int32_t> int32List(const std::vector<int64_t> &values, const char *argument) {
+  std::vector<int32_t> out;
+  out.reserve(values.size());
+  for (int64_t v : values) {
+    if (v < INT32_MIN || v > INT32_MAX)
+      throw py::value_error(std::string(argument) + ": " + std::to_string(v) +
+                            " does not fit in int32");
+    out.push_back(static_cast<int32_t>(v));
+  }
+  return out;
+}
+
+Tensor int32Tensor(const std::vector<int32_t> &values, std::vector<int64_t> shape) {
+  HostTensor t(DType::I32, std::move(shape));
+  if (!values.empty())
+    std::memcpy(t.data(), values.data(), values.size() * sizeof(int32_t));
+  return Tensor(std::move(t));
+}
+
+std::vector<int32_t> int32Values(const py::handle &obj, const char *argument,
+                                 int64_t expected) {
+  BorrowedTensor t = borrowTensor(obj, argument);
+  const TensorView &v = t.view;
+  if (v.device() != Device::cpu())
+    throw py::value_error(std::string(argument) + ": must be on the CPU");
+  if (v.dtype() != DType::I32 && v.dtype() != DType::I64)
+    throw py::value_error(std::string(argument) + ": expected int32 or int64, got " +
+                          dtypeName(v.dtype()));
+  if (v.numel() != expected)
+    throw py::value_error(std::string(argument) + ": expected " + std::to_string(expected) +
+                          " elements, got shape " + v.shapeString());
+  if (!v.isContiguous())
+    throw py::value_error(std::string(argument) + ": must be contiguous");
+  std::vector<int32_t> out(expected);
+  for (int64_t i = 0; i < expected; ++i) {
+    int64_t x = v.dtype() == DType::I32 ? v.dataAs<int32_t>()[i] : v.dataAs<int64_t>()[i];
+    if (x < INT32_MIN || x > INT32_MAX)
+      throw py::value_error(std::string(argument) + ": value does not fit in int32");
+    out[i] = static_cast<int32_t>(x);
+  }
+  return out;
+}
+
+std::shared_ptr<BlockMask> createMask(const Mods &mods, const py::dict &buffers,
+                                      const py::dict &params, int64_t batch, int64_t heads,
+                                      int64_t qBegin, int64_t qLength, int64_t kvLength,
+                                      int32_t qBlock, int32_t kvBlock) {
+  std::vector<BorrowedTensor> keep;
+  Bindings bindings = makeBindings(mods, buffers, params, keep);
+  auto mask = std::make_shared<BlockMask>();
+  py::gil_scoped_release release;
+  ResolvedBindings resolved = resolveBindings(mods.mods, bindings, Device::cpu());
+  if (qBegin == 0)
+    *mask = createBlockMask(mods.mods, resolved.context(), batch, heads, qLength, kvLength,
+                            qBlock, kvBlock);
+  else
+    *mask = createBlockMaskRows(mods.mods, resolved.context(), batch, heads, qBegin, qLength,
+                                kvLength, qBlock, kvBlock);
+  return mask;
+}
+
+std::vector<int32_t> vectorFrom(const py::handle &obj, const char *argument) {
+  BorrowedTensor t = borrowTensor(obj, argument);
+  const TensorView &v = t.view;
+  if (v.dtype() != DType::I32 && v.dtype() != DType::I64)
+    throw py::value_error(std::string(argument) + ": expected int32 or int64, got " +
+                          dtypeName(v.dtype()));
+  if (!v.isContiguous() || v.device() != Device::cpu())
+    throw py::value_error(std::string(argument) + ": must be a contiguous CPU tensor");
+  std::vector<int32_t> out(v.numel());
+  for (int64_t i = 0; i < v.numel(); ++i) {
+    int64_t x = v.dtype() == DType::I32 ? v.dataAs<int32_t>()[i] : v.dataAs<int64_t>()[i];
+    if (x < INT32_MIN || x > INT32_MAX)
+      throw py::value_error(std::string(argument) + ": value does not fit in int32");
+    out[i] = static_cast<int32_t>(x);
+  }
+  return out;
+}
+
+std::shared_ptr<BlockMask> maskFromKvBlocks(py::handle kvNum, py::handle kvIdx, py::handle fullNum,
+                                            py::handle fullIdx, int64_t batch, int64_t heads,
+                                            int64_t maxKvBlocks, int64_t qLength,
+                                            int64_t kvLength, int32_t qBlock, int32_t kvBlock) {
+  std::vector<int32_t> a = vectorFrom(kvNum, "kv_num_blocks");
+  std::vector<int32_t> b = vectorFrom(kvIdx, "kv_indices");
+  std::vector<int32_t> c, d;
+  if (!fullNum.is_none())
+    c = vectorFrom(fullNum, "full_kv_num_blocks");
+  if (!fullIdx.is_none())
+    d = vectorFrom(fullIdx, "full_kv_indices");
+  return std::make_shared<BlockMask>(blockMaskFromKvBlocks(std::move(a), std::move(b), std::move(c),
+                                                           std::move(d), batch, heads, maxKvBlocks,
+                                                           qLength, kvLength, qBlock, kvBlock));
+}
+
+//===----------------------------------------------------------------------===//
+// Attention
+//===----------------------------------------------------------------------===//
+
+py::tuple attention(const py::handle &qObj, std::shared_ptr<PagedKVCache> cache,
+                    std::shared_ptr<BlockMask> blockMask, const Mods &mods,
+                    const py::dict &buffers, const py::dict &params,
+                    std::vector<int64_t> batchIdx, std::vector<int64_t> kvLength,
+                    std::vector<int64_t> qOffset, std::optional<float> scale, bool returnLse,
+                    const py::handle &outObj, const py::handle &lseObj, int threads) {
+  std::vector<BorrowedTensor> keep;
+  BorrowedTensor q = borrowTensor(qObj, "q");
+  Bindings bindings = makeBindings(mods, buffers, params, keep);
+  AttentionOptions options;
+  options.batchIdx = int32List(batchIdx, "batch_idx");
+  options.kvLength = int32List(kvLength, "kv_length");
+  options.qOffset = int32List(qOffset, "q_offset");
+  options.scale = scale;
+  options.returnLse = returnLse;
+  options.threads = threads;
+  BorrowedTensor out, lse;
+  if (!outObj.is_none()) {
+    out = borrowTensor(outObj, "out");
+    options.out = out.view;
+  }
+  if (!lseObj.is_none()) {
+    lse = borrowTensor(lseObj, "lse");
+    options.lse = lse.view;
+  }
+  auto result = std::make_shared<AttentionResult>();
+  {
+    py::gil_scoped_release release;
+    *result = flexAttention(q.view, *cache, blockMask.get(), mods.mods, bindings, options);
+  }
+  auto wrap = [&](const TensorView &view) -> py::object {
+    if (view.empty() && view.rank() == 0)
+      return py::none();
+    return py::cast(Tensor(view, result));
+  };
+  py::object outResult = outObj.is_none() ? wrap(result->out) : py::reinterpret_borrow<py::object>(outObj);
+  py::object lseResult = py::none();
+  if (!lseObj.is_none())
+    lseResult = py::reinterpret_borrow<py::object>(lseObj);
+  else if (returnLse)
+    lseResult = wrap(result->lse);
+  return py::make_tuple(outResult, lseResult);
+}
+
+} // namespace
+
+PYBIND11_MODULE(_pagedc, m) {
+  m.doc() = "pagedc: paged flex attention with JIT-compiled mods (native part)";
+
+  // pagedc::Error (every runtime input check) -> pagedc.Error(ValueError).
+  py::register_exception<Error>(m, "Error", PyExc_ValueError);
+
+  m.def("cuda_codegen_available", &jit::cudaCodeGenAvailable);
+
+  py::class_<Tensor>(m, "Tensor",
+                     "A tensor owned by pagedc (an attention output, a cache's pages); "
+                     "exports DLPack: numpy.from_dlpack(t), torch.from_dlpack(t).")
+      .def_static(
+          "from_dlpack",
+          [](py::object obj) {
+            BorrowedTensor t = borrowTensor(obj, "tensor");
+            // The owner holds the producer's capsule; release it with the GIL.
+            std::shared_ptr<void> owner(new py::object(t.keepAlive), [](void *p) {
+              py::gil_scoped_acquire gil;
+              delete static_cast<py::object *>(p);
+            });
+            return Tensor(t.view, owner);
+          },
+          "Wraps any DLPack tensor without copying.")
+      .def_property_readonly("shape", [](const Tensor &t) { return py::tuple(py::cast(t.shape())); })
+      .def_property_readonly("strides", [](const Tensor &t) { return py::tuple(py::cast(t.strides())); })
+      .def_property_readonly("dtype", &Tensor::dtype)
+      .def_property_readonly("device", &Tensor::device)
+      .def_property_readonly("data_ptr", &Tensor::dataPtr)
+      .def("__dlpack__",
+           [](py::object self, py::kwargs) { return exportDLPack(std::move(self)); })
+      .def("__dlpack_device__",
+           [](const Tensor &t) {
+             return py::make_tuple(t.view().device().kind == DeviceKind::CPU ? 1 : 2,
+                                   t.view().device().index);
+           })
+      .def("__repr__", [](const Tensor &t) {
+        return "pagedc.Tensor(shape=" + t.view().shapeString() + ", dtype=" + t.dtype() +
+               ", device=" + t.device() + ")";
+      });
+
+  py::class_<Mods, std::shared_ptr<Mods>>(m, "Mods")
+      .def_property_readonly("mask_name", [](const Mods &s) { return s.mods.maskName; })
+      .def_property_readonly("score_name", [](const Mods &s) { return s.mods.scoreName; })
+      .def_property_readonly("buffers", &bufferDecls)
+      .def_property_readonly("params", &paramDecls)
+      .def_property_readonly("has_cuda", [](const Mods &s) { return !s.mods.cuda.empty(); })
+      .def_property_readonly("cuda_source", [](const Mods &s) { return s.mods.cuda.modCode; });
+
+  py::class_<CompileResult>(m, "CompileResult")
+      .def_readonly("mods", &CompileResult::mods)
+      .def_readonly("diagnostics", &CompileResult::diagnostics)
+      .def_readonly("error", &CompileResult::error);
+  m.def("compile_source", &compileSource, py::arg("file_name"), py::arg("source"),
+        py::arg("mask"), py::arg("score"), py::arg("defines"), py::arg("with_cuda"));
+  m.def("list_mods", &listMods);
+
+  py::class_<PagedKVCache, std::shared_ptr<PagedKVCache>>(m, "KVCache")
+      .def(py::init(&makeCache), py::arg("n_pages"), py::arg("page_size"),
+           py::arg("max_batch_size"), py::arg("heads"), py::arg("head_dim"),
+           py::arg("value_head_dim"), py::arg("dtype"))
+      .def_property_readonly("n_pages", &PagedKVCache::numPages)
+      .def_property_readonly("page_size", &PagedKVCache::pageSize)
+      .def_property_readonly("max_batch_size", &PagedKVCache::maxBatch)
+      .def_property_readonly("heads", &PagedKVCache::heads)
+      .def_property_readonly("head_dim", &PagedKVCache::headDim)
+      .def_property_readonly("value_head_dim", &PagedKVCache::valueHeadDim)
+      .def_property_readonly("dtype", [](const PagedKVCache &c) { return dtypeName(c.dtype()); })
+      .def("reserve", &PagedKVCache::reserve, py::arg("slot"), py::arg("seq_len"))
+      .def("erase", &PagedKVCache::erase, py::arg("slot"))
+      .def("fork", py::overload_cast<int64_t, int64_t, int64_t>(&PagedKVCache::fork),
+           py::arg("src"), py::arg("dst"), py::arg("length"))
+      .def("capacity", &PagedKVCache::capacity, py::arg("slot"))
+      .def_property_readonly("free_page_count", &PagedKVCache::freePageCount)
+      .def_property_readonly("free_pages", [](const PagedKVCache &c) { return toList(c.freePages()); })
+      .def("page_table_row", [](const PagedKVCache &c, int64_t slot) { return toList(c.pageTable(slot)); })
+      .def("dense_page_table",
+           [](const PagedKVCache &c, std::vector<int64_t> slots, int64_t columns) {
+             std::vector<int32_t> s = int32List(slots, "slots");
+             std::vector<int32_t> table = c.densePageTable(s, columns);
+             int64_t cols = s.empty() ? 0 : static_cast<int64_t>(table.size() / s.size());
+             return int32Tensor(table, {static_cast<int64_t>(s.size()), cols});
+           })
+      .def("physical_to_logical", &PagedKVCache::physicalToLogical)
+      .def("page_ref_count", &PagedKVCache::pageRefCount)
+      .def("assign",
+           [](PagedKVCache &c, py::handle batchIdx, py::handle inputPos, py::handle k,
+              py::handle v) {
+             BorrowedTensor b = borrowTensor(batchIdx, "batch_idx");
+             BorrowedTensor p = borrowTensor(inputPos, "input_pos");
+             BorrowedTensor kk = borrowTensor(k, "k_val");
+             BorrowedTensor vv = borrowTensor(v, "v_val");
+             py::gil_scoped_release release;
+             c.assign(b.view, p.view, kk.view, vv.view);
+           })
+      .def("k_cache",
+           [](std::shared_ptr<PagedKVCache> c) { return Tensor(c->kCache(), c); })
+      .def("v_cache",
+           [](std::shared_ptr<PagedKVCache> c) { return Tensor(c->vCache(), c); });
+
+  py::class_<BlockMask, std::shared_ptr<BlockMask>>(m, "BlockMask")
+      .def_readonly("batch", &BlockMask::batch)
+      .def_readonly("heads", &BlockMask::heads)
+      .def_readonly("q_length", &BlockMask::qLength)
+      .def_readonly("kv_length", &BlockMask::kvLength)
+      .def_readonly("q_block_size", &BlockMask::qBlockSize)
+      .def_readonly("kv_block_size", &BlockMask::kvBlockSize)
+      .def_readonly("first_q_block", &BlockMask::firstQBlock)
+      .def_readonly("num_q_blocks", &BlockMask::numQBlocks)
+      .def_readonly("max_kv_blocks", &BlockMask::maxKvBlocks)
+      .def_readonly("physical_indices", &BlockMask::physicalIndices)
+      .def("kv_num_blocks", [](const BlockMask &b) {
+        return int32Tensor(b.kvNumBlocks, {b.batch, b.heads, b.numQBlocks});
+      })
+      .def("kv_indices", [](const BlockMask &b) {
+        return int32Tensor(b.kvIndices, {b.batch, b.heads, b.numQBlocks, b.maxKvBlocks});
+      })
+      .def("full_kv_num_blocks", [](const BlockMask &b) -> py::object {
+        if (b.fullKvNumBlocks.empty())
+          return py::none();
+        return py::cast(int32Tensor(b.fullKvNumBlocks, {b.batch, b.heads, b.numQBlocks}));
+      })
+      .def("full_kv_indices", [](const BlockMask &b) -> py::object {
+        if (b.fullKvNumBlocks.empty())
+          return py::none();
+        return py::cast(
+            int32Tensor(b.fullKvIndices, {b.batch, b.heads, b.numQBlocks, b.maxKvBlocks}));
+      })
+      .def("dense_blocks", [](const BlockMask &b) {
+        std::vector<uint8_t> dense = toDenseBlocks(b);
+        HostTensor t(DType::U8, {b.batch, b.heads, b.numQBlocks, b.numKvBlocks()});
+        std::memcpy(t.data(), dense.data(), dense.size());
+        return Tensor(std::move(t));
+      })
+      .def("to_dense", [](const BlockMask &b, std::shared_ptr<Mods> mods, py::dict buffers,
+                          py::dict params) {
+        std::vector<uint8_t> dense;
+        if (mods) {
+          std::vector<BorrowedTensor> keep;
+          Bindings bindings = makeBindings(*mods, buffers, params, keep);
+          ResolvedBindings resolved = resolveBindings(mods->mods, bindings, Device::cpu());
+          dense = toDense(b, &mods->mods, &resolved.context());
+        } else {
+          dense = toDense(b);
+        }
+        HostTensor t(DType::U8, {b.batch, b.heads, b.qLength, b.kvLength});
+        std::memcpy(t.data(), dense.data(), dense.size());
+        return Tensor(std::move(t));
+      });
+
+  m.def("create_block_mask", &createMask);
+  m.def("block_mask_from_kv_blocks", &maskFromKvBlocks);
+
+  m.def(
+      "convert_logical_block_mask",
+      [](const PagedKVCache &cache, const BlockMask &mask, std::vector<int64_t> batchIdx,
+         std::vector<int64_t> kvLength) {
+        PhysicalBlockMask physical = convertLogicalBlockMask(
+            cache, mask, int32List(batchIdx, "batch_idx"), int32List(kvLength, "kv_len"));
+        auto converted = std::make_shared<BlockMask>(std::move(physical.mask));
+        bool pages = physical.indexSpace == PhysicalBlockMask::IndexSpace::PhysicalPages;
+        int64_t rows = static_cast<int64_t>(physical.slots.size());
+        return py::make_tuple(converted, pages,
+                              int32Tensor(physical.pageTable, {rows, physical.pageTableStride}));
+      });
+
+  m.def("flex_attention", &attention);
+}
