@@ -520,6 +520,7 @@ PYBIND11_MODULE(_pagedc, m) {
       });
 
   py::class_<Mods, std::shared_ptr<Mods>>(m, "Mods")
+      .def(py::init<>(), "No mods: plain softmax attention.")
       .def_property_readonly("mask_name", [](const Mods &s) { return s.mods.maskName; })
       .def_property_readonly("score_name", [](const Mods &s) { return s.mods.scoreName; })
       .def_property_readonly("buffers", &bufferDecls)

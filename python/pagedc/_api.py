@@ -1,0 +1,638 @@
+"""The user-facing API over the native module (pagedc._pagedc).
+
+Everything here is argument handling and conversion; the work (compiling,
+cache operations, block masks, attention) is the C++ runtime's.
+"""
+from __future__ import annotations
+
+import math
+import os
+import re
+from pathlib import Path
+from typing import Any, Mapping, Optional, Sequence, Union
+
+import numpy as np
+
+from . import _pagedc as _C
+
+Error = _C.Error
+Tensor = _C.Tensor
+
+
+class CompileError(Exception):
+    """A .attn program did not compile.
+
+    Attributes: ``file``, ``line``, ``column`` (1-based) and ``message`` of the
+    first error, ``source_line`` (the offending line) and ``caret`` (the marker
+    line under it), and ``diagnostics``: the compiler's whole report, every
+    error in clang's file:line:col form. The location attributes are None when
+    the error has no place in the source (e.g. a mod name that does not exist).
+    """
+
+    def __init__(self, message: str, diagnostics: str = "", file=None, line=None,
+                 column=None, source_line=None, caret=None):
+        super().__init__(diagnostics.rstrip() if diagnostics.strip() else message)
+        self.message = message
+        self.diagnostics = diagnostics
+        self.file = file
+        self.line = line
+        self.column = column
+        self.source_line = source_line
+        self.caret = caret
+
+
+_LOCATED = re.compile(r"^(.*?):(\d+):(\d+): error: (.*)$")
+
+
+def _compile_error(diagnostics: str, error: str) -> CompileError:
+    lines = diagnostics.splitlines()
+    for i, text in enumerate(lines):
+        m = _LOCATED.match(text)
+        if m:
+            source_line = lines[i + 1] if i + 1 < len(lines) else None
+            caret = lines[i + 2] if i + 2 < len(lines) else None
+            return CompileError(m.group(4), diagnostics, m.group(1), int(m.group(2)),
+                                int(m.group(3)), source_line, caret)
+    return CompileError(error or diagnostics.strip() or "compilation failed", diagnostics)
+
+
+def _define_text(name: str, value: Any) -> str:
+    if isinstance(value, bool) or not isinstance(value, (int, float, str)):
+        raise ValueError(f"defines['{name}']: expected an int or a float, got {value!r}")
+    if isinstance(value, float):
+        if math.isnan(value):
+            raise ValueError(f"defines['{name}']: NaN is not a constant value")
+        if math.isinf(value):
+            return "inf" if value > 0 else "-inf"
+        return repr(value)
+    return str(value)
+
+
+class CompiledMods:
+    """The mods of one .attn program, compiled for the CPU JIT (and the CUDA
+    mod code when asked): what ``flex_attention`` and ``create_block_mask``
+    take as ``mods``.
+
+    ``source`` is the program text, ``mask`` / ``score`` the selected mod
+    names (None when absent), ``buffer_decls`` / ``param_decls`` the program's
+    declarations as (name, type, dims-or-default) tuples.
+    """
+
+    #: Buffers bound on every call (``from_torch`` fills it with the tensors
+    #: the traced functions captured); explicit ``buffers=`` entries win.
+    bound_buffers: dict
+
+    def __init__(self, native, source: str, file_name: str):
+        self._native = native
+        self.source = source
+        self.file_name = file_name
+        self.bound_buffers = {}
+
+    @property
+    def mask(self) -> Optional[str]:
+        return self._native.mask_name or None
+
+    @property
+    def score(self) -> Optional[str]:
+        return self._native.score_name or None
+
+    @property
+    def buffer_decls(self):
+        return [tuple(d) for d in self._native.buffers]
+
+    @property
+    def param_decls(self):
+        return [tuple(d) for d in self._native.params]
+
+    @property
+    def has_cuda(self) -> bool:
+        return self._native.has_cuda
+
+    def _bindings(self, buffers: Optional[Mapping], params: Optional[Mapping]):
+        merged = {name: _bindable(value) for name, value in self.bound_buffers.items()}
+        for name, value in (buffers or {}).items():
+            merged[name] = value
+        return merged, dict(params or {})
+
+    def __repr__(self):
+        return f"pagedc.CompiledMods(mask={self.mask!r}, score={self.score!r})"
+
+
+def _bindable(value):
+    """A captured tensor as the runtime can read it (float64 -> float32)."""
+    if isinstance(value, np.ndarray):
+        if value.dtype == np.float64:
+            return np.ascontiguousarray(value, dtype=np.float32)
+        return value
+    dtype = getattr(value, "dtype", None)
+    if dtype is not None and str(dtype) == "torch.float64":
+        return value.float()
+    return value
+
+
+_NO_MODS = None
+
+
+def _native_mods(mods):
+    global _NO_MODS
+    if mods is None:
+        if _NO_MODS is None:
+            _NO_MODS = CompiledMods(_C.Mods(), "", "<none>")
+        return _NO_MODS
+    if isinstance(mods, CompiledMods):
+        return mods
+    if callable(mods):
+        raise ValueError("mods: got a Python function; compile it first with "
+                         "pagedc.from_torch(mask_mod=..., score_mod=...)")
+    raise ValueError(f"mods: expected pagedc.CompiledMods, got {type(mods).__name__}")
+
+
+def compile(source: Union[str, os.PathLike], mask: Optional[str] = None,
+            score: Optional[str] = None, defines: Optional[Mapping[str, Any]] = None,
+            cuda: bool = False) -> CompiledMods:
+    """Compiles mods of a .attn program.
+
+    ``source`` is the program text (a ``str``) or a file (a ``pathlib.Path``,
+    or a ``str`` naming an existing ``*.attn`` file). ``mask`` / ``score`` name
+    the mods to select; when both are None, the program's only mask mod and
+    only score mod are selected (a ``ValueError`` asks for names when there
+    are several of a kind). ``defines`` overrides constants (``-D``).
+    ``cuda=True`` also generates the CUDA mod code (builds with the CUDA code
+    generator only). Raises ``CompileError`` with the compiler's located
+    diagnostics. The GIL is released while compiling.
+    """
+    file_name = "<string>"
+    if isinstance(source, os.PathLike) or (
+            isinstance(source, str) and "\n" not in source and source.endswith(".attn")
+            and os.path.isfile(source)):
+        path = Path(source)
+        try:
+            text = path.read_text()
+        except (OSError, UnicodeDecodeError) as e:
+            raise ValueError(f"source: cannot read '{path}': {e}") from None
+        file_name = str(path)
+    elif isinstance(source, str):
+        text = source
+    else:
+        raise ValueError(f"source: expected .attn text or a path, got {type(source).__name__}")
+    define_list = [(str(k), _define_text(str(k), v)) for k, v in (defines or {}).items()]
+    if cuda and not _C.cuda_codegen_available():
+        raise ValueError("cuda=True: this build has no CUDA code generator")
+    if mask is None and score is None:
+        listed, diagnostics, error = _C.list_mods(file_name, text, define_list)
+        if listed is None:
+            raise _compile_error(diagnostics, error)
+        masks = [n for n, kind in listed if kind == "mask"]
+        scores = [n for n, kind in listed if kind == "score"]
+        for kind, names in (("mask", masks), ("score", scores)):
+            if len(names) > 1:
+                raise ValueError(f"the program has {len(names)} {kind} mods ({', '.join(names)});"
+                                 f" select one with {kind}=NAME")
+        mask = masks[0] if masks else None
+        score = scores[0] if scores else None
+    result = _C.compile_source(file_name, text, mask or "", score or "", define_list, bool(cuda))
+    if result.mods is None:
+        raise _compile_error(result.diagnostics, result.error)
+    return CompiledMods(result.mods, text, file_name)
+
+
+# ---------------------------------------------------------------------------
+# Tensors
+# ---------------------------------------------------------------------------
+
+def _framework_of(obj) -> str:
+    if isinstance(obj, np.ndarray):
+        return "numpy"
+    if type(obj).__module__.startswith("torch"):
+        return "torch"
+    return "pagedc"
+
+
+def _to_framework(tensor, framework: str):
+    if tensor is None or not isinstance(tensor, _C.Tensor):
+        return tensor
+    if framework == "numpy":
+        return np.from_dlpack(tensor)
+    if framework == "torch":
+        import torch
+        return torch.from_dlpack(tensor)
+    return tensor
+
+
+def _int_list(value, argument: str, length: int) -> list:
+    """An int, or a sequence / 1-D tensor of `length` ints, as a list."""
+    if isinstance(value, (bool, np.bool_)):
+        raise ValueError(f"{argument}: expected an int or {length} ints, got a bool")
+    if isinstance(value, (int, np.integer)):
+        return [int(value)] * length
+    try:
+        arr = np.asarray(value.cpu() if hasattr(value, "cpu") else value)
+    except Exception:  # noqa: BLE001
+        raise ValueError(f"{argument}: expected an int or {length} ints") from None
+    if arr.ndim == 0 and np.issubdtype(arr.dtype, np.integer):
+        return [int(arr)] * length
+    if arr.ndim != 1 or arr.shape[0] != length or not (
+            arr.size == 0 or np.issubdtype(arr.dtype, np.integer)):
+        raise ValueError(f"{argument}: expected an int or {length} ints, got shape "
+                         f"{tuple(arr.shape)} of {arr.dtype}")
+    return [int(x) for x in arr]
+
+
+# ---------------------------------------------------------------------------
+# PagedKVCache
+# ---------------------------------------------------------------------------
+
+class PagedKVCache:
+    """A paged K/V cache with PyTorch PagedAttention's vocabulary.
+
+    K is stored as ``[heads, n_pages, page_size, head_dim]`` and V as
+    ``[..., value_head_dim]`` (``k_cache`` / ``v_cache``: zero-copy NumPy
+    views). ``reserve`` / ``erase`` / ``assign`` / ``fork`` follow the seed's
+    allocation exactly; every operation checks all of its input first and a
+    failed one changes nothing (``pagedc.Error``, a ``ValueError``).
+
+    The cache also tracks each slot's *length* (one past the highest position
+    ``assign`` wrote; ``fork`` copies it, ``erase`` zeroes it): the default
+    ``kv_length`` of ``flex_attention``.
+    """
+
+    def __init__(self, n_pages: int, page_size: int, max_batch_size: int, heads: int,
+                 head_dim: int, value_head_dim: Optional[int] = None, dtype: str = "f32"):
+        dtype = {"float32": "f32", "float16": "f16", "bfloat16": "bf16"}.get(
+            str(dtype).replace("torch.", ""), str(dtype))
+        self._native = _C.KVCache(n_pages, page_size, max_batch_size, heads, head_dim,
+                                  -1 if value_head_dim is None else value_head_dim, dtype)
+        self._lengths = [0] * int(max_batch_size)
+
+    # Configuration -------------------------------------------------------
+    n_pages = property(lambda self: self._native.n_pages)
+    page_size = property(lambda self: self._native.page_size)
+    max_batch_size = property(lambda self: self._native.max_batch_size)
+    heads = property(lambda self: self._native.heads)
+    head_dim = property(lambda self: self._native.head_dim)
+    value_head_dim = property(lambda self: self._native.value_head_dim)
+    dtype = property(lambda self: self._native.dtype)
+
+    @property
+    def k_cache(self):
+        """The K storage [heads, n_pages, page_size, head_dim], zero-copy."""
+        return np.from_dlpack(self._native.k_cache()) if self.dtype in ("f32", "f16") \
+            else self._native.k_cache()
+
+    @property
+    def v_cache(self):
+        return np.from_dlpack(self._native.v_cache()) if self.dtype in ("f32", "f16") \
+            else self._native.v_cache()
+
+    # Allocation ----------------------------------------------------------
+    def _slots(self, batch_idx, argument="batch_idx") -> list:
+        if isinstance(batch_idx, (int, np.integer)) and not isinstance(batch_idx, bool):
+            slots = [int(batch_idx)]
+        else:
+            arr = np.asarray(batch_idx.cpu() if hasattr(batch_idx, "cpu") else batch_idx)
+            if arr.ndim > 1 or (arr.size and not np.issubdtype(arr.dtype, np.integer)):
+                raise ValueError(f"{argument}: expected an int or a 1-D sequence of ints")
+            slots = [int(x) for x in arr.reshape(-1)]
+        for s in slots:
+            if s < 0 or s >= self.max_batch_size:
+                raise ValueError(f"{argument}: slot {s} is out of range [0, "
+                                 f"{self.max_batch_size})")
+        return slots
+
+    def reserve(self, batch_idx, seq_len) -> None:
+        """Grows each slot of ``batch_idx`` to hold ``seq_len`` tokens (int or
+        one per slot). All or nothing: when the pages do not suffice for the
+        whole batch nothing is reserved."""
+        slots = self._slots(batch_idx)
+        lengths = _int_list(seq_len, "seq_len", len(slots))
+        capacity = {s: self._native.capacity(s) for s in slots}
+        needed = 0
+        ps = self.page_size
+        for s, n in zip(slots, lengths):
+            if n < 0:
+                raise ValueError(f"seq_len: {n} is negative")
+            if n > capacity[s]:
+                pages = -(-(n - capacity[s]) // ps)
+                needed += pages
+                capacity[s] += pages * ps
+        if needed > self._native.free_page_count:
+            raise Error(f"requested {needed} pages but there are only "
+                        f"{self._native.free_page_count} empty pages")
+        for s, n in zip(slots, lengths):
+            self._native.reserve(s, n)
+
+    def erase(self, batch_idx) -> None:
+        """Releases every page of the slots (shared pages drop a reference)."""
+        for s in self._slots(batch_idx):
+            self._native.erase(s)
+            self._lengths[s] = 0
+
+    def assign(self, batch_idx, input_pos, k_val, v_val) -> None:
+        """Writes ``k_val`` [B, H, S, D] / ``v_val`` [B, H, S, Dv] for slots
+        ``batch_idx`` [B] at positions ``input_pos`` [B, S] (copy-on-write on
+        shared pages). The GIL is released while copying."""
+        slots = self._slots(batch_idx)
+        if isinstance(batch_idx, (int, np.integer)):
+            batch_idx = np.asarray([batch_idx], dtype=np.int32)
+        elif not hasattr(batch_idx, "__dlpack__"):
+            batch_idx = np.asarray(batch_idx, dtype=np.int32)
+        if not hasattr(input_pos, "__dlpack__"):
+            input_pos = np.asarray(input_pos, dtype=np.int32)
+        self._native.assign(batch_idx, input_pos, k_val, v_val)
+        pos = np.from_dlpack(input_pos) if not isinstance(input_pos, np.ndarray) else input_pos
+        pos = np.asarray(pos).reshape(len(slots), -1)
+        for b, s in enumerate(slots):
+            if pos.shape[1]:
+                self._lengths[s] = max(self._lengths[s], int(pos[b].max()) + 1)
+
+    def fork(self, src: int, dst: int, length: Optional[int] = None) -> None:
+        """Makes empty slot ``dst`` share the first ``length`` tokens of
+        ``src`` (default: src's length); full pages are shared, a last partial
+        page is copied."""
+        if length is None:
+            length = self._lengths[src] if 0 <= src < len(self._lengths) else 0
+        self._native.fork(int(src), int(dst), int(length))
+        self._lengths[dst] = int(length)
+
+    # Queries ------------------------------------------------------------
+    def capacity(self, slot: int) -> int:
+        return self._native.capacity(slot)
+
+    def seq_len(self, slot: int) -> int:
+        """The slot's length: one past the highest position written."""
+        if not 0 <= slot < len(self._lengths):
+            raise ValueError(f"slot: {slot} is out of range [0, {len(self._lengths)})")
+        return self._lengths[slot]
+
+    @property
+    def free_pages(self) -> list:
+        """The free list (its tail is the next page reserve hands out)."""
+        return self._native.free_pages
+
+    @property
+    def page_table(self) -> np.ndarray:
+        """[max_batch_size, n_pages] int32, -1 padded, as in the seed."""
+        return np.from_dlpack(self._native.dense_page_table(
+            list(range(self.max_batch_size)), self.n_pages))
+
+    def page_table_row(self, slot: int) -> list:
+        return self._native.page_table_row(slot)
+
+    def physical_to_logical(self, slot: int, page: int) -> int:
+        return self._native.physical_to_logical(slot, page)
+
+    def page_ref_count(self, page: int) -> int:
+        return self._native.page_ref_count(page)
+
+    def convert_logical_block_mask(self, block_mask: "BlockMask", batch_idx=None,
+                                   kv_len=None) -> "BlockMask":
+        """The seed's convert_logical_block_mask: with BLOCK_SIZE == page_size
+        the result's indices are physical pages; otherwise they stay logical
+        and ``page_table`` carries the rows to translate with. The result
+        has ``page_table`` and ``physical_indices`` attributes."""
+        if not isinstance(block_mask, BlockMask):
+            raise ValueError("block_mask: expected a pagedc.BlockMask")
+        slots = [] if batch_idx is None else self._slots(batch_idx)
+        lengths = [] if kv_len is None else _int_list(kv_len, "kv_len", len(slots) or
+                                                       block_mask._native.batch)
+        native, pages, table = _C.convert_logical_block_mask(self._native, block_mask._native,
+                                                             slots, lengths)
+        out = BlockMask(native, block_mask._mods, block_mask._buffers, block_mask._params)
+        out.page_table = np.from_dlpack(table)
+        out.physical_indices = pages
+        return out
+
+    def __repr__(self):
+        return (f"pagedc.PagedKVCache(n_pages={self.n_pages}, page_size={self.page_size}, "
+                f"max_batch_size={self.max_batch_size}, heads={self.heads}, "
+                f"head_dim={self.head_dim}, dtype={self.dtype})")
+
+
+# ---------------------------------------------------------------------------
+# Block masks
+# ---------------------------------------------------------------------------
+
+class BlockMask:
+    """FlexAttention's BlockMask: per (batch, head, q block), the partial
+    (``kv_indices``) and full (``full_kv_indices``) kv blocks; indices are
+    logical kv block numbers."""
+
+    def __init__(self, native, mods=None, buffers=None, params=None):
+        self._native = native
+        self._mods = mods
+        self._buffers = buffers or {}
+        self._params = params or {}
+        self.page_table = None
+        self.physical_indices = bool(native.physical_indices)
+
+    kv_num_blocks = property(lambda self: np.from_dlpack(self._native.kv_num_blocks()))
+    kv_indices = property(lambda self: np.from_dlpack(self._native.kv_indices()))
+
+    @property
+    def full_kv_num_blocks(self):
+        t = self._native.full_kv_num_blocks()
+        return None if t is None else np.from_dlpack(t)
+
+    @property
+    def full_kv_indices(self):
+        t = self._native.full_kv_indices()
+        return None if t is None else np.from_dlpack(t)
+
+    @property
+    def BLOCK_SIZE(self):
+        return (self._native.q_block_size, self._native.kv_block_size)
+
+    @property
+    def seq_lengths(self):
+        return (self._native.q_length, self._native.kv_length)
+
+    @property
+    def shape(self):
+        return (self._native.batch, self._native.heads, self._native.q_length,
+                self._native.kv_length)
+
+    @property
+    def first_q_block(self) -> int:
+        return self._native.first_q_block
+
+    def to_dense(self) -> np.ndarray:
+        """The element mask [B, H, Q_LEN, KV_LEN] (bool): full blocks true,
+        partial blocks through the mask mod."""
+        native_mods = self._mods._native if self._mods is not None else None
+        buffers, params = (self._mods._bindings(self._buffers, self._params)
+                           if self._mods is not None else ({}, {}))
+        return np.from_dlpack(self._native.to_dense(native_mods, buffers, params)).astype(bool)
+
+    def to_dense_blocks(self) -> np.ndarray:
+        """Block classes [B, H, q blocks, kv blocks]: 0 skipped, 1 partial, 2 full."""
+        return np.from_dlpack(self._native.dense_blocks())
+
+    def sparsity(self) -> float:
+        """Percentage of blocks skipped."""
+        dense = self.to_dense_blocks()
+        return 100.0 * float((dense == 0).sum()) / max(dense.size, 1)
+
+    @classmethod
+    def from_kv_blocks(cls, kv_num_blocks, kv_indices, full_kv_num_blocks=None,
+                       full_kv_indices=None, BLOCK_SIZE=128, seq_lengths=None) -> "BlockMask":
+        """A mask from block lists (FlexAttention's BlockMask.from_kv_blocks):
+        ``kv_num_blocks`` [B, H, q blocks], ``kv_indices`` [B, H, q blocks,
+        max kv blocks], int32. Every count and index is checked."""
+        q_block, kv_block = (BLOCK_SIZE, BLOCK_SIZE) if isinstance(BLOCK_SIZE, int) \
+            else BLOCK_SIZE
+        num = np.ascontiguousarray(np.asarray(kv_num_blocks), dtype=np.int32)
+        idx = np.ascontiguousarray(np.asarray(kv_indices), dtype=np.int32)
+        if num.ndim != 3 or idx.ndim != 4 or idx.shape[:3] != num.shape:
+            raise ValueError("kv_num_blocks / kv_indices: expected shapes [B, H, Q] and "
+                             f"[B, H, Q, K], got {num.shape} and {idx.shape}")
+        full_num = None if full_kv_num_blocks is None else np.ascontiguousarray(
+            np.asarray(full_kv_num_blocks), dtype=np.int32)
+        full_idx = None if full_kv_indices is None else np.ascontiguousarray(
+            np.asarray(full_kv_indices), dtype=np.int32)
+        if (full_num is None) != (full_idx is None):
+            raise ValueError("full_kv_num_blocks / full_kv_indices: give both or neither")
+        if full_idx is not None and full_idx.shape != idx.shape:
+            raise ValueError(f"full_kv_indices: shape {full_idx.shape} differs from "
+                             f"kv_indices' {idx.shape}")
+        if seq_lengths is None:
+            seq_lengths = (num.shape[2] * q_block, idx.shape[3] * kv_block)
+        native = _C.block_mask_from_kv_blocks(num, idx, full_num, full_idx, num.shape[0],
+                                              num.shape[1], idx.shape[3], int(seq_lengths[0]),
+                                              int(seq_lengths[1]), int(q_block), int(kv_block))
+        return cls(native)
+
+    def __repr__(self):
+        return (f"pagedc.BlockMask(shape={self.shape}, BLOCK_SIZE={self.BLOCK_SIZE}, "
+                f"sparsity={self.sparsity():.2f}%)")
+
+
+def create_block_mask(mask_mod, B: Optional[int], H: Optional[int], Q_LEN: int, KV_LEN: int,
+                      device: str = "cpu", BLOCK_SIZE=128, *, buffers=None, params=None,
+                      q_begin: int = 0) -> BlockMask:
+    """FlexAttention's create_block_mask. ``mask_mod`` is compiled mods
+    (``pagedc.compile`` / ``pagedc.from_torch``) or a Python mask_mod, which is
+    traced with ``from_torch``. ``B`` / ``H`` None broadcast (extent 1).
+    ``q_begin`` > 0 builds only the rows from that query position on (a decode
+    step's mask). The GIL is released while building."""
+    if device not in ("cpu", None) and not str(device).startswith("cpu"):
+        raise ValueError(f"device: block masks are built on the host; got '{device}'")
+    if not isinstance(mask_mod, CompiledMods) and callable(mask_mod):
+        from ._tracer import from_torch
+        mask_mod = from_torch(mask_mod=mask_mod)
+    mods = _native_mods(mask_mod)
+    q_block, kv_block = (BLOCK_SIZE, BLOCK_SIZE) if isinstance(BLOCK_SIZE, int) else BLOCK_SIZE
+    merged, params = mods._bindings(buffers, params)
+    native = _C.create_block_mask(mods._native, merged, params, 1 if B is None else int(B),
+                                  1 if H is None else int(H), int(q_begin), int(Q_LEN),
+                                  int(KV_LEN), int(q_block), int(kv_block))
+    return BlockMask(native, mods, buffers, params)
+
+
+# ---------------------------------------------------------------------------
+# flex_attention
+# ---------------------------------------------------------------------------
+
+def _contiguous_cache(k, v) -> tuple:
+    """k [B, H, S, D] / v [B, H, S, Dv] copied into a fresh cache."""
+    kt = _C.Tensor.from_dlpack(k) if not isinstance(k, _C.Tensor) else k
+    vt = _C.Tensor.from_dlpack(v) if not isinstance(v, _C.Tensor) else v
+    if len(kt.shape) != 4:
+        raise ValueError(f"k: expected [B, H, S, D], got shape {list(kt.shape)}")
+    if len(vt.shape) != 4:
+        raise ValueError(f"v: expected [B, H, S, Dv], got shape {list(vt.shape)}")
+    b, h, s, d = kt.shape
+    if vt.shape[:3] != (b, h, s):
+        raise ValueError(f"v: shape {list(vt.shape)} does not match k's {list(kt.shape)} in "
+                         "batch, heads and length")
+    if kt.dtype != vt.dtype:
+        raise ValueError(f"v: dtype {vt.dtype} differs from k's {kt.dtype}")
+    if kt.dtype not in ("f32", "f16", "bf16"):
+        raise ValueError(f"k: expected float32, float16 or bfloat16, got {kt.dtype}")
+    page = 1
+    while page < min(max(s, 1), 1024):
+        page *= 2
+    pages = max(b * -(-s // page), 1)
+    cache = PagedKVCache(pages, page, max(b, 1), h, d, vt.shape[3], kt.dtype)
+    if s > 0 and b > 0:
+        cache.reserve(list(range(b)), s)
+        pos = np.broadcast_to(np.arange(s, dtype=np.int32), (b, s)).copy()
+        cache.assign(np.arange(b, dtype=np.int32), pos, kt, vt)
+    return cache, s
+
+
+def flex_attention(q, cache_or_k, v=None, block_mask: Optional[BlockMask] = None, mods=None,
+                   buffers: Optional[Mapping] = None, params: Optional[Mapping] = None,
+                   scale: Optional[float] = None, enable_gqa: bool = False,
+                   return_lse: bool = False, q_offset=None, *, kv_length=None, batch_idx=None,
+                   out=None, threads: int = 0):
+    """softmax(score_mod(scale * q.k) masked) . v, as torch's flex_attention.
+
+    ``q`` [B, Hq, L, D]. ``cache_or_k`` is a ``PagedKVCache`` (``v`` None;
+    batch entry b reads slot ``batch_idx[b]``, default b, up to
+    ``kv_length[b]``, default the slot's length) or a key tensor
+    [B, Hkv, S, D] with ``v`` [B, Hkv, S, Dv] (copied into a temporary
+    cache). ``q_offset`` (int, one per batch entry, or ``"end"`` =
+    kv_length - L; default 0) is the position of q's first row: a decode step
+    passes ``"end"``. ``mods`` are compiled mods (``compile`` /
+    ``from_torch``), ``buffers`` / ``params`` their launch values. Hq != Hkv
+    needs ``enable_gqa=True``. Returns ``out`` [B, Hq, L, Dv] (and ``lse``
+    [B, Hq, L] float32 with ``return_lse``), as NumPy arrays for NumPy input,
+    torch tensors for torch input, zero-copy. The GIL is released while the
+    attention runs. Bad input raises ``ValueError`` (``pagedc.Error``) and
+    writes nothing.
+    """
+    framework = _framework_of(q)
+    mods = _native_mods(mods)
+    if isinstance(cache_or_k, PagedKVCache):
+        if v is not None:
+            raise ValueError("v: must be None when cache_or_k is a PagedKVCache")
+        cache = cache_or_k
+        default_length = None
+    else:
+        if v is None:
+            raise ValueError("v: required when cache_or_k is a key tensor")
+        cache, default_length = _contiguous_cache(cache_or_k, v)
+    if not hasattr(q, "__dlpack__"):
+        raise ValueError(f"q: expected a tensor with __dlpack__, got {type(q).__name__}")
+    q_shape = tuple(q.shape)
+    if len(q_shape) != 4:
+        raise ValueError(f"q: expected [B, Hq, L, D], got shape {list(q_shape)}")
+    batch, q_heads, q_len = int(q_shape[0]), int(q_shape[1]), int(q_shape[2])
+    if q_heads != cache.heads and not enable_gqa:
+        raise ValueError(f"q: {q_heads} heads but the keys have {cache.heads}; pass "
+                         "enable_gqa=True for grouped-query attention")
+    if batch_idx is None:
+        slots = list(range(batch))
+    else:
+        slots = cache._slots(batch_idx)
+        if len(slots) != batch:
+            raise ValueError(f"batch_idx: {len(slots)} slots for a batch of {batch}")
+    if kv_length is None:
+        lengths = [default_length if default_length is not None else cache.seq_len(s)
+                   for s in slots]
+    else:
+        lengths = _int_list(kv_length, "kv_length", batch)
+    if q_offset is None:
+        offsets = [0] * batch
+    elif isinstance(q_offset, str):
+        if q_offset != "end":
+            raise ValueError(f"q_offset: expected an int, ints or 'end', got '{q_offset}'")
+        offsets = [n - q_len for n in lengths]
+        for b, o in enumerate(offsets):
+            if o < 0:
+                raise ValueError(f"q_offset='end': batch entry {b} has {q_len} query rows but "
+                                 f"kv_length {lengths[b]}")
+    else:
+        offsets = _int_list(q_offset, "q_offset", batch)
+    if block_mask is not None and not isinstance(block_mask, BlockMask):
+        raise ValueError("block_mask: expected a pagedc.BlockMask (create_block_mask)")
+    merged, params = mods._bindings(buffers, params)
+    result, lse = _C.flex_attention(q, cache._native,
+                                    None if block_mask is None else block_mask._native,
+                                    mods._native, merged, params, slots, lengths, offsets,
+                                    None if scale is None else float(scale), bool(return_lse),
+                                    out, None, int(threads))
+    result = _to_framework(result, framework)
+    if return_lse:
+        return result, _to_framework(lse, framework)
+    return result
