@@ -389,7 +389,19 @@ class Proxy:
 
     __slots__ = ("_code", "_type", "_trace_ref")
     __array_priority__ = 10000  # NumPy scalars on the left defer to us
-    __array_ufunc__ = None
+
+    def __array_ufunc__(self, ufunc, method, *inputs, **kwargs):
+        # NumPy ufuncs (np.tanh(x), np.where's operands, numpy scalar + x).
+        handler = _NUMPY_UFUNCS.get(ufunc.__name__) if method == "__call__" else None
+        if handler is None or kwargs:
+            _fail(f"numpy.{ufunc.__name__}" + ("" if method == "__call__" else f".{method}"))
+        return handler(*inputs)
+
+    def __array_function__(self, func, types_, args, kwargs):
+        handler = _NUMPY_FUNCTIONS.get(func.__name__)
+        if handler is None:
+            _fail(f"numpy.{func.__name__}")
+        return handler(*args, **kwargs)
 
     def __init__(self, code: str, typ: str, trace: _Trace):
         self._code = code
@@ -564,6 +576,30 @@ _TORCH_FUNCTIONS = {
     "new_ones": lambda x, *a, **k: Proxy.new_ones(x, *a, **k),
     "new_zeros": lambda x, *a, **k: Proxy.new_zeros(x, *a, **k),
 }
+_NUMPY_UFUNCS = {
+    "add": lambda a, b: _arith("+", a, b), "subtract": lambda a, b: _arith("-", a, b),
+    "multiply": lambda a, b: _arith("*", a, b), "true_divide": lambda a, b: _arith("/", a, b),
+    "divide": lambda a, b: _arith("/", a, b), "floor_divide": lambda a, b: _arith("//", a, b),
+    "remainder": lambda a, b: _arith("%", a, b), "power": lambda a, b: _arith("**", a, b),
+    "negative": lambda x: -x, "absolute": _same_type("abs"), "invert": lambda x: ~x,
+    "less": lambda a, b: _compare("<", a, b), "less_equal": lambda a, b: _compare("<=", a, b),
+    "greater": lambda a, b: _compare(">", a, b),
+    "greater_equal": lambda a, b: _compare(">=", a, b),
+    "equal": lambda a, b: _compare("==", a, b), "not_equal": lambda a, b: _compare("!=", a, b),
+    "bitwise_and": lambda a, b: _bitwise("&", a, b), "bitwise_or": lambda a, b: _bitwise("|", a, b),
+    "bitwise_xor": lambda a, b: _bitwise("^", a, b),
+    "logical_and": lambda a, b: _bitwise("&", _to_bool(a), _to_bool(b)),
+    "logical_or": lambda a, b: _bitwise("|", _to_bool(a), _to_bool(b)),
+    "logical_not": _logical_not,
+    "minimum": lambda a, b: _call("min", a, b), "maximum": lambda a, b: _call("max", a, b),
+    "exp": _unary_float("exp"), "exp2": _unary_float("exp2"), "log": _unary_float("log"),
+    "log2": _unary_float("log2"), "sqrt": _unary_float("sqrt"), "sin": _unary_float("sin"),
+    "cos": _unary_float("cos"), "tan": _unary_float("tan"), "tanh": _unary_float("tanh"),
+    "floor": _same_type("floor"), "ceil": _same_type("ceil"), "rint": _same_type("round"),
+}
+_NUMPY_FUNCTIONS = {"where": _where, "clip": lambda x, a_min=None, a_max=None: _clamp(x, a_min,
+                                                                                       a_max)}
+
 for _dunder, _op in (("add", "+"), ("sub", "-"), ("mul", "*"), ("truediv", "/"),
                      ("floordiv", "//"), ("mod", "%"), ("pow", "**")):
     _TORCH_FUNCTIONS[f"__{_dunder}__"] = (lambda op: lambda a, b: _arith(op, a, b))(_op)
