@@ -19,7 +19,8 @@
 //     // one field per runtime param, in declaration order:
 //     //   float (f32) | int32_t (i32) | bool (bool)
 //     // then one group per buffer, in declaration order:
-//     //   const T *NAME; int64_t NAME_stride[RANK];
+//     //   const T *NAME; int64_t NAME_stride[RANK]; int64_t NAME_size[RANK];
+//     // (sizes: the generated reads give 0 for an index outside them)
 //     // T: float, int32_t, bool, pagedc_f16, pagedc_bf16
 //   };
 //   constexpr bool kHasMask = ...;   // false: mask() is never called

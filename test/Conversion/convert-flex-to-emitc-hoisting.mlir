@@ -32,7 +32,8 @@ flex.mod score @scaled(%s: f32, %b: i32, %h: i32, %q: i32, %kv: i32) -> f32 {
 // CHECK-NEXT:    %[[FIELD:.*]] = "emitc.member"(%[[ROW]]) <{member = "r0"}>
 // CHECK-NOT:     emitc.cast %[[Q]]
 // CHECK:         emitc.cast %[[KV]] : i32 to i64
-// CHECK:         %[[OTHER:.*]] = emitc.subscript
+// CHECK:         %[[OTHER:.*]] = emitc.expression : i32 {
+// CHECK:           emitc.call_opaque "flex_load"
 // CHECK:         emitc.cmp eq, %[[FIELD]], %[[OTHER]]
 // CHECK:       emitc.verbatim "struct ScoreRow {};"
 // CHECK-LABEL: emitc.func @score(

@@ -24,7 +24,7 @@ flex.mod mask @unused(%b: i32, %h: i32, %q: i32, %kv: i32) -> i1 {
 }
 
 // CHECK-LABEL: module {
-// CHECK-NEXT:    emitc.verbatim "struct Params {\0A  float cap;\0A  const float* slopes;\0A  int64_t slopes_stride[1];\0A};"
+// CHECK-NEXT:    emitc.verbatim "struct Params {\0A  float cap;\0A  const float* slopes;\0A  int64_t slopes_stride[1];\0A  int64_t slopes_size[1];\0A};"
 // CHECK-NEXT:    emitc.verbatim "constexpr bool kHasMask = true;"
 // CHECK-NEXT:    emitc.verbatim "constexpr bool kHasScore = true;"
 // CHECK-NEXT:    emitc.verbatim "struct MaskRow {};"
@@ -42,15 +42,27 @@ flex.mod mask @unused(%b: i32, %h: i32, %q: i32, %kv: i32) -> i1 {
 // CHECK-NEXT:    emitc.verbatim "struct ScoreRow {\0A  float r0; // flex.buffer_load @slopes\0A};"
 // CHECK-NEXT:    emitc.func @score_row(%[[P:.*]]: !emitc.opaque<"const Params&">, %{{.*}}: i32, %[[H:.*]]: i32, %{{.*}}: i32)
 // CHECK-NEXT:      %[[STRIDES:.*]] = "emitc.member"(%[[P]]) <{member = "slopes_stride"}> : (!emitc.opaque<"const Params&">) -> !emitc.array<1xi64>
+// CHECK-NEXT:      %[[SIZES:.*]] = "emitc.member"(%[[P]]) <{member = "slopes_size"}> : (!emitc.opaque<"const Params&">) -> !emitc.array<1xi64>
+// CHECK-NEXT:      %[[WIDE:.*]] = emitc.expression : i64 {
+// CHECK-NEXT:        %[[CAST:.*]] = emitc.cast %[[H]] : i32 to i64
+// CHECK-NEXT:        emitc.yield %[[CAST]] : i64
+// CHECK-NEXT:      }
 // CHECK-NEXT:      %[[ZERO:.*]] = emitc.literal "0" : !emitc.size_t
+// CHECK-NEXT:      %[[SIZE:.*]] = emitc.subscript %[[SIZES]][%[[ZERO]]]
 // CHECK-NEXT:      %[[STRIDE:.*]] = emitc.subscript %[[STRIDES]][%[[ZERO]]]
+// CHECK-NEXT:      %[[OK:.*]] = emitc.expression : i1 {
+// CHECK-NEXT:        %[[C:.*]] = emitc.call_opaque "flex_index_ok"(%[[WIDE]], %[[SIZE]]) : (i64, i64) -> i1
+// CHECK-NEXT:        emitc.yield %[[C]] : i1
+// CHECK-NEXT:      }
 // CHECK-NEXT:      %[[OFFSET:.*]] = emitc.expression : i64 {
-// CHECK-NEXT:        %[[WIDE:.*]] = emitc.cast %[[H]] : i32 to i64
-// CHECK-NEXT:        %[[MUL:.*]] = emitc.mul %[[WIDE]], %[[STRIDE]] : (i64, i64) -> i64
-// CHECK-NEXT:        emitc.yield %[[MUL]] : i64
+// CHECK-NEXT:        %[[C:.*]] = emitc.call_opaque "flex_index_term"(%[[WIDE]], %[[OK]], %[[STRIDE]]) : (i64, i1, i64) -> i64
+// CHECK-NEXT:        emitc.yield %[[C]] : i64
 // CHECK-NEXT:      }
 // CHECK-NEXT:      %[[DATA:.*]] = "emitc.member"(%[[P]]) <{member = "slopes"}> : (!emitc.opaque<"const Params&">) -> !emitc.ptr<f32>
-// CHECK-NEXT:      %[[SLOPE:.*]] = emitc.subscript %[[DATA]][%[[OFFSET]]] : (!emitc.ptr<f32>, i64) -> f32
+// CHECK-NEXT:      %[[SLOPE:.*]] = emitc.expression : f32 {
+// CHECK-NEXT:        %[[C:.*]] = emitc.call_opaque "flex_load"(%[[DATA]], %[[OK]], %[[OFFSET]]) : (!emitc.ptr<f32>, i1, i64) -> f32
+// CHECK-NEXT:        emitc.yield %[[C]] : f32
+// CHECK-NEXT:      }
 // CHECK-NEXT:      %[[ROW:.*]] = "emitc.variable"() <{value = #emitc.opaque<"{}">}> : () -> !emitc.opaque<"ScoreRow">
 // CHECK-NEXT:      %[[FIELD:.*]] = "emitc.member"(%[[ROW]]) <{member = "r0"}> : (!emitc.opaque<"ScoreRow">) -> f32
 // CHECK-NEXT:      emitc.assign %[[SLOPE]] : f32 to %[[FIELD]] : f32

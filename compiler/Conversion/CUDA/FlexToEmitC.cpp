@@ -43,6 +43,7 @@ namespace {
 struct BufferField {
   std::string dataName;
   std::string strideName;
+  std::string sizeName;
   Type elementType;
   unsigned rank = 0;
 };
@@ -134,10 +135,12 @@ FailureOr<ParamsStruct> buildParamsStruct(ModuleOp module) {
     BufferField field;
     field.dataName = fieldName(buffer.getSymName());
     field.strideName = fieldName((buffer.getSymName() + "_stride").str());
+    field.sizeName = fieldName((buffer.getSymName() + "_size").str());
     field.elementType = buffer.getElementType();
     field.rank = buffer.getRank();
     os << "\n  const " << *type << "* " << field.dataName << ";";
     os << "\n  int64_t " << field.strideName << "[" << field.rank << "];";
+    os << "\n  int64_t " << field.sizeName << "[" << field.rank << "];";
     result.buffers[buffer.getSymName()] = std::move(field);
     empty = false;
   }
@@ -402,8 +405,12 @@ private:
 };
 
 /// flex.buffer_load @buf[i, j] ->
-///   p.buf[(int64_t) i * p.buf_stride[0] + (int64_t) j * p.buf_stride[1]]
-/// with f16 / bf16 elements widened by pagedc::to_float.
+///   ok0 = flex_index_ok((int64_t) i, p.buf_size[0]);
+///   t0 = flex_index_term((int64_t) i, ok0, p.buf_stride[0]);  (same for j)
+///   flex_load(p.buf, ok0 && ok1, t0 + t1)
+/// An index outside [0, size) of its dimension reads 0 without touching
+/// memory (docs/language.md, "Buffer reads"); f16 / bf16 elements are
+/// widened to float by flex_load.
 class BufferLoadLowering : public OpConversionPattern<flex::BufferLoadOp> {
 public:
   BufferLoadLowering(const TypeConverter &converter, MLIRContext *context,
@@ -421,38 +428,47 @@ public:
       return rewriter.notifyMatchFailure(op, "wrong number of indices");
     Location loc = op.getLoc();
     Type i64 = rewriter.getI64Type();
+    Type i1 = rewriter.getI1Type();
     Value params = paramsArgument(op);
-    auto strideArrayType = emitc::ArrayType::get({field.rank}, i64);
-    Value strides = rewriter.create<emitc::MemberOp>(loc, strideArrayType,
+    auto arrayType = emitc::ArrayType::get({field.rank}, i64);
+    Value strides = rewriter.create<emitc::MemberOp>(loc, arrayType,
                                                      field.strideName, params);
+    Value sizes = rewriter.create<emitc::MemberOp>(loc, arrayType,
+                                                   field.sizeName, params);
+    auto call = [&](Type result, StringRef callee, ValueRange operands) {
+      return rewriter
+          .create<emitc::CallOpaqueOp>(loc, TypeRange{result}, callee,
+                                       operands)
+          .getResult(0);
+    };
 
-    Value offset;
+    Value offset, inBounds;
     for (auto [dim, index] : llvm::enumerate(adaptor.getIndices())) {
       Value wide = index;
       if (!index.getType().isInteger(64))
         wide = rewriter.create<emitc::CastOp>(loc, i64, index);
       Value position = rewriter.create<emitc::LiteralOp>(
           loc, emitc::SizeTType::get(getContext()), std::to_string(dim));
+      Value size = rewriter.create<emitc::SubscriptOp>(loc, i64, sizes,
+                                                       ValueRange{position});
       Value stride = rewriter.create<emitc::SubscriptOp>(loc, i64, strides,
                                                          ValueRange{position});
-      Value term = rewriter.create<emitc::MulOp>(loc, i64, wide, stride);
+      Value ok = call(i1, "flex_index_ok", {wide, size});
+      Value term = call(i64, "flex_index_term", {wide, ok, stride});
       offset = offset ? rewriter.create<emitc::AddOp>(loc, i64, offset, term)
                             .getResult()
                       : term;
+      inBounds = inBounds ? rewriter.create<emitc::LogicalAndOp>(loc, i1,
+                                                                 inBounds, ok)
+                                .getResult()
+                          : ok;
     }
 
     Type elementType = emitcElementType(field.elementType);
     Value data = rewriter.create<emitc::MemberOp>(
         loc, emitc::PointerType::get(elementType), field.dataName, params);
-    Value element = rewriter.create<emitc::SubscriptOp>(loc, elementType, data,
-                                                        ValueRange{offset});
-    if (elementType != op.getType())
-      element = rewriter
-                    .create<emitc::CallOpaqueOp>(loc, TypeRange{op.getType()},
-                                                 "pagedc::to_float",
-                                                 ValueRange{element})
-                    .getResult(0);
-    rewriter.replaceOp(op, element);
+    rewriter.replaceOp(op, call(op.getType(), "flex_load",
+                                {data, inBounds, offset}));
     return success();
   }
 

@@ -102,6 +102,29 @@ template <typename Int> __device__ __forceinline__ Int flex_abs(Int a) {
   return a < 0 ? static_cast<Int>(U(0) - static_cast<U>(a)) : a; // abs(MIN) == MIN
 }
 
+/// Buffer reads (docs/language.md, "Buffer reads"): an index outside
+/// [0, size) of its dimension makes the read give 0 without touching memory.
+__device__ __forceinline__ bool flex_index_ok(int64_t index, int64_t size) {
+  return index >= 0 && index < size;
+}
+/// index * stride for an index in range, else 0 (no overflow either way).
+__device__ __forceinline__ int64_t flex_index_term(int64_t index, bool ok,
+                                                   int64_t stride) {
+  return ok ? index * stride : 0;
+}
+template <typename T>
+__device__ __forceinline__ T flex_load(const T *data, bool ok, int64_t offset) {
+  return ok ? data[offset] : T(0);
+}
+__device__ __forceinline__ float flex_load(const pagedc_f16 *data, bool ok,
+                                           int64_t offset) {
+  return ok ? pagedc::to_float(data[offset]) : 0.0f;
+}
+__device__ __forceinline__ float flex_load(const pagedc_bf16 *data, bool ok,
+                                           int64_t offset) {
+  return ok ? pagedc::to_float(data[offset]) : 0.0f;
+}
+
 /// `a << s`: 0 when s < 0 or s >= the width (PyTorch's rule); wraps.
 template <typename Int>
 __device__ __forceinline__ Int flex_shl(Int a, Int s) {

@@ -121,8 +121,8 @@ struct ParamsLayout {
 
   static ParamsLayout forDeclarations(const std::vector<ParamDecl> &params,
                                       const std::vector<BufferDecl> &buffers);
-  /// Packs the bound values (params then, per buffer, the data pointer and
-  /// its first `rank` strides) into `size` bytes. Buffer data pointers must
+  /// Packs the bound values (params then, per buffer, the data pointer, its
+  /// first `rank` strides and its first `rank` sizes) into `size` bytes. Buffer data pointers must
   /// be device addresses; strides are in elements.
   std::vector<unsigned char> pack(const std::vector<ParamDecl> &params,
                                   const std::vector<BufferDecl> &buffers,

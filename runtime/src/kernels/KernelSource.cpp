@@ -269,6 +269,8 @@ ParamsLayout::forDeclarations(const std::vector<ParamDecl> &params,
     place(buffer.name, 8, 8);
     place(buffer.name + "_stride", 8 * static_cast<int64_t>(buffer.dims.size()),
           8);
+    place(buffer.name + "_size", 8 * static_cast<int64_t>(buffer.dims.size()),
+          8);
   }
   // C++ gives an empty struct size 1; otherwise round up to the alignment.
   layout.size = offset == 0 ? 1
@@ -282,7 +284,7 @@ ParamsLayout::pack(const std::vector<ParamDecl> &params,
                    const std::vector<BufferDecl> &buffers,
                    const PagedcModContext &context) const {
   std::vector<unsigned char> bytes(size, 0);
-  if (fields.size() != params.size() + 2 * buffers.size())
+  if (fields.size() != params.size() + 3 * buffers.size())
     throw Error("params layout does not match the declarations it packs");
   std::size_t field = 0;
   for (std::size_t i = 0; i < params.size(); ++i, ++field) {
@@ -297,6 +299,8 @@ ParamsLayout::pack(const std::vector<ParamDecl> &params,
     const PagedcBufferRef &ref = context.buffers[i];
     std::memcpy(bytes.data() + fields[field++].offset, &ref.data, 8);
     std::memcpy(bytes.data() + fields[field++].offset, ref.strides,
+                8 * buffers[i].dims.size());
+    std::memcpy(bytes.data() + fields[field++].offset, ref.sizes,
                 8 * buffers[i].dims.size());
   }
   return bytes;

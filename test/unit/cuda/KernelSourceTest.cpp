@@ -109,24 +109,25 @@ TEST(ParamsLayout, FollowsCLayoutRules) {
   buffers[0].name = "slopes";
   buffers[0].dims.resize(2);
   ParamsLayout layout = ParamsLayout::forDeclarations(params, buffers);
-  ASSERT_EQ(layout.fields.size(), 5u);
+  ASSERT_EQ(layout.fields.size(), 6u);
   EXPECT_EQ(layout.fields[0].offset, 0);  // bool flag
   EXPECT_EQ(layout.fields[1].offset, 4);  // int32 window, aligned to 4
   EXPECT_EQ(layout.fields[2].offset, 8);  // float cap
   EXPECT_EQ(layout.fields[3].offset, 16); // pointer, aligned to 8
   EXPECT_EQ(layout.fields[4].offset, 24); // int64 strides[2]
-  EXPECT_EQ(layout.size, 40);
+  EXPECT_EQ(layout.fields[5].offset, 40); // int64 sizes[2]
+  EXPECT_EQ(layout.size, 56);
   EXPECT_EQ(ParamsLayout::forDeclarations({}, {}).size, 1); // empty struct
 
   float slopesData[4] = {};
-  PagedcBufferRef ref{slopesData, {2, 2, 0, 0}, {2, 1, 0, 0}};
+  PagedcBufferRef ref{slopesData, {3, 2, 0, 0}, {2, 1, 0, 0}};
   PagedcParamSlot slots[3];
   slots[0].i32 = 1;
   slots[1].i32 = 4096;
   slots[2].f32 = 30.0f;
   PagedcModContext context{&ref, slots};
   auto bytes = layout.pack(params, buffers, context);
-  ASSERT_EQ(bytes.size(), 40u);
+  ASSERT_EQ(bytes.size(), 56u);
   EXPECT_EQ(bytes[0], 1);
   int32_t window;
   std::memcpy(&window, bytes.data() + 4, 4);
@@ -141,4 +142,8 @@ TEST(ParamsLayout, FollowsCLayoutRules) {
   std::memcpy(strides, bytes.data() + 24, 16);
   EXPECT_EQ(strides[0], 2);
   EXPECT_EQ(strides[1], 1);
+  int64_t sizes[2];
+  std::memcpy(sizes, bytes.data() + 40, 16);
+  EXPECT_EQ(sizes[0], 3);
+  EXPECT_EQ(sizes[1], 2);
 }

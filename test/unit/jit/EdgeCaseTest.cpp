@@ -16,12 +16,35 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstring>
 #include <cstdint>
 #include <limits>
 #include <string>
 #include <vector>
 
-// The CUDA helpers, compiled for the host.
+// The CUDA helpers, compiled for the host (with the storage types and
+// conversions of templates/Prelude.cuh that they use).
+struct pagedc_f16 {
+  uint16_t bits;
+};
+struct pagedc_bf16 {
+  uint16_t bits;
+};
+namespace pagedc {
+inline float to_float(pagedc_bf16 v) {
+  uint32_t bits = uint32_t(v.bits) << 16;
+  float out;
+  std::memcpy(&out, &bits, 4);
+  return out;
+}
+inline float to_float(pagedc_f16 v) {
+  int exponent = (v.bits >> 10) & 31, mantissa = v.bits & 1023;
+  float magnitude = exponent == 0    ? std::ldexp(float(mantissa), -24)
+                    : exponent == 31 ? (mantissa ? NAN : INFINITY)
+                                     : std::ldexp(float(1024 + mantissa), exponent - 25);
+  return (v.bits & 0x8000) ? -magnitude : magnitude;
+}
+} // namespace pagedc
 #define __device__
 #define __forceinline__ inline
 namespace pagedc_mods {
@@ -316,6 +339,50 @@ TEST(BufferBounds, EveryDimensionIsChecked) {
           << q << ", " << kv;
     }
   }
+}
+
+TEST(BufferBounds, CudaHelpersReadZeroOutsideAndNeverTouchMemory) {
+  // Every index against sizes 0..3: in range it reads data[index * stride],
+  // outside it gives 0 through a null pointer (so any touch would crash).
+  const int32_t ints[3] = {7, -8, 9};
+  const float floats[3] = {0.5f, -1.5f, 2.25f};
+  const pagedc_bf16 bf16s[3] = {{0x3f80}, {0xc000}, {0x4040}}; // 1, -2, 3
+  for (int64_t size = 0; size <= 3; ++size)
+    for (int64_t index : {int64_t(kMin), int64_t(-1), int64_t(0), int64_t(1),
+                          int64_t(2), int64_t(3), int64_t(kMax),
+                          std::numeric_limits<int64_t>::max()}) {
+      bool ok = pagedc_mods::flex_index_ok(index, size);
+      EXPECT_EQ(ok, index >= 0 && index < size) << index << " of " << size;
+      int64_t offset = pagedc_mods::flex_index_term(index, ok, 1);
+      EXPECT_EQ(offset, ok ? index : 0);
+      EXPECT_EQ(pagedc_mods::flex_load(ok ? ints : nullptr, ok, offset),
+                ok ? ints[index] : 0);
+      EXPECT_EQ(pagedc_mods::flex_load(ok ? floats : nullptr, ok, offset),
+                ok ? floats[index] : 0.0f);
+      EXPECT_EQ(pagedc_mods::flex_load(ok ? bf16s : nullptr, ok, offset),
+                ok ? float(1 + index) * (index == 1 ? -1.0f : 1.0f) : 0.0f);
+    }
+  // A huge index times a stride would overflow: out of range, the term is 0.
+  EXPECT_EQ(pagedc_mods::flex_index_term(std::numeric_limits<int64_t>::max(),
+                                         false, 1 << 20),
+            0);
+}
+
+TEST(BufferBounds, GeneratedCudaChecksEveryIndex) {
+  if (!jit::cudaCodeGenAvailable())
+    GTEST_SKIP() << "no CUDA code generator in this build";
+  CompiledMods mods = compile(
+      "buffer t: f32[?, ?]\nmask m(b, h, q, kv) = t[q, kv] > 0.5\n",
+      /*withCuda=*/true);
+  const std::string &code = mods.cuda.modCode;
+  size_t hooks = code.find("mask_row");
+  ASSERT_NE(hooks, std::string::npos) << code;
+  std::string generated = code.substr(hooks);
+  EXPECT_NE(code.find("int64_t t_size[2];"), std::string::npos) << code;
+  for (const char *use : {"t_size[0]", "t_size[1]", "flex_load("})
+    EXPECT_NE(generated.find(use), std::string::npos) << use << "\n" << generated;
+  // The only read of the buffer is through flex_load.
+  EXPECT_EQ(generated.find(".t["), std::string::npos) << generated;
 }
 
 } // namespace

@@ -114,10 +114,13 @@ TEST_F(CudaSourceTest, ParamsFollowDeclarationOrder) {
                       "  float softcap;\n"
                       "  const float* slopes;\n"
                       "  int64_t slopes_stride[1];\n"
+                      "  int64_t slopes_size[1];\n"
                       "  const int32_t* doc;\n"
                       "  int64_t doc_stride[2];\n"
+                      "  int64_t doc_size[2];\n"
                       "  const pagedc_bf16* bias;\n"
                       "  int64_t bias_stride[1];\n"
+                      "  int64_t bias_size[1];\n"
                       "};"),
             std::string::npos)
       << code;
@@ -128,13 +131,14 @@ TEST_F(CudaSourceTest, KvIndependentLoadsMoveToTheRowFunction) {
   // doc[b, q] is read once per row; doc[b, kv] per element.
   std::string maskRow = function(code, "mask_row");
   std::string mask = function(code, "mask");
-  EXPECT_NE(maskRow.find("doc["), std::string::npos) << maskRow;
+  EXPECT_NE(maskRow.find("flex_load(v1.doc,"), std::string::npos) << maskRow;
   EXPECT_EQ(mask.find("doc_stride[0]"), mask.rfind("doc_stride[0]")) << mask;
   EXPECT_NE(mask.find("v2.r0"), std::string::npos) << mask;
   // slopes[h] likewise; the param is read where it is used.
   std::string scoreRow = function(code, "score_row");
   std::string score = function(code, "score");
-  EXPECT_NE(scoreRow.find("slopes["), std::string::npos) << scoreRow;
+  EXPECT_NE(scoreRow.find("flex_load(v1.slopes,"), std::string::npos)
+      << scoreRow;
   EXPECT_EQ(score.find("slopes"), std::string::npos) << score;
   EXPECT_NE(score.find("pagedc::tanh_approx("), std::string::npos) << score;
   EXPECT_NE(score.find(".softcap"), std::string::npos) << score;
@@ -158,7 +162,9 @@ TEST_F(CudaSourceTest, PythonDivisionAndHalfBuffers) {
   std::string score = function(code, "score");
   EXPECT_NE(scoreRow.find("flex_floordiv("), std::string::npos) << scoreRow;
   EXPECT_NE(score.find("flex_floormod("), std::string::npos) << score;
-  EXPECT_NE(score.find("pagedc::to_float("), std::string::npos) << score;
+  // The bf16 buffer is read (and widened to float) by flex_load.
+  EXPECT_NE(score.find("float v13 = flex_load(v1.bias,"), std::string::npos)
+      << score;
   EXPECT_NE(score.find("expf("), std::string::npos) << score;
 }
 
