@@ -29,6 +29,7 @@
 #include "cpu/Reference.h"
 #include "pagedc/Attention.h"
 #include "pagedc/CudaAttention.h"
+#include "pagedc/ConstOverride.h"
 #include "pagedc/CudaDriver.h"
 #include "pagedc/Error.h"
 #include "pagedc/Npy.h"
@@ -147,6 +148,11 @@ RunOptions parseRunOptions(llvm::ArrayRef<const char *> args) {
       options.params.push_back(splitAssignment(name, value()));
     else if (name == "-D") {
       auto [constant, text] = splitAssignment(name, value());
+      pagedc::ConstOverrideValue parsed;
+      std::string why = pagedc::parseConstOverride(text, parsed);
+      if (!why.empty())
+        throw UsageError{"-D " + constant + "=" + text + ": the value '" + text +
+                         "' " + why};
       options.constOverrides.push_back({constant, text});
     } else if (name == "--scale") {
       double scale = 0;

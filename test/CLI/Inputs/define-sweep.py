@@ -1,6 +1,9 @@
 """Sweeps `-D NAME=VALUE` values through `pagedc --emit=ast`: every accepted
 value must exit 0 and show up in the tree; every malformed or out-of-range
-one must be a usage error (exit 2) that names the value. Prints one line per
+one must be a usage error (exit 2) that names the value. `pagedc run` parses
+its -D values before it opens any file: each rejected value is a usage error
+there too, and each accepted one gets past the command line (it then fails
+with exit 1 on the missing input files this script names). Prints one line per
 failure and `define-sweep: N values, all as expected` when all held."""
 import itertools
 import subprocess
@@ -33,7 +36,18 @@ def run(value):
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     return result.returncode, result.stdout.decode(), result.stderr.decode()
 
+def run_command(value):
+    result = subprocess.run([pagedc, "run", source, "-D", "WINDOW=" + value,
+                             "--q", "missing-q.npy", "--k", "missing-k.npy",
+                             "--v", "missing-v.npy", "-o", "missing-out.npy"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    return result.returncode, result.stdout.decode(), result.stderr.decode()
+
 for value in accepted:
+    code, out, err = run_command(value)
+    if code != 1 or "missing-q.npy" not in err:
+        failures += 1
+        print("FAIL run accepted %r: exit %d: %s" % (value, code, err.strip()))
     code, out, err = run(value)
     if code != 0 or "(set by -D)" not in out:
         failures += 1
@@ -43,13 +57,15 @@ for value, reason in [(v, "is not an int or float literal") for v in malformed] 
                       if "e" not in v] + \
                      [(v, "is out of the range of a float") for v in out_of_range
                       if "e" in v]:
-    code, out, err = run(value)
     expected = "-D WINDOW=%s: the value '%s' %s" % (value, value, reason)
-    if code != 2 or expected not in err or out:
-        failures += 1
-        print("FAIL rejected %r: exit %d: %s" % (value, code, err.strip()))
-total = len(accepted) + len(malformed) + len(out_of_range)
+    for command in (run, run_command):
+        code, out, err = command(value)
+        if code != 2 or expected not in err or out:
+            failures += 1
+            print("FAIL %s rejected %r: exit %d: %s" % (command.__name__, value, code,
+                                                      err.strip()))
+total = 2 * (len(accepted) + len(malformed) + len(out_of_range))
 if failures:
     print("define-sweep: %d of %d values wrong" % (failures, total))
     sys.exit(1)
-print("define-sweep: %d values, all as expected" % total)
+print("define-sweep: %d values x (pagedc, pagedc run), all as expected" % (total // 2))
