@@ -135,8 +135,9 @@ extern "C" __global__ void __launch_bounds__(pagedc::kDecodeThreads)
     __syncthreads();
     for (int row = 0; row < kPaddedRows; ++row) {
       DecodeRow info = decode_row(row, kv_head, head_chunk, args.q_len);
-      int q_block = (q_offset + info.token) / args.q_block_size;
-      if (!info.valid || q_block >= args.num_q_blocks)
+      // The mask row of this token (the mask may start at first_q_block).
+      int q_block = (q_offset + info.token) / args.q_block_size - args.first_q_block;
+      if (!info.valid || q_block < 0 || q_block >= args.num_q_blocks)
         continue;
       int64_t mask_row_index =
           (static_cast<int64_t>(args.mask_batch == 1 ? 0 : b) * args.mask_heads +

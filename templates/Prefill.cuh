@@ -95,13 +95,16 @@ extern "C" __global__ void __launch_bounds__(pagedc::kPrefillThreads)
     const int32_t *partial = nullptr, *full = nullptr;
     int partial_count, full_count = 0, tiles_per_block = 1;
     if (has_block_mask) {
-      if (pass >= args.num_q_blocks)
+      // The mask row of q block `pass` (the mask may start at first_q_block;
+      // the host checks that it covers every row of the call).
+      const int mask_row = pass - args.first_q_block;
+      if (mask_row < 0 || mask_row >= args.num_q_blocks)
         break;
       int64_t mask_row_index =
           (static_cast<int64_t>(args.mask_batch == 1 ? 0 : b) * args.mask_heads +
            (args.mask_heads == 1 ? 0 : h)) *
               args.num_q_blocks +
-          pass;
+          mask_row;
       partial = args.kv_indices + mask_row_index * args.max_kv_blocks;
       partial_count = args.kv_num_blocks[mask_row_index];
       if (args.full_kv_num_blocks) {

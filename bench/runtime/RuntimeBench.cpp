@@ -267,6 +267,55 @@ BENCHMARK(BM_CreateBlockMask)
     ->Args({8 * 1024, SlidingWindow, ElementWise, 1})
     ->Unit(benchmark::kMicrosecond);
 
+/// Document masking over a document-id buffer (documents of 4096 tokens):
+/// doc[q] == doc[kv] and q >= kv.
+void documentRow(const PagedcModContext *context, int32_t, int32_t, int32_t q, int32_t kvBegin,
+                 int32_t count, uint8_t *out) {
+  const auto *doc = static_cast<const int32_t *>(context->buffers[0].data);
+  for (int32_t i = 0; i < count; ++i)
+    out[i] = doc[q] == doc[kvBegin + i] && q >= kvBegin + i;
+}
+
+/// One decode step (1 query row at q offset kv - 1) against a kv-token
+/// context with createBlockMaskRows: the mask's memory and time must grow
+/// with kv, not kv^2 (bench/README.md targets §6). Arguments: kv length,
+/// mask kind (0 causal with the diagonal flag, 1 document, element-wise over
+/// a buffer). Counter mask_bytes: the mask's index arrays.
+void BM_DecodeStepBlockMaskRows(benchmark::State &state) {
+  const int64_t kvLength = state.range(0);
+  const bool document = state.range(1) == 1;
+  std::vector<int32_t> docIds(static_cast<size_t>(kvLength));
+  for (int64_t i = 0; i < kvLength; ++i)
+    docIds[static_cast<size_t>(i)] = static_cast<int32_t>(i / 4096);
+  PagedcBufferRef docRef{};
+  docRef.data = docIds.data();
+  docRef.sizes[0] = kvLength;
+  docRef.strides[0] = 1;
+  const PagedcModContext context{&docRef, nullptr};
+  CompiledMods mods = document ? maskMods(documentRow, false, nullptr)
+                               : maskMods(causalRow, true, nullptr);
+  int64_t bytes = 0;
+  for (auto _ : state) {
+    BlockMask mask = createBlockMaskRows(mods, context, 1, 1, kvLength - 1, kvLength, kvLength,
+                                         128, 128);
+    bytes = static_cast<int64_t>(
+        sizeof(int32_t) * (mask.kvNumBlocks.size() + mask.kvIndices.size() +
+                           mask.fullKvNumBlocks.size() + mask.fullKvIndices.size()));
+    benchmark::DoNotOptimize(mask.kvIndices.data());
+  }
+  state.counters["mask_bytes"] = static_cast<double>(bytes);
+  state.SetLabel(document ? "document (element-wise over a buffer)" : "causal, diagonal");
+}
+BENCHMARK(BM_DecodeStepBlockMaskRows)
+    ->ArgNames({"kv", "kind"})
+    ->Args({256 * 1024, 0})
+    ->Args({1024 * 1024, 0})
+    ->Args({4096 * 1024, 0})
+    ->Args({256 * 1024, 1})
+    ->Args({1024 * 1024, 1})
+    ->Args({4096 * 1024, 1})
+    ->Unit(benchmark::kMicrosecond);
+
 } // namespace
 
 BENCHMARK_MAIN();

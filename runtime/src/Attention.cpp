@@ -226,13 +226,6 @@ CheckedCall checkCall(const TensorView &q, const PagedKVCache &cache, const Bloc
                                 "{}",
                                 blockMask->kvLength, b, call.kvLength[b]));
     }
-    // The CUDA kernels' mask rows start at q block 0 (KernelArgs.h has no
-    // q block offset yet): a mask of only some rows is for the CPU.
-    if (!onCpu && blockMask->firstQBlock != 0)
-      throw Error(fmt::format("the block mask covers only q blocks from {} on "
-                              "(createBlockMaskRows); on {} the mask must cover every q block "
-                              "from 0 (createBlockMask)",
-                              blockMask->firstQBlock, deviceName(call.device)));
   }
 
   // Mods (bindings are resolved by the caller).

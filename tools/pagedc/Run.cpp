@@ -484,17 +484,12 @@ int runChecked(const RunOptions &options) {
         pageSize, options.shuffleSeed, elementType, device);
     kFile.reset();
     vFile.reset();
-    // The block mask is built on the host from the host bindings; on CUDA
-    // flexAttention uploads it. On the CPU it covers only the call's query
-    // rows (a decode step's mask is O(kv / block)); the CUDA kernels take
-    // masks from q block 0.
-    BlockMask blockMask =
-        useCuda ? createBlockMask(mods, resolved.context(), batch, qHeads,
-                                  qOffset + qLength, kvLength, options.qBlock,
-                                  options.kvBlock)
-                : createBlockMaskRows(mods, resolved.context(), batch, qHeads,
-                                      qOffset, qOffset + qLength, kvLength,
-                                      options.qBlock, options.kvBlock);
+    // The block mask is built on the host from the host bindings (on CUDA
+    // flexAttention uploads it) and covers only the call's query rows, so a
+    // decode step's mask is O(kv / block) on every device.
+    BlockMask blockMask = createBlockMaskRows(mods, resolved.context(), batch, qHeads,
+                                              qOffset, qOffset + qLength, kvLength,
+                                              options.qBlock, options.kvBlock);
     AttentionOptions attention;
     attention.kvLength = kvLengths;
     attention.qOffset = qOffsets;

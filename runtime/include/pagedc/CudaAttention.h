@@ -136,6 +136,9 @@ struct DeviceBlockMask {
   int64_t batch = 1, heads = 1, qLength = 0, kvLength = 0;
   int32_t qBlockSize = 128, kvBlockSize = 128;
   int64_t numQBlocks = 0, maxKvBlocks = 0;
+  /// The q block of the first row (BlockMask::firstQBlock; 0 for a full
+  /// mask, and for every mask built on the device).
+  int64_t firstQBlock = 0;
   /// kvNumBlocks, fullKvNumBlocks ([batch, heads, numQBlocks] each), then
   /// kvIndices, fullKvIndices ([..., maxKvBlocks] each), int32.
   DeviceBuffer storage;

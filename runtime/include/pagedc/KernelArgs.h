@@ -75,7 +75,10 @@ typedef struct PagedcAttentionKernelArgs {
   int32_t split_size;
   /// Multiplies q.k before the score mod.
   float scale;
-  int32_t reserved;
+  /// The q block of the block mask's first row (BlockMask::firstQBlock): a
+  /// mask of only the rows a call needs (createBlockMaskRows) holds rows
+  /// first_q_block .. first_q_block + num_q_blocks - 1. 0 for a full mask.
+  int32_t first_q_block;
 } PagedcAttentionKernelArgs;
 
 /// Arguments of the block-mask builder kernel. Outputs use BlockMask.h's

@@ -445,6 +445,7 @@ DeviceBlockMask DeviceBlockMask::upload(const BlockMask &host, int deviceIndex) 
   mask.qBlockSize = host.qBlockSize;
   mask.kvBlockSize = host.kvBlockSize;
   mask.numQBlocks = host.numQBlocks;
+  mask.firstQBlock = host.firstQBlock;
   mask.maxKvBlocks = std::max<int64_t>(host.maxKvBlocks, 1);
   const size_t rows = maskRowCount(mask);
   std::vector<int32_t> staging(rows * 2 * (1 + mask.maxKvBlocks), 0);
@@ -466,6 +467,10 @@ DeviceBlockMask DeviceBlockMask::upload(const BlockMask &host, int deviceIndex) 
 }
 
 BlockMask DeviceBlockMask::download() const {
+  if (firstQBlock != 0)
+    throw Error(fmt::format("DeviceBlockMask::download: the mask holds only the rows from q "
+                            "block {} on (createBlockMaskRows); download takes full masks",
+                            firstQBlock));
   const size_t rows = maskRowCount(*this);
   std::vector<int32_t> staging(rows * 2 * (1 + maxKvBlocks));
   storage.download(staging.data(), staging.size() * sizeof(int32_t));
@@ -489,6 +494,7 @@ void DeviceBlockMask::bind(PagedcAttentionKernelArgs &args) const {
   args.max_kv_blocks = static_cast<int32_t>(maxKvBlocks);
   args.q_block_size = qBlockSize;
   args.kv_block_size = kvBlockSize;
+  args.first_q_block = static_cast<int32_t>(firstQBlock);
 }
 
 DeviceBlockMask buildBlockMaskCuda(const CudaKernel &builder,

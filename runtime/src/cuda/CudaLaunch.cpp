@@ -72,6 +72,9 @@ void checkArgs(const KernelConfig &config, const PagedcAttentionKernelArgs &args
                               args.mask_batch, args.mask_heads, args.batch, args.heads_q));
     if (args.num_q_blocks < 1 || args.max_kv_blocks < 1)
       throw Error("attention launch: block mask has no blocks");
+    if (args.first_q_block < 0)
+      throw Error(fmt::format("attention launch: block mask first q block {} is negative",
+                              args.first_q_block));
   }
 }
 
