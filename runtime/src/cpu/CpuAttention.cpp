@@ -71,8 +71,15 @@ static inline Vec fmadd(Vec a, Vec b, Vec c) { return a * b + c; }
 } // namespace generic
 
 #ifdef PAGEDC_CPU_X86_VARIANTS
+// Each instruction set's copy is compiled for that set only (the others
+// run on any x86-64); cpuSupports() picks one at run time. GCC takes a
+// target pragma, clang an attribute applied to every function in the region.
+#if defined(__clang__)
+#pragma clang attribute push(__attribute__((target("avx2,fma"))), apply_to = function)
+#else
 #pragma GCC push_options
 #pragma GCC target("avx2,fma")
+#endif
 namespace avx2 {
 using Vec = float __attribute__((vector_size(32)));
 constexpr int kLanes = 8;
@@ -80,10 +87,14 @@ constexpr int kRowBlock = 6;
 static inline Vec fmadd(Vec a, Vec b, Vec c) { return _mm256_fmadd_ps(a, b, c); }
 #include "AttentionTiles.inc"
 } // namespace avx2
+#if defined(__clang__)
+#pragma clang attribute pop
+#pragma clang attribute push(__attribute__((target("avx512f"))), apply_to = function)
+#else
 #pragma GCC pop_options
-
 #pragma GCC push_options
 #pragma GCC target("avx512f")
+#endif
 namespace avx512 {
 using Vec = float __attribute__((vector_size(64)));
 constexpr int kLanes = 16;
@@ -91,7 +102,11 @@ constexpr int kRowBlock = 8;
 static inline Vec fmadd(Vec a, Vec b, Vec c) { return _mm512_fmadd_ps(a, b, c); }
 #include "AttentionTiles.inc"
 } // namespace avx512
+#if defined(__clang__)
+#pragma clang attribute pop
+#else
 #pragma GCC pop_options
+#endif
 #endif
 
 bool cpuSupports(KernelVariant variant) {
