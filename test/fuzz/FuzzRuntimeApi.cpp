@@ -26,6 +26,7 @@
 
 #include <fuzzer/FuzzedDataProvider.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <exception>
@@ -150,6 +151,15 @@ CompiledMods makeMods(unsigned which, bool withClassifier) {
     break;
   }
   return mods;
+}
+
+/// a * b * c * d when it fits in int64 and all are >= 0, else INT64_MAX.
+int64_t product(int64_t a, int64_t b, int64_t c, int64_t d) {
+  int64_t result = 1;
+  for (int64_t factor : {a, b, c, d})
+    if (factor < 0 || __builtin_mul_overflow(result, factor, &result))
+      return std::numeric_limits<int64_t>::max();
+  return result;
 }
 
 bool maskKeeps(const CompiledMods &mods, const PagedcModContext &context,
@@ -437,8 +447,8 @@ private:
     validateOrFind(mask, "createBlockMask");
     haveMask = true;
     checkAgainstMod(batch, heads);
-    if (mask.batch * mask.heads * mask.numQBlocks * mask.numKvBlocks() <=
-        4096) {
+    if (product(mask.batch, mask.heads, mask.qLength, mask.kvLength) <=
+        (1 << 16)) {
       BlockMaskMethod other = method == BlockMaskMethod::Auto
                                   ? BlockMaskMethod::ElementWise
                                   : BlockMaskMethod::Auto;
@@ -459,7 +469,12 @@ private:
 
   /// The dense form of the mask equals the mod, element by element.
   void checkAgainstMod(int64_t batch, int64_t heads) {
-    if (batch * heads * mask.qLength * mask.kvLength > (1 << 16))
+    // A few batch rows and heads are enough to check a broadcast extent.
+    batch = std::min<int64_t>(batch, 3);
+    heads = std::min<int64_t>(heads, 3);
+    if (product(batch, heads, mask.qLength, mask.kvLength) > (1 << 16) ||
+        product(mask.batch, mask.heads, mask.qLength, mask.kvLength) >
+            (1 << 16))
       return;
     std::vector<uint8_t> dense = toDense(mask, &mods, &context);
     for (int64_t b = 0; b < batch; ++b)
@@ -499,7 +514,8 @@ private:
         blockMaskFromKvBlocks(num, idx, fullNum, fullIdx, batch, heads, maxKv,
                               qLength, kvLength, qBlock, kvBlock);
     validateOrFind(made, "blockMaskFromKvBlocks");
-    if (made.batch * made.heads * made.qLength * made.kvLength <= (1 << 16))
+    if (product(made.batch, made.heads, made.qLength, made.kvLength) <=
+        (1 << 16))
       toDense(made);
   }
 

@@ -17,6 +17,7 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <atomic>
 #include <climits>
 #include <numeric>
@@ -213,7 +214,7 @@ TEST(KVCacheHardening, ReserveOverflowsAreErrorsWithNoStateChange) {
     cache.reserve(1, pageSize + 1);
     const int64_t free = cache.freePageCount();
     const std::vector<int32_t> table = cache.pageTable(1);
-    for (int64_t length : {INT64_MAX, INT64_MAX - 1, INT64_MAX - pageSize + 2,
+    for (int64_t length : {INT64_MAX, INT64_MAX - 1, INT64_MAX - std::max<int64_t>(pageSize - 2, 0),
                            INT64_MAX / 2 + 1, (int64_t(1) << 62), 9 * pageSize,
                            8 * pageSize + 1})
       for (int64_t slot : {0, 1}) {
