@@ -1,27 +1,68 @@
 #!/usr/bin/env bash
-# Builds pagedc and runs every test: the runtime and CPU-kernel unit tests
-# under AddressSanitizer + UndefinedBehaviorSanitizer (a runtime-only build, no
-# compiler, cheap on 2 cores), then all lit suites and unit tests through
-# ctest. ctest's summary of the full run is the last thing printed.
-set -euo pipefail
+# Builds pagedc and runs every test, in two trees:
+#
+#  1. build/ (Release, scripts/build.sh): every lit suite, unit test, emulator
+#     test and pytest through ctest.
+#  2. build-fuzz/ (clang 19, AddressSanitizer + UndefinedBehaviorSanitizer and
+#     libFuzzer coverage, scripts/sanitizer-tree.sh; only the targets below
+#     are built): the runtime and CPU-kernel unit tests, the `pagedc run` and
+#     CLI lit tests with a sanitized pagedc (scripts/test-sanitizers.sh), and
+#     each fuzz target for $PAGEDC_FUZZ_SECONDS (default 15) from its
+#     committed seed corpus (scripts/fuzz.sh).
+#
+# Every step runs even when an earlier one failed; the exit status is
+# non-zero when any did, and a summary of the steps is the last thing
+# printed (ctest's own summary just above it).
+set -uo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 build=${PAGEDC_BUILD_DIR:-$root/build}
-asan=${PAGEDC_ASAN_BUILD_DIR:-$root/build-asan}
-"$root/scripts/build.sh"
+export PAGEDC_FUZZ_BUILD_DIR=${PAGEDC_FUZZ_BUILD_DIR:-$root/build-fuzz}
+fuzz_seconds=${PAGEDC_FUZZ_SECONDS:-15}
+summary=()
+failed=0
+step() { # step NAME COMMAND...: runs COMMAND, records its outcome
+  local name=$1 start=$SECONDS
+  shift
+  echo "pagedc: $name, $(date -u +%H:%M:%S) UTC"
+  if "$@"; then
+    summary+=("ok      $name ($((SECONDS - start)) s)")
+  else
+    summary+=("FAILED  $name ($((SECONDS - start)) s)")
+    failed=1
+  fi
+}
 
-echo "pagedc: runtime unit tests under ASan + UBSan ($asan), $(date -u +%H:%M:%S) UTC"
-if [ ! -f "$asan/build.ninja" ]; then
-  cmake -S "$root" -B "$asan" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo \
-    -DPAGEDC_ENABLE_COMPILER=OFF -DPAGEDC_SANITIZE=ON -DPAGEDC_BUILD_BENCHMARKS=OFF >/dev/null
+"$root/scripts/build.sh" || exit 1
+
+sanitized_build() {
+  local tree
+  tree=$("$root/scripts/sanitizer-tree.sh") &&
+    cmake --build "$tree" -j "$(nproc)" --target RuntimeTests CpuAttentionTests \
+      pagedc pagedc-device-query pagedc-fuzzers
+}
+sanitized_units() {
+  (cd "$PAGEDC_FUZZ_BUILD_DIR" &&
+     ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1 \
+     ctest --output-on-failure -R '^unit\.(RuntimeTests|CpuAttentionTests)$')
+}
+step "sanitized tree: build ($PAGEDC_FUZZ_BUILD_DIR)" sanitized_build
+if [ "$failed" = 0 ]; then
+  step "sanitized tree: runtime and CPU-kernel unit tests" sanitized_units
+  step "sanitized tree: pagedc run and CLI lit tests" \
+    env PAGEDC_SANITIZER_SKIP_BUILD=1 "$root/scripts/test-sanitizers.sh"
+  step "sanitized tree: fuzz targets, $fuzz_seconds s each" \
+    env PAGEDC_FUZZ_SKIP_BUILD=1 "$root/scripts/fuzz.sh" "$fuzz_seconds"
 fi
-cmake --build "$asan" -j "$(nproc)" --target RuntimeTests CpuAttentionTests
-(cd "$asan" && ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1 \
-  ctest --output-on-failure -R '^unit\.(RuntimeTests|CpuAttentionTests)$')
 
-echo "pagedc: all tests ($build), $(date -u +%H:%M:%S) UTC"
-cd "$build"
 # No test takes more than about three minutes on two cores; one that runs
 # for 15 is stuck. ctest then kills it, prints its output (the gtest case it
 # was in) and runs it once more, so a stall is reported by name and a
 # one-off stall does not hold the whole run until the CI limit.
-ctest --output-on-failure -j "$(nproc)" --timeout 900 --repeat after-timeout:2
+all_tests() {
+  (cd "$build" && ctest --output-on-failure -j "$(nproc)" --timeout 900 --repeat after-timeout:2)
+}
+step "all tests ($build)" all_tests
+
+echo "pagedc: test summary"
+printf '  %s\n' "${summary[@]}"
+exit "$failed"
