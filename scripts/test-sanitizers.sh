@@ -19,7 +19,7 @@ build=$("$root/scripts/sanitizer-tree.sh")
 
 echo "pagedc: sanitized pagedc ($build), $(date -u +%H:%M:%S) UTC"
 if [ "${PAGEDC_SANITIZER_SKIP_BUILD:-0}" != 1 ]; then
-  cmake --build "$build" -j "$(nproc)" --target pagedc pagedc-device-query
+  cmake --build "$build" -j "$(nproc)" --target pagedc pagedc-device-query pagedc-jit pagedc-codegen
 fi
 
 reports="$build/sanitizer-reports"

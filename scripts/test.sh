@@ -38,7 +38,7 @@ sanitized_build() {
   local tree
   tree=$("$root/scripts/sanitizer-tree.sh") &&
     cmake --build "$tree" -j "$(nproc)" --target RuntimeTests CpuAttentionTests \
-      pagedc pagedc-device-query pagedc-fuzzers
+      pagedc pagedc-device-query pagedc-jit pagedc-codegen pagedc-fuzzers
 }
 sanitized_units() {
   (cd "$PAGEDC_FUZZ_BUILD_DIR" &&

@@ -134,7 +134,7 @@ TEST(CreateBlockMask, EveryMethodMatchesTheDefinitionForCausalAndWindows) {
   for (const Case &c : cases) {
     params[0].i32 = static_cast<int32_t>(c.window);
     for (auto [row, blockClass] :
-         {std::pair{causalRow, causalClass}, std::pair{slidingWindowRow, slidingWindowClass}}) {
+         {std::pair{&causalRow, &causalClass}, std::pair{&slidingWindowRow, &slidingWindowClass}}) {
       const std::vector<uint8_t> expected =
           referenceClasses(evaluateDense(maskMods(row), context, 1, 1, c.q, c.kv), 1, 1, c.q, c.kv,
                            c.qBlock, c.kvBlock);

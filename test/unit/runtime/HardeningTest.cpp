@@ -74,7 +74,7 @@ TEST(CreateBlockMaskRows, EqualsTheFullMasksRowsForEveryMethod) {
     const int32_t kvBlock = trial % 2 ? qBlock : sizes[rng() % 6];
     params[0].i32 = std::uniform_int_distribution<int32_t>(1, 60)(rng);
     for (auto [row, cls] :
-         {std::pair{causalRow, causalClass}, std::pair{slidingWindowRow, slidingWindowClass}}) {
+         {std::pair{&causalRow, &causalClass}, std::pair{&slidingWindowRow, &slidingWindowClass}}) {
       const CompiledMods variants[] = {maskMods(row), maskMods(row, cls),
                                        maskMods(row, nullptr, false, false, true),
                                        maskMods(row, cls, false, false, true)};
