@@ -60,6 +60,9 @@ for t in $targets; do
   mkdir -p "$work" "$artifacts"
   rm -f "$artifacts"/*
   extra=()
+  # Reproducers of fixed findings run first, every time.
+  regressions=()
+  [ -d "$root/test/fuzz/regressions/$t" ] && regressions=("$root/test/fuzz/regressions/$t")
   if [ "${PAGEDC_FUZZ_KEEP_GOING:-0}" = 1 ]; then
     extra=(-fork=1 -ignore_crashes=1 -ignore_timeouts=1 -ignore_ooms=1)
   fi
@@ -67,7 +70,7 @@ for t in $targets; do
   "$build/bin/pagedc-fuzz-$t" "${extra[@]}" -max_total_time="$seconds" -timeout=25 \
     -rss_limit_mb=2048 -malloc_limit_mb=2048 -max_len="$(max_len "$t")" \
     -print_final_stats=1 -artifact_prefix="$artifacts/" \
-    "$work" "$root/test/fuzz/corpus/$t" >"$log" 2>&1
+    "$work" "$root/test/fuzz/corpus/$t" "${regressions[@]}" >"$log" 2>&1
   status=$?
   set -e
   runs=$(grep -o 'stat::number_of_executed_units: [0-9]*' "$log" | tail -1 | grep -o '[0-9]*$' || true)

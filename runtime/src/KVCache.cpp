@@ -229,11 +229,10 @@ PagedKVCache::PagedKVCache(const KVCacheConfig &config, const TensorView &kCache
   kCache_ = TensorView(kCache.data(), config.dtype, kShape, config.device);
   vCache_ = TensorView(vCache.data(), config.dtype, vShape, config.device);
   try {
-    tables_.resize(static_cast<size_t>(config.maxBatch));
     freePages_.reserve(static_cast<size_t>(config.numPages));
   } catch (const std::bad_alloc &) {
-    throw Error(fmt::format("out of host memory for the page tables of {} slots and {} pages",
-                            config.maxBatch, config.numPages));
+    throw Error(fmt::format("out of host memory for the page lists of {} pages",
+                            config.numPages));
   }
   for (int64_t page = config.numPages - 1; page >= 0; --page)
     freePages_.push_back(static_cast<int32_t>(page));
@@ -250,7 +249,6 @@ void PagedKVCache::allocateStorage() {
   void *v = nullptr;
   try {
     v = memory_->allocate(vBytes_);
-    tables_.resize(static_cast<size_t>(config_.maxBatch));
     freePages_.reserve(static_cast<size_t>(config_.numPages));
     refCount_.assign(static_cast<size_t>(config_.numPages), 0);
     pageLogical_.assign(static_cast<size_t>(config_.numPages), -1);
@@ -258,8 +256,9 @@ void PagedKVCache::allocateStorage() {
     memory_->deallocate(k, kBytes_);
     if (v)
       memory_->deallocate(v, vBytes_);
-    throw Error(fmt::format("out of host memory for the page tables of {} slots and {} pages",
-                            config_.maxBatch, config_.numPages));
+    throw Error(fmt::format("out of host memory for the K/V storage and page lists of {} pages "
+                            "({} + {} bytes)",
+                            config_.numPages, kBytes_, vBytes_));
   } catch (...) {
     memory_->deallocate(k, kBytes_);
     if (v)
@@ -303,6 +302,20 @@ static Error outOfPages(int64_t requested, int64_t available) {
       fmt::format("requested {} pages but there are only {} empty pages", requested, available));
 }
 
+const std::vector<int32_t> &PagedKVCache::slotTable(int64_t slot) const {
+  static const std::vector<int32_t> kEmpty;
+  auto found = tables_.find(slot);
+  return found == tables_.end() ? kEmpty : found->second;
+}
+
+std::vector<int32_t> &PagedKVCache::writableSlotTable(int64_t slot, const char *what) {
+  try {
+    return tables_[slot];
+  } catch (const std::bad_alloc &) {
+    throw Error(fmt::format("{}: out of host memory for the page table of slot {}", what, slot));
+  }
+}
+
 int32_t PagedKVCache::takeFreePage() {
   int32_t page = freePages_.back();
   freePages_.pop_back();
@@ -328,8 +341,7 @@ void PagedKVCache::reserve(int64_t slot, int64_t seqLen) {
   checkSlot(slot, "reserve:");
   if (seqLen < 0)
     throw Error(fmt::format("reserve: sequence length must not be negative but is {}", seqLen));
-  std::vector<int32_t> &table = tables_[slot];
-  const int64_t capacity = static_cast<int64_t>(table.size()) * config_.pageSize;
+  const int64_t capacity = static_cast<int64_t>(slotTable(slot).size()) * config_.pageSize;
   if (seqLen <= capacity)
     return;
   // No overflow for any seqLen up to INT64_MAX: seqLen - capacity > 0.
@@ -337,6 +349,7 @@ void PagedKVCache::reserve(int64_t slot, int64_t seqLen) {
   const int64_t needed = missing / config_.pageSize + (missing % config_.pageSize != 0);
   if (needed > freePageCount())
     throw outOfPages(needed, freePageCount());
+  std::vector<int32_t> &table = writableSlotTable(slot, "reserve");
   // Grow the table geometrically: reserving exactly table.size() + needed
   // reallocated it on every call, so growing a slot one page at a time (a
   // decode loop, --page-size 1) was quadratic in its length. This is the only
@@ -366,14 +379,16 @@ void PagedKVCache::reserve(int64_t slot, int64_t seqLen) {
 
 void PagedKVCache::erase(int64_t slot) {
   checkSlot(slot, "erase:");
-  std::vector<int32_t> &table = tables_[slot];
-  for (int32_t page : table) {
+  auto found = tables_.find(slot);
+  if (found == tables_.end())
+    return; // holds no pages
+  for (int32_t page : found->second) {
     if (--refCount_[page] == 0) {
       pageLogical_[page] = -1;
       freePages_.push_back(page); // capacity is numPages: never reallocates
     }
   }
-  table.clear();
+  tables_.erase(found);
 }
 
 void PagedKVCache::fork(int64_t src, int64_t dst, int64_t length) {
@@ -381,19 +396,19 @@ void PagedKVCache::fork(int64_t src, int64_t dst, int64_t length) {
   checkSlot(dst, "fork: destination");
   if (src == dst)
     throw Error(fmt::format("fork: source and destination are the same slot {}", src));
-  if (!tables_[dst].empty())
+  if (!slotTable(dst).empty())
     throw Error(fmt::format("fork: destination slot {} is not empty (capacity {}); erase it "
                             "first",
                             dst, capacity(dst)));
   if (length < 0 || length > capacity(src))
     throw Error(fmt::format("fork: length {} is outside the source slot {}'s capacity [0, {}]",
                             length, src, capacity(src)));
-  const std::vector<int32_t> &source = tables_[src];
   const int64_t sharedPages = length / config_.pageSize;
   const bool partial = length % config_.pageSize != 0;
   if (partial && freePageCount() < 1)
     throw outOfPages(1, freePageCount());
-  std::vector<int32_t> &target = tables_[dst];
+  std::vector<int32_t> &target = writableSlotTable(dst, "fork");
+  const std::vector<int32_t> &source = slotTable(src);
   target.reserve(static_cast<size_t>(sharedPages + (partial ? 1 : 0)));
   for (int64_t i = 0; i < sharedPages; ++i) {
     ++refCount_[source[i]];
@@ -478,11 +493,12 @@ void PagedKVCache::assign(const TensorView &batchIdx, const TensorView &inputPos
   std::vector<std::pair<int64_t, int64_t>> copies; // (slot, logical page)
   std::unordered_map<int32_t, int32_t> dropped;
   std::unordered_set<int64_t> seen; // slot * numPages + logical page
-  for (int64_t b = 0; b < batch; ++b)
+  for (int64_t b = 0; b < batch; ++b) {
+    const std::vector<int32_t> &table = slotTable(slots[b]);
     for (int64_t s = 0; s < seqLen; ++s) {
       int64_t pos = readIndex(inputPos, b * inputPos.stride(0) + s * inputPos.stride(1));
       int64_t logical = pos / config_.pageSize;
-      int32_t page = tables_[slots[b]][logical];
+      int32_t page = table[logical];
       if (refCount_[page] <= 1)
         continue;
       if (!seen.insert(slots[b] * config_.numPages + logical).second)
@@ -492,26 +508,30 @@ void PagedKVCache::assign(const TensorView &batchIdx, const TensorView &inputPos
         ++dropped[page];
       }
     }
+  }
   if (static_cast<int64_t>(copies.size()) > freePageCount())
     throw Error(fmt::format("assign: copy-on-write of shared pages requested {} pages but there "
                             "are only {} empty pages",
                             copies.size(), freePageCount()));
   std::vector<int64_t> rows(static_cast<size_t>(batch * seqLen));
   for (const auto &[slot, logical] : copies) {
-    int32_t shared = tables_[slot][logical];
+    std::vector<int32_t> &table = tables_.at(slot); // holds the shared page
+    int32_t shared = table[logical];
     int32_t page = takeFreePage();
     pageLogical_[page] = static_cast<int32_t>(logical);
     copyPage(page, shared);
     --refCount_[shared];
-    tables_[slot][logical] = page;
+    table[logical] = page;
   }
-  for (int64_t b = 0; b < batch; ++b)
+  for (int64_t b = 0; b < batch; ++b) {
+    const std::vector<int32_t> &table = slotTable(slots[b]);
     for (int64_t s = 0; s < seqLen; ++s) {
       int64_t pos = readIndex(inputPos, b * inputPos.stride(0) + s * inputPos.stride(1));
       rows[b * seqLen + s] =
-          static_cast<int64_t>(tables_[slots[b]][pos / config_.pageSize]) * config_.pageSize +
+          static_cast<int64_t>(table[pos / config_.pageSize]) * config_.pageSize +
           pos % config_.pageSize;
     }
+  }
   if (rows.empty() || heads == 0)
     return;
   const int64_t totalRows = config_.numPages * config_.pageSize;
@@ -529,12 +549,12 @@ void PagedKVCache::assign(const TensorView &batchIdx, const TensorView &inputPos
 
 int64_t PagedKVCache::capacity(int64_t slot) const {
   checkSlot(slot, "capacity:");
-  return static_cast<int64_t>(tables_[slot].size()) * config_.pageSize;
+  return static_cast<int64_t>(slotTable(slot).size()) * config_.pageSize;
 }
 
 const std::vector<int32_t> &PagedKVCache::pageTable(int64_t slot) const {
   checkSlot(slot, "page table:");
-  return tables_[slot];
+  return slotTable(slot);
 }
 
 std::vector<int32_t> PagedKVCache::densePageTable(const std::vector<int32_t> &slots,
@@ -543,7 +563,7 @@ std::vector<int32_t> PagedKVCache::densePageTable(const std::vector<int32_t> &sl
   for (int32_t slot : slots) {
     checkSlot(slot, "page table:");
     if (columns < 0)
-      width = std::max<int64_t>(width, static_cast<int64_t>(tables_[slot].size()));
+      width = std::max<int64_t>(width, static_cast<int64_t>(slotTable(slot).size()));
   }
   width = std::max<int64_t>(width, 0);
   int64_t entries = 0;
@@ -559,7 +579,7 @@ std::vector<int32_t> PagedKVCache::densePageTable(const std::vector<int32_t> &sl
                             slots.size(), width));
   }
   for (size_t row = 0; row < slots.size(); ++row) {
-    const std::vector<int32_t> &table = tables_[slots[row]];
+    const std::vector<int32_t> &table = slotTable(slots[row]);
     const size_t count = std::min(table.size(), static_cast<size_t>(width));
     std::copy(table.begin(), table.begin() + count, dense.begin() + row * width);
   }
@@ -572,7 +592,7 @@ int32_t PagedKVCache::physicalToLogical(int64_t slot, int64_t page) const {
   const int32_t logical = pageLogical_[page];
   if (logical < 0)
     return -1;
-  const std::vector<int32_t> &table = tables_[slot];
+  const std::vector<int32_t> &table = slotTable(slot);
   return static_cast<size_t>(logical) < table.size() && table[logical] == page ? logical : -1;
 }
 

@@ -425,6 +425,27 @@ private:
     int32_t qBlock = blockSize(), kvBlock = blockSize();
     BlockMaskMethod method =
         in.ConsumeBool() ? BlockMaskMethod::Auto : BlockMaskMethod::ElementWise;
+    // A mask mod evaluated per element (ElementWise, or a mod without a
+    // block classifier) costs one call per (b, h, q, kv) it depends on:
+    // 2^31 x 2^31 calls are days of honest work, not a hang to report. Such
+    // requests are shrunk to at most 1024 x 1024 elements; sizes that are
+    // classified per block, negative, or refused before any evaluation keep
+    // their extremes.
+    const bool perElement =
+        mods.hasMask() &&
+        (method == BlockMaskMethod::ElementWise || !mods.maskBlockClass);
+    const ModDependence &dep = mods.maskDependence;
+    if (perElement && batch >= 0 && heads >= 0 && qLength >= 0 &&
+        kvLength >= 0 &&
+        product(dep.b ? batch : 1, dep.h ? heads : 1, qLength, kvLength) >
+            (int64_t(1) << 24)) {
+      qLength %= 1025;
+      kvLength %= 1025;
+      if (dep.b)
+        batch = std::min<int64_t>(batch, 3);
+      if (dep.h)
+        heads = std::min<int64_t>(heads, 3);
+    }
     if (in.ConsumeBool()) {
       haveMask = false;
       mask = createBlockMask(mods, context, batch, heads, qLength, kvLength,

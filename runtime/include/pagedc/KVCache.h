@@ -16,6 +16,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <unordered_map>
 #include <vector>
 
 namespace pagedc {
@@ -195,6 +196,12 @@ private:
   /// Pops the free list's tail page and sets its reference count to 1.
   int32_t takeFreePage();
   void copyPage(int32_t dst, int32_t src);
+  /// The page table of a checked slot (empty for a slot never reserved).
+  const std::vector<int32_t> &slotTable(int64_t slot) const;
+  /// The same, writable: the slot's table is created if it has none, with an
+  /// allocation failure as pagedc::Error naming `what`. References to other
+  /// slots' tables stay valid.
+  std::vector<int32_t> &writableSlotTable(int64_t slot, const char *what);
 
   KVCacheConfig config_;
   std::shared_ptr<KVMemory> memory_;
@@ -202,7 +209,10 @@ private:
   size_t kBytes_ = 0, vBytes_ = 0;
   TensorView kCache_, vCache_;
 
-  std::vector<std::vector<int32_t>> tables_; // per slot, used length
+  // The page table of each slot that holds pages (a slot without an entry
+  // has an empty table), used length. Kept by slot id, so a cache configured
+  // for 2^31 slots costs only the slots in use, whichever ids they have.
+  std::unordered_map<int64_t, std::vector<int32_t>> tables_;
   std::vector<int32_t> freePages_;
   std::vector<int32_t> refCount_;    // per physical page
   std::vector<int32_t> pageLogical_; // per physical page, -1 when free

@@ -152,6 +152,55 @@ TEST(CreateBlockMask, RefusesMasksBeyondTheMemoryBudget) {
   EXPECT_THROW(createBlockMaskRows(causal, kNoContext, 1, 1, -1, 10, 10), Error);
 }
 
+// Page tables exist only for slots that hold pages: a cache configured for
+// 2^31 - 1 slots costs what its pages cost, whichever slot ids are used (it
+// used to allocate 51 GB of empty tables up front, which ASan reported as out
+// of memory and which an overcommitting host could OOM-kill), and every query
+// and operation on a slot that holds nothing sees an empty table.
+TEST(KVCacheHardening, ManySlotsCostNothingUntilUsed) {
+  KVCacheConfig config;
+  config.numPages = 8;
+  config.pageSize = 4;
+  config.maxBatch = INT32_MAX;
+  config.heads = 1;
+  config.headDim = 4;
+  config.valueHeadDim = 4;
+  PagedKVCache cache(config);
+  const int64_t far = int64_t(1) << 30;
+  EXPECT_EQ(cache.capacity(far), 0);
+  EXPECT_TRUE(cache.pageTable(INT32_MAX - 1).empty());
+  EXPECT_EQ(cache.physicalToLogical(far, 0), -1);
+  cache.erase(far); // nothing to free
+  EXPECT_EQ(cache.freePageCount(), 8);
+  cache.reserve(7, 9);
+  EXPECT_EQ(cache.capacity(7), 12);
+  EXPECT_EQ(cache.freePageCount(), 5);
+  // Growing the tables for the destination must not invalidate the source.
+  cache.fork(7, 4000, 6);
+  EXPECT_EQ(cache.capacity(4000), 8);
+  EXPECT_EQ(cache.pageTable(4000)[0], cache.pageTable(7)[0]);
+  EXPECT_NE(cache.pageTable(4000)[1], cache.pageTable(7)[1]); // the partial page is copied
+  EXPECT_EQ(cache.freePageCount(), 4);
+  // A fork of nothing from a slot never reserved leaves the destination empty.
+  cache.fork(far, 5000, 0);
+  EXPECT_EQ(cache.capacity(5000), 0);
+  const std::vector<int32_t> dense = cache.densePageTable({7, 4000, static_cast<int32_t>(far)}, -1);
+  ASSERT_EQ(dense.size(), 9u);
+  EXPECT_EQ(dense[6], -1);
+  cache.erase(4000);
+  cache.erase(7);
+  EXPECT_EQ(cache.freePageCount(), 8);
+  // The highest slot ids cost one table each.
+  cache.reserve(INT32_MAX - 1, 5);
+  cache.fork(INT32_MAX - 1, far, 5);
+  EXPECT_EQ(cache.capacity(far), 8);
+  EXPECT_EQ(cache.freePageCount(), 5);
+  cache.erase(INT32_MAX - 1);
+  cache.erase(far);
+  EXPECT_EQ(cache.freePageCount(), 8);
+  EXPECT_THROW(cache.reserve(INT32_MAX, 1), Error); // one past the last slot
+}
+
 // The attention call reads a rows mask like the full one, and refuses one
 // that does not cover its first query row.
 TEST(FlexAttention, RowsMaskGivesTheSameOutputAsTheFullMask) {
