@@ -63,6 +63,16 @@ all_tests() {
 }
 step "all tests ($build)" all_tests
 
+# ctest prints a passing test's output only into its log: show pytest's
+# skips (tests that need PyTorch, with the reason) and its count here.
+if [ -f "$build/Testing/Temporary/LastTest.log" ]; then
+  echo "pagedc: python.pytest (from $build/Testing/Temporary/LastTest.log)"
+  sed -n '/Test: python.pytest/,/^"python.pytest" end time/p' \
+    "$build/Testing/Temporary/LastTest.log" |
+    grep -E '^SKIPPED|^[0-9]+ (passed|failed)|(passed|failed|skipped).* in [0-9.]+s' |
+    sed 's/^/  /' || true
+fi
+
 echo "pagedc: test summary"
 printf '  %s\n' "${summary[@]}"
 exit "$failed"

@@ -1,15 +1,22 @@
 """Comparisons with torch.nn.attention.flex_attention (f32, CPU, <= 1e-4) and
 the torch-function spellings of the gallery mods. Every test here needs
-PyTorch and is reported SKIPPED (with the reason) without it."""
+PyTorch; without it each one is collected and reported SKIPPED with the
+reason, so the log counts them."""
 import numpy as np
 import pytest
 
 import pagedc
 
-torch = pytest.importorskip("torch", reason="PyTorch is not installed "
-                            "(scripts/python-torch-tests.sh installs it in a venv)")
-flex = pytest.importorskip("torch.nn.attention.flex_attention",
-                           reason="this PyTorch has no flex_attention")
+try:
+    import torch
+    import torch.nn.attention.flex_attention as flex
+    _missing = None
+except ImportError as error:  # no torch, or a torch without flex_attention
+    torch = flex = None
+    _missing = "PyTorch with flex_attention is not installed (%s; " \
+               "scripts/python-torch-tests.sh installs it in a venv)" % error
+
+pytestmark = pytest.mark.skipif(_missing is not None, reason=_missing or "")
 
 B, H, S, D = 2, 4, 64, 16
 
@@ -22,32 +29,39 @@ def _torch_flex(q, k, v, mask_mod=None, score_mod=None):
                                return_lse=True)
 
 
-doc = torch.repeat_interleave(torch.arange(4, dtype=torch.int32), S // 4)
-slopes = torch.exp2(-torch.arange(1, H + 1, dtype=torch.float32))
-prefix = torch.tensor([5, 40])
-
-
 def causal(b, h, q_idx, kv_idx):
     return q_idx >= kv_idx
 
 
-GALLERY = {
-    "causal": (causal, None),
-    "sliding": (lambda b, h, q, kv: (q >= kv) & (q - kv <= 8), None),
-    "prefix_lm": (flex.or_masks(lambda b, h, q, kv: kv <= prefix[b], causal), None),
-    "document": (lambda b, h, q, kv: (doc[q] == doc[kv]) & (q >= kv), None),
-    "alibi": (causal, lambda s, b, h, q, kv: s + slopes[h] * (kv - q)),
-    "softcap": (None, lambda s, b, h, q, kv: 2.0 * torch.tanh(s / 2.0)),
-    "relative": (None, lambda s, b, h, q, kv: s + (q - kv)),
-    "where_clamp": (None, lambda s, b, h, q, kv: torch.where(q >= kv, torch.clamp(s, -1, 1),
-                                                              torch.sigmoid(s))),
-    "and_masks": (flex.and_masks(causal, lambda b, h, q, kv: torch.abs(q - kv) % 3 != 1), None),
-}
+GALLERY_NAMES = ["alibi", "and_masks", "causal", "document", "prefix_lm", "relative",
+                 "sliding", "softcap", "where_clamp"]
 
 
-@pytest.mark.parametrize("name", sorted(GALLERY))
+def gallery(name):
+    """The gallery mod `name` as (mask_mod, score_mod), written with torch."""
+    doc = torch.repeat_interleave(torch.arange(4, dtype=torch.int32), S // 4)
+    slopes = torch.exp2(-torch.arange(1, H + 1, dtype=torch.float32))
+    prefix = torch.tensor([5, 40])
+    mods = {
+        "causal": (causal, None),
+        "sliding": (lambda b, h, q, kv: (q >= kv) & (q - kv <= 8), None),
+        "prefix_lm": (flex.or_masks(lambda b, h, q, kv: kv <= prefix[b], causal), None),
+        "document": (lambda b, h, q, kv: (doc[q] == doc[kv]) & (q >= kv), None),
+        "alibi": (causal, lambda s, b, h, q, kv: s + slopes[h] * (kv - q)),
+        "softcap": (None, lambda s, b, h, q, kv: 2.0 * torch.tanh(s / 2.0)),
+        "relative": (None, lambda s, b, h, q, kv: s + (q - kv)),
+        "where_clamp": (None, lambda s, b, h, q, kv: torch.where(
+            q >= kv, torch.clamp(s, -1, 1), torch.sigmoid(s))),
+        "and_masks": (flex.and_masks(causal, lambda b, h, q, kv: torch.abs(q - kv) % 3 != 1),
+                      None),
+    }
+    assert sorted(mods) == GALLERY_NAMES
+    return mods[name]
+
+
+@pytest.mark.parametrize("name", GALLERY_NAMES)
 def test_traced_gallery_matches_pytorch(name):
-    mask_mod, score_mod = GALLERY[name]
+    mask_mod, score_mod = gallery(name)
     mods = pagedc.from_torch(mask_mod=mask_mod, score_mod=score_mod)
     q, k, v = (torch.randn(B, H, S, D) for _ in range(3))
     out, lse = pagedc.flex_attention(q, k, v, mods=mods, return_lse=True)
@@ -69,3 +83,109 @@ def test_gqa_matches_pytorch():
     bm = flex.create_block_mask(causal, 1, 8, 32, 32, device="cpu")
     ref = flex.flex_attention(q, k, v, block_mask=bm, enable_gqa=True)
     torch.testing.assert_close(out, ref, atol=1e-4, rtol=1e-4)
+
+
+# The runtime reference tests of test_runtime.py, checked against PyTorch's
+# flex_attention on the same fresh random inputs (pagedc reads K/V through a
+# shuffled page table, PyTorch from dense tensors).
+def _t(x):
+    return torch.from_numpy(np.ascontiguousarray(x))
+
+
+def _torch_reference(q, k, v, mask_mod=None, score_mod=None, q_offset=0, enable_gqa=False):
+    """PyTorch flex_attention of NumPy inputs; q positions start at q_offset."""
+    Bq, Hq, L, _ = q.shape
+    S = k.shape[2]
+    block_mask = None
+    if mask_mod is not None:
+        block_mask = flex.create_block_mask(
+            lambda b, h, qi, kv: mask_mod(b, h, qi + q_offset, kv), Bq, Hq, L, S, device="cpu")
+    wrapped = None
+    if score_mod is not None:
+        def wrapped(s, b, h, qi, kv):
+            return score_mod(s, b, h, qi + q_offset, kv)
+    out, lse = flex.flex_attention(_t(q), _t(k), _t(v), score_mod=wrapped,
+                                   block_mask=block_mask, enable_gqa=enable_gqa,
+                                   return_lse=True)
+    return out.numpy(), lse.numpy()
+
+
+def _close(got, want):
+    np.testing.assert_allclose(np.asarray(got), want, atol=1e-4, rtol=1e-4)
+
+
+def test_prefill_causal_and_lse_match_pytorch(rng):
+    from conftest import randn
+    q, k, v = (randn(rng, 2, 4, 37, 16) for _ in range(3))
+    out, lse = pagedc.flex_attention(q, k, v, mods=pagedc.from_torch(mask_mod=causal),
+                                     return_lse=True)
+    ref, ref_lse = _torch_reference(q, k, v, causal)
+    _close(out, ref)
+    _close(lse, ref_lse)
+
+
+def test_gqa_shuffled_pages_block_mask_matches_pytorch(rng):
+    from conftest import randn
+    from test_runtime import paged_cache
+    B, Hq, Hkv, S, D = 3, 8, 2, 70, 16
+    q, k, v = randn(rng, B, Hq, S, D), randn(rng, B, Hkv, S, D), randn(rng, B, Hkv, S, D)
+    cache = paged_cache(rng, k, v, page_size=4)
+    mods = pagedc.from_torch(mask_mod=causal)
+    mask = pagedc.create_block_mask(mods, None, None, S, S, BLOCK_SIZE=(16, 8))
+    out, lse = pagedc.flex_attention(q, cache, block_mask=mask, mods=mods, enable_gqa=True,
+                                     return_lse=True)
+    ref, ref_lse = _torch_reference(q, k, v, causal, enable_gqa=True)
+    _close(out, ref)
+    _close(lse, ref_lse)
+
+
+def test_decode_at_end_of_cache_matches_pytorch(rng):
+    from conftest import randn
+    from test_runtime import paged_cache
+    B, H, S, D = 2, 4, 53, 32
+    k, v = randn(rng, B, H, S, D), randn(rng, B, H, S, D)
+    lengths = [53, 29]
+    cache = paged_cache(rng, k, v, page_size=8)
+
+    def sliding(b, h, q, kv):
+        return (q >= kv) & (q - kv <= 16)
+
+    q = randn(rng, B, H, 1, D)
+    out, lse = pagedc.flex_attention(q, cache, mods=pagedc.from_torch(mask_mod=sliding),
+                                     kv_length=lengths, q_offset="end", return_lse=True)
+    for b, n in enumerate(lengths):
+        ref, ref_lse = _torch_reference(q[b:b + 1], k[b:b + 1, :, :n], v[b:b + 1, :, :n],
+                                        sliding, q_offset=n - 1)
+        _close(out[b:b + 1], ref)
+        _close(lse[b:b + 1], ref_lse)
+
+
+def test_fully_masked_rows_match_pytorch(rng):
+    from conftest import randn
+    q, k, v = (randn(rng, 1, 2, 12, 8) for _ in range(3))
+
+    def late(b, h, q_, kv):
+        return (q_ >= 6) & (kv <= q_)
+
+    out, lse = pagedc.flex_attention(q, k, v, mods=pagedc.from_torch(mask_mod=late),
+                                     return_lse=True)
+    ref, ref_lse = _torch_reference(q, k, v, late)
+    _close(out, ref)  # rows 0-5: zeros on both sides
+    assert np.all(np.isneginf(np.asarray(lse)[:, :, :6]))
+    assert np.all(np.isneginf(ref_lse[:, :, :6]))
+    _close(np.asarray(lse)[:, :, 6:], ref_lse[:, :, 6:])
+
+
+def test_score_mod_with_captured_tensor_matches_pytorch(rng):
+    from conftest import randn
+    q, k, v = (randn(rng, 2, 4, 19, 16) for _ in range(3))
+    bias = torch.from_numpy(randn(rng, 4))
+
+    def biased(s, b, h, q_, kv):
+        return s * 0.5 + bias[h] * (q_ - kv)
+
+    out, lse = pagedc.flex_attention(q, k, v, mods=pagedc.from_torch(score_mod=biased),
+                                     return_lse=True)
+    ref, ref_lse = _torch_reference(q, k, v, score_mod=biased)
+    _close(out, ref)
+    _close(lse, ref_lse)
