@@ -28,6 +28,7 @@
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
+#include <chrono>
 #include <memory>
 #include <string>
 #include <vector>
@@ -477,6 +478,42 @@ py::tuple attention(const py::handle &qObj, std::shared_ptr<PagedKVCache> cache,
   return py::make_tuple(outResult, lseResult);
 }
 
+/// Benchmark support (bench/python/overhead.py): the same call as
+/// attention(), but the arguments are converted once and flexAttention() is
+/// then timed `repeat` times in a C++ loop, the way a C++ application that
+/// holds its views and bindings calls it. Returns the per-call times in ns,
+/// so Python's overhead is the public call's time minus these.
+std::vector<int64_t> timeCppCalls(const py::handle &qObj, std::shared_ptr<PagedKVCache> cache,
+                                  std::shared_ptr<BlockMask> blockMask, const Mods &mods,
+                                  const py::dict &buffers, const py::dict &params,
+                                  std::vector<int64_t> batchIdx, std::vector<int64_t> kvLength,
+                                  std::vector<int64_t> qOffset, const py::handle &outObj,
+                                  int threads, int repeat) {
+  if (repeat < 1)
+    throw Error("repeat must be at least 1");
+  std::vector<BorrowedTensor> keep;
+  BorrowedTensor q = borrowTensor(qObj, "q");
+  BorrowedTensor out = borrowTensor(outObj, "out");
+  Bindings bindings = makeBindings(mods, buffers, params, keep);
+  AttentionOptions options;
+  options.batchIdx = int32List(batchIdx, "batch_idx");
+  options.kvLength = int32List(kvLength, "kv_length");
+  options.qOffset = int32List(qOffset, "q_offset");
+  options.threads = threads;
+  options.out = out.view;
+  std::vector<int64_t> samples(static_cast<size_t>(repeat));
+  py::gil_scoped_release release;
+  for (int i = 0; i < repeat; ++i) {
+    auto start = std::chrono::steady_clock::now();
+    AttentionResult result =
+        flexAttention(q.view, *cache, blockMask.get(), mods.mods, bindings, options);
+    auto end = std::chrono::steady_clock::now();
+    samples[static_cast<size_t>(i)] =
+        std::chrono::duration_cast<std::chrono::nanoseconds>(end - start).count();
+  }
+  return samples;
+}
+
 } // namespace
 
 PYBIND11_MODULE(_pagedc, m) {
@@ -646,4 +683,6 @@ PYBIND11_MODULE(_pagedc, m) {
       });
 
   m.def("flex_attention", &attention);
+  m.def("_time_cpp_calls", &timeCppCalls,
+        "Benchmark support: times flexAttention() in a C++ loop (ns per call).");
 }
