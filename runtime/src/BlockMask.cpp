@@ -12,6 +12,7 @@
 //  * element-wise: maskRow over every (q, kv) pair.
 //
 //===----------------------------------------------------------------------===//
+#include "Arithmetic.h"
 #include "pagedc/BlockMask.h"
 #include "pagedc/Error.h"
 #include "pagedc/Mods.h"
@@ -26,8 +27,6 @@ namespace pagedc {
 namespace {
 
 constexpr int64_t kMaxIndex = std::numeric_limits<int32_t>::max();
-
-int64_t ceilDiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
 /// Block geometry of one mask.
 /// Rows i = 0 .. numQ - 1 of a mask are the q blocks firstQ + i.

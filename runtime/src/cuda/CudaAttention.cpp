@@ -8,6 +8,7 @@
 //
 //===----------------------------------------------------------------------===//
 
+#include "Arithmetic.h"
 #include "cuda/CudaAttention.h"
 
 #include "pagedc/CudaAttention.h"
@@ -24,8 +25,6 @@
 namespace pagedc {
 
 namespace {
-
-int64_t ceilDiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
 /// The most query tokens the decode kernel takes (KernelConfig::validate).
 constexpr int kMaxDecodeTokens = 8;

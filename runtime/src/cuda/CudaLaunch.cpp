@@ -2,6 +2,8 @@
 
 #include "pagedc/CudaLaunch.h"
 
+#include "Arithmetic.h"
+
 #include "pagedc/Error.h"
 
 #include <fmt/format.h>
@@ -23,8 +25,6 @@ template <typename T> std::vector<unsigned char> bytesOf(const T &value) {
   std::memcpy(bytes.data(), &value, sizeof(T));
   return bytes;
 }
-
-int64_t ceilDiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
 void checkArgs(const KernelConfig &config, const PagedcAttentionKernelArgs &args) {
   if (!args.q || !args.k_cache || !args.v_cache || !args.out || !args.page_table ||
