@@ -27,12 +27,13 @@ Needs PyTorch (scripts/python-torch-tests.sh installs it in a venv):
 import argparse
 import json
 import os
-import platform
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
+
+from results import write_results
 
 B, H, S, D = 1, 4, 256, 64
 VARIANTS = ["causal", "sliding", "prefix_lm", "document", "alibi", "softcap"]
@@ -168,17 +169,11 @@ def main():
                   f"torch.compile(flex_attention) first call {med['torch']:.2f} s | "
                   f"{row['ratio_torch_over_pagedc']}x | max |diff| {worst:.1e}", flush=True)
     if args.json:
-        result = {"benchmark": "bench/python/cold_variant.py",
-                  "what": "new variant, fresh process, empty caches: seconds from the mod "
-                          "functions to the first output (imports not counted)",
-                  "shape": {"B": B, "H": H, "S": S, "D": D, "dtype": "f32", "device": "cpu"},
-                  "threads": args.threads, "reps": args.reps, "torch_version": torch_version,
-                  "date": time.strftime("%Y-%m-%d"), "machine": platform.node(),
-                  "cpu_count": os.cpu_count(), "rows": rows}
-        with open(args.json, "w") as f:
-            json.dump(result, f, indent=2)
-            f.write("\n")
-
+        write_results(args.json, "bench/python/cold_variant.py", rows,
+                      what="new variant, fresh process, empty caches: seconds from the mod "
+                           "functions to the first output (imports not counted)",
+                      shape={"B": B, "H": H, "S": S, "D": D, "dtype": "f32", "device": "cpu"},
+                      threads=args.threads, reps=args.reps, torch_version=torch_version)
 
 if __name__ == "__main__":
     main()

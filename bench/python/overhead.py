@@ -20,9 +20,6 @@ public - cpp (the whole cost of calling from Python).
     PYTHONPATH=build/python python3 bench/python/overhead.py [--repeat N] [--json FILE]
 """
 import argparse
-import json
-import os
-import platform
 import statistics
 import time
 
@@ -30,6 +27,7 @@ import numpy as np
 
 import pagedc
 from pagedc import _pagedc
+from results import write_results
 
 
 def time_ns(fn, repeat):
@@ -103,13 +101,8 @@ def main():
               f"{med['public']:.1f} us; Python adds {row['added_by_python_us']:.1f} us "
               f"(target <= 10)")
     if args.json:
-        result = {"benchmark": "bench/python/overhead.py", "unit": "microseconds, medians",
-                  "date": time.strftime("%Y-%m-%d"), "machine": platform.node(),
-                  "cpu_count": os.cpu_count(), "rows": rows}
-        with open(args.json, "w") as f:
-            json.dump(result, f, indent=2)
-            f.write("\n")
-
+        write_results(args.json, "bench/python/overhead.py", rows,
+                      unit="microseconds, medians")
 
 if __name__ == "__main__":
     main()

@@ -434,22 +434,41 @@ std::shared_ptr<BlockMask> maskFromKvBlocks(py::handle kvNum, py::handle kvIdx, 
 // Attention
 //===----------------------------------------------------------------------===//
 
+/// The arguments of one flexAttention() call, converted from Python once:
+/// q borrowed, the mods' bindings resolved (their tensors kept alive) and the
+/// per-batch lists checked.
+struct PreparedCall {
+  std::vector<BorrowedTensor> keep;
+  BorrowedTensor q;
+  Bindings bindings;
+  AttentionOptions options;
+
+  PreparedCall(const py::handle &qObj, const Mods &mods, const py::dict &buffers,
+               const py::dict &params, const std::vector<int64_t> &batchIdx,
+               const std::vector<int64_t> &kvLength, const std::vector<int64_t> &qOffset,
+               int threads)
+      : q(borrowTensor(qObj, "q")), bindings(makeBindings(mods, buffers, params, keep)) {
+    options.batchIdx = int32List(batchIdx, "batch_idx");
+    options.kvLength = int32List(kvLength, "kv_length");
+    options.qOffset = int32List(qOffset, "q_offset");
+    options.threads = threads;
+  }
+  PreparedCall(const PreparedCall &) = delete;
+  PreparedCall &operator=(const PreparedCall &) = delete;
+};
+
 py::tuple attention(const py::handle &qObj, std::shared_ptr<PagedKVCache> cache,
                     std::shared_ptr<BlockMask> blockMask, const Mods &mods,
                     const py::dict &buffers, const py::dict &params,
                     std::vector<int64_t> batchIdx, std::vector<int64_t> kvLength,
                     std::vector<int64_t> qOffset, std::optional<float> scale, bool returnLse,
                     const py::handle &outObj, const py::handle &lseObj, int threads) {
-  std::vector<BorrowedTensor> keep;
-  BorrowedTensor q = borrowTensor(qObj, "q");
-  Bindings bindings = makeBindings(mods, buffers, params, keep);
-  AttentionOptions options;
-  options.batchIdx = int32List(batchIdx, "batch_idx");
-  options.kvLength = int32List(kvLength, "kv_length");
-  options.qOffset = int32List(qOffset, "q_offset");
+  PreparedCall call(qObj, mods, buffers, params, batchIdx, kvLength, qOffset, threads);
+  BorrowedTensor &q = call.q;
+  Bindings &bindings = call.bindings;
+  AttentionOptions &options = call.options;
   options.scale = scale;
   options.returnLse = returnLse;
-  options.threads = threads;
   BorrowedTensor out, lse;
   if (!outObj.is_none()) {
     out = borrowTensor(outObj, "out");
@@ -491,16 +510,12 @@ std::vector<int64_t> timeCppCalls(const py::handle &qObj, std::shared_ptr<PagedK
                                   int threads, int repeat) {
   if (repeat < 1)
     throw Error("repeat must be at least 1");
-  std::vector<BorrowedTensor> keep;
-  BorrowedTensor q = borrowTensor(qObj, "q");
+  PreparedCall call(qObj, mods, buffers, params, batchIdx, kvLength, qOffset, threads);
   BorrowedTensor out = borrowTensor(outObj, "out");
-  Bindings bindings = makeBindings(mods, buffers, params, keep);
-  AttentionOptions options;
-  options.batchIdx = int32List(batchIdx, "batch_idx");
-  options.kvLength = int32List(kvLength, "kv_length");
-  options.qOffset = int32List(qOffset, "q_offset");
-  options.threads = threads;
-  options.out = out.view;
+  call.options.out = out.view;
+  const BorrowedTensor &q = call.q;
+  const Bindings &bindings = call.bindings;
+  const AttentionOptions &options = call.options;
   std::vector<int64_t> samples(static_cast<size_t>(repeat));
   py::gil_scoped_release release;
   for (int i = 0; i < repeat; ++i) {
