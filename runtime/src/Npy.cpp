@@ -264,11 +264,17 @@ NpyLayout parseLayout(const std::string &text, uint64_t dataStart, const std::st
   if (options.expectShape && *options.expectShape != header.shape)
     fail(name, fmt::format("shape mismatch: expected {}, the file holds {}",
                            shapeText(*options.expectShape), shapeText(header.shape)));
-  // The byte size must fit int64 (and so size_t and file offsets).
+  // The byte size must fit int64 (and so size_t and file offsets), and so
+  // must the byte strides of the C-order layout: a zero extent makes the
+  // size 0, but (0, 7e14, 5e8) still has strides no int64 holds, which
+  // TensorView refuses, so the reader refuses it too.
   int64_t bytes = static_cast<int64_t>(dtypeSize(layout.dtype));
+  int64_t span = bytes;
   for (int64_t extent : header.shape)
-    if (__builtin_mul_overflow(bytes, extent, &bytes))
-      fail(name, fmt::format("shape {} of {} is too large: its byte size overflows 64 bits",
+    if (__builtin_mul_overflow(bytes, extent, &bytes) ||
+        (extent > 0 && __builtin_mul_overflow(span, extent, &span)))
+      fail(name, fmt::format("shape {} of {} is too large: its byte size (or a stride) "
+                             "overflows 64 bits",
                              shapeText(header.shape), header.descr));
   layout.shape = std::move(header.shape);
   layout.dataStart = dataStart;

@@ -205,6 +205,30 @@ TEST(Npy, FileErrorsNameThePathAndLeaveNothingBehind) {
 
 } // namespace
 
+// A zero extent makes the byte size 0, but the strides of the other extents
+// must still fit int64 (TensorView refuses them, so the reader does too; the
+// .npy fuzzer found the reader accepting such a shape and the view aborting).
+TEST(NpyHardening, EmptyShapesWhoseStridesOverflowAreRejected) {
+  for (const char *shape : {"(0, 700000760134439, 461166281)", "(3, 0, 4611686018427387904)",
+                            "(4294967296, 4294967296, 0)"}) {
+    const std::string dict =
+        "{'descr': '<f4', 'fortran_order': False, 'shape': " + std::string(shape) + ", }";
+    try {
+      parseNpy(npyBytes(1, dict, {}), "empty.npy");
+      ADD_FAILURE() << dict;
+    } catch (const Error &error) {
+      EXPECT_NE(std::string(error.what()).find("overflows 64 bits"), std::string::npos)
+          << error.what();
+    }
+  }
+  // An empty shape whose strides fit is a valid empty tensor.
+  HostTensor empty = parseNpy(
+      npyBytes(1, "{'descr': '<f4', 'fortran_order': False, 'shape': (0, 1000000, 7), }", {}),
+      "empty.npy");
+  EXPECT_EQ(empty.numel(), 0);
+  EXPECT_EQ(empty.view().shape()[1], 1000000);
+}
+
 // Issue 10: headers whose byte size overflows 64 bits (a sweep over dtypes
 // and extents) are rejected by parseNpy and readNpy, naming the file; paths
 // that are not regular files are refused, never read.
