@@ -559,6 +559,12 @@ const std::vector<int32_t> &PagedKVCache::pageTable(int64_t slot) const {
 
 std::vector<int32_t> PagedKVCache::densePageTable(const std::vector<int32_t> &slots,
                                                   int64_t columns) const {
+  // No slot's table is longer than the cache has pages: wider is padding
+  // only (columns = 2^31 was an 8 GB request for nothing).
+  if (columns > config_.numPages)
+    throw Error(fmt::format("page table: {} columns is more than the cache's {} pages (no slot "
+                            "can hold more)",
+                            columns, config_.numPages));
   int64_t width = columns;
   for (int32_t slot : slots) {
     checkSlot(slot, "page table:");

@@ -180,7 +180,8 @@ public:
   /// slot's used length (capacity / pageSize).
   const std::vector<int32_t> &pageTable(int64_t slot) const;
   /// The page tables of `slots` as a dense int32 [slots.size(), columns]
-  /// row-major array padded with -1. `columns` < 0 means the longest table.
+  /// row-major array padded with -1. `columns` < 0 means the longest table;
+  /// more than numPages() is an error (no table is that long).
   std::vector<int32_t> densePageTable(const std::vector<int32_t> &slots,
                                       int64_t columns = -1) const;
   /// The logical page that physical page `page` holds for slot `slot`, or -1

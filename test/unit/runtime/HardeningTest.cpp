@@ -274,6 +274,9 @@ TEST(KVCacheHardening, ReserveOverflowsAreErrorsWithNoStateChange) {
       }
     EXPECT_THROW(cache.densePageTable({0, 1}, INT64_MAX), Error);
     EXPECT_THROW(cache.densePageTable({0, 1}, INT64_MAX / 2), Error);
+    EXPECT_THROW(cache.densePageTable({0, 1}, cache.numPages() + 1), Error);
+    EXPECT_EQ(cache.densePageTable({0, 1}, cache.numPages()).size(),
+              2 * static_cast<size_t>(cache.numPages()));
   }
 }
 
