@@ -89,7 +89,14 @@ bool Value::asBool(std::string_view what) const {
 int64_t Value::asInt(std::string_view what) const {
   if (kind_ != Kind::Number || (!isInteger_ && std::floor(number_) != number_))
     throw Error(fmt::format("{} must be an integer, not {}", what, kindName(kind_)));
-  return isInteger_ ? integer_ : static_cast<int64_t>(number_);
+  if (isInteger_)
+    return integer_;
+  // An integral double such as 8.3e57 or 1e19 has no int64 value (the
+  // conversion would be undefined): out of range, said so. 2^63 is the first
+  // double past INT64_MAX; -2^63 itself fits.
+  if (!(number_ >= -9223372036854775808.0 && number_ < 9223372036854775808.0))
+    throw Error(fmt::format("{} is out of the range of a 64-bit integer: {}", what, number_));
+  return static_cast<int64_t>(number_);
 }
 double Value::asDouble(std::string_view what) const {
   if (kind_ != Kind::Number)

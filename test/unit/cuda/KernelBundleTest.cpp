@@ -118,4 +118,10 @@ TEST(KernelBundle, MalformedManifestsNameTheProblem) {
   std::string file = bundle.modules[0].file;
   expectError(replaced("\"" + file + "\"", "\"../etc/passwd\""), "plain file name");
   expectError(good + "x", "expected end of input");
+  // Integral numbers beyond int64 are errors, never an undefined conversion
+  // (the bundle fuzzer's 8.3e57).
+  for (const char *big : {"8.3e57", "1e19", "9223372036854775808.0", "-1e300"})
+    expectError(replaced("\"threads\": 128", std::string("\"threads\": ") + big),
+                "modules[0].threads is out of the range of a 64-bit integer");
+  EXPECT_NO_THROW(KernelBundle::parseManifest(replaced("\"threads\": 128", "\"threads\": 128.0")));
 }
