@@ -266,6 +266,14 @@ private:
     config.valueHeadDim = size(0, 8);
     config.dtype = in.PickValueInArray({DType::F32, DType::F16, DType::BF16,
                                         DType::I32, DType::U8, DType::F64});
+    // A valid cache of 2^31 one-token pages is 24 GB of page bookkeeping
+    // plus its K/V storage: an allocation the harness asked for, not a
+    // finding. Valid configurations keep at most 2^20 tokens; the extremes
+    // that the configuration checks refuse stay as they are.
+    if (config.pageSize >= 1 && config.numPages >= 1 &&
+        config.numPages <= std::numeric_limits<int32_t>::max() / config.pageSize &&
+        config.numPages * config.pageSize > (int64_t(1) << 20))
+      config.numPages = std::max<int64_t>(1, (int64_t(1) << 20) / config.pageSize);
     cache.reset();
     cache = std::make_unique<PagedKVCache>(config);
     checkCache();
@@ -446,17 +454,23 @@ private:
       if (dep.h)
         heads = std::min<int64_t>(heads, 3);
     }
-    // Masks within the runtime's 2 GiB budget but of more than 2^22 blocks
-    // take tens of seconds to build and validate under the sanitizers and
-    // coverage: honest work, not a hang. Shrink those; sizes refused by the
-    // budget (checked before anything is built) keep their extremes.
+    // Masks within the runtime's 2 GiB budget but of more than 2^18 blocks
+    // take up to tens of seconds to build, validate and convert (once per
+    // later operation of the input) under the sanitizers and coverage:
+    // honest work, not a hang. Shrink those; sizes refused by the budget
+    // (checked before anything is built) keep their extremes.
     if (qBlock > 0 && kvBlock > 0 && batch >= 0 && heads >= 0 && qLength >= 0 &&
         kvLength >= 0) {
-      const int64_t blocks =
-          product(dep.b ? batch : 1, dep.h ? heads : 1,
-                  qLength / qBlock + (qLength % qBlock > 0),
+      // Per (b, h) row set, and in all: the mask is broadcast over b and h
+      // when the mod does not read them, so either may be what gets built.
+      const int64_t rowBlocks =
+          product(1, 1, qLength / qBlock + (qLength % qBlock > 0),
                   kvLength / kvBlock + (kvLength % kvBlock > 0));
-      if (blocks > (int64_t(1) << 22) && blocks <= (int64_t(1) << 30)) {
+      const int64_t blocks = product(batch, heads, 1, rowBlocks);
+      auto buildable = [](int64_t n) {
+        return n > (int64_t(1) << 18) && n <= (int64_t(1) << 30);
+      };
+      if (buildable(rowBlocks) || buildable(blocks)) {
         qLength %= 1025;
         kvLength %= 1025;
         batch = std::min<int64_t>(batch, 3);
