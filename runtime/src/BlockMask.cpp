@@ -503,6 +503,10 @@ BlockMask denseToBlockMask(const uint8_t *dense, int64_t batch, int64_t heads, i
 std::vector<uint8_t> toDenseBlocks(const BlockMask &mask) {
   validateBlockMask(mask);
   const int64_t numKv = mask.numKvBlocks();
+  // No rows or no columns: nothing to write, whatever batch x heads says (a
+  // Q_LEN 0 mask of 2^31 x 2^31 (b, h) pairs looped 2^62 times).
+  if (mask.numQBlocks == 0 || numKv == 0)
+    return {};
   std::vector<uint8_t> blocks(
       static_cast<size_t>(mask.batch * mask.heads * mask.numQBlocks * numKv), EmptyBlock);
   for (int64_t b = 0; b < mask.batch; ++b)
@@ -526,6 +530,8 @@ std::vector<uint8_t> toDense(const BlockMask &mask, const CompiledMods *mods,
   const PagedcModContext emptyContext{nullptr, nullptr};
   const Geometry g(mask.qLength, mask.kvLength, mask.qBlockSize, mask.kvBlockSize,
                    mask.firstQBlock);
+  if (g.numQ == 0 || g.numKv == 0)
+    return {}; // empty, however many (b, h) pairs
   std::vector<uint8_t> dense(static_cast<size_t>(mask.batch * mask.heads * g.qLength * g.kvLength),
                              0);
   for (int64_t b = 0; b < mask.batch; ++b)

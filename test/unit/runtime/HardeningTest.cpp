@@ -152,6 +152,19 @@ TEST(CreateBlockMask, RefusesMasksBeyondTheMemoryBudget) {
   EXPECT_THROW(createBlockMaskRows(causal, kNoContext, 1, 1, -1, 10, 10), Error);
 }
 
+// An empty mask (Q_LEN or KV_LEN 0) over 2^30 x 2^30 (b, h) pairs densifies
+// to nothing at once: toDense and toDenseBlocks looped over every pair (2^60
+// iterations; the runtime-API fuzzer's timeout).
+TEST(BlockMaskHardening, EmptyMasksOverHugeBatchesDensifyAtOnce) {
+  const int64_t huge = int64_t(1) << 30;
+  for (int64_t kv : {10, 0}) { // Q_LEN 0: no rows (any other Q_LEN needs 2^60 row counts)
+    BlockMask mask = blockMaskFromKvBlocks({}, {}, {}, {}, huge, huge, kv == 0 ? 0 : 1, 0, kv,
+                                           16, 16);
+    EXPECT_TRUE(toDenseBlocks(mask).empty());
+    EXPECT_TRUE(toDense(mask).empty());
+  }
+}
+
 // Page tables exist only for slots that hold pages: a cache configured for
 // 2^31 - 1 slots costs what its pages cost, whichever slot ids are used (it
 // used to allocate 51 GB of empty tables up front, which ASan reported as out
