@@ -428,7 +428,13 @@ void validateBlockMask(const BlockMask &mask) {
     checkSize(mask.fullKvIndices, entries, "fullKvIndices");
   }
   const int64_t numKv = mask.numKvBlocks();
-  std::vector<int64_t> seenInRow(static_cast<size_t>(numKv), -1);
+  // Duplicates within a row: a mark per kv block when there are not many
+  // more kv blocks than a row can list (every mask createBlockMask builds),
+  // else a sorted copy of each row, so a user mask of few blocks per row over
+  // KV_LEN 2^31 with 1-token blocks does not allocate 16 GB of marks.
+  const bool marks = rows > 0 && numKv <= std::max<int64_t>(4096, 4 * mask.maxKvBlocks);
+  std::vector<int64_t> seenInRow(marks ? static_cast<size_t>(numKv) : 0, -1);
+  std::vector<int32_t> sorted;
   auto checkList = [&](int64_t row, int32_t count, const int32_t *indices, const char *name) {
     if (count < 0 || count > mask.maxKvBlocks)
       throw Error(fmt::format("block mask row {} has {} {} blocks; the count must be from 0 to "
@@ -439,17 +445,28 @@ void validateBlockMask(const BlockMask &mask) {
       if (block < 0 || block >= numKv)
         throw Error(fmt::format("block mask row {} lists {} kv block {}, outside [0, {})", row,
                                 name, block, numKv));
+      if (!marks)
+        continue;
       if (seenInRow[block] == row)
         throw Error(fmt::format("block mask row {} lists kv block {} twice", row, block));
       seenInRow[block] = row;
     }
+    if (!marks)
+      sorted.insert(sorted.end(), indices, indices + count);
   };
   for (int64_t row = 0; row < rows; ++row) {
+    sorted.clear();
     checkList(row, mask.kvNumBlocks[row], mask.kvIndices.data() + row * mask.maxKvBlocks,
               "partial");
     if (hasFull)
       checkList(row, mask.fullKvNumBlocks[row], mask.fullKvIndices.data() + row * mask.maxKvBlocks,
                 "full");
+    if (sorted.size() > 1) { // the row's partial and full lists, without marks
+      std::sort(sorted.begin(), sorted.end());
+      auto twice = std::adjacent_find(sorted.begin(), sorted.end());
+      if (twice != sorted.end())
+        throw Error(fmt::format("block mask row {} lists kv block {} twice", row, *twice));
+    }
   }
 }
 

@@ -14,6 +14,7 @@
 #include "pagedc/Tensor.h"
 
 #include "TestMods.h"
+#include "TestUtil.h"
 
 #include <gtest/gtest.h>
 
@@ -163,6 +164,24 @@ TEST(BlockMaskHardening, EmptyMasksOverHugeBatchesDensifyAtOnce) {
     EXPECT_TRUE(toDenseBlocks(mask).empty());
     EXPECT_TRUE(toDense(mask).empty());
   }
+}
+
+// Validating a mask of few blocks per row over KV_LEN 2^31 - 1 with 1-token
+// blocks needs no memory per kv block (it allocated 16 GB of duplicate marks:
+// the runtime-API fuzzer's third long run); duplicates are still found,
+// within a list and across a row's partial and full lists.
+TEST(BlockMaskHardening, SparseRowsOverHugeKvLengthsValidateWithoutMarks) {
+  const int64_t kv = INT32_MAX;
+  auto make = [&](std::vector<int32_t> num, std::vector<int32_t> idx, std::vector<int32_t> fullNum,
+                  std::vector<int32_t> fullIdx) {
+    return blockMaskFromKvBlocks(num, idx, fullNum, fullIdx, 1, 1, 2, 1, kv, 1, 1);
+  };
+  BlockMask ok = make({2}, {0, INT32_MAX - 1}, {1}, {7, 0});
+  EXPECT_EQ(ok.partialCount(0, 0, 0), 2);
+  EXPECT_EQ(ok.fullCount(0, 0, 0), 1);
+  EXPECT_PAGEDC_ERROR(make({2}, {5, 5}, {}, {}), "row 0 lists kv block 5 twice");
+  EXPECT_PAGEDC_ERROR(make({1}, {7, 0}, {1}, {7, 0}), "row 0 lists kv block 7 twice");
+  EXPECT_PAGEDC_ERROR(make({1}, {INT32_MAX, 0}, {}, {}), "outside [0, 2147483647)");
 }
 
 // Page tables exist only for slots that hold pages: a cache configured for
