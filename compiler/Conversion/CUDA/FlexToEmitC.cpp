@@ -18,6 +18,7 @@
 #include "mlir/IR/Builders.h"
 #include "mlir/IR/BuiltinOps.h"
 #include "mlir/IR/IRMapping.h"
+#include "mlir/Interfaces/SideEffectInterfaces.h"
 #include "mlir/Pass/PassManager.h"
 #include "mlir/Transforms/DialectConversion.h"
 #include "mlir/Transforms/GreedyPatternRewriteDriver.h"
@@ -158,6 +159,30 @@ bool isRematerializable(Operation *op) {
   return op && isa<arith::ConstantOp, flex::ParamRefOp>(op);
 }
 
+/// The operations of `mod` whose value depends on params and constants only
+/// (e.g. `1 / softcap` after rewriteRowInvariantDivisions): like constants,
+/// they are cloned into the element function rather than held per query row,
+/// and the CUDA compiler computes them once per CTA (the params are
+/// __grid_constant__ and the arithmetic is pure, so the loop over keys does
+/// not repeat them). One forward pass: no recursion over long chains.
+DenseSet<Operation *> paramOnlyOps(flex::ModOp mod) {
+  DenseSet<Operation *> result;
+  for (Operation &op : mod.getBody().front().without_terminator()) {
+    if (isRematerializable(&op)) {
+      result.insert(&op);
+      continue;
+    }
+    if (op.getNumResults() != 1 || op.getNumRegions() != 0 ||
+        op.getDialect()->getNamespace() != "arith" || !isMemoryEffectFree(&op))
+      continue;
+    if (llvm::all_of(op.getOperands(), [&](Value v) {
+          return result.contains(v.getDefiningOp());
+        }))
+      result.insert(&op);
+  }
+  return result;
+}
+
 /// The split of a mod body into the part that runs once per query row and
 /// the part that runs per element.
 struct HoistingPlan {
@@ -166,6 +191,8 @@ struct HoistingPlan {
   /// Row-part values the element part reads: the fields r0, r1, ... of the
   /// row struct, in this order.
   llvm::SetVector<Value> rowFields;
+  /// Param-only operations (paramOnlyOps), cloned where used.
+  DenseSet<Operation *> cheap;
 };
 
 HoistingPlan planHoisting(flex::ModOp mod) {
@@ -182,9 +209,10 @@ HoistingPlan planHoisting(flex::ModOp mod) {
     plan.elementOps.insert(&op);
     varying.insert(op.result_begin(), op.result_end());
   }
+  plan.cheap = paramOnlyOps(mod);
   auto needsField = [&](Value value) {
     return !varying.contains(value) && !isa<BlockArgument>(value) &&
-           !isRematerializable(value.getDefiningOp());
+           !plan.cheap.contains(value.getDefiningOp());
   };
   for (Operation *op : plan.elementOps)
     for (Value operand : op->getOperands())
@@ -194,6 +222,39 @@ HoistingPlan planHoisting(flex::ModOp mod) {
   if (needsField(result))
     plan.rowFields.insert(result);
   return plan;
+}
+
+/// `x / y` where y is the same for every key of a query row (it reads
+/// neither kv nor s) becomes `x * (1 / y)`: planHoisting then moves the
+/// reciprocal into the row struct, so each element pays one multiplication
+/// instead of an IEEE division (a dozen instructions and a slow path on the
+/// GPU). The product is within 1.5 ulp of the quotient (docs/language.md).
+void rewriteRowInvariantDivisions(flex::ModOp mod) {
+  DenseSet<Value> varying;
+  varying.insert(mod.getKV());
+  if (mod.isScore())
+    varying.insert(mod.getScoreArg());
+  SmallVector<arith::DivFOp> divisions;
+  for (Operation &op : mod.getBody().front().without_terminator()) {
+    if (llvm::none_of(op.getOperands(),
+                      [&](Value v) { return varying.contains(v); }))
+      continue;
+    varying.insert(op.result_begin(), op.result_end());
+    if (auto div = dyn_cast<arith::DivFOp>(op))
+      if (div.getType().isF32() && !varying.contains(div.getRhs()))
+        divisions.push_back(div);
+  }
+  for (arith::DivFOp div : divisions) {
+    OpBuilder builder(div);
+    Location loc = div.getLoc();
+    Value one = builder.create<arith::ConstantOp>(
+        loc, builder.getF32FloatAttr(1.0f));
+    Value reciprocal = builder.create<arith::DivFOp>(loc, one, div.getRhs());
+    Value product =
+        builder.create<arith::MulFOp>(loc, div.getLhs(), reciprocal);
+    div.replaceAllUsesWith(product);
+    div.erase();
+  }
 }
 
 /// A short description of where a row field comes from, for a comment.
@@ -235,8 +296,10 @@ public:
 
   LogicalResult build(flex::ModOp mod, Location loc) {
     HoistingPlan plan;
-    if (mod)
+    if (mod) {
+      rewriteRowInvariantDivisions(mod);
       plan = planHoisting(mod);
+    }
     if (failed(emitRowStruct(plan, loc)))
       return failure();
     emitRowFunction(mod, plan, loc);
@@ -349,12 +412,24 @@ private:
                                                     func.getArgument(1));
       mapping.map(field, member.getResult());
     }
+    // Clones the param-only slice of `value` (iteratively, in body order).
     auto materialize = [&](Value value) {
       if (mapping.contains(value))
         return;
-      Operation *def = value.getDefiningOp();
-      assert(isRematerializable(def) && "value neither mapped nor cheap");
-      builder.clone(*def, mapping);
+      DenseSet<Operation *> slice;
+      SmallVector<Operation *> worklist{value.getDefiningOp()};
+      while (!worklist.empty()) {
+        Operation *def = worklist.pop_back_val();
+        if (!def || mapping.contains(def->getResult(0)) ||
+            !slice.insert(def).second)
+          continue;
+        assert(plan.cheap.contains(def) && "value neither mapped nor cheap");
+        for (Value operand : def->getOperands())
+          worklist.push_back(operand.getDefiningOp());
+      }
+      for (Operation &op : mod.getBody().front().without_terminator())
+        if (slice.contains(&op))
+          builder.clone(op, mapping);
     };
     for (Operation *op : plan.elementOps) {
       for (Value operand : op->getOperands())
