@@ -181,7 +181,10 @@ PAGEDC_DEVICE void load_kv_tiles(uint32_t k_tile, uint32_t v_tile,
                                  const int32_t *page_row, // [max pages]
                                  int kv_begin, int kv_len, int thread) {
   static_assert((kRows * kChunksPerRow) % kThreads == 0, "uneven KV tile load");
-#pragma unroll
+  // Unrolled by two: fully unrolled, ptxas holds every row's page and both
+  // 64-bit sources at once, which spilled 300 bytes in the D 256 prefill
+  // kernel (bench/README.md).
+#pragma unroll 2
   for (int i = 0; i < kRows * kChunksPerRow / kThreads; ++i) {
     int index = thread + i * kThreads;
     int row = index / kChunksPerRow, chunk = index % kChunksPerRow;
@@ -209,76 +212,127 @@ PAGEDC_DEVICE void load_query_fragment(uint32_t (&fragment)[4], uint32_t tile,
 
 //===--- Warp tile math --------------------------------------------------===//
 
-/// One k-step (16 columns of D) of warp_scores.
-template <int kNTiles>
-PAGEDC_DEVICE void warp_scores_step(float (&scores)[kNTiles][4],
-                                    const uint32_t (&a)[4], uint32_t k_tile,
-                                    int col_base, int k_step, int lane) {
+/// One k-step (16 columns of D) of warp_scores: each K fragment is read
+/// from shared memory once and used by all kMTiles 16-row query tiles of
+/// the warp (32 rows per warp halve the ldmatrix bytes per MMA).
+template <int kMTiles, int kNTiles>
+PAGEDC_DEVICE void warp_scores_step(float (&scores)[kMTiles][kNTiles][4],
+                                    const uint32_t (&a)[kMTiles][4],
+                                    uint32_t k_tile, int col_base, int k_step,
+                                    int lane) {
 #pragma unroll
   for (int pair = 0; pair < kNTiles / 2; ++pair) {
     uint32_t b[4];
     int row = col_base + pair * 16 + (lane & 7) + ((lane >> 4) << 3);
     int chunk = k_step * 2 + ((lane >> 3) & 1);
     ldmatrix_x4(b, k_tile + tile_offset(row, chunk));
-    mma_16816(scores[2 * pair], a, b[0], b[1]);
-    mma_16816(scores[2 * pair + 1], a, b[2], b[3]);
+#pragma unroll
+    for (int m = 0; m < kMTiles; ++m) {
+      mma_16816(scores[m][2 * pair], a[m], b[0], b[1]);
+      mma_16816(scores[m][2 * pair + 1], a[m], b[2], b[3]);
+    }
   }
 }
 
-/// scores[16 x 8*kNTiles] = Q[16 x D] * K[kv rows col_base.., D]^T for one
-/// warp. Query fragments come from registers or, with kQInRegisters false,
-/// from the query tile.
-template <int kNTiles, bool kQInRegisters>
-PAGEDC_DEVICE void warp_scores(float (&scores)[kNTiles][4],
-                               const uint32_t (&q_regs)[kQInRegisters ? kHeadDim / 16 : 1][4],
-                               uint32_t q_tile, int q_row_base,
-                               uint32_t k_tile, int col_base, int lane) {
+/// scores[m][16 x 8*kNTiles] = Q[rows q_row_base + 16m .., D] * K[kv rows
+/// col_base.., D]^T for the warp's kMTiles query tiles. Query fragments come
+/// from registers or, with kQInRegisters false, from the query tile.
+template <int kMTiles, int kNTiles, bool kQInRegisters>
+PAGEDC_DEVICE void warp_scores_rows(
+    float (&scores)[kMTiles][kNTiles][4],
+    const uint32_t (&q_regs)[kMTiles][kQInRegisters ? kHeadDim / 16 : 1][4],
+    uint32_t q_tile, int q_row_base, uint32_t k_tile, int col_base, int lane) {
   static_assert(kNTiles % 2 == 0, "score tiles come in pairs");
 #pragma unroll
-  for (int j = 0; j < kNTiles; ++j)
+  for (int m = 0; m < kMTiles; ++m)
 #pragma unroll
-    for (int e = 0; e < 4; ++e)
-      scores[j][e] = 0.0f;
+    for (int j = 0; j < kNTiles; ++j)
+#pragma unroll
+      for (int e = 0; e < 4; ++e)
+        scores[m][j][e] = 0.0f;
   // Q from registers: fully unrolled (the fragments are indexed by k_step).
   // Q from shared memory: unrolled by two only, which keeps ptxas from
   // hoisting every K fragment of the tile (0 spills at D = 128).
   if constexpr (kQInRegisters) {
 #pragma unroll
-    for (int k_step = 0; k_step < kHeadDim / 16; ++k_step)
-      warp_scores_step<kNTiles>(scores, q_regs[k_step], k_tile, col_base,
-                                k_step, lane);
+    for (int k_step = 0; k_step < kHeadDim / 16; ++k_step) {
+      uint32_t a[kMTiles][4];
+#pragma unroll
+      for (int m = 0; m < kMTiles; ++m)
+#pragma unroll
+        for (int i = 0; i < 4; ++i)
+          a[m][i] = q_regs[m][k_step][i];
+      warp_scores_step<kMTiles, kNTiles>(scores, a, k_tile, col_base, k_step,
+                                         lane);
+    }
   } else {
 #pragma unroll 2
     for (int k_step = 0; k_step < kHeadDim / 16; ++k_step) {
-      uint32_t a[4];
-      load_query_fragment(a, q_tile, q_row_base, k_step, lane);
-      warp_scores_step<kNTiles>(scores, a, k_tile, col_base, k_step, lane);
+      uint32_t a[kMTiles][4];
+#pragma unroll
+      for (int m = 0; m < kMTiles; ++m)
+        load_query_fragment(a[m], q_tile, q_row_base + 16 * m, k_step, lane);
+      warp_scores_step<kMTiles, kNTiles>(scores, a, k_tile, col_base, k_step,
+                                         lane);
     }
   }
 }
 
-/// out[16 x D] += P[16 x 8*kNTiles] * V[kv rows col_base.., D] for one warp;
-/// P is the probability tile in the accumulator layout of warp_scores.
-template <int kNTiles>
-PAGEDC_DEVICE void warp_accumulate(float (&out)[kHeadDim / 8][4],
-                                   const float (&probs)[kNTiles][4],
-                                   uint32_t v_tile, int col_base, int lane) {
+/// The single-tile form (16 query rows per warp), used by decode.
+template <int kNTiles, bool kQInRegisters>
+PAGEDC_DEVICE void warp_scores(float (&scores)[kNTiles][4],
+                               const uint32_t (&q_regs)[kQInRegisters ? kHeadDim / 16 : 1][4],
+                               uint32_t q_tile, int q_row_base,
+                               uint32_t k_tile, int col_base, int lane) {
+  using Scores = float[1][kNTiles][4];
+  using QRegs = const uint32_t[1][kQInRegisters ? kHeadDim / 16 : 1][4];
+  warp_scores_rows<1, kNTiles, kQInRegisters>(
+      reinterpret_cast<Scores &>(scores), reinterpret_cast<QRegs &>(q_regs),
+      q_tile, q_row_base, k_tile, col_base, lane);
+}
+
+/// out[m][16 x D] += P[m][16 x 8*kNTiles] * V[kv rows col_base.., D] for the
+/// warp's kMTiles query tiles; P is the probability tile in the accumulator
+/// layout of warp_scores_rows. Each V fragment is read once for all tiles.
+template <int kMTiles, int kNTiles>
+PAGEDC_DEVICE void warp_accumulate_rows(float (&out)[kMTiles][kHeadDim / 8][4],
+                                        const float (&probs)[kMTiles][kNTiles][4],
+                                        uint32_t v_tile, int col_base,
+                                        int lane) {
 #pragma unroll
   for (int k_step = 0; k_step < kNTiles / 2; ++k_step) {
-    uint32_t a[4];
-    a[0] = pack_pair(probs[2 * k_step][0], probs[2 * k_step][1]);
-    a[1] = pack_pair(probs[2 * k_step][2], probs[2 * k_step][3]);
-    a[2] = pack_pair(probs[2 * k_step + 1][0], probs[2 * k_step + 1][1]);
-    a[3] = pack_pair(probs[2 * k_step + 1][2], probs[2 * k_step + 1][3]);
+    uint32_t a[kMTiles][4];
+#pragma unroll
+    for (int m = 0; m < kMTiles; ++m) {
+      a[m][0] = pack_pair(probs[m][2 * k_step][0], probs[m][2 * k_step][1]);
+      a[m][1] = pack_pair(probs[m][2 * k_step][2], probs[m][2 * k_step][3]);
+      a[m][2] = pack_pair(probs[m][2 * k_step + 1][0], probs[m][2 * k_step + 1][1]);
+      a[m][3] = pack_pair(probs[m][2 * k_step + 1][2], probs[m][2 * k_step + 1][3]);
+    }
     int row = col_base + k_step * 16 + (lane & 15);
 #pragma unroll
     for (int pair = 0; pair < kHeadDim / 16; ++pair) {
       uint32_t b[4];
       ldmatrix_x4_trans(b, v_tile + tile_offset(row, pair * 2 + (lane >> 4)));
-      mma_16816(out[2 * pair], a, b[0], b[1]);
-      mma_16816(out[2 * pair + 1], a, b[2], b[3]);
+#pragma unroll
+      for (int m = 0; m < kMTiles; ++m) {
+        mma_16816(out[m][2 * pair], a[m], b[0], b[1]);
+        mma_16816(out[m][2 * pair + 1], a[m], b[2], b[3]);
+      }
     }
   }
+}
+
+/// The single-tile form (16 query rows per warp), used by decode.
+template <int kNTiles>
+PAGEDC_DEVICE void warp_accumulate(float (&out)[kHeadDim / 8][4],
+                                   const float (&probs)[kNTiles][4],
+                                   uint32_t v_tile, int col_base, int lane) {
+  using Out = float[1][kHeadDim / 8][4];
+  using Probs = const float[1][kNTiles][4];
+  warp_accumulate_rows<1, kNTiles>(reinterpret_cast<Out &>(out),
+                                   reinterpret_cast<Probs &>(probs), v_tile,
+                                   col_base, lane);
 }
 
 /// Online-softmax state of the two rows (lane / 4 and lane / 4 + 8 of the
@@ -327,7 +381,10 @@ PAGEDC_DEVICE void online_softmax(RowState &state, float (&scores)[kNTiles][4],
 /// raw q.k tile, leaving log2-domain logits (-inf where masked).
 /// `kv_base` is the logical kv of the warp's first column; `visible[half]`
 /// says whether the thread's row may see this tile at all; `check_mask`
-/// is false for full blocks.
+/// is false for full blocks. `all_kept` (the same for the whole warp) says
+/// that every element is kept (a full block, every row visible, every key
+/// below kv_len): then only the scale and the score mod are applied, with
+/// no per-element tests.
 template <int kNTiles>
 PAGEDC_DEVICE void apply_mods(float (&scores)[kNTiles][4],
                               const pagedc_mods::Params &params,
@@ -336,7 +393,26 @@ PAGEDC_DEVICE void apply_mods(float (&scores)[kNTiles][4],
                               const int (&b)[2], const int (&h)[2],
                               const int (&q)[2], const bool (&visible)[2],
                               const bool (&check_mask)[2], int kv_base,
-                              int kv_len, float scale, int lane) {
+                              int kv_len, float scale, int lane,
+                              bool all_kept = false) {
+  if (all_kept) {
+#pragma unroll
+    for (int j = 0; j < kNTiles; ++j)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        if constexpr (pagedc_mods::kHasScore) {
+          const int half = e >> 1;
+          const int kv = kv_base + j * 8 + 2 * (lane & 3) + (e & 1);
+          scores[j][e] = pagedc_mods::score(params, score_rows[half],
+                                            scores[j][e] * scale, b[half],
+                                            h[half], q[half], kv) *
+                         kLog2e;
+        } else {
+          scores[j][e] *= scale * kLog2e;
+        }
+      }
+    return;
+  }
 #pragma unroll
   for (int j = 0; j < kNTiles; ++j) {
 #pragma unroll

@@ -1,7 +1,10 @@
 //===- Prefill.cuh - Paged flex attention, FlashAttention-2 tiles -*- CUDA -*-===//
 //
-// One CTA computes kBlockM query rows of one (batch, query head): 16 rows per
-// warp, tensor-core tiles (mma.sync m16n8k16), online softmax in f32, and
+// One CTA computes kBlockM query rows of one (batch, query head): kWarpRows
+// (16 or 32) rows per warp, tensor-core tiles (mma.sync m16n8k16; at 32 rows
+// a warp's two 16-row tiles share every K and V fragment it reads from
+// shared memory, which halves the ldmatrix bytes per MMA: the shape of
+// FlashAttention-2's sm_80 kernel), online softmax in f32, and
 // K/V tiles of kBlockN rows gathered from pages with cp.async, double
 // buffered. Only the KV tiles the block mask lists are visited: partial
 // blocks call the mask mod per element, full blocks skip it; every visited
@@ -9,7 +12,8 @@
 // several block-mask rows it makes one pass per mask row, each pass visible
 // only to the rows that belong to it (online softmax makes passes additive).
 //
-// Grid: (ceil(q_len / kBlockM), heads_q, batch); block: kBlockM / 16 warps;
+// Grid: heads_q * batch * ceil(q_len / kBlockM) blocks in one dimension,
+// the last query tiles first; block: kBlockM / kWarpRows warps;
 // dynamic shared memory: (kBlockM + 4 * kBlockN) * kHeadDim * 2 bytes.
 //
 //===----------------------------------------------------------------------===//
@@ -17,10 +21,15 @@
 namespace pagedc {
 constexpr int kBlockM = pagedc_config::kBlockM;
 constexpr int kBlockN = pagedc_config::kBlockN;
-constexpr int kPrefillThreads = kBlockM * 2; // 16 rows per 32-thread warp
+constexpr int kWarpRows = pagedc_config::kWarpRows;
+/// 16-row MMA tiles per warp.
+constexpr int kMTiles = kWarpRows / 16;
+constexpr int kPrefillThreads = kBlockM / kWarpRows * 32;
 /// Q fragments stay in registers only at D = 64; at D >= 128 they are
 /// re-read from shared memory (ldmatrix) to stay clear of spills.
 constexpr bool kPrefillQInRegisters = kHeadDim <= 64;
+static_assert(kWarpRows == 16 || (kWarpRows == 32 && kHeadDim <= 128),
+              "32 rows per warp need head dim <= 128");
 static_assert(kBlockM == 64 || kBlockM == 128, "kBlockM must be 64 or 128");
 static_assert(kBlockN == 32 || kBlockN == 64, "kBlockN must be 32 or 64");
 } // namespace pagedc
@@ -31,7 +40,15 @@ extern "C" __global__ void __launch_bounds__(pagedc::kPrefillThreads)
   using namespace pagedc;
   PAGEDC_EXTERN_SHARED(unsigned char, shared);
   const int thread = threadIdx.x, lane = thread & 31, warp = thread >> 5;
-  const int b = blockIdx.z, h = blockIdx.y, row_begin = blockIdx.x * kBlockM;
+  // One-dimensional grid, heaviest CTAs first: block x is query head
+  // x % heads_q, then batch, then the query tiles from the last (under a
+  // causal mask the tile with the most keys) to the first, so the short
+  // tiles fill the tail of the launch.
+  const int q_tiles = (args.q_len + kBlockM - 1) / kBlockM;
+  const int h = blockIdx.x % args.heads_q;
+  const int rest = blockIdx.x / args.heads_q;
+  const int b = rest % args.batch;
+  const int row_begin = (q_tiles - 1 - rest / args.batch) * kBlockM;
   const int kv_head = h / (args.heads_q / args.heads_kv);
   const int kv_len = args.kv_len[b];
   const int q_offset = args.q_offset ? args.q_offset[b] : 0;
@@ -56,33 +73,34 @@ extern "C" __global__ void __launch_bounds__(pagedc::kPrefillThreads)
       static_cast<const Element *>(args.v_cache) + kv_head * args.v_stride[0];
   const int32_t *page_row = args.page_table + b * args.page_table_stride;
 
-  // The two rows this thread holds, and their kv-independent mod values.
-  int row_of[2], q_of[2];
+  // The 2 * kMTiles rows this thread holds (rows lane / 4 and lane / 4 + 8
+  // of each 16-row tile), and their kv-independent mod values.
+  const int warp_row = warp * kWarpRows;
+  int q_of[kMTiles][2];
   const int b_of[2] = {b, b}, h_of[2] = {h, h};
-  pagedc_mods::MaskRow mask_rows[2];
-  pagedc_mods::ScoreRow score_rows[2];
+  pagedc_mods::MaskRow mask_rows[kMTiles][2];
+  pagedc_mods::ScoreRow score_rows[kMTiles][2];
+  RowState state[kMTiles];
+  float out[kMTiles][kHeadDim / 8][4];
 #pragma unroll
-  for (int half = 0; half < 2; ++half) {
-    row_of[half] = row_begin + warp * 16 + (lane >> 2) + 8 * half;
-    // Padding rows evaluate the last real row's mods and are never stored.
-    q_of[half] = q_offset + imin(row_of[half], args.q_len - 1);
-    mask_rows[half] = pagedc_mods::mask_row(params, b, h, q_of[half]);
-    score_rows[half] = pagedc_mods::score_row(params, b, h, q_of[half]);
+  for (int m = 0; m < kMTiles; ++m) {
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+      const int row = row_begin + warp_row + 16 * m + (lane >> 2) + 8 * half;
+      // Padding rows evaluate the last real row's mods and are never stored.
+      q_of[m][half] = q_offset + imin(row, args.q_len - 1);
+      mask_rows[m][half] = pagedc_mods::mask_row(params, b, h, q_of[m][half]);
+      score_rows[m][half] = pagedc_mods::score_row(params, b, h, q_of[m][half]);
+      state[m].max[half] = -infinity();
+      state[m].sum[half] = 0.0f;
+    }
+#pragma unroll
+    for (int d = 0; d < kHeadDim / 8; ++d)
+#pragma unroll
+      for (int e = 0; e < 4; ++e)
+        out[m][d][e] = 0.0f;
   }
-
-  RowState state;
-  float out[kHeadDim / 8][4];
-#pragma unroll
-  for (int half = 0; half < 2; ++half) {
-    state.max[half] = -infinity();
-    state.sum[half] = 0.0f;
-  }
-#pragma unroll
-  for (int d = 0; d < kHeadDim / 8; ++d)
-#pragma unroll
-    for (int e = 0; e < 4; ++e)
-      out[d][e] = 0.0f;
-  uint32_t q_regs[kPrefillQInRegisters ? kHeadDim / 16 : 1][4];
+  uint32_t q_regs[kMTiles][kPrefillQInRegisters ? kHeadDim / 16 : 1][4];
   bool q_ready = false;
 
   const bool has_block_mask = args.kv_num_blocks != nullptr;
@@ -92,8 +110,12 @@ extern "C" __global__ void __launch_bounds__(pagedc::kPrefillThreads)
   const int pass_last = has_block_mask ? position_last / args.q_block_size : 0;
 
   for (int pass = pass_first; pass <= pass_last; ++pass) {
-    const int32_t *partial = nullptr, *full = nullptr;
-    int partial_count, full_count = 0, tiles_per_block = 1;
+    // The visits of this pass: entry `list` of the mask row's lists (partial
+    // blocks, then full blocks; without a block mask, KV tile `list`) and
+    // tile `sub` of that block. Counters rather than pointers and divisions:
+    // at 32 rows per warp every register counts.
+    int64_t list_offset = 0;
+    int partial_count, list_count, tiles_per_block = 1;
     if (has_block_mask) {
       // The mask row of q block `pass` (the mask may start at first_q_block;
       // the host checks that it covers every row of the call).
@@ -105,92 +127,110 @@ extern "C" __global__ void __launch_bounds__(pagedc::kPrefillThreads)
            (args.mask_heads == 1 ? 0 : h)) *
               args.num_q_blocks +
           mask_row;
-      partial = args.kv_indices + mask_row_index * args.max_kv_blocks;
+      list_offset = mask_row_index * args.max_kv_blocks;
       partial_count = args.kv_num_blocks[mask_row_index];
-      if (args.full_kv_num_blocks) {
-        full = args.full_kv_indices + mask_row_index * args.max_kv_blocks;
-        full_count = args.full_kv_num_blocks[mask_row_index];
-      }
+      list_count = partial_count + (args.full_kv_num_blocks
+                                        ? args.full_kv_num_blocks[mask_row_index]
+                                        : 0);
       tiles_per_block = args.kv_block_size / kBlockN;
     } else {
-      partial_count = (kv_len + kBlockN - 1) / kBlockN;
+      partial_count = list_count = (kv_len + kBlockN - 1) / kBlockN;
     }
-    bool visible[2];
+    // Bit 2m + half: row (m, half) belongs to this pass.
+    unsigned visible_bits = 0;
 #pragma unroll
-    for (int half = 0; half < 2; ++half)
-      visible[half] = pass_first == pass_last ||
-                      q_of[half] / args.q_block_size == pass;
+    for (int m = 0; m < kMTiles; ++m)
+#pragma unroll
+      for (int half = 0; half < 2; ++half)
+        if (pass_first == pass_last || q_of[m][half] / args.q_block_size == pass)
+          visible_bits |= 1u << (2 * m + half);
 
-    const int visits = (partial_count + full_count) * tiles_per_block;
-    // Logical kv of the first key of visit `v`; sets `is_full`.
-    auto visit_kv = [&](int v, bool &is_full) {
-      int list = v / tiles_per_block, sub = v - list * tiles_per_block;
-      is_full = list >= partial_count;
+    // Logical kv of the first key of visit (list, sub).
+    auto kv_of = [&](int list, int sub) {
       if (!has_block_mask)
         return list * kBlockN;
-      int block = is_full ? full[list - partial_count] : partial[list];
+      const int block = list < partial_count
+                            ? args.kv_indices[list_offset + list]
+                            : args.full_kv_indices[list_offset + list - partial_count];
       return block * args.kv_block_size + sub * kBlockN;
     };
-    // The first visit at or after `v` that holds keys below kv_len.
-    auto next_visit = [&](int v) {
-      for (; v < visits; ++v) {
-        bool is_full;
-        if (visit_kv(v, is_full) < kv_len)
-          break;
+    // Moves (list, sub) to the first visit at or after it that holds keys
+    // below kv_len (past that, the block's later tiles hold none either);
+    // returns its kv (or list == list_count).
+    auto seek = [&](int &list, int &sub) {
+      for (; list < list_count; ++list, sub = 0) {
+        const int kv = kv_of(list, sub);
+        if (kv < kv_len)
+          return kv;
       }
-      return v;
+      return 0;
     };
 
-    int v = next_visit(0), stage = 0;
-    if (v < visits) {
-      bool is_full;
+    int list = 0, sub = 0, stage = 0;
+    int kv_begin = seek(list, sub);
+    if (list < list_count)
       load_kv_tiles<kBlockN, kPrefillThreads>(
           k_tiles, v_tiles, k_head, v_head, args.k_stride[1], args.k_stride[2],
-          args.v_stride[1], args.v_stride[2], page_row, visit_kv(v, is_full),
-          kv_len, thread);
-    }
+          args.v_stride[1], args.v_stride[2], page_row, kv_begin, kv_len,
+          thread);
     cp_async_commit();
     if (!q_ready) {
       cp_async_wait<1>();
       __syncthreads();
       if constexpr (kPrefillQInRegisters) {
 #pragma unroll
-        for (int k_step = 0; k_step < kHeadDim / 16; ++k_step)
-          load_query_fragment(q_regs[k_step], q_tile, warp * 16, k_step, lane);
+        for (int m = 0; m < kMTiles; ++m)
+#pragma unroll
+          for (int k_step = 0; k_step < kHeadDim / 16; ++k_step)
+            load_query_fragment(q_regs[m][k_step], q_tile, warp_row + 16 * m,
+                                k_step, lane);
       }
       q_ready = true;
     }
 
-    while (v < visits) {
-      bool is_full;
-      const int kv_begin = visit_kv(v, is_full);
-      const int next = next_visit(v + 1);
-      if (next < visits) {
-        bool next_full;
+    while (list < list_count) {
+      const bool is_full = list >= partial_count;
+      int next_list = list, next_sub = sub + 1;
+      if (next_sub == tiles_per_block) {
+        next_sub = 0;
+        ++next_list;
+      }
+      const int kv_next = seek(next_list, next_sub);
+      if (next_list < list_count)
         load_kv_tiles<kBlockN, kPrefillThreads>(
             k_tiles + (stage ^ 1) * kStageBytes,
             v_tiles + (stage ^ 1) * kStageBytes, k_head, v_head,
             args.k_stride[1], args.k_stride[2], args.v_stride[1],
-            args.v_stride[2], page_row, visit_kv(next, next_full), kv_len,
-            thread);
-      }
+            args.v_stride[2], page_row, kv_next, kv_len, thread);
       cp_async_commit();
       cp_async_wait<1>();
       __syncthreads();
 
-      float scores[kBlockN / 8][4];
-      warp_scores<kBlockN / 8, kPrefillQInRegisters>(
-          scores, q_regs, q_tile, warp * 16, k_tiles + stage * kStageBytes, 0,
+      float scores[kMTiles][kBlockN / 8][4];
+      warp_scores_rows<kMTiles, kBlockN / 8, kPrefillQInRegisters>(
+          scores, q_regs, q_tile, warp_row, k_tiles + stage * kStageBytes, 0,
           lane);
       const bool check_mask[2] = {!is_full, !is_full};
-      apply_mods<kBlockN / 8>(scores, params, mask_rows, score_rows, b_of,
-                              h_of, q_of, visible, check_mask, kv_begin, kv_len,
-                              args.scale, lane);
-      online_softmax<kBlockN / 8>(state, scores, out);
-      warp_accumulate<kBlockN / 8>(out, scores, v_tiles + stage * kStageBytes,
-                                   0, lane);
+      // Every element of the tile kept: no per-element tests (most tiles of
+      // a long causal prefill).
+      const bool all_kept = (is_full || !pagedc_mods::kHasMask) &&
+                            kv_begin + kBlockN <= kv_len &&
+                            visible_bits == (1u << (2 * kMTiles)) - 1;
+#pragma unroll
+      for (int m = 0; m < kMTiles; ++m) {
+        const bool visible[2] = {((visible_bits >> (2 * m)) & 1) != 0,
+                                 ((visible_bits >> (2 * m + 1)) & 1) != 0};
+        apply_mods<kBlockN / 8>(scores[m], params, mask_rows[m], score_rows[m],
+                                b_of, h_of, q_of[m], visible, check_mask,
+                                kv_begin, kv_len, args.scale, lane, all_kept);
+        online_softmax<kBlockN / 8>(state[m], scores[m], out[m]);
+      }
+      warp_accumulate_rows<kMTiles, kBlockN / 8>(
+          out, scores, v_tiles + stage * kStageBytes, 0, lane);
       __syncthreads();
-      v = next;
+      list = next_list;
+      sub = next_sub;
+      kv_begin = kv_next;
       stage ^= 1;
     }
   }
@@ -200,24 +240,27 @@ extern "C" __global__ void __launch_bounds__(pagedc::kPrefillThreads)
   Element *out_base = static_cast<Element *>(args.out) + b * args.out_stride[0] +
                       h * args.out_stride[1];
 #pragma unroll
-  for (int half = 0; half < 2; ++half) {
-    const float sum = quad_sum(state.sum[half]);
-    const float inverse = sum > 0.0f ? 1.0f / sum : 0.0f;
-    const int row = row_of[half];
-    if (row >= args.q_len)
-      continue;
-    uint32_t *out_row = reinterpret_cast<uint32_t *>(
-        out_base + row * args.out_stride[2] + 2 * (lane & 3));
+  for (int m = 0; m < kMTiles; ++m) {
 #pragma unroll
-    for (int d = 0; d < kHeadDim / 8; ++d)
-      out_row[d * 4] = pack_pair(out[d][2 * half] * inverse,
-                                 out[d][2 * half + 1] * inverse);
-    if constexpr (pagedc_config::kHasLse) {
-      if ((lane & 3) == 0)
-        args.lse[(static_cast<int64_t>(b) * args.heads_q + h) * args.q_len +
-                 row] = sum > 0.0f
-                            ? (state.max[half] + log2f(sum)) * kLn2
-                            : -infinity();
+    for (int half = 0; half < 2; ++half) {
+      const float sum = quad_sum(state[m].sum[half]);
+      const float inverse = sum > 0.0f ? 1.0f / sum : 0.0f;
+      const int row = row_begin + warp_row + 16 * m + (lane >> 2) + 8 * half;
+      if (row >= args.q_len)
+        continue;
+      uint32_t *out_row = reinterpret_cast<uint32_t *>(
+          out_base + row * args.out_stride[2] + 2 * (lane & 3));
+#pragma unroll
+      for (int d = 0; d < kHeadDim / 8; ++d)
+        out_row[d * 4] = pack_pair(out[m][d][2 * half] * inverse,
+                                   out[m][d][2 * half + 1] * inverse);
+      if constexpr (pagedc_config::kHasLse) {
+        if ((lane & 3) == 0)
+          args.lse[(static_cast<int64_t>(b) * args.heads_q + h) * args.q_len +
+                   row] = sum > 0.0f
+                              ? (state[m].max[half] + log2f(sum)) * kLn2
+                              : -infinity();
+      }
     }
   }
 }

@@ -396,6 +396,8 @@ KernelConfig attentionConfig(const PackCase &c, int64_t paramsSize, int queryTok
   config.queryTokens = c.kind == KernelKind::Decode ? queryTokens : 1;
   config.returnLse = c.returnLse;
   config.paramsSize = paramsSize;
+  if (config.kind == KernelKind::Prefill)
+    config.choosePrefillShape();
   return config;
 }
 
@@ -701,6 +703,7 @@ int run(const Options &options) {
         config.pageSize = page;
         config.groupSize = b.headsQ / b.headsKv;
         config.paramsSize = paramsSize;
+        config.choosePrefillShape();
         request(b.label, config, benchCode.at(b.label));
         request(b.label, builderConfig(paramsSize), benchCode.at(b.label));
         benchConfigs.push_back({config, builderConfig(paramsSize)});

@@ -144,6 +144,8 @@ int main(int argc, char **argv) {
     config.headDim = headDim;
     config.pageSize = pageSize;
     config.groupSize = config.kind == KernelKind::Decode ? gqa : 1;
+    if (config.kind == KernelKind::Prefill)
+      config.choosePrefillShape();
     request.configs.push_back(config);
   }
 

@@ -41,10 +41,33 @@ namespace {
 
 /// Everything the CUDA options say.
 struct CudaTarget {
+  /// dtype, head dim, page size, GQA; the tile shape is per kind.
   KernelConfig config;
   std::vector<KernelKind> kinds;
   std::vector<std::string> archs;
+  /// --block and --warp-rows as given (0: not given).
+  int blockM = 0, blockN = 0, warpRows = 0;
   bool ptxasReport = false;
+
+  /// The configuration of one kernel: prefill takes the shape pagedc runs
+  /// (KernelConfig::choosePrefillShape) unless --block / --warp-rows say
+  /// otherwise (--block alone means the 16-rows-per-warp design); decode
+  /// keeps 64 x 64 tiles. Throws pagedc::Error for an unsupported value.
+  KernelConfig configFor(KernelKind kind) const {
+    KernelConfig result = config;
+    result.kind = kind;
+    if (kind == KernelKind::Prefill && !blockM)
+      result.choosePrefillShape();
+    if (blockM) {
+      result.blockM = blockM;
+      result.blockN = blockN;
+      result.warpRows = 16;
+    }
+    if (warpRows)
+      result.warpRows = warpRows;
+    result.validate();
+    return result;
+  }
 };
 
 int inputError(const llvm::Twine &message) {
@@ -127,9 +150,12 @@ CudaTarget readTarget(const Options &options) {
   std::string block = get("block", "");
   if (!block.empty()) {
     auto [rows, columns] = llvm::StringRef(block).split('x');
-    parseInt(rows, config.blockM);
-    parseInt(columns, config.blockN);
+    parseInt(rows, target.blockM);
+    parseInt(columns, target.blockN);
   }
+  std::string warpRows = get("warp-rows", "");
+  if (!warpRows.empty())
+    parseInt(warpRows, target.warpRows);
   target.ptxasReport = options.extra.count("ptxas-report") != 0;
   return target;
 }
@@ -165,11 +191,8 @@ int withKernelSources(
     return usage("--kernel and --arch take one value except with "
                  "--emit=bundle");
   try {
-    for (KernelKind kind : target.kinds) {
-      KernelConfig config = target.config;
-      config.kind = kind;
-      config.validate();
-    }
+    for (KernelKind kind : target.kinds)
+      target.configFor(kind);
   } catch (const Error &error) {
     return usage(error.what());
   }
@@ -191,8 +214,7 @@ int withKernelSources(
 
   std::vector<KernelSource> sources;
   for (KernelKind kind : target.kinds) {
-    KernelConfig config = target.config;
-    config.kind = kind;
+    KernelConfig config = target.configFor(kind);
     llvm::Expected<KernelSource> source =
         buildKernelSource(*module, compilation.options.maskName,
                           compilation.options.scoreName, config);
@@ -351,13 +373,26 @@ void pagedc::driver::registerCudaStages(Registry &registry) {
   registry.addOption({"--page-size", "N", "tokens per KV page (default 16)",
                       checked("page-size", positive("--page-size"))});
   registry.addOption(
-      {"--block", "QxKV", "query rows x KV rows per tile (default 64x64)",
+      {"--block", "QxKV",
+       "query rows x KV rows per tile (default: the shape pagedc runs, see "
+       "--warp-rows; decode: 64x64)",
        checked("block", [](llvm::StringRef value) {
          auto [rows, columns] = value.split('x');
          int number = 0;
          return parseInt(rows, number) && parseInt(columns, number)
                     ? std::string()
                     : "--block: '" + value.str() + "' is not QxKV, e.g. 64x64";
+       })});
+  registry.addOption(
+      {"--warp-rows", "N",
+       "prefill query rows per warp: 16 or 32 (32: two MMA row tiles share "
+       "each K/V fragment; head dim <= 128); default: the shape pagedc "
+       "runs (128x32 rows 32 at head dim 64, 64x64 rows 16 above; 16 when "
+       "--block is given)",
+       checked("warp-rows", [](llvm::StringRef value) {
+         return value == "16" || value == "32"
+                    ? std::string()
+                    : "--warp-rows: '" + value.str() + "' is not 16 or 32";
        })});
   registry.addOption({"--gqa", "N",
                       "query heads per KV head (decode kernels; default 1)",

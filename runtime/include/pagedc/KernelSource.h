@@ -43,8 +43,13 @@ struct KernelConfig {
   int headDim = 128;
   /// Tokens per KV page: a power of two in [1, 1024].
   int pageSize = 16;
-  /// Prefill: query rows per CTA (64 or 128; 16 per warp).
+  /// Prefill: query rows per CTA (64 or 128).
   int blockM = 64;
+  /// Prefill: query rows per warp, 16 or 32 (32 needs headDim <= 128). At 32
+  /// a warp's two 16-row MMA tiles share each K/V fragment it reads from
+  /// shared memory (FlashAttention-2's sm_80 shape); 16 is the first design,
+  /// kept for comparison. Decode ignores it (16).
+  int warpRows = 16;
   /// KV rows per tile (32 or 64). Block-mask kv blocks must be multiples.
   int blockN = 64;
   /// Decode: query heads per KV head (Hq / Hkv, any value >= 1). Prefill
@@ -61,12 +66,22 @@ struct KernelConfig {
   bool operator==(const KernelConfig &other) const {
     return kind == other.kind && elementType == other.elementType &&
            headDim == other.headDim && pageSize == other.pageSize &&
-           blockM == other.blockM && blockN == other.blockN &&
+           blockM == other.blockM && warpRows == other.warpRows &&
+           blockN == other.blockN &&
            groupSize == other.groupSize && queryTokens == other.queryTokens &&
            returnLse == other.returnLse && paramsSize == other.paramsSize;
   }
   bool operator!=(const KernelConfig &other) const { return !(*this == other); }
 
+  /// Sets blockM, blockN and warpRows to the prefill tile shape pagedc uses
+  /// at this headDim (the same on every architecture until a Hopper kernel
+  /// exists), the widest that ptxas allocates without spills: 128 x 32 with
+  /// 32 rows per warp at headDim 64; 64 x 64 with 16 rows per warp at 128
+  /// (32 rows per warp spill there) and 256 (bench/README.md has the ptxas
+  /// figures). $PAGEDC_PREFILL_SHAPE=MxNxW
+  /// (e.g. 64x64x16, the first design) overrides it for comparisons; a
+  /// malformed value throws pagedc::Error naming it.
+  void choosePrefillShape();
   /// Throws pagedc::Error naming the first unsupported value.
   void validate() const;
   /// A canonical one-line description, e.g. "prefill bf16 d128 page16 ...".

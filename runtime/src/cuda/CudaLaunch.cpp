@@ -10,6 +10,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <limits>
 
 namespace pagedc {
 
@@ -125,9 +126,16 @@ AttentionLaunchPlan planAttention(const KernelConfig &config,
     args.num_splits = 1;
     args.split_size = maxKvLength;
     main.kernel = "pagedc_prefill";
-    main.grid[0] = static_cast<unsigned>(ceilDiv(args.q_len, config.blockM));
-    main.grid[1] = static_cast<unsigned>(args.heads_q);
-    main.grid[2] = static_cast<unsigned>(args.batch);
+    // One dimension, heaviest query tiles first (templates/Prefill.cuh).
+    const int64_t blocks =
+        ceilDiv(args.q_len, config.blockM) * int64_t(args.heads_q) * args.batch;
+    if (blocks > std::numeric_limits<int32_t>::max())
+      throw Error(fmt::format("prefill of {} query rows x {} heads x batch {} needs {} CTAs, "
+                              "more than a grid holds (2^31 - 1)",
+                              args.q_len, args.heads_q, args.batch, blocks));
+    main.grid[0] = static_cast<unsigned>(blocks);
+    main.grid[1] = 1;
+    main.grid[2] = 1;
     main.arguments = {bytesOf(args), params};
     plan.launches.push_back(std::move(main));
     return plan;

@@ -40,6 +40,7 @@ Value configToJson(const KernelConfig &config) {
   value.set("head_dim", config.headDim);
   value.set("page_size", config.pageSize);
   value.set("block_m", config.blockM);
+  value.set("warp_rows", config.warpRows);
   value.set("block_n", config.blockN);
   value.set("group_size", config.groupSize);
   value.set("query_tokens", config.queryTokens);
@@ -66,6 +67,9 @@ KernelConfig configFromJson(const Value &value, const std::string &where) {
   config.headDim = static_cast<int>(field("head_dim").asInt(name("head_dim")));
   config.pageSize = static_cast<int>(field("page_size").asInt(name("page_size")));
   config.blockM = static_cast<int>(field("block_m").asInt(name("block_m")));
+  // Manifests written before warp_rows existed hold 16-row kernels.
+  if (const Value *warpRows = value.find("warp_rows"))
+    config.warpRows = static_cast<int>(warpRows->asInt(name("warp_rows")));
   config.blockN = static_cast<int>(field("block_n").asInt(name("block_n")));
   config.groupSize = static_cast<int>(field("group_size").asInt(name("group_size")));
   config.queryTokens = static_cast<int>(field("query_tokens").asInt(name("query_tokens")));

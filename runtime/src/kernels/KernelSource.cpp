@@ -12,6 +12,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
@@ -66,6 +67,30 @@ const char *kernelKindName(KernelKind kind) {
   return "?";
 }
 
+void KernelConfig::choosePrefillShape() {
+  if (const char *shape = std::getenv("PAGEDC_PREFILL_SHAPE"); shape && *shape) {
+    int m = 0, n = 0, w = 0;
+    char tail = 0;
+    if (std::sscanf(shape, "%dx%dx%d%c", &m, &n, &w, &tail) != 3)
+      throw Error(fmt::format("PAGEDC_PREFILL_SHAPE '{}' is not MxNxW (query rows x KV rows "
+                              "per tile x query rows per warp, e.g. 64x64x16)",
+                              shape));
+    blockM = m;
+    blockN = n;
+    warpRows = w;
+    return;
+  }
+  if (headDim <= 64) {
+    blockM = 128;
+    blockN = 32;
+    warpRows = 32;
+  } else {
+    blockM = 64;
+    blockN = 64;
+    warpRows = 16;
+  }
+}
+
 void KernelConfig::validate() const {
   if (elementType != DType::F16 && elementType != DType::BF16)
     throw Error(fmt::format("CUDA kernels take f16 or bf16 elements, not {}",
@@ -79,6 +104,13 @@ void KernelConfig::validate() const {
         "page size {} is not a power of two in [1, 1024]", pageSize));
   if (blockM != 64 && blockM != 128)
     throw Error(fmt::format("prefill blockM {} must be 64 or 128", blockM));
+  if (warpRows != 16 && warpRows != 32)
+    throw Error(fmt::format("prefill warpRows {} must be 16 or 32", warpRows));
+  if (warpRows == 32 && headDim > 128)
+    throw Error(fmt::format("32 query rows per warp need head dim <= 128, not {}",
+                            headDim));
+  if (kind != KernelKind::Prefill && warpRows != 16)
+    throw Error("only the prefill kernel takes 32 query rows per warp");
   if (blockN != 32 && blockN != 64)
     throw Error(fmt::format("blockN {} must be 32 or 64", blockN));
   if (kind == KernelKind::Decode && blockN != 64)
@@ -91,10 +123,12 @@ void KernelConfig::validate() const {
 }
 
 std::string KernelConfig::describe() const {
-  return fmt::format("{} {} d{} page{} m{} n{} group{} tokens{} lse{} params{}",
+  // The first design (16 rows per warp) keeps its historical description.
+  return fmt::format("{} {} d{} page{} m{}{} n{} group{} tokens{} lse{} params{}",
                      kernelKindName(kind), dtypeName(elementType), headDim,
-                     pageSize, blockM, blockN, groupSize, queryTokens,
-                     returnLse ? 1 : 0, paramsSize);
+                     pageSize, blockM,
+                     warpRows == 16 ? std::string() : fmt::format("w{}", warpRows),
+                     blockN, groupSize, queryTokens, returnLse ? 1 : 0, paramsSize);
 }
 
 int KernelConfig::decodeHeadsPerCta() const {
@@ -105,7 +139,7 @@ int KernelConfig::decodeHeadsPerCta() const {
 int KernelConfig::threadsPerCta() const {
   switch (kind) {
   case KernelKind::Prefill:
-    return blockM * 2;
+    return blockM / warpRows * 32;
   case KernelKind::Decode:
   case KernelKind::BlockMaskBuilder:
     return 128;
@@ -212,6 +246,7 @@ KernelSource assembleKernel(const KernelConfig &config,
   code += fmt::format("constexpr int kLog2PageSize = {};\n",
                       log2Exact(config.pageSize));
   code += fmt::format("constexpr int kBlockM = {};\n", config.blockM);
+  code += fmt::format("constexpr int kWarpRows = {};\n", config.warpRows);
   code += fmt::format("constexpr int kBlockN = {};\n", config.blockN);
   code += fmt::format("constexpr int kGroupSize = {};\n", config.groupSize);
   code += fmt::format("constexpr int kQueryTokens = {};\n", config.queryTokens);

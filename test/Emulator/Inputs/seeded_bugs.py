@@ -30,8 +30,8 @@ from compare_npy import read_npy  # noqa: E402
 BUGS = {
     "no-trailing-syncthreads": (
         "Prefill.cuh",
-        "      __syncthreads();\n      v = next;\n",
-        "      v = next;\n",
+        "      __syncthreads();\n      list = next_list;\n",
+        "      list = next_list;\n",
         "prefill"),
     "wait-group-2": (
         "Prefill.cuh",
@@ -73,6 +73,18 @@ BUGS = {
         "      partial_count = args.kv_num_blocks[mask_row_index];",
         "      partial_count = args.kv_num_blocks[mask_row_index] + 1;",
         "prefill"),
+    # 32 query rows per warp (the D 64 prefill): the second 16-row tile
+    # multiplies the first tile's Q rows, or the first tile's P.
+    "second-row-tile-reads-first-q-rows": (
+        "Prefill.cuh",
+        "load_query_fragment(q_regs[m][k_step], q_tile, warp_row + 16 * m,",
+        "load_query_fragment(q_regs[m][k_step], q_tile, warp_row,",
+        "prefill"),
+    "row-tiles-share-one-p-fragment": (
+        "KernelCommon.cuh",
+        "        mma_16816(out[m][2 * pair], a[m], b[0], b[1]);",
+        "        mma_16816(out[m][2 * pair], a[0], b[0], b[1]);",
+        "prefill"),
     "merge-reads-unwritten-split": (
         "Decode.cuh",
         "    DecodeRow info = decode_row(row, kv_head, head_chunk, args.q_len);\n"
@@ -108,7 +120,7 @@ def main():
     templates, work, examples = sys.argv[1:4]
     chosen = sys.argv[4:] or list(BUGS)
     os.makedirs(work, exist_ok=True)
-    # Prefill: q rows and keys not multiples of the 64-row tiles, GQA 2,
+    # Prefill: q rows and keys not multiples of the 128-row tiles, GQA 2,
     # causal block mask, 16-token shuffled pages. Decode: one token against
     # 1100 keys, which the launch plan splits (split-KV + merge).
     runs = {

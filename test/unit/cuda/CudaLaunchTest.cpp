@@ -84,9 +84,9 @@ TEST(CudaLaunch, PrefillDryRun) {
   ASSERT_EQ(plan.launches.size(), 1u);
   KernelLaunch &launch = plan.launches[0];
   EXPECT_EQ(launch.kernel, kernel->kernelNames[0]);
-  EXPECT_EQ(launch.grid[0], 16u); // ceil(1000 / 64)
-  EXPECT_EQ(launch.grid[1], 32u);
-  EXPECT_EQ(launch.grid[2], 4u);
+  EXPECT_EQ(launch.grid[0], 16u * 32 * 4); // ceil(1000 / 64) x heads x batch
+  EXPECT_EQ(launch.grid[1], 1u);
+  EXPECT_EQ(launch.grid[2], 1u);
   EXPECT_EQ(launch.block[0], 128u);
   EXPECT_EQ(launch.sharedMemoryBytes, (64u + 4 * 64) * 256);
   EXPECT_EQ(plan.workspaceBytes, 0u);

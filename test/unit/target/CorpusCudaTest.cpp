@@ -153,6 +153,8 @@ TEST(CorpusCuda, EveryModCompilesWithoutSpills) {
         config.headDim = c.headDim;
         if (c.kind == pagedc::KernelKind::Decode)
           config.groupSize = 4;
+        else
+          config.choosePrefillShape();
         llvm::Expected<pagedc::KernelSource> source = pagedc::buildKernelSource(
             *module, isMask ? name : "", isMask ? "" : name, config);
         ASSERT_TRUE(bool(source)) << path << " " << name << ": "

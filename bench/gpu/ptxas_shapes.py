@@ -1,0 +1,219 @@
+#!/usr/bin/env python3
+"""Static figures of the prefill kernel designs, from ptxas (no GPU needed).
+
+For each architecture (sm_80, sm_90), head dim (64, 128, 256), page size
+(1, 16, 128), mods (causal; causal + tanh_approx softcap) and prefill tile
+shape (the first design, 64x64 with 16 query rows per warp; the 32-rows-per-
+warp shapes), compiles the prefill kernel with `pagedc --emit=cubin
+--ptxas-report` (NVRTC) and records registers, stack frame, spill stores and
+loads, threads, dynamic shared memory, CTAs per SM (H100 for sm_90, A100 for
+sm_80), and the design's shared-memory bytes read per tensor-core FLOP:
+
+    per warp and KV tile of N keys, rows R = query rows per warp:
+      Q fragments R * D * 2 bytes (0 when Q stays in registers, D = 64),
+      K and V fragments N * D * 2 bytes each,
+      FLOPs 2 * R * N * D (Q K^T) + 2 * R * N * D (P V)
+
+With --cuobjdump PATH (the CUDA toolkit's disassembler; not part of the
+toolkit subset pagedc builds against, so optional), it also counts the
+static SASS instructions of the main loop (the backward branch whose body
+holds the most HMMA instructions): MMA instructions and the others (address
+and page arithmetic, softmax, mods, loads, barriers), per 64 keys and 16
+query rows. Static counts of one loop body, not a trace: the body has
+branches (mask or no mask per tile, the visit seek).
+
+Usage: ptxas_shapes.py --pagedc build/bin/pagedc [--json OUT] [--markdown OUT]
+       [--quick]   (D 64/128, page 16 only) [--cuobjdump PATH]
+Shapes that do not apply (32 rows per warp at D 256) are left out.
+"""
+import argparse
+import json
+import os
+import re
+import subprocess
+import sys
+import tempfile
+
+MODS = """param softcap: f32 = 30.0
+mask causal(b, h, q, kv) = q >= kv
+score softcap_tanh(s, b, h, q, kv) = softcap * tanh_approx(s / softcap)
+"""
+
+# (label, --block, --warp-rows)
+SHAPES = [
+    ("64x64 w16 (first design)", "64x64", 16),
+    ("128x32 w32", "128x32", 32),
+    ("128x64 w32", "128x64", 32),
+    ("64x32 w16", "64x32", 16),
+]
+
+# Per-SM limits: (shared bytes per SM, per block, registers, threads, CTAs).
+LIMITS = {
+    "sm_90": (228 * 1024, 227 * 1024, 65536, 2048, 32),  # H100
+    "sm_80": (164 * 1024, 163 * 1024, 65536, 2048, 32),  # A100
+}
+
+
+def ctas_per_sm(arch, registers, threads, shared):
+    per_sm, per_block, regs, max_threads, max_ctas = LIMITS[arch]
+    if shared > per_block:
+        return 0
+    warps = threads // 32
+    regs_per_warp = -(-(-(-registers // 8) * 8 * 32) // 256) * 256
+    by_regs = (regs // regs_per_warp) // warps
+    by_shared = per_sm // (shared + 1024)
+    return min(max_ctas, max_threads // threads, by_regs, by_shared)
+
+
+def shared_bytes_per_flop(head_dim, block_n, warp_rows):
+    q = 0 if head_dim <= 64 else warp_rows * head_dim * 2
+    kv = 2 * block_n * head_dim * 2
+    flops = 4 * warp_rows * block_n * head_dim
+    return (q + kv) / flops
+
+
+def main_loop_counts(cuobjdump, cubin):
+    """(mma, other) static SASS instructions of the main loop of `cubin`."""
+    sass = subprocess.run([cuobjdump, "-sass", cubin], capture_output=True, text=True,
+                          check=True).stdout
+    code = []
+    for line in sass.splitlines():
+        found = re.match(r"\s*/\*([0-9a-f]{4,})\*/\s+(.*?)\s*;", line)
+        if found:
+            code.append((int(found.group(1), 16), found.group(2)))
+    best = None
+    for address, text in code:
+        branch = re.search(r"\bBRA\s+(?:`\()?[^0-9]*0x([0-9a-f]+)", text)
+        if not branch:
+            continue
+        target = int(branch.group(1), 16)
+        if target >= address:
+            continue
+        body = [t for a, t in code if target <= a <= address]
+        mma = sum(1 for t in body if "HMMA" in t)
+        if mma and (best is None or mma > best[0]):
+            other = sum(1 for t in body if "HMMA" not in t and not t.startswith("NOP"))
+            best = (mma, other)
+    return best or (0, 0)
+
+
+def compile_one(pagedc, attn, arch, head_dim, page, score, block, warp_rows):
+    command = [pagedc, attn, "--mask=causal", "--emit=cubin", f"--arch={arch}",
+               f"--head-dim={head_dim}", f"--page-size={page}", f"--block={block}",
+               "--ptxas-report", "-o", os.path.join(os.path.dirname(attn), "kernel.cubin")]
+    # --block alone means 16 rows per warp (and works with pagedc binaries
+    # from before --warp-rows, for before/after figures).
+    if warp_rows != 16:
+        command.append(f"--warp-rows={warp_rows}")
+    if score:
+        command.append("--score=softcap_tanh")
+    run = subprocess.run(command, capture_output=True, text=True)
+    if run.returncode != 0:
+        raise RuntimeError(f"{' '.join(command)} failed:\n{run.stderr}")
+    report = run.stderr
+    figures = {"cubin": command[command.index("-o") + 1]}
+    for key, pattern in [("registers", r"Used (\d+) registers"),
+                         ("stack_bytes", r"(\d+) bytes stack frame"),
+                         ("spill_store_bytes", r"(\d+) bytes spill stores"),
+                         ("spill_load_bytes", r"(\d+) bytes spill loads")]:
+        found = re.search(pattern, report)
+        if not found:
+            raise RuntimeError(f"no '{key}' in the ptxas report of {' '.join(command)}:\n"
+                               f"{report}")
+        figures[key] = int(found.group(1))
+    return figures
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--pagedc", required=True)
+    parser.add_argument("--json")
+    parser.add_argument("--markdown")
+    parser.add_argument("--quick", action="store_true")
+    parser.add_argument("--cuobjdump")
+    parser.add_argument("--first-design-only", action="store_true",
+                        help="only 64x64 w16 (e.g. with $PAGEDC_TEMPLATE_DIR holding an "
+                             "older Prefill.cuh, for before/after figures)")
+    options = parser.parse_args()
+
+    dims = [64, 128] if options.quick else [64, 128, 256]
+    pages = [16] if options.quick else [1, 16, 128]
+    rows = []
+    with tempfile.TemporaryDirectory() as directory:
+        attn = os.path.join(directory, "shapes.attn")
+        with open(attn, "w") as file:
+            file.write(MODS)
+        for arch in ("sm_90", "sm_80"):
+            for head_dim in dims:
+                for label, block, warp_rows in SHAPES:
+                    if options.first_design_only and block != "64x64":
+                        continue
+                    if warp_rows == 32 and head_dim > 128:
+                        continue
+                    block_m, block_n = (int(x) for x in block.split("x"))
+                    threads = block_m // warp_rows * 32
+                    shared = (block_m + 4 * block_n) * head_dim * 2
+                    for page in pages:
+                        for score in (False, True):
+                            figures = compile_one(options.pagedc, attn, arch, head_dim, page,
+                                                  score, block, warp_rows)
+                            cubin = figures.pop("cubin")
+                            if options.cuobjdump:
+                                mma, other = main_loop_counts(options.cuobjdump, cubin)
+                                # per 64 keys and 16 query rows of one warp
+                                per = 64 / block_n / (warp_rows // 16)
+                                figures["loop_mma"] = mma
+                                figures["loop_other"] = other
+                                figures["other_per_64_keys_16_rows"] = round(other * per, 1)
+                            row = {
+                                "arch": arch, "head_dim": head_dim, "page_size": page,
+                                "mods": "causal + softcap" if score else "causal",
+                                "shape": label, "block_m": block_m, "block_n": block_n,
+                                "warp_rows": warp_rows, "threads": threads,
+                                "shared_bytes": shared,
+                                "ctas_per_sm": ctas_per_sm(arch, figures["registers"],
+                                                           threads, shared),
+                                "shared_bytes_per_tensor_flop": round(
+                                    shared_bytes_per_flop(head_dim, block_n, warp_rows), 5),
+                                **figures,
+                            }
+                            rows.append(row)
+                            print(f"{arch} D{head_dim} page {page:>3} {row['mods']:<16} "
+                                  f"{label:<26} regs {row['registers']:>3} spills "
+                                  f"{row['spill_store_bytes']:>3}/{row['spill_load_bytes']:<3} "
+                                  f"CTAs/SM {row['ctas_per_sm']} smem B/FLOP "
+                                  f"{row['shared_bytes_per_tensor_flop']:.4f}"
+                                  + (f" loop: {row['loop_mma']} MMA, {row['loop_other']} other,"
+                                     f" {row['other_per_64_keys_16_rows']} per 64 keys x 16 rows"
+                                     if "loop_mma" in row else ""), flush=True)
+    if options.json:
+        with open(options.json, "w") as file:
+            json.dump({"what": "prefill kernel, bf16, ptxas -v through NVRTC (pagedc "
+                               "--emit=cubin --ptxas-report); static figures, no GPU ran",
+                       "rows": rows}, file, indent=1)
+            file.write("\n")
+    if options.markdown:
+        with open(options.markdown, "w") as file:
+            file.write("| arch | D | shape | mods | registers (pages 1/16/128) | spill "
+                       "stores B | CTAs/SM | threads | shared KiB | smem B / tensor FLOP | "
+                       "loop non-MMA SASS per 64 keys x 16 rows |\n")
+            file.write("|---|---|---|---|---|---|---|---|---|---|---|\n")
+            groups = {}
+            for row in rows:
+                key = (row["arch"], row["head_dim"], row["shape"], row["mods"])
+                groups.setdefault(key, []).append(row)
+            for (arch, head_dim, shape, mods), group in groups.items():
+                file.write(
+                    f"| {arch} | {head_dim} | {shape} | {mods} | "
+                    f"{' / '.join(str(r['registers']) for r in group)} | "
+                    f"{' / '.join(str(r['spill_store_bytes']) for r in group)} | "
+                    f"{' / '.join(str(r['ctas_per_sm']) for r in group)} | "
+                    f"{group[0]['threads']} | {group[0]['shared_bytes'] / 1024:g} | "
+                    f"{group[0]['shared_bytes_per_tensor_flop']:.4f} | "
+                    f"{' / '.join(str(r.get('other_per_64_keys_16_rows', '-')) for r in group)}"
+                    " |\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
