@@ -34,7 +34,11 @@ static_assert(kBlockM == 64 || kBlockM == 128, "kBlockM must be 64 or 128");
 static_assert(kBlockN == 32 || kBlockN == 64, "kBlockN must be 32 or 64");
 } // namespace pagedc
 
-extern "C" __global__ void __launch_bounds__(pagedc::kPrefillThreads)
+// Minimum one CTA per SM: ptxas may use every register a thread can have.
+// Without it ptxas aims at more CTAs per SM than shared memory allows (168
+// registers at D 128, where 80 KiB of shared memory leaves room for 2) and
+// spilled 60-76 bytes for a document mask with a bias score.
+extern "C" __global__ void __launch_bounds__(pagedc::kPrefillThreads, 1)
     pagedc_prefill(const __grid_constant__ PagedcAttentionKernelArgs args,
                    const __grid_constant__ pagedc_mods::Params params) {
   using namespace pagedc;

@@ -77,8 +77,9 @@ struct KernelConfig {
   /// at this headDim (the same on every architecture until a Hopper kernel
   /// exists), the widest that ptxas allocates without spills: 128 x 32 with
   /// 32 rows per warp at headDim 64; 64 x 64 with 16 rows per warp at 128
-  /// (32 rows per warp spill there) and 256 (bench/README.md has the ptxas
-  /// figures). $PAGEDC_PREFILL_SHAPE=MxNxW
+  /// (32 rows per warp spill there); 64 x 32 with 16 rows per warp at 256
+  /// (64 x 64 spilled 8-16 bytes for some corpus mask x score pairs;
+  /// bench/README.md has the ptxas figures). $PAGEDC_PREFILL_SHAPE=MxNxW
   /// (e.g. 64x64x16, the first design) overrides it for comparisons; a
   /// malformed value throws pagedc::Error naming it.
   void choosePrefillShape();

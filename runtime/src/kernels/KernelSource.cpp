@@ -86,7 +86,7 @@ void KernelConfig::choosePrefillShape() {
     warpRows = 32;
   } else {
     blockM = 64;
-    blockN = 64;
+    blockN = headDim <= 128 ? 64 : 32;
     warpRows = 16;
   }
 }

@@ -1,0 +1,129 @@
+#!/usr/bin/env python3
+"""Spills of the prefill kernel for every corpus mask x score combination.
+
+Every mask mod and every score mod of examples/*.attn, and every pair of one
+mask and one score (the two files' texts joined into one program; a pair
+whose files declare the same name is skipped and counted), compiled with
+`pagedc --emit=cubin --ptxas-report` (NVRTC) for the prefill kernel at the
+shape pagedc runs (KernelConfig::choosePrefillShape), bf16, page 16, for
+each head dim and architecture asked. Prints one line per kernel that spills
+and a summary; --json writes every kernel's registers and spill bytes.
+
+Usage: ptxas_corpus.py --pagedc build/bin/pagedc --examples examples
+       [--arch sm_90,sm_80] [--head-dim 64,128,256] [--jobs N] [--json OUT]
+Exit status 1 when any kernel spills or fails to compile.
+"""
+import argparse
+import concurrent.futures
+import json
+import os
+import re
+import subprocess
+import sys
+import tempfile
+
+
+def mods_of(text):
+    masks, scores = [], []
+    for line in text.splitlines():
+        found = re.match(r"\s*(mask|score)\s+([A-Za-z_][A-Za-z0-9_]*)\s*\(", line)
+        if found:
+            (masks if found.group(1) == "mask" else scores).append(found.group(2))
+    return masks, scores
+
+
+def declared_names(text):
+    names = set()
+    for line in text.splitlines():
+        found = re.match(r"\s*(mask|score|param|buffer|const)\s+([A-Za-z_][A-Za-z0-9_]*)", line)
+        if found:
+            names.add(found.group(2))
+    return names
+
+
+def compile_one(pagedc, path, mask, score, arch, head_dim):
+    command = [pagedc, path, "--emit=cubin", f"--arch={arch}", f"--head-dim={head_dim}",
+               "--ptxas-report", "-o", path + f".{arch}.{head_dim}.cubin"]
+    if mask:
+        command.append(f"--mask={mask}")
+    if score:
+        command.append(f"--score={score}")
+    run = subprocess.run(command, capture_output=True, text=True)
+    if run.returncode != 0:
+        return {"error": run.stderr.strip().splitlines()[-1] if run.stderr.strip() else "failed"}
+    figures = {}
+    for key, pattern in [("registers", r"Used (\d+) registers"),
+                         ("spill_store_bytes", r"(\d+) bytes spill stores"),
+                         ("spill_load_bytes", r"(\d+) bytes spill loads")]:
+        found = re.search(pattern, run.stderr)
+        figures[key] = int(found.group(1)) if found else None
+    return figures
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--pagedc", required=True)
+    parser.add_argument("--examples", required=True)
+    parser.add_argument("--arch", default="sm_90,sm_80")
+    parser.add_argument("--head-dim", default="64,128,256")
+    parser.add_argument("--jobs", type=int, default=os.cpu_count() or 1)
+    parser.add_argument("--json")
+    options = parser.parse_args()
+
+    files = sorted(f for f in os.listdir(options.examples) if f.endswith(".attn"))
+    texts = {f: open(os.path.join(options.examples, f)).read() for f in files}
+    masks = [(f, m) for f in files for m in mods_of(texts[f])[0]]
+    scores = [(f, s) for f in files for s in mods_of(texts[f])[1]]
+
+    programs = []  # (label, text, mask, score)
+    skipped = 0
+    for f, m in masks:
+        programs.append((f"{f}:{m}", texts[f], m, None))
+    for f, s in scores:
+        programs.append((f"{f}:{s}", texts[f], None, s))
+    for mf, m in masks:
+        for sf, s in scores:
+            if mf == sf:
+                programs.append((f"{mf}:{m}+{s}", texts[mf], m, s))
+            elif declared_names(texts[mf]) & declared_names(texts[sf]):
+                skipped += 1
+            else:
+                programs.append((f"{mf}:{m}+{sf}:{s}", texts[mf] + "\n" + texts[sf], m, s))
+
+    archs = options.arch.split(",")
+    dims = [int(d) for d in options.head_dim.split(",")]
+    rows, failures = [], 0
+    with tempfile.TemporaryDirectory() as directory:
+        jobs = []
+        with concurrent.futures.ThreadPoolExecutor(options.jobs) as pool:
+            for index, (label, text, mask, score) in enumerate(programs):
+                path = os.path.join(directory, f"p{index}.attn")
+                with open(path, "w") as file:
+                    file.write(text)
+                for arch in archs:
+                    for dim in dims:
+                        jobs.append((label, arch, dim, pool.submit(
+                            compile_one, options.pagedc, path, mask, score, arch, dim)))
+            for label, arch, dim, future in jobs:
+                result = future.result()
+                row = {"mods": label, "arch": arch, "head_dim": dim, **result}
+                rows.append(row)
+                if "error" in result or result.get("spill_store_bytes") or \
+                        result.get("spill_load_bytes"):
+                    failures += 1
+                    print(f"{arch} D{dim} {label}: {result}", flush=True)
+    kernels = len(rows)
+    print(f"{kernels} prefill kernels ({len(programs)} mod selections x {len(archs)} archs x "
+          f"{len(dims)} head dims; {skipped} mask x score pairs skipped for a name both files "
+          f"declare): {failures} spill or fail")
+    if options.json:
+        with open(options.json, "w") as file:
+            json.dump({"what": "prefill kernel, bf16, page 16, the shape pagedc runs; ptxas -v "
+                               "through NVRTC", "skipped_pairs": skipped, "rows": rows},
+                      file, indent=1)
+            file.write("\n")
+    return 1 if failures else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
