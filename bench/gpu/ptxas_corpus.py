@@ -22,6 +22,8 @@ import subprocess
 import sys
 import tempfile
 
+from ptxas_shapes import ptxas_figures  # same directory
+
 
 def mods_of(text):
     masks, scores = [], []
@@ -51,13 +53,8 @@ def compile_one(pagedc, path, mask, score, arch, head_dim):
     run = subprocess.run(command, capture_output=True, text=True)
     if run.returncode != 0:
         return {"error": run.stderr.strip().splitlines()[-1] if run.stderr.strip() else "failed"}
-    figures = {}
-    for key, pattern in [("registers", r"Used (\d+) registers"),
-                         ("spill_store_bytes", r"(\d+) bytes spill stores"),
-                         ("spill_load_bytes", r"(\d+) bytes spill loads")]:
-        found = re.search(pattern, run.stderr)
-        figures[key] = int(found.group(1)) if found else None
-    return figures
+    figures = ptxas_figures(run.stderr)
+    return {key: figures[key] for key in ("registers", "spill_store_bytes", "spill_load_bytes")}
 
 
 def main():

@@ -72,6 +72,18 @@ def shared_bytes_per_flop(head_dim, block_n, warp_rows):
     return (q + kv) / flops
 
 
+def ptxas_figures(report):
+    """Registers, stack and spill bytes of ptxas -v's report (None when absent)."""
+    figures = {}
+    for key, pattern in [("registers", r"Used (\d+) registers"),
+                         ("stack_bytes", r"(\d+) bytes stack frame"),
+                         ("spill_store_bytes", r"(\d+) bytes spill stores"),
+                         ("spill_load_bytes", r"(\d+) bytes spill loads")]:
+        found = re.search(pattern, report)
+        figures[key] = int(found.group(1)) if found else None
+    return figures
+
+
 def main_loop_counts(cuobjdump, cubin):
     """(mma, other) static SASS instructions of the main loop of `cubin`."""
     sass = subprocess.run([cuobjdump, "-sass", cubin], capture_output=True, text=True,
@@ -110,17 +122,12 @@ def compile_one(pagedc, attn, arch, head_dim, page, score, block, warp_rows):
     run = subprocess.run(command, capture_output=True, text=True)
     if run.returncode != 0:
         raise RuntimeError(f"{' '.join(command)} failed:\n{run.stderr}")
-    report = run.stderr
-    figures = {"cubin": command[command.index("-o") + 1]}
-    for key, pattern in [("registers", r"Used (\d+) registers"),
-                         ("stack_bytes", r"(\d+) bytes stack frame"),
-                         ("spill_store_bytes", r"(\d+) bytes spill stores"),
-                         ("spill_load_bytes", r"(\d+) bytes spill loads")]:
-        found = re.search(pattern, report)
-        if not found:
-            raise RuntimeError(f"no '{key}' in the ptxas report of {' '.join(command)}:\n"
-                               f"{report}")
-        figures[key] = int(found.group(1))
+    figures = ptxas_figures(run.stderr)
+    missing = [key for key, value in figures.items() if value is None]
+    if missing:
+        raise RuntimeError(f"no {missing} in the ptxas report of {' '.join(command)}:\n"
+                           f"{run.stderr}")
+    figures["cubin"] = command[command.index("-o") + 1]
     return figures
 
 

@@ -195,12 +195,19 @@ struct HoistingPlan {
   DenseSet<Operation *> cheap;
 };
 
-HoistingPlan planHoisting(flex::ModOp mod) {
-  HoistingPlan plan;
+/// The arguments that change from one key to the next: kv, and s for a
+/// score mod. Everything computed from them is per element.
+DenseSet<Value> perKeyArguments(flex::ModOp mod) {
   DenseSet<Value> varying;
   varying.insert(mod.getKV());
   if (mod.isScore())
     varying.insert(mod.getScoreArg());
+  return varying;
+}
+
+HoistingPlan planHoisting(flex::ModOp mod) {
+  HoistingPlan plan;
+  DenseSet<Value> varying = perKeyArguments(mod);
   Block &body = mod.getBody().front();
   for (Operation &op : body.without_terminator()) {
     if (llvm::none_of(op.getOperands(),
@@ -230,10 +237,7 @@ HoistingPlan planHoisting(flex::ModOp mod) {
 /// instead of an IEEE division (a dozen instructions and a slow path on the
 /// GPU). The product is within 1.5 ulp of the quotient (docs/language.md).
 void rewriteRowInvariantDivisions(flex::ModOp mod) {
-  DenseSet<Value> varying;
-  varying.insert(mod.getKV());
-  if (mod.isScore())
-    varying.insert(mod.getScoreArg());
+  DenseSet<Value> varying = perKeyArguments(mod);
   SmallVector<arith::DivFOp> divisions;
   for (Operation &op : mod.getBody().front().without_terminator()) {
     if (llvm::none_of(op.getOperands(),
@@ -412,24 +416,30 @@ private:
                                                     func.getArgument(1));
       mapping.map(field, member.getResult());
     }
-    // Clones the param-only slice of `value` (iteratively, in body order).
+    // Clones the param-only slice of `value` (iteratively, in body order;
+    // sorting the slice rather than scanning the body keeps a mod with many
+    // param-only values linear).
     auto materialize = [&](Value value) {
       if (mapping.contains(value))
         return;
-      DenseSet<Operation *> slice;
+      DenseSet<Operation *> seen;
+      SmallVector<Operation *> slice;
       SmallVector<Operation *> worklist{value.getDefiningOp()};
       while (!worklist.empty()) {
         Operation *def = worklist.pop_back_val();
         if (!def || mapping.contains(def->getResult(0)) ||
-            !slice.insert(def).second)
+            !seen.insert(def).second)
           continue;
         assert(plan.cheap.contains(def) && "value neither mapped nor cheap");
+        slice.push_back(def);
         for (Value operand : def->getOperands())
           worklist.push_back(operand.getDefiningOp());
       }
-      for (Operation &op : mod.getBody().front().without_terminator())
-        if (slice.contains(&op))
-          builder.clone(op, mapping);
+      llvm::sort(slice, [](Operation *a, Operation *b) {
+        return a->isBeforeInBlock(b);
+      });
+      for (Operation *op : slice)
+        builder.clone(*op, mapping);
     };
     for (Operation *op : plan.elementOps) {
       for (Value operand : op->getOperands())
