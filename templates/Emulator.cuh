@@ -87,6 +87,48 @@ PAGEDC_EMU_FORWARD int atomic_add(int *address, int value, const char *file, int
 }
 PAGEDC_EMU_FORWARD float approx(int function, float x) { return runtime->approx(function, x); }
 
+// sm_90 (Hopper): mbarriers, bulk copies, proxy fences, named barriers,
+// wgmma and setmaxnreg (Hopper.cuh's emulator branches).
+PAGEDC_EMU_FORWARD void mbarrier_init(uint32_t address, unsigned count, PAGEDC_EMU_SITE) {
+  runtime->mbarrier_init(address, count, file, line);
+}
+PAGEDC_EMU_FORWARD void mbarrier_arrive(uint32_t address, bool expect_tx, unsigned tx_bytes,
+                                        PAGEDC_EMU_SITE) {
+  runtime->mbarrier_arrive(address, expect_tx ? 1 : 0, tx_bytes, file, line);
+}
+PAGEDC_EMU_FORWARD void mbarrier_expect_tx(uint32_t address, unsigned tx_bytes, PAGEDC_EMU_SITE) {
+  runtime->mbarrier_expect_tx(address, tx_bytes, file, line);
+}
+PAGEDC_EMU_FORWARD void mbarrier_wait(uint32_t address, unsigned parity, PAGEDC_EMU_SITE) {
+  runtime->mbarrier_wait(address, parity, file, line);
+}
+PAGEDC_EMU_FORWARD void bulk_copy(uint32_t shared, const void *global, unsigned bytes,
+                                  uint32_t mbarrier, PAGEDC_EMU_SITE) {
+  runtime->bulk_copy(shared, global, bytes, mbarrier, file, line);
+}
+PAGEDC_EMU_FORWARD void fence(int kind, PAGEDC_EMU_SITE) { runtime->fence(kind, file, line); }
+PAGEDC_EMU_FORWARD void named_barrier(unsigned id, unsigned threads, bool sync, PAGEDC_EMU_SITE) {
+  runtime->named_barrier(id, threads, sync ? 1 : 0, file, line);
+}
+PAGEDC_EMU_FORWARD void wgmma_fence(PAGEDC_EMU_SITE) { runtime->wgmma_fence(file, line); }
+PAGEDC_EMU_FORWARD void wgmma_commit(PAGEDC_EMU_SITE) { runtime->wgmma_commit(file, line); }
+PAGEDC_EMU_FORWARD void wgmma_wait(int pending, PAGEDC_EMU_SITE) {
+  runtime->wgmma_wait(pending, file, line);
+}
+PAGEDC_EMU_FORWARD void wgmma(const PagedcEmuWgmma &op, float *d, PAGEDC_EMU_SITE) {
+  runtime->wgmma(&op, d, file, line);
+}
+PAGEDC_EMU_FORWARD void setmaxnreg(unsigned count, bool increase, PAGEDC_EMU_SITE) {
+  runtime->setmaxnreg(count, increase ? 1 : 0, file, line);
+}
+PAGEDC_EMU_FORWARD void bulk_tensor_copy(uint32_t shared, const void *map, const int *coordinates,
+                                         int rank, uint32_t mbarrier, PAGEDC_EMU_SITE) {
+  runtime->bulk_tensor_copy(shared, map, coordinates, rank, mbarrier, file, line);
+}
+PAGEDC_EMU_FORWARD void cp_async_mbarrier_arrive(uint32_t mbarrier, PAGEDC_EMU_SITE) {
+  runtime->cp_async_mbarrier_arrive(mbarrier, file, line);
+}
+
 //===--- Conversions, bit-exact with the PTX instructions ------------------===//
 
 inline uint32_t float_bits(float value) {

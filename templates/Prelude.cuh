@@ -71,6 +71,45 @@ struct pagedc_bf16 {
 
 namespace pagedc {
 
+/// cvta.to.shared: the 32-bit shared-window address of a pointer.
+PAGEDC_DEVICE uint32_t shared_address(const void *pointer PAGEDC_SITE_PARAMS) {
+#ifdef PAGEDC_EMULATOR
+  return pagedc_emu::shared_address(pointer PAGEDC_SITE_ARGS);
+#else
+  uint32_t address;
+  asm("{ .reg .u64 wide; cvta.to.shared.u64 wide, %1; cvt.u32.u64 %0, wide; }"
+      : "=r"(address)
+      : "l"(pointer));
+  return address;
+#endif
+}
+
+/// Copies 16 bytes global -> shared asynchronously; bytes past `valid_bytes`
+/// (0 or 16) are zero-filled, so a masked row never holds stale data.
+PAGEDC_DEVICE void cp_async_16(uint32_t shared, const void *global,
+                               int valid_bytes PAGEDC_SITE_PARAMS) {
+#ifdef PAGEDC_EMULATOR
+  return pagedc_emu::cp_async_16(shared, global, valid_bytes PAGEDC_SITE_ARGS);
+#else
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(shared),
+               "l"(global), "r"(valid_bytes));
+#endif
+}
+PAGEDC_DEVICE void cp_async_commit(PAGEDC_SITE_PARAMS_ONLY) {
+#ifdef PAGEDC_EMULATOR
+  return pagedc_emu::cp_async_commit(PAGEDC_SITE_ARGS_ONLY);
+#else
+  asm volatile("cp.async.commit_group;" ::);
+#endif
+}
+template <int kPending> PAGEDC_DEVICE void cp_async_wait(PAGEDC_SITE_PARAMS_ONLY) {
+#ifdef PAGEDC_EMULATOR
+  return pagedc_emu::cp_async_wait(kPending PAGEDC_SITE_ARGS);
+#else
+  asm volatile("cp.async.wait_group %0;" ::"n"(kPending));
+#endif
+}
+
 /// +infinity (NVRTC has no constexpr way to spell it).
 PAGEDC_DEVICE float infinity() { return __int_as_float(0x7f800000); }
 

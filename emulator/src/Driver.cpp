@@ -307,6 +307,42 @@ EXPORT int cuFuncSetAttribute(void *function, int attribute, int value) {
   return kSuccess;
 }
 
+/// cuTensorMapEncodeTiled: the map is the emulator's encoding of the same
+/// description (emu::TensorMap); the data type gives the element size.
+/// Interleaved layouts, element strides other than 1, L2 promotion hints
+/// (ignored) and NaN fill are outside what the emulator models.
+EXPORT int cuTensorMapEncodeTiled(void *tensorMap, int dataType, unsigned rank,
+                                  void *globalAddress, const unsigned long long *globalDim,
+                                  const unsigned long long *globalStrides,
+                                  const unsigned *boxDim, const unsigned *elementStrides,
+                                  int interleave, int swizzle, int l2Promotion, int oobFill) {
+  // CU_TENSOR_MAP_DATA_TYPE_*: UINT8 0, UINT16 1, UINT32 2, INT32 3,
+  // UINT64 4, INT64 5, FLOAT16 6, FLOAT32 7, FLOAT64 8, BFLOAT16 9,
+  // FLOAT32_FTZ 10, TFLOAT32 11, TFLOAT32_FTZ 12.
+  static const unsigned kBytes[] = {1, 2, 4, 4, 8, 8, 2, 4, 8, 2, 4, 4, 4};
+  if (!tensorMap || !globalDim || !boxDim || dataType < 0 || dataType > 12 || rank < 1 ||
+      rank > 5 || (rank > 1 && !globalStrides) || interleave != 0 || oobFill != 0)
+    return kInvalidValue;
+  emu::TensorMap map;
+  map.rank = rank;
+  map.elementBytes = kBytes[dataType];
+  map.swizzle = static_cast<unsigned>(swizzle);
+  map.address = reinterpret_cast<uintptr_t>(globalAddress);
+  for (unsigned d = 0; d < rank; ++d) {
+    map.dims[d] = globalDim[d];
+    map.box[d] = boxDim[d];
+    if (elementStrides && elementStrides[d] != 1)
+      return kInvalidValue;
+    map.strides[d] = d == 0 ? map.elementBytes : globalStrides[d - 1];
+  }
+  std::string error = emu::encodeTensorMap(tensorMap, map);
+  if (!error.empty()) {
+    std::fprintf(stderr, "pagedc-emu: cuTensorMapEncodeTiled: %s\n", error.c_str());
+    return kInvalidValue;
+  }
+  return kSuccess;
+}
+
 EXPORT int cuLaunchKernel(void *function, unsigned gridX, unsigned gridY, unsigned gridZ,
                           unsigned blockX, unsigned blockY, unsigned blockZ, unsigned sharedBytes,
                           void *, void **params, void **extra) {

@@ -151,8 +151,21 @@ constexpr unsigned kWindowBytes = kMaxDynamicShared + kStaticSharedLimit + 128;
 constexpr size_t kStackBytes = 128 * 1024;
 constexpr unsigned kMaxThreads = 1024;
 
-enum class State : uint8_t { Runnable, AtBarrier, AtCollective, Finished };
-enum class Collective : uint8_t { None, Shuffle, Ballot, Ldmatrix, LdmatrixTrans, Mma };
+enum class State : uint8_t { Runnable, AtBarrier, AtCollective, AtMbarrier, AtNamedBarrier, Finished };
+enum class Collective : uint8_t {
+  None,
+  Shuffle,
+  Ballot,
+  Ldmatrix,
+  LdmatrixTrans,
+  Mma,
+  // Warpgroup collectives (sm_90): all 128 threads of the warpgroup.
+  Wgmma,
+  Setmaxnreg,
+};
+/// mbarriers a block may initialize (each is also a clock of the async
+/// proxy in the vector clocks, see Thread::vc).
+constexpr unsigned kMaxMbarriers = 64;
 
 const char *collectiveName(Collective kind) {
   switch (kind) {
@@ -168,6 +181,10 @@ const char *collectiveName(Collective kind) {
     return "ldmatrix.x4.trans";
   case Collective::Mma:
     return "mma.sync.m16n8k16";
+  case Collective::Wgmma:
+    return "wgmma.mma_async";
+  case Collective::Setmaxnreg:
+    return "setmaxnreg";
   }
   return "?";
 }
@@ -190,6 +207,17 @@ struct Access {
   bool write;
 };
 
+/// The result of one wgmma for one thread, held until the wgmma.wait_group
+/// that retires its group writes it into the thread's accumulators.
+struct PendingWgmma {
+  float *d = nullptr;
+  std::vector<float> values;
+  /// The warpgroup's first thread, to whom the operand reads are
+  /// attributed, and the clock they carry (see wgmmaIssue).
+  unsigned reader = 0;
+  uint32_t readClock = 0;
+};
+
 struct Launch;
 struct Worker;
 
@@ -210,6 +238,60 @@ struct Thread {
   unsigned maskArgument = 0;
   int laneMask = 0;
   std::vector<Access> accesses;
+  // Ordering beyond __syncthreads (mbarriers, named barriers, wgmma): the
+  // thread's logical clock advances at each release; `vc` (used once the
+  // block orders through them, Worker::ordering) holds the latest clock of
+  // every thread, and of every mbarrier's completed phases, that this
+  // thread has acquired. vc[linear] == clock.
+  uint32_t clock = 1;
+  std::vector<uint32_t> vc;
+  /// The clock of the last fence.proxy.async (0: none), and what the
+  /// thread had acquired then (under ordering): generic stores of others it
+  /// acquired before the fence are visible to its async-proxy operations.
+  uint32_t fenceClock = 0;
+  std::vector<uint32_t> fencedVc;
+  int waitBarrier = -1;
+  unsigned waitParity = 0;
+  bool waitDone = false;
+  // wgmma: the operation at the rendezvous, open and committed groups.
+  bool wgmmaFenced = false;
+  PagedcEmuWgmma wgmmaOp{};
+  float *wgmmaD = nullptr;
+  std::vector<PendingWgmma> wgmmaOpen;
+  std::deque<std::vector<PendingWgmma>> wgmmaGroups;
+};
+
+/// An mbarrier of the block (mbarrier.init'ed in shared memory).
+struct MBarrier {
+  uint32_t offset = 0;
+  uint32_t expected = 0, pending = 0;
+  int64_t tx = 0;
+  /// Phases completed so far.
+  uint32_t phase = 0;
+  uint16_t initBy = 0;
+  uint32_t initClock = 0, initEpoch = 0;
+  const char *initFile = "";
+  int initLine = 0;
+  /// Releases of the current phase, and what the last completed phase
+  /// released (vector clocks).
+  std::vector<uint32_t> accumulated, completed;
+};
+
+/// A named barrier (bar.sync / bar.arrive with an id from 1 to 15).
+struct NamedBarrier {
+  unsigned expected = 0, arrived = 0;
+  const char *file = "";
+  int line = 0;
+  std::vector<uint32_t> accumulated;
+  std::vector<unsigned> waiters;
+};
+
+/// The rendezvous of a warpgroup collective (128 threads).
+struct GroupRendezvous {
+  Collective kind = Collective::None;
+  const char *file = "";
+  int line = 0;
+  unsigned arrived = 0;
 };
 
 struct Warp {
@@ -225,10 +307,14 @@ struct Warp {
 /// Epochs count barrier intervals and never repeat within a worker, and
 /// `writtenBlock` / `asyncBlock` name the block run the entry belongs to,
 /// so the shadow needs no clearing between blocks.
+/// Under mbarrier ordering (Worker::ordering) the writer and up to two
+/// readers also carry their clocks; a writer id past the block's threads
+/// names an mbarrier whose phase delivers the byte (a bulk copy).
 struct SharedShadow {
   uint32_t writeEpoch = 0, readEpoch = 0;
   uint32_t writtenBlock = 0, asyncBlock = 0;
-  uint16_t writer = 0, reader = 0;
+  uint32_t writerClock = 0, readerClock = 0, reader2Clock = 0;
+  uint16_t writer = 0, reader = 0, reader2 = 0;
   uint16_t asyncBy = 0;
   uint8_t manyReaders = 0;
 };
@@ -278,7 +364,15 @@ struct Worker {
   int barrierLine = 0;
   bool barrierMismatch = false;
   uint32_t epoch = 1;
+  /// The epoch at which the running block started.
+  uint32_t blockEpoch = 1;
   uint32_t blockSerial = 0;
+  /// Set once the block uses an mbarrier or a named barrier: from then on
+  /// the threads' vector clocks are kept (Thread::vc).
+  bool ordering = false;
+  std::vector<MBarrier> mbarriers;
+  NamedBarrier named[16];
+  std::vector<GroupRendezvous> warpgroups;
   bool aborted = false;
   uintptr_t windowBase = 0;
   unsigned dynamicBytes = 0;
@@ -408,6 +502,48 @@ unsigned staticLimit(const Worker &worker) {
 
 void landGroup(Worker &worker, Thread &thread, const std::vector<AsyncCopy> &group);
 
+/// Vector clocks of a block that orders through mbarriers: every thread,
+/// then one entry per mbarrier (its completed phases).
+size_t clockEntries(const Worker &worker) { return worker.threadCount + kMaxMbarriers; }
+
+void maxInto(std::vector<uint32_t> &into, const std::vector<uint32_t> &from) {
+  for (size_t i = 0; i < into.size(); ++i)
+    into[i] = std::max(into[i], from[i]);
+}
+
+/// Called at the block's first mbarrier or named barrier: from here on
+/// the threads keep vector clocks.
+void startOrdering(Worker &worker) {
+  if (worker.ordering)
+    return;
+  worker.ordering = true;
+  for (unsigned t = 0; t < worker.threadCount; ++t) {
+    Thread &thread = worker.threads[t];
+    thread.vc.assign(clockEntries(worker), 0);
+    thread.vc[t] = thread.clock;
+  }
+}
+
+/// Ticks the thread's own clock (after a release, so that what it does
+/// next is not covered by it).
+void tick(Worker &worker, Thread &thread) {
+  ++thread.clock;
+  if (worker.ordering)
+    thread.vc[thread.linear] = thread.clock;
+}
+
+/// Threads [first, first + count) synchronize: each acquires what all of
+/// them did so far (__syncthreads, a warpgroup collective).
+void joinClocks(Worker &worker, unsigned first, unsigned count) {
+  std::vector<uint32_t> joined(clockEntries(worker), 0);
+  for (unsigned t = first; t < first + count; ++t)
+    maxInto(joined, worker.threads[t].vc);
+  for (unsigned t = first; t < first + count; ++t) {
+    worker.threads[t].vc = joined;
+    tick(worker, worker.threads[t]);
+  }
+}
+
 void releaseBarrier(Worker &worker) {
   if (worker.live < worker.threadCount && worker.launch->checks.synccheck)
     report("synccheck",
@@ -419,6 +555,8 @@ void releaseBarrier(Worker &worker) {
   ++worker.counters.barriers;
   ++worker.epoch;
   worker.atBarrier = 0;
+  if (worker.ordering)
+    joinClocks(worker, 0, worker.threadCount);
   worker.barrierMismatch = false;
   for (unsigned w = 0; w < worker.warps.size(); ++w)
     flushWarpAccesses(worker, w);
@@ -437,6 +575,12 @@ void threadMain(void *argument) {
   thread->groups.clear();
   landGroup(worker, *thread, thread->openGroup);
   thread->openGroup.clear();
+  if ((!thread->wgmmaGroups.empty() || !thread->wgmmaOpen.empty()) &&
+      worker.launch->checks.synccheck)
+    report("synccheck",
+           "thread exits with wgmma.mma_async results not retired by a wgmma.wait_group "
+           "(its accumulators never receive them)",
+           "kernel exit", 0, false);
   thread->state = State::Finished;
   --worker.live;
   if (worker.atBarrier > 0 && worker.atBarrier == worker.live)
@@ -503,6 +647,54 @@ void reportDeadlock(Worker &worker) {
       break;
     }
   }
+  for (unsigned g = 0; g < worker.warpgroups.size(); ++g) {
+    GroupRendezvous &group = worker.warpgroups[g];
+    if (group.kind == Collective::None)
+      continue;
+    for (unsigned t = g * 128; t < std::min(worker.threadCount, g * 128 + 128); ++t) {
+      Thread &thread = worker.threads[t];
+      if (thread.state == State::AtCollective)
+        continue;
+      reportedThread = &thread;
+      report("synccheck",
+             std::string(collectiveName(group.kind)) + " reached by " +
+                 std::to_string(group.arrived) + " of the 128 threads of warpgroup " +
+                 std::to_string(g) + "; thread " + std::to_string(t) + " " +
+                 (thread.state == State::Finished
+                      ? std::string("has exited")
+                      : "waits at " + siteString(thread.waitFile, thread.waitLine)),
+             siteString(group.file, group.line), 0, false);
+      break;
+    }
+  }
+  std::vector<bool> explained(worker.mbarriers.size(), false);
+  for (unsigned t = 0; t < worker.threadCount; ++t) {
+    Thread &thread = worker.threads[t];
+    if (thread.state == State::AtMbarrier && !explained[thread.waitBarrier]) {
+      explained[thread.waitBarrier] = true;
+      const MBarrier &barrier = worker.mbarriers[thread.waitBarrier];
+      reportedThread = &thread;
+      report("synccheck",
+             "deadlock: waiting for the phase of parity " + std::to_string(thread.waitParity) +
+                 " of the mbarrier at shared offset " + std::to_string(barrier.offset) +
+                 ", which never completes: it is in its phase " + std::to_string(barrier.phase) +
+                 " with " + std::to_string(barrier.pending) + " of " +
+                 std::to_string(barrier.expected) + " arrivals pending and a tx-count of " +
+                 std::to_string(barrier.tx) + " bytes",
+             siteString(thread.waitFile, thread.waitLine), barrier.offset, false);
+    }
+  }
+  for (unsigned id = 1; id < 16; ++id) {
+    const NamedBarrier &named = worker.named[id];
+    if (named.waiters.empty())
+      continue;
+    reportedThread = &worker.threads[named.waiters.front()];
+    report("synccheck",
+           "deadlock: bar.sync " + std::to_string(id) + " expects " +
+               std::to_string(named.expected) + " threads, " + std::to_string(named.arrived) +
+               " arrived",
+           siteString(named.file, named.line), 0, false);
+  }
   reportedThread = nullptr;
   worker.aborted = true;
   worker.launch->aborted = true;
@@ -522,6 +714,12 @@ void runBlock(Worker &worker, uint64_t linearBlock) {
   std::memset(worker.window.get() + launch.staticBase, 0xa5, staticLimit(worker));
   ++worker.blockSerial;
   ++worker.epoch;
+  worker.blockEpoch = worker.epoch;
+  worker.ordering = false;
+  worker.mbarriers.clear();
+  for (NamedBarrier &named : worker.named)
+    named = NamedBarrier{};
+  worker.warpgroups.assign((threads + 127) / 128, GroupRendezvous{});
   worker.live = threads;
   worker.atBarrier = 0;
   worker.barrierMismatch = false;
@@ -543,6 +741,16 @@ void runBlock(Worker &worker, uint64_t linearBlock) {
     thread.openGroup.clear();
     thread.groups.clear();
     thread.accesses.clear();
+    thread.clock = 1;
+    thread.vc.clear();
+    thread.fenceClock = 0;
+    thread.fencedVc.clear();
+    thread.waitBarrier = -1;
+    thread.waitDone = false;
+    thread.wgmmaFenced = false;
+    thread.wgmmaD = nullptr;
+    thread.wgmmaOpen.clear();
+    thread.wgmmaGroups.clear();
     void *stack = worker.stacks.stack(t);
     thread.stackLow = reinterpret_cast<uintptr_t>(stack);
     thread.stackHigh = thread.stackLow + worker.stacks.stackBytes();
@@ -606,18 +814,59 @@ std::string sharedDescription(const Worker &worker, uint64_t offset) {
          hex(worker.launch->staticBase) + ")";
 }
 
-enum class SharedUse { Read, Write, Atomic, AsyncIssue };
+enum class SharedUse { Read, Write, Atomic, AsyncIssue, BulkWrite };
+
+/// How a checked shared access is made, beyond its kind.
+struct SharedAccess {
+  /// A read by the async proxy (wgmma operands): generic stores it reads
+  /// need the writer's fence.proxy.async.
+  bool asyncProxy = false;
+  /// The clock recorded for the access (0: the thread's own).
+  uint32_t clock = 0;
+  /// BulkWrite: the writer id (an mbarrier's) and clock recorded for it.
+  uint16_t bulkWriter = 0;
+  uint32_t bulkClock = 0;
+  /// asyncProxy: what the reading warpgroup had acquired at its proxy
+  /// fences (null: none).
+  const std::vector<uint32_t> *readerFenced = nullptr;
+};
+
+/// The mbarrier behind a pseudo-thread id of the shadow (see SharedShadow).
+std::string bulkWriterDescription(const Worker &worker, uint16_t writer, uint32_t clock) {
+  const unsigned index = writer - 1 - worker.threadCount;
+  if (index >= worker.mbarriers.size())
+    return "a bulk copy";
+  return "a bulk copy completing on the mbarrier at shared offset " +
+         std::to_string(worker.mbarriers[index].offset) + " in its phase " +
+         std::to_string(clock - 1);
+}
+
+/// Whether an access of `earlier` (thread id + 1, or an mbarrier's id) at
+/// `clock` in `epoch` is ordered before what `thread` does now: the same
+/// thread, a __syncthreads in between (threads only: a bulk copy completes
+/// on its mbarrier, not at a barrier), or a release `thread` has acquired.
+bool orderedBefore(const Worker &worker, const Thread &thread, uint16_t earlier, uint32_t clock,
+                   uint32_t epoch) {
+  if (earlier == thread.linear + 1)
+    return true;
+  const bool isThread = earlier <= worker.threadCount;
+  if (isThread && epoch != worker.epoch)
+    return true;
+  return worker.ordering && thread.vc[earlier - 1] >= clock;
+}
 
 /// Racecheck and initcheck of shared bytes [offset, offset + size) used by
 /// `thread`; `where` locates the access for reports.
 void checkShared(Worker &worker, Thread &thread, uint64_t offset, size_t size, SharedUse use,
-                 const Site &where) {
+                 const Site &where, const SharedAccess &how = {}) {
   const uint32_t block = worker.blockSerial;
   const Checks &checks = worker.launch->checks;
   const uint16_t self = static_cast<uint16_t>(thread.linear + 1);
+  const uint32_t clock = how.clock ? how.clock : thread.clock;
   bool raced = false, uninitialized = false;
   for (size_t i = 0; i < size; ++i) {
     SharedShadow &shadow = worker.shadow[offset + i];
+    const bool written = shadow.writtenBlock == block && shadow.writer;
     if (use == SharedUse::Read || use == SharedUse::Atomic) {
       if (checks.racecheck && !raced) {
         const uint16_t asyncBy = shadow.asyncBlock == block ? shadow.asyncBy : 0;
@@ -634,13 +883,35 @@ void checkShared(Worker &worker, Thread &thread, uint64_t offset, size_t size, S
                  "read of " + sharedDescription(worker, offset + i) +
                      " before this thread's own cp.async into it was waited for",
                  siteText(where), offset + i, false);
-        } else if (use == SharedUse::Read && shadow.writeEpoch == worker.epoch && shadow.writer &&
-                   shadow.writer != self) {
+        } else if (use == SharedUse::Read && written &&
+                   !orderedBefore(worker, thread, shadow.writer, shadow.writerClock,
+                                  shadow.writeEpoch)) {
+          raced = true;
+          if (shadow.writer > worker.threadCount)
+            report("racecheck",
+                   "read before the mbarrier phase that delivers it: " +
+                       sharedDescription(worker, offset + i) + " is written by " +
+                       bulkWriterDescription(worker, shadow.writer, shadow.writerClock) +
+                       ", which this thread has not waited for",
+                   siteText(where), offset + i, false);
+          else
+            report("racecheck",
+                   "read-after-write hazard: " + sharedDescription(worker, offset + i) +
+                       " written by thread " + std::to_string(shadow.writer - 1) +
+                       (worker.ordering ? " with no barrier or mbarrier ordering in between"
+                                        : " with no barrier in between"),
+                   siteText(where), offset + i, false);
+        } else if (how.asyncProxy && written && shadow.writer <= worker.threadCount &&
+                   worker.threads[shadow.writer - 1].fenceClock < shadow.writerClock &&
+                   !(how.readerFenced &&
+                     (*how.readerFenced)[shadow.writer - 1] >= shadow.writerClock)) {
           raced = true;
           report("racecheck",
-                 "read-after-write hazard: " + sharedDescription(worker, offset + i) +
-                     " written by thread " + std::to_string(shadow.writer - 1) +
-                     " with no barrier in between",
+                 "async-proxy read of a generic store with no proxy fence: wgmma reads " +
+                     sharedDescription(worker, offset + i) + ", which thread " +
+                     std::to_string(shadow.writer - 1) +
+                     " stored, with no fence.proxy.async.shared::cta by that thread after the "
+                     "store nor by the reading warpgroup after it acquired the store",
                  siteText(where), offset + i, false);
         }
       }
@@ -653,8 +924,17 @@ void checkShared(Worker &worker, Thread &thread, uint64_t offset, size_t size, S
         if (shadow.readEpoch != worker.epoch) {
           shadow.readEpoch = worker.epoch;
           shadow.reader = self;
+          shadow.readerClock = clock;
+          shadow.reader2 = 0;
           shadow.manyReaders = 0;
-        } else if (shadow.reader != self) {
+        } else if (shadow.reader == self) {
+          shadow.readerClock = std::max(shadow.readerClock, clock);
+        } else if (shadow.reader2 == self) {
+          shadow.reader2Clock = std::max(shadow.reader2Clock, clock);
+        } else if (!shadow.reader2) {
+          shadow.reader2 = self;
+          shadow.reader2Clock = clock;
+        } else {
           shadow.manyReaders = 1;
         }
       } else {
@@ -662,9 +942,14 @@ void checkShared(Worker &worker, Thread &thread, uint64_t offset, size_t size, S
       }
       continue;
     }
-    // Writes and cp.async issues.
+    // Writes, cp.async issues and bulk copies (checked as the issuing
+    // thread's writes).
     if (checks.racecheck && !raced) {
       const uint16_t asyncBy = shadow.asyncBlock == block ? shadow.asyncBy : 0;
+      auto readBy = [&](uint16_t reader, uint32_t readClock) {
+        return reader && !orderedBefore(worker, thread, reader, readClock, shadow.readEpoch);
+      };
+      const bool readsThisEpoch = shadow.readEpoch == worker.epoch;
       if (asyncBy && (use != SharedUse::AsyncIssue || asyncBy != self)) {
         raced = true;
         report("racecheck",
@@ -672,29 +957,48 @@ void checkShared(Worker &worker, Thread &thread, uint64_t offset, size_t size, S
                    " while a cp.async of thread " + std::to_string(asyncBy - 1) +
                    " into it has not landed",
                siteText(where), offset + i, false);
-      } else if (shadow.writeEpoch == worker.epoch && shadow.writer && shadow.writer != self) {
+      } else if (written && !orderedBefore(worker, thread, shadow.writer, shadow.writerClock,
+                                           shadow.writeEpoch)) {
         raced = true;
         report("racecheck",
                "write-after-write hazard: " + sharedDescription(worker, offset + i) +
-                   " also written by thread " + std::to_string(shadow.writer - 1) +
-                   " with no barrier in between",
+                   " also written by " +
+                   (shadow.writer > worker.threadCount
+                        ? bulkWriterDescription(worker, shadow.writer, shadow.writerClock)
+                        : "thread " + std::to_string(shadow.writer - 1)) +
+                   " with no ordering in between",
                siteText(where), offset + i, false);
-      } else if (shadow.readEpoch == worker.epoch && shadow.reader &&
-                 (shadow.manyReaders || shadow.reader != self)) {
+      } else if (readsThisEpoch && (readBy(shadow.reader, shadow.readerClock) ||
+                                    readBy(shadow.reader2, shadow.reader2Clock) ||
+                                    shadow.manyReaders)) {
         raced = true;
+        const uint16_t reader = readBy(shadow.reader, shadow.readerClock) ? shadow.reader
+                                : readBy(shadow.reader2, shadow.reader2Clock) ? shadow.reader2
+                                                                              : shadow.reader;
         report("racecheck",
-               "write-after-read hazard: " + sharedDescription(worker, offset + i) +
-                   " read by thread " + std::to_string(shadow.reader - 1) +
-                   (shadow.manyReaders ? " (and others)" : "") + " with no barrier in between",
+               std::string(use == SharedUse::BulkWrite ? "bulk copy write-after-read hazard: "
+                                                       : "write-after-read hazard: ") +
+                   sharedDescription(worker, offset + i) + " read by thread " +
+                   std::to_string(reader - 1) + (shadow.manyReaders ? " (and others)" : "") +
+                   (worker.ordering
+                        ? " with no barrier in between, and no release of that read this thread "
+                          "acquired"
+                        : " with no barrier in between"),
                siteText(where), offset + i, false);
       }
     }
     if (use == SharedUse::AsyncIssue) {
       shadow.asyncBy = self;
       shadow.asyncBlock = block;
+    } else if (use == SharedUse::BulkWrite) {
+      shadow.writtenBlock = block;
+      shadow.writer = how.bulkWriter;
+      shadow.writerClock = how.bulkClock;
+      shadow.writeEpoch = worker.epoch;
     } else {
       shadow.writtenBlock = block;
       shadow.writer = self;
+      shadow.writerClock = clock;
       shadow.writeEpoch = worker.epoch;
     }
   }
@@ -1354,6 +1658,7 @@ void landGroup(Worker &worker, Thread &thread, const std::vector<AsyncCopy> &gro
         shadow.asyncBy = 0;
       shadow.writtenBlock = worker.blockSerial;
       shadow.writer = self;
+      shadow.writerClock = thread.clock;
       shadow.writeEpoch = worker.epoch;
     }
   }
@@ -1414,6 +1719,687 @@ float approx(int function, float x) {
   return result;
 }
 
+//===----------------------------------------------------------------------===//
+// sm_90: mbarriers, bulk copies, fences, named barriers, wgmma, setmaxnreg
+//===----------------------------------------------------------------------===//
+
+/// The shared offset of an mbarrier operand, or -1 after a fatal report.
+int64_t mbarrierOffset(Worker &worker, unsigned address, const char *what, const char *file,
+                       int line) {
+  if (address % 8 != 0) {
+    report("memcheck", std::string(what) + ": mbarrier address " + hex(address) +
+                           " is not 8-byte aligned",
+           siteString(file, line), address, true);
+    return -1;
+  }
+  const int64_t offset = sharedOffset(worker, worker.windowBase + address, 8);
+  if (offset < 0)
+    report("memcheck",
+           std::string(what) + ": mbarrier at " + sharedDescription(worker, address) +
+               " is outside the block's shared memory",
+           siteString(file, line), address, true);
+  return offset;
+}
+
+/// The initialized mbarrier at `address`, checked to be visible to the
+/// running thread; null after a fatal report.
+MBarrier *findMbarrier(Worker &worker, unsigned address, const char *what, const char *file,
+                       int line) {
+  const int64_t offset = mbarrierOffset(worker, address, what, file, line);
+  if (offset < 0)
+    return nullptr;
+  for (MBarrier &barrier : worker.mbarriers)
+    if (barrier.offset == offset) {
+      Thread &thread = *currentThread;
+      if (worker.launch->checks.racecheck &&
+          !orderedBefore(worker, thread, barrier.initBy, barrier.initClock, barrier.initEpoch))
+        report("racecheck",
+               "mbarrier used before its init is visible: " + std::string(what) +
+                   " on the mbarrier at shared offset " + std::to_string(offset) +
+                   " before its mbarrier.init by thread " + std::to_string(barrier.initBy - 1) +
+                   " (" + siteString(barrier.initFile, barrier.initLine) +
+                   ") is visible to this thread (no barrier in between)",
+               siteString(file, line), offset, false);
+      return &barrier;
+    }
+  report("synccheck",
+         std::string(what) + " on shared offset " + std::to_string(offset) +
+             ", where no mbarrier was initialized in this block",
+         siteString(file, line), offset, true);
+  return nullptr;
+}
+
+unsigned mbarrierIndex(const Worker &worker, const MBarrier &barrier) {
+  return static_cast<unsigned>(&barrier - worker.mbarriers.data());
+}
+
+/// Completes the barrier's phase when nothing is pending: what the phase's
+/// arrivals released, and the bulk copies it delivered, become visible to
+/// every thread that waits for it.
+void maybeCompletePhase(Worker &worker, MBarrier &barrier) {
+  if (barrier.pending != 0 || barrier.tx != 0)
+    return;
+  const unsigned index = mbarrierIndex(worker, barrier);
+  barrier.completed = barrier.accumulated;
+  barrier.completed[worker.threadCount + index] = barrier.phase + 1;
+  std::fill(barrier.accumulated.begin(), barrier.accumulated.end(), 0);
+  ++barrier.phase;
+  barrier.pending = barrier.expected;
+  for (unsigned t = 0; t < worker.threadCount; ++t) {
+    Thread &waiter = worker.threads[t];
+    if (waiter.state != State::AtMbarrier || waiter.waitBarrier != static_cast<int>(index) ||
+        (barrier.phase & 1u) == waiter.waitParity)
+      continue;
+    maxInto(waiter.vc, barrier.completed);
+    waiter.waitDone = true;
+    waiter.state = State::Runnable;
+  }
+}
+
+void mbarrierInit(unsigned address, unsigned count, const char *file, int line) {
+  Worker &worker = *currentWorker;
+  Thread &thread = *currentThread;
+  const int64_t offset = mbarrierOffset(worker, address, "mbarrier.init", file, line);
+  if (offset < 0)
+    return;
+  if (count == 0 || count > (1u << 20) - 1) {
+    report("synccheck", "mbarrier.init with an arrival count of " + std::to_string(count) +
+                            " (1 to 2^20 - 1)",
+           siteString(file, line), offset, true);
+    return;
+  }
+  startOrdering(worker);
+  MBarrier *barrier = nullptr;
+  for (MBarrier &existing : worker.mbarriers)
+    if (existing.offset == offset)
+      barrier = &existing;
+  if (!barrier) {
+    if (worker.mbarriers.size() == kMaxMbarriers) {
+      report("synccheck",
+             "more than " + std::to_string(kMaxMbarriers) +
+                 " mbarriers in one block (the emulator's limit)",
+             siteString(file, line), offset, true);
+      return;
+    }
+    worker.mbarriers.emplace_back();
+    barrier = &worker.mbarriers.back();
+  }
+  *barrier = MBarrier{};
+  barrier->offset = static_cast<uint32_t>(offset);
+  barrier->expected = barrier->pending = count;
+  barrier->initBy = static_cast<uint16_t>(thread.linear + 1);
+  barrier->initClock = thread.clock;
+  barrier->initEpoch = worker.epoch;
+  barrier->initFile = file;
+  barrier->initLine = line;
+  barrier->accumulated.assign(clockEntries(worker), 0);
+  barrier->completed.assign(clockEntries(worker), 0);
+  // The barrier's 8 bytes count as written by this thread.
+  checkShared(worker, thread, offset, 8, SharedUse::Write, Site{file, line, nullptr});
+}
+
+void mbarrierArrive(unsigned address, int expectTx, unsigned txBytes, const char *file,
+                    int line) {
+  Worker &worker = *currentWorker;
+  Thread &thread = *currentThread;
+  MBarrier *barrier = findMbarrier(worker, address,
+                                   expectTx ? "mbarrier.arrive.expect_tx" : "mbarrier.arrive",
+                                   file, line);
+  if (!barrier)
+    return;
+  if (expectTx)
+    barrier->tx += txBytes;
+  maxInto(barrier->accumulated, thread.vc);
+  tick(worker, thread);
+  if (barrier->pending == 0) {
+    report("synccheck", "mbarrier.arrive with no pending arrival left", siteString(file, line),
+           barrier->offset, true);
+    return;
+  }
+  --barrier->pending;
+  maybeCompletePhase(worker, *barrier);
+}
+
+void mbarrierExpectTx(unsigned address, unsigned txBytes, const char *file, int line) {
+  Worker &worker = *currentWorker;
+  MBarrier *barrier = findMbarrier(worker, address, "mbarrier.expect_tx", file, line);
+  if (barrier)
+    barrier->tx += txBytes;
+}
+
+void mbarrierWait(unsigned address, unsigned parity, const char *file, int line) {
+  Worker &worker = *currentWorker;
+  Thread &thread = *currentThread;
+  MBarrier *barrier = findMbarrier(worker, address, "mbarrier.try_wait.parity", file, line);
+  if (!barrier)
+    return;
+  parity &= 1u;
+  // The phase of parity `parity` has completed when the current phase's
+  // parity differs (a fresh barrier passes a wait for parity 1).
+  if ((barrier->phase & 1u) != parity) {
+    maxInto(thread.vc, barrier->completed);
+    return;
+  }
+  thread.waitBarrier = static_cast<int>(mbarrierIndex(worker, *barrier));
+  thread.waitParity = parity;
+  thread.waitDone = false;
+  blockHere(thread, State::AtMbarrier, file, line);
+  // Woken by maybeCompletePhase, which did the acquire.
+  thread.waitBarrier = -1;
+}
+
+void bulkCopy(unsigned shared, const void *global, unsigned bytes, unsigned mbarrier,
+              const char *file, int line) {
+  Worker &worker = *currentWorker;
+  Thread &thread = *currentThread;
+  Launch &launch = *worker.launch;
+  const auto source = reinterpret_cast<uintptr_t>(global);
+  if (bytes == 0 || bytes % 16 != 0 || shared % 16 != 0 || source % 16 != 0) {
+    report("memcheck",
+           "cp.async.bulk of " + std::to_string(bytes) + " bytes from " + hex(source) + " to " +
+               hex(shared) + ": the size must be a non-zero multiple of 16 and both addresses "
+               "16-byte aligned",
+           siteString(file, line), shared, true);
+    return;
+  }
+  const int64_t offset = sharedOffset(worker, worker.windowBase + shared, bytes);
+  if (offset < 0) {
+    report("memcheck",
+           "cp.async.bulk destination " + sharedDescription(worker, shared) + " + " +
+               std::to_string(bytes) + " bytes is outside the block's shared memory",
+           siteString(file, line), shared, true);
+    return;
+  }
+  MBarrier *barrier = findMbarrier(worker, mbarrier, "cp.async.bulk", file, line);
+  if (!barrier)
+    return;
+  if (!checkGlobal(worker, source, bytes, false, Site{file, line, nullptr}))
+    return;
+  const unsigned index = mbarrierIndex(worker, *barrier);
+  SharedAccess how;
+  how.bulkWriter = static_cast<uint16_t>(worker.threadCount + index + 1);
+  how.bulkClock = barrier->phase + 1;
+  if (launch.checks.racecheck || launch.checks.initcheck)
+    checkShared(worker, thread, offset, bytes, SharedUse::BulkWrite, Site{file, line, nullptr},
+                how);
+  std::memcpy(worker.window.get() + offset, global, bytes);
+  ++worker.counters.bulkCopies;
+  worker.counters.bulkCopyBytes += bytes;
+  // The copy completes its bytes on the barrier's current phase.
+  barrier->tx -= bytes;
+  maybeCompletePhase(worker, *barrier);
+}
+
+void fence(int kind, const char *, int) {
+  Worker &worker = *currentWorker;
+  Thread &thread = *currentThread;
+  if (kind == PAGEDC_EMU_FENCE_PROXY_ASYNC) {
+    thread.fenceClock = thread.clock;
+    if (worker.ordering)
+      thread.fencedVc = thread.vc;
+    tick(worker, thread);
+  }
+  // fence.mbarrier_init orders the thread's inits before its later
+  // releases; within one CTA the barrier that follows it is what the
+  // checker requires (findMbarrier).
+}
+
+void namedBarrier(unsigned id, unsigned threads, int sync, const char *file, int line) {
+  Worker &worker = *currentWorker;
+  Thread &thread = *currentThread;
+  const char *name = sync ? "bar.sync" : "bar.arrive";
+  if (id == 0 || id > 15 || threads == 0 || threads % 32 != 0 || threads > worker.threadCount) {
+    report("synccheck",
+           std::string(name) + " " + std::to_string(id) + ", " + std::to_string(threads) +
+               ": the id must be 1 to 15 (0 is __syncthreads') and the thread count a multiple "
+               "of 32 up to the block's " +
+               std::to_string(worker.threadCount),
+           siteString(file, line), 0, true);
+    return;
+  }
+  startOrdering(worker);
+  NamedBarrier &named = worker.named[id];
+  if (named.arrived == 0) {
+    named.expected = threads;
+    named.file = file;
+    named.line = line;
+    named.accumulated.assign(clockEntries(worker), 0);
+  } else if (named.expected != threads && worker.launch->checks.synccheck) {
+    report("synccheck",
+           std::string(name) + " " + std::to_string(id) + " with " + std::to_string(threads) +
+               " threads while others use it with " + std::to_string(named.expected) + " (" +
+               siteString(named.file, named.line) + ")",
+           siteString(file, line), 0, true);
+    return;
+  }
+  maxInto(named.accumulated, thread.vc);
+  tick(worker, thread);
+  ++named.arrived;
+  if (sync)
+    named.waiters.push_back(thread.linear);
+  if (named.arrived == named.expected) {
+    for (unsigned t : named.waiters) {
+      Thread &waiter = worker.threads[t];
+      maxInto(waiter.vc, named.accumulated);
+      if (&waiter != &thread)
+        waiter.state = State::Runnable;
+    }
+    named.arrived = 0;
+    named.waiters.clear();
+    return;
+  }
+  if (sync)
+    blockHere(thread, State::AtNamedBarrier, file, line);
+}
+
+/// Joins the rendezvous of the running thread's warpgroup; returns true for
+/// the last of its 128 threads, which then computes the collective.
+bool arriveWarpgroup(Collective kind, const char *file, int line) {
+  Worker &worker = *currentWorker;
+  Thread &thread = *currentThread;
+  const unsigned group = thread.linear / 128;
+  if ((group + 1) * 128 > worker.threadCount) {
+    report("synccheck",
+           std::string(collectiveName(kind)) + " by thread " + std::to_string(thread.linear) +
+               ", whose warpgroup (threads " + std::to_string(group * 128) + "-" +
+               std::to_string(group * 128 + 127) + ") is not whole in a block of " +
+               std::to_string(worker.threadCount) + " threads",
+           siteString(file, line), 0, true);
+    return false;
+  }
+  if (worker.launch->checks.synccheck && worker.warps[thread.warp].kind != Collective::None) {
+    report("synccheck",
+           std::string(collectiveName(kind)) + " while lanes of this warp wait at " +
+               collectiveName(worker.warps[thread.warp].kind),
+           siteString(file, line), 0, true);
+    return false;
+  }
+  GroupRendezvous &rendezvous = worker.warpgroups[group];
+  if (rendezvous.kind == Collective::None) {
+    rendezvous.kind = kind;
+    rendezvous.file = file;
+    rendezvous.line = line;
+    rendezvous.arrived = 0;
+  } else if (worker.launch->checks.synccheck &&
+             (rendezvous.kind != kind || rendezvous.line != line ||
+              std::strcmp(rendezvous.file, file) != 0)) {
+    report("synccheck",
+           std::string("divergent warpgroup collective: thread ") +
+               std::to_string(thread.linear) + " reached " + collectiveName(kind) + " while " +
+               std::to_string(rendezvous.arrived) + " threads of its warpgroup wait at " +
+               collectiveName(rendezvous.kind) + " (" +
+               siteString(rendezvous.file, rendezvous.line) + ")",
+           siteString(file, line), 0, true);
+    return false;
+  }
+  if (++rendezvous.arrived < 128) {
+    blockHere(thread, State::AtCollective, file, line);
+    return false;
+  }
+  return true;
+}
+
+void completeWarpgroup(Worker &worker, unsigned group) {
+  worker.warpgroups[group] = GroupRendezvous{};
+  for (unsigned t = group * 128; t < group * 128 + 128; ++t)
+    if (&worker.threads[t] != currentThread)
+      worker.threads[t].state = State::Runnable;
+}
+
+void wgmmaFence(const char *, int) { currentThread->wgmmaFenced = true; }
+
+void wgmmaCommit(const char *, int) {
+  Thread &thread = *currentThread;
+  thread.wgmmaGroups.push_back(std::move(thread.wgmmaOpen));
+  thread.wgmmaOpen.clear();
+}
+
+void wgmmaWait(int pending, const char *file, int line) {
+  Worker &worker = *currentWorker;
+  Thread &thread = *currentThread;
+  if (pending < 0 || pending > 7) {
+    report("synccheck", "wgmma.wait_group " + std::to_string(pending) + " (0 to 7)",
+           siteString(file, line), 0, true);
+    return;
+  }
+  while (thread.wgmmaGroups.size() > static_cast<size_t>(pending)) {
+    for (const PendingWgmma &result : thread.wgmmaGroups.front()) {
+      std::memcpy(result.d, result.values.data(), result.values.size() * sizeof(float));
+      // The operand reads are done: what this thread releases from now on
+      // covers them.
+      if (worker.ordering)
+        thread.vc[result.reader] = std::max(thread.vc[result.reader], result.readClock);
+      if (thread.linear == result.reader && thread.clock < result.readClock) {
+        thread.clock = result.readClock;
+        if (worker.ordering)
+          thread.vc[thread.linear] = thread.clock;
+      }
+    }
+    thread.wgmmaGroups.pop_front();
+  }
+  // Code after the wait reads and writes the accumulators: the next wgmma
+  // needs a wgmma.fence first.
+  thread.wgmmaFenced = false;
+}
+
+/// The shared offset of element (mn, k) of a wgmma operand in shared
+/// memory (`mn` is the row of A or the column of B), from its matrix
+/// descriptor; -1 (after a fatal report) when it is outside.
+int64_t operandOffset(Worker &worker, uint64_t descriptor, bool mnMajor, unsigned mn,
+                      unsigned k, const char *file, int line) {
+  const uint64_t start = (descriptor & 0x3fffu) << 4;
+  const uint64_t leading = ((descriptor >> 16) & 0x3fffu) << 4;
+  const uint64_t stride = ((descriptor >> 32) & 0x3fffu) << 4;
+  const unsigned swizzle = static_cast<unsigned>(descriptor >> 62);
+  // Bytes of a swizzled row: 128, 64, 32 for modes 1, 2, 3.
+  const unsigned rowBytes = swizzle == 0 ? 16 : 256u >> swizzle;
+  uint64_t address;
+  if (swizzle == 0) {
+    // Core matrices of 8 rows x 16 bytes.
+    if (!mnMajor)
+      address = start + (mn % 8) * 16 + (mn / 8) * stride + (k % 8) * 2 + (k / 8) * leading;
+    else
+      address = start + (mn % 8) * 2 + (mn / 8) * stride + (k % 8) * 16 + (k / 8) * leading;
+  } else if (!mnMajor) {
+    address = start + (mn % 8) * rowBytes + (mn / 8) * stride + k * 2;
+  } else {
+    const unsigned perRow = rowBytes / 2;
+    address = start + (mn % perRow) * 2 + (mn / perRow) * leading + (k % 8) * rowBytes +
+              (k / 8) * stride;
+  }
+  if (swizzle != 0) {
+    const unsigned bits = 4 - swizzle; // 3, 2, 1 bits of 16-byte chunk index
+    const uint64_t mask = ((uint64_t(1) << bits) - 1) << 4;
+    address ^= (address >> 3) & mask;
+  }
+  const int64_t offset = sharedOffset(worker, worker.windowBase + address, 2);
+  if (offset < 0)
+    report("memcheck",
+           "wgmma operand element at " + sharedDescription(worker, address) +
+               " (descriptor " + hex(descriptor) + ") is outside the block's shared memory",
+           siteString(file, line), address, true);
+  return offset;
+}
+
+void wgmmaIssue(const PagedcEmuWgmma *op, float *d, const char *file, int line) {
+  Worker &worker = *currentWorker;
+  Thread &thread = *currentThread;
+  const Checks &checks = worker.launch->checks;
+  if (op->n < 8 || op->n > 256 || op->n % 8 != 0) {
+    report("synccheck", "wgmma with N = " + std::to_string(op->n) + " (8 to 256, by 8)",
+           siteString(file, line), 0, true);
+    return;
+  }
+  if (op->a_in_registers && op->trans_a) {
+    report("synccheck", "wgmma with A in registers must be K-major (imm-trans-a = 0)",
+           siteString(file, line), 0, true);
+    return;
+  }
+  if (!thread.wgmmaFenced && checks.synccheck)
+    report("synccheck",
+           "wgmma.mma_async without a wgmma.fence since this thread's last wgmma.wait_group "
+           "(or the kernel's start): its accumulator and A registers may not be ready",
+           siteString(file, line), 0, false);
+  thread.wgmmaOp = *op;
+  thread.wgmmaD = d;
+  if (!arriveWarpgroup(Collective::Wgmma, file, line))
+    return;
+  const unsigned group = thread.linear / 128, first = group * 128;
+  Thread &leader = worker.threads[first];
+  const PagedcEmuWgmma &shape = leader.wgmmaOp;
+  for (unsigned t = first; t < first + 128; ++t) {
+    const PagedcEmuWgmma &other = worker.threads[t].wgmmaOp;
+    if (checks.synccheck &&
+        (other.n != shape.n || other.bf16 != shape.bf16 ||
+         other.a_in_registers != shape.a_in_registers || other.trans_a != shape.trans_a ||
+         other.trans_b != shape.trans_b || other.scale_d != shape.scale_d ||
+         other.desc_b != shape.desc_b || (!shape.a_in_registers && other.desc_a != shape.desc_a))) {
+      reportedThread = &worker.threads[t];
+      report("synccheck",
+             "the threads of warpgroup " + std::to_string(group) +
+                 " issue different wgmma operations (shape, types or descriptors)",
+             siteString(file, line), 0, true);
+      return;
+    }
+  }
+  // The warpgroup acts as one: each thread acquires what the others did.
+  if (worker.ordering)
+    joinClocks(worker, first, 128);
+  // The operand reads are the async proxy's, attributed to the
+  // warpgroup's first thread with a clock it reaches only at its
+  // wgmma.wait_group: a release before the wait does not cover them.
+  SharedAccess how;
+  how.asyncProxy = true;
+  how.clock = leader.clock + 1;
+  std::vector<uint32_t> fenced;
+  for (unsigned t = first; t < first + 128; ++t) {
+    const std::vector<uint32_t> &seen = worker.threads[t].fencedVc;
+    if (seen.empty())
+      continue;
+    if (fenced.empty())
+      fenced.assign(seen.size(), 0);
+    maxInto(fenced, seen);
+  }
+  if (!fenced.empty())
+    how.readerFenced = &fenced;
+  const unsigned n = shape.n;
+  const bool bf16 = shape.bf16 != 0;
+  std::vector<float> A(64 * 16), B(16 * n);
+  auto load = [&](uint64_t descriptor, bool mnMajor, unsigned mn, unsigned k, float &value) {
+    const int64_t offset = operandOffset(worker, descriptor, mnMajor, mn, k, file, line);
+    if (offset < 0)
+      return false;
+    if (checks.racecheck || checks.initcheck)
+      checkShared(worker, leader, offset, 2, SharedUse::Read, Site{file, line, nullptr}, how);
+    uint16_t bits;
+    std::memcpy(&bits, worker.window.get() + offset, 2);
+    value = elementValue(bits, bf16);
+    return !worker.aborted;
+  };
+  reportedThread = &leader;
+  if (shape.a_in_registers) {
+    for (unsigned t = 0; t < 128; ++t) {
+      const unsigned *a = worker.threads[first + t].wgmmaOp.a;
+      const unsigned row = 16 * (t / 32) + (t % 32) / 4, col = 2 * (t % 4);
+      auto split = [&](unsigned word, unsigned r, unsigned c) {
+        A[r * 16 + c] = elementValue(static_cast<uint16_t>(word & 0xffffu), bf16);
+        A[r * 16 + c + 1] = elementValue(static_cast<uint16_t>(word >> 16), bf16);
+      };
+      split(a[0], row, col);
+      split(a[1], row + 8, col);
+      split(a[2], row, col + 8);
+      split(a[3], row + 8, col + 8);
+    }
+  } else {
+    for (unsigned m = 0; m < 64; ++m)
+      for (unsigned k = 0; k < 16; ++k)
+        if (!load(shape.desc_a, shape.trans_a != 0, m, k, A[m * 16 + k]))
+          return;
+  }
+  for (unsigned k = 0; k < 16; ++k)
+    for (unsigned col = 0; col < n; ++col)
+      if (!load(shape.desc_b, shape.trans_b != 0, col, k, B[k * n + col]))
+        return;
+  reportedThread = nullptr;
+  // D = A B (+ D): exact products, one rounding to f32 (as mma.sync).
+  for (unsigned t = 0; t < 128; ++t) {
+    Thread &member = worker.threads[first + t];
+    PendingWgmma result;
+    result.d = member.wgmmaD;
+    result.values.resize(n / 2);
+    result.reader = first;
+    result.readClock = how.clock;
+    // The accumulators this wgmma adds to: the latest pending result for
+    // the same registers (wgmmas of one warpgroup run in order), else the
+    // registers themselves.
+    const float *current = member.wgmmaD;
+    for (auto group = member.wgmmaGroups.begin(); group != member.wgmmaGroups.end(); ++group)
+      for (const PendingWgmma &earlier : *group)
+        if (earlier.d == member.wgmmaD)
+          current = earlier.values.data();
+    for (const PendingWgmma &earlier : member.wgmmaOpen)
+      if (earlier.d == member.wgmmaD)
+        current = earlier.values.data();
+    const unsigned warp = t / 32, lane = t % 32;
+    for (unsigned i = 0; i < n / 2; ++i) {
+      const unsigned row = 16 * warp + lane / 4 + 8 * ((i / 2) % 2);
+      const unsigned col = 8 * (i / 4) + 2 * (lane % 4) + (i % 2);
+      double sum = shape.scale_d ? static_cast<double>(current[i]) : 0.0;
+      for (unsigned k = 0; k < 16; ++k)
+        sum += static_cast<double>(A[row * 16 + k]) * static_cast<double>(B[k * n + col]);
+      result.values[i] = static_cast<float>(sum);
+    }
+    member.wgmmaOpen.push_back(std::move(result));
+  }
+  ++worker.counters.wgmma;
+  worker.counters.wgmmaFlop += 2ull * 64 * n * 16;
+  worker.counters.wgmmaSharedBytes += (shape.a_in_registers ? 0 : 64 * 16 * 2) + 16 * n * 2;
+  completeWarpgroup(worker, group);
+}
+
+void setmaxnreg(unsigned count, int increase, const char *file, int line) {
+  Worker &worker = *currentWorker;
+  Thread &thread = *currentThread;
+  if (count < 24 || count > 256 || count % 8 != 0) {
+    report("synccheck",
+           std::string("setmaxnreg.") + (increase ? "inc" : "dec") + " " + std::to_string(count) +
+               ": the count must be 24 to 256 and a multiple of 8",
+           siteString(file, line), 0, true);
+    return;
+  }
+  thread.maskArgument = count | (increase ? 0x10000u : 0u);
+  if (!arriveWarpgroup(Collective::Setmaxnreg, file, line))
+    return;
+  const unsigned group = thread.linear / 128;
+  for (unsigned t = group * 128; t < group * 128 + 128; ++t)
+    if (worker.threads[t].maskArgument != thread.maskArgument &&
+        worker.launch->checks.synccheck) {
+      reportedThread = &worker.threads[t];
+      report("synccheck", "the threads of warpgroup " + std::to_string(group) +
+                              " ask setmaxnreg for different register counts",
+             siteString(file, line), 0, true);
+      return;
+    }
+  completeWarpgroup(worker, group);
+}
+
+/// cp.async.bulk.tensor (tile mode, global -> shared).
+void bulkTensorCopy(unsigned shared, const void *tensorMap, const int *coordinates, int rank,
+                    unsigned mbarrier, const char *file, int line) {
+  Worker &worker = *currentWorker;
+  Thread &thread = *currentThread;
+  Launch &launch = *worker.launch;
+  TensorMap map;
+  if (!decodeTensorMap(tensorMap, &map)) {
+    report("memcheck",
+           "cp.async.bulk.tensor with a tensor map the emulated cuTensorMapEncodeTiled did not "
+           "write (or a copy of it in a register that changed)",
+           siteString(file, line), shared, true);
+    return;
+  }
+  if (static_cast<unsigned>(rank) != map.rank) {
+    report("synccheck",
+           "cp.async.bulk.tensor." + std::to_string(rank) + "d with a tensor map of rank " +
+               std::to_string(map.rank),
+           siteString(file, line), shared, true);
+    return;
+  }
+  if (shared % 128 != 0) {
+    report("memcheck", "cp.async.bulk.tensor destination " + hex(shared) +
+                           " is not 128-byte aligned",
+           siteString(file, line), shared, true);
+    return;
+  }
+  uint64_t rows = 1;
+  for (unsigned d = 1; d < map.rank; ++d)
+    rows *= map.box[d];
+  const uint64_t rowBytes = uint64_t(map.box[0]) * map.elementBytes;
+  const uint64_t bytes = rows * rowBytes;
+  const int64_t offset = sharedOffset(worker, worker.windowBase + shared, bytes);
+  if (offset < 0) {
+    report("memcheck",
+           "cp.async.bulk.tensor box of " + std::to_string(bytes) + " bytes at " +
+               sharedDescription(worker, shared) + " is outside the block's shared memory",
+           siteString(file, line), shared, true);
+    return;
+  }
+  MBarrier *barrier = findMbarrier(worker, mbarrier, "cp.async.bulk.tensor", file, line);
+  if (!barrier)
+    return;
+  // The box lands as rows of box[0] elements (outer dimensions in order),
+  // each 16-byte chunk moved by the swizzle of its shared address;
+  // elements outside the tensor are zeros.
+  std::vector<unsigned char> box(bytes, 0);
+  for (uint64_t row = 0; row < rows; ++row) {
+    uint64_t rest = row;
+    bool inside = true;
+    uint64_t rowAddress = map.address;
+    for (unsigned d = 1; d < map.rank; ++d) {
+      const int64_t index = int64_t(coordinates[d]) + int64_t(rest % map.box[d]);
+      rest /= map.box[d];
+      if (index < 0 || uint64_t(index) >= map.dims[d]) {
+        inside = false;
+        break;
+      }
+      rowAddress += uint64_t(index) * map.strides[d];
+    }
+    if (!inside)
+      continue;
+    // The in-bounds run of dimension 0.
+    const int64_t first = std::max<int64_t>(coordinates[0], 0);
+    const int64_t last =
+        std::min<int64_t>(int64_t(coordinates[0]) + map.box[0], int64_t(map.dims[0]));
+    if (first >= last)
+      continue;
+    const uintptr_t source = rowAddress + uint64_t(first) * map.elementBytes;
+    const size_t runBytes = size_t(last - first) * map.elementBytes;
+    if (!checkGlobal(worker, source, runBytes, false, Site{file, line, nullptr}))
+      return;
+    std::memcpy(box.data() + row * rowBytes + size_t(first - coordinates[0]) * map.elementBytes,
+                reinterpret_cast<const void *>(source), runBytes);
+  }
+  const unsigned index = mbarrierIndex(worker, *barrier);
+  SharedAccess how;
+  how.bulkWriter = static_cast<uint16_t>(worker.threadCount + index + 1);
+  how.bulkClock = barrier->phase + 1;
+  const uint64_t swizzleMask = map.swizzle ? ((uint64_t(1) << map.swizzle) - 1) << 4 : 0;
+  for (uint64_t at = 0; at < bytes; at += 16) {
+    uint64_t address = shared + at;
+    address ^= (address >> 3) & swizzleMask;
+    const uint64_t target = uint64_t(offset) + (address - shared);
+    if (target + 16 > uint64_t(offset) + bytes) {
+      report("memcheck", "cp.async.bulk.tensor: the swizzle moves a chunk past the box",
+             siteString(file, line), shared, true);
+      return;
+    }
+    if (launch.checks.racecheck || launch.checks.initcheck)
+      checkShared(worker, thread, target, 16, SharedUse::BulkWrite, Site{file, line, nullptr},
+                  how);
+    std::memcpy(worker.window.get() + target, box.data() + at, 16);
+  }
+  ++worker.counters.bulkCopies;
+  worker.counters.bulkCopyBytes += bytes;
+  barrier->tx -= static_cast<int64_t>(bytes);
+  maybeCompletePhase(worker, *barrier);
+}
+
+/// cp.async.mbarrier.arrive.noinc: the thread's cp.asyncs land now (as its
+/// own writes) and the arrival releases them.
+void cpAsyncMbarrierArrive(unsigned mbarrier, const char *file, int line) {
+  Worker &worker = *currentWorker;
+  Thread &thread = *currentThread;
+  MBarrier *barrier =
+      findMbarrier(worker, mbarrier, "cp.async.mbarrier.arrive.noinc", file, line);
+  if (!barrier)
+    return;
+  for (auto &group : thread.groups)
+    landGroup(worker, thread, group);
+  thread.groups.clear();
+  landGroup(worker, thread, thread.openGroup);
+  thread.openGroup.clear();
+  mbarrierArrive(mbarrier, 0, 0, file, line);
+}
+
 const PagedcEmuRuntime kRuntime = {
     PAGEDC_EMU_ABI_VERSION,
     &threadIndex,
@@ -1432,6 +2418,20 @@ const PagedcEmuRuntime kRuntime = {
     &approx,
     &onAccess,
     &onAccessRange,
+    &mbarrierInit,
+    &mbarrierArrive,
+    &mbarrierExpectTx,
+    &mbarrierWait,
+    &bulkCopy,
+    &fence,
+    &namedBarrier,
+    &wgmmaFence,
+    &wgmmaCommit,
+    &wgmmaWait,
+    &wgmmaIssue,
+    &setmaxnreg,
+    &bulkTensorCopy,
+    &cpAsyncMbarrierArrive,
 };
 
 //===----------------------------------------------------------------------===//
@@ -1523,6 +2523,74 @@ int collectSegments(dl_phdr_info *info, size_t, void *data) {
 // Public interface
 //===----------------------------------------------------------------------===//
 
+namespace {
+constexpr uint64_t kTensorMapMagic = 0x50414d5443444750ull; // "PGDCTMAP"
+} // namespace
+
+std::string encodeTensorMap(void *map128, const TensorMap &map) {
+  if (map.rank < 1 || map.rank > 5)
+    return "tensorRank " + std::to_string(map.rank) + " (1 to 5)";
+  if (map.elementBytes != 1 && map.elementBytes != 2 && map.elementBytes != 4 &&
+      map.elementBytes != 8)
+    return "element size " + std::to_string(map.elementBytes) + " bytes";
+  if (map.address % 16 != 0)
+    return "globalAddress " + hex(map.address) + " is not 16-byte aligned";
+  if (map.swizzle > 3)
+    return "swizzle " + std::to_string(map.swizzle) + " (0 to 3)";
+  for (unsigned d = 0; d < map.rank; ++d) {
+    if (map.dims[d] == 0 || map.dims[d] > (uint64_t(1) << 32))
+      return "globalDim[" + std::to_string(d) + "] = " + std::to_string(map.dims[d]) +
+             " (1 to 2^32)";
+    if (map.box[d] == 0 || map.box[d] > 256)
+      return "boxDim[" + std::to_string(d) + "] = " + std::to_string(map.box[d]) +
+             " (1 to 256)";
+    if (d > 0 && (map.strides[d] % 16 != 0 || map.strides[d] >= (uint64_t(1) << 40)))
+      return "globalStrides[" + std::to_string(d - 1) + "] = " +
+             std::to_string(map.strides[d]) + " (a multiple of 16 below 2^40)";
+  }
+  const uint64_t innerBytes = uint64_t(map.box[0]) * map.elementBytes;
+  if (innerBytes % 16 != 0)
+    return "boxDim[0] * element size = " + std::to_string(innerBytes) +
+           " bytes, not a multiple of 16";
+  if (map.swizzle && innerBytes > (16u << map.swizzle))
+    return "boxDim[0] * element size = " + std::to_string(innerBytes) +
+           " bytes exceeds the swizzle span of " + std::to_string(16u << map.swizzle);
+  unsigned char bytes[128] = {};
+  std::memcpy(bytes, &kTensorMapMagic, 8);
+  std::memcpy(bytes + 8, &map.address, 8);
+  std::memcpy(bytes + 16, map.dims, 40);
+  std::memcpy(bytes + 56, map.strides, 40);
+  for (unsigned d = 0; d < 5; ++d) {
+    const uint16_t box = static_cast<uint16_t>(map.box[d]);
+    std::memcpy(bytes + 96 + 2 * d, &box, 2);
+  }
+  bytes[106] = static_cast<unsigned char>(map.rank);
+  bytes[107] = static_cast<unsigned char>(map.elementBytes);
+  bytes[108] = static_cast<unsigned char>(map.swizzle);
+  std::memcpy(map128, bytes, 128);
+  return "";
+}
+
+bool decodeTensorMap(const void *map128, TensorMap *map) {
+  const auto *bytes = static_cast<const unsigned char *>(map128);
+  uint64_t magic;
+  std::memcpy(&magic, bytes, 8);
+  if (magic != kTensorMapMagic)
+    return false;
+  std::memcpy(&map->address, bytes + 8, 8);
+  std::memcpy(map->dims, bytes + 16, 40);
+  std::memcpy(map->strides, bytes + 56, 40);
+  for (unsigned d = 0; d < 5; ++d) {
+    uint16_t box;
+    std::memcpy(&box, bytes + 96 + 2 * d, 2);
+    map->box[d] = box;
+  }
+  map->rank = bytes[106];
+  map->elementBytes = bytes[107];
+  map->swizzle = bytes[108];
+  return map->rank >= 1 && map->rank <= 5;
+}
+
 Checks Checks::fromEnvironment() {
   Checks checks;
   const char *text = std::getenv("PAGEDC_EMU_CHECKS");
@@ -1579,6 +2647,11 @@ void Counters::add(const Counters &o) {
   cpAsync += o.cpAsync;
   cpAsyncBytes += o.cpAsyncBytes;
   cpAsyncZeroFillBytes += o.cpAsyncZeroFillBytes;
+  wgmma += o.wgmma;
+  wgmmaFlop += o.wgmmaFlop;
+  wgmmaSharedBytes += o.wgmmaSharedBytes;
+  bulkCopies += o.bulkCopies;
+  bulkCopyBytes += o.bulkCopyBytes;
   barriers += o.barriers;
   shuffles += o.shuffles;
   ballots += o.ballots;
@@ -1613,6 +2686,11 @@ std::string Counters::json() const {
   field("cp_async", cpAsync);
   field("cp_async_bytes", cpAsyncBytes);
   field("cp_async_zero_fill_bytes", cpAsyncZeroFillBytes);
+  field("wgmma", wgmma);
+  field("wgmma_flop", wgmmaFlop);
+  field("wgmma_shared_bytes", wgmmaSharedBytes);
+  field("bulk_copies", bulkCopies);
+  field("bulk_copy_bytes", bulkCopyBytes);
   field("barriers", barriers);
   field("shuffles", shuffles);
   field("ballots", ballots);

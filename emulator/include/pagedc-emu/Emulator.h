@@ -3,8 +3,10 @@
 // The SIMT emulator runs kernel images (the kernel's CUDA unit compiled by
 // the host compiler, KernelAbi.h) on the CPU: every CUDA thread is a fiber,
 // the blocks of a grid run on a pool of OS threads, warp collectives
-// (shuffles, ballots, ldmatrix, mma.sync) meet at a warp rendezvous, and
-// cp.async copies land only at the issuing thread's wait_group. Checkers
+// (shuffles, ballots, ldmatrix, mma.sync) meet at a warp rendezvous,
+// cp.async copies land only at the issuing thread's wait_group, and the
+// sm_90 instructions (mbarriers, bulk and tensor-map copies, wgmma, named
+// barriers, setmaxnreg) are ordered by vector clocks. Checkers
 // (memcheck, racecheck, initcheck, synccheck) report with the kernel, block,
 // thread, source line and address; counters describe each launch for the
 // performance model. It needs neither LLVM nor the compiler; the emulated
@@ -70,6 +72,12 @@ struct Counters {
   uint64_t globalRequests = 0, globalSectorsRequested = 0, globalSectorsUnique = 0;
   /// cp.async: instructions, bytes read from global, bytes zero-filled.
   uint64_t cpAsync = 0, cpAsyncBytes = 0, cpAsyncZeroFillBytes = 0;
+  /// sm_90: warpgroup-level wgmma.mma_async instructions and their FLOPs
+  /// (2 * 64 * N * 16 each); bulk copies (cp.async.bulk) and their bytes.
+  uint64_t wgmma = 0, wgmmaFlop = 0, bulkCopies = 0, bulkCopyBytes = 0;
+  /// Operand bytes wgmma reads from shared memory (A when not in registers,
+  /// and B).
+  uint64_t wgmmaSharedBytes = 0;
   uint64_t barriers = 0, shuffles = 0, ballots = 0, atomics = 0;
   /// ex2.approx / tanh.approx calls (thread-level).
   uint64_t transcendentals = 0;
@@ -110,6 +118,28 @@ bool release(void *pointer);
 bool markWritten(const void *pointer, size_t bytes);
 /// Whether [pointer, pointer + bytes) lies in one allocation.
 bool isAllocated(const void *pointer, size_t bytes);
+
+/// A tiled tensor map as cuTensorMapEncodeTiled describes it (the emulated
+/// driver's encoding of the 128 opaque bytes; dimension 0 innermost).
+struct TensorMap {
+  unsigned rank = 0;
+  /// Bytes per element (1, 2, 4 or 8).
+  unsigned elementBytes = 0;
+  /// 0 none, 1 32-byte, 2 64-byte, 3 128-byte swizzle
+  /// (CU_TENSOR_MAP_SWIZZLE_*).
+  unsigned swizzle = 0;
+  uint64_t address = 0;
+  uint64_t dims[5] = {0, 0, 0, 0, 0};
+  /// Byte strides of dimensions 1 to rank - 1 (dimension 0 is dense).
+  uint64_t strides[5] = {0, 0, 0, 0, 0};
+  unsigned box[5] = {0, 0, 0, 0, 0};
+};
+/// Checks the arguments as the driver does and writes the 128-byte map;
+/// returns an empty string or what is wrong. Interleaved layouts, element
+/// strides other than 1 and NaN fill are not emulated (reported).
+std::string encodeTensorMap(void *map128, const TensorMap &map);
+/// Reads a map encodeTensorMap wrote; false when the bytes are not one.
+bool decodeTensorMap(const void *map128, TensorMap *map);
 
 /// Loads an image (KernelAbi.h: magic, size, shared object). Returns null
 /// with `error` set when it is not a valid image.

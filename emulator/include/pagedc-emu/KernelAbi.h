@@ -24,7 +24,7 @@
 extern "C" {
 #endif
 
-#define PAGEDC_EMU_ABI_VERSION 1
+#define PAGEDC_EMU_ABI_VERSION 2
 
 /** The CUDA built-in index variables of the running thread. */
 typedef struct PagedcEmuThreadIndex {
@@ -47,6 +47,34 @@ enum {
   PAGEDC_EMU_EX2_APPROX_FTZ = 0,
   PAGEDC_EMU_TANH_APPROX = 1,
 };
+
+/** Fences of PagedcEmuRuntime::fence. */
+enum {
+  /** fence.proxy.async.shared::cta: this thread's earlier generic-proxy
+   * shared stores become visible to the async proxy (wgmma operands,
+   * bulk copies). */
+  PAGEDC_EMU_FENCE_PROXY_ASYNC = 0,
+  /** fence.mbarrier_init.release.cluster */
+  PAGEDC_EMU_FENCE_MBARRIER_INIT = 1,
+};
+
+/** One wgmma.mma_async.sync.aligned.m64nNk16.f32.{bf16,f16} as a thread
+ * issues it (ABI 2). */
+typedef struct PagedcEmuWgmma {
+  /** N: 8..256, a multiple of 8. */
+  unsigned n;
+  /** 1: bf16 operands, 0: f16. */
+  int bf16;
+  /** 1: A is in a[] (the thread's fragment), else in shared memory at
+   * desc_a. */
+  int a_in_registers;
+  unsigned a[4];
+  unsigned long long desc_a, desc_b;
+  /** imm-trans-a / imm-trans-b: 1 = M- or N-major in shared memory. */
+  int trans_a, trans_b;
+  /** scale-d: 0 gives D = A B, 1 gives D = A B + D. */
+  int scale_d;
+} PagedcEmuWgmma;
 
 /** The emulator's side of the interface: one table per process. */
 typedef struct PagedcEmuRuntime {
@@ -80,6 +108,43 @@ typedef struct PagedcEmuRuntime {
   void (*access)(const void *address, unsigned long size, int flags, const void *pc);
   /** memcpy/memset/memmove the compiler emitted (checked as ranges). */
   void (*access_range)(const void *address, unsigned long size, int flags, const void *pc);
+
+  /* ABI 2: sm_90 (Hopper). Shared addresses are cvta.to.shared ones. */
+  /** mbarrier.init.shared::cta.b64 [address], count */
+  void (*mbarrier_init)(unsigned address, unsigned count, const char *file, int line);
+  /** mbarrier.arrive[.expect_tx].shared::cta.b64: with expect_tx, the
+   * barrier's tx-count grows by tx_bytes before the arrival. */
+  void (*mbarrier_arrive)(unsigned address, int expect_tx, unsigned tx_bytes, const char *file,
+                          int line);
+  /** mbarrier.expect_tx.relaxed.cta.shared::cta.b64 [address], tx_bytes */
+  void (*mbarrier_expect_tx)(unsigned address, unsigned tx_bytes, const char *file, int line);
+  /** A loop of mbarrier.try_wait.parity.shared::cta.b64 until it succeeds:
+   * returns once the phase of parity `parity` has completed. */
+  void (*mbarrier_wait)(unsigned address, unsigned parity, const char *file, int line);
+  /** cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes */
+  void (*bulk_copy)(unsigned shared, const void *global, unsigned bytes, unsigned mbarrier,
+                    const char *file, int line);
+  void (*fence)(int kind, const char *file, int line);
+  /** bar.sync id, threads (sync != 0) or bar.arrive id, threads. */
+  void (*named_barrier)(unsigned id, unsigned threads, int sync, const char *file, int line);
+  /** wgmma.fence / wgmma.commit_group / wgmma.wait_group N (.sync.aligned) */
+  void (*wgmma_fence)(const char *file, int line);
+  void (*wgmma_commit)(const char *file, int line);
+  void (*wgmma_wait)(int pending, const char *file, int line);
+  /** wgmma.mma_async: `d` holds the thread's n / 2 accumulators; the
+   * results land in it at the wgmma.wait_group that retires the group. */
+  void (*wgmma)(const PagedcEmuWgmma *op, float *d, const char *file, int line);
+  /** setmaxnreg.{inc,dec}.sync.aligned.u32 count */
+  void (*setmaxnreg)(unsigned count, int increase, const char *file, int line);
+  /** cp.async.bulk.tensor.<rank>d.shared::cluster.global.tile
+   * .mbarrier::complete_tx::bytes: the box at `coordinates` (innermost
+   * first) of the tensor map (the kernel parameter's bytes, as
+   * cuTensorMapEncodeTiled of the emulated driver wrote them). */
+  void (*bulk_tensor_copy)(unsigned shared, const void *tensor_map, const int *coordinates,
+                           int rank, unsigned mbarrier, const char *file, int line);
+  /** cp.async.mbarrier.arrive.noinc.shared::cta.b64: one of the barrier's
+   * expected arrivals, made once this thread's earlier cp.asyncs landed. */
+  void (*cp_async_mbarrier_arrive)(unsigned mbarrier, const char *file, int line);
 } PagedcEmuRuntime;
 
 /** An image as cuModuleLoadData takes it: these 16 bytes, the shared
