@@ -53,11 +53,22 @@ struct CudaTarget {
   /// (KernelConfig::choosePrefillShape) unless --block / --warp-rows say
   /// otherwise (--block alone means the 16-rows-per-warp design); decode
   /// keeps 64 x 64 tiles. Throws pagedc::Error for an unsupported value.
+  /// With --arch=sm_90a alone, prefill defaults to warpgroup tiles (wgmma,
+  /// PrefillWgmma.cuh: 128 x 64, two consumer warpgroups; 64 x 64 at head
+  /// dim 256); they need sm_90a, which no other architecture of a bundle
+  /// can run.
   KernelConfig configFor(KernelKind kind) const {
     KernelConfig result = config;
     result.kind = kind;
-    if (kind == KernelKind::Prefill && !blockM)
+    const bool hopper = archs.size() == 1 && archs.front() == "sm_90a";
+    if (kind == KernelKind::Prefill && !blockM) {
       result.choosePrefillShape();
+      if (hopper && !warpRows && !std::getenv("PAGEDC_PREFILL_SHAPE")) {
+        result.blockM = result.headDim <= 128 ? 128 : 64;
+        result.blockN = 64;
+        result.warpRows = 64;
+      }
+    }
     if (blockM) {
       result.blockM = blockM;
       result.blockN = blockN;
@@ -65,6 +76,8 @@ struct CudaTarget {
     }
     if (warpRows)
       result.warpRows = warpRows;
+    if (kind == KernelKind::Prefill && result.warpRows == 64 && !hopper)
+      throw Error("warpgroup tiles (--warp-rows=64) use wgmma: they need --arch=sm_90a alone");
     result.validate();
     return result;
   }
@@ -386,13 +399,14 @@ void pagedc::driver::registerCudaStages(Registry &registry) {
   registry.addOption(
       {"--warp-rows", "N",
        "prefill query rows per warp: 16 or 32 (32: two MMA row tiles share "
-       "each K/V fragment; head dim <= 128); default: the shape pagedc "
-       "runs (128x32 rows 32 at head dim 64, 64x64 rows 16 above; 16 when "
-       "--block is given)",
+       "each K/V fragment; head dim <= 128), or 64: warpgroup tiles (wgmma, "
+       "--arch=sm_90a); default: the shape pagedc runs (128x32 rows 32 at "
+       "head dim 64, 64x64 rows 16 above; with --arch=sm_90a warpgroup tiles, "
+       "128x64, 64x64 at head dim 256; 16 when --block is given)",
        checked("warp-rows", [](llvm::StringRef value) {
-         return value == "16" || value == "32"
+         return value == "16" || value == "32" || value == "64"
                     ? std::string()
-                    : "--warp-rows: '" + value.str() + "' is not 16 or 32";
+                    : "--warp-rows: '" + value.str() + "' is not 16, 32 or 64";
        })});
   registry.addOption({"--gqa", "N",
                       "query heads per KV head (decode kernels; default 1)",

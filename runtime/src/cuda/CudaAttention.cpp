@@ -12,6 +12,7 @@
 #include "cuda/CudaAttention.h"
 
 #include "pagedc/CudaAttention.h"
+#include "pagedc/EmulatorBuild.h"
 #include "pagedc/Error.h"
 #include "pagedc/KernelCache.h"
 
@@ -336,6 +337,16 @@ std::shared_ptr<const CudaKernel> cudaKernelFor(const CompiledMods &mods,
   } else {
     CompileOptions options;
     options.arch = arch;
+    // Warpgroup tiles use wgmma and setmaxnreg: the sm_90a target of an
+    // sm_90 device.
+    if (config.kind == KernelKind::Prefill && config.warpRows == 64) {
+      if (arch == "sm_90")
+        options.arch = "sm_90a";
+      else if (!isEmulatorArch(arch))
+        throw Error(fmt::format("warpgroup prefill tiles ($PAGEDC_PREFILL_SHAPE ...x64) need an "
+                                "sm_90 device; {} is {}",
+                                info.name, arch));
+    }
     std::shared_ptr<const CompiledKernel> compiled =
         KernelCache::global().getOrCompile(config, mods.cuda.modCode, options);
     kernel = loadCudaKernel(compiled->config, compiled->arch, compiled->image, deviceIndex);

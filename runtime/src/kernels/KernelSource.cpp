@@ -104,15 +104,18 @@ void KernelConfig::validate() const {
         "page size {} is not a power of two in [1, 1024]", pageSize));
   if (blockM != 64 && blockM != 128)
     throw Error(fmt::format("prefill blockM {} must be 64 or 128", blockM));
-  if (warpRows != 16 && warpRows != 32)
-    throw Error(fmt::format("prefill warpRows {} must be 16 or 32", warpRows));
+  if (warpRows != 16 && warpRows != 32 && warpRows != 64)
+    throw Error(fmt::format("prefill warpRows {} must be 16, 32 (rows per warp, mma.sync) or "
+                            "64 (rows per warpgroup, wgmma: sm_90a)",
+                            warpRows));
   if (warpRows == 32 && headDim > 128)
     throw Error(fmt::format("32 query rows per warp need head dim <= 128, not {}",
                             headDim));
   if (kind != KernelKind::Prefill && warpRows != 16)
-    throw Error("only the prefill kernel takes 32 query rows per warp");
-  if (blockN != 32 && blockN != 64)
-    throw Error(fmt::format("blockN {} must be 32 or 64", blockN));
+    throw Error("only the prefill kernel takes 32 query rows per warp or warpgroup tiles");
+  if (warpRows == 64 ? blockN != 64 && blockN != 128 : blockN != 32 && blockN != 64)
+    throw Error(fmt::format("blockN {} must be {}", blockN,
+                            warpRows == 64 ? "64 or 128 with warpgroup tiles" : "32 or 64"));
   if (kind == KernelKind::Decode && blockN != 64)
     throw Error("the decode kernel uses KV tiles of 64 rows (blockN = 64)");
   if (groupSize < 1)
@@ -139,7 +142,8 @@ int KernelConfig::decodeHeadsPerCta() const {
 int KernelConfig::threadsPerCta() const {
   switch (kind) {
   case KernelKind::Prefill:
-    return blockM / warpRows * 32;
+    // Warpgroup tiles: a consumer warpgroup per 64 rows and a producer one.
+    return warpRows == 64 ? (blockM / 64 + 1) * 128 : blockM / warpRows * 32;
   case KernelKind::Decode:
   case KernelKind::BlockMaskBuilder:
     return 128;
@@ -151,7 +155,9 @@ int KernelConfig::sharedMemoryBytes() const {
   const int rowBytes = headDim * 2;
   switch (kind) {
   case KernelKind::Prefill:
-    return (blockM + 4 * blockN) * rowBytes;
+    // Warpgroup tiles: 1024 bytes to align the swizzled tiles, and the
+    // mbarriers.
+    return (blockM + 4 * blockN) * rowBytes + (warpRows == 64 ? 1024 + 64 : 0);
   case KernelKind::Decode: {
     // Q tile, two K and two V stages, the class map, seen flags, and the
     // kv-warp merge maxima and sums (64 rows x kv-warps = 64 floats each).
@@ -265,7 +271,12 @@ KernelSource assembleKernel(const KernelConfig &config,
   switch (config.kind) {
   case KernelKind::Prefill:
     append("KernelCommon.cuh");
-    append("Prefill.cuh");
+    if (config.warpRows == 64) {
+      append("Hopper.cuh");
+      append("PrefillWgmma.cuh");
+    } else {
+      append("Prefill.cuh");
+    }
     source.kernelNames = {"pagedc_prefill"};
     break;
   case KernelKind::Decode:

@@ -95,6 +95,35 @@ BUGS = {
         "      continue;\n"
         "    float x = merged",
         "decode"),
+    # The warpgroup prefill (PrefillWgmma.cuh): mbarrier ring, cp.async
+    # gathers arriving on it, wgmma.
+    "wgmma-consumer-skips-full-wait": (
+        "PrefillWgmma.cuh",
+        "      mbarrier_wait(full + 8 * stage, ((visit - 1) >> 1) & 1);\n",
+        "",
+        "wgmma"),
+    "wgmma-stage-reused-before-release": (
+        "PrefillWgmma.cuh",
+        "        mbarrier_wait(empty + 8 * stage, ((visit >> 1) & 1) ^ 1);\n",
+        "",
+        "wgmma"),
+    "wgmma-full-barrier-count-short": (
+        "PrefillWgmma.cuh",
+        "      mbarrier_init(full + 8 * s, 32);",
+        "      mbarrier_init(full + 8 * s, 31);",
+        "wgmma"),
+    "wgmma-no-proxy-fence": (
+        "PrefillWgmma.cuh",
+        "      fence_proxy_async();\n",
+        "",
+        "wgmma"),
+    "wgmma-release-before-pv-wait": (
+        "PrefillWgmma.cuh",
+        "      wgmma_commit();\n      wgmma_wait<0>();\n      wgmma_fence_operands(o_acc);\n"
+        "      mbarrier_arrive(empty + 8 * stage);\n",
+        "      wgmma_commit();\n      mbarrier_arrive(empty + 8 * stage);\n"
+        "      wgmma_wait<0>();\n      wgmma_fence_operands(o_acc);\n",
+        "wgmma"),
 }
 
 
@@ -126,6 +155,10 @@ def main():
     runs = {
         "prefill": dict(q=(1, 4, 150, 64), k=(1, 2, 300, 64), extra=["--q-offset", "end"]),
         "decode": dict(q=(1, 4, 1, 64), k=(1, 2, 1100, 64), extra=["--q-offset", "end"]),
+        # The warpgroup prefill at head dim 128: 128 x 64 tiles, two
+        # consumer warpgroups.
+        "wgmma": dict(q=(1, 4, 150, 128), k=(1, 2, 300, 128), extra=["--q-offset", "end"],
+                      env={"PAGEDC_PREFILL_SHAPE": "128x64x64"}),
     }
     env = dict(os.environ)
     env.setdefault("PAGEDC_CACHE_DIR", os.path.join(work, "cache"))
@@ -144,6 +177,7 @@ def main():
 
     def attempt(run, out, template_dir):
         child = dict(env)
+        child.update(run.get("env", {}))
         if template_dir:
             child["PAGEDC_TEMPLATE_DIR"] = template_dir
         return subprocess.run(run["args"] + ["-o", out, "--device", "emu"], env=child,

@@ -8,7 +8,8 @@
 // 4 x bf16 and f16 x head dims 64 and 128, lengths off the tile and page
 // grid, half of the runs with a block mask, lse on; outputs against the
 // float64 reference on fresh random inputs. A checker report fails the
-// launch and so the case.
+// launch and so the case. ctest also runs the prefill mode with warpgroup
+// tiles (PrefillWgmma.cuh, $PAGEDC_PREFILL_SHAPE=128x64x64).
 //
 // Each case first builds all its kernels in parallel (the kernel cache's
 // emulator builds), then runs; ctest runs the matrix in shards.
@@ -76,7 +77,12 @@ TEST_P(EmuCorpusMatrixTest, CudaKernelsOnEmulatorMatchFloat64Reference) {
 
   std::vector<Variant> variants;
   int index = 0;
+  // $PAGEDC_MATRIX_MODES (a comma list of mode names) runs only those: the
+  // warpgroup prefill entry runs the prefill mode alone.
+  const char *only = std::getenv("PAGEDC_MATRIX_MODES");
   for (const Mode &mode : kModes)
+    if (!only || ("," + std::string(only) + ",").find("," + std::string(mode.name) + ",") !=
+                     std::string::npos)
     for (int32_t pageSize : {1, 16, 128})
       for (int gqa : {1, 4})
         for (pagedc::DType dtype : {pagedc::DType::BF16, pagedc::DType::F16})
