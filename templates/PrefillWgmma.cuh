@@ -35,16 +35,19 @@ constexpr int kConsumerGroups = kBlockM / 64;
 constexpr int kConsumerThreads = kConsumerGroups * 128;
 constexpr int kPrefillThreads = kConsumerThreads + 128;
 /// Registers per thread after setmaxnreg: the producer warpgroup gives
-/// registers to the consumers (one CTA per SM: 64 K registers in all).
+/// registers to the consumers (one CTA per SM: 64 K registers in all); one
+/// consumer warpgroup takes all it can address (D 256 spilled 28-44 bytes
+/// at 240 with bias score mods).
 constexpr int kProducerRegisters = 56;
-constexpr int kConsumerRegisters = kConsumerGroups == 1 ? 240 : 224;
+constexpr int kConsumerRegisters = kConsumerGroups == 1 ? 256 : 224;
 static_assert(128 * kProducerRegisters + kConsumerThreads * kConsumerRegisters <= 65536,
               "setmaxnreg asks for more registers than an SM has");
 /// Bytes of one 64-element atom column of a tile of `rows` rows.
 __host__ __device__ constexpr uint32_t atom_bytes(int rows) { return static_cast<uint32_t>(rows) * 128; }
 static_assert(pagedc_config::kWarpRows == 64, "PrefillWgmma.cuh is the warpgroup design");
 static_assert(kBlockM == 64 || kBlockM == 128, "kBlockM must be 64 or 128");
-static_assert(kBlockN == 64 || kBlockN == 128, "wgmma tiles take kBlockN 64 or 128");
+static_assert(kBlockN == 32 || kBlockN == 64 || kBlockN == 128,
+              "wgmma tiles take kBlockN 32, 64 or 128");
 
 /// Byte offset of chunk `chunk` (16 bytes) of row `row` in a tile of `rows`
 /// rows laid out in 128-byte swizzled atoms.

@@ -24,6 +24,7 @@ branches (mask or no mask per tile, the visit seek).
 
 Usage: ptxas_shapes.py --pagedc build/bin/pagedc [--json OUT] [--markdown OUT]
        [--quick]   (D 64/128, page 16 only) [--cuobjdump PATH]
+       [--wgmma]   (the warpgroup tiles, sm_90a, instead of the mma.sync shapes)
 Shapes that do not apply (32 rows per warp at D 256) are left out.
 """
 import argparse
@@ -39,7 +40,13 @@ mask causal(b, h, q, kv) = q >= kv
 score softcap_tanh(s, b, h, q, kv) = softcap * tanh_approx(s / softcap)
 """
 
-# (label, --block, --warp-rows)
+# (label, --block, --warp-rows); warp rows 64: warpgroup tiles (wgmma,
+# PrefillWgmma.cuh), compiled for sm_90a only.
+WGMMA_SHAPES = [
+    ("128x64 warpgroups", "128x64", 64),
+    ("64x64 warpgroups", "64x64", 64),
+    ("64x32 warpgroups", "64x32", 64),
+]
 SHAPES = [
     ("64x64 w16 (first design)", "64x64", 16),
     ("128x32 w32", "128x32", 32),
@@ -50,6 +57,7 @@ SHAPES = [
 # Per-SM limits: (shared bytes per SM, per block, registers, threads, CTAs).
 LIMITS = {
     "sm_90": (228 * 1024, 227 * 1024, 65536, 2048, 32),  # H100
+    "sm_90a": (228 * 1024, 227 * 1024, 65536, 2048, 32),  # H100
     "sm_80": (164 * 1024, 163 * 1024, 65536, 2048, 32),  # A100
 }
 
@@ -66,6 +74,10 @@ def ctas_per_sm(arch, registers, threads, shared):
 
 
 def shared_bytes_per_flop(head_dim, block_n, warp_rows):
+    if warp_rows == 64:
+        # A consumer warpgroup per tile: wgmma reads Q (64 rows) and K from
+        # shared memory for S, V for O (P is in registers).
+        return (64 + 2 * block_n) * head_dim * 2 / (4 * 64 * block_n * head_dim)
     q = 0 if head_dim <= 64 else warp_rows * head_dim * 2
     kv = 2 * block_n * head_dim * 2
     flops = 4 * warp_rows * block_n * head_dim
@@ -102,9 +114,10 @@ def main_loop_counts(cuobjdump, cubin):
         if target >= address:
             continue
         body = [t for a, t in code if target <= a <= address]
-        mma = sum(1 for t in body if "HMMA" in t)
+        mma = sum(1 for t in body if "HMMA" in t or "HGMMA" in t)
         if mma and (best is None or mma > best[0]):
-            other = sum(1 for t in body if "HMMA" not in t and not t.startswith("NOP"))
+            other = sum(1 for t in body if "HMMA" not in t and "HGMMA" not in t
+                        and not t.startswith("NOP"))
             best = (mma, other)
     return best or (0, 0)
 
@@ -138,6 +151,8 @@ def main():
     parser.add_argument("--markdown")
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--cuobjdump")
+    parser.add_argument("--wgmma", action="store_true",
+                        help="the warpgroup tiles on sm_90a instead of the mma.sync shapes")
     parser.add_argument("--first-design-only", action="store_true",
                         help="only 64x64 w16 (e.g. with $PAGEDC_TEMPLATE_DIR holding an "
                              "older Prefill.cuh, for before/after figures)")
@@ -150,16 +165,20 @@ def main():
         attn = os.path.join(directory, "shapes.attn")
         with open(attn, "w") as file:
             file.write(MODS)
-        for arch in ("sm_90", "sm_80"):
+        for arch in ("sm_90a",) if options.wgmma else ("sm_90", "sm_80"):
             for head_dim in dims:
-                for label, block, warp_rows in SHAPES:
+                for label, block, warp_rows in WGMMA_SHAPES if options.wgmma else SHAPES:
                     if options.first_design_only and block != "64x64":
                         continue
                     if warp_rows == 32 and head_dim > 128:
                         continue
                     block_m, block_n = (int(x) for x in block.split("x"))
-                    threads = block_m // warp_rows * 32
-                    shared = (block_m + 4 * block_n) * head_dim * 2
+                    if warp_rows == 64:
+                        threads = (block_m // 64 + 1) * 128
+                        shared = 1024 + (block_m + 4 * block_n) * head_dim * 2 + 64
+                    else:
+                        threads = block_m // warp_rows * 32
+                        shared = (block_m + 4 * block_n) * head_dim * 2
                     for page in pages:
                         for score in (False, True):
                             figures = compile_one(options.pagedc, attn, arch, head_dim, page,
@@ -168,7 +187,8 @@ def main():
                             if options.cuobjdump:
                                 mma, other = main_loop_counts(options.cuobjdump, cubin)
                                 # per 64 keys and 16 query rows of one warp
-                                per = 64 / block_n / (warp_rows // 16)
+                                # (a warp of a warpgroup holds 16 rows)
+                                per = 64 / block_n / (1 if warp_rows == 64 else warp_rows // 16)
                                 figures["loop_mma"] = mma
                                 figures["loop_other"] = other
                                 figures["other_per_64_keys_16_rows"] = round(other * per, 1)

@@ -41,6 +41,7 @@ struct DeviceModel {
   const char *name, *arch, *note;
   double peakFlops;       ///< dense bf16 tensor FLOP/s
   double mmaSyncFraction; ///< of the peak that mma.sync can reach (assumption)
+  double wgmmaFraction;   ///< of the peak that wgmma can reach (0: no wgmma)
   double hbm;             ///< bytes/s
   double l2;              ///< bytes/s (assumption)
   double clock;           ///< Hz: the clock the peak is quoted at
@@ -50,12 +51,13 @@ struct DeviceModel {
 const DeviceModel kDevices[] = {
     {"H100", "sm_90",
      "H100 SXM5 80GB: 989.4 TFLOP/s dense bf16 = 132 SMs x 4096 FLOP/clk x 1.83 GHz; HBM3 3.35 "
-     "TB/s; 228 KiB shared/SM (227 KiB per block); mma.sync assumed to reach 0.66 of the peak",
-     989.4e12, 0.66, 3.35e12, 7.0e12, 1.83e9, 132, 228 * 1024, 227 * 1024, 65536, 2048, 32},
+     "TB/s; 228 KiB shared/SM (227 KiB per block); mma.sync assumed to reach 0.66 of the peak, "
+     "wgmma the peak",
+     989.4e12, 0.66, 1.0, 3.35e12, 7.0e12, 1.83e9, 132, 228 * 1024, 227 * 1024, 65536, 2048, 32},
     {"A100", "sm_80",
      "A100 SXM4 80GB: 312 TFLOP/s dense bf16 = 108 SMs x 2048 FLOP/clk x 1.41 GHz; HBM2e 2.039 "
      "TB/s (the 40GB part has 1.555); 164 KiB shared/SM (163 KiB per block)",
-     312.0e12, 1.0, 2.039e12, 5.0e12, 1.41e9, 108, 164 * 1024, 163 * 1024, 65536, 2048, 32},
+     312.0e12, 1.0, 0.0, 2.039e12, 5.0e12, 1.41e9, 108, 164 * 1024, 163 * 1024, 65536, 2048, 32},
 };
 
 constexpr double kLaunchOverheadSeconds = 3e-6; ///< per launch, back to back
@@ -181,13 +183,21 @@ LaunchModel modelLaunch(const DeviceModel &device, const BenchCase &b, const Lau
   double dramBytes = uniqueBytes * scale;
   if (launch.kernel == "pagedc_prefill")
     dramBytes = std::max(mustMoveBytes, uniqueBytes);
+  const double wgmmaFlops = launch.count("wgmma_flop");
+  if (wgmmaFlops > 0 && device.wgmmaFraction == 0)
+    throw Error(fmt::format("{} uses wgmma (sm_90a), which an {} does not have", launch.kernel,
+                            device.name));
   const double wavefronts =
       launch.count("ldmatrix_wavefronts") + launch.count("shared_wavefronts") +
-      (launch.count("cp_async_bytes") + launch.count("cp_async_zero_fill_bytes")) /
+      (launch.count("cp_async_bytes") + launch.count("cp_async_zero_fill_bytes") +
+       launch.count("wgmma_shared_bytes")) /
           kSharedBytesPerClock;
   const std::pair<const char *, double> terms[] = {
       {"tensor", launch.count("mma") * scale * kFlopsPerMma /
-                     (device.peakFlops * device.mmaSyncFraction)},
+                         (device.peakFlops * device.mmaSyncFraction) +
+                     (wgmmaFlops > 0
+                          ? wgmmaFlops * scale / (device.peakFlops * device.wgmmaFraction)
+                          : 0.0)},
       {"shared", wavefronts * scale / (device.sms * device.clock)},
       {"dram", dramBytes / device.hbm},
       {"l2", launch.count("global_sectors_requested") * scale * kSectorBytes / device.l2},
@@ -364,6 +374,18 @@ int runModel(const Pack &pack, const ModelOptions &options, std::ostream &out,
     bool rowFailed = false;
     for (const DeviceModel &device : kDevices) {
       Value entry = Value::object();
+      // A kernel built on wgmma (sm_90a) does not run on a device without
+      // it: no figure, and not a failure.
+      const bool runs = device.wgmmaFraction > 0 ||
+                        std::none_of(launches.begin(), launches.end(), [](const Launch &l) {
+                          return l.count("wgmma_flop") > 0;
+                        });
+      if (!runs) {
+        entry.set("not_applicable", "the kernel uses wgmma (sm_90a)");
+        line += fmt::format(" {:>10} {:<16} {:<7}", "-", "n/a (sm_90a)", "-");
+        devices.set(device.name, std::move(entry));
+        continue;
+      }
       Value ptxas = Value::object();
       for (const Launch &l : launches) {
         const PtxasFigures f = ptxasFor(b, device.arch, l.kernel);

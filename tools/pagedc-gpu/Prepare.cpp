@@ -735,11 +735,21 @@ int run(const Options &options) {
     verbose.ptxasVerbose = true;
     std::vector<KernelCache::Request> ptxasRequests;
     std::map<std::string, size_t> indexOfKey;
+    // Warpgroup prefill tiles are sm_90a code: their sm_90 figures come
+    // from that target, and sm_80 has none.
+    auto runsOn = [&](const KernelConfig &config) {
+      return !(config.kind == KernelKind::Prefill && config.warpRows == 64 && ptxasArch != "sm_90");
+    };
     for (size_t i = 0; i < pack.bench.size(); ++i)
       for (const KernelConfig &config : benchConfigs[i]) {
+        if (!runsOn(config))
+          continue;
         const std::string key = pack.bench[i].label + "|" + config.describe();
+        CompileOptions options = verbose;
+        if (config.kind == KernelKind::Prefill && config.warpRows == 64)
+          options.arch = "sm_90a";
         if (indexOfKey.emplace(key, ptxasRequests.size()).second)
-          ptxasRequests.push_back({config, benchCode.at(pack.bench[i].label), verbose});
+          ptxasRequests.push_back({config, benchCode.at(pack.bench[i].label), options});
       }
     std::cerr << fmt::format("pagedc-gpu-prepare: ptxas reports of {} benchmark kernels for {}\n",
                              ptxasRequests.size(), ptxasArch);
@@ -748,6 +758,8 @@ int run(const Options &options) {
         memoryOnly.getOrCompileAll(ptxasRequests);
     for (size_t i = 0; i < pack.bench.size(); ++i)
       for (const KernelConfig &config : benchConfigs[i]) {
+        if (!runsOn(config))
+          continue;
         const CompiledKernel &kernel =
             *compiled[indexOfKey.at(pack.bench[i].label + "|" + config.describe())];
         std::vector<PtxasKernelReport> reports = parsePtxasReport(kernel.log);

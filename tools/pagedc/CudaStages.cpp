@@ -54,7 +54,7 @@ struct CudaTarget {
   /// otherwise (--block alone means the 16-rows-per-warp design); decode
   /// keeps 64 x 64 tiles. Throws pagedc::Error for an unsupported value.
   /// With --arch=sm_90a alone, prefill defaults to warpgroup tiles (wgmma,
-  /// PrefillWgmma.cuh: 128 x 64, two consumer warpgroups; 64 x 64 at head
+  /// PrefillWgmma.cuh: 128 x 64, two consumer warpgroups; 64 x 32 at head
   /// dim 256); they need sm_90a, which no other architecture of a bundle
   /// can run.
   KernelConfig configFor(KernelKind kind) const {
@@ -64,8 +64,10 @@ struct CudaTarget {
     if (kind == KernelKind::Prefill && !blockM) {
       result.choosePrefillShape();
       if (hopper && !warpRows && !std::getenv("PAGEDC_PREFILL_SHAPE")) {
+        // D 256: one consumer warpgroup and 32-key tiles (64 x 64 spilled
+        // 8-12 bytes for some corpus mask x score pairs at 255 registers).
         result.blockM = result.headDim <= 128 ? 128 : 64;
-        result.blockN = 64;
+        result.blockN = result.headDim <= 128 ? 64 : 32;
         result.warpRows = 64;
       }
     }
@@ -402,7 +404,7 @@ void pagedc::driver::registerCudaStages(Registry &registry) {
        "each K/V fragment; head dim <= 128), or 64: warpgroup tiles (wgmma, "
        "--arch=sm_90a); default: the shape pagedc runs (128x32 rows 32 at "
        "head dim 64, 64x64 rows 16 above; with --arch=sm_90a warpgroup tiles, "
-       "128x64, 64x64 at head dim 256; 16 when --block is given)",
+       "128x64, 64x32 at head dim 256; 16 when --block is given)",
        checked("warp-rows", [](llvm::StringRef value) {
          return value == "16" || value == "32" || value == "64"
                     ? std::string()

@@ -113,9 +113,10 @@ void KernelConfig::validate() const {
                             headDim));
   if (kind != KernelKind::Prefill && warpRows != 16)
     throw Error("only the prefill kernel takes 32 query rows per warp or warpgroup tiles");
-  if (warpRows == 64 ? blockN != 64 && blockN != 128 : blockN != 32 && blockN != 64)
+  if (warpRows == 64 ? blockN != 32 && blockN != 64 && blockN != 128
+                    : blockN != 32 && blockN != 64)
     throw Error(fmt::format("blockN {} must be {}", blockN,
-                            warpRows == 64 ? "64 or 128 with warpgroup tiles" : "32 or 64"));
+                            warpRows == 64 ? "32, 64 or 128 with warpgroup tiles" : "32 or 64"));
   if (kind == KernelKind::Decode && blockN != 64)
     throw Error("the decode kernel uses KV tiles of 64 rows (blockN = 64)");
   if (groupSize < 1)
