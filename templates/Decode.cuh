@@ -173,16 +173,7 @@ extern "C" __global__ void __launch_bounds__(pagedc::kDecodeThreads)
 
   RowState state;
   float out[kHeadDim / 8][4];
-#pragma unroll
-  for (int half = 0; half < 2; ++half) {
-    state.max[half] = -infinity();
-    state.sum[half] = 0.0f;
-  }
-#pragma unroll
-  for (int d = 0; d < kHeadDim / 8; ++d)
-#pragma unroll
-    for (int e = 0; e < 4; ++e)
-      out[d][e] = 0.0f;
+  reset_rows(state, out);
 
   const int tiles = split_end > split_begin
                         ? (split_end - split_begin + kDecodeTileN - 1) / kDecodeTileN

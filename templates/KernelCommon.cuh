@@ -305,6 +305,85 @@ struct RowState {
   float sum[2];
 };
 
+/// A fresh softmax state (nothing seen) and output accumulator of a
+/// thread's two rows.
+PAGEDC_DEVICE void reset_rows(RowState &state, float (&out)[kHeadDim / 8][4]) {
+#pragma unroll
+  for (int half = 0; half < 2; ++half) {
+    state.max[half] = -infinity();
+    state.sum[half] = 0.0f;
+  }
+#pragma unroll
+  for (int d = 0; d < kHeadDim / 8; ++d)
+#pragma unroll
+    for (int e = 0; e < 4; ++e)
+      out[d][e] = 0.0f;
+}
+
+/// The KV tiles of kTile rows a prefill CTA of (b, h) visits in one pass:
+/// entry `list` of its block-mask row's lists (partial blocks, then full
+/// blocks) and tile `sub` of that block; without a block mask, tile `list`
+/// of [0, kv_len). Counters rather than pointers and divisions: at 32 rows
+/// per warp every register counts.
+template <int kTile> struct KvVisits {
+  int64_t list_offset = 0;
+  int partial_count = 0, list_count = 0, tiles_per_block = 1;
+
+  /// Sets up pass `pass` (the q block of the mask row); false when the mask
+  /// has no such row (the mask may start at first_q_block; the host checks
+  /// that it covers every row of the call).
+  PAGEDC_DEVICE bool start(const PagedcAttentionKernelArgs &args, int b, int h, int pass,
+                           int kv_len) {
+    if (args.kv_num_blocks == nullptr) {
+      partial_count = list_count = (kv_len + kTile - 1) / kTile;
+      return true;
+    }
+    const int mask_row = pass - args.first_q_block;
+    if (mask_row < 0 || mask_row >= args.num_q_blocks)
+      return false;
+    const int64_t mask_row_index =
+        (static_cast<int64_t>(args.mask_batch == 1 ? 0 : b) * args.mask_heads +
+         (args.mask_heads == 1 ? 0 : h)) *
+            args.num_q_blocks +
+        mask_row;
+    list_offset = mask_row_index * args.max_kv_blocks;
+    partial_count = args.kv_num_blocks[mask_row_index];
+    list_count = partial_count +
+                 (args.full_kv_num_blocks ? args.full_kv_num_blocks[mask_row_index] : 0);
+    tiles_per_block = args.kv_block_size / kTile;
+    return true;
+  }
+  /// Logical kv of the first key of visit (list, sub).
+  PAGEDC_DEVICE int kv_of(const PagedcAttentionKernelArgs &args, int list, int sub) const {
+    if (args.kv_num_blocks == nullptr)
+      return list * kTile;
+    const int block = list < partial_count
+                          ? args.kv_indices[list_offset + list]
+                          : args.full_kv_indices[list_offset + list - partial_count];
+    return block * args.kv_block_size + sub * kTile;
+  }
+  /// Moves (list, sub) to the first visit at or after it that holds keys
+  /// below kv_len (past that, the block's later tiles hold none either);
+  /// returns its kv (or list == list_count).
+  PAGEDC_DEVICE int seek(const PagedcAttentionKernelArgs &args, int kv_len, int &list,
+                         int &sub) const {
+    for (; list < list_count; ++list, sub = 0) {
+      const int kv = kv_of(args, list, sub);
+      if (kv < kv_len)
+        return kv;
+    }
+    return 0;
+  }
+  /// The visit after (list, sub), before seeking.
+  PAGEDC_DEVICE void advance(int &list, int &sub) const {
+    if (++sub == tiles_per_block) {
+      sub = 0;
+      ++list;
+    }
+  }
+  PAGEDC_DEVICE bool is_full(int list) const { return list >= partial_count; }
+};
+
 /// Folds a tile of log2-domain scores (masked = -inf) into the state and the
 /// output accumulator, and turns `scores` into probabilities.
 template <int kNTiles>

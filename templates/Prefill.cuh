@@ -114,32 +114,10 @@ extern "C" __global__ void __launch_bounds__(pagedc::kPrefillThreads, 1)
   const int pass_last = has_block_mask ? position_last / args.q_block_size : 0;
 
   for (int pass = pass_first; pass <= pass_last; ++pass) {
-    // The visits of this pass: entry `list` of the mask row's lists (partial
-    // blocks, then full blocks; without a block mask, KV tile `list`) and
-    // tile `sub` of that block. Counters rather than pointers and divisions:
-    // at 32 rows per warp every register counts.
-    int64_t list_offset = 0;
-    int partial_count, list_count, tiles_per_block = 1;
-    if (has_block_mask) {
-      // The mask row of q block `pass` (the mask may start at first_q_block;
-      // the host checks that it covers every row of the call).
-      const int mask_row = pass - args.first_q_block;
-      if (mask_row < 0 || mask_row >= args.num_q_blocks)
-        break;
-      int64_t mask_row_index =
-          (static_cast<int64_t>(args.mask_batch == 1 ? 0 : b) * args.mask_heads +
-           (args.mask_heads == 1 ? 0 : h)) *
-              args.num_q_blocks +
-          mask_row;
-      list_offset = mask_row_index * args.max_kv_blocks;
-      partial_count = args.kv_num_blocks[mask_row_index];
-      list_count = partial_count + (args.full_kv_num_blocks
-                                        ? args.full_kv_num_blocks[mask_row_index]
-                                        : 0);
-      tiles_per_block = args.kv_block_size / kBlockN;
-    } else {
-      partial_count = list_count = (kv_len + kBlockN - 1) / kBlockN;
-    }
+    // The visits of this pass (KvVisits).
+    KvVisits<kBlockN> visits;
+    if (!visits.start(args, b, h, pass, kv_len))
+      break;
     // Bit 2m + half: row (m, half) belongs to this pass.
     unsigned visible_bits = 0;
 #pragma unroll
@@ -149,30 +127,9 @@ extern "C" __global__ void __launch_bounds__(pagedc::kPrefillThreads, 1)
         if (pass_first == pass_last || q_of[m][half] / args.q_block_size == pass)
           visible_bits |= 1u << (2 * m + half);
 
-    // Logical kv of the first key of visit (list, sub).
-    auto kv_of = [&](int list, int sub) {
-      if (!has_block_mask)
-        return list * kBlockN;
-      const int block = list < partial_count
-                            ? args.kv_indices[list_offset + list]
-                            : args.full_kv_indices[list_offset + list - partial_count];
-      return block * args.kv_block_size + sub * kBlockN;
-    };
-    // Moves (list, sub) to the first visit at or after it that holds keys
-    // below kv_len (past that, the block's later tiles hold none either);
-    // returns its kv (or list == list_count).
-    auto seek = [&](int &list, int &sub) {
-      for (; list < list_count; ++list, sub = 0) {
-        const int kv = kv_of(list, sub);
-        if (kv < kv_len)
-          return kv;
-      }
-      return 0;
-    };
-
     int list = 0, sub = 0, stage = 0;
-    int kv_begin = seek(list, sub);
-    if (list < list_count)
+    int kv_begin = visits.seek(args, kv_len, list, sub);
+    if (list < visits.list_count)
       load_kv_tiles<kBlockN, kPrefillThreads>(
           k_tiles, v_tiles, k_head, v_head, args.k_stride[1], args.k_stride[2],
           args.v_stride[1], args.v_stride[2], page_row, kv_begin, kv_len,
@@ -192,15 +149,12 @@ extern "C" __global__ void __launch_bounds__(pagedc::kPrefillThreads, 1)
       q_ready = true;
     }
 
-    while (list < list_count) {
-      const bool is_full = list >= partial_count;
-      int next_list = list, next_sub = sub + 1;
-      if (next_sub == tiles_per_block) {
-        next_sub = 0;
-        ++next_list;
-      }
-      const int kv_next = seek(next_list, next_sub);
-      if (next_list < list_count)
+    while (list < visits.list_count) {
+      const bool is_full = visits.is_full(list);
+      int next_list = list, next_sub = sub;
+      visits.advance(next_list, next_sub);
+      const int kv_next = visits.seek(args, kv_len, next_list, next_sub);
+      if (next_list < visits.list_count)
         load_kv_tiles<kBlockN, kPrefillThreads>(
             k_tiles + (stage ^ 1) * kStageBytes,
             v_tiles + (stage ^ 1) * kStageBytes, k_head, v_head,

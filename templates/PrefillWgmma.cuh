@@ -21,7 +21,7 @@
 // c ^ (r % 8) (the 128-byte swizzle of the TMA and wgmma), every tile
 // 1024-byte aligned. The visits (block-mask lists, passes per straddled
 // mask row, kv_len) are those of Prefill.cuh; producer and consumers walk
-// them alike.
+// them alike (KvVisits).
 //
 // Grid: as Prefill.cuh; block: (kBlockM / 64 + 1) * 128 threads; dynamic
 // shared memory: 1024 (alignment) + (kBlockM + 4 kBlockN) * D * 2 + 64.
@@ -116,55 +116,6 @@ extern "C" __global__ void __launch_bounds__(pagedc::kPrefillThreads, 1)
   const int position_last = q_offset + row_begin + row_count - 1;
   const int pass_first = has_block_mask ? position_first / args.q_block_size : 0;
   const int pass_last = has_block_mask ? position_last / args.q_block_size : 0;
-  // The visits of pass `pass` (see Prefill.cuh): entry `list` of the mask
-  // row's lists and tile `sub` of that block; false when the pass has no
-  // mask row.
-  int64_t list_offset = 0;
-  int partial_count = 0, list_count = 0, tiles_per_block = 1;
-  auto start_pass = [&](int pass) {
-    if (has_block_mask) {
-      const int mask_row = pass - args.first_q_block;
-      if (mask_row < 0 || mask_row >= args.num_q_blocks)
-        return false;
-      const int64_t mask_row_index =
-          (static_cast<int64_t>(args.mask_batch == 1 ? 0 : b) * args.mask_heads +
-           (args.mask_heads == 1 ? 0 : h)) *
-              args.num_q_blocks +
-          mask_row;
-      list_offset = mask_row_index * args.max_kv_blocks;
-      partial_count = args.kv_num_blocks[mask_row_index];
-      list_count = partial_count + (args.full_kv_num_blocks
-                                        ? args.full_kv_num_blocks[mask_row_index]
-                                        : 0);
-      tiles_per_block = args.kv_block_size / kBlockN;
-    } else {
-      partial_count = list_count = (kv_len + kBlockN - 1) / kBlockN;
-    }
-    return true;
-  };
-  auto kv_of = [&](int list, int sub) {
-    if (!has_block_mask)
-      return list * kBlockN;
-    const int block = list < partial_count
-                          ? args.kv_indices[list_offset + list]
-                          : args.full_kv_indices[list_offset + list - partial_count];
-    return block * args.kv_block_size + sub * kBlockN;
-  };
-  auto seek = [&](int &list, int &sub) {
-    for (; list < list_count; ++list, sub = 0) {
-      const int kv = kv_of(list, sub);
-      if (kv < kv_len)
-        return kv;
-    }
-    return 0;
-  };
-  auto advance = [&](int &list, int &sub) {
-    if (++sub == tiles_per_block) {
-      sub = 0;
-      ++list;
-    }
-  };
-
   if (thread < 128) {
     // The producer warpgroup: warp 0 gathers, the others only give their
     // registers away (setmaxnreg is warpgroup-wide).
@@ -187,10 +138,12 @@ extern "C" __global__ void __launch_bounds__(pagedc::kPrefillThreads, 1)
     const int32_t *page_row = args.page_table + b * args.page_table_stride;
     int visit = 0;
     for (int pass = pass_first; pass <= pass_last; ++pass) {
-      if (!start_pass(pass))
+      KvVisits<kBlockN> visits;
+      if (!visits.start(args, b, h, pass, kv_len))
         break;
       int list = 0, sub = 0;
-      for (int kv = seek(list, sub); list < list_count; advance(list, sub), kv = seek(list, sub)) {
+      for (int kv = visits.seek(args, kv_len, list, sub); list < visits.list_count;
+           visits.advance(list, sub), kv = visits.seek(args, kv_len, list, sub)) {
         const int stage = visit & 1;
         mbarrier_wait(empty + 8 * stage, ((visit >> 1) & 1) ^ 1);
         const uint32_t k_tile = stages + stage * kStageBytes;
@@ -213,6 +166,7 @@ extern "C" __global__ void __launch_bounds__(pagedc::kPrefillThreads, 1)
   pagedc_mods::ScoreRow score_rows[2];
   RowState state;
   float out[kHeadDim / 8][4];
+  reset_rows(state, out);
 #pragma unroll
   for (int half = 0; half < 2; ++half) {
     const int row = row_begin + group_row + 16 * warp + (lane >> 2) + 8 * half;
@@ -220,20 +174,14 @@ extern "C" __global__ void __launch_bounds__(pagedc::kPrefillThreads, 1)
     q_of[half] = q_offset + imin(row, args.q_len - 1);
     mask_rows[half] = pagedc_mods::mask_row(params, b, h, q_of[half]);
     score_rows[half] = pagedc_mods::score_row(params, b, h, q_of[half]);
-    state.max[half] = -infinity();
-    state.sum[half] = 0.0f;
   }
-#pragma unroll
-  for (int d = 0; d < kHeadDim / 8; ++d)
-#pragma unroll
-    for (int e = 0; e < 4; ++e)
-      out[d][e] = 0.0f;
   const uint32_t q_group = q_tile + group * (kHeadDim / 64) * atom_bytes(64);
   bool q_ready = false;
 
   int visit = 0;
   for (int pass = pass_first; pass <= pass_last; ++pass) {
-    if (!start_pass(pass))
+    KvVisits<kBlockN> visits;
+    if (!visits.start(args, b, h, pass, kv_len))
       break;
     const bool visible[2] = {pass_first == pass_last || q_of[0] / args.q_block_size == pass,
                              pass_first == pass_last || q_of[1] / args.q_block_size == pass};
@@ -243,10 +191,10 @@ extern "C" __global__ void __launch_bounds__(pagedc::kPrefillThreads, 1)
          (q_offset + imin(row_begin + group_row + 63, args.q_len - 1)) / args.q_block_size >=
              pass);
     int list = 0, sub = 0;
-    for (int kv_begin = seek(list, sub); list < list_count;
-         advance(list, sub), kv_begin = seek(list, sub)) {
+    for (int kv_begin = visits.seek(args, kv_len, list, sub); list < visits.list_count;
+         visits.advance(list, sub), kv_begin = visits.seek(args, kv_len, list, sub)) {
       const int stage = visit & 1;
-      const bool is_full = list >= partial_count;
+      const bool is_full = visits.is_full(list);
       ++visit;
       mbarrier_wait(full + 8 * stage, ((visit - 1) >> 1) & 1);
       if (!group_visible) {

@@ -497,7 +497,11 @@ int run(const Options &options) {
     const std::string key = label + "|" + config.describe();
     if (!requested.insert(key).second)
       return;
-    requests.push_back({config, modCode, compile});
+    // Warpgroup prefill tiles are sm_90a code (wgmma, setmaxnreg).
+    CompileOptions options = compile;
+    if (config.kind == KernelKind::Prefill && config.warpRows == 64 && compile.arch == "sm_90")
+      options.arch = "sm_90a";
+    requests.push_back({config, modCode, options});
     requestLabels.push_back(label);
   };
 

@@ -48,9 +48,11 @@ struct KernelConfig {
   /// Prefill: query rows per warp, 16 or 32 (32 needs headDim <= 128). At 32
   /// a warp's two 16-row MMA tiles share each K/V fragment it reads from
   /// shared memory (FlashAttention-2's sm_80 shape); 16 is the first design,
-  /// kept for comparison. Decode ignores it (16).
+  /// kept for comparison. 64: rows per consumer warpgroup of the warpgroup
+  /// prefill (PrefillWgmma.cuh: wgmma, sm_90a). Decode ignores it (16).
   int warpRows = 16;
-  /// KV rows per tile (32 or 64). Block-mask kv blocks must be multiples.
+  /// KV rows per tile (32 or 64; 32, 64 or 128 with warpgroup tiles).
+  /// Block-mask kv blocks must be multiples.
   int blockN = 64;
   /// Decode: query heads per KV head (Hq / Hkv, any value >= 1). Prefill
   /// reads the ratio at run time and ignores this.
@@ -73,9 +75,11 @@ struct KernelConfig {
   }
   bool operator!=(const KernelConfig &other) const { return !(*this == other); }
 
-  /// Sets blockM, blockN and warpRows to the prefill tile shape pagedc uses
-  /// at this headDim (the same on every architecture until a Hopper kernel
-  /// exists), the widest that ptxas allocates without spills: 128 x 32 with
+  /// Sets blockM, blockN and warpRows to the mma.sync prefill tile shape the
+  /// runtime uses at this headDim on every architecture (the warpgroup
+  /// tiles, warpRows 64, are what `pagedc --arch=sm_90a` compiles and
+  /// $PAGEDC_PREFILL_SHAPE selects), the widest that ptxas allocates without
+  /// spills: 128 x 32 with
   /// 32 rows per warp at headDim 64; 64 x 64 with 16 rows per warp at 128
   /// (32 rows per warp spill there); 64 x 32 with 16 rows per warp at 256
   /// (64 x 64 spilled 8-16 bytes for some corpus mask x score pairs;

@@ -326,7 +326,8 @@ std::shared_ptr<const CudaKernel> cudaKernelFor(const CompiledMods &mods,
   if (mods.cuda.bundle) {
     const BundleModule *module = nullptr;
     for (const BundleModule &candidate : mods.cuda.bundle->modules)
-      if (candidate.mods == mods.cuda.bundleLabel && candidate.arch == arch &&
+      if (candidate.mods == mods.cuda.bundleLabel &&
+          (candidate.arch == arch || (arch == "sm_90" && candidate.arch == "sm_90a")) &&
           sameConfigIgnoringParams(candidate.config, config) &&
           (candidate.config.paramsSize < 0 || candidate.config.paramsSize == config.paramsSize))
         module = &candidate;

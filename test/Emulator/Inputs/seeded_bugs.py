@@ -69,9 +69,9 @@ BUGS = {
         "    value = fmaxf(value, __shfl_xor_sync(0xffffffffu, value, 1));",
         "prefill"),
     "block-mask-index-past-end": (
-        "Prefill.cuh",
-        "      partial_count = args.kv_num_blocks[mask_row_index];",
-        "      partial_count = args.kv_num_blocks[mask_row_index] + 1;",
+        "KernelCommon.cuh",
+        "    partial_count = args.kv_num_blocks[mask_row_index];",
+        "    partial_count = args.kv_num_blocks[mask_row_index] + 1;",
         "prefill"),
     # 32 query rows per warp (the D 64 prefill): the second 16-row tile
     # multiplies the first tile's Q rows, or the first tile's P.
