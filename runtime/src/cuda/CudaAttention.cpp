@@ -294,6 +294,13 @@ bool sameConfigIgnoringParams(const KernelConfig &a, const KernelConfig &b) {
   return left == right;
 }
 
+/// Whether a bundle module built for `moduleArch` runs on a device of
+/// `deviceArch`: the same architecture, or sm_90a code (the warpgroup
+/// prefill) on an sm_90 device.
+bool bundleArchRuns(const std::string &moduleArch, const std::string &deviceArch) {
+  return moduleArch == deviceArch || (deviceArch == "sm_90" && moduleArch == "sm_90a");
+}
+
 } // namespace
 
 std::shared_ptr<const CudaKernel> cudaKernelFor(const CompiledMods &mods,
@@ -326,8 +333,7 @@ std::shared_ptr<const CudaKernel> cudaKernelFor(const CompiledMods &mods,
   if (mods.cuda.bundle) {
     const BundleModule *module = nullptr;
     for (const BundleModule &candidate : mods.cuda.bundle->modules)
-      if (candidate.mods == mods.cuda.bundleLabel &&
-          (candidate.arch == arch || (arch == "sm_90" && candidate.arch == "sm_90a")) &&
+      if (candidate.mods == mods.cuda.bundleLabel && bundleArchRuns(candidate.arch, arch) &&
           sameConfigIgnoringParams(candidate.config, config) &&
           (candidate.config.paramsSize < 0 || candidate.config.paramsSize == config.paramsSize))
         module = &candidate;
@@ -384,7 +390,7 @@ KernelConfig chooseCudaAttentionConfig(const CompiledMods &mods, DType elementTy
   const BundleModule *decode = nullptr, *prefill = nullptr;
   for (const BundleModule &module : mods.cuda.bundle->modules) {
     const KernelConfig &c = module.config;
-    if (module.mods != mods.cuda.bundleLabel || module.arch != arch ||
+    if (module.mods != mods.cuda.bundleLabel || !bundleArchRuns(module.arch, arch) ||
         c.elementType != elementType || c.headDim != headDim || c.pageSize != pageSize ||
         c.returnLse != returnLse || (c.paramsSize >= 0 && c.paramsSize != paramsSize))
       continue;
