@@ -305,6 +305,29 @@ struct RowState {
   float sum[2];
 };
 
+/// What a prefill CTA computes: query rows [row_begin, row_begin +
+/// row_count) of query head h of sequence b. The grid is one-dimensional,
+/// heaviest CTAs first: block x is query head x % heads_q, then batch, then
+/// the query tiles from the last (under a causal mask the tile with the
+/// most keys) to the first, so the short tiles fill the tail of the launch.
+struct PrefillTile {
+  int h, b, row_begin, row_count, kv_head, kv_len, q_offset;
+};
+template <int kRows>
+PAGEDC_DEVICE PrefillTile prefill_tile(const PagedcAttentionKernelArgs &args) {
+  PrefillTile tile;
+  const int q_tiles = (args.q_len + kRows - 1) / kRows;
+  tile.h = blockIdx.x % args.heads_q;
+  const int rest = blockIdx.x / args.heads_q;
+  tile.b = rest % args.batch;
+  tile.row_begin = (q_tiles - 1 - rest / args.batch) * kRows;
+  tile.row_count = imin(kRows, args.q_len - tile.row_begin);
+  tile.kv_head = tile.h / (args.heads_q / args.heads_kv);
+  tile.kv_len = args.kv_len[tile.b];
+  tile.q_offset = args.q_offset ? args.q_offset[tile.b] : 0;
+  return tile;
+}
+
 /// A fresh softmax state (nothing seen) and output accumulator of a
 /// thread's two rows.
 PAGEDC_DEVICE void reset_rows(RowState &state, float (&out)[kHeadDim / 8][4]) {

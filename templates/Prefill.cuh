@@ -44,19 +44,10 @@ extern "C" __global__ void __launch_bounds__(pagedc::kPrefillThreads, 1)
   using namespace pagedc;
   PAGEDC_EXTERN_SHARED(unsigned char, shared);
   const int thread = threadIdx.x, lane = thread & 31, warp = thread >> 5;
-  // One-dimensional grid, heaviest CTAs first: block x is query head
-  // x % heads_q, then batch, then the query tiles from the last (under a
-  // causal mask the tile with the most keys) to the first, so the short
-  // tiles fill the tail of the launch.
-  const int q_tiles = (args.q_len + kBlockM - 1) / kBlockM;
-  const int h = blockIdx.x % args.heads_q;
-  const int rest = blockIdx.x / args.heads_q;
-  const int b = rest % args.batch;
-  const int row_begin = (q_tiles - 1 - rest / args.batch) * kBlockM;
-  const int kv_head = h / (args.heads_q / args.heads_kv);
-  const int kv_len = args.kv_len[b];
-  const int q_offset = args.q_offset ? args.q_offset[b] : 0;
-  const int row_count = imin(kBlockM, args.q_len - row_begin);
+  // One-dimensional grid, heaviest CTAs first (prefill_tile).
+  const PrefillTile tile = prefill_tile<kBlockM>(args);
+  const int h = tile.h, b = tile.b, row_begin = tile.row_begin, row_count = tile.row_count;
+  const int kv_head = tile.kv_head, kv_len = tile.kv_len, q_offset = tile.q_offset;
 
   const uint32_t q_tile = shared_address(shared);
   const uint32_t k_tiles = q_tile + kBlockM * kRowBytes;

@@ -84,15 +84,9 @@ extern "C" __global__ void __launch_bounds__(pagedc::kPrefillThreads, 1)
   using namespace pagedc;
   PAGEDC_EXTERN_SHARED(unsigned char, shared);
   const int thread = threadIdx.x, lane = thread & 31;
-  const int q_tiles = (args.q_len + kBlockM - 1) / kBlockM;
-  const int h = blockIdx.x % args.heads_q;
-  const int rest = blockIdx.x / args.heads_q;
-  const int b = rest % args.batch;
-  const int row_begin = (q_tiles - 1 - rest / args.batch) * kBlockM;
-  const int kv_head = h / (args.heads_q / args.heads_kv);
-  const int kv_len = args.kv_len[b];
-  const int q_offset = args.q_offset ? args.q_offset[b] : 0;
-  const int row_count = imin(kBlockM, args.q_len - row_begin);
+  const PrefillTile tile = prefill_tile<kBlockM>(args);
+  const int h = tile.h, b = tile.b, row_begin = tile.row_begin, row_count = tile.row_count;
+  const int kv_head = tile.kv_head, kv_len = tile.kv_len, q_offset = tile.q_offset;
 
   // Shared memory: Q, two K/V stages, then the mbarriers.
   const uint32_t base = (shared_address(shared) + 1023u) & ~1023u;
