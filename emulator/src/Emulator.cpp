@@ -252,7 +252,6 @@ struct Thread {
   std::vector<uint32_t> fencedVc;
   int waitBarrier = -1;
   unsigned waitParity = 0;
-  bool waitDone = false;
   // wgmma: the operation at the rendezvous, open and committed groups.
   bool wgmmaFenced = false;
   PagedcEmuWgmma wgmmaOp{};
@@ -746,7 +745,6 @@ void runBlock(Worker &worker, uint64_t linearBlock) {
     thread.fenceClock = 0;
     thread.fencedVc.clear();
     thread.waitBarrier = -1;
-    thread.waitDone = false;
     thread.wgmmaFenced = false;
     thread.wgmmaD = nullptr;
     thread.wgmmaOpen.clear();
@@ -1791,7 +1789,6 @@ void maybeCompletePhase(Worker &worker, MBarrier &barrier) {
         (barrier.phase & 1u) == waiter.waitParity)
       continue;
     maxInto(waiter.vc, barrier.completed);
-    waiter.waitDone = true;
     waiter.state = State::Runnable;
   }
 }
@@ -1882,7 +1879,6 @@ void mbarrierWait(unsigned address, unsigned parity, const char *file, int line)
   }
   thread.waitBarrier = static_cast<int>(mbarrierIndex(worker, *barrier));
   thread.waitParity = parity;
-  thread.waitDone = false;
   blockHere(thread, State::AtMbarrier, file, line);
   // Woken by maybeCompletePhase, which did the acquire.
   thread.waitBarrier = -1;
