@@ -8,10 +8,21 @@
 // row-warps, the remaining warps split each KV tile's columns and the CTA
 // merges their softmax states at the end.
 //
+// Splits divide what the CTA's rows can see, not the whole context: each
+// CTA first reduces its rows' block lists to the range of kv blocks any of
+// them sees (without a block mask: [0, kv_len) in tiles) and takes the
+// split-th of num_splits equal parts of it. A sliding window over a long
+// context is then spread over every split instead of landing on the last
+// one, and a fully masked row leaves every split empty.
+//
 // Block masks: the rows of one CTA may use different mask rows (different
 // heads, tokens in different q blocks), so the CTA first expands each row's
 // block lists into a class map over the split's kv blocks (0 skipped,
-// 1 partial, 2 full) and skips a tile only when no row sees it.
+// 1 partial, 2 full) and skips a tile only when no row sees it. On a tile
+// that its rows see only through partial blocks, the CTA evaluates the mask
+// for every (row, kv) pair before loading it: kv rows that no row keeps are
+// zero-filled instead of read (a window's edge inside a block costs no
+// bytes), and a tile with no kept kv row is skipped like an unseen one.
 //
 // With num_splits == 1 the CTA writes out (and lse); otherwise it writes
 // normalised f32 partials and lse per split, and pagedc_decode_merge
@@ -65,6 +76,23 @@ PAGEDC_DEVICE DecodeRow decode_row(int row, int kv_head, int head_chunk,
   result.token = imin(token, q_len - 1);
   return result;
 }
+
+/// The block-mask row that decode row `row` reads (the mask may start at
+/// first_q_block); false when the row does not exist or its q block is
+/// outside the mask.
+PAGEDC_DEVICE bool decode_mask_row(const PagedcAttentionKernelArgs &args, int row,
+                                   int kv_head, int head_chunk, int b, int q_offset,
+                                   int64_t &mask_row_index) {
+  DecodeRow info = decode_row(row, kv_head, head_chunk, args.q_len);
+  int q_block = (q_offset + info.token) / args.q_block_size - args.first_q_block;
+  if (!info.valid || q_block < 0 || q_block >= args.num_q_blocks)
+    return false;
+  mask_row_index = (static_cast<int64_t>(args.mask_batch == 1 ? 0 : b) * args.mask_heads +
+                    (args.mask_heads == 1 ? 0 : info.head)) *
+                       args.num_q_blocks +
+                   q_block;
+  return true;
+}
 } // namespace pagedc
 
 extern "C" __global__ void __launch_bounds__(pagedc::kDecodeThreads)
@@ -79,14 +107,82 @@ extern "C" __global__ void __launch_bounds__(pagedc::kDecodeThreads)
   const int head_chunk = blockIdx.y % kDecodeHeadChunks;
   const int kv_len = args.kv_len[b];
   const int q_offset = args.q_offset ? args.q_offset[b] : 0;
-  const int split_begin = split * args.split_size;
-  const int split_end = imin(kv_len, split_begin + args.split_size);
 
   const uint32_t q_tile = shared_address(shared);
   const uint32_t k_tiles = q_tile + kDecodeQBytes;
   const uint32_t v_tiles = k_tiles + 2 * kDecodeStageBytes;
   uint8_t *classes = shared + kDecodeQBytes + 4 * kDecodeStageBytes;
   uint8_t *tile_seen = classes + kDecodeClassBytes;
+  // Words for the reductions below, in the region of the kv-warp merge
+  // (used only after the last tile): 8 for the visible range, 2 x 4 for the
+  // kept kv rows of a tile.
+  int *range_words = reinterpret_cast<int *>(tile_seen + kMaxSplitBlocks);
+  unsigned *keep_words = reinterpret_cast<unsigned *>(range_words + 8);
+  const bool has_block_mask = args.kv_num_blocks != nullptr;
+
+  // The kv range this CTA's rows see: [0, kv_len) without a block mask,
+  // else the kv blocks from the lowest to the highest any row lists.
+  int range_begin = 0, range_end = kv_len, granule = kDecodeTileN;
+  if (has_block_mask) {
+    granule = args.kv_block_size;
+    int first = 0x7fffffff, last = -1;
+    for (int row = 0; row < kPaddedRows; ++row) {
+      int64_t mask_row_index;
+      if (!decode_mask_row(args, row, kv_head, head_chunk, b, q_offset, mask_row_index))
+        continue;
+      const int32_t *partial = args.kv_indices + mask_row_index * args.max_kv_blocks;
+      for (int i = thread; i < args.kv_num_blocks[mask_row_index]; i += kDecodeThreads) {
+        first = imin(first, partial[i]);
+        last = imax(last, partial[i]);
+      }
+      if (args.full_kv_num_blocks) {
+        const int32_t *full = args.full_kv_indices + mask_row_index * args.max_kv_blocks;
+        for (int i = thread; i < args.full_kv_num_blocks[mask_row_index];
+             i += kDecodeThreads) {
+          first = imin(first, full[i]);
+          last = imax(last, full[i]);
+        }
+      }
+    }
+#pragma unroll
+    for (int offset = 16; offset > 0; offset >>= 1) {
+      first = imin(first, __shfl_xor_sync(0xffffffffu, first, offset));
+      last = imax(last, __shfl_xor_sync(0xffffffffu, last, offset));
+    }
+    if (lane == 0) {
+      range_words[warp] = first;
+      range_words[4 + warp] = last;
+    }
+    __syncthreads();
+#pragma unroll
+    for (int w = 0; w < 4; ++w) {
+      first = imin(first, range_words[w]);
+      last = imax(last, range_words[4 + w]);
+    }
+    __syncthreads();
+    first = imax(first, 0);
+    range_begin = static_cast<int>(
+        imin64(static_cast<int64_t>(first) * granule, static_cast<int64_t>(kv_len)));
+    range_end = last < first ? range_begin
+                             : static_cast<int>(imin64((static_cast<int64_t>(last) + 1) *
+                                                           granule,
+                                                       static_cast<int64_t>(kv_len)));
+  }
+  // Split `split` of num_splits equal parts, in whole granules (so a split
+  // starts on a block-mask block and covers at most kMaxSplitBlocks of
+  // them: the host plans num_splits for that).
+  const int granules =
+      range_end > range_begin ? (range_end - range_begin + granule - 1) / granule : 0;
+  // The host's span bound makes this at most kMaxSplitBlocks; the clamp
+  // keeps the class map in bounds whatever the arguments say.
+  const int split_granules =
+      has_block_mask ? imin((granules + args.num_splits - 1) / args.num_splits, kMaxSplitBlocks)
+                     : (granules + args.num_splits - 1) / args.num_splits;
+  const int64_t split_at =
+      range_begin + static_cast<int64_t>(split) * split_granules * granule;
+  const int split_begin = static_cast<int>(imin64(split_at, range_end));
+  const int split_end = static_cast<int>(
+      imin64(split_at + static_cast<int64_t>(split_granules) * granule, range_end));
 
   // Query rows: head-major, token-minor; gathered from q [B, Hq, Lq, D].
   const Element *q_batch = static_cast<const Element *>(args.q) + b * args.q_stride[0];
@@ -123,7 +219,6 @@ extern "C" __global__ void __launch_bounds__(pagedc::kDecodeThreads)
   }
 
   // Block classes of every row over this split's kv blocks.
-  const bool has_block_mask = args.kv_num_blocks != nullptr;
   const int block_begin = has_block_mask ? split_begin / args.kv_block_size : 0;
   const int block_count =
       has_block_mask && split_end > split_begin
@@ -134,16 +229,9 @@ extern "C" __global__ void __launch_bounds__(pagedc::kDecodeThreads)
       classes[i] = 0;
     __syncthreads();
     for (int row = 0; row < kPaddedRows; ++row) {
-      DecodeRow info = decode_row(row, kv_head, head_chunk, args.q_len);
-      // The mask row of this token (the mask may start at first_q_block).
-      int q_block = (q_offset + info.token) / args.q_block_size - args.first_q_block;
-      if (!info.valid || q_block < 0 || q_block >= args.num_q_blocks)
+      int64_t mask_row_index;
+      if (!decode_mask_row(args, row, kv_head, head_chunk, b, q_offset, mask_row_index))
         continue;
-      int64_t mask_row_index =
-          (static_cast<int64_t>(args.mask_batch == 1 ? 0 : b) * args.mask_heads +
-           (args.mask_heads == 1 ? 0 : info.head)) *
-              args.num_q_blocks +
-          q_block;
       const int32_t *partial = args.kv_indices + mask_row_index * args.max_kv_blocks;
       for (int i = thread; i < args.kv_num_blocks[mask_row_index]; i += kDecodeThreads) {
         int block = partial[i] - block_begin;
@@ -181,19 +269,63 @@ extern "C" __global__ void __launch_bounds__(pagedc::kDecodeThreads)
   auto tile_block = [&](int tile) {
     return (split_begin + tile * kDecodeTileN) / args.kv_block_size - block_begin;
   };
-  auto next_tile = [&](int tile) {
+  // The kv rows of `tile` that some row of the CTA keeps, when the rows see
+  // it only through partial blocks (all rows otherwise). Every thread
+  // evaluates the mask of one kv row for half of the rows; a warp's ballot
+  // covers 32 kv rows. The words alternate between two sets, so one barrier
+  // orders each set's writes after the reads of its previous use.
+  int keep_set = 0;
+  auto tile_keep = [&](int tile) -> uint64_t {
+    if constexpr (pagedc_mods::kHasMask) {
+      const int block = tile_block(tile);
+      if (has_block_mask && tile_seen[block] == 1) {
+        const int position = thread & (kDecodeTileN - 1);
+        const int kv = split_begin + tile * kDecodeTileN + position;
+        bool kept = false;
+        if (kv < split_end) {
+          for (int row = thread / kDecodeTileN; row < kPaddedRows && !kept;
+               row += kDecodeThreads / kDecodeTileN) {
+            if (classes[row * kMaxSplitBlocks + block] != 1)
+              continue;
+            DecodeRow info = decode_row(row, kv_head, head_chunk, args.q_len);
+            const int q = q_offset + info.token;
+            kept = pagedc_mods::mask(params, pagedc_mods::mask_row(params, b, info.head, q),
+                                     b, info.head, q, kv);
+          }
+        }
+        unsigned *words = keep_words + 4 * keep_set;
+        keep_set ^= 1;
+        const unsigned ballot = __ballot_sync(0xffffffffu, kept);
+        if (lane == 0)
+          words[warp] = ballot;
+        __syncthreads();
+        return (static_cast<uint64_t>(words[1] | words[3]) << 32) | (words[0] | words[2]);
+      }
+    }
+    return ~static_cast<uint64_t>(0);
+  };
+  // The next tile at or after `tile` that some row sees and keeps a kv row
+  // of; `keep` receives its kept kv rows.
+  auto next_tile = [&](int tile, uint64_t &keep) {
+    keep = ~static_cast<uint64_t>(0);
     if (has_block_mask)
-      while (tile < tiles && tile_seen[tile_block(tile)] == 0)
-        ++tile;
+      for (; tile < tiles; ++tile) {
+        if (tile_seen[tile_block(tile)] == 0)
+          continue;
+        keep = tile_keep(tile);
+        if (keep != 0)
+          break;
+      }
     return tile;
   };
 
-  int tile = next_tile(0), stage = 0;
+  uint64_t keep;
+  int tile = next_tile(0, keep), stage = 0;
   if (tile < tiles)
     load_kv_tiles<kDecodeTileN, kDecodeThreads>(
         k_tiles, v_tiles, k_head, v_head, args.k_stride[1], args.k_stride[2],
         args.v_stride[1], args.v_stride[2], page_row,
-        split_begin + tile * kDecodeTileN, split_end, thread);
+        split_begin + tile * kDecodeTileN, split_end, thread, keep);
   cp_async_commit();
   cp_async_wait<1>();
   __syncthreads();
@@ -206,14 +338,14 @@ extern "C" __global__ void __launch_bounds__(pagedc::kDecodeThreads)
 
   while (tile < tiles) {
     const int kv_begin = split_begin + tile * kDecodeTileN;
-    const int next = next_tile(tile + 1);
+    const int next = next_tile(tile + 1, keep);
     if (next < tiles)
       load_kv_tiles<kDecodeTileN, kDecodeThreads>(
           k_tiles + (stage ^ 1) * kDecodeStageBytes,
           v_tiles + (stage ^ 1) * kDecodeStageBytes, k_head, v_head,
           args.k_stride[1], args.k_stride[2], args.v_stride[1],
           args.v_stride[2], page_row, split_begin + next * kDecodeTileN,
-          split_end, thread);
+          split_end, thread, keep);
     cp_async_commit();
     cp_async_wait<1>();
     __syncthreads();

@@ -131,7 +131,8 @@ PAGEDC_DEVICE void load_query_tile(uint32_t tile, const Element *q_rows,
 
 /// Loads KV rows [kv_begin, kv_begin + kRows) of one KV head into the K and
 /// V tiles, translating each logical row to its page once for both tensors.
-/// Rows at or past kv_len are zero-filled and never read from memory.
+/// Rows at or past kv_len, and rows whose bit in `keep_rows` is clear, are
+/// zero-filled and never read from memory.
 template <int kRows, int kThreads>
 PAGEDC_DEVICE void load_kv_tiles(uint32_t k_tile, uint32_t v_tile,
                                  const Element *k_head,
@@ -141,7 +142,9 @@ PAGEDC_DEVICE void load_kv_tiles(uint32_t k_tile, uint32_t v_tile,
                                  int64_t k_page, int64_t k_slot, int64_t v_page,
                                  int64_t v_slot,
                                  const int32_t *page_row, // [max pages]
-                                 int kv_begin, int kv_len, int thread) {
+                                 int kv_begin, int kv_len, int thread,
+                                 uint64_t keep_rows = ~static_cast<uint64_t>(0)) {
+  static_assert(kRows <= 64, "keep_rows has a bit per tile row");
   static_assert((kRows * kChunksPerRow) % kThreads == 0, "uneven KV tile load");
   // Unrolled by two: fully unrolled, ptxas holds every row's page and both
   // 64-bit sources at once, which spilled 300 bytes in the D 256 prefill
@@ -151,7 +154,7 @@ PAGEDC_DEVICE void load_kv_tiles(uint32_t k_tile, uint32_t v_tile,
     int index = thread + i * kThreads;
     int row = index / kChunksPerRow, chunk = index % kChunksPerRow;
     int kv = kv_begin + row;
-    bool valid = kv < kv_len;
+    bool valid = kv < kv_len && ((keep_rows >> row) & 1);
     int64_t page = valid ? page_row[kv >> kLog2PageSize] : 0;
     int slot = kv & (kPageSize - 1);
     const Element *k_source =

@@ -153,6 +153,7 @@ PAGEDC_DEVICE float exp2_approx(float x) {
 
 PAGEDC_DEVICE int32_t imin(int32_t a, int32_t b) { return a < b ? a : b; }
 PAGEDC_DEVICE int32_t imax(int32_t a, int32_t b) { return a > b ? a : b; }
+PAGEDC_DEVICE int64_t imin64(int64_t a, int64_t b) { return a < b ? a : b; }
 
 /// Integer division rounding toward negative infinity (Python's //).
 PAGEDC_DEVICE int32_t floor_div(int32_t a, int32_t b) {

@@ -1,15 +1,19 @@
 #!/usr/bin/env python3
-"""Spills of the prefill kernel for every corpus mask x score combination.
+"""Spills of the prefill (or decode) kernel for every corpus mask x score
+combination.
 
 Every mask mod and every score mod of examples/*.attn, and every pair of one
 mask and one score (the two files' texts joined into one program; a pair
 whose files declare the same name is skipped and counted), compiled with
 `pagedc --emit=cubin --ptxas-report` (NVRTC) for the prefill kernel at the
 shape pagedc runs (KernelConfig::choosePrefillShape), bf16, page 16, for
-each head dim and architecture asked. Prints one line per kernel that spills
-and a summary; --json writes every kernel's registers and spill bytes.
+each head dim and architecture asked; with --kernel decode, the split-KV
+decode kernel for --gqa query heads per KV head (default 4, the GPU
+benchmark's). Prints one line per kernel that spills and a summary; --json
+writes every kernel's registers and spill bytes.
 
 Usage: ptxas_corpus.py --pagedc build/bin/pagedc --examples examples
+       [--kernel prefill|decode] [--gqa N]
        [--arch sm_90,sm_80] [--head-dim 64,128,256] [--jobs N] [--json OUT]
 Exit status 1 when any kernel spills or fails to compile.
 """
@@ -43,9 +47,12 @@ def declared_names(text):
     return names
 
 
-def compile_one(pagedc, path, mask, score, arch, head_dim):
+def compile_one(pagedc, path, mask, score, arch, head_dim, kernel="prefill", gqa=1):
     command = [pagedc, path, "--emit=cubin", f"--arch={arch}", f"--head-dim={head_dim}",
-               "--ptxas-report", "-o", path + f".{arch}.{head_dim}.cubin"]
+               f"--kernel={kernel}", "--ptxas-report",
+               "-o", path + f".{kernel}.{arch}.{head_dim}.cubin"]
+    if kernel == "decode":
+        command.append(f"--gqa={gqa}")
     if mask:
         command.append(f"--mask={mask}")
     if score:
@@ -63,6 +70,8 @@ def main():
     parser.add_argument("--examples", required=True)
     parser.add_argument("--arch", default="sm_90,sm_80")
     parser.add_argument("--head-dim", default="64,128,256")
+    parser.add_argument("--kernel", choices=("prefill", "decode"), default="prefill")
+    parser.add_argument("--gqa", type=int, default=4)
     parser.add_argument("--jobs", type=int, default=os.cpu_count() or 1)
     parser.add_argument("--json")
     options = parser.parse_args()
@@ -100,7 +109,8 @@ def main():
                 for arch in archs:
                     for dim in dims:
                         jobs.append((label, arch, dim, pool.submit(
-                            compile_one, options.pagedc, path, mask, score, arch, dim)))
+                            compile_one, options.pagedc, path, mask, score, arch, dim,
+                            options.kernel, options.gqa)))
             for label, arch, dim, future in jobs:
                 result = future.result()
                 row = {"mods": label, "arch": arch, "head_dim": dim, **result}
@@ -110,13 +120,16 @@ def main():
                     failures += 1
                     print(f"{arch} D{dim} {label}: {result}", flush=True)
     kernels = len(rows)
-    print(f"{kernels} prefill kernels ({len(programs)} mod selections x {len(archs)} archs x "
+    print(f"{kernels} {options.kernel} kernels ({len(programs)} mod selections x {len(archs)} archs x "
           f"{len(dims)} head dims; {skipped} mask x score pairs skipped for a name both files "
           f"declare): {failures} spill or fail")
     if options.json:
         with open(options.json, "w") as file:
-            json.dump({"what": "prefill kernel, bf16, page 16, the shape pagedc runs; ptxas -v "
-                               "through NVRTC", "skipped_pairs": skipped, "rows": rows},
+            what = ("prefill kernel, bf16, page 16, the shape pagedc runs" if options.kernel ==
+                    "prefill" else f"decode kernel, bf16, page 16, GQA {options.gqa}, 1 query "
+                    "token")
+            json.dump({"what": what + "; ptxas -v through NVRTC", "skipped_pairs": skipped,
+                       "rows": rows},
                       file, indent=1)
             file.write("\n")
     return 1 if failures else 0

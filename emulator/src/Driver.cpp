@@ -11,12 +11,17 @@
 // PAGEDC_EMU_SAMPLE_BLOCKS=N (run N blocks of each grid, for counting only;
 // PAGEDC_EMU_SAMPLE_KERNELS=a,b limits that to the kernels named),
 // PAGEDC_EMU_REPORT=FILE (each report as a JSON line), PAGEDC_EMU_COUNTERS=FILE
-// (a JSON line per launch), PAGEDC_EMU_QUIET=1 (no reports on stderr).
+// (a JSON line per launch), PAGEDC_EMU_QUIET=1 (no reports on stderr),
+// PAGEDC_EMU_REGISTERS=kernel=N[,kernel=N] (registers per thread that
+// cuOccupancyMaxActiveBlocksPerMultiprocessor assumes for those kernels;
+// DeviceLimits::defaultRegisters for others: `pagedc-gpu model` sets the
+// ptxas figures of the configuration it models).
 //
 //===----------------------------------------------------------------------===//
 
 #include "pagedc-emu/Emulator.h"
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -304,6 +309,54 @@ EXPORT int cuFuncSetAttribute(void *function, int attribute, int value) {
   if (value < 0 || value > kLimits.maxSharedMemoryPerBlockOptin)
     return kInvalidValue;
   static_cast<Function *>(function)->maxDynamicShared = static_cast<unsigned>(value);
+  return kSuccess;
+}
+
+/// Registers per thread of kernel `name`: PAGEDC_EMU_REGISTERS, read at
+/// each query, or the default.
+static int registersOf(const std::string &name) {
+  const char *list = std::getenv("PAGEDC_EMU_REGISTERS");
+  if (!list)
+    return kLimits.defaultRegisters;
+  std::string text(list);
+  size_t at = 0;
+  while (at <= text.size()) {
+    size_t end = text.find(',', at);
+    if (end == std::string::npos)
+      end = text.size();
+    std::string entry = text.substr(at, end - at);
+    size_t equals = entry.find('=');
+    if (equals != std::string::npos && entry.substr(0, equals) == name) {
+      char *rest = nullptr;
+      long value = std::strtol(entry.c_str() + equals + 1, &rest, 10);
+      if (rest && *rest == '\0' && value >= 1 && value <= 255)
+        return static_cast<int>(value);
+    }
+    at = end + 1;
+  }
+  return kLimits.defaultRegisters;
+}
+
+/// Resident CTAs per SM by the H100's limits: threads, registers
+/// (allocated per warp in units of 256, per thread in units of 8), shared
+/// memory (1 KiB reserved per CTA) and the CTA limit.
+EXPORT int cuOccupancyMaxActiveBlocksPerMultiprocessor(int *blocks, void *function,
+                                                       int blockSize, size_t dynamicShared) {
+  if (!blocks || !function)
+    return !blocks ? kInvalidValue : kInvalidHandle;
+  if (blockSize < 1 || blockSize > kLimits.maxThreadsPerBlock)
+    return kInvalidValue;
+  const int registers = registersOf(static_cast<Function *>(function)->kernel->name);
+  const int warps = (blockSize + 31) / 32;
+  const int perWarp = ((registers + 7) / 8 * 8 * 32 + 255) / 256 * 256;
+  int resident = std::min(kLimits.ctasPerSm, kLimits.threadsPerSm / blockSize);
+  resident = std::min(resident, kLimits.registersPerSm / perWarp / warps);
+  if (dynamicShared > size_t(kLimits.maxSharedMemoryPerBlockOptin))
+    resident = 0;
+  else
+    resident = std::min<long>(resident, kLimits.sharedMemoryPerSm /
+                                            (long(dynamicShared) + kLimits.reservedSharedPerCta));
+  *blocks = resident;
   return kSuccess;
 }
 

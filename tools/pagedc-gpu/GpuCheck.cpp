@@ -731,8 +731,19 @@ std::vector<BenchResult> benchPack(const Pack &pack, const RunOptions &options,
                                     b.qBlock, b.kvBlock, nullptr);
           mask.bind(args);
         }
+        // As flexAttention does from its host mask: the span decode rows
+        // see bounds the split plan (the mask comes back once, untimed).
+        int64_t maxVisibleKv = -1;
+        if (b.qBlock && b.kind == KernelKind::Decode) {
+          const CudaDriver &driver = cudaUseDevice(dev);
+          driver.check(driver.api().ctxSynchronize(), "cuCtxSynchronize (block mask)");
+          const std::vector<int32_t> lengths(size_t(b.batch), b.kvLength),
+              offsets(size_t(b.batch), qOffset);
+          maxVisibleKv = decodeVisibleSpan(mask.download(), b.batch, b.headsQ, b.queryLength,
+                                           lengths.data(), offsets.data());
+        }
         std::shared_ptr<const CudaKernel> kernel = cudaKernelFor(mods, config, dev);
-        CudaAttentionLaunch launch(kernel, args, params, b.kvLength);
+        CudaAttentionLaunch launch(kernel, args, params, b.kvLength, maxVisibleKv);
         for (const KernelLaunch &planned : launch.plan().launches)
           result.launches.push_back(describeLaunch(planned));
         CudaTimer timer(dev);

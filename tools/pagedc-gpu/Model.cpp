@@ -325,6 +325,18 @@ int runModel(const Pack &pack, const ModelOptions &options, std::ostream &out,
         b.kind == KernelKind::Prefill ? options.prefillSampleBlocks : options.sampleBlocks;
     row.set("sample_blocks", sample);
     setSampling(sample);
+    // The runtime plans decode splits for the occupancy the (emulated)
+    // driver reports: give it the H100 registers of this configuration's
+    // kernels, so that the plan is the one an H100 would get.
+    std::string registers;
+    for (const BenchPtxas &r : b.ptxas)
+      if (r.arch == kDevices[0].arch && r.registers > 0)
+        registers += fmt::format("{}{}={}", registers.empty() ? "" : ",", r.kernel, r.registers);
+    if (registers.empty())
+      ::unsetenv("PAGEDC_EMU_REGISTERS");
+    else
+      ::setenv("PAGEDC_EMU_REGISTERS", registers.c_str(), 1);
+    row.set("emulated_registers", registers);
     std::remove(countersPath.c_str());
     ::setenv("PAGEDC_EMU_COUNTERS", countersPath.c_str(), 1);
     const auto t0 = std::chrono::steady_clock::now();

@@ -168,6 +168,15 @@ struct DeviceLimits {
   int maxSharedMemoryPerBlockOptin = 227 * 1024;
   int maxThreadsPerBlock = 1024;
   size_t memoryBytes = size_t(80) << 30;
+  // Per SM, for cuOccupancyMaxActiveBlocksPerMultiprocessor (an H100's).
+  int sharedMemoryPerSm = 228 * 1024;
+  int reservedSharedPerCta = 1024;
+  int registersPerSm = 65536;
+  int threadsPerSm = 2048;
+  int ctasPerSm = 32;
+  /// Registers per thread of a kernel that PAGEDC_EMU_REGISTERS does not
+  /// name (the emulator runs no ptxas).
+  int defaultRegisters = 128;
 };
 
 } // namespace pagedc::emu

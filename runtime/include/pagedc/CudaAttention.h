@@ -98,6 +98,9 @@ struct CudaKernel {
   cu::Function main = nullptr;
   /// pagedc_decode_merge (decode modules only).
   cu::Function merge = nullptr;
+  /// CTAs of `main` resident per SM (the driver's occupancy at the kernel's
+  /// block size and shared memory; decode splits are planned for it).
+  int residentCtasPerSm = 0;
 };
 
 /// Loads a module image (cubin or PTX) on device `deviceIndex` and resolves
@@ -176,10 +179,13 @@ DeviceBlockMask buildBlockMaskCuda(const CudaKernel &builder,
 class CudaAttentionLaunch {
 public:
   /// Plans `args` (device pointers; see KernelArgs.h) for `kernel`;
-  /// `maxKvLength` is the longest kv_len of the call.
+  /// `maxKvLength` is the longest kv_len of the call, `maxVisibleKv` the
+  /// longest span its block mask lets a decode row see (decodeVisibleSpan;
+  /// negative: maxKvLength).
   CudaAttentionLaunch(std::shared_ptr<const CudaKernel> kernel,
                       const PagedcAttentionKernelArgs &args,
-                      std::vector<unsigned char> params, int maxKvLength);
+                      std::vector<unsigned char> params, int maxKvLength,
+                      int64_t maxVisibleKv = -1);
   /// Launches the call's kernels on `stream` (checks each launch).
   void enqueue(cu::Stream stream);
   const AttentionLaunchPlan &plan() const { return plan_; }

@@ -76,6 +76,9 @@ public:
     cu::Result (*moduleUnload)(cu::Module);
     cu::Result (*moduleGetFunction)(cu::Function *, cu::Module, const char *);
     cu::Result (*funcSetAttribute)(cu::Function, int, int);
+    /// cuOccupancyMaxActiveBlocksPerMultiprocessor: resident CTAs per SM of
+    /// a function at a block size and dynamic shared memory.
+    cu::Result (*occupancyMaxActiveBlocksPerMultiprocessor)(int *, cu::Function, int, size_t);
     cu::Result (*launchKernel)(cu::Function, unsigned, unsigned, unsigned,
                                unsigned, unsigned, unsigned, unsigned,
                                cu::Stream, void **, void **);

@@ -10,6 +10,7 @@
 #ifndef PAGEDC_CUDALAUNCH_H
 #define PAGEDC_CUDALAUNCH_H
 
+#include "pagedc/BlockMask.h"
 #include "pagedc/CudaDriver.h"
 #include "pagedc/KernelArgs.h"
 #include "pagedc/KernelSource.h"
@@ -50,13 +51,61 @@ struct AttentionLaunchPlan {
 
 /// Checks `args` (device pointers, strides, sizes; partial_* and
 /// num_splits/split_size are filled here) against `config`, chooses the
-/// decode split count for `multiprocessors` SMs and the longest sequence
-/// `maxKvLength`, and packs `params` (pagedc_mods::Params bytes, see
-/// ParamsLayout). Throws pagedc::Error naming the first mismatch.
+/// decode split count for `multiprocessors` SMs holding
+/// `residentCtasPerSm` decode CTAs each (the driver's occupancy of the
+/// kernel) and the longest sequence `maxKvLength`, and packs `params`
+/// (pagedc_mods::Params bytes, see ParamsLayout). Throws pagedc::Error
+/// naming the first mismatch.
+///
+/// `maxVisibleKv` bounds the kv span a decode CTA's rows see (the block
+/// mask's, decodeVisibleSpan()); negative: maxKvLength. Splits divide that
+/// span (templates/Decode.cuh), so a window over a long context gets as many
+/// splits as the window needs, not as the context would.
 AttentionLaunchPlan planAttention(const KernelConfig &config,
                                   const PagedcAttentionKernelArgs &args,
                                   const std::vector<unsigned char> &params,
-                                  int maxKvLength, int multiprocessors);
+                                  int maxKvLength, int multiprocessors,
+                                  int residentCtasPerSm = 2, int64_t maxVisibleKv = -1);
+
+/// The longest kv span (from the first to the last kv block listed, cut at
+/// kv_len) that the query rows of one batch entry of a call see in
+/// `mask`: the rows of every query head at q positions qOffset[b] ..
+/// qOffset[b] + qLength - 1 (qOffset null: 0). An upper bound of what any
+/// decode CTA's rows see; 0 when no row sees anything.
+int64_t decodeVisibleSpan(const BlockMask &mask, int batch, int headsQ, int qLength,
+                          const int32_t *kvLength, const int32_t *qOffset);
+
+/// A decode split plan: `splits` parts of at most `granulesPerSplit`
+/// granules each.
+struct DecodeSplitChoice {
+  int64_t splits = 0;
+  int64_t granulesPerSplit = 0;
+};
+
+/// What the decode split count is chosen for: a grid of `ctasPerSplit`
+/// CTAs per split (batch x KV heads x head chunks), each serving
+/// `rowsPerCta` query rows, over `granules` granules of `granuleLength` kv
+/// positions (the longest span a CTA's rows see), on `multiprocessors` SMs
+/// holding `residentCtasPerSm` decode CTAs each.
+struct DecodeSplitProblem {
+  int64_t ctasPerSplit = 1;
+  int64_t granules = 1;
+  int64_t granuleLength = 64;
+  int64_t rowsPerCta = 1;
+  int headDim = 128;
+  int multiprocessors = 1;
+  int residentCtasPerSm = 1;
+  /// A split covers at most this many granules (0: no limit) ...
+  int64_t maxGranulesPerSplit = 0;
+  /// ... and, when there are enough, at least this many.
+  int64_t minGranulesPerSplit = 1;
+};
+
+/// The split count by the performance model's rule (docs/emulator.md): the
+/// decode grid's K/V and partial bytes, the merge's, each over the fraction
+/// of the device's CTA slots its waves keep busy, and the merge launch; the
+/// fewest splits within 1% of the cheapest. No split is left empty.
+DecodeSplitChoice chooseDecodeSplits(const DecodeSplitProblem &problem);
 
 /// The block-mask builder's launch: grid (num_q_blocks, heads, batch).
 KernelLaunch planBlockMaskBuild(const PagedcBlockMaskKernelArgs &args,

@@ -278,6 +278,11 @@ std::shared_ptr<const CudaKernel> loadCudaKernel(const KernelConfig &config,
     kernel->main = kernel->module->function("pagedc_build_block_mask");
     break;
   }
+  int resident = 0;
+  driver.check(driver.api().occupancyMaxActiveBlocksPerMultiprocessor(
+                   &resident, kernel->main, config.threadsPerCta(), size_t(shared)),
+               "cuOccupancyMaxActiveBlocksPerMultiprocessor");
+  kernel->residentCtasPerSm = resident;
   return kernel;
 }
 
@@ -554,10 +559,12 @@ DeviceBlockMask buildBlockMaskCuda(const CudaKernel &builder,
 
 CudaAttentionLaunch::CudaAttentionLaunch(std::shared_ptr<const CudaKernel> kernel,
                                          const PagedcAttentionKernelArgs &args,
-                                         std::vector<unsigned char> params, int maxKvLength)
+                                         std::vector<unsigned char> params, int maxKvLength,
+                                         int64_t maxVisibleKv)
     : kernel_(std::move(kernel)) {
   const CudaDeviceInfo &info = cudaDeviceInfo(kernel_->device);
-  plan_ = planAttention(kernel_->config, args, params, maxKvLength, info.multiprocessors);
+  plan_ = planAttention(kernel_->config, args, params, maxKvLength, info.multiprocessors,
+                        std::max(kernel_->residentCtasPerSm, 1), maxVisibleKv);
   if (plan_.workspaceBytes) {
     workspace_ = DeviceBuffer(plan_.workspaceBytes, kernel_->device);
     plan_.setWorkspace(workspace_.address());
@@ -751,7 +758,12 @@ void pagedAttention(const cpu::PagedAttentionArgs &args, Device device, void *st
   for (int b = 0; b < batch; ++b)
     maxKvLength = std::max(maxKvLength, args.kvLength[b]);
 
-  CudaAttentionLaunch launch(kernel, kernelArgs, std::move(params), maxKvLength);
+  // Decode splits divide what the rows see: bound it from the host mask.
+  int64_t maxVisibleKv = -1;
+  if (mask && config.kind == KernelKind::Decode)
+    maxVisibleKv = decodeVisibleSpan(*mask, batch, headsQ, queryLength, args.kvLength,
+                                     args.qOffset);
+  CudaAttentionLaunch launch(kernel, kernelArgs, std::move(params), maxKvLength, maxVisibleKv);
   launch.enqueue(stream);
   // The staging buffers die with this call.
   driver.check(driver.api().streamSynchronize(stream), "cuStreamSynchronize (attention)");

@@ -120,6 +120,8 @@ const Loaded &loadDriver() {
     resolve(api.moduleUnload, "cuModuleUnload");
     resolve(api.moduleGetFunction, "cuModuleGetFunction");
     resolve(api.funcSetAttribute, "cuFuncSetAttribute");
+    resolve(api.occupancyMaxActiveBlocksPerMultiprocessor,
+            "cuOccupancyMaxActiveBlocksPerMultiprocessor");
     resolve(api.launchKernel, "cuLaunchKernel");
     resolve(api.memAlloc, "cuMemAlloc_v2");
     resolve(api.memFree, "cuMemFree_v2");

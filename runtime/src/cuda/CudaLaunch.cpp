@@ -20,6 +20,15 @@ constexpr int kDecodeTile = 64;
 constexpr int kMaxSplitBlocks = 64; // must match KernelSource.cpp
 /// Fewest kv positions worth a split of their own.
 constexpr int kMinSplitLength = 256;
+/// The most splits of one sequence the planner considers.
+constexpr int64_t kMaxSplits = 1024;
+/// A launch's fixed cost (the model's 3 us back to back) in bytes at an
+/// H100's 3.35 TB/s: what a second (merge) launch must save to be worth it.
+constexpr double kLaunchBytes = 3e-6 * 3.35e12;
+/// Merge CTAs resident per SM (128 threads: the 2,048-thread limit).
+constexpr int64_t kMergeCtasPerSm = 16;
+/// A plan with fewer splits is taken when it costs at most this much more.
+constexpr double kSplitTolerance = 0.01;
 
 template <typename T> std::vector<unsigned char> bytesOf(const T &value) {
   std::vector<unsigned char> bytes(sizeof(T));
@@ -81,6 +90,95 @@ void checkArgs(const KernelConfig &config, const PagedcAttentionKernelArgs &args
 
 } // namespace
 
+DecodeSplitChoice chooseDecodeSplits(const DecodeSplitProblem &p) {
+  const int64_t ctasPerSplit = std::max<int64_t>(p.ctasPerSplit, 1);
+  const int64_t granules = std::max<int64_t>(p.granules, 1);
+  const int64_t multiprocessors = std::max(p.multiprocessors, 1);
+  const int64_t slots = multiprocessors * std::max(p.residentCtasPerSm, 1);
+  const int64_t minPer = std::max<int64_t>(p.minGranulesPerSplit, 1);
+  // The fewest splits that keep each within maxGranulesPerSplit, the most
+  // that keep each at least minGranulesPerSplit long (or 1 granule).
+  const int64_t fewest =
+      p.maxGranulesPerSplit > 0 ? ceilDiv(granules, p.maxGranulesPerSplit) : 1;
+  const int64_t most =
+      std::max<int64_t>(std::max(fewest, std::min<int64_t>(granules / minPer, kMaxSplits)), 1);
+  // The performance model's rule (docs/emulator.md) in bytes at the
+  // device's bandwidth: a launch moves its bytes in ceil(CTAs / slots)
+  // waves, so it costs bytes x waves x slots / CTAs (the fraction of slots
+  // busy divides); a second launch costs kLaunchBytes.
+  auto launchCost = [](double bytes, int64_t ctas, int64_t slotsOf) {
+    const double waves = double(ceilDiv(ctas, slotsOf));
+    return bytes * waves * double(slotsOf) / double(ctas);
+  };
+  const double kvBytes =
+      double(granules) * double(p.granuleLength) * p.headDim * 2 /*bytes*/ * 2 /*K, V*/ *
+      double(ctasPerSplit);
+  const double rows = double(ctasPerSplit) * std::max<int64_t>(p.rowsPerCta, 1);
+  const int64_t mergeCtas = std::max<int64_t>(static_cast<int64_t>(rows), 1);
+  std::vector<std::pair<double, DecodeSplitChoice>> costs;
+  double best = 0;
+  for (int64_t splits = fewest; splits <= most; ++splits) {
+    const int64_t perSplit = ceilDiv(granules, splits);
+    // Splits past the last granule would be empty: the same plan with fewer.
+    if (ceilDiv(granules, perSplit) != splits)
+      continue;
+    const int64_t ctas = ctasPerSplit * splits;
+    double cost;
+    if (splits == 1) {
+      cost = launchCost(kvBytes, ctas, slots);
+    } else {
+      // Each split writes its rows' f32 partials and lse; the merge reads
+      // them (one CTA per row, kMergeCtasPerSm per SM) and writes out.
+      const double partials = rows * double(splits) * (p.headDim + 1) * 4;
+      cost = launchCost(kvBytes + partials, ctas, slots) + kLaunchBytes +
+             launchCost(partials + rows * p.headDim * 2, mergeCtas,
+                        multiprocessors * kMergeCtasPerSm);
+    }
+    costs.push_back({cost, {splits, perSplit}});
+    if (costs.size() == 1 || cost < best)
+      best = cost;
+  }
+  // The fewest splits within 1% of the cheapest: more splits than that buy
+  // less than they cost in partials and in what the model cannot see.
+  for (const auto &[cost, choice] : costs)
+    if (cost <= best * (1 + kSplitTolerance))
+      return choice;
+  return costs.front().second;
+}
+
+int64_t decodeVisibleSpan(const BlockMask &mask, int batch, int headsQ, int qLength,
+                          const int32_t *kvLength, const int32_t *qOffset) {
+  int64_t longest = 0;
+  const int64_t block = mask.kvBlockSize;
+  for (int b = 0; b < batch; ++b) {
+    const int64_t offset = qOffset ? qOffset[b] : 0;
+    const int64_t firstRow = offset / mask.qBlockSize - mask.firstQBlock;
+    const int64_t lastRow = (offset + qLength - 1) / mask.qBlockSize - mask.firstQBlock;
+    int64_t first = std::numeric_limits<int64_t>::max(), last = -1;
+    for (int64_t h = 0; h < (mask.heads == 1 ? 1 : headsQ); ++h)
+      for (int64_t row = std::max<int64_t>(firstRow, 0);
+           row <= std::min<int64_t>(lastRow, mask.numQBlocks - 1); ++row) {
+        const int64_t index = mask.rowIndex(b, h, row);
+        const int32_t *lists[2] = {mask.partialRow(b, h, row), mask.fullRow(b, h, row)};
+        const int32_t counts[2] = {
+            mask.kvNumBlocks[index],
+            mask.fullKvNumBlocks.empty() ? 0 : mask.fullKvNumBlocks[index]};
+        for (int list = 0; list < 2; ++list)
+          for (int32_t i = 0; i < counts[list]; ++i) {
+            first = std::min<int64_t>(first, lists[list][i]);
+            last = std::max<int64_t>(last, lists[list][i]);
+          }
+      }
+    if (last < 0)
+      continue;
+    first = std::max<int64_t>(first, 0);
+    const int64_t begin = std::min<int64_t>(first * block, kvLength[b]);
+    const int64_t end = std::min<int64_t>((last + 1) * block, kvLength[b]);
+    longest = std::max(longest, end - begin);
+  }
+  return longest;
+}
+
 std::vector<void *> KernelLaunch::parameterPointers() {
   std::vector<void *> pointers;
   for (auto &argument : arguments)
@@ -101,7 +199,8 @@ void AttentionLaunchPlan::setWorkspace(cu::DevicePointer base) {
 AttentionLaunchPlan planAttention(const KernelConfig &config,
                                   const PagedcAttentionKernelArgs &callArgs,
                                   const std::vector<unsigned char> &params,
-                                  int maxKvLength, int multiprocessors) {
+                                  int maxKvLength, int multiprocessors,
+                                  int residentCtasPerSm, int64_t maxVisibleKv) {
   config.validate();
   if (config.kind == KernelKind::BlockMaskBuilder)
     throw Error("planAttention takes a prefill or decode kernel configuration");
@@ -141,19 +240,33 @@ AttentionLaunchPlan planAttention(const KernelConfig &config,
     return plan;
   }
 
-  // Decode: enough splits for about two CTAs per SM, each a multiple of the
-  // block-mask block (or of the tile) and at most kMaxSplitBlocks blocks.
+  // Decode: the split count. Each CTA divides what its rows see into
+  // num_splits equal parts (templates/Decode.cuh), so the plan works in
+  // granules of the longest context: block-mask blocks (a split covers at
+  // most kMaxSplitBlocks of them) or KV tiles.
   const int headChunks = static_cast<int>(ceilDiv(config.groupSize, config.decodeHeadsPerCta()));
   const int64_t ctasPerSplit = int64_t(args.batch) * args.heads_kv * headChunks;
   const int granularity = args.kv_num_blocks ? args.kv_block_size : kDecodeTile;
-  int64_t splits = std::max<int64_t>(1, ceilDiv(2 * multiprocessors, ctasPerSplit));
-  splits = std::min(splits, std::max<int64_t>(1, ceilDiv(maxKvLength, kMinSplitLength)));
-  int64_t splitSize = ceilDiv(ceilDiv(maxKvLength, splits), granularity) * granularity;
-  if (args.kv_num_blocks)
-    splitSize = std::min<int64_t>(splitSize, int64_t(kMaxSplitBlocks) * args.kv_block_size);
-  splits = ceilDiv(maxKvLength, splitSize);
+  const int64_t span =
+      maxVisibleKv < 0 ? maxKvLength : std::min<int64_t>(maxVisibleKv, maxKvLength);
+  DecodeSplitProblem problem;
+  problem.ctasPerSplit = ctasPerSplit;
+  problem.granules = std::max<int64_t>(ceilDiv(span, granularity), 1);
+  problem.granuleLength = granularity;
+  problem.rowsPerCta = int64_t(args.q_len) * config.decodeHeadsPerCta();
+  problem.headDim = config.headDim;
+  problem.multiprocessors = multiprocessors;
+  problem.residentCtasPerSm = residentCtasPerSm;
+  problem.maxGranulesPerSplit = args.kv_num_blocks ? kMaxSplitBlocks : 0;
+  problem.minGranulesPerSplit = ceilDiv(kMinSplitLength, granularity);
+  const DecodeSplitChoice choice = chooseDecodeSplits(problem);
+  const int64_t splits = choice.splits;
+  if (splits > std::numeric_limits<int32_t>::max() ||
+      choice.granulesPerSplit * granularity > std::numeric_limits<int32_t>::max())
+    throw Error(fmt::format("decode of {} kv positions needs {} splits, more than a grid holds",
+                            maxKvLength, splits));
   args.num_splits = static_cast<int32_t>(splits);
-  args.split_size = static_cast<int32_t>(splitSize);
+  args.split_size = static_cast<int32_t>(choice.granulesPerSplit * granularity);
 
   main.kernel = "pagedc_decode";
   main.grid[0] = static_cast<unsigned>(splits);

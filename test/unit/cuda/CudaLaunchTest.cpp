@@ -142,6 +142,145 @@ TEST(CudaLaunch, DecodeDryRunSplitsAndMerges) {
   EXPECT_EQ(wide.workspaceBytes, 0u);
 }
 
+/// A decode problem of GQA 4, D 128, one query token on 132 SMs.
+DecodeSplitProblem problemOf(int64_t ctasPerSplit, int64_t granules, int residentCtasPerSm,
+                             int64_t maxPer = 0, int64_t minPer = 4) {
+  DecodeSplitProblem p;
+  p.ctasPerSplit = ctasPerSplit;
+  p.granules = granules;
+  p.granuleLength = 64;
+  p.rowsPerCta = 4;
+  p.headDim = 128;
+  p.multiprocessors = 132;
+  p.residentCtasPerSm = residentCtasPerSm;
+  p.maxGranulesPerSplit = maxPer;
+  p.minGranulesPerSplit = minPer;
+  return p;
+}
+
+/// The fraction of the CTA slots a plan's waves keep busy.
+double busyFraction(const DecodeSplitChoice &c, int64_t ctasPerSplit, int64_t slots) {
+  const int64_t ctas = ctasPerSplit * c.splits;
+  return double(ctas) / double((ctas + slots - 1) / slots * slots);
+}
+
+TEST(CudaLaunch, DecodeSplitsFollowOccupancy) {
+  // B 64 x Hkv 8 = 512 CTAs per split over 8k keys (128 tiles of 64).
+  // Two CTAs per SM: 264 slots, 1.94 waves unsplit (0.97 busy): no split.
+  DecodeSplitChoice two = chooseDecodeSplits(problemOf(512, 128, 2));
+  EXPECT_EQ(two.splits, 1);
+  // Three CTAs per SM: 396 slots; unsplit is two waves of which the second
+  // is 29% full (0.65 busy). The plan splits and keeps >= 0.95 busy, and
+  // the partials it writes and the merge reads stay within 1% of the K/V
+  // bytes (over-fetch).
+  DecodeSplitChoice three = chooseDecodeSplits(problemOf(512, 128, 3));
+  EXPECT_GT(three.splits, 1);
+  EXPECT_GE(busyFraction(three, 512, 396), 0.95) << three.splits << " splits";
+  const double kvBytes = 512.0 * 128 * 64 * 128 * 2 * 2;
+  const double partialBytes = 2.0 * 512 * 4 * three.splits * (128 + 1) * 4;
+  EXPECT_LE(partialBytes, 0.01 * kvBytes) << three.splits << " splits";
+  // B 16 x Hkv 8 = 128 CTAs per split, 32k keys: the former rule (3
+  // splits, 384 CTAs on 264 slots) kept 0.73 busy.
+  DecodeSplitChoice b16 = chooseDecodeSplits(problemOf(128, 512, 2));
+  EXPECT_GE(busyFraction(b16, 128, 264), 0.95) << b16.splits << " splits";
+  // One sequence, 1k keys: the merge of 32 rows barely fills the device,
+  // but 8 CTAs fill it less: it splits, at least 256 keys a split.
+  DecodeSplitChoice b1 = chooseDecodeSplits(problemOf(8, 16, 3));
+  EXPECT_GT(b1.splits, 1);
+  EXPECT_GE(b1.granulesPerSplit, 4);
+}
+
+TEST(CudaLaunch, DecodeSplitsKeepTheirBounds) {
+  for (int64_t ctas : {1, 8, 32, 128, 512, 2048})
+    for (int64_t granules : {1, 2, 3, 17, 64, 65, 128, 500, 4096})
+      for (int64_t maxPer : {0, 64})
+        for (int resident : {1, 2, 3, 8}) {
+          SCOPED_TRACE(testing::Message() << ctas << " CTAs per split, " << granules
+                                          << " granules, at most " << maxPer << ", "
+                                          << resident << " CTAs per SM");
+          DecodeSplitChoice c =
+              chooseDecodeSplits(problemOf(ctas, granules, resident, maxPer, 2));
+          ASSERT_GE(c.splits, 1);
+          // Every granule is covered, no split is empty.
+          EXPECT_GE(c.splits * c.granulesPerSplit, granules);
+          EXPECT_LT((c.splits - 1) * c.granulesPerSplit, granules);
+          if (maxPer)
+            EXPECT_LE(c.granulesPerSplit, maxPer);
+          // At least 2 granules per split when there are that many.
+          if (granules >= 2 && (!maxPer || granules <= maxPer))
+            EXPECT_GE(c.granulesPerSplit, 2);
+        }
+}
+
+TEST(CudaLaunch, DecodeVisibleSpanBoundsWhatRowsSee) {
+  // Two batch entries, two heads, q blocks of 16, kv blocks of 128 over
+  // 1,000 keys (8 blocks, the last one 104 keys long).
+  BlockMask mask;
+  mask.batch = 2;
+  mask.heads = 2;
+  mask.qLength = 1000;
+  mask.kvLength = 1000;
+  mask.qBlockSize = 16;
+  mask.kvBlockSize = 128;
+  mask.numQBlocks = 63;
+  mask.maxKvBlocks = 8;
+  const size_t rows = 2 * 2 * 63;
+  mask.kvNumBlocks.assign(rows, 0);
+  mask.fullKvNumBlocks.assign(rows, 0);
+  mask.kvIndices.assign(rows * 8, 0);
+  mask.fullKvIndices.assign(rows * 8, 0);
+  auto setRow = [&](int b, int h, int qBlock, std::vector<int32_t> partial,
+                    std::vector<int32_t> full) {
+    const int64_t row = mask.rowIndex(b, h, qBlock);
+    mask.kvNumBlocks[row] = static_cast<int32_t>(partial.size());
+    mask.fullKvNumBlocks[row] = static_cast<int32_t>(full.size());
+    std::copy(partial.begin(), partial.end(), mask.kvIndices.begin() + row * 8);
+    std::copy(full.begin(), full.end(), mask.fullKvIndices.begin() + row * 8);
+  };
+  // Batch 0 decodes at q 999 (q block 62): head 0 sees blocks 5..6, head 1
+  // blocks 4 and 7 (unsorted lists): the span is blocks 4..7 cut at 1,000.
+  setRow(0, 0, 62, {6}, {5});
+  setRow(0, 1, 62, {7}, {4});
+  // Batch 1 at q 500 (q block 31) sees block 3 only; its other rows (not
+  // the call's) list everything and must not count.
+  setRow(1, 0, 31, {3}, {});
+  setRow(1, 1, 30, {0}, {1, 2, 3, 4, 5, 6, 7});
+  const int32_t lengths[2] = {1000, 501}, offsets[2] = {999, 500};
+  EXPECT_EQ(decodeVisibleSpan(mask, 2, 2, 1, lengths, offsets), 1000 - 4 * 128);
+  // Batch 1 alone: one block.
+  const int32_t lengths1[2] = {1000, 1000}, offsets1[2] = {0, 500};
+  setRow(0, 0, 62, {}, {});
+  setRow(0, 1, 62, {}, {});
+  EXPECT_EQ(decodeVisibleSpan(mask, 2, 2, 1, lengths1, offsets1), 128);
+  // Six tokens from q 500 stay in q block 31; from q 495 they reach back
+  // into q block 30, whose row (every block) counts then.
+  EXPECT_EQ(decodeVisibleSpan(mask, 2, 2, 6, lengths1, offsets1), 128);
+  const int32_t offsets2[2] = {0, 495};
+  EXPECT_EQ(decodeVisibleSpan(mask, 2, 2, 6, lengths1, offsets2), 1000);
+  // Nothing visible: 0.
+  setRow(1, 0, 31, {}, {});
+  EXPECT_EQ(decodeVisibleSpan(mask, 2, 2, 1, lengths1, offsets1), 0);
+
+  // The plan follows the span: a 4k window over 32k keys, B 16, Hkv 8,
+  // GQA 4, 128-key blocks: splits sized for 33 blocks, not 256.
+  KernelConfig config;
+  config.kind = KernelKind::Decode;
+  config.groupSize = 4;
+  PagedcAttentionKernelArgs args = callArgs(16, 32, 8, 1);
+  args.kv_num_blocks = fakeDevicePointer<int32_t>(0x2000);
+  args.kv_indices = fakeDevicePointer<int32_t>(0x3000);
+  args.q_block_size = 128;
+  args.kv_block_size = 128;
+  args.mask_batch = args.mask_heads = args.num_q_blocks = 1;
+  args.max_kv_blocks = 256;
+  AttentionLaunchPlan whole = planAttention(config, args, {0}, 32768, 132, 3);
+  AttentionLaunchPlan window = planAttention(config, args, {0}, 32768, 132, 3, 4097);
+  EXPECT_GE(int64_t(window.args.num_splits) * window.args.split_size, 4097);
+  EXPECT_LT(int64_t(window.args.num_splits - 1) * window.args.split_size, 4097);
+  EXPECT_LT(window.args.num_splits, whole.args.num_splits);
+  EXPECT_LE(window.args.split_size, 64 * 128);
+}
+
 TEST(CudaLaunch, MismatchesAreNamed) {
   KernelConfig decode;
   decode.kind = KernelKind::Decode;
