@@ -497,10 +497,8 @@ int run(const Options &options) {
     const std::string key = label + "|" + config.describe();
     if (!requested.insert(key).second)
       return;
-    // Warpgroup prefill tiles are sm_90a code (wgmma, setmaxnreg).
     CompileOptions options = compile;
-    if (config.kind == KernelKind::Prefill && config.warpRows == 64 && compile.arch == "sm_90")
-      options.arch = "sm_90a";
+    options.arch = config.compileArchFor(compile.arch);
     requests.push_back({config, modCode, options});
     requestLabels.push_back(label);
   };
@@ -742,7 +740,7 @@ int run(const Options &options) {
     // Warpgroup prefill tiles are sm_90a code: their sm_90 figures come
     // from that target, and sm_80 has none.
     auto runsOn = [&](const KernelConfig &config) {
-      return !(config.kind == KernelKind::Prefill && config.warpRows == 64 && ptxasArch != "sm_90");
+      return !config.needsSm90a() || ptxasArch == "sm_90";
     };
     for (size_t i = 0; i < pack.bench.size(); ++i)
       for (const KernelConfig &config : benchConfigs[i]) {
@@ -750,8 +748,7 @@ int run(const Options &options) {
           continue;
         const std::string key = pack.bench[i].label + "|" + config.describe();
         CompileOptions options = verbose;
-        if (config.kind == KernelKind::Prefill && config.warpRows == 64)
-          options.arch = "sm_90a";
+        options.arch = config.compileArchFor(ptxasArch);
         if (indexOfKey.emplace(key, ptxasRequests.size()).second)
           ptxasRequests.push_back({config, benchCode.at(pack.bench[i].label), options});
       }

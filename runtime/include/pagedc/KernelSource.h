@@ -97,6 +97,12 @@ struct KernelConfig {
   int threadsPerCta() const;
   /// Dynamic shared memory of the main kernel, in bytes.
   int sharedMemoryBytes() const;
+  /// Whether the kernel is sm_90a code: warpgroup prefill tiles (warpRows
+  /// 64: wgmma, setmaxnreg), which no other architecture runs.
+  bool needsSm90a() const;
+  /// The architecture to compile the kernel for on a target of `arch`:
+  /// sm_90a for sm_90a code on sm_90 (an sm_90 device runs it), else `arch`.
+  std::string compileArchFor(const std::string &arch) const;
 };
 
 /// A complete CUDA translation unit and the kernels it defines.

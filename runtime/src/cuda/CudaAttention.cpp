@@ -348,17 +348,13 @@ std::shared_ptr<const CudaKernel> cudaKernelFor(const CompiledMods &mods,
     kernel = loadCudaKernel(module->config, module->arch, module->image, deviceIndex);
   } else {
     CompileOptions options;
-    options.arch = arch;
     // Warpgroup tiles use wgmma and setmaxnreg: the sm_90a target of an
     // sm_90 device.
-    if (config.kind == KernelKind::Prefill && config.warpRows == 64) {
-      if (arch == "sm_90")
-        options.arch = "sm_90a";
-      else if (!isEmulatorArch(arch))
-        throw Error(fmt::format("warpgroup prefill tiles ($PAGEDC_PREFILL_SHAPE ...x64) need an "
-                                "sm_90 device; {} is {}",
-                                info.name, arch));
-    }
+    options.arch = config.compileArchFor(arch);
+    if (config.needsSm90a() && arch != "sm_90" && !isEmulatorArch(arch))
+      throw Error(fmt::format("warpgroup prefill tiles ($PAGEDC_PREFILL_SHAPE ...x64) need an "
+                              "sm_90 device; {} is {}",
+                              info.name, arch));
     std::shared_ptr<const CompiledKernel> compiled =
         KernelCache::global().getOrCompile(config, mods.cuda.modCode, options);
     kernel = loadCudaKernel(compiled->config, compiled->arch, compiled->image, deviceIndex);

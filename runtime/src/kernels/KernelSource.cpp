@@ -152,6 +152,14 @@ int KernelConfig::threadsPerCta() const {
   return 128;
 }
 
+bool KernelConfig::needsSm90a() const {
+  return kind == KernelKind::Prefill && warpRows == 64;
+}
+
+std::string KernelConfig::compileArchFor(const std::string &arch) const {
+  return needsSm90a() && arch == "sm_90" ? std::string("sm_90a") : arch;
+}
+
 int KernelConfig::sharedMemoryBytes() const {
   const int rowBytes = headDim * 2;
   switch (kind) {
