@@ -93,6 +93,28 @@ PAGEDC_DEVICE bool decode_mask_row(const PagedcAttentionKernelArgs &args, int ro
                    q_block;
   return true;
 }
+
+/// Calls visit(row, block, class) for every kv block the CTA's rows list,
+/// class 1 for a partial block and 2 for a full one; each row's partial
+/// list comes before its full list, threads striding over each list.
+template <typename Visit>
+PAGEDC_DEVICE void for_listed_blocks(const PagedcAttentionKernelArgs &args, int kv_head,
+                                     int head_chunk, int b, int q_offset, int thread,
+                                     Visit visit) {
+  for (int row = 0; row < kPaddedRows; ++row) {
+    int64_t mask_row_index;
+    if (!decode_mask_row(args, row, kv_head, head_chunk, b, q_offset, mask_row_index))
+      continue;
+    const int32_t *partial = args.kv_indices + mask_row_index * args.max_kv_blocks;
+    for (int i = thread; i < args.kv_num_blocks[mask_row_index]; i += kDecodeThreads)
+      visit(row, partial[i], uint8_t(1));
+    if (args.full_kv_num_blocks) {
+      const int32_t *full = args.full_kv_indices + mask_row_index * args.max_kv_blocks;
+      for (int i = thread; i < args.full_kv_num_blocks[mask_row_index]; i += kDecodeThreads)
+        visit(row, full[i], uint8_t(2));
+    }
+  }
+}
 } // namespace pagedc
 
 extern "C" __global__ void __launch_bounds__(pagedc::kDecodeThreads)
@@ -126,24 +148,11 @@ extern "C" __global__ void __launch_bounds__(pagedc::kDecodeThreads)
   if (has_block_mask) {
     granule = args.kv_block_size;
     int first = 0x7fffffff, last = -1;
-    for (int row = 0; row < kPaddedRows; ++row) {
-      int64_t mask_row_index;
-      if (!decode_mask_row(args, row, kv_head, head_chunk, b, q_offset, mask_row_index))
-        continue;
-      const int32_t *partial = args.kv_indices + mask_row_index * args.max_kv_blocks;
-      for (int i = thread; i < args.kv_num_blocks[mask_row_index]; i += kDecodeThreads) {
-        first = imin(first, partial[i]);
-        last = imax(last, partial[i]);
-      }
-      if (args.full_kv_num_blocks) {
-        const int32_t *full = args.full_kv_indices + mask_row_index * args.max_kv_blocks;
-        for (int i = thread; i < args.full_kv_num_blocks[mask_row_index];
-             i += kDecodeThreads) {
-          first = imin(first, full[i]);
-          last = imax(last, full[i]);
-        }
-      }
-    }
+    for_listed_blocks(args, kv_head, head_chunk, b, q_offset, thread,
+                      [&](int, int block, uint8_t) {
+                        first = imin(first, block);
+                        last = imax(last, block);
+                      });
 #pragma unroll
     for (int offset = 16; offset > 0; offset >>= 1) {
       first = imin(first, __shfl_xor_sync(0xffffffffu, first, offset));
@@ -228,27 +237,12 @@ extern "C" __global__ void __launch_bounds__(pagedc::kDecodeThreads)
     for (int i = thread; i < kDecodeClassBytes; i += kDecodeThreads)
       classes[i] = 0;
     __syncthreads();
-    for (int row = 0; row < kPaddedRows; ++row) {
-      int64_t mask_row_index;
-      if (!decode_mask_row(args, row, kv_head, head_chunk, b, q_offset, mask_row_index))
-        continue;
-      const int32_t *partial = args.kv_indices + mask_row_index * args.max_kv_blocks;
-      for (int i = thread; i < args.kv_num_blocks[mask_row_index]; i += kDecodeThreads) {
-        int block = partial[i] - block_begin;
-        if (block >= 0 && block < block_count)
-          classes[row * kMaxSplitBlocks + block] = 1;
-      }
-      if (args.full_kv_num_blocks) {
-        const int32_t *full =
-            args.full_kv_indices + mask_row_index * args.max_kv_blocks;
-        for (int i = thread; i < args.full_kv_num_blocks[mask_row_index];
-             i += kDecodeThreads) {
-          int block = full[i] - block_begin;
-          if (block >= 0 && block < block_count)
-            classes[row * kMaxSplitBlocks + block] = 2;
-        }
-      }
-    }
+    for_listed_blocks(args, kv_head, head_chunk, b, q_offset, thread,
+                      [&](int row, int block, uint8_t block_class) {
+                        block -= block_begin;
+                        if (block >= 0 && block < block_count)
+                          classes[row * kMaxSplitBlocks + block] = block_class;
+                      });
     __syncthreads();
     for (int block = thread; block < block_count; block += kDecodeThreads) {
       uint8_t seen = 0;
