@@ -95,6 +95,23 @@ BUGS = {
         "      continue;\n"
         "    float x = merged",
         "decode"),
+    # Decode over a block mask (the "window" run): the visible-range
+    # reduction and the kept-key bits of partial tiles.
+    "decode-range-read-before-barrier": (
+        "Decode.cuh",
+        "      range_words[4 + warp] = last;\n    }\n    __syncthreads();\n",
+        "      range_words[4 + warp] = last;\n    }\n",
+        "window"),
+    "decode-keep-bits-lose-upper-half": (
+        "Decode.cuh",
+        "return (static_cast<uint64_t>(words[1] | words[3]) << 32) | (words[0] | words[2]);",
+        "return static_cast<uint64_t>(words[0] | words[2]);",
+        "window"),
+    "decode-keep-words-one-set": (
+        "Decode.cuh",
+        "        keep_set ^= 1;\n",
+        "",
+        "window"),
     # The warpgroup prefill (PrefillWgmma.cuh): mbarrier ring, cp.async
     # gathers arriving on it, wgmma.
     "wgmma-consumer-skips-full-wait": (
@@ -155,6 +172,12 @@ def main():
     runs = {
         "prefill": dict(q=(1, 4, 150, 64), k=(1, 2, 300, 64), extra=["--q-offset", "end"]),
         "decode": dict(q=(1, 4, 1, 64), k=(1, 2, 1100, 64), extra=["--q-offset", "end"]),
+        # Decode with a block mask: a 250-key window whose first key (849)
+        # lies in the second 64-key tile of a 128-key block, so the first
+        # tile is skipped by its kept-key bits and the second loads in part.
+        "window": dict(q=(1, 4, 1, 64), k=(1, 2, 1100, 64),
+                       attn="sliding_window.attn", mask="sliding_window",
+                       extra=["--q-offset", "end", "-D", "WINDOW=250", "--block", "16x128"]),
         # The warpgroup prefill at head dim 128: 128 x 64 tiles, two
         # consumer warpgroups.
         "wgmma": dict(q=(1, 4, 150, 128), k=(1, 2, 300, 128), extra=["--q-offset", "end"],
@@ -166,7 +189,8 @@ def main():
         make_npy(os.path.join(work, name + "-q.npy"), run["q"], 11)
         make_npy(os.path.join(work, name + "-k.npy"), run["k"], 12)
         make_npy(os.path.join(work, name + "-v.npy"), run["k"], 13)
-        run["args"] = ["pagedc", "run", os.path.join(examples, "causal.attn"), "--mask=causal",
+        run["args"] = ["pagedc", "run", os.path.join(examples, run.get("attn", "causal.attn")),
+                       "--mask=" + run.get("mask", "causal"),
                        "--q", os.path.join(work, name + "-q.npy"),
                        "--k", os.path.join(work, name + "-k.npy"),
                        "--v", os.path.join(work, name + "-v.npy"),
