@@ -18,11 +18,12 @@
 // Block masks: the rows of one CTA may use different mask rows (different
 // heads, tokens in different q blocks), so the CTA first expands each row's
 // block lists into a class map over the split's kv blocks (0 skipped,
-// 1 partial, 2 full) and skips a tile only when no row sees it. On a tile
-// that its rows see only through partial blocks, the CTA evaluates the mask
-// for every (row, kv) pair before loading it: kv rows that no row keeps are
-// zero-filled instead of read (a window's edge inside a block costs no
-// bytes), and a tile with no kept kv row is skipped like an unseen one.
+// 1 partial, 2 full) and skips a tile only when no row sees it. For the
+// first kKeepTable tiles that its rows see only through partial blocks, the
+// CTA evaluates the mask for every (row, kv) pair before its tile loop: kv
+// rows that no row keeps are zero-filled instead of read (a window's edge
+// inside a block costs no bytes), and a tile with no kept kv row is skipped
+// like an unseen one.
 //
 // With num_splits == 1 the CTA writes out (and lse); otherwise it writes
 // normalised f32 partials and lse per split, and pagedc_decode_merge
@@ -49,6 +50,8 @@ constexpr int kColumnsPerWarp = kDecodeTileN / kKvWarps;
 /// Most kv blocks of the block mask one split may cover.
 constexpr int kMaxSplitBlocks = pagedc_config::kMaxSplitBlocks;
 constexpr bool kDecodeQInRegisters = kHeadDim <= 128;
+/// Partial tiles per split whose kept kv rows are computed before the loop.
+constexpr int kKeepTable = 8;
 static_assert(kDecodeRows <= 64, "at most 64 query rows per decode CTA");
 static_assert(kQueryTokens >= 1 && kQueryTokens <= 8, "1..8 query tokens");
 
@@ -121,6 +124,9 @@ extern "C" __global__ void __launch_bounds__(pagedc::kDecodeThreads)
     pagedc_decode(const __grid_constant__ PagedcAttentionKernelArgs args,
                   const __grid_constant__ pagedc_mods::Params params) {
   using namespace pagedc;
+  // The merge (a programmatic dependent launch on sm_90) may be scheduled
+  // once every split CTA has started; it waits for this grid to finish.
+  allow_dependent_launch();
   PAGEDC_EXTERN_SHARED(unsigned char, shared);
   const int thread = threadIdx.x, lane = thread & 31, warp = thread >> 5;
   const int row_warp = warp / kKvWarps, kv_warp = warp % kKvWarps;
@@ -136,10 +142,12 @@ extern "C" __global__ void __launch_bounds__(pagedc::kDecodeThreads)
   uint8_t *classes = shared + kDecodeQBytes + 4 * kDecodeStageBytes;
   uint8_t *tile_seen = classes + kDecodeClassBytes;
   // Words for the reductions below, in the region of the kv-warp merge
-  // (used only after the last tile): 8 for the visible range, 2 x 4 for the
-  // kept kv rows of a tile.
+  // (used only after the last tile): 8 for the visible range, 4 for a
+  // tile's kept-row ballots, then the kept-row table (tiles, count, bits).
   int *range_words = reinterpret_cast<int *>(tile_seen + kMaxSplitBlocks);
   unsigned *keep_words = reinterpret_cast<unsigned *>(range_words + 8);
+  int *keep_tiles = reinterpret_cast<int *>(keep_words + 4); // + the count
+  uint64_t *keep_bits = reinterpret_cast<uint64_t *>(keep_tiles + kKeepTable + 4);
   const bool has_block_mask = args.kv_num_blocks != nullptr;
 
   // The kv range this CTA's rows see: [0, kv_len) without a block mask,
@@ -263,18 +271,27 @@ extern "C" __global__ void __launch_bounds__(pagedc::kDecodeThreads)
   auto tile_block = [&](int tile) {
     return (split_begin + tile * kDecodeTileN) / args.kv_block_size - block_begin;
   };
-  // The kv rows of `tile` that some row of the CTA keeps, when the rows see
-  // it only through partial blocks (all rows otherwise). Every thread
-  // evaluates the mask of one kv row for half of the rows; a warp's ballot
-  // covers 32 kv rows. The words alternate between two sets, so one barrier
-  // orders each set's writes after the reads of its previous use.
-  int keep_set = 0;
-  auto tile_keep = [&](int tile) -> uint64_t {
-    if constexpr (pagedc_mods::kHasMask) {
-      const int block = tile_block(tile);
-      if (has_block_mask && tile_seen[block] == 1) {
-        const int position = thread & (kDecodeTileN - 1);
-        const int kv = split_begin + tile * kDecodeTileN + position;
+  // Kept kv rows of the split's first kKeepTable tiles that its rows see
+  // only through partial blocks, computed before the tile loop: every thread
+  // evaluates the mask of one kv row for half of the rows, a warp's ballot
+  // covers 32 kv rows. (Evaluated inside the loop, the mask raised the
+  // register pressure around a score mod's out-of-line call: 28 bytes of
+  // spills on sm_80, D 64, causal + trig.) Later partial tiles are read
+  // whole; the mask is applied to their scores either way.
+  if constexpr (pagedc_mods::kHasMask) {
+    if (has_block_mask) {
+      // An opaque copy of the batch index: nothing the mask computes from it
+      // here is shared with (and so kept live into) the tile loop's mask and
+      // score code, which spilled around a score mod's out-of-line call
+      // (D 64, trig with causal, padded_causal, dilated_sliding_window).
+      int batch = b;
+      asm volatile("" : "+r"(batch));
+      int listed = 0;
+      for (int tile = 0; tile < tiles && listed < kKeepTable; ++tile) {
+        const int block = tile_block(tile);
+        if (tile_seen[block] != 1)
+          continue;
+        const int kv = split_begin + tile * kDecodeTileN + (thread & (kDecodeTileN - 1));
         bool kept = false;
         if (kv < split_end) {
           for (int row = thread / kDecodeTileN; row < kPaddedRows && !kept;
@@ -283,18 +300,34 @@ extern "C" __global__ void __launch_bounds__(pagedc::kDecodeThreads)
               continue;
             DecodeRow info = decode_row(row, kv_head, head_chunk, args.q_len);
             const int q = q_offset + info.token;
-            kept = pagedc_mods::mask(params, pagedc_mods::mask_row(params, b, info.head, q),
-                                     b, info.head, q, kv);
+            kept = pagedc_mods::mask(params, pagedc_mods::mask_row(params, batch, info.head, q),
+                                     batch, info.head, q, kv);
           }
         }
-        unsigned *words = keep_words + 4 * keep_set;
-        keep_set ^= 1;
         const unsigned ballot = __ballot_sync(0xffffffffu, kept);
-        if (lane == 0)
-          words[warp] = ballot;
         __syncthreads();
-        return (static_cast<uint64_t>(words[1] | words[3]) << 32) | (words[0] | words[2]);
+        if (lane == 0)
+          keep_words[warp] = ballot;
+        __syncthreads();
+        if (thread == 0) {
+          keep_tiles[listed] = tile;
+          keep_bits[listed] = (static_cast<uint64_t>(keep_words[1] | keep_words[3]) << 32) |
+                              (keep_words[0] | keep_words[2]);
+        }
+        ++listed;
       }
+      if (thread == 0)
+        keep_tiles[kKeepTable] = listed;
+      __syncthreads();
+    }
+  }
+  // The kept kv rows of `tile`: from the table, else all.
+  auto tile_keep = [&](int tile) -> uint64_t {
+    if constexpr (pagedc_mods::kHasMask) {
+      if (has_block_mask)
+        for (int i = 0; i < keep_tiles[kKeepTable]; ++i)
+          if (keep_tiles[i] == tile)
+            return keep_bits[i];
     }
     return ~static_cast<uint64_t>(0);
   };
@@ -464,6 +497,9 @@ extern "C" __global__ void __launch_bounds__(pagedc::kDecodeThreads)
 extern "C" __global__ void __launch_bounds__(128)
     pagedc_decode_merge(const __grid_constant__ PagedcAttentionKernelArgs args) {
   using namespace pagedc;
+  // Launched while the split kernel drains: its partials are complete and
+  // visible only after this wait.
+  wait_for_prerequisite_grid();
   const int token = blockIdx.x, h = blockIdx.y, b = blockIdx.z;
   const int splits = args.num_splits;
   const int64_t row_index =

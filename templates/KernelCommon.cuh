@@ -95,6 +95,22 @@ PAGEDC_DEVICE uint32_t pack_pair(float lo, float hi) {
 #endif
 }
 
+/// Programmatic dependent launch (sm_90): lets the next grid of the stream
+/// be scheduled before this one ends (griddepcontrol.launch_dependents),
+/// and waits until the previous grid has completed and its memory is
+/// visible (griddepcontrol.wait). No-ops before sm_90, where launches are
+/// serialised anyway, and on the emulator, which runs launches in order.
+PAGEDC_DEVICE void allow_dependent_launch() {
+#if !defined(PAGEDC_EMULATOR) && defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
+}
+PAGEDC_DEVICE void wait_for_prerequisite_grid() {
+#if !defined(PAGEDC_EMULATOR) && defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
+
 PAGEDC_DEVICE float quad_max(float value) {
   value = fmaxf(value, __shfl_xor_sync(0xffffffffu, value, 1));
   return fmaxf(value, __shfl_xor_sync(0xffffffffu, value, 2));

@@ -26,7 +26,7 @@ import subprocess
 import sys
 import tempfile
 
-from ptxas_shapes import ptxas_figures  # same directory
+from ptxas_shapes import ptxas_figures, ptxas_functions  # same directory
 
 
 def mods_of(text):
@@ -60,8 +60,17 @@ def compile_one(pagedc, path, mask, score, arch, head_dim, kernel="prefill", gqa
     run = subprocess.run(command, capture_output=True, text=True)
     if run.returncode != 0:
         return {"error": run.stderr.strip().splitlines()[-1] if run.stderr.strip() else "failed"}
-    figures = ptxas_figures(run.stderr)
-    return {key: figures[key] for key in ("registers", "spill_store_bytes", "spill_load_bytes")}
+    # The unit's main kernel; spills of any function in it (the decode unit
+    # holds its merge kernel too) count.
+    figures = ptxas_figures(run.stderr, f"pagedc_{kernel}")
+    if figures["registers"] is None:
+        return {"error": f"no ptxas report of pagedc_{kernel}"}
+    result = {key: figures[key] for key in ("registers", "spill_store_bytes", "spill_load_bytes")}
+    for name in ptxas_functions(run.stderr):
+        other = ptxas_figures(run.stderr, name)
+        result["spill_store_bytes"] = max(result["spill_store_bytes"], other["spill_store_bytes"] or 0)
+        result["spill_load_bytes"] = max(result["spill_load_bytes"], other["spill_load_bytes"] or 0)
+    return result
 
 
 def main():

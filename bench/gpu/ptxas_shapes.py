@@ -84,8 +84,25 @@ def shared_bytes_per_flop(head_dim, block_n, warp_rows):
     return (q + kv) / flops
 
 
-def ptxas_figures(report):
-    """Registers, stack and spill bytes of ptxas -v's report (None when absent)."""
+def ptxas_functions(report):
+    """{entry function: its section of ptxas -v's report}, in report order."""
+    sections, name = {}, None
+    for line in report.splitlines():
+        found = re.search(r"Compiling entry function '([^']+)'", line)
+        if found:
+            name = found.group(1)
+            sections[name] = ""
+        elif name is not None:
+            sections[name] += line + "\n"
+    return sections
+
+
+def ptxas_figures(report, kernel=None):
+    """Registers, stack and spill bytes of ptxas -v's report (None when
+    absent): of entry function `kernel` when given (a decode unit also holds
+    its merge kernel), else of the first function reported."""
+    if kernel is not None:
+        report = ptxas_functions(report).get(kernel, "")
     figures = {}
     for key, pattern in [("registers", r"Used (\d+) registers"),
                          ("stack_bytes", r"(\d+) bytes stack frame"),

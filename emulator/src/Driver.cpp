@@ -396,9 +396,14 @@ EXPORT int cuTensorMapEncodeTiled(void *tensorMap, int dataType, unsigned rank,
   return kSuccess;
 }
 
-EXPORT int cuLaunchKernel(void *function, unsigned gridX, unsigned gridY, unsigned gridZ,
-                          unsigned blockX, unsigned blockY, unsigned blockZ, unsigned sharedBytes,
-                          void *, void **params, void **extra) {
+/// A launch: cuLaunchKernel's, and cuLaunchKernelEx's with `programmatic`
+/// when it asks for programmatic stream serialization (launches run one
+/// after the other here, so the grid needs no wait; the counters line says
+/// so, for the performance model).
+static int launchFunction(void *function, unsigned gridX, unsigned gridY, unsigned gridZ,
+                          unsigned blockX, unsigned blockY, unsigned blockZ,
+                          unsigned sharedBytes, void **params, void **extra,
+                          bool programmatic) {
   if (!function)
     return kInvalidHandle;
   if (extra)
@@ -434,7 +439,8 @@ EXPORT int cuLaunchKernel(void *function, unsigned gridX, unsigned gridY, unsign
                  std::to_string(gridY) + ", " + std::to_string(gridZ) + "], \"block\": [" +
                  std::to_string(blockX) + ", " + std::to_string(blockY) + ", " +
                  std::to_string(blockZ) + "], \"dynamic_shared_bytes\": " +
-                 std::to_string(sharedBytes) + ", \"seconds\": " +
+                 std::to_string(sharedBytes) + ", \"programmatic_dependent\": " +
+                 (programmatic ? "true" : "false") + ", \"seconds\": " +
                  std::to_string(result.seconds) + ", \"reports\": " +
                  std::to_string(result.reports.size()) + ", \"counters\": " +
                  result.counters.json() + "}");
@@ -459,6 +465,50 @@ EXPORT int cuLaunchKernel(void *function, unsigned gridX, unsigned gridY, unsign
   if (result.reports.size() > 1)
     detail += "\n(" + std::to_string(result.reports.size()) + " reports in all)";
   return fail(result.error.empty() ? kLaunchFailed : kLaunchOutOfResources, detail);
+}
+
+EXPORT int cuLaunchKernel(void *function, unsigned gridX, unsigned gridY, unsigned gridZ,
+                          unsigned blockX, unsigned blockY, unsigned blockZ, unsigned sharedBytes,
+                          void *, void **params, void **extra) {
+  return launchFunction(function, gridX, gridY, gridZ, blockX, blockY, blockZ, sharedBytes,
+                        params, extra, false);
+}
+
+/// cuLaunchKernelEx with CUlaunchConfig's layout (pagedc::cu::LaunchConfig);
+/// the one attribute taken is programmatic stream serialization.
+EXPORT int cuLaunchKernelEx(const void *launchConfig, void *function, void **params,
+                            void **extra) {
+  struct Attribute {
+    int id;
+    char pad[4];
+    union {
+      char bytes[64];
+      int value;
+      void *align;
+    };
+  };
+  struct Config {
+    unsigned grid[3], block[3], sharedBytes;
+    void *stream;
+    const Attribute *attrs;
+    unsigned numAttrs;
+  };
+  if (!launchConfig)
+    return kInvalidValue;
+  const auto *config = static_cast<const Config *>(launchConfig);
+  bool programmatic = false;
+  for (unsigned i = 0; i < config->numAttrs; ++i) {
+    if (!config->attrs)
+      return kInvalidValue;
+    if (config->attrs[i].id != 6) // CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION
+      return fail(kInvalidValue, "cuLaunchKernelEx: the emulator takes only the programmatic "
+                                 "stream serialization attribute, not " +
+                                     std::to_string(config->attrs[i].id));
+    programmatic = config->attrs[i].value != 0;
+  }
+  return launchFunction(function, config->grid[0], config->grid[1], config->grid[2],
+                        config->block[0], config->block[1], config->block[2],
+                        config->sharedBytes, params, extra, programmatic);
 }
 
 EXPORT int cuMemAlloc_v2(unsigned long long *pointer, size_t bytes) {

@@ -61,6 +61,11 @@ const DeviceModel kDevices[] = {
 };
 
 constexpr double kLaunchOverheadSeconds = 3e-6; ///< per launch, back to back
+/// A programmatic dependent launch (the decode merge on sm_90) is scheduled
+/// while the previous grid drains and waits in-kernel: its CTAs are
+/// resident when that grid ends, so only the completion signal separates
+/// the two (assumed 1 us; no GPU has measured it here).
+constexpr double kDependentLaunchGapSeconds = 1e-6;
 constexpr double kSharedBytesPerClock = 128;    ///< per SM: one wavefront
 constexpr double kMufuPerClock = 16;            ///< per SM
 constexpr double kSectorBytes = 32;
@@ -72,6 +77,7 @@ struct Launch {
   std::string kernel;
   int64_t grid[3] = {1, 1, 1}, block[3] = {1, 1, 1};
   int64_t dynamicShared = 0;
+  bool programmatic = false; ///< launched as a programmatic dependent
   Value counters;
   double count(const char *name) const { return counters.at(name).asDouble(name); }
   /// Grid blocks over blocks run.
@@ -99,6 +105,8 @@ std::vector<Launch> readCounters(const std::string &path) {
       launch.block[i] = value.at("block").asArray("block").at(i).asInt("block");
     }
     launch.dynamicShared = value.at("dynamic_shared_bytes").asInt("dynamic_shared_bytes");
+    if (const Value *flag = value.find("programmatic_dependent"))
+      launch.programmatic = flag->asBool("programmatic_dependent");
     launch.counters = value.at("counters");
     launches.push_back(std::move(launch));
   }
@@ -214,7 +222,11 @@ LaunchModel modelLaunch(const DeviceModel &device, const BenchCase &b, const Lau
       result.bound = name;
     }
   }
-  result.seconds = longest / efficiency + kLaunchOverheadSeconds;
+  // Programmatic dependent launch is sm_90's: an A100 launches the grid
+  // after the previous one ends, as a plain launch.
+  const bool dependent = launch.programmatic && std::string(device.arch) == "sm_90";
+  result.seconds = longest / efficiency +
+                   (dependent ? kDependentLaunchGapSeconds : kLaunchOverheadSeconds);
   result.uniqueBytesScaled = uniqueBytes * scale;
   Value j = Value::object();
   j.set("kernel", launch.kernel);
@@ -229,6 +241,7 @@ LaunchModel modelLaunch(const DeviceModel &device, const BenchCase &b, const Lau
   j.set("bound", result.bound);
   j.set("terms_us", std::move(termsJson));
   j.set("dram_bytes", dramBytes);
+  j.set("programmatic_dependent", dependent);
   j.set("modelled_us", round3(result.seconds * 1e6));
   result.json = std::move(j);
   return result;
@@ -499,6 +512,7 @@ int runModel(const Pack &pack, const ModelOptions &options, std::ostream &out,
   root.set("devices", std::move(devices));
   Value constants = Value::object();
   constants.set("launch_overhead_us", kLaunchOverheadSeconds * 1e6);
+  constants.set("dependent_launch_gap_us", kDependentLaunchGapSeconds * 1e6);
   constants.set("shared_bytes_per_clock_per_sm", kSharedBytesPerClock);
   constants.set("mufu_per_clock_per_sm", kMufuPerClock);
   constants.set("flops_per_mma", kFlopsPerMma);

@@ -39,6 +39,31 @@ constexpr int kAttributeComputeCapabilityMajor = 75;
 constexpr int kAttributeComputeCapabilityMinor = 76;
 constexpr int kAttributeMaxSharedMemoryPerBlockOptin = 97;
 constexpr int kFunctionAttributeMaxDynamicSharedSizeBytes = 8;
+/// CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION: the grid may be
+/// scheduled while the previous grid of the stream drains (programmatic
+/// dependent launch, sm_90+); it waits for that grid in-kernel
+/// (griddepcontrol.wait).
+constexpr int kLaunchAttributeProgrammaticStreamSerialization = 6;
+/// CUlaunchAttribute: an id, padding to 8 bytes, a 64-byte value union.
+struct LaunchAttribute {
+  int id = 0;
+  char pad[4] = {};
+  union {
+    char bytes[64];
+    int value;
+    void *align; // the union holds pointers in cuda.h
+  };
+  LaunchAttribute() : bytes{} {}
+};
+/// CUlaunchConfig (cuLaunchKernelEx).
+struct LaunchConfig {
+  unsigned gridDimX = 1, gridDimY = 1, gridDimZ = 1;
+  unsigned blockDimX = 1, blockDimY = 1, blockDimZ = 1;
+  unsigned sharedMemBytes = 0;
+  Stream stream = nullptr;
+  LaunchAttribute *attrs = nullptr;
+  unsigned numAttrs = 0;
+};
 } // namespace cu
 
 /// One device as the driver describes it.
@@ -103,6 +128,8 @@ public:
     cu::Result (*eventRecord)(cu::Event, cu::Stream);
     cu::Result (*eventSynchronize)(cu::Event);
     cu::Result (*eventElapsedTime)(float *, cu::Event, cu::Event);
+    /// cuLaunchKernelEx; null when the driver has none (before CUDA 12).
+    cu::Result (*launchKernelEx)(const cu::LaunchConfig *, cu::Function, void **, void **);
   };
 
   /// The process-wide driver (cuInit done); throws pagedc::Error with the

@@ -27,6 +27,10 @@ struct KernelLaunch {
   unsigned grid[3] = {1, 1, 1};
   unsigned block[3] = {1, 1, 1};
   unsigned sharedMemoryBytes = 0;
+  /// Launched with programmatic stream serialization (cuLaunchKernelEx)
+  /// when the driver has it: the kernel may be scheduled while the previous
+  /// launch drains and waits for it in-kernel (the decode merge on sm_90).
+  bool programmaticDependent = false;
   /// Kernel parameters in order, each as the bytes of its value.
   std::vector<std::vector<unsigned char>> arguments;
   /// cuLaunchKernel's kernelParams: pointers into `arguments`, valid while

@@ -19,6 +19,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <cstdlib>
 #include <cstring>
 #include <map>
 #include <mutex>
@@ -561,6 +562,15 @@ CudaAttentionLaunch::CudaAttentionLaunch(std::shared_ptr<const CudaKernel> kerne
   const CudaDeviceInfo &info = cudaDeviceInfo(kernel_->device);
   plan_ = planAttention(kernel_->config, args, params, maxKvLength, info.multiprocessors,
                         std::max(kernel_->residentCtasPerSm, 1), maxVisibleKv);
+  // The merge of sm_90 code waits for the split kernel in-kernel
+  // (griddepcontrol.wait, templates/Decode.cuh), so it may launch while the
+  // splits drain; the emulator runs launches one after the other.
+  const std::string &arch = kernel_->arch;
+  const bool hopper = isEmulatorArch(arch) ||
+                      (arch.rfind("sm_", 0) == 0 && std::atoi(arch.c_str() + 3) >= 90);
+  for (KernelLaunch &launch : plan_.launches)
+    if (launch.kernel == "pagedc_decode_merge")
+      launch.programmaticDependent = hopper;
   if (plan_.workspaceBytes) {
     workspace_ = DeviceBuffer(plan_.workspaceBytes, kernel_->device);
     plan_.setWorkspace(workspace_.address());

@@ -147,6 +147,9 @@ const Loaded &loadDriver() {
       api.eventElapsedTime = reinterpret_cast<decltype(api.eventElapsedTime)>(symbol);
     else
       resolve(api.eventElapsedTime, "cuEventElapsedTime");
+    // Optional: programmatic dependent launches fall back to cuLaunchKernel.
+    api.launchKernelEx =
+        reinterpret_cast<decltype(api.launchKernelEx)>(dlsym(handle, "cuLaunchKernelEx"));
     if (!missing.empty()) {
       result.error = fmt::format("the NVIDIA driver {} lacks:{}", result.path, missing);
       return result;

@@ -318,6 +318,25 @@ KernelLaunch planBlockMaskBuild(const PagedcBlockMaskKernelArgs &args,
 void launchKernel(const CudaDriver &driver, cu::Function function, KernelLaunch &launch,
                   cu::Stream stream) {
   std::vector<void *> pointers = launch.parameterPointers();
+  if (launch.programmaticDependent && driver.api().launchKernelEx) {
+    cu::LaunchAttribute attribute;
+    attribute.id = cu::kLaunchAttributeProgrammaticStreamSerialization;
+    attribute.value = 1;
+    cu::LaunchConfig config;
+    config.gridDimX = launch.grid[0];
+    config.gridDimY = launch.grid[1];
+    config.gridDimZ = launch.grid[2];
+    config.blockDimX = launch.block[0];
+    config.blockDimY = launch.block[1];
+    config.blockDimZ = launch.block[2];
+    config.sharedMemBytes = launch.sharedMemoryBytes;
+    config.stream = stream;
+    config.attrs = &attribute;
+    config.numAttrs = 1;
+    driver.check(driver.api().launchKernelEx(&config, function, pointers.data(), nullptr),
+                 "cuLaunchKernelEx(" + launch.kernel + ", programmatic dependent)");
+    return;
+  }
   driver.check(driver.api().launchKernel(function, launch.grid[0], launch.grid[1],
                                          launch.grid[2], launch.block[0], launch.block[1],
                                          launch.block[2], launch.sharedMemoryBytes, stream,

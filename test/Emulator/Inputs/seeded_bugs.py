@@ -104,13 +104,14 @@ BUGS = {
         "window"),
     "decode-keep-bits-lose-upper-half": (
         "Decode.cuh",
-        "return (static_cast<uint64_t>(words[1] | words[3]) << 32) | (words[0] | words[2]);",
-        "return static_cast<uint64_t>(words[0] | words[2]);",
+        "          keep_bits[listed] = (static_cast<uint64_t>(keep_words[1] | keep_words[3]) << 32) |\n"
+        "                              (keep_words[0] | keep_words[2]);",
+        "          keep_bits[listed] = static_cast<uint64_t>(keep_words[0] | keep_words[2]);",
         "window"),
-    "decode-keep-words-one-set": (
+    "decode-keep-words-written-without-barrier": (
         "Decode.cuh",
-        "        keep_set ^= 1;\n",
-        "",
+        "        const unsigned ballot = __ballot_sync(0xffffffffu, kept);\n        __syncthreads();\n",
+        "        const unsigned ballot = __ballot_sync(0xffffffffu, kept);\n",
         "window"),
     # The warpgroup prefill (PrefillWgmma.cuh): mbarrier ring, cp.async
     # gathers arriving on it, wgmma.

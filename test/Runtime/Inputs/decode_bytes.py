@@ -8,7 +8,8 @@ query rows, and the K and V rows of the kept kv positions only.
 
 Each split loads the query rows of its (batch, KV head), so the Q bytes are
 splits x B x HQ x LQ x D x 2; K and V are B x HKV x N x D x 2 each. Prints
-both and exits 1 unless the counter equals their sum exactly.
+both and exits 1 unless the counter equals their sum exactly; then how each
+merge launch was made.
 """
 import argparse
 import json
@@ -32,6 +33,12 @@ def main():
     print("decode read %d bytes: %d splits; q %d + kept K/V %d = %d: %s"
           % (read, splits, q_bytes, kv_bytes, q_bytes + kv_bytes,
              "exact" if read == q_bytes + kv_bytes else "DIFFER"))
+    # The merge of a split decode launches as a programmatic dependent of
+    # the split kernel (cuLaunchKernelEx; the emulated device is sm_90).
+    merges = [l for l in launches if l["kernel"] == "pagedc_decode_merge"]
+    for merge in merges:
+        print("merge launch: %s" % ("programmatic dependent"
+                                     if merge.get("programmatic_dependent") else "plain"))
     return 0 if read == q_bytes + kv_bytes else 1
 
 

@@ -13,6 +13,7 @@
 
 #include <gtest/gtest.h>
 
+#include <cstddef>
 #include <cstring>
 
 using namespace pagedc;
@@ -279,6 +280,30 @@ TEST(CudaLaunch, DecodeVisibleSpanBoundsWhatRowsSee) {
   EXPECT_LT(int64_t(window.args.num_splits - 1) * window.args.split_size, 4097);
   EXPECT_LT(window.args.num_splits, whole.args.num_splits);
   EXPECT_LE(window.args.split_size, 64 * 128);
+}
+
+#if __has_include(<cuda.h>)
+#include <cuda.h>
+#define PAGEDC_HAVE_CUDA_H 1
+#endif
+
+// cuLaunchKernelEx takes the runtime's mirror of CUlaunchConfig and
+// CUlaunchAttribute (CudaDriver.h): same sizes, same field offsets.
+TEST(CudaLaunch, DriverStructsMatchCudaH) {
+#ifdef PAGEDC_HAVE_CUDA_H
+  EXPECT_EQ(sizeof(cu::LaunchAttribute), sizeof(CUlaunchAttribute));
+  EXPECT_EQ(offsetof(cu::LaunchAttribute, value), offsetof(CUlaunchAttribute, value));
+  EXPECT_EQ(alignof(cu::LaunchAttribute), alignof(CUlaunchAttribute));
+  EXPECT_EQ(sizeof(cu::LaunchConfig), sizeof(CUlaunchConfig));
+  EXPECT_EQ(offsetof(cu::LaunchConfig, sharedMemBytes), offsetof(CUlaunchConfig, sharedMemBytes));
+  EXPECT_EQ(offsetof(cu::LaunchConfig, stream), offsetof(CUlaunchConfig, hStream));
+  EXPECT_EQ(offsetof(cu::LaunchConfig, attrs), offsetof(CUlaunchConfig, attrs));
+  EXPECT_EQ(offsetof(cu::LaunchConfig, numAttrs), offsetof(CUlaunchConfig, numAttrs));
+  EXPECT_EQ(cu::kLaunchAttributeProgrammaticStreamSerialization,
+            int(CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION));
+#else
+  GTEST_SKIP() << "no cuda.h (CUDA toolkit) to compare with";
+#endif
 }
 
 TEST(CudaLaunch, MismatchesAreNamed) {
