@@ -1,7 +1,13 @@
 #!/usr/bin/env bash
 # The GPU check, run ON the GPU machine in one command (no LLVM there):
 #
-#   scripts/gpu-check.sh [--dry-run] [PACK_DIR]       (default: gpu-pack/)
+#   scripts/gpu-check.sh [--dry-run] [--also PACK2] [PACK_DIR]   (default: gpu-pack/)
+#
+# --also PACK2: a second pack (e.g. one prepared with
+# PAGEDC_PREFILL_SHAPE=128x64x64, whose prefill bundles are the sm_90a
+# warpgroup kernel) is checked and benchmarked after the first, its files
+# prefixed "also-". Every step is killed after PAGEDC_STEP_TIMEOUT_S seconds
+# (default 300): a hung kernel fails its step instead of the whole call.
 #
 # Results go to $OUT (the run tool's folder) or gpu-results/:
 #   summary.txt          every step's status and the tables
@@ -23,18 +29,26 @@ set -uo pipefail
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 dry=0
 pack=""
+also=""
 for arg in "$@"; do
   case "$arg" in
     --dry-run) dry=1 ;;
-    -h|--help) sed -n '2,24p' "$0"; exit 0 ;;
-    *) pack="$arg" ;;
+    --also) expect_also=1; continue ;;
+    -h|--help) sed -n '2,30p' "$0"; exit 0 ;;
+    *) if [[ ${expect_also:-0} == 1 ]]; then also="$arg"; else pack="$arg"; fi ;;
   esac
+  expect_also=0
 done
+if [[ ${expect_also:-0} == 1 ]]; then echo "gpu-check: --also needs a pack directory" >&2; exit 2; fi
 pack=${pack:-$root/gpu-pack}
+# Absolute paths: cmake reads -D paths relative to the build tree.
+pack=$(cd "$pack" 2>/dev/null && pwd || echo "$pack")
+[[ -z "$also" ]] || also=$(cd "$also" 2>/dev/null && pwd || echo "$also")
 out=${OUT:-$root/gpu-results}
 build=${PAGEDC_GPU_RT_BUILD:-$root/build-gpu-check}
 jobs=${PAGEDC_JOBS:-$(nproc 2>/dev/null || echo 4)}
 budget=${PAGEDC_TORCH_BUDGET_S:-240}
+step_timeout=${PAGEDC_STEP_TIMEOUT_S:-300}
 mkdir -p "$out"
 summary="$out/summary.txt"
 : >"$summary"
@@ -43,9 +57,12 @@ note() { echo "$*" | tee -a "$summary"; }
 step() {  # step NAME COMMAND...: runs, records the status
   local name=$1; shift
   note "== $name"
-  "$@" 2>&1 | tee -a "$summary"
+  local limit=${step_limit:-$step_timeout}
+  timeout --kill-after=15 "$limit" "$@" 2>&1 | tee -a "$summary"
   local status=${PIPESTATUS[0]}
-  note "== $name: $([[ $status == 0 ]] && echo ok || echo "FAILED (exit $status)")"
+  local why="exit $status"
+  [[ $status == 124 || $status == 137 ]] && why="killed after ${limit} s"
+  note "== $name: $([[ $status == 0 ]] && echo ok || echo "FAILED ($why)")"
   [[ $status == 0 ]] || failures=$((failures + 1))
   return $status
 }
@@ -73,6 +90,9 @@ gpu="$build/bin/pagedc-gpu"
 if [[ $dry == 1 ]]; then
   step "check --dry-run" "$gpu" check "$pack" --dry-run --json "$out/gpu-check.json"
   step "bench --dry-run" "$gpu" bench "$pack" --dry-run --json "$out/gpu-bench-pagedc.json"
+  if [[ -n "$also" ]]; then
+    step "check --dry-run (also: $also)" "$gpu" check "$also" --dry-run --json "$out/also-gpu-check.json"
+  fi
   note "gpu-check (dry run): $failures step(s) failed"
   exit $((failures > 0))
 fi
@@ -107,13 +127,31 @@ else
   failures=$((failures + 1))
 fi
 
-# (3) Benchmarks: ours, then PyTorch's on the same GPU, then the merge.
+# (3) Benchmarks: ours, (4) the second pack, then PyTorch's on the same GPU, then the merge.
 step "bench (pagedc)" "$gpu" bench "$pack" --json "$out/gpu-bench-pagedc.json"
-PYTHONUNBUFFERED=1 step "bench (PyTorch flex_attention + PagedAttention, SDPA flash)" \
+# (4) The second pack: correctness and our benchmark, before PyTorch's (which
+# is not rerun: the configurations are the same); merged with it after.
+if [[ -n "$also" ]]; then
+  if [[ -f "$also/pack.json" ]]; then
+    step "check (also: $also)" "$gpu" check "$also" --json "$out/also-gpu-check.json"
+    step "bench (pagedc, also: $also)" "$gpu" bench "$also" --json "$out/also-gpu-bench-pagedc.json"
+  else
+    note "no pack at $also"
+    failures=$((failures + 1))
+    also=""
+  fi
+fi
+
+PYTHONUNBUFFERED=1 step_limit=$((budget + 180)) step "bench (PyTorch flex_attention + PagedAttention, SDPA flash)" \
   python3 "$root/bench/gpu/torch_flex.py" --pack "$pack" --json "$out/gpu-bench-torch.json" \
   --budget-s "$budget"
 step "report" python3 "$root/bench/gpu/report.py" "$out/gpu-bench-pagedc.json" \
   "$out/gpu-bench-torch.json" --json "$out/gpu-bench.json"
+
+if [[ -n "$also" ]]; then
+  step "report (also)" python3 "$root/bench/gpu/report.py" "$out/also-gpu-bench-pagedc.json" \
+    "$out/gpu-bench-torch.json" --json "$out/also-gpu-bench.json"
+fi
 
 note "gpu-check: $failures step(s) failed; results in $out"
 exit $((failures > 0))

@@ -13,12 +13,15 @@ PAGEDC_GPU_BUILD="$build_dir" PAGEDC_GPU_SKIP_BUILD=1 \
   bash "$source_dir/scripts/gpu-prepare.sh" --quick "$work/pack"
 rm -rf "$work/out"
 OUT="$work/out" PAGEDC_GPU_RT_BUILD="$work/build-rt" PAGEDC_FORCE_PACK_FMT=1 PAGEDC_JOBS=2 \
-  bash "$source_dir/scripts/gpu-check.sh" --dry-run "$work/pack"
-python3 - "$work/pack/pack.json" "$work/out/gpu-check.json" "$work/out/gpu-bench-pagedc.json" <<'PY'
+  bash "$source_dir/scripts/gpu-check.sh" --dry-run --also "$work/pack" "$work/pack"
+python3 - "$work/pack/pack.json" "$work/out/gpu-check.json" "$work/out/gpu-bench-pagedc.json" \
+  "$work/out/also-gpu-check.json" <<'PY'
 import json, sys
 pack = json.load(open(sys.argv[1]))
 check = json.load(open(sys.argv[2]))
 bench = json.load(open(sys.argv[3]))
+also = json.load(open(sys.argv[4]))
+assert [c["status"] for c in also["cases"]] == [c["status"] for c in check["cases"]], "--also pack"
 variants = sum(2 if c["q_block"] else 1 for c in pack["cases"])
 statuses = [c["status"] for c in check["cases"]]
 assert check["dry_run"] is True

@@ -1,0 +1,65 @@
+#!/usr/bin/env bash
+# Profiles benchmark configurations of a pack with Nsight Compute, ON the GPU
+# machine (after, or instead of, scripts/gpu-check.sh; builds the same
+# runtime-only tree when it is missing):
+#
+#   scripts/gpu-profile.sh PACK FILTER [FILTER...]
+#
+# For each FILTER (a benchmark configuration name, as `pagedc-gpu bench
+# --filter` takes it) ncu profiles one launch of the attention kernel
+# (pagedc_prefill or pagedc_decode; the block-mask builder and the merge are
+# skipped) with the throughput, occupancy, scheduler, warp-state and source
+# sections, writing $OUT/ncu-<n>.txt (details, source counters: the SASS
+# lines with the most stalls). The kernels' SASS goes to $OUT/sass-<n>.txt.gz
+# (cuobjdump of the configuration's bundle). Clocks are left as they are
+# (--clock-control none). Exit status: 1 when ncu failed for any filter.
+set -uo pipefail
+
+root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+[[ $# -ge 2 ]] || { sed -n '2,16p' "$0"; exit 2; }
+pack=$(cd "$1" && pwd) || exit 2
+shift
+out=${OUT:-$root/gpu-results}
+build=${PAGEDC_GPU_RT_BUILD:-$root/build-gpu-check}
+mkdir -p "$out"
+if [[ ! -x "$build/bin/pagedc-gpu" ]]; then
+  fmt_args=()
+  [[ -f /usr/include/fmt/format.h || -f /usr/local/include/fmt/format.h ]] ||
+    fmt_args=(-Dfmt_DIR="$pack/deps/fmt")
+  [[ -d "$pack/deps/include" ]] && fmt_args+=(-DPAGEDC_EXTRA_INCLUDE="$pack/deps/include")
+  cmake -S "$root" -B "$build" -G Ninja -DPAGEDC_ENABLE_COMPILER=OFF -DPAGEDC_BUILD_TESTS=OFF \
+    -DPAGEDC_BUILD_BENCHMARKS=OFF "${fmt_args[@]}" >/dev/null || exit 1
+  ninja -C "$build" -j"$(nproc)" pagedc-gpu >/dev/null || exit 1
+fi
+failures=0
+n=0
+for filter in "$@"; do
+  n=$((n + 1))
+  bundle=$(python3 - "$pack" "$filter" <<'EOF'
+import json, sys
+pack = json.load(open(sys.argv[1] + "/pack.json"))
+hits = [c for c in pack["bench"] if sys.argv[2] in c["name"]]
+print(hits[0]["bundle"] if hits else "")
+EOF
+)
+  echo "== $n: $filter (bundle ${bundle:-none})"
+  if [[ -n "$bundle" ]] && command -v cuobjdump >/dev/null; then
+    for cubin in "$pack/$bundle"/*.cubin; do
+      echo "// $cubin"
+      cuobjdump -sass "$cubin"
+    done 2>&1 | gzip >"$out/sass-$n.txt.gz"
+  fi
+  timeout 240 ncu --clock-control none --kernel-name regex:'pagedc_(prefill|decode)$' \
+    --launch-skip 2 --launch-count 1 \
+    --section SpeedOfLight --section ComputeWorkloadAnalysis --section MemoryWorkloadAnalysis \
+    --section Occupancy --section LaunchStats --section SchedulerStats \
+    --section WarpStateStats --section SourceCounters --section InstructionStats \
+    "$build/bin/pagedc-gpu" bench "$pack" --filter "$filter" --warmup 2 --iters 2 --copy-mib 64 \
+    >"$out/ncu-$n.txt" 2>&1
+  status=$?
+  echo "== $n: ncu exit $status"
+  [[ $status == 0 ]] || failures=$((failures + 1))
+  grep -E "Duration|Compute \(SM\) Throughput|Memory Throughput|Registers Per|Achieved Occupancy|Issue Slots Busy|No Eligible|Warp Cycles Per Issued" \
+    "$out/ncu-$n.txt" | head -20
+done
+exit $((failures > 0))
