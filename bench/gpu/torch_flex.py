@@ -233,13 +233,24 @@ def run_config(torch, config, pack_dir, args):
                                    BLOCK_SIZE=page)
     physical_mask = paged.convert_logical_block_mask(block_mask)
     physical_score = paged.get_score_mod(score_mod) if score_mod else None
+    # Every configuration compiles afresh: dynamo's cache of flex_attention
+    # otherwise fills after 8 configurations and PyTorch falls back to its
+    # unfused eager path (a first GPU run timed that path for 17 anchors).
+    torch._dynamo.reset()
     compiled = torch.compile(flex_attention)
 
     def flex():
         return compiled(q, k_cache, v_cache, block_mask=physical_mask, score_mod=physical_score,
                         enable_gqa=True)
 
-    ms, best = time_cuda(torch, flex, args.warmup, args.iters)
+    import warnings
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        ms, best = time_cuda(torch, flex, args.warmup, args.iters)
+    unfused = [w for w in caught if "without torch.compile" in str(w.message)]
+    if unfused:
+        raise RuntimeError("flex_attention ran unfused (not compiled): %s" %
+                           str(unfused[0].message).splitlines()[0])
     result["flex_paged_ms"] = ms
     result["flex_paged_min_ms"] = best
 
@@ -279,6 +290,10 @@ def main(argv=None):
     args = parser.parse_args(argv)
 
     import torch  # only here: the helpers above run without it
+    import torch._dynamo
+    for name in ("recompile_limit", "cache_size_limit"):
+        if hasattr(torch._dynamo.config, name):
+            setattr(torch._dynamo.config, name, 1024)
 
     started = time.monotonic()
     report = {
