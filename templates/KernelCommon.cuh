@@ -426,11 +426,12 @@ template <int kTile> struct KvVisits {
   PAGEDC_DEVICE bool is_full(int list) const { return list >= partial_count; }
 };
 
-/// Folds a tile of log2-domain scores (masked = -inf) into the state and the
-/// output accumulator, and turns `scores` into probabilities.
+/// Folds a tile of log2-domain scores (masked = -inf) into the state, turns
+/// `scores` into probabilities, and gives each of the thread's two rows the
+/// factor its output accumulator must be scaled by (rescale_rows).
 template <int kNTiles>
-PAGEDC_DEVICE void online_softmax(RowState &state, float (&scores)[kNTiles][4],
-                                  float (&out)[kHeadDim / 8][4]) {
+PAGEDC_DEVICE void softmax_tile(RowState &state, float (&scores)[kNTiles][4],
+                                float (&rescale)[2]) {
 #pragma unroll
   for (int half = 0; half < 2; ++half) {
     float tile_max = -infinity();
@@ -442,7 +443,7 @@ PAGEDC_DEVICE void online_softmax(RowState &state, float (&scores)[kNTiles][4],
     // A row with nothing visible yet keeps max = -inf; subtract 0 instead so
     // that exp2 gives 0 rather than NaN.
     float base = new_max == -infinity() ? 0.0f : new_max;
-    float rescale = exp2_approx(state.max[half] - base);
+    rescale[half] = exp2_approx(state.max[half] - base);
     state.max[half] = new_max;
     float sum = 0.0f;
 #pragma unroll
@@ -451,13 +452,27 @@ PAGEDC_DEVICE void online_softmax(RowState &state, float (&scores)[kNTiles][4],
       scores[j][2 * half + 1] = exp2_approx(scores[j][2 * half + 1] - base);
       sum += scores[j][2 * half] + scores[j][2 * half + 1];
     }
-    state.sum[half] = state.sum[half] * rescale + sum;
+    state.sum[half] = state.sum[half] * rescale[half] + sum;
+  }
+}
+
+PAGEDC_DEVICE void rescale_rows(float (&out)[kHeadDim / 8][4], const float (&rescale)[2]) {
+#pragma unroll
+  for (int half = 0; half < 2; ++half)
 #pragma unroll
     for (int d = 0; d < kHeadDim / 8; ++d) {
-      out[d][2 * half] *= rescale;
-      out[d][2 * half + 1] *= rescale;
+      out[d][2 * half] *= rescale[half];
+      out[d][2 * half + 1] *= rescale[half];
     }
-  }
+}
+
+/// softmax_tile, then the output accumulator's rescale.
+template <int kNTiles>
+PAGEDC_DEVICE void online_softmax(RowState &state, float (&scores)[kNTiles][4],
+                                  float (&out)[kHeadDim / 8][4]) {
+  float rescale[2];
+  softmax_tile<kNTiles>(state, scores, rescale);
+  rescale_rows(out, rescale);
 }
 
 /// Applies scale, score mod, mask mod, kv_len and row limits to one warp's

@@ -4,12 +4,17 @@
 // kBlockM query rows of one (batch, query head) with kBlockM / 64 consumer
 // warpgroups of 64 rows each, fed by a producer warp:
 //
-//  - the producer warp (warpgroup 0, warp 0; the warpgroup gives its
-//    registers away with setmaxnreg) gathers the Q tile once and the K and V
-//    tiles of every visited KV block from their pages with cp.async into a
-//    two-stage ring, each lane arriving on the stage's full mbarrier when its
-//    copies land (cp.async.mbarrier.arrive.noinc), and waits on the stage's
-//    empty mbarrier before reusing it; any page size from 1 to 1024;
+//  - the producer warpgroup (warpgroup 0; it gives its registers away with
+//    setmaxnreg) gathers the Q tile once and the K and V tiles of every
+//    visited KV block from their pages with cp.async into a ring of
+//    kPrefillStages stages (4 where shared memory allows), each thread
+//    arriving on the stage's full mbarrier when its copies land
+//    (cp.async.mbarrier.arrive.noinc), and waits on the stage's empty
+//    mbarrier before reusing it; any page size from 1 to 1024. A thread
+//    looks up the pages of 8 of its rows at once, the first 8 before the
+//    wait on the empty barrier (gather_kv_stage). (Run on an H100, a single
+//    producer warp waiting on a page-table load per copy, with two stages,
+//    held the kernel to 165-184 TFLOP/s: the consumers starved.)
 //  - each consumer warpgroup computes S = Q K^T with wgmma (both operands
 //    in shared memory, 128-byte swizzled, K-major), applies the mods and the
 //    online softmax to the accumulators (a thread holds two rows, as with
@@ -24,7 +29,8 @@
 // them alike (KvVisits).
 //
 // Grid: as Prefill.cuh; block: (kBlockM / 64 + 1) * 128 threads; dynamic
-// shared memory: 1024 (alignment) + (kBlockM + 4 kBlockN) * D * 2 + 64.
+// shared memory: 1024 (alignment) + (kBlockM + 2 kPrefillStages kBlockN)
+// * D * 2 + 128 (mbarriers): KernelConfig::sharedMemoryBytes.
 //
 //===----------------------------------------------------------------------===//
 
@@ -33,6 +39,8 @@ constexpr int kBlockM = pagedc_config::kBlockM;
 constexpr int kBlockN = pagedc_config::kBlockN;
 constexpr int kConsumerGroups = kBlockM / 64;
 constexpr int kConsumerThreads = kConsumerGroups * 128;
+constexpr int kStages = pagedc_config::kPrefillStages;
+static_assert(kStages >= 2 && kStages <= 4, "the ring has 2 to 4 stages");
 constexpr int kPrefillThreads = kConsumerThreads + 128;
 /// Registers per thread after setmaxnreg: the producer warpgroup gives
 /// registers to the consumers (one CTA per SM: 64 K registers in all); one
@@ -55,25 +63,111 @@ PAGEDC_DEVICE uint32_t atom_offset(int rows, int row, int chunk) {
   return (chunk >> 3) * atom_bytes(rows) + row * 128 + (((chunk & 7) ^ (row & 7)) << 4);
 }
 
-/// The producer warp's gather of K and V rows [kv_begin, kv_begin + kBlockN)
-/// (zeros past kv_len) into one stage.
+/// The producer warpgroup's gather of the K and V rows [kv_begin, kv_begin
+/// + kBlockN) (zeros past kv_len) into one stage, after waiting on the
+/// stage's empty mbarrier. Thread `thread` (0..127) copies chunk thread %
+/// kChunksPerRow of every (128 / kChunksPerRow)-th row; it looks up the
+/// pages of up to 8 of its rows at once (before the wait, for the first 8),
+/// so their loads overlap each other and the wait instead of each copy
+/// waiting on its own.
 PAGEDC_DEVICE void gather_kv_stage(uint32_t k_tile, uint32_t v_tile, const Element *k_head,
                                    const Element *v_head, int64_t k_page, int64_t k_slot,
                                    int64_t v_page, int64_t v_slot, const int32_t *page_row,
-                                   int kv_begin, int kv_len, int lane) {
-  // Unrolled by two: the producer has 56 registers.
-#pragma unroll 2
-  for (int index = lane; index < kBlockN * kChunksPerRow; index += 32) {
-    const int row = index / kChunksPerRow, chunk = index % kChunksPerRow;
-    const int kv = kv_begin + row;
-    const bool valid = kv < kv_len;
-    const int64_t page = valid ? page_row[kv >> kLog2PageSize] : 0;
-    const int64_t slot = kv & (kPageSize - 1);
-    const uint32_t offset = atom_offset(kBlockN, row, chunk);
-    cp_async_16(k_tile + offset, k_head + (valid ? page * k_page + slot * k_slot : 0) + chunk * 8,
-                valid ? 16 : 0);
-    cp_async_16(v_tile + offset, v_head + (valid ? page * v_page + slot * v_slot : 0) + chunk * 8,
-                valid ? 16 : 0);
+                                   int kv_begin, int kv_len, int thread, uint32_t empty_bar,
+                                   unsigned empty_parity) {
+  static_assert((kBlockN * kChunksPerRow) % 128 == 0 && 128 % kChunksPerRow == 0,
+                "uneven K/V gather");
+  constexpr int kRowStep = 128 / kChunksPerRow;
+  constexpr int kRows = kBlockN / kRowStep;
+  constexpr int kGroup = kRows < 8 ? kRows : 8;
+  const int chunk = thread % kChunksPerRow, first_row = thread / kChunksPerRow;
+#pragma unroll
+  for (int group = 0; group < kRows; group += kGroup) {
+    int32_t pages[kGroup];
+#pragma unroll
+    for (int i = 0; i < kGroup; ++i) {
+      const int kv = kv_begin + first_row + (group + i) * kRowStep;
+      pages[i] = kv < kv_len ? page_row[kv >> kLog2PageSize] : -1;
+    }
+    if (group == 0)
+      mbarrier_wait(empty_bar, empty_parity);
+#pragma unroll
+    for (int i = 0; i < kGroup; ++i) {
+      const int row = first_row + (group + i) * kRowStep;
+      const int64_t slot = (kv_begin + row) & (kPageSize - 1);
+      const bool valid = pages[i] >= 0;
+      const int64_t page = valid ? pages[i] : 0;
+      const uint32_t offset = atom_offset(kBlockN, row, chunk);
+      cp_async_16(k_tile + offset, k_head + (valid ? page * k_page + slot * k_slot : 0) + chunk * 8,
+                  valid ? 16 : 0);
+      cp_async_16(v_tile + offset, v_head + (valid ? page * v_page + slot * v_slot : 0) + chunk * 8,
+                  valid ? 16 : 0);
+    }
+  }
+}
+} // namespace pagedc
+
+namespace pagedc {
+/// Whether a consumer warpgroup keeps one tile's O += P V in flight while it
+/// computes the next tile's S and softmax (the probabilities wait in
+/// registers): head dims up to 128; at 256 the second accumulator set does
+/// not fit beside O.
+constexpr bool kOverlap = kHeadDim <= 128;
+
+/// Issues S = Q K^T for one warpgroup (64 rows) and one K tile: both from
+/// shared memory, K-major, 16 head dims per wgmma.
+PAGEDC_DEVICE void issue_scores(float (&s_acc)[kBlockN / 2], uint32_t q_group, uint32_t k_tile) {
+#pragma unroll
+  for (int step = 0; step < kHeadDim / 16; ++step) {
+    const uint32_t atom = (step >> 2) * atom_bytes(64), within = (step & 3) * 32;
+    wgmma_ss<kBlockN, kIsBF16, false>(
+        s_acc, wgmma_descriptor(q_group + atom + within, 16, 1024, kSwizzle128),
+        wgmma_descriptor(k_tile + (step >> 2) * atom_bytes(kBlockN) + within, 16, 1024,
+                         kSwizzle128),
+        step > 0);
+  }
+}
+
+/// Issues O += P V: P from registers (the A fragment of each 16-key step),
+/// V N-major: 64 columns per atom (LBO), 8-row groups (SBO).
+PAGEDC_DEVICE void issue_pv(float (&o_acc)[kHeadDim / 2], const uint32_t (&p)[kBlockN / 16][4],
+                            uint32_t v_tile) {
+#pragma unroll
+  for (int step = 0; step < kBlockN / 16; ++step)
+    wgmma_rs<kHeadDim, kIsBF16, true>(
+        o_acc, p[step],
+        wgmma_descriptor(v_tile + step * 2048, atom_bytes(kBlockN), 1024, kSwizzle128), true);
+}
+
+/// Issues O += P V, waits for it, and releases the stage it read.
+PAGEDC_DEVICE void finish_pv(float (&o_acc)[kHeadDim / 2], const uint32_t (&p)[kBlockN / 16][4],
+                             uint32_t v_tile, uint32_t empty_bar) {
+  wgmma_fence_operands(o_acc);
+  wgmma_fence();
+  issue_pv(o_acc, p, v_tile);
+  wgmma_commit();
+  wgmma_wait<0>();
+  wgmma_fence_operands(o_acc);
+  mbarrier_arrive(empty_bar);
+}
+
+PAGEDC_DEVICE void zero_probabilities(uint32_t (&p)[kBlockN / 16][4]) {
+#pragma unroll
+  for (int step = 0; step < kBlockN / 16; ++step)
+#pragma unroll
+    for (int i = 0; i < 4; ++i)
+      p[step][i] = 0;
+}
+
+/// The A fragments of P for issue_pv, from the probabilities.
+PAGEDC_DEVICE void pack_probabilities(uint32_t (&p)[kBlockN / 16][4],
+                                      const float (&scores)[kBlockN / 8][4]) {
+#pragma unroll
+  for (int step = 0; step < kBlockN / 16; ++step) {
+    p[step][0] = pack_pair(scores[2 * step][0], scores[2 * step][1]);
+    p[step][1] = pack_pair(scores[2 * step][2], scores[2 * step][3]);
+    p[step][2] = pack_pair(scores[2 * step + 1][0], scores[2 * step + 1][1]);
+    p[step][3] = pack_pair(scores[2 * step + 1][2], scores[2 * step + 1][3]);
   }
 }
 } // namespace pagedc
@@ -88,17 +182,17 @@ extern "C" __global__ void __launch_bounds__(pagedc::kPrefillThreads, 1)
   const int h = tile.h, b = tile.b, row_begin = tile.row_begin, row_count = tile.row_count;
   const int kv_head = tile.kv_head, kv_len = tile.kv_len, q_offset = tile.q_offset;
 
-  // Shared memory: Q, two K/V stages, then the mbarriers.
+  // Shared memory: Q, the K/V stages, then the mbarriers.
   const uint32_t base = (shared_address(shared) + 1023u) & ~1023u;
   const uint32_t q_tile = base;
   constexpr uint32_t kStageBytes = 2 * kBlockN * kRowBytes;
   const uint32_t stages = q_tile + kBlockM * kRowBytes;
-  const uint32_t q_full = stages + 2 * kStageBytes;
-  const uint32_t full = q_full + 8, empty = q_full + 24;
+  const uint32_t q_full = stages + kStages * kStageBytes;
+  const uint32_t full = q_full + 8, empty = full + 8 * kStages;
   if (thread == 0) {
-    mbarrier_init(q_full, 32);
-    for (int s = 0; s < 2; ++s) {
-      mbarrier_init(full + 8 * s, 32);
+    mbarrier_init(q_full, 128);
+    for (int s = 0; s < kStages; ++s) {
+      mbarrier_init(full + 8 * s, 128);
       mbarrier_init(empty + 8 * s, kConsumerThreads);
     }
     fence_mbarrier_init();
@@ -111,15 +205,12 @@ extern "C" __global__ void __launch_bounds__(pagedc::kPrefillThreads, 1)
   const int pass_first = has_block_mask ? position_first / args.q_block_size : 0;
   const int pass_last = has_block_mask ? position_last / args.q_block_size : 0;
   if (thread < 128) {
-    // The producer warpgroup: warp 0 gathers, the others only give their
-    // registers away (setmaxnreg is warpgroup-wide).
+    // The producer warpgroup: its four warps gather.
     setmaxnreg_dec<kProducerRegisters>();
-    if (thread >= 32)
-      return;
     const Element *q_rows = static_cast<const Element *>(args.q) + b * args.q_stride[0] +
                             h * args.q_stride[1] + row_begin * args.q_stride[2];
 #pragma unroll 2
-    for (int index = lane; index < kBlockM * kChunksPerRow; index += 32) {
+    for (int index = thread; index < kBlockM * kChunksPerRow; index += 128) {
       const int row = index / kChunksPerRow, chunk = index % kChunksPerRow;
       const bool valid = row < row_count;
       cp_async_16(q_tile + (row >> 6) * (kHeadDim / 64) * atom_bytes(64) +
@@ -138,12 +229,11 @@ extern "C" __global__ void __launch_bounds__(pagedc::kPrefillThreads, 1)
       int list = 0, sub = 0;
       for (int kv = visits.seek(args, kv_len, list, sub); list < visits.list_count;
            visits.advance(list, sub), kv = visits.seek(args, kv_len, list, sub)) {
-        const int stage = visit & 1;
-        mbarrier_wait(empty + 8 * stage, ((visit >> 1) & 1) ^ 1);
+        const int stage = visit % kStages;
         const uint32_t k_tile = stages + stage * kStageBytes;
         gather_kv_stage(k_tile, k_tile + kBlockN * kRowBytes, k_head, v_head, args.k_stride[1],
                         args.k_stride[2], args.v_stride[1], args.v_stride[2], page_row, kv,
-                        kv_len, lane);
+                        kv_len, thread, empty + 8 * stage, ((visit / kStages) & 1) ^ 1);
         cp_async_mbarrier_arrive(full + 8 * stage);
         ++visit;
       }
@@ -171,6 +261,13 @@ extern "C" __global__ void __launch_bounds__(pagedc::kPrefillThreads, 1)
   }
   const uint32_t q_group = q_tile + group * (kHeadDim / 64) * atom_bytes(64);
   bool q_ready = false;
+  float(&o_acc)[kHeadDim / 2] = *reinterpret_cast<float(*)[kHeadDim / 2]>(&out[0][0]);
+  // The probabilities of the tile whose O += P V is still to be issued
+  // (kOverlap) or is issued right away, and where its V and stage are.
+  uint32_t p_pending[kBlockN / 16][4];
+  uint32_t v_pending = 0;
+  int pending_stage = 0;
+  bool pending = false;
 
   int visit = 0;
   for (int pass = pass_first; pass <= pass_last; ++pass) {
@@ -187,12 +284,16 @@ extern "C" __global__ void __launch_bounds__(pagedc::kPrefillThreads, 1)
     int list = 0, sub = 0;
     for (int kv_begin = visits.seek(args, kv_len, list, sub); list < visits.list_count;
          visits.advance(list, sub), kv_begin = visits.seek(args, kv_len, list, sub)) {
-      const int stage = visit & 1;
+      const int stage = visit % kStages;
       const bool is_full = visits.is_full(list);
+      mbarrier_wait(full + 8 * stage, (visit / kStages) & 1);
       ++visit;
-      mbarrier_wait(full + 8 * stage, ((visit - 1) >> 1) & 1);
-      if (!group_visible) {
+      if (!kOverlap && !group_visible) {
         // No row of this warpgroup belongs to the pass: release at once.
+        // (With kOverlap such tiles run as fully masked ones: a wgmma
+        // under this branch, to finish the pending tile, made ptxas
+        // serialize every wgmma of the kernel, and keeping the pending
+        // stage through the pass can starve the producer.)
         mbarrier_arrive(empty + 8 * stage);
         continue;
       }
@@ -206,20 +307,27 @@ extern "C" __global__ void __launch_bounds__(pagedc::kPrefillThreads, 1)
       const uint32_t k_tile = stages + stage * kStageBytes;
       const uint32_t v_tile = k_tile + kBlockN * kRowBytes;
 
+      // S = Q K^T, issued before the previous tile's O += P V so that the
+      // tensor cores run both while this warpgroup waits for S.
       float scores[kBlockN / 8][4];
       float(&s_acc)[kBlockN / 2] = *reinterpret_cast<float(*)[kBlockN / 2]>(&scores[0][0]);
       wgmma_fence();
-#pragma unroll
-      for (int step = 0; step < kHeadDim / 16; ++step) {
-        const uint32_t atom = (step >> 2) * atom_bytes(64), within = (step & 3) * 32;
-        wgmma_ss<kBlockN, kIsBF16, false>(
-            s_acc, wgmma_descriptor(q_group + atom + within, 16, 1024, kSwizzle128),
-            wgmma_descriptor(k_tile + (step >> 2) * atom_bytes(kBlockN) + within, 16, 1024,
-                             kSwizzle128),
-            step > 0);
-      }
+      issue_scores(s_acc, q_group, k_tile);
       wgmma_commit();
-      wgmma_wait<0>();
+      if constexpr (kOverlap) {
+        // Unconditionally (a wgmma under a branch makes ptxas serialize
+        // them all): with nothing pending, P is zero and V this tile's,
+        // whose rows are finite (zero-filled past kv_len).
+        if (!pending) {
+          zero_probabilities(p_pending);
+          v_pending = v_tile;
+        }
+        issue_pv(o_acc, p_pending, v_pending);
+        wgmma_commit();
+        wgmma_wait<1>();
+      } else {
+        wgmma_wait<0>();
+      }
       wgmma_fence_operands(s_acc);
 
       const bool check_mask[2] = {!is_full, !is_full};
@@ -227,30 +335,29 @@ extern "C" __global__ void __launch_bounds__(pagedc::kPrefillThreads, 1)
                             visible[0] && visible[1];
       apply_mods<kBlockN / 8>(scores, params, mask_rows, score_rows, b_of, h_of, q_of, visible,
                               check_mask, kv_begin, kv_len, args.scale, lane, all_kept);
-      online_softmax<kBlockN / 8>(state, scores, out);
-
-      // O += P V: P from registers (the A fragment of each 16-key step),
-      // V N-major: 64 columns per atom (LBO), 8-row groups (SBO).
-      float(&o_acc)[kHeadDim / 2] = *reinterpret_cast<float(*)[kHeadDim / 2]>(&out[0][0]);
-      wgmma_fence_operands(o_acc);
-      wgmma_fence();
-#pragma unroll
-      for (int step = 0; step < kBlockN / 16; ++step) {
-        const uint32_t p[4] = {pack_pair(scores[2 * step][0], scores[2 * step][1]),
-                               pack_pair(scores[2 * step][2], scores[2 * step][3]),
-                               pack_pair(scores[2 * step + 1][0], scores[2 * step + 1][1]),
-                               pack_pair(scores[2 * step + 1][2], scores[2 * step + 1][3])};
-        wgmma_rs<kHeadDim, kIsBF16, true>(
-            o_acc, p,
-            wgmma_descriptor(v_tile + step * 2048, atom_bytes(kBlockN), 1024, kSwizzle128),
-            true);
+      float rescale[2];
+      softmax_tile<kBlockN / 8>(state, scores, rescale);
+      if constexpr (kOverlap) {
+        // The previous tile's O += P V is done: its stage is free, and O
+        // takes this tile's rescale.
+        wgmma_wait<0>();
+        wgmma_fence_operands(o_acc);
+        if (pending)
+          mbarrier_arrive(empty + 8 * pending_stage);
       }
-      wgmma_commit();
-      wgmma_wait<0>();
-      wgmma_fence_operands(o_acc);
-      mbarrier_arrive(empty + 8 * stage);
+      rescale_rows(out, rescale);
+      pack_probabilities(p_pending, scores);
+      if constexpr (kOverlap) {
+        v_pending = v_tile;
+        pending_stage = stage;
+        pending = true;
+      } else {
+        finish_pv(o_acc, p_pending, v_tile, empty + 8 * stage);
+      }
     }
   }
+  if (kOverlap && pending)
+    finish_pv(o_acc, p_pending, v_pending, empty + 8 * pending_stage);
 
   // Epilogue: normalise, store out rows and lse.
   Element *out_base = static_cast<Element *>(args.out) + b * args.out_stride[0] +

@@ -386,7 +386,8 @@ PackCase drawCase(const Selection &selection, const CaseSpec &spec, uint64_t see
   return c;
 }
 
-KernelConfig attentionConfig(const PackCase &c, int64_t paramsSize, int queryTokens) {
+KernelConfig attentionConfig(const PackCase &c, int64_t paramsSize, int queryTokens,
+                             const std::string &arch) {
   KernelConfig config;
   config.kind = c.kind;
   config.elementType = c.dtype;
@@ -397,7 +398,7 @@ KernelConfig attentionConfig(const PackCase &c, int64_t paramsSize, int queryTok
   config.returnLse = c.returnLse;
   config.paramsSize = paramsSize;
   if (config.kind == KernelKind::Prefill)
-    config.choosePrefillShape();
+    config.choosePrefillShapeFor(arch);
   return config;
 }
 
@@ -551,7 +552,7 @@ int run(const Options &options) {
       c.maskReadsB = mods.maskDependence.b;
       c.maskReadsH = mods.maskDependence.h;
       const int queryTokens = spec.queryTokens == 1 ? 1 : 4;
-      request(label, attentionConfig(c, paramsSize, queryTokens), modCode);
+      request(label, attentionConfig(c, paramsSize, queryTokens, options.arch), modCode);
       if (c.qBlock)
         request(label, builderConfig(paramsSize), modCode);
       pack.cases.push_back(std::move(c));
@@ -705,7 +706,7 @@ int run(const Options &options) {
         config.pageSize = page;
         config.groupSize = b.headsQ / b.headsKv;
         config.paramsSize = paramsSize;
-        config.choosePrefillShape();
+        config.choosePrefillShapeFor(options.arch);
         request(b.label, config, benchCode.at(b.label));
         request(b.label, builderConfig(paramsSize), benchCode.at(b.label));
         benchConfigs.push_back({config, builderConfig(paramsSize)});

@@ -62,14 +62,12 @@ struct CudaTarget {
     result.kind = kind;
     const bool hopper = archs.size() == 1 && archs.front() == "sm_90a";
     if (kind == KernelKind::Prefill && !blockM) {
-      result.choosePrefillShape();
-      if (hopper && !warpRows && !std::getenv("PAGEDC_PREFILL_SHAPE")) {
-        // D 256: one consumer warpgroup and 32-key tiles (64 x 64 spilled
-        // 8-12 bytes for some corpus mask x score pairs at 255 registers).
-        result.blockM = result.headDim <= 128 ? 128 : 64;
-        result.blockN = result.headDim <= 128 ? 64 : 32;
-        result.warpRows = 64;
-      }
+      // sm_90a alone: warpgroup tiles (choosePrefillShapeFor); any other
+      // --arch list keeps the mma.sync tiles every target runs.
+      if (hopper && !warpRows)
+        result.choosePrefillShapeFor("sm_90a");
+      else
+        result.choosePrefillShape();
     }
     if (blockM) {
       result.blockM = blockM;

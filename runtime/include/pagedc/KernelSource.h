@@ -87,6 +87,13 @@ struct KernelConfig {
   /// (e.g. 64x64x16, the first design) overrides it for comparisons; a
   /// malformed value throws pagedc::Error naming it.
   void choosePrefillShape();
+  /// choosePrefillShape for a target: on sm_90 (an H100) at head dims up
+  /// to 128 the warpgroup tiles (128 x 64 rows, wgmma; sm_90a code, which
+  /// compileArchFor picks): on an H100 they ran causal prefill at 1.8-1.9x
+  /// the mma.sync tiles (bench/README.md). sm_90a: warpgroup tiles at every
+  /// head dim (64 x 32 at 256). Other targets (sm_80, the emulator's "emu")
+  /// and $PAGEDC_PREFILL_SHAPE: as choosePrefillShape.
+  void choosePrefillShapeFor(const std::string &arch);
   /// Throws pagedc::Error naming the first unsupported value.
   void validate() const;
   /// A canonical one-line description, e.g. "prefill bf16 d128 page16 ...".
@@ -97,6 +104,10 @@ struct KernelConfig {
   int threadsPerCta() const;
   /// Dynamic shared memory of the main kernel, in bytes.
   int sharedMemoryBytes() const;
+  /// Warpgroup prefill: K/V stages of the producer's ring, the most (up
+  /// to 4) whose shared memory fits an H100 CTA (227 KiB), at least 2.
+  /// 1 for the other kernels.
+  int prefillStages() const;
   /// Whether the kernel is sm_90a code: warpgroup prefill tiles (warpRows
   /// 64: wgmma, setmaxnreg), which no other architecture runs.
   bool needsSm90a() const;

@@ -383,7 +383,7 @@ KernelConfig chooseCudaAttentionConfig(const CompiledMods &mods, DType elementTy
       // Prefill reads the GQA ratio at run time: one kernel for every ratio.
       config.kind = KernelKind::Prefill;
       config.groupSize = 1;
-      config.choosePrefillShape();
+      config.choosePrefillShapeFor(arch);
     }
     config.validate();
     return config;

@@ -91,6 +91,19 @@ void KernelConfig::choosePrefillShape() {
   }
 }
 
+void KernelConfig::choosePrefillShapeFor(const std::string &arch) {
+  choosePrefillShape();
+  if (const char *shape = std::getenv("PAGEDC_PREFILL_SHAPE"); shape && *shape)
+    return;
+  if (arch == "sm_90a" || (arch == "sm_90" && headDim <= 128)) {
+    // D 256: one consumer warpgroup and 32-key tiles (64 x 64 spilled 8-12
+    // bytes for some corpus mask x score pairs at 255 registers).
+    blockM = headDim <= 128 ? 128 : 64;
+    blockN = headDim <= 128 ? 64 : 32;
+    warpRows = 64;
+  }
+}
+
 void KernelConfig::validate() const {
   if (elementType != DType::F16 && elementType != DType::BF16)
     throw Error(fmt::format("CUDA kernels take f16 or bf16 elements, not {}",
@@ -160,13 +173,32 @@ std::string KernelConfig::compileArchFor(const std::string &arch) const {
   return needsSm90a() && arch == "sm_90" ? std::string("sm_90a") : arch;
 }
 
+namespace {
+/// Warpgroup prefill shared memory with `stages` K/V stages: 1024 bytes to
+/// align the swizzled tiles, Q, the ring and the mbarriers (128 bytes).
+int wgmmaPrefillSharedBytes(const KernelConfig &config, int stages) {
+  const int rowBytes = config.headDim * 2;
+  return 1024 + (config.blockM + 2 * stages * config.blockN) * rowBytes + 128;
+}
+constexpr int kMaxSharedPerCta = 227 * 1024;
+} // namespace
+
+int KernelConfig::prefillStages() const {
+  if (kind != KernelKind::Prefill || warpRows != 64)
+    return 1;
+  for (int stages = 4; stages > 2; --stages)
+    if (wgmmaPrefillSharedBytes(*this, stages) <= kMaxSharedPerCta)
+      return stages;
+  return 2;
+}
+
 int KernelConfig::sharedMemoryBytes() const {
   const int rowBytes = headDim * 2;
   switch (kind) {
   case KernelKind::Prefill:
-    // Warpgroup tiles: 1024 bytes to align the swizzled tiles, and the
-    // mbarriers.
-    return (blockM + 4 * blockN) * rowBytes + (warpRows == 64 ? 1024 + 64 : 0);
+    if (warpRows == 64)
+      return wgmmaPrefillSharedBytes(*this, prefillStages());
+    return (blockM + 4 * blockN) * rowBytes;
   case KernelKind::Decode: {
     // Q tile, two K and two V stages, the class map, seen flags, and the
     // kv-warp merge maxima and sums (64 rows x kv-warps = 64 floats each).
@@ -268,6 +300,7 @@ KernelSource assembleKernel(const KernelConfig &config,
   code += fmt::format("constexpr int kDecodeHeadsPerCta = {};\n",
                       config.decodeHeadsPerCta());
   code += fmt::format("constexpr int kMaxSplitBlocks = {};\n", kMaxSplitBlocks);
+  code += fmt::format("constexpr int kPrefillStages = {};\n", config.prefillStages());
   code += fmt::format("constexpr bool kHasLse = {};\n",
                       config.returnLse ? "true" : "false");
   code += "} // namespace pagedc_config\n";

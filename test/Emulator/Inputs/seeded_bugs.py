@@ -117,30 +117,41 @@ BUGS = {
     # gathers arriving on it, wgmma.
     "wgmma-consumer-skips-full-wait": (
         "PrefillWgmma.cuh",
-        "      mbarrier_wait(full + 8 * stage, ((visit - 1) >> 1) & 1);\n",
+        "      mbarrier_wait(full + 8 * stage, (visit / kStages) & 1);\n",
         "",
         "wgmma"),
     "wgmma-stage-reused-before-release": (
         "PrefillWgmma.cuh",
-        "        mbarrier_wait(empty + 8 * stage, ((visit >> 1) & 1) ^ 1);\n",
+        "    if (group == 0)\n      mbarrier_wait(empty_bar, empty_parity);\n",
         "",
         "wgmma"),
     "wgmma-full-barrier-count-short": (
         "PrefillWgmma.cuh",
-        "      mbarrier_init(full + 8 * s, 32);",
-        "      mbarrier_init(full + 8 * s, 31);",
+        "      mbarrier_init(full + 8 * s, 128);",
+        "      mbarrier_init(full + 8 * s, 127);",
         "wgmma"),
     "wgmma-no-proxy-fence": (
         "PrefillWgmma.cuh",
         "      fence_proxy_async();\n",
         "",
         "wgmma"),
-    "wgmma-release-before-pv-wait": (
+    # The overlapped O += P V (one tile's PV in flight while the next
+    # tile's S and softmax run) with its stage released before it
+    # completes (at head dims <= 128 the release after the last tile's
+    # PV, which finish_pv does, has no later writer to race with); the
+    # producer warpgroup's gather copying every row from its first row's
+    # slot.
+    "wgmma-pending-stage-released-before-pv-wait": (
         "PrefillWgmma.cuh",
-        "      wgmma_commit();\n      wgmma_wait<0>();\n      wgmma_fence_operands(o_acc);\n"
-        "      mbarrier_arrive(empty + 8 * stage);\n",
-        "      wgmma_commit();\n      mbarrier_arrive(empty + 8 * stage);\n"
-        "      wgmma_wait<0>();\n      wgmma_fence_operands(o_acc);\n",
+        "        wgmma_wait<0>();\n        wgmma_fence_operands(o_acc);\n"
+        "        if (pending)\n          mbarrier_arrive(empty + 8 * pending_stage);\n",
+        "        if (pending)\n          mbarrier_arrive(empty + 8 * pending_stage);\n"
+        "        wgmma_wait<0>();\n        wgmma_fence_operands(o_acc);\n",
+        "wgmma"),
+    "wgmma-gather-slot-of-wrong-row": (
+        "PrefillWgmma.cuh",
+        "      const int64_t slot = (kv_begin + row) & (kPageSize - 1);\n",
+        "      const int64_t slot = (kv_begin + first_row) & (kPageSize - 1);\n",
         "wgmma"),
 }
 
