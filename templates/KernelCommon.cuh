@@ -429,16 +429,20 @@ template <int kTile> struct KvVisits {
 /// Folds a tile of log2-domain scores (masked = -inf) into the state, turns
 /// `scores` into probabilities, and gives each of the thread's two rows the
 /// factor its output accumulator must be scaled by (rescale_rows).
+///
+/// `factor` (> 0) multiplies the scores first (apply_mods with
+/// scale_in_softmax left the scale·log2(e) out: the softmax then spends an
+/// FFMA where a multiply and a subtraction were); 1 when they are scaled.
 template <int kNTiles>
 PAGEDC_DEVICE void softmax_tile(RowState &state, float (&scores)[kNTiles][4],
-                                float (&rescale)[2]) {
+                                float (&rescale)[2], float factor = 1.0f) {
 #pragma unroll
   for (int half = 0; half < 2; ++half) {
     float tile_max = -infinity();
 #pragma unroll
     for (int j = 0; j < kNTiles; ++j)
       tile_max = fmaxf(tile_max, fmaxf(scores[j][2 * half], scores[j][2 * half + 1]));
-    tile_max = quad_max(tile_max);
+    tile_max = quad_max(tile_max) * factor;
     float new_max = fmaxf(state.max[half], tile_max);
     // A row with nothing visible yet keeps max = -inf; subtract 0 instead so
     // that exp2 gives 0 rather than NaN.
@@ -448,8 +452,8 @@ PAGEDC_DEVICE void softmax_tile(RowState &state, float (&scores)[kNTiles][4],
     float sum = 0.0f;
 #pragma unroll
     for (int j = 0; j < kNTiles; ++j) {
-      scores[j][2 * half] = exp2_approx(scores[j][2 * half] - base);
-      scores[j][2 * half + 1] = exp2_approx(scores[j][2 * half + 1] - base);
+      scores[j][2 * half] = exp2_approx(fmaf(scores[j][2 * half], factor, -base));
+      scores[j][2 * half + 1] = exp2_approx(fmaf(scores[j][2 * half + 1], factor, -base));
       sum += scores[j][2 * half] + scores[j][2 * half + 1];
     }
     state.sum[half] = state.sum[half] * rescale[half] + sum;
@@ -482,7 +486,8 @@ PAGEDC_DEVICE void online_softmax(RowState &state, float (&scores)[kNTiles][4],
 /// is false for full blocks. `all_kept` (the same for the whole warp) says
 /// that every element is kept (a full block, every row visible, every key
 /// below kv_len): then only the scale and the score mod are applied, with
-/// no per-element tests.
+/// no per-element tests. `scale_in_softmax` (no score mod, scale > 0):
+/// the scale is left to softmax_tile's factor.
 template <int kNTiles>
 PAGEDC_DEVICE void apply_mods(float (&scores)[kNTiles][4],
                               const pagedc_mods::Params &params,
@@ -492,8 +497,10 @@ PAGEDC_DEVICE void apply_mods(float (&scores)[kNTiles][4],
                               const int (&q)[2], const bool (&visible)[2],
                               const bool (&check_mask)[2], int kv_base,
                               int kv_len, float scale, int lane,
-                              bool all_kept = false) {
+                              bool all_kept = false, bool scale_in_softmax = false) {
   if (all_kept) {
+    if (!pagedc_mods::kHasScore && scale_in_softmax)
+      return;
 #pragma unroll
     for (int j = 0; j < kNTiles; ++j)
 #pragma unroll
@@ -531,7 +538,7 @@ PAGEDC_DEVICE void apply_mods(float (&scores)[kNTiles][4],
                            kLog2e
                      : 0.0f;
       } else {
-        logit = scores[j][e] * (scale * kLog2e);
+        logit = scale_in_softmax ? scores[j][e] : scores[j][e] * (scale * kLog2e);
       }
       scores[j][e] = keep ? logit : -infinity();
     }

@@ -70,6 +70,9 @@ PAGEDC_DEVICE uint32_t atom_offset(int rows, int row, int chunk) {
 /// pages of up to 8 of its rows at once (before the wait, for the first 8),
 /// so their loads overlap each other and the wait instead of each copy
 /// waiting on its own.
+/// kSameLayout: K and V pages have the same strides (the runtime's
+/// caches do), so one offset serves both copies.
+template <bool kSameLayout>
 PAGEDC_DEVICE void gather_kv_stage(uint32_t k_tile, uint32_t v_tile, const Element *k_head,
                                    const Element *v_head, int64_t k_page, int64_t k_slot,
                                    int64_t v_page, int64_t v_slot, const int32_t *page_row,
@@ -98,10 +101,11 @@ PAGEDC_DEVICE void gather_kv_stage(uint32_t k_tile, uint32_t v_tile, const Eleme
       const bool valid = pages[i] >= 0;
       const int64_t page = valid ? pages[i] : 0;
       const uint32_t offset = atom_offset(kBlockN, row, chunk);
-      cp_async_16(k_tile + offset, k_head + (valid ? page * k_page + slot * k_slot : 0) + chunk * 8,
-                  valid ? 16 : 0);
-      cp_async_16(v_tile + offset, v_head + (valid ? page * v_page + slot * v_slot : 0) + chunk * 8,
-                  valid ? 16 : 0);
+      const int64_t k_offset = valid ? page * k_page + slot * k_slot + chunk * 8 : 0;
+      const int64_t v_offset =
+          kSameLayout ? k_offset : (valid ? page * v_page + slot * v_slot + chunk * 8 : 0);
+      cp_async_16(k_tile + offset, k_head + k_offset, valid ? 16 : 0);
+      cp_async_16(v_tile + offset, v_head + v_offset, valid ? 16 : 0);
     }
   }
 }
@@ -114,37 +118,45 @@ namespace pagedc {
 /// not fit beside O.
 constexpr bool kOverlap = kHeadDim <= 128;
 
+/// A descriptor moved `bytes` (a multiple of 16) further in shared memory:
+/// the start address is its low 14 bits in 16-byte units, and every
+/// address a tile here uses fits them (shared memory < 256 KiB), so the
+/// sum never carries out of the field.
+PAGEDC_DEVICE uint64_t descriptor_plus(uint64_t descriptor, uint32_t bytes) {
+  return descriptor + (bytes >> 4);
+}
+
 /// Issues S = Q K^T for one warpgroup (64 rows) and one K tile: both from
-/// shared memory, K-major, 16 head dims per wgmma.
-PAGEDC_DEVICE void issue_scores(float (&s_acc)[kBlockN / 2], uint32_t q_group, uint32_t k_tile) {
+/// shared memory, K-major, 16 head dims per wgmma. `q_desc` and `k_desc`
+/// describe the tiles' starts (built once: descriptor arithmetic per step
+/// and tile cost ~100 uniform instructions a tile on an H100).
+PAGEDC_DEVICE void issue_scores(float (&s_acc)[kBlockN / 2], uint64_t q_desc, uint64_t k_desc) {
 #pragma unroll
   for (int step = 0; step < kHeadDim / 16; ++step) {
-    const uint32_t atom = (step >> 2) * atom_bytes(64), within = (step & 3) * 32;
+    const uint32_t within = (step & 3) * 32;
     wgmma_ss<kBlockN, kIsBF16, false>(
-        s_acc, wgmma_descriptor(q_group + atom + within, 16, 1024, kSwizzle128),
-        wgmma_descriptor(k_tile + (step >> 2) * atom_bytes(kBlockN) + within, 16, 1024,
-                         kSwizzle128),
-        step > 0);
+        s_acc, descriptor_plus(q_desc, (step >> 2) * atom_bytes(64) + within),
+        descriptor_plus(k_desc, (step >> 2) * atom_bytes(kBlockN) + within), step > 0);
   }
 }
 
 /// Issues O += P V: P from registers (the A fragment of each 16-key step),
-/// V N-major: 64 columns per atom (LBO), 8-row groups (SBO).
+/// V N-major: 64 columns per atom (LBO), 8-row groups (SBO); `v_desc`
+/// describes the V tile's start.
 PAGEDC_DEVICE void issue_pv(float (&o_acc)[kHeadDim / 2], const uint32_t (&p)[kBlockN / 16][4],
-                            uint32_t v_tile) {
+                            uint64_t v_desc) {
 #pragma unroll
   for (int step = 0; step < kBlockN / 16; ++step)
-    wgmma_rs<kHeadDim, kIsBF16, true>(
-        o_acc, p[step],
-        wgmma_descriptor(v_tile + step * 2048, atom_bytes(kBlockN), 1024, kSwizzle128), true);
+    wgmma_rs<kHeadDim, kIsBF16, true>(o_acc, p[step], descriptor_plus(v_desc, step * 2048),
+                                      true);
 }
 
 /// Issues O += P V, waits for it, and releases the stage it read.
 PAGEDC_DEVICE void finish_pv(float (&o_acc)[kHeadDim / 2], const uint32_t (&p)[kBlockN / 16][4],
-                             uint32_t v_tile, uint32_t empty_bar) {
+                             uint64_t v_desc, uint32_t empty_bar) {
   wgmma_fence_operands(o_acc);
   wgmma_fence();
-  issue_pv(o_acc, p, v_tile);
+  issue_pv(o_acc, p, v_desc);
   wgmma_commit();
   wgmma_wait<0>();
   wgmma_fence_operands(o_acc);
@@ -221,6 +233,9 @@ extern "C" __global__ void __launch_bounds__(pagedc::kPrefillThreads, 1)
     const Element *k_head = static_cast<const Element *>(args.k_cache) + kv_head * args.k_stride[0];
     const Element *v_head = static_cast<const Element *>(args.v_cache) + kv_head * args.v_stride[0];
     const int32_t *page_row = args.page_table + b * args.page_table_stride;
+    // (Not at D 256: the two gathers spilled the producer's 56 registers.)
+    const bool same_layout = kOverlap && args.k_stride[1] == args.v_stride[1] &&
+                             args.k_stride[2] == args.v_stride[2];
     int visit = 0;
     for (int pass = pass_first; pass <= pass_last; ++pass) {
       KvVisits<kBlockN> visits;
@@ -231,9 +246,16 @@ extern "C" __global__ void __launch_bounds__(pagedc::kPrefillThreads, 1)
            visits.advance(list, sub), kv = visits.seek(args, kv_len, list, sub)) {
         const int stage = visit % kStages;
         const uint32_t k_tile = stages + stage * kStageBytes;
-        gather_kv_stage(k_tile, k_tile + kBlockN * kRowBytes, k_head, v_head, args.k_stride[1],
-                        args.k_stride[2], args.v_stride[1], args.v_stride[2], page_row, kv,
-                        kv_len, thread, empty + 8 * stage, ((visit / kStages) & 1) ^ 1);
+        if (same_layout)
+          gather_kv_stage<true>(k_tile, k_tile + kBlockN * kRowBytes, k_head, v_head,
+                                args.k_stride[1], args.k_stride[2], args.v_stride[1],
+                                args.v_stride[2], page_row, kv, kv_len, thread, empty + 8 * stage,
+                                ((visit / kStages) & 1) ^ 1);
+        else
+          gather_kv_stage<false>(k_tile, k_tile + kBlockN * kRowBytes, k_head, v_head,
+                                 args.k_stride[1], args.k_stride[2], args.v_stride[1],
+                                 args.v_stride[2], page_row, kv, kv_len, thread, empty + 8 * stage,
+                                 ((visit / kStages) & 1) ^ 1);
         cp_async_mbarrier_arrive(full + 8 * stage);
         ++visit;
       }
@@ -260,12 +282,20 @@ extern "C" __global__ void __launch_bounds__(pagedc::kPrefillThreads, 1)
     score_rows[half] = pagedc_mods::score_row(params, b, h, q_of[half]);
   }
   const uint32_t q_group = q_tile + group * (kHeadDim / 64) * atom_bytes(64);
+  const uint64_t q_desc = wgmma_descriptor(q_group, 16, 1024, kSwizzle128);
+  const uint64_t k_desc0 = wgmma_descriptor(stages, 16, 1024, kSwizzle128);
+  const uint64_t v_desc0 =
+      wgmma_descriptor(stages + kBlockN * kRowBytes, atom_bytes(kBlockN), 1024, kSwizzle128);
+  // No score mod and a positive scale: the softmax applies scale·log2(e)
+  // with an FFMA instead of a multiply per score here.
+  const bool scale_in_softmax = !pagedc_mods::kHasScore && args.scale > 0.0f;
+  const float softmax_factor = scale_in_softmax ? args.scale * kLog2e : 1.0f;
   bool q_ready = false;
   float(&o_acc)[kHeadDim / 2] = *reinterpret_cast<float(*)[kHeadDim / 2]>(&out[0][0]);
   // The probabilities of the tile whose O += P V is still to be issued
   // (kOverlap) or is issued right away, and where its V and stage are.
   uint32_t p_pending[kBlockN / 16][4];
-  uint32_t v_pending = 0;
+  uint64_t v_pending = 0;
   int pending_stage = 0;
   bool pending = false;
 
@@ -304,15 +334,15 @@ extern "C" __global__ void __launch_bounds__(pagedc::kPrefillThreads, 1)
       // cp.async wrote the tiles through the generic proxy; wgmma reads
       // them through the async proxy.
       fence_proxy_async();
-      const uint32_t k_tile = stages + stage * kStageBytes;
-      const uint32_t v_tile = k_tile + kBlockN * kRowBytes;
+      const uint64_t k_desc = descriptor_plus(k_desc0, stage * kStageBytes);
+      const uint64_t v_desc = descriptor_plus(v_desc0, stage * kStageBytes);
 
       // S = Q K^T, issued before the previous tile's O += P V so that the
       // tensor cores run both while this warpgroup waits for S.
       float scores[kBlockN / 8][4];
       float(&s_acc)[kBlockN / 2] = *reinterpret_cast<float(*)[kBlockN / 2]>(&scores[0][0]);
       wgmma_fence();
-      issue_scores(s_acc, q_group, k_tile);
+      issue_scores(s_acc, q_desc, k_desc);
       wgmma_commit();
       if constexpr (kOverlap) {
         // Unconditionally (a wgmma under a branch makes ptxas serialize
@@ -320,7 +350,7 @@ extern "C" __global__ void __launch_bounds__(pagedc::kPrefillThreads, 1)
         // whose rows are finite (zero-filled past kv_len).
         if (!pending) {
           zero_probabilities(p_pending);
-          v_pending = v_tile;
+          v_pending = v_desc;
         }
         issue_pv(o_acc, p_pending, v_pending);
         wgmma_commit();
@@ -334,9 +364,10 @@ extern "C" __global__ void __launch_bounds__(pagedc::kPrefillThreads, 1)
       const bool all_kept = (is_full || !pagedc_mods::kHasMask) && kv_begin + kBlockN <= kv_len &&
                             visible[0] && visible[1];
       apply_mods<kBlockN / 8>(scores, params, mask_rows, score_rows, b_of, h_of, q_of, visible,
-                              check_mask, kv_begin, kv_len, args.scale, lane, all_kept);
+                              check_mask, kv_begin, kv_len, args.scale, lane, all_kept,
+                              scale_in_softmax);
       float rescale[2];
-      softmax_tile<kBlockN / 8>(state, scores, rescale);
+      softmax_tile<kBlockN / 8>(state, scores, rescale, softmax_factor);
       if constexpr (kOverlap) {
         // The previous tile's O += P V is done: its stage is free, and O
         // takes this tile's rescale.
@@ -345,14 +376,18 @@ extern "C" __global__ void __launch_bounds__(pagedc::kPrefillThreads, 1)
         if (pending)
           mbarrier_arrive(empty + 8 * pending_stage);
       }
-      rescale_rows(out, rescale);
+      // Once the row maxima settle the factor is exactly 1 for every row of
+      // the warp: skip the 64 multiplies then (exact either way; at D 256,
+      // where ptxas then spilled, they always run).
+      if (!kOverlap || __ballot_sync(0xffffffffu, rescale[0] != 1.0f || rescale[1] != 1.0f))
+        rescale_rows(out, rescale);
       pack_probabilities(p_pending, scores);
       if constexpr (kOverlap) {
-        v_pending = v_tile;
+        v_pending = v_desc;
         pending_stage = stage;
         pending = true;
       } else {
-        finish_pv(o_acc, p_pending, v_tile, empty + 8 * stage);
+        finish_pv(o_acc, p_pending, v_desc, empty + 8 * stage);
       }
     }
   }
