@@ -9,6 +9,7 @@ import tempfile
 import unittest
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "..", "bench", "gpu"))
+import model_vs_measured  # noqa: E402
 import report  # noqa: E402
 import torch_flex  # noqa: E402
 
@@ -84,6 +85,23 @@ class Report(unittest.TestCase):
         missing = report.merge(ours, None)
         self.assertEqual(missing[0]["anchor_status"], "missing")
         self.assertFalse(report.targets(missing)[1]["met"])
+
+
+class ModelVsMeasured(unittest.TestCase):
+    def test_compare(self):
+        model = {"configurations": [
+            {"name": "a", "status": "modelled", "devices": {"H100": {"modelled_us": 10.0}}},
+            {"name": "b", "status": "modelled", "devices": {"H100": {"modelled_us": 20.0}}},
+            {"name": "c", "status": "error", "devices": {}}]}
+        bench = {"configurations": [
+            {"name": "a", "kind": "decode", "status": "ok", "median_ms": 0.02},
+            {"name": "b", "kind": "decode", "status": "error", "median_ms": 0.0},
+            {"name": "c", "kind": "decode", "status": "ok", "median_ms": 0.01},
+            {"name": "d", "kind": "decode", "status": "ok", "median_ms": 0.01}]}
+        rows = model_vs_measured.compare(model, bench)
+        self.assertEqual([r["name"] for r in rows], ["a"])
+        self.assertAlmostEqual(rows[0]["measured_over_modelled"], 2.0)
+        self.assertAlmostEqual(model_vs_measured.geomean([2.0, 8.0]), 4.0)
 
 
 if __name__ == "__main__":
