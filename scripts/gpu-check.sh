@@ -4,8 +4,8 @@
 #   scripts/gpu-check.sh [--dry-run] [--also PACK2] [PACK_DIR]   (default: gpu-pack/)
 #
 # --also PACK2: a second pack (e.g. one prepared with
-# PAGEDC_PREFILL_SHAPE=128x64x64, whose prefill bundles are the sm_90a
-# warpgroup kernel) is checked and benchmarked after the first, its files
+# PAGEDC_PREFILL_SHAPE=64x64x16, whose prefill bundles are the mma.sync
+# kernel, for comparison) is checked and benchmarked after the first, its files
 # prefixed "also-". Every step is killed after PAGEDC_STEP_TIMEOUT_S seconds
 # (default 300): a hung kernel fails its step instead of the whole call.
 #
@@ -74,16 +74,9 @@ if [[ $dry == 0 ]] && command -v nvidia-smi >/dev/null; then
 fi
 
 # (0) Build: runtime only.
-fmt_args=()
-if [[ ! -f /usr/include/fmt/format.h && ! -f /usr/local/include/fmt/format.h ]] ||
-   [[ -n "${PAGEDC_FORCE_PACK_FMT:-}" ]]; then
-  fmt_args=(-Dfmt_DIR="$pack/deps/fmt")
-fi
-# xxHash and nlohmann/json: the system's, else the pack's copies.
-[[ -d "$pack/deps/include" ]] && fmt_args+=(-DPAGEDC_EXTRA_INCLUDE="$pack/deps/include")
-step "configure (runtime only)" cmake -S "$root" -B "$build" -G Ninja \
-  -DPAGEDC_ENABLE_COMPILER=OFF -DPAGEDC_BUILD_TESTS=OFF -DPAGEDC_BUILD_BENCHMARKS=OFF \
-  "${fmt_args[@]}" || exit 1
+source "$root/scripts/gpu-runtime-args.sh"
+runtime_cmake_args "$pack"
+step "configure (runtime only)" cmake -S "$root" -B "$build" -G Ninja "${runtime_args[@]}" || exit 1
 step "build" ninja -C "$build" -j"$jobs" pagedc-gpu pagedc-device-query || exit 1
 gpu="$build/bin/pagedc-gpu"
 

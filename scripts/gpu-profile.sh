@@ -23,12 +23,9 @@ out=${OUT:-$root/gpu-results}
 build=${PAGEDC_GPU_RT_BUILD:-$root/build-gpu-check}
 mkdir -p "$out"
 if [[ ! -x "$build/bin/pagedc-gpu" ]]; then
-  fmt_args=()
-  [[ -f /usr/include/fmt/format.h || -f /usr/local/include/fmt/format.h ]] ||
-    fmt_args=(-Dfmt_DIR="$pack/deps/fmt")
-  [[ -d "$pack/deps/include" ]] && fmt_args+=(-DPAGEDC_EXTRA_INCLUDE="$pack/deps/include")
-  cmake -S "$root" -B "$build" -G Ninja -DPAGEDC_ENABLE_COMPILER=OFF -DPAGEDC_BUILD_TESTS=OFF \
-    -DPAGEDC_BUILD_BENCHMARKS=OFF "${fmt_args[@]}" >/dev/null || exit 1
+  source "$root/scripts/gpu-runtime-args.sh"
+  runtime_cmake_args "$pack"
+  cmake -S "$root" -B "$build" -G Ninja "${runtime_args[@]}" >/dev/null || exit 1
   ninja -C "$build" -j"$(nproc)" pagedc-gpu >/dev/null || exit 1
 fi
 failures=0

@@ -67,8 +67,16 @@ const char *kernelKindName(KernelKind kind) {
   return "?";
 }
 
+namespace {
+/// $PAGEDC_PREFILL_SHAPE when set and not empty, else null.
+const char *prefillShapeOverride() {
+  const char *shape = std::getenv("PAGEDC_PREFILL_SHAPE");
+  return shape && *shape ? shape : nullptr;
+}
+} // namespace
+
 void KernelConfig::choosePrefillShape() {
-  if (const char *shape = std::getenv("PAGEDC_PREFILL_SHAPE"); shape && *shape) {
+  if (const char *shape = prefillShapeOverride()) {
     int m = 0, n = 0, w = 0;
     char tail = 0;
     if (std::sscanf(shape, "%dx%dx%d%c", &m, &n, &w, &tail) != 3)
@@ -93,7 +101,7 @@ void KernelConfig::choosePrefillShape() {
 
 void KernelConfig::choosePrefillShapeFor(const std::string &arch) {
   choosePrefillShape();
-  if (const char *shape = std::getenv("PAGEDC_PREFILL_SHAPE"); shape && *shape)
+  if (prefillShapeOverride())
     return;
   if (arch == "sm_90a" || (arch == "sm_90" && headDim <= 128)) {
     // D 256: one consumer warpgroup and 32-key tiles (64 x 64 spilled 8-12
