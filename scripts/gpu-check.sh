@@ -1,8 +1,16 @@
 #!/usr/bin/env bash
 # The GPU check, run ON the GPU machine in one command (no LLVM there):
 #
-#   scripts/gpu-check.sh [--dry-run] [--also PACK2] [PACK_DIR]   (default: gpu-pack/)
+#   scripts/gpu-check.sh [--dry-run] [--prefill-options] [--also PACK2] [PACK_DIR]
+#                                                             (default: gpu-pack/)
 #
+# --prefill-options: the pack's prefill checks and benchmarks again with each
+# launch option of the warpgroup prefill (off by default until measured):
+# "tma" (PAGEDC_PREFILL_TMA=1: K/V pages of 16 rows or more copied with
+# tensor maps), "pingpong" (PAGEDC_PREFILL_PINGPONG=1: the consumer
+# warpgroups take turns) and "tma-pingpong" (both), each with a
+# compute-sanitizer memcheck of one prefill case of 16-row pages; files
+# prefixed with the option's name.
 # --also PACK2: a second pack (e.g. one prepared with
 # PAGEDC_PREFILL_SHAPE=64x64x16, whose prefill bundles are the mma.sync
 # kernel, for comparison) is checked and benchmarked after the first, its files
@@ -30,11 +38,13 @@ root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 dry=0
 pack=""
 also=""
+options=0
 for arg in "$@"; do
   case "$arg" in
     --dry-run) dry=1 ;;
+    --prefill-options) options=1 ;;
     --also) expect_also=1; continue ;;
-    -h|--help) sed -n '2,30p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,38p' "$0"; exit 0 ;;
     *) if [[ ${expect_also:-0} == 1 ]]; then also="$arg"; else pack="$arg"; fi ;;
   esac
   expect_also=0
@@ -80,12 +90,35 @@ step "configure (runtime only)" cmake -S "$root" -B "$build" -G Ninja "${runtime
 step "build" ninja -C "$build" -j"$jobs" pagedc-gpu pagedc-device-query || exit 1
 gpu="$build/bin/pagedc-gpu"
 
+# The warpgroup prefill's launch options (--prefill-options) and the case
+# each one's memcheck runs.
+variants=()
+if [[ $options == 1 ]]; then
+  variants=("tma:PAGEDC_PREFILL_TMA=1" "pingpong:PAGEDC_PREFILL_PINGPONG=1"
+            "tma-pingpong:PAGEDC_PREFILL_TMA=1 PAGEDC_PREFILL_PINGPONG=1")
+  options_case=$(python3 - "$pack" <<'EOF'
+import json, sys
+pack = json.load(open(sys.argv[1] + "/pack.json"))
+cases = [c for c in pack["cases"] if c["kind"] == "prefill" and c["page_size"] >= 16
+         and c["q_block"] > 0]
+cases.sort(key=lambda c: c["batch"] * c["heads_q"] * c["q_len"] * c["max_kv_len"])
+print(cases[0]["name"] if cases else "")
+EOF
+)
+fi
+
 if [[ $dry == 1 ]]; then
   step "check --dry-run" "$gpu" check "$pack" --dry-run --json "$out/gpu-check.json"
   step "bench --dry-run" "$gpu" bench "$pack" --dry-run --json "$out/gpu-bench-pagedc.json"
   if [[ -n "$also" ]]; then
     step "check --dry-run (also: $also)" "$gpu" check "$also" --dry-run --json "$out/also-gpu-check.json"
   fi
+  for variant in "${variants[@]}"; do
+    label=${variant%%:*}
+    settings=${variant#*:}
+    step "check --dry-run ($settings; memcheck case: ${options_case:-none})" env $settings "$gpu" check \
+      "$pack" --dry-run --filter prefill --json "$out/$label-gpu-check.json"
+  done
   note "gpu-check (dry run): $failures step(s) failed"
   exit $((failures > 0))
 fi
@@ -135,6 +168,23 @@ if [[ -n "$also" ]]; then
   fi
 fi
 
+# (5) The warpgroup prefill's launch options, on the same pack.
+if [[ $options == 1 ]]; then
+  for variant in "${variants[@]}"; do
+    label=${variant%%:*}
+    settings=${variant#*:}
+    step "check ($settings)" env $settings "$gpu" check "$pack" --filter prefill \
+      --json "$out/$label-gpu-check.json"
+    if [[ -n "$options_case" ]] && command -v compute-sanitizer >/dev/null; then
+      step "compute-sanitizer memcheck $options_case ($settings)" env $settings \
+        compute-sanitizer --tool memcheck --error-exitcode 3 \
+        --log-file "$out/$label-sanitizer.txt" "$gpu" check "$pack" --filter "$options_case"
+    fi
+    step "bench (pagedc, $settings)" env $settings "$gpu" bench "$pack" --filter prefill \
+      --json "$out/$label-gpu-bench-pagedc.json"
+  done
+fi
+
 PYTHONUNBUFFERED=1 step_limit=$((budget + 180)) step "bench (PyTorch flex_attention + PagedAttention, SDPA flash)" \
   python3 "$root/bench/gpu/torch_flex.py" --pack "$pack" --json "$out/gpu-bench-torch.json" \
   --budget-s "$budget"
@@ -145,6 +195,12 @@ if [[ -n "$also" ]]; then
   step "report (also)" python3 "$root/bench/gpu/report.py" "$out/also-gpu-bench-pagedc.json" \
     "$out/gpu-bench-torch.json" --json "$out/also-gpu-bench.json"
 fi
+
+for variant in "${variants[@]}"; do
+  label=${variant%%:*}
+  step "report ($label)" python3 "$root/bench/gpu/report.py" "$out/$label-gpu-bench-pagedc.json" \
+    "$out/gpu-bench-torch.json" --json "$out/$label-gpu-bench.json"
+done
 
 note "gpu-check: $failures step(s) failed; results in $out"
 exit $((failures > 0))

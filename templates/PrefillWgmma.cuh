@@ -14,7 +14,12 @@
 //    looks up the pages of 8 of its rows at once, the first 8 before the
 //    wait on the empty barrier (gather_kv_stage). (Run on an H100, a single
 //    producer warp waiting on a page-table load per copy, with two stages,
-//    held the kernel to 165-184 TFLOP/s: the consumers starved.)
+//    held the kernel to 165-184 TFLOP/s: the consumers starved.) When the
+//    launch binds tensor maps of the caches (the third parameter,
+//    PagedcWgmmaPrefillArgs) and pages hold 16 rows or more, thread 0
+//    copies each tile below kv_len with one cp.async.bulk.tensor per page
+//    and 64 head dims instead (tma_kv_stage); the tile holding kv_len is
+//    gathered, zero-filled past it.
 //  - each consumer warpgroup computes S = Q K^T with wgmma (both operands
 //    in shared memory, 128-byte swizzled, K-major), applies the mods and the
 //    online softmax to the accumulators (a thread holds two rows, as with
@@ -45,8 +50,13 @@ constexpr int kPrefillThreads = kConsumerThreads + 128;
 /// Registers per thread after setmaxnreg: the producer warpgroup gives
 /// registers to the consumers (one CTA per SM: 64 K registers in all); one
 /// consumer warpgroup takes all it can address (D 256 spilled 28-44 bytes
-/// at 240 with bias score mods).
-constexpr int kProducerRegisters = 56;
+/// at 240 with bias score mods), which leaves the producer 96 (at 56 the
+/// tensor-map copies spilled 24 bytes at D 256).
+constexpr int kProducerRegisters = kConsumerGroups == 1 ? 96 : 56;
+/// Named barriers kTurnBarrier and kTurnBarrier + 1: the consumer
+/// warpgroups' turns to issue wgmmas when they ping-pong (0 is
+/// __syncthreads).
+constexpr unsigned kTurnBarrier = 1;
 constexpr int kConsumerRegisters = kConsumerGroups == 1 ? 256 : 224;
 static_assert(128 * kProducerRegisters + kConsumerThreads * kConsumerRegisters <= 65536,
               "setmaxnreg asks for more registers than an SM has");
@@ -106,6 +116,54 @@ PAGEDC_DEVICE void gather_kv_stage(uint32_t k_tile, uint32_t v_tile, const Eleme
           kSameLayout ? k_offset : (valid ? page * v_page + slot * v_slot + chunk * 8 : 0);
       cp_async_16(k_tile + offset, k_head + k_offset, valid ? 16 : 0);
       cp_async_16(v_tile + offset, v_head + v_offset, valid ? 16 : 0);
+    }
+  }
+}
+
+/// Pages of at least this many rows are copied with bulk tensor copies
+/// when the launch enabled them (PagedcWgmmaPrefillArgs): one box of
+/// kTmaBoxRows rows x 64 head dims per page and atom, 2-8 KiB. Smaller pages
+/// would take more boxes per tile than the gather takes copies per thread.
+constexpr int kTmaPageRows = 16;
+/// (Not at D 256 with two consumer warpgroups: the producer's 56
+/// registers spilled 64 bytes around the 32 copies of a tile.)
+constexpr bool kTmaPages = kPageSize >= kTmaPageRows && (kHeadDim <= 128 || kConsumerGroups == 1);
+constexpr int kTmaBoxRows = kPageSize < kBlockN ? kPageSize : kBlockN;
+/// Pages (boxes per atom column) in one KV tile.
+constexpr int kTmaTilePages = kBlockN / kTmaBoxRows;
+
+/// The producer warpgroup's copy of the K and V rows [kv_begin, kv_begin +
+/// kBlockN), all below kv_len, into one stage with bulk tensor copies:
+/// thread 0 looks up the tile's pages (before the wait on the stage's
+/// empty mbarrier), arrives on the full mbarrier expecting the stage's
+/// bytes and copies one box per page and 64 head dims of K and of V; every
+/// other producer thread arrives (the full mbarrier expects the
+/// warpgroup's 128 arrivals, as after a gather). Rows of a page outside the
+/// tensor (a page index out of range) arrive as zeros.
+PAGEDC_DEVICE void tma_kv_stage(uint32_t k_tile, uint32_t v_tile, const TensorMap *k_map,
+                                const TensorMap *v_map, const int32_t *page_row, int kv_begin,
+                                int kv_head, int thread, uint32_t full_bar, uint32_t empty_bar,
+                                unsigned empty_parity) {
+  if (thread != 0) {
+    mbarrier_wait(empty_bar, empty_parity);
+    mbarrier_arrive(full_bar);
+    return;
+  }
+  int32_t pages[kTmaTilePages];
+#pragma unroll
+  for (int i = 0; i < kTmaTilePages; ++i)
+    pages[i] = page_row[(kv_begin >> kLog2PageSize) + i];
+  mbarrier_wait(empty_bar, empty_parity);
+  mbarrier_arrive_expect_tx(full_bar, 2u * kBlockN * kRowBytes);
+  const int first_slot = kv_begin & (kPageSize - 1);
+#pragma unroll
+  for (int i = 0; i < kTmaTilePages; ++i) {
+    const uint32_t row_offset = static_cast<uint32_t>(i) * kTmaBoxRows * 128;
+#pragma unroll
+    for (int atom = 0; atom < kHeadDim / 64; ++atom) {
+      const int at[4] = {64 * atom, first_slot, pages[i], kv_head};
+      bulk_tensor_g2s<4>(k_tile + atom * atom_bytes(kBlockN) + row_offset, k_map, at, full_bar);
+      bulk_tensor_g2s<4>(v_tile + atom * atom_bytes(kBlockN) + row_offset, v_map, at, full_bar);
     }
   }
 }
@@ -186,7 +244,8 @@ PAGEDC_DEVICE void pack_probabilities(uint32_t (&p)[kBlockN / 16][4],
 
 extern "C" __global__ void __launch_bounds__(pagedc::kPrefillThreads, 1)
     pagedc_prefill(const __grid_constant__ PagedcAttentionKernelArgs args,
-                   const __grid_constant__ pagedc_mods::Params params) {
+                   const __grid_constant__ pagedc_mods::Params params,
+                   const __grid_constant__ PagedcWgmmaPrefillArgs wg) {
   using namespace pagedc;
   PAGEDC_EXTERN_SHARED(unsigned char, shared);
   const int thread = threadIdx.x, lane = thread & 31;
@@ -211,14 +270,21 @@ extern "C" __global__ void __launch_bounds__(pagedc::kPrefillThreads, 1)
   }
   __syncthreads();
 
-  const bool has_block_mask = args.kv_num_blocks != nullptr;
-  const int position_first = q_offset + row_begin;
-  const int position_last = q_offset + row_begin + row_count - 1;
-  const int pass_first = has_block_mask ? position_first / args.q_block_size : 0;
-  const int pass_last = has_block_mask ? position_last / args.q_block_size : 0;
+  // The block-mask rows (passes) the CTA's rows straddle; computed in each
+  // branch (live across the producer / consumer split, the value was
+  // spilled once the producer could copy with tensor maps).
+  auto first_pass = [&]() {
+    return args.kv_num_blocks != nullptr ? (q_offset + row_begin) / args.q_block_size : 0;
+  };
+  auto last_pass = [&]() {
+    return args.kv_num_blocks != nullptr
+               ? (q_offset + row_begin + row_count - 1) / args.q_block_size
+               : 0;
+  };
   if (thread < 128) {
     // The producer warpgroup: its four warps gather.
     setmaxnreg_dec<kProducerRegisters>();
+    const int pass_first = first_pass(), pass_last = last_pass();
     const Element *q_rows = static_cast<const Element *>(args.q) + b * args.q_stride[0] +
                             h * args.q_stride[1] + row_begin * args.q_stride[2];
 #pragma unroll 2
@@ -236,6 +302,9 @@ extern "C" __global__ void __launch_bounds__(pagedc::kPrefillThreads, 1)
     // (Not at D 256: the two gathers spilled the producer's 56 registers.)
     const bool same_layout = kOverlap && args.k_stride[1] == args.v_stride[1] &&
                              args.k_stride[2] == args.v_stride[2];
+    // Tiles below kv_len by bulk tensor copies when the launch gave maps
+    // (the tail tile is gathered: its rows past kv_len must be zeros).
+    const bool use_tma = kTmaPages && wg.tensor_maps != 0;
     int visit = 0;
     for (int pass = pass_first; pass <= pass_last; ++pass) {
       KvVisits<kBlockN> visits;
@@ -246,6 +315,17 @@ extern "C" __global__ void __launch_bounds__(pagedc::kPrefillThreads, 1)
            visits.advance(list, sub), kv = visits.seek(args, kv_len, list, sub)) {
         const int stage = visit % kStages;
         const uint32_t k_tile = stages + stage * kStageBytes;
+        if constexpr (kTmaPages) {
+          if (use_tma && kv + kBlockN <= kv_len) {
+            tma_kv_stage(k_tile, k_tile + kBlockN * kRowBytes,
+                         reinterpret_cast<const TensorMap *>(wg.k_map),
+                         reinterpret_cast<const TensorMap *>(wg.v_map), page_row, kv, kv_head,
+                         thread, full + 8 * stage, empty + 8 * stage,
+                         ((visit / kStages) & 1) ^ 1);
+            ++visit;
+            continue;
+          }
+        }
         if (same_layout)
           gather_kv_stage<true>(k_tile, k_tile + kBlockN * kRowBytes, k_head, v_head,
                                 args.k_stride[1], args.k_stride[2], args.v_stride[1],
@@ -264,6 +344,7 @@ extern "C" __global__ void __launch_bounds__(pagedc::kPrefillThreads, 1)
   // A consumer warpgroup: rows group_row .. group_row + 63 of the CTA (the
   // other branch of one if / else: ptxas applies setmaxnreg per branch).
   setmaxnreg_inc<kConsumerRegisters>();
+  const int pass_first = first_pass(), pass_last = last_pass();
   const int consumer = thread - 128, group = consumer >> 7, warp = (consumer >> 5) & 3;
   const int group_row = 64 * group;
   int q_of[2];
@@ -291,6 +372,14 @@ extern "C" __global__ void __launch_bounds__(pagedc::kPrefillThreads, 1)
   const bool scale_in_softmax = !pagedc_mods::kHasScore && args.scale > 0.0f;
   const float softmax_factor = scale_in_softmax ? args.scale * kLog2e : 1.0f;
   bool q_ready = false;
+  // Ping-pong (wg.ping_pong, two consumer warpgroups, kOverlap): named
+  // barrier kTurnBarrier + g is warpgroup g's turn to issue its wgmmas;
+  // each waits for its turn, issues S and the previous P V, and hands the
+  // turn over, so the tensor cores run one warpgroup's products while the
+  // other computes its softmax. Warpgroup 0 goes first.
+  const bool ping_pong = kOverlap && kConsumerGroups == 2 && wg.ping_pong != 0;
+  if (ping_pong && group == 1)
+    named_barrier_arrive(kTurnBarrier, 256);
   float(&o_acc)[kHeadDim / 2] = *reinterpret_cast<float(*)[kHeadDim / 2]>(&out[0][0]);
   // The probabilities of the tile whose O += P V is still to be issued
   // (kOverlap) or is issued right away, and where its V and stage are.
@@ -341,6 +430,8 @@ extern "C" __global__ void __launch_bounds__(pagedc::kPrefillThreads, 1)
       // tensor cores run both while this warpgroup waits for S.
       float scores[kBlockN / 8][4];
       float(&s_acc)[kBlockN / 2] = *reinterpret_cast<float(*)[kBlockN / 2]>(&scores[0][0]);
+      if (ping_pong)
+        named_barrier_sync(kTurnBarrier + group, 256);
       wgmma_fence();
       issue_scores(s_acc, q_desc, k_desc);
       wgmma_commit();
@@ -354,6 +445,8 @@ extern "C" __global__ void __launch_bounds__(pagedc::kPrefillThreads, 1)
         }
         issue_pv(o_acc, p_pending, v_pending);
         wgmma_commit();
+        if (ping_pong)
+          named_barrier_arrive(kTurnBarrier + (group ^ 1), 256);
         wgmma_wait<1>();
       } else {
         wgmma_wait<0>();
@@ -391,6 +484,10 @@ extern "C" __global__ void __launch_bounds__(pagedc::kPrefillThreads, 1)
       }
     }
   }
+  // Warpgroup 1's last hand-over (its first turn was given before the
+  // loop) is taken here, so no named barrier is left half arrived.
+  if (ping_pong && group == 0)
+    named_barrier_sync(kTurnBarrier, 256);
   if (kOverlap && pending)
     finish_pv(o_acc, p_pending, v_pending, empty + 8 * pending_stage);
 

@@ -114,9 +114,10 @@ std::string describeLaunch(const KernelLaunch &launch) {
   size_t bytes = 0;
   for (const auto &argument : launch.arguments)
     bytes += argument.size();
-  return fmt::format("{} grid ({}, {}, {}) block {} smem {} args {} B", launch.kernel,
+  return fmt::format("{} grid ({}, {}, {}) block {} smem {} args {} B{}{}", launch.kernel,
                      launch.grid[0], launch.grid[1], launch.grid[2], launch.block[0],
-                     launch.sharedMemoryBytes, bytes);
+                     launch.sharedMemoryBytes, bytes, launch.note.empty() ? "" : ", ",
+                     launch.note);
 }
 
 /// Bundles read once per pack, every module's cubin validated.
@@ -744,6 +745,7 @@ std::vector<BenchResult> benchPack(const Pack &pack, const RunOptions &options,
         }
         std::shared_ptr<const CudaKernel> kernel = cudaKernelFor(mods, config, dev);
         CudaAttentionLaunch launch(kernel, args, params, b.kvLength, maxVisibleKv);
+        launch.applyPrefillOptions(cache->kCache().size(1), cache->vCache().size(1));
         for (const KernelLaunch &planned : launch.plan().launches)
           result.launches.push_back(describeLaunch(planned));
         CudaTimer timer(dev);

@@ -186,6 +186,13 @@ public:
                       const PagedcAttentionKernelArgs &args,
                       std::vector<unsigned char> params, int maxKvLength,
                       int64_t maxVisibleKv = -1);
+  /// The warpgroup prefill's options from the environment: ping-pong
+  /// consumers ($PAGEDC_PREFILL_PINGPONG, setPrefillPingPong) and tensor
+  /// maps of the caches, which hold `kPages` and `vPages` pages
+  /// ($PAGEDC_PREFILL_TMA, bindPrefillTensorMaps). Returns the launch's
+  /// note ("tensor maps", "gather (<why>)", either + ", ping-pong"), or ""
+  /// for other kernels.
+  std::string applyPrefillOptions(int64_t kPages, int64_t vPages);
   /// Launches the call's kernels on `stream` (checks each launch).
   void enqueue(cu::Stream stream);
   const AttentionLaunchPlan &plan() const { return plan_; }

@@ -130,6 +130,12 @@ public:
     cu::Result (*eventElapsedTime)(float *, cu::Event, cu::Event);
     /// cuLaunchKernelEx; null when the driver has none (before CUDA 12).
     cu::Result (*launchKernelEx)(const cu::LaunchConfig *, cu::Function, void **, void **);
+    /// cuTensorMapEncodeTiled (CUDA 12); null when the driver has none.
+    cu::Result (*tensorMapEncodeTiled)(void *tensorMap, int dataType, unsigned rank,
+                                       void *globalAddress, const uint64_t *globalDim,
+                                       const uint64_t *globalStrides, const unsigned *boxDim,
+                                       const unsigned *elementStrides, int interleave,
+                                       int swizzle, int l2Promotion, int oobFill);
   };
 
   /// The process-wide driver (cuInit done); throws pagedc::Error with the

@@ -33,6 +33,9 @@ struct KernelLaunch {
   bool programmaticDependent = false;
   /// Kernel parameters in order, each as the bytes of its value.
   std::vector<std::vector<unsigned char>> arguments;
+  /// How the launch copies its data where there is a choice, for reports
+  /// (the warpgroup prefill: "tensor maps" or "gather (<why>)").
+  std::string note;
   /// cuLaunchKernel's kernelParams: pointers into `arguments`, valid while
   /// this object is alive and unchanged.
   std::vector<void *> parameterPointers();
@@ -110,6 +113,39 @@ struct DecodeSplitProblem {
 /// of the device's CTA slots its waves keep busy, and the merge launch; the
 /// fewest splits within 1% of the cheapest. No split is left empty.
 DecodeSplitChoice chooseDecodeSplits(const DecodeSplitProblem &problem);
+
+/// Pages of at least this many rows are what the warpgroup prefill copies
+/// with tensor maps (templates/PrefillWgmma.cuh, kTmaPageRows).
+constexpr int kPrefillTmaPageRows = 16;
+
+/// Whether $PAGEDC_PREFILL_TMA asks the warpgroup prefill to copy K/V pages
+/// with tensor maps: "1" yes; unset, empty or "0" no (the default until a
+/// GPU has measured them: docs/kernels.md); any other value throws
+/// pagedc::Error naming it.
+bool prefillTensorMapsRequested();
+
+/// Whether $PAGEDC_PREFILL_PINGPONG asks the warpgroup prefill's two
+/// consumer warpgroups to take turns issuing their wgmmas (named barriers:
+/// one's softmax under the other's products): "1" yes; unset, empty or "0"
+/// no (the default until a GPU has measured it); anything else throws.
+bool prefillPingPongRequested();
+
+/// Sets the ping-pong switch in the warpgroup prefill's third argument
+/// (nothing for other kernels); the launch's note ends in ", ping-pong"
+/// when on. Kernels with one consumer warpgroup or head dim 256 ignore it.
+void setPrefillPingPong(AttentionLaunchPlan &plan, bool on);
+
+/// Encodes tensor maps of the plan's k_cache and v_cache ([Hkv, kPages or
+/// vPages, pageSize, D], the strides of plan.args) with the driver's
+/// cuTensorMapEncodeTiled into the warpgroup prefill's third argument and
+/// enables them. Returns "" when they are bound, else why the kernel will
+/// gather every tile instead (not the warpgroup prefill, pages under
+/// kPrefillTmaPageRows rows, head dim 256 with 128-row tiles (two consumer
+/// warpgroups), no cuTensorMapEncodeTiled, a layout the
+/// tensor-map unit does not take, the driver's refusal); the launch's note
+/// says which.
+std::string bindPrefillTensorMaps(const CudaDriver &driver, const KernelConfig &config,
+                                  AttentionLaunchPlan &plan, int64_t kPages, int64_t vPages);
 
 /// The block-mask builder's launch: grid (num_q_blocks, heads, batch).
 KernelLaunch planBlockMaskBuild(const PagedcBlockMaskKernelArgs &args,

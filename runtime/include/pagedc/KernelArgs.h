@@ -81,6 +81,29 @@ typedef struct PagedcAttentionKernelArgs {
   int32_t first_q_block;
 } PagedcAttentionKernelArgs;
 
+/// The warpgroup prefill's third parameter (templates/PrefillWgmma.cuh):
+/// how it copies K/V and schedules its consumer warpgroups. All zeros: the
+/// producer gathers every tile with cp.async and the consumers issue their
+/// wgmmas as they come.
+typedef struct PagedcWgmmaPrefillArgs {
+  /// Tensor maps (CUtensorMap, cuTensorMapEncodeTiled) of k_cache and
+  /// v_cache as [Hkv, numPages, pageSize, D]: boxes of 64 elements x
+  /// min(pageSize, KV tile) rows, 128-byte swizzle.
+#ifdef __cplusplus
+  alignas(64) uint64_t k_map[16];
+  alignas(64) uint64_t v_map[16];
+#else
+  _Alignas(64) uint64_t k_map[16];
+  _Alignas(64) uint64_t v_map[16];
+#endif
+  /// 1: the maps are valid; tiles below kv_len of pages of 16 rows or more
+  /// are copied with one bulk tensor copy per page and 64 head dims.
+  int32_t tensor_maps;
+  /// 1: the two consumer warpgroups take turns issuing their wgmmas (named
+  /// barriers), so one's softmax runs under the other's matrix products.
+  int32_t ping_pong;
+} PagedcWgmmaPrefillArgs;
+
 /// Arguments of the block-mask builder kernel. Outputs use BlockMask.h's
 /// layout with batch = `batch` and heads = `heads`.
 typedef struct PagedcBlockMaskKernelArgs {

@@ -577,6 +577,18 @@ CudaAttentionLaunch::CudaAttentionLaunch(std::shared_ptr<const CudaKernel> kerne
   }
 }
 
+std::string CudaAttentionLaunch::applyPrefillOptions(int64_t kPages, int64_t vPages) {
+  if (plan_.launches.empty() || plan_.launches[0].arguments.size() != 3)
+    return "";
+  setPrefillPingPong(plan_, prefillPingPongRequested());
+  if (prefillTensorMapsRequested())
+    bindPrefillTensorMaps(cudaUseDevice(kernel_->device), kernel_->config, plan_, kPages, vPages);
+  else
+    plan_.launches[0].note = std::string("gather (PAGEDC_PREFILL_TMA is not 1)") +
+                             (prefillPingPongRequested() ? ", ping-pong" : "");
+  return plan_.launches[0].note;
+}
+
 void CudaAttentionLaunch::enqueue(cu::Stream stream) {
   const CudaDriver &driver = cudaUseDevice(kernel_->device);
   for (KernelLaunch &launch : plan_.launches) {
@@ -770,6 +782,7 @@ void pagedAttention(const cpu::PagedAttentionArgs &args, Device device, void *st
     maxVisibleKv = decodeVisibleSpan(*mask, batch, headsQ, queryLength, args.kvLength,
                                      args.qOffset);
   CudaAttentionLaunch launch(kernel, kernelArgs, std::move(params), maxKvLength, maxVisibleKv);
+  launch.applyPrefillOptions(args.kCache.size(1), args.vCache.size(1));
   launch.enqueue(stream);
   // The staging buffers die with this call.
   driver.check(driver.api().streamSynchronize(stream), "cuStreamSynchronize (attention)");

@@ -150,6 +150,9 @@ const Loaded &loadDriver() {
     // Optional: programmatic dependent launches fall back to cuLaunchKernel.
     api.launchKernelEx =
         reinterpret_cast<decltype(api.launchKernelEx)>(dlsym(handle, "cuLaunchKernelEx"));
+    // Optional: without it the warpgroup prefill gathers every tile.
+    api.tensorMapEncodeTiled = reinterpret_cast<decltype(api.tensorMapEncodeTiled)>(
+        dlsym(handle, "cuTensorMapEncodeTiled"));
     if (!missing.empty()) {
       result.error = fmt::format("the NVIDIA driver {} lacks:{}", result.path, missing);
       return result;

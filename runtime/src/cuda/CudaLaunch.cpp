@@ -9,6 +9,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <cstdlib>
 #include <cstring>
 #include <limits>
 
@@ -236,6 +237,12 @@ AttentionLaunchPlan planAttention(const KernelConfig &config,
     main.grid[1] = 1;
     main.grid[2] = 1;
     main.arguments = {bytesOf(args), params};
+    if (config.warpRows == 64) {
+      // The warpgroup prefill's tensor maps: off until bound
+      // (bindPrefillTensorMaps).
+      main.arguments.push_back(bytesOf(PagedcWgmmaPrefillArgs{}));
+      main.note = "gather (tensor maps not bound)";
+    }
     plan.launches.push_back(std::move(main));
     return plan;
   }
@@ -289,6 +296,115 @@ AttentionLaunchPlan planAttention(const KernelConfig &config,
     plan.launches.push_back(std::move(merge));
   }
   return plan;
+}
+
+namespace {
+/// A 0/1 switch from the environment: unset, empty or "0" off, "1" on.
+bool environmentSwitch(const char *name, const char *what) {
+  const char *value = std::getenv(name);
+  if (!value || !*value || std::strcmp(value, "0") == 0)
+    return false;
+  if (std::strcmp(value, "1") == 0)
+    return true;
+  throw Error(fmt::format("{} is '{}': expected 1 ({}) or 0", name, value, what));
+}
+} // namespace
+
+bool prefillTensorMapsRequested() {
+  return environmentSwitch("PAGEDC_PREFILL_TMA",
+                           "tensor-map copies of K/V pages in the warpgroup prefill");
+}
+
+bool prefillPingPongRequested() {
+  return environmentSwitch("PAGEDC_PREFILL_PINGPONG",
+                           "ping-pong consumer warpgroups in the warpgroup prefill");
+}
+
+void setPrefillPingPong(AttentionLaunchPlan &plan, bool on) {
+  if (plan.launches.empty() || plan.launches[0].arguments.size() != 3)
+    return;
+  KernelLaunch &launch = plan.launches[0];
+  PagedcWgmmaPrefillArgs extra;
+  std::memcpy(&extra, launch.arguments[2].data(), sizeof(extra));
+  const bool was = extra.ping_pong != 0;
+  extra.ping_pong = on ? 1 : 0;
+  launch.arguments[2] = bytesOf(extra);
+  const std::string suffix = ", ping-pong";
+  if (was && launch.note.size() >= suffix.size() &&
+      launch.note.compare(launch.note.size() - suffix.size(), suffix.size(), suffix) == 0)
+    launch.note.resize(launch.note.size() - suffix.size());
+  if (on)
+    launch.note += suffix;
+}
+
+std::string bindPrefillTensorMaps(const CudaDriver &driver, const KernelConfig &config,
+                                  AttentionLaunchPlan &plan, int64_t kPages, int64_t vPages) {
+  if (config.kind != KernelKind::Prefill || config.warpRows != 64 || plan.launches.empty() ||
+      plan.launches[0].arguments.size() != 3)
+    return "not the warpgroup prefill";
+  KernelLaunch &launch = plan.launches[0];
+  PagedcWgmmaPrefillArgs maps;
+  std::memcpy(&maps, launch.arguments[2].data(), sizeof(maps));
+  const std::string pingPongNote = maps.ping_pong ? ", ping-pong" : "";
+  // Off until both maps are encoded.
+  maps.tensor_maps = 0;
+  launch.arguments[2] = bytesOf(maps);
+  auto refuse = [&](std::string why) {
+    launch.note = "gather (" + why + ")" + pingPongNote;
+    return why;
+  };
+  if (config.pageSize < kPrefillTmaPageRows)
+    return refuse(fmt::format("pages of {} rows, under {}", config.pageSize, kPrefillTmaPageRows));
+  // As PrefillWgmma.cuh's kTmaPages.
+  if (config.headDim > 128 && config.blockM == 128)
+    return refuse("head dim 256 with two consumer warpgroups");
+  if (!driver.api().tensorMapEncodeTiled)
+    return refuse("the driver has no cuTensorMapEncodeTiled");
+  const PagedcAttentionKernelArgs &args = plan.args;
+  struct Cache {
+    const void *data;
+    const int64_t *stride;
+    int64_t pages;
+    uint64_t *map;
+    const char *name;
+  };
+  const unsigned boxRows = static_cast<unsigned>(std::min(config.pageSize, config.blockN));
+  for (const Cache &cache : {Cache{args.k_cache, args.k_stride, kPages, maps.k_map, "k_cache"},
+                             Cache{args.v_cache, args.v_stride, vPages, maps.v_map, "v_cache"}}) {
+    // [Hkv, pages, pageSize, D], innermost first; strides in bytes.
+    const uint64_t dims[4] = {uint64_t(config.headDim), uint64_t(config.pageSize),
+                              uint64_t(std::max<int64_t>(cache.pages, 0)),
+                              uint64_t(std::max(args.heads_kv, 0))};
+    // (One KV head: its stride is never stepped, and a compact view may
+    // give any; the map takes the cache's extent.)
+    const int64_t headStride =
+        args.heads_kv == 1 ? cache.stride[1] * std::max<int64_t>(cache.pages, 1) : cache.stride[0];
+    const uint64_t strides[3] = {uint64_t(cache.stride[2]) * 2, uint64_t(cache.stride[1]) * 2,
+                                 uint64_t(headStride) * 2};
+    const unsigned box[4] = {64, boxRows, 1, 1}, elementStrides[4] = {1, 1, 1, 1};
+    if (cache.pages < 1 || cache.pages > (int64_t(1) << 32))
+      return refuse(fmt::format("{} has {} pages", cache.name, cache.pages));
+    if (reinterpret_cast<uintptr_t>(cache.data) % 16 != 0)
+      return refuse(fmt::format("{} is not 16-byte aligned", cache.name));
+    for (int d = 0; d < 3; ++d)
+      if (int64_t(strides[d]) <= 0 || strides[d] % 16 != 0 || strides[d] >= (uint64_t(1) << 40))
+        return refuse(fmt::format("{}'s stride {} in bytes is not a multiple of 16 under 2^40",
+                                  cache.name, strides[d]));
+    // CU_TENSOR_MAP_DATA_TYPE_BFLOAT16 9, FLOAT16 6; no interleave; the
+    // 128-byte swizzle (3) the kernel's tiles use; L2 promotion 128 B (2);
+    // out-of-bound elements read as zeros (0).
+    const int dataType = config.elementType == DType::BF16 ? 9 : 6;
+    const cu::Result status = driver.api().tensorMapEncodeTiled(
+        cache.map, dataType, 4, const_cast<void *>(cache.data), dims, strides, box,
+        elementStrides, 0, 3, 2, 0);
+    if (status != 0)
+      return refuse(fmt::format("cuTensorMapEncodeTiled refused {}: error {}", cache.name,
+                                status));
+  }
+  maps.tensor_maps = 1;
+  launch.arguments[2] = bytesOf(maps);
+  launch.note = "tensor maps" + pingPongNote;
+  return "";
 }
 
 KernelLaunch planBlockMaskBuild(const PagedcBlockMaskKernelArgs &args,

@@ -153,6 +153,38 @@ BUGS = {
         "      const int64_t slot = (kv_begin + row) & (kPageSize - 1);\n",
         "      const int64_t slot = (kv_begin + first_row) & (kPageSize - 1);\n",
         "wgmma"),
+    # The warpgroup prefill's tensor-map copies (PAGEDC_PREFILL_TMA=1): the
+    # full mbarrier told to expect K's bytes only, thread 0 copying into a
+    # stage its consumers have not released, every box read from the
+    # tile's first page.
+    "tma-expect-tx-short": (
+        "PrefillWgmma.cuh",
+        "  mbarrier_arrive_expect_tx(full_bar, 2u * kBlockN * kRowBytes);\n",
+        "  mbarrier_arrive_expect_tx(full_bar, 1u * kBlockN * kRowBytes);\n",
+        "wgmma-tma"),
+    "tma-stage-reused-before-release": (
+        "PrefillWgmma.cuh",
+        "    pages[i] = page_row[(kv_begin >> kLog2PageSize) + i];\n"
+        "  mbarrier_wait(empty_bar, empty_parity);\n",
+        "    pages[i] = page_row[(kv_begin >> kLog2PageSize) + i];\n",
+        "wgmma-tma"),
+    "tma-every-box-from-first-page": (
+        "PrefillWgmma.cuh",
+        "    pages[i] = page_row[(kv_begin >> kLog2PageSize) + i];\n",
+        "    pages[i] = page_row[kv_begin >> kLog2PageSize];\n",
+        "wgmma-tma"),
+    # Ping-pong consumer warpgroups (PAGEDC_PREFILL_PINGPONG=1): the first
+    # turn never given, a warpgroup handing the turn to itself.
+    "pingpong-first-turn-never-given": (
+        "PrefillWgmma.cuh",
+        "  if (ping_pong && group == 1)\n    named_barrier_arrive(kTurnBarrier, 256);\n",
+        "",
+        "wgmma-pingpong"),
+    "pingpong-turn-handed-to-self": (
+        "PrefillWgmma.cuh",
+        "          named_barrier_arrive(kTurnBarrier + (group ^ 1), 256);\n",
+        "          named_barrier_arrive(kTurnBarrier + group, 256);\n",
+        "wgmma-pingpong"),
 }
 
 
@@ -194,6 +226,15 @@ def main():
         # consumer warpgroups.
         "wgmma": dict(q=(1, 4, 150, 128), k=(1, 2, 300, 128), extra=["--q-offset", "end"],
                       env={"PAGEDC_PREFILL_SHAPE": "128x64x64"}),
+        # The same with K/V pages copied by tensor maps (the tiles below
+        # kv_len; the tail tile, keys 256-299, gathered).
+        "wgmma-tma": dict(q=(1, 4, 150, 128), k=(1, 2, 300, 128), extra=["--q-offset", "end"],
+                          env={"PAGEDC_PREFILL_SHAPE": "128x64x64", "PAGEDC_PREFILL_TMA": "1"}),
+        # And with its consumer warpgroups taking turns (gathered tiles).
+        "wgmma-pingpong": dict(q=(1, 4, 150, 128), k=(1, 2, 300, 128),
+                               extra=["--q-offset", "end"],
+                               env={"PAGEDC_PREFILL_SHAPE": "128x64x64",
+                                    "PAGEDC_PREFILL_PINGPONG": "1"}),
     }
     env = dict(os.environ)
     env.setdefault("PAGEDC_CACHE_DIR", os.path.join(work, "cache"))

@@ -14,6 +14,7 @@
 #include <gtest/gtest.h>
 
 #include <cstddef>
+#include <cstdlib>
 #include <cstring>
 
 using namespace pagedc;
@@ -100,6 +101,81 @@ TEST(CudaLaunch, PrefillDryRun) {
   EXPECT_EQ(packed.heads_q, 32);
   EXPECT_EQ(packed.scale, 0.125f);
   EXPECT_EQ(std::memcmp(pointers[1], params.data(), 16), 0);
+}
+
+// The warpgroup prefill takes a third parameter, its tensor maps, which a
+// plan packs disabled (zeros) until bindPrefillTensorMaps fills them: the
+// kernel then gathers every tile. The mma.sync prefill has two.
+TEST(CudaLaunch, WarpgroupPrefillPlansDisabledTensorMaps) {
+  KernelConfig config;
+  config.blockM = 128;
+  config.blockN = 64;
+  config.warpRows = 64;
+  PagedcAttentionKernelArgs args = callArgs(2, 8, 2, 300);
+  AttentionLaunchPlan plan = planAttention(config, args, std::vector<unsigned char>(4), 300, 132);
+  ASSERT_EQ(plan.launches.size(), 1u);
+  const KernelLaunch &launch = plan.launches[0];
+  ASSERT_EQ(launch.arguments.size(), 3u);
+  ASSERT_EQ(launch.arguments[2].size(), sizeof(PagedcWgmmaPrefillArgs));
+  EXPECT_EQ(sizeof(PagedcWgmmaPrefillArgs), 320u);
+  EXPECT_EQ(alignof(PagedcWgmmaPrefillArgs), 64u);
+  EXPECT_EQ(offsetof(PagedcWgmmaPrefillArgs, v_map), 128u);
+  EXPECT_EQ(offsetof(PagedcWgmmaPrefillArgs, tensor_maps), 256u);
+  EXPECT_EQ(offsetof(PagedcWgmmaPrefillArgs, ping_pong), 260u);
+  for (unsigned char byte : launch.arguments[2])
+    ASSERT_EQ(byte, 0);
+  EXPECT_EQ(launch.note, "gather (tensor maps not bound)");
+
+  // Ping-pong: the switch and the note, on and off again.
+  setPrefillPingPong(plan, true);
+  PagedcWgmmaPrefillArgs extra;
+  std::memcpy(&extra, plan.launches[0].arguments[2].data(), sizeof(extra));
+  EXPECT_EQ(extra.ping_pong, 1);
+  EXPECT_EQ(extra.tensor_maps, 0);
+  EXPECT_EQ(plan.launches[0].note, "gather (tensor maps not bound), ping-pong");
+  setPrefillPingPong(plan, false);
+  std::memcpy(&extra, plan.launches[0].arguments[2].data(), sizeof(extra));
+  EXPECT_EQ(extra.ping_pong, 0);
+  EXPECT_EQ(plan.launches[0].note, "gather (tensor maps not bound)");
+
+  KernelConfig mma; // 64 x 64, 16 rows per warp
+  AttentionLaunchPlan plain = planAttention(mma, args, std::vector<unsigned char>(4), 300, 132);
+  EXPECT_EQ(plain.launches[0].arguments.size(), 2u);
+  EXPECT_EQ(plain.launches[0].note, "");
+  setPrefillPingPong(plain, true); // no third argument: nothing to set
+  EXPECT_EQ(plain.launches[0].arguments.size(), 2u);
+  EXPECT_EQ(plain.launches[0].note, "");
+}
+
+TEST(CudaLaunch, PrefillSwitchesFromTheEnvironment) {
+  for (const auto &[name, read] :
+       {std::pair<const char *, bool (*)()>{"PAGEDC_PREFILL_TMA", prefillTensorMapsRequested},
+        std::pair<const char *, bool (*)()>{"PAGEDC_PREFILL_PINGPONG",
+                                            prefillPingPongRequested}}) {
+    const char *saved = std::getenv(name);
+    const std::string restore = saved ? saved : "";
+    unsetenv(name);
+    EXPECT_FALSE(read()) << name;
+    setenv(name, "0", 1);
+    EXPECT_FALSE(read()) << name;
+    setenv(name, "", 1);
+    EXPECT_FALSE(read()) << name;
+    setenv(name, "1", 1);
+    EXPECT_TRUE(read()) << name;
+    setenv(name, "yes", 1);
+    try {
+      read();
+      ADD_FAILURE() << name << "=yes was taken";
+    } catch (const Error &error) {
+      EXPECT_NE(std::string(error.what()).find(std::string(name) + " is 'yes'"),
+                std::string::npos)
+          << error.what();
+    }
+    if (saved)
+      setenv(name, restore.c_str(), 1);
+    else
+      unsetenv(name);
+  }
 }
 
 TEST(CudaLaunch, DecodeDryRunSplitsAndMerges) {

@@ -13,6 +13,7 @@
 
 #include "pagedc/Attention.h"
 #include "pagedc/CudaAttention.h"
+#include "pagedc/CudaLaunch.h"
 #include "pagedc/Error.h"
 #include "pagedc/KernelCache.h"
 #include "pagedc/Nvrtc.h"
@@ -20,6 +21,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstring>
 #include <filesystem>
 
 #include <unistd.h>
@@ -349,6 +351,92 @@ void compareWithCpu(int queryLength) {
   EXPECT_EQ(nonFinite, 0) << "unwritten (NaN-poisoned) or non-finite outputs";
   EXPECT_GT(norm, 0.0);
   EXPECT_LE(std::sqrt(error / norm), 1e-2);
+}
+
+// bindPrefillTensorMaps with a driver (the emulator's in CI): maps encoded
+// for pages of 16 rows and more, and a reason, with the maps left off, for
+// everything else. Addresses are never dereferenced.
+TEST(CudaKernels, PrefillTensorMapsBindOrSayWhy) {
+  std::string why;
+  if (!CudaDriver::available(&why))
+    GTEST_SKIP() << "no CUDA driver: " << why;
+  const CudaDriver &driver = CudaDriver::get();
+  if (!driver.api().tensorMapEncodeTiled)
+    GTEST_SKIP() << "the driver has no cuTensorMapEncodeTiled";
+  KernelConfig config;
+  config.blockM = 128;
+  config.blockN = 64;
+  config.warpRows = 64;
+  PagedcAttentionKernelArgs args{};
+  args.q = reinterpret_cast<void *>(0x7f0000100000);
+  args.k_cache = reinterpret_cast<void *>(0x7f0000200000);
+  args.v_cache = reinterpret_cast<void *>(0x7f0000300000);
+  args.out = reinterpret_cast<void *>(0x7f0000400000);
+  args.page_table = reinterpret_cast<const int32_t *>(0x7f0000500000);
+  args.kv_len = reinterpret_cast<const int32_t *>(0x7f0000600000);
+  args.batch = 1;
+  args.heads_q = 4;
+  args.heads_kv = 2;
+  args.q_len = 100;
+  args.page_table_stride = 16;
+  args.scale = 0.125f;
+  // [Hkv 2, 10 pages, 16 rows, D 128]
+  for (int64_t *stride : {args.k_stride, args.v_stride}) {
+    stride[0] = 10 * 16 * 128;
+    stride[1] = 16 * 128;
+    stride[2] = 128;
+  }
+  auto planFor = [&](const KernelConfig &c, const PagedcAttentionKernelArgs &a) {
+    return planAttention(c, a, std::vector<unsigned char>(4), 100, 132);
+  };
+  auto maps = [](const AttentionLaunchPlan &plan) {
+    PagedcWgmmaPrefillArgs result;
+    std::memcpy(&result, plan.launches[0].arguments[2].data(), sizeof(result));
+    return result;
+  };
+
+  AttentionLaunchPlan plan = planFor(config, args);
+  EXPECT_EQ(bindPrefillTensorMaps(driver, config, plan, 10, 10), "");
+  EXPECT_EQ(plan.launches[0].note, "tensor maps");
+  EXPECT_EQ(maps(plan).tensor_maps, 1);
+
+  KernelConfig small = config;
+  small.pageSize = 8;
+  AttentionLaunchPlan smallPlan = planFor(small, args);
+  EXPECT_EQ(bindPrefillTensorMaps(driver, small, smallPlan, 20, 20), "pages of 8 rows, under 16");
+  EXPECT_EQ(smallPlan.launches[0].note, "gather (pages of 8 rows, under 16)");
+  EXPECT_EQ(maps(smallPlan).tensor_maps, 0);
+
+  PagedcAttentionKernelArgs odd = args;
+  odd.v_stride[1] = 16 * 128 + 4; // 8 bytes past a multiple of 16
+  AttentionLaunchPlan oddPlan = planFor(config, odd);
+  EXPECT_NE(bindPrefillTensorMaps(driver, config, oddPlan, 10, 10).find("v_cache's stride"),
+            std::string::npos);
+  EXPECT_EQ(maps(oddPlan).tensor_maps, 0);
+
+  KernelConfig wide = config;
+  wide.headDim = 256;
+  for (int64_t *stride : {args.k_stride, args.v_stride}) {
+    stride[0] = 10 * 16 * 256;
+    stride[1] = 16 * 256;
+    stride[2] = 256;
+  }
+  AttentionLaunchPlan widePlan = planFor(wide, args);
+  EXPECT_EQ(bindPrefillTensorMaps(driver, wide, widePlan, 10, 10),
+            "head dim 256 with two consumer warpgroups");
+  for (int64_t *stride : {args.k_stride, args.v_stride}) {
+    stride[0] = 10 * 16 * 128;
+    stride[1] = 16 * 128;
+    stride[2] = 128;
+  }
+
+  AttentionLaunchPlan noPages = planFor(config, args);
+  EXPECT_EQ(bindPrefillTensorMaps(driver, config, noPages, 0, 10), "k_cache has 0 pages");
+
+  KernelConfig mma; // the mma.sync prefill takes no maps
+  AttentionLaunchPlan mmaPlan = planFor(mma, args);
+  EXPECT_EQ(bindPrefillTensorMaps(driver, mma, mmaPlan, 10, 10), "not the warpgroup prefill");
+  EXPECT_EQ(mmaPlan.launches[0].arguments.size(), 2u);
 }
 
 TEST(CudaVsCpu, CausalGqaDecodeAndPrefill) {

@@ -13,15 +13,21 @@ PAGEDC_GPU_BUILD="$build_dir" PAGEDC_GPU_SKIP_BUILD=1 \
   bash "$source_dir/scripts/gpu-prepare.sh" --quick "$work/pack"
 rm -rf "$work/out"
 OUT="$work/out" PAGEDC_GPU_RT_BUILD="$work/build-rt" PAGEDC_FORCE_PACK_FMT=1 PAGEDC_JOBS=2 \
-  bash "$source_dir/scripts/gpu-check.sh" --dry-run --also "$work/pack" "$work/pack"
+  bash "$source_dir/scripts/gpu-check.sh" --dry-run --prefill-options --also "$work/pack" \
+  "$work/pack"
 python3 - "$work/pack/pack.json" "$work/out/gpu-check.json" "$work/out/gpu-bench-pagedc.json" \
-  "$work/out/also-gpu-check.json" <<'PY'
-import json, sys
+  "$work/out/also-gpu-check.json" "$work/out" <<'PY'
+import json, os, sys
 pack = json.load(open(sys.argv[1]))
 check = json.load(open(sys.argv[2]))
 bench = json.load(open(sys.argv[3]))
 also = json.load(open(sys.argv[4]))
 assert [c["status"] for c in also["cases"]] == [c["status"] for c in check["cases"]], "--also pack"
+# --prefill-options: each launch option's prefill cases planned.
+prefill = [c["status"] for c in check["cases"] if c["name"].find("prefill") >= 0]
+for label in ("tma", "pingpong", "tma-pingpong"):
+    option = json.load(open(os.path.join(sys.argv[5], label + "-gpu-check.json")))
+    assert [c["status"] for c in option["cases"]] == prefill and prefill, label
 variants = sum(2 if c["q_block"] else 1 for c in pack["cases"])
 statuses = [c["status"] for c in check["cases"]]
 assert check["dry_run"] is True

@@ -11,6 +11,12 @@ work=$2
 rm -rf "$work"
 mkdir -p "$work"
 export PAGEDC_CACHE_DIR=${PAGEDC_CACHE_DIR:-$build/test/emu-kernel-cache}
+# With PAGEDC_PREFILL_TMA=1 the emulator's per-launch counters must show
+# the warpgroup prefill copying with tensor maps (cp.async.bulk.tensor).
+tma=${PAGEDC_PREFILL_TMA:-0}
+if [ "$tma" = 1 ]; then
+  export PAGEDC_EMU_COUNTERS="$work/counters.jsonl"
+fi
 start=$(date +%s)
 "$build/bin/pagedc-gpu-prepare" -o "$work/pack" --arch emu
 prepared=$(date +%s)
@@ -23,5 +29,15 @@ if [ -z "$summary" ]; then
   echo "emulator pack: FAILED (some case failed or was not run)"
   grep -E '^(fail|error)' "$work/check.log" | head -20 || true
   exit 1
+fi
+if [ "$tma" = 1 ]; then
+  prefill=$(grep -c '"kernel": "pagedc_prefill"' "$work/counters.jsonl" || true)
+  bulk=$(grep '"kernel": "pagedc_prefill"' "$work/counters.jsonl" |
+           grep -c '"bulk_copies": [1-9]' || true)
+  echo "emulator pack: $bulk of $prefill prefill launches copied K/V with tensor maps"
+  if [ "$bulk" -eq 0 ]; then
+    echo "emulator pack: FAILED (PAGEDC_PREFILL_TMA=1 but no prefill launch used tensor maps)"
+    exit 1
+  fi
 fi
 echo "emulator pack: PASS ($summary)"
