@@ -73,6 +73,16 @@ def ctas_per_sm(arch, registers, threads, shared):
     return min(max_ctas, max_threads // threads, by_regs, by_shared)
 
 
+def wgmma_shared_bytes(block_m, block_n, head_dim):
+    """Dynamic shared memory of the warpgroup prefill, as
+    KernelConfig::sharedMemoryBytes: 1024 (alignment) + Q and the K/V ring
+    of the most stages (2 to 4) that fit 227 KiB + 128 (mbarriers)."""
+    for stages in (4, 3, 2):
+        shared = 1024 + (block_m + 2 * stages * block_n) * head_dim * 2 + 128
+        if shared <= 227 * 1024 or stages == 2:
+            return shared
+
+
 def shared_bytes_per_flop(head_dim, block_n, warp_rows):
     if warp_rows == 64:
         # A consumer warpgroup per tile: wgmma reads Q (64 rows) and K from
@@ -192,7 +202,7 @@ def main():
                     block_m, block_n = (int(x) for x in block.split("x"))
                     if warp_rows == 64:
                         threads = (block_m // 64 + 1) * 128
-                        shared = 1024 + (block_m + 4 * block_n) * head_dim * 2 + 64
+                        shared = wgmma_shared_bytes(block_m, block_n, head_dim)
                     else:
                         threads = block_m // warp_rows * 32
                         shared = (block_m + 4 * block_n) * head_dim * 2
