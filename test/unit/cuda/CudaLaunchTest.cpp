@@ -21,11 +21,6 @@ using namespace pagedc;
 
 namespace {
 
-/// Device-looking addresses: never dereferenced on the host.
-template <typename T> T *fakeDevicePointer(uintptr_t address) {
-  return reinterpret_cast<T *>(address);
-}
-
 /// Memory only: tests never write to the user's cache directory.
 KernelCache &testCache() {
   static KernelCache cache("");
@@ -33,20 +28,7 @@ KernelCache &testCache() {
 }
 
 PagedcAttentionKernelArgs callArgs(int batch, int headsQ, int headsKv, int qLen) {
-  PagedcAttentionKernelArgs args{};
-  args.q = fakeDevicePointer<void>(0x7f0000100000);
-  args.k_cache = fakeDevicePointer<void>(0x7f0000200000);
-  args.v_cache = fakeDevicePointer<void>(0x7f0000300000);
-  args.out = fakeDevicePointer<void>(0x7f0000400000);
-  args.page_table = fakeDevicePointer<int32_t>(0x7f0000500000);
-  args.kv_len = fakeDevicePointer<int32_t>(0x7f0000600000);
-  args.batch = batch;
-  args.heads_q = headsQ;
-  args.heads_kv = headsKv;
-  args.q_len = qLen;
-  args.page_table_stride = 2048;
-  args.scale = 0.125f;
-  return args;
+  return test::fakeAttentionArgs(batch, headsQ, headsKv, qLen);
 }
 
 } // namespace
@@ -80,7 +62,7 @@ TEST(CudaLaunch, PrefillDryRun) {
   EXPECT_NE(kernel->image.find("pagedc_prefill"), std::string::npos);
 
   PagedcAttentionKernelArgs args = callArgs(4, 32, 8, 1000);
-  args.lse = fakeDevicePointer<float>(0x7f0000700000);
+  args.lse = test::fakeDevicePointer<float>(0x7f0000700000);
   std::vector<unsigned char> params(16, 0xab);
   AttentionLaunchPlan plan = planAttention(config, args, params, 4096, 132);
   ASSERT_EQ(plan.launches.size(), 1u);
@@ -344,8 +326,8 @@ TEST(CudaLaunch, DecodeVisibleSpanBoundsWhatRowsSee) {
   config.kind = KernelKind::Decode;
   config.groupSize = 4;
   PagedcAttentionKernelArgs args = callArgs(16, 32, 8, 1);
-  args.kv_num_blocks = fakeDevicePointer<int32_t>(0x2000);
-  args.kv_indices = fakeDevicePointer<int32_t>(0x3000);
+  args.kv_num_blocks = test::fakeDevicePointer<int32_t>(0x2000);
+  args.kv_indices = test::fakeDevicePointer<int32_t>(0x3000);
   args.q_block_size = 128;
   args.kv_block_size = 128;
   args.mask_batch = args.mask_heads = args.num_q_blocks = 1;
@@ -399,11 +381,11 @@ TEST(CudaLaunch, MismatchesAreNamed) {
   expectError(decode, callArgs(1, 32, 8, 3), "at most 1 query tokens, the call has 3");
   expectError(decode, callArgs(1, 30, 8, 1), "heads_q 30 is not a multiple of heads_kv 8");
   PagedcAttentionKernelArgs withLse = callArgs(1, 32, 8, 1);
-  withLse.lse = fakeDevicePointer<float>(0x1000);
+  withLse.lse = test::fakeDevicePointer<float>(0x1000);
   expectError(decode, withLse, "built without lse output");
   PagedcAttentionKernelArgs masked = callArgs(1, 32, 8, 1);
-  masked.kv_num_blocks = fakeDevicePointer<int32_t>(0x2000);
-  masked.kv_indices = fakeDevicePointer<int32_t>(0x3000);
+  masked.kv_num_blocks = test::fakeDevicePointer<int32_t>(0x2000);
+  masked.kv_indices = test::fakeDevicePointer<int32_t>(0x3000);
   masked.q_block_size = 128;
   masked.kv_block_size = 96;
   masked.mask_batch = masked.mask_heads = masked.num_q_blocks = masked.max_kv_blocks = 1;
@@ -415,10 +397,10 @@ TEST(CudaLaunch, MismatchesAreNamed) {
 
 TEST(CudaLaunch, BlockMaskBuildDryRun) {
   PagedcBlockMaskKernelArgs args{};
-  args.kv_num_blocks = fakeDevicePointer<int32_t>(0x1000);
-  args.kv_indices = fakeDevicePointer<int32_t>(0x2000);
-  args.full_kv_num_blocks = fakeDevicePointer<int32_t>(0x3000);
-  args.full_kv_indices = fakeDevicePointer<int32_t>(0x4000);
+  args.kv_num_blocks = test::fakeDevicePointer<int32_t>(0x1000);
+  args.kv_indices = test::fakeDevicePointer<int32_t>(0x2000);
+  args.full_kv_num_blocks = test::fakeDevicePointer<int32_t>(0x3000);
+  args.full_kv_indices = test::fakeDevicePointer<int32_t>(0x4000);
   args.batch = 2;
   args.heads = 1;
   args.q_len = 1000;

@@ -17,6 +17,7 @@
 #include "pagedc/Error.h"
 #include "pagedc/KernelCache.h"
 #include "pagedc/Nvrtc.h"
+#include "support/CudaTestSupport.h"
 
 #include <gtest/gtest.h>
 
@@ -367,19 +368,7 @@ TEST(CudaKernels, PrefillTensorMapsBindOrSayWhy) {
   config.blockM = 128;
   config.blockN = 64;
   config.warpRows = 64;
-  PagedcAttentionKernelArgs args{};
-  args.q = reinterpret_cast<void *>(0x7f0000100000);
-  args.k_cache = reinterpret_cast<void *>(0x7f0000200000);
-  args.v_cache = reinterpret_cast<void *>(0x7f0000300000);
-  args.out = reinterpret_cast<void *>(0x7f0000400000);
-  args.page_table = reinterpret_cast<const int32_t *>(0x7f0000500000);
-  args.kv_len = reinterpret_cast<const int32_t *>(0x7f0000600000);
-  args.batch = 1;
-  args.heads_q = 4;
-  args.heads_kv = 2;
-  args.q_len = 100;
-  args.page_table_stride = 16;
-  args.scale = 0.125f;
+  PagedcAttentionKernelArgs args = test::fakeAttentionArgs(1, 4, 2, 100);
   // [Hkv 2, 10 pages, 16 rows, D 128]
   for (int64_t *stride : {args.k_stride, args.v_stride}) {
     stride[0] = 10 * 16 * 128;

@@ -7,6 +7,7 @@
 #ifndef PAGEDC_TEST_SUPPORT_CUDATESTSUPPORT_H
 #define PAGEDC_TEST_SUPPORT_CUDATESTSUPPORT_H
 
+#include "pagedc/KernelArgs.h"
 #include "pagedc/Nvrtc.h"
 
 #include <gtest/gtest.h>
@@ -50,6 +51,32 @@ public:
 private:
   std::string path_;
 };
+
+/// Device-looking addresses: never dereferenced on the host.
+template <typename T> T *fakeDevicePointer(uintptr_t address) {
+  return reinterpret_cast<T *>(address);
+}
+
+/// Attention kernel arguments with fake device pointers (q, caches, out,
+/// page table, kv_len), for launch plans that are never launched: page
+/// table stride 2048, scale 0.125, strides left zero.
+inline PagedcAttentionKernelArgs fakeAttentionArgs(int batch, int headsQ, int headsKv,
+                                                   int qLen) {
+  PagedcAttentionKernelArgs args{};
+  args.q = fakeDevicePointer<void>(0x7f0000100000);
+  args.k_cache = fakeDevicePointer<void>(0x7f0000200000);
+  args.v_cache = fakeDevicePointer<void>(0x7f0000300000);
+  args.out = fakeDevicePointer<void>(0x7f0000400000);
+  args.page_table = fakeDevicePointer<int32_t>(0x7f0000500000);
+  args.kv_len = fakeDevicePointer<int32_t>(0x7f0000600000);
+  args.batch = batch;
+  args.heads_q = headsQ;
+  args.heads_kv = headsKv;
+  args.q_len = qLen;
+  args.page_table_stride = 2048;
+  args.scale = 0.125f;
+  return args;
+}
 
 } // namespace pagedc::test
 
