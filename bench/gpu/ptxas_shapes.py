@@ -123,30 +123,121 @@ def ptxas_figures(report, kernel=None):
     return figures
 
 
-def main_loop_counts(cuobjdump, cubin):
-    """(mma, other) static SASS instructions of the main loop of `cubin`."""
-    sass = subprocess.run([cuobjdump, "-sass", cubin], capture_output=True, text=True,
-                          check=True).stdout
+def sass_instructions(sass):
+    """(address, text) of each instruction in cuobjdump -sass output."""
     code = []
     for line in sass.splitlines():
         found = re.match(r"\s*/\*([0-9a-f]{4,})\*/\s+(.*?)\s*;", line)
         if found:
             code.append((int(found.group(1), 16), found.group(2)))
+    return code
+
+
+def loop_counts(code):
+    """(mma, other) instructions of the main loop: the natural loop of a
+    back edge (its target dominates its source; the loop is the blocks that
+    reach the source without passing the target) holding the most MMA
+    instructions, the smallest such loop when
+    several do (the KV-tile loop, not the block-mask pass loop around it).
+    Blocks that the layout puts between a loop's head and its branch but
+    that the loop never enters are not counted; both sides of a branch
+    inside the loop are (masked and all-kept tiles, the rescale skipped or
+    not)."""
+    if not code:
+        return (0, 0)
+    index = {address: i for i, (address, _) in enumerate(code)}
+
+    def parse(text):
+        predicated = text.startswith("@")
+        op = text.split()[1 if predicated else 0]
+        target = re.search(r"\b0x([0-9a-f]+)\b", text)
+        return predicated, op, int(target.group(1), 16) if target else None
+
+    leaders = {0}
+    for i, (_, text) in enumerate(code):
+        predicated, op, target = parse(text)
+        if op.startswith(("BRA", "EXIT", "RET", "BRX", "JMP")):
+            if i + 1 < len(code):
+                leaders.add(i + 1)
+            if op.startswith("BRA") and target in index:
+                leaders.add(index[target])
+    starts = sorted(leaders)
+    block_of = {}
+    blocks = []
+    for n, start in enumerate(starts):
+        end = starts[n + 1] if n + 1 < len(starts) else len(code)
+        blocks.append((start, end))
+        for i in range(start, end):
+            block_of[i] = n
+    successors = []
+    for n, (start, end) in enumerate(blocks):
+        predicated, op, target = parse(code[end - 1][1])
+        following = [n + 1] if n + 1 < len(blocks) else []
+        if op.startswith("BRA"):
+            jump = [block_of[index[target]]] if target in index else []
+            conditional = predicated or op != "BRA"
+            successors.append(jump + (following if conditional else []))
+        elif op.startswith(("EXIT", "RET", "BRX", "JMP")):
+            successors.append(following if predicated else [])
+        else:
+            successors.append(following)
+    predecessors = [[] for _ in blocks]
+    for n, targets in enumerate(successors):
+        for m in targets:
+            predecessors[m].append(n)
+
+    # Dominators (iterative): a back edge's target dominates its source;
+    # a jump back from out-of-line code (a barrier's retry loop) is not one.
+    # Blocks the entry never reaches (padding after the last EXIT) take no
+    # part.
+    reachable = {0}
+    work = [0]
+    while work:
+        for m in successors[work.pop()]:
+            if m not in reachable:
+                reachable.add(m)
+                work.append(m)
+    dominators = [set(reachable) if n in reachable else set() for n in range(len(blocks))]
+    dominators[0] = {0}
+    changed = True
+    while changed:
+        changed = False
+        for n in sorted(reachable - {0}):
+            incoming = [dominators[p] for p in predecessors[n] if p in reachable]
+            new = {n} | set.intersection(*incoming)
+            if new != dominators[n]:
+                dominators[n] = new
+                changed = True
+
+    def is_mma(text):
+        return "HMMA" in text or "HGMMA" in text
+
     best = None
-    for address, text in code:
-        branch = re.search(r"\bBRA\s+(?:`\()?[^0-9]*0x([0-9a-f]+)", text)
-        if not branch:
-            continue
-        target = int(branch.group(1), 16)
-        if target >= address:
-            continue
-        body = [t for a, t in code if target <= a <= address]
-        mma = sum(1 for t in body if "HMMA" in t or "HGMMA" in t)
-        if mma and (best is None or mma > best[0]):
-            other = sum(1 for t in body if "HMMA" not in t and "HGMMA" not in t
-                        and not t.startswith("NOP"))
-            best = (mma, other)
+    for source, targets in enumerate(successors):
+        for head in targets:
+            if head not in dominators[source]:
+                continue
+            loop = {head, source}
+            work = [source] if source != head else []
+            while work:
+                n = work.pop()
+                for p in predecessors[n]:
+                    if p not in loop and p in reachable:
+                        loop.add(p)
+                        work.append(p)
+            texts = [code[i][1] for n in loop for i in range(*blocks[n])]
+            mma = sum(1 for t in texts if is_mma(t))
+            other = sum(1 for t in texts if not is_mma(t) and not t.startswith("NOP"))
+            if mma and (best is None or mma > best[0] or (mma == best[0] and other < best[1])):
+                best = (mma, other)
     return best or (0, 0)
+
+
+def main_loop_counts(cuobjdump, cubin):
+    """(mma, other) static SASS instructions of the main loop of `cubin`."""
+    sass = subprocess.run([cuobjdump, "-sass", cubin], capture_output=True, text=True,
+                          check=True).stdout
+    return loop_counts(sass_instructions(sass))
 
 
 def compile_one(pagedc, attn, arch, head_dim, page, score, block, warp_rows):

@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
-"""Unit tests of the pure parts of bench/gpu/torch_flex.py and report.py
-(no torch, no numpy): medians, byte and FLOP counts, the plan read from a
-pack, anchors, SDPA support, reserve plans, the merge and the targets."""
+"""Unit tests of the pure parts of bench/gpu/torch_flex.py, report.py,
+model_vs_measured.py and ptxas_shapes.py (no torch, no numpy, no GPU):
+medians, byte and FLOP counts, the plan read from a pack, anchors, SDPA
+support, reserve plans, the merge, the targets, the SASS main-loop count."""
 import json
 import os
 import sys
@@ -10,6 +11,7 @@ import unittest
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "..", "bench", "gpu"))
 import model_vs_measured  # noqa: E402
+import ptxas_shapes  # noqa: E402
 import report  # noqa: E402
 import torch_flex  # noqa: E402
 
@@ -102,6 +104,58 @@ class ModelVsMeasured(unittest.TestCase):
         self.assertEqual([r["name"] for r in rows], ["a"])
         self.assertAlmostEqual(rows[0]["measured_over_modelled"], 2.0)
         self.assertAlmostEqual(model_vs_measured.geomean([2.0, 8.0]), 4.0)
+
+
+# A SASS listing shaped like the warpgroup prefill's: an outer (block-mask
+# pass) loop around the tile loop, whose barrier wait retries out of line and
+# jumps back into the loop's middle, and the last tile's P V after the loops.
+SASS = """
+        /*0000*/                   MOV R1, c[0x0][0x28] ;
+        /*0010*/                   IADD3 R2, R2, 0x1, RZ ;
+        /*0020*/                   SYNCS.PHASECHK.TRANS64.TRYWAIT P1, [UR4], R3 ;
+        /*0030*/               @!P1 BRA 0x0120 ;
+        /*0040*/                   HGMMA.64x64x16.F32.BF16 R88, gdesc[UR16], RZ ;
+        /*0050*/                   HGMMA.64x128x16.F32.BF16 R24, R124, gdesc[UR8], R24 ;
+        /*0060*/                   FMUL R4, R4, R5 ;
+        /*0070*/                @P2 BRA 0x0090 ;
+        /*0080*/                   FADD R6, R6, R7 ;
+        /*0090*/                   NOP ;
+        /*00a0*/                @P3 BRA 0x0020 ;
+        /*00b0*/                @P4 BRA 0x0010 ;
+        /*00c0*/                   HGMMA.64x128x16.F32.BF16 R24, R124, gdesc[UR8], R24 ;
+        /*00d0*/                   EXIT ;
+        /*00e0*/                   BRA 0x00e0 ;
+        /*00f0*/                   NOP ;
+        /*0100*/                   NOP ;
+        /*0110*/                   NOP ;
+        /*0120*/                   NANOSLEEP.SYNCS 0x989680 ;
+        /*0130*/               @!P1 BRA 0x0120 ;
+        /*0140*/                   BRA 0x0040 ;
+"""
+
+
+class PtxasShapes(unittest.TestCase):
+    def test_loop_count_takes_the_innermost_natural_loop(self):
+        code = ptxas_shapes.sass_instructions(SASS)
+        self.assertEqual(len(code), 21)
+        # The tile loop 0x20-0xa0: 2 HGMMA; TRYWAIT, BRA, FMUL, BRA, FADD,
+        # BRA (NOP not counted), and the out-of-line retry 0x120-0x140 (3)
+        # since it returns into the loop. Not the last P V at 0xc0; the
+        # pass loop (head 0x10) holds the same 2 HGMMA with more others.
+        self.assertEqual(ptxas_shapes.loop_counts(code), (2, 9))
+
+    def test_a_jump_back_that_is_no_loop(self):
+        # 0x30 jumps out to 0x50, which jumps back to 0x10 (before it, but
+        # 0x10 does not dominate 0x50: 0x00 reaches 0x50 through 0x30).
+        code = ptxas_shapes.sass_instructions("""
+        /*0000*/                   MOV R1, R2 ;
+        /*0010*/                   HGMMA.64x64x16.F32.BF16 R88, gdesc[UR16], RZ ;
+        /*0020*/                   EXIT ;
+        /*0030*/                   BRA 0x0050 ;
+        /*0040*/                   NOP ;
+        /*0050*/                   BRA 0x0010 ;
+""")
+        self.assertEqual(ptxas_shapes.loop_counts(code), (0, 0))
 
 
 if __name__ == "__main__":
