@@ -90,21 +90,27 @@ step "configure (runtime only)" cmake -S "$root" -B "$build" -G Ninja "${runtime
 step "build" ninja -C "$build" -j"$jobs" pagedc-gpu pagedc-device-query || exit 1
 gpu="$build/bin/pagedc-gpu"
 
+# smallest_case KIND MIN_PAGE: the pack's smallest case of KIND with a
+# device-built block mask and pages of at least MIN_PAGE rows (what a
+# compute-sanitizer memcheck runs), or nothing.
+smallest_case() {
+  python3 - "$pack" "$1" "$2" <<'EOF'
+import json, sys
+pack = json.load(open(sys.argv[1] + "/pack.json"))
+cases = [c for c in pack["cases"] if c["kind"] == sys.argv[2] and c["q_block"] > 0
+         and c["page_size"] >= int(sys.argv[3])]
+cases.sort(key=lambda c: c["batch"] * c["heads_q"] * c["q_len"] * c["max_kv_len"])
+print(cases[0]["name"] if cases else "")
+EOF
+}
+
 # The warpgroup prefill's launch options (--prefill-options) and the case
 # each one's memcheck runs.
 variants=()
 if [[ $options == 1 ]]; then
   variants=("tma:PAGEDC_PREFILL_TMA=1" "pingpong:PAGEDC_PREFILL_PINGPONG=1"
             "tma-pingpong:PAGEDC_PREFILL_TMA=1 PAGEDC_PREFILL_PINGPONG=1")
-  options_case=$(python3 - "$pack" <<'EOF'
-import json, sys
-pack = json.load(open(sys.argv[1] + "/pack.json"))
-cases = [c for c in pack["cases"] if c["kind"] == "prefill" and c["page_size"] >= 16
-         and c["q_block"] > 0]
-cases.sort(key=lambda c: c["batch"] * c["heads_q"] * c["q_len"] * c["max_kv_len"])
-print(cases[0]["name"] if cases else "")
-EOF
-)
+  options_case=$(smallest_case prefill 16)
 fi
 
 if [[ $dry == 1 ]]; then
@@ -133,14 +139,7 @@ step "check" "$gpu" check "$pack" --json "$out/gpu-check.json"
 if command -v compute-sanitizer >/dev/null; then
   : >"$out/sanitizer.txt"
   for kind in prefill decode; do
-    name=$(python3 - "$pack" "$kind" <<'EOF'
-import json, sys
-pack = json.load(open(sys.argv[1] + "/pack.json"))
-cases = [c for c in pack["cases"] if c["kind"] == sys.argv[2] and c["q_block"] > 0]
-cases.sort(key=lambda c: c["batch"] * c["heads_q"] * c["q_len"] * c["max_kv_len"])
-print(cases[0]["name"] if cases else "")
-EOF
-)
+    name=$(smallest_case "$kind" 1)
     [[ -n "$name" ]] || continue
     step "compute-sanitizer memcheck $name" compute-sanitizer --tool memcheck \
       --error-exitcode 3 --log-file "$out/sanitizer-$kind.log" \

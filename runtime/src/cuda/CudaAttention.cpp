@@ -580,12 +580,13 @@ CudaAttentionLaunch::CudaAttentionLaunch(std::shared_ptr<const CudaKernel> kerne
 std::string CudaAttentionLaunch::applyPrefillOptions(int64_t kPages, int64_t vPages) {
   if (plan_.launches.empty() || plan_.launches[0].arguments.size() != 3)
     return "";
-  setPrefillPingPong(plan_, prefillPingPongRequested());
-  if (prefillTensorMapsRequested())
+  if (prefillTensorMapsRequested()) {
+    setPrefillPingPong(plan_, prefillPingPongRequested());
     bindPrefillTensorMaps(cudaUseDevice(kernel_->device), kernel_->config, plan_, kPages, vPages);
-  else
-    plan_.launches[0].note = std::string("gather (PAGEDC_PREFILL_TMA is not 1)") +
-                             (prefillPingPongRequested() ? ", ping-pong" : "");
+  } else {
+    plan_.launches[0].note = "gather (PAGEDC_PREFILL_TMA is not 1)";
+    setPrefillPingPong(plan_, prefillPingPongRequested());
+  }
   return plan_.launches[0].note;
 }
 
