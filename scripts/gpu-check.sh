@@ -5,12 +5,12 @@
 #                                                             (default: gpu-pack/)
 #
 # --prefill-options: the pack's prefill checks and benchmarks again with each
-# launch option of the warpgroup prefill (off by default until measured):
-# "tma" (PAGEDC_PREFILL_TMA=1: K/V pages of 16 rows or more copied with
-# tensor maps), "pingpong" (PAGEDC_PREFILL_PINGPONG=1: the consumer
-# warpgroups take turns) and "tma-pingpong" (both), each with a
-# compute-sanitizer memcheck of one prefill case of 16-row pages; files
-# prefixed with the option's name.
+# launch option of the warpgroup prefill set against its default: "gather"
+# (PAGEDC_PREFILL_TMA=0: every K/V tile gathered with cp.async instead of
+# the default tensor-map copies of pages of 16 rows or more) and "pingpong"
+# (PAGEDC_PREFILL_PINGPONG=1: the consumer warpgroups take turns; off by
+# default), each with a compute-sanitizer memcheck of one prefill case of
+# 16-row pages; files prefixed with the option's name.
 # --also PACK2: a second pack (e.g. one prepared with
 # PAGEDC_PREFILL_SHAPE=64x64x16, whose prefill bundles are the mma.sync
 # kernel, for comparison) is checked and benchmarked after the first, its files
@@ -108,8 +108,7 @@ EOF
 # each one's memcheck runs.
 variants=()
 if [[ $options == 1 ]]; then
-  variants=("tma:PAGEDC_PREFILL_TMA=1" "pingpong:PAGEDC_PREFILL_PINGPONG=1"
-            "tma-pingpong:PAGEDC_PREFILL_TMA=1 PAGEDC_PREFILL_PINGPONG=1")
+  variants=("gather:PAGEDC_PREFILL_TMA=0" "pingpong:PAGEDC_PREFILL_PINGPONG=1")
   options_case=$(smallest_case prefill 16)
 fi
 

@@ -119,9 +119,10 @@ DecodeSplitChoice chooseDecodeSplits(const DecodeSplitProblem &problem);
 constexpr int kPrefillTmaPageRows = 16;
 
 /// Whether $PAGEDC_PREFILL_TMA asks the warpgroup prefill to copy K/V pages
-/// with tensor maps: "1" yes; unset, empty or "0" no (the default until a
-/// GPU has measured them: docs/kernels.md); any other value throws
-/// pagedc::Error naming it.
+/// with tensor maps: unset, empty or "1" yes (the default since an H200
+/// measured them 1.05-1.21x the gather: docs/kernels.md); "0" no (the
+/// cp.async gather for every tile); any other value throws pagedc::Error
+/// naming it. Pages under kPrefillTmaPageRows rows are gathered either way.
 bool prefillTensorMapsRequested();
 
 /// Whether $PAGEDC_PREFILL_PINGPONG asks the warpgroup prefill's two

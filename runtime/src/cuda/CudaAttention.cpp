@@ -584,7 +584,7 @@ std::string CudaAttentionLaunch::applyPrefillOptions(int64_t kPages, int64_t vPa
     setPrefillPingPong(plan_, prefillPingPongRequested());
     bindPrefillTensorMaps(cudaUseDevice(kernel_->device), kernel_->config, plan_, kPages, vPages);
   } else {
-    plan_.launches[0].note = "gather (PAGEDC_PREFILL_TMA is not 1)";
+    plan_.launches[0].note = "gather (PAGEDC_PREFILL_TMA=0)";
     setPrefillPingPong(plan_, prefillPingPongRequested());
   }
   return plan_.launches[0].note;

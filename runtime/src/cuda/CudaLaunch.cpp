@@ -299,10 +299,13 @@ AttentionLaunchPlan planAttention(const KernelConfig &config,
 }
 
 namespace {
-/// A 0/1 switch from the environment: unset, empty or "0" off, "1" on.
-bool environmentSwitch(const char *name, const char *what) {
+/// A 0/1 switch from the environment: "0" off, "1" on, unset or empty
+/// `otherwise`; anything else throws.
+bool environmentSwitch(const char *name, const char *what, bool otherwise) {
   const char *value = std::getenv(name);
-  if (!value || !*value || std::strcmp(value, "0") == 0)
+  if (!value || !*value)
+    return otherwise;
+  if (std::strcmp(value, "0") == 0)
     return false;
   if (std::strcmp(value, "1") == 0)
     return true;
@@ -312,12 +315,12 @@ bool environmentSwitch(const char *name, const char *what) {
 
 bool prefillTensorMapsRequested() {
   return environmentSwitch("PAGEDC_PREFILL_TMA",
-                           "tensor-map copies of K/V pages in the warpgroup prefill");
+                           "tensor-map copies of K/V pages in the warpgroup prefill", true);
 }
 
 bool prefillPingPongRequested() {
   return environmentSwitch("PAGEDC_PREFILL_PINGPONG",
-                           "ping-pong consumer warpgroups in the warpgroup prefill");
+                           "ping-pong consumer warpgroups in the warpgroup prefill", false);
 }
 
 void setPrefillPingPong(AttentionLaunchPlan &plan, bool on) {

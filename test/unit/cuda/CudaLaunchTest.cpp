@@ -130,18 +130,23 @@ TEST(CudaLaunch, WarpgroupPrefillPlansDisabledTensorMaps) {
 }
 
 TEST(CudaLaunch, PrefillSwitchesFromTheEnvironment) {
-  for (const auto &[name, read] :
-       {std::pair<const char *, bool (*)()>{"PAGEDC_PREFILL_TMA", prefillTensorMapsRequested},
-        std::pair<const char *, bool (*)()>{"PAGEDC_PREFILL_PINGPONG",
-                                            prefillPingPongRequested}}) {
+  // Tensor maps are on unless "0"; ping-pong is off unless "1".
+  struct Switch {
+    const char *name;
+    bool (*read)();
+    bool unset;
+  };
+  for (const auto &[name, read, unset] :
+       {Switch{"PAGEDC_PREFILL_TMA", prefillTensorMapsRequested, true},
+        Switch{"PAGEDC_PREFILL_PINGPONG", prefillPingPongRequested, false}}) {
     const char *saved = std::getenv(name);
     const std::string restore = saved ? saved : "";
     unsetenv(name);
-    EXPECT_FALSE(read()) << name;
+    EXPECT_EQ(read(), unset) << name;
     setenv(name, "0", 1);
     EXPECT_FALSE(read()) << name;
     setenv(name, "", 1);
-    EXPECT_FALSE(read()) << name;
+    EXPECT_EQ(read(), unset) << name;
     setenv(name, "1", 1);
     EXPECT_TRUE(read()) << name;
     setenv(name, "yes", 1);

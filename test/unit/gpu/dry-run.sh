@@ -25,7 +25,7 @@ also = json.load(open(sys.argv[4]))
 assert [c["status"] for c in also["cases"]] == [c["status"] for c in check["cases"]], "--also pack"
 # --prefill-options: each launch option's prefill cases planned.
 prefill = [c["status"] for c in check["cases"] if c["name"].find("prefill") >= 0]
-for label in ("tma", "pingpong", "tma-pingpong"):
+for label in ("gather", "pingpong"):
     option = json.load(open(os.path.join(sys.argv[5], label + "-gpu-check.json")))
     assert [c["status"] for c in option["cases"]] == prefill and prefill, label
 variants = sum(2 if c["q_block"] else 1 for c in pack["cases"])
