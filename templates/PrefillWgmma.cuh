@@ -11,8 +11,8 @@
 //    arriving on the stage's full mbarrier when its copies land
 //    (cp.async.mbarrier.arrive.noinc), and waits on the stage's empty
 //    mbarrier before reusing it; any page size from 1 to 1024. A thread
-//    looks up the pages of 8 of its rows at once, the first 8 before the
-//    wait on the empty barrier (gather_kv_stage). (Run on an H100, a single
+//    looks each page its rows lie in up once, up to 8 at a time, the first
+//    8 before the wait on the empty barrier (gather_kv_stage). (Run on an H100, a single
 //    producer warp waiting on a page-table load per copy, with two stages,
 //    held the kernel to 165-184 TFLOP/s: the consumers starved.) When the
 //    launch binds tensor maps of the caches (the third parameter,
@@ -48,18 +48,22 @@ constexpr int kStages = pagedc_config::kPrefillStages;
 static_assert(kStages >= 2 && kStages <= 4, "the ring has 2 to 4 stages");
 constexpr int kPrefillThreads = kConsumerThreads + 128;
 /// Registers per thread after setmaxnreg: the producer warpgroup gives
-/// registers to the consumers (one CTA per SM: 64 K registers in all); one
-/// consumer warpgroup takes all it can address (D 256 spilled 28-44 bytes
-/// at 240 with bias score mods), which leaves the producer 96 (at 56 the
-/// tensor-map copies spilled 24 bytes at D 256).
-constexpr int kProducerRegisters = kConsumerGroups == 1 ? 96 : 56;
+/// registers to the consumers (one CTA per SM: the launch's 168 x 384
+/// registers with two consumer warpgroups); one consumer warpgroup takes
+/// all it can address (D 256 spilled 28-44 bytes at 240 with bias score
+/// mods), which leaves the producer 96 (at 56 the tensor-map copies spilled
+/// 24 bytes at D 256). With 128-key tiles the producer's copies of a tile
+/// spilled 20-68 bytes at 56 (pages of 16 and 32 rows): it takes 64 and the
+/// consumers 216.
+constexpr int kProducerRegisters = kConsumerGroups == 1 ? 96 : kBlockN == 128 ? 64 : 56;
 /// Named barriers kTurnBarrier and kTurnBarrier + 1: the consumer
 /// warpgroups' turns to issue wgmmas when they ping-pong (0 is
 /// __syncthreads).
 constexpr unsigned kTurnBarrier = 1;
-constexpr int kConsumerRegisters = kConsumerGroups == 1 ? 256 : 224;
-static_assert(128 * kProducerRegisters + kConsumerThreads * kConsumerRegisters <= 65536,
-              "setmaxnreg asks for more registers than an SM has");
+constexpr int kConsumerRegisters = kConsumerGroups == 1 ? 256 : kBlockN == 128 ? 216 : 224;
+static_assert(128 * kProducerRegisters + kConsumerThreads * kConsumerRegisters <=
+                  kPrefillThreads * (65536 / kPrefillThreads / 8 * 8),
+              "setmaxnreg asks for more registers than the launch gave the CTA");
 /// Bytes of one 64-element atom column of a tile of `rows` rows.
 __host__ __device__ constexpr uint32_t atom_bytes(int rows) { return static_cast<uint32_t>(rows) * 128; }
 static_assert(pagedc_config::kWarpRows == 64, "PrefillWgmma.cuh is the warpgroup design");
@@ -76,8 +80,10 @@ PAGEDC_DEVICE uint32_t atom_offset(int rows, int row, int chunk) {
 /// The producer warpgroup's gather of the K and V rows [kv_begin, kv_begin
 /// + kBlockN) (zeros past kv_len) into one stage, after waiting on the
 /// stage's empty mbarrier. Thread `thread` (0..127) copies chunk thread %
-/// kChunksPerRow of every (128 / kChunksPerRow)-th row; it looks up the
-/// pages of up to 8 of its rows at once (before the wait, for the first 8),
+/// kChunksPerRow of every kRowStep-th row. It looks up each page its rows
+/// lie in once: one per row when pages are shorter than kRowStep, else one
+/// per page of the tile (its rows of a page are kPageSize / kRowStep
+/// consecutive ones) — up to 8 lookups at once, the first 8 before the wait,
 /// so their loads overlap each other and the wait instead of each copy
 /// waiting on its own.
 /// kSameLayout: K and V pages have the same strides (the runtime's
@@ -92,24 +98,31 @@ PAGEDC_DEVICE void gather_kv_stage(uint32_t k_tile, uint32_t v_tile, const Eleme
                 "uneven K/V gather");
   constexpr int kRowStep = 128 / kChunksPerRow;
   constexpr int kRows = kBlockN / kRowStep;
-  constexpr int kGroup = kRows < 8 ? kRows : 8;
+  // Lookups per thread and tile, and the thread's rows per lookup.
+  constexpr bool kPagePerRow = kPageSize < kRowStep;
+  constexpr int kLookups = kPagePerRow ? kRows : kPageSize >= kBlockN ? 1 : kBlockN / kPageSize;
+  constexpr int kRowsPerLookup = kRows / kLookups;
+  constexpr int kGroup = kLookups < 8 ? kLookups : 8;
   const int chunk = thread % kChunksPerRow, first_row = thread / kChunksPerRow;
 #pragma unroll
-  for (int group = 0; group < kRows; group += kGroup) {
+  for (int group = 0; group < kLookups; group += kGroup) {
     int32_t pages[kGroup];
 #pragma unroll
     for (int i = 0; i < kGroup; ++i) {
-      const int kv = kv_begin + first_row + (group + i) * kRowStep;
+      // The first key of the lookup's rows: past kv_len, none is copied.
+      const int kv = kv_begin + (kPagePerRow ? first_row + (group + i) * kRowStep
+                                             : (group + i) * kPageSize);
       pages[i] = kv < kv_len ? page_row[kv >> kLog2PageSize] : -1;
     }
     if (group == 0)
       mbarrier_wait(empty_bar, empty_parity);
 #pragma unroll
-    for (int i = 0; i < kGroup; ++i) {
-      const int row = first_row + (group + i) * kRowStep;
+    for (int r = 0; r < kGroup * kRowsPerLookup; ++r) {
+      const int row = first_row + (group * kRowsPerLookup + r) * kRowStep;
       const int64_t slot = (kv_begin + row) & (kPageSize - 1);
-      const bool valid = pages[i] >= 0;
-      const int64_t page = valid ? pages[i] : 0;
+      const int32_t page_index = pages[r / kRowsPerLookup];
+      const bool valid = page_index >= 0 && kv_begin + row < kv_len;
+      const int64_t page = valid ? page_index : 0;
       const uint32_t offset = atom_offset(kBlockN, row, chunk);
       const int64_t k_offset = valid ? page * k_page + slot * k_slot + chunk * 8 : 0;
       const int64_t v_offset =
@@ -384,6 +397,7 @@ extern "C" __global__ void __launch_bounds__(pagedc::kPrefillThreads, 1)
   // The probabilities of the tile whose O += P V is still to be issued
   // (kOverlap) or is issued right away, and where its V and stage are.
   uint32_t p_pending[kBlockN / 16][4];
+  zero_probabilities(p_pending);
   uint64_t v_pending = 0;
   int pending_stage = 0;
   bool pending = false;
@@ -437,12 +451,12 @@ extern "C" __global__ void __launch_bounds__(pagedc::kPrefillThreads, 1)
       wgmma_commit();
       if constexpr (kOverlap) {
         // Unconditionally (a wgmma under a branch makes ptxas serialize
-        // them all): with nothing pending, P is zero and V this tile's,
-        // whose rows are finite (zero-filled past kv_len).
-        if (!pending) {
-          zero_probabilities(p_pending);
+        // them all): with nothing pending, P is zero (from before the loop:
+        // zeroing it here put 16-32 selects between the fence and the
+        // wgmma reading them, and ptxas injected a warpgroup.arrive, C7519)
+        // and V this tile's, whose rows are finite (zero-filled past kv_len).
+        if (!pending)
           v_pending = v_desc;
-        }
         issue_pv(o_acc, p_pending, v_pending);
         wgmma_commit();
         if (ping_pong)

@@ -25,7 +25,8 @@ branches (mask or no mask per tile, the visit seek).
 Usage: ptxas_shapes.py --pagedc build/bin/pagedc [--json OUT] [--markdown OUT]
        [--quick]   (D 64/128, page 16 only) [--cuobjdump PATH]
        [--wgmma]   (the warpgroup tiles, sm_90a, instead of the mma.sync shapes)
-Shapes that do not apply (32 rows per warp at D 256) are left out.
+Shapes that do not apply (32 rows per warp, 128 x 128 warpgroup tiles at
+D 256) are left out.
 """
 import argparse
 import json
@@ -44,6 +45,7 @@ score softcap_tanh(s, b, h, q, kv) = softcap * tanh_approx(s / softcap)
 # PrefillWgmma.cuh), compiled for sm_90a only.
 WGMMA_SHAPES = [
     ("128x64 warpgroups", "128x64", 64),
+    ("128x128 warpgroups", "128x128", 64),
     ("64x64 warpgroups", "64x64", 64),
     ("64x32 warpgroups", "64x32", 64),
 ]
@@ -289,6 +291,10 @@ def main():
                     if options.first_design_only and block != "64x64":
                         continue
                     if warp_rows == 32 and head_dim > 128:
+                        continue
+                    # (128 x 128 warpgroup tiles: Q and two K/V stages
+                    # need 320 KiB at D 256.)
+                    if block == "128x128" and head_dim > 128:
                         continue
                     block_m, block_n = (int(x) for x in block.split("x"))
                     if warp_rows == 64:

@@ -139,8 +139,9 @@ BUGS = {
     # tile's S and softmax run) with its stage released before it
     # completes (at head dims <= 128 the release after the last tile's
     # PV, which finish_pv does, has no later writer to race with); the
-    # producer warpgroup's gather copying every row from its first row's
-    # slot.
+    # producer warpgroup's gather copying every row of a thread from the
+    # page of its first lookup (16-row pages: two rows per lookup), or from
+    # its first row's slot.
     "wgmma-pending-stage-released-before-pv-wait": (
         "PrefillWgmma.cuh",
         "        wgmma_wait<0>();\n        wgmma_fence_operands(o_acc);\n"
@@ -148,12 +149,18 @@ BUGS = {
         "        if (pending)\n          mbarrier_arrive(empty + 8 * pending_stage);\n"
         "        wgmma_wait<0>();\n        wgmma_fence_operands(o_acc);\n",
         "wgmma"),
+    "wgmma-gather-rows-share-first-page": (
+        "PrefillWgmma.cuh",
+        "      const int32_t page_index = pages[r / kRowsPerLookup];\n",
+        "      const int32_t page_index = pages[0];\n",
+        "wgmma"),
     "wgmma-gather-slot-of-wrong-row": (
         "PrefillWgmma.cuh",
         "      const int64_t slot = (kv_begin + row) & (kPageSize - 1);\n",
         "      const int64_t slot = (kv_begin + first_row) & (kPageSize - 1);\n",
         "wgmma"),
-    # The warpgroup prefill's tensor-map copies (PAGEDC_PREFILL_TMA=1): the
+    # The warpgroup prefill's tensor-map copies (the default; set
+    # explicitly, PAGEDC_PREFILL_TMA=1): the
     # full mbarrier told to expect K's bytes only, thread 0 copying into a
     # stage its consumers have not released, every box read from the
     # tile's first page.
@@ -223,9 +230,9 @@ def main():
                        attn="sliding_window.attn", mask="sliding_window",
                        extra=["--q-offset", "end", "-D", "WINDOW=250", "--block", "16x128"]),
         # The warpgroup prefill at head dim 128: 128 x 64 tiles, two
-        # consumer warpgroups.
+        # consumer warpgroups, every tile gathered with cp.async.
         "wgmma": dict(q=(1, 4, 150, 128), k=(1, 2, 300, 128), extra=["--q-offset", "end"],
-                      env={"PAGEDC_PREFILL_SHAPE": "128x64x64"}),
+                      env={"PAGEDC_PREFILL_SHAPE": "128x64x64", "PAGEDC_PREFILL_TMA": "0"}),
         # The same with K/V pages copied by tensor maps (the tiles below
         # kv_len; the tail tile, keys 256-299, gathered).
         "wgmma-tma": dict(q=(1, 4, 150, 128), k=(1, 2, 300, 128), extra=["--q-offset", "end"],
@@ -234,6 +241,7 @@ def main():
         "wgmma-pingpong": dict(q=(1, 4, 150, 128), k=(1, 2, 300, 128),
                                extra=["--q-offset", "end"],
                                env={"PAGEDC_PREFILL_SHAPE": "128x64x64",
+                                    "PAGEDC_PREFILL_TMA": "0",
                                     "PAGEDC_PREFILL_PINGPONG": "1"}),
     }
     env = dict(os.environ)
