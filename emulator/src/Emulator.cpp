@@ -370,6 +370,11 @@ struct Worker {
   /// the threads' vector clocks are kept (Thread::vc).
   bool ordering = false;
   std::vector<MBarrier> mbarriers;
+  /// Shared bytes read by more than two threads in the current read epoch
+  /// while the vector clocks are kept (ordering): each reader's latest
+  /// read clock (index thread), so that a later write is checked against
+  /// every reader rather than assumed to race (SharedShadow::manyReaders).
+  std::unordered_map<uint64_t, std::vector<uint32_t>> manyReaders;
   NamedBarrier named[16];
   std::vector<GroupRendezvous> warpgroups;
   bool aborted = false;
@@ -716,6 +721,7 @@ void runBlock(Worker &worker, uint64_t linearBlock) {
   worker.blockEpoch = worker.epoch;
   worker.ordering = false;
   worker.mbarriers.clear();
+  worker.manyReaders.clear();
   for (NamedBarrier &named : worker.named)
     named = NamedBarrier{};
   worker.warpgroups.assign((threads + 127) / 128, GroupRendezvous{});
@@ -920,6 +926,8 @@ void checkShared(Worker &worker, Thread &thread, uint64_t offset, size_t size, S
       }
       if (use == SharedUse::Read) {
         if (shadow.readEpoch != worker.epoch) {
+          if (shadow.manyReaders)
+            worker.manyReaders.erase(offset + i);
           shadow.readEpoch = worker.epoch;
           shadow.reader = self;
           shadow.readerClock = clock;
@@ -933,6 +941,16 @@ void checkShared(Worker &worker, Thread &thread, uint64_t offset, size_t size, S
           shadow.reader2 = self;
           shadow.reader2Clock = clock;
         } else {
+          if (worker.ordering) {
+            // Every reader's clock, for the ordering check of a later write.
+            std::vector<uint32_t> &clocks = worker.manyReaders[offset + i];
+            if (clocks.empty()) {
+              clocks.assign(worker.threadCount, 0);
+              clocks[shadow.reader - 1] = shadow.readerClock;
+              clocks[shadow.reader2 - 1] = shadow.reader2Clock;
+            }
+            clocks[self - 1] = std::max(clocks[self - 1], clock);
+          }
           shadow.manyReaders = 1;
         }
       } else {
@@ -948,6 +966,20 @@ void checkShared(Worker &worker, Thread &thread, uint64_t offset, size_t size, S
         return reader && !orderedBefore(worker, thread, reader, readClock, shadow.readEpoch);
       };
       const bool readsThisEpoch = shadow.readEpoch == worker.epoch;
+      // More than two readers: with their clocks kept, a reader this write
+      // is not ordered after; without, any (conservatively).
+      auto unorderedManyReader = [&]() -> uint16_t {
+        if (!shadow.manyReaders)
+          return 0;
+        auto found = worker.manyReaders.find(offset + i);
+        if (found == worker.manyReaders.end())
+          return shadow.reader;
+        const std::vector<uint32_t> &clocks = found->second;
+        for (size_t t = 0; t < clocks.size(); ++t)
+          if (clocks[t] && readBy(static_cast<uint16_t>(t + 1), clocks[t]))
+            return static_cast<uint16_t>(t + 1);
+        return 0;
+      };
       if (asyncBy && (use != SharedUse::AsyncIssue || asyncBy != self)) {
         raced = true;
         report("racecheck",
@@ -966,13 +998,14 @@ void checkShared(Worker &worker, Thread &thread, uint64_t offset, size_t size, S
                         : "thread " + std::to_string(shadow.writer - 1)) +
                    " with no ordering in between",
                siteText(where), offset + i, false);
-      } else if (readsThisEpoch && (readBy(shadow.reader, shadow.readerClock) ||
+      } else if (uint16_t many = 0;
+                 readsThisEpoch && (readBy(shadow.reader, shadow.readerClock) ||
                                     readBy(shadow.reader2, shadow.reader2Clock) ||
-                                    shadow.manyReaders)) {
+                                    (many = unorderedManyReader()) != 0)) {
         raced = true;
-        const uint16_t reader = readBy(shadow.reader, shadow.readerClock) ? shadow.reader
+        const uint16_t reader = readBy(shadow.reader, shadow.readerClock)     ? shadow.reader
                                 : readBy(shadow.reader2, shadow.reader2Clock) ? shadow.reader2
-                                                                              : shadow.reader;
+                                                                              : many;
         report("racecheck",
                std::string(use == SharedUse::BulkWrite ? "bulk copy write-after-read hazard: "
                                                        : "write-after-read hazard: ") +

@@ -228,8 +228,30 @@ __device__ void named_handoff(float *data, int bug) {
     data[tid] = words[tid - 128];
   }
 }
+
+/// One shared word read by all 128 threads, then rewritten by thread 0
+/// after a named barrier (bar.sync 1, 128) that orders every read before
+/// the write; bug 1: no barrier between the reads and the write.
+__device__ void many_readers(float *data, int bug) {
+  PAGEDC_EXTERN_SHARED(unsigned char, shared);
+  float *word = reinterpret_cast<float *>(shared);
+  const int tid = threadIdx.x;
+  if (tid == 0)
+    word[0] = data[0];
+  named_barrier_sync(1, 128);
+  const float first = word[0];
+  if (bug != 1)
+    named_barrier_sync(1, 128);
+  if (tid == 0)
+    word[0] = first + 1.0f;
+  named_barrier_sync(1, 128);
+  data[tid] = first + word[0];
+}
 } // namespace hopper_test
 
+extern "C" __global__ void many_readers(float *data, int bug) {
+  hopper_test::many_readers(data, bug);
+}
 extern "C" __global__ void wgmma_n64(float *data, int mode, int bug) {
   hopper_test::wgmma_gemm<64, false>(data, mode, bug);
 }
@@ -267,7 +289,8 @@ extern "C" __global__ void named_handoff(float *data, int bug) {
 
 const char *const kNames[] = {"wgmma_n64",          "wgmma_n128",         "wgmma_n64_trans_b",
                               "wgmma_n128_trans_b", "wgmma_n256_trans_b", "ring_bulk",
-                              "ring_tensor",        "ring_gather",        "named_handoff"};
+                              "ring_tensor",        "ring_gather",        "named_handoff",
+                              "many_readers"};
 
 std::string unitText() {
   return std::string(embeddedTemplate("Prelude.cuh")) +
@@ -622,6 +645,28 @@ TEST(Hopper, NamedBarrierOrdersWarpgroups) {
   bug = 1;
   emu::LaunchResult racy = launch("named_handoff", {&pointer, &bug}, 256, 1024);
   EXPECT_TRUE(hasReport(racy, "racecheck", "read-after-write")) << describe(racy);
+  emu::release(data);
+}
+
+// A word read by more than two threads keeps every reader's clock once the
+// block orders by named barriers or mbarriers: the write after a barrier
+// that follows all the reads is not a hazard; without it, it is.
+TEST(Hopper, NamedBarrierOrdersManyReadersBeforeAWrite) {
+  auto *data = static_cast<float *>(emu::allocate(128 * sizeof(float)));
+  for (int i = 0; i < 128; ++i)
+    data[i] = 0.25f + i;
+  emu::markWritten(data, 128 * sizeof(float));
+  float *pointer = data;
+  int bug = 0;
+  emu::LaunchResult ok = launch("many_readers", {&pointer, &bug}, 128, 1024);
+  ASSERT_TRUE(ok.ok) << describe(ok);
+  for (int i = 0; i < 128; ++i)
+    EXPECT_EQ(data[i], 2.0f * 0.25f + 1.0f) << i;
+  for (int i = 0; i < 128; ++i)
+    data[i] = 0.25f + i;
+  bug = 1;
+  emu::LaunchResult racy = launch("many_readers", {&pointer, &bug}, 128, 1024);
+  EXPECT_TRUE(hasReport(racy, "racecheck", "write-after-read")) << describe(racy);
   emu::release(data);
 }
 
