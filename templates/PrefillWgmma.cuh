@@ -10,9 +10,10 @@
 //    kPrefillStages stages (4 where shared memory allows), each thread
 //    arriving on the stage's full mbarrier when its copies land
 //    (cp.async.mbarrier.arrive.noinc), and waits on the stage's empty
-//    mbarrier before reusing it; any page size from 1 to 1024. A thread
-//    looks each page its rows lie in up once, up to 8 at a time, the first
-//    8 before the wait on the empty barrier (gather_kv_stage). (Run on an H100, a single
+//    mbarrier before reusing it; any page size from 1 to 1024. Each page a
+//    tile touches is looked up once, by one thread, before the wait on the
+//    empty barrier, and staged in shared memory for the copies
+//    (gather_kv_stage). (Run on an H100, a single
 //    producer warp waiting on a page-table load per copy, with two stages,
 //    held the kernel to 165-184 TFLOP/s: the consumers starved.) When the
 //    launch binds tensor maps of the caches (the third parameter,
@@ -52,15 +53,15 @@ constexpr int kPrefillThreads = kConsumerThreads + 128;
 /// registers with two consumer warpgroups); one consumer warpgroup takes
 /// all it can address (D 256 spilled 28-44 bytes at 240 with bias score
 /// mods), which leaves the producer 96 (at 56 the tensor-map copies spilled
-/// 24 bytes at D 256). With 128-key tiles the producer's copies of a tile
-/// spilled 20-68 bytes at 56 (pages of 16 and 32 rows): it takes 64 and the
-/// consumers 216.
-constexpr int kProducerRegisters = kConsumerGroups == 1 ? 96 : kBlockN == 128 ? 64 : 56;
+/// 24 bytes at D 256). (128-key tiles fit too since the gather reads its
+/// page indices from shared memory: holding them in registers it spilled
+/// 20-68 bytes at 56.)
+constexpr int kProducerRegisters = kConsumerGroups == 1 ? 96 : 56;
 /// Named barriers kTurnBarrier and kTurnBarrier + 1: the consumer
 /// warpgroups' turns to issue wgmmas when they ping-pong (0 is
 /// __syncthreads).
 constexpr unsigned kTurnBarrier = 1;
-constexpr int kConsumerRegisters = kConsumerGroups == 1 ? 256 : kBlockN == 128 ? 216 : 224;
+constexpr int kConsumerRegisters = kConsumerGroups == 1 ? 256 : 224;
 static_assert(128 * kProducerRegisters + kConsumerThreads * kConsumerRegisters <=
                   kPrefillThreads * (65536 / kPrefillThreads / 8 * 8),
               "setmaxnreg asks for more registers than the launch gave the CTA");
@@ -77,59 +78,63 @@ PAGEDC_DEVICE uint32_t atom_offset(int rows, int row, int chunk) {
   return (chunk >> 3) * atom_bytes(rows) + row * 128 + (((chunk & 7) ^ (row & 7)) << 4);
 }
 
+/// Pages a KV tile touches (tiles start at multiples of kBlockN).
+constexpr int kTilePages = kPageSize >= kBlockN ? 1 : kBlockN / kPageSize;
+static_assert(kTilePages <= 128, "one page index per producer thread");
+/// Named barrier of the producer warpgroup's 128 threads (0 is
+/// __syncthreads, 1 and 2 the consumers' turns).
+constexpr unsigned kProducerBarrier = 3;
+// Dynamic shared memory (KernelConfig::sharedMemoryBytes) and the page
+// index buffers must fit the 227 KiB a block may have.
+static_assert(1024 + (kBlockM + 2 * kStages * kBlockN) * kHeadDim * 2 + 128 +
+                      2 * kTilePages * 4 <= 227 * 1024,
+              "shared memory over 227 KiB");
+
 /// The producer warpgroup's gather of the K and V rows [kv_begin, kv_begin
 /// + kBlockN) (zeros past kv_len) into one stage, after waiting on the
-/// stage's empty mbarrier. Thread `thread` (0..127) copies chunk thread %
-/// kChunksPerRow of every kRowStep-th row. It looks up each page its rows
-/// lie in once: one per row when pages are shorter than kRowStep, else one
-/// per page of the tile (its rows of a page are kPageSize / kRowStep
-/// consecutive ones) — up to 8 lookups at once, the first 8 before the wait,
-/// so their loads overlap each other and the wait instead of each copy
-/// waiting on its own.
+/// stage's empty mbarrier. The tile's page indices are looked up once, one
+/// per thread (thread i: page i of the tile, -1 past kv_len), before the
+/// wait, and staged in `slots` (shared, kTilePages entries; the caller
+/// alternates two buffers), so a copy reads its page from shared memory
+/// instead of every thread holding page indices in registers. Thread
+/// `thread` (0..127) copies chunk thread % kChunksPerRow of every
+/// kRowStep-th row.
 /// kSameLayout: K and V pages have the same strides (the runtime's
 /// caches do), so one offset serves both copies.
 template <bool kSameLayout>
 PAGEDC_DEVICE void gather_kv_stage(uint32_t k_tile, uint32_t v_tile, const Element *k_head,
                                    const Element *v_head, int64_t k_page, int64_t k_slot,
                                    int64_t v_page, int64_t v_slot, const int32_t *page_row,
-                                   int kv_begin, int kv_len, int thread, uint32_t empty_bar,
-                                   unsigned empty_parity) {
+                                   int32_t *slots, int kv_begin, int kv_len, int thread,
+                                   uint32_t empty_bar, unsigned empty_parity) {
   static_assert((kBlockN * kChunksPerRow) % 128 == 0 && 128 % kChunksPerRow == 0,
                 "uneven K/V gather");
   constexpr int kRowStep = 128 / kChunksPerRow;
   constexpr int kRows = kBlockN / kRowStep;
-  // Lookups per thread and tile, and the thread's rows per lookup.
-  constexpr bool kPagePerRow = kPageSize < kRowStep;
-  constexpr int kLookups = kPagePerRow ? kRows : kPageSize >= kBlockN ? 1 : kBlockN / kPageSize;
-  constexpr int kRowsPerLookup = kRows / kLookups;
-  constexpr int kGroup = kLookups < 8 ? kLookups : 8;
+  int32_t page = -1;
+  if (thread < kTilePages) {
+    const int first_kv = kv_begin + thread * kPageSize;
+    if (first_kv < kv_len)
+      page = page_row[first_kv >> kLog2PageSize];
+  }
+  mbarrier_wait(empty_bar, empty_parity);
+  if (thread < kTilePages)
+    slots[thread] = page;
+  named_barrier_sync(kProducerBarrier, 128);
   const int chunk = thread % kChunksPerRow, first_row = thread / kChunksPerRow;
 #pragma unroll
-  for (int group = 0; group < kLookups; group += kGroup) {
-    int32_t pages[kGroup];
-#pragma unroll
-    for (int i = 0; i < kGroup; ++i) {
-      // The first key of the lookup's rows: past kv_len, none is copied.
-      const int kv = kv_begin + (kPagePerRow ? first_row + (group + i) * kRowStep
-                                             : (group + i) * kPageSize);
-      pages[i] = kv < kv_len ? page_row[kv >> kLog2PageSize] : -1;
-    }
-    if (group == 0)
-      mbarrier_wait(empty_bar, empty_parity);
-#pragma unroll
-    for (int r = 0; r < kGroup * kRowsPerLookup; ++r) {
-      const int row = first_row + (group * kRowsPerLookup + r) * kRowStep;
-      const int64_t slot = (kv_begin + row) & (kPageSize - 1);
-      const int32_t page_index = pages[r / kRowsPerLookup];
-      const bool valid = page_index >= 0 && kv_begin + row < kv_len;
-      const int64_t page = valid ? page_index : 0;
-      const uint32_t offset = atom_offset(kBlockN, row, chunk);
-      const int64_t k_offset = valid ? page * k_page + slot * k_slot + chunk * 8 : 0;
-      const int64_t v_offset =
-          kSameLayout ? k_offset : (valid ? page * v_page + slot * v_slot + chunk * 8 : 0);
-      cp_async_16(k_tile + offset, k_head + k_offset, valid ? 16 : 0);
-      cp_async_16(v_tile + offset, v_head + v_offset, valid ? 16 : 0);
-    }
+  for (int r = 0; r < kRows; ++r) {
+    const int row = first_row + r * kRowStep;
+    const int64_t slot = (kv_begin + row) & (kPageSize - 1);
+    const int32_t page_index = slots[row >> kLog2PageSize];
+    const bool valid = page_index >= 0 && kv_begin + row < kv_len;
+    const int64_t page = valid ? page_index : 0;
+    const uint32_t offset = atom_offset(kBlockN, row, chunk);
+    const int64_t k_offset = valid ? page * k_page + slot * k_slot + chunk * 8 : 0;
+    const int64_t v_offset =
+        kSameLayout ? k_offset : (valid ? page * v_page + slot * v_slot + chunk * 8 : 0);
+    cp_async_16(k_tile + offset, k_head + k_offset, valid ? 16 : 0);
+    cp_async_16(v_tile + offset, v_head + v_offset, valid ? 16 : 0);
   }
 }
 
@@ -318,7 +323,11 @@ extern "C" __global__ void __launch_bounds__(pagedc::kPrefillThreads, 1)
     // Tiles below kv_len by bulk tensor copies when the launch gave maps
     // (the tail tile is gathered: its rows past kv_len must be zeros).
     const bool use_tma = kTmaPages && wg.tensor_maps != 0;
-    int visit = 0;
+    // The page indices of gathered tiles, two buffers used in turn: a
+    // buffer is rewritten two gathers later, after every producer thread
+    // passed the next gather's barrier, so after its reads.
+    PAGEDC_SHARED(int32_t, page_slots, 2 * kTilePages);
+    int visit = 0, gathered = 0;
     for (int pass = pass_first; pass <= pass_last; ++pass) {
       KvVisits<kBlockN> visits;
       if (!visits.start(args, b, h, pass, kv_len))
@@ -339,17 +348,19 @@ extern "C" __global__ void __launch_bounds__(pagedc::kPrefillThreads, 1)
             continue;
           }
         }
+        int32_t *slots = page_slots + (gathered & 1) * kTilePages;
         if (same_layout)
           gather_kv_stage<true>(k_tile, k_tile + kBlockN * kRowBytes, k_head, v_head,
                                 args.k_stride[1], args.k_stride[2], args.v_stride[1],
-                                args.v_stride[2], page_row, kv, kv_len, thread, empty + 8 * stage,
-                                ((visit / kStages) & 1) ^ 1);
+                                args.v_stride[2], page_row, slots, kv, kv_len, thread,
+                                empty + 8 * stage, ((visit / kStages) & 1) ^ 1);
         else
           gather_kv_stage<false>(k_tile, k_tile + kBlockN * kRowBytes, k_head, v_head,
                                  args.k_stride[1], args.k_stride[2], args.v_stride[1],
-                                 args.v_stride[2], page_row, kv, kv_len, thread, empty + 8 * stage,
-                                 ((visit / kStages) & 1) ^ 1);
+                                 args.v_stride[2], page_row, slots, kv, kv_len, thread,
+                                 empty + 8 * stage, ((visit / kStages) & 1) ^ 1);
         cp_async_mbarrier_arrive(full + 8 * stage);
+        ++gathered;
         ++visit;
       }
     }

@@ -122,8 +122,8 @@ BUGS = {
         "wgmma"),
     "wgmma-stage-reused-before-release": (
         "PrefillWgmma.cuh",
-        "    if (group == 0)\n      mbarrier_wait(empty_bar, empty_parity);\n",
-        "",
+        "  mbarrier_wait(empty_bar, empty_parity);\n  if (thread < kTilePages)\n",
+        "  if (thread < kTilePages)\n",
         "wgmma"),
     "wgmma-full-barrier-count-short": (
         "PrefillWgmma.cuh",
@@ -139,9 +139,10 @@ BUGS = {
     # tile's S and softmax run) with its stage released before it
     # completes (at head dims <= 128 the release after the last tile's
     # PV, which finish_pv does, has no later writer to race with); the
-    # producer warpgroup's gather copying every row of a thread from the
-    # page of its first lookup (16-row pages: two rows per lookup), or from
-    # its first row's slot.
+    # producer warpgroup's gather copying every row from the tile's first
+    # page, or from its first row's slot; its page indices staged in
+    # shared memory read before the producer barrier, or in one buffer that
+    # the next tile overwrites while this one's copies still read it.
     "wgmma-pending-stage-released-before-pv-wait": (
         "PrefillWgmma.cuh",
         "        wgmma_wait<0>();\n        wgmma_fence_operands(o_acc);\n"
@@ -151,13 +152,23 @@ BUGS = {
         "wgmma"),
     "wgmma-gather-rows-share-first-page": (
         "PrefillWgmma.cuh",
-        "      const int32_t page_index = pages[r / kRowsPerLookup];\n",
-        "      const int32_t page_index = pages[0];\n",
+        "    const int32_t page_index = slots[row >> kLog2PageSize];\n",
+        "    const int32_t page_index = slots[0];\n",
+        "wgmma"),
+    "wgmma-page-slots-read-before-barrier": (
+        "PrefillWgmma.cuh",
+        "  named_barrier_sync(kProducerBarrier, 128);\n",
+        "",
+        "wgmma"),
+    "wgmma-page-slots-one-buffer": (
+        "PrefillWgmma.cuh",
+        "        int32_t *slots = page_slots + (gathered & 1) * kTilePages;\n",
+        "        int32_t *slots = page_slots;\n",
         "wgmma"),
     "wgmma-gather-slot-of-wrong-row": (
         "PrefillWgmma.cuh",
-        "      const int64_t slot = (kv_begin + row) & (kPageSize - 1);\n",
-        "      const int64_t slot = (kv_begin + first_row) & (kPageSize - 1);\n",
+        "    const int64_t slot = (kv_begin + row) & (kPageSize - 1);\n",
+        "    const int64_t slot = (kv_begin + first_row) & (kPageSize - 1);\n",
         "wgmma"),
     # The warpgroup prefill's tensor-map copies (the default; set
     # explicitly, PAGEDC_PREFILL_TMA=1): the

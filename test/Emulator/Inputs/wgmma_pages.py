@@ -2,10 +2,10 @@
 """The warpgroup prefill's K/V copies at page sizes the GPU pack does not
 hold, on the SIMT emulator (every checker on).
 
-The gather looks a page up once per row when pages are shorter than the rows
-one thread steps over (kRowStep: 16 at head dim 64, 8 at 128, 4 at 256), else once per
-page of the tile or once per tile; tensor-map copies (the default) take pages
-of 16 rows or more. Each run is `pagedc run --device emu` of causal attention
+The gather looks each page a tile touches up once (one per row at page 1,
+one per tile when a page holds it) and stages the indices in shared memory;
+tensor-map copies (the default) take pages of 16 rows or more. Each run is
+`pagedc run --device emu` of causal attention
 (150 query rows against 333 keys, GQA 2, shuffled pages) against the float64
 reference, for 64- and 128-key tiles (32-key at head dim 256), with tensor
 maps off (PAGEDC_PREFILL_TMA=0) and on. Prints one line per run and a summary; exit status 1 on any failure.
