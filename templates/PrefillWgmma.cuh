@@ -111,15 +111,15 @@ PAGEDC_DEVICE void gather_kv_stage(uint32_t k_tile, uint32_t v_tile, const Eleme
                 "uneven K/V gather");
   constexpr int kRowStep = 128 / kChunksPerRow;
   constexpr int kRows = kBlockN / kRowStep;
-  int32_t page = -1;
+  int32_t lookup = -1;
   if (thread < kTilePages) {
     const int first_kv = kv_begin + thread * kPageSize;
     if (first_kv < kv_len)
-      page = page_row[first_kv >> kLog2PageSize];
+      lookup = page_row[first_kv >> kLog2PageSize];
   }
   mbarrier_wait(empty_bar, empty_parity);
   if (thread < kTilePages)
-    slots[thread] = page;
+    slots[thread] = lookup;
   named_barrier_sync(kProducerBarrier, 128);
   const int chunk = thread % kChunksPerRow, first_row = thread / kChunksPerRow;
 #pragma unroll
