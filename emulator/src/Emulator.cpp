@@ -941,8 +941,12 @@ void checkShared(Worker &worker, Thread &thread, uint64_t offset, size_t size, S
           shadow.reader2 = self;
           shadow.reader2Clock = clock;
         } else {
-          if (worker.ordering) {
-            // Every reader's clock, for the ordering check of a later write.
+          // Every reader's clock, for the ordering check of a later write;
+          // only from the third reader on (a byte that had many readers
+          // before the block began ordering stays conservative: the
+          // readers between the first two and now are not known).
+          if (worker.ordering &&
+              (!shadow.manyReaders || worker.manyReaders.count(offset + i) != 0)) {
             std::vector<uint32_t> &clocks = worker.manyReaders[offset + i];
             if (clocks.empty()) {
               clocks.assign(worker.threadCount, 0);

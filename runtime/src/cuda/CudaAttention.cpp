@@ -580,13 +580,12 @@ CudaAttentionLaunch::CudaAttentionLaunch(std::shared_ptr<const CudaKernel> kerne
 std::string CudaAttentionLaunch::applyPrefillOptions(int64_t kPages, int64_t vPages) {
   if (plan_.launches.empty() || plan_.launches[0].arguments.size() != 3)
     return "";
-  if (prefillTensorMapsRequested()) {
-    setPrefillPingPong(plan_, prefillPingPongRequested());
+  if (prefillTensorMapsRequested())
     bindPrefillTensorMaps(cudaUseDevice(kernel_->device), kernel_->config, plan_, kPages, vPages);
-  } else {
+  else
     plan_.launches[0].note = "gather (PAGEDC_PREFILL_TMA=0)";
-    setPrefillPingPong(plan_, prefillPingPongRequested());
-  }
+  // After the copy path's note: setPrefillPingPong appends ", ping-pong".
+  setPrefillPingPong(plan_, prefillPingPongRequested());
   return plan_.launches[0].note;
 }
 

@@ -631,11 +631,19 @@ TEST(Hopper, TensorMapEncodingChecksItsArguments) {
   emu::release(bytes);
 }
 
+/// Device floats first, first + 1, ... (`count` of them), marked written;
+/// with `data`, refills that allocation instead.
+float *rampFloats(int count, float first, float *data = nullptr) {
+  if (!data)
+    data = static_cast<float *>(emu::allocate(count * sizeof(float)));
+  for (int i = 0; i < count; ++i)
+    data[i] = first + i;
+  emu::markWritten(data, count * sizeof(float));
+  return data;
+}
+
 TEST(Hopper, NamedBarrierOrdersWarpgroups) {
-  auto *data = static_cast<float *>(emu::allocate(256 * sizeof(float)));
-  for (int i = 0; i < 256; ++i)
-    data[i] = 0.5f + i;
-  emu::markWritten(data, 256 * sizeof(float));
+  float *data = rampFloats(256, 0.5f);
   float *pointer = data;
   int bug = 0;
   emu::LaunchResult ok = launch("named_handoff", {&pointer, &bug}, 256, 1024);
@@ -652,18 +660,14 @@ TEST(Hopper, NamedBarrierOrdersWarpgroups) {
 // block orders by named barriers or mbarriers: the write after a barrier
 // that follows all the reads is not a hazard; without it, it is.
 TEST(Hopper, NamedBarrierOrdersManyReadersBeforeAWrite) {
-  auto *data = static_cast<float *>(emu::allocate(128 * sizeof(float)));
-  for (int i = 0; i < 128; ++i)
-    data[i] = 0.25f + i;
-  emu::markWritten(data, 128 * sizeof(float));
+  float *data = rampFloats(128, 0.25f);
   float *pointer = data;
   int bug = 0;
   emu::LaunchResult ok = launch("many_readers", {&pointer, &bug}, 128, 1024);
   ASSERT_TRUE(ok.ok) << describe(ok);
   for (int i = 0; i < 128; ++i)
     EXPECT_EQ(data[i], 2.0f * 0.25f + 1.0f) << i;
-  for (int i = 0; i < 128; ++i)
-    data[i] = 0.25f + i;
+  rampFloats(128, 0.25f, data);
   bug = 1;
   emu::LaunchResult racy = launch("many_readers", {&pointer, &bug}, 128, 1024);
   EXPECT_TRUE(hasReport(racy, "racecheck", "write-after-read")) << describe(racy);
