@@ -47,6 +47,12 @@ constexpr int kRowWarps = kDecodeRows <= 16 ? 1 : kDecodeRows <= 32 ? 2 : 4;
 constexpr int kPaddedRows = kRowWarps * 16;
 constexpr int kKvWarps = 4 / kRowWarps;
 constexpr int kColumnsPerWarp = kDecodeTileN / kKvWarps;
+/// Rows a thread holds that can be real: a thread holds rows lane / 4 and
+/// lane / 4 + 8 of its row-warp's 16, so with at most 8 rows (GQA <= 8,
+/// one token) the second is padding and gets no mod, softmax or rescale.
+constexpr int kRowHalves = kDecodeRows <= 8 ? 1 : 2;
+/// Pages one 64-key tile touches (tiles start at multiples of 64 keys).
+constexpr int kDecodeTilePages = kPageSize >= kDecodeTileN ? 1 : kDecodeTileN / kPageSize;
 /// Most kv blocks of the block mask one split may cover.
 constexpr int kMaxSplitBlocks = pagedc_config::kMaxSplitBlocks;
 constexpr bool kDecodeQInRegisters = kHeadDim <= 128;
@@ -97,25 +103,49 @@ PAGEDC_DEVICE bool decode_mask_row(const PagedcAttentionKernelArgs &args, int ro
   return true;
 }
 
+/// Stores the lengths of the CTA's rows' block lists in `counts`: the
+/// partial list's at 2 * row, the full list's at 2 * row + 1, 0 for a row
+/// that does not exist or whose q block is outside the mask, at most
+/// max_kv_blocks. One round of loads (thread r reads row r's), where a walk
+/// over the rows would chain them: a decode CTA's prologue runs before any
+/// K/V byte moves, so its load latency adds to the whole launch.
+PAGEDC_DEVICE void load_list_counts(const PagedcAttentionKernelArgs &args, int kv_head,
+                                    int head_chunk, int b, int q_offset, int thread,
+                                    int *counts) {
+  static_assert(kPaddedRows <= kDecodeThreads, "a thread per row");
+  if (thread < kPaddedRows) {
+    int partial = 0, full = 0;
+    int64_t mask_row_index;
+    if (decode_mask_row(args, thread, kv_head, head_chunk, b, q_offset, mask_row_index)) {
+      partial = args.kv_num_blocks[mask_row_index];
+      full = args.full_kv_num_blocks ? args.full_kv_num_blocks[mask_row_index] : 0;
+    }
+    counts[2 * thread] = imax(imin(partial, args.max_kv_blocks), 0);
+    counts[2 * thread + 1] = imax(imin(full, args.max_kv_blocks), 0);
+  }
+}
+
 /// Calls visit(row, block, class) for every kv block the CTA's rows list,
-/// class 1 for a partial block and 2 for a full one; each row's partial
-/// list comes before its full list, threads striding over each list.
+/// class 1 for a partial block and 2 for a full one. Lists (two per row,
+/// lengths from load_list_counts) go to the warps in turn and a warp's
+/// lanes stride over each: with up to 8 real rows a warp walks at most 4
+/// lists, and their loads do not wait on a length load.
 template <typename Visit>
 PAGEDC_DEVICE void for_listed_blocks(const PagedcAttentionKernelArgs &args, int kv_head,
-                                     int head_chunk, int b, int q_offset, int thread,
-                                     Visit visit) {
-  for (int row = 0; row < kPaddedRows; ++row) {
-    int64_t mask_row_index;
-    if (!decode_mask_row(args, row, kv_head, head_chunk, b, q_offset, mask_row_index))
+                                     int head_chunk, int b, int q_offset, const int *counts,
+                                     int warp, int lane, Visit visit) {
+  for (int list = warp; list < 2 * kPaddedRows; list += kDecodeThreads / 32) {
+    const int count = counts[list];
+    if (count == 0)
       continue;
-    const int32_t *partial = args.kv_indices + mask_row_index * args.max_kv_blocks;
-    for (int i = thread; i < args.kv_num_blocks[mask_row_index]; i += kDecodeThreads)
-      visit(row, partial[i], uint8_t(1));
-    if (args.full_kv_num_blocks) {
-      const int32_t *full = args.full_kv_indices + mask_row_index * args.max_kv_blocks;
-      for (int i = thread; i < args.full_kv_num_blocks[mask_row_index]; i += kDecodeThreads)
-        visit(row, full[i], uint8_t(2));
-    }
+    const int row = list >> 1;
+    int64_t mask_row_index;
+    decode_mask_row(args, row, kv_head, head_chunk, b, q_offset, mask_row_index);
+    const bool full = list & 1;
+    const int32_t *blocks = (full ? args.full_kv_indices : args.kv_indices) +
+                            mask_row_index * args.max_kv_blocks;
+    for (int i = lane; i < count; i += 32)
+      visit(row, blocks[i], uint8_t(full ? 2 : 1));
   }
 }
 } // namespace pagedc
@@ -148,15 +178,38 @@ extern "C" __global__ void __launch_bounds__(pagedc::kDecodeThreads)
   unsigned *keep_words = reinterpret_cast<unsigned *>(range_words + 8);
   int *keep_tiles = reinterpret_cast<int *>(keep_words + 4); // + the count
   uint64_t *keep_bits = reinterpret_cast<uint64_t *>(keep_tiles + kKeepTable + 4);
+  // The rows' block-list lengths (load_list_counts), in the first K stage:
+  // read only before the first K/V copy is issued.
+  int *list_counts = reinterpret_cast<int *>(shared + kDecodeQBytes);
+  // The pages of the next tile to copy (after the kv-warp merge region).
+  int32_t *page_slots = reinterpret_cast<int32_t *>(tile_seen + kMaxSplitBlocks +
+                                                    2 * 64 * sizeof(float));
+  static_assert(2 * kPaddedRows * 4 <= kDecodeStageBytes, "list lengths fit a stage");
   const bool has_block_mask = args.kv_num_blocks != nullptr;
+
+  // Query rows: head-major, token-minor; gathered from q [B, Hq, Lq, D].
+  // Issued first: their copy overlaps the block-list loads below.
+  const Element *q_batch = static_cast<const Element *>(args.q) + b * args.q_stride[0];
+#pragma unroll
+  for (int i = 0; i < kPaddedRows * kChunksPerRow / kDecodeThreads; ++i) {
+    int index = thread + i * kDecodeThreads;
+    int row = index / kChunksPerRow, chunk = index % kChunksPerRow;
+    DecodeRow info = decode_row(row, kv_head, head_chunk, args.q_len);
+    const Element *source = q_batch + info.head * args.q_stride[1] +
+                            info.token * args.q_stride[2] + chunk * 8;
+    cp_async_16(q_tile + tile_offset(row, chunk), source, info.valid ? 16 : 0);
+  }
+  cp_async_commit();
 
   // The kv range this CTA's rows see: [0, kv_len) without a block mask,
   // else the kv blocks from the lowest to the highest any row lists.
   int range_begin = 0, range_end = kv_len, granule = kDecodeTileN;
   if (has_block_mask) {
     granule = args.kv_block_size;
+    load_list_counts(args, kv_head, head_chunk, b, q_offset, thread, list_counts);
+    __syncthreads();
     int first = 0x7fffffff, last = -1;
-    for_listed_blocks(args, kv_head, head_chunk, b, q_offset, thread,
+    for_listed_blocks(args, kv_head, head_chunk, b, q_offset, list_counts, warp, lane,
                       [&](int, int block, uint8_t) {
                         first = imin(first, block);
                         last = imax(last, block);
@@ -201,19 +254,6 @@ extern "C" __global__ void __launch_bounds__(pagedc::kDecodeThreads)
   const int split_end = static_cast<int>(
       imin64(split_at + static_cast<int64_t>(split_granules) * granule, range_end));
 
-  // Query rows: head-major, token-minor; gathered from q [B, Hq, Lq, D].
-  const Element *q_batch = static_cast<const Element *>(args.q) + b * args.q_stride[0];
-#pragma unroll
-  for (int i = 0; i < kPaddedRows * kChunksPerRow / kDecodeThreads; ++i) {
-    int index = thread + i * kDecodeThreads;
-    int row = index / kChunksPerRow, chunk = index % kChunksPerRow;
-    DecodeRow info = decode_row(row, kv_head, head_chunk, args.q_len);
-    const Element *source = q_batch + info.head * args.q_stride[1] +
-                            info.token * args.q_stride[2] + chunk * 8;
-    cp_async_16(q_tile + tile_offset(row, chunk), source, info.valid ? 16 : 0);
-  }
-  cp_async_commit();
-
   const Element *k_head =
       static_cast<const Element *>(args.k_cache) + kv_head * args.k_stride[0];
   const Element *v_head =
@@ -245,7 +285,7 @@ extern "C" __global__ void __launch_bounds__(pagedc::kDecodeThreads)
     for (int i = thread; i < kDecodeClassBytes; i += kDecodeThreads)
       classes[i] = 0;
     __syncthreads();
-    for_listed_blocks(args, kv_head, head_chunk, b, q_offset, thread,
+    for_listed_blocks(args, kv_head, head_chunk, b, q_offset, list_counts, warp, lane,
                       [&](int row, int block, uint8_t block_class) {
                         block -= block_begin;
                         if (block >= 0 && block < block_count)
@@ -346,15 +386,39 @@ extern "C" __global__ void __launch_bounds__(pagedc::kDecodeThreads)
     return tile;
   };
 
-  uint64_t keep;
-  int tile = next_tile(0, keep), stage = 0;
-  if (tile < tiles)
+  // The pages of a tile's rows are staged in shared memory (page_slots,
+  // one per page the tile touches) by the threads below kTilePages: the
+  // page of tile `after` is loaded into a register at the top of an
+  // iteration and stored after the tile's math, so its latency hides behind
+  // that math; the copies of the next iteration read it from shared memory.
+  auto stage_page = [&](int which) -> int32_t {
+    const int kv = split_begin + which * kDecodeTileN + thread * kPageSize;
+    return thread < kDecodeTilePages && kv < split_end ? page_row[kv >> kLog2PageSize] : 0;
+  };
+  auto copy_tile = [&](int into_stage, int which, uint64_t keep_rows) {
+    const int kv_begin = split_begin + which * kDecodeTileN;
     load_kv_tiles<kDecodeTileN, kDecodeThreads>(
-        k_tiles, v_tiles, k_head, v_head, args.k_stride[1], args.k_stride[2],
-        args.v_stride[1], args.v_stride[2], page_row,
-        split_begin + tile * kDecodeTileN, split_end, thread, keep);
+        k_tiles + into_stage * kDecodeStageBytes, v_tiles + into_stage * kDecodeStageBytes,
+        k_head, v_head, args.k_stride[1], args.k_stride[2], args.v_stride[1],
+        args.v_stride[2],
+        [&](int kv) { return page_slots[(kv - kv_begin) >> kLog2PageSize]; }, kv_begin,
+        split_end, thread, keep_rows);
+  };
+  uint64_t keep, keep_next;
+  int tile = next_tile(0, keep), stage = 0;
+  int32_t staged = tile < tiles ? stage_page(tile) : 0;
+  if (thread < kDecodeTilePages)
+    page_slots[thread] = staged;
+  __syncthreads();
+  if (tile < tiles)
+    copy_tile(0, tile, keep);
   cp_async_commit();
+  int next = next_tile(tile + 1, keep_next);
+  staged = next < tiles ? stage_page(next) : 0;
   cp_async_wait<1>();
+  __syncthreads();
+  if (thread < kDecodeTilePages)
+    page_slots[thread] = staged;
   __syncthreads();
   uint32_t q_regs[kDecodeQInRegisters ? kHeadDim / 16 : 1][4];
   if constexpr (kDecodeQInRegisters) {
@@ -365,15 +429,12 @@ extern "C" __global__ void __launch_bounds__(pagedc::kDecodeThreads)
 
   while (tile < tiles) {
     const int kv_begin = split_begin + tile * kDecodeTileN;
-    const int next = next_tile(tile + 1, keep);
     if (next < tiles)
-      load_kv_tiles<kDecodeTileN, kDecodeThreads>(
-          k_tiles + (stage ^ 1) * kDecodeStageBytes,
-          v_tiles + (stage ^ 1) * kDecodeStageBytes, k_head, v_head,
-          args.k_stride[1], args.k_stride[2], args.v_stride[1],
-          args.v_stride[2], page_row, split_begin + next * kDecodeTileN,
-          split_end, thread, keep);
+      copy_tile(stage ^ 1, next, keep_next);
     cp_async_commit();
+    uint64_t keep_after = 0;
+    const int after = next < tiles ? next_tile(next + 1, keep_after) : tiles;
+    staged = after < tiles ? stage_page(after) : 0;
     cp_async_wait<1>();
     __syncthreads();
 
@@ -392,14 +453,20 @@ extern "C" __global__ void __launch_bounds__(pagedc::kDecodeThreads)
     warp_scores<kNTiles, kDecodeQInRegisters>(
         scores, q_regs, q_tile, row_warp * 16, k_tiles + stage * kDecodeStageBytes,
         kv_warp * kColumnsPerWarp, lane);
-    apply_mods<kNTiles>(scores, params, mask_rows, score_rows, b_of, h_of, q_of,
-                        visible, check_mask, kv_begin + kv_warp * kColumnsPerWarp,
-                        split_end, args.scale, lane);
-    online_softmax<kNTiles>(state, scores, out);
+    apply_mods<kNTiles, kRowHalves>(scores, params, mask_rows, score_rows, b_of, h_of, q_of,
+                                    visible, check_mask, kv_begin + kv_warp * kColumnsPerWarp,
+                                    split_end, args.scale, lane);
+    online_softmax<kNTiles, kRowHalves>(state, scores, out);
     warp_accumulate<kNTiles>(out, scores, v_tiles + stage * kDecodeStageBytes,
                              kv_warp * kColumnsPerWarp, lane);
+    // The copies above read page_slots before the barrier that precedes
+    // the math: the slots take tile `after`'s pages now.
+    if (thread < kDecodeTilePages)
+      page_slots[thread] = staged;
     __syncthreads();
     tile = next;
+    next = after;
+    keep_next = keep_after;
     stage ^= 1;
   }
   cp_async_wait<0>();
@@ -412,7 +479,7 @@ extern "C" __global__ void __launch_bounds__(pagedc::kDecodeThreads)
   float *merged = reinterpret_cast<float *>(shared + kDecodeQBytes);
   float row_scale[2], row_lse[2];
 #pragma unroll
-  for (int half = 0; half < 2; ++half) {
+  for (int half = 0; half < kRowHalves; ++half) {
     float sum = quad_sum(state.sum[half]);
     if ((lane & 3) == 0) {
       part_max[kv_warp * kPaddedRows + local_row[half]] = state.max[half];
@@ -421,7 +488,7 @@ extern "C" __global__ void __launch_bounds__(pagedc::kDecodeThreads)
   }
   __syncthreads();
 #pragma unroll
-  for (int half = 0; half < 2; ++half) {
+  for (int half = 0; half < kRowHalves; ++half) {
     float row_max = -infinity();
 #pragma unroll
     for (int w = 0; w < kKvWarps; ++w)
@@ -439,7 +506,7 @@ extern "C" __global__ void __launch_bounds__(pagedc::kDecodeThreads)
   for (int w = 0; w < kKvWarps; ++w) {
     if (kv_warp == w) {
 #pragma unroll
-      for (int half = 0; half < 2; ++half) {
+      for (int half = 0; half < kRowHalves; ++half) {
         float *merged_row = merged + local_row[half] * kHeadDim + 2 * (lane & 3);
 #pragma unroll
         for (int d = 0; d < kHeadDim / 8; ++d) {
@@ -461,7 +528,7 @@ extern "C" __global__ void __launch_bounds__(pagedc::kDecodeThreads)
   const bool single_split = args.num_splits == 1;
   if (kv_warp == 0 && (lane & 3) == 0) {
 #pragma unroll
-    for (int half = 0; half < 2; ++half) {
+    for (int half = 0; half < kRowHalves; ++half) {
       DecodeRow info = decode_row(local_row[half], kv_head, head_chunk, args.q_len);
       if (!info.valid)
         continue;

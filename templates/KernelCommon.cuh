@@ -146,20 +146,19 @@ PAGEDC_DEVICE void load_query_tile(uint32_t tile, const Element *q_rows,
 }
 
 /// Loads KV rows [kv_begin, kv_begin + kRows) of one KV head into the K and
-/// V tiles, translating each logical row to its page once for both tensors.
+/// V tiles, translating each logical row to its page once for both tensors
+/// (`page_of(kv)`: the page table, or pages staged in shared memory).
 /// Rows at or past kv_len, and rows whose bit in `keep_rows` is clear, are
 /// zero-filled and never read from memory.
-template <int kRows, int kThreads>
+template <int kRows, int kThreads, typename PageOf>
 PAGEDC_DEVICE void load_kv_tiles(uint32_t k_tile, uint32_t v_tile,
                                  const Element *k_head,
                                  // [pages, page_size, D] strides k_page, k_slot
                                  const Element *v_head,
                                  // [pages, page_size, D] strides v_page, v_slot
                                  int64_t k_page, int64_t k_slot, int64_t v_page,
-                                 int64_t v_slot,
-                                 const int32_t *page_row, // [max pages]
-                                 int kv_begin, int kv_len, int thread,
-                                 uint64_t keep_rows = ~static_cast<uint64_t>(0)) {
+                                 int64_t v_slot, PageOf page_of, int kv_begin, int kv_len,
+                                 int thread, uint64_t keep_rows = ~static_cast<uint64_t>(0)) {
   static_assert(kRows <= 64, "keep_rows has a bit per tile row");
   static_assert((kRows * kChunksPerRow) % kThreads == 0, "uneven KV tile load");
   // Unrolled by two: fully unrolled, ptxas holds every row's page and both
@@ -171,7 +170,7 @@ PAGEDC_DEVICE void load_kv_tiles(uint32_t k_tile, uint32_t v_tile,
     int row = index / kChunksPerRow, chunk = index % kChunksPerRow;
     int kv = kv_begin + row;
     bool valid = kv < kv_len && ((keep_rows >> row) & 1);
-    int64_t page = valid ? page_row[kv >> kLog2PageSize] : 0;
+    int64_t page = valid ? page_of(kv) : 0;
     int slot = kv & (kPageSize - 1);
     const Element *k_source =
         k_head + (valid ? page * k_page + slot * k_slot : 0) + chunk * 8;
@@ -182,6 +181,13 @@ PAGEDC_DEVICE void load_kv_tiles(uint32_t k_tile, uint32_t v_tile,
     cp_async_16(v_tile + offset, v_source, valid ? 16 : 0);
   }
 }
+
+/// The page-table lookup of load_kv_tiles: `page_row` is the sequence's row
+/// of the page table.
+struct PageTableRow {
+  const int32_t *page_row;
+  PAGEDC_DEVICE int32_t operator()(int kv) const { return page_row[kv >> kLog2PageSize]; }
+};
 
 /// A-operand fragments of 16 query rows for k-step `k_step` (16 columns).
 PAGEDC_DEVICE void load_query_fragment(uint32_t (&fragment)[4], uint32_t tile,
@@ -430,14 +436,27 @@ template <int kTile> struct KvVisits {
 /// `scores` into probabilities, and gives each of the thread's two rows the
 /// factor its output accumulator must be scaled by (rescale_rows).
 ///
+/// `kHalves` (1 or 2): how many of the thread's two rows (lane / 4, then
+/// lane / 4 + 8) can be real. With 1 (a decode CTA of at most 8 query rows)
+/// the second row is padding: its probabilities are 0 and its factor 1,
+/// with no work spent on it.
+///
 /// `factor` (> 0) multiplies the scores first (apply_mods with
 /// scale_in_softmax left the scale·log2(e) out: the softmax then spends an
 /// FFMA where a multiply and a subtraction were); 1 when they are scaled.
-template <int kNTiles>
+template <int kNTiles, int kHalves = 2>
 PAGEDC_DEVICE void softmax_tile(RowState &state, float (&scores)[kNTiles][4],
                                 float (&rescale)[2], float factor = 1.0f) {
+  static_assert(kHalves == 1 || kHalves == 2, "a thread holds one or two rows");
 #pragma unroll
   for (int half = 0; half < 2; ++half) {
+    if (half >= kHalves) {
+      rescale[half] = 1.0f;
+#pragma unroll
+      for (int j = 0; j < kNTiles; ++j)
+        scores[j][2 * half] = scores[j][2 * half + 1] = 0.0f;
+      continue;
+    }
     float tile_max = -infinity();
 #pragma unroll
     for (int j = 0; j < kNTiles; ++j)
@@ -460,9 +479,10 @@ PAGEDC_DEVICE void softmax_tile(RowState &state, float (&scores)[kNTiles][4],
   }
 }
 
+template <int kHalves = 2>
 PAGEDC_DEVICE void rescale_rows(float (&out)[kHeadDim / 8][4], const float (&rescale)[2]) {
 #pragma unroll
-  for (int half = 0; half < 2; ++half)
+  for (int half = 0; half < kHalves; ++half)
 #pragma unroll
     for (int d = 0; d < kHeadDim / 8; ++d) {
       out[d][2 * half] *= rescale[half];
@@ -470,13 +490,17 @@ PAGEDC_DEVICE void rescale_rows(float (&out)[kHeadDim / 8][4], const float (&res
     }
 }
 
-/// softmax_tile, then the output accumulator's rescale.
-template <int kNTiles>
+/// softmax_tile, then the output accumulator's rescale. Once the row maxima
+/// settle, every row's factor is exactly 1 (ex2 of 0): when that holds for
+/// the whole warp the D / 4 multiplies per row are skipped (exact either
+/// way; the vote is warp-uniform, so the branch does not diverge).
+template <int kNTiles, int kHalves = 2>
 PAGEDC_DEVICE void online_softmax(RowState &state, float (&scores)[kNTiles][4],
                                   float (&out)[kHeadDim / 8][4]) {
   float rescale[2];
-  softmax_tile<kNTiles>(state, scores, rescale);
-  rescale_rows(out, rescale);
+  softmax_tile<kNTiles, kHalves>(state, scores, rescale);
+  if (__ballot_sync(0xffffffffu, rescale[0] != 1.0f || rescale[1] != 1.0f))
+    rescale_rows<kHalves>(out, rescale);
 }
 
 /// Applies scale, score mod, mask mod, kv_len and row limits to one warp's
@@ -487,8 +511,9 @@ PAGEDC_DEVICE void online_softmax(RowState &state, float (&scores)[kNTiles][4],
 /// that every element is kept (a full block, every row visible, every key
 /// below kv_len): then only the scale and the score mod are applied, with
 /// no per-element tests. `scale_in_softmax` (no score mod, scale > 0):
-/// the scale is left to softmax_tile's factor.
-template <int kNTiles>
+/// the scale is left to softmax_tile's factor. `kHalves` 1: the thread's
+/// second row is padding (softmax_tile), left as it is.
+template <int kNTiles, int kHalves = 2>
 PAGEDC_DEVICE void apply_mods(float (&scores)[kNTiles][4],
                               const pagedc_mods::Params &params,
                               const pagedc_mods::MaskRow (&mask_rows)[2],
@@ -504,7 +529,7 @@ PAGEDC_DEVICE void apply_mods(float (&scores)[kNTiles][4],
 #pragma unroll
     for (int j = 0; j < kNTiles; ++j)
 #pragma unroll
-      for (int e = 0; e < 4; ++e) {
+      for (int e = 0; e < 2 * kHalves; ++e) {
         if constexpr (pagedc_mods::kHasScore) {
           const int half = e >> 1;
           const int kv = kv_base + j * 8 + 2 * (lane & 3) + (e & 1);
@@ -521,7 +546,7 @@ PAGEDC_DEVICE void apply_mods(float (&scores)[kNTiles][4],
 #pragma unroll
   for (int j = 0; j < kNTiles; ++j) {
 #pragma unroll
-    for (int e = 0; e < 4; ++e) {
+    for (int e = 0; e < 2 * kHalves; ++e) {
       int half = e >> 1;
       int kv = kv_base + j * 8 + 2 * (lane & 3) + (e & 1);
       bool keep = visible[half] && kv < kv_len;

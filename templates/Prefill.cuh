@@ -123,7 +123,7 @@ extern "C" __global__ void __launch_bounds__(pagedc::kPrefillThreads, 1)
     if (list < visits.list_count)
       load_kv_tiles<kBlockN, kPrefillThreads>(
           k_tiles, v_tiles, k_head, v_head, args.k_stride[1], args.k_stride[2],
-          args.v_stride[1], args.v_stride[2], page_row, kv_begin, kv_len,
+          args.v_stride[1], args.v_stride[2], PageTableRow{page_row}, kv_begin, kv_len,
           thread);
     cp_async_commit();
     if (!q_ready) {
@@ -150,7 +150,7 @@ extern "C" __global__ void __launch_bounds__(pagedc::kPrefillThreads, 1)
             k_tiles + (stage ^ 1) * kStageBytes,
             v_tiles + (stage ^ 1) * kStageBytes, k_head, v_head,
             args.k_stride[1], args.k_stride[2], args.v_stride[1],
-            args.v_stride[2], page_row, kv_next, kv_len, thread);
+            args.v_stride[2], PageTableRow{page_row}, kv_next, kv_len, thread);
       cp_async_commit();
       cp_async_wait<1>();
       __syncthreads();

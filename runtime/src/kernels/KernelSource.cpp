@@ -208,11 +208,12 @@ int KernelConfig::sharedMemoryBytes() const {
       return wgmmaPrefillSharedBytes(*this, prefillStages());
     return (blockM + 4 * blockN) * rowBytes;
   case KernelKind::Decode: {
-    // Q tile, two K and two V stages, the class map, seen flags, and the
-    // kv-warp merge maxima and sums (64 rows x kv-warps = 64 floats each).
+    // Q tile, two K and two V stages, the class map, seen flags, the
+    // kv-warp merge maxima and sums (64 rows x kv-warps = 64 floats each)
+    // and the staged pages of the next tile (at most 64: page size 1).
     int padded = decodePaddedRows(*this);
     return padded * rowBytes + 4 * 64 * rowBytes + padded * kMaxSplitBlocks +
-           kMaxSplitBlocks + 2 * 64 * 4;
+           kMaxSplitBlocks + 2 * 64 * 4 + 64 * 4;
   }
   case KernelKind::BlockMaskBuilder:
     return 0;

@@ -42,8 +42,8 @@ BUGS = {
         "prefill"),
     "page-index-off-by-one": (
         "KernelCommon.cuh",
-        "int64_t page = valid ? page_row[kv >> kLog2PageSize] : 0;",
-        "int64_t page = valid ? page_row[(kv >> kLog2PageSize) + 1] : 0;",
+        "return page_row[kv >> kLog2PageSize]; }",
+        "return page_row[(kv >> kLog2PageSize) + 1]; }",
         "prefill"),
     "swapped-ldmatrix-lanes": (
         "KernelCommon.cuh",
@@ -113,6 +113,32 @@ BUGS = {
         "        const unsigned ballot = __ballot_sync(0xffffffffu, kept);\n        __syncthreads();\n",
         "        const unsigned ballot = __ballot_sync(0xffffffffu, kept);\n",
         "window"),
+    "decode-list-counts-read-before-barrier": (
+        "Decode.cuh",
+        "    load_list_counts(args, kv_head, head_chunk, b, q_offset, thread, list_counts);\n"
+        "    __syncthreads();\n",
+        "    load_list_counts(args, kv_head, head_chunk, b, q_offset, thread, list_counts);\n",
+        "window"),
+    # The staged pages of the tile after next stored before the barrier
+    # that orders them after this iteration's copies read the slots.
+    "decode-page-slots-written-before-copies-read": (
+        "Decode.cuh",
+        "    staged = after < tiles ? stage_page(after) : 0;\n",
+        "    staged = after < tiles ? stage_page(after) : 0;\n"
+        "    if (thread < kDecodeTilePages)\n      page_slots[thread] = staged;\n",
+        "decode"),
+    "decode-every-row-from-first-page-slot": (
+        "Decode.cuh",
+        "[&](int kv) { return page_slots[(kv - kv_begin) >> kLog2PageSize]; }",
+        "[&](int kv) { return page_slots[0]; }",
+        "decode"),
+    # A thread's second row (lane / 4 + 8) treated as padding although the
+    # CTA has 16 rows (GQA 16): rows 8-15 get no softmax.
+    "decode-second-row-taken-for-padding": (
+        "Decode.cuh",
+        "constexpr int kRowHalves = kDecodeRows <= 8 ? 1 : 2;",
+        "constexpr int kRowHalves = kDecodeRows <= 16 ? 1 : 2;",
+        "decode-gqa16"),
     # The warpgroup prefill (PrefillWgmma.cuh): mbarrier ring, cp.async
     # gathers arriving on it, wgmma.
     "wgmma-consumer-skips-full-wait": (
@@ -234,6 +260,8 @@ def main():
     runs = {
         "prefill": dict(q=(1, 4, 150, 64), k=(1, 2, 300, 64), extra=["--q-offset", "end"]),
         "decode": dict(q=(1, 4, 1, 64), k=(1, 2, 1100, 64), extra=["--q-offset", "end"]),
+        # Sixteen query heads on one KV head: 16 rows, both of a thread's.
+        "decode-gqa16": dict(q=(1, 16, 1, 64), k=(1, 1, 1100, 64), extra=["--q-offset", "end"]),
         # Decode with a block mask: a 250-key window whose first key (849)
         # lies in the second 64-key tile of a 128-key block, so the first
         # tile is skipped by its kept-key bits and the second loads in part.

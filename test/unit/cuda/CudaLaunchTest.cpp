@@ -181,6 +181,10 @@ TEST(CudaLaunch, DecodeDryRunSplitsAndMerges) {
   const KernelLaunch &main = plan.launches[0], &merge = plan.launches[1];
   EXPECT_EQ(main.kernel, "pagedc_decode");
   EXPECT_EQ(merge.kernel, "pagedc_decode_merge");
+  // D 128, 16 padded rows: Q 4 KiB, two K and two V stages of 64 rows
+  // (64 KiB), class map 1 KiB, seen flags 64 B, merge maxima and sums
+  // 512 B, staged pages 256 B (bench/gpu/ptxas_decode.py restates this).
+  EXPECT_EQ(config.sharedMemoryBytes(), 71488);
   int splits = plan.args.num_splits;
   EXPECT_GE(splits * 8, 132); // at least one CTA per SM
   EXPECT_EQ(plan.args.split_size % 64, 0);

@@ -1,8 +1,9 @@
 #!/usr/bin/env python3
 """Unit tests of the pure parts of bench/gpu/torch_flex.py, report.py,
-model_vs_measured.py and ptxas_shapes.py (no torch, no numpy, no GPU):
-medians, byte and FLOP counts, the plan read from a pack, anchors, SDPA
-support, reserve plans, the merge, the targets, the SASS main-loop count."""
+model_vs_measured.py, ptxas_shapes.py and ptxas_decode.py (no torch, no
+numpy, no GPU): medians, byte and FLOP counts, the plan read from a pack,
+anchors, SDPA support, reserve plans, the merge, the targets, the SASS
+main-loop count, the decode kernel's shared memory."""
 import json
 import os
 import sys
@@ -11,6 +12,7 @@ import unittest
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "..", "bench", "gpu"))
 import model_vs_measured  # noqa: E402
+import ptxas_decode  # noqa: E402
 import ptxas_shapes  # noqa: E402
 import report  # noqa: E402
 import torch_flex  # noqa: E402
@@ -135,6 +137,14 @@ SASS = """
 
 
 class PtxasShapes(unittest.TestCase):
+    def test_decode_shared_bytes_as_the_runtime_plans(self):
+        # KernelConfig::sharedMemoryBytes (CudaLaunchTest's
+        # DecodeDryRunSplitsAndMerges holds the same figure): D 128, GQA 4.
+        self.assertEqual(ptxas_decode.decode_shared_bytes(128, 4), 71488)
+        # 32 rows pad to 32: Q and the class map double.
+        self.assertEqual(ptxas_decode.decode_shared_bytes(64, 32),
+                         32 * 128 + 4 * 64 * 128 + 32 * 64 + 64 + 512 + 256)
+
     def test_loop_count_takes_the_innermost_natural_loop(self):
         code = ptxas_shapes.sass_instructions(SASS)
         self.assertEqual(len(code), 21)

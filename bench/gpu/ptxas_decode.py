@@ -1,0 +1,96 @@
+#!/usr/bin/env python3
+"""Static figures of the decode kernel, from ptxas (no GPU needed).
+
+For each architecture (sm_90, sm_80), head dim (64, 128, 256), GQA group
+(1, 4, 8 query heads per KV head, one query token) and the mods of the GPU
+benchmark's decode rows (none; causal + alibi; sliding_4k + softcap_tanh,
+bench/gpu/bench.attn), compiles `pagedc --emit=cubin --kernel=decode
+--ptxas-report` (NVRTC, bf16, page 16) and records the decode kernel's
+registers and spill bytes (of any function of the unit), dynamic shared memory and CTAs per SM
+(H100 for sm_90, A100 for sm_80). With --cuobjdump PATH it also counts the
+static SASS instructions of the KV-tile loop (ptxas_shapes.loop_counts: the
+back edge's natural loop with the most HMMA): one warp's work per 64-key
+tile (16 padded query rows x 16 keys: four warps split each tile's columns
+when the CTA has at most 16 rows). Static counts of one loop body, both
+sides of its branches counted: the output rescale that online_softmax skips
+once the row maxima settle is in them.
+
+Usage: ptxas_decode.py --pagedc build/bin/pagedc [--cuobjdump PATH]
+       [--json OUT] [--quick]   (sm_90, D 128 only)
+With $PAGEDC_TEMPLATE_DIR holding older templates it measures those (for
+before/after figures).
+"""
+import argparse
+import json
+import os
+import shutil
+import sys
+import tempfile
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import ptxas_corpus  # noqa: E402
+import ptxas_shapes  # noqa: E402
+
+MODS = [("none", None, None), ("causal + alibi", "causal", "alibi"),
+        ("sliding_4k + softcap_tanh", "sliding_4k", "softcap_tanh")]
+
+
+def decode_shared_bytes(head_dim, group):
+    """KernelConfig::sharedMemoryBytes of the decode kernel (one token)."""
+    rows = group  # one CTA serves the whole group up to 64 rows
+    padded = 16 if rows <= 16 else 32 if rows <= 32 else 64
+    row_bytes = head_dim * 2
+    return padded * row_bytes + 4 * 64 * row_bytes + padded * 64 + 64 + 2 * 64 * 4 + 64 * 4
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--pagedc", required=True)
+    parser.add_argument("--cuobjdump")
+    parser.add_argument("--json")
+    parser.add_argument("--quick", action="store_true")
+    options = parser.parse_args()
+    rows = []
+    with tempfile.TemporaryDirectory() as directory:
+        # compile_one writes its cubin next to the program: a copy here.
+        attn = os.path.join(directory, "bench.attn")
+        shutil.copy(os.path.join(os.path.dirname(os.path.abspath(__file__)), "bench.attn"), attn)
+        for arch in ("sm_90",) if options.quick else ("sm_90", "sm_80"):
+            for head_dim in (128,) if options.quick else (64, 128, 256):
+                for group in (1, 4, 8):
+                    for label, mask, score in MODS:
+                        figures = ptxas_corpus.compile_one(options.pagedc, attn, mask, score,
+                                                           arch, head_dim, kernel="decode",
+                                                           gqa=group)
+                        if "error" in figures:
+                            sys.exit(f"decode {arch} D{head_dim} GQA {group} {label}: "
+                                     f"{figures['error']}")
+                        shared = decode_shared_bytes(head_dim, group)
+                        row = {"arch": arch, "head_dim": head_dim, "gqa": group,
+                               "mods": label, "threads": 128, "shared_bytes": shared,
+                               "ctas_per_sm": ptxas_shapes.ctas_per_sm(
+                                   arch, figures["registers"], 128, shared),
+                               **figures}
+                        if options.cuobjdump:
+                            cubin = f"{attn}.decode.{arch}.{head_dim}.cubin"
+                            mma, other = ptxas_shapes.main_loop_counts(options.cuobjdump,
+                                                                       cubin)
+                            row["loop_mma"] = mma
+                            row["loop_other"] = other
+                        rows.append(row)
+                        print(f"{arch} D{head_dim} GQA {group} {label:<26} regs "
+                              f"{row['registers']:>3} spills {row['spill_store_bytes']}/"
+                              f"{row['spill_load_bytes']} CTAs/SM {row['ctas_per_sm']}"
+                              + (f" loop: {row['loop_mma']} MMA, {row['loop_other']} other"
+                                 if "loop_mma" in row else ""), flush=True)
+    if options.json:
+        with open(options.json, "w") as file:
+            json.dump({"what": "decode kernel, bf16, page 16, one query token, ptxas -v "
+                               "through NVRTC (pagedc --emit=cubin --kernel=decode "
+                               "--ptxas-report); static figures, no GPU ran",
+                       "rows": rows}, file, indent=1)
+            file.write("\n")
+
+
+if __name__ == "__main__":
+    main()
