@@ -147,7 +147,8 @@ PAGEDC_DEVICE void load_query_tile(uint32_t tile, const Element *q_rows,
 
 /// Loads KV rows [kv_begin, kv_begin + kRows) of one KV head into the K and
 /// V tiles, translating each logical row to its page once for both tensors
-/// (`page_of(kv)`: the page table, or pages staged in shared memory).
+/// (`page_of(kv)`: both kernels pass a lookup of pages staged in shared
+/// memory).
 /// Rows at or past kv_len, and rows whose bit in `keep_rows` is clear, are
 /// zero-filled and never read from memory.
 template <int kRows, int kThreads, typename PageOf>
@@ -181,13 +182,6 @@ PAGEDC_DEVICE void load_kv_tiles(uint32_t k_tile, uint32_t v_tile,
     cp_async_16(v_tile + offset, v_source, valid ? 16 : 0);
   }
 }
-
-/// The page-table lookup of load_kv_tiles: `page_row` is the sequence's row
-/// of the page table.
-struct PageTableRow {
-  const int32_t *page_row;
-  PAGEDC_DEVICE int32_t operator()(int kv) const { return page_row[kv >> kLog2PageSize]; }
-};
 
 /// A-operand fragments of 16 query rows for k-step `k_step` (16 columns).
 PAGEDC_DEVICE void load_query_fragment(uint32_t (&fragment)[4], uint32_t tile,

@@ -14,7 +14,8 @@
 //
 // Grid: heads_q * batch * ceil(q_len / kBlockM) blocks in one dimension,
 // the last query tiles first; block: kBlockM / kWarpRows warps;
-// dynamic shared memory: (kBlockM + 4 * kBlockN) * kHeadDim * 2 bytes.
+// dynamic shared memory: (kBlockM + 4 * kBlockN) * kHeadDim * 2 bytes + 256
+// (the staged pages of the next KV tile).
 //
 //===----------------------------------------------------------------------===//
 
@@ -32,6 +33,9 @@ static_assert(kWarpRows == 16 || (kWarpRows == 32 && kHeadDim <= 128),
               "32 rows per warp need head dim <= 128");
 static_assert(kBlockM == 64 || kBlockM == 128, "kBlockM must be 64 or 128");
 static_assert(kBlockN == 32 || kBlockN == 64, "kBlockN must be 32 or 64");
+/// Pages one KV tile touches (tiles start at multiples of kBlockN keys).
+constexpr int kPrefillTilePages = kPageSize >= kBlockN ? 1 : kBlockN / kPageSize;
+static_assert(kPrefillTilePages <= kPrefillThreads, "a thread per staged page");
 } // namespace pagedc
 
 // Minimum one CTA per SM: ptxas may use every register a thread can have.
@@ -53,6 +57,12 @@ extern "C" __global__ void __launch_bounds__(pagedc::kPrefillThreads, 1)
   const uint32_t k_tiles = q_tile + kBlockM * kRowBytes;
   const uint32_t v_tiles = k_tiles + 2 * kBlockN * kRowBytes;
   constexpr uint32_t kStageBytes = kBlockN * kRowBytes;
+  // The pages of the next KV tile to copy, after the K/V stages: loaded
+  // into a register by the threads below kPrefillTilePages while a tile is
+  // computed and stored after its math, so the copies of the next iteration
+  // do not wait on page-table loads (Decode.cuh does the same).
+  int32_t *page_slots =
+      reinterpret_cast<int32_t *>(shared + (kBlockM + 4 * kBlockN) * kRowBytes);
 
   const Element *q_rows = static_cast<const Element *>(args.q) +
                           b * args.q_stride[0] + h * args.q_stride[1] +
@@ -118,14 +128,34 @@ extern "C" __global__ void __launch_bounds__(pagedc::kPrefillThreads, 1)
         if (pass_first == pass_last || q_of[m][half] / args.q_block_size == pass)
           visible_bits |= 1u << (2 * m + half);
 
+    // The page of the staged tile starting at kv (0 for threads without
+    // one, and past kv_len).
+    auto stage_page = [&](int kv) -> int32_t {
+      kv += thread * kPageSize;
+      return thread < kPrefillTilePages && kv < kv_len ? page_row[kv >> kLog2PageSize] : 0;
+    };
+    auto copy_tile = [&](int into_stage, int kv_first) {
+      load_kv_tiles<kBlockN, kPrefillThreads>(
+          k_tiles + into_stage * kStageBytes, v_tiles + into_stage * kStageBytes, k_head,
+          v_head, args.k_stride[1], args.k_stride[2], args.v_stride[1], args.v_stride[2],
+          [&](int kv) { return page_slots[(kv - kv_first) >> kLog2PageSize]; }, kv_first,
+          kv_len, thread);
+    };
     int list = 0, sub = 0, stage = 0;
     int kv_begin = visits.seek(args, kv_len, list, sub);
+    // (The previous pass's last reads of the slots are behind its last
+    // barrier.)
+    int32_t staged = list < visits.list_count ? stage_page(kv_begin) : 0;
+    if (thread < kPrefillTilePages)
+      page_slots[thread] = staged;
+    __syncthreads();
     if (list < visits.list_count)
-      load_kv_tiles<kBlockN, kPrefillThreads>(
-          k_tiles, v_tiles, k_head, v_head, args.k_stride[1], args.k_stride[2],
-          args.v_stride[1], args.v_stride[2], PageTableRow{page_row}, kv_begin, kv_len,
-          thread);
+      copy_tile(0, kv_begin);
     cp_async_commit();
+    int next_list = list, next_sub = sub;
+    visits.advance(next_list, next_sub);
+    int kv_next = visits.seek(args, kv_len, next_list, next_sub);
+    staged = next_list < visits.list_count ? stage_page(kv_next) : 0;
     if (!q_ready) {
       cp_async_wait<1>();
       __syncthreads();
@@ -138,20 +168,24 @@ extern "C" __global__ void __launch_bounds__(pagedc::kPrefillThreads, 1)
                                 k_step, lane);
       }
       q_ready = true;
+    } else {
+      __syncthreads(); // the first tile's copies have read the slots
     }
+    if (thread < kPrefillTilePages)
+      page_slots[thread] = staged;
+    __syncthreads();
 
     while (list < visits.list_count) {
       const bool is_full = visits.is_full(list);
-      int next_list = list, next_sub = sub;
-      visits.advance(next_list, next_sub);
-      const int kv_next = visits.seek(args, kv_len, next_list, next_sub);
       if (next_list < visits.list_count)
-        load_kv_tiles<kBlockN, kPrefillThreads>(
-            k_tiles + (stage ^ 1) * kStageBytes,
-            v_tiles + (stage ^ 1) * kStageBytes, k_head, v_head,
-            args.k_stride[1], args.k_stride[2], args.v_stride[1],
-            args.v_stride[2], PageTableRow{page_row}, kv_next, kv_len, thread);
+        copy_tile(stage ^ 1, kv_next);
       cp_async_commit();
+      int after_list = next_list, after_sub = next_sub, kv_after = 0;
+      if (next_list < visits.list_count) {
+        visits.advance(after_list, after_sub);
+        kv_after = visits.seek(args, kv_len, after_list, after_sub);
+      }
+      staged = after_list < visits.list_count ? stage_page(kv_after) : 0;
       cp_async_wait<1>();
       __syncthreads();
 
@@ -176,10 +210,16 @@ extern "C" __global__ void __launch_bounds__(pagedc::kPrefillThreads, 1)
       }
       warp_accumulate_rows<kMTiles, kBlockN / 8>(
           out, scores, v_tiles + stage * kStageBytes, 0, lane);
+      // This iteration's copies read the slots before the barrier above.
+      if (thread < kPrefillTilePages)
+        page_slots[thread] = staged;
       __syncthreads();
       list = next_list;
       sub = next_sub;
       kv_begin = kv_next;
+      next_list = after_list;
+      next_sub = after_sub;
+      kv_next = kv_after;
       stage ^= 1;
     }
   }

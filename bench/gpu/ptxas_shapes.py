@@ -302,7 +302,7 @@ def main():
                         shared = wgmma_shared_bytes(block_m, block_n, head_dim)
                     else:
                         threads = block_m // warp_rows * 32
-                        shared = (block_m + 4 * block_n) * head_dim * 2
+                        shared = (block_m + 4 * block_n) * head_dim * 2 + 256
                     for page in pages:
                         for score in (False, True):
                             figures = compile_one(options.pagedc, attn, arch, head_dim, page,

@@ -206,7 +206,9 @@ int KernelConfig::sharedMemoryBytes() const {
   case KernelKind::Prefill:
     if (warpRows == 64)
       return wgmmaPrefillSharedBytes(*this, prefillStages());
-    return (blockM + 4 * blockN) * rowBytes;
+    // Q tile, two K and two V stages, the staged pages of the next KV
+    // tile (at most 64: page size 1).
+    return (blockM + 4 * blockN) * rowBytes + 64 * 4;
   case KernelKind::Decode: {
     // Q tile, two K and two V stages, the class map, seen flags, the
     // kv-warp merge maxima and sums (64 rows x kv-warps = 64 floats each)

@@ -35,15 +35,21 @@ BUGS = {
         "prefill"),
     "wait-group-2": (
         "Prefill.cuh",
-        "      cp_async_commit();\n      cp_async_wait<1>();\n      __syncthreads();\n\n"
-        "      float scores",
-        "      cp_async_commit();\n      cp_async_wait<2>();\n      __syncthreads();\n\n"
-        "      float scores",
+        "      cp_async_wait<1>();\n      __syncthreads();\n\n      float scores",
+        "      cp_async_wait<2>();\n      __syncthreads();\n\n      float scores",
         "prefill"),
     "page-index-off-by-one": (
-        "KernelCommon.cuh",
-        "return page_row[kv >> kLog2PageSize]; }",
-        "return page_row[(kv >> kLog2PageSize) + 1]; }",
+        "Prefill.cuh",
+        "kv < kv_len ? page_row[kv >> kLog2PageSize] : 0;",
+        "kv < kv_len ? page_row[(kv >> kLog2PageSize) + 1] : 0;",
+        "prefill"),
+    # The mma.sync prefill's staged pages: the slots rewritten before the
+    # barrier that orders this iteration's copies (which read them) first.
+    "prefill-page-slots-written-before-copies-read": (
+        "Prefill.cuh",
+        "      staged = after_list < visits.list_count ? stage_page(kv_after) : 0;\n",
+        "      staged = after_list < visits.list_count ? stage_page(kv_after) : 0;\n"
+        "      if (thread < kPrefillTilePages)\n        page_slots[thread] = staged;\n",
         "prefill"),
     "swapped-ldmatrix-lanes": (
         "KernelCommon.cuh",

@@ -72,7 +72,7 @@ TEST(CudaLaunch, PrefillDryRun) {
   EXPECT_EQ(launch.grid[1], 1u);
   EXPECT_EQ(launch.grid[2], 1u);
   EXPECT_EQ(launch.block[0], 128u);
-  EXPECT_EQ(launch.sharedMemoryBytes, (64u + 4 * 64) * 256);
+  EXPECT_EQ(launch.sharedMemoryBytes, (64u + 4 * 64) * 256 + 256); // + staged pages
   EXPECT_EQ(plan.workspaceBytes, 0u);
   std::vector<void *> pointers = launch.parameterPointers();
   ASSERT_EQ(pointers.size(), 2u);
