@@ -387,7 +387,7 @@ extern "C" __global__ void __launch_bounds__(pagedc::kDecodeThreads)
   };
 
   // The pages of a tile's rows are staged in shared memory (page_slots,
-  // one per page the tile touches) by the threads below kTilePages: the
+  // one per page the tile touches) by the threads below kDecodeTilePages: the
   // page of tile `after` is loaded into a register at the top of an
   // iteration and stored after the tile's math, so its latency hides behind
   // that math; the copies of the next iteration read it from shared memory.
