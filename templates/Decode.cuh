@@ -52,7 +52,7 @@ constexpr int kColumnsPerWarp = kDecodeTileN / kKvWarps;
 /// one token) the second is padding and gets no mod, softmax or rescale.
 constexpr int kRowHalves = kDecodeRows <= 8 ? 1 : 2;
 /// Pages one 64-key tile touches (tiles start at multiples of 64 keys).
-constexpr int kDecodeTilePages = kPageSize >= kDecodeTileN ? 1 : kDecodeTileN / kPageSize;
+constexpr int kDecodeTilePages = kTilePagesOf<kDecodeTileN>;
 /// Most kv blocks of the block mask one split may cover.
 constexpr int kMaxSplitBlocks = pagedc_config::kMaxSplitBlocks;
 constexpr bool kDecodeQInRegisters = kHeadDim <= 128;
@@ -391,18 +391,17 @@ extern "C" __global__ void __launch_bounds__(pagedc::kDecodeThreads)
   // page of tile `after` is loaded into a register at the top of an
   // iteration and stored after the tile's math, so its latency hides behind
   // that math; the copies of the next iteration read it from shared memory.
-  auto stage_page = [&](int which) -> int32_t {
-    const int kv = split_begin + which * kDecodeTileN + thread * kPageSize;
-    return thread < kDecodeTilePages && kv < split_end ? page_row[kv >> kLog2PageSize] : 0;
+  auto stage_page = [&](int which) {
+    return tile_page<kDecodeTileN>(page_row, split_begin + which * kDecodeTileN, split_end,
+                                   thread);
   };
   auto copy_tile = [&](int into_stage, int which, uint64_t keep_rows) {
     const int kv_begin = split_begin + which * kDecodeTileN;
     load_kv_tiles<kDecodeTileN, kDecodeThreads>(
         k_tiles + into_stage * kDecodeStageBytes, v_tiles + into_stage * kDecodeStageBytes,
         k_head, v_head, args.k_stride[1], args.k_stride[2], args.v_stride[1],
-        args.v_stride[2],
-        [&](int kv) { return page_slots[(kv - kv_begin) >> kLog2PageSize]; }, kv_begin,
-        split_end, thread, keep_rows);
+        args.v_stride[2], StagedPages{page_slots, kv_begin}, kv_begin, split_end, thread,
+        keep_rows);
   };
   uint64_t keep, keep_next;
   int tile = next_tile(0, keep), stage = 0;

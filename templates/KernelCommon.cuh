@@ -145,10 +145,34 @@ PAGEDC_DEVICE void load_query_tile(uint32_t tile, const Element *q_rows,
   }
 }
 
+/// Pages a KV tile of kTile keys touches (tiles start at multiples of
+/// kTile keys): the kernels stage one page index per page in shared memory.
+template <int kTile>
+constexpr int kTilePagesOf = kPageSize >= kTile ? 1 : kTile / kPageSize;
+
+/// Thread `thread`'s page of the tile starting at kv_first: page `thread`
+/// of the tile from the sequence's page-table row, `missing` for threads
+/// past the tile's pages and for pages at or past kv_end.
+template <int kTile>
+PAGEDC_DEVICE int32_t tile_page(const int32_t *page_row, int kv_first, int kv_end, int thread,
+                                int32_t missing = 0) {
+  const int kv = kv_first + thread * kPageSize;
+  return thread < kTilePagesOf<kTile> && kv < kv_end ? page_row[kv >> kLog2PageSize] : missing;
+}
+
+/// load_kv_tiles' page lookup for a tile starting at kv_first whose pages
+/// are staged in `slots` (tile_page, one per thread).
+struct StagedPages {
+  const int32_t *slots;
+  int kv_first;
+  PAGEDC_DEVICE int32_t operator()(int kv) const {
+    return slots[(kv - kv_first) >> kLog2PageSize];
+  }
+};
+
 /// Loads KV rows [kv_begin, kv_begin + kRows) of one KV head into the K and
 /// V tiles, translating each logical row to its page once for both tensors
-/// (`page_of(kv)`: both kernels pass a lookup of pages staged in shared
-/// memory).
+/// (`page_of(kv)`: both kernels pass StagedPages).
 /// Rows at or past kv_len, and rows whose bit in `keep_rows` is clear, are
 /// zero-filled and never read from memory.
 template <int kRows, int kThreads, typename PageOf>

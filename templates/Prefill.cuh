@@ -34,7 +34,7 @@ static_assert(kWarpRows == 16 || (kWarpRows == 32 && kHeadDim <= 128),
 static_assert(kBlockM == 64 || kBlockM == 128, "kBlockM must be 64 or 128");
 static_assert(kBlockN == 32 || kBlockN == 64, "kBlockN must be 32 or 64");
 /// Pages one KV tile touches (tiles start at multiples of kBlockN keys).
-constexpr int kPrefillTilePages = kPageSize >= kBlockN ? 1 : kBlockN / kPageSize;
+constexpr int kPrefillTilePages = kTilePagesOf<kBlockN>;
 static_assert(kPrefillTilePages <= kPrefillThreads, "a thread per staged page");
 } // namespace pagedc
 
@@ -128,18 +128,15 @@ extern "C" __global__ void __launch_bounds__(pagedc::kPrefillThreads, 1)
         if (pass_first == pass_last || q_of[m][half] / args.q_block_size == pass)
           visible_bits |= 1u << (2 * m + half);
 
-    // The page of the staged tile starting at kv (0 for threads without
-    // one, and past kv_len).
-    auto stage_page = [&](int kv) -> int32_t {
-      kv += thread * kPageSize;
-      return thread < kPrefillTilePages && kv < kv_len ? page_row[kv >> kLog2PageSize] : 0;
+    // This thread's page of the tile starting at kv_first (tile_page).
+    auto stage_page = [&](int kv_first) {
+      return tile_page<kBlockN>(page_row, kv_first, kv_len, thread);
     };
     auto copy_tile = [&](int into_stage, int kv_first) {
       load_kv_tiles<kBlockN, kPrefillThreads>(
           k_tiles + into_stage * kStageBytes, v_tiles + into_stage * kStageBytes, k_head,
           v_head, args.k_stride[1], args.k_stride[2], args.v_stride[1], args.v_stride[2],
-          [&](int kv) { return page_slots[(kv - kv_first) >> kLog2PageSize]; }, kv_first,
-          kv_len, thread);
+          StagedPages{page_slots, kv_first}, kv_first, kv_len, thread);
     };
     int list = 0, sub = 0, stage = 0;
     int kv_begin = visits.seek(args, kv_len, list, sub);

@@ -79,7 +79,7 @@ PAGEDC_DEVICE uint32_t atom_offset(int rows, int row, int chunk) {
 }
 
 /// Pages a KV tile touches (tiles start at multiples of kBlockN).
-constexpr int kTilePages = kPageSize >= kBlockN ? 1 : kBlockN / kPageSize;
+constexpr int kTilePages = kTilePagesOf<kBlockN>;
 static_assert(kTilePages <= 128, "one page index per producer thread");
 /// Named barrier of the producer warpgroup's 128 threads (0 is
 /// __syncthreads, 1 and 2 the consumers' turns).
@@ -111,12 +111,7 @@ PAGEDC_DEVICE void gather_kv_stage(uint32_t k_tile, uint32_t v_tile, const Eleme
                 "uneven K/V gather");
   constexpr int kRowStep = 128 / kChunksPerRow;
   constexpr int kRows = kBlockN / kRowStep;
-  int32_t lookup = -1;
-  if (thread < kTilePages) {
-    const int first_kv = kv_begin + thread * kPageSize;
-    if (first_kv < kv_len)
-      lookup = page_row[first_kv >> kLog2PageSize];
-  }
+  const int32_t lookup = tile_page<kBlockN>(page_row, kv_begin, kv_len, thread, -1);
   mbarrier_wait(empty_bar, empty_parity);
   if (thread < kTilePages)
     slots[thread] = lookup;

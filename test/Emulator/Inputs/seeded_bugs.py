@@ -39,9 +39,9 @@ BUGS = {
         "      cp_async_wait<2>();\n      __syncthreads();\n\n      float scores",
         "prefill"),
     "page-index-off-by-one": (
-        "Prefill.cuh",
-        "kv < kv_len ? page_row[kv >> kLog2PageSize] : 0;",
-        "kv < kv_len ? page_row[(kv >> kLog2PageSize) + 1] : 0;",
+        "KernelCommon.cuh",
+        "kv < kv_end ? page_row[kv >> kLog2PageSize] : missing;",
+        "kv < kv_end ? page_row[(kv >> kLog2PageSize) + 1] : missing;",
         "prefill"),
     # The mma.sync prefill's staged pages: the slots rewritten before the
     # barrier that orders this iteration's copies (which read them) first.
@@ -135,8 +135,8 @@ BUGS = {
         "decode"),
     "decode-every-row-from-first-page-slot": (
         "Decode.cuh",
-        "[&](int kv) { return page_slots[(kv - kv_begin) >> kLog2PageSize]; }",
-        "[&](int kv) { return page_slots[0]; }",
+        "StagedPages{page_slots, kv_begin}",
+        "[&](int) { return page_slots[0]; }",
         "decode"),
     # A thread's second row (lane / 4 + 8) treated as padding although the
     # CTA has 16 rows (GQA 16): rows 8-15 get no softmax.
