@@ -308,8 +308,10 @@ extern "C" __global__ void __launch_bounds__(pagedc::kDecodeThreads)
   const int tiles = split_end > split_begin
                         ? (split_end - split_begin + kDecodeTileN - 1) / kDecodeTileN
                         : 0;
+  // (kv_block_size is positive: checkArgs.)
+  const Divisor per_block(has_block_mask ? args.kv_block_size : 1);
   auto tile_block = [&](int tile) {
-    return (split_begin + tile * kDecodeTileN) / args.kv_block_size - block_begin;
+    return per_block(split_begin + tile * kDecodeTileN) - block_begin;
   };
   // Kept kv rows of the split's first kKeepTable tiles that its rows see
   // only through partial blocks, computed before the tile loop: every thread
@@ -399,8 +401,7 @@ extern "C" __global__ void __launch_bounds__(pagedc::kDecodeThreads)
     const int kv_begin = split_begin + which * kDecodeTileN;
     load_kv_tiles<kDecodeTileN, kDecodeThreads>(
         k_tiles + into_stage * kDecodeStageBytes, v_tiles + into_stage * kDecodeStageBytes,
-        k_head, v_head, args.k_stride[1], args.k_stride[2], args.v_stride[1],
-        args.v_stride[2], StagedPages{page_slots, kv_begin}, kv_begin, split_end, thread,
+        k_head, v_head, StagedPages{page_slots, kv_begin}, kv_begin, split_end, thread,
         keep_rows);
   };
   uint64_t keep, keep_next;

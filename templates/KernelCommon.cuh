@@ -170,38 +170,81 @@ struct StagedPages {
   }
 };
 
+/// Division by a divisor fixed for the CTA: floor(n / d) for 0 <= n < 2^31
+/// and 1 <= d <= 2^31, by a multiply-high and one correction instead of the
+/// ~20 instructions of a division by a run-time value. With m =
+/// floor((2^32 - 1) / d): n m / 2^32 < n / d, and m >= (2^32 - d) / d makes
+/// n m / 2^32 > n / d - n / 2^32 > n / d - 1/2, so umulhi(n, m) is
+/// floor(n / d) or one less; (q + 1) d <= n + d < 2^32 tells which.
+struct Divisor {
+  uint32_t d, m;
+  PAGEDC_DEVICE explicit Divisor(int divisor)
+      : d(static_cast<uint32_t>(divisor)), m(0xffffffffu / static_cast<uint32_t>(divisor)) {}
+  PAGEDC_DEVICE int operator()(int n) const {
+    const uint32_t q = __umulhi(static_cast<uint32_t>(n), m);
+    return static_cast<int>(q + ((q + 1) * d <= static_cast<uint32_t>(n) ? 1u : 0u));
+  }
+};
+
+/// Hides `pointer`'s value from the optimizer (no instruction).
+template <typename T> PAGEDC_DEVICE void opaque(T *&pointer) {
+#ifdef PAGEDC_EMULATOR
+  asm("" : "+r"(pointer));
+#else
+  asm("" : "+l"(pointer));
+#endif
+}
+
+/// Bytes of one page of one KV head. The kernels read compact
+/// [pages, page_size, D] caches per KV head (CudaLaunch.cpp's checkArgs
+/// refuses other page and row strides), so a row's offset is a product of
+/// constants: one wide multiply instead of two 64-bit multiplies per
+/// tensor.
+constexpr int64_t kPageBytes = static_cast<int64_t>(kPageSize) * kRowBytes;
+
+/// Byte offset of KV row `kv` (column 0) on page `page` of a KV head.
+PAGEDC_DEVICE int64_t kv_row_bytes(int32_t page, int kv) {
+  return page * kPageBytes + (kv & (kPageSize - 1)) * kRowBytes;
+}
+
 /// Loads KV rows [kv_begin, kv_begin + kRows) of one KV head into the K and
 /// V tiles, translating each logical row to its page once for both tensors
 /// (`page_of(kv)`: both kernels pass StagedPages).
 /// Rows at or past kv_len, and rows whose bit in `keep_rows` is clear, are
-/// zero-filled and never read from memory.
+/// zero-filled and never read from memory. Thread `thread` copies chunk
+/// thread % kChunksPerRow of every kRowStep-th row from row thread /
+/// kChunksPerRow; K and V share the row's offset (kv_row_bytes).
 template <int kRows, int kThreads, typename PageOf>
 PAGEDC_DEVICE void load_kv_tiles(uint32_t k_tile, uint32_t v_tile,
-                                 const Element *k_head,
-                                 // [pages, page_size, D] strides k_page, k_slot
-                                 const Element *v_head,
-                                 // [pages, page_size, D] strides v_page, v_slot
-                                 int64_t k_page, int64_t k_slot, int64_t v_page,
-                                 int64_t v_slot, PageOf page_of, int kv_begin, int kv_len,
-                                 int thread, uint64_t keep_rows = ~static_cast<uint64_t>(0)) {
+                                 const Element *k_head,  // [pages, page_size, D]
+                                 const Element *v_head,  // [pages, page_size, D]
+                                 PageOf page_of, int kv_begin, int kv_len, int thread,
+                                 uint64_t keep_rows = ~static_cast<uint64_t>(0)) {
   static_assert(kRows <= 64, "keep_rows has a bit per tile row");
-  static_assert((kRows * kChunksPerRow) % kThreads == 0, "uneven KV tile load");
+  static_assert(kThreads % kChunksPerRow == 0 && (kRows * kChunksPerRow) % kThreads == 0,
+                "uneven KV tile load");
+  constexpr int kRowStep = kThreads / kChunksPerRow;
+  const int chunk = thread % kChunksPerRow, first_row = thread / kChunksPerRow;
+  // Bytes, with the thread's chunk added once. Opaque: without that the
+  // compiler folds each row's offset into the head's (kv_head x head
+  // stride) and recomputes both sources from the cache bases, four
+  // instructions per tensor and row.
+  const char *k_bytes = reinterpret_cast<const char *>(k_head) + chunk * 16;
+  const char *v_bytes = reinterpret_cast<const char *>(v_head) + chunk * 16;
+  opaque(k_bytes);
+  opaque(v_bytes);
   // Unrolled by two: fully unrolled, ptxas holds every row's page and both
   // 64-bit sources at once, which spilled 300 bytes in the D 256 prefill
   // kernel (bench/README.md).
 #pragma unroll 2
-  for (int i = 0; i < kRows * kChunksPerRow / kThreads; ++i) {
-    int index = thread + i * kThreads;
-    int row = index / kChunksPerRow, chunk = index % kChunksPerRow;
-    int kv = kv_begin + row;
-    bool valid = kv < kv_len && ((keep_rows >> row) & 1);
-    int64_t page = valid ? page_of(kv) : 0;
-    int slot = kv & (kPageSize - 1);
-    const Element *k_source =
-        k_head + (valid ? page * k_page + slot * k_slot : 0) + chunk * 8;
-    const Element *v_source =
-        v_head + (valid ? page * v_page + slot * v_slot : 0) + chunk * 8;
-    uint32_t offset = tile_offset(row, chunk);
+  for (int i = 0; i < kRows / kRowStep; ++i) {
+    const int row = first_row + i * kRowStep;
+    const int kv = kv_begin + row;
+    const bool valid = kv < kv_len && ((keep_rows >> row) & 1);
+    const int64_t row_bytes = valid ? kv_row_bytes(page_of(kv), kv) : 0;
+    const char *k_source = k_bytes + row_bytes;
+    const char *v_source = v_bytes + row_bytes;
+    const uint32_t offset = tile_offset(row, chunk);
     cp_async_16(k_tile + offset, k_source, valid ? 16 : 0);
     cp_async_16(v_tile + offset, v_source, valid ? 16 : 0);
   }

@@ -135,8 +135,7 @@ extern "C" __global__ void __launch_bounds__(pagedc::kPrefillThreads, 1)
     auto copy_tile = [&](int into_stage, int kv_first) {
       load_kv_tiles<kBlockN, kPrefillThreads>(
           k_tiles + into_stage * kStageBytes, v_tiles + into_stage * kStageBytes, k_head,
-          v_head, args.k_stride[1], args.k_stride[2], args.v_stride[1], args.v_stride[2],
-          StagedPages{page_slots, kv_first}, kv_first, kv_len, thread);
+          v_head, StagedPages{page_slots, kv_first}, kv_first, kv_len, thread);
     };
     int list = 0, sub = 0, stage = 0;
     int kv_begin = visits.seek(args, kv_len, list, sub);

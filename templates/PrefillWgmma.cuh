@@ -99,12 +99,8 @@ static_assert(1024 + (kBlockM + 2 * kStages * kBlockN) * kHeadDim * 2 + 128 +
 /// instead of every thread holding page indices in registers. Thread
 /// `thread` (0..127) copies chunk thread % kChunksPerRow of every
 /// kRowStep-th row.
-/// kSameLayout: K and V pages have the same strides (the runtime's
-/// caches do), so one offset serves both copies.
-template <bool kSameLayout>
 PAGEDC_DEVICE void gather_kv_stage(uint32_t k_tile, uint32_t v_tile, const Element *k_head,
-                                   const Element *v_head, int64_t k_page, int64_t k_slot,
-                                   int64_t v_page, int64_t v_slot, const int32_t *page_row,
+                                   const Element *v_head, const int32_t *page_row,
                                    int32_t *slots, int kv_begin, int kv_len, int thread,
                                    uint32_t empty_bar, unsigned empty_parity) {
   static_assert((kBlockN * kChunksPerRow) % 128 == 0 && 128 % kChunksPerRow == 0,
@@ -117,19 +113,20 @@ PAGEDC_DEVICE void gather_kv_stage(uint32_t k_tile, uint32_t v_tile, const Eleme
     slots[thread] = lookup;
   named_barrier_sync(kProducerBarrier, 128);
   const int chunk = thread % kChunksPerRow, first_row = thread / kChunksPerRow;
+  // K and V share each row's offset (kv_row_bytes); the chunk is added once.
+  const char *k_bytes = reinterpret_cast<const char *>(k_head) + chunk * 16;
+  const char *v_bytes = reinterpret_cast<const char *>(v_head) + chunk * 16;
+  opaque(k_bytes);
+  opaque(v_bytes);
 #pragma unroll
   for (int r = 0; r < kRows; ++r) {
     const int row = first_row + r * kRowStep;
-    const int64_t slot = (kv_begin + row) & (kPageSize - 1);
     const int32_t page_index = slots[row >> kLog2PageSize];
     const bool valid = page_index >= 0 && kv_begin + row < kv_len;
-    const int64_t page = valid ? page_index : 0;
     const uint32_t offset = atom_offset(kBlockN, row, chunk);
-    const int64_t k_offset = valid ? page * k_page + slot * k_slot + chunk * 8 : 0;
-    const int64_t v_offset =
-        kSameLayout ? k_offset : (valid ? page * v_page + slot * v_slot + chunk * 8 : 0);
-    cp_async_16(k_tile + offset, k_head + k_offset, valid ? 16 : 0);
-    cp_async_16(v_tile + offset, v_head + v_offset, valid ? 16 : 0);
+    const int64_t row_bytes = valid ? kv_row_bytes(page_index, kv_begin + row) : 0;
+    cp_async_16(k_tile + offset, k_bytes + row_bytes, valid ? 16 : 0);
+    cp_async_16(v_tile + offset, v_bytes + row_bytes, valid ? 16 : 0);
   }
 }
 
@@ -312,9 +309,6 @@ extern "C" __global__ void __launch_bounds__(pagedc::kPrefillThreads, 1)
     const Element *k_head = static_cast<const Element *>(args.k_cache) + kv_head * args.k_stride[0];
     const Element *v_head = static_cast<const Element *>(args.v_cache) + kv_head * args.v_stride[0];
     const int32_t *page_row = args.page_table + b * args.page_table_stride;
-    // (Not at D 256: the two gathers spilled the producer's 56 registers.)
-    const bool same_layout = kOverlap && args.k_stride[1] == args.v_stride[1] &&
-                             args.k_stride[2] == args.v_stride[2];
     // Tiles below kv_len by bulk tensor copies when the launch gave maps
     // (the tail tile is gathered: its rows past kv_len must be zeros).
     const bool use_tma = kTmaPages && wg.tensor_maps != 0;
@@ -344,16 +338,8 @@ extern "C" __global__ void __launch_bounds__(pagedc::kPrefillThreads, 1)
           }
         }
         int32_t *slots = page_slots + (gathered & 1) * kTilePages;
-        if (same_layout)
-          gather_kv_stage<true>(k_tile, k_tile + kBlockN * kRowBytes, k_head, v_head,
-                                args.k_stride[1], args.k_stride[2], args.v_stride[1],
-                                args.v_stride[2], page_row, slots, kv, kv_len, thread,
-                                empty + 8 * stage, ((visit / kStages) & 1) ^ 1);
-        else
-          gather_kv_stage<false>(k_tile, k_tile + kBlockN * kRowBytes, k_head, v_head,
-                                 args.k_stride[1], args.k_stride[2], args.v_stride[1],
-                                 args.v_stride[2], page_row, slots, kv, kv_len, thread,
-                                 empty + 8 * stage, ((visit / kStages) & 1) ^ 1);
+        gather_kv_stage(k_tile, k_tile + kBlockN * kRowBytes, k_head, v_head, page_row, slots,
+                        kv, kv_len, thread, empty + 8 * stage, ((visit / kStages) & 1) ^ 1);
         cp_async_mbarrier_arrive(full + 8 * stage);
         ++gathered;
         ++visit;

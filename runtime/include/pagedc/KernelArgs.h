@@ -52,9 +52,11 @@ typedef struct PagedcAttentionKernelArgs {
   int64_t q_stride[3];
   /// Strides of out for (b, h, row).
   int64_t out_stride[3];
-  /// Strides of k_cache for (kv head, page, slot).
+  /// Strides of k_cache for (kv head, page, slot). Pages are compact: the
+  /// page and slot strides must be page_size x D and D (the kernels compute
+  /// them; planAttention refuses others), the head stride a multiple of 8.
   int64_t k_stride[3];
-  /// Strides of v_cache for (kv head, page, slot).
+  /// Strides of v_cache for (kv head, page, slot), as k_stride's.
   int64_t v_stride[3];
   int64_t page_table_stride;
   int32_t batch;

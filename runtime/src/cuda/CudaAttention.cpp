@@ -752,12 +752,14 @@ void pagedAttention(const cpu::PagedAttentionArgs &args, Device device, void *st
     kernelArgs.q_stride[d] = q.stride(d);
     kernelArgs.out_stride[d] = args.out.stride(d);
   }
-  // [Hkv, pages, pageSize, D] compact: strides per (head, page, slot).
+  // [Hkv, pages, pageSize, D] compact (checkCudaLayout): strides per
+  // (head, page, slot), from the shape, since a view's stride of a
+  // dimension of size 1 may be anything.
   for (const auto &[cache, strides] :
        {std::pair{&args.kCache, kernelArgs.k_stride}, std::pair{&args.vCache, kernelArgs.v_stride}}) {
-    strides[0] = cache->stride(0);
-    strides[1] = cache->stride(1);
-    strides[2] = cache->stride(2);
+    strides[2] = cache->size(3);
+    strides[1] = cache->size(2) * strides[2];
+    strides[0] = cache->size(1) * strides[1];
   }
   kernelArgs.page_table_stride = args.pageTableStride;
   kernelArgs.batch = batch;

@@ -12,6 +12,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <limits>
+#include <tuple>
 
 namespace pagedc {
 
@@ -66,6 +67,22 @@ void checkArgs(const KernelConfig &config, const PagedcAttentionKernelArgs &args
                             args.lse ? "passes" : "does not pass"));
   if (args.page_table_stride < 1)
     throw Error("attention launch: page_table_stride must be positive");
+  // The kernels address compact [pages, page_size, D] pages per KV head
+  // (KernelCommon.cuh's kv_row_bytes): page and row strides are fixed, and
+  // the 16-byte copies need a head stride of whole 16-byte chunks.
+  for (const auto &[name, stride, dim] :
+       {std::tuple{"k_cache", args.k_stride, config.headDim},
+        std::tuple{"v_cache", args.v_stride, config.headDim}}) {
+    const int64_t pageStride = int64_t(config.pageSize) * dim;
+    if (stride[1] != pageStride || stride[2] != dim)
+      throw Error(fmt::format("attention launch: {} has page stride {} and row stride {}; the "
+                              "kernels read compact pages of {} rows x {} (strides {} and {})",
+                              name, stride[1], stride[2], config.pageSize, dim, pageStride, dim));
+    if (args.heads_kv > 1 && (stride[0] < pageStride || stride[0] % 8 != 0))
+      throw Error(fmt::format("attention launch: {}'s head stride {} must be a multiple of 8 "
+                              "elements (16-byte copies) of at least one page ({})",
+                              name, stride[0], pageStride));
+  }
   if (args.kv_num_blocks) {
     int tile = config.kind == KernelKind::Decode ? kDecodeTile : config.blockN;
     if (!args.kv_indices)

@@ -51,6 +51,26 @@ BUGS = {
         "      staged = after_list < visits.list_count ? stage_page(kv_after) : 0;\n"
         "      if (thread < kPrefillTilePages)\n        page_slots[thread] = staged;\n",
         "prefill"),
+    # Compact page addressing (kv_row_bytes): the row's slot in its page
+    # dropped, so every row of a page reads the page's first row.
+    "kv-row-bytes-without-slot": (
+        "KernelCommon.cuh",
+        "  return page * kPageBytes + (kv & (kPageSize - 1)) * kRowBytes;",
+        "  return page * kPageBytes;",
+        "decode"),
+    # K and V share a row's offset: V's copy taken from K's head instead.
+    "v-copied-from-k-head": (
+        "KernelCommon.cuh",
+        "    const char *v_source = v_bytes + row_bytes;",
+        "    const char *v_source = k_bytes + row_bytes;",
+        "prefill"),
+    # The decode's block index of a tile by multiply-high: without the
+    # correction step a key at a block's start lands in the block before.
+    "block-divisor-without-correction": (
+        "KernelCommon.cuh",
+        "    return static_cast<int>(q + ((q + 1) * d <= static_cast<uint32_t>(n) ? 1u : 0u));",
+        "    return static_cast<int>(q);",
+        "window64"),
     "swapped-ldmatrix-lanes": (
         "KernelCommon.cuh",
         "  int row = row_base + (lane & 15);\n  int chunk = k_step * 2 + (lane >> 4);",
@@ -199,8 +219,8 @@ BUGS = {
         "wgmma"),
     "wgmma-gather-slot-of-wrong-row": (
         "PrefillWgmma.cuh",
-        "    const int64_t slot = (kv_begin + row) & (kPageSize - 1);\n",
-        "    const int64_t slot = (kv_begin + first_row) & (kPageSize - 1);\n",
+        "    const int64_t row_bytes = valid ? kv_row_bytes(page_index, kv_begin + row) : 0;\n",
+        "    const int64_t row_bytes = valid ? kv_row_bytes(page_index, kv_begin + first_row) : 0;\n",
         "wgmma"),
     # The warpgroup prefill's tensor-map copies (the default; set
     # explicitly, PAGEDC_PREFILL_TMA=1): the
@@ -274,6 +294,10 @@ def main():
         "window": dict(q=(1, 4, 1, 64), k=(1, 2, 1100, 64),
                        attn="sliding_window.attn", mask="sliding_window",
                        extra=["--q-offset", "end", "-D", "WINDOW=250", "--block", "16x128"]),
+        # The same window over 64-key blocks: every tile starts a block.
+        "window64": dict(q=(1, 4, 1, 64), k=(1, 2, 1100, 64),
+                         attn="sliding_window.attn", mask="sliding_window",
+                         extra=["--q-offset", "end", "-D", "WINDOW=250", "--block", "16x64"]),
         # The warpgroup prefill at head dim 128: 128 x 64 tiles, two
         # consumer warpgroups, every tile gathered with cp.async.
         "wgmma": dict(q=(1, 4, 150, 128), k=(1, 2, 300, 128), extra=["--q-offset", "end"],

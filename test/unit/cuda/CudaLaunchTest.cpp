@@ -402,6 +402,22 @@ TEST(CudaLaunch, MismatchesAreNamed) {
   PagedcAttentionKernelArgs noQ = callArgs(1, 32, 8, 1);
   noQ.q = nullptr;
   expectError(decode, noQ, "must all be device pointers");
+  // The kernels compute page and row offsets from the page size and head
+  // dim: other strides would be read wrong, so they are refused.
+  PagedcAttentionKernelArgs paddedRows = callArgs(1, 32, 8, 1);
+  paddedRows.v_stride[2] = 136;
+  expectError(decode, paddedRows,
+              "v_cache has page stride 2048 and row stride 136; the kernels read compact "
+              "pages of 16 rows x 128 (strides 2048 and 128)");
+  PagedcAttentionKernelArgs otherPages = callArgs(1, 32, 8, 1);
+  otherPages.k_stride[1] = 4096;
+  expectError(decode, otherPages, "k_cache has page stride 4096 and row stride 128");
+  PagedcAttentionKernelArgs oddHeads = callArgs(1, 32, 8, 1);
+  oddHeads.k_stride[0] = 2048 * 100 + 4;
+  expectError(decode, oddHeads, "k_cache's head stride 204804 must be a multiple of 8");
+  PagedcAttentionKernelArgs oneHead = callArgs(1, 4, 1, 1);
+  oneHead.k_stride[0] = 3; // never stepped with one KV head
+  EXPECT_NO_THROW(planAttention(decode, oneHead, {0}, 1024, 132));
 }
 
 TEST(CudaLaunch, BlockMaskBuildDryRun) {

@@ -391,13 +391,20 @@ TEST(CudaKernels, PrefillTensorMapsBindOrSayWhy) {
 
   KernelConfig small = config;
   small.pageSize = 8;
-  AttentionLaunchPlan smallPlan = planFor(small, args);
+  PagedcAttentionKernelArgs smallArgs = args; // [Hkv 2, 20 pages, 8 rows, D 128]
+  for (int64_t *stride : {smallArgs.k_stride, smallArgs.v_stride}) {
+    stride[0] = 20 * 8 * 128;
+    stride[1] = 8 * 128;
+  }
+  AttentionLaunchPlan smallPlan = planFor(small, smallArgs);
   EXPECT_EQ(bindPrefillTensorMaps(driver, small, smallPlan, 20, 20), "pages of 8 rows, under 16");
   EXPECT_EQ(smallPlan.launches[0].note, "gather (pages of 8 rows, under 16)");
   EXPECT_EQ(maps(smallPlan).tensor_maps, 0);
 
+  // (Page and row strides are fixed by planAttention; a head stride of
+  // 2^39 elements is 2^40 bytes, past what a tensor map takes.)
   PagedcAttentionKernelArgs odd = args;
-  odd.v_stride[1] = 16 * 128 + 4; // 8 bytes past a multiple of 16
+  odd.v_stride[0] = int64_t(1) << 39;
   AttentionLaunchPlan oddPlan = planFor(config, odd);
   EXPECT_NE(bindPrefillTensorMaps(driver, config, oddPlan, 10, 10).find("v_cache's stride"),
             std::string::npos);

@@ -59,9 +59,11 @@ template <typename T> T *fakeDevicePointer(uintptr_t address) {
 
 /// Attention kernel arguments with fake device pointers (q, caches, out,
 /// page table, kv_len), for launch plans that are never launched: page
-/// table stride 2048, scale 0.125, strides left zero.
+/// table stride 2048, scale 0.125, compact caches of 2048 pages of
+/// `pageSize` rows x `headDim` per KV head, q and out strides left zero.
 inline PagedcAttentionKernelArgs fakeAttentionArgs(int batch, int headsQ, int headsKv,
-                                                   int qLen) {
+                                                   int qLen, int pageSize = 16,
+                                                   int headDim = 128) {
   PagedcAttentionKernelArgs args{};
   args.q = fakeDevicePointer<void>(0x7f0000100000);
   args.k_cache = fakeDevicePointer<void>(0x7f0000200000);
@@ -75,6 +77,11 @@ inline PagedcAttentionKernelArgs fakeAttentionArgs(int batch, int headsQ, int he
   args.q_len = qLen;
   args.page_table_stride = 2048;
   args.scale = 0.125f;
+  for (int64_t *stride : {args.k_stride, args.v_stride}) {
+    stride[2] = headDim;
+    stride[1] = int64_t(pageSize) * headDim;
+    stride[0] = 2048 * stride[1];
+  }
   return args;
 }
 
