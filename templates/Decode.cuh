@@ -308,10 +308,8 @@ extern "C" __global__ void __launch_bounds__(pagedc::kDecodeThreads)
   const int tiles = split_end > split_begin
                         ? (split_end - split_begin + kDecodeTileN - 1) / kDecodeTileN
                         : 0;
-  // (kv_block_size is positive: checkArgs.)
-  const Divisor per_block(has_block_mask ? args.kv_block_size : 1);
   auto tile_block = [&](int tile) {
-    return per_block(split_begin + tile * kDecodeTileN) - block_begin;
+    return (split_begin + tile * kDecodeTileN) / args.kv_block_size - block_begin;
   };
   // Kept kv rows of the split's first kKeepTable tiles that its rows see
   // only through partial blocks, computed before the tile loop: every thread

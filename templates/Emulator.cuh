@@ -253,9 +253,6 @@ inline unsigned __ballot_sync(unsigned mask, int predicate, PAGEDC_EMU_SITE) {
 inline int atomicAdd(int *address, int value, PAGEDC_EMU_SITE) {
   return pagedc_emu::atomic_add(address, value, file, line);
 }
-inline unsigned __umulhi(unsigned a, unsigned b) {
-  return static_cast<unsigned>((static_cast<unsigned long long>(a) * b) >> 32);
-}
 inline int __popc(unsigned value) { return __builtin_popcount(value); }
 inline int __popcll(unsigned long long value) { return __builtin_popcountll(value); }
 inline int __clz(int value) { return value == 0 ? 32 : __builtin_clz(static_cast<unsigned>(value)); }

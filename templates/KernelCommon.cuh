@@ -170,22 +170,6 @@ struct StagedPages {
   }
 };
 
-/// Division by a divisor fixed for the CTA: floor(n / d) for 0 <= n < 2^31
-/// and 1 <= d <= 2^31, by a multiply-high and one correction instead of the
-/// ~20 instructions of a division by a run-time value. With m =
-/// floor((2^32 - 1) / d): n m / 2^32 < n / d, and m >= (2^32 - d) / d makes
-/// n m / 2^32 > n / d - n / 2^32 > n / d - 1/2, so umulhi(n, m) is
-/// floor(n / d) or one less; (q + 1) d <= n + d < 2^32 tells which.
-struct Divisor {
-  uint32_t d, m;
-  PAGEDC_DEVICE explicit Divisor(int divisor)
-      : d(static_cast<uint32_t>(divisor)), m(0xffffffffu / static_cast<uint32_t>(divisor)) {}
-  PAGEDC_DEVICE int operator()(int n) const {
-    const uint32_t q = __umulhi(static_cast<uint32_t>(n), m);
-    return static_cast<int>(q + ((q + 1) * d <= static_cast<uint32_t>(n) ? 1u : 0u));
-  }
-};
-
 /// Hides `pointer`'s value from the optimizer (no instruction).
 template <typename T> PAGEDC_DEVICE void opaque(T *&pointer) {
 #ifdef PAGEDC_EMULATOR

@@ -64,13 +64,6 @@ BUGS = {
         "    const char *v_source = v_bytes + row_bytes;",
         "    const char *v_source = k_bytes + row_bytes;",
         "prefill"),
-    # The decode's block index of a tile by multiply-high: without the
-    # correction step a key at a block's start lands in the block before.
-    "block-divisor-without-correction": (
-        "KernelCommon.cuh",
-        "    return static_cast<int>(q + ((q + 1) * d <= static_cast<uint32_t>(n) ? 1u : 0u));",
-        "    return static_cast<int>(q);",
-        "window64"),
     "swapped-ldmatrix-lanes": (
         "KernelCommon.cuh",
         "  int row = row_base + (lane & 15);\n  int chunk = k_step * 2 + (lane >> 4);",
