@@ -12,7 +12,6 @@
 #include <cstdlib>
 #include <cstring>
 #include <limits>
-#include <tuple>
 
 namespace pagedc {
 
@@ -70,10 +69,10 @@ void checkArgs(const KernelConfig &config, const PagedcAttentionKernelArgs &args
   // The kernels address compact [pages, page_size, D] pages per KV head
   // (KernelCommon.cuh's kv_row_bytes): page and row strides are fixed, and
   // the 16-byte copies need a head stride of whole 16-byte chunks.
-  for (const auto &[name, stride, dim] :
-       {std::tuple{"k_cache", args.k_stride, config.headDim},
-        std::tuple{"v_cache", args.v_stride, config.headDim}}) {
-    const int64_t pageStride = int64_t(config.pageSize) * dim;
+  // (V's head dim equals K's: KernelConfig has one.)
+  const int64_t dim = config.headDim, pageStride = int64_t(config.pageSize) * dim;
+  for (const auto &[name, stride] :
+       {std::pair{"k_cache", args.k_stride}, std::pair{"v_cache", args.v_stride}}) {
     if (stride[1] != pageStride || stride[2] != dim)
       throw Error(fmt::format("attention launch: {} has page stride {} and row stride {}; the "
                               "kernels read compact pages of {} rows x {} (strides {} and {})",
