@@ -56,8 +56,21 @@ constexpr int kDecodeTilePages = kTilePagesOf<kDecodeTileN>;
 /// Most kv blocks of the block mask one split may cover.
 constexpr int kMaxSplitBlocks = pagedc_config::kMaxSplitBlocks;
 constexpr bool kDecodeQInRegisters = kHeadDim <= 128;
+/// CTAs per SM the register allocation must allow. On sm_90 at head dim
+/// 64, five (96 registers a thread; the shared memory allows six), which
+/// the all-kept path's second copy of the mod code would otherwise cost;
+/// elsewhere ptxas chooses (sm_80 at head dim 64 had four before it).
+#if !defined(PAGEDC_EMULATOR) && defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+constexpr int kDecodeMinBlocks = kHeadDim <= 64 ? 5 : 1;
+#else
+constexpr int kDecodeMinBlocks = 1;
+#endif
 /// Partial tiles per split whose kept kv rows are computed before the loop.
 constexpr int kKeepTable = 8;
+constexpr int kLog2DecodeTileN = 6;
+static_assert(1 << kLog2DecodeTileN == kDecodeTileN, "the tile's log2");
+/// tile_seen's flag: every row that exists sees the block as full.
+constexpr uint8_t kAllFull = 4;
 static_assert(kDecodeRows <= 64, "at most 64 query rows per decode CTA");
 static_assert(kQueryTokens >= 1 && kQueryTokens <= 8, "1..8 query tokens");
 
@@ -150,7 +163,7 @@ PAGEDC_DEVICE void for_listed_blocks(const PagedcAttentionKernelArgs &args, int 
 }
 } // namespace pagedc
 
-extern "C" __global__ void __launch_bounds__(pagedc::kDecodeThreads)
+extern "C" __global__ void __launch_bounds__(pagedc::kDecodeThreads, pagedc::kDecodeMinBlocks)
     pagedc_decode(const __grid_constant__ PagedcAttentionKernelArgs args,
                   const __grid_constant__ pagedc_mods::Params params) {
   using namespace pagedc;
@@ -292,11 +305,19 @@ extern "C" __global__ void __launch_bounds__(pagedc::kDecodeThreads)
                           classes[row * kMaxSplitBlocks + block] = block_class;
                       });
     __syncthreads();
+    // tile_seen: the classes' union, plus kAllFull when every row that
+    // exists sees the block as full (its tiles then skip the mask, the
+    // kv_len test and the select: apply_mods' all_kept path).
     for (int block = thread; block < block_count; block += kDecodeThreads) {
       uint8_t seen = 0;
-      for (int row = 0; row < kPaddedRows; ++row)
-        seen |= classes[row * kMaxSplitBlocks + block];
-      tile_seen[block] = seen;
+      bool all_full = true;
+      for (int row = 0; row < kPaddedRows; ++row) {
+        const uint8_t block_class = classes[row * kMaxSplitBlocks + block];
+        seen |= block_class;
+        if (decode_row(row, kv_head, head_chunk, args.q_len).valid)
+          all_full = all_full && block_class == 2;
+      }
+      tile_seen[block] = seen | (seen != 0 && all_full ? kAllFull : 0);
     }
     __syncthreads();
   }
@@ -308,7 +329,15 @@ extern "C" __global__ void __launch_bounds__(pagedc::kDecodeThreads)
   const int tiles = split_end > split_begin
                         ? (split_end - split_begin + kDecodeTileN - 1) / kDecodeTileN
                         : 0;
+  // The block-mask block of `tile`, relative to the split's first. The
+  // runtime's block sizes are multiples of the tile (CudaLaunch refuses
+  // others) and almost always powers of two: a shift then replaces the
+  // division (about 20 instructions, twice per tile).
+  const unsigned block_size = static_cast<unsigned>(args.kv_block_size);
   auto tile_block = [&](int tile) {
+    if ((block_size & (block_size - 1)) == 0 && block_size >= kDecodeTileN)
+      return static_cast<int>(static_cast<unsigned>(tile) >>
+                              (31 - __clz(static_cast<int>(block_size)) - kLog2DecodeTileN));
     return (split_begin + tile * kDecodeTileN) / args.kv_block_size - block_begin;
   };
   // Kept kv rows of the split's first kKeepTable tiles that its rows see
@@ -329,7 +358,7 @@ extern "C" __global__ void __launch_bounds__(pagedc::kDecodeThreads)
       int listed = 0;
       for (int tile = 0; tile < tiles && listed < kKeepTable; ++tile) {
         const int block = tile_block(tile);
-        if (tile_seen[block] != 1)
+        if ((tile_seen[block] & 3) != 1)
           continue;
         const int kv = split_begin + tile * kDecodeTileN + (thread & (kDecodeTileN - 1));
         bool kept = false;
@@ -395,12 +424,11 @@ extern "C" __global__ void __launch_bounds__(pagedc::kDecodeThreads)
     return tile_page<kDecodeTileN>(page_row, split_begin + which * kDecodeTileN, split_end,
                                    thread);
   };
+  const KvTileCopier<kDecodeTileN, kDecodeThreads> copy_kv(k_head, v_head, thread);
   auto copy_tile = [&](int into_stage, int which, uint64_t keep_rows) {
     const int kv_begin = split_begin + which * kDecodeTileN;
-    load_kv_tiles<kDecodeTileN, kDecodeThreads>(
-        k_tiles + into_stage * kDecodeStageBytes, v_tiles + into_stage * kDecodeStageBytes,
-        k_head, v_head, StagedPages{page_slots, kv_begin}, kv_begin, split_end, thread,
-        keep_rows);
+    copy_kv(k_tiles + into_stage * kDecodeStageBytes, v_tiles + into_stage * kDecodeStageBytes,
+            StagedPages{page_slots, kv_begin}, kv_begin, split_end, keep_rows);
   };
   uint64_t keep, keep_next;
   int tile = next_tile(0, keep), stage = 0;
@@ -437,8 +465,11 @@ extern "C" __global__ void __launch_bounds__(pagedc::kDecodeThreads)
     __syncthreads();
 
     bool visible[2] = {true, true}, check_mask[2] = {true, true};
+    // Every row keeps every kv position of the tile (CTA-uniform).
+    bool all_kept = !pagedc_mods::kHasMask && kv_begin + kDecodeTileN <= split_end;
     if (has_block_mask) {
       const int block = tile_block(tile);
+      all_kept = (tile_seen[block] & kAllFull) && kv_begin + kDecodeTileN <= split_end;
 #pragma unroll
       for (int half = 0; half < 2; ++half) {
         uint8_t block_class = classes[local_row[half] * kMaxSplitBlocks + block];
@@ -453,7 +484,7 @@ extern "C" __global__ void __launch_bounds__(pagedc::kDecodeThreads)
         kv_warp * kColumnsPerWarp, lane);
     apply_mods<kNTiles, kRowHalves>(scores, params, mask_rows, score_rows, b_of, h_of, q_of,
                                     visible, check_mask, kv_begin + kv_warp * kColumnsPerWarp,
-                                    split_end, args.scale, lane);
+                                    split_end, args.scale, lane, all_kept);
     online_softmax<kNTiles, kRowHalves>(state, scores, out);
     warp_accumulate<kNTiles>(out, scores, v_tiles + stage * kDecodeStageBytes,
                              kv_warp * kColumnsPerWarp, lane);

@@ -191,48 +191,68 @@ PAGEDC_DEVICE int64_t kv_row_bytes(int32_t page, int kv) {
   return page * kPageBytes + (kv & (kPageSize - 1)) * kRowBytes;
 }
 
-/// Loads KV rows [kv_begin, kv_begin + kRows) of one KV head into the K and
-/// V tiles, translating each logical row to its page once for both tensors
-/// (`page_of(kv)`: both kernels pass StagedPages).
+/// Copies KV rows [kv_begin, kv_begin + kRows) of one KV head into K and V
+/// tiles, translating each logical row to its page once for both tensors
+/// (`page_of(kv)`: the kernels pass StagedPages). Built once per thread
+/// before a tile loop: the two head bases, with the thread's chunk added,
+/// are opaque to the optimizer, so they stay in registers instead of being
+/// rebuilt from the cache pointers and strides on every tile (about 30
+/// instructions a tile in the decode kernel) or folded into each row's
+/// offset (four instructions per tensor and row).
 /// Rows at or past kv_len, and rows whose bit in `keep_rows` is clear, are
-/// zero-filled and never read from memory. Thread `thread` copies chunk
-/// thread % kChunksPerRow of every kRowStep-th row from row thread /
-/// kChunksPerRow; K and V share the row's offset (kv_row_bytes).
-template <int kRows, int kThreads, typename PageOf>
-PAGEDC_DEVICE void load_kv_tiles(uint32_t k_tile, uint32_t v_tile,
-                                 const Element *k_head,  // [pages, page_size, D]
-                                 const Element *v_head,  // [pages, page_size, D]
-                                 PageOf page_of, int kv_begin, int kv_len, int thread,
-                                 uint64_t keep_rows = ~static_cast<uint64_t>(0)) {
+/// zero-filled and never read from memory. A row is copied by
+/// kThreadsPerRow threads, each taking kCopiesPerRow of its chunks, half a
+/// row apart (two where the tile has rows enough for every thread: a row's
+/// validity test, page lookup and offset then serve four copies, K and V,
+/// instead of two); thread `thread` starts at row thread / kThreadsPerRow
+/// and takes every kRowStep-th row. K and V share the row's offset
+/// (kv_row_bytes).
+template <int kRows, int kThreads> struct KvTileCopier {
   static_assert(kRows <= 64, "keep_rows has a bit per tile row");
-  static_assert(kThreads % kChunksPerRow == 0 && (kRows * kChunksPerRow) % kThreads == 0,
+  static constexpr int kCopiesPerRow = kRows % (2 * kThreads / kChunksPerRow) == 0 ? 2 : 1;
+  static constexpr int kThreadsPerRow = kChunksPerRow / kCopiesPerRow;
+  static constexpr int kRowStep = kThreads / kThreadsPerRow;
+  static_assert(kThreads % kThreadsPerRow == 0 && kRows % kRowStep == 0,
                 "uneven KV tile load");
-  constexpr int kRowStep = kThreads / kChunksPerRow;
-  const int chunk = thread % kChunksPerRow, first_row = thread / kChunksPerRow;
-  // Bytes, with the thread's chunk added once. Opaque: without that the
-  // compiler folds each row's offset into the head's (kv_head x head
-  // stride) and recomputes both sources from the cache bases, four
-  // instructions per tensor and row.
-  const char *k_bytes = reinterpret_cast<const char *>(k_head) + chunk * 16;
-  const char *v_bytes = reinterpret_cast<const char *>(v_head) + chunk * 16;
-  opaque(k_bytes);
-  opaque(v_bytes);
-  // Unrolled by two: fully unrolled, ptxas holds every row's page and both
-  // 64-bit sources at once, which spilled 300 bytes in the D 256 prefill
-  // kernel (bench/README.md).
-#pragma unroll 2
-  for (int i = 0; i < kRows / kRowStep; ++i) {
-    const int row = first_row + i * kRowStep;
-    const int kv = kv_begin + row;
-    const bool valid = kv < kv_len && ((keep_rows >> row) & 1);
-    const int64_t row_bytes = valid ? kv_row_bytes(page_of(kv), kv) : 0;
-    const char *k_source = k_bytes + row_bytes;
-    const char *v_source = v_bytes + row_bytes;
-    const uint32_t offset = tile_offset(row, chunk);
-    cp_async_16(k_tile + offset, k_source, valid ? 16 : 0);
-    cp_async_16(v_tile + offset, v_source, valid ? 16 : 0);
+  const char *k_bytes;
+  const char *v_bytes;
+  int chunk, first_row;
+
+  PAGEDC_DEVICE KvTileCopier(const Element *k_head,  // [pages, page_size, D]
+                             const Element *v_head,  // [pages, page_size, D]
+                             int thread)
+      : chunk(thread % kThreadsPerRow), first_row(thread / kThreadsPerRow) {
+    k_bytes = reinterpret_cast<const char *>(k_head) + chunk * 16;
+    v_bytes = reinterpret_cast<const char *>(v_head) + chunk * 16;
+    opaque(k_bytes);
+    opaque(v_bytes);
   }
-}
+
+  template <typename PageOf>
+  PAGEDC_DEVICE void operator()(uint32_t k_tile, uint32_t v_tile, PageOf page_of, int kv_begin,
+                                int kv_len,
+                                uint64_t keep_rows = ~static_cast<uint64_t>(0)) const {
+    // Unrolled by two: fully unrolled, ptxas holds every row's page and
+    // both 64-bit sources at once, which spilled 300 bytes in the D 256
+    // prefill kernel (bench/README.md).
+#pragma unroll 2
+    for (int i = 0; i < kRows / kRowStep; ++i) {
+      const int row = first_row + i * kRowStep;
+      const int kv = kv_begin + row;
+      const bool valid = kv < kv_len && ((keep_rows >> row) & 1);
+      const int64_t row_bytes = valid ? kv_row_bytes(page_of(kv), kv) : 0;
+      const char *k_source = k_bytes + row_bytes;
+      const char *v_source = v_bytes + row_bytes;
+#pragma unroll
+      for (int copy = 0; copy < kCopiesPerRow; ++copy) {
+        const int at = copy * kThreadsPerRow;
+        const uint32_t offset = tile_offset(row, chunk + at);
+        cp_async_16(k_tile + offset, k_source + 16 * at, valid ? 16 : 0);
+        cp_async_16(v_tile + offset, v_source + 16 * at, valid ? 16 : 0);
+      }
+    }
+  }
+};
 
 /// A-operand fragments of 16 query rows for k-step `k_step` (16 columns).
 PAGEDC_DEVICE void load_query_fragment(uint32_t (&fragment)[4], uint32_t tile,

@@ -76,6 +76,7 @@ extern "C" __global__ void __launch_bounds__(pagedc::kPrefillThreads, 1)
       static_cast<const Element *>(args.k_cache) + kv_head * args.k_stride[0];
   const Element *v_head =
       static_cast<const Element *>(args.v_cache) + kv_head * args.v_stride[0];
+  const KvTileCopier<kBlockN, kPrefillThreads> copy_kv(k_head, v_head, thread);
   const int32_t *page_row = args.page_table + b * args.page_table_stride;
 
   // The 2 * kMTiles rows this thread holds (rows lane / 4 and lane / 4 + 8
@@ -133,9 +134,8 @@ extern "C" __global__ void __launch_bounds__(pagedc::kPrefillThreads, 1)
       return tile_page<kBlockN>(page_row, kv_first, kv_len, thread);
     };
     auto copy_tile = [&](int into_stage, int kv_first) {
-      load_kv_tiles<kBlockN, kPrefillThreads>(
-          k_tiles + into_stage * kStageBytes, v_tiles + into_stage * kStageBytes, k_head,
-          v_head, StagedPages{page_slots, kv_first}, kv_first, kv_len, thread);
+      copy_kv(k_tiles + into_stage * kStageBytes, v_tiles + into_stage * kStageBytes,
+              StagedPages{page_slots, kv_first}, kv_first, kv_len);
     };
     int list = 0, sub = 0, stage = 0;
     int kv_begin = visits.seek(args, kv_len, list, sub);

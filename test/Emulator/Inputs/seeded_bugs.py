@@ -61,9 +61,16 @@ BUGS = {
     # K and V share a row's offset: V's copy taken from K's head instead.
     "v-copied-from-k-head": (
         "KernelCommon.cuh",
-        "    const char *v_source = v_bytes + row_bytes;",
-        "    const char *v_source = k_bytes + row_bytes;",
+        "      const char *v_source = v_bytes + row_bytes;",
+        "      const char *v_source = k_bytes + row_bytes;",
         "prefill"),
+    # A thread copies two chunks of a row, half a row apart: V's second
+    # chunk taken from the first's source.
+    "v-second-chunk-from-first": (
+        "KernelCommon.cuh",
+        "        cp_async_16(v_tile + offset, v_source + 16 * at, valid ? 16 : 0);",
+        "        cp_async_16(v_tile + offset, v_source, valid ? 16 : 0);",
+        "decode"),
     "swapped-ldmatrix-lanes": (
         "KernelCommon.cuh",
         "  int row = row_base + (lane & 15);\n  int chunk = k_step * 2 + (lane >> 4);",
@@ -72,12 +79,12 @@ BUGS = {
         "prefill"),
     "no-zero-fill-past-kv-len": (
         "KernelCommon.cuh",
-        "    cp_async_16(k_tile + offset, k_source, valid ? 16 : 0);\n"
-        "    cp_async_16(v_tile + offset, v_source, valid ? 16 : 0);",
-        "    if (valid) {\n"
-        "      cp_async_16(k_tile + offset, k_source, 16);\n"
-        "      cp_async_16(v_tile + offset, v_source, 16);\n"
-        "    }",
+        "        cp_async_16(k_tile + offset, k_source + 16 * at, valid ? 16 : 0);\n"
+        "        cp_async_16(v_tile + offset, v_source + 16 * at, valid ? 16 : 0);",
+        "        if (valid) {\n"
+        "          cp_async_16(k_tile + offset, k_source + 16 * at, 16);\n"
+        "          cp_async_16(v_tile + offset, v_source + 16 * at, 16);\n"
+        "        }",
         "prefill"),
     "shuffle-in-lane-dependent-branch": (
         "KernelCommon.cuh",
@@ -158,6 +165,26 @@ BUGS = {
         "constexpr int kRowHalves = kDecodeRows <= 8 ? 1 : 2;",
         "constexpr int kRowHalves = kDecodeRows <= 16 ? 1 : 2;",
         "decode-gqa16"),
+    # Decode tiles that every row sees as full take apply_mods' all_kept
+    # path (no mask, no kv_len test): a tile past the split's end taken
+    # for one (its zero-filled keys then count), a partial block taken for
+    # a full one (the window's edge unmasked), the block of a tile taken
+    # from a shift one short (a block past the split's: never classified).
+    "decode-all-kept-past-split-end": (
+        "Decode.cuh",
+        "      all_kept = (tile_seen[block] & kAllFull) && kv_begin + kDecodeTileN <= split_end;",
+        "      all_kept = tile_seen[block] & kAllFull;",
+        "decode-softcap"),
+    "decode-partial-block-taken-for-full": (
+        "Decode.cuh",
+        "          all_full = all_full && block_class == 2;",
+        "          all_full = all_full && block_class != 0;",
+        "window"),
+    "decode-tile-block-shift-one-short": (
+        "Decode.cuh",
+        "(31 - __clz(static_cast<int>(block_size)) - kLog2DecodeTileN));",
+        "(30 - __clz(static_cast<int>(block_size)) - kLog2DecodeTileN));",
+        "window"),
     # The warpgroup prefill (PrefillWgmma.cuh): mbarrier ring, cp.async
     # gathers arriving on it, wgmma.
     "wgmma-consumer-skips-full-wait": (
@@ -281,6 +308,11 @@ def main():
         "decode": dict(q=(1, 4, 1, 64), k=(1, 2, 1100, 64), extra=["--q-offset", "end"]),
         # Sixteen query heads on one KV head: 16 rows, both of a thread's.
         "decode-gqa16": dict(q=(1, 16, 1, 64), k=(1, 1, 1100, 64), extra=["--q-offset", "end"]),
+        # Decode with a score mod and no mask: the block mask the CLI builds
+        # lists every block as full, the last (keys 1024-1151) too, and the
+        # last tile (1088-1151) ends past kv_len.
+        "decode-softcap": dict(q=(1, 4, 1, 64), k=(1, 2, 1100, 64), attn="softcap.attn",
+                               mask="", score="tanh_softcap", extra=["--q-offset", "end"]),
         # Decode with a block mask: a 250-key window whose first key (849)
         # lies in the second 64-key tile of a 128-key block, so the first
         # tile is skipped by its kept-key bits and the second loads in part.
@@ -312,8 +344,9 @@ def main():
         make_npy(os.path.join(work, name + "-q.npy"), run["q"], 11)
         make_npy(os.path.join(work, name + "-k.npy"), run["k"], 12)
         make_npy(os.path.join(work, name + "-v.npy"), run["k"], 13)
-        run["args"] = ["pagedc", "run", os.path.join(examples, run.get("attn", "causal.attn")),
-                       "--mask=" + run.get("mask", "causal"),
+        mask, score = run.get("mask", "causal"), run.get("score", "")
+        mods = (["--mask=" + mask] if mask else []) + (["--score=" + score] if score else [])
+        run["args"] = ["pagedc", "run", os.path.join(examples, run.get("attn", "causal.attn"))] + mods + [
                        "--q", os.path.join(work, name + "-q.npy"),
                        "--k", os.path.join(work, name + "-k.npy"),
                        "--v", os.path.join(work, name + "-v.npy"),
