@@ -19,6 +19,15 @@ Usage: ptxas_decode.py --pagedc build/bin/pagedc [--cuobjdump PATH]
        [--json OUT] [--quick]   (sm_90, D 128 only)
 With $PAGEDC_TEMPLATE_DIR holding older templates it measures those (for
 before/after figures).
+
+--path all-kept|masked counts one path of the tile loop: a copy of
+templates/Decode.cuh (or of $PAGEDC_TEMPLATE_DIR's) with the tile's
+all_kept flag fixed to true (every row keeps the whole tile: a block every
+row sees as full) or to false (the mask, kv_len test and select per
+element), and the block size's power-of-two shift taken (the division it
+replaces left out). The compiler then emits only that path, so the loop's
+static count is what a warp executes per tile on it. Registers and spills
+are those of the patched kernel; without --path, the kernel as built.
 """
 import argparse
 import json
@@ -26,6 +35,37 @@ import os
 import shutil
 import sys
 import tempfile
+
+# The lines --path replaces in Decode.cuh (each must occur once).
+PATH_LINES = [
+    ("    if ((block_size & (block_size - 1)) == 0 && block_size >= kDecodeTileN)\n",
+     "    if (true)\n"),
+    ("    bool all_kept = !pagedc_mods::kHasMask && kv_begin + kDecodeTileN <= split_end;\n",
+     "    bool all_kept = {value};\n"),
+    ("      all_kept = (tile_seen[block] & kAllFull) && kv_begin + kDecodeTileN <= split_end;\n",
+     "      all_kept = {value};\n"),
+]
+
+
+def force_path(directory, path):
+    """Writes the templates, Decode.cuh with the tile loop's path fixed,
+    into directory and returns it as a template dir."""
+    here = os.path.dirname(os.path.abspath(__file__))
+    source_dir = os.environ.get("PAGEDC_TEMPLATE_DIR") or os.path.join(here, "..", "..",
+                                                                        "templates")
+    text = open(os.path.join(source_dir, "Decode.cuh")).read()
+    for old, new in PATH_LINES:
+        if text.count(old) != 1:
+            sys.exit(f"--path: Decode.cuh has {text.count(old)} copies of {old.strip()!r}")
+        text = text.replace(old, new.format(value="true" if path == "all-kept" else "false"))
+    templates = os.path.join(directory, "templates")
+    os.makedirs(templates)
+    for name in os.listdir(source_dir):
+        if name.endswith(".cuh") and name != "Decode.cuh":
+            shutil.copy(os.path.join(source_dir, name), templates)
+    with open(os.path.join(templates, "Decode.cuh"), "w") as file:
+        file.write(text)
+    return templates
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import ptxas_corpus  # noqa: E402
@@ -49,9 +89,12 @@ def main():
     parser.add_argument("--cuobjdump")
     parser.add_argument("--json")
     parser.add_argument("--quick", action="store_true")
+    parser.add_argument("--path", choices=("all-kept", "masked"))
     options = parser.parse_args()
     rows = []
     with tempfile.TemporaryDirectory() as directory:
+        if options.path:
+            os.environ["PAGEDC_TEMPLATE_DIR"] = force_path(directory, options.path)
         # compile_one writes its cubin next to the program: a copy here.
         attn = os.path.join(directory, "bench.attn")
         shutil.copy(os.path.join(os.path.dirname(os.path.abspath(__file__)), "bench.attn"), attn)
@@ -67,21 +110,29 @@ def main():
                                      f"{figures['error']}")
                         shared = decode_shared_bytes(head_dim, group)
                         row = {"arch": arch, "head_dim": head_dim, "gqa": group,
-                               "mods": label, "threads": 128, "shared_bytes": shared,
+                               "mods": label, "path": options.path or "as built", "threads": 128, "shared_bytes": shared,
                                "ctas_per_sm": ptxas_shapes.ctas_per_sm(
                                    arch, figures["registers"], 128, shared),
                                **figures}
                         if options.cuobjdump:
                             cubin = f"{attn}.decode.{arch}.{head_dim}.cubin"
-                            mma, other = ptxas_shapes.main_loop_counts(options.cuobjdump,
-                                                                       cubin)
+                            mma, other, copy = ptxas_shapes.main_loop_counts(
+                                options.cuobjdump, cubin, copies=True)
                             row["loop_mma"] = mma
                             row["loop_other"] = other
+                            # The copy loop (unrolled by two) runs its body
+                            # trips times per tile; `other` holds it once.
+                            trips = ptxas_shapes.copy_trips(64, 128, head_dim)
+                            row["copy_loop_other"] = copy
+                            row["copy_loop_trips"] = trips if copy else 1
+                            row["tile_other"] = other + (trips - 1) * copy if copy else other
                         rows.append(row)
                         print(f"{arch} D{head_dim} GQA {group} {label:<26} regs "
                               f"{row['registers']:>3} spills {row['spill_store_bytes']}/"
                               f"{row['spill_load_bytes']} CTAs/SM {row['ctas_per_sm']}"
                               + (f" loop: {row['loop_mma']} MMA, {row['loop_other']} other"
+                                 f" (copy loop {row['copy_loop_other']} x "
+                                 f"{row['copy_loop_trips']}): {row['tile_other']} per tile"
                                  if "loop_mma" in row else ""), flush=True)
     if options.json:
         with open(options.json, "w") as file:

@@ -135,7 +135,7 @@ def sass_instructions(sass):
     return code
 
 
-def loop_counts(code):
+def loop_counts(code, copies=False):
     """(mma, other) instructions of the main loop: the natural loop of a
     back edge (its target dominates its source; the loop is the blocks that
     reach the source without passing the target) holding the most MMA
@@ -144,9 +144,12 @@ def loop_counts(code):
     Blocks that the layout puts between a loop's head and its branch but
     that the loop never enters are not counted; both sides of a branch
     inside the loop are (masked and all-kept tiles, the rescale skipped or
-    not)."""
+    not). With copies=True, (mma, other, copy_other): copy_other counts
+    the instructions of the largest loop nested in the main one that issues
+    cp.async copies (LDGSTS; 0 when there is none), which a tile runs as
+    many times as its trip count while `other` holds its body once."""
     if not code:
-        return (0, 0)
+        return (0, 0, 0) if copies else (0, 0)
     index = {address: i for i, (address, _) in enumerate(code)}
 
     def parse(text):
@@ -215,6 +218,7 @@ def loop_counts(code):
         return "HMMA" in text or "HGMMA" in text
 
     best = None
+    loops = []
     for source, targets in enumerate(successors):
         for head in targets:
             if head not in dominators[source]:
@@ -230,16 +234,35 @@ def loop_counts(code):
             texts = [code[i][1] for n in loop for i in range(*blocks[n])]
             mma = sum(1 for t in texts if is_mma(t))
             other = sum(1 for t in texts if not is_mma(t) and not t.startswith("NOP"))
+            loops.append((loop, other, any("LDGSTS" in t for t in texts)))
             if mma and (best is None or mma > best[0] or (mma == best[0] and other < best[1])):
-                best = (mma, other)
-    return best or (0, 0)
+                best = (mma, other, loop)
+    if not copies:
+        return best[:2] if best else (0, 0)
+    if not best:
+        return (0, 0, 0)
+    nested = [other for loop, other, copy in loops if copy and loop < best[2]]
+    return (best[0], best[1], max(nested, default=0))
 
 
-def main_loop_counts(cuobjdump, cubin):
-    """(mma, other) static SASS instructions of the main loop of `cubin`."""
+def copy_trips(rows, threads, head_dim):
+    """Trips per tile of the mma.sync kernels' K/V copy loop (KvTileCopier,
+    unrolled by two): two chunks of a row per thread where the tile has
+    rows enough, one before that change ($PAGEDC_COPIES_PER_ROW=1 says so
+    for older templates)."""
+    chunks = head_dim * 2 // 16
+    per_row = 2 if rows % (2 * threads // chunks) == 0 else 1
+    per_row = min(per_row, int(os.environ.get("PAGEDC_COPIES_PER_ROW", "2")))
+    rows_per_thread = rows * chunks // per_row // threads
+    return max(rows_per_thread // 2, 1)
+
+
+def main_loop_counts(cuobjdump, cubin, copies=False):
+    """(mma, other) static SASS instructions of the main loop of `cubin`
+    (and its copy loop's, with copies=True: loop_counts)."""
     sass = subprocess.run([cuobjdump, "-sass", cubin], capture_output=True, text=True,
                           check=True).stdout
-    return loop_counts(sass_instructions(sass))
+    return loop_counts(sass_instructions(sass), copies)
 
 
 def compile_one(pagedc, attn, arch, head_dim, page, score, block, warp_rows):
@@ -309,13 +332,22 @@ def main():
                                                   score, block, warp_rows)
                             cubin = figures.pop("cubin")
                             if options.cuobjdump:
-                                mma, other = main_loop_counts(options.cuobjdump, cubin)
+                                mma, other, copy = main_loop_counts(options.cuobjdump, cubin,
+                                                                    copies=True)
                                 # per 64 keys and 16 query rows of one warp
                                 # (a warp of a warpgroup holds 16 rows)
                                 per = 64 / block_n / (1 if warp_rows == 64 else warp_rows // 16)
                                 figures["loop_mma"] = mma
                                 figures["loop_other"] = other
                                 figures["other_per_64_keys_16_rows"] = round(other * per, 1)
+                                if copy and warp_rows != 64:
+                                    # The K/V copy loop nested in the tile
+                                    # loop runs `trips` times per tile.
+                                    trips = copy_trips(block_n, threads, head_dim)
+                                    figures["copy_loop_other"] = copy
+                                    figures["copy_loop_trips"] = trips
+                                    figures["tile_other_per_64_keys_16_rows"] = round(
+                                        (other + (trips - 1) * copy) * per, 1)
                             row = {
                                 "arch": arch, "head_dim": head_dim, "page_size": page,
                                 "mods": "causal + softcap" if score else "causal",
@@ -336,7 +368,12 @@ def main():
                                   f"{row['shared_bytes_per_tensor_flop']:.4f}"
                                   + (f" loop: {row['loop_mma']} MMA, {row['loop_other']} other,"
                                      f" {row['other_per_64_keys_16_rows']} per 64 keys x 16 rows"
-                                     if "loop_mma" in row else ""), flush=True)
+                                     if "loop_mma" in row else "")
+                                  + (f"; copy loop {row['copy_loop_other']} x "
+                                     f"{row['copy_loop_trips']}: "
+                                     f"{row['tile_other_per_64_keys_16_rows']} per 64 keys x 16"
+                                     " rows executed" if "copy_loop_other" in row else ""),
+                                  flush=True)
     if options.json:
         with open(options.json, "w") as file:
             json.dump({"what": "prefill kernel, bf16, ptxas -v through NVRTC (pagedc "

@@ -3,7 +3,8 @@
 model_vs_measured.py, ptxas_shapes.py and ptxas_decode.py (no torch, no
 numpy, no GPU): medians, byte and FLOP counts, the plan read from a pack,
 anchors, SDPA support, reserve plans, the merge, the targets, the SASS
-main-loop count, the decode kernel's shared memory."""
+main-loop count and its copy loop, the decode kernel's shared memory and
+forced paths."""
 import json
 import os
 import sys
@@ -16,6 +17,8 @@ import ptxas_decode  # noqa: E402
 import ptxas_shapes  # noqa: E402
 import report  # noqa: E402
 import torch_flex  # noqa: E402
+
+ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "..")
 
 
 def config(name, kind="decode", batch=16, kv_len=8192, q_len=1, mask="", score="", kept=1.0):
@@ -166,6 +169,41 @@ class PtxasShapes(unittest.TestCase):
         /*0050*/                   BRA 0x0010 ;
 """)
         self.assertEqual(ptxas_shapes.loop_counts(code), (0, 0))
+
+    def test_copy_loop_nested_in_the_tile_loop(self):
+        # A tile loop (head 0x10, back edge at 0x80) holding one HMMA and a
+        # copy loop (0x30-0x50, LDGSTS) that runs its body several times.
+        code = ptxas_shapes.sass_instructions("""
+        /*0000*/                   MOV R1, R2 ;
+        /*0010*/                   HMMA.16816.F32.BF16 R4, R8, R12, R4 ;
+        /*0020*/                   IADD3 R2, R2, 0x1, RZ ;
+        /*0030*/                   LDGSTS.E.BYPASS.128 [R3], desc[UR8][R6.64] ;
+        /*0040*/                   IADD3 R3, R3, 0x10, RZ ;
+        /*0050*/                @P0 BRA 0x0030 ;
+        /*0060*/                   FMUL R4, R4, R5 ;
+        /*0070*/                   ISETP.NE.AND P1, PT, R2, 0x4, PT ;
+        /*0080*/                @P1 BRA 0x0010 ;
+        /*0090*/                   EXIT ;
+""")
+        self.assertEqual(ptxas_shapes.loop_counts(code), (1, 7))
+        self.assertEqual(ptxas_shapes.loop_counts(code, copies=True), (1, 7, 3))
+
+    def test_copy_trips_follow_the_copier(self):
+        # 64-key decode tiles, 128 threads, two chunks of a row per thread:
+        # D 128 has 16 chunks a row, so 8 threads a row, 16 rows a pass,
+        # 4 rows a thread, 2 trips unrolled by two.
+        self.assertEqual(ptxas_shapes.copy_trips(64, 128, 128), 2)
+        self.assertEqual(ptxas_shapes.copy_trips(64, 128, 256), 4)
+        self.assertEqual(ptxas_shapes.copy_trips(64, 128, 64), 1)
+        # 32-key tiles with 256 threads at D 64: one chunk a row.
+        self.assertEqual(ptxas_shapes.copy_trips(32, 256, 64), 1)
+
+    def test_forced_paths_match_the_decode_template(self):
+        # --path rewrites these lines of templates/Decode.cuh: each must be
+        # there exactly once, or the counts would be of the unforced kernel.
+        text = open(os.path.join(ROOT, "templates", "Decode.cuh")).read()
+        for old, _ in ptxas_decode.PATH_LINES:
+            self.assertEqual(text.count(old), 1, old)
 
 
 if __name__ == "__main__":
