@@ -160,7 +160,7 @@ PAGEDC_DEVICE int32_t tile_page(const int32_t *page_row, int kv_first, int kv_en
   return thread < kTilePagesOf<kTile> && kv < kv_end ? page_row[kv >> kLog2PageSize] : missing;
 }
 
-/// load_kv_tiles' page lookup for a tile starting at kv_first whose pages
+/// KvTileCopier's page lookup for a tile starting at kv_first whose pages
 /// are staged in `slots` (tile_page, one per thread).
 struct StagedPages {
   const int32_t *slots;
