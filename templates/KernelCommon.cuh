@@ -191,24 +191,30 @@ PAGEDC_DEVICE int64_t kv_row_bytes(int32_t page, int kv) {
   return page * kPageBytes + (kv & (kPageSize - 1)) * kRowBytes;
 }
 
+/// The mma.sync kernels' tile layout: rows of kRowBytes, chunks swizzled.
+struct SwizzledRows {
+  PAGEDC_DEVICE uint32_t operator()(int row, int chunk) const { return tile_offset(row, chunk); }
+};
+
 /// Copies KV rows [kv_begin, kv_begin + kRows) of one KV head into K and V
-/// tiles, translating each logical row to its page once for both tensors
-/// (`page_of(kv)`: the kernels pass StagedPages). Built once per thread
-/// before a tile loop: the two head bases, with the thread's chunk added,
-/// are opaque to the optimizer, so they stay in registers instead of being
-/// rebuilt from the cache pointers and strides on every tile (about 30
-/// instructions a tile in the decode kernel) or folded into each row's
-/// offset (four instructions per tensor and row).
-/// Rows at or past kv_len, and rows whose bit in `keep_rows` is clear, are
-/// zero-filled and never read from memory. A row is copied by
+/// tiles laid out by `Layout` (offset of a row's chunk), translating each
+/// logical row to its page once for both tensors (`page_of(kv)`: the
+/// kernels pass StagedPages). All three kernels' cp.async copies. Built
+/// once per thread before a tile loop: the two head bases, with the
+/// thread's chunk added, are opaque to the optimizer, so they stay in
+/// registers instead of being rebuilt from the cache pointers and strides
+/// on every tile (about 30 instructions a tile in the decode kernel) or
+/// folded into each row's offset (four instructions per tensor and row).
+/// Rows at or past kv_len, rows whose bit in `keep_rows` is clear and, with
+/// kCheckPage, rows whose page is negative (the warpgroup producer's
+/// staged -1) are zero-filled and never read from memory. A row is copied by
 /// kThreadsPerRow threads, each taking kCopiesPerRow of its chunks, half a
 /// row apart (two where the tile has rows enough for every thread: a row's
 /// validity test, page lookup and offset then serve four copies, K and V,
 /// instead of two); thread `thread` starts at row thread / kThreadsPerRow
 /// and takes every kRowStep-th row. K and V share the row's offset
 /// (kv_row_bytes).
-template <int kRows, int kThreads> struct KvTileCopier {
-  static_assert(kRows <= 64, "keep_rows has a bit per tile row");
+template <int kRows, int kThreads, typename Layout = SwizzledRows> struct KvTileCopier {
   static constexpr int kCopiesPerRow = kRows % (2 * kThreads / kChunksPerRow) == 0 ? 2 : 1;
   static constexpr int kThreadsPerRow = kChunksPerRow / kCopiesPerRow;
   static constexpr int kRowStep = kThreads / kThreadsPerRow;
@@ -228,7 +234,7 @@ template <int kRows, int kThreads> struct KvTileCopier {
     opaque(v_bytes);
   }
 
-  template <typename PageOf>
+  template <bool kCheckPage = false, typename PageOf>
   PAGEDC_DEVICE void operator()(uint32_t k_tile, uint32_t v_tile, PageOf page_of, int kv_begin,
                                 int kv_len,
                                 uint64_t keep_rows = ~static_cast<uint64_t>(0)) const {
@@ -239,14 +245,23 @@ template <int kRows, int kThreads> struct KvTileCopier {
     for (int i = 0; i < kRows / kRowStep; ++i) {
       const int row = first_row + i * kRowStep;
       const int kv = kv_begin + row;
-      const bool valid = kv < kv_len && ((keep_rows >> row) & 1);
-      const int64_t row_bytes = valid ? kv_row_bytes(page_of(kv), kv) : 0;
+      bool valid = kv < kv_len;
+      if constexpr (kRows <= 64) // (a bit per row; longer tiles keep every row)
+        valid = valid && ((keep_rows >> row) & 1);
+      int32_t page = 0;
+      if constexpr (kCheckPage) {
+        page = page_of(kv);
+        valid = valid && page >= 0;
+      } else if (valid) {
+        page = page_of(kv);
+      }
+      const int64_t row_bytes = valid ? kv_row_bytes(page, kv) : 0;
       const char *k_source = k_bytes + row_bytes;
       const char *v_source = v_bytes + row_bytes;
 #pragma unroll
       for (int copy = 0; copy < kCopiesPerRow; ++copy) {
         const int at = copy * kThreadsPerRow;
-        const uint32_t offset = tile_offset(row, chunk + at);
+        const uint32_t offset = Layout()(row, chunk + at);
         cp_async_16(k_tile + offset, k_source + 16 * at, valid ? 16 : 0);
         cp_async_16(v_tile + offset, v_source + 16 * at, valid ? 16 : 0);
       }

@@ -78,6 +78,15 @@ PAGEDC_DEVICE uint32_t atom_offset(int rows, int row, int chunk) {
   return (chunk >> 3) * atom_bytes(rows) + row * 128 + (((chunk & 7) ^ (row & 7)) << 4);
 }
 
+/// The K/V tiles' layout: kBlockN rows in 128-byte swizzled atoms.
+struct AtomRows {
+  PAGEDC_DEVICE uint32_t operator()(int row, int chunk) const {
+    return atom_offset(kBlockN, row, chunk);
+  }
+};
+/// The producer warpgroup's gather (KvTileCopier, its 128 threads).
+using KvGather = KvTileCopier<kBlockN, 128, AtomRows>;
+
 /// Pages a KV tile touches (tiles start at multiples of kBlockN).
 constexpr int kTilePages = kTilePagesOf<kBlockN>;
 static_assert(kTilePages <= 128, "one page index per producer thread");
@@ -96,38 +105,19 @@ static_assert(1024 + (kBlockM + 2 * kStages * kBlockN) * kHeadDim * 2 + 128 +
 /// per thread (thread i: page i of the tile, -1 past kv_len), before the
 /// wait, and staged in `slots` (shared, kTilePages entries; the caller
 /// alternates two buffers), so a copy reads its page from shared memory
-/// instead of every thread holding page indices in registers. Thread
-/// `thread` (0..127) copies chunk thread % kChunksPerRow of every
-/// kRowStep-th row.
-PAGEDC_DEVICE void gather_kv_stage(uint32_t k_tile, uint32_t v_tile, const Element *k_head,
-                                   const Element *v_head, const int32_t *page_row,
-                                   int32_t *slots, int kv_begin, int kv_len, int thread,
-                                   uint32_t empty_bar, unsigned empty_parity) {
-  static_assert((kBlockN * kChunksPerRow) % 128 == 0 && 128 % kChunksPerRow == 0,
-                "uneven K/V gather");
-  constexpr int kRowStep = 128 / kChunksPerRow;
-  constexpr int kRows = kBlockN / kRowStep;
+/// instead of every thread holding page indices in registers. The copies
+/// are `copy_kv`'s (KvTileCopier: two chunks of a row per thread where the
+/// tile has rows enough), with rows of a negative page zero-filled.
+PAGEDC_DEVICE void gather_kv_stage(const KvGather &copy_kv, uint32_t k_tile, uint32_t v_tile,
+                                   const int32_t *page_row, int32_t *slots, int kv_begin,
+                                   int kv_len, int thread, uint32_t empty_bar,
+                                   unsigned empty_parity) {
   const int32_t lookup = tile_page<kBlockN>(page_row, kv_begin, kv_len, thread, -1);
   mbarrier_wait(empty_bar, empty_parity);
   if (thread < kTilePages)
     slots[thread] = lookup;
   named_barrier_sync(kProducerBarrier, 128);
-  const int chunk = thread % kChunksPerRow, first_row = thread / kChunksPerRow;
-  // K and V share each row's offset (kv_row_bytes); the chunk is added once.
-  const char *k_bytes = reinterpret_cast<const char *>(k_head) + chunk * 16;
-  const char *v_bytes = reinterpret_cast<const char *>(v_head) + chunk * 16;
-  opaque(k_bytes);
-  opaque(v_bytes);
-#pragma unroll
-  for (int r = 0; r < kRows; ++r) {
-    const int row = first_row + r * kRowStep;
-    const int32_t page_index = slots[row >> kLog2PageSize];
-    const bool valid = page_index >= 0 && kv_begin + row < kv_len;
-    const uint32_t offset = atom_offset(kBlockN, row, chunk);
-    const int64_t row_bytes = valid ? kv_row_bytes(page_index, kv_begin + row) : 0;
-    cp_async_16(k_tile + offset, k_bytes + row_bytes, valid ? 16 : 0);
-    cp_async_16(v_tile + offset, v_bytes + row_bytes, valid ? 16 : 0);
-  }
+  copy_kv.operator()<true>(k_tile, v_tile, StagedPages{slots, kv_begin}, kv_begin, kv_len);
 }
 
 /// Pages of at least this many rows are copied with bulk tensor copies
@@ -308,6 +298,7 @@ extern "C" __global__ void __launch_bounds__(pagedc::kPrefillThreads, 1)
     cp_async_mbarrier_arrive(q_full);
     const Element *k_head = static_cast<const Element *>(args.k_cache) + kv_head * args.k_stride[0];
     const Element *v_head = static_cast<const Element *>(args.v_cache) + kv_head * args.v_stride[0];
+    const KvGather copy_kv(k_head, v_head, thread);
     const int32_t *page_row = args.page_table + b * args.page_table_stride;
     // Tiles below kv_len by bulk tensor copies when the launch gave maps
     // (the tail tile is gathered: its rows past kv_len must be zeros).
@@ -338,8 +329,8 @@ extern "C" __global__ void __launch_bounds__(pagedc::kPrefillThreads, 1)
           }
         }
         int32_t *slots = page_slots + (gathered & 1) * kTilePages;
-        gather_kv_stage(k_tile, k_tile + kBlockN * kRowBytes, k_head, v_head, page_row, slots,
-                        kv, kv_len, thread, empty + 8 * stage, ((visit / kStages) & 1) ^ 1);
+        gather_kv_stage(copy_kv, k_tile, k_tile + kBlockN * kRowBytes, page_row, slots, kv,
+                        kv_len, thread, empty + 8 * stage, ((visit / kStages) & 1) ^ 1);
         cp_async_mbarrier_arrive(full + 8 * stage);
         ++gathered;
         ++visit;

@@ -224,8 +224,8 @@ BUGS = {
         "wgmma"),
     "wgmma-gather-rows-share-first-page": (
         "PrefillWgmma.cuh",
-        "    const int32_t page_index = slots[row >> kLog2PageSize];\n",
-        "    const int32_t page_index = slots[0];\n",
+        "StagedPages{slots, kv_begin}",
+        "[&](int) { return slots[0]; }",
         "wgmma"),
     "wgmma-page-slots-read-before-barrier": (
         "PrefillWgmma.cuh",
@@ -237,10 +237,14 @@ BUGS = {
         "        int32_t *slots = page_slots + (gathered & 1) * kTilePages;\n",
         "        int32_t *slots = page_slots;\n",
         "wgmma"),
+    # The copier (all three kernels; run here on the warpgroup producer's
+    # gather): each row's offset taken from its neighbour's slot in the
+    # page. (The thread's first row's slot would be no bug at page 16:
+    # a thread's rows are 16 apart since it copies two chunks of each.)
     "wgmma-gather-slot-of-wrong-row": (
-        "PrefillWgmma.cuh",
-        "    const int64_t row_bytes = valid ? kv_row_bytes(page_index, kv_begin + row) : 0;\n",
-        "    const int64_t row_bytes = valid ? kv_row_bytes(page_index, kv_begin + first_row) : 0;\n",
+        "KernelCommon.cuh",
+        "      const int64_t row_bytes = valid ? kv_row_bytes(page, kv) : 0;\n",
+        "      const int64_t row_bytes = valid ? kv_row_bytes(page, kv ^ 1) : 0;\n",
         "wgmma"),
     # The warpgroup prefill's tensor-map copies (the default; set
     # explicitly, PAGEDC_PREFILL_TMA=1): the
