@@ -36,6 +36,10 @@ import shutil
 import sys
 import tempfile
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import ptxas_corpus  # noqa: E402
+import ptxas_shapes  # noqa: E402
+
 # The lines --path replaces in Decode.cuh (each must occur once).
 PATH_LINES = [
     ("    if ((block_size & (block_size - 1)) == 0 && block_size >= kDecodeTileN)\n",
@@ -67,9 +71,6 @@ def force_path(directory, path):
         file.write(text)
     return templates
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import ptxas_corpus  # noqa: E402
-import ptxas_shapes  # noqa: E402
 
 MODS = [("none", None, None), ("causal + alibi", "causal", "alibi"),
         ("sliding_4k + softcap_tanh", "sliding_4k", "softcap_tanh")]
@@ -110,7 +111,8 @@ def main():
                                      f"{figures['error']}")
                         shared = decode_shared_bytes(head_dim, group)
                         row = {"arch": arch, "head_dim": head_dim, "gqa": group,
-                               "mods": label, "path": options.path or "as built", "threads": 128, "shared_bytes": shared,
+                               "mods": label, "path": options.path or "as built",
+                               "threads": 128, "shared_bytes": shared,
                                "ctas_per_sm": ptxas_shapes.ctas_per_sm(
                                    arch, figures["registers"], 128, shared),
                                **figures}

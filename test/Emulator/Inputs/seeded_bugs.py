@@ -350,7 +350,8 @@ def main():
         make_npy(os.path.join(work, name + "-v.npy"), run["k"], 13)
         mask, score = run.get("mask", "causal"), run.get("score", "")
         mods = (["--mask=" + mask] if mask else []) + (["--score=" + score] if score else [])
-        run["args"] = ["pagedc", "run", os.path.join(examples, run.get("attn", "causal.attn"))] + mods + [
+        attn = os.path.join(examples, run.get("attn", "causal.attn"))
+        run["args"] = ["pagedc", "run", attn] + mods + [
                        "--q", os.path.join(work, name + "-q.npy"),
                        "--k", os.path.join(work, name + "-k.npy"),
                        "--v", os.path.join(work, name + "-v.npy"),
