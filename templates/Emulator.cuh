@@ -247,6 +247,21 @@ inline int __shfl_xor_sync(unsigned mask, int value, int lane_mask, PAGEDC_EMU_S
 inline unsigned __shfl_xor_sync(unsigned mask, unsigned value, int lane_mask, PAGEDC_EMU_SITE) {
   return pagedc_emu::shfl_xor(mask, value, lane_mask, file, line);
 }
+// __shfl_sync reads lane `source` of the warp: the emulator's shuffle
+// collective takes each lane's partner as lane ^ lane_mask, so the mask is
+// lane ^ source (the lane from the block's linear thread index, as warps
+// are formed).
+inline unsigned __shfl_sync(unsigned mask, unsigned value, int source, PAGEDC_EMU_SITE) {
+  const PagedcEmuThreadIndex *index = pagedc_emu::index();
+  const unsigned lane =
+      (index->thread_idx[0] +
+       index->block_dim[0] * (index->thread_idx[1] + index->block_dim[1] * index->thread_idx[2])) &
+      31u;
+  return pagedc_emu::shfl_xor(mask, value, static_cast<int>((lane ^ source) & 31u), file, line);
+}
+inline int __shfl_sync(unsigned mask, int value, int source, PAGEDC_EMU_SITE) {
+  return static_cast<int>(__shfl_sync(mask, static_cast<unsigned>(value), source, file, line));
+}
 inline unsigned __ballot_sync(unsigned mask, int predicate, PAGEDC_EMU_SITE) {
   return pagedc_emu::ballot(mask, predicate, file, line);
 }

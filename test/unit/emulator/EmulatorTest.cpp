@@ -110,6 +110,18 @@ extern "C" __global__ void convert(float *data, int n) {
     data[2 * n + i] = pagedc_emu::half_to_float(static_cast<uint16_t>(i));
 }
 
+// __shfl_sync: data[i] = lane 0's value of i's warp, data[64 + i] = the
+// value of lane (lane * 7 + 3) % 32 of the same warp.
+extern "C" __global__ void shuffle_index(float *data, int) {
+  const float value = data[threadIdx.x] * 2.0f + static_cast<float>(threadIdx.x);
+  const int lane = threadIdx.x & 31;
+  const float first = __uint_as_float(__shfl_sync(0xffffffffu, __float_as_uint(value), 0));
+  const float other = __uint_as_float(
+      __shfl_sync(0xffffffffu, __float_as_uint(value), (lane * 7 + 3) % 32));
+  data[threadIdx.x] = first;
+  data[64 + threadIdx.x] = other;
+}
+
 // Bugs, one per checker.
 extern "C" __global__ void write_past_end(float *data, int n) {
   data[n + threadIdx.x] = 1.0f;
@@ -145,7 +157,7 @@ extern "C" __global__ void half_barrier(float *data, int) {
 
 const char *const kNames[] = {"ldmatrix_conflict_free", "ldmatrix_four_way", "load_coalesced",
                               "load_strided",           "store_banks",       "mma_tile",
-                              "convert",
+                              "convert",                "shuffle_index",
                               "blocks_collide",         "blocks_apart",
                               "write_past_end",         "shared_race",       "read_unwritten",
                               "partial_shuffle",        "half_barrier"};
@@ -312,6 +324,21 @@ TEST_F(Emulator, ConversionsAreBitExact) {
     else
       EXPECT_EQ(std::memcmp(&expected, &actual, 4), 0) << "f16 pattern " << i;
   }
+  emu::release(data);
+}
+
+TEST_F(Emulator, ShuffleReadsTheSourceLaneOfItsOwnWarp) {
+  float *data = deviceFloats(128);
+  std::vector<float> before(data, data + 64);
+  emu::LaunchResult result = run("shuffle_index", data, 64, 64);
+  ASSERT_TRUE(result.ok) << (result.reports.empty() ? result.error : result.reports[0].format());
+  for (int i = 0; i < 64; ++i) {
+    const int warp = i / 32, source = ((i % 32) * 7 + 3) % 32;
+    auto value = [&](int thread) { return before[thread] * 2.0f + static_cast<float>(thread); };
+    EXPECT_EQ(data[i], value(32 * warp)) << i;
+    EXPECT_EQ(data[64 + i], value(32 * warp + source)) << i;
+  }
+  EXPECT_EQ(result.counters.shuffles, 4u);
   emu::release(data);
 }
 
