@@ -111,6 +111,12 @@ PAGEDC_DEVICE void wait_for_prerequisite_grid() {
 #endif
 }
 
+/// Lane 0's `value` in every lane: for values the same across the warp
+/// (a warp or warpgroup index), so that ptxas knows they are and keeps
+/// what derives from them (wgmma descriptors, barrier ids) in uniform
+/// registers instead of recomputing it per tile in vector ones.
+PAGEDC_DEVICE int warp_uniform(int value) { return __shfl_sync(0xffffffffu, value, 0); }
+
 PAGEDC_DEVICE float quad_max(float value) {
   value = fmaxf(value, __shfl_xor_sync(0xffffffffu, value, 1));
   return fmaxf(value, __shfl_xor_sync(0xffffffffu, value, 2));
@@ -537,9 +543,12 @@ PAGEDC_DEVICE void softmax_tile(RowState &state, float (&scores)[kNTiles][4],
         scores[j][2 * half] = scores[j][2 * half + 1] = 0.0f;
       continue;
     }
-    float tile_max = -infinity();
+    // Started from the first pair, not from -inf and 0: fmaxf(-inf, x) and
+    // 0 + x are no identities to the compiler (NaN, -0), so those cost an
+    // instruction per row and tile.
+    float tile_max = fmaxf(scores[0][2 * half], scores[0][2 * half + 1]);
 #pragma unroll
-    for (int j = 0; j < kNTiles; ++j)
+    for (int j = 1; j < kNTiles; ++j)
       tile_max = fmaxf(tile_max, fmaxf(scores[j][2 * half], scores[j][2 * half + 1]));
     tile_max = quad_max(tile_max) * factor;
     float new_max = fmaxf(state.max[half], tile_max);
@@ -548,13 +557,15 @@ PAGEDC_DEVICE void softmax_tile(RowState &state, float (&scores)[kNTiles][4],
     float base = new_max == -infinity() ? 0.0f : new_max;
     rescale[half] = exp2_approx(state.max[half] - base);
     state.max[half] = new_max;
-    float sum = 0.0f;
 #pragma unroll
     for (int j = 0; j < kNTiles; ++j) {
       scores[j][2 * half] = exp2_approx(fmaf(scores[j][2 * half], factor, -base));
       scores[j][2 * half + 1] = exp2_approx(fmaf(scores[j][2 * half + 1], factor, -base));
-      sum += scores[j][2 * half] + scores[j][2 * half + 1];
     }
+    float sum = scores[0][2 * half] + scores[0][2 * half + 1];
+#pragma unroll
+    for (int j = 1; j < kNTiles; ++j)
+      sum += scores[j][2 * half] + scores[j][2 * half + 1];
     state.sum[half] = state.sum[half] * rescale[half] + sum;
   }
 }

@@ -221,6 +221,12 @@ PAGEDC_DEVICE void finish_pv(float (&o_acc)[kHeadDim / 2], const uint32_t (&p)[k
   mbarrier_arrive(empty_bar);
 }
 
+/// Waits for every wgmma of the warpgroup (the pending O += P V).
+PAGEDC_DEVICE void wait_pending_pv(float (&o_acc)[kHeadDim / 2]) {
+  wgmma_wait<0>();
+  wgmma_fence_operands(o_acc);
+}
+
 PAGEDC_DEVICE void zero_probabilities(uint32_t (&p)[kBlockN / 16][4]) {
 #pragma unroll
   for (int step = 0; step < kBlockN / 16; ++step)
@@ -307,7 +313,7 @@ extern "C" __global__ void __launch_bounds__(pagedc::kPrefillThreads, 1)
     // buffer is rewritten two gathers later, after every producer thread
     // passed the next gather's barrier, so after its reads.
     PAGEDC_SHARED(int32_t, page_slots, 2 * kTilePages);
-    int visit = 0, gathered = 0;
+    unsigned visit = 0, gathered = 0;
     for (int pass = pass_first; pass <= pass_last; ++pass) {
       KvVisits<kBlockN> visits;
       if (!visits.start(args, b, h, pass, kv_len))
@@ -341,7 +347,7 @@ extern "C" __global__ void __launch_bounds__(pagedc::kPrefillThreads, 1)
   // other branch of one if / else: ptxas applies setmaxnreg per branch).
   setmaxnreg_inc<kConsumerRegisters>();
   const int pass_first = first_pass(), pass_last = last_pass();
-  const int consumer = thread - 128, group = consumer >> 7, warp = (consumer >> 5) & 3;
+  const int consumer = thread - 128, group = warp_uniform(consumer >> 7), warp = (consumer >> 5) & 3;
   const int group_row = 64 * group;
   int q_of[2];
   const int b_of[2] = {b, b}, h_of[2] = {h, h};
@@ -368,6 +374,7 @@ extern "C" __global__ void __launch_bounds__(pagedc::kPrefillThreads, 1)
   const bool scale_in_softmax = !pagedc_mods::kHasScore && args.scale > 0.0f;
   const float softmax_factor = scale_in_softmax ? args.scale * kLog2e : 1.0f;
   bool q_ready = false;
+  const bool use_tma = kTmaPages && wg.tensor_maps != 0;
   // Ping-pong (wg.ping_pong, two consumer warpgroups, kOverlap): named
   // barrier kTurnBarrier + g is warpgroup g's turn to issue its wgmmas;
   // each waits for its turn, issues S and the previous P V, and hands the
@@ -385,7 +392,7 @@ extern "C" __global__ void __launch_bounds__(pagedc::kPrefillThreads, 1)
   int pending_stage = 0;
   bool pending = false;
 
-  int visit = 0;
+  unsigned visit = 0;
   for (int pass = pass_first; pass <= pass_last; ++pass) {
     KvVisits<kBlockN> visits;
     if (!visits.start(args, b, h, pass, kv_len))
@@ -413,13 +420,17 @@ extern "C" __global__ void __launch_bounds__(pagedc::kPrefillThreads, 1)
         mbarrier_arrive(empty + 8 * stage);
         continue;
       }
+      bool q_arrived = false;
       if (!q_ready) {
         mbarrier_wait(q_full, 0);
-        q_ready = true;
+        q_ready = q_arrived = true;
       }
-      // cp.async wrote the tiles through the generic proxy; wgmma reads
-      // them through the async proxy.
-      fence_proxy_async();
+      // cp.async wrote Q and gathered tiles through the generic proxy;
+      // wgmma reads them through the async proxy. Tiles the producer copied
+      // with tensor maps were written by the async proxy: no fence for them
+      // (it cost a MEMBAR.ALL.CTA per tile).
+      if (q_arrived || !(use_tma && kv_begin + kBlockN <= kv_len))
+        fence_proxy_async();
       const uint64_t k_desc = descriptor_plus(k_desc0, stage * kStageBytes);
       const uint64_t v_desc = descriptor_plus(v_desc0, stage * kStageBytes);
 
@@ -458,19 +469,28 @@ extern "C" __global__ void __launch_bounds__(pagedc::kPrefillThreads, 1)
                               scale_in_softmax);
       float rescale[2];
       softmax_tile<kBlockN / 8>(state, scores, rescale, softmax_factor);
-      if constexpr (kOverlap) {
-        // The previous tile's O += P V is done: its stage is free, and O
-        // takes this tile's rescale.
-        wgmma_wait<0>();
-        wgmma_fence_operands(o_acc);
-        if (pending)
-          mbarrier_arrive(empty + 8 * pending_stage);
-      }
       // Once the row maxima settle the factor is exactly 1 for every row of
       // the warp: skip the 64 multiplies then (exact either way; at D 256,
       // where ptxas then spilled, they always run).
-      if (!kOverlap || __ballot_sync(0xffffffffu, rescale[0] != 1.0f || rescale[1] != 1.0f))
+      const bool rescale_out =
+          !kOverlap || __ballot_sync(0xffffffffu, rescale[0] != 1.0f || rescale[1] != 1.0f) != 0;
+      if constexpr (kOverlap) {
+        // The previous tile's O += P V must be done before O takes this
+        // tile's rescale and P's registers are rewritten; then its stage is
+        // free. The wait is written in both arms of the branch: written once
+        // after the softmax, ptxas hoisted it above the softmax (before the
+        // first ex2), so the softmax never ran under that P V.
+        if (rescale_out) {
+          wait_pending_pv(o_acc);
+          rescale_rows(out, rescale);
+        } else {
+          wait_pending_pv(o_acc);
+        }
+        if (pending)
+          mbarrier_arrive(empty + 8 * pending_stage);
+      } else {
         rescale_rows(out, rescale);
+      }
       pack_probabilities(p_pending, scores);
       if constexpr (kOverlap) {
         v_pending = v_desc;

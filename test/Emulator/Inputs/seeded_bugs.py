@@ -204,9 +204,23 @@ BUGS = {
         "wgmma"),
     "wgmma-no-proxy-fence": (
         "PrefillWgmma.cuh",
-        "      fence_proxy_async();\n",
+        "      if (q_arrived || !(use_tma && kv_begin + kBlockN <= kv_len))\n"
+        "        fence_proxy_async();\n",
         "",
         "wgmma"),
+    # With tensor maps only gathered tiles and Q need the proxy fence: the
+    # gathered tail tile taken for a tensor-map one, and Q's copy never
+    # fenced (its first tiles come by tensor maps).
+    "tma-gathered-tail-unfenced": (
+        "PrefillWgmma.cuh",
+        "      if (q_arrived || !(use_tma && kv_begin + kBlockN <= kv_len))\n",
+        "      if (q_arrived || !use_tma)\n",
+        "wgmma-tma"),
+    "tma-q-unfenced": (
+        "PrefillWgmma.cuh",
+        "      if (q_arrived || !(use_tma && kv_begin + kBlockN <= kv_len))\n",
+        "      if (!(use_tma && kv_begin + kBlockN <= kv_len))\n",
+        "wgmma-tma"),
     # The overlapped O += P V (one tile's PV in flight while the next
     # tile's S and softmax run) with its stage released before it
     # completes (at head dims <= 128 the release after the last tile's
@@ -217,10 +231,10 @@ BUGS = {
     # the next tile overwrites while this one's copies still read it.
     "wgmma-pending-stage-released-before-pv-wait": (
         "PrefillWgmma.cuh",
-        "        wgmma_wait<0>();\n        wgmma_fence_operands(o_acc);\n"
-        "        if (pending)\n          mbarrier_arrive(empty + 8 * pending_stage);\n",
+        "        if (rescale_out) {\n          wait_pending_pv(o_acc);\n",
         "        if (pending)\n          mbarrier_arrive(empty + 8 * pending_stage);\n"
-        "        wgmma_wait<0>();\n        wgmma_fence_operands(o_acc);\n",
+        "        pending = false;\n"
+        "        if (rescale_out) {\n          wait_pending_pv(o_acc);\n",
         "wgmma"),
     "wgmma-gather-rows-share-first-page": (
         "PrefillWgmma.cuh",
