@@ -245,6 +245,25 @@ def loop_counts(code, copies=False):
     return (best[0], best[1], max(nested, default=0))
 
 
+def ex2_before_pv_wait(code):
+    """How many ex2 (MUFU.EX2) lie, in address order, between each wait for
+    a tile's S (`WARPGROUP.DEPBAR.LE gsb0, 0x1`: the previous tile's P V
+    still in flight) and the next wait for everything (`... gsb0, 0x0`):
+    the softmax work that can run under that P V. The smallest over the
+    kernel's S waits; None when it has none (no P V kept in flight)."""
+    counts = []
+    open_count = None
+    for _, text in code:
+        if "DEPBAR.LE gsb0, 0x1" in text:
+            open_count = 0
+        elif "DEPBAR.LE gsb0, 0x0" in text and open_count is not None:
+            counts.append(open_count)
+            open_count = None
+        elif open_count is not None and "MUFU.EX2" in text:
+            open_count += 1
+    return min(counts) if counts else None
+
+
 def copy_trips(rows, threads, head_dim):
     """Trips per tile of the mma.sync kernels' K/V copy loop (KvTileCopier,
     unrolled by two): two chunks of a row per thread where the tile has
@@ -257,12 +276,16 @@ def copy_trips(rows, threads, head_dim):
     return max(rows_per_thread // 2, 1)
 
 
+def cubin_instructions(cuobjdump, cubin):
+    sass = subprocess.run([cuobjdump, "-sass", cubin], capture_output=True, text=True,
+                          check=True).stdout
+    return sass_instructions(sass)
+
+
 def main_loop_counts(cuobjdump, cubin, copies=False):
     """(mma, other) static SASS instructions of the main loop of `cubin`
     (and its copy loop's, with copies=True: loop_counts)."""
-    sass = subprocess.run([cuobjdump, "-sass", cubin], capture_output=True, text=True,
-                          check=True).stdout
-    return loop_counts(sass_instructions(sass), copies)
+    return loop_counts(cubin_instructions(cuobjdump, cubin), copies)
 
 
 def compile_one(pagedc, attn, arch, head_dim, page, score, block, warp_rows):
@@ -332,8 +355,10 @@ def main():
                                                   score, block, warp_rows)
                             cubin = figures.pop("cubin")
                             if options.cuobjdump:
-                                mma, other, copy = main_loop_counts(options.cuobjdump, cubin,
-                                                                    copies=True)
+                                code = cubin_instructions(options.cuobjdump, cubin)
+                                mma, other, copy = loop_counts(code, copies=True)
+                                if warp_rows == 64:
+                                    figures["ex2_before_pv_wait"] = ex2_before_pv_wait(code)
                                 # per 64 keys and 16 query rows of one warp
                                 # (a warp of a warpgroup holds 16 rows)
                                 per = 64 / block_n / (1 if warp_rows == 64 else warp_rows // 16)
@@ -369,6 +394,9 @@ def main():
                                   + (f" loop: {row['loop_mma']} MMA, {row['loop_other']} other,"
                                      f" {row['other_per_64_keys_16_rows']} per 64 keys x 16 rows"
                                      if "loop_mma" in row else "")
+                                  + (f"; ex2 under the previous P V: "
+                                     f"{row['ex2_before_pv_wait']}"
+                                     if "ex2_before_pv_wait" in row else "")
                                   + (f"; copy loop {row['copy_loop_other']} x "
                                      f"{row['copy_loop_trips']}: "
                                      f"{row['tile_other_per_64_keys_16_rows']} per 64 keys x 16"

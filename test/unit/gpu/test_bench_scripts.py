@@ -188,6 +188,25 @@ class PtxasShapes(unittest.TestCase):
         self.assertEqual(ptxas_shapes.loop_counts(code), (1, 7))
         self.assertEqual(ptxas_shapes.loop_counts(code, copies=True), (1, 7, 3))
 
+    def test_ex2_before_the_wait_for_the_previous_pv(self):
+        # Two S waits: the first has two ex2 before the full wait, the
+        # second none (the wait hoisted above its softmax): the smaller.
+        code = ptxas_shapes.sass_instructions("""
+        /*0000*/                   WARPGROUP.DEPBAR.LE gsb0, 0x1 ;
+        /*0010*/                   MUFU.EX2 R1, R1 ;
+        /*0020*/                   MUFU.EX2 R2, R2 ;
+        /*0030*/                   WARPGROUP.DEPBAR.LE gsb0, 0x0 ;
+        /*0040*/                   MUFU.EX2 R3, R3 ;
+        /*0050*/                   WARPGROUP.DEPBAR.LE gsb0, 0x1 ;
+        /*0060*/                   FMNMX R4, R4, R5, !PT ;
+        /*0070*/                   WARPGROUP.DEPBAR.LE gsb0, 0x0 ;
+        /*0080*/                   MUFU.EX2 R4, R4 ;
+""")
+        self.assertEqual(ptxas_shapes.ex2_before_pv_wait(code), 0)
+        self.assertEqual(ptxas_shapes.ex2_before_pv_wait(code[:4]), 2)
+        # No P V in flight (D 256: every wait is a full one).
+        self.assertIsNone(ptxas_shapes.ex2_before_pv_wait(code[3:5]))
+
     def test_copy_trips_follow_the_copier(self):
         # 64-key decode tiles, 128 threads, two chunks of a row per thread:
         # D 128 has 16 chunks a row, so 8 threads a row, 16 rows a pass,
