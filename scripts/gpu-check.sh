@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The GPU check, run ON the GPU machine in one command (no LLVM there):
 #
-#   scripts/gpu-check.sh [--dry-run] [--prefill-options] [--also PACK2] [PACK_DIR]
+#   scripts/gpu-check.sh [--dry-run] [--prefill-options] [--also PACK2]... [PACK_DIR]
 #                                                             (default: gpu-pack/)
 #
 # --prefill-options: the pack's prefill checks and benchmarks again with each
@@ -13,8 +13,10 @@
 # 16-row pages; files prefixed with the option's name.
 # --also PACK2: a second pack (e.g. one prepared with
 # PAGEDC_PREFILL_SHAPE=64x64x16, whose prefill bundles are the mma.sync
-# kernel, for comparison) is checked and benchmarked after the first, its files
-# prefixed "also-". Every step is killed after PAGEDC_STEP_TIMEOUT_S seconds
+# kernel, or with PAGEDC_TEMPLATE_DIR holding an earlier commit's templates,
+# for comparison) is checked and benchmarked after the first, its files
+# prefixed "also-"; --also may be given again: the third pack's files are
+# prefixed "also2-", and so on (summary.txt names each pack). Every step is killed after PAGEDC_STEP_TIMEOUT_S seconds
 # (default 300): a hung kernel fails its step instead of the whole call.
 #
 # Results go to $OUT (the run tool's folder) or gpu-results/:
@@ -37,15 +39,15 @@ set -uo pipefail
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 dry=0
 pack=""
-also=""
+also=()
 options=0
 for arg in "$@"; do
   case "$arg" in
     --dry-run) dry=1 ;;
     --prefill-options) options=1 ;;
     --also) expect_also=1; continue ;;
-    -h|--help) sed -n '2,38p' "$0"; exit 0 ;;
-    *) if [[ ${expect_also:-0} == 1 ]]; then also="$arg"; else pack="$arg"; fi ;;
+    -h|--help) sed -n '2,36p' "$0"; exit 0 ;;
+    *) if [[ ${expect_also:-0} == 1 ]]; then also+=("$arg"); else pack="$arg"; fi ;;
   esac
   expect_also=0
 done
@@ -53,7 +55,11 @@ if [[ ${expect_also:-0} == 1 ]]; then echo "gpu-check: --also needs a pack direc
 pack=${pack:-$root/gpu-pack}
 # Absolute paths: cmake reads -D paths relative to the build tree.
 pack=$(cd "$pack" 2>/dev/null && pwd || echo "$pack")
-[[ -z "$also" ]] || also=$(cd "$also" 2>/dev/null && pwd || echo "$also")
+for i in "${!also[@]}"; do
+  also[i]=$(cd "${also[i]}" 2>/dev/null && pwd || echo "${also[i]}")
+done
+# also_prefix I: the file prefix of the I-th --also pack (also-, also2-, ...).
+also_prefix() { if [[ $1 == 0 ]]; then echo also-; else echo "also$(($1 + 1))-"; fi; }
 out=${OUT:-$root/gpu-results}
 build=${PAGEDC_GPU_RT_BUILD:-$root/build-gpu-check}
 jobs=${PAGEDC_JOBS:-$(nproc 2>/dev/null || echo 4)}
@@ -115,9 +121,10 @@ fi
 if [[ $dry == 1 ]]; then
   step "check --dry-run" "$gpu" check "$pack" --dry-run --json "$out/gpu-check.json"
   step "bench --dry-run" "$gpu" bench "$pack" --dry-run --json "$out/gpu-bench-pagedc.json"
-  if [[ -n "$also" ]]; then
-    step "check --dry-run (also: $also)" "$gpu" check "$also" --dry-run --json "$out/also-gpu-check.json"
-  fi
+  for i in "${!also[@]}"; do
+    step "check --dry-run (also: ${also[i]})" "$gpu" check "${also[i]}" --dry-run \
+      --json "$out/$(also_prefix "$i")gpu-check.json"
+  done
   for variant in "${variants[@]}"; do
     label=${variant%%:*}
     settings=${variant#*:}
@@ -155,16 +162,20 @@ fi
 step "bench (pagedc)" "$gpu" bench "$pack" --json "$out/gpu-bench-pagedc.json"
 # (4) The second pack: correctness and our benchmark, before PyTorch's (which
 # is not rerun: the configurations are the same); merged with it after.
-if [[ -n "$also" ]]; then
-  if [[ -f "$also/pack.json" ]]; then
-    step "check (also: $also)" "$gpu" check "$also" --json "$out/also-gpu-check.json"
-    step "bench (pagedc, also: $also)" "$gpu" bench "$also" --json "$out/also-gpu-bench-pagedc.json"
+also_done=()
+for i in "${!also[@]}"; do
+  prefix=$(also_prefix "$i")
+  if [[ -f "${also[i]}/pack.json" ]]; then
+    step "check (also: ${also[i]}; files $prefix*)" "$gpu" check "${also[i]}" \
+      --json "$out/${prefix}gpu-check.json"
+    step "bench (pagedc, also: ${also[i]}; files $prefix*)" "$gpu" bench "${also[i]}" \
+      --json "$out/${prefix}gpu-bench-pagedc.json"
+    also_done+=("$prefix")
   else
-    note "no pack at $also"
+    note "no pack at ${also[i]}"
     failures=$((failures + 1))
-    also=""
   fi
-fi
+done
 
 # (5) The warpgroup prefill's launch options, on the same pack.
 if [[ $options == 1 ]]; then
@@ -189,10 +200,10 @@ PYTHONUNBUFFERED=1 step_limit=$((budget + 180)) step "bench (PyTorch flex_attent
 step "report" python3 "$root/bench/gpu/report.py" "$out/gpu-bench-pagedc.json" \
   "$out/gpu-bench-torch.json" --json "$out/gpu-bench.json"
 
-if [[ -n "$also" ]]; then
-  step "report (also)" python3 "$root/bench/gpu/report.py" "$out/also-gpu-bench-pagedc.json" \
-    "$out/gpu-bench-torch.json" --json "$out/also-gpu-bench.json"
-fi
+for prefix in "${also_done[@]}"; do
+  step "report (${prefix%-})" python3 "$root/bench/gpu/report.py" "$out/${prefix}gpu-bench-pagedc.json" \
+    "$out/gpu-bench-torch.json" --json "$out/${prefix}gpu-bench.json"
+done
 
 for variant in "${variants[@]}"; do
   label=${variant%%:*}

@@ -14,15 +14,17 @@ PAGEDC_GPU_BUILD="$build_dir" PAGEDC_GPU_SKIP_BUILD=1 \
 rm -rf "$work/out"
 OUT="$work/out" PAGEDC_GPU_RT_BUILD="$work/build-rt" PAGEDC_FORCE_PACK_FMT=1 PAGEDC_JOBS=2 \
   bash "$source_dir/scripts/gpu-check.sh" --dry-run --prefill-options --also "$work/pack" \
-  "$work/pack"
+  --also "$work/pack" "$work/pack"
 python3 - "$work/pack/pack.json" "$work/out/gpu-check.json" "$work/out/gpu-bench-pagedc.json" \
   "$work/out/also-gpu-check.json" "$work/out" <<'PY'
 import json, os, sys
 pack = json.load(open(sys.argv[1]))
 check = json.load(open(sys.argv[2]))
 bench = json.load(open(sys.argv[3]))
-also = json.load(open(sys.argv[4]))
-assert [c["status"] for c in also["cases"]] == [c["status"] for c in check["cases"]], "--also pack"
+# Two --also packs: files also-* and also2-*.
+for also_file in (sys.argv[4], os.path.join(sys.argv[5], "also2-gpu-check.json")):
+    also = json.load(open(also_file))
+    assert [c["status"] for c in also["cases"]] == [c["status"] for c in check["cases"]], also_file
 # --prefill-options: each launch option's prefill cases planned.
 prefill = [c["status"] for c in check["cases"] if c["name"].find("prefill") >= 0]
 for label in ("gather", "pingpong"):
