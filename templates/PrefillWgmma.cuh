@@ -347,7 +347,8 @@ extern "C" __global__ void __launch_bounds__(pagedc::kPrefillThreads, 1)
   // other branch of one if / else: ptxas applies setmaxnreg per branch).
   setmaxnreg_inc<kConsumerRegisters>();
   const int pass_first = first_pass(), pass_last = last_pass();
-  const int consumer = thread - 128, group = warp_uniform(consumer >> 7), warp = (consumer >> 5) & 3;
+  const int consumer = thread - 128, warp = (consumer >> 5) & 3;
+  const int group = warp_uniform(consumer >> 7);
   const int group_row = 64 * group;
   int q_of[2];
   const int b_of[2] = {b, b}, h_of[2] = {h, h};
