@@ -402,13 +402,17 @@ extern "C" __global__ void __launch_bounds__(pagedc::kDecodeThreads, pagedc::kDe
   };
   // The next tile at or after `tile` that some row sees and keeps a kv row
   // of; `keep` receives its kept kv rows.
+  // Only tiles whose rows see their block as partial and never as full
+  // ((seen & 3) == 1) can be in the keep table: the others skip its search
+  // (a dependent chain of shared loads per entry, for every tile).
   auto next_tile = [&](int tile, uint64_t &keep) {
     keep = ~static_cast<uint64_t>(0);
     if (has_block_mask)
       for (; tile < tiles; ++tile) {
-        if (tile_seen[tile_block(tile)] == 0)
+        const uint8_t seen = tile_seen[tile_block(tile)];
+        if (seen == 0)
           continue;
-        keep = tile_keep(tile);
+        keep = (seen & 3) == 1 ? tile_keep(tile) : ~static_cast<uint64_t>(0);
         if (keep != 0)
           break;
       }
