@@ -16,8 +16,9 @@
 # kernel, or with PAGEDC_TEMPLATE_DIR holding an earlier commit's templates,
 # for comparison) is checked and benchmarked after the first, its files
 # prefixed "also-"; --also may be given again: the third pack's files are
-# prefixed "also2-", and so on (summary.txt names each pack). Every step is killed after PAGEDC_STEP_TIMEOUT_S seconds
-# (default 300): a hung kernel fails its step instead of the whole call.
+# prefixed "also2-", and so on (summary.txt names each pack). Every step is
+# killed after PAGEDC_STEP_TIMEOUT_S seconds (default 300): a hung kernel
+# fails its step instead of the whole call.
 #
 # Results go to $OUT (the run tool's folder) or gpu-results/:
 #   summary.txt          every step's status and the tables
@@ -46,7 +47,7 @@ for arg in "$@"; do
     --dry-run) dry=1 ;;
     --prefill-options) options=1 ;;
     --also) expect_also=1; continue ;;
-    -h|--help) sed -n '2,36p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,/^# Exit status/p' "$0"; exit 0 ;;
     *) if [[ ${expect_also:-0} == 1 ]]; then also+=("$arg"); else pack="$arg"; fi ;;
   esac
   expect_also=0

@@ -340,6 +340,9 @@ extern "C" __global__ void __launch_bounds__(pagedc::kDecodeThreads, pagedc::kDe
                               (31 - __clz(static_cast<int>(block_size)) - kLog2DecodeTileN));
     return (split_begin + tile * kDecodeTileN) / args.kv_block_size - block_begin;
   };
+  // A tile goes into the keep table (below) only if its rows see its block
+  // through partial classes and never as full (tile_seen's classes union).
+  auto listable = [](uint8_t seen) { return (seen & 3) == 1; };
   // Kept kv rows of the split's first kKeepTable tiles that its rows see
   // only through partial blocks, computed before the tile loop: every thread
   // evaluates the mask of one kv row for half of the rows, a warp's ballot
@@ -358,7 +361,7 @@ extern "C" __global__ void __launch_bounds__(pagedc::kDecodeThreads, pagedc::kDe
       int listed = 0;
       for (int tile = 0; tile < tiles && listed < kKeepTable; ++tile) {
         const int block = tile_block(tile);
-        if ((tile_seen[block] & 3) != 1)
+        if (!listable(tile_seen[block]))
           continue;
         const int kv = split_begin + tile * kDecodeTileN + (thread & (kDecodeTileN - 1));
         bool kept = false;
@@ -401,10 +404,8 @@ extern "C" __global__ void __launch_bounds__(pagedc::kDecodeThreads, pagedc::kDe
     return ~static_cast<uint64_t>(0);
   };
   // The next tile at or after `tile` that some row sees and keeps a kv row
-  // of; `keep` receives its kept kv rows.
-  // Only tiles whose rows see their block as partial and never as full
-  // ((seen & 3) == 1) can be in the keep table: the others skip its search
-  // (a dependent chain of shared loads per entry, for every tile).
+  // of; `keep` receives its kept kv rows. Tiles that cannot be listed skip
+  // the table's search (a dependent chain of shared loads per entry).
   auto next_tile = [&](int tile, uint64_t &keep) {
     keep = ~static_cast<uint64_t>(0);
     if (has_block_mask)
@@ -412,7 +413,7 @@ extern "C" __global__ void __launch_bounds__(pagedc::kDecodeThreads, pagedc::kDe
         const uint8_t seen = tile_seen[tile_block(tile)];
         if (seen == 0)
           continue;
-        keep = (seen & 3) == 1 ? tile_keep(tile) : ~static_cast<uint64_t>(0);
+        keep = listable(seen) ? tile_keep(tile) : ~static_cast<uint64_t>(0);
         if (keep != 0)
           break;
       }

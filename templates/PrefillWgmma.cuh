@@ -209,6 +209,12 @@ PAGEDC_DEVICE void issue_pv(float (&o_acc)[kHeadDim / 2], const uint32_t (&p)[kB
                                       true);
 }
 
+/// Waits for every wgmma of the warpgroup (the pending O += P V).
+PAGEDC_DEVICE void wait_pending_pv(float (&o_acc)[kHeadDim / 2]) {
+  wgmma_wait<0>();
+  wgmma_fence_operands(o_acc);
+}
+
 /// Issues O += P V, waits for it, and releases the stage it read.
 PAGEDC_DEVICE void finish_pv(float (&o_acc)[kHeadDim / 2], const uint32_t (&p)[kBlockN / 16][4],
                              uint64_t v_desc, uint32_t empty_bar) {
@@ -216,15 +222,8 @@ PAGEDC_DEVICE void finish_pv(float (&o_acc)[kHeadDim / 2], const uint32_t (&p)[k
   wgmma_fence();
   issue_pv(o_acc, p, v_desc);
   wgmma_commit();
-  wgmma_wait<0>();
-  wgmma_fence_operands(o_acc);
+  wait_pending_pv(o_acc);
   mbarrier_arrive(empty_bar);
-}
-
-/// Waits for every wgmma of the warpgroup (the pending O += P V).
-PAGEDC_DEVICE void wait_pending_pv(float (&o_acc)[kHeadDim / 2]) {
-  wgmma_wait<0>();
-  wgmma_fence_operands(o_acc);
 }
 
 PAGEDC_DEVICE void zero_probabilities(uint32_t (&p)[kBlockN / 16][4]) {
@@ -287,6 +286,13 @@ extern "C" __global__ void __launch_bounds__(pagedc::kPrefillThreads, 1)
                ? (q_offset + row_begin + row_count - 1) / args.q_block_size
                : 0;
   };
+  // Whether the producer copies the tile at kv with tensor maps: every
+  // tile below kv_len when the launch gave maps; the tail tile is gathered
+  // (its rows past kv_len must be zeros). The consumers fence only the
+  // gathered ones.
+  auto by_tensor_maps = [&](int kv) {
+    return kTmaPages && wg.tensor_maps != 0 && kv + kBlockN <= kv_len;
+  };
   if (thread < 128) {
     // The producer warpgroup: its four warps gather.
     setmaxnreg_dec<kProducerRegisters>();
@@ -306,9 +312,6 @@ extern "C" __global__ void __launch_bounds__(pagedc::kPrefillThreads, 1)
     const Element *v_head = static_cast<const Element *>(args.v_cache) + kv_head * args.v_stride[0];
     const KvGather copy_kv(k_head, v_head, thread);
     const int32_t *page_row = args.page_table + b * args.page_table_stride;
-    // Tiles below kv_len by bulk tensor copies when the launch gave maps
-    // (the tail tile is gathered: its rows past kv_len must be zeros).
-    const bool use_tma = kTmaPages && wg.tensor_maps != 0;
     // The page indices of gathered tiles, two buffers used in turn: a
     // buffer is rewritten two gathers later, after every producer thread
     // passed the next gather's barrier, so after its reads.
@@ -324,7 +327,7 @@ extern "C" __global__ void __launch_bounds__(pagedc::kPrefillThreads, 1)
         const int stage = visit % kStages;
         const uint32_t k_tile = stages + stage * kStageBytes;
         if constexpr (kTmaPages) {
-          if (use_tma && kv + kBlockN <= kv_len) {
+          if (by_tensor_maps(kv)) {
             tma_kv_stage(k_tile, k_tile + kBlockN * kRowBytes,
                          reinterpret_cast<const TensorMap *>(wg.k_map),
                          reinterpret_cast<const TensorMap *>(wg.v_map), page_row, kv, kv_head,
@@ -375,7 +378,6 @@ extern "C" __global__ void __launch_bounds__(pagedc::kPrefillThreads, 1)
   const bool scale_in_softmax = !pagedc_mods::kHasScore && args.scale > 0.0f;
   const float softmax_factor = scale_in_softmax ? args.scale * kLog2e : 1.0f;
   bool q_ready = false;
-  const bool use_tma = kTmaPages && wg.tensor_maps != 0;
   // Ping-pong (wg.ping_pong, two consumer warpgroups, kOverlap): named
   // barrier kTurnBarrier + g is warpgroup g's turn to issue its wgmmas;
   // each waits for its turn, issues S and the previous P V, and hands the
@@ -430,7 +432,7 @@ extern "C" __global__ void __launch_bounds__(pagedc::kPrefillThreads, 1)
       // wgmma reads them through the async proxy. Tiles the producer copied
       // with tensor maps were written by the async proxy: no fence for them
       // (it cost a MEMBAR.ALL.CTA per tile).
-      if (q_arrived || !(use_tma && kv_begin + kBlockN <= kv_len))
+      if (q_arrived || !by_tensor_maps(kv_begin))
         fence_proxy_async();
       const uint64_t k_desc = descriptor_plus(k_desc0, stage * kStageBytes);
       const uint64_t v_desc = descriptor_plus(v_desc0, stage * kStageBytes);

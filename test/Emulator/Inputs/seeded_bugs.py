@@ -204,7 +204,7 @@ BUGS = {
         "wgmma"),
     "wgmma-no-proxy-fence": (
         "PrefillWgmma.cuh",
-        "      if (q_arrived || !(use_tma && kv_begin + kBlockN <= kv_len))\n"
+        "      if (q_arrived || !by_tensor_maps(kv_begin))\n"
         "        fence_proxy_async();\n",
         "",
         "wgmma"),
@@ -213,13 +213,13 @@ BUGS = {
     # fenced (its first tiles come by tensor maps).
     "tma-gathered-tail-unfenced": (
         "PrefillWgmma.cuh",
-        "      if (q_arrived || !(use_tma && kv_begin + kBlockN <= kv_len))\n",
-        "      if (q_arrived || !use_tma)\n",
+        "      if (q_arrived || !by_tensor_maps(kv_begin))\n",
+        "      if (q_arrived || !(kTmaPages && wg.tensor_maps != 0))\n",
         "wgmma-tma"),
     "tma-q-unfenced": (
         "PrefillWgmma.cuh",
-        "      if (q_arrived || !(use_tma && kv_begin + kBlockN <= kv_len))\n",
-        "      if (!(use_tma && kv_begin + kBlockN <= kv_len))\n",
+        "      if (q_arrived || !by_tensor_maps(kv_begin))\n",
+        "      if (!by_tensor_maps(kv_begin))\n",
         "wgmma-tma"),
     # The overlapped O += P V (one tile's PV in flight while the next
     # tile's S and softmax run) with its stage released before it
