@@ -212,6 +212,10 @@ struct Access {
 struct PendingWgmma {
   float *d = nullptr;
   std::vector<float> values;
+  /// The registers as this wgmma found them when it was the first in
+  /// flight on them (empty otherwise): at its wait they must hold the same
+  /// bits, or a non-wgmma instruction wrote them while it ran.
+  std::vector<float> before;
   /// The warpgroup's first thread, to whom the operand reads are
   /// attributed, and the clock they carry (see wgmmaIssue).
   unsigned reader = 0;
@@ -2095,8 +2099,18 @@ void wgmmaWait(int pending, const char *file, int line) {
            siteString(file, line), 0, true);
     return;
   }
+  const bool synccheck = worker.launch->checks.synccheck;
   while (thread.wgmmaGroups.size() > static_cast<size_t>(pending)) {
     for (const PendingWgmma &result : thread.wgmmaGroups.front()) {
+      // On the GPU such a write races with the wgmma's own; here the
+      // result would silently overwrite it.
+      if (synccheck && !result.before.empty() &&
+          std::memcmp(result.d, result.before.data(), result.before.size() * sizeof(float)) !=
+              0)
+        report("synccheck",
+               "accumulator registers of a wgmma.mma_async written while it was in flight "
+               "(before the wgmma.wait_group that retires it)",
+               siteString(file, line), 0, false);
       std::memcpy(result.d, result.values.data(), result.values.size() * sizeof(float));
       // The operand reads are done: what this thread releases from now on
       // covers them.
@@ -2273,6 +2287,8 @@ void wgmmaIssue(const PagedcEmuWgmma *op, float *d, const char *file, int line) 
     for (const PendingWgmma &earlier : member.wgmmaOpen)
       if (earlier.d == member.wgmmaD)
         current = earlier.values.data();
+    if (current == member.wgmmaD)
+      result.before.assign(current, current + n / 2);
     const unsigned warp = t / 32, lane = t % 32;
     for (unsigned i = 0; i < n / 2; ++i) {
       const unsigned row = 16 * warp + lane / 4 + 8 * ((i / 2) % 2);

@@ -57,7 +57,8 @@ __device__ __forceinline__ uint32_t aligned_base(unsigned char *shared) {
 /// `data`: A [64][64] then B [kN][64] as bf16 bits in floats' low halves,
 /// C out at offset 64 * 64 + kN * 64. mode 0: A in shared memory, 1: A in
 /// registers. bug 1: no fence.proxy.async after the generic stores;
-/// bug 2: no wgmma.fence.
+/// bug 2: no wgmma.fence; bug 3: an accumulator written (1 added)
+/// between the last wgmma and its wait.
 template <int kN, bool kTransB>
 __device__ void wgmma_gemm(float *data, int mode, int bug) {
   PAGEDC_EXTERN_SHARED(unsigned char, shared);
@@ -105,6 +106,8 @@ __device__ void wgmma_gemm(float *data, int mode, int bug) {
     }
   }
   wgmma_commit();
+  if (bug == 3)
+    d[0] += 1.0f;
   wgmma_wait<0>();
   const int warp = tid / 32, lane = tid % 32;
   float *c = data + 4096 + kN * 64;
@@ -446,6 +449,12 @@ TEST(Hopper, WgmmaBugsAreReported) {
   GemmRun noFence = runGemm("wgmma_n64", 64, 0, 2, 4);
   EXPECT_TRUE(hasReport(noFence.result, "synccheck", "without a wgmma.fence"))
       << describe(noFence.result);
+  // The write is lost to the result here, so only the checker can see it.
+  GemmRun inFlight = runGemm("wgmma_n64", 64, 0, 3, 5);
+  EXPECT_TRUE(hasReport(inFlight.result, "synccheck", "written while it was in flight"))
+      << describe(inFlight.result);
+  GemmRun clean = runGemm("wgmma_n64", 64, 1, 0, 6);
+  EXPECT_TRUE(clean.result.reports.empty()) << describe(clean.result);
 }
 
 /// Runs a ring_* kernel over A [64][k] and B [rowsB][k] (rowsB <= 64, the
