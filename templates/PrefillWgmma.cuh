@@ -377,7 +377,6 @@ extern "C" __global__ void __launch_bounds__(pagedc::kPrefillThreads, 1)
   // with an FFMA instead of a multiply per score here.
   const bool scale_in_softmax = !pagedc_mods::kHasScore && args.scale > 0.0f;
   const float softmax_factor = scale_in_softmax ? args.scale * kLog2e : 1.0f;
-  bool q_ready = false;
   // Ping-pong (wg.ping_pong, two consumer warpgroups, kOverlap): named
   // barrier kTurnBarrier + g is warpgroup g's turn to issue its wgmmas;
   // each waits for its turn, issues S and the previous P V, and hands the
@@ -394,7 +393,15 @@ extern "C" __global__ void __launch_bounds__(pagedc::kPrefillThreads, 1)
   uint64_t v_pending = 0;
   int pending_stage = 0;
   bool pending = false;
+  // kOverlap: O's factors from the last tile's softmax, applied while the
+  // next S runs (before that tile's P V is issued), and whether any is not 1.
+  float o_factor[2] = {1.0f, 1.0f};
+  bool o_rescale = false;
 
+  // Q, before the first tile (the producer copies it whatever the CTA
+  // visits), through the generic proxy like a gathered tile.
+  mbarrier_wait(q_full, 0);
+  fence_proxy_async();
   unsigned visit = 0;
   for (int pass = pass_first; pass <= pass_last; ++pass) {
     KvVisits<kBlockN> visits;
@@ -408,8 +415,25 @@ extern "C" __global__ void __launch_bounds__(pagedc::kPrefillThreads, 1)
          (q_offset + imin(row_begin + group_row + 63, args.q_len - 1)) / args.q_block_size >=
              pass);
     int list = 0, sub = 0;
+    // With kOverlap the next visit is found while this tile's wgmmas run
+    // (its block-list load off the path from the P V wait to the next S).
+    int next_list = 0, next_sub = 0, next_kv = 0;
+    auto find_next = [&]() {
+      next_list = list;
+      next_sub = sub;
+      visits.advance(next_list, next_sub);
+      next_kv = visits.seek(args, kv_len, next_list, next_sub);
+    };
+    // (With kOverlap; without, in the loop's step, as one copy.)
+    auto to_next = [&](int &kv_begin) {
+      if constexpr (!kOverlap)
+        find_next();
+      list = next_list;
+      sub = next_sub;
+      kv_begin = next_kv;
+    };
     for (int kv_begin = visits.seek(args, kv_len, list, sub); list < visits.list_count;
-         visits.advance(list, sub), kv_begin = visits.seek(args, kv_len, list, sub)) {
+         to_next(kv_begin)) {
       const int stage = visit % kStages;
       const bool is_full = visits.is_full(list);
       mbarrier_wait(full + 8 * stage, (visit / kStages) & 1);
@@ -423,16 +447,11 @@ extern "C" __global__ void __launch_bounds__(pagedc::kPrefillThreads, 1)
         mbarrier_arrive(empty + 8 * stage);
         continue;
       }
-      bool q_arrived = false;
-      if (!q_ready) {
-        mbarrier_wait(q_full, 0);
-        q_ready = q_arrived = true;
-      }
-      // cp.async wrote Q and gathered tiles through the generic proxy;
-      // wgmma reads them through the async proxy. Tiles the producer copied
-      // with tensor maps were written by the async proxy: no fence for them
-      // (it cost a MEMBAR.ALL.CTA per tile).
-      if (q_arrived || !by_tensor_maps(kv_begin))
+      // cp.async wrote gathered tiles through the generic proxy; wgmma
+      // reads them through the async proxy. Tiles the producer copied with
+      // tensor maps were written by the async proxy: no fence for them (it
+      // cost a MEMBAR.ALL.CTA per tile).
+      if (!by_tensor_maps(kv_begin))
         fence_proxy_async();
       const uint64_t k_desc = descriptor_plus(k_desc0, stage * kStageBytes);
       const uint64_t v_desc = descriptor_plus(v_desc0, stage * kStageBytes);
@@ -447,17 +466,27 @@ extern "C" __global__ void __launch_bounds__(pagedc::kPrefillThreads, 1)
       issue_scores(s_acc, q_desc, k_desc);
       wgmma_commit();
       if constexpr (kOverlap) {
-        // Unconditionally (a wgmma under a branch makes ptxas serialize
-        // them all): with nothing pending, P is zero (from before the loop:
-        // zeroing it here put 16-32 selects between the fence and the
-        // wgmma reading them, and ptxas injected a warpgroup.arrive, C7519)
-        // and V this tile's, whose rows are finite (zero-filled past kv_len).
+        // O takes the last tile's factors here, under this tile's S. The
+        // wait retires nothing (the last P V was waited for), but without
+        // it ptxas adds a wait for everything, this S included (C7517).
+        if (o_rescale) {
+          wgmma_wait<1>();
+          rescale_rows(out, o_factor);
+        }
+        wgmma_fence();
+        // The previous tile's P V, unconditionally (a wgmma under a branch
+        // makes ptxas serialize them all): with nothing pending, P is zero
+        // (from before the loop: zeroing it here put 16-32 selects between
+        // the fence and the wgmma reading them, and ptxas injected a
+        // warpgroup.arrive, C7519) and V this tile's, whose rows are finite
+        // (zero-filled past kv_len).
         if (!pending)
           v_pending = v_desc;
         issue_pv(o_acc, p_pending, v_pending);
         wgmma_commit();
         if (ping_pong)
           named_barrier_arrive(kTurnBarrier + (group ^ 1), 256);
+        find_next();
         wgmma_wait<1>();
       } else {
         wgmma_wait<0>();
@@ -478,17 +507,21 @@ extern "C" __global__ void __launch_bounds__(pagedc::kPrefillThreads, 1)
       const bool rescale_out =
           !kOverlap || __ballot_sync(0xffffffffu, rescale[0] != 1.0f || rescale[1] != 1.0f) != 0;
       if constexpr (kOverlap) {
-        // The previous tile's O += P V must be done before O takes this
-        // tile's rescale and P's registers are rewritten; then its stage is
-        // free. The wait is written in both arms of the branch: written once
-        // after the softmax, ptxas hoisted it above the softmax (before the
-        // first ex2), so the softmax never ran under that P V.
+        // The previous tile's O += P V must be done before P's registers
+        // are rewritten (and O rescaled, in the next iteration); then its
+        // stage is free. The wait is written in both arms of the branch:
+        // written once after the softmax, ptxas hoisted it above the
+        // softmax (before the first ex2), so the softmax never ran under
+        // that P V.
         if (rescale_out) {
           wait_pending_pv(o_acc);
-          rescale_rows(out, rescale);
+          o_rescale = true;
         } else {
           wait_pending_pv(o_acc);
+          o_rescale = false;
         }
+        o_factor[0] = rescale[0];
+        o_factor[1] = rescale[1];
         if (pending)
           mbarrier_arrive(empty + 8 * pending_stage);
       } else {
@@ -508,8 +541,11 @@ extern "C" __global__ void __launch_bounds__(pagedc::kPrefillThreads, 1)
   // loop) is taken here, so no named barrier is left half arrived.
   if (ping_pong && group == 0)
     named_barrier_sync(kTurnBarrier, 256);
-  if (kOverlap && pending)
+  if (kOverlap && pending) {
+    if (o_rescale)
+      rescale_rows(out, o_factor);
     finish_pv(o_acc, p_pending, v_pending, empty + 8 * pending_stage);
+  }
 
   // Epilogue: normalise, store out rows and lse.
   Element *out_base = static_cast<Element *>(args.out) + b * args.out_stride[0] +

@@ -204,7 +204,7 @@ BUGS = {
         "wgmma"),
     "wgmma-no-proxy-fence": (
         "PrefillWgmma.cuh",
-        "      if (q_arrived || !by_tensor_maps(kv_begin))\n"
+        "      if (!by_tensor_maps(kv_begin))\n"
         "        fence_proxy_async();\n",
         "",
         "wgmma"),
@@ -213,13 +213,13 @@ BUGS = {
     # fenced (its first tiles come by tensor maps).
     "tma-gathered-tail-unfenced": (
         "PrefillWgmma.cuh",
-        "      if (q_arrived || !by_tensor_maps(kv_begin))\n",
-        "      if (q_arrived || !(kTmaPages && wg.tensor_maps != 0))\n",
+        "      if (!by_tensor_maps(kv_begin))\n",
+        "      if (!(kTmaPages && wg.tensor_maps != 0))\n",
         "wgmma-tma"),
     "tma-q-unfenced": (
         "PrefillWgmma.cuh",
-        "      if (q_arrived || !by_tensor_maps(kv_begin))\n",
-        "      if (!by_tensor_maps(kv_begin))\n",
+        "  mbarrier_wait(q_full, 0);\n  fence_proxy_async();\n",
+        "  mbarrier_wait(q_full, 0);\n",
         "wgmma-tma"),
     # The overlapped O += P V (one tile's PV in flight while the next
     # tile's S and softmax run) with its stage released before it
@@ -235,6 +235,36 @@ BUGS = {
         "        if (pending)\n          mbarrier_arrive(empty + 8 * pending_stage);\n"
         "        pending = false;\n"
         "        if (rescale_out) {\n          wait_pending_pv(o_acc);\n",
+        "wgmma"),
+    # O's rescale by the last tile's factors, done under the next tile's
+    # S: left out there, or written again right after the P V is issued
+    # (O written while that wgmma runs: on the GPU a race, on the emulator
+    # lost to the wgmma's result, so only synccheck sees it), or left out
+    # before the last tile's P V.
+    "wgmma-rescale-dropped-under-s": (
+        "PrefillWgmma.cuh",
+        "          rescale_rows(out, o_factor);\n        }\n",
+        "        }\n",
+        "wgmma"),
+    "wgmma-rescale-written-under-pv": (
+        "PrefillWgmma.cuh",
+        "        issue_pv(o_acc, p_pending, v_pending);\n        wgmma_commit();\n"
+        "        if (ping_pong)\n",
+        "        issue_pv(o_acc, p_pending, v_pending);\n        wgmma_commit();\n"
+        "        if (o_rescale)\n          rescale_rows(out, o_factor);\n"
+        "        if (ping_pong)\n",
+        "wgmma"),
+    "wgmma-last-rescale-dropped": (
+        "PrefillWgmma.cuh",
+        "    if (o_rescale)\n      rescale_rows(out, o_factor);\n    finish_pv(",
+        "    finish_pv(",
+        "wgmma"),
+    # The next visit looked up under the wgmmas: the lookup advanced from
+    # the wrong visit (the tile after next), so every other tile is skipped.
+    "wgmma-next-visit-skips-one": (
+        "PrefillWgmma.cuh",
+        "      visits.advance(next_list, next_sub);\n",
+        "      visits.advance(next_list, next_sub);\n      visits.advance(next_list, next_sub);\n",
         "wgmma"),
     "wgmma-gather-rows-share-first-page": (
         "PrefillWgmma.cuh",
