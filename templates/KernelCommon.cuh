@@ -202,6 +202,27 @@ struct SwizzledRows {
   PAGEDC_DEVICE uint32_t operator()(int row, int chunk) const { return tile_offset(row, chunk); }
 };
 
+/// Bytes of one 64-element atom column of a tile of `rows` rows.
+__host__ __device__ constexpr uint32_t atom_bytes(int rows) { return static_cast<uint32_t>(rows) * 128; }
+
+/// Byte offset of chunk `chunk` (16 bytes) of row `row` in a tile of `rows`
+/// rows laid out in 128-byte swizzled atoms: D / 64 atom columns of `rows`
+/// rows x 128 bytes, chunk c of row r at chunk c ^ (r % 8) of its row. This
+/// is where a tensor map's box with the 128-byte swizzle puts its rows (the
+/// tile 1,024-byte aligned), and what the wgmma descriptors describe; for
+/// ldmatrix it is as free of bank conflicts as tile_offset.
+PAGEDC_DEVICE uint32_t atom_offset(int rows, int row, int chunk) {
+  return (chunk >> 3) * atom_bytes(rows) + row * 128 + (((chunk & 7) ^ (row & 7)) << 4);
+}
+
+/// Tiles of kRows rows in 128-byte swizzled atoms (atom_offset): the
+/// warpgroup prefill's and the decode kernel's K/V tiles.
+template <int kRows> struct AtomTile {
+  PAGEDC_DEVICE uint32_t operator()(int row, int chunk) const {
+    return atom_offset(kRows, row, chunk);
+  }
+};
+
 /// Copies KV rows [kv_begin, kv_begin + kRows) of one KV head into K and V
 /// tiles laid out by `Layout` (offset of a row's chunk), translating each
 /// logical row to its page once for both tensors (`page_of(kv)`: the
@@ -288,7 +309,7 @@ PAGEDC_DEVICE void load_query_fragment(uint32_t (&fragment)[4], uint32_t tile,
 /// One k-step (16 columns of D) of warp_scores: each K fragment is read
 /// from shared memory once and used by all kMTiles 16-row query tiles of
 /// the warp (32 rows per warp halve the ldmatrix bytes per MMA).
-template <int kMTiles, int kNTiles>
+template <int kMTiles, int kNTiles, typename Layout = SwizzledRows>
 PAGEDC_DEVICE void warp_scores_step(float (&scores)[kMTiles][kNTiles][4],
                                     const uint32_t (&a)[kMTiles][4],
                                     uint32_t k_tile, int col_base, int k_step,
@@ -298,7 +319,7 @@ PAGEDC_DEVICE void warp_scores_step(float (&scores)[kMTiles][kNTiles][4],
     uint32_t b[4];
     int row = col_base + pair * 16 + (lane & 7) + ((lane >> 4) << 3);
     int chunk = k_step * 2 + ((lane >> 3) & 1);
-    ldmatrix_x4(b, k_tile + tile_offset(row, chunk));
+    ldmatrix_x4(b, k_tile + Layout()(row, chunk));
 #pragma unroll
     for (int m = 0; m < kMTiles; ++m) {
       mma_16816(scores[m][2 * pair], a[m], b[0], b[1]);
@@ -310,7 +331,7 @@ PAGEDC_DEVICE void warp_scores_step(float (&scores)[kMTiles][kNTiles][4],
 /// scores[m][16 x 8*kNTiles] = Q[rows q_row_base + 16m .., D] * K[kv rows
 /// col_base.., D]^T for the warp's kMTiles query tiles. Query fragments come
 /// from registers or, with kQInRegisters false, from the query tile.
-template <int kMTiles, int kNTiles, bool kQInRegisters>
+template <int kMTiles, int kNTiles, bool kQInRegisters, typename Layout = SwizzledRows>
 PAGEDC_DEVICE void warp_scores_rows(
     float (&scores)[kMTiles][kNTiles][4],
     const uint32_t (&q_regs)[kMTiles][kQInRegisters ? kHeadDim / 16 : 1][4],
@@ -335,7 +356,7 @@ PAGEDC_DEVICE void warp_scores_rows(
 #pragma unroll
         for (int i = 0; i < 4; ++i)
           a[m][i] = q_regs[m][k_step][i];
-      warp_scores_step<kMTiles, kNTiles>(scores, a, k_tile, col_base, k_step,
+      warp_scores_step<kMTiles, kNTiles, Layout>(scores, a, k_tile, col_base, k_step,
                                          lane);
     }
   } else {
@@ -345,21 +366,21 @@ PAGEDC_DEVICE void warp_scores_rows(
 #pragma unroll
       for (int m = 0; m < kMTiles; ++m)
         load_query_fragment(a[m], q_tile, q_row_base + 16 * m, k_step, lane);
-      warp_scores_step<kMTiles, kNTiles>(scores, a, k_tile, col_base, k_step,
+      warp_scores_step<kMTiles, kNTiles, Layout>(scores, a, k_tile, col_base, k_step,
                                          lane);
     }
   }
 }
 
 /// The single-tile form (16 query rows per warp), used by decode.
-template <int kNTiles, bool kQInRegisters>
+template <int kNTiles, bool kQInRegisters, typename Layout = SwizzledRows>
 PAGEDC_DEVICE void warp_scores(float (&scores)[kNTiles][4],
                                const uint32_t (&q_regs)[kQInRegisters ? kHeadDim / 16 : 1][4],
                                uint32_t q_tile, int q_row_base,
                                uint32_t k_tile, int col_base, int lane) {
   using Scores = float[1][kNTiles][4];
   using QRegs = const uint32_t[1][kQInRegisters ? kHeadDim / 16 : 1][4];
-  warp_scores_rows<1, kNTiles, kQInRegisters>(
+  warp_scores_rows<1, kNTiles, kQInRegisters, Layout>(
       reinterpret_cast<Scores &>(scores), reinterpret_cast<QRegs &>(q_regs),
       q_tile, q_row_base, k_tile, col_base, lane);
 }
@@ -367,7 +388,7 @@ PAGEDC_DEVICE void warp_scores(float (&scores)[kNTiles][4],
 /// out[m][16 x D] += P[m][16 x 8*kNTiles] * V[kv rows col_base.., D] for the
 /// warp's kMTiles query tiles; P is the probability tile in the accumulator
 /// layout of warp_scores_rows. Each V fragment is read once for all tiles.
-template <int kMTiles, int kNTiles>
+template <int kMTiles, int kNTiles, typename Layout = SwizzledRows>
 PAGEDC_DEVICE void warp_accumulate_rows(float (&out)[kMTiles][kHeadDim / 8][4],
                                         const float (&probs)[kMTiles][kNTiles][4],
                                         uint32_t v_tile, int col_base,
@@ -386,7 +407,7 @@ PAGEDC_DEVICE void warp_accumulate_rows(float (&out)[kMTiles][kHeadDim / 8][4],
 #pragma unroll
     for (int pair = 0; pair < kHeadDim / 16; ++pair) {
       uint32_t b[4];
-      ldmatrix_x4_trans(b, v_tile + tile_offset(row, pair * 2 + (lane >> 4)));
+      ldmatrix_x4_trans(b, v_tile + Layout()(row, pair * 2 + (lane >> 4)));
 #pragma unroll
       for (int m = 0; m < kMTiles; ++m) {
         mma_16816(out[m][2 * pair], a[m], b[0], b[1]);
@@ -397,13 +418,13 @@ PAGEDC_DEVICE void warp_accumulate_rows(float (&out)[kMTiles][kHeadDim / 8][4],
 }
 
 /// The single-tile form (16 query rows per warp), used by decode.
-template <int kNTiles>
+template <int kNTiles, typename Layout = SwizzledRows>
 PAGEDC_DEVICE void warp_accumulate(float (&out)[kHeadDim / 8][4],
                                    const float (&probs)[kNTiles][4],
                                    uint32_t v_tile, int col_base, int lane) {
   using Out = float[1][kHeadDim / 8][4];
   using Probs = const float[1][kNTiles][4];
-  warp_accumulate_rows<1, kNTiles>(reinterpret_cast<Out &>(out),
+  warp_accumulate_rows<1, kNTiles, Layout>(reinterpret_cast<Out &>(out),
                                    reinterpret_cast<Probs &>(probs), v_tile,
                                    col_base, lane);
 }

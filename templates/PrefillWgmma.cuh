@@ -65,25 +65,13 @@ constexpr int kConsumerRegisters = kConsumerGroups == 1 ? 256 : 224;
 static_assert(128 * kProducerRegisters + kConsumerThreads * kConsumerRegisters <=
                   kPrefillThreads * (65536 / kPrefillThreads / 8 * 8),
               "setmaxnreg asks for more registers than the launch gave the CTA");
-/// Bytes of one 64-element atom column of a tile of `rows` rows.
-__host__ __device__ constexpr uint32_t atom_bytes(int rows) { return static_cast<uint32_t>(rows) * 128; }
 static_assert(pagedc_config::kWarpRows == 64, "PrefillWgmma.cuh is the warpgroup design");
 static_assert(kBlockM == 64 || kBlockM == 128, "kBlockM must be 64 or 128");
 static_assert(kBlockN == 32 || kBlockN == 64 || kBlockN == 128,
               "wgmma tiles take kBlockN 32, 64 or 128");
 
-/// Byte offset of chunk `chunk` (16 bytes) of row `row` in a tile of `rows`
-/// rows laid out in 128-byte swizzled atoms.
-PAGEDC_DEVICE uint32_t atom_offset(int rows, int row, int chunk) {
-  return (chunk >> 3) * atom_bytes(rows) + row * 128 + (((chunk & 7) ^ (row & 7)) << 4);
-}
-
 /// The K/V tiles' layout: kBlockN rows in 128-byte swizzled atoms.
-struct AtomRows {
-  PAGEDC_DEVICE uint32_t operator()(int row, int chunk) const {
-    return atom_offset(kBlockN, row, chunk);
-  }
-};
+using AtomRows = AtomTile<kBlockN>;
 /// The producer warpgroup's gather (KvTileCopier, its 128 threads).
 using KvGather = KvTileCopier<kBlockN, 128, AtomRows>;
 
