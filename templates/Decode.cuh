@@ -25,6 +25,16 @@
 // inside a block costs no bytes), and a tile with no kept kv row is skipped
 // like an unseen one.
 //
+// Copies: code for sm_90 and later, given tensor maps of the caches (the
+// third parameter, PagedcDecodeMapArgs) and pages of 16 rows or more,
+// copies each whole tile that every row may keep with bulk tensor copies
+// (one per page and 64 head dims, issued by the lanes of warp 0 and
+// completing on the stage's mbarrier); the other tiles (pages under 16
+// rows, the split's tail, tiles with kv rows no row keeps) are gathered
+// with cp.async, zero-filled where not read. K/V tiles are laid out in
+// 128-byte swizzled atoms (atom_offset) either way where tensor maps can be
+// used, else in rows (tile_offset).
+//
 // With num_splits == 1 the CTA writes out (and lse); otherwise it writes
 // normalised f32 partials and lse per split, and pagedc_decode_merge
 // combines them: out = sum_i exp(lse_i - L) out_i, L = log sum_i exp(lse_i).
@@ -73,6 +83,32 @@ static_assert(1 << kLog2DecodeTileN == kDecodeTileN, "the tile's log2");
 constexpr uint8_t kAllFull = 4;
 static_assert(kDecodeRows <= 64, "at most 64 query rows per decode CTA");
 static_assert(kQueryTokens >= 1 && kQueryTokens <= 8, "1..8 query tokens");
+
+/// Whole tiles of pages of at least kDecodeTmaPageRows rows are copied with
+/// bulk tensor copies when the launch bound tensor maps (code for sm_90 and
+/// later, and the emulator's): one box of kDecodeBoxRows rows x 64 head
+/// dims per page and atom column, issued by a lane of warp 0 each. Without
+/// them a thread issues 8 to 32 cp.async per tile, each with its row's
+/// validity test, page and address (about 60 SASS per two rows at head dim
+/// 128, bench/README.md), in the issue slots the tile's math needs.
+#if defined(PAGEDC_EMULATOR) || (defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900)
+constexpr bool kDecodeBulkCopies = true;
+#else
+constexpr bool kDecodeBulkCopies = false;
+#endif
+constexpr int kDecodeTmaPageRows = 16;
+constexpr bool kDecodeTma = kDecodeBulkCopies && kPageSize >= kDecodeTmaPageRows;
+constexpr int kDecodeBoxRows = kPageSize < kDecodeTileN ? kPageSize : kDecodeTileN;
+/// Boxes of one tensor (K or V) per tile: pages x atom columns (4 to 16).
+constexpr int kDecodeBoxes = kDecodeTileN / kDecodeBoxRows * (kHeadDim / 64);
+static_assert(!kDecodeTma || 2 * kDecodeBoxes <= 32, "a lane of warp 0 per box");
+/// The K/V tiles' layout: with tensor maps, 64 rows in 128-byte swizzled
+/// atoms, where their boxes land (and the gather writes alike); else rows
+/// of kRowBytes (tile_offset), whose addresses cost the gather fewer
+/// instructions (about 15 SASS per copy-loop trip at head dim 128).
+template <bool kAtoms> struct DecodeLayout { using Type = SwizzledRows; };
+template <> struct DecodeLayout<true> { using Type = AtomTile<kDecodeTileN>; };
+using DecodeTile = DecodeLayout<kDecodeTma>::Type;
 
 /// Byte sizes of the decode CTA's shared-memory regions.
 constexpr int kDecodeQBytes = kPaddedRows * kRowBytes;
@@ -165,12 +201,17 @@ PAGEDC_DEVICE void for_listed_blocks(const PagedcAttentionKernelArgs &args, int 
 
 extern "C" __global__ void __launch_bounds__(pagedc::kDecodeThreads, pagedc::kDecodeMinBlocks)
     pagedc_decode(const __grid_constant__ PagedcAttentionKernelArgs args,
-                  const __grid_constant__ pagedc_mods::Params params) {
+                  const __grid_constant__ pagedc_mods::Params params,
+                  const __grid_constant__ PagedcDecodeMapArgs maps) {
   using namespace pagedc;
   // The merge (a programmatic dependent launch on sm_90) may be scheduled
   // once every split CTA has started; it waits for this grid to finish.
   allow_dependent_launch();
-  PAGEDC_EXTERN_SHARED(unsigned char, shared);
+  PAGEDC_EXTERN_SHARED(unsigned char, shared_bytes);
+  // The regions start 1,024-byte aligned (the launch gives 1 KiB more): a
+  // tensor map's 128-byte swizzle follows the shared address's bits.
+  unsigned char *const shared =
+      shared_bytes + ((1024u - (shared_address(shared_bytes) & 1023u)) & 1023u);
   const int thread = threadIdx.x, lane = thread & 31, warp = thread >> 5;
   const int row_warp = warp / kKvWarps, kv_warp = warp % kKvWarps;
   const int split = blockIdx.x, b = blockIdx.z;
@@ -197,6 +238,16 @@ extern "C" __global__ void __launch_bounds__(pagedc::kDecodeThreads, pagedc::kDe
   // The pages of the next tile to copy (after the kv-warp merge region).
   int32_t *page_slots = reinterpret_cast<int32_t *>(tile_seen + kMaxSplitBlocks +
                                                     2 * 64 * sizeof(float));
+  // The stages' full mbarriers (tensor-map copies), after the page slots.
+  const uint32_t full_bars = shared_address(page_slots + 64);
+  const bool use_maps = kDecodeTma && maps.tensor_maps != 0;
+  if constexpr (kDecodeTma) {
+    if (use_maps && thread == 0) {
+      mbarrier_init(full_bars, 1);
+      mbarrier_init(full_bars + 8, 1);
+    }
+    // (Visible to every thread at the barriers before the first copy.)
+  }
   static_assert(2 * kPaddedRows * 4 <= kDecodeStageBytes, "list lengths fit a stage");
   const bool has_block_mask = args.kv_num_blocks != nullptr;
 
@@ -429,11 +480,59 @@ extern "C" __global__ void __launch_bounds__(pagedc::kDecodeThreads, pagedc::kDe
     return tile_page<kDecodeTileN>(page_row, split_begin + which * kDecodeTileN, split_end,
                                    thread);
   };
-  const KvTileCopier<kDecodeTileN, kDecodeThreads> copy_kv(k_head, v_head, thread);
+  const KvTileCopier<kDecodeTileN, kDecodeThreads, DecodeTile> copy_kv(k_head, v_head, thread);
+  // Whether tile `which` comes by tensor maps: a whole tile inside the
+  // split whose every kv row some row may keep (a gathered tile zero-fills
+  // the others and the rows past the split's end).
+  auto by_tensor_maps = [&](int which, uint64_t keep_rows) {
+    return use_maps && keep_rows == ~static_cast<uint64_t>(0) &&
+           split_begin + (which + 1) * kDecodeTileN <= split_end;
+  };
+  // Returns whether the copy went by tensor maps (its bytes then arrive on
+  // the stage's full mbarrier; a gather's with the iteration's cp.async
+  // group).
   auto copy_tile = [&](int into_stage, int which, uint64_t keep_rows) {
     const int kv_begin = split_begin + which * kDecodeTileN;
-    copy_kv(k_tiles + into_stage * kDecodeStageBytes, v_tiles + into_stage * kDecodeStageBytes,
-            StagedPages{page_slots, kv_begin}, kv_begin, split_end, keep_rows);
+    const uint32_t k_tile = k_tiles + into_stage * kDecodeStageBytes;
+    const uint32_t v_tile = v_tiles + into_stage * kDecodeStageBytes;
+    if constexpr (kDecodeTma) {
+      if (by_tensor_maps(which, keep_rows)) {
+        if (warp == 0) {
+          const uint32_t bar = full_bars + 8 * into_stage;
+          if (lane == 0)
+            mbarrier_arrive_expect_tx(bar, 2u * kDecodeStageBytes);
+          __syncwarp();
+          if (lane < 2 * kDecodeBoxes) {
+            const bool is_v = lane >= kDecodeBoxes;
+            const int box = is_v ? lane - kDecodeBoxes : lane;
+            const int page = box / (kHeadDim / 64), atom = box % (kHeadDim / 64);
+            const int at[4] = {64 * atom, kv_begin & (kPageSize - 1), page_slots[page],
+                               kv_head};
+            // The stage's bytes were last written by generic stores (a
+            // gather, the list counts): ordered before the copy engine's.
+            fence_proxy_async();
+            bulk_tensor_g2s<4>((is_v ? v_tile : k_tile) + atom * atom_bytes(kDecodeTileN) +
+                                   static_cast<uint32_t>(page) * kDecodeBoxRows * 128,
+                               reinterpret_cast<const TensorMap *>(is_v ? maps.v_map
+                                                                        : maps.k_map),
+                               at, bar);
+          }
+        }
+        return true;
+      }
+    }
+    copy_kv(k_tile, v_tile, StagedPages{page_slots, kv_begin}, kv_begin, split_end, keep_rows);
+    return false;
+  };
+  // Phase parities of the two full mbarriers (bit per stage).
+  unsigned phases = 0;
+  auto wait_tile = [&](int at_stage, bool by_maps) {
+    if constexpr (kDecodeTma) {
+      if (by_maps) {
+        mbarrier_wait(full_bars + 8 * at_stage, (phases >> at_stage) & 1u);
+        phases ^= 1u << at_stage;
+      }
+    }
   };
   uint64_t keep, keep_next;
   int tile = next_tile(0, keep), stage = 0;
@@ -441,8 +540,7 @@ extern "C" __global__ void __launch_bounds__(pagedc::kDecodeThreads, pagedc::kDe
   if (thread < kDecodeTilePages)
     page_slots[thread] = staged;
   __syncthreads();
-  if (tile < tiles)
-    copy_tile(0, tile, keep);
+  bool mapped = tile < tiles && copy_tile(0, tile, keep);
   cp_async_commit();
   int next = next_tile(tile + 1, keep_next);
   staged = next < tiles ? stage_page(next) : 0;
@@ -460,13 +558,13 @@ extern "C" __global__ void __launch_bounds__(pagedc::kDecodeThreads, pagedc::kDe
 
   while (tile < tiles) {
     const int kv_begin = split_begin + tile * kDecodeTileN;
-    if (next < tiles)
-      copy_tile(stage ^ 1, next, keep_next);
+    const bool mapped_next = next < tiles && copy_tile(stage ^ 1, next, keep_next);
     cp_async_commit();
     uint64_t keep_after = 0;
     const int after = next < tiles ? next_tile(next + 1, keep_after) : tiles;
     staged = after < tiles ? stage_page(after) : 0;
     cp_async_wait<1>();
+    wait_tile(stage, mapped);
     __syncthreads();
 
     bool visible[2] = {true, true}, check_mask[2] = {true, true};
@@ -484,14 +582,14 @@ extern "C" __global__ void __launch_bounds__(pagedc::kDecodeThreads, pagedc::kDe
     }
     constexpr int kNTiles = kColumnsPerWarp / 8;
     float scores[kNTiles][4];
-    warp_scores<kNTiles, kDecodeQInRegisters>(
+    warp_scores<kNTiles, kDecodeQInRegisters, DecodeTile>(
         scores, q_regs, q_tile, row_warp * 16, k_tiles + stage * kDecodeStageBytes,
         kv_warp * kColumnsPerWarp, lane);
     apply_mods<kNTiles, kRowHalves>(scores, params, mask_rows, score_rows, b_of, h_of, q_of,
                                     visible, check_mask, kv_begin + kv_warp * kColumnsPerWarp,
                                     split_end, args.scale, lane, all_kept);
     online_softmax<kNTiles, kRowHalves>(state, scores, out);
-    warp_accumulate<kNTiles>(out, scores, v_tiles + stage * kDecodeStageBytes,
+    warp_accumulate<kNTiles, DecodeTile>(out, scores, v_tiles + stage * kDecodeStageBytes,
                              kv_warp * kColumnsPerWarp, lane);
     // The copies above read page_slots before the barrier that precedes
     // the math: the slots take tile `after`'s pages now.
@@ -501,6 +599,7 @@ extern "C" __global__ void __launch_bounds__(pagedc::kDecodeThreads, pagedc::kDe
     tile = next;
     next = after;
     keep_next = keep_after;
+    mapped = mapped_next;
     stage ^= 1;
   }
   cp_async_wait<0>();

@@ -265,6 +265,11 @@ inline int __shfl_sync(unsigned mask, int value, int source, PAGEDC_EMU_SITE) {
 inline unsigned __ballot_sync(unsigned mask, int predicate, PAGEDC_EMU_SITE) {
   return pagedc_emu::ballot(mask, predicate, file, line);
 }
+// __syncwarp: the lanes of `mask` meet, as at a ballot (the emulator's
+// warp rendezvous).
+inline void __syncwarp(unsigned mask = 0xffffffffu, PAGEDC_EMU_SITE) {
+  (void)pagedc_emu::ballot(mask, 1, file, line);
+}
 inline int atomicAdd(int *address, int value, PAGEDC_EMU_SITE) {
   return pagedc_emu::atomic_add(address, value, file, line);
 }

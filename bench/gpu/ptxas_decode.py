@@ -28,6 +28,12 @@ element), and the block size's power-of-two shift taken (the division it
 replaces left out). The compiler then emits only that path, so the loop's
 static count is what a warp executes per tile on it. Registers and spills
 are those of the patched kernel; without --path, the kernel as built.
+
+--copies maps|gather fixes the copy path the same way: every tile by
+tensor maps (one bulk tensor copy per page and 64 head dims, issued by
+lanes of warp 0; code for sm_90 only, sm_80 code gathers regardless) or
+every tile gathered with cp.async. Templates from before the tensor-map
+copies have no such line: measure them without --copies.
 """
 import argparse
 import json
@@ -51,17 +57,30 @@ PATH_LINES = [
 ]
 
 
-def force_path(directory, path):
-    """Writes the templates, Decode.cuh with the tile loop's path fixed,
-    into directory and returns it as a template dir."""
+# The line --copies replaces: whether a tile comes by tensor maps.
+COPY_LINES = [
+    ("    return use_maps && keep_rows == ~static_cast<uint64_t>(0) &&\n"
+     "           split_begin + (which + 1) * kDecodeTileN <= split_end;\n",
+     "    return {value};\n"),
+]
+
+
+def force_path(directory, path, copies=None):
+    """Writes the templates, Decode.cuh with the tile loop's path (and, with
+    copies, its copy path) fixed, into directory and returns it as a
+    template dir."""
     here = os.path.dirname(os.path.abspath(__file__))
     source_dir = os.environ.get("PAGEDC_TEMPLATE_DIR") or os.path.join(here, "..", "..",
                                                                         "templates")
     text = open(os.path.join(source_dir, "Decode.cuh")).read()
-    for old, new in PATH_LINES:
+    for old, new in PATH_LINES if path else []:
         if text.count(old) != 1:
             sys.exit(f"--path: Decode.cuh has {text.count(old)} copies of {old.strip()!r}")
         text = text.replace(old, new.format(value="true" if path == "all-kept" else "false"))
+    for old, new in COPY_LINES if copies else []:
+        if text.count(old) != 1:
+            sys.exit(f"--copies: Decode.cuh has {text.count(old)} copies of {old.strip()!r}")
+        text = text.replace(old, new.format(value="true" if copies == "maps" else "false"))
     templates = os.path.join(directory, "templates")
     os.makedirs(templates)
     for name in os.listdir(source_dir):
@@ -76,12 +95,24 @@ MODS = [("none", None, None), ("causal + alibi", "causal", "alibi"),
         ("sliding_4k + softcap_tanh", "sliding_4k", "softcap_tanh")]
 
 
-def decode_shared_bytes(head_dim, group):
-    """KernelConfig::sharedMemoryBytes of the decode kernel (one token)."""
+def decode_shared_bytes(head_dim, group, tensor_maps=True):
+    """KernelConfig::sharedMemoryBytes of the decode kernel (one token);
+    tensor_maps=False: templates from before its tensor-map copies, without
+    their two mbarriers and 1 KiB of alignment."""
     rows = group  # one CTA serves the whole group up to 64 rows
     padded = 16 if rows <= 16 else 32 if rows <= 32 else 64
     row_bytes = head_dim * 2
-    return padded * row_bytes + 4 * 64 * row_bytes + padded * 64 + 64 + 2 * 64 * 4 + 64 * 4
+    return (padded * row_bytes + 4 * 64 * row_bytes + padded * 64 + 64 + 2 * 64 * 4 + 64 * 4
+            + (2 * 8 + 1024 if tensor_maps else 0))
+
+
+def templates_have_tensor_maps():
+    """Whether the Decode.cuh pagedc compiles ($PAGEDC_TEMPLATE_DIR's, else
+    this tree's) has the tensor-map copies."""
+    here = os.path.dirname(os.path.abspath(__file__))
+    source_dir = os.environ.get("PAGEDC_TEMPLATE_DIR") or os.path.join(here, "..", "..",
+                                                                        "templates")
+    return "PagedcDecodeMapArgs" in open(os.path.join(source_dir, "Decode.cuh")).read()
 
 
 def main():
@@ -91,11 +122,15 @@ def main():
     parser.add_argument("--json")
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--path", choices=("all-kept", "masked"))
+    parser.add_argument("--copies", choices=("maps", "gather"),
+                        help="fix the copy path: every tile by tensor maps (code for "
+                             "sm_90; sm_80 code gathers whatever this says) or gathered")
     options = parser.parse_args()
     rows = []
     with tempfile.TemporaryDirectory() as directory:
-        if options.path:
-            os.environ["PAGEDC_TEMPLATE_DIR"] = force_path(directory, options.path)
+        if options.path or options.copies:
+            os.environ["PAGEDC_TEMPLATE_DIR"] = force_path(directory, options.path,
+                                                           options.copies)
         # compile_one writes its cubin next to the program: a copy here.
         attn = os.path.join(directory, "bench.attn")
         shutil.copy(os.path.join(os.path.dirname(os.path.abspath(__file__)), "bench.attn"), attn)
@@ -109,9 +144,11 @@ def main():
                         if "error" in figures:
                             sys.exit(f"decode {arch} D{head_dim} GQA {group} {label}: "
                                      f"{figures['error']}")
-                        shared = decode_shared_bytes(head_dim, group)
+                        shared = decode_shared_bytes(head_dim, group,
+                                                     templates_have_tensor_maps())
                         row = {"arch": arch, "head_dim": head_dim, "gqa": group,
                                "mods": label, "path": options.path or "as built",
+                               "copies": options.copies or "as built",
                                "threads": 128, "shared_bytes": shared,
                                "ctas_per_sm": ptxas_shapes.ctas_per_sm(
                                    arch, figures["registers"], 128, shared),

@@ -745,7 +745,7 @@ std::vector<BenchResult> benchPack(const Pack &pack, const RunOptions &options,
         }
         std::shared_ptr<const CudaKernel> kernel = cudaKernelFor(mods, config, dev);
         CudaAttentionLaunch launch(kernel, args, params, b.kvLength, maxVisibleKv);
-        launch.applyPrefillOptions(cache->kCache().size(1), cache->vCache().size(1));
+        launch.applyLaunchOptions(cache->kCache().size(1), cache->vCache().size(1));
         for (const KernelLaunch &planned : launch.plan().launches)
           result.launches.push_back(describeLaunch(planned));
         CudaTimer timer(dev);

@@ -195,10 +195,14 @@ LaunchModel modelLaunch(const DeviceModel &device, const BenchCase &b, const Lau
   if (wgmmaFlops > 0 && device.wgmmaFraction == 0)
     throw Error(fmt::format("{} uses wgmma (sm_90a), which an {} does not have", launch.kernel,
                             device.name));
+  // Bulk (tensor-map) copies write shared memory and read through L2 as
+  // cp.async does; the emulator counts their bytes apart from the
+  // requested sectors.
+  const double bulkBytes = launch.count("bulk_copy_bytes");
   const double wavefronts =
       launch.count("ldmatrix_wavefronts") + launch.count("shared_wavefronts") +
       (launch.count("cp_async_bytes") + launch.count("cp_async_zero_fill_bytes") +
-       launch.count("wgmma_shared_bytes")) /
+       bulkBytes + launch.count("wgmma_shared_bytes")) /
           kSharedBytesPerClock;
   const std::pair<const char *, double> terms[] = {
       {"tensor", launch.count("mma") * scale * kFlopsPerMma /
@@ -208,7 +212,8 @@ LaunchModel modelLaunch(const DeviceModel &device, const BenchCase &b, const Lau
                           : 0.0)},
       {"shared", wavefronts * scale / (device.sms * device.clock)},
       {"dram", dramBytes / device.hbm},
-      {"l2", launch.count("global_sectors_requested") * scale * kSectorBytes / device.l2},
+      {"l2", (launch.count("global_sectors_requested") * kSectorBytes + bulkBytes) * scale /
+                 device.l2},
       {"mufu", launch.count("transcendentals") * scale /
                    (device.sms * kMufuPerClock * device.clock)},
   };

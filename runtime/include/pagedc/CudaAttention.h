@@ -186,13 +186,14 @@ public:
                       const PagedcAttentionKernelArgs &args,
                       std::vector<unsigned char> params, int maxKvLength,
                       int64_t maxVisibleKv = -1);
-  /// The warpgroup prefill's options from the environment: ping-pong
-  /// consumers ($PAGEDC_PREFILL_PINGPONG, setPrefillPingPong) and tensor
-  /// maps of the caches, which hold `kPages` and `vPages` pages
-  /// ($PAGEDC_PREFILL_TMA, bindPrefillTensorMaps). Returns the launch's
-  /// note ("tensor maps", "gather (<why>)", either + ", ping-pong"), or ""
-  /// for other kernels.
-  std::string applyPrefillOptions(int64_t kPages, int64_t vPages);
+  /// The launch's options from the environment, for caches of `kPages` and
+  /// `vPages` pages. The warpgroup prefill: ping-pong consumers
+  /// ($PAGEDC_PREFILL_PINGPONG, setPrefillPingPong) and tensor maps of the
+  /// caches ($PAGEDC_PREFILL_TMA, bindPrefillTensorMaps). Decode: tensor
+  /// maps ($PAGEDC_DECODE_TMA, bindDecodeTensorMaps). Returns the main
+  /// launch's note ("tensor maps", "gather (<why>)", the prefill's either +
+  /// ", ping-pong"), or "" for other kernels.
+  std::string applyLaunchOptions(int64_t kPages, int64_t vPages);
   /// Launches the call's kernels on `stream` (checks each launch).
   void enqueue(cu::Stream stream);
   const AttentionLaunchPlan &plan() const { return plan_; }

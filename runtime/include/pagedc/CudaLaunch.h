@@ -148,6 +148,28 @@ void setPrefillPingPong(AttentionLaunchPlan &plan, bool on);
 std::string bindPrefillTensorMaps(const CudaDriver &driver, const KernelConfig &config,
                                   AttentionLaunchPlan &plan, int64_t kPages, int64_t vPages);
 
+/// Pages of at least this many rows are what the decode kernel copies with
+/// tensor maps (templates/Decode.cuh, kDecodeTmaPageRows).
+constexpr int kDecodeTmaPageRows = 16;
+
+/// Whether $PAGEDC_DECODE_TMA asks the decode kernel (code for sm_90 and
+/// later) to copy whole K/V tiles with tensor maps: unset, empty or "1"
+/// yes; "0" no (the cp.async gather for every tile); any other value throws
+/// pagedc::Error naming it.
+bool decodeTensorMapsRequested();
+
+/// Encodes tensor maps of the plan's caches (as bindPrefillTensorMaps, boxes
+/// of 64 elements x min(pageSize, 64) rows) into the decode kernel's third
+/// argument and enables them. Returns "" when they are bound, else why the
+/// kernel will gather every tile instead (not the decode kernel, code for
+/// an arch before sm_90 (`arch`: the kernel's), pages under
+/// kDecodeTmaPageRows rows, no cuTensorMapEncodeTiled, a layout the
+/// tensor-map unit does not take, the driver's refusal); the launch's note
+/// says which.
+std::string bindDecodeTensorMaps(const CudaDriver &driver, const KernelConfig &config,
+                                 const std::string &arch, AttentionLaunchPlan &plan,
+                                 int64_t kPages, int64_t vPages);
+
 /// The block-mask builder's launch: grid (num_q_blocks, heads, batch).
 KernelLaunch planBlockMaskBuild(const PagedcBlockMaskKernelArgs &args,
                                 const std::vector<unsigned char> &params);

@@ -25,6 +25,23 @@ namespace pagedc {
 constexpr std::string_view kEmulatorArch = "emu";
 inline bool isEmulatorArch(std::string_view arch) { return arch == kEmulatorArch; }
 
+/// Whether code for `arch` has sm_90's instructions (programmatic dependent
+/// launches, bulk tensor copies): sm_90 and later, and the emulator, whose
+/// code is sm_90's.
+inline bool archHasSm90Features(std::string_view arch) {
+  if (isEmulatorArch(arch))
+    return true;
+  if (arch.substr(0, 3) != "sm_")
+    return false;
+  int version = 0;
+  for (char c : arch.substr(3)) {
+    if (c < '0' || c > '9')
+      break;
+    version = version * 10 + (c - '0');
+  }
+  return version >= 90;
+}
+
 /// The host-compiler unit of `source`: #line directives name the template
 /// files, and one exported entry per kernel follows the kernels.
 std::string emulatorSource(const KernelSource &source);

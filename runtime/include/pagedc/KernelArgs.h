@@ -106,6 +106,24 @@ typedef struct PagedcWgmmaPrefillArgs {
   int32_t ping_pong;
 } PagedcWgmmaPrefillArgs;
 
+/// The decode kernel's third parameter (templates/Decode.cuh): tensor maps
+/// of k_cache and v_cache as for the warpgroup prefill, with boxes of 64
+/// elements x min(pageSize, 64) rows. All zeros: every tile is gathered
+/// with cp.async. Code built for sm_80 ignores it.
+typedef struct PagedcDecodeMapArgs {
+#ifdef __cplusplus
+  alignas(64) uint64_t k_map[16];
+  alignas(64) uint64_t v_map[16];
+#else
+  _Alignas(64) uint64_t k_map[16];
+  _Alignas(64) uint64_t v_map[16];
+#endif
+  /// 1: the maps are valid; whole tiles that every row may keep, of pages
+  /// of 16 rows or more, are copied with one bulk tensor copy per page and
+  /// 64 head dims.
+  int32_t tensor_maps;
+} PagedcDecodeMapArgs;
+
 /// Arguments of the block-mask builder kernel. Outputs use BlockMask.h's
 /// layout with batch = `batch` and heads = `heads`.
 typedef struct PagedcBlockMaskKernelArgs {

@@ -566,8 +566,7 @@ CudaAttentionLaunch::CudaAttentionLaunch(std::shared_ptr<const CudaKernel> kerne
   // (griddepcontrol.wait, templates/Decode.cuh), so it may launch while the
   // splits drain; the emulator runs launches one after the other.
   const std::string &arch = kernel_->arch;
-  const bool hopper = isEmulatorArch(arch) ||
-                      (arch.rfind("sm_", 0) == 0 && std::atoi(arch.c_str() + 3) >= 90);
+  const bool hopper = archHasSm90Features(arch);
   for (KernelLaunch &launch : plan_.launches)
     if (launch.kernel == "pagedc_decode_merge")
       launch.programmaticDependent = hopper;
@@ -577,9 +576,17 @@ CudaAttentionLaunch::CudaAttentionLaunch(std::shared_ptr<const CudaKernel> kerne
   }
 }
 
-std::string CudaAttentionLaunch::applyPrefillOptions(int64_t kPages, int64_t vPages) {
+std::string CudaAttentionLaunch::applyLaunchOptions(int64_t kPages, int64_t vPages) {
   if (plan_.launches.empty() || plan_.launches[0].arguments.size() != 3)
     return "";
+  if (kernel_->config.kind == KernelKind::Decode) {
+    if (decodeTensorMapsRequested())
+      bindDecodeTensorMaps(cudaUseDevice(kernel_->device), kernel_->config, kernel_->arch, plan_,
+                           kPages, vPages);
+    else
+      plan_.launches[0].note = "gather (PAGEDC_DECODE_TMA=0)";
+    return plan_.launches[0].note;
+  }
   if (prefillTensorMapsRequested())
     bindPrefillTensorMaps(cudaUseDevice(kernel_->device), kernel_->config, plan_, kPages, vPages);
   else
@@ -784,7 +791,7 @@ void pagedAttention(const cpu::PagedAttentionArgs &args, Device device, void *st
     maxVisibleKv = decodeVisibleSpan(*mask, batch, headsQ, queryLength, args.kvLength,
                                      args.qOffset);
   CudaAttentionLaunch launch(kernel, kernelArgs, std::move(params), maxKvLength, maxVisibleKv);
-  launch.applyPrefillOptions(args.kCache.size(1), args.vCache.size(1));
+  launch.applyLaunchOptions(args.kCache.size(1), args.vCache.size(1));
   launch.enqueue(stream);
   // The staging buffers die with this call.
   driver.check(driver.api().streamSynchronize(stream), "cuStreamSynchronize (attention)");

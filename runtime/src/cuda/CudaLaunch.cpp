@@ -4,6 +4,7 @@
 
 #include "Arithmetic.h"
 
+#include "pagedc/EmulatorBuild.h"
 #include "pagedc/Error.h"
 
 #include <fmt/format.h>
@@ -299,7 +300,9 @@ AttentionLaunchPlan planAttention(const KernelConfig &config,
     size_t rows = size_t(args.batch) * args.heads_q * args.q_len * size_t(splits);
     plan.workspaceBytes = rows * (config.headDim + 1) * sizeof(float);
   }
-  main.arguments = {bytesOf(args), params};
+  // The tensor maps: off until bound (bindDecodeTensorMaps).
+  main.arguments = {bytesOf(args), params, bytesOf(PagedcDecodeMapArgs{})};
+  main.note = "gather (tensor maps not bound)";
   plan.launches.push_back(std::move(main));
   if (splits > 1) {
     KernelLaunch merge;
@@ -356,6 +359,57 @@ void setPrefillPingPong(AttentionLaunchPlan &plan, bool on) {
     launch.note += suffix;
 }
 
+namespace {
+/// Encodes tensor maps of k_cache and v_cache ([Hkv, pages, pageSize, D],
+/// the strides of `args`; boxes of 64 elements x boxRows rows, 128-byte
+/// swizzle) into kMap and vMap. Returns "" or why not.
+std::string encodeCacheMaps(const CudaDriver &driver, const KernelConfig &config,
+                            const PagedcAttentionKernelArgs &args, int64_t kPages,
+                            int64_t vPages, unsigned boxRows, uint64_t *kMap, uint64_t *vMap) {
+  if (!driver.api().tensorMapEncodeTiled)
+    return "the driver has no cuTensorMapEncodeTiled";
+  struct Cache {
+    const void *data;
+    const int64_t *stride;
+    int64_t pages;
+    uint64_t *map;
+    const char *name;
+  };
+  for (const Cache &cache : {Cache{args.k_cache, args.k_stride, kPages, kMap, "k_cache"},
+                             Cache{args.v_cache, args.v_stride, vPages, vMap, "v_cache"}}) {
+    // [Hkv, pages, pageSize, D], innermost first; strides in bytes.
+    const uint64_t dims[4] = {uint64_t(config.headDim), uint64_t(config.pageSize),
+                              uint64_t(std::max<int64_t>(cache.pages, 0)),
+                              uint64_t(std::max(args.heads_kv, 0))};
+    // (One KV head: its stride is never stepped, and a compact view may
+    // give any; the map takes the cache's extent.)
+    const int64_t headStride =
+        args.heads_kv == 1 ? cache.stride[1] * std::max<int64_t>(cache.pages, 1) : cache.stride[0];
+    const uint64_t strides[3] = {uint64_t(cache.stride[2]) * 2, uint64_t(cache.stride[1]) * 2,
+                                 uint64_t(headStride) * 2};
+    const unsigned box[4] = {64, boxRows, 1, 1}, elementStrides[4] = {1, 1, 1, 1};
+    if (cache.pages < 1 || cache.pages > (int64_t(1) << 32))
+      return fmt::format("{} has {} pages", cache.name, cache.pages);
+    if (reinterpret_cast<uintptr_t>(cache.data) % 16 != 0)
+      return fmt::format("{} is not 16-byte aligned", cache.name);
+    for (int d = 0; d < 3; ++d)
+      if (int64_t(strides[d]) <= 0 || strides[d] % 16 != 0 || strides[d] >= (uint64_t(1) << 40))
+        return fmt::format("{}'s stride {} in bytes is not a multiple of 16 under 2^40",
+                           cache.name, strides[d]);
+    // CU_TENSOR_MAP_DATA_TYPE_BFLOAT16 9, FLOAT16 6; no interleave; the
+    // 128-byte swizzle (3) the kernels' tiles use; L2 promotion 128 B (2);
+    // out-of-bound elements read as zeros (0).
+    const int dataType = config.elementType == DType::BF16 ? 9 : 6;
+    const cu::Result status = driver.api().tensorMapEncodeTiled(
+        cache.map, dataType, 4, const_cast<void *>(cache.data), dims, strides, box,
+        elementStrides, 0, 3, 2, 0);
+    if (status != 0)
+      return fmt::format("cuTensorMapEncodeTiled refused {}: error {}", cache.name, status);
+  }
+  return "";
+}
+} // namespace
+
 std::string bindPrefillTensorMaps(const CudaDriver &driver, const KernelConfig &config,
                                   AttentionLaunchPlan &plan, int64_t kPages, int64_t vPages) {
   if (config.kind != KernelKind::Prefill || config.warpRows != 64 || plan.launches.empty() ||
@@ -377,52 +431,52 @@ std::string bindPrefillTensorMaps(const CudaDriver &driver, const KernelConfig &
   // As PrefillWgmma.cuh's kTmaPages.
   if (config.headDim > 128 && config.blockM == 128)
     return refuse("head dim 256 with two consumer warpgroups");
-  if (!driver.api().tensorMapEncodeTiled)
-    return refuse("the driver has no cuTensorMapEncodeTiled");
-  const PagedcAttentionKernelArgs &args = plan.args;
-  struct Cache {
-    const void *data;
-    const int64_t *stride;
-    int64_t pages;
-    uint64_t *map;
-    const char *name;
-  };
   const unsigned boxRows = static_cast<unsigned>(std::min(config.pageSize, config.blockN));
-  for (const Cache &cache : {Cache{args.k_cache, args.k_stride, kPages, maps.k_map, "k_cache"},
-                             Cache{args.v_cache, args.v_stride, vPages, maps.v_map, "v_cache"}}) {
-    // [Hkv, pages, pageSize, D], innermost first; strides in bytes.
-    const uint64_t dims[4] = {uint64_t(config.headDim), uint64_t(config.pageSize),
-                              uint64_t(std::max<int64_t>(cache.pages, 0)),
-                              uint64_t(std::max(args.heads_kv, 0))};
-    // (One KV head: its stride is never stepped, and a compact view may
-    // give any; the map takes the cache's extent.)
-    const int64_t headStride =
-        args.heads_kv == 1 ? cache.stride[1] * std::max<int64_t>(cache.pages, 1) : cache.stride[0];
-    const uint64_t strides[3] = {uint64_t(cache.stride[2]) * 2, uint64_t(cache.stride[1]) * 2,
-                                 uint64_t(headStride) * 2};
-    const unsigned box[4] = {64, boxRows, 1, 1}, elementStrides[4] = {1, 1, 1, 1};
-    if (cache.pages < 1 || cache.pages > (int64_t(1) << 32))
-      return refuse(fmt::format("{} has {} pages", cache.name, cache.pages));
-    if (reinterpret_cast<uintptr_t>(cache.data) % 16 != 0)
-      return refuse(fmt::format("{} is not 16-byte aligned", cache.name));
-    for (int d = 0; d < 3; ++d)
-      if (int64_t(strides[d]) <= 0 || strides[d] % 16 != 0 || strides[d] >= (uint64_t(1) << 40))
-        return refuse(fmt::format("{}'s stride {} in bytes is not a multiple of 16 under 2^40",
-                                  cache.name, strides[d]));
-    // CU_TENSOR_MAP_DATA_TYPE_BFLOAT16 9, FLOAT16 6; no interleave; the
-    // 128-byte swizzle (3) the kernel's tiles use; L2 promotion 128 B (2);
-    // out-of-bound elements read as zeros (0).
-    const int dataType = config.elementType == DType::BF16 ? 9 : 6;
-    const cu::Result status = driver.api().tensorMapEncodeTiled(
-        cache.map, dataType, 4, const_cast<void *>(cache.data), dims, strides, box,
-        elementStrides, 0, 3, 2, 0);
-    if (status != 0)
-      return refuse(fmt::format("cuTensorMapEncodeTiled refused {}: error {}", cache.name,
-                                status));
-  }
+  const std::string why = encodeCacheMaps(driver, config, plan.args, kPages, vPages, boxRows,
+                                          maps.k_map, maps.v_map);
+  if (!why.empty())
+    return refuse(why);
   maps.tensor_maps = 1;
   launch.arguments[2] = bytesOf(maps);
   launch.note = "tensor maps" + pingPongNote;
+  return "";
+}
+
+bool decodeTensorMapsRequested() {
+  return environmentSwitch("PAGEDC_DECODE_TMA", "tensor-map copies of K/V pages in decode",
+                           true);
+}
+
+std::string bindDecodeTensorMaps(const CudaDriver &driver, const KernelConfig &config,
+                                 const std::string &arch, AttentionLaunchPlan &plan,
+                                 int64_t kPages, int64_t vPages) {
+  if (config.kind != KernelKind::Decode || plan.launches.empty() ||
+      plan.launches[0].arguments.size() != 3)
+    return "not the decode kernel";
+  KernelLaunch &launch = plan.launches[0];
+  PagedcDecodeMapArgs maps;
+  std::memcpy(&maps, launch.arguments[2].data(), sizeof(maps));
+  // Off until both maps are encoded.
+  maps.tensor_maps = 0;
+  launch.arguments[2] = bytesOf(maps);
+  auto refuse = [&](std::string why) {
+    launch.note = "gather (" + why + ")";
+    return why;
+  };
+  // As Decode.cuh's kDecodeTma: code for sm_90 and later (the emulator's
+  // too) has the bulk tensor copy.
+  if (!archHasSm90Features(arch))
+    return refuse(fmt::format("{} has no bulk tensor copy", arch));
+  if (config.pageSize < kDecodeTmaPageRows)
+    return refuse(fmt::format("pages of {} rows, under {}", config.pageSize, kDecodeTmaPageRows));
+  const unsigned boxRows = static_cast<unsigned>(std::min(config.pageSize, kDecodeTile));
+  const std::string why = encodeCacheMaps(driver, config, plan.args, kPages, vPages, boxRows,
+                                          maps.k_map, maps.v_map);
+  if (!why.empty())
+    return refuse(why);
+  maps.tensor_maps = 1;
+  launch.arguments[2] = bytesOf(maps);
+  launch.note = "tensor maps";
   return "";
 }
 

@@ -211,11 +211,13 @@ int KernelConfig::sharedMemoryBytes() const {
     return (blockM + 4 * blockN) * rowBytes + 64 * 4;
   case KernelKind::Decode: {
     // Q tile, two K and two V stages, the class map, seen flags, the
-    // kv-warp merge maxima and sums (64 rows x kv-warps = 64 floats each)
-    // and the staged pages of the next tile (at most 64: page size 1).
+    // kv-warp merge maxima and sums (64 rows x kv-warps = 64 floats each),
+    // the staged pages of the next tile (at most 64: page size 1), the two
+    // stages' mbarriers and 1 KiB to align the regions to 1,024 bytes (the
+    // tensor maps' swizzle).
     int padded = decodePaddedRows(*this);
     return padded * rowBytes + 4 * 64 * rowBytes + padded * kMaxSplitBlocks +
-           kMaxSplitBlocks + 2 * 64 * 4 + 64 * 4;
+           kMaxSplitBlocks + 2 * 64 * 4 + 64 * 4 + 2 * 8 + 1024;
   }
   case KernelKind::BlockMaskBuilder:
     return 0;
@@ -334,6 +336,8 @@ KernelSource assembleKernel(const KernelConfig &config,
     break;
   case KernelKind::Decode:
     append("KernelCommon.cuh");
+    // The bulk tensor copies (used by code for sm_90 and later only).
+    append("Hopper.cuh");
     append("Decode.cuh");
     source.kernelNames = {"pagedc_decode", "pagedc_decode_merge"};
     break;

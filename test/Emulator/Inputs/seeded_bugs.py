@@ -57,7 +57,7 @@ BUGS = {
         "KernelCommon.cuh",
         "  return page * kPageBytes + (kv & (kPageSize - 1)) * kRowBytes;",
         "  return page * kPageBytes;",
-        "decode"),
+        "decode-gather"),
     # K and V share a row's offset: V's copy taken from K's head instead.
     "v-copied-from-k-head": (
         "KernelCommon.cuh",
@@ -70,7 +70,7 @@ BUGS = {
         "KernelCommon.cuh",
         "        cp_async_16(v_tile + offset, v_source + 16 * at, valid ? 16 : 0);",
         "        cp_async_16(v_tile + offset, v_source, valid ? 16 : 0);",
-        "decode"),
+        "decode-gather"),
     "swapped-ldmatrix-lanes": (
         "KernelCommon.cuh",
         "  int row = row_base + (lane & 15);\n  int chunk = k_step * 2 + (lane >> 4);",
@@ -157,7 +157,7 @@ BUGS = {
         "Decode.cuh",
         "StagedPages{page_slots, kv_begin}",
         "[&](int) { return page_slots[0]; }",
-        "decode"),
+        "decode-gather"),
     # A thread's second row (lane / 4 + 8) treated as padding although the
     # CTA has 16 rows (GQA 16): rows 8-15 get no softmax.
     "decode-second-row-taken-for-padding": (
@@ -187,6 +187,39 @@ BUGS = {
         "window"),
     # The warpgroup prefill (PrefillWgmma.cuh): mbarrier ring, cp.async
     # gathers arriving on it, wgmma.
+    # Decode's tensor-map copies (sm_90 code, pages of 16 rows and more):
+    # the wait for the stage's full mbarrier left out.
+    "decode-tma-no-full-wait": (
+        "Decode.cuh",
+        "        mbarrier_wait(full_bars + 8 * at_stage, (phases >> at_stage) & 1u);\n",
+        "",
+        "decode-d128"),
+    # The parity of a stage's barrier never flipped: its second fill is
+    # taken for done by the first's completed phase.
+    "decode-tma-parity-not-flipped": (
+        "Decode.cuh",
+        "        phases ^= 1u << at_stage;\n",
+        "",
+        "decode-d128"),
+    # The expected bytes 16 short: the phase completes before the last box.
+    "decode-tma-expect-tx-short": (
+        "Decode.cuh",
+        "mbarrier_arrive_expect_tx(bar, 2u * kDecodeStageBytes);",
+        "mbarrier_arrive_expect_tx(bar, 2u * kDecodeStageBytes - 16);",
+        "decode-d128"),
+    # Every box of a tile from the tile's first page.
+    "decode-tma-every-box-from-first-page": (
+        "Decode.cuh",
+        "kv_begin & (kPageSize - 1), page_slots[page],",
+        "kv_begin & (kPageSize - 1), page_slots[0],",
+        "decode-d128"),
+    # The scores read K as rows (tile_offset) while the tensor maps and the
+    # gather wrote atoms (at head dim 64 the two layouts coincide).
+    "decode-scores-read-rows-not-atoms": (
+        "Decode.cuh",
+        "    warp_scores<kNTiles, kDecodeQInRegisters, DecodeTile>(",
+        "    warp_scores<kNTiles, kDecodeQInRegisters>(",
+        "decode-d128"),
     "wgmma-consumer-skips-full-wait": (
         "PrefillWgmma.cuh",
         "      mbarrier_wait(full + 8 * stage, (visit / kStages) & 1);\n",
@@ -353,7 +386,16 @@ def main():
     # 1100 keys, which the launch plan splits (split-KV + merge).
     runs = {
         "prefill": dict(q=(1, 4, 150, 64), k=(1, 2, 300, 64), extra=["--q-offset", "end"]),
+        # (On the emulator, whose code is sm_90's, whole tiles come by
+        # tensor maps and the tail tile is gathered.)
         "decode": dict(q=(1, 4, 1, 64), k=(1, 2, 1100, 64), extra=["--q-offset", "end"]),
+        # The same with every tile gathered (cp.async), as code for sm_80
+        # and pages under 16 rows copy.
+        "decode-gather": dict(q=(1, 4, 1, 64), k=(1, 2, 1100, 64), extra=["--q-offset", "end"],
+                              env={"PAGEDC_DECODE_TMA": "0"}),
+        # Head dim 128: two atom columns per K/V tile; whole tiles come by
+        # tensor maps (the emulator's code is sm_90's), the tail gathered.
+        "decode-d128": dict(q=(1, 4, 1, 128), k=(1, 2, 1100, 128), extra=["--q-offset", "end"]),
         # Sixteen query heads on one KV head: 16 rows, both of a thread's.
         "decode-gqa16": dict(q=(1, 16, 1, 64), k=(1, 1, 1100, 64), extra=["--q-offset", "end"]),
         # Decode with a score mod and no mask: the block mask the CLI builds

@@ -1,7 +1,9 @@
 #!/usr/bin/env python3
-"""Checks the bytes the decode kernel read with cp.async (emulator counters,
-PAGEDC_EMU_COUNTERS) against what a decode step must read: every CTA's
-query rows, and the K and V rows of the kept kv positions only.
+"""Checks the bytes the decode kernel read with cp.async and bulk tensor
+copies (emulator counters, PAGEDC_EMU_COUNTERS; the emulator's code copies
+whole tiles of 16-row pages by tensor maps) against what a decode step must
+read: every CTA's query rows, and the K and V rows of the kept kv positions
+only.
 
   decode_bytes.py COUNTERS.jsonl --batch B --heads-q HQ --heads-kv HKV
                   --tokens LQ --head-dim D --kept N
@@ -27,9 +29,12 @@ def main():
     if len(decode) != 1:
         sys.exit("expected one pagedc_decode launch, found %d" % len(decode))
     splits = decode[0]["grid"][0]
-    read = decode[0]["counters"]["cp_async_bytes"]
+    gathered = decode[0]["counters"]["cp_async_bytes"]
+    bulk = decode[0]["counters"].get("bulk_copy_bytes", 0)
+    read = gathered + bulk
     q_bytes = splits * args.batch * args.heads_q * args.tokens * args.head_dim * 2
     kv_bytes = 2 * args.batch * args.heads_kv * args.kept * args.head_dim * 2
+    print("copied by: cp.async %d bytes, bulk tensor copies %d bytes" % (gathered, bulk))
     print("decode read %d bytes: %d splits; q %d + kept K/V %d = %d: %s"
           % (read, splits, q_bytes, kv_bytes, q_bytes + kv_bytes,
              "exact" if read == q_bytes + kv_bytes else "DIFFER"))

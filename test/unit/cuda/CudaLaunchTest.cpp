@@ -7,6 +7,7 @@
 //===----------------------------------------------------------------------===//
 
 #include "pagedc/CudaLaunch.h"
+#include "pagedc/EmulatorBuild.h"
 #include "pagedc/Error.h"
 #include "pagedc/KernelCache.h"
 #include "support/CudaTestSupport.h"
@@ -130,7 +131,8 @@ TEST(CudaLaunch, WarpgroupPrefillPlansDisabledTensorMaps) {
 }
 
 TEST(CudaLaunch, PrefillSwitchesFromTheEnvironment) {
-  // Tensor maps are on unless "0"; ping-pong is off unless "1".
+  // Tensor maps (prefill and decode) are on unless "0"; ping-pong is off
+  // unless "1".
   struct Switch {
     const char *name;
     bool (*read)();
@@ -138,7 +140,8 @@ TEST(CudaLaunch, PrefillSwitchesFromTheEnvironment) {
   };
   for (const auto &[name, read, unset] :
        {Switch{"PAGEDC_PREFILL_TMA", prefillTensorMapsRequested, true},
-        Switch{"PAGEDC_PREFILL_PINGPONG", prefillPingPongRequested, false}}) {
+        Switch{"PAGEDC_PREFILL_PINGPONG", prefillPingPongRequested, false},
+        Switch{"PAGEDC_DECODE_TMA", decodeTensorMapsRequested, true}}) {
     const char *saved = std::getenv(name);
     const std::string restore = saved ? saved : "";
     unsetenv(name);
@@ -165,6 +168,15 @@ TEST(CudaLaunch, PrefillSwitchesFromTheEnvironment) {
   }
 }
 
+// Which code has sm_90's instructions (the decode kernel's tensor maps, the
+// merge's programmatic dependent launch).
+TEST(CudaLaunch, ArchesWithSm90Features) {
+  for (const char *arch : {"sm_90", "sm_90a", "sm_100", "sm_120", "emu"})
+    EXPECT_TRUE(archHasSm90Features(arch)) << arch;
+  for (const char *arch : {"sm_80", "sm_86", "sm_89", "sm_9", "compute_90", "", "sm_"})
+    EXPECT_FALSE(archHasSm90Features(arch)) << arch;
+}
+
 TEST(CudaLaunch, DecodeDryRunSplitsAndMerges) {
   REQUIRE_NVRTC();
   KernelConfig config;
@@ -183,8 +195,17 @@ TEST(CudaLaunch, DecodeDryRunSplitsAndMerges) {
   EXPECT_EQ(merge.kernel, "pagedc_decode_merge");
   // D 128, 16 padded rows: Q 4 KiB, two K and two V stages of 64 rows
   // (64 KiB), class map 1 KiB, seen flags 64 B, merge maxima and sums
-  // 512 B, staged pages 256 B (bench/gpu/ptxas_decode.py restates this).
-  EXPECT_EQ(config.sharedMemoryBytes(), 71488);
+  // 512 B, staged pages 256 B, two mbarriers 16 B, 1 KiB of alignment
+  // (bench/gpu/ptxas_decode.py restates this).
+  EXPECT_EQ(config.sharedMemoryBytes(), 72528);
+  // The third argument: the tensor maps, off until bound.
+  ASSERT_EQ(main.arguments.size(), 3u);
+  ASSERT_EQ(main.arguments[2].size(), sizeof(PagedcDecodeMapArgs));
+  for (unsigned char byte : main.arguments[2])
+    ASSERT_EQ(byte, 0);
+  EXPECT_EQ(sizeof(PagedcDecodeMapArgs), 320u);
+  EXPECT_EQ(offsetof(PagedcDecodeMapArgs, tensor_maps), 256u);
+  EXPECT_EQ(main.note, "gather (tensor maps not bound)");
   int splits = plan.args.num_splits;
   EXPECT_GE(splits * 8, 132); // at least one CTA per SM
   EXPECT_EQ(plan.args.split_size % 64, 0);

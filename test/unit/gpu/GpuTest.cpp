@@ -435,6 +435,82 @@ TEST(CudaKernels, PrefillTensorMapsBindOrSayWhy) {
   EXPECT_EQ(mmaPlan.launches[0].arguments.size(), 2u);
 }
 
+// bindDecodeTensorMaps: the decode plan carries its maps off (zeros) until
+// bound; code for sm_90 and later (and the emulator's) with pages of 16
+// rows and more gets them, anything else a reason and the gather.
+TEST(CudaKernels, DecodeTensorMapsBindOrSayWhy) {
+  std::string why;
+  if (!CudaDriver::available(&why))
+    GTEST_SKIP() << "no CUDA driver: " << why;
+  const CudaDriver &driver = CudaDriver::get();
+  if (!driver.api().tensorMapEncodeTiled)
+    GTEST_SKIP() << "the driver has no cuTensorMapEncodeTiled";
+  KernelConfig config;
+  config.kind = KernelKind::Decode;
+  config.groupSize = 4;
+  config.queryTokens = 1;
+  PagedcAttentionKernelArgs args = test::fakeAttentionArgs(1, 8, 2, 1);
+  // [Hkv 2, 70 pages, 16 rows, D 128]
+  for (int64_t *stride : {args.k_stride, args.v_stride}) {
+    stride[0] = 70 * 16 * 128;
+    stride[1] = 16 * 128;
+    stride[2] = 128;
+  }
+  auto planFor = [&](const KernelConfig &c, const PagedcAttentionKernelArgs &a) {
+    return planAttention(c, a, std::vector<unsigned char>(4), 1000, 132);
+  };
+  auto maps = [](const AttentionLaunchPlan &plan) {
+    PagedcDecodeMapArgs result;
+    EXPECT_EQ(plan.launches[0].arguments.size(), 3u);
+    EXPECT_EQ(plan.launches[0].arguments[2].size(), sizeof(result));
+    std::memcpy(&result, plan.launches[0].arguments[2].data(), sizeof(result));
+    return result;
+  };
+
+  AttentionLaunchPlan plan = planFor(config, args);
+  EXPECT_EQ(plan.launches[0].kernel, "pagedc_decode");
+  EXPECT_EQ(plan.launches[0].note, "gather (tensor maps not bound)");
+  EXPECT_EQ(maps(plan).tensor_maps, 0);
+  EXPECT_EQ(bindDecodeTensorMaps(driver, config, "sm_90", plan, 70, 70), "");
+  EXPECT_EQ(plan.launches[0].note, "tensor maps");
+  EXPECT_EQ(maps(plan).tensor_maps, 1);
+  // Encoded: the maps are no longer zeros.
+  const PagedcDecodeMapArgs bound = maps(plan);
+  bool kSet = false, vSet = false;
+  for (int i = 0; i < 16; ++i) {
+    kSet = kSet || bound.k_map[i] != 0;
+    vSet = vSet || bound.v_map[i] != 0;
+  }
+  EXPECT_TRUE(kSet && vSet);
+
+  AttentionLaunchPlan ampere = planFor(config, args);
+  EXPECT_EQ(bindDecodeTensorMaps(driver, config, "sm_80", ampere, 70, 70),
+            "sm_80 has no bulk tensor copy");
+  EXPECT_EQ(ampere.launches[0].note, "gather (sm_80 has no bulk tensor copy)");
+  EXPECT_EQ(maps(ampere).tensor_maps, 0);
+
+  KernelConfig small = config;
+  small.pageSize = 8;
+  PagedcAttentionKernelArgs smallArgs = args; // [Hkv 2, 140 pages, 8 rows, D 128]
+  for (int64_t *stride : {smallArgs.k_stride, smallArgs.v_stride}) {
+    stride[0] = 140 * 8 * 128;
+    stride[1] = 8 * 128;
+  }
+  AttentionLaunchPlan smallPlan = planFor(small, smallArgs);
+  EXPECT_EQ(bindDecodeTensorMaps(driver, small, "sm_90", smallPlan, 140, 140),
+            "pages of 8 rows, under 16");
+  EXPECT_EQ(maps(smallPlan).tensor_maps, 0);
+
+  AttentionLaunchPlan noPages = planFor(config, args);
+  EXPECT_EQ(bindDecodeTensorMaps(driver, config, "sm_90", noPages, 70, 0), "v_cache has 0 pages");
+  EXPECT_EQ(maps(noPages).tensor_maps, 0);
+
+  KernelConfig prefill; // not the decode kernel
+  AttentionLaunchPlan prefillPlan = planFor(prefill, args);
+  EXPECT_EQ(bindDecodeTensorMaps(driver, prefill, "sm_90", prefillPlan, 70, 70),
+            "not the decode kernel");
+}
+
 TEST(CudaVsCpu, CausalGqaDecodeAndPrefill) {
   std::string why;
   if (!haveDevice(&why))

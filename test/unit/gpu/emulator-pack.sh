@@ -11,12 +11,13 @@ work=$2
 rm -rf "$work"
 mkdir -p "$work"
 export PAGEDC_CACHE_DIR=${PAGEDC_CACHE_DIR:-$build/test/emu-kernel-cache}
-# With PAGEDC_PREFILL_TMA=1 the emulator's per-launch counters must show
-# the warpgroup prefill copying with tensor maps (cp.async.bulk.tensor).
+# The emulator's per-launch counters say which launches copied K/V with
+# tensor maps (cp.async.bulk.tensor): with PAGEDC_PREFILL_TMA=1 some
+# warpgroup prefill must; the decode kernel must unless PAGEDC_DECODE_TMA=0
+# (its default on sm_90 code, the emulator's), and then none may.
 tma=${PAGEDC_PREFILL_TMA:-0}
-if [ "$tma" = 1 ]; then
-  export PAGEDC_EMU_COUNTERS="$work/counters.jsonl"
-fi
+decode_tma=${PAGEDC_DECODE_TMA:-1}
+export PAGEDC_EMU_COUNTERS="$work/counters.jsonl"
 start=$(date +%s)
 "$build/bin/pagedc-gpu-prepare" -o "$work/pack" --arch emu
 prepared=$(date +%s)
@@ -39,5 +40,17 @@ if [ "$tma" = 1 ]; then
     echo "emulator pack: FAILED (PAGEDC_PREFILL_TMA=1 but no prefill launch used tensor maps)"
     exit 1
   fi
+fi
+decode=$(grep -c '"kernel": "pagedc_decode"' "$work/counters.jsonl" || true)
+decode_bulk=$(grep '"kernel": "pagedc_decode"' "$work/counters.jsonl" |
+                grep -c '"bulk_copies": [1-9]' || true)
+echo "emulator pack: $decode_bulk of $decode decode launches copied K/V with tensor maps"
+if [ "$decode_tma" = 0 ] && [ "$decode_bulk" -ne 0 ]; then
+  echo "emulator pack: FAILED (PAGEDC_DECODE_TMA=0 but a decode launch used tensor maps)"
+  exit 1
+fi
+if [ "$decode_tma" != 0 ] && [ "$decode_bulk" -eq 0 ]; then
+  echo "emulator pack: FAILED (no decode launch used tensor maps)"
+  exit 1
 fi
 echo "emulator pack: PASS ($summary)"

@@ -143,10 +143,13 @@ class PtxasShapes(unittest.TestCase):
     def test_decode_shared_bytes_as_the_runtime_plans(self):
         # KernelConfig::sharedMemoryBytes (CudaLaunchTest's
         # DecodeDryRunSplitsAndMerges holds the same figure): D 128, GQA 4.
-        self.assertEqual(ptxas_decode.decode_shared_bytes(128, 4), 71488)
-        # 32 rows pad to 32: Q and the class map double.
+        self.assertEqual(ptxas_decode.decode_shared_bytes(128, 4), 72528)
+        # 32 rows pad to 32: Q and the class map double; the two mbarriers
+        # and the 1 KiB of alignment stay.
         self.assertEqual(ptxas_decode.decode_shared_bytes(64, 32),
-                         32 * 128 + 4 * 64 * 128 + 32 * 64 + 64 + 512 + 256)
+                         32 * 128 + 4 * 64 * 128 + 32 * 64 + 64 + 512 + 256 + 16 + 1024)
+        # Templates from before the tensor maps had neither.
+        self.assertEqual(ptxas_decode.decode_shared_bytes(128, 4, tensor_maps=False), 71488)
 
     def test_loop_count_takes_the_innermost_natural_loop(self):
         code = ptxas_shapes.sass_instructions(SASS)
@@ -218,10 +221,11 @@ class PtxasShapes(unittest.TestCase):
         self.assertEqual(ptxas_shapes.copy_trips(32, 256, 64), 1)
 
     def test_forced_paths_match_the_decode_template(self):
-        # --path rewrites these lines of templates/Decode.cuh: each must be
+        # --path and --copies rewrite these lines of templates/Decode.cuh: each must be
         # there exactly once, or the counts would be of the unforced kernel.
-        text = open(os.path.join(ROOT, "templates", "Decode.cuh")).read()
-        for old, _ in ptxas_decode.PATH_LINES:
+        with open(os.path.join(ROOT, "templates", "Decode.cuh")) as file:
+            text = file.read()
+        for old, _ in ptxas_decode.PATH_LINES + ptxas_decode.COPY_LINES:
             self.assertEqual(text.count(old), 1, old)
 
 
