@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The GPU check, run ON the GPU machine in one command (no LLVM there):
 #
-#   scripts/gpu-check.sh [--dry-run] [--prefill-options] [--also PACK2]... [PACK_DIR]
+#   scripts/gpu-check.sh [--dry-run] [--prefill-options] [--decode-options]
+#                        [--also PACK2]... [PACK_DIR]
 #                                                             (default: gpu-pack/)
 #
 # --prefill-options: the pack's prefill checks and benchmarks again with each
@@ -11,6 +12,10 @@
 # (PAGEDC_PREFILL_PINGPONG=1: the consumer warpgroups take turns; off by
 # default), each with a compute-sanitizer memcheck of one prefill case of
 # 16-row pages; files prefixed with the option's name.
+# --decode-options: the same for the decode kernel's one option, "decode-gather"
+# (PAGEDC_DECODE_TMA=0: every K/V tile gathered with cp.async instead of
+# the default tensor-map copies of whole tiles of pages of 16 rows or more),
+# with the pack's decode checks, benchmarks and a memcheck of one decode case.
 # --also PACK2: a second pack (e.g. one prepared with
 # PAGEDC_PREFILL_SHAPE=64x64x16, whose prefill bundles are the mma.sync
 # kernel, or with PAGEDC_TEMPLATE_DIR holding an earlier commit's templates,
@@ -46,6 +51,7 @@ for arg in "$@"; do
   case "$arg" in
     --dry-run) dry=1 ;;
     --prefill-options) options=1 ;;
+    --decode-options) decode_options=1 ;;
     --also) expect_also=1; continue ;;
     -h|--help) sed -n '2,/^# Exit status/p' "$0"; exit 0 ;;
     *) if [[ ${expect_also:-0} == 1 ]]; then also+=("$arg"); else pack="$arg"; fi ;;
@@ -111,12 +117,18 @@ print(cases[0]["name"] if cases else "")
 EOF
 }
 
-# The warpgroup prefill's launch options (--prefill-options) and the case
-# each one's memcheck runs.
+# The launch options (--prefill-options, --decode-options) as
+# label:setting:kernel kind; the memcheck case of each kind.
 variants=()
 if [[ $options == 1 ]]; then
-  variants=("gather:PAGEDC_PREFILL_TMA=0" "pingpong:PAGEDC_PREFILL_PINGPONG=1")
-  options_case=$(smallest_case prefill 16)
+  variants+=("gather:PAGEDC_PREFILL_TMA=0:prefill" "pingpong:PAGEDC_PREFILL_PINGPONG=1:prefill")
+fi
+if [[ ${decode_options:-0} == 1 ]]; then
+  variants+=("decode-gather:PAGEDC_DECODE_TMA=0:decode")
+fi
+declare -A options_case=()
+if [[ ${#variants[@]} -gt 0 ]]; then
+  options_case=([prefill]="$(smallest_case prefill 16)" [decode]="$(smallest_case decode 16)")
 fi
 
 if [[ $dry == 1 ]]; then
@@ -127,10 +139,9 @@ if [[ $dry == 1 ]]; then
       --json "$out/$(also_prefix "$i")gpu-check.json"
   done
   for variant in "${variants[@]}"; do
-    label=${variant%%:*}
-    settings=${variant#*:}
-    step "check --dry-run ($settings; memcheck case: ${options_case:-none})" env $settings "$gpu" check \
-      "$pack" --dry-run --filter prefill --json "$out/$label-gpu-check.json"
+    IFS=: read -r label settings kind <<<"$variant"
+    step "check --dry-run ($settings; memcheck case: ${options_case[$kind]:-none})" env $settings \
+      "$gpu" check "$pack" --dry-run --filter "$kind" --json "$out/$label-gpu-check.json"
   done
   note "gpu-check (dry run): $failures step(s) failed"
   exit $((failures > 0))
@@ -178,22 +189,20 @@ for i in "${!also[@]}"; do
   fi
 done
 
-# (5) The warpgroup prefill's launch options, on the same pack.
-if [[ $options == 1 ]]; then
-  for variant in "${variants[@]}"; do
-    label=${variant%%:*}
-    settings=${variant#*:}
-    step "check ($settings)" env $settings "$gpu" check "$pack" --filter prefill \
-      --json "$out/$label-gpu-check.json"
-    if [[ -n "$options_case" ]] && command -v compute-sanitizer >/dev/null; then
-      step "compute-sanitizer memcheck $options_case ($settings)" env $settings \
-        compute-sanitizer --tool memcheck --error-exitcode 3 \
-        --log-file "$out/$label-sanitizer.txt" "$gpu" check "$pack" --filter "$options_case"
-    fi
-    step "bench (pagedc, $settings)" env $settings "$gpu" bench "$pack" --filter prefill \
-      --json "$out/$label-gpu-bench-pagedc.json"
-  done
-fi
+# (5) The launch options, on the same pack.
+for variant in "${variants[@]}"; do
+  IFS=: read -r label settings kind <<<"$variant"
+  step "check ($settings)" env $settings "$gpu" check "$pack" --filter "$kind" \
+    --json "$out/$label-gpu-check.json"
+  memcheck_case=${options_case[$kind]}
+  if [[ -n "$memcheck_case" ]] && command -v compute-sanitizer >/dev/null; then
+    step "compute-sanitizer memcheck $memcheck_case ($settings)" env $settings \
+      compute-sanitizer --tool memcheck --error-exitcode 3 \
+      --log-file "$out/$label-sanitizer.txt" "$gpu" check "$pack" --filter "$memcheck_case"
+  fi
+  step "bench (pagedc, $settings)" env $settings "$gpu" bench "$pack" --filter "$kind" \
+    --json "$out/$label-gpu-bench-pagedc.json"
+done
 
 PYTHONUNBUFFERED=1 step_limit=$((budget + 180)) step "bench (PyTorch flex_attention + PagedAttention, SDPA flash)" \
   python3 "$root/bench/gpu/torch_flex.py" --pack "$pack" --json "$out/gpu-bench-torch.json" \

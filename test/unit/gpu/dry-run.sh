@@ -13,7 +13,8 @@ PAGEDC_GPU_BUILD="$build_dir" PAGEDC_GPU_SKIP_BUILD=1 \
   bash "$source_dir/scripts/gpu-prepare.sh" --quick "$work/pack"
 rm -rf "$work/out"
 OUT="$work/out" PAGEDC_GPU_RT_BUILD="$work/build-rt" PAGEDC_FORCE_PACK_FMT=1 PAGEDC_JOBS=2 \
-  bash "$source_dir/scripts/gpu-check.sh" --dry-run --prefill-options --also "$work/pack" \
+  bash "$source_dir/scripts/gpu-check.sh" --dry-run --prefill-options --decode-options \
+  --also "$work/pack" \
   --also "$work/pack" "$work/pack"
 python3 - "$work/pack/pack.json" "$work/out/gpu-check.json" "$work/out/gpu-bench-pagedc.json" \
   "$work/out/also-gpu-check.json" "$work/out" <<'PY'
@@ -30,6 +31,10 @@ prefill = [c["status"] for c in check["cases"] if c["name"].find("prefill") >= 0
 for label in ("gather", "pingpong"):
     option = json.load(open(os.path.join(sys.argv[5], label + "-gpu-check.json")))
     assert [c["status"] for c in option["cases"]] == prefill and prefill, label
+# --decode-options: the decode cases planned with the gather.
+decode = [c["status"] for c in check["cases"] if c["name"].find("decode") >= 0]
+option = json.load(open(os.path.join(sys.argv[5], "decode-gather-gpu-check.json")))
+assert [c["status"] for c in option["cases"]] == decode and decode, "decode-gather"
 variants = sum(2 if c["q_block"] else 1 for c in pack["cases"])
 statuses = [c["status"] for c in check["cases"]]
 assert check["dry_run"] is True
