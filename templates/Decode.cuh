@@ -26,12 +26,13 @@
 // like an unseen one.
 //
 // Copies: code for sm_90 and later, given tensor maps of the caches (the
-// third parameter, PagedcDecodeMapArgs) and pages of 16 rows or more,
+// third parameter, PagedcDecodeMapArgs), head dims of 128 or more and pages
+// of 16 rows or more,
 // copies each whole tile that every row may keep with bulk tensor copies
 // (one per page and 64 head dims, issued by the lanes of warp 0 and
 // completing on the stage's mbarrier); the other tiles (pages under 16
 // rows, the split's tail, tiles with kv rows no row keeps) are gathered
-// with cp.async, zero-filled where not read. K/V tiles are laid out in
+// (and every tile at head dim 64) with cp.async, zero-filled where not read. K/V tiles are laid out in
 // 128-byte swizzled atoms (atom_offset) either way where tensor maps can be
 // used, else in rows (tile_offset).
 //
@@ -97,9 +98,15 @@ constexpr bool kDecodeBulkCopies = true;
 constexpr bool kDecodeBulkCopies = false;
 #endif
 constexpr int kDecodeTmaPageRows = 16;
-constexpr bool kDecodeTma = kDecodeBulkCopies && kPageSize >= kDecodeTmaPageRows;
+/// Not at head dim 64: there the copy is one unrolled trip of 8 cp.async
+/// (tensor maps saved 5-9% of a tile's SASS) and sm_90 holds the kernel to
+/// 96 registers for 5 CTAs per SM, where the second copy path spilled 4-12
+/// bytes for some corpus selections (docs/kernels.md).
+constexpr int kDecodeTmaMinHeadDim = 128;
+constexpr bool kDecodeTma =
+    kDecodeBulkCopies && kPageSize >= kDecodeTmaPageRows && kHeadDim >= kDecodeTmaMinHeadDim;
 constexpr int kDecodeBoxRows = kPageSize < kDecodeTileN ? kPageSize : kDecodeTileN;
-/// Boxes of one tensor (K or V) per tile: pages x atom columns (4 to 16).
+/// Boxes of one tensor (K or V) per tile: pages x atom columns (2 to 16).
 constexpr int kDecodeBoxes = kDecodeTileN / kDecodeBoxRows * (kHeadDim / 64);
 static_assert(!kDecodeTma || 2 * kDecodeBoxes <= 32, "a lane of warp 0 per box");
 /// The K/V tiles' layout: with tensor maps, 64 rows in 128-byte swizzled
@@ -208,10 +215,14 @@ extern "C" __global__ void __launch_bounds__(pagedc::kDecodeThreads, pagedc::kDe
   // once every split CTA has started; it waits for this grid to finish.
   allow_dependent_launch();
   PAGEDC_EXTERN_SHARED(unsigned char, shared_bytes);
-  // The regions start 1,024-byte aligned (the launch gives 1 KiB more): a
-  // tensor map's 128-byte swizzle follows the shared address's bits.
+  // With tensor maps the regions start 1,024-byte aligned (the launch gives
+  // 1 KiB more): their 128-byte swizzle follows the shared address's bits.
+  // (Without, the base stays a constant: at head dim 64 the aligned base's
+  // register spilled 20-24 bytes under sm_90's 96-register cap.)
   unsigned char *const shared =
-      shared_bytes + ((1024u - (shared_address(shared_bytes) & 1023u)) & 1023u);
+      kDecodeTma
+          ? shared_bytes + ((1024u - (shared_address(shared_bytes) & 1023u)) & 1023u)
+          : shared_bytes;
   const int thread = threadIdx.x, lane = thread & 31, warp = thread >> 5;
   const int row_warp = warp / kKvWarps, kv_warp = warp % kKvWarps;
   const int split = blockIdx.x, b = blockIdx.z;

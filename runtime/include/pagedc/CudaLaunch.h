@@ -151,6 +151,9 @@ std::string bindPrefillTensorMaps(const CudaDriver &driver, const KernelConfig &
 /// Pages of at least this many rows are what the decode kernel copies with
 /// tensor maps (templates/Decode.cuh, kDecodeTmaPageRows).
 constexpr int kDecodeTmaPageRows = 16;
+/// Head dims under this the decode kernel always gathers (Decode.cuh,
+/// kDecodeTmaMinHeadDim).
+constexpr int kDecodeTmaMinHeadDim = 128;
 
 /// Whether $PAGEDC_DECODE_TMA asks the decode kernel (code for sm_90 and
 /// later) to copy whole K/V tiles with tensor maps: unset, empty or "1"
@@ -163,7 +166,8 @@ bool decodeTensorMapsRequested();
 /// argument and enables them. Returns "" when they are bound, else why the
 /// kernel will gather every tile instead (not the decode kernel, code for
 /// an arch before sm_90 (`arch`: the kernel's), pages under
-/// kDecodeTmaPageRows rows, no cuTensorMapEncodeTiled, a layout the
+/// kDecodeTmaPageRows rows, head dims under kDecodeTmaMinHeadDim, no
+/// cuTensorMapEncodeTiled, a layout the
 /// tensor-map unit does not take, the driver's refusal); the launch's note
 /// says which.
 std::string bindDecodeTensorMaps(const CudaDriver &driver, const KernelConfig &config,

@@ -469,6 +469,8 @@ std::string bindDecodeTensorMaps(const CudaDriver &driver, const KernelConfig &c
     return refuse(fmt::format("{} has no bulk tensor copy", arch));
   if (config.pageSize < kDecodeTmaPageRows)
     return refuse(fmt::format("pages of {} rows, under {}", config.pageSize, kDecodeTmaPageRows));
+  if (config.headDim < kDecodeTmaMinHeadDim)
+    return refuse(fmt::format("head dim {}, under {}", config.headDim, kDecodeTmaMinHeadDim));
   const unsigned boxRows = static_cast<unsigned>(std::min(config.pageSize, kDecodeTile));
   const std::string why = encodeCacheMaps(driver, config, plan.args, kPages, vPages, boxRows,
                                           maps.k_map, maps.v_map);

@@ -57,7 +57,7 @@ BUGS = {
         "KernelCommon.cuh",
         "  return page * kPageBytes + (kv & (kPageSize - 1)) * kRowBytes;",
         "  return page * kPageBytes;",
-        "decode-gather"),
+        "decode"),
     # K and V share a row's offset: V's copy taken from K's head instead.
     "v-copied-from-k-head": (
         "KernelCommon.cuh",
@@ -70,7 +70,7 @@ BUGS = {
         "KernelCommon.cuh",
         "        cp_async_16(v_tile + offset, v_source + 16 * at, valid ? 16 : 0);",
         "        cp_async_16(v_tile + offset, v_source, valid ? 16 : 0);",
-        "decode-gather"),
+        "decode"),
     "swapped-ldmatrix-lanes": (
         "KernelCommon.cuh",
         "  int row = row_base + (lane & 15);\n  int chunk = k_step * 2 + (lane >> 4);",
@@ -157,7 +157,7 @@ BUGS = {
         "Decode.cuh",
         "StagedPages{page_slots, kv_begin}",
         "[&](int) { return page_slots[0]; }",
-        "decode-gather"),
+        "decode"),
     # A thread's second row (lane / 4 + 8) treated as padding although the
     # CTA has 16 rows (GQA 16): rows 8-15 get no softmax.
     "decode-second-row-taken-for-padding": (
@@ -386,13 +386,8 @@ def main():
     # 1100 keys, which the launch plan splits (split-KV + merge).
     runs = {
         "prefill": dict(q=(1, 4, 150, 64), k=(1, 2, 300, 64), extra=["--q-offset", "end"]),
-        # (On the emulator, whose code is sm_90's, whole tiles come by
-        # tensor maps and the tail tile is gathered.)
+        # (Head dim 64: every tile gathered with cp.async.)
         "decode": dict(q=(1, 4, 1, 64), k=(1, 2, 1100, 64), extra=["--q-offset", "end"]),
-        # The same with every tile gathered (cp.async), as code for sm_80
-        # and pages under 16 rows copy.
-        "decode-gather": dict(q=(1, 4, 1, 64), k=(1, 2, 1100, 64), extra=["--q-offset", "end"],
-                              env={"PAGEDC_DECODE_TMA": "0"}),
         # Head dim 128: two atom columns per K/V tile; whole tiles come by
         # tensor maps (the emulator's code is sm_90's), the tail gathered.
         "decode-d128": dict(q=(1, 4, 1, 128), k=(1, 2, 1100, 128), extra=["--q-offset", "end"]),

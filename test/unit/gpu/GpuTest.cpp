@@ -436,8 +436,9 @@ TEST(CudaKernels, PrefillTensorMapsBindOrSayWhy) {
 }
 
 // bindDecodeTensorMaps: the decode plan carries its maps off (zeros) until
-// bound; code for sm_90 and later (and the emulator's) with pages of 16
-// rows and more gets them, anything else a reason and the gather.
+// bound; code for sm_90 and later (and the emulator's) with head dims of
+// 128 and more and pages of 16 rows and more gets them, anything else a
+// reason and the gather.
 TEST(CudaKernels, DecodeTensorMapsBindOrSayWhy) {
   std::string why;
   if (!CudaDriver::available(&why))
@@ -500,6 +501,19 @@ TEST(CudaKernels, DecodeTensorMapsBindOrSayWhy) {
   EXPECT_EQ(bindDecodeTensorMaps(driver, small, "sm_90", smallPlan, 140, 140),
             "pages of 8 rows, under 16");
   EXPECT_EQ(maps(smallPlan).tensor_maps, 0);
+
+  KernelConfig narrow = config;
+  narrow.headDim = 64;
+  PagedcAttentionKernelArgs narrowArgs = args; // [Hkv 2, 70 pages, 16 rows, D 64]
+  for (int64_t *stride : {narrowArgs.k_stride, narrowArgs.v_stride}) {
+    stride[0] = 70 * 16 * 64;
+    stride[1] = 16 * 64;
+    stride[2] = 64;
+  }
+  AttentionLaunchPlan narrowPlan = planFor(narrow, narrowArgs);
+  EXPECT_EQ(bindDecodeTensorMaps(driver, narrow, "sm_90", narrowPlan, 70, 70),
+            "head dim 64, under 128");
+  EXPECT_EQ(maps(narrowPlan).tensor_maps, 0);
 
   AttentionLaunchPlan noPages = planFor(config, args);
   EXPECT_EQ(bindDecodeTensorMaps(driver, config, "sm_90", noPages, 70, 0), "v_cache has 0 pages");
