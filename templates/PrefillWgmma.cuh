@@ -412,7 +412,9 @@ extern "C" __global__ void __launch_bounds__(pagedc::kPrefillThreads, 1)
       visits.advance(next_list, next_sub);
       next_kv = visits.seek(args, kv_len, next_list, next_sub);
     };
-    // (With kOverlap; without, in the loop's step, as one copy.)
+    // The loop's step: moves to the visit find_next found. With kOverlap
+    // find_next already ran, under the tile's wgmmas; without, it runs here
+    // (called from the loop body as well, it was inlined twice: ~25 SASS).
     auto to_next = [&](int &kv_begin) {
       if constexpr (!kOverlap)
         find_next();

@@ -65,14 +65,19 @@ COPY_LINES = [
 ]
 
 
+def template_dir():
+    """The templates pagedc compiles: $PAGEDC_TEMPLATE_DIR's, else this tree's."""
+    here = os.path.dirname(os.path.abspath(__file__))
+    return os.environ.get("PAGEDC_TEMPLATE_DIR") or os.path.join(here, "..", "..", "templates")
+
+
 def force_path(directory, path, copies=None):
     """Writes the templates, Decode.cuh with the tile loop's path (and, with
     copies, its copy path) fixed, into directory and returns it as a
     template dir."""
-    here = os.path.dirname(os.path.abspath(__file__))
-    source_dir = os.environ.get("PAGEDC_TEMPLATE_DIR") or os.path.join(here, "..", "..",
-                                                                        "templates")
-    text = open(os.path.join(source_dir, "Decode.cuh")).read()
+    source_dir = template_dir()
+    with open(os.path.join(source_dir, "Decode.cuh")) as file:
+        text = file.read()
     for old, new in PATH_LINES if path else []:
         if text.count(old) != 1:
             sys.exit(f"--path: Decode.cuh has {text.count(old)} copies of {old.strip()!r}")
@@ -107,12 +112,10 @@ def decode_shared_bytes(head_dim, group, tensor_maps=True):
 
 
 def templates_have_tensor_maps():
-    """Whether the Decode.cuh pagedc compiles ($PAGEDC_TEMPLATE_DIR's, else
-    this tree's) has the tensor-map copies."""
-    here = os.path.dirname(os.path.abspath(__file__))
-    source_dir = os.environ.get("PAGEDC_TEMPLATE_DIR") or os.path.join(here, "..", "..",
-                                                                        "templates")
-    return "PagedcDecodeMapArgs" in open(os.path.join(source_dir, "Decode.cuh")).read()
+    """Whether the Decode.cuh pagedc compiles (template_dir()) has the
+    tensor-map copies."""
+    with open(os.path.join(template_dir(), "Decode.cuh")) as file:
+        return "PagedcDecodeMapArgs" in file.read()
 
 
 def main():
@@ -134,6 +137,7 @@ def main():
         # compile_one writes its cubin next to the program: a copy here.
         attn = os.path.join(directory, "bench.attn")
         shutil.copy(os.path.join(os.path.dirname(os.path.abspath(__file__)), "bench.attn"), attn)
+        tensor_maps = templates_have_tensor_maps()
         for arch in ("sm_90",) if options.quick else ("sm_90", "sm_80"):
             for head_dim in (128,) if options.quick else (64, 128, 256):
                 for group in (1, 4, 8):
@@ -144,8 +148,7 @@ def main():
                         if "error" in figures:
                             sys.exit(f"decode {arch} D{head_dim} GQA {group} {label}: "
                                      f"{figures['error']}")
-                        shared = decode_shared_bytes(head_dim, group,
-                                                     templates_have_tensor_maps())
+                        shared = decode_shared_bytes(head_dim, group, tensor_maps)
                         row = {"arch": arch, "head_dim": head_dim, "gqa": group,
                                "mods": label, "path": options.path or "as built",
                                "copies": options.copies or "as built",

@@ -450,13 +450,9 @@ TEST(CudaKernels, DecodeTensorMapsBindOrSayWhy) {
   config.kind = KernelKind::Decode;
   config.groupSize = 4;
   config.queryTokens = 1;
+  // Compact [Hkv 2, pages, 16 rows, D 128] caches (fakeAttentionArgs); the
+  // maps take 70 pages.
   PagedcAttentionKernelArgs args = test::fakeAttentionArgs(1, 8, 2, 1);
-  // [Hkv 2, 70 pages, 16 rows, D 128]
-  for (int64_t *stride : {args.k_stride, args.v_stride}) {
-    stride[0] = 70 * 16 * 128;
-    stride[1] = 16 * 128;
-    stride[2] = 128;
-  }
   auto planFor = [&](const KernelConfig &c, const PagedcAttentionKernelArgs &a) {
     return planAttention(c, a, std::vector<unsigned char>(4), 1000, 132);
   };
@@ -492,25 +488,14 @@ TEST(CudaKernels, DecodeTensorMapsBindOrSayWhy) {
 
   KernelConfig small = config;
   small.pageSize = 8;
-  PagedcAttentionKernelArgs smallArgs = args; // [Hkv 2, 140 pages, 8 rows, D 128]
-  for (int64_t *stride : {smallArgs.k_stride, smallArgs.v_stride}) {
-    stride[0] = 140 * 8 * 128;
-    stride[1] = 8 * 128;
-  }
-  AttentionLaunchPlan smallPlan = planFor(small, smallArgs);
+  AttentionLaunchPlan smallPlan = planFor(small, test::fakeAttentionArgs(1, 8, 2, 1, 8));
   EXPECT_EQ(bindDecodeTensorMaps(driver, small, "sm_90", smallPlan, 140, 140),
             "pages of 8 rows, under 16");
   EXPECT_EQ(maps(smallPlan).tensor_maps, 0);
 
   KernelConfig narrow = config;
   narrow.headDim = 64;
-  PagedcAttentionKernelArgs narrowArgs = args; // [Hkv 2, 70 pages, 16 rows, D 64]
-  for (int64_t *stride : {narrowArgs.k_stride, narrowArgs.v_stride}) {
-    stride[0] = 70 * 16 * 64;
-    stride[1] = 16 * 64;
-    stride[2] = 64;
-  }
-  AttentionLaunchPlan narrowPlan = planFor(narrow, narrowArgs);
+  AttentionLaunchPlan narrowPlan = planFor(narrow, test::fakeAttentionArgs(1, 8, 2, 1, 16, 64));
   EXPECT_EQ(bindDecodeTensorMaps(driver, narrow, "sm_90", narrowPlan, 70, 70),
             "head dim 64, under 128");
   EXPECT_EQ(maps(narrowPlan).tensor_maps, 0);
