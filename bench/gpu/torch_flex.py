@@ -13,7 +13,9 @@ pagedc-gpu-prepare), on the same GPU and in the same run as `pagedc-gpu bench`:
 * the device-to-device copy bandwidth (bytes read + written per second).
 
 Timing: CUDA events, warm-up first (compilation happens there), median of
-``--iters`` launches. A deadline (``--budget-s``) stops starting new
+``--iters`` launches, twice, as ``pagedc-gpu bench`` times its own: call by
+call with the host waiting for each (``*_ms``), and queued back to back, each
+call after a ``--flush-mib`` write that evicts L2 (``*_queued_ms``). A deadline (``--budget-s``) stops starting new
 configurations so that the whole GPU check fits its 10 minutes; skipped and
 failed configurations are recorded with the reason, never silently dropped.
 
@@ -138,6 +140,27 @@ def time_cuda(torch, fn, warmup, iters):
     return median(times), min(times)
 
 
+def time_cuda_queued(torch, fn, iters, flush):
+    """Median and minimum milliseconds of fn() queued back to back, as
+    `pagedc-gpu bench` times its `queued_median_ms`: each call after a write
+    of `flush` (larger than L2), between its own pair of events, one wait at
+    the end. The host queues the next call while the GPU writes the flush,
+    so the events time the GPU's work, not the launch."""
+    torch.cuda.synchronize()
+    pairs = []
+    for i in range(iters):
+        flush.fill_(i & 0xff)
+        start = torch.cuda.Event(enable_timing=True)
+        stop = torch.cuda.Event(enable_timing=True)
+        start.record()
+        fn()
+        stop.record()
+        pairs.append((start, stop))
+    pairs[-1][1].synchronize()
+    times = [start.elapsed_time(stop) for start, stop in pairs]
+    return median(times), min(times)
+
+
 def copy_bandwidth(torch, mib, iters):
     source = torch.empty(mib << 20, dtype=torch.uint8, device="cuda").random_(0, 255)
     target = torch.empty_like(source)
@@ -253,27 +276,37 @@ def run_config(torch, config, pack_dir, args):
                            str(unfused[0].message).splitlines()[0])
     result["flex_paged_ms"] = ms
     result["flex_paged_min_ms"] = best
+    flush = torch.empty(args.flush_mib << 20, dtype=torch.uint8, device=device)
+    result["flex_paged_queued_ms"], result["flex_paged_queued_min_ms"] = time_cuda_queued(
+        torch, flex, args.iters, flush)
 
     # SDPA flash on contiguous K/V.
     if sdpa_supported(config):
         from torch.nn.attention import SDPBackend, sdpa_kernel
         import torch.nn.functional as F
         causal = config.get("mask") == "causal" and config["kind"] == "prefill"
+        def native():
+            return F.scaled_dot_product_attention(q, k, v, is_causal=causal, enable_gqa=True)
         try:
             with sdpa_kernel(SDPBackend.FLASH_ATTENTION):
-                ms, best = time_cuda(torch, lambda: F.scaled_dot_product_attention(
-                    q, k, v, is_causal=causal, enable_gqa=True), args.warmup, args.iters)
+                ms, best = time_cuda(torch, native, args.warmup, args.iters)
+            sdpa = native
             result["sdpa_flash_gqa"] = "native"
         except RuntimeError:
             # Flash without native GQA here: expanded K/V (reads Hq/Hkv times more).
             ke = k.repeat_interleave(Hq // Hkv, dim=1)
             ve = v.repeat_interleave(Hq // Hkv, dim=1)
+
+            def sdpa():
+                return F.scaled_dot_product_attention(q, ke, ve, is_causal=causal)
             with sdpa_kernel(SDPBackend.FLASH_ATTENTION):
-                ms, best = time_cuda(torch, lambda: F.scaled_dot_product_attention(
-                    q, ke, ve, is_causal=causal), args.warmup, args.iters)
+                ms, best = time_cuda(torch, sdpa, args.warmup, args.iters)
             result["sdpa_flash_gqa"] = "expanded"
         result["sdpa_flash_ms"] = ms
         result["sdpa_flash_min_ms"] = best
+        with sdpa_kernel(SDPBackend.FLASH_ATTENTION):
+            result["sdpa_flash_queued_ms"], result["sdpa_flash_queued_min_ms"] = \
+                time_cuda_queued(torch, sdpa, args.iters, flush)
     result["status"] = "ok"
     return result
 
@@ -285,6 +318,8 @@ def main(argv=None):
     parser.add_argument("--iters", type=int, default=20)
     parser.add_argument("--warmup", type=int, default=5)
     parser.add_argument("--copy-mib", type=int, default=1024)
+    parser.add_argument("--flush-mib", type=int, default=256,
+                        help="bytes written before each queued call (evicts L2)")
     parser.add_argument("--budget-s", type=float, default=300.0)
     parser.add_argument("--filter", default="")
     args = parser.parse_args(argv)

@@ -35,6 +35,11 @@ struct RunOptions {
   /// Benchmark: timed launches per configuration (median reported) and
   /// warm-up launches.
   int iterations = 20, warmup = 5;
+  /// Benchmark: also time `iterations` calls queued back to back, each
+  /// after an L2 flush (BenchResult::queuedMedianMs); the model turns it off.
+  bool queued = true;
+  /// Bytes written by each queued call's L2 flush (larger than any L2).
+  size_t flushBytes = size_t(256) << 20;
   /// Benchmark, for the model only: when > 0 and below the batch, the
   /// cache holds this many sequences' pages and sequence s reads those of
   /// s mod kvSequences (same launches and page-table walk, less memory).
@@ -62,7 +67,14 @@ std::vector<CaseResult> checkPack(const Pack &pack, const RunOptions &options,
 struct BenchResult {
   std::string name, kind, status, message;
   int batch = 0, kvLength = 0, queryLength = 0, pageSize = 0;
+  /// Each call timed alone: events around one enqueue, the host waits for
+  /// the call before the next (the GPU idles while the launch is submitted,
+  /// and the call finds in L2 what the previous one left).
   double medianMs = 0, minMs = 0;
+  /// Calls queued back to back, each after a write of flushBytes that
+  /// evicts L2, events around the call alone: the launch latency is hidden
+  /// behind the flush and K/V come from DRAM (0 when not timed).
+  double queuedMedianMs = 0, queuedMinMs = 0;
   /// Decode: bytes of K, V (kept pages of every sequence), Q and O.
   double bytes = 0;
   /// Prefill: FLOPs of unmasked work (4 * B * Hq * Lq * Lkv * D * kept).

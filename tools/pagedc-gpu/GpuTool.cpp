@@ -4,6 +4,7 @@
 //                         [--device N] [--sms N]
 //   pagedc-gpu bench PACK [--dry-run] [--json FILE] [--filter TEXT]
 //                         [--device N] [--iters N] [--warmup N] [--copy-mib N]
+//                         [--flush-mib N] [--no-queued]
 //   pagedc-gpu model PACK [--json FILE] [--filter TEXT] [--sample-blocks N]
 //                         [--decode-sample-blocks N] [--prefill-sample-blocks N]
 //                         [--max-kv-bytes N]
@@ -15,7 +16,10 @@
 // ||ref|| <= the case's tolerance (1e-2), no NaN, every element written, lse
 // within 2x the tolerance and -inf exactly where the reference has it.
 // bench times the performance.md section 4 configurations with CUDA events
-// (warm-up, median) and measures the device-to-device copy bandwidth.
+// (warm-up, median) and measures the device-to-device copy bandwidth. Each
+// configuration is timed twice: call by call, the host waiting for each
+// (`median_ms`), and queued back to back, each call after a write of
+// --flush-mib MiB that evicts L2 (`queued_median_ms`; --no-queued skips it).
 // model runs the bench configurations of a pack built with --arch emu once on
 // the SIMT emulator and turns its counters and the pack's ptxas figures into
 // MODELLED H100 / A100 times (Model.h, docs/emulator.md); no GPU needed.
@@ -48,7 +52,7 @@ const char *kUsage =
     "usage: pagedc-gpu check PACK [--dry-run] [--json FILE] [--filter TEXT] [--device N] "
     "[--sms N]\n"
     "       pagedc-gpu bench PACK [--dry-run] [--json FILE] [--filter TEXT] [--device N] "
-    "[--iters N] [--warmup N] [--copy-mib N]\n"
+    "[--iters N] [--warmup N] [--copy-mib N] [--flush-mib 256] [--no-queued]\n"
     "       pagedc-gpu model PACK [--json FILE] [--filter TEXT] [--sample-blocks N] "
     "[--decode-sample-blocks 32] [--prefill-sample-blocks 128] [--max-kv-bytes N]   (MODELLED on "
     "the emulator)\n";
@@ -161,16 +165,19 @@ int runBench(const ToolOptions &options, const Pack &pack) {
   std::vector<BenchResult> results = benchPack(pack, options.run, std::cerr);
   Value configs = Value::array();
   int errors = 0;
-  std::cout << fmt::format("{:<44} {:>10} {:>10} {:>9} {:>9}\n", "configuration", "median ms",
-                           "GB/s", "of copy", "TFLOP/s");
+  std::cout << fmt::format("{:<44} {:>10} {:>10} {:>9} {:>9} {:>10} {:>9}\n", "configuration",
+                           "median ms", "GB/s", "of copy", "TFLOP/s", "queued ms", "of copy");
   for (const BenchResult &r : results) {
     errors += r.status == "error";
     const double seconds = r.medianMs * 1e-3;
     const double bandwidth = seconds > 0 ? r.bytes / seconds : 0;
     const double tflops = seconds > 0 ? r.flops / seconds * 1e-12 : 0;
-    std::cout << fmt::format("{:<44} {:>10.4f} {:>10.1f} {:>9.3f} {:>9.1f}{}\n", r.name,
-                             r.medianMs, bandwidth * 1e-9, copy > 0 ? bandwidth / copy : 0.0,
-                             tflops, r.status == "error" ? "  -- " + r.message : "");
+    const double queuedBandwidth = r.queuedMedianMs > 0 ? r.bytes / (r.queuedMedianMs * 1e-3) : 0;
+    std::cout << fmt::format("{:<44} {:>10.4f} {:>10.1f} {:>9.3f} {:>9.1f} {:>10.4f} {:>9.3f}{}\n",
+                             r.name, r.medianMs, bandwidth * 1e-9,
+                             copy > 0 ? bandwidth / copy : 0.0, tflops, r.queuedMedianMs,
+                             copy > 0 ? queuedBandwidth / copy : 0.0,
+                             r.status == "error" ? "  -- " + r.message : "");
     if (options.run.dryRun)
       for (const std::string &launch : r.launches)
         std::cout << "           would launch " << launch << "\n";
@@ -185,6 +192,11 @@ int runBench(const ToolOptions &options, const Pack &pack) {
     item.set("page_size", r.pageSize);
     item.set("median_ms", r.medianMs);
     item.set("min_ms", r.minMs);
+    // Queued back to back after an L2 flush (absent when not timed).
+    if (r.queuedMedianMs > 0) {
+      item.set("queued_median_ms", r.queuedMedianMs);
+      item.set("queued_min_ms", r.queuedMinMs);
+    }
     item.set("bytes", r.bytes);
     item.set("flops", r.flops);
     item.set("bandwidth_bytes_per_s", bandwidth);
@@ -238,6 +250,10 @@ int main(int argc, char **argv) {
         options.run.iterations = std::max(1, parseInt(arg, value()));
       } else if (arg == "--warmup") {
         options.run.warmup = parseInt(arg, value());
+      } else if (arg == "--no-queued") {
+        options.run.queued = false;
+      } else if (arg == "--flush-mib") {
+        options.run.flushBytes = size_t(std::max(1, parseInt(arg, value()))) << 20;
       } else if (arg == "--copy-mib") {
         options.copyMiB = std::max(1, parseInt(arg, value()));
       } else if (arg == "--sample-blocks") {

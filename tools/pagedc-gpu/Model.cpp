@@ -330,6 +330,7 @@ int runModel(const Pack &pack, const ModelOptions &options, std::ostream &out,
     RunOptions run;
     run.iterations = 1;
     run.warmup = 0;
+    run.queued = false;
     const double pagesBytes = 2.0 * b.headsKv * b.headDim * elementBytes * b.pageSize *
                               ((b.kvLength + b.pageSize - 1) / b.pageSize + 1);
     if (pagesBytes * b.batch > options.maxKvBytes)

@@ -62,3 +62,31 @@ for row in rows:
             assert entry["modelled_fraction_of_peak"] <= 1.0, entry
 print("pagedc-gpu model: %d configurations MODELLED for H100 and A100" % len(rows))
 PY
+
+# `pagedc-gpu bench` on the emulated driver, its decode configuration cut to
+# one sequence of 512 keys: both timings run (call by call, and queued after
+# an L2 flush) and reach the JSON; --no-queued leaves the second out.
+mkdir -p "$work/small"
+cp -r "$work/pack/." "$work/small/"
+python3 - "$work/small/pack.json" <<'PY'
+import json, sys
+doc = json.load(open(sys.argv[1]))
+bench = [b for b in doc["bench"] if b["kind"] == "decode"][:1]
+bench[0].update(batch=1, kv_len=512)
+doc["bench"] = bench
+json.dump(doc, open(sys.argv[1], "w"))
+PY
+PAGEDC_CUDA_DRIVER=emu "$build/bin/pagedc-gpu" bench "$work/small" --iters 3 --warmup 1 \
+    --flush-mib 1 --copy-mib 1 --json "$work/bench.json" > "$work/bench.txt"
+grep -q "queued ms" "$work/bench.txt"
+PAGEDC_CUDA_DRIVER=emu "$build/bin/pagedc-gpu" bench "$work/small" --iters 1 --warmup 0 \
+    --copy-mib 1 --no-queued --json "$work/bench-sync.json" > /dev/null
+python3 - "$work/bench.json" "$work/bench-sync.json" <<'PY'
+import json, sys
+both, synchronized = (json.load(open(p))["configurations"] for p in sys.argv[1:])
+assert len(both) == 1 and both[0]["status"] == "ok", both
+assert both[0]["median_ms"] > 0 and both[0]["queued_median_ms"] > 0, both
+assert both[0]["queued_min_ms"] <= both[0]["queued_median_ms"], both
+assert synchronized[0]["status"] == "ok" and "queued_median_ms" not in synchronized[0]
+print("pagedc-gpu bench on the emulator: both timings")
+PY

@@ -92,6 +92,33 @@ class Report(unittest.TestCase):
         missing = report.merge(ours, None)
         self.assertEqual(missing[0]["anchor_status"], "missing")
         self.assertFalse(report.targets(missing)[1]["met"])
+        # Without queued times there is nothing to evaluate on that timing.
+        self.assertNotIn("queued_median_ms", rows[0])
+        self.assertFalse(report.targets(rows, "queued_")[1]["met"])
+
+    def test_queued_timing_has_its_own_rows_and_targets(self):
+        ours = {"copy_bandwidth_bytes_per_s": 3.0e12, "configurations": []}
+        # Call by call page 16 is 10% slower than page 128; queued, 2% faster.
+        for page, ms, queued in ((16, 1.1, 0.98), (128, 1.0, 1.0)):
+            c = config("decode-none-B16-ctx8192-p%d" % page)
+            c.update(status="ok", median_ms=ms, queued_median_ms=queued,
+                     bytes=torch_flex.decode_bytes(c), flops=0)
+            ours["configurations"].append(c)
+        theirs = {"configurations": [{"name": "decode-none-B16-ctx8192-p128", "status": "ok",
+                                      "flex_paged_ms": 2.0, "flex_paged_queued_ms": 1.2}]}
+        rows = report.merge(ours, theirs)
+        self.assertAlmostEqual(rows[0]["speedup_vs_flex"], 2.0 / 1.1)
+        self.assertAlmostEqual(rows[0]["queued_speedup_vs_flex"], 1.2 / 0.98)
+        self.assertAlmostEqual(rows[0]["queued_fraction_of_copy"],
+                               rows[0]["fraction_of_copy"] * 1.1 / 0.98)
+        self.assertNotIn("queued_speedup_vs_sdpa", rows[0])
+        called = {c["target"]: c["met"] for c in report.targets(rows)}
+        queued = {c["target"]: c["met"] for c in report.targets(rows, "queued_")}
+        self.assertFalse(called["page 16 within 5% of page 128"])
+        self.assertTrue(queued["page 16 within 5% of page 128 [queued, L2 flushed]"])
+        self.assertTrue(called["decode >= 1.3x paged FlexAttention (B >= 16, context >= 8k)"])
+        self.assertFalse(queued["decode >= 1.3x paged FlexAttention (B >= 16, context >= 8k) "
+                                "[queued, L2 flushed]"])
 
 
 class ModelVsMeasured(unittest.TestCase):
