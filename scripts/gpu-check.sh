@@ -12,10 +12,12 @@
 # (PAGEDC_PREFILL_PINGPONG=1: the consumer warpgroups take turns; off by
 # default), each with a compute-sanitizer memcheck of one prefill case of
 # 16-row pages; files prefixed with the option's name.
-# --decode-options: the same for the decode kernel's one option, "decode-gather"
+# --decode-options: the same for the decode kernel's options, "decode-gather"
 # (PAGEDC_DECODE_TMA=0: every K/V tile gathered with cp.async instead of
-# the default tensor-map copies of whole tiles of pages of 16 rows or more),
-# with the pack's decode checks, benchmarks and a memcheck of one decode case.
+# the default tensor-map copies of whole tiles of pages of 16 rows or more)
+# and "decode-splits2" (PAGEDC_DECODE_SPLIT_FACTOR=2: twice the splits the
+# plan chooses, about two waves of CTAs where it chose one), each with the
+# pack's decode checks, benchmarks and a memcheck of one decode case.
 # --also PACK2: a second pack (e.g. one prepared with
 # PAGEDC_PREFILL_SHAPE=64x64x16, whose prefill bundles are the mma.sync
 # kernel, or with PAGEDC_TEMPLATE_DIR holding an earlier commit's templates,
@@ -124,7 +126,8 @@ if [[ $options == 1 ]]; then
   variants+=("gather:PAGEDC_PREFILL_TMA=0:prefill" "pingpong:PAGEDC_PREFILL_PINGPONG=1:prefill")
 fi
 if [[ ${decode_options:-0} == 1 ]]; then
-  variants+=("decode-gather:PAGEDC_DECODE_TMA=0:decode")
+  variants+=("decode-gather:PAGEDC_DECODE_TMA=0:decode"
+            "decode-splits2:PAGEDC_DECODE_SPLIT_FACTOR=2:decode")
 fi
 declare -A options_case=()
 if [[ ${#variants[@]} -gt 0 ]]; then
@@ -142,6 +145,8 @@ if [[ $dry == 1 ]]; then
     IFS=: read -r label settings kind <<<"$variant"
     step "check --dry-run ($settings; memcheck case: ${options_case[$kind]:-none})" env $settings \
       "$gpu" check "$pack" --dry-run --filter "$kind" --json "$out/$label-gpu-check.json"
+    step "bench --dry-run ($settings)" env $settings "$gpu" bench "$pack" --dry-run \
+      --filter "$kind" --json "$out/$label-gpu-bench-pagedc.json"
   done
   note "gpu-check (dry run): $failures step(s) failed"
   exit $((failures > 0))

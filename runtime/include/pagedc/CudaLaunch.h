@@ -106,6 +106,10 @@ struct DecodeSplitProblem {
   int64_t maxGranulesPerSplit = 0;
   /// ... and, when there are enough, at least this many.
   int64_t minGranulesPerSplit = 1;
+  /// The model's split count times this (at most as many splits as
+  /// minGranulesPerSplit allows, none empty): an experiment's knob
+  /// ($PAGEDC_DECODE_SPLIT_FACTOR, decodeSplitFactorRequested()).
+  int splitFactor = 1;
 };
 
 /// The split count by the performance model's rule (docs/emulator.md): the
@@ -160,6 +164,13 @@ constexpr int kDecodeTmaMinHeadDim = 128;
 /// yes; "0" no (the cp.async gather for every tile); any other value throws
 /// pagedc::Error naming it.
 bool decodeTensorMapsRequested();
+
+/// $PAGEDC_DECODE_SPLIT_FACTOR: planAttention gives a decode this many
+/// times the splits the model's rule chooses (DecodeSplitProblem::
+/// splitFactor), so that a GPU run can measure a grid of several waves
+/// against the default. Unset or empty: 1; an integer 1-16 otherwise, any
+/// other value throws pagedc::Error naming it.
+int decodeSplitFactorRequested();
 
 /// Encodes tensor maps of the plan's caches (as bindPrefillTensorMaps, boxes
 /// of 64 elements x min(pageSize, 64) rows) into the decode kernel's third

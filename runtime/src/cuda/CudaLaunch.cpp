@@ -10,6 +10,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <cstdlib>
 #include <cstring>
 #include <limits>
@@ -158,10 +159,19 @@ DecodeSplitChoice chooseDecodeSplits(const DecodeSplitProblem &p) {
   }
   // The fewest splits within 1% of the cheapest: more splits than that buy
   // less than they cost in partials and in what the model cannot see.
+  DecodeSplitChoice chosen = costs.front().second;
   for (const auto &[cost, choice] : costs)
-    if (cost <= best * (1 + kSplitTolerance))
-      return choice;
-  return costs.front().second;
+    if (cost <= best * (1 + kSplitTolerance)) {
+      chosen = choice;
+      break;
+    }
+  if (p.splitFactor > 1) {
+    // As many splits as asked, up to `most`, with none left empty.
+    const int64_t wanted = std::min<int64_t>(chosen.splits * p.splitFactor, most);
+    chosen.granulesPerSplit = ceilDiv(granules, std::max<int64_t>(wanted, 1));
+    chosen.splits = ceilDiv(granules, chosen.granulesPerSplit);
+  }
+  return chosen;
 }
 
 int64_t decodeVisibleSpan(const BlockMask &mask, int batch, int headsQ, int qLength,
@@ -283,6 +293,7 @@ AttentionLaunchPlan planAttention(const KernelConfig &config,
   problem.residentCtasPerSm = residentCtasPerSm;
   problem.maxGranulesPerSplit = args.kv_num_blocks ? kMaxSplitBlocks : 0;
   problem.minGranulesPerSplit = ceilDiv(kMinSplitLength, granularity);
+  problem.splitFactor = decodeSplitFactorRequested();
   const DecodeSplitChoice choice = chooseDecodeSplits(problem);
   const int64_t splits = choice.splits;
   if (splits > std::numeric_limits<int32_t>::max() ||
@@ -440,6 +451,20 @@ std::string bindPrefillTensorMaps(const CudaDriver &driver, const KernelConfig &
   launch.arguments[2] = bytesOf(maps);
   launch.note = "tensor maps" + pingPongNote;
   return "";
+}
+
+int decodeSplitFactorRequested() {
+  const char *value = std::getenv("PAGEDC_DECODE_SPLIT_FACTOR");
+  if (!value || !*value)
+    return 1;
+  char *end = nullptr;
+  errno = 0;
+  const long factor = std::strtol(value, &end, 10);
+  if (errno || *end || end == value || factor < 1 || factor > 16)
+    throw Error(fmt::format("PAGEDC_DECODE_SPLIT_FACTOR is '{}': expected an integer from 1 "
+                            "to 16 (the decode's split count times this)",
+                            value));
+  return static_cast<int>(factor);
 }
 
 bool decodeTensorMapsRequested() {

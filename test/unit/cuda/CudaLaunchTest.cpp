@@ -301,6 +301,57 @@ TEST(CudaLaunch, DecodeSplitsKeepTheirBounds) {
         }
 }
 
+TEST(CudaLaunch, DecodeSplitFactorMultipliesTheSplits) {
+  // B 16 x Hkv 8, a 4k window in 128-key blocks (32 granules), 3 CTAs per
+  // SM: the rule gives one wave; factor 2 twice the splits, two waves.
+  DecodeSplitProblem p = problemOf(128, 32, 3, 16, 2);
+  p.granuleLength = 128;
+  const DecodeSplitChoice one = chooseDecodeSplits(p);
+  p.splitFactor = 2;
+  const DecodeSplitChoice two = chooseDecodeSplits(p);
+  EXPECT_EQ(two.splits, 2 * one.splits) << one.splits << " splits at factor 1";
+  EXPECT_GE(two.splits * two.granulesPerSplit, 32);
+  EXPECT_LT((two.splits - 1) * two.granulesPerSplit, 32);
+  // Never below the minimum split length, never an empty split.
+  for (int factor : {2, 3, 16})
+    for (int64_t granules : {1, 2, 5, 9, 64, 500}) {
+      SCOPED_TRACE(testing::Message() << "factor " << factor << ", " << granules << " granules");
+      DecodeSplitProblem q = problemOf(8, granules, 3, 0, 4);
+      const DecodeSplitChoice base = chooseDecodeSplits(q);
+      q.splitFactor = factor;
+      const DecodeSplitChoice c = chooseDecodeSplits(q);
+      EXPECT_GE(c.splits, base.splits);
+      EXPECT_LE(c.splits, std::max<int64_t>(base.splits, granules / 4));
+      EXPECT_GE(c.splits * c.granulesPerSplit, granules);
+      EXPECT_LT((c.splits - 1) * c.granulesPerSplit, granules);
+    }
+}
+
+TEST(CudaLaunch, DecodeSplitFactorFromTheEnvironment) {
+  const char *name = "PAGEDC_DECODE_SPLIT_FACTOR";
+  const char *saved = std::getenv(name);
+  const std::string restore = saved ? saved : "";
+  unsetenv(name);
+  EXPECT_EQ(decodeSplitFactorRequested(), 1);
+  setenv(name, "", 1);
+  EXPECT_EQ(decodeSplitFactorRequested(), 1);
+  setenv(name, "3", 1);
+  EXPECT_EQ(decodeSplitFactorRequested(), 3);
+  for (const char *bad : {"0", "17", "2x", "-1", "two"}) {
+    setenv(name, bad, 1);
+    try {
+      decodeSplitFactorRequested();
+      ADD_FAILURE() << "accepted '" << bad << "'";
+    } catch (const Error &error) {
+      EXPECT_NE(std::string(error.what()).find(name), std::string::npos) << error.what();
+    }
+  }
+  if (saved)
+    setenv(name, restore.c_str(), 1);
+  else
+    unsetenv(name);
+}
+
 TEST(CudaLaunch, DecodeVisibleSpanBoundsWhatRowsSee) {
   // Two batch entries, two heads, q blocks of 16, kv blocks of 128 over
   // 1,000 keys (8 blocks, the last one 104 keys long).

@@ -31,10 +31,27 @@ prefill = [c["status"] for c in check["cases"] if c["name"].find("prefill") >= 0
 for label in ("gather", "pingpong"):
     option = json.load(open(os.path.join(sys.argv[5], label + "-gpu-check.json")))
     assert [c["status"] for c in option["cases"]] == prefill and prefill, label
-# --decode-options: the decode cases planned with the gather.
+# --decode-options: the decode cases planned with the gather, and with twice
+# the splits; the benchmark's decodes (long enough to split) planned with
+# twice the CTAs of their default plans.
 decode = [c["status"] for c in check["cases"] if c["name"].find("decode") >= 0]
-option = json.load(open(os.path.join(sys.argv[5], "decode-gather-gpu-check.json")))
-assert [c["status"] for c in option["cases"]] == decode and decode, "decode-gather"
+for label in ("decode-gather", "decode-splits2"):
+    option = json.load(open(os.path.join(sys.argv[5], label + "-gpu-check.json")))
+    assert [c["status"] for c in option["cases"]] == decode and decode, label
+
+def decode_ctas(configurations):
+    ctas = {}
+    for config in configurations:
+        for launch in config["launches"]:
+            if launch.startswith("pagedc_decode grid"):
+                x, y, z = launch.split("(")[1].split(")")[0].split(", ")
+                ctas[config["name"]] = int(x) * int(y) * int(z)
+    return ctas
+default = decode_ctas(bench["configurations"])
+doubled = decode_ctas(json.load(open(os.path.join(
+    sys.argv[5], "decode-splits2-gpu-bench-pagedc.json")))["configurations"])
+assert default and set(doubled) == set(default), ("decode-splits2 plans", default, doubled)
+assert all(doubled[k] == 2 * default[k] for k in default), ("decode-splits2", default, doubled)
 variants = sum(2 if c["q_block"] else 1 for c in pack["cases"])
 statuses = [c["status"] for c in check["cases"]]
 assert check["dry_run"] is True
