@@ -10,12 +10,15 @@
 # (PAGEDC_PREFILL_TMA=0: every K/V tile gathered with cp.async instead of
 # the default tensor-map copies of pages of 16 rows or more) and "pingpong"
 # (PAGEDC_PREFILL_PINGPONG=1: the consumer warpgroups take turns; off by
-# default), each with a compute-sanitizer memcheck of one prefill case of
-# 16-row pages; files prefixed with the option's name.
+# default) and "page-boxes" (PAGEDC_PREFILL_TMA_RUNS=0: one tensor-map box per
+# page even where a tile's pages are consecutive), each with a
+# compute-sanitizer memcheck of one prefill case of 16-row pages; files
+# prefixed with the option's name.
 # --decode-options: the same for the decode kernel's options, "decode-gather"
 # (PAGEDC_DECODE_TMA=0: every K/V tile gathered with cp.async instead of
-# the default tensor-map copies of whole tiles of pages of 16 rows or more)
-# and "decode-splits2" (PAGEDC_DECODE_SPLIT_FACTOR=2: twice the splits the
+# the default tensor-map copies of whole tiles of pages of 16 rows or more),
+# "decode-page-boxes" (PAGEDC_DECODE_TMA_RUNS=0: one box per page even for a
+# tile of consecutive pages) and "decode-splits2" (PAGEDC_DECODE_SPLIT_FACTOR=2: twice the splits the
 # plan chooses, about two waves of CTAs where it chose one), each with the
 # pack's decode checks, benchmarks and a memcheck of one decode case.
 # --also PACK2: a second pack (e.g. one prepared with
@@ -123,10 +126,12 @@ EOF
 # label:setting:kernel kind; the memcheck case of each kind.
 variants=()
 if [[ $options == 1 ]]; then
-  variants+=("gather:PAGEDC_PREFILL_TMA=0:prefill" "pingpong:PAGEDC_PREFILL_PINGPONG=1:prefill")
+  variants+=("gather:PAGEDC_PREFILL_TMA=0:prefill" "pingpong:PAGEDC_PREFILL_PINGPONG=1:prefill"
+            "page-boxes:PAGEDC_PREFILL_TMA_RUNS=0:prefill")
 fi
 if [[ ${decode_options:-0} == 1 ]]; then
   variants+=("decode-gather:PAGEDC_DECODE_TMA=0:decode"
+            "decode-page-boxes:PAGEDC_DECODE_TMA_RUNS=0:decode"
             "decode-splits2:PAGEDC_DECODE_SPLIT_FACTOR=2:decode")
 fi
 declare -A options_case=()

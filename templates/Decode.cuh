@@ -109,6 +109,13 @@ constexpr int kDecodeBoxRows = kPageSize < kDecodeTileN ? kPageSize : kDecodeTil
 /// Boxes of one tensor (K or V) per tile: pages x atom columns (2 to 16).
 constexpr int kDecodeBoxes = kDecodeTileN / kDecodeBoxRows * (kHeadDim / 64);
 static_assert(!kDecodeTma || 2 * kDecodeBoxes <= 32, "a lane of warp 0 per box");
+/// Page runs (as the warpgroup prefill's, PrefillWgmma.cuh): a tile of
+/// several pages whose pages are consecutive comes in one box per atom
+/// column from the run maps; a descending run (the allocator's order)
+/// lands page-reversed, its shared row r holding the tile's key
+/// r ^ kDecodeRunReversed.
+constexpr bool kDecodeRunBoxes = kDecodeTma && kDecodeBoxRows < kDecodeTileN;
+constexpr int kDecodeRunReversed = kDecodeTileN - kDecodeBoxRows;
 /// The K/V tiles' layout: with tensor maps, 64 rows in 128-byte swizzled
 /// atoms, where their boxes land (and the gather writes alike); else rows
 /// of kRowBytes (tile_offset), whose addresses cost the gather fewer
@@ -251,6 +258,10 @@ extern "C" __global__ void __launch_bounds__(pagedc::kDecodeThreads, pagedc::kDe
                                                     2 * 64 * sizeof(float));
   // The stages' full mbarriers (tensor-map copies), after the page slots.
   const uint32_t full_bars = shared_address(page_slots + 64);
+  // Per stage: the XOR of a run-copied tile's columns (page_slots' entries
+  // from 32 on, which tiles of 16-row pages never use).
+  int32_t *stage_xor = page_slots + 32;
+  static_assert(!kDecodeRunBoxes || kDecodeTilePages <= 32, "the run XOR words are free");
   const bool use_maps = kDecodeTma && maps.tensor_maps != 0;
   if constexpr (kDecodeTma) {
     if (use_maps && thread == 0) {
@@ -510,10 +521,35 @@ extern "C" __global__ void __launch_bounds__(pagedc::kDecodeThreads, pagedc::kDe
       if (by_tensor_maps(which, keep_rows)) {
         if (warp == 0) {
           const uint32_t bar = full_bars + 8 * into_stage;
+          // Consecutive pages: one box per atom column (every lane tests).
+          bool up = kDecodeRunBoxes && maps.run_boxes != 0, down = up;
+          if constexpr (kDecodeRunBoxes) {
+#pragma unroll
+            for (int i = 1; i < kDecodeTilePages; ++i) {
+              up = up && page_slots[i] == page_slots[0] + i;
+              down = down && page_slots[i] == page_slots[0] - i;
+            }
+            // Read after the barrier that follows this copy (the stage's
+            // previous tile was read before the one that preceded it).
+            if (lane == 0)
+              stage_xor[into_stage] = down ? kDecodeRunReversed : 0;
+          }
           if (lane == 0)
             mbarrier_arrive_expect_tx(bar, 2u * kDecodeStageBytes);
           __syncwarp();
-          if (lane < 2 * kDecodeBoxes) {
+          if (kDecodeRunBoxes && (up || down)) {
+            if (lane < 2 * (kHeadDim / 64)) {
+              const bool is_v = lane >= kHeadDim / 64;
+              const int atom = is_v ? lane - kHeadDim / 64 : lane;
+              const int at[4] = {64 * atom, 0,
+                                 page_slots[up ? 0 : kDecodeTilePages - 1], kv_head};
+              fence_proxy_async();
+              bulk_tensor_g2s<4>((is_v ? v_tile : k_tile) + atom * atom_bytes(kDecodeTileN),
+                                 reinterpret_cast<const TensorMap *>(is_v ? maps.v_run_map
+                                                                          : maps.k_run_map),
+                                 at, bar);
+            }
+          } else if (lane < 2 * kDecodeBoxes) {
             const bool is_v = lane >= kDecodeBoxes;
             const int box = is_v ? lane - kDecodeBoxes : lane;
             const int page = box / (kHeadDim / 64), atom = box % (kHeadDim / 64);
@@ -596,9 +632,16 @@ extern "C" __global__ void __launch_bounds__(pagedc::kDecodeThreads, pagedc::kDe
     warp_scores<kNTiles, kDecodeQInRegisters, DecodeTile>(
         scores, q_regs, q_tile, row_warp * 16, k_tiles + stage * kDecodeStageBytes,
         kv_warp * kColumnsPerWarp, lane);
-    apply_mods<kNTiles, kRowHalves>(scores, params, mask_rows, score_rows, b_of, h_of, q_of,
-                                    visible, check_mask, kv_begin + kv_warp * kColumnsPerWarp,
-                                    split_end, args.scale, lane, all_kept);
+    // A tile copied as a descending page run holds its keys page-reversed:
+    // the warp's columns start at key (its first column ^ XOR), and within
+    // them the XOR's low bits remain.
+    int tile_xor = 0;
+    if constexpr (kDecodeRunBoxes)
+      tile_xor = mapped ? stage_xor[stage] : 0;
+    apply_mods<kNTiles, kRowHalves>(
+        scores, params, mask_rows, score_rows, b_of, h_of, q_of, visible, check_mask,
+        kv_begin + ((kv_warp * kColumnsPerWarp) ^ (tile_xor & ~(kColumnsPerWarp - 1))),
+        split_end, args.scale, lane, all_kept, false, tile_xor & (kColumnsPerWarp - 1));
     online_softmax<kNTiles, kRowHalves>(state, scores, out);
     warp_accumulate<kNTiles, DecodeTile>(out, scores, v_tiles + stage * kDecodeStageBytes,
                              kv_warp * kColumnsPerWarp, lane);

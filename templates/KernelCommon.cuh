@@ -624,7 +624,9 @@ PAGEDC_DEVICE void online_softmax(RowState &state, float (&scores)[kNTiles][4],
 /// below kv_len): then only the scale and the score mod are applied, with
 /// no per-element tests. `scale_in_softmax` (no score mod, scale > 0):
 /// the scale is left to softmax_tile's factor. `kHalves` 1: the thread's
-/// second row is padding (softmax_tile), left as it is.
+/// second row is padding (softmax_tile), left as it is. `column_xor`: column
+/// c holds the key kv_base + (c ^ column_xor) (a multiple of 8: whole
+/// 8-column tiles move; a tile copied as a descending page run).
 template <int kNTiles, int kHalves = 2>
 PAGEDC_DEVICE void apply_mods(float (&scores)[kNTiles][4],
                               const pagedc_mods::Params &params,
@@ -634,7 +636,8 @@ PAGEDC_DEVICE void apply_mods(float (&scores)[kNTiles][4],
                               const int (&q)[2], const bool (&visible)[2],
                               const bool (&check_mask)[2], int kv_base,
                               int kv_len, float scale, int lane,
-                              bool all_kept = false, bool scale_in_softmax = false) {
+                              bool all_kept = false, bool scale_in_softmax = false,
+                              int column_xor = 0) {
   if (all_kept) {
     if (!pagedc_mods::kHasScore && scale_in_softmax)
       return;
@@ -644,7 +647,7 @@ PAGEDC_DEVICE void apply_mods(float (&scores)[kNTiles][4],
       for (int e = 0; e < 2 * kHalves; ++e) {
         if constexpr (pagedc_mods::kHasScore) {
           const int half = e >> 1;
-          const int kv = kv_base + j * 8 + 2 * (lane & 3) + (e & 1);
+          const int kv = kv_base + ((j * 8) ^ column_xor) + 2 * (lane & 3) + (e & 1);
           scores[j][e] = pagedc_mods::score(params, score_rows[half],
                                             scores[j][e] * scale, b[half],
                                             h[half], q[half], kv) *
@@ -660,7 +663,7 @@ PAGEDC_DEVICE void apply_mods(float (&scores)[kNTiles][4],
 #pragma unroll
     for (int e = 0; e < 2 * kHalves; ++e) {
       int half = e >> 1;
-      int kv = kv_base + j * 8 + 2 * (lane & 3) + (e & 1);
+      int kv = kv_base + ((j * 8) ^ column_xor) + 2 * (lane & 3) + (e & 1);
       bool keep = visible[half] && kv < kv_len;
       if constexpr (pagedc_mods::kHasMask) {
         if (keep && check_mask[half])

@@ -119,6 +119,14 @@ constexpr bool kTmaPages = kPageSize >= kTmaPageRows && (kHeadDim <= 128 || kCon
 constexpr int kTmaBoxRows = kPageSize < kBlockN ? kPageSize : kBlockN;
 /// Pages (boxes per atom column) in one KV tile.
 constexpr int kTmaTilePages = kBlockN / kTmaBoxRows;
+/// Whether a tile of several pages may come in one box per 64 head dims
+/// when its pages are consecutive (the launch's run maps,
+/// PagedcWgmmaPrefillArgs::run_boxes): kTmaTilePages boxes fewer per atom.
+constexpr bool kRunBoxes = kTmaPages && kTmaTilePages > 1;
+/// The XOR a tile copied as a descending run applies to its column index:
+/// shared row r then holds the tile's key r ^ kRunReversed (page j of the
+/// box is the tile's page kTmaTilePages - 1 - j; a power of two pages).
+constexpr int kRunReversed = kBlockN - kTmaBoxRows;
 
 /// The producer warpgroup's copy of the K and V rows [kv_begin, kv_begin +
 /// kBlockN), all below kv_len, into one stage with bulk tensor copies:
@@ -128,10 +136,20 @@ constexpr int kTmaTilePages = kBlockN / kTmaBoxRows;
 /// other producer thread arrives (the full mbarrier expects the
 /// warpgroup's 128 arrivals, as after a gather). Rows of a page outside the
 /// tensor (a page index out of range) arrive as zeros.
+///
+/// With run maps (`run_maps`, kRunBoxes), a tile whose pages are
+/// consecutive comes in one box per 64 head dims from its lowest page. The
+/// allocator hands a sequence's pages out in descending order (the free
+/// list's tail, docs/runtime.md), so such a run usually descends: its rows
+/// then land page-reversed, and thread 0 writes kRunReversed to `*column_xor`
+/// (else 0) before its arrival, which releases it to the consumers with
+/// the stage.
 PAGEDC_DEVICE void tma_kv_stage(uint32_t k_tile, uint32_t v_tile, const TensorMap *k_map,
-                                const TensorMap *v_map, const int32_t *page_row, int kv_begin,
-                                int kv_head, int thread, uint32_t full_bar, uint32_t empty_bar,
-                                unsigned empty_parity) {
+                                const TensorMap *v_map, const TensorMap *k_run_map,
+                                const TensorMap *v_run_map, bool run_maps,
+                                const int32_t *page_row, int kv_begin, int kv_head, int thread,
+                                uint32_t full_bar, uint32_t empty_bar, unsigned empty_parity,
+                                int32_t *column_xor) {
   if (thread != 0) {
     mbarrier_wait(empty_bar, empty_parity);
     mbarrier_arrive(full_bar);
@@ -141,8 +159,26 @@ PAGEDC_DEVICE void tma_kv_stage(uint32_t k_tile, uint32_t v_tile, const TensorMa
 #pragma unroll
   for (int i = 0; i < kTmaTilePages; ++i)
     pages[i] = page_row[(kv_begin >> kLog2PageSize) + i];
+  bool up = kRunBoxes && run_maps, down = up;
+#pragma unroll
+  for (int i = 1; i < kTmaTilePages; ++i) {
+    up = up && pages[i] == pages[0] + i;
+    down = down && pages[i] == pages[0] - i;
+  }
   mbarrier_wait(empty_bar, empty_parity);
+  if constexpr (kRunBoxes)
+    *column_xor = down ? kRunReversed : 0;
   mbarrier_arrive_expect_tx(full_bar, 2u * kBlockN * kRowBytes);
+  if (kRunBoxes && (up || down)) {
+    const int lowest = up ? pages[0] : pages[kTmaTilePages - 1];
+#pragma unroll
+    for (int atom = 0; atom < kHeadDim / 64; ++atom) {
+      const int at[4] = {64 * atom, 0, lowest, kv_head};
+      bulk_tensor_g2s<4>(k_tile + atom * atom_bytes(kBlockN), k_run_map, at, full_bar);
+      bulk_tensor_g2s<4>(v_tile + atom * atom_bytes(kBlockN), v_run_map, at, full_bar);
+    }
+    return;
+  }
   const int first_slot = kv_begin & (kPageSize - 1);
 #pragma unroll
   for (int i = 0; i < kTmaTilePages; ++i) {
@@ -281,6 +317,8 @@ extern "C" __global__ void __launch_bounds__(pagedc::kPrefillThreads, 1)
   auto by_tensor_maps = [&](int kv) {
     return kTmaPages && wg.tensor_maps != 0 && kv + kBlockN <= kv_len;
   };
+  // Per stage: the XOR of a run-copied tile's column indices (tma_kv_stage).
+  PAGEDC_SHARED(int32_t, stage_xor, kStages);
   if (thread < 128) {
     // The producer warpgroup: its four warps gather.
     setmaxnreg_dec<kProducerRegisters>();
@@ -318,9 +356,11 @@ extern "C" __global__ void __launch_bounds__(pagedc::kPrefillThreads, 1)
           if (by_tensor_maps(kv)) {
             tma_kv_stage(k_tile, k_tile + kBlockN * kRowBytes,
                          reinterpret_cast<const TensorMap *>(wg.k_map),
-                         reinterpret_cast<const TensorMap *>(wg.v_map), page_row, kv, kv_head,
-                         thread, full + 8 * stage, empty + 8 * stage,
-                         ((visit / kStages) & 1) ^ 1);
+                         reinterpret_cast<const TensorMap *>(wg.v_map),
+                         reinterpret_cast<const TensorMap *>(wg.k_run_map),
+                         reinterpret_cast<const TensorMap *>(wg.v_run_map), wg.run_boxes != 0,
+                         page_row, kv, kv_head, thread, full + 8 * stage, empty + 8 * stage,
+                         ((visit / kStages) & 1) ^ 1, stage_xor + stage);
             ++visit;
             continue;
           }
@@ -486,9 +526,15 @@ extern "C" __global__ void __launch_bounds__(pagedc::kPrefillThreads, 1)
       const bool check_mask[2] = {!is_full, !is_full};
       const bool all_kept = (is_full || !pagedc_mods::kHasMask) && kv_begin + kBlockN <= kv_len &&
                             visible[0] && visible[1];
+      // A tile copied as a descending page run holds its keys page-reversed
+      // (read only where a mod or a test will use the keys).
+      const int column_xor =
+          kRunBoxes && (pagedc_mods::kHasScore || !all_kept) && by_tensor_maps(kv_begin)
+              ? stage_xor[stage]
+              : 0;
       apply_mods<kBlockN / 8>(scores, params, mask_rows, score_rows, b_of, h_of, q_of, visible,
                               check_mask, kv_begin, kv_len, args.scale, lane, all_kept,
-                              scale_in_softmax);
+                              scale_in_softmax, column_xor);
       float rescale[2];
       softmax_tile<kBlockN / 8>(state, scores, rescale, softmax_factor);
       // Once the row maxima settle the factor is exactly 1 for every row of

@@ -199,7 +199,7 @@ std::unique_ptr<PagedKVCache>
 pagedc::driver::buildCache(const KVRows &k, const KVRows &v,
                            const std::vector<int64_t> &lengths,
                            int64_t pageSize, std::optional<uint64_t> shuffleSeed,
-                           DType dtype, Device device) {
+                           DType dtype, Device device, bool ascendingPages) {
   const auto &ks = k.shape(), &vs = v.shape();
   const int64_t batch = ks[0], heads = ks[1];
   int64_t pages = 0;
@@ -221,6 +221,11 @@ pagedc::driver::buildCache(const KVRows &k, const KVRows &v,
   if (shuffleSeed) {
     PageShuffler shuffler(*cache, batch, *shuffleSeed);
     shuffler.reserve(slots, lengths);
+  } else if (ascendingPages) {
+    // The free list's tail is its lowest page: one page per reserve climbs.
+    for (int64_t b = 0; b < batch; ++b)
+      for (int64_t tokens = pageSize; tokens < lengths[b] + pageSize; tokens += pageSize)
+        cache->reserve(b, std::min(tokens, lengths[b]));
   } else {
     for (int64_t b = 0; b < batch; ++b)
       cache->reserve(b, lengths[b]);

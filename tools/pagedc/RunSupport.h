@@ -97,12 +97,15 @@ private:
 /// device, uploaded piece by piece), so that the only full copy of K/V is
 /// the cache's. With `shuffleSeed`, pages are reserved through a
 /// PageShuffler (and the cache has spare pages and one scratch slot);
-/// without, in slot order.
+/// without, in slot order: each sequence's whole length at once, which the
+/// allocator serves with consecutive pages in descending order, or, with
+/// `ascendingPages`, one page at a time, which gives consecutive pages in
+/// ascending order.
 std::unique_ptr<PagedKVCache>
 buildCache(const KVRows &k, const KVRows &v,
            const std::vector<int64_t> &lengths, int64_t pageSize,
            std::optional<uint64_t> shuffleSeed, DType dtype = DType::F32,
-           Device device = Device::cpu());
+           Device device = Device::cpu(), bool ascendingPages = false);
 
 /// Writes every (path, bytes) through pagedc::files::writeAll (the
 /// runtime's OutputFiles.h): temporary files next to their targets renamed

@@ -129,6 +129,13 @@ constexpr int kPrefillTmaPageRows = 16;
 /// naming it. Pages under kPrefillTmaPageRows rows are gathered either way.
 bool prefillTensorMapsRequested();
 
+/// Whether $PAGEDC_PREFILL_TMA_RUNS lets the warpgroup prefill copy a tile
+/// whose pages are consecutive (ascending, or descending as the allocator
+/// hands them out) with one box per 64 head dims instead of one per page:
+/// unset, empty or "1" yes; "0" no; any other value throws pagedc::Error.
+/// Pages of the KV tile's size or more have one box per tile either way.
+bool prefillTensorMapRunsRequested();
+
 /// Whether $PAGEDC_PREFILL_PINGPONG asks the warpgroup prefill's two
 /// consumer warpgroups to take turns issuing their wgmmas (named barriers:
 /// one's softmax under the other's products): "1" yes; unset, empty or "0"
@@ -148,7 +155,10 @@ void setPrefillPingPong(AttentionLaunchPlan &plan, bool on);
 /// kPrefillTmaPageRows rows, head dim 256 with 128-row tiles (two consumer
 /// warpgroups), no cuTensorMapEncodeTiled, a layout the
 /// tensor-map unit does not take, the driver's refusal); the launch's note
-/// says which.
+/// says which. With pages under the KV tile it also encodes the run maps
+/// (boxes of a whole tile of consecutive pages) unless
+/// prefillTensorMapRunsRequested() says no; the note then adds ", page
+/// runs" (or why not).
 std::string bindPrefillTensorMaps(const CudaDriver &driver, const KernelConfig &config,
                                   AttentionLaunchPlan &plan, int64_t kPages, int64_t vPages);
 
@@ -165,6 +175,12 @@ constexpr int kDecodeTmaMinHeadDim = 128;
 /// pagedc::Error naming it.
 bool decodeTensorMapsRequested();
 
+/// Whether $PAGEDC_DECODE_TMA_RUNS lets the decode kernel copy a whole tile
+/// whose pages are consecutive with one box per 64 head dims (as
+/// prefillTensorMapRunsRequested() for the prefill): unset, empty or "1"
+/// yes; "0" no; any other value throws pagedc::Error.
+bool decodeTensorMapRunsRequested();
+
 /// $PAGEDC_DECODE_SPLIT_FACTOR: planAttention gives a decode this many
 /// times the splits the model's rule chooses (DecodeSplitProblem::
 /// splitFactor), so that a GPU run can measure a grid of several waves
@@ -180,7 +196,8 @@ int decodeSplitFactorRequested();
 /// kDecodeTmaPageRows rows, head dims under kDecodeTmaMinHeadDim, no
 /// cuTensorMapEncodeTiled, a layout the
 /// tensor-map unit does not take, the driver's refusal); the launch's note
-/// says which.
+/// says which. With pages under 64 rows it also encodes the run maps
+/// unless decodeTensorMapRunsRequested() says no (note: ", page runs").
 std::string bindDecodeTensorMaps(const CudaDriver &driver, const KernelConfig &config,
                                  const std::string &arch, AttentionLaunchPlan &plan,
                                  int64_t kPages, int64_t vPages);

@@ -104,6 +104,21 @@ typedef struct PagedcWgmmaPrefillArgs {
   /// 1: the two consumer warpgroups take turns issuing their wgmmas (named
   /// barriers), so one's softmax runs under the other's matrix products.
   int32_t ping_pong;
+  /// Run maps: k_cache and v_cache as above with boxes of 64 elements x
+  /// pageSize rows x (KV tile / pageSize) pages, for tiles whose pages are
+  /// consecutive (pages under the KV tile). Appended last: kernels built
+  /// before them read the fields above only.
+#ifdef __cplusplus
+  alignas(64) uint64_t k_run_map[16];
+  alignas(64) uint64_t v_run_map[16];
+#else
+  _Alignas(64) uint64_t k_run_map[16];
+  _Alignas(64) uint64_t v_run_map[16];
+#endif
+  /// 1: the run maps are valid (and tensor_maps is 1): a tile of
+  /// consecutive pages, ascending or descending, comes in one box per 64
+  /// head dims.
+  int32_t run_boxes;
 } PagedcWgmmaPrefillArgs;
 
 /// The decode kernel's third parameter (templates/Decode.cuh): tensor maps
@@ -122,6 +137,18 @@ typedef struct PagedcDecodeMapArgs {
   /// of 16 rows or more, are copied with one bulk tensor copy per page and
   /// 64 head dims.
   int32_t tensor_maps;
+  /// Run maps (boxes of 64 elements x pageSize rows x 64 / pageSize pages,
+  /// pages under 64 rows) and whether they are valid: a whole tile whose
+  /// pages are consecutive comes in one box per 64 head dims. Appended
+  /// last: kernels built before them read the fields above only.
+#ifdef __cplusplus
+  alignas(64) uint64_t k_run_map[16];
+  alignas(64) uint64_t v_run_map[16];
+#else
+  _Alignas(64) uint64_t k_run_map[16];
+  _Alignas(64) uint64_t v_run_map[16];
+#endif
+  int32_t run_boxes;
 } PagedcDecodeMapArgs;
 
 /// Arguments of the block-mask builder kernel. Outputs use BlockMask.h's

@@ -348,6 +348,13 @@ bool prefillTensorMapsRequested() {
                            "tensor-map copies of K/V pages in the warpgroup prefill", true);
 }
 
+bool prefillTensorMapRunsRequested() {
+  return environmentSwitch("PAGEDC_PREFILL_TMA_RUNS",
+                           "one tensor-map box per tile of consecutive pages in the warpgroup "
+                           "prefill",
+                           true);
+}
+
 bool prefillPingPongRequested() {
   return environmentSwitch("PAGEDC_PREFILL_PINGPONG",
                            "ping-pong consumer warpgroups in the warpgroup prefill", false);
@@ -376,7 +383,8 @@ namespace {
 /// swizzle) into kMap and vMap. Returns "" or why not.
 std::string encodeCacheMaps(const CudaDriver &driver, const KernelConfig &config,
                             const PagedcAttentionKernelArgs &args, int64_t kPages,
-                            int64_t vPages, unsigned boxRows, uint64_t *kMap, uint64_t *vMap) {
+                            int64_t vPages, unsigned boxRows, uint64_t *kMap, uint64_t *vMap,
+                            unsigned boxPages = 1) {
   if (!driver.api().tensorMapEncodeTiled)
     return "the driver has no cuTensorMapEncodeTiled";
   struct Cache {
@@ -398,7 +406,7 @@ std::string encodeCacheMaps(const CudaDriver &driver, const KernelConfig &config
         args.heads_kv == 1 ? cache.stride[1] * std::max<int64_t>(cache.pages, 1) : cache.stride[0];
     const uint64_t strides[3] = {uint64_t(cache.stride[2]) * 2, uint64_t(cache.stride[1]) * 2,
                                  uint64_t(headStride) * 2};
-    const unsigned box[4] = {64, boxRows, 1, 1}, elementStrides[4] = {1, 1, 1, 1};
+    const unsigned box[4] = {64, boxRows, boxPages, 1}, elementStrides[4] = {1, 1, 1, 1};
     if (cache.pages < 1 || cache.pages > (int64_t(1) << 32))
       return fmt::format("{} has {} pages", cache.name, cache.pages);
     if (reinterpret_cast<uintptr_t>(cache.data) % 16 != 0)
@@ -448,8 +456,23 @@ std::string bindPrefillTensorMaps(const CudaDriver &driver, const KernelConfig &
   if (!why.empty())
     return refuse(why);
   maps.tensor_maps = 1;
+  // Run maps (one box per tile of consecutive pages): pages under the tile;
+  // without them every page is its own box.
+  std::string runs;
+  maps.run_boxes = 0;
+  if (config.pageSize < config.blockN && prefillTensorMapRunsRequested()) {
+    const std::string runWhy =
+        encodeCacheMaps(driver, config, plan.args, kPages, vPages, boxRows, maps.k_run_map,
+                        maps.v_run_map, static_cast<unsigned>(config.blockN / config.pageSize));
+    if (runWhy.empty()) {
+      maps.run_boxes = 1;
+      runs = ", page runs";
+    } else {
+      runs = ", no page runs (" + runWhy + ")";
+    }
+  }
   launch.arguments[2] = bytesOf(maps);
-  launch.note = "tensor maps" + pingPongNote;
+  launch.note = "tensor maps" + runs + pingPongNote;
   return "";
 }
 
@@ -465,6 +488,11 @@ int decodeSplitFactorRequested() {
                             "to 16 (the decode's split count times this)",
                             value));
   return static_cast<int>(factor);
+}
+
+bool decodeTensorMapRunsRequested() {
+  return environmentSwitch("PAGEDC_DECODE_TMA_RUNS",
+                           "one tensor-map box per tile of consecutive pages in decode", true);
 }
 
 bool decodeTensorMapsRequested() {
@@ -502,8 +530,21 @@ std::string bindDecodeTensorMaps(const CudaDriver &driver, const KernelConfig &c
   if (!why.empty())
     return refuse(why);
   maps.tensor_maps = 1;
+  maps.run_boxes = 0;
+  std::string runs;
+  if (config.pageSize < kDecodeTile && decodeTensorMapRunsRequested()) {
+    const std::string runWhy =
+        encodeCacheMaps(driver, config, plan.args, kPages, vPages, boxRows, maps.k_run_map,
+                        maps.v_run_map, static_cast<unsigned>(kDecodeTile / config.pageSize));
+    if (runWhy.empty()) {
+      maps.run_boxes = 1;
+      runs = ", page runs";
+    } else {
+      runs = ", no page runs (" + runWhy + ")";
+    }
+  }
   launch.arguments[2] = bytesOf(maps);
-  launch.note = "tensor maps";
+  launch.note = "tensor maps" + runs;
   return "";
 }
 

@@ -335,15 +335,48 @@ BUGS = {
         "wgmma-tma"),
     "tma-stage-reused-before-release": (
         "PrefillWgmma.cuh",
-        "    pages[i] = page_row[(kv_begin >> kLog2PageSize) + i];\n"
-        "  mbarrier_wait(empty_bar, empty_parity);\n",
-        "    pages[i] = page_row[(kv_begin >> kLog2PageSize) + i];\n",
+        "  mbarrier_wait(empty_bar, empty_parity);\n  if constexpr (kRunBoxes)\n",
+        "  if constexpr (kRunBoxes)\n",
         "wgmma-tma"),
     "tma-every-box-from-first-page": (
         "PrefillWgmma.cuh",
         "    pages[i] = page_row[(kv_begin >> kLog2PageSize) + i];\n",
         "    pages[i] = page_row[kv_begin >> kLog2PageSize];\n",
         "wgmma-tma"),
+    # Page runs (a tile of consecutive pages in one box per 64 head dims;
+    # the allocator's descending runs land page-reversed): the consumers
+    # reading the columns unreversed, the descending run's box taken from
+    # its first page instead of its lowest, and the column XOR written
+    # after the producer's arrival (which no longer orders it).
+    "tma-run-columns-not-reversed": (
+        "PrefillWgmma.cuh",
+        "              ? stage_xor[stage]\n",
+        "              ? 0\n",
+        "wgmma-runs"),
+    "tma-run-box-from-first-page": (
+        "PrefillWgmma.cuh",
+        "const int lowest = up ? pages[0] : pages[kTmaTilePages - 1];",
+        "const int lowest = pages[0];",
+        "wgmma-runs"),
+    "tma-run-xor-written-after-arrive": (
+        "PrefillWgmma.cuh",
+        "  if constexpr (kRunBoxes)\n    *column_xor = down ? kRunReversed : 0;\n"
+        "  mbarrier_arrive_expect_tx(full_bar, 2u * kBlockN * kRowBytes);\n",
+        "  mbarrier_arrive_expect_tx(full_bar, 2u * kBlockN * kRowBytes);\n"
+        "  if constexpr (kRunBoxes)\n    *column_xor = down ? kRunReversed : 0;\n",
+        "wgmma-runs"),
+    # The decode kernel's page runs: its columns read unreversed, and a
+    # descending run's box taken from its first page.
+    "decode-run-columns-not-reversed": (
+        "Decode.cuh",
+        "tile_xor = mapped ? stage_xor[stage] : 0;",
+        "tile_xor = mapped ? 0 : 0;",
+        "decode-runs"),
+    "decode-run-box-from-first-page": (
+        "Decode.cuh",
+        "page_slots[up ? 0 : kDecodeTilePages - 1], kv_head};",
+        "page_slots[0], kv_head};",
+        "decode-runs"),
     # Ping-pong consumer warpgroups (PAGEDC_PREFILL_PINGPONG=1): the first
     # turn never given, a warpgroup handing the turn to itself.
     "pingpong-first-turn-never-given": (
@@ -416,6 +449,19 @@ def main():
         # kv_len; the tail tile, keys 256-299, gathered).
         "wgmma-tma": dict(q=(1, 4, 150, 128), k=(1, 2, 300, 128), extra=["--q-offset", "end"],
                           env={"PAGEDC_PREFILL_SHAPE": "128x64x64", "PAGEDC_PREFILL_TMA": "1"}),
+        # Tensor maps over pages reserved at once, which the allocator
+        # hands out consecutive and descending: every tile below kv_len is
+        # one page-reversed box per 64 head dims; ALiBi makes each column's
+        # key count.
+        "wgmma-runs": dict(q=(1, 4, 150, 128), k=(1, 2, 300, 128), extra=["--q-offset", "end"],
+                           attn=os.path.join(work, "alibi_causal.attn"), score="alibi",
+                           pages=["--page-size", "16"],
+                           env={"PAGEDC_PREFILL_SHAPE": "128x64x64", "PAGEDC_PREFILL_TMA": "1"}),
+        # The decode kernel at head dim 128 over pages reserved at once:
+        # its whole tiles come as page-reversed runs, ALiBi on every column.
+        "decode-runs": dict(q=(1, 8, 1, 128), k=(1, 2, 1100, 128), extra=["--q-offset", "end"],
+                            attn=os.path.join(work, "alibi_causal.attn"), score="alibi",
+                            pages=["--page-size", "16"]),
         # And with its consumer warpgroups taking turns (gathered tiles).
         "wgmma-pingpong": dict(q=(1, 4, 150, 128), k=(1, 2, 300, 128),
                                extra=["--q-offset", "end"],
@@ -423,6 +469,9 @@ def main():
                                     "PAGEDC_PREFILL_TMA": "0",
                                     "PAGEDC_PREFILL_PINGPONG": "1"}),
     }
+    with open(os.path.join(work, "alibi_causal.attn"), "w") as f:
+        f.write("const H = 4\nmask causal(b, h, q, kv) = q >= kv\n"
+                "score alibi(s, b, h, q, kv) = s + (kv - q) * exp2(-(h + 1) * 8.0 / H)\n")
     env = dict(os.environ)
     env.setdefault("PAGEDC_CACHE_DIR", os.path.join(work, "cache"))
     for name, run in runs.items():
@@ -436,7 +485,8 @@ def main():
                        "--q", os.path.join(work, name + "-q.npy"),
                        "--k", os.path.join(work, name + "-k.npy"),
                        "--v", os.path.join(work, name + "-v.npy"),
-                       "--page-size", "16", "--shuffle-pages", "7"] + run["extra"]
+                       ] + run.get("pages", ["--page-size", "16", "--shuffle-pages", "7"]) + \
+            run["extra"]
         reference = os.path.join(work, name + "-ref.npy")
         subprocess.run(run["args"] + ["-o", reference, "--reference"], check=True, env=env)
         run["reference"] = reference

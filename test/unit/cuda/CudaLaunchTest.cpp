@@ -100,11 +100,16 @@ TEST(CudaLaunch, WarpgroupPrefillPlansDisabledTensorMaps) {
   const KernelLaunch &launch = plan.launches[0];
   ASSERT_EQ(launch.arguments.size(), 3u);
   ASSERT_EQ(launch.arguments[2].size(), sizeof(PagedcWgmmaPrefillArgs));
-  EXPECT_EQ(sizeof(PagedcWgmmaPrefillArgs), 320u);
+  // The run maps are appended: the fields before them keep their offsets,
+  // which kernels built before them read.
+  EXPECT_EQ(sizeof(PagedcWgmmaPrefillArgs), 640u);
   EXPECT_EQ(alignof(PagedcWgmmaPrefillArgs), 64u);
   EXPECT_EQ(offsetof(PagedcWgmmaPrefillArgs, v_map), 128u);
   EXPECT_EQ(offsetof(PagedcWgmmaPrefillArgs, tensor_maps), 256u);
   EXPECT_EQ(offsetof(PagedcWgmmaPrefillArgs, ping_pong), 260u);
+  EXPECT_EQ(offsetof(PagedcWgmmaPrefillArgs, k_run_map), 320u);
+  EXPECT_EQ(offsetof(PagedcWgmmaPrefillArgs, v_run_map), 448u);
+  EXPECT_EQ(offsetof(PagedcWgmmaPrefillArgs, run_boxes), 576u);
   for (unsigned char byte : launch.arguments[2])
     ASSERT_EQ(byte, 0);
   EXPECT_EQ(launch.note, "gather (tensor maps not bound)");
@@ -140,8 +145,10 @@ TEST(CudaLaunch, PrefillSwitchesFromTheEnvironment) {
   };
   for (const auto &[name, read, unset] :
        {Switch{"PAGEDC_PREFILL_TMA", prefillTensorMapsRequested, true},
+        Switch{"PAGEDC_PREFILL_TMA_RUNS", prefillTensorMapRunsRequested, true},
         Switch{"PAGEDC_PREFILL_PINGPONG", prefillPingPongRequested, false},
-        Switch{"PAGEDC_DECODE_TMA", decodeTensorMapsRequested, true}}) {
+        Switch{"PAGEDC_DECODE_TMA", decodeTensorMapsRequested, true},
+        Switch{"PAGEDC_DECODE_TMA_RUNS", decodeTensorMapRunsRequested, true}}) {
     const char *saved = std::getenv(name);
     const std::string restore = saved ? saved : "";
     unsetenv(name);
@@ -203,8 +210,11 @@ TEST(CudaLaunch, DecodeDryRunSplitsAndMerges) {
   ASSERT_EQ(main.arguments[2].size(), sizeof(PagedcDecodeMapArgs));
   for (unsigned char byte : main.arguments[2])
     ASSERT_EQ(byte, 0);
-  EXPECT_EQ(sizeof(PagedcDecodeMapArgs), 320u);
+  // The run maps are appended (older kernels read the first 260 bytes).
+  EXPECT_EQ(sizeof(PagedcDecodeMapArgs), 640u);
   EXPECT_EQ(offsetof(PagedcDecodeMapArgs, tensor_maps), 256u);
+  EXPECT_EQ(offsetof(PagedcDecodeMapArgs, k_run_map), 320u);
+  EXPECT_EQ(offsetof(PagedcDecodeMapArgs, run_boxes), 576u);
   EXPECT_EQ(main.note, "gather (tensor maps not bound)");
   int splits = plan.args.num_splits;
   EXPECT_GE(splits * 8, 132); // at least one CTA per SM

@@ -384,10 +384,39 @@ TEST(CudaKernels, PrefillTensorMapsBindOrSayWhy) {
     return result;
   };
 
+  // Pages of 16 rows under the 64-key tile: the run maps too (boxes of 4
+  // pages), unless PAGEDC_PREFILL_TMA_RUNS=0.
+  const char *savedRuns = std::getenv("PAGEDC_PREFILL_TMA_RUNS");
+  const std::string restoreRuns = savedRuns ? savedRuns : "";
+  unsetenv("PAGEDC_PREFILL_TMA_RUNS");
   AttentionLaunchPlan plan = planFor(config, args);
   EXPECT_EQ(bindPrefillTensorMaps(driver, config, plan, 10, 10), "");
-  EXPECT_EQ(plan.launches[0].note, "tensor maps");
+  EXPECT_EQ(plan.launches[0].note, "tensor maps, page runs");
   EXPECT_EQ(maps(plan).tensor_maps, 1);
+  EXPECT_EQ(maps(plan).run_boxes, 1);
+  // The run map is a different map from the per-page one (its box).
+  EXPECT_NE(std::memcmp(maps(plan).k_map, maps(plan).k_run_map, sizeof(maps(plan).k_map)), 0);
+  setenv("PAGEDC_PREFILL_TMA_RUNS", "0", 1);
+  AttentionLaunchPlan pagesOnly = planFor(config, args);
+  EXPECT_EQ(bindPrefillTensorMaps(driver, config, pagesOnly, 10, 10), "");
+  EXPECT_EQ(pagesOnly.launches[0].note, "tensor maps");
+  EXPECT_EQ(maps(pagesOnly).run_boxes, 0);
+  if (savedRuns)
+    setenv("PAGEDC_PREFILL_TMA_RUNS", restoreRuns.c_str(), 1);
+  else
+    unsetenv("PAGEDC_PREFILL_TMA_RUNS");
+  // Pages of the tile's 64 rows: one box a tile already, no run maps.
+  KernelConfig whole = config;
+  whole.pageSize = 64;
+  PagedcAttentionKernelArgs wholeArgs = args; // [Hkv 2, 10 pages, 64 rows, D 128]
+  for (int64_t *stride : {wholeArgs.k_stride, wholeArgs.v_stride}) {
+    stride[0] = 10 * 64 * 128;
+    stride[1] = 64 * 128;
+  }
+  AttentionLaunchPlan wholePlan = planFor(whole, wholeArgs);
+  EXPECT_EQ(bindPrefillTensorMaps(driver, whole, wholePlan, 10, 10), "");
+  EXPECT_EQ(wholePlan.launches[0].note, "tensor maps");
+  EXPECT_EQ(maps(wholePlan).run_boxes, 0);
 
   KernelConfig small = config;
   small.pageSize = 8;
@@ -468,17 +497,32 @@ TEST(CudaKernels, DecodeTensorMapsBindOrSayWhy) {
   EXPECT_EQ(plan.launches[0].kernel, "pagedc_decode");
   EXPECT_EQ(plan.launches[0].note, "gather (tensor maps not bound)");
   EXPECT_EQ(maps(plan).tensor_maps, 0);
+  const char *savedRuns = std::getenv("PAGEDC_DECODE_TMA_RUNS");
+  const std::string restoreRuns = savedRuns ? savedRuns : "";
+  unsetenv("PAGEDC_DECODE_TMA_RUNS");
   EXPECT_EQ(bindDecodeTensorMaps(driver, config, "sm_90", plan, 70, 70), "");
-  EXPECT_EQ(plan.launches[0].note, "tensor maps");
+  EXPECT_EQ(plan.launches[0].note, "tensor maps, page runs");
   EXPECT_EQ(maps(plan).tensor_maps, 1);
-  // Encoded: the maps are no longer zeros.
+  EXPECT_EQ(maps(plan).run_boxes, 1);
+  // Encoded: the maps are no longer zeros, and a run map is not a page map.
   const PagedcDecodeMapArgs bound = maps(plan);
-  bool kSet = false, vSet = false;
+  bool kSet = false, vSet = false, runSet = false;
   for (int i = 0; i < 16; ++i) {
     kSet = kSet || bound.k_map[i] != 0;
     vSet = vSet || bound.v_map[i] != 0;
+    runSet = runSet || bound.k_run_map[i] != 0;
   }
-  EXPECT_TRUE(kSet && vSet);
+  EXPECT_TRUE(kSet && vSet && runSet);
+  EXPECT_NE(std::memcmp(bound.k_map, bound.k_run_map, sizeof(bound.k_map)), 0);
+  setenv("PAGEDC_DECODE_TMA_RUNS", "0", 1);
+  AttentionLaunchPlan pagesOnly = planFor(config, args);
+  EXPECT_EQ(bindDecodeTensorMaps(driver, config, "sm_90", pagesOnly, 70, 70), "");
+  EXPECT_EQ(pagesOnly.launches[0].note, "tensor maps");
+  EXPECT_EQ(maps(pagesOnly).run_boxes, 0);
+  if (savedRuns)
+    setenv("PAGEDC_DECODE_TMA_RUNS", restoreRuns.c_str(), 1);
+  else
+    unsetenv("PAGEDC_DECODE_TMA_RUNS");
 
   AttentionLaunchPlan ampere = planFor(config, args);
   EXPECT_EQ(bindDecodeTensorMaps(driver, config, "sm_80", ampere, 70, 70),

@@ -28,14 +28,14 @@ for also_file in (sys.argv[4], os.path.join(sys.argv[5], "also2-gpu-check.json")
     assert [c["status"] for c in also["cases"]] == [c["status"] for c in check["cases"]], also_file
 # --prefill-options: each launch option's prefill cases planned.
 prefill = [c["status"] for c in check["cases"] if c["name"].find("prefill") >= 0]
-for label in ("gather", "pingpong"):
+for label in ("gather", "pingpong", "page-boxes"):
     option = json.load(open(os.path.join(sys.argv[5], label + "-gpu-check.json")))
     assert [c["status"] for c in option["cases"]] == prefill and prefill, label
 # --decode-options: the decode cases planned with the gather, and with twice
 # the splits; the benchmark's decodes (long enough to split) planned with
 # twice the CTAs of their default plans.
 decode = [c["status"] for c in check["cases"] if c["name"].find("decode") >= 0]
-for label in ("decode-gather", "decode-splits2"):
+for label in ("decode-gather", "decode-page-boxes", "decode-splits2"):
     option = json.load(open(os.path.join(sys.argv[5], label + "-gpu-check.json")))
     assert [c["status"] for c in option["cases"]] == decode and decode, label
 
