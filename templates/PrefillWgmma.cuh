@@ -526,10 +526,12 @@ extern "C" __global__ void __launch_bounds__(pagedc::kPrefillThreads, 1)
       const bool check_mask[2] = {!is_full, !is_full};
       const bool all_kept = (is_full || !pagedc_mods::kHasMask) && kv_begin + kBlockN <= kv_len &&
                             visible[0] && visible[1];
-      // A tile copied as a descending page run holds its keys page-reversed
-      // (read only where a mod or a test will use the keys).
+      // A tile copied as a descending page run holds its keys page-reversed.
+      // (Read only where a mod or test uses the keys, it made ptxas spill
+      // 36 bytes at D 128 with 128-key tiles, and all-kept tiles ran the
+      // same SASS either way.)
       const int column_xor =
-          kRunBoxes && (pagedc_mods::kHasScore || !all_kept) && by_tensor_maps(kv_begin)
+          kRunBoxes && by_tensor_maps(kv_begin)
               ? stage_xor[stage]
               : 0;
       apply_mods<kBlockN / 8>(scores, params, mask_rows, score_rows, b_of, h_of, q_of, visible,

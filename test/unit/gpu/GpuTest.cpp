@@ -408,24 +408,14 @@ TEST(CudaKernels, PrefillTensorMapsBindOrSayWhy) {
   // Pages of the tile's 64 rows: one box a tile already, no run maps.
   KernelConfig whole = config;
   whole.pageSize = 64;
-  PagedcAttentionKernelArgs wholeArgs = args; // [Hkv 2, 10 pages, 64 rows, D 128]
-  for (int64_t *stride : {wholeArgs.k_stride, wholeArgs.v_stride}) {
-    stride[0] = 10 * 64 * 128;
-    stride[1] = 64 * 128;
-  }
-  AttentionLaunchPlan wholePlan = planFor(whole, wholeArgs);
+  AttentionLaunchPlan wholePlan = planFor(whole, test::fakeAttentionArgs(1, 4, 2, 100, 64));
   EXPECT_EQ(bindPrefillTensorMaps(driver, whole, wholePlan, 10, 10), "");
   EXPECT_EQ(wholePlan.launches[0].note, "tensor maps");
   EXPECT_EQ(maps(wholePlan).run_boxes, 0);
 
   KernelConfig small = config;
   small.pageSize = 8;
-  PagedcAttentionKernelArgs smallArgs = args; // [Hkv 2, 20 pages, 8 rows, D 128]
-  for (int64_t *stride : {smallArgs.k_stride, smallArgs.v_stride}) {
-    stride[0] = 20 * 8 * 128;
-    stride[1] = 8 * 128;
-  }
-  AttentionLaunchPlan smallPlan = planFor(small, smallArgs);
+  AttentionLaunchPlan smallPlan = planFor(small, test::fakeAttentionArgs(1, 4, 2, 100, 8));
   EXPECT_EQ(bindPrefillTensorMaps(driver, small, smallPlan, 20, 20), "pages of 8 rows, under 16");
   EXPECT_EQ(smallPlan.launches[0].note, "gather (pages of 8 rows, under 16)");
   EXPECT_EQ(maps(smallPlan).tensor_maps, 0);
