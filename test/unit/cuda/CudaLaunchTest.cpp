@@ -339,16 +339,14 @@ TEST(CudaLaunch, DecodeSplitFactorMultipliesTheSplits) {
 
 TEST(CudaLaunch, DecodeSplitFactorFromTheEnvironment) {
   const char *name = "PAGEDC_DECODE_SPLIT_FACTOR";
-  const char *saved = std::getenv(name);
-  const std::string restore = saved ? saved : "";
-  unsetenv(name);
+  const test::ScopedEnv factor(name, nullptr);
   EXPECT_EQ(decodeSplitFactorRequested(), 1);
-  setenv(name, "", 1);
+  factor.set("");
   EXPECT_EQ(decodeSplitFactorRequested(), 1);
-  setenv(name, "3", 1);
+  factor.set("3");
   EXPECT_EQ(decodeSplitFactorRequested(), 3);
   for (const char *bad : {"0", "17", "2x", "-1", "two"}) {
-    setenv(name, bad, 1);
+    factor.set(bad);
     try {
       decodeSplitFactorRequested();
       ADD_FAILURE() << "accepted '" << bad << "'";
@@ -356,10 +354,6 @@ TEST(CudaLaunch, DecodeSplitFactorFromTheEnvironment) {
       EXPECT_NE(std::string(error.what()).find(name), std::string::npos) << error.what();
     }
   }
-  if (saved)
-    setenv(name, restore.c_str(), 1);
-  else
-    unsetenv(name);
 }
 
 TEST(CudaLaunch, DecodeVisibleSpanBoundsWhatRowsSee) {

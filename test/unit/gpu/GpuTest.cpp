@@ -386,9 +386,7 @@ TEST(CudaKernels, PrefillTensorMapsBindOrSayWhy) {
 
   // Pages of 16 rows under the 64-key tile: the run maps too (boxes of 4
   // pages), unless PAGEDC_PREFILL_TMA_RUNS=0.
-  const char *savedRuns = std::getenv("PAGEDC_PREFILL_TMA_RUNS");
-  const std::string restoreRuns = savedRuns ? savedRuns : "";
-  unsetenv("PAGEDC_PREFILL_TMA_RUNS");
+  const test::ScopedEnv runs("PAGEDC_PREFILL_TMA_RUNS", nullptr);
   AttentionLaunchPlan plan = planFor(config, args);
   EXPECT_EQ(bindPrefillTensorMaps(driver, config, plan, 10, 10), "");
   EXPECT_EQ(plan.launches[0].note, "tensor maps, page runs");
@@ -396,15 +394,12 @@ TEST(CudaKernels, PrefillTensorMapsBindOrSayWhy) {
   EXPECT_EQ(maps(plan).run_boxes, 1);
   // The run map is a different map from the per-page one (its box).
   EXPECT_NE(std::memcmp(maps(plan).k_map, maps(plan).k_run_map, sizeof(maps(plan).k_map)), 0);
-  setenv("PAGEDC_PREFILL_TMA_RUNS", "0", 1);
+  runs.set("0");
   AttentionLaunchPlan pagesOnly = planFor(config, args);
   EXPECT_EQ(bindPrefillTensorMaps(driver, config, pagesOnly, 10, 10), "");
   EXPECT_EQ(pagesOnly.launches[0].note, "tensor maps");
   EXPECT_EQ(maps(pagesOnly).run_boxes, 0);
-  if (savedRuns)
-    setenv("PAGEDC_PREFILL_TMA_RUNS", restoreRuns.c_str(), 1);
-  else
-    unsetenv("PAGEDC_PREFILL_TMA_RUNS");
+  runs.set(nullptr);
   // Pages of the tile's 64 rows: one box a tile already, no run maps.
   KernelConfig whole = config;
   whole.pageSize = 64;
@@ -487,9 +482,7 @@ TEST(CudaKernels, DecodeTensorMapsBindOrSayWhy) {
   EXPECT_EQ(plan.launches[0].kernel, "pagedc_decode");
   EXPECT_EQ(plan.launches[0].note, "gather (tensor maps not bound)");
   EXPECT_EQ(maps(plan).tensor_maps, 0);
-  const char *savedRuns = std::getenv("PAGEDC_DECODE_TMA_RUNS");
-  const std::string restoreRuns = savedRuns ? savedRuns : "";
-  unsetenv("PAGEDC_DECODE_TMA_RUNS");
+  const test::ScopedEnv runs("PAGEDC_DECODE_TMA_RUNS", nullptr);
   EXPECT_EQ(bindDecodeTensorMaps(driver, config, "sm_90", plan, 70, 70), "");
   EXPECT_EQ(plan.launches[0].note, "tensor maps, page runs");
   EXPECT_EQ(maps(plan).tensor_maps, 1);
@@ -504,15 +497,12 @@ TEST(CudaKernels, DecodeTensorMapsBindOrSayWhy) {
   }
   EXPECT_TRUE(kSet && vSet && runSet);
   EXPECT_NE(std::memcmp(bound.k_map, bound.k_run_map, sizeof(bound.k_map)), 0);
-  setenv("PAGEDC_DECODE_TMA_RUNS", "0", 1);
+  runs.set("0");
   AttentionLaunchPlan pagesOnly = planFor(config, args);
   EXPECT_EQ(bindDecodeTensorMaps(driver, config, "sm_90", pagesOnly, 70, 70), "");
   EXPECT_EQ(pagesOnly.launches[0].note, "tensor maps");
   EXPECT_EQ(maps(pagesOnly).run_boxes, 0);
-  if (savedRuns)
-    setenv("PAGEDC_DECODE_TMA_RUNS", restoreRuns.c_str(), 1);
-  else
-    unsetenv("PAGEDC_DECODE_TMA_RUNS");
+  runs.set(nullptr);
 
   AttentionLaunchPlan ampere = planFor(config, args);
   EXPECT_EQ(bindDecodeTensorMaps(driver, config, "sm_80", ampere, 70, 70),

@@ -14,6 +14,8 @@
 
 #include <stdlib.h>
 
+#include <cstdlib>
+
 #include <filesystem>
 #include <stdexcept>
 #include <string>
@@ -28,6 +30,33 @@
   } while (0)
 
 namespace pagedc::test {
+
+/// Sets (or, with a null value, unsets) an environment variable for the
+/// scope's lifetime and restores what it was.
+class ScopedEnv {
+public:
+  ScopedEnv(const char *name, const char *value) : name_(name) {
+    const char *saved = std::getenv(name);
+    hadValue_ = saved != nullptr;
+    if (saved)
+      saved_ = saved;
+    set(value);
+  }
+  ~ScopedEnv() { set(hadValue_ ? saved_.c_str() : nullptr); }
+  ScopedEnv(const ScopedEnv &) = delete;
+  ScopedEnv &operator=(const ScopedEnv &) = delete;
+  void set(const char *value) const {
+    if (value)
+      setenv(name_, value, 1);
+    else
+      unsetenv(name_);
+  }
+
+private:
+  const char *name_;
+  std::string saved_;
+  bool hadValue_ = false;
+};
 
 /// A fresh, empty directory under the system's temporary directory, removed
 /// with everything in it at the end of the scope.
