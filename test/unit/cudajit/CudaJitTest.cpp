@@ -21,29 +21,8 @@ namespace fs = std::filesystem;
 
 namespace {
 
+using pagedc::test::ScopedEnv;
 using pagedc::test::TempDir;
-
-/// Sets an environment variable for one scope.
-class ScopedEnv {
-public:
-  ScopedEnv(const char *name, const std::string &value) : name_(name) {
-    if (const char *old = std::getenv(name))
-      old_ = old;
-    had_ = std::getenv(name) != nullptr;
-    setenv(name, value.c_str(), 1);
-  }
-  ~ScopedEnv() {
-    if (had_)
-      setenv(name_, old_.c_str(), 1);
-    else
-      unsetenv(name_);
-  }
-
-private:
-  const char *name_;
-  std::string old_;
-  bool had_ = false;
-};
 
 constexpr const char *kProgram = R"(const LIMIT = 4096
 param softcap: f32 = 30.0
@@ -204,7 +183,7 @@ TEST_F(CudaJit, HitNeedsNoPlugin) {
   loadCudaMods(request, first);
   // With the plugin unfindable, a hit still serves the request (a miss
   // would throw: see PluginNotFoundIsAClearError).
-  ScopedEnv missing("PAGEDC_CODEGEN_PLUGIN", dir.path() + "/no-such-plugin.so");
+  ScopedEnv missing("PAGEDC_CODEGEN_PLUGIN", (dir.path() + "/no-such-plugin.so").c_str());
   EXPECT_EQ(findCodegenPlugin(), "");
   KernelCache second(dir.path());
   CudaJitResult hit = loadCudaMods(request, second);
