@@ -78,11 +78,14 @@ def ctas_per_sm(arch, registers, threads, shared):
 def wgmma_shared_bytes(block_m, block_n, head_dim):
     """Dynamic shared memory of the warpgroup prefill, as
     KernelConfig::sharedMemoryBytes: 1024 (alignment) + Q and the K/V ring
-    of the most stages (2 to 4) that fit 227 KiB + 128 (mbarriers)."""
+    of the most stages (2 to 4) that fit 227 KiB + 128 (mbarriers), and a
+    second Q tile where it fits beside them (prefillQBuffers)."""
+    limit = 227 * 1024
     for stages in (4, 3, 2):
         shared = 1024 + (block_m + 2 * stages * block_n) * head_dim * 2 + 128
-        if shared <= 227 * 1024 or stages == 2:
-            return shared
+        if shared <= limit or stages == 2:
+            second_q = block_m * head_dim * 2
+            return shared + second_q if shared + second_q <= limit else shared
 
 
 def shared_bytes_per_flop(head_dim, block_n, warp_rows):
@@ -139,8 +142,9 @@ def loop_counts(code, copies=False):
     """(mma, other) instructions of the main loop: the natural loop of a
     back edge (its target dominates its source; the loop is the blocks that
     reach the source without passing the target) holding the most MMA
-    instructions, the smallest such loop when
-    several do (the KV-tile loop, not the block-mask pass loop around it).
+    instructions among those that hold no other loop with MMA instructions
+    (the KV-tile loop, not the block-mask pass loop or the persistent
+    CTA's query-tile loop around it), the smallest when several do.
     Blocks that the layout puts between a loop's head and its branch but
     that the loop never enters are not counted; both sides of a branch
     inside the loop are (masked and all-kept tiles, the rescale skipped or
@@ -217,7 +221,6 @@ def loop_counts(code, copies=False):
     def is_mma(text):
         return "HMMA" in text or "HGMMA" in text
 
-    best = None
     loops = []
     for source, targets in enumerate(successors):
         for head in targets:
@@ -234,14 +237,22 @@ def loop_counts(code, copies=False):
             texts = [code[i][1] for n in loop for i in range(*blocks[n])]
             mma = sum(1 for t in texts if is_mma(t))
             other = sum(1 for t in texts if not is_mma(t) and not t.startswith("NOP"))
-            loops.append((loop, other, any("LDGSTS" in t for t in texts)))
-            if mma and (best is None or mma > best[0] or (mma == best[0] and other < best[1])):
-                best = (mma, other, loop)
+            loops.append((loop, other, any("LDGSTS" in t for t in texts), mma))
+    # The main loop: of the loops with MMA instructions that hold no other
+    # such loop (a persistent CTA's loop over query tiles, or the mma.sync
+    # kernels' pass loop, holds the KV-tile loop), the one with the most,
+    # then the fewest other instructions.
+    best = None
+    for loop, other, _, mma in loops:
+        if not mma or any(inner < loop and inner_mma for inner, _, _, inner_mma in loops):
+            continue
+        if best is None or mma > best[0] or (mma == best[0] and other < best[1]):
+            best = (mma, other, loop)
     if not copies:
         return best[:2] if best else (0, 0)
     if not best:
         return (0, 0, 0)
-    nested = [other for loop, other, copy in loops if copy and loop < best[2]]
+    nested = [other for loop, other, copy, _ in loops if copy and loop < best[2]]
     return (best[0], best[1], max(nested, default=0))
 
 

@@ -187,6 +187,35 @@ class PtxasShapes(unittest.TestCase):
         # pass loop (head 0x10) holds the same 2 HGMMA with more others.
         self.assertEqual(ptxas_shapes.loop_counts(code), (2, 9))
 
+    def test_wgmma_shared_bytes_as_the_runtime_sizes_them(self):
+        # D 128, 128 x 64: four stages and a second Q tile (the emulator
+        # reports 197,760 dynamic bytes for this kernel); 128 x 128: three
+        # stages fill 227 KiB, one Q tile.
+        self.assertEqual(ptxas_shapes.wgmma_shared_bytes(128, 64, 128),
+                         1024 + (2 * 128 + 2 * 4 * 64) * 256 + 128)
+        self.assertEqual(ptxas_shapes.wgmma_shared_bytes(128, 128, 128),
+                         1024 + (128 + 2 * 3 * 128) * 256 + 128)
+
+    def test_loop_count_skips_an_outer_loop_with_more_mma(self):
+        # A persistent CTA's query-tile loop (head 0x10, back edge 0x90)
+        # holds the KV-tile loop (0x20-0x50: 2 HGMMA) and the last tile's
+        # P V after it (1 HGMMA): 3 in all, but the KV-tile loop is the
+        # main one.
+        code = ptxas_shapes.sass_instructions("""
+        /*0000*/                   MOV R1, R2 ;
+        /*0010*/                   IADD3 R2, R2, 0x1, RZ ;
+        /*0020*/                   HGMMA.64x64x16.F32.BF16 R88, gdesc[UR16], RZ ;
+        /*0030*/                   HGMMA.64x128x16.F32.BF16 R24, R88, gdesc[UR20], R24 ;
+        /*0040*/                   FMUL R4, R4, R5 ;
+        /*0050*/                @P0 BRA 0x0020 ;
+        /*0060*/                   HGMMA.64x128x16.F32.BF16 R24, R88, gdesc[UR20], R24 ;
+        /*0070*/                   STG.E [R6.64], R24 ;
+        /*0080*/                   ISETP.NE.AND P1, PT, R2, 0x4, PT ;
+        /*0090*/                @P1 BRA 0x0010 ;
+        /*00a0*/                   EXIT ;
+""")
+        self.assertEqual(ptxas_shapes.loop_counts(code), (2, 2))
+
     def test_a_jump_back_that_is_no_loop(self):
         # 0x30 jumps out to 0x50, which jumps back to 0x10 (before it, but
         # 0x10 does not dominate 0x50: 0x00 reaches 0x50 through 0x30).
