@@ -11,7 +11,9 @@
 # the default tensor-map copies of pages of 16 rows or more) and "pingpong"
 # (PAGEDC_PREFILL_PINGPONG=1: the consumer warpgroups take turns; off by
 # default) and "page-boxes" (PAGEDC_PREFILL_TMA_RUNS=0: one tensor-map box per
-# page even where a tile's pages are consecutive), each with a
+# page even where a tile's pages are consecutive) and "persistent"
+# (PAGEDC_PREFILL_PERSISTENT=1: one CTA per SM, each taking query tiles in
+# rounds; off by default), each with a
 # compute-sanitizer memcheck of one prefill case of 16-row pages; files
 # prefixed with the option's name.
 # --decode-options: the same for the decode kernel's options, "decode-gather"
@@ -123,11 +125,14 @@ EOF
 }
 
 # The launch options (--prefill-options, --decode-options) as
-# label:setting:kernel kind; the memcheck case of each kind.
+# label:setting:kernel kind[:settings for the checks only]; the memcheck
+# case of each kind. (Persistent CTAs: the benchmarks take one per SM, the
+# checks 3, so that the pack's small cases run several query tiles per CTA.)
 variants=()
 if [[ $options == 1 ]]; then
   variants+=("gather:PAGEDC_PREFILL_TMA=0:prefill" "pingpong:PAGEDC_PREFILL_PINGPONG=1:prefill"
-            "page-boxes:PAGEDC_PREFILL_TMA_RUNS=0:prefill")
+            "page-boxes:PAGEDC_PREFILL_TMA_RUNS=0:prefill"
+            "persistent:PAGEDC_PREFILL_PERSISTENT=1:prefill:PAGEDC_PREFILL_PERSISTENT_CTAS=3")
 fi
 if [[ ${decode_options:-0} == 1 ]]; then
   variants+=("decode-gather:PAGEDC_DECODE_TMA=0:decode"
@@ -147,8 +152,9 @@ if [[ $dry == 1 ]]; then
       --json "$out/$(also_prefix "$i")gpu-check.json"
   done
   for variant in "${variants[@]}"; do
-    IFS=: read -r label settings kind <<<"$variant"
-    step "check --dry-run ($settings; memcheck case: ${options_case[$kind]:-none})" env $settings \
+    IFS=: read -r label settings kind check_only <<<"$variant"
+    step "check --dry-run ($settings $check_only; memcheck case: ${options_case[$kind]:-none})" \
+      env $settings $check_only \
       "$gpu" check "$pack" --dry-run --filter "$kind" --json "$out/$label-gpu-check.json"
     step "bench --dry-run ($settings)" env $settings "$gpu" bench "$pack" --dry-run \
       --filter "$kind" --json "$out/$label-gpu-bench-pagedc.json"
@@ -201,12 +207,13 @@ done
 
 # (5) The launch options, on the same pack.
 for variant in "${variants[@]}"; do
-  IFS=: read -r label settings kind <<<"$variant"
-  step "check ($settings)" env $settings "$gpu" check "$pack" --filter "$kind" \
-    --json "$out/$label-gpu-check.json"
+  IFS=: read -r label settings kind check_only <<<"$variant"
+  step "check ($settings $check_only)" env $settings $check_only "$gpu" check "$pack" \
+    --filter "$kind" --json "$out/$label-gpu-check.json"
   memcheck_case=${options_case[$kind]}
   if [[ -n "$memcheck_case" ]] && command -v compute-sanitizer >/dev/null; then
-    step "compute-sanitizer memcheck $memcheck_case ($settings)" env $settings \
+    step "compute-sanitizer memcheck $memcheck_case ($settings $check_only)" \
+      env $settings $check_only \
       compute-sanitizer --tool memcheck --error-exitcode 3 \
       --log-file "$out/$label-sanitizer.txt" "$gpu" check "$pack" --filter "$memcheck_case"
   fi

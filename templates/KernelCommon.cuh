@@ -438,19 +438,20 @@ struct RowState {
 };
 
 /// What a prefill CTA computes: query rows [row_begin, row_begin +
-/// row_count) of query head h of sequence b. The grid is one-dimensional,
-/// heaviest CTAs first: block x is query head x % heads_q, then batch, then
-/// the query tiles from the last (under a causal mask the tile with the
-/// most keys) to the first, so the short tiles fill the tail of the launch.
+/// row_count) of query head h of sequence b. The tiles are numbered
+/// heaviest first: tile x (a CTA's block x, or one of a persistent CTA's,
+/// prefill_round_tile) is query head x % heads_q, then batch, then the
+/// query tiles from the last (under a causal mask the tile with the most
+/// keys) to the first, so the short tiles fill the tail of the launch.
 struct PrefillTile {
   int h, b, row_begin, row_count, kv_head, kv_len, q_offset;
 };
 template <int kRows>
-PAGEDC_DEVICE PrefillTile prefill_tile(const PagedcAttentionKernelArgs &args) {
+PAGEDC_DEVICE PrefillTile prefill_tile(const PagedcAttentionKernelArgs &args, int index) {
   PrefillTile tile;
   const int q_tiles = (args.q_len + kRows - 1) / kRows;
-  tile.h = blockIdx.x % args.heads_q;
-  const int rest = blockIdx.x / args.heads_q;
+  tile.h = index % args.heads_q;
+  const int rest = index / args.heads_q;
   tile.b = rest % args.batch;
   tile.row_begin = (q_tiles - 1 - rest / args.batch) * kRows;
   tile.row_count = imin(kRows, args.q_len - tile.row_begin);
@@ -458,6 +459,27 @@ PAGEDC_DEVICE PrefillTile prefill_tile(const PagedcAttentionKernelArgs &args) {
   tile.kv_len = args.kv_len[tile.b];
   tile.q_offset = args.q_offset ? args.q_offset[tile.b] : 0;
   return tile;
+}
+template <int kRows>
+PAGEDC_DEVICE PrefillTile prefill_tile(const PagedcAttentionKernelArgs &args) {
+  return prefill_tile<kRows>(args, static_cast<int>(blockIdx.x));
+}
+
+/// Query tiles of a prefill call: ceil(q_len / kRows) x heads_q x batch
+/// (the host keeps it under 2^31).
+template <int kRows> PAGEDC_DEVICE int prefill_tile_count(const PagedcAttentionKernelArgs &args) {
+  return (args.q_len + kRows - 1) / kRows * args.heads_q * args.batch;
+}
+
+/// The query tile a prefill CTA takes in its round `round` (0, 1, ...):
+/// with a grid of one CTA per tile, its own in round 0 and none after (the
+/// index is past the last tile); with a smaller grid (persistent CTAs),
+/// rounds of gridDim.x tiles in prefill_tile's heaviest-first order,
+/// snaking (odd rounds hand them out from the last CTA down) so that each
+/// CTA's heavy and light tiles even out. Past the last tile: >= count.
+PAGEDC_DEVICE int64_t prefill_round_tile(int round) {
+  const int64_t grid = gridDim.x, block = blockIdx.x;
+  return round * grid + ((round & 1) ? grid - 1 - block : block);
 }
 
 /// A fresh softmax state (nothing seen) and output accumulator of a

@@ -1,8 +1,10 @@
 //===- PrefillWgmma.cuh - Paged flex attention on warpgroups (sm_90a) -*- CUDA -*-===//
 //
 // The Hopper prefill (KernelConfig::warpRows == 64): one CTA computes
-// kBlockM query rows of one (batch, query head) with kBlockM / 64 consumer
-// warpgroups of 64 rows each, fed by a producer warp:
+// kBlockM query rows of one (batch, query head) — or, with a grid of fewer
+// CTAs than query tiles (persistent CTAs), one such tile after another —
+// with kBlockM / 64 consumer warpgroups of 64 rows each, fed by a producer
+// warp:
 //
 //  - the producer warpgroup (warpgroup 0; it gives its registers away with
 //    setmaxnreg) gathers the Q tile once and the K and V tiles of every
@@ -34,9 +36,11 @@
 // mask row, kv_len) are those of Prefill.cuh; producer and consumers walk
 // them alike (KvVisits).
 //
-// Grid: as Prefill.cuh; block: (kBlockM / 64 + 1) * 128 threads; dynamic
-// shared memory: 1024 (alignment) + (kBlockM + 2 kPrefillStages kBlockN)
-// * D * 2 + 128 (mbarriers): KernelConfig::sharedMemoryBytes.
+// Grid: as Prefill.cuh, or fewer CTAs taking the tiles in rounds
+// (prefill_round_tile); block: (kBlockM / 64 + 1) * 128 threads; dynamic
+// shared memory: 1024 (alignment) + (kPrefillQBuffers kBlockM + 2
+// kPrefillStages kBlockN) * D * 2 + 128 (mbarriers):
+// KernelConfig::sharedMemoryBytes.
 //
 //===----------------------------------------------------------------------===//
 
@@ -47,6 +51,11 @@ constexpr int kConsumerGroups = kBlockM / 64;
 constexpr int kConsumerThreads = kConsumerGroups * 128;
 constexpr int kStages = pagedc_config::kPrefillStages;
 static_assert(kStages >= 2 && kStages <= 4, "the ring has 2 to 4 stages");
+/// Q tiles in shared memory: with 2, the producer of a persistent CTA
+/// copies its next query tile's Q while the consumers still read the
+/// current one (KernelConfig::prefillQBuffers).
+constexpr int kQBuffers = pagedc_config::kPrefillQBuffers;
+static_assert(kQBuffers == 1 || kQBuffers == 2, "one or two Q tiles");
 constexpr int kPrefillThreads = kConsumerThreads + 128;
 /// Registers per thread after setmaxnreg: the producer warpgroup gives
 /// registers to the consumers (one CTA per SM: the launch's 168 x 384
@@ -83,7 +92,7 @@ static_assert(kTilePages <= 128, "one page index per producer thread");
 constexpr unsigned kProducerBarrier = 3;
 // Dynamic shared memory (KernelConfig::sharedMemoryBytes) and the page
 // index buffers must fit the 227 KiB a block may have.
-static_assert(1024 + (kBlockM + 2 * kStages * kBlockN) * kHeadDim * 2 + 128 +
+static_assert(1024 + (kQBuffers * kBlockM + 2 * kStages * kBlockN) * kHeadDim * 2 + 128 +
                       2 * kTilePages * 4 <= 227 * 1024,
               "shared memory over 227 KiB");
 
@@ -278,19 +287,29 @@ extern "C" __global__ void __launch_bounds__(pagedc::kPrefillThreads, 1)
   using namespace pagedc;
   PAGEDC_EXTERN_SHARED(unsigned char, shared);
   const int thread = threadIdx.x, lane = thread & 31;
-  const PrefillTile tile = prefill_tile<kBlockM>(args);
-  const int h = tile.h, b = tile.b, row_begin = tile.row_begin, row_count = tile.row_count;
-  const int kv_head = tile.kv_head, kv_len = tile.kv_len, q_offset = tile.q_offset;
+  // The query tiles: the CTA's own (a grid of one CTA per tile) or, with a
+  // smaller grid (persistent CTAs, the launch's choice), one per round
+  // (prefill_round_tile) until they run out. The producer and the
+  // consumers walk the same rounds; the ring's visits and the Q tiles'
+  // barrier phases carry on from one tile to the next.
+  const int tile_count = prefill_tile_count<kBlockM>(args);
 
-  // Shared memory: Q, the K/V stages, then the mbarriers.
+  // Shared memory: the Q tiles, the K/V stages, then the mbarriers.
   const uint32_t base = (shared_address(shared) + 1023u) & ~1023u;
-  const uint32_t q_tile = base;
+  const uint32_t q_tiles = base;
+  constexpr uint32_t kQBytes = kBlockM * kRowBytes;
   constexpr uint32_t kStageBytes = 2 * kBlockN * kRowBytes;
-  const uint32_t stages = q_tile + kBlockM * kRowBytes;
+  const uint32_t stages = q_tiles + kQBuffers * kQBytes;
+  // Per Q tile a full (the producer's copies landed) and an empty (the
+  // consumers' S products are done with it) mbarrier; per stage the same.
   const uint32_t q_full = stages + kStages * kStageBytes;
-  const uint32_t full = q_full + 8, empty = full + 8 * kStages;
+  const uint32_t q_empty = q_full + 8 * kQBuffers;
+  const uint32_t full = q_empty + 8 * kQBuffers, empty = full + 8 * kStages;
   if (thread == 0) {
-    mbarrier_init(q_full, 128);
+    for (int q = 0; q < kQBuffers; ++q) {
+      mbarrier_init(q_full + 8 * q, 128);
+      mbarrier_init(q_empty + 8 * q, kConsumerThreads);
+    }
     for (int s = 0; s < kStages; ++s) {
       mbarrier_init(full + 8 * s, 128);
       mbarrier_init(empty + 8 * s, kConsumerThreads);
@@ -299,22 +318,23 @@ extern "C" __global__ void __launch_bounds__(pagedc::kPrefillThreads, 1)
   }
   __syncthreads();
 
-  // The block-mask rows (passes) the CTA's rows straddle; computed in each
+  // The block-mask rows (passes) a tile's rows straddle; computed in each
   // branch (live across the producer / consumer split, the value was
   // spilled once the producer could copy with tensor maps).
-  auto first_pass = [&]() {
-    return args.kv_num_blocks != nullptr ? (q_offset + row_begin) / args.q_block_size : 0;
+  auto first_pass = [&](const PrefillTile &tile) {
+    return args.kv_num_blocks != nullptr ? (tile.q_offset + tile.row_begin) / args.q_block_size
+                                         : 0;
   };
-  auto last_pass = [&]() {
+  auto last_pass = [&](const PrefillTile &tile) {
     return args.kv_num_blocks != nullptr
-               ? (q_offset + row_begin + row_count - 1) / args.q_block_size
+               ? (tile.q_offset + tile.row_begin + tile.row_count - 1) / args.q_block_size
                : 0;
   };
   // Whether the producer copies the tile at kv with tensor maps: every
   // tile below kv_len when the launch gave maps; the tail tile is gathered
   // (its rows past kv_len must be zeros). The consumers fence only the
   // gathered ones.
-  auto by_tensor_maps = [&](int kv) {
+  auto by_tensor_maps = [&](int kv, int kv_len) {
     return kTmaPages && wg.tensor_maps != 0 && kv + kBlockN <= kv_len;
   };
   // Per stage: the XOR of a run-copied tile's column indices (tma_kv_stage).
@@ -322,82 +342,82 @@ extern "C" __global__ void __launch_bounds__(pagedc::kPrefillThreads, 1)
   if (thread < 128) {
     // The producer warpgroup: its four warps gather.
     setmaxnreg_dec<kProducerRegisters>();
-    const int pass_first = first_pass(), pass_last = last_pass();
-    const Element *q_rows = static_cast<const Element *>(args.q) + b * args.q_stride[0] +
-                            h * args.q_stride[1] + row_begin * args.q_stride[2];
-#pragma unroll 2
-    for (int index = thread; index < kBlockM * kChunksPerRow; index += 128) {
-      const int row = index / kChunksPerRow, chunk = index % kChunksPerRow;
-      const bool valid = row < row_count;
-      cp_async_16(q_tile + (row >> 6) * (kHeadDim / 64) * atom_bytes(64) +
-                      atom_offset(64, row & 63, chunk),
-                  q_rows + (valid ? row * args.q_stride[2] : 0) + chunk * 8, valid ? 16 : 0);
-    }
-    cp_async_mbarrier_arrive(q_full);
-    const Element *k_head = static_cast<const Element *>(args.k_cache) + kv_head * args.k_stride[0];
-    const Element *v_head = static_cast<const Element *>(args.v_cache) + kv_head * args.v_stride[0];
-    const KvGather copy_kv(k_head, v_head, thread);
-    const int32_t *page_row = args.page_table + b * args.page_table_stride;
     // The page indices of gathered tiles, two buffers used in turn: a
     // buffer is rewritten two gathers later, after every producer thread
     // passed the next gather's barrier, so after its reads.
     PAGEDC_SHARED(int32_t, page_slots, 2 * kTilePages);
     unsigned visit = 0, gathered = 0;
-    for (int pass = pass_first; pass <= pass_last; ++pass) {
-      KvVisits<kBlockN> visits;
-      if (!visits.start(args, b, h, pass, kv_len))
+    for (int round = 0;; ++round) {
+      const int64_t tile_index = prefill_round_tile(round);
+      if (tile_index >= tile_count)
         break;
-      int list = 0, sub = 0;
-      for (int kv = visits.seek(args, kv_len, list, sub); list < visits.list_count;
-           visits.advance(list, sub), kv = visits.seek(args, kv_len, list, sub)) {
-        const int stage = visit % kStages;
-        const uint32_t k_tile = stages + stage * kStageBytes;
-        if constexpr (kTmaPages) {
-          if (by_tensor_maps(kv)) {
-            tma_kv_stage(k_tile, k_tile + kBlockN * kRowBytes,
-                         reinterpret_cast<const TensorMap *>(wg.k_map),
-                         reinterpret_cast<const TensorMap *>(wg.v_map),
-                         reinterpret_cast<const TensorMap *>(wg.k_run_map),
-                         reinterpret_cast<const TensorMap *>(wg.v_run_map), wg.run_boxes != 0,
-                         page_row, kv, kv_head, thread, full + 8 * stage, empty + 8 * stage,
-                         ((visit / kStages) & 1) ^ 1, stage_xor + stage);
-            ++visit;
-            continue;
+      // The copies' per-thread addressing, derived anew each round: hoisted
+      // out of this loop, it spilled 20 bytes at the producer's 56
+      // registers (D 128, 128 x 64).
+      const int thread = recompute_here(threadIdx.x);
+      const PrefillTile tile = prefill_tile<kBlockM>(args, static_cast<int>(tile_index));
+      const int h = tile.h, b = tile.b, kv_head = tile.kv_head, kv_len = tile.kv_len;
+      const int pass_first = first_pass(tile), pass_last = last_pass(tile);
+      // Q, into its buffer once the consumers are done with the tile it
+      // held kQBuffers rounds ago (the first waits pass at once).
+      const int q_buffer = round % kQBuffers;
+      const uint32_t q_tile = q_tiles + q_buffer * kQBytes;
+      mbarrier_wait(q_empty + 8 * q_buffer, ((round / kQBuffers) & 1) ^ 1);
+      const Element *q_rows = static_cast<const Element *>(args.q) + b * args.q_stride[0] +
+                              h * args.q_stride[1] + tile.row_begin * args.q_stride[2];
+#pragma unroll 2
+      for (int index = thread; index < kBlockM * kChunksPerRow; index += 128) {
+        const int row = index / kChunksPerRow, chunk = index % kChunksPerRow;
+        const bool valid = row < tile.row_count;
+        cp_async_16(q_tile + (row >> 6) * (kHeadDim / 64) * atom_bytes(64) +
+                        atom_offset(64, row & 63, chunk),
+                    q_rows + (valid ? row * args.q_stride[2] : 0) + chunk * 8, valid ? 16 : 0);
+      }
+      cp_async_mbarrier_arrive(q_full + 8 * q_buffer);
+      const Element *k_head =
+          static_cast<const Element *>(args.k_cache) + kv_head * args.k_stride[0];
+      const Element *v_head =
+          static_cast<const Element *>(args.v_cache) + kv_head * args.v_stride[0];
+      const KvGather copy_kv(k_head, v_head, thread);
+      const int32_t *page_row = args.page_table + b * args.page_table_stride;
+      for (int pass = pass_first; pass <= pass_last; ++pass) {
+        KvVisits<kBlockN> visits;
+        if (!visits.start(args, b, h, pass, kv_len))
+          break;
+        int list = 0, sub = 0;
+        for (int kv = visits.seek(args, kv_len, list, sub); list < visits.list_count;
+             visits.advance(list, sub), kv = visits.seek(args, kv_len, list, sub)) {
+          const int stage = visit % kStages;
+          const uint32_t k_tile = stages + stage * kStageBytes;
+          if constexpr (kTmaPages) {
+            if (by_tensor_maps(kv, kv_len)) {
+              tma_kv_stage(k_tile, k_tile + kBlockN * kRowBytes,
+                           reinterpret_cast<const TensorMap *>(wg.k_map),
+                           reinterpret_cast<const TensorMap *>(wg.v_map),
+                           reinterpret_cast<const TensorMap *>(wg.k_run_map),
+                           reinterpret_cast<const TensorMap *>(wg.v_run_map), wg.run_boxes != 0,
+                           page_row, kv, kv_head, thread, full + 8 * stage, empty + 8 * stage,
+                           ((visit / kStages) & 1) ^ 1, stage_xor + stage);
+              ++visit;
+              continue;
+            }
           }
+          int32_t *slots = page_slots + (gathered & 1) * kTilePages;
+          gather_kv_stage(copy_kv, k_tile, k_tile + kBlockN * kRowBytes, page_row, slots, kv,
+                          kv_len, thread, empty + 8 * stage, ((visit / kStages) & 1) ^ 1);
+          cp_async_mbarrier_arrive(full + 8 * stage);
+          ++gathered;
+          ++visit;
         }
-        int32_t *slots = page_slots + (gathered & 1) * kTilePages;
-        gather_kv_stage(copy_kv, k_tile, k_tile + kBlockN * kRowBytes, page_row, slots, kv,
-                        kv_len, thread, empty + 8 * stage, ((visit / kStages) & 1) ^ 1);
-        cp_async_mbarrier_arrive(full + 8 * stage);
-        ++gathered;
-        ++visit;
       }
     }
   } else {
   // A consumer warpgroup: rows group_row .. group_row + 63 of the CTA (the
   // other branch of one if / else: ptxas applies setmaxnreg per branch).
   setmaxnreg_inc<kConsumerRegisters>();
-  const int pass_first = first_pass(), pass_last = last_pass();
   const int consumer = thread - 128, warp = (consumer >> 5) & 3;
   const int group = warp_uniform(consumer >> 7);
   const int group_row = 64 * group;
-  int q_of[2];
-  const int b_of[2] = {b, b}, h_of[2] = {h, h};
-  pagedc_mods::MaskRow mask_rows[2];
-  pagedc_mods::ScoreRow score_rows[2];
-  RowState state;
-  float out[kHeadDim / 8][4];
-  reset_rows(state, out);
-#pragma unroll
-  for (int half = 0; half < 2; ++half) {
-    const int row = row_begin + group_row + 16 * warp + (lane >> 2) + 8 * half;
-    // Padding rows evaluate the last real row's mods and are never stored.
-    q_of[half] = q_offset + imin(row, args.q_len - 1);
-    mask_rows[half] = pagedc_mods::mask_row(params, b, h, q_of[half]);
-    score_rows[half] = pagedc_mods::score_row(params, b, h, q_of[half]);
-  }
-  const uint32_t q_group = q_tile + group * (kHeadDim / 64) * atom_bytes(64);
-  const uint64_t q_desc = wgmma_descriptor(q_group, 16, 1024, kSwizzle128);
   const uint64_t k_desc0 = wgmma_descriptor(stages, 16, 1024, kSwizzle128);
   const uint64_t v_desc0 =
       wgmma_descriptor(stages + kBlockN * kRowBytes, atom_bytes(kBlockN), 1024, kSwizzle128);
@@ -409,202 +429,239 @@ extern "C" __global__ void __launch_bounds__(pagedc::kPrefillThreads, 1)
   // barrier kTurnBarrier + g is warpgroup g's turn to issue its wgmmas;
   // each waits for its turn, issues S and the previous P V, and hands the
   // turn over, so the tensor cores run one warpgroup's products while the
-  // other computes its softmax. Warpgroup 0 goes first.
+  // other computes its softmax. Warpgroup 0 goes first. The turns run on
+  // from one query tile to the next (both warpgroups visit the same
+  // tiles): the first is given before the first tile, the last taken
+  // after the last.
   const bool ping_pong = kOverlap && kConsumerGroups == 2 && wg.ping_pong != 0;
   if (ping_pong && group == 1)
     named_barrier_arrive(kTurnBarrier, 256);
-  float(&o_acc)[kHeadDim / 2] = *reinterpret_cast<float(*)[kHeadDim / 2]>(&out[0][0]);
-  // The probabilities of the tile whose O += P V is still to be issued
-  // (kOverlap) or is issued right away, and where its V and stage are.
-  uint32_t p_pending[kBlockN / 16][4];
-  zero_probabilities(p_pending);
-  uint64_t v_pending = 0;
-  int pending_stage = 0;
-  bool pending = false;
-  // kOverlap: O's factors from the last tile's softmax, applied while the
-  // next S runs (before that tile's P V is issued), and whether any is not 1.
-  float o_factor[2] = {1.0f, 1.0f};
-  bool o_rescale = false;
-
-  // Q, before the first tile (the producer copies it whatever the CTA
-  // visits), through the generic proxy like a gathered tile.
-  mbarrier_wait(q_full, 0);
-  fence_proxy_async();
   unsigned visit = 0;
-  for (int pass = pass_first; pass <= pass_last; ++pass) {
-    KvVisits<kBlockN> visits;
-    if (!visits.start(args, b, h, pass, kv_len))
+  for (int round = 0;; ++round) {
+    const int64_t tile_index = prefill_round_tile(round);
+    if (tile_index >= tile_count)
       break;
-    const bool visible[2] = {pass_first == pass_last || q_of[0] / args.q_block_size == pass,
-                             pass_first == pass_last || q_of[1] / args.q_block_size == pass};
-    const bool group_visible =
-        pass_first == pass_last ||
-        ((q_offset + imin(row_begin + group_row, args.q_len - 1)) / args.q_block_size <= pass &&
-         (q_offset + imin(row_begin + group_row + 63, args.q_len - 1)) / args.q_block_size >=
-             pass);
-    int list = 0, sub = 0;
-    // With kOverlap the next visit is found while this tile's wgmmas run
-    // (its block-list load off the path from the P V wait to the next S).
-    int next_list = 0, next_sub = 0, next_kv = 0;
-    auto find_next = [&]() {
-      next_list = list;
-      next_sub = sub;
-      visits.advance(next_list, next_sub);
-      next_kv = visits.seek(args, kv_len, next_list, next_sub);
-    };
-    // The loop's step: moves to the visit find_next found. With kOverlap
-    // find_next already ran, under the tile's wgmmas; without, it runs here
-    // (called from the loop body as well, it was inlined twice: ~25 SASS).
-    auto to_next = [&](int &kv_begin) {
-      if constexpr (!kOverlap)
-        find_next();
-      list = next_list;
-      sub = next_sub;
-      kv_begin = next_kv;
-    };
-    for (int kv_begin = visits.seek(args, kv_len, list, sub); list < visits.list_count;
-         to_next(kv_begin)) {
-      const int stage = visit % kStages;
-      const bool is_full = visits.is_full(list);
-      mbarrier_wait(full + 8 * stage, (visit / kStages) & 1);
-      ++visit;
-      if (!kOverlap && !group_visible) {
-        // No row of this warpgroup belongs to the pass: release at once.
-        // (With kOverlap such tiles run as fully masked ones: a wgmma
-        // under this branch, to finish the pending tile, made ptxas
-        // serialize every wgmma of the kernel, and keeping the pending
-        // stage through the pass can starve the producer.)
-        mbarrier_arrive(empty + 8 * stage);
-        continue;
-      }
-      // cp.async wrote gathered tiles through the generic proxy; wgmma
-      // reads them through the async proxy. Tiles the producer copied with
-      // tensor maps were written by the async proxy: no fence for them (it
-      // cost a MEMBAR.ALL.CTA per tile).
-      if (!by_tensor_maps(kv_begin))
-        fence_proxy_async();
-      const uint64_t k_desc = descriptor_plus(k_desc0, stage * kStageBytes);
-      const uint64_t v_desc = descriptor_plus(v_desc0, stage * kStageBytes);
+    const PrefillTile tile = prefill_tile<kBlockM>(args, static_cast<int>(tile_index));
+    const int h = tile.h, b = tile.b, row_begin = tile.row_begin;
+    const int kv_len = tile.kv_len, q_offset = tile.q_offset;
+    const int pass_first = first_pass(tile), pass_last = last_pass(tile);
+    int q_of[2];
+    const int b_of[2] = {b, b}, h_of[2] = {h, h};
+    pagedc_mods::MaskRow mask_rows[2];
+    pagedc_mods::ScoreRow score_rows[2];
+    RowState state;
+    float out[kHeadDim / 8][4];
+    reset_rows(state, out);
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+      const int row = row_begin + group_row + 16 * warp + (lane >> 2) + 8 * half;
+      // Padding rows evaluate the last real row's mods and are never stored.
+      q_of[half] = q_offset + imin(row, args.q_len - 1);
+      mask_rows[half] = pagedc_mods::mask_row(params, b, h, q_of[half]);
+      score_rows[half] = pagedc_mods::score_row(params, b, h, q_of[half]);
+    }
+    const int q_buffer = round % kQBuffers;
+    // (Through a shuffle, like `group`: derived from the round where it is
+    // used, ptxas rebuilt the descriptor inside the KV-tile loop, 3-13
+    // uniform instructions a tile.)
+    const uint32_t q_group = static_cast<uint32_t>(warp_uniform(
+        static_cast<int>(q_tiles + q_buffer * kQBytes + group * (kHeadDim / 64) * atom_bytes(64))));
+    const uint64_t q_desc = wgmma_descriptor(q_group, 16, 1024, kSwizzle128);
+    float(&o_acc)[kHeadDim / 2] = *reinterpret_cast<float(*)[kHeadDim / 2]>(&out[0][0]);
+    // The probabilities of the tile whose O += P V is still to be issued
+    // (kOverlap) or is issued right away, and where its V and stage are.
+    uint32_t p_pending[kBlockN / 16][4];
+    zero_probabilities(p_pending);
+    uint64_t v_pending = 0;
+    int pending_stage = 0;
+    bool pending = false;
+    // kOverlap: O's factors from the last tile's softmax, applied while the
+    // next S runs (before that tile's P V is issued), and whether any is not 1.
+    float o_factor[2] = {1.0f, 1.0f};
+    bool o_rescale = false;
 
-      // S = Q K^T, issued before the previous tile's O += P V so that the
-      // tensor cores run both while this warpgroup waits for S.
-      float scores[kBlockN / 8][4];
-      float(&s_acc)[kBlockN / 2] = *reinterpret_cast<float(*)[kBlockN / 2]>(&scores[0][0]);
-      if (ping_pong)
-        named_barrier_sync(kTurnBarrier + group, 256);
-      wgmma_fence();
-      issue_scores(s_acc, q_desc, k_desc);
-      wgmma_commit();
-      if constexpr (kOverlap) {
-        // O takes the last tile's factors here, under this tile's S. The
-        // wait retires nothing (the last P V was waited for), but without
-        // it ptxas adds a wait for everything, this S included (C7517).
-        if (o_rescale) {
-          wgmma_wait<1>();
-          rescale_rows(out, o_factor);
+    // Q, before the first KV tile (the producer copies it whatever the
+    // query tile visits), through the generic proxy like a gathered tile.
+    mbarrier_wait(q_full + 8 * q_buffer, (round / kQBuffers) & 1);
+    fence_proxy_async();
+    for (int pass = pass_first; pass <= pass_last; ++pass) {
+      KvVisits<kBlockN> visits;
+      if (!visits.start(args, b, h, pass, kv_len))
+        break;
+      const bool visible[2] = {pass_first == pass_last || q_of[0] / args.q_block_size == pass,
+                               pass_first == pass_last || q_of[1] / args.q_block_size == pass};
+      const bool group_visible =
+          pass_first == pass_last ||
+          ((q_offset + imin(row_begin + group_row, args.q_len - 1)) / args.q_block_size <= pass &&
+           (q_offset + imin(row_begin + group_row + 63, args.q_len - 1)) / args.q_block_size >=
+               pass);
+      int list = 0, sub = 0;
+      // With kOverlap the next visit is found while this tile's wgmmas run
+      // (its block-list load off the path from the P V wait to the next S).
+      int next_list = 0, next_sub = 0, next_kv = 0;
+      auto find_next = [&]() {
+        next_list = list;
+        next_sub = sub;
+        visits.advance(next_list, next_sub);
+        next_kv = visits.seek(args, kv_len, next_list, next_sub);
+      };
+      // The loop's step: moves to the visit find_next found. With kOverlap
+      // find_next already ran, under the tile's wgmmas; without, it runs here
+      // (called from the loop body as well, it was inlined twice: ~25 SASS).
+      auto to_next = [&](int &kv_begin) {
+        if constexpr (!kOverlap)
+          find_next();
+        list = next_list;
+        sub = next_sub;
+        kv_begin = next_kv;
+      };
+      for (int kv_begin = visits.seek(args, kv_len, list, sub); list < visits.list_count;
+           to_next(kv_begin)) {
+        const int stage = visit % kStages;
+        const bool is_full = visits.is_full(list);
+        mbarrier_wait(full + 8 * stage, (visit / kStages) & 1);
+        ++visit;
+        if (!kOverlap && !group_visible) {
+          // No row of this warpgroup belongs to the pass: release at once.
+          // (With kOverlap such tiles run as fully masked ones: a wgmma
+          // under this branch, to finish the pending tile, made ptxas
+          // serialize every wgmma of the kernel, and keeping the pending
+          // stage through the pass can starve the producer.)
+          mbarrier_arrive(empty + 8 * stage);
+          continue;
         }
-        wgmma_fence();
-        // The previous tile's P V, unconditionally (a wgmma under a branch
-        // makes ptxas serialize them all): with nothing pending, P is zero
-        // (from before the loop: zeroing it here put 16-32 selects between
-        // the fence and the wgmma reading them, and ptxas injected a
-        // warpgroup.arrive, C7519) and V this tile's, whose rows are finite
-        // (zero-filled past kv_len).
-        if (!pending)
-          v_pending = v_desc;
-        issue_pv(o_acc, p_pending, v_pending);
-        wgmma_commit();
+        // cp.async wrote gathered tiles through the generic proxy; wgmma
+        // reads them through the async proxy. Tiles the producer copied with
+        // tensor maps were written by the async proxy: no fence for them (it
+        // cost a MEMBAR.ALL.CTA per tile).
+        if (!by_tensor_maps(kv_begin, kv_len))
+          fence_proxy_async();
+        const uint64_t k_desc = descriptor_plus(k_desc0, stage * kStageBytes);
+        const uint64_t v_desc = descriptor_plus(v_desc0, stage * kStageBytes);
+
+        // S = Q K^T, issued before the previous tile's O += P V so that the
+        // tensor cores run both while this warpgroup waits for S.
+        float scores[kBlockN / 8][4];
+        float(&s_acc)[kBlockN / 2] = *reinterpret_cast<float(*)[kBlockN / 2]>(&scores[0][0]);
         if (ping_pong)
-          named_barrier_arrive(kTurnBarrier + (group ^ 1), 256);
-        find_next();
-        wgmma_wait<1>();
-      } else {
-        wgmma_wait<0>();
-      }
-      wgmma_fence_operands(s_acc);
-
-      const bool check_mask[2] = {!is_full, !is_full};
-      const bool all_kept = (is_full || !pagedc_mods::kHasMask) && kv_begin + kBlockN <= kv_len &&
-                            visible[0] && visible[1];
-      // A tile copied as a descending page run holds its keys page-reversed.
-      // (Read only where a mod or test uses the keys, it made ptxas spill
-      // 36 bytes at D 128 with 128-key tiles, and all-kept tiles ran the
-      // same SASS either way.)
-      const int column_xor =
-          kRunBoxes && by_tensor_maps(kv_begin)
-              ? stage_xor[stage]
-              : 0;
-      apply_mods<kBlockN / 8>(scores, params, mask_rows, score_rows, b_of, h_of, q_of, visible,
-                              check_mask, kv_begin, kv_len, args.scale, lane, all_kept,
-                              scale_in_softmax, column_xor);
-      float rescale[2];
-      softmax_tile<kBlockN / 8>(state, scores, rescale, softmax_factor);
-      // Once the row maxima settle the factor is exactly 1 for every row of
-      // the warp: skip the 64 multiplies then (exact either way; at D 256,
-      // where ptxas then spilled, they always run).
-      const bool rescale_out =
-          !kOverlap || __ballot_sync(0xffffffffu, rescale[0] != 1.0f || rescale[1] != 1.0f) != 0;
-      if constexpr (kOverlap) {
-        // The previous tile's O += P V must be done before P's registers
-        // are rewritten (and O rescaled, in the next iteration); then its
-        // stage is free. The wait is written in both arms of the branch:
-        // written once after the softmax, ptxas hoisted it above the
-        // softmax (before the first ex2), so the softmax never ran under
-        // that P V.
-        if (rescale_out) {
-          wait_pending_pv(o_acc);
-          o_rescale = true;
+          named_barrier_sync(kTurnBarrier + group, 256);
+        wgmma_fence();
+        issue_scores(s_acc, q_desc, k_desc);
+        wgmma_commit();
+        if constexpr (kOverlap) {
+          // O takes the last tile's factors here, under this tile's S. The
+          // wait retires nothing (the last P V was waited for), but without
+          // it ptxas adds a wait for everything, this S included (C7517).
+          if (o_rescale) {
+            wgmma_wait<1>();
+            rescale_rows(out, o_factor);
+          }
+          wgmma_fence();
+          // The previous tile's P V, unconditionally (a wgmma under a branch
+          // makes ptxas serialize them all): with nothing pending, P is zero
+          // (from before the loop: zeroing it here put 16-32 selects between
+          // the fence and the wgmma reading them, and ptxas injected a
+          // warpgroup.arrive, C7519) and V this tile's, whose rows are finite
+          // (zero-filled past kv_len).
+          if (!pending)
+            v_pending = v_desc;
+          issue_pv(o_acc, p_pending, v_pending);
+          wgmma_commit();
+          if (ping_pong)
+            named_barrier_arrive(kTurnBarrier + (group ^ 1), 256);
+          find_next();
+          wgmma_wait<1>();
         } else {
-          wait_pending_pv(o_acc);
-          o_rescale = false;
+          wgmma_wait<0>();
         }
-        o_factor[0] = rescale[0];
-        o_factor[1] = rescale[1];
-        if (pending)
-          mbarrier_arrive(empty + 8 * pending_stage);
-      } else {
-        rescale_rows(out, rescale);
+        wgmma_fence_operands(s_acc);
+
+        const bool check_mask[2] = {!is_full, !is_full};
+        const bool all_kept = (is_full || !pagedc_mods::kHasMask) && kv_begin + kBlockN <= kv_len &&
+                              visible[0] && visible[1];
+        // A tile copied as a descending page run holds its keys page-reversed.
+        // (Read only where a mod or test uses the keys, it made ptxas spill
+        // 36 bytes at D 128 with 128-key tiles, and all-kept tiles ran the
+        // same SASS either way.)
+        const int column_xor =
+            kRunBoxes && by_tensor_maps(kv_begin, kv_len)
+                ? stage_xor[stage]
+                : 0;
+        apply_mods<kBlockN / 8>(scores, params, mask_rows, score_rows, b_of, h_of, q_of, visible,
+                                check_mask, kv_begin, kv_len, args.scale, lane, all_kept,
+                                scale_in_softmax, column_xor);
+        float rescale[2];
+        softmax_tile<kBlockN / 8>(state, scores, rescale, softmax_factor);
+        // Once the row maxima settle the factor is exactly 1 for every row of
+        // the warp: skip the 64 multiplies then (exact either way; at D 256,
+        // where ptxas then spilled, they always run).
+        const bool rescale_out =
+            !kOverlap || __ballot_sync(0xffffffffu, rescale[0] != 1.0f || rescale[1] != 1.0f) != 0;
+        if constexpr (kOverlap) {
+          // The previous tile's O += P V must be done before P's registers
+          // are rewritten (and O rescaled, in the next iteration); then its
+          // stage is free. The wait is written in both arms of the branch:
+          // written once after the softmax, ptxas hoisted it above the
+          // softmax (before the first ex2), so the softmax never ran under
+          // that P V.
+          if (rescale_out) {
+            wait_pending_pv(o_acc);
+            o_rescale = true;
+          } else {
+            wait_pending_pv(o_acc);
+            o_rescale = false;
+          }
+          o_factor[0] = rescale[0];
+          o_factor[1] = rescale[1];
+          if (pending)
+            mbarrier_arrive(empty + 8 * pending_stage);
+        } else {
+          rescale_rows(out, rescale);
+        }
+        pack_probabilities(p_pending, scores);
+        if constexpr (kOverlap) {
+          v_pending = v_desc;
+          pending_stage = stage;
+          pending = true;
+        } else {
+          finish_pv(o_acc, p_pending, v_desc, empty + 8 * stage);
+        }
       }
-      pack_probabilities(p_pending, scores);
-      if constexpr (kOverlap) {
-        v_pending = v_desc;
-        pending_stage = stage;
-        pending = true;
-      } else {
-        finish_pv(o_acc, p_pending, v_desc, empty + 8 * stage);
+    }
+    // Every S of the tile is done (waited for in the loop): Q's buffer is
+    // free for the tile the producer copies into it next.
+    mbarrier_arrive(q_empty + 8 * q_buffer);
+    if (kOverlap && pending) {
+      if (o_rescale)
+        rescale_rows(out, o_factor);
+      finish_pv(o_acc, p_pending, v_pending, empty + 8 * pending_stage);
+    }
+
+    // Epilogue: normalise, store out rows and lse.
+    Element *out_base = static_cast<Element *>(args.out) + b * args.out_stride[0] +
+                        h * args.out_stride[1];
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+      const float sum = quad_sum(state.sum[half]);
+      const float inverse = sum > 0.0f ? 1.0f / sum : 0.0f;
+      const int row = row_begin + group_row + 16 * warp + (lane >> 2) + 8 * half;
+      if (row >= args.q_len)
+        continue;
+      uint32_t *out_row =
+          reinterpret_cast<uint32_t *>(out_base + row * args.out_stride[2] + 2 * (lane & 3));
+#pragma unroll
+      for (int d = 0; d < kHeadDim / 8; ++d)
+        out_row[d * 4] = pack_pair(out[d][2 * half] * inverse, out[d][2 * half + 1] * inverse);
+      if constexpr (pagedc_config::kHasLse) {
+        if ((lane & 3) == 0)
+          args.lse[(static_cast<int64_t>(b) * args.heads_q + h) * args.q_len + row] =
+              sum > 0.0f ? (state.max[half] + log2f(sum)) * kLn2 : -infinity();
       }
     }
   }
   // Warpgroup 1's last hand-over (its first turn was given before the
-  // loop) is taken here, so no named barrier is left half arrived.
+  // first tile) is taken here, so no named barrier is left half arrived.
   if (ping_pong && group == 0)
     named_barrier_sync(kTurnBarrier, 256);
-  if (kOverlap && pending) {
-    if (o_rescale)
-      rescale_rows(out, o_factor);
-    finish_pv(o_acc, p_pending, v_pending, empty + 8 * pending_stage);
-  }
-
-  // Epilogue: normalise, store out rows and lse.
-  Element *out_base = static_cast<Element *>(args.out) + b * args.out_stride[0] +
-                      h * args.out_stride[1];
-#pragma unroll
-  for (int half = 0; half < 2; ++half) {
-    const float sum = quad_sum(state.sum[half]);
-    const float inverse = sum > 0.0f ? 1.0f / sum : 0.0f;
-    const int row = row_begin + group_row + 16 * warp + (lane >> 2) + 8 * half;
-    if (row >= args.q_len)
-      continue;
-    uint32_t *out_row =
-        reinterpret_cast<uint32_t *>(out_base + row * args.out_stride[2] + 2 * (lane & 3));
-#pragma unroll
-    for (int d = 0; d < kHeadDim / 8; ++d)
-      out_row[d * 4] = pack_pair(out[d][2 * half] * inverse, out[d][2 * half + 1] * inverse);
-    if constexpr (pagedc_config::kHasLse) {
-      if ((lane & 3) == 0)
-        args.lse[(static_cast<int64_t>(b) * args.heads_q + h) * args.q_len + row] =
-            sum > 0.0f ? (state.max[half] + log2f(sum)) * kLn2 : -infinity();
-    }
-  }
   } // consumer
 }

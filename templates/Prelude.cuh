@@ -110,6 +110,20 @@ template <int kPending> PAGEDC_DEVICE void cp_async_wait(PAGEDC_SITE_PARAMS_ONLY
 #endif
 }
 
+/// `value`, hidden from the optimizer: computed where it stands, every
+/// time (volatile asm), so that nothing derived from it is hoisted out of
+/// the loop around it to live in a register (or a spill slot) across the
+/// loop's other work.
+PAGEDC_DEVICE int recompute_here(int value) {
+#ifdef PAGEDC_EMULATOR
+  return value;
+#else
+  int out;
+  asm volatile("mov.b32 %0, %1;" : "=r"(out) : "r"(value));
+  return out;
+#endif
+}
+
 /// +infinity (NVRTC has no constexpr way to spell it).
 PAGEDC_DEVICE float infinity() { return __int_as_float(0x7f800000); }
 

@@ -401,6 +401,8 @@ std::vector<CaseResult> checkPack(const Pack &pack, const RunOptions &options,
           const int maxKv = *std::max_element(c.kvLength.begin(), c.kvLength.end());
           AttentionLaunchPlan plan =
               planAttention(config, args, params, maxKv, options.multiprocessors);
+          // (The warpgroup prefill holds one CTA per SM.)
+          applyPrefillPersistentRequest(config, plan, options.multiprocessors);
           for (const KernelLaunch &launch : plan.launches)
             result.launches.push_back(describeLaunch(launch));
           if (plan.workspaceBytes)
@@ -742,6 +744,7 @@ std::vector<BenchResult> benchPack(const Pack &pack, const RunOptions &options,
         }
         AttentionLaunchPlan plan =
             planAttention(config, args, params, b.kvLength, options.multiprocessors);
+        applyPrefillPersistentRequest(config, plan, options.multiprocessors);
         for (const KernelLaunch &launch : plan.launches)
           result.launches.push_back(describeLaunch(launch));
         result.status = "planned";

@@ -187,12 +187,15 @@ public:
                       std::vector<unsigned char> params, int maxKvLength,
                       int64_t maxVisibleKv = -1);
   /// The launch's options from the environment, for caches of `kPages` and
-  /// `vPages` pages. The warpgroup prefill: ping-pong consumers
-  /// ($PAGEDC_PREFILL_PINGPONG, setPrefillPingPong) and tensor maps of the
-  /// caches ($PAGEDC_PREFILL_TMA, bindPrefillTensorMaps). Decode: tensor
-  /// maps ($PAGEDC_DECODE_TMA, bindDecodeTensorMaps). Returns the main
-  /// launch's note ("tensor maps", "gather (<why>)", the prefill's either +
-  /// ", ping-pong"), or "" for other kernels.
+  /// `vPages` pages. The warpgroup prefill: tensor maps of the caches
+  /// ($PAGEDC_PREFILL_TMA, bindPrefillTensorMaps), persistent CTAs
+  /// ($PAGEDC_PREFILL_PERSISTENT and _CTAS, setPrefillPersistent; one per
+  /// SM and resident CTA unless _CTAS says) and ping-pong consumers
+  /// ($PAGEDC_PREFILL_PINGPONG, setPrefillPingPong). Decode: tensor maps
+  /// ($PAGEDC_DECODE_TMA, bindDecodeTensorMaps). Returns the main launch's
+  /// note ("tensor maps", "gather (<why>)", the prefill's either + ",
+  /// persistent (N CTAs)" + ", ping-pong" where on), or "" for other
+  /// kernels.
   std::string applyLaunchOptions(int64_t kPages, int64_t vPages);
   /// Launches the call's kernels on `stream` (checks each launch).
   void enqueue(cu::Stream stream);

@@ -147,6 +147,37 @@ bool prefillPingPongRequested();
 /// when on. Kernels with one consumer warpgroup or head dim 256 ignore it.
 void setPrefillPingPong(AttentionLaunchPlan &plan, bool on);
 
+/// Whether $PAGEDC_PREFILL_PERSISTENT asks for a persistent warpgroup
+/// prefill: a grid of one CTA per resident slot (SMs x resident CTAs, or
+/// $PAGEDC_PREFILL_PERSISTENT_CTAS), each taking query tiles in rounds
+/// (templates/KernelCommon.cuh, prefill_round_tile) so that its producer
+/// copies the next tile's Q and K/V while the consumers finish the current
+/// one: "1" yes; unset, empty or "0" no (the default until a GPU has
+/// measured it); anything else throws pagedc::Error naming it.
+bool prefillPersistentRequested();
+
+/// $PAGEDC_PREFILL_PERSISTENT_CTAS: the persistent prefill's grid (at most
+/// this many CTAs; tests use a few so that every CTA takes several tiles).
+/// Unset or empty: 0 (one per resident slot); an integer from 1 to 2^20
+/// otherwise. Anything else, or the variable set while
+/// $PAGEDC_PREFILL_PERSISTENT is not "1", throws pagedc::Error.
+int prefillPersistentCtasRequested();
+
+/// Makes the warpgroup prefill's launch persistent: grid min(ctas, query
+/// tiles) instead of one CTA per query tile (nothing for other kernels, or
+/// when ctas < 1), and the launch's note gains ", persistent (N CTAs)".
+/// The kernel needs no other argument: it walks rounds of gridDim.x tiles.
+/// Call it after bindPrefillTensorMaps, which rewrites the note.
+void setPrefillPersistent(const KernelConfig &config, AttentionLaunchPlan &plan, int64_t ctas);
+
+/// What the environment asks of the warpgroup prefill's grid: with
+/// $PAGEDC_PREFILL_PERSISTENT=1, setPrefillPersistent with
+/// $PAGEDC_PREFILL_PERSISTENT_CTAS or else `slots` (the device's SMs x
+/// resident CTAs); otherwise nothing (and the CTA count alone throws, as
+/// prefillPersistentCtasRequested()).
+void applyPrefillPersistentRequest(const KernelConfig &config, AttentionLaunchPlan &plan,
+                                   int64_t slots);
+
 /// Encodes tensor maps of the plan's k_cache and v_cache ([Hkv, kPages or
 /// vPages, pageSize, D], the strides of plan.args) with the driver's
 /// cuTensorMapEncodeTiled into the warpgroup prefill's third argument and

@@ -108,6 +108,11 @@ struct KernelConfig {
   /// to 4) whose shared memory fits an H100 CTA (227 KiB), at least 2.
   /// 1 for the other kernels.
   int prefillStages() const;
+  /// Warpgroup prefill: Q tiles in shared memory, 2 where a second fits
+  /// beside prefillStages() stages (a persistent CTA's producer then copies
+  /// its next tile's Q while the consumers work on the current one), else
+  /// 1. 1 for the other kernels.
+  int prefillQBuffers() const;
   /// Whether the kernel is sm_90a code: warpgroup prefill tiles (warpRows
   /// 64: wgmma, setmaxnreg), which no other architecture runs.
   bool needsSm90a() const;

@@ -591,7 +591,11 @@ std::string CudaAttentionLaunch::applyLaunchOptions(int64_t kPages, int64_t vPag
     bindPrefillTensorMaps(cudaUseDevice(kernel_->device), kernel_->config, plan_, kPages, vPages);
   else
     plan_.launches[0].note = "gather (PAGEDC_PREFILL_TMA=0)";
-  // After the copy path's note: setPrefillPingPong appends ", ping-pong".
+  // After the copy path's note: setPrefillPersistent appends ", persistent
+  // (N CTAs)", then setPrefillPingPong ", ping-pong".
+  applyPrefillPersistentRequest(kernel_->config, plan_,
+                                int64_t(cudaDeviceInfo(kernel_->device).multiprocessors) *
+                                    std::max(kernel_->residentCtasPerSm, 1));
   setPrefillPingPong(plan_, prefillPingPongRequested());
   return plan_.launches[0].note;
 }

@@ -341,6 +341,22 @@ bool environmentSwitch(const char *name, const char *what, bool otherwise) {
     return true;
   throw Error(fmt::format("{} is '{}': expected 1 ({}) or 0", name, value, what));
 }
+
+/// An integer from the environment in [low, high]; unset or empty
+/// `otherwise`; anything else throws, saying what the number is.
+long environmentInteger(const char *name, long otherwise, long low, long high,
+                        const char *what) {
+  const char *value = std::getenv(name);
+  if (!value || !*value)
+    return otherwise;
+  char *end = nullptr;
+  errno = 0;
+  const long number = std::strtol(value, &end, 10);
+  if (errno || *end || end == value || number < low || number > high)
+    throw Error(fmt::format("{} is '{}': expected an integer from {} to {} ({})", name, value,
+                            low, high, what));
+  return number;
+}
 } // namespace
 
 bool prefillTensorMapsRequested() {
@@ -358,6 +374,40 @@ bool prefillTensorMapRunsRequested() {
 bool prefillPingPongRequested() {
   return environmentSwitch("PAGEDC_PREFILL_PINGPONG",
                            "ping-pong consumer warpgroups in the warpgroup prefill", false);
+}
+
+bool prefillPersistentRequested() {
+  return environmentSwitch("PAGEDC_PREFILL_PERSISTENT",
+                           "persistent CTAs in the warpgroup prefill", false);
+}
+
+int prefillPersistentCtasRequested() {
+  const long ctas = environmentInteger("PAGEDC_PREFILL_PERSISTENT_CTAS", 0, 1, 1L << 20,
+                                       "the persistent prefill's CTAs");
+  if (ctas != 0 && !prefillPersistentRequested())
+    throw Error(fmt::format("PAGEDC_PREFILL_PERSISTENT_CTAS is '{}' but PAGEDC_PREFILL_PERSISTENT "
+                            "is not 1: the CTA count is for the persistent prefill only",
+                            ctas));
+  return static_cast<int>(ctas);
+}
+
+void setPrefillPersistent(const KernelConfig &config, AttentionLaunchPlan &plan, int64_t ctas) {
+  if (config.kind != KernelKind::Prefill || config.warpRows != 64 || ctas < 1 ||
+      plan.launches.empty() || plan.launches[0].arguments.size() != 3)
+    return;
+  KernelLaunch &launch = plan.launches[0];
+  const int64_t tiles =
+      ceilDiv(plan.args.q_len, config.blockM) * int64_t(plan.args.heads_q) * plan.args.batch;
+  const int64_t grid = std::max<int64_t>(std::min(tiles, ctas), 1);
+  launch.grid[0] = static_cast<unsigned>(grid);
+  launch.note += fmt::format(", persistent ({} CTAs)", grid);
+}
+
+void applyPrefillPersistentRequest(const KernelConfig &config, AttentionLaunchPlan &plan,
+                                   int64_t slots) {
+  const int ctas = prefillPersistentCtasRequested(); // checks the pair
+  if (prefillPersistentRequested())
+    setPrefillPersistent(config, plan, ctas > 0 ? ctas : slots);
 }
 
 void setPrefillPingPong(AttentionLaunchPlan &plan, bool on) {
@@ -477,17 +527,8 @@ std::string bindPrefillTensorMaps(const CudaDriver &driver, const KernelConfig &
 }
 
 int decodeSplitFactorRequested() {
-  const char *value = std::getenv("PAGEDC_DECODE_SPLIT_FACTOR");
-  if (!value || !*value)
-    return 1;
-  char *end = nullptr;
-  errno = 0;
-  const long factor = std::strtol(value, &end, 10);
-  if (errno || *end || end == value || factor < 1 || factor > 16)
-    throw Error(fmt::format("PAGEDC_DECODE_SPLIT_FACTOR is '{}': expected an integer from 1 "
-                            "to 16 (the decode's split count times this)",
-                            value));
-  return static_cast<int>(factor);
+  return static_cast<int>(environmentInteger("PAGEDC_DECODE_SPLIT_FACTOR", 1, 1, 16,
+                                             "the decode's split count times this"));
 }
 
 bool decodeTensorMapRunsRequested() {

@@ -182,11 +182,12 @@ std::string KernelConfig::compileArchFor(const std::string &arch) const {
 }
 
 namespace {
-/// Warpgroup prefill shared memory with `stages` K/V stages: 1024 bytes to
-/// align the swizzled tiles, Q, the ring and the mbarriers (128 bytes).
-int wgmmaPrefillSharedBytes(const KernelConfig &config, int stages) {
+/// Warpgroup prefill shared memory with `stages` K/V stages and
+/// `qBuffers` Q tiles: 1024 bytes to align the swizzled tiles, Q, the ring
+/// and the mbarriers (128 bytes).
+int wgmmaPrefillSharedBytes(const KernelConfig &config, int stages, int qBuffers = 1) {
   const int rowBytes = config.headDim * 2;
-  return 1024 + (config.blockM + 2 * stages * config.blockN) * rowBytes + 128;
+  return 1024 + (qBuffers * config.blockM + 2 * stages * config.blockN) * rowBytes + 128;
 }
 constexpr int kMaxSharedPerCta = 227 * 1024;
 } // namespace
@@ -200,12 +201,19 @@ int KernelConfig::prefillStages() const {
   return 2;
 }
 
+int KernelConfig::prefillQBuffers() const {
+  if (kind != KernelKind::Prefill || warpRows != 64)
+    return 1;
+  // The ring's stages first: a second Q tile only where it fits beside them.
+  return wgmmaPrefillSharedBytes(*this, prefillStages(), 2) <= kMaxSharedPerCta ? 2 : 1;
+}
+
 int KernelConfig::sharedMemoryBytes() const {
   const int rowBytes = headDim * 2;
   switch (kind) {
   case KernelKind::Prefill:
     if (warpRows == 64)
-      return wgmmaPrefillSharedBytes(*this, prefillStages());
+      return wgmmaPrefillSharedBytes(*this, prefillStages(), prefillQBuffers());
     // Q tile, two K and two V stages, the staged pages of the next KV
     // tile (at most 64: page size 1).
     return (blockM + 4 * blockN) * rowBytes + 64 * 4;
@@ -314,6 +322,7 @@ KernelSource assembleKernel(const KernelConfig &config,
                       config.decodeHeadsPerCta());
   code += fmt::format("constexpr int kMaxSplitBlocks = {};\n", kMaxSplitBlocks);
   code += fmt::format("constexpr int kPrefillStages = {};\n", config.prefillStages());
+  code += fmt::format("constexpr int kPrefillQBuffers = {};\n", config.prefillQBuffers());
   code += fmt::format("constexpr bool kHasLse = {};\n",
                       config.returnLse ? "true" : "false");
   code += "} // namespace pagedc_config\n";

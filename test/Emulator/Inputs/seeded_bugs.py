@@ -26,7 +26,8 @@ import sys
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "Runtime", "Inputs"))
 from compare_npy import read_npy  # noqa: E402
 
-# name: (template, text, replacement, run)
+# name: (template, text, replacement, run); or (template, [(text,
+# replacement), ...], None, run) for a bug of several edits.
 BUGS = {
     "no-trailing-syncthreads": (
         "Prefill.cuh",
@@ -237,8 +238,8 @@ BUGS = {
         "wgmma"),
     "wgmma-no-proxy-fence": (
         "PrefillWgmma.cuh",
-        "      if (!by_tensor_maps(kv_begin))\n"
-        "        fence_proxy_async();\n",
+        "        if (!by_tensor_maps(kv_begin, kv_len))\n"
+        "          fence_proxy_async();\n",
         "",
         "wgmma"),
     # With tensor maps only gathered tiles and Q need the proxy fence: the
@@ -246,13 +247,14 @@ BUGS = {
     # fenced (its first tiles come by tensor maps).
     "tma-gathered-tail-unfenced": (
         "PrefillWgmma.cuh",
-        "      if (!by_tensor_maps(kv_begin))\n",
-        "      if (!(kTmaPages && wg.tensor_maps != 0))\n",
+        "        if (!by_tensor_maps(kv_begin, kv_len))\n",
+        "        if (!(kTmaPages && wg.tensor_maps != 0))\n",
         "wgmma-tma"),
     "tma-q-unfenced": (
         "PrefillWgmma.cuh",
-        "  mbarrier_wait(q_full, 0);\n  fence_proxy_async();\n",
-        "  mbarrier_wait(q_full, 0);\n",
+        "    mbarrier_wait(q_full + 8 * q_buffer, (round / kQBuffers) & 1);\n"
+        "    fence_proxy_async();\n",
+        "    mbarrier_wait(q_full + 8 * q_buffer, (round / kQBuffers) & 1);\n",
         "wgmma-tma"),
     # The overlapped O += P V (one tile's PV in flight while the next
     # tile's S and softmax run) with its stage released before it
@@ -264,10 +266,10 @@ BUGS = {
     # the next tile overwrites while this one's copies still read it.
     "wgmma-pending-stage-released-before-pv-wait": (
         "PrefillWgmma.cuh",
-        "        if (rescale_out) {\n          wait_pending_pv(o_acc);\n",
-        "        if (pending)\n          mbarrier_arrive(empty + 8 * pending_stage);\n"
-        "        pending = false;\n"
-        "        if (rescale_out) {\n          wait_pending_pv(o_acc);\n",
+        "          if (rescale_out) {\n            wait_pending_pv(o_acc);\n",
+        "          if (pending)\n            mbarrier_arrive(empty + 8 * pending_stage);\n"
+        "          pending = false;\n"
+        "          if (rescale_out) {\n            wait_pending_pv(o_acc);\n",
         "wgmma"),
     # O's rescale by the last tile's factors, done under the next tile's
     # S: left out there, or written again right after the P V is issued
@@ -276,21 +278,21 @@ BUGS = {
     # before the last tile's P V.
     "wgmma-rescale-dropped-under-s": (
         "PrefillWgmma.cuh",
-        "          rescale_rows(out, o_factor);\n        }\n",
-        "        }\n",
+        "            rescale_rows(out, o_factor);\n          }\n",
+        "          }\n",
         "wgmma"),
     "wgmma-rescale-written-under-pv": (
         "PrefillWgmma.cuh",
-        "        issue_pv(o_acc, p_pending, v_pending);\n        wgmma_commit();\n"
-        "        if (ping_pong)\n",
-        "        issue_pv(o_acc, p_pending, v_pending);\n        wgmma_commit();\n"
-        "        if (o_rescale)\n          rescale_rows(out, o_factor);\n"
-        "        if (ping_pong)\n",
+        "          issue_pv(o_acc, p_pending, v_pending);\n          wgmma_commit();\n"
+        "          if (ping_pong)\n",
+        "          issue_pv(o_acc, p_pending, v_pending);\n          wgmma_commit();\n"
+        "          if (o_rescale)\n            rescale_rows(out, o_factor);\n"
+        "          if (ping_pong)\n",
         "wgmma"),
     "wgmma-last-rescale-dropped": (
         "PrefillWgmma.cuh",
-        "    if (o_rescale)\n      rescale_rows(out, o_factor);\n    finish_pv(",
-        "    finish_pv(",
+        "      if (o_rescale)\n        rescale_rows(out, o_factor);\n      finish_pv(",
+        "      finish_pv(",
         "wgmma"),
     # The next visit looked up under the wgmmas: the lookup advanced from
     # the wrong visit (the tile after next), so every other tile is skipped.
@@ -389,6 +391,45 @@ BUGS = {
         "          named_barrier_arrive(kTurnBarrier + (group ^ 1), 256);\n",
         "          named_barrier_arrive(kTurnBarrier + group, 256);\n",
         "wgmma-pingpong"),
+    # Persistent CTAs (PAGEDC_PREFILL_PERSISTENT=1; a few CTAs, so that
+    # each takes several query tiles in rounds): the producer copying a Q
+    # tile into a buffer the consumers still read (its wait dropped, or the
+    # consumers' release moved before their S products), the consumers
+    # waiting for a round's Q on the first round's phase, and the consumers
+    # walking the tiles in another order than the producer.
+    "persistent-q-copied-without-empty-wait": (
+        "PrefillWgmma.cuh",
+        "      mbarrier_wait(q_empty + 8 * q_buffer, ((round / kQBuffers) & 1) ^ 1);\n",
+        "",
+        "wgmma-persistent"),
+    "persistent-q-released-before-products": (
+        "PrefillWgmma.cuh",
+        [("    mbarrier_wait(q_full + 8 * q_buffer, (round / kQBuffers) & 1);\n"
+          "    fence_proxy_async();\n",
+          "    mbarrier_wait(q_full + 8 * q_buffer, (round / kQBuffers) & 1);\n"
+          "    fence_proxy_async();\n    mbarrier_arrive(q_empty + 8 * q_buffer);\n"),
+         ("    mbarrier_arrive(q_empty + 8 * q_buffer);\n    if (kOverlap && pending) {\n",
+          "    if (kOverlap && pending) {\n")],
+        None,
+        "wgmma-persistent"),
+    "persistent-q-waited-on-first-phase": (
+        "PrefillWgmma.cuh",
+        "    mbarrier_wait(q_full + 8 * q_buffer, (round / kQBuffers) & 1);\n",
+        "    mbarrier_wait(q_full + 8 * q_buffer, 0);\n",
+        "wgmma-persistent"),
+    "persistent-consumers-without-snake": (
+        "PrefillWgmma.cuh",
+        "  for (int round = 0;; ++round) {\n"
+        "    const int64_t tile_index = prefill_round_tile(round);\n"
+        "    if (tile_index >= tile_count)\n      break;\n"
+        "    const PrefillTile tile = prefill_tile<kBlockM>(args, static_cast<int>(tile_index));\n"
+        "    const int h = tile.h, b = tile.b, row_begin",
+        "  for (int round = 0;; ++round) {\n"
+        "    const int64_t tile_index = int64_t(round) * gridDim.x + blockIdx.x;\n"
+        "    if (tile_index >= tile_count)\n      break;\n"
+        "    const PrefillTile tile = prefill_tile<kBlockM>(args, static_cast<int>(tile_index));\n"
+        "    const int h = tile.h, b = tile.b, row_begin",
+        "wgmma-persistent"),
 }
 
 
@@ -462,6 +503,18 @@ def main():
         "decode-runs": dict(q=(1, 8, 1, 128), k=(1, 2, 1100, 128), extra=["--q-offset", "end"],
                             attn=os.path.join(work, "alibi_causal.attn"), score="alibi",
                             pages=["--page-size", "16"]),
+        # Persistent CTAs: 3 for 32 query tiles (batch 4 x 4 heads x 2 tiles
+        # of 128 rows), each taking 10 or 11 in rounds, with tensor-map
+        # copies and the consumer warpgroups' turns running on across
+        # tiles. Causal from q 0: a tile visits 2 or 3 KV tiles, fewer than
+        # the ring's stages, so the producer runs a round ahead and only
+        # the Q tiles' own barriers order its copies of Q.
+        "wgmma-persistent": dict(q=(4, 4, 150, 128), k=(4, 2, 150, 128), extra=[],
+                                 env={"PAGEDC_PREFILL_SHAPE": "128x64x64",
+                                      "PAGEDC_PREFILL_TMA": "1",
+                                      "PAGEDC_PREFILL_PERSISTENT": "1",
+                                      "PAGEDC_PREFILL_PERSISTENT_CTAS": "3",
+                                      "PAGEDC_PREFILL_PINGPONG": "1"}),
         # And with its consumer warpgroups taking turns (gathered tiles).
         "wgmma-pingpong": dict(q=(1, 4, 150, 128), k=(1, 2, 300, 128),
                                extra=["--q-offset", "end"],
@@ -517,16 +570,20 @@ def main():
     for bug in chosen:
         template, text, replacement, run_name = BUGS[bug]
         source = open(os.path.join(templates, template)).read()
-        if source.count(text) != 1:
-            print("BUG %s: the patch matches %d times in %s (must be once)" %
-                  (bug, source.count(text), template))
+        edits = text if isinstance(text, list) else [(text, replacement)]
+        unmatched = [t for t, _ in edits if source.count(t) != 1]
+        if unmatched:
+            print("BUG %s: a patch matches %d times in %s (must be once)" %
+                  (bug, source.count(unmatched[0]), template))
             failures += 1
             continue
+        for old, new in edits:
+            source = source.replace(old, new)
         patched_dir = os.path.join(work, bug)
         shutil.rmtree(patched_dir, ignore_errors=True)
         os.makedirs(patched_dir)
         with open(os.path.join(patched_dir, template), "w") as f:
-            f.write(source.replace(text, replacement))
+            f.write(source)
         out = os.path.join(work, bug + ".npy")
         result = attempt(runs[run_name], out, patched_dir)
         verdict = None

@@ -32,6 +32,16 @@ PagedcAttentionKernelArgs callArgs(int batch, int headsQ, int headsKv, int qLen)
   return test::fakeAttentionArgs(batch, headsQ, headsKv, qLen);
 }
 
+/// The warpgroup prefill's default tiles at D 128: 128 x 64, two consumer
+/// warpgroups.
+KernelConfig warpgroupPrefill() {
+  KernelConfig config;
+  config.blockM = 128;
+  config.blockN = 64;
+  config.warpRows = 64;
+  return config;
+}
+
 } // namespace
 
 TEST(CudaDriver, ReportsWhyThereIsNoDriver) {
@@ -90,10 +100,7 @@ TEST(CudaLaunch, PrefillDryRun) {
 // plan packs disabled (zeros) until bindPrefillTensorMaps fills them: the
 // kernel then gathers every tile. The mma.sync prefill has two.
 TEST(CudaLaunch, WarpgroupPrefillPlansDisabledTensorMaps) {
-  KernelConfig config;
-  config.blockM = 128;
-  config.blockN = 64;
-  config.warpRows = 64;
+  KernelConfig config = warpgroupPrefill();
   PagedcAttentionKernelArgs args = callArgs(2, 8, 2, 300);
   AttentionLaunchPlan plan = planAttention(config, args, std::vector<unsigned char>(4), 300, 132);
   ASSERT_EQ(plan.launches.size(), 1u);
@@ -147,6 +154,7 @@ TEST(CudaLaunch, PrefillSwitchesFromTheEnvironment) {
        {Switch{"PAGEDC_PREFILL_TMA", prefillTensorMapsRequested, true},
         Switch{"PAGEDC_PREFILL_TMA_RUNS", prefillTensorMapRunsRequested, true},
         Switch{"PAGEDC_PREFILL_PINGPONG", prefillPingPongRequested, false},
+        Switch{"PAGEDC_PREFILL_PERSISTENT", prefillPersistentRequested, false},
         Switch{"PAGEDC_DECODE_TMA", decodeTensorMapsRequested, true},
         Switch{"PAGEDC_DECODE_TMA_RUNS", decodeTensorMapRunsRequested, true}}) {
     const char *saved = std::getenv(name);
@@ -172,6 +180,82 @@ TEST(CudaLaunch, PrefillSwitchesFromTheEnvironment) {
       setenv(name, restore.c_str(), 1);
     else
       unsetenv(name);
+  }
+}
+
+// Persistent CTAs: the grid shrinks to min(CTAs, query tiles) and the note
+// says so; the kernel needs nothing else (it walks rounds of gridDim.x
+// tiles). The mma.sync prefill and the decode kernel are left alone.
+TEST(CudaLaunch, PersistentPrefillShrinksTheGrid) {
+  KernelConfig config = warpgroupPrefill();
+  // 300 rows: 3 query tiles x 8 heads x batch 2 = 48.
+  PagedcAttentionKernelArgs args = callArgs(2, 8, 2, 300);
+  AttentionLaunchPlan plan = planAttention(config, args, std::vector<unsigned char>(4), 300, 132);
+  EXPECT_EQ(plan.launches[0].grid[0], 48u);
+  setPrefillPersistent(config, plan, 5);
+  EXPECT_EQ(plan.launches[0].grid[0], 5u);
+  EXPECT_EQ(plan.launches[0].note, "gather (tensor maps not bound), persistent (5 CTAs)");
+  setPrefillPingPong(plan, true);
+  EXPECT_EQ(plan.launches[0].note,
+            "gather (tensor maps not bound), persistent (5 CTAs), ping-pong");
+  // More CTAs than tiles: one per tile.
+  AttentionLaunchPlan wide = planAttention(config, args, std::vector<unsigned char>(4), 300, 132);
+  setPrefillPersistent(config, wide, 132);
+  EXPECT_EQ(wide.launches[0].grid[0], 48u);
+  EXPECT_EQ(wide.launches[0].note, "gather (tensor maps not bound), persistent (48 CTAs)");
+
+  KernelConfig mma; // 64 x 64, 16 rows per warp
+  AttentionLaunchPlan plain = planAttention(mma, args, std::vector<unsigned char>(4), 300, 132);
+  const unsigned grid = plain.launches[0].grid[0];
+  setPrefillPersistent(mma, plain, 5);
+  EXPECT_EQ(plain.launches[0].grid[0], grid);
+  EXPECT_EQ(plain.launches[0].note, "");
+}
+
+// The second Q tile: where it fits beside the ring's stages, which come
+// first (KernelConfig::prefillQBuffers).
+TEST(CudaLaunch, WarpgroupPrefillQBuffers) {
+  KernelConfig config = warpgroupPrefill();
+  EXPECT_EQ(config.headDim, 128);
+  EXPECT_EQ(config.prefillStages(), 4);
+  EXPECT_EQ(config.prefillQBuffers(), 2);
+  EXPECT_EQ(config.sharedMemoryBytes(), 1024 + (2 * 128 + 2 * 4 * 64) * 256 + 128);
+  config.blockN = 128; // three stages fill 227 KiB
+  EXPECT_EQ(config.prefillStages(), 3);
+  EXPECT_EQ(config.prefillQBuffers(), 1);
+  EXPECT_EQ(config.sharedMemoryBytes(), 1024 + (128 + 2 * 3 * 128) * 256 + 128);
+  config.headDim = 256;
+  config.blockM = 64;
+  config.blockN = 32;
+  EXPECT_EQ(config.prefillQBuffers(), 2);
+  KernelConfig mma; // the mma.sync prefill has one Q tile
+  EXPECT_EQ(mma.prefillQBuffers(), 1);
+}
+
+TEST(CudaLaunch, PersistentSwitchesFromTheEnvironment) {
+  test::ScopedEnv persistent("PAGEDC_PREFILL_PERSISTENT", nullptr);
+  test::ScopedEnv ctas("PAGEDC_PREFILL_PERSISTENT_CTAS", nullptr);
+  EXPECT_FALSE(prefillPersistentRequested());
+  EXPECT_EQ(prefillPersistentCtasRequested(), 0);
+  persistent.set("1");
+  EXPECT_TRUE(prefillPersistentRequested());
+  EXPECT_EQ(prefillPersistentCtasRequested(), 0);
+  ctas.set("7");
+  EXPECT_EQ(prefillPersistentCtasRequested(), 7);
+  for (const char *bad : {"0", "-3", "x", "7x", "2000000"}) {
+    ctas.set(bad);
+    EXPECT_THROW(prefillPersistentCtasRequested(), Error) << bad;
+  }
+  // A CTA count without the switch is refused, naming both.
+  ctas.set("7");
+  persistent.set("0");
+  try {
+    prefillPersistentCtasRequested();
+    ADD_FAILURE() << "PAGEDC_PREFILL_PERSISTENT_CTAS taken without the switch";
+  } catch (const Error &error) {
+    EXPECT_NE(std::string(error.what()).find("PAGEDC_PREFILL_PERSISTENT is not 1"),
+              std::string::npos)
+        << error.what();
   }
 }
 

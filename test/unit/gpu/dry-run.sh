@@ -28,9 +28,25 @@ for also_file in (sys.argv[4], os.path.join(sys.argv[5], "also2-gpu-check.json")
     assert [c["status"] for c in also["cases"]] == [c["status"] for c in check["cases"]], also_file
 # --prefill-options: each launch option's prefill cases planned.
 prefill = [c["status"] for c in check["cases"] if c["name"].find("prefill") >= 0]
-for label in ("gather", "pingpong", "page-boxes"):
+for label in ("gather", "pingpong", "page-boxes", "persistent"):
     option = json.load(open(os.path.join(sys.argv[5], label + "-gpu-check.json")))
     assert [c["status"] for c in option["cases"]] == prefill and prefill, label
+# "persistent": the benchmark's warpgroup prefills planned with one CTA per
+# SM of the 132 the dry run assumes, each then taking several query tiles.
+persistent = [launch for config in json.load(open(os.path.join(
+    sys.argv[5], "persistent-gpu-bench-pagedc.json")))["configurations"]
+    for launch in config["launches"] if launch.startswith("pagedc_prefill grid")]
+assert persistent and all(l.startswith("pagedc_prefill grid (132, 1, 1)") and
+                          l.endswith("persistent (132 CTAs)") for l in persistent), persistent
+# Its checks take 3 CTAs (PAGEDC_PREFILL_PERSISTENT_CTAS=3, for the checks
+# only), so that the pack's small cases run several query tiles per CTA.
+checked = [launch for case in json.load(open(os.path.join(
+    sys.argv[5], "persistent-gpu-check.json")))["cases"]
+    for launch in case["launches"] if "persistent (" in launch]
+assert checked and all(l.startswith(("pagedc_prefill grid (3, 1, 1)",
+                                     "pagedc_prefill grid (2, 1, 1)",
+                                     "pagedc_prefill grid (1, 1, 1)")) for l in checked), checked
+assert any(l.startswith("pagedc_prefill grid (3, 1, 1)") for l in checked), checked
 # --decode-options: the decode cases planned with the gather, and with twice
 # the splits; the benchmark's decodes (long enough to split) planned with
 # twice the CTAs of their default plans.

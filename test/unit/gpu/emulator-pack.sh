@@ -41,6 +41,20 @@ if [ "$tma" = 1 ]; then
     exit 1
   fi
 fi
+if [ "${PAGEDC_PREFILL_PERSISTENT:-0}" = 1 ] && [ -n "${PAGEDC_PREFILL_PERSISTENT_CTAS:-}" ]; then
+  # Persistent CTAs: no prefill grid over the CTA count, and some at it
+  # (those CTAs then take several query tiles each).
+  ctas=$PAGEDC_PREFILL_PERSISTENT_CTAS
+  grids=$(grep -o '"kernel": "pagedc_prefill", "grid": \[[0-9]*' "$work/counters.jsonl" |
+            grep -o '[0-9]*$' || true)
+  over=$(echo "$grids" | awk -v c="$ctas" '$1 > c' | wc -l)
+  full=$(echo "$grids" | awk -v c="$ctas" '$1 == c' | wc -l)
+  echo "emulator pack: $full prefill launches ran $ctas persistent CTAs, $over more"
+  if [ "$over" -ne 0 ] || [ "$full" -eq 0 ]; then
+    echo "emulator pack: FAILED (PAGEDC_PREFILL_PERSISTENT_CTAS=$ctas not followed)"
+    exit 1
+  fi
+fi
 decode=$(grep -c '"kernel": "pagedc_decode"' "$work/counters.jsonl" || true)
 decode_bulk=$(grep '"kernel": "pagedc_decode"' "$work/counters.jsonl" |
                 grep -c '"bulk_copies": [1-9]' || true)
