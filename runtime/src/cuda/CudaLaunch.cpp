@@ -224,6 +224,15 @@ void AttentionLaunchPlan::setWorkspace(cu::DevicePointer base) {
     launch.arguments[0] = bytesOf(args);
 }
 
+namespace {
+/// A prefill's query tiles, ceil(q_len / blockM) x heads_q x batch: one CTA
+/// each, or the rounds of persistent CTAs (prefill_tile_count in
+/// templates/KernelCommon.cuh).
+int64_t prefillQueryTiles(const KernelConfig &config, const PagedcAttentionKernelArgs &args) {
+  return ceilDiv(args.q_len, config.blockM) * int64_t(args.heads_q) * args.batch;
+}
+} // namespace
+
 AttentionLaunchPlan planAttention(const KernelConfig &config,
                                   const PagedcAttentionKernelArgs &callArgs,
                                   const std::vector<unsigned char> &params,
@@ -254,8 +263,7 @@ AttentionLaunchPlan planAttention(const KernelConfig &config,
     args.split_size = maxKvLength;
     main.kernel = "pagedc_prefill";
     // One dimension, heaviest query tiles first (templates/Prefill.cuh).
-    const int64_t blocks =
-        ceilDiv(args.q_len, config.blockM) * int64_t(args.heads_q) * args.batch;
+    const int64_t blocks = prefillQueryTiles(config, args);
     if (blocks > std::numeric_limits<int32_t>::max())
       throw Error(fmt::format("prefill of {} query rows x {} heads x batch {} needs {} CTAs, "
                               "more than a grid holds (2^31 - 1)",
@@ -396,9 +404,7 @@ void setPrefillPersistent(const KernelConfig &config, AttentionLaunchPlan &plan,
       plan.launches.empty() || plan.launches[0].arguments.size() != 3)
     return;
   KernelLaunch &launch = plan.launches[0];
-  const int64_t tiles =
-      ceilDiv(plan.args.q_len, config.blockM) * int64_t(plan.args.heads_q) * plan.args.batch;
-  const int64_t grid = std::max<int64_t>(std::min(tiles, ctas), 1);
+  const int64_t grid = std::max<int64_t>(std::min(prefillQueryTiles(config, plan.args), ctas), 1);
   launch.grid[0] = static_cast<unsigned>(grid);
   launch.note += fmt::format(", persistent ({} CTAs)", grid);
 }
