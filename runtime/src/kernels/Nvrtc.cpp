@@ -11,6 +11,7 @@
 #include <sys/stat.h>
 
 #include <algorithm>
+#include <cctype>
 #include <chrono>
 #include <cstdlib>
 #include <mutex>
@@ -308,8 +309,14 @@ std::vector<PtxasKernelReport> parsePtxasReport(std::string_view log) {
     }
     if (!current)
       continue;
-    if (line.find("bytes stack frame") != std::string::npos) {
-      std::sscanf(line.c_str(), " %d bytes stack frame, %d bytes spill stores, %d bytes spill loads",
+    if ((at = line.find(" bytes stack frame")) != std::string::npos) {
+      // "ptxas         .     24 bytes stack frame, 20 bytes spill stores, ..."
+      // (NVRTC's log) or the figures alone: read from the first number on.
+      size_t number = at;
+      while (number > 0 && std::isdigit(static_cast<unsigned char>(line[number - 1])))
+        --number;
+      std::sscanf(line.c_str() + number,
+                  "%d bytes stack frame, %d bytes spill stores, %d bytes spill loads",
                   &current->stackFrameBytes, &current->spillStoreBytes,
                   &current->spillLoadBytes);
     } else if ((at = line.find("Used ")) != std::string::npos &&

@@ -304,3 +304,44 @@ TEST(PtxasReport, ParsesNvrtcLog) {
   EXPECT_EQ(reports[0].spillStoreBytes, 4);
   EXPECT_EQ(reports[0].spillLoadBytes, 12);
 }
+
+// NVRTC 13 writes the figures behind a "ptxas ." prefix; the parser read 0
+// spill bytes from every such log before it looked for the number itself.
+TEST(PtxasReport, ParsesPrefixedFigures) {
+  std::string log =
+      "ptxas info    : Compiling entry function 'pagedc_prefill' for 'sm_80'\n"
+      "ptxas info    : Function properties for pagedc_prefill\n"
+      "ptxas         .     24 bytes stack frame, 20 bytes spill stores, 32 bytes spill loads\n"
+      "ptxas info    : Used 255 registers, used 1 barriers, 24 bytes cumulative stack size\n";
+  auto reports = parsePtxasReport(log);
+  ASSERT_EQ(reports.size(), 1u);
+  EXPECT_EQ(reports[0].registers, 255);
+  EXPECT_EQ(reports[0].stackFrameBytes, 24);
+  EXPECT_EQ(reports[0].spillStoreBytes, 20);
+  EXPECT_EQ(reports[0].spillLoadBytes, 32);
+}
+
+// The same figures from a real compile: 32 values live at once in a
+// kernel held to 16 registers must spill.
+TEST(PtxasReport, ReadsSpillsFromNvrtc) {
+  CompileOptions options;
+  options.arch = "sm_80";
+  options.ptxasVerbose = true;
+  options.extraOptions = {"--maxrregcount=16"};
+  CompileResult result = Nvrtc::get().compile(
+      "extern \"C\" __global__ void mix(float *x) {\n"
+      "  float v[32];\n"
+      "#pragma unroll\n"
+      "  for (int j = 0; j < 32; ++j) v[j] = x[j * 977];\n"
+      "  float s = 0.0f;\n"
+      "#pragma unroll\n"
+      "  for (int j = 0; j < 32; ++j) s = s * v[31 - j] + v[j];\n"
+      "  x[1] = s;\n"
+      "}\n",
+      "spills.cu", options);
+  auto reports = parsePtxasReport(result.log);
+  ASSERT_EQ(reports.size(), 1u) << result.log;
+  EXPECT_EQ(reports[0].kernel, "mix");
+  EXPECT_GT(reports[0].spillStoreBytes, 0) << result.log;
+  EXPECT_GT(reports[0].stackFrameBytes, 0) << result.log;
+}
