@@ -237,11 +237,23 @@ def loop_counts(code, copies=False):
             texts = [code[i][1] for n in loop for i in range(*blocks[n])]
             mma = sum(1 for t in texts if is_mma(t))
             other = sum(1 for t in texts if not is_mma(t) and not t.startswith("NOP"))
-            loops.append((loop, other, any("LDGSTS" in t for t in texts), mma))
-    # The main loop: of the loops with MMA instructions that hold no other
-    # such loop (a persistent CTA's loop over query tiles, or the mma.sync
-    # kernels' pass loop, holds the KV-tile loop), the one with the most,
-    # then the fewest other instructions.
+            # A KV-tile loop waits at a barrier every tile (BAR.SYNC in the
+            # mma.sync kernels, the mbarrier waits' SYNCS in the warpgroup
+            # one); the mma.sync kernels' Q K^T loop over the head dim
+            # (D >= 128) holds MMA instructions but no barrier.
+            barrier = any(re.search(r"\b(BAR|SYNCS)\.", t) for t in texts)
+            loops.append((loop, other, any("LDGSTS" in t for t in texts), mma, barrier))
+    # Where some loop with MMA instructions waits at a barrier, only such
+    # loops are candidates.
+    if any(mma and barrier for _, _, _, mma, barrier in loops):
+        loops = [(loop, other, copy, mma if barrier else 0)
+                 for loop, other, copy, mma, barrier in loops]
+    else:
+        loops = [(loop, other, copy, mma) for loop, other, copy, mma, _ in loops]
+    # The main loop: of the candidates with MMA instructions that hold no
+    # other such loop (a persistent CTA's loop over query tiles, or the
+    # mma.sync kernels' pass loop, holds the KV-tile loop), the one with the
+    # most, then the fewest other instructions.
     best = None
     for loop, other, _, mma in loops:
         if not mma or any(inner < loop and inner_mma for inner, _, _, inner_mma in loops):

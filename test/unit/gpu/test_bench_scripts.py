@@ -216,6 +216,24 @@ class PtxasShapes(unittest.TestCase):
 """)
         self.assertEqual(ptxas_shapes.loop_counts(code), (2, 2))
 
+    def test_loop_count_takes_the_tile_loop_over_the_head_dim_loop(self):
+        # The mma.sync kernels at D >= 128: the tile loop (head 0x10, back
+        # edge 0x80, a barrier per tile) holds the Q K^T loop over the head
+        # dim (0x20-0x40: 1 HMMA, no barrier); the tile loop is the main one.
+        code = ptxas_shapes.sass_instructions("""
+        /*0000*/                   MOV R1, R2 ;
+        /*0010*/                   BAR.SYNC.DEFER_BLOCKING 0x0 ;
+        /*0020*/                   HMMA.16816.F32.BF16 R4, R8, R12, R4 ;
+        /*0030*/                   IADD3 R3, R3, 0x1, RZ ;
+        /*0040*/                @P0 BRA 0x0020 ;
+        /*0050*/                   HMMA.16816.F32.BF16 R16, R8, R12, R16 ;
+        /*0060*/                   FMUL R4, R4, R5 ;
+        /*0070*/                   ISETP.NE.AND P1, PT, R2, 0x4, PT ;
+        /*0080*/                @P1 BRA 0x0010 ;
+        /*0090*/                   EXIT ;
+""")
+        self.assertEqual(ptxas_shapes.loop_counts(code), (2, 6))
+
     def test_a_jump_back_that_is_no_loop(self):
         # 0x30 jumps out to 0x50, which jumps back to 0x10 (before it, but
         # 0x10 does not dominate 0x50: 0x00 reaches 0x50 through 0x30).
