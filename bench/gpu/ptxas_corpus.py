@@ -6,8 +6,10 @@ Every mask mod and every score mod of examples/*.attn, and every pair of one
 mask and one score (the two files' texts joined into one program; a pair
 whose files declare the same name is skipped and counted), compiled with
 `pagedc --emit=cubin --ptxas-report` (NVRTC) for the prefill kernel at the
-shape pagedc runs (KernelConfig::choosePrefillShape), bf16, page 16, for
-each head dim and architecture asked; with --kernel decode, the split-KV
+shape pagedc runs (KernelConfig::choosePrefillShapeFor: at head dim 128
+on sm_80 the 128x32 tile with 32 rows per warp where it compiles without
+spills, else 64x64; rows that fell back say so), bf16, page 16, for each
+head dim and architecture asked; with --kernel decode, the split-KV
 decode kernel for --gqa query heads per KV head (default 4, the GPU
 benchmark's). Prints one line per kernel that spills and a summary; --json
 writes every kernel's registers and spill bytes.
@@ -47,6 +49,15 @@ def declared_names(text):
     return names
 
 
+def fell_back_from(stderr):
+    """The tile the CLI's note says it gave up because ptxas spilled it
+    ("128x32 w32: 20 bytes"; KernelConfig::prefillFallsBackOnSpills: the
+    FA2-shaped prefill tile gives way to 64x64), else None."""
+    found = re.search(r"note: the (\d+x\d+) prefill tile with (\d+) rows per warp spills (\d+) bytes",
+                      stderr)
+    return f"{found.group(1)} w{found.group(2)}: {found.group(3)} bytes" if found else None
+
+
 def compile_one(pagedc, path, mask, score, arch, head_dim, kernel="prefill", gqa=1):
     command = [pagedc, path, "--emit=cubin", f"--arch={arch}", f"--head-dim={head_dim}",
                f"--kernel={kernel}", "--ptxas-report",
@@ -66,6 +77,9 @@ def compile_one(pagedc, path, mask, score, arch, head_dim, kernel="prefill", gqa
     if figures["registers"] is None:
         return {"error": f"no ptxas report of pagedc_{kernel}"}
     result = {key: figures[key] for key in ("registers", "spill_store_bytes", "spill_load_bytes")}
+    fallback = fell_back_from(run.stderr)
+    if fallback:
+        result["fell_back_from"] = fallback
     for name in ptxas_functions(run.stderr):
         other = ptxas_figures(run.stderr, name)
         result["spill_store_bytes"] = max(result["spill_store_bytes"], other["spill_store_bytes"] or 0)
@@ -129,6 +143,9 @@ def main():
                     failures += 1
                     print(f"{arch} D{dim} {label}: {result}", flush=True)
     kernels = len(rows)
+    fell_back = sum(1 for row in rows if "fell_back_from" in row)
+    if fell_back:
+        print(f"{fell_back} prefill kernels took the 64x64 tile where the 128x32 one spills")
     print(f"{kernels} {options.kernel} kernels ({len(programs)} mod selections x {len(archs)} archs x "
           f"{len(dims)} head dims; {skipped} mask x score pairs skipped for a name both files "
           f"declare): {failures} spill or fail")

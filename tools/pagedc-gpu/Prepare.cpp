@@ -493,14 +493,15 @@ int run(const Options &options) {
   std::vector<std::string> requestLabels;
   std::map<std::string, std::string> bundleDirOfLabel;
   std::set<std::string> requested;
-  auto request = [&](const std::string &label, const KernelConfig &config,
+  auto request = [&](const std::string &label, const KernelConfig &chosen,
                      const std::string &modCode) {
+    // The prefill tile the runtime would compile for this target (the
+    // FA2-shaped one only without spills: settlePrefillShape).
+    const KernelConfig config = settlePrefillShape(chosen, modCode, compile.arch);
     const std::string key = label + "|" + config.describe();
     if (!requested.insert(key).second)
       return;
-    CompileOptions options = compile;
-    options.arch = config.compileArchFor(compile.arch);
-    requests.push_back({config, modCode, options});
+    requests.push_back({config, modCode, cudaCompileOptions(config, compile.arch)});
     requestLabels.push_back(label);
   };
 

@@ -62,10 +62,15 @@ struct CudaTarget {
     result.kind = kind;
     const bool hopper = archs.size() == 1 && archs.front() == "sm_90a";
     if (kind == KernelKind::Prefill && !blockM) {
-      // sm_90a alone: warpgroup tiles (choosePrefillShapeFor); any other
-      // --arch list keeps the mma.sync tiles every target runs.
+      // sm_90a alone: warpgroup tiles (choosePrefillShapeFor); another
+      // architecture alone but sm_90: its mma.sync tile (at head dim 128 the
+      // FA2-shaped one, kept where it compiles without spills:
+      // settleSource); any other --arch list keeps the mma.sync tiles every
+      // target runs.
       if (hopper && !warpRows)
         result.choosePrefillShapeFor("sm_90a");
+      else if (archs.size() == 1 && archs.front() != "sm_90" && !warpRows)
+        result.choosePrefillShapeFor(archs.front());
       else
         result.choosePrefillShape();
     }
@@ -193,6 +198,25 @@ mlir::OwningOpRef<mlir::ModuleOp> buildFlexModule(Compilation &compilation,
   return module;
 }
 
+/// Whether `source`, a prefill tile kept only without spills
+/// (KernelConfig::prefillFallsBackOnSpills), spills on `arch` (or cannot be
+/// compiled to tell: no NVRTC), so that the fallback tile replaces it, as
+/// the runtime's settlePrefillShape does. Compiled through the kernel cache
+/// with ptxas's report.
+/// `spills`: the bytes ptxas reported (-1 when it could not be asked).
+bool settleSource(const KernelSource &source, const std::string &arch, int &spills) {
+  if (!source.config.prefillFallsBackOnSpills())
+    return false;
+  try {
+    spills = KernelCache::global()
+                 .getOrCompile(source, cudaCompileOptions(source.config, arch))
+                 ->spillBytes;
+  } catch (const Error &) {
+    spills = -1;
+  }
+  return spills != 0;
+}
+
 /// Runs `body` with the checked target and the kernel source of each
 /// requested kind; shared by every stage.
 int withKernelSources(
@@ -233,6 +257,24 @@ int withKernelSources(
                           compilation.options.scoreName, config);
     if (!source)
       return inputError(llvm::toString(source.takeError()));
+    // (A tile --block / --warp-rows asked for is kept as asked.)
+    int spills = 0;
+    if (!target.blockM && !target.warpRows &&
+        settleSource(*source, target.archs.front(), spills)) {
+      if (target.ptxasReport)
+        llvm::errs() << "pagedc: note: the " << source->config.blockM << "x"
+                     << source->config.blockN << " prefill tile with "
+                     << source->config.warpRows << " rows per warp "
+                     << (spills > 0 ? "spills " + std::to_string(spills) + " bytes"
+                                    : std::string("could not be compiled to check it"))
+                     << " on " << target.archs.front() << "; compiling the 64x64 tile with 16 "
+                     << "rows per warp\n";
+      config.usePrefillSpillFallback();
+      source = buildKernelSource(*module, compilation.options.maskName,
+                                 compilation.options.scoreName, config);
+      if (!source)
+        return inputError(llvm::toString(source.takeError()));
+    }
     sources.push_back(std::move(*source));
   }
   return body(target, sources);

@@ -42,6 +42,11 @@ struct CompiledKernel {
   std::string image;
   /// NVRTC's log when compiled in this process (empty for disk hits).
   std::string log;
+  /// Spill store bytes over the image's kernels from ptxas's report (a
+  /// stack frame alone is not counted: sinf's slow path keeps an array
+  /// there), kept in the disk entry: known for cubins compiled with
+  /// CompileOptions::ptxasVerbose, else -1.
+  int spillBytes = -1;
 };
 
 /// XXH3-64 (xxHash) of `data`: checksums of cache entries, bundles and
@@ -126,6 +131,20 @@ private:
   std::atomic<uint64_t> memoryHits_{0}, diskHits_{0}, compiles_{0},
       corruptEntries_{0};
 };
+
+/// The prefill tile to compile for `config` (choosePrefillShapeFor(arch)
+/// done) on a GPU target `arch`: where that is the tile kept only without
+/// spills (KernelConfig::prefillFallsBackOnSpills), it is compiled through
+/// `cache` with ptxas's report (cudaCompileOptions) and replaced by the
+/// fallback tile if it spills, or if the entry cannot say. The compile is the
+/// one the caller then finds in the cache. Other configs and the emulator
+/// are returned as they are.
+KernelConfig settlePrefillShape(KernelConfig config, std::string_view modCode,
+                                const std::string &arch,
+                                KernelCache &cache = KernelCache::global());
+/// Cubin options for `config` on `arch` (compileArchFor), with ptxas's
+/// report where settlePrefillShape reads it (the runtime's compiles).
+CompileOptions cudaCompileOptions(const KernelConfig &config, const std::string &arch);
 
 } // namespace pagedc
 

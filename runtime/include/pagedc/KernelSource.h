@@ -91,9 +91,20 @@ struct KernelConfig {
   /// to 128 the warpgroup tiles (128 x 64 rows, wgmma; sm_90a code, which
   /// compileArchFor picks): on an H100 they ran causal prefill at 1.8-1.9x
   /// the mma.sync tiles (bench/README.md). sm_90a: warpgroup tiles at every
-  /// head dim (64 x 32 at 256). Other targets (sm_80, the emulator's "emu")
-  /// and $PAGEDC_PREFILL_SHAPE: as choosePrefillShape.
+  /// head dim (64 x 32 at 256). Other GPU targets (sm_80, sm_86, ...; sm_90
+  /// at head dim 256) at head dim 128: the FA2-shaped tile, 128 x 32 with
+  /// 32 rows per warp (half the shared-memory reads per FLOP of 64 x 64
+  /// with 16), which spills for some mods: settlePrefillShape (KernelCache.h)
+  /// compiles it and takes choosePrefillShape's tile where ptxas reports
+  /// spills (prefillFallsBackOnSpills). The emulator ("emu") and
+  /// $PAGEDC_PREFILL_SHAPE: as choosePrefillShape.
   void choosePrefillShapeFor(const std::string &arch);
+  /// Whether this is the prefill tile that choosePrefillShapeFor prefers
+  /// only where it compiles without spills (128 x 32, 32 rows per warp, head
+  /// dim 128), unless $PAGEDC_PREFILL_SHAPE asked for it.
+  bool prefillFallsBackOnSpills() const;
+  /// Replaces that tile by choosePrefillShape's (64 x 64, 16 rows per warp).
+  void usePrefillSpillFallback();
   /// Throws pagedc::Error naming the first unsupported value.
   void validate() const;
   /// A canonical one-line description, e.g. "prefill bf16 d128 page16 ...".

@@ -348,10 +348,10 @@ std::shared_ptr<const CudaKernel> cudaKernelFor(const CompiledMods &mods,
                               config.describe(), mods.cuda.bundleLabel, arch, info.name));
     kernel = loadCudaKernel(module->config, module->arch, module->image, deviceIndex);
   } else {
-    CompileOptions options;
     // Warpgroup tiles use wgmma and setmaxnreg: the sm_90a target of an
-    // sm_90 device.
-    options.arch = config.compileArchFor(arch);
+    // sm_90 device. The FA2-shaped prefill tile is compiled with ptxas's
+    // report, as settlePrefillShape compiled it.
+    CompileOptions options = cudaCompileOptions(config, arch);
     if (config.needsSm90a() && arch != "sm_90" && !isEmulatorArch(arch))
       throw Error(fmt::format("warpgroup prefill tiles ($PAGEDC_PREFILL_SHAPE ...x64) need an "
                               "sm_90 device; {} is {}",
@@ -384,6 +384,9 @@ KernelConfig chooseCudaAttentionConfig(const CompiledMods &mods, DType elementTy
       config.kind = KernelKind::Prefill;
       config.groupSize = 1;
       config.choosePrefillShapeFor(arch);
+      config.validate();
+      // 128 x 32 with 32 rows per warp where it compiles without spills.
+      config = settlePrefillShape(config, mods.cuda.modCode, arch);
     }
     config.validate();
     return config;

@@ -78,9 +78,9 @@ std::string serializeEntry(const CompiledKernel &kernel) {
   for (const std::string &name : kernel.kernelNames)
     names += (names.empty() ? "" : ",") + name;
   std::string header = fmt::format(
-      "key={}\narch={}\nkernels={}\nconfig={}\nimage={}\n", kernel.key, kernel.arch,
-      names, kernel.config.describe(),
-      kernel.output == CompileOptions::Output::Cubin ? "cubin" : "ptx");
+      "key={}\narch={}\nkernels={}\nconfig={}\nimage={}\nspills={}\n", kernel.key,
+      kernel.arch, names, kernel.config.describe(),
+      kernel.output == CompileOptions::Output::Cubin ? "cubin" : "ptx", kernel.spillBytes);
   return sealed::seal(kEntryMagic, std::move(header), kernel.image);
 }
 
@@ -96,6 +96,9 @@ bool parseEntry(const std::string &bytes, const std::string &key,
   kernel.arch = fields["arch"];
   kernel.output = fields["image"] == "ptx" ? CompileOptions::Output::Ptx
                                            : CompileOptions::Output::Cubin;
+  kernel.spillBytes = -1;
+  if (auto spills = fields.find("spills"); spills != fields.end())
+    kernel.spillBytes = std::atoi(spills->second.c_str());
   kernel.kernelNames.clear();
   std::istringstream names(fields["kernels"]);
   for (std::string name; std::getline(names, name, ',');)
@@ -202,6 +205,13 @@ KernelCache::loadOrBuild(const KernelSource &source, const CompileOptions &optio
   kernel->output = options.output;
   kernel->image = std::move(compiled.image);
   kernel->log = std::move(compiled.log);
+  if (!emulator && options.ptxasVerbose && options.output == CompileOptions::Output::Cubin) {
+    // No report to read (a log without it) leaves the figure unknown.
+    const std::vector<PtxasKernelReport> reports = parsePtxasReport(kernel->log);
+    kernel->spillBytes = reports.empty() ? -1 : 0;
+    for (const PtxasKernelReport &report : reports)
+      kernel->spillBytes += report.spillStoreBytes;
+  }
   // Only cache what the key describes: if the loaded NVRTC is not the file
   // the key was computed from, a later process could not trust the entry.
   if (emulator) {
@@ -344,6 +354,24 @@ std::string_view testing::kernelCacheEntryMagic() { return kEntryMagic; }
 bool testing::parseKernelCacheEntry(const std::string &bytes, const std::string &key,
                                     CompiledKernel &kernel) {
   return parseEntry(bytes, key, kernel);
+}
+
+CompileOptions cudaCompileOptions(const KernelConfig &config, const std::string &arch) {
+  CompileOptions options;
+  options.arch = config.compileArchFor(arch);
+  options.ptxasVerbose = config.prefillFallsBackOnSpills();
+  return options;
+}
+
+KernelConfig settlePrefillShape(KernelConfig config, std::string_view modCode,
+                                const std::string &arch, KernelCache &cache) {
+  if (!config.prefillFallsBackOnSpills() || isEmulatorArch(arch))
+    return config;
+  std::shared_ptr<const CompiledKernel> kernel =
+      cache.getOrCompile(config, modCode, cudaCompileOptions(config, arch));
+  if (kernel->spillBytes != 0)
+    config.usePrefillSpillFallback();
+  return config;
 }
 
 } // namespace pagedc

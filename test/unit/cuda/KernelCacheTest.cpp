@@ -293,3 +293,90 @@ TEST(KernelCache, DefaultDirectoryHonoursEnvironment) {
   if (saved)
     setenv("PAGEDC_CACHE_DIR", savedValue.c_str(), 1);
 }
+
+// The spill bytes of a cubin compiled with ptxas's report travel with the
+// disk entry (settlePrefillShape reads them on a disk hit, where the log is
+// empty); without the report they are unknown.
+TEST(KernelCache, SpillBytesSurviveADiskHit) {
+  REQUIRE_NVRTC();
+  TempDir dir("pagedc-cache");
+  CompileOptions verbose;
+  verbose.arch = "sm_80";
+  verbose.ptxasVerbose = true;
+  int compiled = -2;
+  {
+    KernelCache cache(dir.path());
+    compiled = cache.getOrCompile(cheapConfig(), cheapMods(), verbose)->spillBytes;
+    CompileOptions quiet;
+    quiet.arch = "sm_80";
+    EXPECT_EQ(cache.getOrCompile(cheapConfig(), cheapMods(), quiet)->spillBytes, -1);
+  }
+  EXPECT_EQ(compiled, 0);
+  KernelCache fresh(dir.path());
+  auto loaded = fresh.getOrCompile(cheapConfig(), cheapMods(), verbose);
+  EXPECT_EQ(fresh.stats().diskHits, 1u);
+  EXPECT_TRUE(loaded->log.empty());
+  EXPECT_EQ(loaded->spillBytes, 0);
+}
+
+// settlePrefillShape keeps the FA2-shaped tile (128 x 32, 32 rows per warp,
+// head dim 128) exactly where ptxas compiles it without spills: its choice
+// for each test mod agrees with a direct compile's report, and the kernel it
+// compiled is the one the runtime's options then find in the cache.
+TEST(SettlePrefillShape, KeepsTheWideTileOnlyWithoutSpills) {
+  REQUIRE_NVRTC();
+  for (const char *name : {"causal", "alibi", "softcap", "document"}) {
+    SCOPED_TRACE(name);
+    const std::string mods(embeddedTemplate(std::string("testing/") + name + ".cuh"));
+    KernelConfig config;
+    config.kind = KernelKind::Prefill;
+    config.headDim = 128;
+    config.choosePrefillShapeFor("sm_80");
+    ASSERT_TRUE(config.prefillFallsBackOnSpills()) << config.describe();
+    KernelCache cache("");
+    const KernelConfig settled = settlePrefillShape(config, mods, "sm_80", cache);
+    EXPECT_EQ(cache.stats().compiles, 1u);
+
+    CompileOptions verbose;
+    verbose.arch = "sm_80";
+    verbose.ptxasVerbose = true;
+    KernelSource source = assembleKernel(config, mods);
+    CompileResult direct = Nvrtc::get().compile(source.code, "direct.cu", verbose, &source);
+    int spills = 0;
+    for (const PtxasKernelReport &report : parsePtxasReport(direct.log))
+      spills += report.spillStoreBytes;
+    if (spills == 0) {
+      EXPECT_EQ(settled, config);
+      cache.getOrCompile(settled, mods, cudaCompileOptions(settled, "sm_80"));
+      EXPECT_EQ(cache.stats().compiles, 1u) << "settle's compile was not reused";
+    } else {
+      EXPECT_EQ(settled.blockM, 64);
+      EXPECT_EQ(settled.blockN, 64);
+      EXPECT_EQ(settled.warpRows, 16);
+    }
+  }
+}
+
+// Nothing is compiled for other tiles, the emulator, or a tile that
+// $PAGEDC_PREFILL_SHAPE asked for.
+TEST(SettlePrefillShape, LeavesOtherTilesAlone) {
+  KernelConfig config;
+  config.kind = KernelKind::Prefill;
+  config.headDim = 128;
+  config.choosePrefillShapeFor("emu");
+  EXPECT_EQ(config.warpRows, 16);
+  KernelCache cache("");
+  EXPECT_EQ(settlePrefillShape(config, cheapMods(), "emu", cache), config);
+  config.choosePrefillShapeFor("sm_80");
+  EXPECT_EQ(settlePrefillShape(config, cheapMods(), "emu", cache), config);
+  config.headDim = 64;
+  config.choosePrefillShapeFor("sm_80");
+  EXPECT_FALSE(config.prefillFallsBackOnSpills());
+  EXPECT_EQ(settlePrefillShape(config, cheapMods(), "sm_80", cache), config);
+  EXPECT_EQ(cache.stats().compiles, 0u);
+  ::setenv("PAGEDC_PREFILL_SHAPE", "128x32x32", 1);
+  config.headDim = 128;
+  config.choosePrefillShapeFor("sm_80");
+  EXPECT_FALSE(config.prefillFallsBackOnSpills());
+  ::unsetenv("PAGEDC_PREFILL_SHAPE");
+}

@@ -13,6 +13,7 @@ import unittest
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "..", "bench", "gpu"))
 import model_vs_measured  # noqa: E402
+import ptxas_corpus  # noqa: E402
 import ptxas_decode  # noqa: E402
 import ptxas_shapes  # noqa: E402
 import report  # noqa: E402
@@ -301,6 +302,15 @@ class PtxasShapes(unittest.TestCase):
             text = file.read()
         for old, _ in ptxas_decode.PATH_LINES + ptxas_decode.COPY_LINES:
             self.assertEqual(text.count(old), 1, old)
+
+
+class PtxasCorpusTest(unittest.TestCase):
+    def test_fallback_note(self):
+        note = ("pagedc: note: the 128x32 prefill tile with 32 rows per warp spills 20 bytes "
+                "on sm_80; compiling the 64x64 tile with 16 rows per warp\n"
+                "ptxas info    : Used 192 registers\n")
+        self.assertEqual(ptxas_corpus.fell_back_from(note), "128x32 w32: 20 bytes")
+        self.assertIsNone(ptxas_corpus.fell_back_from("ptxas info    : Used 252 registers\n"))
 
 
 if __name__ == "__main__":
