@@ -75,13 +75,13 @@ struct KernelConfig {
   }
   bool operator!=(const KernelConfig &other) const { return !(*this == other); }
 
-  /// Sets blockM, blockN and warpRows to the mma.sync prefill tile shape the
-  /// runtime uses at this headDim on every architecture (the warpgroup
-  /// tiles, warpRows 64, are what `pagedc --arch=sm_90a` compiles and
-  /// $PAGEDC_PREFILL_SHAPE selects), the widest that ptxas allocates without
-  /// spills: 128 x 32 with
+  /// Sets blockM, blockN and warpRows to the mma.sync prefill tile shape
+  /// that compiles without spills for every mod at this headDim (the
+  /// warpgroup tiles, warpRows 64, are what `pagedc --arch=sm_90a` compiles
+  /// and $PAGEDC_PREFILL_SHAPE selects; choosePrefillShapeFor picks per
+  /// target): 128 x 32 with
   /// 32 rows per warp at headDim 64; 64 x 64 with 16 rows per warp at 128
-  /// (32 rows per warp spill there); 64 x 32 with 16 rows per warp at 256
+  /// (32 rows per warp spill there for some mods); 64 x 32 with 16 rows per warp at 256
   /// (64 x 64 spilled 8-16 bytes for some corpus mask x score pairs;
   /// bench/README.md has the ptxas figures). $PAGEDC_PREFILL_SHAPE=MxNxW
   /// (e.g. 64x64x16, the first design) overrides it for comparisons; a
