@@ -443,8 +443,10 @@ void pagedc::driver::registerCudaStages(Registry &registry) {
        "prefill query rows per warp: 16 or 32 (32: two MMA row tiles share "
        "each K/V fragment; head dim <= 128), or 64: warpgroup tiles (wgmma, "
        "--arch=sm_90a); default: the shape pagedc runs (128x32 rows 32 at "
-       "head dim 64, 64x64 rows 16 above; with --arch=sm_90a warpgroup tiles, "
-       "128x64, 64x32 at head dim 256; 16 when --block is given)",
+       "head dim 64, 64x64 rows 16 above; with one --arch other than sm_90 "
+       "and sm_90a, 128x32 rows 32 at head dim 128 too unless ptxas spills it "
+       "(--ptxas-report notes the fallback); with --arch=sm_90a warpgroup "
+       "tiles, 128x64, 64x32 at head dim 256; 16 when --block is given)",
        checked("warp-rows", [](llvm::StringRef value) {
          return value == "16" || value == "32" || value == "64"
                     ? std::string()
