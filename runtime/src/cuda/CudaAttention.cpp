@@ -384,12 +384,11 @@ KernelConfig chooseCudaAttentionConfig(const CompiledMods &mods, DType elementTy
       config.kind = KernelKind::Prefill;
       config.groupSize = 1;
       config.choosePrefillShapeFor(arch);
-      config.validate();
-      // 128 x 32 with 32 rows per warp where it compiles without spills.
-      config = settlePrefillShape(config, mods.cuda.modCode, arch);
     }
     config.validate();
-    return config;
+    // Prefill: 128 x 32 with 32 rows per warp where it compiles without
+    // spills (any other config is returned as it is).
+    return settlePrefillShape(config, mods.cuda.modCode, arch);
   }
 
   const BundleModule *decode = nullptr, *prefill = nullptr;
