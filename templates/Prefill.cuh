@@ -6,7 +6,9 @@
 // shared memory, which halves the ldmatrix bytes per MMA: the shape of
 // FlashAttention-2's sm_80 kernel), online softmax in f32, and
 // K/V tiles of kBlockN rows gathered from pages with cp.async, double
-// buffered. Only the KV tiles the block mask lists are visited: partial
+// buffered. The mods' row values are computed once per query row, or with
+// kRecomputeModRows once per row and KV tile (fewer registers held across
+// the KV loop). Only the KV tiles the block mask lists are visited: partial
 // blocks call the mask mod per element, full blocks skip it; every visited
 // element gets the score mod. When the CTA's query positions straddle
 // several block-mask rows it makes one pass per mask row, each pass visible
@@ -23,6 +25,7 @@ namespace pagedc {
 constexpr int kBlockM = pagedc_config::kBlockM;
 constexpr int kBlockN = pagedc_config::kBlockN;
 constexpr int kWarpRows = pagedc_config::kWarpRows;
+constexpr bool kRecomputeModRows = pagedc_config::kRecomputeModRows;
 /// 16-row MMA tiles per warp.
 constexpr int kMTiles = kWarpRows / 16;
 constexpr int kPrefillThreads = kBlockM / kWarpRows * 32;
@@ -80,7 +83,8 @@ extern "C" __global__ void __launch_bounds__(pagedc::kPrefillThreads, 1)
   const int32_t *page_row = args.page_table + b * args.page_table_stride;
 
   // The 2 * kMTiles rows this thread holds (rows lane / 4 and lane / 4 + 8
-  // of each 16-row tile), and their kv-independent mod values.
+  // of each 16-row tile), and their kv-independent mod values (computed
+  // again for each KV tile with kRecomputeModRows, which holds only q).
   const int warp_row = warp * kWarpRows;
   int q_of[kMTiles][2];
   const int b_of[2] = {b, b}, h_of[2] = {h, h};
@@ -95,8 +99,10 @@ extern "C" __global__ void __launch_bounds__(pagedc::kPrefillThreads, 1)
       const int row = row_begin + warp_row + 16 * m + (lane >> 2) + 8 * half;
       // Padding rows evaluate the last real row's mods and are never stored.
       q_of[m][half] = q_offset + imin(row, args.q_len - 1);
-      mask_rows[m][half] = pagedc_mods::mask_row(params, b, h, q_of[m][half]);
-      score_rows[m][half] = pagedc_mods::score_row(params, b, h, q_of[m][half]);
+      if constexpr (!kRecomputeModRows) {
+        mask_rows[m][half] = pagedc_mods::mask_row(params, b, h, q_of[m][half]);
+        score_rows[m][half] = pagedc_mods::score_row(params, b, h, q_of[m][half]);
+      }
       state[m].max[half] = -infinity();
       state[m].sum[half] = 0.0f;
     }
@@ -199,9 +205,29 @@ extern "C" __global__ void __launch_bounds__(pagedc::kPrefillThreads, 1)
       for (int m = 0; m < kMTiles; ++m) {
         const bool visible[2] = {((visible_bits >> (2 * m)) & 1) != 0,
                                  ((visible_bits >> (2 * m + 1)) & 1) != 0};
-        apply_mods<kBlockN / 8>(scores[m], params, mask_rows[m], score_rows[m],
-                                b_of, h_of, q_of[m], visible, check_mask,
-                                kv_begin, kv_len, args.scale, lane, all_kept);
+        if constexpr (kRecomputeModRows) {
+          // q through recompute_here: the row values, and whatever the
+          // per-element part computes from q alone, are computed here for
+          // this tile rather than hoisted before the loop by the compiler.
+          // (b and h too gained nothing in the corpus: one selection spills
+          // either way.)
+          int q_now[2];
+          pagedc_mods::MaskRow mask_now[2];
+          pagedc_mods::ScoreRow score_now[2];
+#pragma unroll
+          for (int half = 0; half < 2; ++half) {
+            q_now[half] = recompute_here(q_of[m][half]);
+            mask_now[half] = pagedc_mods::mask_row(params, b, h, q_now[half]);
+            score_now[half] = pagedc_mods::score_row(params, b, h, q_now[half]);
+          }
+          apply_mods<kBlockN / 8>(scores[m], params, mask_now, score_now, b_of, h_of, q_now,
+                                  visible, check_mask, kv_begin, kv_len, args.scale, lane,
+                                  all_kept);
+        } else {
+          apply_mods<kBlockN / 8>(scores[m], params, mask_rows[m], score_rows[m], b_of, h_of,
+                                  q_of[m], visible, check_mask, kv_begin, kv_len, args.scale,
+                                  lane, all_kept);
+        }
         online_softmax<kBlockN / 8>(state[m], scores[m], out[m]);
       }
       warp_accumulate_rows<kMTiles, kBlockN / 8>(

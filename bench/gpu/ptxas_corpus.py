@@ -8,7 +8,8 @@ whose files declare the same name is skipped and counted), compiled with
 `pagedc --emit=cubin --ptxas-report` (NVRTC) for the prefill kernel at the
 shape pagedc runs (KernelConfig::choosePrefillShapeFor: at head dim 128
 on sm_80 the 128x32 tile with 32 rows per warp where it compiles without
-spills, else 64x64; rows that fell back say so), bf16, page 16, for each
+spills, else that tile with the mods' row values recomputed per KV tile, else
+64x64; rows that fell back say so and name the tile), bf16, page 16, for each
 head dim and architecture asked; with --kernel decode, the split-KV
 decode kernel for --gqa query heads per KV head (default 4, the GPU
 benchmark's). Prints one line per kernel that spills and a summary; --json
@@ -49,13 +50,31 @@ def declared_names(text):
     return names
 
 
+NOTE = re.compile(r"note: the (\d+x\d+) prefill tile with (\d+) rows per warp"
+                  r"( and mod rows recomputed per KV tile)? spills (\d+) bytes on \S+; "
+                  r"compiling (it with the mods' row values recomputed|the (\d+x\d+) tile "
+                  r"with (\d+) rows per warp)")
+
+
 def fell_back_from(stderr):
-    """The tile the CLI's note says it gave up because ptxas spilled it
-    ("128x32 w32: 20 bytes"; KernelConfig::prefillFallsBackOnSpills: the
-    FA2-shaped prefill tile gives way to 64x64), else None."""
-    found = re.search(r"note: the (\d+x\d+) prefill tile with (\d+) rows per warp spills (\d+) bytes",
-                      stderr)
-    return f"{found.group(1)} w{found.group(2)}: {found.group(3)} bytes" if found else None
+    """The tiles the CLI's notes say it gave up because ptxas spilled them
+    ("128x32 w32: 20 bytes", then "128x32 w32 r: 8 bytes" where the tile
+    with its mod rows recomputed spilled too; KernelConfig::
+    usePrefillSpillFallback), joined by "; ", else None."""
+    tried = [f"{m.group(1)} w{m.group(2)}{' r' if m.group(3) else ''}: {m.group(4)} bytes"
+             for m in NOTE.finditer(stderr)]
+    return "; ".join(tried) if tried else None
+
+
+def settled_tile(stderr):
+    """The tile compiled after the CLI's last note ("128x32 w32 r": the mods'
+    row values recomputed per KV tile; "64x64 w16"), else None (the tile
+    pagedc tried first)."""
+    last = None
+    for m in NOTE.finditer(stderr):
+        last = (f"{m.group(1)} w{m.group(2)} r" if m.group(6) is None
+                else f"{m.group(6)} w{m.group(7)}")
+    return last
 
 
 def compile_one(pagedc, path, mask, score, arch, head_dim, kernel="prefill", gqa=1):
@@ -80,6 +99,7 @@ def compile_one(pagedc, path, mask, score, arch, head_dim, kernel="prefill", gqa
     fallback = fell_back_from(run.stderr)
     if fallback:
         result["fell_back_from"] = fallback
+        result["tile"] = settled_tile(run.stderr)
     for name in ptxas_functions(run.stderr):
         other = ptxas_figures(run.stderr, name)
         result["spill_store_bytes"] = max(result["spill_store_bytes"], other["spill_store_bytes"] or 0)
@@ -143,9 +163,12 @@ def main():
                     failures += 1
                     print(f"{arch} D{dim} {label}: {result}", flush=True)
     kernels = len(rows)
-    fell_back = sum(1 for row in rows if "fell_back_from" in row)
-    if fell_back:
-        print(f"{fell_back} prefill kernels took the 64x64 tile where the 128x32 one spills")
+    for tile, what in (("128x32 w32 r", "the 128x32 tile with their mod rows recomputed per KV "
+                        "tile"), ("64x64 w16", "the 64x64 tile")):
+        count = sum(1 for row in rows if row.get("tile") == tile)
+        if count:
+            print(f"{count} prefill kernels took {what} where the 128x32 one holding its mod rows "
+                  "spills")
     print(f"{kernels} {options.kernel} kernels ({len(programs)} mod selections x {len(archs)} archs x "
           f"{len(dims)} head dims; {skipped} mask x score pairs skipped for a name both files "
           f"declare): {failures} spill or fail")

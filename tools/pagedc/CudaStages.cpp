@@ -257,19 +257,25 @@ int withKernelSources(
                           compilation.options.scoreName, config);
     if (!source)
       return inputError(llvm::toString(source.takeError()));
-    // (A tile --block / --warp-rows asked for is kept as asked.)
+    // (A tile --block / --warp-rows asked for is kept as asked.) The tile,
+    // then the same tile with its mod rows recomputed, then 64x64.
     int spills = 0;
-    if (!target.blockM && !target.warpRows &&
-        settleSource(*source, target.archs.front(), spills)) {
+    while (!target.blockM && !target.warpRows &&
+           settleSource(*source, target.archs.front(), spills)) {
+      const KernelConfig &spilled = source->config;
+      config.usePrefillSpillFallback();
       if (target.ptxasReport)
-        llvm::errs() << "pagedc: note: the " << source->config.blockM << "x"
-                     << source->config.blockN << " prefill tile with "
-                     << source->config.warpRows << " rows per warp "
+        llvm::errs() << "pagedc: note: the " << spilled.blockM << "x" << spilled.blockN
+                     << " prefill tile with " << spilled.warpRows << " rows per warp"
+                     << (spilled.recomputeModRows ? " and mod rows recomputed per KV tile" : "")
+                     << " "
                      << (spills > 0 ? "spills " + std::to_string(spills) + " bytes"
                                     : std::string("could not be compiled to check it"))
-                     << " on " << target.archs.front() << "; compiling the 64x64 tile with 16 "
-                     << "rows per warp\n";
-      config.usePrefillSpillFallback();
+                     << " on " << target.archs.front() << "; compiling "
+                     << (config.recomputeModRows
+                             ? "it with the mods' row values recomputed per KV tile"
+                             : "the 64x64 tile with 16 rows per warp")
+                     << "\n";
       source = buildKernelSource(*module, compilation.options.maskName,
                                  compilation.options.scoreName, config);
       if (!source)
@@ -444,8 +450,10 @@ void pagedc::driver::registerCudaStages(Registry &registry) {
        "each K/V fragment; head dim <= 128), or 64: warpgroup tiles (wgmma, "
        "--arch=sm_90a); default: the shape pagedc runs (128x32 rows 32 at "
        "head dim 64, 64x64 rows 16 above; with one --arch other than sm_90 "
-       "and sm_90a, 128x32 rows 32 at head dim 128 too unless ptxas spills it "
-       "(--ptxas-report notes the fallback); with --arch=sm_90a warpgroup "
+       "and sm_90a, 128x32 rows 32 at head dim 128 too where ptxas compiles it "
+       "without spills, holding the mods' row values or else recomputing them "
+       "per KV tile, else 64x64 rows 16 (--ptxas-report notes each step); "
+       "with --arch=sm_90a warpgroup "
        "tiles, 128x64, 64x32 at head dim 256; 16 when --block is given)",
        checked("warp-rows", [](llvm::StringRef value) {
          return value == "16" || value == "32" || value == "64"

@@ -51,6 +51,13 @@ struct KernelConfig {
   /// kept for comparison. 64: rows per consumer warpgroup of the warpgroup
   /// prefill (PrefillWgmma.cuh: wgmma, sm_90a). Decode ignores it (16).
   int warpRows = 16;
+  /// Prefill with mma.sync tiles (warpRows 16 or 32): the mods' row values
+  /// (the row structs, and what the per-element part derives from q alone)
+  /// are computed again for each KV tile instead of held in registers
+  /// across the KV loop. A few instructions per row and tile buy the
+  /// registers a 128 x 32 tile with 32 rows per warp needs at head dim 128
+  /// for mods with row state (settlePrefillShape's second try).
+  bool recomputeModRows = false;
   /// KV rows per tile (32 or 64; 32, 64 or 128 with warpgroup tiles).
   /// Block-mask kv blocks must be multiples.
   int blockN = 64;
@@ -69,7 +76,7 @@ struct KernelConfig {
     return kind == other.kind && elementType == other.elementType &&
            headDim == other.headDim && pageSize == other.pageSize &&
            blockM == other.blockM && warpRows == other.warpRows &&
-           blockN == other.blockN &&
+           recomputeModRows == other.recomputeModRows && blockN == other.blockN &&
            groupSize == other.groupSize && queryTokens == other.queryTokens &&
            returnLse == other.returnLse && paramsSize == other.paramsSize;
   }
@@ -99,11 +106,14 @@ struct KernelConfig {
   /// spills (prefillFallsBackOnSpills). The emulator ("emu") and
   /// $PAGEDC_PREFILL_SHAPE: as choosePrefillShape.
   void choosePrefillShapeFor(const std::string &arch);
-  /// Whether this is the prefill tile that choosePrefillShapeFor prefers
-  /// only where it compiles without spills (128 x 32, 32 rows per warp, head
-  /// dim 128), unless $PAGEDC_PREFILL_SHAPE asked for it.
+  /// Whether this is a prefill tile that choosePrefillShapeFor prefers only
+  /// where it compiles without spills (128 x 32, 32 rows per warp, head dim
+  /// 128, with or without recomputeModRows), unless $PAGEDC_PREFILL_SHAPE
+  /// asked for it.
   bool prefillFallsBackOnSpills() const;
-  /// Replaces that tile by choosePrefillShape's (64 x 64, 16 rows per warp).
+  /// The next tile to try when this one spills: the same tile with
+  /// recomputeModRows, then choosePrefillShape's (64 x 64, 16 rows per
+  /// warp), which never spills.
   void usePrefillSpillFallback();
   /// Throws pagedc::Error naming the first unsupported value.
   void validate() const;

@@ -41,6 +41,7 @@ Value configToJson(const KernelConfig &config) {
   value.set("page_size", config.pageSize);
   value.set("block_m", config.blockM);
   value.set("warp_rows", config.warpRows);
+  value.set("recompute_mod_rows", config.recomputeModRows);
   value.set("block_n", config.blockN);
   value.set("group_size", config.groupSize);
   value.set("query_tokens", config.queryTokens);
@@ -70,6 +71,9 @@ KernelConfig configFromJson(const Value &value, const std::string &where) {
   // Manifests written before warp_rows existed hold 16-row kernels.
   if (const Value *warpRows = value.find("warp_rows"))
     config.warpRows = static_cast<int>(warpRows->asInt(name("warp_rows")));
+  // ... and before recompute_mod_rows, kernels that hold their row values.
+  if (const Value *recompute = value.find("recompute_mod_rows"))
+    config.recomputeModRows = recompute->asBool(name("recompute_mod_rows"));
   config.blockN = static_cast<int>(field("block_n").asInt(name("block_n")));
   config.groupSize = static_cast<int>(field("group_size").asInt(name("group_size")));
   config.queryTokens = static_cast<int>(field("query_tokens").asInt(name("query_tokens")));

@@ -62,6 +62,7 @@ uint64_t fastHash(const KernelConfig &config, std::string_view modCode,
                         config.pageSize,
                         config.blockM,
                         config.warpRows,
+                        config.recomputeModRows ? 1 : 0,
                         config.blockN,
                         config.groupSize,
                         config.queryTokens,
@@ -367,10 +368,15 @@ KernelConfig settlePrefillShape(KernelConfig config, std::string_view modCode,
                                 const std::string &arch, KernelCache &cache) {
   if (!config.prefillFallsBackOnSpills() || isEmulatorArch(arch))
     return config;
-  std::shared_ptr<const CompiledKernel> kernel =
-      cache.getOrCompile(config, modCode, cudaCompileOptions(config, arch));
-  if (kernel->spillBytes != 0)
+  // The tile, then the same tile with its row values recomputed per KV
+  // tile, then the fallback tile (which is not tried: it does not spill).
+  while (config.prefillFallsBackOnSpills()) {
+    std::shared_ptr<const CompiledKernel> kernel =
+        cache.getOrCompile(config, modCode, cudaCompileOptions(config, arch));
+    if (kernel->spillBytes == 0)
+      break;
     config.usePrefillSpillFallback();
+  }
   return config;
 }
 

@@ -78,14 +78,17 @@ const char *prefillShapeOverride() {
 void KernelConfig::choosePrefillShape() {
   if (const char *shape = prefillShapeOverride()) {
     int m = 0, n = 0, w = 0;
-    char tail = 0;
-    if (std::sscanf(shape, "%dx%dx%d%c", &m, &n, &w, &tail) != 3)
-      throw Error(fmt::format("PAGEDC_PREFILL_SHAPE '{}' is not MxNxW (query rows x KV rows "
-                              "per tile x query rows per warp, e.g. 64x64x16)",
+    char suffix = 0, tail = 0;
+    const int fields = std::sscanf(shape, "%dx%dx%d%c%c", &m, &n, &w, &suffix, &tail);
+    if (fields != 3 && !(fields == 4 && suffix == 'r'))
+      throw Error(fmt::format("PAGEDC_PREFILL_SHAPE '{}' is not MxNxW or MxNxWr (query rows x "
+                              "KV rows per tile x query rows per warp, e.g. 64x64x16; r: the "
+                              "mods' row values recomputed per KV tile)",
                               shape));
     blockM = m;
     blockN = n;
     warpRows = w;
+    recomputeModRows = fields == 4;
     return;
   }
   if (headDim <= 64) {
@@ -111,8 +114,9 @@ void KernelConfig::choosePrefillShapeFor(const std::string &arch) {
     warpRows = 64;
   } else if (headDim == 128 && arch.rfind("sm_", 0) == 0) {
     // The FA2-shaped tile where ptxas allocates it without spills
-    // (settlePrefillShape); 118 of the 313 corpus selections spill 4-32
-    // bytes at sm_80 (bench/README.md), and those keep 64 x 64.
+    // (settlePrefillShape): 118 of the 313 corpus selections spill 4-32
+    // bytes at sm_80 with their row values held across the KV loop, and
+    // take them recomputed per tile (bench/README.md).
     blockM = 128;
     blockN = 32;
     warpRows = 32;
@@ -126,6 +130,11 @@ bool KernelConfig::prefillFallsBackOnSpills() const {
 }
 
 void KernelConfig::usePrefillSpillFallback() {
+  if (!recomputeModRows) {
+    recomputeModRows = true;
+    return;
+  }
+  recomputeModRows = false;
   blockM = 64;
   blockN = 64;
   warpRows = 16;
@@ -153,6 +162,9 @@ void KernelConfig::validate() const {
                             headDim));
   if (kind != KernelKind::Prefill && warpRows != 16)
     throw Error("only the prefill kernel takes 32 query rows per warp or warpgroup tiles");
+  if (recomputeModRows && (kind != KernelKind::Prefill || warpRows == 64))
+    throw Error("only the prefill kernel's mma.sync tiles (16 or 32 query rows per warp) "
+                "recompute the mods' row values per KV tile");
   if (warpRows == 64 ? blockN != 32 && blockN != 64 && blockN != 128
                     : blockN != 32 && blockN != 64)
     throw Error(fmt::format("blockN {} must be {}", blockN,
@@ -168,10 +180,12 @@ void KernelConfig::validate() const {
 
 std::string KernelConfig::describe() const {
   // The first design (16 rows per warp) keeps its historical description.
-  return fmt::format("{} {} d{} page{} m{}{} n{} group{} tokens{} lse{} params{}",
+  // "r": the mods' row values recomputed per KV tile.
+  return fmt::format("{} {} d{} page{} m{}{}{} n{} group{} tokens{} lse{} params{}",
                      kernelKindName(kind), dtypeName(elementType), headDim,
                      pageSize, blockM,
                      warpRows == 16 ? std::string() : fmt::format("w{}", warpRows),
+                     recomputeModRows ? "r" : "",
                      blockN, groupSize, queryTokens, returnLse ? 1 : 0, paramsSize);
 }
 
@@ -335,6 +349,8 @@ KernelSource assembleKernel(const KernelConfig &config,
   code += fmt::format("constexpr int kBlockM = {};\n", config.blockM);
   code += fmt::format("constexpr int kWarpRows = {};\n", config.warpRows);
   code += fmt::format("constexpr int kBlockN = {};\n", config.blockN);
+  code += fmt::format("constexpr bool kRecomputeModRows = {};\n",
+                      config.recomputeModRows ? "true" : "false");
   code += fmt::format("constexpr int kGroupSize = {};\n", config.groupSize);
   code += fmt::format("constexpr int kQueryTokens = {};\n", config.queryTokens);
   code += fmt::format("constexpr int kDecodeHeadsPerCta = {};\n",

@@ -319,42 +319,139 @@ TEST(KernelCache, SpillBytesSurviveADiskHit) {
   EXPECT_EQ(loaded->spillBytes, 0);
 }
 
+/// Spill store bytes ptxas reports for `config` with `mods` on sm_80.
+int directSpills(const KernelConfig &config, const std::string &mods) {
+  CompileOptions verbose;
+  verbose.arch = "sm_80";
+  verbose.ptxasVerbose = true;
+  KernelSource source = assembleKernel(config, mods);
+  CompileResult direct = Nvrtc::get().compile(source.code, "direct.cu", verbose, &source);
+  int spills = 0;
+  for (const PtxasKernelReport &report : parsePtxasReport(direct.log))
+    spills += report.spillStoreBytes;
+  return spills;
+}
+
+/// A mask with two row values (the natten mask's clamped window centre, as
+/// the generator writes it): the 128 x 32 tile with 32 rows per warp at head
+/// dim 128 spills holding them for a thread's four rows, and compiles without
+/// spills recomputing them per KV tile.
+std::string rowStateMods() {
+  return R"(namespace pagedc_mods {
+struct Params {};
+constexpr bool kHasMask = true;
+constexpr bool kHasScore = false;
+struct MaskRow {
+  int32_t x;
+  int32_t y;
+};
+__device__ __forceinline__ int32_t clamp_centre(int32_t v) { return v < 3 ? 3 : v > 28 ? 28 : v; }
+__device__ __forceinline__ int32_t distance(int32_t a, int32_t b) { return a > b ? a - b : b - a; }
+__device__ __forceinline__ MaskRow mask_row(const Params &, int, int, int q) {
+  return {clamp_centre(q >> 5), clamp_centre(q & 31)};
+}
+__device__ __forceinline__ bool mask(const Params &, const MaskRow &row, int, int, int, int kv) {
+  return (distance(row.x, kv >> 5) <= 3) & (distance(row.y, kv & 31) <= 3);
+}
+struct ScoreRow {};
+__device__ __forceinline__ ScoreRow score_row(const Params &, int, int, int) { return {}; }
+__device__ __forceinline__ float score(const Params &, const ScoreRow &, float s, int, int, int,
+                                       int) {
+  return s;
+}
+} // namespace pagedc_mods
+)";
+}
+
+/// A score mod no 128 x 32 tile with 32 rows per warp holds without spills
+/// at head dim 128, with or without recomputed rows: each element reads 24
+/// row values (96 registers for a thread's four rows).
+std::string wideRowMods() {
+  return R"(namespace pagedc_mods {
+struct Params {
+  const float *w;
+  int64_t w_stride[1];
+};
+constexpr bool kHasMask = false;
+constexpr bool kHasScore = true;
+struct MaskRow {};
+__device__ __forceinline__ MaskRow mask_row(const Params &, int, int, int) { return {}; }
+__device__ __forceinline__ bool mask(const Params &, const MaskRow &, int, int, int, int) {
+  return true;
+}
+struct ScoreRow {
+  float r[24];
+};
+__device__ __forceinline__ ScoreRow score_row(const Params &p, int, int, int q) {
+  ScoreRow row;
+  for (int i = 0; i < 24; ++i)
+    row.r[i] = p.w[(q * 24 + i) * p.w_stride[0]];
+  return row;
+}
+__device__ __forceinline__ float score(const Params &, const ScoreRow &row, float s, int, int,
+                                       int, int kv) {
+  float sum = s;
+  for (int i = 0; i < 24; ++i)
+    sum += (kv >> i & 1) ? row.r[i] : -row.r[i];
+  return sum;
+}
+} // namespace pagedc_mods
+)";
+}
+
 // settlePrefillShape keeps the FA2-shaped tile (128 x 32, 32 rows per warp,
-// head dim 128) exactly where ptxas compiles it without spills: its choice
-// for each test mod agrees with a direct compile's report, and the kernel it
-// compiled is the one the runtime's options then find in the cache.
+// head dim 128) exactly where ptxas compiles it without spills, holding the
+// mods' row values or else recomputing them per KV tile: its choice for each
+// test mod agrees with direct compiles' reports, and the kernel it compiled
+// last is the one the runtime's options then find in the cache.
 TEST(SettlePrefillShape, KeepsTheWideTileOnlyWithoutSpills) {
   REQUIRE_NVRTC();
-  for (const char *name : {"causal", "alibi", "softcap", "document"}) {
+  int recomputed = 0, fellBack = 0;
+  for (const char *name : {"causal", "alibi", "softcap", "document", "row-state", "wide-row"}) {
     SCOPED_TRACE(name);
-    const std::string mods(embeddedTemplate(std::string("testing/") + name + ".cuh"));
+    const std::string mods =
+        std::string(name) == "wide-row"    ? wideRowMods()
+        : std::string(name) == "row-state" ? rowStateMods()
+                                           : std::string(embeddedTemplate(
+                                                 std::string("testing/") + name + ".cuh"));
     KernelConfig config;
     config.kind = KernelKind::Prefill;
     config.headDim = 128;
     config.choosePrefillShapeFor("sm_80");
     ASSERT_TRUE(config.prefillFallsBackOnSpills()) << config.describe();
+    ASSERT_FALSE(config.recomputeModRows);
     KernelCache cache("");
     const KernelConfig settled = settlePrefillShape(config, mods, "sm_80", cache);
-    EXPECT_EQ(cache.stats().compiles, 1u);
 
-    CompileOptions verbose;
-    verbose.arch = "sm_80";
-    verbose.ptxasVerbose = true;
-    KernelSource source = assembleKernel(config, mods);
-    CompileResult direct = Nvrtc::get().compile(source.code, "direct.cu", verbose, &source);
-    int spills = 0;
-    for (const PtxasKernelReport &report : parsePtxasReport(direct.log))
-      spills += report.spillStoreBytes;
-    if (spills == 0) {
-      EXPECT_EQ(settled, config);
-      cache.getOrCompile(settled, mods, cudaCompileOptions(settled, "sm_80"));
-      EXPECT_EQ(cache.stats().compiles, 1u) << "settle's compile was not reused";
-    } else {
-      EXPECT_EQ(settled.blockM, 64);
-      EXPECT_EQ(settled.blockN, 64);
-      EXPECT_EQ(settled.warpRows, 16);
+    KernelConfig expected = config;
+    unsigned tries = 1;
+    if (directSpills(config, mods) != 0) {
+      expected.usePrefillSpillFallback();
+      ASSERT_TRUE(expected.recomputeModRows);
+      ASSERT_TRUE(expected.prefillFallsBackOnSpills());
+      ++tries;
+      if (directSpills(expected, mods) != 0) {
+        expected.usePrefillSpillFallback();
+        EXPECT_EQ(expected.blockM, 64);
+        EXPECT_EQ(expected.blockN, 64);
+        EXPECT_EQ(expected.warpRows, 16);
+        EXPECT_FALSE(expected.recomputeModRows);
+        EXPECT_FALSE(expected.prefillFallsBackOnSpills());
+        ++fellBack;
+      } else {
+        ++recomputed;
+      }
     }
+    EXPECT_EQ(settled, expected) << settled.describe();
+    EXPECT_EQ(cache.stats().compiles, tries);
+    cache.getOrCompile(settled, mods, cudaCompileOptions(settled, "sm_80"));
+    if (settled.prefillFallsBackOnSpills())
+      EXPECT_EQ(cache.stats().compiles, tries) << "settle's compile was not reused";
   }
+  // Each step of the chain was taken by some mod (with CUDA 13.0's NVRTC:
+  // row-state recomputes its rows, wide-row falls back).
+  EXPECT_GE(recomputed, 1);
+  EXPECT_GE(fellBack, 1);
 }
 
 // Nothing is compiled for other tiles, the emulator, or a tile that
@@ -378,5 +475,15 @@ TEST(SettlePrefillShape, LeavesOtherTilesAlone) {
   config.headDim = 128;
   config.choosePrefillShapeFor("sm_80");
   EXPECT_FALSE(config.prefillFallsBackOnSpills());
+  EXPECT_FALSE(config.recomputeModRows);
+  ::setenv("PAGEDC_PREFILL_SHAPE", "128x32x32r", 1);
+  config.choosePrefillShapeFor("sm_80");
+  EXPECT_FALSE(config.prefillFallsBackOnSpills());
+  EXPECT_TRUE(config.recomputeModRows);
+  EXPECT_EQ(config.warpRows, 32);
+  for (const char *bad : {"128x32x32q", "128x32x32rr", "128x32"}) {
+    ::setenv("PAGEDC_PREFILL_SHAPE", bad, 1);
+    EXPECT_THROW(config.choosePrefillShapeFor("sm_80"), Error) << bad;
+  }
   ::unsetenv("PAGEDC_PREFILL_SHAPE");
 }

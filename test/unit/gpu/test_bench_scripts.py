@@ -310,7 +310,23 @@ class PtxasCorpusTest(unittest.TestCase):
                 "on sm_80; compiling the 64x64 tile with 16 rows per warp\n"
                 "ptxas info    : Used 192 registers\n")
         self.assertEqual(ptxas_corpus.fell_back_from(note), "128x32 w32: 20 bytes")
+        self.assertEqual(ptxas_corpus.settled_tile(note), "64x64 w16")
         self.assertIsNone(ptxas_corpus.fell_back_from("ptxas info    : Used 252 registers\n"))
+        self.assertIsNone(ptxas_corpus.settled_tile("ptxas info    : Used 252 registers\n"))
+
+    def test_recomputed_rows_note(self):
+        # The CLI's notes as pagedc prints them: the tile holding its mod rows
+        # spills, then the same tile recomputing them; each stage kept.
+        once = ("pagedc: note: the 128x32 prefill tile with 32 rows per warp spills 8 bytes on "
+                "sm_80; compiling it with the mods' row values recomputed per KV tile\n")
+        self.assertEqual(ptxas_corpus.fell_back_from(once), "128x32 w32: 8 bytes")
+        self.assertEqual(ptxas_corpus.settled_tile(once), "128x32 w32 r")
+        twice = once + ("pagedc: note: the 128x32 prefill tile with 32 rows per warp and mod "
+                        "rows recomputed per KV tile spills 4 bytes on sm_80; compiling the "
+                        "64x64 tile with 16 rows per warp\n")
+        self.assertEqual(ptxas_corpus.fell_back_from(twice),
+                         "128x32 w32: 8 bytes; 128x32 w32 r: 4 bytes")
+        self.assertEqual(ptxas_corpus.settled_tile(twice), "64x64 w16")
 
 
 if __name__ == "__main__":

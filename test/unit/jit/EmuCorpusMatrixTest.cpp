@@ -9,7 +9,9 @@
 // grid, half of the runs with a block mask, lse on; outputs against the
 // float64 reference on fresh random inputs. A checker report fails the
 // launch and so the case. ctest also runs the prefill mode with warpgroup
-// tiles (PrefillWgmma.cuh, $PAGEDC_PREFILL_SHAPE=128x64x64).
+// tiles (PrefillWgmma.cuh, $PAGEDC_PREFILL_SHAPE=128x64x64) and with the
+// 128 x 32 tile of 32 rows per warp, holding the mods' row values (128x32x32)
+// and recomputing them per KV tile (128x32x32r).
 //
 // Each case first builds all its kernels in parallel (the kernel cache's
 // emulator builds), then runs; ctest runs the matrix in shards.
