@@ -102,8 +102,9 @@ struct KernelConfig {
   /// at head dim 256) at head dim 128: the FA2-shaped tile, 128 x 32 with
   /// 32 rows per warp (half the shared-memory reads per FLOP of 64 x 64
   /// with 16), which spills for some mods: settlePrefillShape (KernelCache.h)
-  /// compiles it and takes choosePrefillShape's tile where ptxas reports
-  /// spills (prefillFallsBackOnSpills). The emulator ("emu") and
+  /// compiles it, then where ptxas reports spills the same tile with
+  /// recomputeModRows, then choosePrefillShape's tile
+  /// (prefillFallsBackOnSpills, usePrefillSpillFallback). The emulator ("emu") and
   /// $PAGEDC_PREFILL_SHAPE: as choosePrefillShape.
   void choosePrefillShapeFor(const std::string &arch);
   /// Whether this is a prefill tile that choosePrefillShapeFor prefers only
