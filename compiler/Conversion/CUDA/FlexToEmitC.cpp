@@ -193,6 +193,23 @@ struct HoistingPlan {
   llvm::SetVector<Value> rowFields;
   /// Param-only operations (paramOnlyOps), cloned where used.
   DenseSet<Operation *> cheap;
+  /// Element buffer loads some of whose indices do not depend on kv (or s),
+  /// e.g. bias[q, kv]: the bounds test and offset of those dimensions are
+  /// computed in the row part and travel in the row struct (two fields per
+  /// load, after rowFields), so that the element part adds only the kv
+  /// terms. (The kernels that recompute the row part per KV tile would
+  /// otherwise form the q terms once per element.)
+  struct SplitLoad {
+    mutable flex::BufferLoadOp op; // (op handles are not const-correct)
+    /// The indices the row part takes, by dimension.
+    SmallVector<unsigned> rowDims;
+  };
+  SmallVector<SplitLoad> splitLoads;
+  DenseMap<Operation *, unsigned> splitIndex;
+
+  /// The row struct field numbers of split load `i`: bounds test, offset.
+  unsigned splitOkField(unsigned i) const { return rowFields.size() + 2 * i; }
+  unsigned splitOffsetField(unsigned i) const { return rowFields.size() + 2 * i + 1; }
 };
 
 /// The arguments that change from one key to the next: kv, and s for a
@@ -221,10 +238,23 @@ HoistingPlan planHoisting(flex::ModOp mod) {
     return !varying.contains(value) && !isa<BlockArgument>(value) &&
            !plan.cheap.contains(value.getDefiningOp());
   };
-  for (Operation *op : plan.elementOps)
+  for (Operation *op : plan.elementOps) {
+    if (auto load = dyn_cast<flex::BufferLoadOp>(op)) {
+      HoistingPlan::SplitLoad split{load, {}};
+      for (auto [dim, index] : llvm::enumerate(load.getIndices()))
+        if (!varying.contains(index))
+          split.rowDims.push_back(dim);
+      if (!split.rowDims.empty()) {
+        // Its row indices are computed in the row part: no fields for them.
+        plan.splitIndex[op] = plan.splitLoads.size();
+        plan.splitLoads.push_back(std::move(split));
+        continue;
+      }
+    }
     for (Value operand : op->getOperands())
       if (needsField(operand))
         plan.rowFields.insert(operand);
+  }
   Value result = mod.getYield().getValue();
   if (needsField(result))
     plan.rowFields.insert(result);
@@ -271,6 +301,60 @@ std::string describeField(Value value) {
 }
 
 //===----------------------------------------------------------------------===//
+// Buffer reads
+//===----------------------------------------------------------------------===//
+
+/// The bounds test and offset of a buffer read over some of its dimensions:
+/// for each (dimension d, index i),
+///   ok_d = flex_index_ok((int64_t) i, p.buf_size[d]);
+///   t_d = flex_index_term((int64_t) i, ok_d, p.buf_stride[d]);
+/// and returns (ok_d0 && ok_d1 ..., t_d0 + t_d1 ...). `params` is the hook's
+/// `const Params&` argument.
+std::pair<Value, Value>
+emitIndexTerms(OpBuilder &builder, Location loc, Value params, const BufferField &field,
+               ArrayRef<std::pair<unsigned, Value>> indices) {
+  MLIRContext *context = builder.getContext();
+  Type i64 = builder.getI64Type();
+  Type i1 = builder.getI1Type();
+  auto arrayType = emitc::ArrayType::get({field.rank}, i64);
+  Value strides = builder.create<emitc::MemberOp>(loc, arrayType, field.strideName, params);
+  Value sizes = builder.create<emitc::MemberOp>(loc, arrayType, field.sizeName, params);
+  auto call = [&](Type result, StringRef callee, ValueRange operands) {
+    return builder.create<emitc::CallOpaqueOp>(loc, TypeRange{result}, callee, operands)
+        .getResult(0);
+  };
+  Value offset, inBounds;
+  for (auto [dim, index] : indices) {
+    Value wide = index;
+    if (!index.getType().isInteger(64))
+      wide = builder.create<emitc::CastOp>(loc, i64, index);
+    Value position = builder.create<emitc::LiteralOp>(loc, emitc::SizeTType::get(context),
+                                                      std::to_string(dim));
+    Value size = builder.create<emitc::SubscriptOp>(loc, i64, sizes, ValueRange{position});
+    Value stride = builder.create<emitc::SubscriptOp>(loc, i64, strides, ValueRange{position});
+    Value ok = call(i1, "flex_index_ok", {wide, size});
+    Value term = call(i64, "flex_index_term", {wide, ok, stride});
+    offset = offset ? builder.create<emitc::AddOp>(loc, i64, offset, term).getResult() : term;
+    inBounds =
+        inBounds ? builder.create<emitc::LogicalAndOp>(loc, i1, inBounds, ok).getResult() : ok;
+  }
+  return {inBounds, offset};
+}
+
+/// flex_load(p.buf, inBounds, offset): the element, widened to float for
+/// f16 / bf16.
+Value emitBufferRead(OpBuilder &builder, Location loc, Value params, const BufferField &field,
+                     Type resultType, Value inBounds, Value offset) {
+  Type elementType = emitcElementType(field.elementType);
+  Value data = builder.create<emitc::MemberOp>(loc, emitc::PointerType::get(elementType),
+                                               field.dataName, params);
+  return builder
+      .create<emitc::CallOpaqueOp>(loc, TypeRange{resultType}, "flex_load",
+                                   ValueRange{data, inBounds, offset})
+      .getResult(0);
+}
+
+//===----------------------------------------------------------------------===//
 // Hook functions
 //===----------------------------------------------------------------------===//
 
@@ -288,9 +372,10 @@ constexpr HookNames kScoreHooks{"score_row", "ScoreRow", "score"};
 /// when `mod` is null) at the end of `module`.
 class HookBuilder {
 public:
-  HookBuilder(ModuleOp module, const HookNames &names, bool isScore)
+  HookBuilder(ModuleOp module, const HookNames &names, bool isScore,
+              const ParamsStruct &params)
       : context(module.getContext()), builder(module.getContext()),
-        names(names), isScore(isScore) {
+        names(names), isScore(isScore), params(params) {
     builder.setInsertionPointToEnd(module.getBody());
     paramsType = emitc::OpaqueType::get(context, "const Params&");
     rowType = emitc::OpaqueType::get(context, names.rowStruct);
@@ -333,7 +418,18 @@ private:
             "produces a type the CUDA lowering cannot keep in a row struct");
       os << "\n  " << *type << " r" << index << "; // " << describeField(field);
     }
-    os << (plan.rowFields.empty() ? "};" : "\n};");
+    for (auto [index, split] : llvm::enumerate(plan.splitLoads)) {
+      auto field = params.buffers.find(split.op.getBuffer());
+      if (field == params.buffers.end())
+        return split.op.emitOpError("reads an undeclared buffer");
+      if (split.op.getIndices().size() != field->second.rank)
+        return split.op.emitOpError("has the wrong number of indices");
+      os << "\n  bool r" << plan.splitOkField(index) << "; // flex.buffer_load @"
+         << split.op.getBuffer() << ": row indices in bounds";
+      os << "\n  int64_t r" << plan.splitOffsetField(index) << "; // flex.buffer_load @"
+         << split.op.getBuffer() << ": row indices' offset";
+    }
+    os << (plan.rowFields.empty() && plan.splitLoads.empty() ? "};" : "\n};");
     builder.create<emitc::VerbatimOp>(loc, text);
     return success();
   }
@@ -356,6 +452,9 @@ private:
       SmallVector<Operation *> worklist;
       for (Value field : plan.rowFields)
         worklist.push_back(field.getDefiningOp());
+      for (const HoistingPlan::SplitLoad &split : plan.splitLoads)
+        for (unsigned dim : split.rowDims)
+          worklist.push_back(split.op.getIndices()[dim].getDefiningOp());
       while (!worklist.empty()) {
         Operation *op = worklist.pop_back_val();
         if (!op || !needed.insert(op).second)
@@ -373,6 +472,17 @@ private:
       auto member = builder.create<emitc::MemberOp>(
           loc, field.getType(), ("r" + Twine(index)).str(), row);
       builder.create<emitc::AssignOp>(loc, member, mapping.lookup(field));
+    }
+    for (auto [index, split] : llvm::enumerate(plan.splitLoads)) {
+      SmallVector<std::pair<unsigned, Value>> indices;
+      for (unsigned dim : split.rowDims)
+        indices.push_back({dim, mapping.lookup(split.op.getIndices()[dim])});
+      auto [inBounds, offset] = emitIndexTerms(builder, split.op.getLoc(), func.getArgument(0),
+                                               bufferField(split.op), indices);
+      builder.create<emitc::AssignOp>(
+          loc, rowMember(loc, builder.getI1Type(), plan.splitOkField(index), row), inBounds);
+      builder.create<emitc::AssignOp>(
+          loc, rowMember(loc, builder.getI64Type(), plan.splitOffsetField(index), row), offset);
     }
     builder.create<emitc::ReturnOp>(loc, row.getResult());
   }
@@ -442,19 +552,57 @@ private:
         builder.clone(*op, mapping);
     };
     for (Operation *op : plan.elementOps) {
-      for (Value operand : op->getOperands())
-        materialize(operand);
-      builder.clone(*op, mapping);
+      auto split = plan.splitIndex.find(op);
+      if (split == plan.splitIndex.end()) {
+        for (Value operand : op->getOperands())
+          materialize(operand);
+        builder.clone(*op, mapping);
+        continue;
+      }
+      // A split load: the row struct's bounds test and offset, and the
+      // terms of the other (kv-dependent) indices.
+      const HoistingPlan::SplitLoad &load = plan.splitLoads[split->second];
+      Location opLoc = op->getLoc();
+      Value inBounds = rowMember(opLoc, builder.getI1Type(),
+                                 plan.splitOkField(split->second), func.getArgument(1));
+      Value offset = rowMember(opLoc, builder.getI64Type(),
+                               plan.splitOffsetField(split->second), func.getArgument(1));
+      SmallVector<std::pair<unsigned, Value>> indices;
+      for (auto [dim, index] : llvm::enumerate(load.op.getIndices())) {
+        if (llvm::is_contained(load.rowDims, dim))
+          continue;
+        materialize(index);
+        indices.push_back({static_cast<unsigned>(dim), mapping.lookup(index)});
+      }
+      auto [elementOk, elementOffset] = emitIndexTerms(
+          builder, opLoc, func.getArgument(0), bufferField(load.op), indices);
+      inBounds = builder.create<emitc::LogicalAndOp>(opLoc, builder.getI1Type(), inBounds,
+                                                     elementOk);
+      offset = builder.create<emitc::AddOp>(opLoc, builder.getI64Type(), offset, elementOffset);
+      mapping.map(load.op.getResult(),
+                  emitBufferRead(builder, opLoc, func.getArgument(0), bufferField(load.op),
+                                 load.op.getType(), inBounds, offset));
     }
     Value result = mod.getYield().getValue();
     materialize(result);
     builder.create<emitc::ReturnOp>(loc, mapping.lookup(result));
   }
 
+  /// The row struct field `index` of `row` (a row struct or a reference to
+  /// one).
+  Value rowMember(Location loc, Type type, unsigned index, Value row) {
+    return builder.create<emitc::MemberOp>(loc, type, ("r" + Twine(index)).str(), row);
+  }
+
+  const BufferField &bufferField(flex::BufferLoadOp load) const {
+    return params.buffers.find(load.getBuffer())->second;
+  }
+
   MLIRContext *context;
   OpBuilder builder;
   const HookNames &names;
   bool isScore;
+  const ParamsStruct &params;
   Type paramsType, rowType, rowRefType;
 };
 
@@ -512,48 +660,13 @@ public:
     if (adaptor.getIndices().size() != field.rank)
       return rewriter.notifyMatchFailure(op, "wrong number of indices");
     Location loc = op.getLoc();
-    Type i64 = rewriter.getI64Type();
-    Type i1 = rewriter.getI1Type();
     Value params = paramsArgument(op);
-    auto arrayType = emitc::ArrayType::get({field.rank}, i64);
-    Value strides = rewriter.create<emitc::MemberOp>(loc, arrayType,
-                                                     field.strideName, params);
-    Value sizes = rewriter.create<emitc::MemberOp>(loc, arrayType,
-                                                   field.sizeName, params);
-    auto call = [&](Type result, StringRef callee, ValueRange operands) {
-      return rewriter
-          .create<emitc::CallOpaqueOp>(loc, TypeRange{result}, callee,
-                                       operands)
-          .getResult(0);
-    };
-
-    Value offset, inBounds;
-    for (auto [dim, index] : llvm::enumerate(adaptor.getIndices())) {
-      Value wide = index;
-      if (!index.getType().isInteger(64))
-        wide = rewriter.create<emitc::CastOp>(loc, i64, index);
-      Value position = rewriter.create<emitc::LiteralOp>(
-          loc, emitc::SizeTType::get(getContext()), std::to_string(dim));
-      Value size = rewriter.create<emitc::SubscriptOp>(loc, i64, sizes,
-                                                       ValueRange{position});
-      Value stride = rewriter.create<emitc::SubscriptOp>(loc, i64, strides,
-                                                         ValueRange{position});
-      Value ok = call(i1, "flex_index_ok", {wide, size});
-      Value term = call(i64, "flex_index_term", {wide, ok, stride});
-      offset = offset ? rewriter.create<emitc::AddOp>(loc, i64, offset, term)
-                            .getResult()
-                      : term;
-      inBounds = inBounds ? rewriter.create<emitc::LogicalAndOp>(loc, i1,
-                                                                 inBounds, ok)
-                                .getResult()
-                          : ok;
-    }
-
-    Type elementType = emitcElementType(field.elementType);
-    Value data = rewriter.create<emitc::MemberOp>(
-        loc, emitc::PointerType::get(elementType), field.dataName, params);
-    rewriter.replaceOp(op, call(op.getType(), "flex_load",
-                                {data, inBounds, offset}));
+    SmallVector<std::pair<unsigned, Value>> indices;
+    for (auto [dim, index] : llvm::enumerate(adaptor.getIndices()))
+      indices.push_back({static_cast<unsigned>(dim), index});
+    auto [inBounds, offset] = emitIndexTerms(rewriter, loc, params, field, indices);
+    rewriter.replaceOp(op, emitBufferRead(rewriter, loc, params, field, op.getType(), inBounds,
+                                          offset));
     return success();
   }
 
@@ -676,8 +789,8 @@ public:
     builder.create<emitc::VerbatimOp>(
         loc, std::string("constexpr bool kHasScore = ") +
                  (*scoreMod ? "true" : "false") + ";");
-    HookBuilder maskHooks(module, kMaskHooks, /*isScore=*/false);
-    HookBuilder scoreHooks(module, kScoreHooks, /*isScore=*/true);
+    HookBuilder maskHooks(module, kMaskHooks, /*isScore=*/false, *params);
+    HookBuilder scoreHooks(module, kScoreHooks, /*isScore=*/true, *params);
     if (failed(maskHooks.build(*maskMod, *maskMod ? maskMod->getLoc() : loc)) ||
         failed(
             scoreHooks.build(*scoreMod, *scoreMod ? scoreMod->getLoc() : loc)))

@@ -114,9 +114,9 @@ void KernelConfig::choosePrefillShapeFor(const std::string &arch) {
     warpRows = 64;
   } else if (headDim == 128 && arch.rfind("sm_", 0) == 0) {
     // The FA2-shaped tile where ptxas allocates it without spills
-    // (settlePrefillShape): 118 of the 313 corpus selections spill 4-32
+    // (settlePrefillShape): 116 of the 313 corpus selections spill 4-32
     // bytes at sm_80 with their row values held across the KV loop, and
-    // take them recomputed per tile (bench/README.md).
+    // 114 of those take them recomputed per tile (bench/README.md).
     blockM = 128;
     blockN = 32;
     warpRows = 32;
