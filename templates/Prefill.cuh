@@ -205,29 +205,29 @@ extern "C" __global__ void __launch_bounds__(pagedc::kPrefillThreads, 1)
       for (int m = 0; m < kMTiles; ++m) {
         const bool visible[2] = {((visible_bits >> (2 * m)) & 1) != 0,
                                  ((visible_bits >> (2 * m + 1)) & 1) != 0};
-        if constexpr (kRecomputeModRows) {
-          // q through recompute_here: the row values, and whatever the
-          // per-element part computes from q alone, are computed here for
-          // this tile rather than hoisted before the loop by the compiler.
-          // (b and h too gained nothing in the corpus: one selection spills
-          // either way.)
-          int q_now[2];
-          pagedc_mods::MaskRow mask_now[2];
-          pagedc_mods::ScoreRow score_now[2];
+        // With kRecomputeModRows, q goes through recompute_here: the row
+        // values, and whatever the per-element part computes from q alone,
+        // are computed here for this tile rather than hoisted before the
+        // loop by the compiler. (Passing b and h through as well changed
+        // nothing in the corpus.)
+        int q_now[2];
+        pagedc_mods::MaskRow mask_now[2];
+        pagedc_mods::ScoreRow score_now[2];
 #pragma unroll
-          for (int half = 0; half < 2; ++half) {
+        for (int half = 0; half < 2; ++half) {
+          if constexpr (kRecomputeModRows) {
             q_now[half] = recompute_here(q_of[m][half]);
             mask_now[half] = pagedc_mods::mask_row(params, b, h, q_now[half]);
             score_now[half] = pagedc_mods::score_row(params, b, h, q_now[half]);
+          } else {
+            q_now[half] = q_of[m][half];
+            mask_now[half] = mask_rows[m][half];
+            score_now[half] = score_rows[m][half];
           }
-          apply_mods<kBlockN / 8>(scores[m], params, mask_now, score_now, b_of, h_of, q_now,
-                                  visible, check_mask, kv_begin, kv_len, args.scale, lane,
-                                  all_kept);
-        } else {
-          apply_mods<kBlockN / 8>(scores[m], params, mask_rows[m], score_rows[m], b_of, h_of,
-                                  q_of[m], visible, check_mask, kv_begin, kv_len, args.scale,
-                                  lane, all_kept);
         }
+        apply_mods<kBlockN / 8>(scores[m], params, mask_now, score_now, b_of, h_of, q_now,
+                                visible, check_mask, kv_begin, kv_len, args.scale, lane,
+                                all_kept);
         online_softmax<kBlockN / 8>(state[m], scores[m], out[m]);
       }
       warp_accumulate_rows<kMTiles, kBlockN / 8>(

@@ -291,6 +291,22 @@ std::optional<CompileResult> compileSource(const KernelSource &source,
                                            const std::string &arch,
                                            CompileOptions::Output output,
                                            bool ptxasReport) {
+  // A cubin of a tile that settleSource compiled in this process (through
+  // the kernel cache, with ptxas's report): that compile's image and log,
+  // not a second compile. A disk hit has no log, so it is compiled again.
+  if (output == CompileOptions::Output::Cubin && source.config.prefillFallsBackOnSpills()) {
+    try {
+      std::shared_ptr<const CompiledKernel> cached = KernelCache::global().getOrCompile(
+          source, cudaCompileOptions(source.config, arch));
+      if (!cached->log.empty()) {
+        if (ptxasReport)
+          llvm::errs() << cached->log;
+        return CompileResult{cached->image, cached->log};
+      }
+    } catch (const Error &) {
+      // The compile below reports the error.
+    }
+  }
   CompileOptions options;
   options.arch = arch;
   options.output = output;

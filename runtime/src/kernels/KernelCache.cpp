@@ -366,10 +366,11 @@ CompileOptions cudaCompileOptions(const KernelConfig &config, const std::string 
 
 KernelConfig settlePrefillShape(KernelConfig config, std::string_view modCode,
                                 const std::string &arch, KernelCache &cache) {
-  if (!config.prefillFallsBackOnSpills() || isEmulatorArch(arch))
+  if (isEmulatorArch(arch))
     return config;
   // The tile, then the same tile with its row values recomputed per KV
   // tile, then the fallback tile (which is not tried: it does not spill).
+  // Any other config leaves the loop at once.
   while (config.prefillFallsBackOnSpills()) {
     std::shared_ptr<const CompiledKernel> kernel =
         cache.getOrCompile(config, modCode, cudaCompileOptions(config, arch));
