@@ -138,6 +138,116 @@ def sass_instructions(sass):
     return code
 
 
+class ControlFlow:
+    """Basic blocks of a SASS listing ((address, text) pairs): `blocks`
+    (start, end) indices into code, `successors` and `predecessors` per
+    block, `reachable` from the entry, `dominators` per block."""
+
+    def __init__(self, code):
+        self.code = code
+        index = {address: i for i, (address, _) in enumerate(code)}
+
+        def parse(text):
+            predicated = text.startswith("@")
+            op = text.split()[1 if predicated else 0]
+            target = re.search(r"\b0x([0-9a-f]+)\b", text)
+            return predicated, op, int(target.group(1), 16) if target else None
+
+        leaders = {0}
+        for i, (_, text) in enumerate(code):
+            predicated, op, target = parse(text)
+            if op.startswith(("BRA", "EXIT", "RET", "BRX", "JMP")):
+                if i + 1 < len(code):
+                    leaders.add(i + 1)
+                if op.startswith("BRA") and target in index:
+                    leaders.add(index[target])
+        starts = sorted(leaders)
+        block_of = {}
+        blocks = []
+        for n, start in enumerate(starts):
+            end = starts[n + 1] if n + 1 < len(starts) else len(code)
+            blocks.append((start, end))
+            for i in range(start, end):
+                block_of[i] = n
+        successors = []
+        for n, (start, end) in enumerate(blocks):
+            predicated, op, target = parse(code[end - 1][1])
+            following = [n + 1] if n + 1 < len(blocks) else []
+            if op.startswith("BRA"):
+                jump = [block_of[index[target]]] if target in index else []
+                conditional = predicated or op != "BRA"
+                successors.append(jump + (following if conditional else []))
+            elif op.startswith(("EXIT", "RET", "BRX", "JMP")):
+                successors.append(following if predicated else [])
+            else:
+                successors.append(following)
+        predecessors = [[] for _ in blocks]
+        for n, targets in enumerate(successors):
+            for m in targets:
+                predecessors[m].append(n)
+
+        # Dominators (iterative): a back edge's target dominates its source;
+        # a jump back from out-of-line code (a barrier's retry loop) is not one.
+        # Blocks the entry never reaches (padding after the last EXIT) take no
+        # part.
+        reachable = {0}
+        work = [0]
+        while work:
+            for m in successors[work.pop()]:
+                if m not in reachable:
+                    reachable.add(m)
+                    work.append(m)
+        dominators = [set(reachable) if n in reachable else set() for n in range(len(blocks))]
+        dominators[0] = {0}
+        changed = True
+        while changed:
+            changed = False
+            for n in sorted(reachable - {0}):
+                incoming = [dominators[p] for p in predecessors[n] if p in reachable]
+                new = {n} | set.intersection(*incoming)
+                if new != dominators[n]:
+                    dominators[n] = new
+                    changed = True
+
+        self.blocks = blocks
+        self.successors = successors
+        self.predecessors = predecessors
+        self.reachable = reachable
+        self.dominators = dominators
+
+    def texts(self, blocks):
+        return [self.code[i][1] for n in blocks for i in range(*self.blocks[n])]
+
+    def natural_loops(self):
+        """(head, blocks) of each back edge's natural loop: the edge's target
+        dominates its source; the loop is the blocks that reach the source
+        without passing the target."""
+        loops = []
+        for source, targets in enumerate(self.successors):
+            for head in targets:
+                if head not in self.dominators[source]:
+                    continue
+                loop = {head, source}
+                work = [source] if source != head else []
+                while work:
+                    n = work.pop()
+                    for p in self.predecessors[n]:
+                        if p not in loop and p in self.reachable:
+                            loop.add(p)
+                            work.append(p)
+                loops.append((head, loop))
+        return loops
+
+
+def is_mma(text):
+    return "HMMA" in text or "HGMMA" in text
+
+
+def is_counted(text):
+    """Instructions counted as `other`: neither MMA nor NOP padding."""
+    return not is_mma(text) and not text.startswith("NOP")
+
+
 def loop_counts(code, copies=False):
     """(mma, other) instructions of the main loop: the natural loop of a
     back edge (its target dominates its source; the loop is the blocks that
@@ -154,118 +264,106 @@ def loop_counts(code, copies=False):
     many times as its trip count while `other` holds its body once."""
     if not code:
         return (0, 0, 0) if copies else (0, 0)
-    index = {address: i for i, (address, _) in enumerate(code)}
-
-    def parse(text):
-        predicated = text.startswith("@")
-        op = text.split()[1 if predicated else 0]
-        target = re.search(r"\b0x([0-9a-f]+)\b", text)
-        return predicated, op, int(target.group(1), 16) if target else None
-
-    leaders = {0}
-    for i, (_, text) in enumerate(code):
-        predicated, op, target = parse(text)
-        if op.startswith(("BRA", "EXIT", "RET", "BRX", "JMP")):
-            if i + 1 < len(code):
-                leaders.add(i + 1)
-            if op.startswith("BRA") and target in index:
-                leaders.add(index[target])
-    starts = sorted(leaders)
-    block_of = {}
-    blocks = []
-    for n, start in enumerate(starts):
-        end = starts[n + 1] if n + 1 < len(starts) else len(code)
-        blocks.append((start, end))
-        for i in range(start, end):
-            block_of[i] = n
-    successors = []
-    for n, (start, end) in enumerate(blocks):
-        predicated, op, target = parse(code[end - 1][1])
-        following = [n + 1] if n + 1 < len(blocks) else []
-        if op.startswith("BRA"):
-            jump = [block_of[index[target]]] if target in index else []
-            conditional = predicated or op != "BRA"
-            successors.append(jump + (following if conditional else []))
-        elif op.startswith(("EXIT", "RET", "BRX", "JMP")):
-            successors.append(following if predicated else [])
-        else:
-            successors.append(following)
-    predecessors = [[] for _ in blocks]
-    for n, targets in enumerate(successors):
-        for m in targets:
-            predecessors[m].append(n)
-
-    # Dominators (iterative): a back edge's target dominates its source;
-    # a jump back from out-of-line code (a barrier's retry loop) is not one.
-    # Blocks the entry never reaches (padding after the last EXIT) take no
-    # part.
-    reachable = {0}
-    work = [0]
-    while work:
-        for m in successors[work.pop()]:
-            if m not in reachable:
-                reachable.add(m)
-                work.append(m)
-    dominators = [set(reachable) if n in reachable else set() for n in range(len(blocks))]
-    dominators[0] = {0}
-    changed = True
-    while changed:
-        changed = False
-        for n in sorted(reachable - {0}):
-            incoming = [dominators[p] for p in predecessors[n] if p in reachable]
-            new = {n} | set.intersection(*incoming)
-            if new != dominators[n]:
-                dominators[n] = new
-                changed = True
-
-    def is_mma(text):
-        return "HMMA" in text or "HGMMA" in text
-
-    loops = []
-    for source, targets in enumerate(successors):
-        for head in targets:
-            if head not in dominators[source]:
-                continue
-            loop = {head, source}
-            work = [source] if source != head else []
-            while work:
-                n = work.pop()
-                for p in predecessors[n]:
-                    if p not in loop and p in reachable:
-                        loop.add(p)
-                        work.append(p)
-            texts = [code[i][1] for n in loop for i in range(*blocks[n])]
-            mma = sum(1 for t in texts if is_mma(t))
-            other = sum(1 for t in texts if not is_mma(t) and not t.startswith("NOP"))
-            # A KV-tile loop waits at a barrier every tile (BAR.SYNC in the
-            # mma.sync kernels, the mbarrier waits' SYNCS in the warpgroup
-            # one); the mma.sync kernels' Q K^T loop over the head dim
-            # (D >= 128) holds MMA instructions but no barrier.
-            barrier = any(re.search(r"\b(BAR|SYNCS)\.", t) for t in texts)
-            loops.append((loop, other, any("LDGSTS" in t for t in texts), mma, barrier))
-    # Where some loop with MMA instructions waits at a barrier, only such
-    # loops are candidates.
-    if any(mma and barrier for _, _, _, mma, barrier in loops):
-        loops = [(loop, other, copy, mma if barrier else 0)
-                 for loop, other, copy, mma, barrier in loops]
-    else:
-        loops = [(loop, other, copy, mma) for loop, other, copy, mma, _ in loops]
-    # The main loop: of the candidates with MMA instructions that hold no
-    # other such loop (a persistent CTA's loop over query tiles, or the
-    # mma.sync kernels' pass loop, holds the KV-tile loop), the one with the
-    # most, then the fewest other instructions.
-    best = None
-    for loop, other, _, mma in loops:
-        if not mma or any(inner < loop and inner_mma for inner, _, _, inner_mma in loops):
-            continue
-        if best is None or mma > best[0] or (mma == best[0] and other < best[1]):
-            best = (mma, other, loop)
+    flow = ControlFlow(code)
+    loops = _loop_table(flow)
+    best = _main_loop(flow, loops)
     if not copies:
         return best[:2] if best else (0, 0)
     if not best:
         return (0, 0, 0)
-    nested = [other for loop, other, copy, _ in loops if copy and loop < best[2]]
+    nested = [other for _, loop, other, copy, _ in loops if copy and loop < best[3]]
     return (best[0], best[1], max(nested, default=0))
+
+
+def _loop_table(flow):
+    """(head, blocks, other, copies, mma) of each natural loop; mma is 0 for
+    loops without a barrier where some loop with MMA instructions has one."""
+    loops = []
+    for head, loop in flow.natural_loops():
+        texts = flow.texts(loop)
+        mma = sum(1 for t in texts if is_mma(t))
+        other = sum(1 for t in texts if is_counted(t))
+        # A KV-tile loop waits at a barrier every tile (BAR.SYNC in the
+        # mma.sync kernels, the mbarrier waits' SYNCS in the warpgroup
+        # one); the mma.sync kernels' Q K^T loop over the head dim
+        # (D >= 128) holds MMA instructions but no barrier.
+        barrier = any(re.search(r"\b(BAR|SYNCS)\.", t) for t in texts)
+        loops.append((head, loop, other, any("LDGSTS" in t for t in texts), mma, barrier))
+    # Where some loop with MMA instructions waits at a barrier, only such
+    # loops are candidates.
+    if any(mma and barrier for *_, mma, barrier in loops):
+        return [(h, loop, other, copy, mma if barrier else 0)
+                for h, loop, other, copy, mma, barrier in loops]
+    return [(h, loop, other, copy, mma) for h, loop, other, copy, mma, _ in loops]
+
+
+def _main_loop(flow, loops=None):
+    """(mma, other, head, blocks) of the main loop, or None. Of the
+    candidates with MMA instructions that hold no other such loop (a
+    persistent CTA's loop over query tiles, or the mma.sync kernels' pass
+    loop, holds the KV-tile loop), the one with the most, then the fewest
+    other instructions."""
+    loops = _loop_table(flow) if loops is None else loops
+    best = None
+    for head, loop, other, _, mma in loops:
+        if not mma or any(inner < loop and inner_mma for _, inner, _, _, inner_mma in loops):
+            continue
+        if best is None or mma > best[0] or (mma == best[0] and other < best[1]):
+            best = (mma, other, head, loop)
+    return best
+
+
+def loop_paths(flow, head, loop):
+    """(fewest, most) instructions other than MMA on one trip round the
+    natural loop `loop` (blocks of `flow`, entered at block `head`): over
+    the paths from the head to a back edge, where a loop nested inside
+    counts its blocks once (one trip) and an exit from the loop ends no
+    trip. None when no path returns to the head."""
+    nested = sorted((inner for h, inner in flow.natural_loops() if inner < loop),
+                    key=len, reverse=True)
+    node = {}
+    for inner in nested:  # outermost first: a block takes its outermost nest
+        for n in inner:
+            node.setdefault(n, min(inner))
+    for n in loop:
+        node.setdefault(n, n)
+    weight = {}
+    for n in loop:
+        weight[node[n]] = weight.get(node[n], 0) + sum(1 for t in flow.texts([n]) if is_counted(t))
+    edges = {x: set() for x in weight}
+    latches = set()
+    for n in loop:
+        for m in flow.successors[n]:
+            if m == head:
+                latches.add(node[n])
+            elif m in loop and node[m] != node[n]:
+                edges[node[n]].add(node[m])
+    memo = {}
+
+    def walk(x):
+        if x not in memo:
+            memo[x] = None
+            ends = [(0, 0)] if x in latches else []
+            ends += [r for r in (walk(y) for y in edges[x]) if r]
+            memo[x] = (weight[x] + min(e[0] for e in ends),
+                       weight[x] + max(e[1] for e in ends)) if ends else None
+        return memo[x]
+
+    return walk(node[head])
+
+
+def main_loop_paths(code):
+    """(mma, fewest, most): the main loop's (loop_counts) MMA count and its
+    one-trip path range (loop_paths)."""
+    if not code:
+        return (0, 0, 0)
+    flow = ControlFlow(code)
+    best = _main_loop(flow)
+    if best is None:
+        return (0, 0, 0)
+    mma, _, head, loop = best
+    fewest, most = loop_paths(flow, head, loop) or (0, 0)
+    return (mma, fewest, most)
 
 
 def ex2_before_pv_wait(code):

@@ -1,10 +1,11 @@
 #!/usr/bin/env python3
 """Unit tests of the pure parts of bench/gpu/torch_flex.py, report.py,
-model_vs_measured.py, ptxas_shapes.py and ptxas_decode.py (no torch, no
-numpy, no GPU): medians, byte and FLOP counts, the plan read from a pack,
-anchors, SDPA support, reserve plans, the merge, the targets, the SASS
-main-loop count and its copy loop, the decode kernel's shared memory and
-forced paths."""
+model_vs_measured.py, ptxas_shapes.py, ptxas_decode.py and issue_model.py
+(no torch, no numpy, no GPU): medians, byte and FLOP counts, the plan read
+from a pack, anchors, SDPA support, reserve plans, the merge, the targets,
+the SASS main-loop count, its copy loop and its path range, the decode
+kernel's shared memory and forced paths, the issue term's rule, tile mix
+and Nsight Compute parsing."""
 import json
 import os
 import sys
@@ -12,6 +13,7 @@ import tempfile
 import unittest
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "..", "bench", "gpu"))
+import issue_model  # noqa: E402
 import model_vs_measured  # noqa: E402
 import ptxas_corpus  # noqa: E402
 import ptxas_decode  # noqa: E402
@@ -327,6 +329,98 @@ class PtxasCorpusTest(unittest.TestCase):
         self.assertEqual(ptxas_corpus.fell_back_from(twice),
                          "128x32 w32: 8 bytes; 128x32 w32 r: 4 bytes")
         self.assertEqual(ptxas_corpus.settled_tile(twice), "64x64 w16")
+
+
+class IssueModel(unittest.TestCase):
+    def test_path_range_of_the_main_loop(self):
+        # SASS's tile loop: the head block (TRYWAIT, BRA: 2), then the
+        # block with FMUL and a branch (2: the HGMMAs are not counted), the
+        # FADD or not (1), NOP (not counted) and the back edge (1): 5 at
+        # the fewest; the retry (NANOSLEEP, BRA: its own loop, counted once)
+        # and its jump back (1) make 9 at the most, the count loop_counts
+        # gives for the whole body.
+        code = ptxas_shapes.sass_instructions(SASS)
+        self.assertEqual(ptxas_shapes.loop_counts(code), (2, 9))
+        self.assertEqual(ptxas_shapes.main_loop_paths(code), (2, 5, 9))
+
+    def test_producer_loop_is_the_smallest_copy_loop_that_waits(self):
+        # A round loop (0x00-0x80) around the tile loop (0x10-0x60: waits
+        # at 0x10, copies at 0x30) whose retry at 0x40 is a loop without
+        # a wait: the tile loop, 3 or 5 instructions a trip.
+        code = ptxas_shapes.sass_instructions("""
+        /*0000*/                   IADD3 R1, R1, 0x1, RZ ;
+        /*0010*/                   SYNCS.PHASECHK.TRANS64.TRYWAIT P0, [R2], R3 ;
+        /*0020*/                @P1 BRA 0x0050 ;
+        /*0030*/                   UTMALDG.2D [UR8], [UR4] ;
+        /*0040*/                @P2 BRA.U.ANY 0x0030 ;
+        /*0050*/                @P3 BRA 0x0010 ;
+        /*0060*/                   ISETP.NE.AND P4, PT, R1, 0x4, PT ;
+        /*0070*/                @P4 BRA 0x0000 ;
+        /*0080*/                   EXIT ;
+""")
+        self.assertEqual(issue_model.producer_loop_paths(code), (3, 5))
+
+    def test_rescale_probability(self):
+        self.assertEqual(issue_model.rescale_probability(0), 1.0)
+        self.assertAlmostEqual(issue_model.rescale_probability(1), 1.0 - 0.5 ** 16)
+        self.assertAlmostEqual(issue_model.rescale_probability(63), 1.0 - (63 / 64) ** 16)
+
+    def test_causal_tile_mix(self):
+        # S 256, 128 x 64 tiles: query tile 0 visits 2 tiles (both in the
+        # diagonal block: masked), tile 1 visits 4 (2 kept, 2 masked).
+        # Rescale on every visit but the fixed probabilities: per warp,
+        # masked visits cost 10 / 20, kept 1 / 2 (rescaled or not); the
+        # producer 100 a tile in each of its 4 warps.
+        static = {"all_kept": {"rescale": [1, 1], "no_rescale": [2, 2]},
+                  "masked": {"rescale": [10, 10], "no_rescale": [20, 20]},
+                  "producer": [100, 100]}
+        p = issue_model.rescale_probability
+        expected = 0.0
+        for visit, masked in [(0, True), (1, True), (0, False), (1, False), (2, True),
+                              (3, True)]:
+            low, high = (10, 20) if masked else (1, 2)
+            expected += 8 * (p(visit) * low + (1 - p(visit)) * high) + 4 * 100
+        low, high = issue_model.causal_instructions(static, batch=2, heads=3, q_len=256)
+        self.assertAlmostEqual(low, 6 * expected)
+        self.assertAlmostEqual(high, 6 * expected)
+
+    def test_rule_adds_issue_to_the_larger_of_tensor_and_shared(self):
+        terms = {"tensor": 100.0, "shared": 120.0, "l2": 150.0, "dram": 10.0, "mufu": 50.0}
+        self.assertEqual(issue_model.rule_us(terms, 20.0), 150.0 + issue_model.LAUNCH_US)
+        self.assertEqual(issue_model.rule_us(terms, 60.0), 180.0 + issue_model.LAUNCH_US)
+        # 1,056 x 10^6 instructions on 132 SMs x 4 schedulers at 1 GHz,
+        # wave efficiency 0.5: 4 ms.
+        self.assertAlmostEqual(issue_model.issue_us(1056e6, 0.5, clock_hz=1e9), 4000.0)
+
+    def test_nsight_compute_listings(self):
+        details = """
+    SM Frequency                    Ghz          1.83
+    Elapsed Cycles                cycle    38,924,811
+    Duration                         ms         21.27
+    Executed Instructions                           inst 11,895,763,440
+"""
+        figures = issue_model.ncu_figures(details)
+        self.assertEqual(figures["instructions"], 11895763440.0)
+        self.assertEqual(figures["cycles"], 38924811.0)
+        self.assertAlmostEqual(figures["clock_hz"], 1.83e9)
+        self.assertAlmostEqual(figures["duration_us"], 21270.0)
+        metrics = "    smsp__inst_executed.sum                 inst  801,739,784\n"
+        self.assertEqual(issue_model.ncu_figures(metrics), {"instructions": 801739784.0})
+        with self.assertRaises(ValueError):
+            issue_model.ncu_figures("Duration ms 1.0")
+
+    def test_forced_lines_match_the_warpgroup_template(self):
+        # static rewrites these lines of templates/PrefillWgmma.cuh; each
+        # name must be found once, or its counts would be of both sides.
+        with tempfile.TemporaryDirectory() as directory:
+            values = {"all_kept": "true", "rescale": "false", "scale_folded": "true",
+                      "tensor_maps": "true"}
+            forced, absent = issue_model.force(os.path.join(ROOT, "templates"), directory, values)
+            self.assertEqual(absent, [])
+            with open(os.path.join(forced, "PrefillWgmma.cuh")) as file:
+                text = file.read()
+            self.assertIn("const bool all_kept = true || false && (", text)
+            self.assertIn("const bool rescale_out = false;", text)
 
 
 if __name__ == "__main__":
