@@ -17,32 +17,38 @@ not overlap the tensor (or shared-memory) time in those kernels.
 
 For a kernel no GPU has run, `static` estimates the instructions from SASS
 (cuobjdump; optional, not in the toolkit subset pagedc builds against): it
-compiles the warpgroup prefill with its KV-tile loop's path fixed in a
-template copy (all keys kept or masked per element; O rescaled or not;
-the softmax scale folded, as for a call with no score mod) and takes, per
-path, the fewest and most instructions of one trip round the loop
-(ptxas_shapes.loop_paths), and the producer's loop likewise. `predict`
-turns those into a range of issue terms for the model's causal prefill
-configurations:
+compiles the prefill (--kernel warpgroup: PrefillWgmma.cuh, sm_90a; mma:
+Prefill.cuh, sm_80 by default) with its KV-tile loop's path fixed in a
+template copy (all keys kept or masked per element; O rescaled or not; for
+the warpgroup kernel the softmax scale folded, as for a call with no score
+mod, and tensor-map copies) and takes, per path, the fewest and most
+instructions of one trip round the loop (ptxas_shapes.loop_paths), and the
+producer's loop likewise. A loop nested in the KV-tile loop counts once
+there; the mma.sync kernel's two (the K/V copy loop, the Q K^T loop over
+the head dim) add their further trips (`copy_extra`). `predict` turns those
+into a range of issue terms for the model's causal prefill configurations
+on an H100 or an A100 (108 SMs at 1.41 GHz):
 
-    per CTA of query tile i (128 rows; KV tiles of N keys, visited in key
-    order): (i + 1) * 128 / N tiles, the last 128 / N masked (the diagonal
-    block); a tile is rescaled with probability 1 - (1 - 1/(t + 1))^16 at
-    its t-th visit (16 rows per warp; a row's maximum moves at visit t with
-    probability 1 / (t + 1) when its scores are exchangeable, as for random
-    inputs); consumer warps = 128 / 16, each runs the tile's path; the
-    producer warpgroup's 4 warps each run its loop once per tile (one
-    thread issues the tensor-map copies, but every producer warp walks
-    the visits).
+    per CTA of rows [r, r + M) (KV tiles of N keys, visited in key order):
+    every tile of the 128-key mask blocks up to and including the rows'
+    diagonal block, whose 128 / N tiles are masked; a tile is rescaled with
+    probability 1 - (1 - 1/(t + 1))^R at its t-th visit (R rows per warp; a
+    row's maximum moves at visit t with probability 1 / (t + 1) when its
+    scores are exchangeable, as for random inputs); each consumer warp
+    (M / 16 of them in the warpgroup kernel, 4 in the mma.sync one) runs
+    the tile's path; the warpgroup kernel's 4 producer warps each run
+    their loop once per tile (one thread issues the tensor-map copies, but
+    every producer warp walks the visits).
 
 Instructions outside the loops (prologue, epilogue: 3-8% of the counted
 total on the H100 runs) are not counted, so the issue term is low by that.
 
   issue_model.py fit --point NCU.txt MODEL.json[:KEY] BENCH.json NAME [...]
   issue_model.py static --pagedc build/bin/pagedc --cuobjdump PATH
-        [--templates DIR] [--shape 128x64x64] [--json OUT]
+        [--kernel warpgroup|mma] [--arch ARCH] [--templates DIR]
+        [--shape 128x64x64] [--json OUT]
   issue_model.py predict STATIC.json[:KEY] MODEL.json[:KEY] [--filter TEXT]
-        [--ncu NCU.txt NAME]... [--json OUT]
+        [--device H100|A100] [--ncu NCU.txt NAME]... [--json OUT]
 """
 import argparse
 import json
@@ -65,26 +71,48 @@ ROWS_PER_WARP = 16
 PRODUCER_WARPS = 4
 MASK_BLOCK = 128
 
-# Lines of templates/PrefillWgmma.cuh that `static` rewrites (each must occur
-# once): (name, old text, new text with {value}).
-FORCED_LINES = [
-    ("all_kept", "const bool all_kept = (", "const bool all_kept = {value} || false && ("),
-    ("rescale",
-     "const bool rescale_out =\n"
-     "            !kOverlap || __ballot_sync(0xffffffffu, rescale[0] != 1.0f || rescale[1] != 1.0f) != 0;",
-     "const bool rescale_out = {value};"),
-    ("scale_folded",
-     "const bool scale_in_softmax = !pagedc_mods::kHasScore && args.scale > 0.0f;",
-     "const bool scale_in_softmax = !pagedc_mods::kHasScore && {value};"),
-    ("tensor_maps",
-     "return kTmaPages && wg.tensor_maps != 0 && kv + kBlockN <= kv_len;",
-     "return {value};"),
-    # the same choice in templates from before the tail tile's gather had
-    # its own test (2026-11-26)
-    ("tensor_maps",
-     "if (use_tma && kv + kBlockN <= kv_len) {",
-     "if ({value}) {{"),
-]
+# Per kernel: its template and the lines `static` rewrites in a copy of the
+# templates, (name, file, old text, new text with {value}). A name is forced
+# by the first of its lines the templates have, once; older templates may
+# have none for some names (their ranges then cover both sides).
+KERNELS = {
+    "warpgroup": {
+        "template": "PrefillWgmma.cuh",
+        "lines": [
+            ("all_kept", "PrefillWgmma.cuh", "const bool all_kept = (",
+             "const bool all_kept = {value} || false && ("),
+            ("rescale", "PrefillWgmma.cuh",
+             "const bool rescale_out =\n"
+             "            !kOverlap || __ballot_sync(0xffffffffu, rescale[0] != 1.0f || "
+             "rescale[1] != 1.0f) != 0;",
+             "const bool rescale_out = {value};"),
+            ("scale_folded", "PrefillWgmma.cuh",
+             "const bool scale_in_softmax = !pagedc_mods::kHasScore && args.scale > 0.0f;",
+             "const bool scale_in_softmax = !pagedc_mods::kHasScore && {value};"),
+            ("tensor_maps", "PrefillWgmma.cuh",
+             "return kTmaPages && wg.tensor_maps != 0 && kv + kBlockN <= kv_len;",
+             "return {value};"),
+            # the same choice in templates from before the tail tile's
+            # gather had its own test (2026-11-26)
+            ("tensor_maps", "PrefillWgmma.cuh", "if (use_tma && kv + kBlockN <= kv_len) {",
+             "if ({value}) {{"),
+        ],
+    },
+    "mma": {
+        "template": "Prefill.cuh",
+        "lines": [
+            ("all_kept", "Prefill.cuh", "const bool all_kept = (",
+             "const bool all_kept = {value} || false && ("),
+            ("rescale", "KernelCommon.cuh",
+             "if (__ballot_sync(0xffffffffu, rescale[0] != 1.0f || rescale[1] != 1.0f))",
+             "if ({value})"),
+        ],
+    },
+}
+FORCED_VALUES = {"warpgroup": {"scale_folded": "true", "tensor_maps": "true"}, "mma": {}}
+
+# (SMs, clock) of the devices the model describes
+DEVICES = {"H100": (H100_SMS, H100_CLOCK_HZ), "A100": (108, 1.41e9)}
 
 
 def ncu_figures(text):
@@ -160,43 +188,53 @@ def rescale_probability(visit, rows=ROWS_PER_WARP):
     return 1.0 - (1.0 - 1.0 / (visit + 1)) ** rows
 
 
-def causal_instructions(static, batch, heads, q_len, block_m=128, block_n=64):
+def causal_instructions(static, batch, heads, q_len):
     """(fewest, most) warp instructions of a causal prefill call from the
-    static path ranges (the KV-tile loop's and the producer's)."""
-    warps = block_m // ROWS_PER_WARP
+    static path ranges. A CTA of rows [r, r + block_m) visits the KV tiles
+    of every 128-key block up to its rows' diagonal block (whole blocks:
+    the visits are not cut at the CTA's last row), those of the diagonal
+    block masked; each warp runs the tile's path (plus the copy loop's
+    further trips, `copy_extra`), each producer warp its loop once a tile."""
+    block_m, block_n = static["block_m"], static["block_n"]
+    rows = static.get("rows_per_warp", ROWS_PER_WARP)
+    warps = static.get("warps", block_m // rows)
+    producer_warps = static.get("producer_warps", PRODUCER_WARPS)
+    extra = static.get("copy_extra", 0)
     per_block = MASK_BLOCK // block_n
     low = high = 0.0
-    for i in range(math.ceil(q_len / block_m)):
-        tiles = min((i + 1) * block_m, q_len) // block_n + (1 if q_len % block_n else 0)
-        tiles = max(tiles, 1)
+    for r in range(0, q_len, block_m):
+        keys = min((r // MASK_BLOCK + 1) * MASK_BLOCK, q_len)
+        tiles = max(math.ceil(keys / block_n), 1)
+        masked = min(per_block, tiles)
         for t in range(tiles):
-            path = static["masked"] if t >= tiles - per_block else static["all_kept"]
-            p = rescale_probability(t)
-            low += warps * (p * path["rescale"][0] + (1 - p) * path["no_rescale"][0])
-            high += warps * (p * path["rescale"][1] + (1 - p) * path["no_rescale"][1])
-            low += PRODUCER_WARPS * static["producer"][0]
-            high += PRODUCER_WARPS * static["producer"][1]
+            path = static["masked"] if t >= tiles - masked else static["all_kept"]
+            p = rescale_probability(t, rows)
+            low += warps * (p * path["rescale"][0] + (1 - p) * path["no_rescale"][0] + extra)
+            high += warps * (p * path["rescale"][1] + (1 - p) * path["no_rescale"][1] + extra)
+            low += producer_warps * static["producer"][0]
+            high += producer_warps * static["producer"][1]
     return low * batch * heads, high * batch * heads
 
 
-def predict(static, model, text="prefill-causal", ncu=()):
+def predict(static, model, text="prefill-causal", ncu=(), device="H100"):
     """Rows of modelled times with the issue term for the model's causal
-    prefill configurations. ncu: (listing path, configuration name) pairs
-    whose counted instructions the rows of that name also carry."""
+    prefill configurations on `device`. ncu: (listing path, configuration
+    name) pairs whose counted instructions the rows of that name also
+    carry."""
+    sms, clock = DEVICES[device]
     counted = {name: ncu_figures(open(path).read())["instructions"] for path, name in ncu}
     rows = []
     for c in model.get("configurations", []):
         if text not in c["name"] or c.get("mask") != "causal" or c.get("status") != "modelled":
             continue
-        launch = prefill_launch(c)
+        launch = prefill_launch(c, device)
         e = launch["wave_efficiency"]
-        low, high = causal_instructions(static, c["batch"], c["heads_q"], c["q_len"],
-                                        static["block_m"], static["block_n"])
-        times = [rule_us(launch["terms_us"], issue_us(n, e)) for n in (low, high)]
+        low, high = causal_instructions(static, c["batch"], c["heads_q"], c["q_len"])
+        issue = [issue_us(n, e, sms, clock) for n in (low, high)]
+        times = [rule_us(launch["terms_us"], i) for i in issue]
         flops = c["unmasked_flops"]
-        rows.append({"name": c["name"], "instructions": [low, high],
-                     "issue_us": [issue_us(low, e), issue_us(high, e)],
-                     "terms_us": launch["terms_us"],
+        rows.append({"name": c["name"], "device": device, "instructions": [low, high],
+                     "issue_us": issue, "terms_us": launch["terms_us"],
                      "modelled_us_without_issue": launch["modelled_us"],
                      "modelled_us_with_issue": times,
                      "tflops_with_issue": [flops / t / 1e6 for t in reversed(times)]})
@@ -205,28 +243,33 @@ def predict(static, model, text="prefill-causal", ncu=()):
     return rows
 
 
-def force(source_dir, directory, values):
-    """A copy of source_dir's templates with FORCED_LINES set to `values`
-    (name -> 'true' / 'false'); returns (the copy's directory, the names
-    whose line the template does not have: older templates, whose path
-    ranges then cover both sides)."""
-    with open(os.path.join(source_dir, "PrefillWgmma.cuh")) as file:
-        text = file.read()
+def force(source_dir, directory, values, kernel="warpgroup"):
+    """A copy of source_dir's templates with the kernel's forced lines set
+    to `values` (name -> 'true' / 'false'); returns (the copy's directory,
+    the names none of whose lines the templates have)."""
+    texts = {}
     forced = set()
-    for name, old, new in FORCED_LINES:
-        if name not in values or name in forced or text.count(old) == 0:
+    for name, file, old, new in KERNELS[kernel]["lines"]:
+        if name not in values or name in forced:
             continue
-        if text.count(old) != 1:
-            sys.exit(f"PrefillWgmma.cuh has {text.count(old)} copies of {old.strip()!r}")
-        text = text.replace(old, new.format(value=values[name]))
+        if file not in texts:
+            with open(os.path.join(source_dir, file)) as handle:
+                texts[file] = handle.read()
+        count = texts[file].count(old)
+        if count == 0:
+            continue
+        if count != 1:
+            sys.exit(f"{file} has {count} copies of {old.strip()!r}")
+        texts[file] = texts[file].replace(old, new.format(value=values[name]))
         forced.add(name)
     absent = sorted(set(values) - forced)
     if "all_kept" in absent:
-        sys.exit("PrefillWgmma.cuh has no all_kept line to fix")
+        sys.exit(f"{KERNELS[kernel]['template']} has no all_kept line to fix")
     templates = os.path.join(directory, "templates")
     shutil.copytree(source_dir, templates)
-    with open(os.path.join(templates, "PrefillWgmma.cuh"), "w") as file:
-        file.write(text)
+    for file, text in texts.items():
+        with open(os.path.join(templates, file), "w") as handle:
+            handle.write(text)
     return templates, absent
 
 
@@ -249,23 +292,59 @@ def producer_loop_paths(code):
     return ptxas_shapes.loop_paths(flow, *best) if best else (0, 0)
 
 
-def static_counts(pagedc, cuobjdump, templates, shape, head_dim=128, page=128):
+def mma_nested_trips(code, block_n, rows, head_dim):
+    """The mma.sync kernel's loops inside its KV-tile loop, which a path
+    range counts once: the K/V copy loop (ptxas_shapes.copy_trips trips a
+    tile) and the Q K^T loop over the head dim (rows/16 x N/8 x D/16 MMAs a
+    tile, so many per trip). Returns their counts and `copy_extra`, the
+    instructions of their further trips per tile and warp."""
+    flow = ptxas_shapes.ControlFlow(code)
+    found = ptxas_shapes.main_loop(flow)
+    if found is None:
+        return {"copy_extra": 0}
+    main = found[3]
+    copy_loop = qk_loop = 0
+    qk_mma = 0
+    for _, loop in flow.natural_loops():
+        if not loop < main:
+            continue
+        texts = flow.texts(loop)
+        other = sum(1 for t in texts if ptxas_shapes.is_counted(t))
+        mma = sum(1 for t in texts if ptxas_shapes.is_mma(t))
+        if any("LDGSTS" in t for t in texts):
+            copy_loop = max(copy_loop, other)
+        elif mma:
+            qk_loop, qk_mma = other, mma
+    copy_trips = ptxas_shapes.copy_trips(block_n, 128, head_dim) if copy_loop else 1
+    qk_trips = (rows // 16) * (block_n // 8) * (head_dim // 16) // qk_mma if qk_mma else 1
+    return {"copy_loop": copy_loop, "copy_trips": copy_trips, "qk_loop": qk_loop,
+            "qk_trips": qk_trips,
+            "copy_extra": (copy_trips - 1) * copy_loop + (qk_trips - 1) * qk_loop}
+
+
+def static_counts(pagedc, cuobjdump, templates, shape, kernel="warpgroup", arch="sm_90a",
+                  head_dim=128, page=128):
+    """Path ranges of the kernel's KV-tile loop (all kept / masked, O
+    rescaled or not) and of its producer's loop; for the mma.sync kernel
+    also the copy loop's further trips per tile (ptxas_shapes' rules)."""
     example = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "examples",
                            "causal.attn")
-    block_m, block_n, _ = (int(x) for x in shape.split("x"))
-    out = {"shape": shape, "block_m": block_m, "block_n": block_n, "head_dim": head_dim,
-           "page_size": page, "arch": "sm_90a", "mods": "causal"}
+    block_m, block_n, rows = (int(x) for x in shape.rstrip("r").split("x"))
+    out = {"kernel": kernel, "shape": shape, "block_m": block_m, "block_n": block_n,
+           "rows_per_warp": rows if kernel == "mma" else ROWS_PER_WARP,
+           "warps": 4 if kernel == "mma" else block_m // ROWS_PER_WARP,
+           "producer_warps": 0 if kernel == "mma" else PRODUCER_WARPS,
+           "head_dim": head_dim, "page_size": page, "arch": arch, "mods": "causal"}
     with tempfile.TemporaryDirectory() as directory:
         for kept in ("true", "false"):
             path = out.setdefault("all_kept" if kept == "true" else "masked", {})
             for rescale in ("true", "false"):
                 work = os.path.join(directory, f"{kept}-{rescale}")
-                forced, absent = force(templates, work, {"all_kept": kept, "rescale": rescale,
-                                                         "scale_folded": "true",
-                                                         "tensor_maps": "true"})
+                values = {"all_kept": kept, "rescale": rescale, **FORCED_VALUES[kernel]}
+                forced, absent = force(templates, work, values, kernel)
                 out["not_forced"] = absent
                 cubin = os.path.join(work, "kernel.cubin")
-                command = [pagedc, example, "--mask=causal", "--emit=cubin", "--arch=sm_90a",
+                command = [pagedc, example, "--mask=causal", "--emit=cubin", f"--arch={arch}",
                            f"--head-dim={head_dim}", f"--page-size={page}", "-o", cubin]
                 run = subprocess.run(command, capture_output=True, text=True,
                                      env={**os.environ, "PAGEDC_TEMPLATE_DIR": forced,
@@ -277,12 +356,18 @@ def static_counts(pagedc, cuobjdump, templates, shape, head_dim=128, page=128):
                 path["rescale" if rescale == "true" else "no_rescale"] = [fewest, most]
                 path["mma"] = mma
                 if kept == "true" and rescale == "false":
-                    out["producer"] = list(producer_loop_paths(code))
+                    if kernel == "mma":
+                        out["producer"] = [0, 0]
+                        out.update(mma_nested_trips(code, block_n, out["rows_per_warp"],
+                                                    head_dim))
+                    else:
+                        out["producer"] = list(producer_loop_paths(code))
     return out
 
 
 def main(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="command", required=True)
     f = sub.add_parser("fit")
     f.add_argument("--point", nargs=4, action="append", required=True,
@@ -293,12 +378,17 @@ def main(argv=None):
     s.add_argument("--cuobjdump", required=True)
     s.add_argument("--templates", default=os.path.join(
         os.path.dirname(os.path.abspath(__file__)), "..", "..", "templates"))
-    s.add_argument("--shape", default="128x64x64")
+    s.add_argument("--shape", default="128x64x64",
+                   help="a $PAGEDC_PREFILL_SHAPE (128x32x32 or 64x64x16 with --kernel mma)")
+    s.add_argument("--kernel", choices=sorted(KERNELS), default="warpgroup",
+                   help="warpgroup: PrefillWgmma.cuh (sm_90a); mma: Prefill.cuh")
+    s.add_argument("--arch", help="default sm_90a (warpgroup), sm_80 (mma)")
     s.add_argument("--json")
     p = sub.add_parser("predict")
     p.add_argument("static")
     p.add_argument("model")
     p.add_argument("--filter", default="prefill-causal")
+    p.add_argument("--device", choices=sorted(DEVICES), default="H100")
     p.add_argument("--ncu", nargs=2, action="append", default=[], metavar=("NCU", "NAME"),
                    help="an Nsight Compute listing of the configuration NAME: its "
                         "instruction count is shown beside the counted one")
@@ -317,14 +407,17 @@ def main(argv=None):
                 r["measured_over_modelled"]))
         result = rows
     elif args.command == "static":
-        result = static_counts(args.pagedc, args.cuobjdump, args.templates, args.shape)
+        arch = args.arch or ("sm_80" if args.kernel == "mma" else "sm_90a")
+        result = static_counts(args.pagedc, args.cuobjdump, args.templates, args.shape,
+                               args.kernel, arch)
         print(json.dumps(result, indent=2))
     else:
-        rows = predict(load_model(args.static), load_model(args.model), args.filter, args.ncu)
+        rows = predict(load_model(args.static), load_model(args.model), args.filter, args.ncu,
+                       args.device)
         if not rows:
             print("no causal prefill configuration in the model", file=sys.stderr)
             return 1
-        print("MODELLED (no GPU ran this):")
+        print(f"MODELLED (no GPU ran this), {args.device}:")
         print("%-34s %17s %19s %15s" % ("configuration", "issue us", "modelled us", "TFLOP/s"))
         for r in rows:
             print("%-34s %8.1f-%-8.1f %9.1f-%-9.1f %7.0f-%-7.0f" % (
@@ -342,4 +435,8 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    try:
+        sys.exit(main())
+    except (OSError, KeyError, ValueError, StopIteration) as error:
+        # a missing or malformed input file, an unknown key or configuration
+        sys.exit(f"issue_model.py: error: {type(error).__name__}: {error}")

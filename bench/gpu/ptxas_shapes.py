@@ -266,7 +266,7 @@ def loop_counts(code, copies=False):
         return (0, 0, 0) if copies else (0, 0)
     flow = ControlFlow(code)
     loops = _loop_table(flow)
-    best = _main_loop(flow, loops)
+    best = main_loop(flow, loops)
     if not copies:
         return best[:2] if best else (0, 0)
     if not best:
@@ -297,7 +297,7 @@ def _loop_table(flow):
     return [(h, loop, other, copy, mma) for h, loop, other, copy, mma, _ in loops]
 
 
-def _main_loop(flow, loops=None):
+def main_loop(flow, loops=None):
     """(mma, other, head, blocks) of the main loop, or None. Of the
     candidates with MMA instructions that hold no other such loop (a
     persistent CTA's loop over query tiles, or the mma.sync kernels' pass
@@ -358,7 +358,7 @@ def main_loop_paths(code):
     if not code:
         return (0, 0, 0)
     flow = ControlFlow(code)
-    best = _main_loop(flow)
+    best = main_loop(flow)
     if best is None:
         return (0, 0, 0)
     mma, _, head, loop = best

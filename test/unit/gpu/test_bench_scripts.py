@@ -360,6 +360,30 @@ class IssueModel(unittest.TestCase):
 """)
         self.assertEqual(issue_model.producer_loop_paths(code), (3, 5))
 
+    def test_nested_trips_of_the_mma_sync_loop(self):
+        # A tile loop (head 0x10, barrier, back edge 0xb0) holding a copy
+        # loop (0x20-0x40: 3 others) and a Q K^T loop (0x50-0x80: 2 HMMA,
+        # 2 others). 32 rows a warp, 32 keys, D 64: 2 x 4 x 4 = 32 MMAs a
+        # tile, 16 trips of 2; copy_trips(32, 128, 64) = 1.
+        code = ptxas_shapes.sass_instructions("""
+        /*0000*/                   MOV R1, R2 ;
+        /*0010*/                   BAR.SYNC.DEFER_BLOCKING 0x0 ;
+        /*0020*/                   LDGSTS.E.BYPASS.128 [R3], desc[UR8][R6.64] ;
+        /*0030*/                   IADD3 R3, R3, 0x10, RZ ;
+        /*0040*/                @P0 BRA 0x0020 ;
+        /*0050*/                   HMMA.16816.F32.BF16 R4, R8, R12, R4 ;
+        /*0060*/                   HMMA.16816.F32.BF16 R4, R8, R12, R4 ;
+        /*0070*/                   IADD3 R5, R5, 0x1, RZ ;
+        /*0080*/                @P1 BRA 0x0050 ;
+        /*0090*/                   HMMA.16816.F32.BF16 R16, R8, R12, R16 ;
+        /*00a0*/                   ISETP.NE.AND P2, PT, R2, 0x4, PT ;
+        /*00b0*/                @P2 BRA 0x0010 ;
+        /*00c0*/                   EXIT ;
+""")
+        found = issue_model.mma_nested_trips(code, block_n=32, rows=32, head_dim=64)
+        self.assertEqual(found, {"copy_loop": 3, "copy_trips": 1, "qk_loop": 2, "qk_trips": 16,
+                                 "copy_extra": 30})
+
     def test_rescale_probability(self):
         self.assertEqual(issue_model.rescale_probability(0), 1.0)
         self.assertAlmostEqual(issue_model.rescale_probability(1), 1.0 - 0.5 ** 16)
@@ -371,7 +395,8 @@ class IssueModel(unittest.TestCase):
         # Rescale on every visit but the fixed probabilities: per warp,
         # masked visits cost 10 / 20, kept 1 / 2 (rescaled or not); the
         # producer 100 a tile in each of its 4 warps.
-        static = {"all_kept": {"rescale": [1, 1], "no_rescale": [2, 2]},
+        static = {"block_m": 128, "block_n": 64,
+                  "all_kept": {"rescale": [1, 1], "no_rescale": [2, 2]},
                   "masked": {"rescale": [10, 10], "no_rescale": [20, 20]},
                   "producer": [100, 100]}
         p = issue_model.rescale_probability
@@ -383,6 +408,27 @@ class IssueModel(unittest.TestCase):
         low, high = issue_model.causal_instructions(static, batch=2, heads=3, q_len=256)
         self.assertAlmostEqual(low, 6 * expected)
         self.assertAlmostEqual(high, 6 * expected)
+
+    def test_causal_tile_mix_of_64_row_ctas(self):
+        # The mma.sync kernel's 64 x 64 tiles, 16 rows per warp, 4 warps, no
+        # producer, 5 instructions a tile for the copy loop's second trip.
+        # S 256: the CTAs of rows 0 and 64 both visit the first 128-key
+        # block whole (2 masked tiles), those of rows 128 and 192 the first
+        # block kept and the second masked. S 200: the last block is cut at
+        # 200 keys (4 tiles, the last partly past kv_len).
+        static = {"block_m": 64, "block_n": 64, "rows_per_warp": 16, "warps": 4,
+                  "producer_warps": 0, "copy_extra": 5,
+                  "all_kept": {"rescale": [1, 3], "no_rescale": [1, 3]},
+                  "masked": {"rescale": [10, 10], "no_rescale": [10, 10]},
+                  "producer": [0, 0]}
+        def cost(visits):
+            return sum(4 * ((10 if masked else 1) + 5) for masked in visits)
+        expected = 2 * cost([True, True]) + 2 * cost([False, False, True, True])
+        self.assertAlmostEqual(issue_model.causal_instructions(static, 1, 1, 256)[0], expected)
+        expected = 2 * cost([True, True]) + 2 * cost([False, False, True, True])
+        self.assertAlmostEqual(issue_model.causal_instructions(static, 1, 1, 200)[0], expected)
+        self.assertAlmostEqual(issue_model.causal_instructions(static, 1, 1, 256)[1],
+                               2 * (2 * 4 * 15) + 2 * (2 * 4 * 8 + 2 * 4 * 15))
 
     def test_rule_adds_issue_to_the_larger_of_tensor_and_shared(self):
         terms = {"tensor": 100.0, "shared": 120.0, "l2": 150.0, "dram": 10.0, "mufu": 50.0}
@@ -421,6 +467,15 @@ class IssueModel(unittest.TestCase):
                 text = file.read()
             self.assertIn("const bool all_kept = true || false && (", text)
             self.assertIn("const bool rescale_out = false;", text)
+            self.assertIn("return true;", text)
+        with tempfile.TemporaryDirectory() as directory:
+            forced, absent = issue_model.force(os.path.join(ROOT, "templates"), directory,
+                                               {"all_kept": "false", "rescale": "true"}, "mma")
+            self.assertEqual(absent, [])
+            with open(os.path.join(forced, "Prefill.cuh")) as file:
+                self.assertIn("const bool all_kept = false || false && (", file.read())
+            with open(os.path.join(forced, "KernelCommon.cuh")) as file:
+                self.assertIn("if (true)\n", file.read())
 
 
 if __name__ == "__main__":
