@@ -21,7 +21,8 @@ compiles the prefill (--kernel warpgroup: PrefillWgmma.cuh, sm_90a; mma:
 Prefill.cuh, sm_80 by default) with its KV-tile loop's path fixed in a
 template copy (all keys kept or masked per element; O rescaled or not; for
 the warpgroup kernel the softmax scale folded, as for a call with no score
-mod, and tensor-map copies) and takes, per path, the fewest and most
+mod, and tensor-map copies; for the mma.sync kernel, a tile that is not the
+CTA's last) and takes, per path, the fewest and most
 instructions of one trip round the loop (ptxas_shapes.loop_paths), and the
 producer's loop likewise. A loop nested in the KV-tile loop counts once
 there; the mma.sync kernel's two (the K/V copy loop, the Q K^T loop over
@@ -37,11 +38,14 @@ on an H100 or an A100 (108 SMs at 1.41 GHz):
     scores are exchangeable, as for random inputs); each consumer warp
     (M / 16 of them in the warpgroup kernel, 4 in the mma.sync one) runs
     the tile's path; the warpgroup kernel's 4 producer warps each run
-    their loop once per tile (one thread issues the tensor-map copies, but
-    every producer warp walks the visits).
+    their loop once per tile: with tensor maps one thread issues the
+    copies, so one warp runs up to the loop's longest path and three its
+    shortest (wait and arrive); a gather runs in all four.
 
-Instructions outside the loops (prologue, epilogue: 3-8% of the counted
-total on the H100 runs) are not counted, so the issue term is low by that.
+Instructions outside the loops (prologue, epilogue) are not counted: on the
+H100 runs Nsight Compute counted 1.01-1.19x the counted range's instructions,
+so the issue term is low by that. Out of sample (the H200's tensor-map run)
+the modelled time was 1.17-1.29x short.
 
   issue_model.py fit --point NCU.txt MODEL.json[:KEY] BENCH.json NAME [...]
   issue_model.py static --pagedc build/bin/pagedc --cuobjdump PATH
@@ -72,9 +76,10 @@ PRODUCER_WARPS = 4
 MASK_BLOCK = 128
 
 # Per kernel: its template and the lines `static` rewrites in a copy of the
-# templates, (name, file, old text, new text with {value}). A name is forced
-# by the first of its lines the templates have, once; older templates may
-# have none for some names (their ranges then cover both sides).
+# templates, (name, file, old text, new text with {value}). Every line of a
+# name that the templates have is rewritten (each must occur once); older
+# templates may have none for some names (their ranges then cover both
+# sides).
 KERNELS = {
     "warpgroup": {
         "template": "PrefillWgmma.cuh",
@@ -86,6 +91,15 @@ KERNELS = {
              "            !kOverlap || __ballot_sync(0xffffffffu, rescale[0] != 1.0f || "
              "rescale[1] != 1.0f) != 0;",
              "const bool rescale_out = {value};"),
+            # O's rescale for the previous tile, at the top of the next trip
+            ("rescale", "PrefillWgmma.cuh", "          if (o_rescale) {",
+             "          if ({value}) {{"),
+            # the same test in templates from before O's rescale moved under
+            # the next S (2026-11-26)
+            ("rescale", "PrefillWgmma.cuh",
+             "if (!kOverlap || __ballot_sync(0xffffffffu, rescale[0] != 1.0f || "
+             "rescale[1] != 1.0f))",
+             "if ({value})"),
             ("scale_folded", "PrefillWgmma.cuh",
              "const bool scale_in_softmax = !pagedc_mods::kHasScore && args.scale > 0.0f;",
              "const bool scale_in_softmax = !pagedc_mods::kHasScore && {value};"),
@@ -106,10 +120,21 @@ KERNELS = {
             ("rescale", "KernelCommon.cuh",
              "if (__ballot_sync(0xffffffffu, rescale[0] != 1.0f || rescale[1] != 1.0f))",
              "if ({value})"),
+            # a tile that is not the CTA's last: the next one is copied
+            ("next_tile", "Prefill.cuh",
+             "      if (next_list < visits.list_count)\n        copy_tile(stage ^ 1, kv_next);",
+             "      if ({value})\n        copy_tile(stage ^ 1, kv_next);"),
+            ("next_tile", "Prefill.cuh", "      if (next_list < visits.list_count) {\n",
+             "      if ({value}) {{\n"),
+            # the copy's test in templates from before its copier (2026-11-26)
+            ("next_tile", "Prefill.cuh",
+             "      if (next_list < visits.list_count)\n        load_kv_tiles<",
+             "      if ({value})\n        load_kv_tiles<"),
         ],
     },
 }
-FORCED_VALUES = {"warpgroup": {"scale_folded": "true", "tensor_maps": "true"}, "mma": {}}
+FORCED_VALUES = {"warpgroup": {"scale_folded": "true", "tensor_maps": "true"},
+                 "mma": {"next_tile": "true"}}
 
 # (SMs, clock) of the devices the model describes
 DEVICES = {"H100": (H100_SMS, H100_CLOCK_HZ), "A100": (108, 1.41e9)}
@@ -199,6 +224,7 @@ def causal_instructions(static, batch, heads, q_len):
     rows = static.get("rows_per_warp", ROWS_PER_WARP)
     warps = static.get("warps", block_m // rows)
     producer_warps = static.get("producer_warps", PRODUCER_WARPS)
+    copy_warps = static.get("producer_copy_warps", producer_warps)
     extra = static.get("copy_extra", 0)
     per_block = MASK_BLOCK // block_n
     low = high = 0.0
@@ -212,7 +238,8 @@ def causal_instructions(static, batch, heads, q_len):
             low += warps * (p * path["rescale"][0] + (1 - p) * path["no_rescale"][0] + extra)
             high += warps * (p * path["rescale"][1] + (1 - p) * path["no_rescale"][1] + extra)
             low += producer_warps * static["producer"][0]
-            high += producer_warps * static["producer"][1]
+            high += ((producer_warps - copy_warps) * static["producer"][0]
+                     + copy_warps * static["producer"][1])
     return low * batch * heads, high * batch * heads
 
 
@@ -250,7 +277,7 @@ def force(source_dir, directory, values, kernel="warpgroup"):
     texts = {}
     forced = set()
     for name, file, old, new in KERNELS[kernel]["lines"]:
-        if name not in values or name in forced:
+        if name not in values:
             continue
         if file not in texts:
             with open(os.path.join(source_dir, file)) as handle:
@@ -362,6 +389,11 @@ def static_counts(pagedc, cuobjdump, templates, shape, kernel="warpgroup", arch=
                                                     head_dim))
                     else:
                         out["producer"] = list(producer_loop_paths(code))
+                        # With tensor maps one thread issues the copies:
+                        # the other three warps take the short path (wait,
+                        # arrive); a gather runs in all four.
+                        out["producer_copy_warps"] = (
+                            PRODUCER_WARPS if "tensor_maps" in absent else 1)
     return out
 
 

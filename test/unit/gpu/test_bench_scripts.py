@@ -394,20 +394,25 @@ class IssueModel(unittest.TestCase):
         # diagonal block: masked), tile 1 visits 4 (2 kept, 2 masked).
         # Rescale on every visit but the fixed probabilities: per warp,
         # masked visits cost 10 / 20, kept 1 / 2 (rescaled or not); the
-        # producer 100 a tile in each of its 4 warps.
-        static = {"block_m": 128, "block_n": 64,
+        # producer loop 100-300 a tile: its 4 warps take 100 at the fewest;
+        # at the most the one warp issuing tensor-map copies takes 300.
+        static = {"block_m": 128, "block_n": 64, "producer_copy_warps": 1,
                   "all_kept": {"rescale": [1, 1], "no_rescale": [2, 2]},
                   "masked": {"rescale": [10, 10], "no_rescale": [20, 20]},
-                  "producer": [100, 100]}
+                  "producer": [100, 300]}
         p = issue_model.rescale_probability
         expected = 0.0
         for visit, masked in [(0, True), (1, True), (0, False), (1, False), (2, True),
                               (3, True)]:
             low, high = (10, 20) if masked else (1, 2)
-            expected += 8 * (p(visit) * low + (1 - p(visit)) * high) + 4 * 100
+            expected += 8 * (p(visit) * low + (1 - p(visit)) * high)
         low, high = issue_model.causal_instructions(static, batch=2, heads=3, q_len=256)
-        self.assertAlmostEqual(low, 6 * expected)
-        self.assertAlmostEqual(high, 6 * expected)
+        self.assertAlmostEqual(low, 6 * (expected + 6 * 4 * 100))
+        self.assertAlmostEqual(high, 6 * (expected + 6 * (3 * 100 + 300)))
+        # A gather: all four warps copy.
+        static["producer_copy_warps"] = 4
+        low, high = issue_model.causal_instructions(static, batch=2, heads=3, q_len=256)
+        self.assertAlmostEqual(high, 6 * (expected + 6 * 4 * 300))
 
     def test_causal_tile_mix_of_64_row_ctas(self):
         # The mma.sync kernel's 64 x 64 tiles, 16 rows per warp, 4 warps, no
