@@ -86,6 +86,7 @@ PAGEDC_EMU_FORWARD int atomic_add(int *address, int value, const char *file, int
   return runtime->atomic_add_i32(address, value, file, line);
 }
 PAGEDC_EMU_FORWARD float approx(int function, float x) { return runtime->approx(function, x); }
+PAGEDC_EMU_FORWARD void tally(int what) { runtime->tally(what); }
 
 // sm_90 (Hopper): mbarriers, bulk copies, proxy fences, named barriers,
 // wgmma and setmaxnreg (Hopper.cuh's emulator branches).

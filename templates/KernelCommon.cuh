@@ -628,13 +628,40 @@ PAGEDC_DEVICE void rescale_rows(float (&out)[kHeadDim / 8][4], const float (&res
 /// settle, every row's factor is exactly 1 (ex2 of 0): when that holds for
 /// the whole warp the D / 4 multiplies per row are skipped (exact either
 /// way; the vote is warp-uniform, so the branch does not diverge).
+/// Returns whether it rescaled.
 template <int kNTiles, int kHalves = 2>
-PAGEDC_DEVICE void online_softmax(RowState &state, float (&scores)[kNTiles][4],
+PAGEDC_DEVICE bool online_softmax(RowState &state, float (&scores)[kNTiles][4],
                                   float (&out)[kHeadDim / 8][4]) {
   float rescale[2];
   softmax_tile<kNTiles, kHalves>(state, scores, rescale);
-  if (__ballot_sync(0xffffffffu, rescale[0] != 1.0f || rescale[1] != 1.0f))
+  if (__ballot_sync(0xffffffffu, rescale[0] != 1.0f || rescale[1] != 1.0f)) {
     rescale_rows<kHalves>(out, rescale);
+    return true;
+  }
+  return false;
+}
+
+/// Emulator only (nothing on a GPU): counts a warp's KV-tile visit by path
+/// and, per 16-row group, whether the tile rescaled its output, for the
+/// performance model's issue term (docs/emulator.md). Called by every lane
+/// with warp-uniform arguments; lane 0 counts.
+PAGEDC_DEVICE void tally_tile(bool all_kept, int lane) {
+#ifdef PAGEDC_EMULATOR
+  if (lane == 0)
+    pagedc_emu::tally(all_kept ? PAGEDC_EMU_TALLY_KEPT_TILE : PAGEDC_EMU_TALLY_MASKED_TILE);
+#else
+  (void)all_kept;
+  (void)lane;
+#endif
+}
+PAGEDC_DEVICE void tally_rescale(bool rescaled, int lane) {
+#ifdef PAGEDC_EMULATOR
+  if (lane == 0 && rescaled)
+    pagedc_emu::tally(PAGEDC_EMU_TALLY_RESCALED_ROWS);
+#else
+  (void)rescaled;
+  (void)lane;
+#endif
 }
 
 /// Applies scale, score mod, mask mod, kv_len and row limits to one warp's

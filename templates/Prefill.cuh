@@ -201,6 +201,7 @@ extern "C" __global__ void __launch_bounds__(pagedc::kPrefillThreads, 1)
       const bool all_kept = (is_full || !pagedc_mods::kHasMask) &&
                             kv_begin + kBlockN <= kv_len &&
                             visible_bits == (1u << (2 * kMTiles)) - 1;
+      tally_tile(all_kept, lane);
 #pragma unroll
       for (int m = 0; m < kMTiles; ++m) {
         const bool visible[2] = {((visible_bits >> (2 * m)) & 1) != 0,
@@ -228,7 +229,7 @@ extern "C" __global__ void __launch_bounds__(pagedc::kPrefillThreads, 1)
         apply_mods<kBlockN / 8>(scores[m], params, mask_now, score_now, b_of, h_of, q_now,
                                 visible, check_mask, kv_begin, kv_len, args.scale, lane,
                                 all_kept);
-        online_softmax<kBlockN / 8>(state[m], scores[m], out[m]);
+        tally_rescale(online_softmax<kBlockN / 8>(state[m], scores[m], out[m]), lane);
       }
       warp_accumulate_rows<kMTiles, kBlockN / 8>(
           out, scores, v_tiles + stage * kStageBytes, 0, lane);

@@ -579,6 +579,7 @@ extern "C" __global__ void __launch_bounds__(pagedc::kPrefillThreads, 1)
         const bool check_mask[2] = {!is_full, !is_full};
         const bool all_kept = (is_full || !pagedc_mods::kHasMask) && kv_begin + kBlockN <= kv_len &&
                               visible[0] && visible[1];
+        tally_tile(all_kept, lane);
         // A tile copied as a descending page run holds its keys page-reversed.
         // (Read only where a mod or test uses the keys, it made ptxas spill
         // 36 bytes at D 128 with 128-key tiles, and all-kept tiles ran the
@@ -597,6 +598,7 @@ extern "C" __global__ void __launch_bounds__(pagedc::kPrefillThreads, 1)
         // where ptxas then spilled, they always run).
         const bool rescale_out =
             !kOverlap || __ballot_sync(0xffffffffu, rescale[0] != 1.0f || rescale[1] != 1.0f) != 0;
+        tally_rescale(rescale_out, lane);
         if constexpr (kOverlap) {
           // The previous tile's O += P V must be done before P's registers
           // are rewritten (and O rescaled, in the next iteration); then its

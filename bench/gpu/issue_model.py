@@ -27,8 +27,13 @@ instructions of one trip round the loop (ptxas_shapes.loop_paths), and the
 producer's loop likewise. A loop nested in the KV-tile loop counts once
 there; the mma.sync kernel's two (the K/V copy loop, the Q K^T loop over
 the head dim) add their further trips (`copy_extra`). `predict` turns those
-into a range of issue terms for the model's causal prefill configurations
-on an H100 or an A100 (108 SMs at 1.41 GHz):
+into a range of issue terms for the model's prefill configurations on an
+H100 or an A100 (108 SMs at 1.41 GHz). Where the model's counters carry the
+emulator's tallies (tiles_kept, tiles_masked, row_groups_rescaled: each
+warp's KV-tile visits by path and the 16-row groups a visit rescaled) they
+weigh the paths, for any mask (tallied_instructions). Model files from
+before the tallies (the H100 runs') take a formula, causal only
+(causal_instructions):
 
     per CTA of rows [r, r + M) (KV tiles of N keys, visited in key order):
     every tile of the 128-key mask blocks up to and including the rows'
@@ -45,7 +50,7 @@ on an H100 or an A100 (108 SMs at 1.41 GHz):
 Instructions outside the loops (prologue, epilogue) are not counted: on the
 H100 runs Nsight Compute counted 1.01-1.19x the counted range's instructions,
 so the issue term is low by that. Out of sample (the H200's tensor-map run)
-the modelled time was 1.17-1.29x short.
+the measured figure was 12-18% below the modelled range.
 
   issue_model.py fit --point NCU.txt MODEL.json[:KEY] BENCH.json NAME [...]
   issue_model.py static --pagedc build/bin/pagedc --cuobjdump PATH
@@ -243,28 +248,75 @@ def causal_instructions(static, batch, heads, q_len):
     return low * batch * heads, high * batch * heads
 
 
-def predict(static, model, text="prefill-causal", ncu=(), device="H100"):
-    """Rows of modelled times with the issue term for the model's causal
-    prefill configurations on `device`. ncu: (listing path, configuration
-    name) pairs whose counted instructions the rows of that name also
-    carry."""
+def tallied_instructions(static, counters):
+    """(fewest, most) warp instructions of a prefill launch from the
+    emulator's tallies (counters tiles_kept, tiles_masked,
+    row_groups_rescaled, scaled from the blocks run to the grid): each warp
+    visit costs its path's range, rescaled in the tallied fraction of row
+    groups, plus the nested loops' further trips; the producer warps run
+    their loop once per CTA visit (warp visits / consumer warps)."""
+    scale = counters["grid_blocks"] / max(1, counters["blocks"])
+    kept = counters["tiles_kept"] * scale
+    masked = counters["tiles_masked"] * scale
+    groups = static.get("rows_per_warp", ROWS_PER_WARP) // 16
+    visits = kept + masked
+    rescaled = min(1.0, counters["row_groups_rescaled"] * scale / (visits * groups)) \
+        if visits else 0.0
+    warps = static.get("warps", static["block_m"] // ROWS_PER_WARP)
+    producer_warps = static.get("producer_warps", PRODUCER_WARPS)
+    copy_warps = static.get("producer_copy_warps", producer_warps)
+    extra = static.get("copy_extra", 0)
+    result = []
+    for end in (0, 1):
+        total = 0.0
+        for count, path in ((kept, static["all_kept"]), (masked, static["masked"])):
+            total += count * (rescaled * path["rescale"][end]
+                              + (1 - rescaled) * path["no_rescale"][end] + extra)
+        producer = (producer_warps * static["producer"][0] if end == 0 else
+                    (producer_warps - copy_warps) * static["producer"][0]
+                    + copy_warps * static["producer"][1])
+        total += visits / warps * producer
+        result.append(total)
+    return tuple(result), rescaled
+
+
+def predict(static, model, text="prefill", ncu=(), device="H100"):
+    """Rows of modelled times with the issue term for the model's prefill
+    configurations on `device`: the launch's emulator tallies where its
+    counters have them (any mask), else the causal formula
+    (causal_instructions; other masks are left out). ncu: (listing path,
+    configuration name) pairs whose counted instructions the rows of that
+    name also carry."""
     sms, clock = DEVICES[device]
     counted = {name: ncu_figures(open(path).read())["instructions"] for path, name in ncu}
     rows = []
     for c in model.get("configurations", []):
-        if text not in c["name"] or c.get("mask") != "causal" or c.get("status") != "modelled":
+        if text not in c["name"] or c.get("kind") != "prefill" or c.get("status") != "modelled":
             continue
         launch = prefill_launch(c, device)
+        counters = next((l["counters"] for l in c.get("launches", [])
+                         if l["kernel"] == "pagedc_prefill"), {})
+        rescaled = None
+        if "tiles_kept" in counters:
+            (low, high), rescaled = tallied_instructions(static, counters)
+            mix = "emulator tallies"
+        elif c.get("mask") == "causal" and not c.get("score"):
+            low, high = causal_instructions(static, c["batch"], c["heads_q"], c["q_len"])
+            mix = "causal formula"
+        else:
+            continue
         e = launch["wave_efficiency"]
-        low, high = causal_instructions(static, c["batch"], c["heads_q"], c["q_len"])
         issue = [issue_us(n, e, sms, clock) for n in (low, high)]
         times = [rule_us(launch["terms_us"], i) for i in issue]
         flops = c["unmasked_flops"]
-        rows.append({"name": c["name"], "device": device, "instructions": [low, high],
-                     "issue_us": issue, "terms_us": launch["terms_us"],
+        rows.append({"name": c["name"], "device": device, "tile_mix": mix,
+                     "instructions": [low, high], "issue_us": issue,
+                     "terms_us": launch["terms_us"],
                      "modelled_us_without_issue": launch["modelled_us"],
                      "modelled_us_with_issue": times,
                      "tflops_with_issue": [flops / t / 1e6 for t in reversed(times)]})
+        if rescaled is not None:
+            rows[-1]["rescaled_fraction"] = rescaled
         if c["name"] in counted:
             rows[-1]["ncu_instructions"] = counted[c["name"]]
     return rows
@@ -419,7 +471,8 @@ def main(argv=None):
     p = sub.add_parser("predict")
     p.add_argument("static")
     p.add_argument("model")
-    p.add_argument("--filter", default="prefill-causal")
+    p.add_argument("--filter", default="prefill",
+                   help="configurations whose name holds TEXT (default: every prefill)")
     p.add_argument("--device", choices=sorted(DEVICES), default="H100")
     p.add_argument("--ncu", nargs=2, action="append", default=[], metavar=("NCU", "NAME"),
                    help="an Nsight Compute listing of the configuration NAME: its "
@@ -447,13 +500,17 @@ def main(argv=None):
         rows = predict(load_model(args.static), load_model(args.model), args.filter, args.ncu,
                        args.device)
         if not rows:
-            print("no causal prefill configuration in the model", file=sys.stderr)
+            print("no prefill configuration in the model with emulator tallies or a causal "
+                  "mask", file=sys.stderr)
             return 1
         print(f"MODELLED (no GPU ran this), {args.device}:")
-        print("%-34s %17s %19s %15s" % ("configuration", "issue us", "modelled us", "TFLOP/s"))
+        print("%-34s %17s %19s %15s  %s" % ("configuration", "issue us", "modelled us",
+                                            "TFLOP/s", "tile mix"))
         for r in rows:
-            print("%-34s %8.1f-%-8.1f %9.1f-%-9.1f %7.0f-%-7.0f" % (
-                r["name"], *r["issue_us"], *r["modelled_us_with_issue"], *r["tflops_with_issue"]))
+            print("%-34s %8.1f-%-8.1f %9.1f-%-9.1f %7.0f-%-7.0f  %s" % (
+                r["name"], *r["issue_us"], *r["modelled_us_with_issue"], *r["tflops_with_issue"],
+                r["tile_mix"] + (" (%.0f%% rescaled)" % (100 * r["rescaled_fraction"])
+                                 if "rescaled_fraction" in r else "")))
             if "ncu_instructions" in r:
                 low, high = r["instructions"]
                 print("    instructions counted %.0fM-%.0fM, Nsight Compute %.0fM (%.2f-%.2f x)" % (

@@ -1745,6 +1745,23 @@ int atomicAddI32(int *pointer, int value, const char *file, int line) {
   return __atomic_fetch_add(pointer, value, __ATOMIC_RELAXED);
 }
 
+void tally(int what) {
+  Counters &counters = currentWorker->counters;
+  switch (what) {
+  case PAGEDC_EMU_TALLY_KEPT_TILE:
+    ++counters.tilesKept;
+    break;
+  case PAGEDC_EMU_TALLY_MASKED_TILE:
+    ++counters.tilesMasked;
+    break;
+  case PAGEDC_EMU_TALLY_RESCALED_ROWS:
+    ++counters.rowGroupsRescaled;
+    break;
+  default:
+    break;
+  }
+}
+
 float approx(int function, float x) {
   ++currentWorker->counters.transcendentals;
   if (function == PAGEDC_EMU_TANH_APPROX)
@@ -2481,6 +2498,7 @@ const PagedcEmuRuntime kRuntime = {
     &setmaxnreg,
     &bulkTensorCopy,
     &cpAsyncMbarrierArrive,
+    &tally,
 };
 
 //===----------------------------------------------------------------------===//
@@ -2706,6 +2724,9 @@ void Counters::add(const Counters &o) {
   ballots += o.ballots;
   atomics += o.atomics;
   transcendentals += o.transcendentals;
+  tilesKept += o.tilesKept;
+  tilesMasked += o.tilesMasked;
+  rowGroupsRescaled += o.rowGroupsRescaled;
 }
 
 std::string Counters::json() const {
@@ -2745,6 +2766,9 @@ std::string Counters::json() const {
   field("ballots", ballots);
   field("atomics", atomics);
   field("transcendentals", transcendentals);
+  field("tiles_kept", tilesKept);
+  field("tiles_masked", tilesMasked);
+  field("row_groups_rescaled", rowGroupsRescaled);
   return text + "}";
 }
 

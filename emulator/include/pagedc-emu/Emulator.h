@@ -81,6 +81,10 @@ struct Counters {
   uint64_t barriers = 0, shuffles = 0, ballots = 0, atomics = 0;
   /// ex2.approx / tanh.approx calls (thread-level).
   uint64_t transcendentals = 0;
+  /// Prefill kernels' warp-level KV-tile visits by path (all kept, masked
+  /// per element) and 16-row groups whose output a tile rescaled
+  /// (PAGEDC_EMU_TALLY_*; the issue term of bench/gpu/issue_model.py).
+  uint64_t tilesKept = 0, tilesMasked = 0, rowGroupsRescaled = 0;
   void add(const Counters &other);
   std::string json() const;
 };

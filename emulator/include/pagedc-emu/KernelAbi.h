@@ -24,7 +24,7 @@
 extern "C" {
 #endif
 
-#define PAGEDC_EMU_ABI_VERSION 2
+#define PAGEDC_EMU_ABI_VERSION 3
 
 /** The CUDA built-in index variables of the running thread. */
 typedef struct PagedcEmuThreadIndex {
@@ -46,6 +46,16 @@ enum {
 enum {
   PAGEDC_EMU_EX2_APPROX_FTZ = 0,
   PAGEDC_EMU_TANH_APPROX = 1,
+};
+
+/** What PagedcEmuRuntime::tally counts: a warp's KV-tile visits of a
+ * prefill kernel by path (every element kept, or masked per element) and
+ * its 16-row groups whose output the tile rescaled. The performance model's
+ * issue term weighs static per-path instruction counts with them. */
+enum {
+  PAGEDC_EMU_TALLY_KEPT_TILE = 0,
+  PAGEDC_EMU_TALLY_MASKED_TILE = 1,
+  PAGEDC_EMU_TALLY_RESCALED_ROWS = 2,
 };
 
 /** Fences of PagedcEmuRuntime::fence. */
@@ -145,6 +155,12 @@ typedef struct PagedcEmuRuntime {
   /** cp.async.mbarrier.arrive.noinc.shared::cta.b64: one of the barrier's
    * expected arrivals, made once this thread's earlier cp.asyncs landed. */
   void (*cp_async_mbarrier_arrive)(unsigned mbarrier, const char *file, int line);
+
+  /* ABI 3 */
+  /** Counts one event of PAGEDC_EMU_TALLY_* for the launch's counters (no
+   * instruction of the GPU: the kernels call it from their emulator
+   * branches only, once per warp). */
+  void (*tally)(int what);
 } PagedcEmuRuntime;
 
 /** An image as cuModuleLoadData takes it: these 16 bytes, the shared

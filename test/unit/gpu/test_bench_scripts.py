@@ -435,6 +435,28 @@ class IssueModel(unittest.TestCase):
         self.assertAlmostEqual(issue_model.causal_instructions(static, 1, 1, 256)[1],
                                2 * (2 * 4 * 15) + 2 * (2 * 4 * 8 + 2 * 4 * 15))
 
+    def test_tile_mix_from_the_emulator_tallies(self):
+        # 10 of 40 blocks ran (scale 4): 30 kept and 10 masked warp visits,
+        # 20 of their 40 16-row groups rescaled (half). Kept visits cost
+        # 100 / 120 (rescaled, fewest / most) or 50 / 60; masked 200 / 220
+        # or 150 / 160; 7 a visit for nested trips. 8 consumer warps: 5 CTA
+        # visits (x 4) for the producer, 4 warps at 10 and 1 of them copying
+        # at up to 40.
+        static = {"block_m": 128, "block_n": 64, "producer_copy_warps": 1, "copy_extra": 7,
+                  "all_kept": {"rescale": [100, 120], "no_rescale": [50, 60]},
+                  "masked": {"rescale": [200, 220], "no_rescale": [150, 160]},
+                  "producer": [10, 40]}
+        counters = {"grid_blocks": 40, "blocks": 10, "tiles_kept": 30, "tiles_masked": 10,
+                    "row_groups_rescaled": 20}
+        (low, high), rescaled = issue_model.tallied_instructions(static, counters)
+        self.assertEqual(rescaled, 0.5)
+        self.assertAlmostEqual(low, 4 * (30 * (75 + 7) + 10 * (175 + 7) + 5 * 4 * 10))
+        self.assertAlmostEqual(high, 4 * (30 * (90 + 7) + 10 * (190 + 7) + 5 * (3 * 10 + 40)))
+        # Two 16-row groups a warp (32 rows): the same tallies are a quarter
+        # rescaled.
+        static.update(rows_per_warp=32, warps=4)
+        self.assertEqual(issue_model.tallied_instructions(static, counters)[1], 0.25)
+
     def test_rule_adds_issue_to_the_larger_of_tensor_and_shared(self):
         terms = {"tensor": 100.0, "shared": 120.0, "l2": 150.0, "dram": 10.0, "mufu": 50.0}
         self.assertEqual(issue_model.rule_us(terms, 20.0), 150.0 + issue_model.LAUNCH_US)
@@ -480,7 +502,7 @@ class IssueModel(unittest.TestCase):
             with open(os.path.join(forced, "Prefill.cuh")) as file:
                 self.assertIn("const bool all_kept = false || false && (", file.read())
             with open(os.path.join(forced, "KernelCommon.cuh")) as file:
-                self.assertIn("if (true)\n", file.read())
+                self.assertIn("if (true) {\n    rescale_rows", file.read())
 
 
 if __name__ == "__main__":
