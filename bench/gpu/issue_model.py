@@ -284,7 +284,11 @@ def predict(static, model, text="prefill", ncu=(), device="H100"):
     """Rows of modelled times with the issue term for the model's prefill
     configurations on `device`: the launch's emulator tallies where its
     counters have them (any mask), else the causal formula
-    (causal_instructions; other masks are left out). ncu: (listing path,
+    (causal_instructions; other masks are left out). Configurations with a
+    score mod are left out: `static` compiles the kernels without one. For
+    masks other than causal the masked path's count is the causal one (a
+    sliding window's test or a document mask's buffer read costs more per
+    element), so those rows are approximate. ncu: (listing path,
     configuration name) pairs whose counted instructions the rows of that
     name also carry."""
     sms, clock = DEVICES[device]
@@ -293,6 +297,8 @@ def predict(static, model, text="prefill", ncu=(), device="H100"):
     for c in model.get("configurations", []):
         if text not in c["name"] or c.get("kind") != "prefill" or c.get("status") != "modelled":
             continue
+        if c.get("score"):
+            continue  # the static counts are of kernels without a score mod
         launch = prefill_launch(c, device)
         counters = next((l["counters"] for l in c.get("launches", [])
                          if l["kernel"] == "pagedc_prefill"), {})

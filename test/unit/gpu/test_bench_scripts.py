@@ -457,6 +457,30 @@ class IssueModel(unittest.TestCase):
         static.update(rows_per_warp=32, warps=4)
         self.assertEqual(issue_model.tallied_instructions(static, counters)[1], 0.25)
 
+    def test_predict_takes_tallies_and_leaves_out_score_mods(self):
+        static = {"block_m": 128, "block_n": 64, "producer_copy_warps": 1,
+                  "all_kept": {"rescale": [10, 10], "no_rescale": [10, 10]},
+                  "masked": {"rescale": [10, 10], "no_rescale": [10, 10]},
+                  "producer": [0, 0]}
+        launch = {"kernel": "pagedc_prefill", "counters": {
+            "grid_blocks": 1, "blocks": 1, "tiles_kept": 8, "tiles_masked": 0,
+            "row_groups_rescaled": 8}}
+        modelled = {"H100": {"launches": [{"kernel": "pagedc_prefill", "wave_efficiency": 1.0,
+                                          "terms_us": {"tensor": 1.0}, "modelled_us": 4.0}]}}
+        def config(name, mask, score):
+            return {"name": name, "kind": "prefill", "status": "modelled", "mask": mask,
+                    "score": score, "batch": 1, "heads_q": 1, "q_len": 128,
+                    "unmasked_flops": 1e6, "launches": [launch], "devices": modelled}
+        model = {"configurations": [config("prefill-document-a", "document", ""),
+                                    config("prefill-causal+softcap-b", "causal", "softcap"),
+                                    config("decode-c", "causal", "")]}
+        model["configurations"][2]["kind"] = "decode"
+        rows = issue_model.predict(static, model)
+        self.assertEqual([r["name"] for r in rows], ["prefill-document-a"])
+        self.assertEqual(rows[0]["tile_mix"], "emulator tallies")
+        # 8 kept warp visits of 10 instructions, one CTA visit's producer (0).
+        self.assertEqual(rows[0]["instructions"], [80.0, 80.0])
+
     def test_rule_adds_issue_to_the_larger_of_tensor_and_shared(self):
         terms = {"tensor": 100.0, "shared": 120.0, "l2": 150.0, "dram": 10.0, "mufu": 50.0}
         self.assertEqual(issue_model.rule_us(terms, 20.0), 150.0 + issue_model.LAUNCH_US)
