@@ -64,7 +64,6 @@ import json
 import math
 import os
 import re
-import shutil
 import subprocess
 import sys
 import tempfile
@@ -218,6 +217,30 @@ def rescale_probability(visit, rows=ROWS_PER_WARP):
     return 1.0 - (1.0 - 1.0 / (visit + 1)) ** rows
 
 
+def _layout(static):
+    """(rows per warp, consumer warps, producer warps, producer warps that
+    copy, nested loops' further trips per visit) of a `static` result;
+    results written before a field existed take the warpgroup kernel's."""
+    rows = static.get("rows_per_warp", ROWS_PER_WARP)
+    producer_warps = static.get("producer_warps", PRODUCER_WARPS)
+    return (rows, static.get("warps", static["block_m"] // rows), producer_warps,
+            static.get("producer_copy_warps", producer_warps), static.get("copy_extra", 0))
+
+
+def _visit(path, rescaled, end, extra):
+    """One warp visit on `path`, rescaled with probability `rescaled`: the
+    fewest (end 0) or most (end 1) instructions."""
+    return rescaled * path["rescale"][end] + (1 - rescaled) * path["no_rescale"][end] + extra
+
+
+def _producer(static, end, producer_warps, copy_warps):
+    """The producer warps' instructions per CTA visit: all at the loop's
+    fewest (end 0); at the most (end 1) the copying warps at its most."""
+    low, high = static["producer"]
+    return producer_warps * low if end == 0 else \
+        (producer_warps - copy_warps) * low + copy_warps * high
+
+
 def causal_instructions(static, batch, heads, q_len):
     """(fewest, most) warp instructions of a causal prefill call from the
     static path ranges. A CTA of rows [r, r + block_m) visits the KV tiles
@@ -225,27 +248,20 @@ def causal_instructions(static, batch, heads, q_len):
     the visits are not cut at the CTA's last row), those of the diagonal
     block masked; each warp runs the tile's path (plus the copy loop's
     further trips, `copy_extra`), each producer warp its loop once a tile."""
-    block_m, block_n = static["block_m"], static["block_n"]
-    rows = static.get("rows_per_warp", ROWS_PER_WARP)
-    warps = static.get("warps", block_m // rows)
-    producer_warps = static.get("producer_warps", PRODUCER_WARPS)
-    copy_warps = static.get("producer_copy_warps", producer_warps)
-    extra = static.get("copy_extra", 0)
-    per_block = MASK_BLOCK // block_n
-    low = high = 0.0
-    for r in range(0, q_len, block_m):
+    rows, warps, producer_warps, copy_warps, extra = _layout(static)
+    per_block = MASK_BLOCK // static["block_n"]
+    totals = [0.0, 0.0]
+    for r in range(0, q_len, static["block_m"]):
         keys = min((r // MASK_BLOCK + 1) * MASK_BLOCK, q_len)
-        tiles = max(math.ceil(keys / block_n), 1)
+        tiles = max(math.ceil(keys / static["block_n"]), 1)
         masked = min(per_block, tiles)
         for t in range(tiles):
             path = static["masked"] if t >= tiles - masked else static["all_kept"]
             p = rescale_probability(t, rows)
-            low += warps * (p * path["rescale"][0] + (1 - p) * path["no_rescale"][0] + extra)
-            high += warps * (p * path["rescale"][1] + (1 - p) * path["no_rescale"][1] + extra)
-            low += producer_warps * static["producer"][0]
-            high += ((producer_warps - copy_warps) * static["producer"][0]
-                     + copy_warps * static["producer"][1])
-    return low * batch * heads, high * batch * heads
+            for end in (0, 1):
+                totals[end] += (warps * _visit(path, p, end, extra)
+                                + _producer(static, end, producer_warps, copy_warps))
+    return totals[0] * batch * heads, totals[1] * batch * heads
 
 
 def tallied_instructions(static, counters):
@@ -255,29 +271,19 @@ def tallied_instructions(static, counters):
     visit costs its path's range, rescaled in the tallied fraction of row
     groups, plus the nested loops' further trips; the producer warps run
     their loop once per CTA visit (warp visits / consumer warps)."""
+    rows, warps, producer_warps, copy_warps, extra = _layout(static)
     scale = counters["grid_blocks"] / max(1, counters["blocks"])
     kept = counters["tiles_kept"] * scale
     masked = counters["tiles_masked"] * scale
-    groups = static.get("rows_per_warp", ROWS_PER_WARP) // 16
     visits = kept + masked
-    rescaled = min(1.0, counters["row_groups_rescaled"] * scale / (visits * groups)) \
+    rescaled = min(1.0, counters["row_groups_rescaled"] * scale / (visits * (rows // 16))) \
         if visits else 0.0
-    warps = static.get("warps", static["block_m"] // ROWS_PER_WARP)
-    producer_warps = static.get("producer_warps", PRODUCER_WARPS)
-    copy_warps = static.get("producer_copy_warps", producer_warps)
-    extra = static.get("copy_extra", 0)
-    result = []
-    for end in (0, 1):
-        total = 0.0
-        for count, path in ((kept, static["all_kept"]), (masked, static["masked"])):
-            total += count * (rescaled * path["rescale"][end]
-                              + (1 - rescaled) * path["no_rescale"][end] + extra)
-        producer = (producer_warps * static["producer"][0] if end == 0 else
-                    (producer_warps - copy_warps) * static["producer"][0]
-                    + copy_warps * static["producer"][1])
-        total += visits / warps * producer
-        result.append(total)
-    return tuple(result), rescaled
+    result = tuple(
+        kept * _visit(static["all_kept"], rescaled, end, extra)
+        + masked * _visit(static["masked"], rescaled, end, extra)
+        + visits / warps * _producer(static, end, producer_warps, copy_warps)
+        for end in (0, 1))
+    return result, rescaled
 
 
 def predict(static, model, text="prefill", ncu=(), device="H100"):
@@ -350,12 +356,7 @@ def force(source_dir, directory, values, kernel="warpgroup"):
     absent = sorted(set(values) - forced)
     if "all_kept" in absent:
         sys.exit(f"{KERNELS[kernel]['template']} has no all_kept line to fix")
-    templates = os.path.join(directory, "templates")
-    shutil.copytree(source_dir, templates)
-    for file, text in texts.items():
-        with open(os.path.join(templates, file), "w") as handle:
-            handle.write(text)
-    return templates, absent
+    return ptxas_shapes.write_templates(source_dir, directory, texts), absent
 
 
 def producer_loop_paths(code):

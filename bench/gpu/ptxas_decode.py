@@ -86,14 +86,7 @@ def force_path(directory, path, copies=None):
         if text.count(old) != 1:
             sys.exit(f"--copies: Decode.cuh has {text.count(old)} copies of {old.strip()!r}")
         text = text.replace(old, new.format(value="true" if copies == "maps" else "false"))
-    templates = os.path.join(directory, "templates")
-    os.makedirs(templates)
-    for name in os.listdir(source_dir):
-        if name.endswith(".cuh") and name != "Decode.cuh":
-            shutil.copy(os.path.join(source_dir, name), templates)
-    with open(os.path.join(templates, "Decode.cuh"), "w") as file:
-        file.write(text)
-    return templates
+    return ptxas_shapes.write_templates(source_dir, directory, {"Decode.cuh": text})
 
 
 MODS = [("none", None, None), ("causal + alibi", "causal", "alibi"),

@@ -32,6 +32,7 @@ import argparse
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -128,6 +129,22 @@ def ptxas_figures(report, kernel=None):
     return figures
 
 
+def write_templates(source_dir, directory, texts):
+    """Copies source_dir's templates (its *.cuh) into directory/templates,
+    the files named in `texts` (file name -> text) replaced by those texts;
+    returns that directory, for $PAGEDC_TEMPLATE_DIR (the scripts' copies
+    with a path of a kernel fixed)."""
+    templates = os.path.join(directory, "templates")
+    os.makedirs(templates)
+    for name in os.listdir(source_dir):
+        if name.endswith(".cuh") and name not in texts:
+            shutil.copy(os.path.join(source_dir, name), templates)
+    for name, text in texts.items():
+        with open(os.path.join(templates, name), "w") as file:
+            file.write(text)
+    return templates
+
+
 def sass_instructions(sass):
     """(address, text) of each instruction in cuobjdump -sass output."""
     code = []
@@ -214,6 +231,7 @@ class ControlFlow:
         self.predecessors = predecessors
         self.reachable = reachable
         self.dominators = dominators
+        self._loops = None
 
     def texts(self, blocks):
         return [self.code[i][1] for n in blocks for i in range(*self.blocks[n])]
@@ -221,7 +239,12 @@ class ControlFlow:
     def natural_loops(self):
         """(head, blocks) of each back edge's natural loop: the edge's target
         dominates its source; the loop is the blocks that reach the source
-        without passing the target."""
+        without passing the target. Found once per listing."""
+        if self._loops is None:
+            self._loops = self._find_loops()
+        return self._loops
+
+    def _find_loops(self):
         loops = []
         for source, targets in enumerate(self.successors):
             for head in targets:
