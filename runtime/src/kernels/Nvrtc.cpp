@@ -14,6 +14,7 @@
 #include <cctype>
 #include <chrono>
 #include <cstdlib>
+#include <cstring>
 #include <mutex>
 #include <filesystem>
 #include <fstream>
@@ -388,7 +389,9 @@ CompileResult Nvrtc::compile(std::string_view code, std::string_view name,
   if (logSize > 1) {
     result.log.resize(logSize);
     api_->getProgramLog(program, result.log.data());
-    result.log.resize(logSize - 1);
+    // Up to the first NUL: NVRTC 13's size counts more than its terminator
+    // (a stray NUL reached stderr after --ptxas-report's text).
+    result.log.resize(std::strlen(result.log.c_str()));
   }
   if (status != 0) {
     std::string options;
