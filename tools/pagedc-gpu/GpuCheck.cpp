@@ -288,14 +288,14 @@ std::vector<CaseResult> checkPack(const Pack &pack, const RunOptions &options,
         CompiledMods mods = c.declaredMods();
         mods.cuda.bundle = bundles.get(c.bundle);
         mods.cuda.bundleLabel = c.label;
+        const bool useMask = variant == "block-mask";
         const KernelConfig config = chooseCudaAttentionConfig(
             mods, c.dtype, c.headDim, c.pageSize, c.headsQ / c.headsKv, c.queryLength,
-            c.returnLse, arch);
+            c.returnLse, arch, useMask ? c.kvBlock : 0);
         if (config.kind != c.kind)
           throw Error(fmt::format("the case wants the {} kernel but the bundle gives {}",
                                   kindName(c.kind), kindName(config.kind)));
         result.kernel = config.describe();
-        const bool useMask = variant == "block-mask";
         const BundleModule *builder =
             useMask ? findBuilder(*mods.cuda.bundle, c.label, arch) : nullptr;
         if (useMask && !builder)
@@ -638,7 +638,8 @@ std::vector<BenchResult> benchPack(const Pack &pack, const RunOptions &options,
       mods.cuda.bundleLabel = b.label;
       const KernelConfig config =
           chooseCudaAttentionConfig(mods, DType::BF16, b.headDim, b.pageSize,
-                                    b.headsQ / b.headsKv, b.queryLength, false, arch);
+                                    b.headsQ / b.headsKv, b.queryLength, false, arch,
+                                    b.qBlock ? b.kvBlock : 0);
       if (config.kind != b.kind)
         throw Error(fmt::format("wants the {} kernel, the bundle gives {}", kindName(b.kind),
                                 kindName(config.kind)));

@@ -397,8 +397,10 @@ KernelConfig attentionConfig(const PackCase &c, int64_t paramsSize, int queryTok
   config.queryTokens = c.kind == KernelKind::Decode ? queryTokens : 1;
   config.returnLse = c.returnLse;
   config.paramsSize = paramsSize;
-  if (config.kind == KernelKind::Prefill)
+  if (config.kind == KernelKind::Prefill) {
     config.choosePrefillShapeFor(arch);
+    config.fitPrefillTileToBlocks(c.qBlock ? c.kvBlock : 0);
+  }
   return config;
 }
 

@@ -54,9 +54,10 @@ struct CudaTarget {
   /// otherwise (--block alone means the 16-rows-per-warp design); decode
   /// keeps 64 x 64 tiles. Throws pagedc::Error for an unsupported value.
   /// With --arch=sm_90a alone, prefill defaults to warpgroup tiles (wgmma,
-  /// PrefillWgmma.cuh: 128 x 64, two consumer warpgroups; 64 x 32 at head
-  /// dim 256); they need sm_90a, which no other architecture of a bundle
-  /// can run.
+  /// PrefillWgmma.cuh, two consumer warpgroups: 128 x 128 at head dim 128
+  /// where it compiles without spills, else 128 x 64; 128 x 64 at 64; 64 x
+  /// 32 at head dim 256); they need sm_90a, which no other architecture of
+  /// a bundle can run.
   KernelConfig configFor(KernelKind kind) const {
     KernelConfig result = config;
     result.kind = kind;
@@ -198,6 +199,17 @@ mlir::OwningOpRef<mlir::ModuleOp> buildFlexModule(Compilation &compilation,
   return module;
 }
 
+/// "128x32 prefill tile with 32 rows per warp [and mod rows recomputed per
+/// KV tile]", "128x128 prefill tile with 64 rows per warpgroup".
+std::string describeTile(const KernelConfig &config) {
+  std::string text = std::to_string(config.blockM) + "x" + std::to_string(config.blockN) +
+                     " prefill tile with " + std::to_string(config.warpRows) +
+                     (config.warpRows == 64 ? " rows per warpgroup" : " rows per warp");
+  if (config.recomputeModRows)
+    text += " and mod rows recomputed per KV tile";
+  return text;
+}
+
 /// Whether `source`, a prefill tile kept only without spills
 /// (KernelConfig::prefillFallsBackOnSpills), spills on `arch` (or cannot be
 /// compiled to tell: no NVRTC), so that the fallback tile replaces it, as
@@ -258,23 +270,21 @@ int withKernelSources(
     if (!source)
       return inputError(llvm::toString(source.takeError()));
     // (A tile --block / --warp-rows asked for is kept as asked.) The tile,
-    // then the same tile with its mod rows recomputed, then 64x64.
+    // then the next one where it spills: 128x128 warpgroups -> 128x64;
+    // 128x32 -> the same tile with its mod rows recomputed -> 64x64.
     int spills = 0;
     while (!target.blockM && !target.warpRows &&
            settleSource(*source, target.archs.front(), spills)) {
-      const KernelConfig &spilled = source->config;
+      const KernelConfig spilled = source->config;
       config.usePrefillSpillFallback();
       if (target.ptxasReport)
-        llvm::errs() << "pagedc: note: the " << spilled.blockM << "x" << spilled.blockN
-                     << " prefill tile with " << spilled.warpRows << " rows per warp"
-                     << (spilled.recomputeModRows ? " and mod rows recomputed per KV tile" : "")
-                     << " "
+        llvm::errs() << "pagedc: note: the " << describeTile(spilled) << " "
                      << (spills > 0 ? "spills " + std::to_string(spills) + " bytes"
                                     : std::string("could not be compiled to check it"))
                      << " on " << target.archs.front() << "; compiling "
                      << (config.recomputeModRows
-                             ? "it with the mods' row values recomputed per KV tile"
-                             : "the 64x64 tile with 16 rows per warp")
+                             ? std::string("it with the mods' row values recomputed per KV tile")
+                             : "the " + describeTile(config))
                      << "\n";
       source = buildKernelSource(*module, compilation.options.maskName,
                                  compilation.options.scoreName, config);
@@ -469,8 +479,9 @@ void pagedc::driver::registerCudaStages(Registry &registry) {
        "and sm_90a, 128x32 rows 32 at head dim 128 too where ptxas compiles it "
        "without spills, holding the mods' row values or else recomputing them "
        "per KV tile, else 64x64 rows 16 (--ptxas-report notes each step); "
-       "with --arch=sm_90a warpgroup "
-       "tiles, 128x64, 64x32 at head dim 256; 16 when --block is given)",
+       "with --arch=sm_90a warpgroup tiles: 128x128 at head dim 128 where "
+       "ptxas compiles it without spills, else 128x64; 128x64 at 64, 64x32 at "
+       "256; 16 when --block is given)",
        checked("warp-rows", [](llvm::StringRef value) {
          return value == "16" || value == "32" || value == "64"
                     ? std::string()

@@ -125,10 +125,14 @@ std::shared_ptr<const CudaKernel> cudaKernelFor(const CompiledMods &mods,
 /// tokens), prefill otherwise. The element type, head dim, page size, group
 /// size, lse flag and params size come from the call; block sizes from the
 /// bundle module found (defaults with mod code). `arch` is the device's.
+/// `kvBlockSize`: the call's block mask's KV block size (0: no block mask);
+/// prefill takes a KV tile that divides it where it can
+/// (KernelConfig::fitPrefillTileToBlocks; in a bundle, the prefill module
+/// with the widest tile that divides it, else the first).
 KernelConfig chooseCudaAttentionConfig(const CompiledMods &mods, DType elementType,
                                        int headDim, int pageSize, int groupSize,
                                        int queryLength, bool returnLse,
-                                       const std::string &arch);
+                                       const std::string &arch, int kvBlockSize = 0);
 
 //===----------------------------------------------------------------------===//
 // Block masks on the device

@@ -136,9 +136,10 @@ private:
 /// done) on a GPU target `arch`: where that is a tile kept only without
 /// spills (KernelConfig::prefillFallsBackOnSpills), it is compiled through
 /// `cache` with ptxas's report (cudaCompileOptions) and, if it spills or the
-/// entry cannot say, replaced by the next tile (usePrefillSpillFallback: the
-/// same tile recomputing the mods' row values per KV tile, then 64 x 64),
-/// which is tried in turn. The last compile is the one the caller then finds
+/// entry cannot say, replaced by the next tile (usePrefillSpillFallback:
+/// 128 x 64 for the 128 x 128 warpgroup tile; for 128 x 32 the same tile
+/// recomputing the mods' row values per KV tile, then 64 x 64), which is
+/// tried in turn. The last compile is the one the caller then finds
 /// in the cache. Other configs and the emulator are returned as they are.
 KernelConfig settlePrefillShape(KernelConfig config, std::string_view modCode,
                                 const std::string &arch,

@@ -366,7 +366,8 @@ std::shared_ptr<const CudaKernel> cudaKernelFor(const CompiledMods &mods,
 
 KernelConfig chooseCudaAttentionConfig(const CompiledMods &mods, DType elementType, int headDim,
                                        int pageSize, int groupSize, int queryLength,
-                                       bool returnLse, const std::string &arch) {
+                                       bool returnLse, const std::string &arch,
+                                       int kvBlockSize) {
   const int64_t paramsSize = ParamsLayout::forDeclarations(mods.params, mods.buffers).size;
   if (!mods.cuda.bundle) {
     KernelConfig config;
@@ -384,6 +385,7 @@ KernelConfig chooseCudaAttentionConfig(const CompiledMods &mods, DType elementTy
       config.kind = KernelKind::Prefill;
       config.groupSize = 1;
       config.choosePrefillShapeFor(arch);
+      config.fitPrefillTileToBlocks(kvBlockSize);
     }
     config.validate();
     // Prefill: 128 x 32 with 32 rows per warp where it compiles without
@@ -402,8 +404,17 @@ KernelConfig chooseCudaAttentionConfig(const CompiledMods &mods, DType elementTy
         c.queryTokens >= queryLength &&
         (!decode || c.queryTokens < decode->config.queryTokens))
       decode = &module;
-    if (c.kind == KernelKind::Prefill && !prefill)
-      prefill = &module;
+    // Prefill: of the modules whose KV tile divides the block mask's blocks
+    // (all without a mask), the one with the widest tile (a bundle holds a
+    // narrower one for calls under narrower blocks); else the first.
+    if (c.kind == KernelKind::Prefill) {
+      auto divides = [&](const KernelConfig &k) {
+        return kvBlockSize <= 0 || kvBlockSize % k.blockN == 0;
+      };
+      if (!prefill || (divides(c) && (!divides(prefill->config) ||
+                                      c.blockN > prefill->config.blockN)))
+        prefill = &module;
+    }
   }
   const BundleModule *chosen = queryLength <= kMaxDecodeTokens && decode ? decode : prefill;
   if (!chosen) {
@@ -720,7 +731,8 @@ void pagedAttention(const cpu::PagedAttentionArgs &args, Device device, void *st
   const int headsKv = static_cast<int>(args.kCache.size(0));
   const KernelConfig config = chooseCudaAttentionConfig(
       mods, q.dtype(), headDim, args.pageSize, headsQ / headsKv, queryLength,
-      args.lse.data() != nullptr, info.arch());
+      args.lse.data() != nullptr, info.arch(),
+      args.blockMask ? static_cast<int>(args.blockMask->kvBlockSize) : 0);
   const BlockMask *mask = args.blockMask;
   if (mask) {
     const int tile = config.kind == KernelKind::Decode ? kDecodeTile : config.blockN;

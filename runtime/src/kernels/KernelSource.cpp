@@ -107,10 +107,13 @@ void KernelConfig::choosePrefillShapeFor(const std::string &arch) {
   if (prefillShapeOverride())
     return;
   if (arch == "sm_90a" || (arch == "sm_90" && headDim <= 128)) {
-    // D 256: one consumer warpgroup and 32-key tiles (64 x 64 spilled 8-12
-    // bytes for some corpus mask x score pairs at 255 registers).
+    // D 128: 128-key tiles (fewer instructions per key besides the wgmmas,
+    // FlashAttention-3's causal tile) where ptxas allocates them without
+    // spills (settlePrefillShape), else 64-key ones. D 256: one consumer
+    // warpgroup and 32-key tiles (64 x 64 spilled 8-12 bytes for some corpus
+    // mask x score pairs at 255 registers).
     blockM = headDim <= 128 ? 128 : 64;
-    blockN = headDim <= 128 ? 64 : 32;
+    blockN = headDim == 128 ? 128 : headDim < 128 ? 64 : 32;
     warpRows = 64;
   } else if (headDim == 128 && arch.rfind("sm_", 0) == 0) {
     // The FA2-shaped tile where ptxas allocates it without spills
@@ -123,13 +126,25 @@ void KernelConfig::choosePrefillShapeFor(const std::string &arch) {
   }
 }
 
+void KernelConfig::fitPrefillTileToBlocks(int kvBlockSize) {
+  if (kind == KernelKind::Prefill && warpRows == 64 && blockN == 128 && kvBlockSize > 0 &&
+      kvBlockSize % blockN != 0)
+    blockN = 64;
+}
+
 bool KernelConfig::prefillFallsBackOnSpills() const {
   // A tile $PAGEDC_PREFILL_SHAPE asks for is kept as asked.
-  return kind == KernelKind::Prefill && headDim == 128 && blockM == 128 && blockN == 32 &&
-         warpRows == 32 && !prefillShapeOverride();
+  if (kind != KernelKind::Prefill || headDim != 128 || blockM != 128 || prefillShapeOverride())
+    return false;
+  return (blockN == 32 && warpRows == 32) || (blockN == 128 && warpRows == 64);
 }
 
 void KernelConfig::usePrefillSpillFallback() {
+  if (warpRows == 64) {
+    // Warpgroup tiles hold no row values to recompute: 64-key tiles.
+    blockN = 64;
+    return;
+  }
   if (!recomputeModRows) {
     recomputeModRows = true;
     return;

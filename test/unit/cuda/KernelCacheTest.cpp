@@ -320,9 +320,10 @@ TEST(KernelCache, SpillBytesSurviveADiskHit) {
 }
 
 /// Spill store bytes ptxas reports for `config` with `mods` on sm_80.
-int directSpills(const KernelConfig &config, const std::string &mods) {
+int directSpills(const KernelConfig &config, const std::string &mods,
+                 const std::string &arch = "sm_80") {
   CompileOptions verbose;
-  verbose.arch = "sm_80";
+  verbose.arch = arch;
   verbose.ptxasVerbose = true;
   KernelSource source = assembleKernel(config, mods);
   CompileResult direct = Nvrtc::get().compile(source.code, "direct.cu", verbose, &source);
@@ -454,6 +455,67 @@ TEST(SettlePrefillShape, KeepsTheWideTileOnlyWithoutSpills) {
   EXPECT_GE(fellBack, 1);
 }
 
+// On sm_90 at head dim 128 the 128-key warpgroup tile is kept exactly where
+// ptxas compiles it without spills, else the 128 x 64 one, which does not
+// spill; the runtime's compile is the one it settled on.
+TEST(SettlePrefillShape, KeepsTheWarpgroupWideTileOnlyWithoutSpills) {
+  REQUIRE_NVRTC();
+  int kept = 0, fellBack = 0;
+  for (const char *name : {"causal", "alibi", "softcap", "document", "row-state", "wide-row"}) {
+    SCOPED_TRACE(name);
+    const std::string mods =
+        std::string(name) == "wide-row"    ? wideRowMods()
+        : std::string(name) == "row-state" ? rowStateMods()
+                                           : std::string(embeddedTemplate(
+                                                 std::string("testing/") + name + ".cuh"));
+    KernelConfig config;
+    config.kind = KernelKind::Prefill;
+    config.headDim = 128;
+    config.choosePrefillShapeFor("sm_90");
+    EXPECT_EQ(config.blockM, 128);
+    EXPECT_EQ(config.blockN, 128);
+    EXPECT_EQ(config.warpRows, 64);
+    ASSERT_TRUE(config.prefillFallsBackOnSpills()) << config.describe();
+    const std::string arch = config.compileArchFor("sm_90");
+    ASSERT_EQ(arch, "sm_90a");
+    KernelCache cache("");
+    const KernelConfig settled = settlePrefillShape(config, mods, "sm_90", cache);
+
+    // One compile either way: the 128 x 64 tile is not checked.
+    KernelConfig expected = config;
+    if (directSpills(config, mods, arch) != 0) {
+      expected.usePrefillSpillFallback();
+      EXPECT_EQ(expected.blockM, 128);
+      EXPECT_EQ(expected.blockN, 64);
+      EXPECT_EQ(expected.warpRows, 64);
+      EXPECT_FALSE(expected.prefillFallsBackOnSpills());
+      EXPECT_EQ(directSpills(expected, mods, arch), 0);
+      ++fellBack;
+    } else {
+      ++kept;
+    }
+    EXPECT_EQ(settled, expected) << settled.describe();
+    EXPECT_EQ(cache.stats().compiles, 1u);
+    cache.getOrCompile(settled, mods, cudaCompileOptions(settled, "sm_90"));
+    if (settled.prefillFallsBackOnSpills())
+      EXPECT_EQ(cache.stats().compiles, 1u) << "settle's compile was not reused";
+  }
+  // Both outcomes occur (with CUDA 13.0's NVRTC: causal keeps the tile, the
+  // wide row values spill it).
+  EXPECT_GE(kept, 1);
+  EXPECT_GE(fellBack, 1);
+  // Head dims 64 and 256 keep their warpgroup tiles without a check.
+  for (int headDim : {64, 256}) {
+    KernelConfig other;
+    other.kind = KernelKind::Prefill;
+    other.headDim = headDim;
+    other.choosePrefillShapeFor("sm_90a");
+    EXPECT_EQ(other.warpRows, 64);
+    EXPECT_EQ(other.blockN, headDim == 64 ? 64 : 32);
+    EXPECT_FALSE(other.prefillFallsBackOnSpills());
+  }
+}
+
 // Nothing is compiled for other tiles, the emulator, or a tile that
 // $PAGEDC_PREFILL_SHAPE asked for.
 TEST(SettlePrefillShape, LeavesOtherTilesAlone) {
@@ -481,6 +543,11 @@ TEST(SettlePrefillShape, LeavesOtherTilesAlone) {
   EXPECT_FALSE(config.prefillFallsBackOnSpills());
   EXPECT_TRUE(config.recomputeModRows);
   EXPECT_EQ(config.warpRows, 32);
+  ::setenv("PAGEDC_PREFILL_SHAPE", "128x128x64", 1);
+  config.choosePrefillShapeFor("sm_90a");
+  EXPECT_EQ(config.blockN, 128);
+  EXPECT_EQ(config.warpRows, 64);
+  EXPECT_FALSE(config.prefillFallsBackOnSpills());
   for (const char *bad : {"128x32x32q", "128x32x32rr", "128x32"}) {
     ::setenv("PAGEDC_PREFILL_SHAPE", bad, 1);
     EXPECT_THROW(config.choosePrefillShapeFor("sm_80"), Error) << bad;

@@ -120,6 +120,73 @@ TEST(CudaKernels, ConfigChoiceFromModCodeAndBundles) {
   EXPECT_NE(missing.find("prefill bf16 d128 page16"), std::string::npos) << missing;
 }
 
+// At head dim 128 on sm_90 prefill takes 128-key warpgroup tiles, but
+// 64-key ones under a block mask whose blocks 128 does not divide (a tile
+// must not straddle two blocks); a bundle holding both gives the one that
+// divides the blocks.
+TEST(CudaKernels, PrefillTileFitsTheBlockMask) {
+  KernelConfig wide;
+  wide.kind = KernelKind::Prefill;
+  wide.headDim = 128;
+  wide.choosePrefillShapeFor("sm_90");
+  ASSERT_EQ(wide.blockN, 128);
+  ASSERT_EQ(wide.warpRows, 64);
+  for (int blocks : {0, 128, 256, 64, 192, 32}) {
+    KernelConfig fitted = wide;
+    fitted.fitPrefillTileToBlocks(blocks);
+    EXPECT_EQ(fitted.blockN, blocks == 0 || blocks % 128 == 0 ? 128 : 64) << blocks;
+    EXPECT_EQ(fitted.blockM, 128);
+    EXPECT_EQ(fitted.warpRows, 64);
+  }
+  // Asked for by name, it still fits: the call could not run it.
+  ::setenv("PAGEDC_PREFILL_SHAPE", "128x128x64", 1);
+  KernelConfig asked;
+  asked.kind = KernelKind::Prefill;
+  asked.headDim = 64;
+  asked.choosePrefillShapeFor("sm_90a");
+  EXPECT_EQ(asked.blockN, 128);
+  asked.fitPrefillTileToBlocks(64);
+  EXPECT_EQ(asked.blockN, 64);
+  ::unsetenv("PAGEDC_PREFILL_SHAPE");
+  KernelConfig mma = wide;
+  mma.choosePrefillShapeFor("sm_80");
+  const KernelConfig before = mma;
+  mma.fitPrefillTileToBlocks(64);
+  EXPECT_EQ(mma, before);
+
+  // From mod code: the 64-key tile is not checked for spills (no compile).
+  CompiledMods mods;
+  mods.cuda.modCode = std::string(embeddedTemplate("testing/causal.cuh"));
+  const KernelConfig chosen =
+      chooseCudaAttentionConfig(mods, DType::BF16, 128, 16, 1, 200, false, "sm_90", 64);
+  EXPECT_EQ(chosen.kind, KernelKind::Prefill);
+  EXPECT_EQ(chosen.blockN, 64);
+  EXPECT_EQ(chosen.warpRows, 64);
+
+  // From a bundle with both tiles, the 64-key one first (the order a pack
+  // writes them in when a case under 64-key blocks comes first).
+  auto bundle = std::make_shared<KernelBundle>();
+  for (int blockN : {64, 128}) {
+    BundleModule module;
+    module.arch = "sm_90a";
+    module.mods = "causal";
+    module.config = wide;
+    module.config.elementType = DType::BF16;
+    module.config.pageSize = 16;
+    module.config.paramsSize = 1;
+    module.config.blockN = blockN;
+    bundle->modules.push_back(module);
+  }
+  mods.cuda.bundle = bundle;
+  mods.cuda.bundleLabel = "causal";
+  for (int blocks : {0, 128, 64, 32}) {
+    const KernelConfig fromBundle =
+        chooseCudaAttentionConfig(mods, DType::BF16, 128, 16, 1, 200, false, "sm_90", blocks);
+    // 32-key blocks: neither divides them; the first, which the launch refuses.
+    EXPECT_EQ(fromBundle.blockN, blocks == 64 || blocks == 32 ? 64 : 128) << blocks;
+  }
+}
+
 TEST(CubinValidation, AcceptsNvrtcCubinsAndRejectsDamage) {
   std::string why;
   if (!Nvrtc::available(&why))

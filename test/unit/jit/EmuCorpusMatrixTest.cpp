@@ -9,7 +9,8 @@
 // grid, half of the runs with a block mask, lse on; outputs against the
 // float64 reference on fresh random inputs. A checker report fails the
 // launch and so the case. ctest also runs the prefill mode with warpgroup
-// tiles (PrefillWgmma.cuh, $PAGEDC_PREFILL_SHAPE=128x64x64) and with the
+// tiles (PrefillWgmma.cuh, $PAGEDC_PREFILL_SHAPE=128x64x64; and 128x128x64
+// with $PAGEDC_MATRIX_KV_BLOCK=128, mask blocks of 128 keys) and with the
 // 128 x 32 tile of 32 rows per warp, holding the mods' row values (128x32x32)
 // and recomputing them per KV tile (128x32x32r).
 //
@@ -92,6 +93,11 @@ TEST_P(EmuCorpusMatrixTest, CudaKernelsOnEmulatorMatchFloat64Reference) {
             variants.push_back(
                 {&mode, pageSize, gqa, dtype, dim, mods.hasMask() && ++index % 2 == 0});
 
+  // The block masks' KV block size: $PAGEDC_MATRIX_KV_BLOCK (64 unless set;
+  // 128 lets 128-key tiles run under them).
+  const char *kvBlockText = std::getenv("PAGEDC_MATRIX_KV_BLOCK");
+  const int kvBlockSize = kvBlockText && *kvBlockText ? std::atoi(kvBlockText) : 64;
+  ASSERT_GT(kvBlockSize, 0) << "PAGEDC_MATRIX_KV_BLOCK";
   // Build every kernel of the case first, a few at a time in parallel.
   const std::string arch = pagedc::cudaDeviceInfo(0).arch();
   ASSERT_EQ(arch, "emu");
@@ -101,7 +107,8 @@ TEST_P(EmuCorpusMatrixTest, CudaKernelsOnEmulatorMatchFloat64Reference) {
     request.config = pagedc::chooseCudaAttentionConfig(mods, v.dtype, static_cast<int>(v.dim),
                                                        v.pageSize, v.gqa,
                                                        static_cast<int>(v.mode->qLength),
-                                                       /*returnLse=*/true, arch);
+                                                       /*returnLse=*/true, arch,
+                                                       v.withBlockMask ? kvBlockSize : 0);
     request.modCode = mods.cuda.modCode;
     request.options.arch = arch;
     if (std::none_of(requests.begin(), requests.end(), [&](const auto &r) {
@@ -134,7 +141,7 @@ TEST_P(EmuCorpusMatrixTest, CudaKernelsOnEmulatorMatchFloat64Reference) {
     config.withLse = true;
     config.withBlockMask = v.withBlockMask;
     config.qBlockSize = 32;
-    config.kvBlockSize = 64;
+    config.kvBlockSize = kvBlockSize;
     config.range = 2.0f;
     config.seed = seed + variantIndex;
 
