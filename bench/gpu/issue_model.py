@@ -55,7 +55,7 @@ the measured figure was 12-18% below the modelled range.
   issue_model.py fit --point NCU.txt MODEL.json[:KEY] BENCH.json NAME [...]
   issue_model.py static --pagedc build/bin/pagedc --cuobjdump PATH
         [--kernel warpgroup|mma] [--arch ARCH] [--templates DIR]
-        [--shape 128x64x64] [--json OUT]
+        [--shape 128x64x64] [--head-dim 128] [--json OUT]
   issue_model.py predict STATIC.json[:KEY] MODEL.json[:KEY] [--filter TEXT]
         [--device H100|A100] [--ncu NCU.txt NAME]... [--json OUT]
 """
@@ -474,6 +474,7 @@ def main(argv=None):
     s.add_argument("--kernel", choices=sorted(KERNELS), default="warpgroup",
                    help="warpgroup: PrefillWgmma.cuh (sm_90a); mma: Prefill.cuh")
     s.add_argument("--arch", help="default sm_90a (warpgroup), sm_80 (mma)")
+    s.add_argument("--head-dim", type=int, choices=(64, 128, 256), default=128)
     s.add_argument("--json")
     p = sub.add_parser("predict")
     p.add_argument("static")
@@ -501,7 +502,7 @@ def main(argv=None):
     elif args.command == "static":
         arch = args.arch or ("sm_80" if args.kernel == "mma" else "sm_90a")
         result = static_counts(args.pagedc, args.cuobjdump, args.templates, args.shape,
-                               args.kernel, arch)
+                               args.kernel, arch, args.head_dim)
         print(json.dumps(result, indent=2))
     else:
         rows = predict(load_model(args.static), load_model(args.model), args.filter, args.ncu,

@@ -2,7 +2,7 @@
 //
 //   pagedc-gpu-prepare -o PACK [--examples DIR] [--bench-attn FILE]
 //                      [--arch sm_90] [--quick] [--cli-bundle DIR]...
-//                      [--ptxas-arch sm_90,sm_80]
+//                      [--ptxas-arch sm_90,sm_80] [--bench-head-dim 128]
 //
 // Runs where the compiler is. For every mod selection of the corpus (each
 // mod of examples/*.attn alone, plus the first mask with the first score of
@@ -13,7 +13,8 @@
 // for the rest), compiles their kernels into one bundle per selection
 // (NVRTC through the kernel cache, in parallel), computes the references and
 // writes the pack (see Pack.h). The benchmark plan of performance.md
-// section 4 and its kernels come from --bench-attn. --cli-bundle adds cases
+// section 4 and its kernels come from --bench-attn (at head dim 128, or
+// --bench-head-dim's, to model other head dims). --cli-bundle adds cases
 // for a bundle written by `pagedc --emit=bundle` (its manifest says which).
 //
 //===----------------------------------------------------------------------===//
@@ -69,6 +70,9 @@ struct Options {
   /// Real architectures whose ptxas report of every benchmark kernel goes
   /// into the pack (for `pagedc-gpu model`), comma-separated on the line.
   std::vector<std::string> ptxasArchs;
+  /// Head dim of the benchmark plan (performance.md's is 128; 64 or 256
+  /// model the kernels at other head dims).
+  int benchHeadDim = 128;
 };
 
 /// A mod selection of one .attn file.
@@ -495,16 +499,17 @@ int run(const Options &options) {
   std::vector<std::string> requestLabels;
   std::map<std::string, std::string> bundleDirOfLabel;
   std::set<std::string> requested;
+  // Returns the config requested: the prefill tile the runtime would compile
+  // for this target (the tiles kept only without spills: settlePrefillShape).
   auto request = [&](const std::string &label, const KernelConfig &chosen,
                      const std::string &modCode) {
-    // The prefill tile the runtime would compile for this target (the
-    // FA2-shaped one only without spills: settlePrefillShape).
     const KernelConfig config = settlePrefillShape(chosen, modCode, compile.arch);
     const std::string key = label + "|" + config.describe();
-    if (!requested.insert(key).second)
-      return;
-    requests.push_back({config, modCode, cudaCompileOptions(config, compile.arch)});
-    requestLabels.push_back(label);
+    if (requested.insert(key).second) {
+      requests.push_back({config, modCode, cudaCompileOptions(config, compile.arch)});
+      requestLabels.push_back(label);
+    }
+    return config;
   };
 
   // 1. Correctness cases over the corpus.
@@ -663,6 +668,7 @@ int run(const Options &options) {
           b.batch = batch;
           b.kvLength = context;
           b.pageSize = page;
+          b.headDim = options.benchHeadDim;
           if (mods.hasMask())
             b.qBlock = b.kvBlock = 128;
           BoundBuffers bound = benchBindings(mods, b.headsQ, context, b.buffers, b.params);
@@ -672,6 +678,7 @@ int run(const Options &options) {
           KernelConfig config;
           config.kind = KernelKind::Decode;
           config.elementType = DType::BF16;
+          config.headDim = b.headDim;
           config.pageSize = page;
           config.groupSize = b.headsQ / b.headsKv;
           config.paramsSize = paramsSize;
@@ -698,6 +705,7 @@ int run(const Options &options) {
         b.queryLength = length;
         b.kvLength = length;
         b.pageSize = page;
+        b.headDim = options.benchHeadDim;
         b.qBlock = b.kvBlock = 128;
         BoundBuffers bound = benchBindings(mods, b.headsQ, length, b.buffers, b.params);
         const PagedcModContext ctx = bound.context();
@@ -706,13 +714,15 @@ int run(const Options &options) {
         KernelConfig config;
         config.kind = KernelKind::Prefill;
         config.elementType = DType::BF16;
+        config.headDim = b.headDim;
         config.pageSize = page;
         config.groupSize = b.headsQ / b.headsKv;
         config.paramsSize = paramsSize;
         config.choosePrefillShapeFor(options.arch);
-        request(b.label, config, benchCode.at(b.label));
+        config.fitPrefillTileToBlocks(b.kvBlock);
+        const KernelConfig settled = request(b.label, config, benchCode.at(b.label));
         request(b.label, builderConfig(paramsSize), benchCode.at(b.label));
-        benchConfigs.push_back({config, builderConfig(paramsSize)});
+        benchConfigs.push_back({settled, builderConfig(paramsSize)});
         pack.bench.push_back(std::move(b));
       }
   }
@@ -828,7 +838,12 @@ int main(int argc, char **argv) {
         options.quick = true;
       else if (arg == "--cli-bundle")
         options.cliBundles.push_back(value());
-      else if (arg == "--ptxas-arch") {
+      else if (arg == "--bench-head-dim") {
+        const std::string text = value();
+        if (text != "64" && text != "128" && text != "256")
+          throw Error("--bench-head-dim: '" + text + "' is not 64, 128 or 256");
+        options.benchHeadDim = std::stoi(text);
+      } else if (arg == "--ptxas-arch") {
         std::stringstream list(value());
         for (std::string item; std::getline(list, item, ',');)
           if (!item.empty())
@@ -836,7 +851,10 @@ int main(int argc, char **argv) {
       }
       else if (arg == "-h" || arg == "--help") {
         std::cout << "usage: pagedc-gpu-prepare -o PACK [--examples DIR] [--bench-attn FILE] "
-                     "[--arch sm_90] [--quick] [--cli-bundle DIR]... [--ptxas-arch sm_90,sm_80]\n";
+                     "[--arch sm_90] [--quick] [--cli-bundle DIR]... [--ptxas-arch sm_90,sm_80] "
+                     "[--bench-head-dim 128]\n"
+                     "  --bench-head-dim N  head dim of the benchmark plan (64, 128 or 256; "
+                     "default 128, performance.md's)\n";
         return 0;
       } else
         throw Error("unknown argument '" + arg + "'");

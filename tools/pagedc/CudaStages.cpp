@@ -54,10 +54,10 @@ struct CudaTarget {
   /// otherwise (--block alone means the 16-rows-per-warp design); decode
   /// keeps 64 x 64 tiles. Throws pagedc::Error for an unsupported value.
   /// With --arch=sm_90a alone, prefill defaults to warpgroup tiles (wgmma,
-  /// PrefillWgmma.cuh, two consumer warpgroups: 128 x 128 at head dim 128
-  /// where it compiles without spills, else 128 x 64; 128 x 64 at 64; 64 x
-  /// 32 at head dim 256); they need sm_90a, which no other architecture of
-  /// a bundle can run.
+  /// PrefillWgmma.cuh, two consumer warpgroups: 128 x 128 at head dims 64
+  /// and 128 where it compiles without spills, else 128 x 64; 64 x 32 at
+  /// head dim 256); they need sm_90a, which no other architecture of a
+  /// bundle can run.
   KernelConfig configFor(KernelKind kind) const {
     KernelConfig result = config;
     result.kind = kind;
@@ -479,9 +479,9 @@ void pagedc::driver::registerCudaStages(Registry &registry) {
        "and sm_90a, 128x32 rows 32 at head dim 128 too where ptxas compiles it "
        "without spills, holding the mods' row values or else recomputing them "
        "per KV tile, else 64x64 rows 16 (--ptxas-report notes each step); "
-       "with --arch=sm_90a warpgroup tiles: 128x128 at head dim 128 where "
-       "ptxas compiles it without spills, else 128x64; 128x64 at 64, 64x32 at "
-       "256; 16 when --block is given)",
+       "with --arch=sm_90a warpgroup tiles: 128x128 at head dims 64 and 128 "
+       "where ptxas compiles it without spills, else 128x64; 64x32 at 256; 16 "
+       "when --block is given)",
        checked("warp-rows", [](llvm::StringRef value) {
          return value == "16" || value == "32" || value == "64"
                     ? std::string()

@@ -97,11 +97,11 @@ struct KernelConfig {
   /// choosePrefillShape for a target: on sm_90 (an H100) at head dims up
   /// to 128 the warpgroup tiles (wgmma; sm_90a code, which compileArchFor
   /// picks; on an H100 they ran causal prefill at 1.8-1.9x the mma.sync
-  /// tiles, bench/README.md): 128 x 128 at head dim 128 (FlashAttention-3's
-  /// causal tile), which spills for some mods, so settlePrefillShape
-  /// (KernelCache.h) compiles it and takes 128 x 64 where ptxas reports
-  /// spills; 128 x 64 at 64. sm_90a: warpgroup tiles at every head dim
-  /// (64 x 32 at 256). Other GPU targets (sm_80, sm_86, ...; sm_90 at head
+  /// tiles, bench/README.md): 128 x 128 at head dims 64 and 128 (128 keys,
+  /// as FlashAttention-3's causal tiles), which spills for some mods, so
+  /// settlePrefillShape (KernelCache.h) compiles it and takes 128 x 64 where
+  /// ptxas reports spills. sm_90a: warpgroup tiles at every head dim (64 x
+  /// 32 at 256). Other GPU targets (sm_80, sm_86, ...; sm_90 at head
   /// dim 256) at head dim 128: the FA2-shaped tile, 128 x 32 with 32 rows
   /// per warp (half the shared-memory reads per FLOP of 64 x 64 with 16),
   /// which spills for some mods: settlePrefillShape compiles it, then where
@@ -118,9 +118,10 @@ struct KernelConfig {
   /// blocks its tile does not divide is refused, naming both sizes.
   void fitPrefillTileToBlocks(int kvBlockSize);
   /// Whether this is a prefill tile that choosePrefillShapeFor prefers only
-  /// where it compiles without spills (head dim 128: 128 x 32 with 32 rows
-  /// per warp, with or without recomputeModRows, or the 128 x 128 warpgroup
-  /// tile), unless $PAGEDC_PREFILL_SHAPE asked for it.
+  /// where it compiles without spills (128 x 32 with 32 rows per warp at
+  /// head dim 128, with or without recomputeModRows; the 128 x 128
+  /// warpgroup tile at 64 and 128), unless $PAGEDC_PREFILL_SHAPE asked for
+  /// it.
   bool prefillFallsBackOnSpills() const;
   /// The next tile to try when this one spills: 128 x 128 warpgroups ->
   /// 128 x 64 warpgroups (which never spill); 128 x 32 -> the same tile with

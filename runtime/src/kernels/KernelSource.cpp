@@ -107,13 +107,13 @@ void KernelConfig::choosePrefillShapeFor(const std::string &arch) {
   if (prefillShapeOverride())
     return;
   if (arch == "sm_90a" || (arch == "sm_90" && headDim <= 128)) {
-    // D 128: 128-key tiles (fewer instructions per key besides the wgmmas,
-    // FlashAttention-3's causal tile) where ptxas allocates them without
-    // spills (settlePrefillShape), else 64-key ones. D 256: one consumer
-    // warpgroup and 32-key tiles (64 x 64 spilled 8-12 bytes for some corpus
-    // mask x score pairs at 255 registers).
+    // D 64 and 128: 128-key tiles (fewer instructions per key besides the
+    // wgmmas; FlashAttention-3's causal tiles are 128 keys wide) where ptxas
+    // allocates them without spills (settlePrefillShape), else 64-key ones.
+    // D 256: one consumer warpgroup and 32-key tiles (64 x 64 spilled 8-12
+    // bytes for some corpus mask x score pairs at 255 registers).
     blockM = headDim <= 128 ? 128 : 64;
-    blockN = headDim == 128 ? 128 : headDim < 128 ? 64 : 32;
+    blockN = headDim <= 128 ? 128 : 32;
     warpRows = 64;
   } else if (headDim == 128 && arch.rfind("sm_", 0) == 0) {
     // The FA2-shaped tile where ptxas allocates it without spills
@@ -134,9 +134,10 @@ void KernelConfig::fitPrefillTileToBlocks(int kvBlockSize) {
 
 bool KernelConfig::prefillFallsBackOnSpills() const {
   // A tile $PAGEDC_PREFILL_SHAPE asks for is kept as asked.
-  if (kind != KernelKind::Prefill || headDim != 128 || blockM != 128 || prefillShapeOverride())
+  if (kind != KernelKind::Prefill || blockM != 128 || prefillShapeOverride())
     return false;
-  return (blockN == 32 && warpRows == 32) || (blockN == 128 && warpRows == 64);
+  return (headDim == 128 && blockN == 32 && warpRows == 32) ||
+         (headDim <= 128 && blockN == 128 && warpRows == 64);
 }
 
 void KernelConfig::usePrefillSpillFallback() {

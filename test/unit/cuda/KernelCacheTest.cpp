@@ -400,6 +400,20 @@ __device__ __forceinline__ float score(const Params &, const ScoreRow &row, floa
 )";
 }
 
+/// The mod code of the settle tests' mods: the embedded testing mods, plus
+/// "row-state" and "wide-row" (row values a tile must hold).
+std::string settleTestMods(const std::string &name) {
+  if (name == "wide-row")
+    return wideRowMods();
+  if (name == "row-state")
+    return rowStateMods();
+  return std::string(embeddedTemplate("testing/" + name + ".cuh"));
+}
+
+/// The six mods the settle tests compile.
+constexpr const char *kSettleTestMods[] = {"causal",   "alibi",     "softcap",
+                                           "document", "row-state", "wide-row"};
+
 // settlePrefillShape keeps the FA2-shaped tile (128 x 32, 32 rows per warp,
 // head dim 128) exactly where ptxas compiles it without spills, holding the
 // mods' row values or else recomputing them per KV tile: its choice for each
@@ -408,13 +422,9 @@ __device__ __forceinline__ float score(const Params &, const ScoreRow &row, floa
 TEST(SettlePrefillShape, KeepsTheWideTileOnlyWithoutSpills) {
   REQUIRE_NVRTC();
   int recomputed = 0, fellBack = 0;
-  for (const char *name : {"causal", "alibi", "softcap", "document", "row-state", "wide-row"}) {
+  for (const char *name : kSettleTestMods) {
     SCOPED_TRACE(name);
-    const std::string mods =
-        std::string(name) == "wide-row"    ? wideRowMods()
-        : std::string(name) == "row-state" ? rowStateMods()
-                                           : std::string(embeddedTemplate(
-                                                 std::string("testing/") + name + ".cuh"));
+    const std::string mods = settleTestMods(name);
     KernelConfig config;
     config.kind = KernelKind::Prefill;
     config.headDim = 128;
@@ -455,22 +465,19 @@ TEST(SettlePrefillShape, KeepsTheWideTileOnlyWithoutSpills) {
   EXPECT_GE(fellBack, 1);
 }
 
-// On sm_90 at head dim 128 the 128-key warpgroup tile is kept exactly where
-// ptxas compiles it without spills, else the 128 x 64 one, which does not
-// spill; the runtime's compile is the one it settled on.
+// On sm_90 at head dims 64 and 128 the 128-key warpgroup tile is kept
+// exactly where ptxas compiles it without spills, else the 128 x 64 one,
+// which does not spill; the runtime's compile is the one it settled on.
 TEST(SettlePrefillShape, KeepsTheWarpgroupWideTileOnlyWithoutSpills) {
   REQUIRE_NVRTC();
   int kept = 0, fellBack = 0;
-  for (const char *name : {"causal", "alibi", "softcap", "document", "row-state", "wide-row"}) {
-    SCOPED_TRACE(name);
-    const std::string mods =
-        std::string(name) == "wide-row"    ? wideRowMods()
-        : std::string(name) == "row-state" ? rowStateMods()
-                                           : std::string(embeddedTemplate(
-                                                 std::string("testing/") + name + ".cuh"));
+  for (int headDim : {64, 128})
+  for (const char *name : kSettleTestMods) {
+    SCOPED_TRACE(std::string(name) + " d" + std::to_string(headDim));
+    const std::string mods = settleTestMods(name);
     KernelConfig config;
     config.kind = KernelKind::Prefill;
-    config.headDim = 128;
+    config.headDim = headDim;
     config.choosePrefillShapeFor("sm_90");
     EXPECT_EQ(config.blockM, 128);
     EXPECT_EQ(config.blockN, 128);
@@ -504,16 +511,15 @@ TEST(SettlePrefillShape, KeepsTheWarpgroupWideTileOnlyWithoutSpills) {
   // wide row values spill it).
   EXPECT_GE(kept, 1);
   EXPECT_GE(fellBack, 1);
-  // Head dims 64 and 256 keep their warpgroup tiles without a check.
-  for (int headDim : {64, 256}) {
-    KernelConfig other;
-    other.kind = KernelKind::Prefill;
-    other.headDim = headDim;
-    other.choosePrefillShapeFor("sm_90a");
-    EXPECT_EQ(other.warpRows, 64);
-    EXPECT_EQ(other.blockN, headDim == 64 ? 64 : 32);
-    EXPECT_FALSE(other.prefillFallsBackOnSpills());
-  }
+  // Head dim 256 keeps its warpgroup tile without a check.
+  KernelConfig other;
+  other.kind = KernelKind::Prefill;
+  other.headDim = 256;
+  other.choosePrefillShapeFor("sm_90a");
+  EXPECT_EQ(other.warpRows, 64);
+  EXPECT_EQ(other.blockM, 64);
+  EXPECT_EQ(other.blockN, 32);
+  EXPECT_FALSE(other.prefillFallsBackOnSpills());
 }
 
 // Nothing is compiled for other tiles, the emulator, or a tile that

@@ -90,3 +90,18 @@ assert both[0]["queued_min_ms"] <= both[0]["queued_median_ms"], both
 assert synchronized[0]["status"] == "ok" and "queued_median_ms" not in synchronized[0]
 print("pagedc-gpu bench on the emulator: both timings")
 PY
+
+# --bench-head-dim: the benchmark plan at head dim 64 (the cases keep
+# theirs); a value the kernels lack is refused, naming it.
+"$build/bin/pagedc-gpu-prepare" -o "$work/pack64" --arch emu --quick --bench-head-dim 64 >/dev/null
+python3 - "$work/pack64/pack.json" <<'PY'
+import json, sys
+bench = json.load(open(sys.argv[1]))["bench"]
+assert bench and all(b["head_dim"] == 64 for b in bench), [b["head_dim"] for b in bench]
+print("pagedc-gpu-prepare --bench-head-dim 64: %d configurations at head dim 64" % len(bench))
+PY
+set +e
+"$build/bin/pagedc-gpu-prepare" -o "$work/pack96" --quick --bench-head-dim 96 > "$work/bad.txt" 2>&1
+status=$?
+set -e
+[ "$status" = 1 ] && grep -q "bench-head-dim: '96' is not 64, 128 or 256" "$work/bad.txt"
