@@ -128,14 +128,24 @@ constexpr bool kTmaPages = kPageSize >= kTmaPageRows && (kHeadDim <= 128 || kCon
 constexpr int kTmaBoxRows = kPageSize < kBlockN ? kPageSize : kBlockN;
 /// Pages (boxes per atom column) in one KV tile.
 constexpr int kTmaTilePages = kBlockN / kTmaBoxRows;
-/// Whether a tile of several pages may come in one box per 64 head dims
-/// when its pages are consecutive (the launch's run maps,
-/// PagedcWgmmaPrefillArgs::run_boxes): kTmaTilePages boxes fewer per atom.
-constexpr bool kRunBoxes = kTmaPages && kTmaTilePages > 1;
-/// The XOR a tile copied as a descending run applies to its column index:
-/// shared row r then holds the tile's key r ^ kRunReversed (page j of the
-/// box is the tile's page kTmaTilePages - 1 - j; a power of two pages).
-constexpr int kRunReversed = kBlockN - kTmaBoxRows;
+/// Rows of one run box: a tile's pages are taken in segments of up to 64
+/// rows, each of which may come in one box per 64 head dims when its pages
+/// are consecutive (the launch's run maps, PagedcWgmmaPrefillArgs::run_boxes).
+/// A 128-key tile is two segments, so that a tile made of two separate runs
+/// of 64 rows (a sequence grown a few pages at a time) still takes two
+/// boxes per atom and not one per page (the H200 run of 2026-11-27: at
+/// pages of 16 rows in runs of 4, 128-key tiles copied page by page ran
+/// 0.89-0.96x the 64-key tiles copied as runs).
+constexpr int kRunRows = kBlockN < 64 ? kBlockN : 64;
+constexpr int kRunSegments = kBlockN / kRunRows;
+/// Pages in one run box.
+constexpr int kRunPages = kRunRows / kTmaBoxRows;
+constexpr bool kRunBoxes = kTmaPages && kRunPages > 1;
+/// The XOR a tile copied as descending runs applies to its column index:
+/// shared row r then holds the tile's key r ^ kRunReversed (page j of a
+/// segment's box is the segment's page kRunPages - 1 - j; a power of two
+/// pages; the XOR stays inside the segment).
+constexpr int kRunReversed = kRunRows - kTmaBoxRows;
 
 /// The producer warpgroup's copy of the K and V rows [kv_begin, kv_begin +
 /// kBlockN), all below kv_len, into one stage with bulk tensor copies:
@@ -146,13 +156,14 @@ constexpr int kRunReversed = kBlockN - kTmaBoxRows;
 /// warpgroup's 128 arrivals, as after a gather). Rows of a page outside the
 /// tensor (a page index out of range) arrive as zeros.
 ///
-/// With run maps (`run_maps`, kRunBoxes), a tile whose pages are
-/// consecutive comes in one box per 64 head dims from its lowest page. The
-/// allocator hands a sequence's pages out in descending order (the free
-/// list's tail, docs/runtime.md), so such a run usually descends: its rows
-/// then land page-reversed, and thread 0 writes kRunReversed to `*column_xor`
-/// (else 0) before its arrival, which releases it to the consumers with
-/// the stage.
+/// With run maps (`run_maps`, kRunBoxes), a tile whose segments (kRunRows
+/// rows each) are each a run of consecutive pages, all in the same
+/// direction, comes in one box per segment and 64 head dims, each from its
+/// segment's lowest page. The allocator hands a sequence's pages out in
+/// descending order (the free list's tail, docs/runtime.md), so such runs
+/// usually descend: their rows then land page-reversed within each
+/// segment, and thread 0 writes kRunReversed to `*column_xor` (else 0)
+/// before its arrival, which releases it to the consumers with the stage.
 PAGEDC_DEVICE void tma_kv_stage(uint32_t k_tile, uint32_t v_tile, const TensorMap *k_map,
                                 const TensorMap *v_map, const TensorMap *k_run_map,
                                 const TensorMap *v_run_map, bool run_maps,
@@ -170,21 +181,29 @@ PAGEDC_DEVICE void tma_kv_stage(uint32_t k_tile, uint32_t v_tile, const TensorMa
     pages[i] = page_row[(kv_begin >> kLog2PageSize) + i];
   bool up = kRunBoxes && run_maps, down = up;
 #pragma unroll
-  for (int i = 1; i < kTmaTilePages; ++i) {
-    up = up && pages[i] == pages[0] + i;
-    down = down && pages[i] == pages[0] - i;
-  }
+  for (int s = 0; s < kRunSegments; ++s)
+#pragma unroll
+    for (int i = 1; i < kRunPages; ++i) {
+      up = up && pages[s * kRunPages + i] == pages[s * kRunPages] + i;
+      down = down && pages[s * kRunPages + i] == pages[s * kRunPages] - i;
+    }
   mbarrier_wait(empty_bar, empty_parity);
   if constexpr (kRunBoxes)
     *column_xor = down ? kRunReversed : 0;
   mbarrier_arrive_expect_tx(full_bar, 2u * kBlockN * kRowBytes);
   if (kRunBoxes && (up || down)) {
-    const int lowest = up ? pages[0] : pages[kTmaTilePages - 1];
 #pragma unroll
-    for (int atom = 0; atom < kHeadDim / 64; ++atom) {
-      const int at[4] = {64 * atom, 0, lowest, kv_head};
-      bulk_tensor_g2s<4>(k_tile + atom * atom_bytes(kBlockN), k_run_map, at, full_bar);
-      bulk_tensor_g2s<4>(v_tile + atom * atom_bytes(kBlockN), v_run_map, at, full_bar);
+    for (int s = 0; s < kRunSegments; ++s) {
+      const int lowest = up ? pages[s * kRunPages] : pages[s * kRunPages + kRunPages - 1];
+      const uint32_t row_offset = static_cast<uint32_t>(s) * kRunRows * 128;
+#pragma unroll
+      for (int atom = 0; atom < kHeadDim / 64; ++atom) {
+        const int at[4] = {64 * atom, 0, lowest, kv_head};
+        bulk_tensor_g2s<4>(k_tile + atom * atom_bytes(kBlockN) + row_offset, k_run_map, at,
+                           full_bar);
+        bulk_tensor_g2s<4>(v_tile + atom * atom_bytes(kBlockN) + row_offset, v_run_map, at,
+                           full_bar);
+      }
     }
     return;
   }

@@ -3,7 +3,8 @@
 //   pagedc run FILE.attn [--mask=NAME] [--score=NAME] --q q.npy --k k.npy
 //       --v v.npy -o out.npy [--lse lse.npy] [--buffer NAME=file.npy]...
 //       [--param NAME=VALUE]... [-D NAME=VALUE]... [--scale F] [--block=QxKV]
-//       [--page-size N] [--shuffle-pages SEED | --ascending-pages] [--q-offset N|end]
+//       [--page-size N] [--shuffle-pages SEED | --ascending-pages | --pages-per-reserve N]
+//       [--q-offset N|end]
 //       [--device cpu|cuda|emu|auto] [--dtype f16|bf16] [--reference] [--threads N]
 //
 // The mods are compiled by the CPU JIT; K/V go into a PagedKVCache (reserve +
@@ -57,7 +58,8 @@ constexpr const char *kRunUsage =
     "           [--lse LSE.npy] [--buffer NAME=FILE.npy]... [--param "
     "NAME=VALUE]... [-D NAME=VALUE]...\n"
     "           [--scale F] [--block=QxKV] [--page-size N] [--shuffle-pages "
-    "SEED | --ascending-pages] [--q-offset N|end]\n"
+    "SEED | --ascending-pages | --pages-per-reserve N]\n"
+    "           [--q-offset N|end]\n"
     "           [--device cpu|cuda|emu|auto] [--dtype f16|bf16] [--reference] "
     "[--threads N]\n";
 
@@ -78,7 +80,10 @@ struct RunOptions {
   int32_t qBlock = 128, kvBlock = 128;
   std::optional<int64_t> pageSize;
   std::optional<uint64_t> shuffleSeed;
-  bool ascendingPages = false;
+  /// Pages each reserve takes (0: a sequence's whole length at once;
+  /// --ascending-pages is 1).
+  int64_t pagesPerReserve = 0;
+  std::string pagesPerReserveFlag; // the flag that set it
   std::optional<int64_t> qOffset; // nullopt with qOffsetAtEnd
   bool qOffsetAtEnd = false;
   std::string device = "auto";
@@ -180,9 +185,17 @@ RunOptions parseRunOptions(llvm::ArrayRef<const char *> args) {
     } else if (name == "--shuffle-pages") {
       options.shuffleSeed = static_cast<uint64_t>(
           parseInteger(name, value(), 0, INT64_MAX));
-    } else if (name == "--ascending-pages") {
-      flag();
-      options.ascendingPages = true;
+    } else if (name == "--ascending-pages" || name == "--pages-per-reserve") {
+      if (!options.pagesPerReserveFlag.empty() && options.pagesPerReserveFlag != name)
+        throw UsageError{"--ascending-pages and --pages-per-reserve are two page orders: "
+                         "give one"};
+      options.pagesPerReserveFlag = name.str();
+      if (name == "--ascending-pages") {
+        flag();
+        options.pagesPerReserve = 1;
+      } else {
+        options.pagesPerReserve = parseInteger(name, value(), 1, 1 << 20);
+      }
     } else if (name == "--q-offset") {
       llvm::StringRef text = value();
       if (text == "end")
@@ -220,8 +233,9 @@ RunOptions parseRunOptions(llvm::ArrayRef<const char *> args) {
   }
   if (options.program.empty())
     throw UsageError{"no .attn program given"};
-  if (options.ascendingPages && options.shuffleSeed)
-    throw UsageError{"--ascending-pages and --shuffle-pages are two page orders: give one"};
+  if (options.pagesPerReserve && options.shuffleSeed)
+    throw UsageError{options.pagesPerReserveFlag +
+                     " and --shuffle-pages are two page orders: give one"};
   for (auto [path, what] : {std::pair{&options.qPath, "--q"},
                             std::pair{&options.kPath, "--k"},
                             std::pair{&options.vPath, "--v"},
@@ -487,7 +501,7 @@ int runChecked(const RunOptions &options) {
     const DType elementType = useCuda ? options.gpuType : DType::F32;
     std::unique_ptr<PagedKVCache> cache = buildCache(
         KVRows(*kFile), KVRows(*vFile), std::vector<int64_t>(batch, kvLength),
-        pageSize, options.shuffleSeed, elementType, device, options.ascendingPages);
+        pageSize, options.shuffleSeed, elementType, device, options.pagesPerReserve);
     kFile.reset();
     vFile.reset();
     // The block mask is built on the host from the host bindings (on CUDA

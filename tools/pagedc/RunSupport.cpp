@@ -199,7 +199,7 @@ std::unique_ptr<PagedKVCache>
 pagedc::driver::buildCache(const KVRows &k, const KVRows &v,
                            const std::vector<int64_t> &lengths,
                            int64_t pageSize, std::optional<uint64_t> shuffleSeed,
-                           DType dtype, Device device, bool ascendingPages) {
+                           DType dtype, Device device, int64_t pagesPerReserve) {
   const auto &ks = k.shape(), &vs = v.shape();
   const int64_t batch = ks[0], heads = ks[1];
   int64_t pages = 0;
@@ -221,10 +221,13 @@ pagedc::driver::buildCache(const KVRows &k, const KVRows &v,
   if (shuffleSeed) {
     PageShuffler shuffler(*cache, batch, *shuffleSeed);
     shuffler.reserve(slots, lengths);
-  } else if (ascendingPages) {
-    // The free list's tail is its lowest page: one page per reserve climbs.
+  } else if (pagesPerReserve > 0) {
+    // The free list's tail is its lowest page: each reserve takes the next
+    // pagesPerReserve pages, handed out in descending order (one page per
+    // reserve climbs).
+    const int64_t step = pagesPerReserve * pageSize;
     for (int64_t b = 0; b < batch; ++b)
-      for (int64_t tokens = pageSize; tokens < lengths[b] + pageSize; tokens += pageSize)
+      for (int64_t tokens = step; tokens < lengths[b] + step; tokens += step)
         cache->reserve(b, std::min(tokens, lengths[b]));
   } else {
     for (int64_t b = 0; b < batch; ++b)

@@ -99,13 +99,14 @@ private:
 /// PageShuffler (and the cache has spare pages and one scratch slot);
 /// without, in slot order: each sequence's whole length at once, which the
 /// allocator serves with consecutive pages in descending order, or, with
-/// `ascendingPages`, one page at a time, which gives consecutive pages in
-/// ascending order.
+/// `pagesPerReserve` N > 0, N pages at a time: runs of N consecutive pages in
+/// descending order, each run above the one before (N = 1: consecutive
+/// pages in ascending order).
 std::unique_ptr<PagedKVCache>
 buildCache(const KVRows &k, const KVRows &v,
            const std::vector<int64_t> &lengths, int64_t pageSize,
            std::optional<uint64_t> shuffleSeed, DType dtype = DType::F32,
-           Device device = Device::cpu(), bool ascendingPages = false);
+           Device device = Device::cpu(), int64_t pagesPerReserve = 0);
 
 /// Writes every (path, bytes) through pagedc::files::writeAll (the
 /// runtime's OutputFiles.h): temporary files next to their targets renamed

@@ -121,6 +121,11 @@ DecodeSplitChoice chooseDecodeSplits(const DecodeSplitProblem &problem);
 /// Pages of at least this many rows are what the warpgroup prefill copies
 /// with tensor maps (templates/PrefillWgmma.cuh, kTmaPageRows).
 constexpr int kPrefillTmaPageRows = 16;
+/// Rows of one run box of the warpgroup prefill (PrefillWgmma.cuh,
+/// kRunRows): a KV tile's pages are taken in segments of this many rows
+/// (or the tile, if smaller), each one box per 64 head dims when its pages
+/// are consecutive.
+constexpr int kPrefillRunRows = 64;
 
 /// Whether $PAGEDC_PREFILL_TMA asks the warpgroup prefill to copy K/V pages
 /// with tensor maps: unset, empty or "1" yes (the default since an H200
@@ -130,10 +135,12 @@ constexpr int kPrefillTmaPageRows = 16;
 bool prefillTensorMapsRequested();
 
 /// Whether $PAGEDC_PREFILL_TMA_RUNS lets the warpgroup prefill copy a tile
-/// whose pages are consecutive (ascending, or descending as the allocator
-/// hands them out) with one box per 64 head dims instead of one per page:
+/// whose segments of kPrefillRunRows rows are each a run of consecutive
+/// pages (all ascending, or all descending as the allocator hands them out)
+/// with one box per segment and 64 head dims instead of one per page:
 /// unset, empty or "1" yes; "0" no; any other value throws pagedc::Error.
-/// Pages of the KV tile's size or more have one box per tile either way.
+/// Pages of kPrefillRunRows rows or more (or of the tile's size) are one box
+/// each either way.
 bool prefillTensorMapRunsRequested();
 
 /// Whether $PAGEDC_PREFILL_PINGPONG asks the warpgroup prefill's two

@@ -512,14 +512,16 @@ std::string bindPrefillTensorMaps(const CudaDriver &driver, const KernelConfig &
   if (!why.empty())
     return refuse(why);
   maps.tensor_maps = 1;
-  // Run maps (one box per tile of consecutive pages): pages under the tile;
-  // without them every page is its own box.
+  // Run maps (one box per segment of up to 64 rows of consecutive pages, as
+  // PrefillWgmma.cuh's kRunRows): pages under a segment; without them every
+  // page is its own box.
   std::string runs;
   maps.run_boxes = 0;
-  if (config.pageSize < config.blockN && prefillTensorMapRunsRequested()) {
+  const int64_t runRows = std::min<int64_t>(config.blockN, kPrefillRunRows);
+  if (config.pageSize < runRows && prefillTensorMapRunsRequested()) {
     const std::string runWhy =
         encodeCacheMaps(driver, config, plan.args, kPages, vPages, boxRows, maps.k_run_map,
-                        maps.v_run_map, static_cast<unsigned>(config.blockN / config.pageSize));
+                        maps.v_run_map, static_cast<unsigned>(runRows / config.pageSize));
     if (runWhy.empty()) {
       maps.run_boxes = 1;
       runs = ", page runs";

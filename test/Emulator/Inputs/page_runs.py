@@ -2,7 +2,8 @@
 """Page runs of the tensor-map copies on the SIMT emulator (every checker on).
 
 With tensor maps, a KV tile of several pages whose pages are consecutive
-comes in one box per 64 head dims: in the warpgroup prefill
+comes in one box per 64 head dims (the warpgroup prefill: each segment of
+up to 64 rows of the tile): in the warpgroup prefill
 (templates/PrefillWgmma.cuh, tma_kv_stage) and in the decode kernel's whole
 tiles (templates/Decode.cuh, copy_tile). The allocator hands a sequence's
 pages out in descending order, so such a run usually lands page-reversed
@@ -11,11 +12,15 @@ and the kernels read the tile's columns through an XOR. Each run here is
 depends on kv, so a column read as the wrong key changes the output),
 against the float64 reference, with the pages in three orders: reserved at
 once (descending runs), one at a time (`--ascending-pages`) and shuffled;
-and with the runs on (the default) and off (PAGEDC_PREFILL_TMA_RUNS=0,
-PAGEDC_DECODE_TMA_RUNS=0). Prefill: 150 query rows against 333 keys; decode:
+and, for the prefill at pages of 16 rows, four at a time
+(`--pages-per-reserve 4`: descending runs of 4 pages that are not one run
+together) and, on 64-key tiles, two at a time (runs of 2 pages: a 4-page
+box's pages are not a run, which must copy as shuffled pages do); and with the runs on (the default) and off
+(PAGEDC_PREFILL_TMA_RUNS=0, PAGEDC_DECODE_TMA_RUNS=0). Prefill: 150 query rows against 333 keys; decode:
 one token against 1,100 keys (split). The emulator's counters must show the
-runs: with them on, the kernel issues tile / page_size times fewer bulk
-tensor copies for the same bytes in both run orders, and no fewer in the
+runs: with them on, the kernel issues box rows / page_size times fewer bulk
+tensor copies for the same bytes in every run order (the prefill's run
+boxes cover up to 64 rows, the decode kernel's a tile), and no fewer in the
 shuffled order than a run per tile would need. Prints one line per run and
 a summary; exit status 1 on any failure.
 
@@ -35,16 +40,27 @@ mask causal(b, h, q, kv) = q >= kv
 score alibi(s, b, h, q, kv) = s + (kv - q) * exp2(-(h + 1) * 8.0 / H)
 """
 
-# (kernel, head dim, page size, environment, pages per tile).
-MATRIX = [("prefill", 128, 16, {"PAGEDC_PREFILL_SHAPE": "128x64x64"}, 4),
-          ("prefill", 128, 32, {"PAGEDC_PREFILL_SHAPE": "128x64x64"}, 2),
-          ("prefill", 128, 16, {"PAGEDC_PREFILL_SHAPE": "128x128x64"}, 8),
-          ("prefill", 64, 16, {"PAGEDC_PREFILL_SHAPE": "128x64x64"}, 4),
-          ("decode", 128, 16, {}, 4),
-          ("decode", 128, 32, {}, 2),
-          ("decode", 256, 16, {}, 4)]
-ORDERS = [("reserved", []), ("ascending", ["--ascending-pages"]),
-          ("shuffled", ["--shuffle-pages", "7"])]
+# Pages reserved 4 at a time: descending runs of 4 pages, each above the
+# one before (a sequence grown a few pages at a time; the GPU benchmark's
+# page tables).
+RUNS_OF_4 = ("runs of 4", ["--pages-per-reserve", "4"], True)
+# Pages reserved 2 at a time under 64-row run boxes of 4 pages: each box's
+# pages are two runs, not one (as shuffled pages: no run boxes).
+RUNS_OF_2 = ("runs of 2", ["--pages-per-reserve", "2"], False)
+
+# (kernel, head dim, page size, environment, pages per run box, orders
+# besides ORDERS). The warpgroup prefill's run boxes cover up to 64 rows
+# (PrefillWgmma.cuh, kRunRows): a 128-key tile of 16-row pages is two.
+MATRIX = [("prefill", 128, 16, {"PAGEDC_PREFILL_SHAPE": "128x64x64"}, 4, [RUNS_OF_4, RUNS_OF_2]),
+          ("prefill", 128, 32, {"PAGEDC_PREFILL_SHAPE": "128x64x64"}, 2, []),
+          ("prefill", 128, 16, {"PAGEDC_PREFILL_SHAPE": "128x128x64"}, 4, [RUNS_OF_4]),
+          ("prefill", 64, 16, {"PAGEDC_PREFILL_SHAPE": "128x64x64"}, 4, []),
+          ("decode", 128, 16, {}, 4, []),
+          ("decode", 128, 32, {}, 2, []),
+          ("decode", 256, 16, {}, 4, [])]
+# (name, pagedc run arguments, whether every whole box's pages are a run).
+ORDERS = [("reserved", [], True), ("ascending", ["--ascending-pages"], True),
+          ("shuffled", ["--shuffle-pages", "7"], False)]
 KERNEL = {"prefill": "pagedc_prefill", "decode": "pagedc_decode"}
 RUNS_SWITCH = {"prefill": "PAGEDC_PREFILL_TMA_RUNS", "decode": "PAGEDC_DECODE_TMA_RUNS"}
 
@@ -76,7 +92,7 @@ def main():
         failures += 1
         print("%s: FAILED (%s)" % (label, why))
 
-    for kernel, dim, page, kernel_env, per_tile in MATRIX:
+    for kernel, dim, page, kernel_env, per_tile, extra_orders in MATRIX:
         rows, keys, heads_q = (150, 333, 4) if kernel == "prefill" else (1, 1100, 8)
         q, k, v = (os.path.join(work, "%s-%s%d.npy" % (kernel, n, dim)) for n in "qkv")
         make_npy(q, (1, heads_q, rows, dim), 31)
@@ -89,7 +105,7 @@ def main():
                        capture_output=True)
         shape = kernel_env.get("PAGEDC_PREFILL_SHAPE", "")
         name = "%s d%d page %d%s" % (kernel, dim, page, " " + shape if shape else "")
-        for order, order_args in ORDERS:
+        for order, order_args, all_runs in ORDERS + extra_orders:
             copies = {}
             for runs_on in ("1", "0"):
                 label = "%s %s runs %s" % (name, order, "on" if runs_on == "1" else "off")
@@ -119,11 +135,11 @@ def main():
             label = "%s %s" % (name, order)
             if on_bytes != off_bytes or off == 0:
                 fail(label, "bulk bytes %d with runs, %d without" % (on_bytes, off_bytes))
-            elif order != "shuffled" and on * per_tile != off:
+            elif all_runs and on * per_tile != off:
                 fail(label, "%d bulk copies with runs, %d without: not 1/%d" %
                      (on, off, per_tile))
-            elif order == "shuffled" and on * per_tile <= off:
-                fail(label, "shuffled pages ran as runs (%d copies, %d without)" % (on, off))
+            elif not all_runs and on * per_tile <= off:
+                fail(label, "%s pages ran as runs (%d copies, %d without)" % (order, on, off))
             else:
                 print("%s: runs take %d of %d copies" % (label, on, off))
     print("page runs: %d runs, %d failed" % (runs, failures))

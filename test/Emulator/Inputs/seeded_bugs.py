@@ -357,9 +357,16 @@ BUGS = {
         "wgmma-runs"),
     "tma-run-box-from-first-page": (
         "PrefillWgmma.cuh",
-        "const int lowest = up ? pages[0] : pages[kTmaTilePages - 1];",
-        "const int lowest = pages[0];",
+        "const int lowest = up ? pages[s * kRunPages] : pages[s * kRunPages + kRunPages - 1];",
+        "const int lowest = pages[s * kRunPages];",
         "wgmma-runs"),
+    # A 128-key tile in two run boxes (segments of 64 rows; pages reserved
+    # 4 at a time): the second segment's box landing on the first's rows.
+    "tma-run-segments-at-tile-start": (
+        "PrefillWgmma.cuh",
+        "const uint32_t row_offset = static_cast<uint32_t>(s) * kRunRows * 128;",
+        "const uint32_t row_offset = 0;",
+        "wgmma-runs-n128"),
     "tma-run-xor-written-after-arrive": (
         "PrefillWgmma.cuh",
         "  if constexpr (kRunBoxes)\n    *column_xor = down ? kRunReversed : 0;\n"
@@ -498,6 +505,14 @@ def main():
                            attn=os.path.join(work, "alibi_causal.attn"), score="alibi",
                            pages=["--page-size", "16"],
                            env={"PAGEDC_PREFILL_SHAPE": "128x64x64", "PAGEDC_PREFILL_TMA": "1"}),
+        # 128-key tiles over pages reserved 4 at a time: each tile is two
+        # descending runs of 64 rows, not one run (two boxes per 64 head dims).
+        "wgmma-runs-n128": dict(q=(1, 4, 150, 128), k=(1, 2, 300, 128),
+                                extra=["--q-offset", "end"],
+                                attn=os.path.join(work, "alibi_causal.attn"), score="alibi",
+                                pages=["--page-size", "16", "--pages-per-reserve", "4"],
+                                env={"PAGEDC_PREFILL_SHAPE": "128x128x64",
+                                     "PAGEDC_PREFILL_TMA": "1"}),
         # The decode kernel at head dim 128 over pages reserved at once:
         # its whole tiles come as page-reversed runs, ALiBi on every column.
         "decode-runs": dict(q=(1, 8, 1, 128), k=(1, 2, 1100, 128), extra=["--q-offset", "end"],
