@@ -2,14 +2,15 @@
 # Prepares the GPU check pack HERE, on a machine with the compiler (LLVM/MLIR
 # 19 and the CUDA toolkit's NVRTC; no GPU needed):
 #
-#   scripts/gpu-prepare.sh [--quick] [PACK_DIR]       (default: gpu-pack/)
+#   scripts/gpu-prepare.sh [--quick] [--bench-head-dim N] [PACK_DIR]   (default: gpu-pack/)
 #
 # 1. builds pagedc, pagedc-gpu-prepare and pagedc-gpu (build-gpu/, or
 #    $PAGEDC_GPU_BUILD; PAGEDC_GPU_SKIP_BUILD=1 uses what is there);
 # 2. `pagedc --emit=bundle` writes one bundle through the CLI (causal, prefill
 #    + decode, bf16, page 16, GQA 4) so the check also covers CLI bundles;
 # 3. pagedc-gpu-prepare writes the corpus cases, their bundles and float64
-#    references, and the benchmark plan (--quick: a few of each, for tests);
+#    references, and the benchmark plan (--quick: a few of each, for tests;
+#    --bench-head-dim N: the plan at head dim 64 or 256, the cases as ever);
 # 4. copies what the GPU machine lacks: fmt's headers with a header-only CMake
 #    package (PACK/deps/fmt), xxhash.h and nlohmann/json (PACK/deps/include);
 # 5. dry-runs the pack (`pagedc-gpu check --dry-run`, `bench --dry-run`) and
@@ -20,14 +21,19 @@ set -euo pipefail
 
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 quick=()
+bench_dim=()
 pack=""
+expect_dim=0
 for arg in "$@"; do
+  if [[ $expect_dim == 1 ]]; then bench_dim=(--bench-head-dim "$arg"); expect_dim=0; continue; fi
   case "$arg" in
     --quick) quick=(--quick) ;;
-    -h|--help) sed -n '2,20p' "$0"; exit 0 ;;
+    --bench-head-dim) expect_dim=1 ;;
+    -h|--help) sed -n '2,19p' "$0"; exit 0 ;;
     *) pack="$arg" ;;
   esac
 done
+if [[ $expect_dim == 1 ]]; then echo "gpu-prepare: --bench-head-dim needs 64, 128 or 256" >&2; exit 2; fi
 pack=${pack:-$root/gpu-pack}
 build=${PAGEDC_GPU_BUILD:-$root/build-gpu}
 jobs=${PAGEDC_JOBS:-2}
@@ -51,7 +57,8 @@ env -u PAGEDC_PREFILL_SHAPE "$build/bin/pagedc" --emit=bundle --kernel=prefill,d
   -o "$pack/bundles/cli-causal"
 
 echo "== pagedc-gpu-prepare"
-"$build/bin/pagedc-gpu-prepare" -o "$pack" "${quick[@]}" --cli-bundle "$pack/bundles/cli-causal"
+"$build/bin/pagedc-gpu-prepare" -o "$pack" "${quick[@]}" "${bench_dim[@]}" \
+  --cli-bundle "$pack/bundles/cli-causal"
 
 echo "== dependencies for the GPU machine (fmt, xxHash, nlohmann/json; header-only)"
 fmt_include=""

@@ -94,15 +94,15 @@ struct KernelConfig {
   /// (e.g. 64x64x16, the first design) overrides it for comparisons; a
   /// malformed value throws pagedc::Error naming it.
   void choosePrefillShape();
-  /// choosePrefillShape for a target: on sm_90 (an H100) at head dims up
-  /// to 128 the warpgroup tiles (wgmma; sm_90a code, which compileArchFor
+  /// choosePrefillShape for a target: on sm_90 and sm_90a (an H100 or
+  /// H200) the warpgroup tiles (wgmma; sm_90a code, which compileArchFor
   /// picks; on an H100 they ran causal prefill at 1.8-1.9x the mma.sync
-  /// tiles, bench/README.md): 128 x 128 at head dims 64 and 128 (128 keys,
-  /// as FlashAttention-3's causal tiles), which spills for some mods, so
-  /// settlePrefillShape (KernelCache.h) compiles it and takes 128 x 64 where
-  /// ptxas reports spills. sm_90a: warpgroup tiles at every head dim (64 x
-  /// 32 at 256). Other GPU targets (sm_80, sm_86, ...; sm_90 at head
-  /// dim 256) at head dim 128: the FA2-shaped tile, 128 x 32 with 32 rows
+  /// tiles, on an H200 2.1x at head dim 256, bench/README.md): 128 x 128 at
+  /// head dims 64 and 128 (128 keys, as FlashAttention-3's causal tiles),
+  /// which spills for some mods, so settlePrefillShape (KernelCache.h)
+  /// compiles it and takes 128 x 64 where ptxas reports spills; 128 x 64 at
+  /// 256 (two consumer warpgroups), else 64 x 32 (one). Other GPU targets
+  /// (sm_80, sm_86, ...) at head dim 128: the FA2-shaped tile, 128 x 32 with 32 rows
   /// per warp (half the shared-memory reads per FLOP of 64 x 64 with 16),
   /// which spills for some mods: settlePrefillShape compiles it, then where
   /// ptxas reports spills the same tile with recomputeModRows, then
@@ -113,18 +113,21 @@ struct KernelConfig {
   /// For a prefill call with a block mask of `kvBlockSize`-key blocks (0:
   /// none): the 128-key warpgroup tile becomes the 64-key one where the
   /// blocks are not a multiple of 128 (the kernel's KV tiles must not
-  /// straddle two blocks), also when $PAGEDC_PREFILL_SHAPE asked for it
-  /// (the call could not run it). Other tiles are kept: a launch whose
-  /// blocks its tile does not divide is refused, naming both sizes.
+  /// straddle two blocks), and at head dim 256 the 128 x 64 tile becomes 64 x
+  /// 32 (one consumer warpgroup) where they are not a multiple of 64; also
+  /// when $PAGEDC_PREFILL_SHAPE asked for the wider tile (the call could not
+  /// run it). Other tiles are kept: a launch whose blocks its tile does not
+  /// divide is refused, naming both sizes.
   void fitPrefillTileToBlocks(int kvBlockSize);
   /// Whether this is a prefill tile that choosePrefillShapeFor prefers only
   /// where it compiles without spills (128 x 32 with 32 rows per warp at
   /// head dim 128, with or without recomputeModRows; the 128 x 128
-  /// warpgroup tile at 64 and 128), unless $PAGEDC_PREFILL_SHAPE asked for
-  /// it.
+  /// warpgroup tile at 64 and 128, 128 x 64 at 256), unless
+  /// $PAGEDC_PREFILL_SHAPE asked for it.
   bool prefillFallsBackOnSpills() const;
   /// The next tile to try when this one spills: 128 x 128 warpgroups ->
-  /// 128 x 64 warpgroups (which never spill); 128 x 32 -> the same tile with
+  /// 128 x 64 warpgroups (which never spill); at head dim 256 128 x 64 ->
+  /// 64 x 32 (one warpgroup); 128 x 32 -> the same tile with
   /// recomputeModRows -> choosePrefillShape's (64 x 64, 16 rows per warp),
   /// which never spills.
   void usePrefillSpillFallback();

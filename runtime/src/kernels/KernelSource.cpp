@@ -106,14 +106,18 @@ void KernelConfig::choosePrefillShapeFor(const std::string &arch) {
   choosePrefillShape();
   if (prefillShapeOverride())
     return;
-  if (arch == "sm_90a" || (arch == "sm_90" && headDim <= 128)) {
+  if (arch == "sm_90a" || arch == "sm_90") {
     // D 64 and 128: 128-key tiles (fewer instructions per key besides the
-    // wgmmas; FlashAttention-3's causal tiles are 128 keys wide) where ptxas
-    // allocates them without spills (settlePrefillShape), else 64-key ones.
-    // D 256: one consumer warpgroup and 32-key tiles (64 x 64 spilled 8-12
-    // bytes for some corpus mask x score pairs at 255 registers).
-    blockM = headDim <= 128 ? 128 : 64;
-    blockN = headDim <= 128 ? 128 : 32;
+    // wgmmas; FlashAttention-3's causal tiles are 128 keys wide; on an H200
+    // 1.11-1.13x the 64-key tiles, causal S 4k-16k) where ptxas allocates
+    // them without spills (settlePrefillShape), else 64-key ones. D 256: two
+    // consumer warpgroups on 64-key tiles (on an H200 2.1x the mma.sync
+    // tiles and 1.6-1.8x one warpgroup on 32-key tiles, causal S 4k-16k;
+    // none of the 313 corpus selections spills), else one warpgroup on
+    // 32-key tiles (64 x 64 spilled 8-12 bytes for some corpus mask x score
+    // pairs at 255 registers).
+    blockM = 128;
+    blockN = headDim <= 128 ? 128 : 64;
     warpRows = 64;
   } else if (headDim == 128 && arch.rfind("sm_", 0) == 0) {
     // The FA2-shaped tile where ptxas allocates it without spills
@@ -127,9 +131,16 @@ void KernelConfig::choosePrefillShapeFor(const std::string &arch) {
 }
 
 void KernelConfig::fitPrefillTileToBlocks(int kvBlockSize) {
-  if (kind == KernelKind::Prefill && warpRows == 64 && blockN == 128 && kvBlockSize > 0 &&
-      kvBlockSize % blockN != 0)
+  if (kind != KernelKind::Prefill || warpRows != 64 || kvBlockSize <= 0 ||
+      kvBlockSize % blockN == 0)
+    return;
+  if (blockN == 128)
     blockN = 64;
+  // D 256's two warpgroups on 64-key tiles: one on 32-key tiles.
+  if (headDim > 128 && blockM == 128 && blockN == 64 && kvBlockSize % blockN != 0) {
+    blockM = 64;
+    blockN = 32;
+  }
 }
 
 bool KernelConfig::prefillFallsBackOnSpills() const {
@@ -137,13 +148,20 @@ bool KernelConfig::prefillFallsBackOnSpills() const {
   if (kind != KernelKind::Prefill || blockM != 128 || prefillShapeOverride())
     return false;
   return (headDim == 128 && blockN == 32 && warpRows == 32) ||
-         (headDim <= 128 && blockN == 128 && warpRows == 64);
+         (headDim <= 128 && blockN == 128 && warpRows == 64) ||
+         (headDim > 128 && blockN == 64 && warpRows == 64);
 }
 
 void KernelConfig::usePrefillSpillFallback() {
   if (warpRows == 64) {
-    // Warpgroup tiles hold no row values to recompute: 64-key tiles.
-    blockN = 64;
+    // Warpgroup tiles hold no row values to recompute: 64-key tiles at D 64
+    // and 128; at D 256 one consumer warpgroup on 32-key tiles.
+    if (headDim > 128) {
+      blockM = 64;
+      blockN = 32;
+    } else {
+      blockN = 64;
+    }
     return;
   }
   if (!recomputeModRows) {

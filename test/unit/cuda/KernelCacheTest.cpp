@@ -511,15 +511,29 @@ TEST(SettlePrefillShape, KeepsTheWarpgroupWideTileOnlyWithoutSpills) {
   // wide row values spill it).
   EXPECT_GE(kept, 1);
   EXPECT_GE(fellBack, 1);
-  // Head dim 256 keeps its warpgroup tile without a check.
+  // Head dim 256: two consumer warpgroups on 64-key tiles where they
+  // compile without spills (causal does), else one on 32-key tiles, which
+  // is not checked.
   KernelConfig other;
   other.kind = KernelKind::Prefill;
   other.headDim = 256;
-  other.choosePrefillShapeFor("sm_90a");
-  EXPECT_EQ(other.warpRows, 64);
-  EXPECT_EQ(other.blockM, 64);
-  EXPECT_EQ(other.blockN, 32);
-  EXPECT_FALSE(other.prefillFallsBackOnSpills());
+  for (const char *arch : {"sm_90a", "sm_90"}) {
+    other.choosePrefillShapeFor(arch);
+    EXPECT_EQ(other.warpRows, 64) << arch;
+    EXPECT_EQ(other.blockM, 128) << arch;
+    EXPECT_EQ(other.blockN, 64) << arch;
+    EXPECT_TRUE(other.prefillFallsBackOnSpills()) << arch;
+  }
+  KernelConfig narrow = other;
+  narrow.usePrefillSpillFallback();
+  EXPECT_EQ(narrow.warpRows, 64);
+  EXPECT_EQ(narrow.blockM, 64);
+  EXPECT_EQ(narrow.blockN, 32);
+  EXPECT_FALSE(narrow.prefillFallsBackOnSpills());
+  KernelCache cache("");
+  const std::string mods = settleTestMods(kSettleTestMods[0]);
+  ASSERT_EQ(directSpills(other, mods, "sm_90a"), 0);
+  EXPECT_EQ(settlePrefillShape(other, mods, "sm_90", cache), other);
 }
 
 // Nothing is compiled for other tiles, the emulator, or a tile that

@@ -125,19 +125,34 @@ TEST(CudaKernels, ConfigChoiceFromModCodeAndBundles) {
 // must not straddle two blocks); a bundle holding both gives the one that
 // divides the blocks.
 TEST(CudaKernels, PrefillTileFitsTheBlockMask) {
+  // The sm_90 tile at `headDim` under mask blocks of each size: (blockM,
+  // blockN) where the widest tile divides the blocks, and where it does not.
+  auto expectFits = [](int headDim, std::initializer_list<int> blockSizes, int wideN,
+                       int narrowM, int narrowN) {
+    KernelConfig chosen;
+    chosen.kind = KernelKind::Prefill;
+    chosen.headDim = headDim;
+    chosen.choosePrefillShapeFor("sm_90");
+    ASSERT_EQ(chosen.blockM, 128);
+    ASSERT_EQ(chosen.blockN, wideN);
+    ASSERT_EQ(chosen.warpRows, 64);
+    for (int blocks : blockSizes) {
+      KernelConfig fitted = chosen;
+      fitted.fitPrefillTileToBlocks(blocks);
+      const bool divides = blocks % wideN == 0;
+      EXPECT_EQ(fitted.blockM, divides ? 128 : narrowM) << headDim << " " << blocks;
+      EXPECT_EQ(fitted.blockN, divides ? wideN : narrowN) << headDim << " " << blocks;
+      EXPECT_EQ(fitted.warpRows, 64) << headDim << " " << blocks;
+    }
+  };
+  expectFits(128, {0, 128, 256, 64, 192, 32}, 128, 128, 64);
+  // Head dim 256: two warpgroups on 64-key tiles, one on 32-key tiles
+  // where 64 does not divide the blocks.
+  expectFits(256, {0, 64, 128, 192, 32, 96}, 64, 64, 32);
   KernelConfig wide;
   wide.kind = KernelKind::Prefill;
   wide.headDim = 128;
   wide.choosePrefillShapeFor("sm_90");
-  ASSERT_EQ(wide.blockN, 128);
-  ASSERT_EQ(wide.warpRows, 64);
-  for (int blocks : {0, 128, 256, 64, 192, 32}) {
-    KernelConfig fitted = wide;
-    fitted.fitPrefillTileToBlocks(blocks);
-    EXPECT_EQ(fitted.blockN, blocks == 0 || blocks % 128 == 0 ? 128 : 64) << blocks;
-    EXPECT_EQ(fitted.blockM, 128);
-    EXPECT_EQ(fitted.warpRows, 64);
-  }
   // Asked for by name, it still fits: the call could not run it.
   ::setenv("PAGEDC_PREFILL_SHAPE", "128x128x64", 1);
   KernelConfig asked;
