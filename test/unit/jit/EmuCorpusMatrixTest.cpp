@@ -10,9 +10,10 @@
 // float64 reference on fresh random inputs. A checker report fails the
 // launch and so the case. ctest also runs the prefill mode with warpgroup
 // tiles (PrefillWgmma.cuh, $PAGEDC_PREFILL_SHAPE=128x64x64; and 128x128x64
-// with $PAGEDC_MATRIX_KV_BLOCK=128, mask blocks of 128 keys) and with the
-// 128 x 32 tile of 32 rows per warp, holding the mods' row values (128x32x32)
-// and recomputing them per KV tile (128x32x32r).
+// with $PAGEDC_MATRIX_KV_BLOCK=128, mask blocks of 128 keys; 128x64x64 at
+// head dim 256 with $PAGEDC_MATRIX_HEAD_DIMS=256, the sm_90 default there)
+// and with the 128 x 32 tile of 32 rows per warp, holding the mods' row
+// values (128x32x32) and recomputing them per KV tile (128x32x32r).
 //
 // Each case first builds all its kernels in parallel (the kernel cache's
 // emulator builds), then runs; ctest runs the matrix in shards.
@@ -83,13 +84,25 @@ TEST_P(EmuCorpusMatrixTest, CudaKernelsOnEmulatorMatchFloat64Reference) {
   // $PAGEDC_MATRIX_MODES (a comma list of mode names) runs only those: the
   // warpgroup prefill entry runs the prefill mode alone.
   const char *only = std::getenv("PAGEDC_MATRIX_MODES");
+  // $PAGEDC_MATRIX_HEAD_DIMS (a comma list; 64 and 128 unless set): the
+  // warpgroup prefill at head dim 256 runs as its own entry.
+  std::vector<int64_t> dims;
+  const char *dimsText = std::getenv("PAGEDC_MATRIX_HEAD_DIMS");
+  for (llvm::StringRef rest = dimsText && *dimsText ? dimsText : "64,128"; !rest.empty();) {
+    auto [item, tail] = rest.split(',');
+    int64_t dim = 0;
+    ASSERT_FALSE(item.trim().getAsInteger(10, dim)) << "PAGEDC_MATRIX_HEAD_DIMS: " << dimsText;
+    ASSERT_TRUE(dim == 64 || dim == 128 || dim == 256) << "PAGEDC_MATRIX_HEAD_DIMS: " << dim;
+    dims.push_back(dim);
+    rest = tail;
+  }
   for (const Mode &mode : kModes)
     if (!only || ("," + std::string(only) + ",").find("," + std::string(mode.name) + ",") !=
                      std::string::npos)
     for (int32_t pageSize : {1, 16, 128})
       for (int gqa : {1, 4})
         for (pagedc::DType dtype : {pagedc::DType::BF16, pagedc::DType::F16})
-          for (int64_t dim : {64, 128})
+          for (int64_t dim : dims)
             variants.push_back(
                 {&mode, pageSize, gqa, dtype, dim, mods.hasMask() && ++index % 2 == 0});
 
