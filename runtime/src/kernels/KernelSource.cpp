@@ -130,16 +130,28 @@ void KernelConfig::choosePrefillShapeFor(const std::string &arch) {
   }
 }
 
+namespace {
+/// The next narrower warpgroup tile (warpRows 64), in place: 128-key tiles
+/// -> 64-key ones; at head dim 256 two consumer warpgroups on 64-key tiles
+/// -> one on 32-key tiles. False when there is none.
+bool narrowWarpgroupTile(KernelConfig &config) {
+  if (config.blockN == 128) {
+    config.blockN = 64;
+    return true;
+  }
+  if (config.headDim > 128 && config.blockM == 128 && config.blockN == 64) {
+    config.blockM = 64;
+    config.blockN = 32;
+    return true;
+  }
+  return false;
+}
+} // namespace
+
 void KernelConfig::fitPrefillTileToBlocks(int kvBlockSize) {
-  if (kind != KernelKind::Prefill || warpRows != 64 || kvBlockSize <= 0 ||
-      kvBlockSize % blockN == 0)
+  if (kind != KernelKind::Prefill || warpRows != 64 || kvBlockSize <= 0)
     return;
-  if (blockN == 128)
-    blockN = 64;
-  // D 256's two warpgroups on 64-key tiles: one on 32-key tiles.
-  if (headDim > 128 && blockM == 128 && blockN == 64 && kvBlockSize % blockN != 0) {
-    blockM = 64;
-    blockN = 32;
+  while (kvBlockSize % blockN != 0 && narrowWarpgroupTile(*this)) {
   }
 }
 
@@ -154,14 +166,8 @@ bool KernelConfig::prefillFallsBackOnSpills() const {
 
 void KernelConfig::usePrefillSpillFallback() {
   if (warpRows == 64) {
-    // Warpgroup tiles hold no row values to recompute: 64-key tiles at D 64
-    // and 128; at D 256 one consumer warpgroup on 32-key tiles.
-    if (headDim > 128) {
-      blockM = 64;
-      blockN = 32;
-    } else {
-      blockN = 64;
-    }
+    // Warpgroup tiles hold no row values to recompute: the narrower tile.
+    narrowWarpgroupTile(*this);
     return;
   }
   if (!recomputeModRows) {
