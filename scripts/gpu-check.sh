@@ -12,8 +12,10 @@
 # (PAGEDC_PREFILL_PINGPONG=1: the consumer warpgroups take turns; off by
 # default) and "page-boxes" (PAGEDC_PREFILL_TMA_RUNS=0: one tensor-map box per
 # page even where a tile's pages are consecutive) and "persistent"
-# (PAGEDC_PREFILL_PERSISTENT=1: one CTA per SM, each taking query tiles in
-# rounds; off by default), each with a
+# (PAGEDC_PREFILL_PERSISTENT=1: one CTA per SM, each taking the next query
+# tile from a work counter when it is free; off by default) and
+# "persistent-snake" (the same CTAs in fixed snaking rounds,
+# PAGEDC_PREFILL_TILE_COUNTER=0), each with a
 # compute-sanitizer memcheck of one prefill case of 16-row pages; files
 # prefixed with the option's name.
 # --decode-options: the same for the decode kernel's options, "decode-gather"
@@ -132,7 +134,8 @@ variants=()
 if [[ $options == 1 ]]; then
   variants+=("gather:PAGEDC_PREFILL_TMA=0:prefill" "pingpong:PAGEDC_PREFILL_PINGPONG=1:prefill"
             "page-boxes:PAGEDC_PREFILL_TMA_RUNS=0:prefill"
-            "persistent:PAGEDC_PREFILL_PERSISTENT=1:prefill:PAGEDC_PREFILL_PERSISTENT_CTAS=3")
+            "persistent:PAGEDC_PREFILL_PERSISTENT=1:prefill:PAGEDC_PREFILL_PERSISTENT_CTAS=3"
+            "persistent-snake:PAGEDC_PREFILL_PERSISTENT=1 PAGEDC_PREFILL_TILE_COUNTER=0:prefill:PAGEDC_PREFILL_PERSISTENT_CTAS=3")
 fi
 if [[ ${decode_options:-0} == 1 ]]; then
   variants+=("decode-gather:PAGEDC_DECODE_TMA=0:decode"

@@ -482,6 +482,24 @@ PAGEDC_DEVICE int64_t prefill_round_tile(int round) {
   return round * grid + ((round & 1) ? grid - 1 - block : block);
 }
 
+/// The query tile a persistent CTA takes in round `round` when the launch
+/// gives a work counter (PagedcWgmmaPrefillArgs::tile_counter): its own
+/// index in round 0, then gridDim.x + the counter's count, one atomicAdd a
+/// round, so the tiles still go out in prefill_tile's heaviest-first order
+/// but to whichever CTA is free first. Past the last tile: `count`. Every
+/// CTA with a tile takes exactly one value past the last, so the launch
+/// takes `count` values in all and the one that takes count - 1 is the
+/// last: it sets the counter back to zero for the next launch.
+PAGEDC_DEVICE int next_counted_tile(int32_t *counter, int round, int count) {
+  if (round == 0)
+    return static_cast<int>(imin(static_cast<int>(blockIdx.x), count));
+  const int taken = atomicAdd(counter, 1);
+  if (taken == count - 1)
+    atomicAdd(counter, -count);
+  return static_cast<int>(
+      imin64(static_cast<int64_t>(gridDim.x) + taken, static_cast<int64_t>(count)));
+}
+
 /// A fresh softmax state (nothing seen) and output accumulator of a
 /// thread's two rows.
 PAGEDC_DEVICE void reset_rows(RowState &state, float (&out)[kHeadDim / 8][4]) {

@@ -36,8 +36,8 @@
 // mask row, kv_len) are those of Prefill.cuh; producer and consumers walk
 // them alike (KvVisits).
 //
-// Grid: as Prefill.cuh, or fewer CTAs taking the tiles in rounds
-// (prefill_round_tile); block: (kBlockM / 64 + 1) * 128 threads; dynamic
+// Grid: as Prefill.cuh, or fewer CTAs taking the tiles from a work counter
+// (next_counted_tile) or in fixed rounds (prefill_round_tile); block: (kBlockM / 64 + 1) * 128 threads; dynamic
 // shared memory: 1024 (alignment) + (kPrefillQBuffers kBlockM + 2
 // kPrefillStages kBlockN) * D * 2 + 128 (mbarriers):
 // KernelConfig::sharedMemoryBytes.
@@ -90,10 +90,11 @@ static_assert(kTilePages <= 128, "one page index per producer thread");
 /// Named barrier of the producer warpgroup's 128 threads (0 is
 /// __syncthreads, 1 and 2 the consumers' turns).
 constexpr unsigned kProducerBarrier = 3;
-// Dynamic shared memory (KernelConfig::sharedMemoryBytes) and the page
-// index buffers must fit the 227 KiB a block may have.
+// Dynamic shared memory (KernelConfig::sharedMemoryBytes), the page index
+// buffers, the stages' run XORs and the Q buffers' tile slots must fit the
+// 227 KiB a block may have.
 static_assert(1024 + (kQBuffers * kBlockM + 2 * kStages * kBlockN) * kHeadDim * 2 + 128 +
-                      2 * kTilePages * 4 <= 227 * 1024,
+                      2 * kTilePages * 4 + kStages * 4 + kQBuffers * 4 <= 227 * 1024,
               "shared memory over 227 KiB");
 
 /// The producer warpgroup's gather of the K and V rows [kv_begin, kv_begin
@@ -308,7 +309,7 @@ extern "C" __global__ void __launch_bounds__(pagedc::kPrefillThreads, 1)
   const int thread = threadIdx.x, lane = thread & 31;
   // The query tiles: the CTA's own (a grid of one CTA per tile) or, with a
   // smaller grid (persistent CTAs, the launch's choice), one per round
-  // (prefill_round_tile) until they run out. The producer and the
+  // (from the work counter, or prefill_round_tile) until they run out. The producer and the
   // consumers walk the same rounds; the ring's visits and the Q tiles'
   // barrier phases carry on from one tile to the next.
   const int tile_count = prefill_tile_count<kBlockM>(args);
@@ -324,9 +325,19 @@ extern "C" __global__ void __launch_bounds__(pagedc::kPrefillThreads, 1)
   const uint32_t q_full = stages + kStages * kStageBytes;
   const uint32_t q_empty = q_full + 8 * kQBuffers;
   const uint32_t full = q_empty + 8 * kQBuffers, empty = full + 8 * kStages;
+  // Persistent CTAs with a work counter (wg.tile_counter): producer
+  // thread 0 takes each round's tile (by the CTA's index in round 0, from
+  // the counter after) once the Q buffer is free, writes it into the
+  // buffer's slot and arrives on its full barrier once more (so the
+  // consumers read the slot after that arrival's release). A tile past the
+  // last ends the CTA: the producer completes the buffer's full phase
+  // without copies and the consumers stop at the slot.
+  int32_t *const tile_counter = wg.tile_counter;
+  const bool counted = tile_counter != nullptr;
+  PAGEDC_SHARED(int32_t, tile_slots, kQBuffers);
   if (thread == 0) {
     for (int q = 0; q < kQBuffers; ++q) {
-      mbarrier_init(q_full + 8 * q, 128);
+      mbarrier_init(q_full + 8 * q, counted ? 129 : 128);
       mbarrier_init(q_empty + 8 * q, kConsumerThreads);
     }
     for (int s = 0; s < kStages; ++s) {
@@ -367,9 +378,29 @@ extern "C" __global__ void __launch_bounds__(pagedc::kPrefillThreads, 1)
     PAGEDC_SHARED(int32_t, page_slots, 2 * kTilePages);
     unsigned visit = 0, gathered = 0;
     for (int round = 0;; ++round) {
-      const int64_t tile_index = prefill_round_tile(round);
-      if (tile_index >= tile_count)
-        break;
+      // Q goes into its buffer once the consumers are done with the tile
+      // it held kQBuffers rounds ago (the first waits pass at once).
+      const int q_buffer = round % kQBuffers;
+      int64_t tile_index;
+      if (counted) {
+        // The tile comes with the free buffer: its slot is the consumers'
+        // until they release the buffer.
+        mbarrier_wait(q_empty + 8 * q_buffer, ((round / kQBuffers) & 1) ^ 1);
+        if (threadIdx.x == 0)
+          tile_slots[q_buffer] = next_counted_tile(tile_counter, round, tile_count);
+        named_barrier_sync(kProducerBarrier, 128);
+        tile_index = tile_slots[q_buffer];
+        if (tile_index >= tile_count) {
+          cp_async_mbarrier_arrive(q_full + 8 * q_buffer);
+          if (threadIdx.x == 0)
+            mbarrier_arrive(q_full + 8 * q_buffer);
+          break;
+        }
+      } else {
+        tile_index = prefill_round_tile(round);
+        if (tile_index >= tile_count)
+          break;
+      }
       // The copies' per-thread addressing, derived anew each round: hoisted
       // out of this loop, it spilled 20 bytes at the producer's 56
       // registers (D 128, 128 x 64).
@@ -377,11 +408,9 @@ extern "C" __global__ void __launch_bounds__(pagedc::kPrefillThreads, 1)
       const PrefillTile tile = prefill_tile<kBlockM>(args, static_cast<int>(tile_index));
       const int h = tile.h, b = tile.b, kv_head = tile.kv_head, kv_len = tile.kv_len;
       const int pass_first = first_pass(tile), pass_last = last_pass(tile);
-      // Q, into its buffer once the consumers are done with the tile it
-      // held kQBuffers rounds ago (the first waits pass at once).
-      const int q_buffer = round % kQBuffers;
       const uint32_t q_tile = q_tiles + q_buffer * kQBytes;
-      mbarrier_wait(q_empty + 8 * q_buffer, ((round / kQBuffers) & 1) ^ 1);
+      if (!counted)
+        mbarrier_wait(q_empty + 8 * q_buffer, ((round / kQBuffers) & 1) ^ 1);
       const Element *q_rows = static_cast<const Element *>(args.q) + b * args.q_stride[0] +
                               h * args.q_stride[1] + tile.row_begin * args.q_stride[2];
 #pragma unroll 2
@@ -393,6 +422,8 @@ extern "C" __global__ void __launch_bounds__(pagedc::kPrefillThreads, 1)
                     q_rows + (valid ? row * args.q_stride[2] : 0) + chunk * 8, valid ? 16 : 0);
       }
       cp_async_mbarrier_arrive(q_full + 8 * q_buffer);
+      if (counted && thread == 0)
+        mbarrier_arrive(q_full + 8 * q_buffer);
       const Element *k_head =
           static_cast<const Element *>(args.k_cache) + kv_head * args.k_stride[0];
       const Element *v_head =
@@ -457,7 +488,16 @@ extern "C" __global__ void __launch_bounds__(pagedc::kPrefillThreads, 1)
     named_barrier_arrive(kTurnBarrier, 256);
   unsigned visit = 0;
   for (int round = 0;; ++round) {
-    const int64_t tile_index = prefill_round_tile(round);
+    const int q_buffer = round % kQBuffers;
+    int64_t tile_index;
+    if (counted) {
+      // The producer's choice, in the buffer's slot (Q may still be landing:
+      // the wait below is on the same phase and passes at once).
+      mbarrier_wait(q_full + 8 * q_buffer, (round / kQBuffers) & 1);
+      tile_index = tile_slots[q_buffer];
+    } else {
+      tile_index = prefill_round_tile(round);
+    }
     if (tile_index >= tile_count)
       break;
     const PrefillTile tile = prefill_tile<kBlockM>(args, static_cast<int>(tile_index));
@@ -479,7 +519,6 @@ extern "C" __global__ void __launch_bounds__(pagedc::kPrefillThreads, 1)
       mask_rows[half] = pagedc_mods::mask_row(params, b, h, q_of[half]);
       score_rows[half] = pagedc_mods::score_row(params, b, h, q_of[half]);
     }
-    const int q_buffer = round % kQBuffers;
     // (Through a shuffle, like `group`: derived from the round where it is
     // used, ptxas rebuilt the descriptor inside the KV-tile loop, 3-13
     // uniform instructions a tile.)

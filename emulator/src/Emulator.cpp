@@ -1046,7 +1046,7 @@ void checkShared(Worker &worker, Thread &thread, uint64_t offset, size_t size, S
 /// Memcheck and initcheck of a global range; marks writes. Returns the
 /// allocation, or null after a fatal report.
 Allocation *checkGlobal(Worker &worker, uintptr_t address, size_t size, bool write,
-                        const Site &where) {
+                        const Site &where, bool atomic = false) {
   Allocation *allocation = worker.lastAllocation;
   if (!allocation || address - allocation->base >= allocation->bytes) {
     std::shared_lock<std::shared_mutex> lock(memoryMutex);
@@ -1088,18 +1088,24 @@ Allocation *checkGlobal(Worker &worker, uintptr_t address, size_t size, bool wri
       }
   }
   // Blocks of one launch are unordered: a word written by one block and
-  // read or written by another is a hazard.
+  // read or written by another is a hazard, unless both accesses are
+  // atomics (a work counter every block takes from). An atomic's tag
+  // carries kAtomicTag, so a plain access after another block's atomic (or
+  // an atomic after its plain write) is still reported.
   if (checks.racecheck && (write || allocation->blockWriters.load(std::memory_order_relaxed))) {
     if (std::atomic<uint64_t> *words = write ? blockWritersOf(*allocation)
                                              : allocation->blockWriters.load(
                                                    std::memory_order_acquire)) {
-      const uint64_t mine = worker.blockTag;
+      constexpr uint64_t kAtomicTag = uint64_t(1) << 63;
+      const uint64_t mine = worker.blockTag | (atomic ? kAtomicTag : 0);
       for (uintptr_t word = offset / 4; word <= (offset + size - 1) / 4; ++word) {
         const uint64_t other = write ? words[word].exchange(mine, std::memory_order_relaxed)
                                      : words[word].load(std::memory_order_relaxed);
-        if (other == 0 || other == mine || (other >> 32) != (mine >> 32))
+        const uint64_t block = other & ~kAtomicTag;
+        if (other == 0 || block == worker.blockTag || (block >> 32) != (worker.blockTag >> 32) ||
+            (atomic && (other & kAtomicTag)))
           continue;
-        const uint64_t linear = (other & 0xffffffffu) - 1;
+        const uint64_t linear = (block & 0xffffffffu) - 1;
         const LaunchConfig &config = worker.launch->config;
         report("racecheck",
                std::string(write ? "write-after-write" : "read-after-write") +
@@ -1739,9 +1745,9 @@ int atomicAddI32(int *pointer, int value, const char *file, int line) {
     *pointer = static_cast<int>(static_cast<unsigned>(old) + static_cast<unsigned>(value));
     return old;
   }
-  if (!checkGlobal(worker, address, 4, false, Site{file, line, nullptr}))
+  if (!checkGlobal(worker, address, 4, false, Site{file, line, nullptr}, true))
     return 0;
-  checkGlobal(worker, address, 4, true, Site{file, line, nullptr});
+  checkGlobal(worker, address, 4, true, Site{file, line, nullptr}, true);
   return __atomic_fetch_add(pointer, value, __ATOMIC_RELAXED);
 }
 

@@ -194,11 +194,13 @@ public:
   /// `vPages` pages. The warpgroup prefill: tensor maps of the caches
   /// ($PAGEDC_PREFILL_TMA, bindPrefillTensorMaps), persistent CTAs
   /// ($PAGEDC_PREFILL_PERSISTENT and _CTAS, setPrefillPersistent; one per
-  /// SM and resident CTA unless _CTAS says) and ping-pong consumers
+  /// SM and resident CTA unless _CTAS says; with a work counter this object
+  /// owns unless $PAGEDC_PREFILL_TILE_COUNTER=0, so its calls must not
+  /// overlap: enqueue on one stream) and ping-pong consumers
   /// ($PAGEDC_PREFILL_PINGPONG, setPrefillPingPong). Decode: tensor maps
   /// ($PAGEDC_DECODE_TMA, bindDecodeTensorMaps). Returns the main launch's
   /// note ("tensor maps", "gather (<why>)", the prefill's either + ",
-  /// persistent (N CTAs)" + ", ping-pong" where on), or "" for other
+  /// persistent (N CTAs)" + ", tile counter" + ", ping-pong" where on), or "" for other
   /// kernels.
   std::string applyLaunchOptions(int64_t kPages, int64_t vPages);
   /// Launches the call's kernels on `stream` (checks each launch).
@@ -209,6 +211,9 @@ private:
   std::shared_ptr<const CudaKernel> kernel_;
   AttentionLaunchPlan plan_;
   DeviceBuffer workspace_;
+  /// The persistent prefill's work counter (zeroed; each launch leaves it
+  /// at zero), allocated by applyLaunchOptions when it is used.
+  DeviceBuffer tileCounter_;
 };
 
 /// cuEvent pair for timing work on a stream.

@@ -177,6 +177,22 @@ int prefillPersistentCtasRequested();
 /// Call it after bindPrefillTensorMaps, which rewrites the note.
 void setPrefillPersistent(const KernelConfig &config, AttentionLaunchPlan &plan, int64_t ctas);
 
+/// $PAGEDC_PREFILL_TILE_COUNTER: whether persistent CTAs take their tiles
+/// from a work counter (templates/KernelCommon.cuh, next_counted_tile: a
+/// CTA takes the next tile of the heaviest-first order when it is free)
+/// rather than in fixed snaking rounds (prefill_round_tile). "1", unset or
+/// empty: yes; "0": the snake. Anything else, or the variable set while
+/// $PAGEDC_PREFILL_PERSISTENT is not "1", throws pagedc::Error.
+bool prefillTileCounterRequested();
+
+/// Gives a persistent warpgroup prefill its work counter: `counter` (a
+/// zeroed int32 in device memory that the launches keep at zero between
+/// them) in the third argument, and ", tile counter" on the note. Nothing
+/// for a launch that is not a persistent warpgroup prefill (its grid holds
+/// every query tile) or when counter is 0 (which unbinds it).
+void setPrefillTileCounter(const KernelConfig &config, AttentionLaunchPlan &plan,
+                           cu::DevicePointer counter);
+
 /// What the environment asks of the warpgroup prefill's grid: with
 /// $PAGEDC_PREFILL_PERSISTENT=1, setPrefillPersistent with
 /// $PAGEDC_PREFILL_PERSISTENT_CTAS or else `slots` (the device's SMs x

@@ -119,6 +119,14 @@ typedef struct PagedcWgmmaPrefillArgs {
   /// consecutive pages, ascending or descending, comes in one box per 64
   /// head dims.
   int32_t run_boxes;
+  /// Persistent CTAs' work counter (a zeroed int32 in device memory), or
+  /// null. Set: each CTA takes its first query tile by its index and every
+  /// further one from this counter (one atomicAdd per tile, the tile index
+  /// gridDim.x + the count), so a CTA whose tiles were light takes more of
+  /// them; the launch that takes the counter's last value sets it back to
+  /// zero. Null: the CTAs take the tiles in fixed snaking rounds
+  /// (prefill_round_tile). Appended last, like the run maps.
+  int32_t *tile_counter;
 } PagedcWgmmaPrefillArgs;
 
 /// The decode kernel's third parameter (templates/Decode.cuh): tensor maps

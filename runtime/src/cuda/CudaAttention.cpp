@@ -609,6 +609,14 @@ std::string CudaAttentionLaunch::applyLaunchOptions(int64_t kPages, int64_t vPag
   applyPrefillPersistentRequest(kernel_->config, plan_,
                                 int64_t(cudaDeviceInfo(kernel_->device).multiprocessors) *
                                     std::max(kernel_->residentCtasPerSm, 1));
+  const bool tileCounter = prefillTileCounterRequested(); // checks the pair
+  if (tileCounter && prefillPersistentRequested()) {
+    if (!tileCounter_.size()) {
+      tileCounter_ = DeviceBuffer(sizeof(int32_t), kernel_->device);
+      tileCounter_.fill(0);
+    }
+    setPrefillTileCounter(kernel_->config, plan_, tileCounter_.address());
+  }
   setPrefillPingPong(plan_, prefillPingPongRequested());
   return plan_.launches[0].note;
 }

@@ -399,6 +399,36 @@ int prefillPersistentCtasRequested() {
   return static_cast<int>(ctas);
 }
 
+bool prefillTileCounterRequested() {
+  const char *value = std::getenv("PAGEDC_PREFILL_TILE_COUNTER");
+  const bool counter = environmentSwitch(
+      "PAGEDC_PREFILL_TILE_COUNTER", "persistent CTAs taking tiles from a work counter", true);
+  if (value && *value && !prefillPersistentRequested())
+    throw Error(fmt::format("PAGEDC_PREFILL_TILE_COUNTER is '{}' but PAGEDC_PREFILL_PERSISTENT "
+                            "is not 1: the work counter is for the persistent prefill only",
+                            value));
+  return counter;
+}
+
+void setPrefillTileCounter(const KernelConfig &config, AttentionLaunchPlan &plan,
+                           cu::DevicePointer counter) {
+  if (config.kind != KernelKind::Prefill || config.warpRows != 64 || plan.launches.empty() ||
+      plan.launches[0].arguments.size() != 3)
+    return;
+  KernelLaunch &launch = plan.launches[0];
+  PagedcWgmmaPrefillArgs extra;
+  std::memcpy(&extra, launch.arguments[2].data(), sizeof(extra));
+  const bool persistent = launch.grid[0] < prefillQueryTiles(config, plan.args);
+  extra.tile_counter = persistent && counter ? reinterpret_cast<int32_t *>(counter) : nullptr;
+  launch.arguments[2] = bytesOf(extra);
+  const std::string suffix = ", tile counter";
+  const size_t at = launch.note.find(suffix);
+  if (at != std::string::npos)
+    launch.note.erase(at, suffix.size());
+  if (extra.tile_counter)
+    launch.note += suffix;
+}
+
 void setPrefillPersistent(const KernelConfig &config, AttentionLaunchPlan &plan, int64_t ctas) {
   if (config.kind != KernelKind::Prefill || config.warpRows != 64 || ctas < 1 ||
       plan.launches.empty() || plan.launches[0].arguments.size() != 3)

@@ -308,8 +308,8 @@ BUGS = {
         "wgmma"),
     "wgmma-page-slots-read-before-barrier": (
         "PrefillWgmma.cuh",
-        "  named_barrier_sync(kProducerBarrier, 128);\n",
-        "",
+        "    slots[thread] = lookup;\n  named_barrier_sync(kProducerBarrier, 128);\n",
+        "    slots[thread] = lookup;\n",
         "wgmma"),
     "wgmma-page-slots-one-buffer": (
         "PrefillWgmma.cuh",
@@ -399,16 +399,18 @@ BUGS = {
         "          named_barrier_arrive(kTurnBarrier + group, 256);\n",
         "wgmma-pingpong"),
     # Persistent CTAs (PAGEDC_PREFILL_PERSISTENT=1; a few CTAs, so that
-    # each takes several query tiles in rounds): the producer copying a Q
-    # tile into a buffer the consumers still read (its wait dropped, or the
-    # consumers' release moved before their S products), the consumers
-    # waiting for a round's Q on the first round's phase, and the consumers
-    # walking the tiles in another order than the producer.
+    # each takes several query tiles): the producer copying a Q tile into a
+    # buffer the consumers still read (its wait dropped, or the consumers'
+    # release moved before their S products), the consumers waiting for a
+    # round's Q on the first round's phase, and the consumers walking the
+    # snaking rounds in another order than the producer (these with
+    # PAGEDC_PREFILL_TILE_COUNTER=0: fixed rounds).
     "persistent-q-copied-without-empty-wait": (
         "PrefillWgmma.cuh",
-        "      mbarrier_wait(q_empty + 8 * q_buffer, ((round / kQBuffers) & 1) ^ 1);\n",
+        "      if (!counted)\n"
+        "        mbarrier_wait(q_empty + 8 * q_buffer, ((round / kQBuffers) & 1) ^ 1);\n",
         "",
-        "wgmma-persistent"),
+        "wgmma-persistent-snake"),
     "persistent-q-released-before-products": (
         "PrefillWgmma.cuh",
         [("    mbarrier_wait(q_full + 8 * q_buffer, (round / kQBuffers) & 1);\n"
@@ -421,21 +423,30 @@ BUGS = {
         "wgmma-persistent"),
     "persistent-q-waited-on-first-phase": (
         "PrefillWgmma.cuh",
-        "    mbarrier_wait(q_full + 8 * q_buffer, (round / kQBuffers) & 1);\n",
-        "    mbarrier_wait(q_full + 8 * q_buffer, 0);\n",
-        "wgmma-persistent"),
+        "tile.\n    mbarrier_wait(q_full + 8 * q_buffer, (round / kQBuffers) & 1);\n",
+        "tile.\n    mbarrier_wait(q_full + 8 * q_buffer, 0);\n",
+        "wgmma-persistent-snake"),
     "persistent-consumers-without-snake": (
         "PrefillWgmma.cuh",
-        "  for (int round = 0;; ++round) {\n"
-        "    const int64_t tile_index = prefill_round_tile(round);\n"
-        "    if (tile_index >= tile_count)\n      break;\n"
-        "    const PrefillTile tile = prefill_tile<kBlockM>(args, static_cast<int>(tile_index));\n"
-        "    const int h = tile.h, b = tile.b, row_begin",
-        "  for (int round = 0;; ++round) {\n"
-        "    const int64_t tile_index = int64_t(round) * gridDim.x + blockIdx.x;\n"
-        "    if (tile_index >= tile_count)\n      break;\n"
-        "    const PrefillTile tile = prefill_tile<kBlockM>(args, static_cast<int>(tile_index));\n"
-        "    const int h = tile.h, b = tile.b, row_begin",
+        "    } else {\n      tile_index = prefill_round_tile(round);\n    }\n",
+        "    } else {\n      tile_index = int64_t(round) * gridDim.x + blockIdx.x;\n    }\n",
+        "wgmma-persistent-snake"),
+    # The work counter (the default with persistent CTAs): the producer
+    # taking the next tile (and writing its slot and Q) before the
+    # consumers released the buffer, and the consumers reading the slot
+    # before the producer's arrival that publishes it.
+    "counter-tile-taken-without-empty-wait": (
+        "PrefillWgmma.cuh",
+        "        // until they release the buffer.\n"
+        "        mbarrier_wait(q_empty + 8 * q_buffer, ((round / kQBuffers) & 1) ^ 1);\n",
+        "        // until they release the buffer.\n",
+        "wgmma-persistent"),
+    "counter-slot-read-before-full-wait": (
+        "PrefillWgmma.cuh",
+        "      mbarrier_wait(q_full + 8 * q_buffer, (round / kQBuffers) & 1);\n"
+        "      tile_index = tile_slots[q_buffer];\n",
+        "      tile_index = tile_slots[q_buffer];\n"
+        "      mbarrier_wait(q_full + 8 * q_buffer, (round / kQBuffers) & 1);\n",
         "wgmma-persistent"),
 }
 
@@ -519,7 +530,8 @@ def main():
                             attn=os.path.join(work, "alibi_causal.attn"), score="alibi",
                             pages=["--page-size", "16"]),
         # Persistent CTAs: 3 for 32 query tiles (batch 4 x 4 heads x 2 tiles
-        # of 128 rows), each taking 10 or 11 in rounds, with tensor-map
+        # of 128 rows), each taking the next from the work counter when it
+        # is free (below: 10 or 11 each in fixed rounds), with tensor-map
         # copies and the consumer warpgroups' turns running on across
         # tiles. Causal from q 0: a tile visits 2 or 3 KV tiles, fewer than
         # the ring's stages, so the producer runs a round ahead and only
@@ -530,6 +542,14 @@ def main():
                                       "PAGEDC_PREFILL_PERSISTENT": "1",
                                       "PAGEDC_PREFILL_PERSISTENT_CTAS": "3",
                                       "PAGEDC_PREFILL_PINGPONG": "1"}),
+        # The same CTAs in fixed snaking rounds (no work counter).
+        "wgmma-persistent-snake": dict(q=(4, 4, 150, 128), k=(4, 2, 150, 128), extra=[],
+                                       env={"PAGEDC_PREFILL_SHAPE": "128x64x64",
+                                            "PAGEDC_PREFILL_TMA": "1",
+                                            "PAGEDC_PREFILL_PERSISTENT": "1",
+                                            "PAGEDC_PREFILL_PERSISTENT_CTAS": "3",
+                                            "PAGEDC_PREFILL_TILE_COUNTER": "0",
+                                            "PAGEDC_PREFILL_PINGPONG": "1"}),
         # And with its consumer warpgroups taking turns (gathered tiles).
         "wgmma-pingpong": dict(q=(1, 4, 150, 128), k=(1, 2, 300, 128),
                                extra=["--q-offset", "end"],

@@ -212,6 +212,41 @@ TEST(CudaLaunch, PersistentPrefillShrinksTheGrid) {
   EXPECT_EQ(plain.launches[0].note, "");
 }
 
+// The work counter: bound only where the grid is persistent (fewer CTAs
+// than query tiles), unbound by 0; the note says so once.
+TEST(CudaLaunch, PersistentPrefillTileCounter) {
+  KernelConfig config = warpgroupPrefill();
+  PagedcAttentionKernelArgs args = callArgs(2, 8, 2, 300); // 48 query tiles
+  auto counterOf = [](const AttentionLaunchPlan &plan) {
+    PagedcWgmmaPrefillArgs extra;
+    std::memcpy(&extra, plan.launches[0].arguments[2].data(), sizeof(extra));
+    return reinterpret_cast<uintptr_t>(extra.tile_counter);
+  };
+  AttentionLaunchPlan plan = planAttention(config, args, std::vector<unsigned char>(4), 300, 132);
+  EXPECT_EQ(counterOf(plan), 0u);
+  setPrefillTileCounter(config, plan, 0x1000); // one CTA per tile: nothing to count
+  EXPECT_EQ(counterOf(plan), 0u);
+  EXPECT_EQ(plan.launches[0].note, "gather (tensor maps not bound)");
+  setPrefillPersistent(config, plan, 5);
+  setPrefillTileCounter(config, plan, 0x1000);
+  setPrefillTileCounter(config, plan, 0x2000);
+  EXPECT_EQ(counterOf(plan), 0x2000u);
+  EXPECT_EQ(plan.launches[0].note,
+            "gather (tensor maps not bound), persistent (5 CTAs), tile counter");
+  setPrefillTileCounter(config, plan, 0);
+  EXPECT_EQ(counterOf(plan), 0u);
+  EXPECT_EQ(plan.launches[0].note, "gather (tensor maps not bound), persistent (5 CTAs)");
+  // More CTAs than tiles: one per tile, no counter.
+  AttentionLaunchPlan wide = planAttention(config, args, std::vector<unsigned char>(4), 300, 132);
+  setPrefillPersistent(config, wide, 132);
+  setPrefillTileCounter(config, wide, 0x1000);
+  EXPECT_EQ(counterOf(wide), 0u);
+  KernelConfig mma;
+  AttentionLaunchPlan plain = planAttention(mma, args, std::vector<unsigned char>(4), 300, 132);
+  setPrefillTileCounter(mma, plain, 0x1000);
+  EXPECT_EQ(plain.launches[0].arguments.size(), 2u);
+}
+
 // The second Q tile: where it fits beside the ring's stages, which come
 // first (KernelConfig::prefillQBuffers).
 TEST(CudaLaunch, WarpgroupPrefillQBuffers) {
@@ -252,6 +287,25 @@ TEST(CudaLaunch, PersistentSwitchesFromTheEnvironment) {
   try {
     prefillPersistentCtasRequested();
     ADD_FAILURE() << "PAGEDC_PREFILL_PERSISTENT_CTAS taken without the switch";
+  } catch (const Error &error) {
+    EXPECT_NE(std::string(error.what()).find("PAGEDC_PREFILL_PERSISTENT is not 1"),
+              std::string::npos)
+        << error.what();
+  }
+  // The work counter: on unless "0", and only with the switch.
+  test::ScopedEnv counter("PAGEDC_PREFILL_TILE_COUNTER", nullptr);
+  EXPECT_TRUE(prefillTileCounterRequested());
+  persistent.set("1");
+  EXPECT_TRUE(prefillTileCounterRequested());
+  counter.set("0");
+  EXPECT_FALSE(prefillTileCounterRequested());
+  counter.set("2");
+  EXPECT_THROW(prefillTileCounterRequested(), Error);
+  counter.set("1");
+  persistent.set("0");
+  try {
+    prefillTileCounterRequested();
+    ADD_FAILURE() << "PAGEDC_PREFILL_TILE_COUNTER taken without the switch";
   } catch (const Error &error) {
     EXPECT_NE(std::string(error.what()).find("PAGEDC_PREFILL_PERSISTENT is not 1"),
               std::string::npos)

@@ -139,6 +139,20 @@ extern "C" __global__ void blocks_collide(float *data, int) {
 extern "C" __global__ void blocks_apart(float *data, int) {
   data[blockIdx.x * blockDim.x + threadIdx.x] = static_cast<float>(blockIdx.x);
 }
+// Every block takes from one atomic counter: no hazard between atomics.
+extern "C" __global__ void blocks_count(float *data, int) {
+  if (threadIdx.x == 0)
+    atomicAdd(reinterpret_cast<int *>(data), 1);
+}
+// One block's atomic and another's plain store on the same word: a hazard.
+extern "C" __global__ void blocks_count_and_store(float *data, int) {
+  if (threadIdx.x != 0)
+    return;
+  if (blockIdx.x == 0)
+    atomicAdd(reinterpret_cast<int *>(data), 1);
+  else
+    reinterpret_cast<int *>(data)[0] = 7;
+}
 extern "C" __global__ void read_unwritten(float *data, int) {
   data[threadIdx.x] = data[64 + threadIdx.x];
 }
@@ -159,6 +173,7 @@ const char *const kNames[] = {"ldmatrix_conflict_free", "ldmatrix_four_way", "lo
                               "load_strided",           "store_banks",       "mma_tile",
                               "convert",                "shuffle_index",
                               "blocks_collide",         "blocks_apart",
+                              "blocks_count",           "blocks_count_and_store",
                               "write_past_end",         "shared_race",       "read_unwritten",
                               "partial_shuffle",        "half_barrier"};
 
@@ -387,6 +402,24 @@ TEST_F(Emulator, EachCheckerReportsItsBug) {
     // A later launch may rewrite what an earlier one wrote.
     result = emu::launch(*apart, config, params, emu::Checks{});
     EXPECT_TRUE(result.ok);
+    // Atomics of many blocks on one word (a work counter) are ordered; an
+    // atomic and another block's plain store are not.
+    config.grid[0] = 5;
+    int start = 0;
+    std::memcpy(&start, data, sizeof start);
+    result = emu::launch(*emu::findKernel(**module_, "blocks_count"), config, params,
+                         emu::Checks{});
+    EXPECT_TRUE(result.ok) << (result.reports.empty() ? "" : result.reports[0].format());
+    int counted = 0;
+    std::memcpy(&counted, data, sizeof counted);
+    EXPECT_EQ(counted, start + 5);
+    config.grid[0] = 2;
+    result = emu::launch(*emu::findKernel(**module_, "blocks_count_and_store"), config, params,
+                         emu::Checks{});
+    ASSERT_FALSE(result.reports.empty());
+    EXPECT_EQ(result.reports[0].checker, "racecheck");
+    EXPECT_NE(result.reports[0].message.find("hazard between blocks"), std::string::npos)
+        << result.reports[0].format();
   }
   // initcheck: a fresh allocation read before anything wrote it.
   auto *fresh = static_cast<float *>(emu::allocate(128 * sizeof(float)));

@@ -624,4 +624,142 @@ TEST(CudaVsCpu, CausalGqaDecodeAndPrefill) {
   compareWithCpu(77);
 }
 
+// Persistent CTAs taking their query tiles from a work counter: one launch
+// object enqueued three times (as `pagedc-gpu bench` does) must compute
+// every tile each time, so each launch has to leave the counter at zero
+// for the next. Checked against a float64 reference (causal, shuffled
+// pages, a query length that is not a multiple of the 128-row tile).
+TEST(CudaVsCpu, PersistentPrefillRelaunchedTakesEveryTile) {
+  std::string why;
+  if (!haveDevice(&why))
+    GTEST_SKIP() << "no CUDA device: " << why;
+  const test::ScopedEnv shape("PAGEDC_PREFILL_SHAPE", "128x64x64");
+  const test::ScopedEnv persistent("PAGEDC_PREFILL_PERSISTENT", "1");
+  const test::ScopedEnv ctas("PAGEDC_PREFILL_PERSISTENT_CTAS", "3");
+  const test::ScopedEnv counter("PAGEDC_PREFILL_TILE_COUNTER", nullptr);
+  const int batch = 2, headsQ = 4, headsKv = 2, dim = 128, pageSize = 16, length = 200;
+  const int pagesPerSequence = (length + pageSize - 1) / pageSize, pages = batch * pagesPerSequence;
+  CompiledMods mods;
+  mods.maskName = "causal";
+  mods.maskRow = causalRow;
+  mods.maskDependence.b = mods.maskDependence.h = false;
+  mods.cuda.modCode = std::string(embeddedTemplate("testing/causal.cuh"));
+  const KernelConfig config =
+      chooseCudaAttentionConfig(mods, DType::BF16, dim, pageSize, headsQ / headsKv, length,
+                                false, cudaDeviceInfo(0).arch());
+  ASSERT_EQ(config.warpRows, 64) << "not the warpgroup prefill";
+  std::shared_ptr<const CudaKernel> kernel = cudaKernelFor(mods, config, 0);
+
+  PackRandom random(31);
+  auto values = [&](size_t count) {
+    std::vector<uint16_t> result(count);
+    for (uint16_t &value : result)
+      value = floatToBF16(random.uniform(-1.5f, 1.5f));
+    return result;
+  };
+  const std::vector<uint16_t> q = values(size_t(batch) * headsQ * length * dim);
+  const std::vector<uint16_t> k = values(size_t(headsKv) * pages * pageSize * dim);
+  const std::vector<uint16_t> v = values(k.size());
+  // Sequence b's logical page p is physical page table[b * pagesPerSequence + p]: shuffled.
+  std::vector<int32_t> ints(static_cast<size_t>(pages));
+  for (int i = 0; i < pages; ++i)
+    ints[i] = i;
+  for (int i = pages - 1; i > 0; --i)
+    std::swap(ints[i], ints[static_cast<int>(random.uniform(0.0f, 1.0f) * (i + 1)) % (i + 1)]);
+  const std::vector<int32_t> table = ints;
+  ints.insert(ints.end(), {length, length, 0, 0}); // kv_len, q_offset
+  DeviceBuffer qDev(q.size() * 2, 0), kDev(k.size() * 2, 0), vDev(v.size() * 2, 0),
+      outDev(q.size() * 2, 0), intsDev(ints.size() * 4, 0);
+  qDev.upload(q.data(), qDev.size());
+  kDev.upload(k.data(), kDev.size());
+  vDev.upload(v.data(), vDev.size());
+  intsDev.upload(ints.data(), intsDev.size());
+
+  PagedcAttentionKernelArgs args{};
+  args.q = qDev.data();
+  args.k_cache = kDev.data();
+  args.v_cache = vDev.data();
+  args.out = outDev.data();
+  args.page_table = static_cast<const int32_t *>(intsDev.data());
+  args.kv_len = args.page_table + pages;
+  args.q_offset = args.kv_len + batch;
+  const int64_t qStrides[3] = {int64_t(headsQ) * length * dim, int64_t(length) * dim, dim};
+  const int64_t kvStrides[3] = {int64_t(pages) * pageSize * dim, int64_t(pageSize) * dim, dim};
+  for (int d = 0; d < 3; ++d) {
+    args.q_stride[d] = args.out_stride[d] = qStrides[d];
+    args.k_stride[d] = args.v_stride[d] = kvStrides[d];
+  }
+  args.page_table_stride = pagesPerSequence;
+  args.batch = batch;
+  args.heads_q = headsQ;
+  args.heads_kv = headsKv;
+  args.q_len = length;
+  args.scale = 1.0f / std::sqrt(float(dim));
+  args.mask_batch = args.mask_heads = 1;
+  PagedcModContext noContext{nullptr, nullptr};
+  CudaAttentionLaunch launch(
+      kernel, args,
+      ParamsLayout::forDeclarations(mods.params, mods.buffers)
+          .pack(mods.params, mods.buffers, noContext),
+      length);
+  const std::string note = launch.applyLaunchOptions(pages, pages);
+  EXPECT_NE(note.find("persistent (3 CTAs), tile counter"), std::string::npos) << note;
+
+  // The float64 reference.
+  std::vector<double> reference(q.size());
+  for (int b = 0; b < batch; ++b)
+    for (int h = 0; h < headsQ; ++h)
+      for (int i = 0; i < length; ++i) {
+        const uint16_t *qRow = &q[((size_t(b) * headsQ + h) * length + i) * dim];
+        std::vector<double> scores(size_t(i) + 1);
+        double top = -INFINITY, sum = 0;
+        auto row = [&](const std::vector<uint16_t> &cache, int j) {
+          const int page = table[size_t(b) * pagesPerSequence + j / pageSize];
+          return &cache[((size_t(h / (headsQ / headsKv)) * pages + page) * pageSize +
+                         j % pageSize) *
+                        dim];
+        };
+        for (int j = 0; j <= i; ++j) {
+          const uint16_t *kRow = row(k, j);
+          double dot = 0;
+          for (int d = 0; d < dim; ++d)
+            dot += double(bf16ToFloat(qRow[d])) * bf16ToFloat(kRow[d]);
+          scores[j] = dot * args.scale;
+          top = std::max(top, scores[j]);
+        }
+        double *outRow = &reference[((size_t(b) * headsQ + h) * length + i) * dim];
+        for (int j = 0; j <= i; ++j) {
+          const double weight = std::exp(scores[j] - top);
+          sum += weight;
+          const uint16_t *vRow = row(v, j);
+          for (int d = 0; d < dim; ++d)
+            outRow[d] += weight * bf16ToFloat(vRow[d]);
+        }
+        for (int d = 0; d < dim; ++d)
+          outRow[d] /= sum;
+      }
+
+  const CudaDriver &driver = cudaUseDevice(0);
+  for (int run = 0; run < 3; ++run) {
+    outDev.fill(0xff); // NaN: a tile left out stays NaN
+    launch.enqueue(nullptr);
+    driver.check(driver.api().ctxSynchronize(), "cuCtxSynchronize");
+    std::vector<uint16_t> out(q.size());
+    outDev.download(out.data(), out.size() * 2);
+    double error = 0, norm = 0;
+    int64_t nonFinite = 0;
+    for (size_t i = 0; i < out.size(); ++i) {
+      const double a = bf16ToFloat(out[i]);
+      if (!std::isfinite(a)) {
+        ++nonFinite;
+        continue;
+      }
+      error += (a - reference[i]) * (a - reference[i]);
+      norm += reference[i] * reference[i];
+    }
+    EXPECT_EQ(nonFinite, 0) << "launch " << run << ": tiles left out (NaN-poisoned)";
+    EXPECT_LE(std::sqrt(error / norm), 1e-2) << "launch " << run;
+  }
+}
+
 } // namespace

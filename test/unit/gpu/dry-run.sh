@@ -28,7 +28,7 @@ for also_file in (sys.argv[4], os.path.join(sys.argv[5], "also2-gpu-check.json")
     assert [c["status"] for c in also["cases"]] == [c["status"] for c in check["cases"]], also_file
 # --prefill-options: each launch option's prefill cases planned.
 prefill = [c["status"] for c in check["cases"] if c["name"].find("prefill") >= 0]
-for label in ("gather", "pingpong", "page-boxes", "persistent"):
+for label in ("gather", "pingpong", "page-boxes", "persistent", "persistent-snake"):
     option = json.load(open(os.path.join(sys.argv[5], label + "-gpu-check.json")))
     assert [c["status"] for c in option["cases"]] == prefill and prefill, label
 # "persistent": the benchmark's warpgroup prefills planned with one CTA per

@@ -54,6 +54,19 @@ if [ "${PAGEDC_PREFILL_PERSISTENT:-0}" = 1 ] && [ -n "${PAGEDC_PREFILL_PERSISTEN
     echo "emulator pack: FAILED (PAGEDC_PREFILL_PERSISTENT_CTAS=$ctas not followed)"
     exit 1
   fi
+  # With the work counter (the default): every launch at the CTA count took
+  # its tiles from it (atomics in its counters); in fixed rounds, none.
+  counted=$(grep "\"kernel\": \"pagedc_prefill\", \"grid\": \[$ctas," "$work/counters.jsonl" |
+              grep -c '"atomics": [1-9]' || true)
+  echo "emulator pack: $counted of those took their tiles from the work counter"
+  if [ "${PAGEDC_PREFILL_TILE_COUNTER:-1}" = 1 ] && [ "$counted" -ne "$full" ]; then
+    echo "emulator pack: FAILED (persistent launches without the work counter)"
+    exit 1
+  fi
+  if [ "${PAGEDC_PREFILL_TILE_COUNTER:-1}" = 0 ] && [ "$counted" -ne 0 ]; then
+    echo "emulator pack: FAILED (PAGEDC_PREFILL_TILE_COUNTER=0 but a launch took atomics)"
+    exit 1
+  fi
 fi
 decode=$(grep -c '"kernel": "pagedc_decode"' "$work/counters.jsonl" || true)
 decode_bulk=$(grep '"kernel": "pagedc_decode"' "$work/counters.jsonl" |

@@ -5,7 +5,8 @@ model_vs_measured.py, ptxas_shapes.py, ptxas_decode.py and issue_model.py
 from a pack, anchors, SDPA support, reserve plans, the merge, the targets,
 the SASS main-loop count, its copy loop and its path range, the decode
 kernel's shared memory and forced paths, the issue term's rule, tile mix
-and Nsight Compute parsing."""
+and Nsight Compute parsing, and persistent_schedule.py's block visits and
+its two ways of handing out query tiles."""
 import json
 import os
 import sys
@@ -15,6 +16,7 @@ import unittest
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "..", "bench", "gpu"))
 import issue_model  # noqa: E402
 import model_vs_measured  # noqa: E402
+import persistent_schedule  # noqa: E402
 import ptxas_corpus  # noqa: E402
 import ptxas_decode  # noqa: E402
 import ptxas_shapes  # noqa: E402
@@ -527,6 +529,51 @@ class IssueModel(unittest.TestCase):
                 self.assertIn("const bool all_kept = false || false && (", file.read())
             with open(os.path.join(forced, "KernelCommon.cuh")) as file:
                 self.assertIn("if (true) {\n    rescale_rows", file.read())
+
+
+class PersistentSchedule(unittest.TestCase):
+    def test_block_visits(self):
+        # Causal: every block up to the diagonal; a short last block counts.
+        self.assertEqual(persistent_schedule.block_visits("causal", 300, 128, None), [1, 2, 3])
+        # A 1k window over 128-row blocks: the diagonal and 8 before it
+        # (q_first - k_last < 1024).
+        visits = persistent_schedule.block_visits("sliding_1k", 4096, 128, None)
+        self.assertEqual(visits[:3], [1, 2, 3])
+        self.assertEqual(visits[-1], 9)
+        # Documents of 200 and 312 rows: block 1 (rows 128-255) shares
+        # document 0 with block 0; blocks 2 and 3 (document 1) see block 1,
+        # whose rows 200-255 are in document 1, but not block 0.
+        documents = [0] * 200 + [1] * 312
+        self.assertEqual(persistent_schedule.block_visits("document", 512, 128, documents),
+                         [1, 2, 2, 3])
+        with self.assertRaises(ValueError):
+            persistent_schedule.block_visits("unknown", 256, 128, None)
+
+    def test_snake_and_counter(self):
+        # Tile order: the last query block first, every head and batch.
+        costs = persistent_schedule.tile_costs([1, 2, 3], batch=1, heads=2, overhead=0.5)
+        self.assertEqual(costs, [3.5, 3.5, 2.5, 2.5, 1.5, 1.5])
+        # Equal costs: both ways are perfect.
+        self.assertEqual(persistent_schedule.snake([1.0] * 8, 4), 2.0)
+        self.assertEqual(persistent_schedule.counter([1.0] * 8, 4), 2.0)
+        # Two CTAs: the snake gives CTA 0 tiles 0, 3, 4 (10 + 1 + 1) and
+        # CTA 1 tiles 1, 2, 5 (1 + 1 + 1); the counter gives CTA 1 every
+        # tile after the first while CTA 0 works on the 10.
+        costs = [10, 1, 1, 1, 1, 1]
+        self.assertEqual(persistent_schedule.snake(costs, 2), 12)
+        self.assertEqual(persistent_schedule.counter(costs, 2), 10)
+        # Fewer tiles than CTAs.
+        self.assertEqual(persistent_schedule.counter([2, 3], 4), 3)
+
+    def test_reads_int32_npy(self):
+        with tempfile.TemporaryDirectory() as work:
+            path = os.path.join(work, "d.npy")
+            header = "{'descr': '<i4', 'fortran_order': False, 'shape': (3,), }"
+            header += " " * (64 - 10 - len(header) - 1) + "\n"
+            with open(path, "wb") as f:
+                f.write(b"\x93NUMPY\x01\x00" + len(header).to_bytes(2, "little") +
+                        header.encode("latin1") + (7).to_bytes(4, "little") * 3)
+            self.assertEqual(persistent_schedule.read_int32_npy(path), [7, 7, 7])
 
 
 if __name__ == "__main__":
