@@ -91,8 +91,11 @@ struct KernelConfig {
   /// (32 rows per warp spill there for some mods); 64 x 32 with 16 rows per warp at 256
   /// (64 x 64 spilled 8-16 bytes for some corpus mask x score pairs;
   /// bench/README.md has the ptxas figures). $PAGEDC_PREFILL_SHAPE=MxNxW
-  /// (e.g. 64x64x16, the first design) overrides it for comparisons; a
-  /// malformed value throws pagedc::Error naming it.
+  /// (e.g. 64x64x16, the first design) overrides it for comparisons;
+  /// entries "dD=MxNxW" after it, comma-separated, override it at head dim
+  /// D alone ("128x128x64,d256=128x64x64": a tile that fits each; "dD="
+  /// keeps the default there); a malformed value throws pagedc::Error
+  /// naming it.
   void choosePrefillShape();
   /// choosePrefillShape for a target: on sm_90 and sm_90a (an H100 or
   /// H200) the warpgroup tiles (wgmma; sm_90a code, which compileArchFor

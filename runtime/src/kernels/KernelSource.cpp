@@ -17,6 +17,8 @@
 #include <cstring>
 #include <fstream>
 #include <map>
+#include <set>
+#include <string>
 
 namespace pagedc::detail {
 struct EmbeddedTemplate {
@@ -68,23 +70,68 @@ const char *kernelKindName(KernelKind kind) {
 }
 
 namespace {
-/// $PAGEDC_PREFILL_SHAPE when set and not empty, else null.
-const char *prefillShapeOverride() {
-  const char *shape = std::getenv("PAGEDC_PREFILL_SHAPE");
-  return shape && *shape ? shape : nullptr;
+/// The tile $PAGEDC_PREFILL_SHAPE asks for at `headDim`, or "" (unset,
+/// empty, or no entry for that head dim). The value is a comma-separated
+/// list of MxNxW[r] entries, each optionally prefixed "dD=" (it then applies
+/// at head dim D only, and "dD=" alone keeps the default tile there; an
+/// entry without a prefix applies at the others), e.g.
+/// "128x128x64,d256=128x64x64". An empty entry, a head dim named twice or
+/// two entries without a prefix throw pagedc::Error.
+std::string prefillShapeOverride(int headDim) {
+  const char *value = std::getenv("PAGEDC_PREFILL_SHAPE");
+  if (!value || !*value)
+    return "";
+  std::string fallback, chosen;
+  std::set<int> named;
+  bool hasFallback = false;
+  std::string rest = value;
+  for (size_t start = 0; start <= rest.size();) {
+    size_t end = rest.find(',', start);
+    if (end == std::string::npos)
+      end = rest.size();
+    const std::string entry = rest.substr(start, end - start);
+    start = end + 1;
+    const size_t equals = entry.find('=');
+    if (entry.empty())
+      throw Error(fmt::format("PAGEDC_PREFILL_SHAPE '{}' has an empty entry", value));
+    if (equals == std::string::npos) {
+      if (hasFallback)
+        throw Error(fmt::format("PAGEDC_PREFILL_SHAPE '{}' has two shapes for every head dim "
+                                "(name one with dD=, e.g. d256=128x64x64)",
+                                value));
+      hasFallback = true;
+      fallback = entry;
+      continue;
+    }
+    int dim = 0;
+    char tail = 0;
+    if (entry[0] != 'd' || std::sscanf(entry.substr(1, equals - 1).c_str(), "%d%c", &dim,
+                                       &tail) != 1 ||
+        dim <= 0)
+      throw Error(fmt::format("PAGEDC_PREFILL_SHAPE '{}': '{}' is not dD=MxNxW (a head dim, "
+                              "e.g. d256=128x64x64)",
+                              value, entry));
+    if (!named.insert(dim).second)
+      throw Error(fmt::format("PAGEDC_PREFILL_SHAPE '{}' names head dim {} twice", value, dim));
+    if (dim == headDim)
+      chosen = entry.substr(equals + 1);
+  }
+  return named.count(headDim) ? chosen : fallback;
 }
 } // namespace
 
 void KernelConfig::choosePrefillShape() {
-  if (const char *shape = prefillShapeOverride()) {
+  if (const std::string override = prefillShapeOverride(headDim); !override.empty()) {
+    const char *shape = override.c_str();
     int m = 0, n = 0, w = 0;
     char suffix = 0, tail = 0;
     const int fields = std::sscanf(shape, "%dx%dx%d%c%c", &m, &n, &w, &suffix, &tail);
     if (fields != 3 && !(fields == 4 && suffix == 'r'))
       throw Error(fmt::format("PAGEDC_PREFILL_SHAPE '{}' is not MxNxW or MxNxWr (query rows x "
                               "KV rows per tile x query rows per warp, e.g. 64x64x16; r: the "
-                              "mods' row values recomputed per KV tile)",
-                              shape));
+                              "mods' row values recomputed per KV tile; \"dD=\" before a shape: "
+                              "at head dim D only)",
+                              std::getenv("PAGEDC_PREFILL_SHAPE")));
     blockM = m;
     blockN = n;
     warpRows = w;
@@ -104,7 +151,7 @@ void KernelConfig::choosePrefillShape() {
 
 void KernelConfig::choosePrefillShapeFor(const std::string &arch) {
   choosePrefillShape();
-  if (prefillShapeOverride())
+  if (!prefillShapeOverride(headDim).empty())
     return;
   if (arch == "sm_90a" || arch == "sm_90") {
     // D 64 and 128: 128-key tiles (fewer instructions per key besides the
@@ -157,7 +204,7 @@ void KernelConfig::fitPrefillTileToBlocks(int kvBlockSize) {
 
 bool KernelConfig::prefillFallsBackOnSpills() const {
   // A tile $PAGEDC_PREFILL_SHAPE asks for is kept as asked.
-  if (kind != KernelKind::Prefill || blockM != 128 || prefillShapeOverride())
+  if (kind != KernelKind::Prefill || blockM != 128 || !prefillShapeOverride(headDim).empty())
     return false;
   return (headDim == 128 && blockN == 32 && warpRows == 32) ||
          (headDim <= 128 && blockN == 128 && warpRows == 64) ||

@@ -572,5 +572,37 @@ TEST(SettlePrefillShape, LeavesOtherTilesAlone) {
     ::setenv("PAGEDC_PREFILL_SHAPE", bad, 1);
     EXPECT_THROW(config.choosePrefillShapeFor("sm_80"), Error) << bad;
   }
+  // Per head dim: "dD=" entries at D, the plain entry elsewhere; "dD="
+  // alone keeps the default tile at D.
+  ::setenv("PAGEDC_PREFILL_SHAPE", "128x128x64,d256=128x64x64", 1);
+  config.headDim = 128;
+  config.choosePrefillShapeFor("emu");
+  EXPECT_EQ(config.blockN, 128);
+  EXPECT_EQ(config.warpRows, 64);
+  config.headDim = 256;
+  config.choosePrefillShapeFor("emu");
+  EXPECT_EQ(config.blockM, 128);
+  EXPECT_EQ(config.blockN, 64);
+  EXPECT_EQ(config.warpRows, 64);
+  EXPECT_FALSE(config.prefillFallsBackOnSpills());
+  ::setenv("PAGEDC_PREFILL_SHAPE", "d256=,d64=128x64x64", 1);
+  config.choosePrefillShapeFor("sm_90a"); // D 256: the default, 128 x 64 that may fall back
+  EXPECT_EQ(config.blockN, 64);
+  EXPECT_TRUE(config.prefillFallsBackOnSpills());
+  config.headDim = 128;
+  config.choosePrefillShapeFor("sm_90a"); // not named, no plain entry: the default
+  EXPECT_EQ(config.blockN, 128);
+  EXPECT_TRUE(config.prefillFallsBackOnSpills());
+  config.headDim = 64;
+  config.choosePrefillShapeFor("sm_90a");
+  EXPECT_EQ(config.blockN, 64);
+  EXPECT_FALSE(config.prefillFallsBackOnSpills());
+  for (const char *bad : {"128x64x64,128x128x64", "d256=128x64x64,d256=64x32x64",
+                          "128x64x64,", "x256=128x64x64", "d=128x64x64", "d25x=128x64x64",
+                          "d256=128x64"}) {
+    ::setenv("PAGEDC_PREFILL_SHAPE", bad, 1);
+    config.headDim = 256;
+    EXPECT_THROW(config.choosePrefillShapeFor("sm_90a"), Error) << bad;
+  }
   ::unsetenv("PAGEDC_PREFILL_SHAPE");
 }

@@ -81,11 +81,12 @@ if [ "$decode_tma" != 0 ] && [ "$decode_bulk" -eq 0 ]; then
   exit 1
 fi
 # PAGEDC_PACK_EXPECT_KERNELS: comma-separated parts of kernel descriptions
-# (e.g. "m128w64 n128,m128w64 n64") each of which some case must have run.
+# (extended regular expressions, e.g. "m128w64 n128,d256 page[0-9]+ m128w64")
+# each of which some case must have run.
 if [ -n "${PAGEDC_PACK_EXPECT_KERNELS:-}" ]; then
   IFS=',' read -ra expected <<< "$PAGEDC_PACK_EXPECT_KERNELS"
   for part in "${expected[@]}"; do
-    ran=$(grep -o '"kernel": "[^"]*"' "$work/check.json" | grep -c -- " $part " || true)
+    ran=$(grep -o '"kernel": "[^"]*"' "$work/check.json" | grep -cE -- " $part " || true)
     echo "emulator pack: $ran cases ran a '$part' kernel"
     if [ "$ran" -eq 0 ]; then
       echo "emulator pack: FAILED (no case ran a '$part' kernel)"
