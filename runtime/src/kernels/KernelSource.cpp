@@ -258,6 +258,13 @@ void KernelConfig::validate() const {
                             warpRows == 64 ? "32, 64 or 128 with warpgroup tiles" : "32 or 64"));
   if (kind == KernelKind::Decode && blockN != 64)
     throw Error("the decode kernel uses KV tiles of 64 rows (blockN = 64)");
+  // (Two K/V stages at least: prefillStages' floor.)
+  if (kind == KernelKind::Prefill && warpRows == 64 && sharedMemoryBytes() > 227 * 1024)
+    throw Error(fmt::format("the warpgroup prefill tile {} x {} at head dim {} needs {} bytes "
+                            "of shared memory with two K/V stages, over the {} a CTA may have: "
+                            "take a narrower tile (in $PAGEDC_PREFILL_SHAPE, a dD= entry names "
+                            "one for head dim D alone, e.g. d256=128x64x64)",
+                            blockM, blockN, headDim, sharedMemoryBytes(), 227 * 1024));
   if (groupSize < 1)
     throw Error(fmt::format("group size {} must be at least 1", groupSize));
   if (queryTokens < 1 || queryTokens > 8)

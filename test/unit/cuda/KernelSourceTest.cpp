@@ -81,6 +81,26 @@ TEST(KernelSource, RejectsUnsupportedConfigs) {
     config.pageSize = pageSize;
     EXPECT_NO_THROW(config.validate()) << pageSize;
   }
+  // Warpgroup tiles whose shared memory a CTA cannot have: 128-key tiles
+  // at head dim 256 (320 KiB with two stages); 128 x 64 fits there.
+  config = {};
+  config.headDim = 256;
+  config.blockM = 128;
+  config.blockN = 128;
+  config.warpRows = 64;
+  try {
+    config.validate();
+    FAIL() << "128 x 128 at head dim 256 accepted";
+  } catch (const Error &error) {
+    EXPECT_NE(std::string(error.what()).find("128 x 128 at head dim 256 needs 328832 bytes"),
+              std::string::npos)
+        << error.what();
+  }
+  config.blockN = 64;
+  EXPECT_NO_THROW(config.validate());
+  config.headDim = 128;
+  config.blockN = 128;
+  EXPECT_NO_THROW(config.validate());
 }
 
 TEST(KernelSource, DecodeRowsFitOneCta) {
