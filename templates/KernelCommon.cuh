@@ -591,6 +591,14 @@ template <int kTile> struct KvVisits {
 /// `factor` (> 0) multiplies the scores first (apply_mods with
 /// scale_in_softmax left the scale·log2(e) out: the softmax then spends an
 /// FFMA where a multiply and a subtraction were); 1 when they are scaled.
+/// How far (log2 units) a row's scores may pass its reference max before
+/// softmax_tile moves it: the probabilities stay at most 2^8 = 256 (f32
+/// sums; f16 / bf16 P operands hold that with their full precision), and
+/// on random inputs the reference settles after the first tile, so the
+/// output's rescale (D / 4 multiplies per row and the warp's vote) all but
+/// disappears from the KV-tile loop.
+constexpr float kMaxHeadroom = 8.0f;
+
 template <int kNTiles, int kHalves = 2>
 PAGEDC_DEVICE void softmax_tile(RowState &state, float (&scores)[kNTiles][4],
                                 float (&rescale)[2], float factor = 1.0f) {
@@ -612,7 +620,12 @@ PAGEDC_DEVICE void softmax_tile(RowState &state, float (&scores)[kNTiles][4],
     for (int j = 1; j < kNTiles; ++j)
       tile_max = fmaxf(tile_max, fmaxf(scores[j][2 * half], scores[j][2 * half + 1]));
     tile_max = quad_max(tile_max) * factor;
-    float new_max = fmaxf(state.max[half], tile_max);
+    // The reference max moves only when the tile's max passes it by more
+    // than kMaxHeadroom (log2 units): below that the row keeps it, so its
+    // factor is exactly 1 and the output needs no rescale; probabilities
+    // are then at most 2^kMaxHeadroom, and sum, output and lse stay
+    // consistent (they share the reference).
+    float new_max = tile_max - state.max[half] > kMaxHeadroom ? tile_max : state.max[half];
     // A row with nothing visible yet keeps max = -inf; subtract 0 instead so
     // that exp2 gives 0 rather than NaN.
     float base = new_max == -infinity() ? 0.0f : new_max;
