@@ -399,6 +399,18 @@ int prefillPersistentCtasRequested() {
   return static_cast<int>(ctas);
 }
 
+namespace {
+/// A launch note's option suffix (", ping-pong"): taken out where it is,
+/// appended when `on`, so that setting an option again does not repeat it.
+void setNoteOption(std::string &note, const std::string &suffix, bool on) {
+  const size_t at = note.find(suffix);
+  if (at != std::string::npos)
+    note.erase(at, suffix.size());
+  if (on)
+    note += suffix;
+}
+} // namespace
+
 bool prefillTileCounterRequested() {
   const char *value = std::getenv("PAGEDC_PREFILL_TILE_COUNTER");
   const bool counter = environmentSwitch(
@@ -421,12 +433,7 @@ void setPrefillTileCounter(const KernelConfig &config, AttentionLaunchPlan &plan
   const bool persistent = launch.grid[0] < prefillQueryTiles(config, plan.args);
   extra.tile_counter = persistent && counter ? reinterpret_cast<int32_t *>(counter) : nullptr;
   launch.arguments[2] = bytesOf(extra);
-  const std::string suffix = ", tile counter";
-  const size_t at = launch.note.find(suffix);
-  if (at != std::string::npos)
-    launch.note.erase(at, suffix.size());
-  if (extra.tile_counter)
-    launch.note += suffix;
+  setNoteOption(launch.note, ", tile counter", extra.tile_counter != nullptr);
 }
 
 void setPrefillPersistent(const KernelConfig &config, AttentionLaunchPlan &plan, int64_t ctas) {
@@ -452,15 +459,9 @@ void setPrefillPingPong(AttentionLaunchPlan &plan, bool on) {
   KernelLaunch &launch = plan.launches[0];
   PagedcWgmmaPrefillArgs extra;
   std::memcpy(&extra, launch.arguments[2].data(), sizeof(extra));
-  const bool was = extra.ping_pong != 0;
   extra.ping_pong = on ? 1 : 0;
   launch.arguments[2] = bytesOf(extra);
-  const std::string suffix = ", ping-pong";
-  if (was && launch.note.size() >= suffix.size() &&
-      launch.note.compare(launch.note.size() - suffix.size(), suffix.size(), suffix) == 0)
-    launch.note.resize(launch.note.size() - suffix.size());
-  if (on)
-    launch.note += suffix;
+  setNoteOption(launch.note, ", ping-pong", on);
 }
 
 namespace {

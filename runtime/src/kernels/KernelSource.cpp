@@ -70,6 +70,10 @@ const char *kernelKindName(KernelKind kind) {
 }
 
 namespace {
+/// The shared memory a CTA may have (sm_90; sm_80 has less, but its tiles
+/// are far under it).
+constexpr int kMaxSharedPerCta = 227 * 1024;
+
 /// The tile $PAGEDC_PREFILL_SHAPE asks for at `headDim`, or "" (unset,
 /// empty, or no entry for that head dim). The value is a comma-separated
 /// list of MxNxW[r] entries, each optionally prefixed "dD=" (it then applies
@@ -259,12 +263,12 @@ void KernelConfig::validate() const {
   if (kind == KernelKind::Decode && blockN != 64)
     throw Error("the decode kernel uses KV tiles of 64 rows (blockN = 64)");
   // (Two K/V stages at least: prefillStages' floor.)
-  if (kind == KernelKind::Prefill && warpRows == 64 && sharedMemoryBytes() > 227 * 1024)
+  if (kind == KernelKind::Prefill && warpRows == 64 && sharedMemoryBytes() > kMaxSharedPerCta)
     throw Error(fmt::format("the warpgroup prefill tile {} x {} at head dim {} needs {} bytes "
                             "of shared memory with two K/V stages, over the {} a CTA may have: "
                             "take a narrower tile (in $PAGEDC_PREFILL_SHAPE, a dD= entry names "
                             "one for head dim D alone, e.g. d256=128x64x64)",
-                            blockM, blockN, headDim, sharedMemoryBytes(), 227 * 1024));
+                            blockM, blockN, headDim, sharedMemoryBytes(), kMaxSharedPerCta));
   if (groupSize < 1)
     throw Error(fmt::format("group size {} must be at least 1", groupSize));
   if (queryTokens < 1 || queryTokens > 8)
@@ -316,7 +320,6 @@ int wgmmaPrefillSharedBytes(const KernelConfig &config, int stages, int qBuffers
   const int rowBytes = config.headDim * 2;
   return 1024 + (qBuffers * config.blockM + 2 * stages * config.blockN) * rowBytes + 128;
 }
-constexpr int kMaxSharedPerCta = 227 * 1024;
 } // namespace
 
 int KernelConfig::prefillStages() const {
