@@ -1257,36 +1257,34 @@ uint64_t sharedWavefronts(const std::vector<const Access *> &lanes) {
 
 void flushWarpAccesses(Worker &worker, unsigned warp) {
   const unsigned first = warp * 32, last = std::min(worker.threadCount, first + 32);
-  size_t longest = 0;
-  for (unsigned t = first; t < last; ++t)
-    longest = std::max(longest, worker.threads[t].accesses.size());
-  std::vector<const Access *> lanes;
-  for (size_t k = 0; k < longest; ++k) {
-    // The lanes' k-th accesses, one request per distinct instruction.
-    std::map<const void *, std::vector<const Access *>> byInstruction;
-    for (unsigned t = first; t < last; ++t)
-      if (k < worker.threads[t].accesses.size())
-        byInstruction[worker.threads[t].accesses[k].pc].push_back(
-            &worker.threads[t].accesses[k]);
-    for (auto &[pc, group] : byInstruction) {
-      if (group.front()->shared) {
-        ++worker.counters.sharedRequests;
-        worker.counters.sharedWavefronts += sharedWavefronts(group);
-        uint64_t bytes = 0;
-        for (const Access *access : group)
-          bytes += access->size;
-        worker.counters.sharedIdealWavefronts += (bytes + 127) / 128;
-      } else {
-        ++worker.counters.globalRequests;
-        std::vector<uintptr_t> sectors;
-        for (const Access *access : group)
-          for (uintptr_t s = access->address / 32; s <= (access->address + access->size - 1) / 32;
-               ++s)
-            sectors.push_back(s);
-        std::sort(sectors.begin(), sectors.end());
-        worker.counters.globalSectorsRequested +=
-            std::unique(sectors.begin(), sectors.end()) - sectors.begin();
-      }
+  // One request per instruction and execution of it: a lane's n-th access
+  // from an instruction joins the other lanes' n-th from the same one, so
+  // lanes that skipped an access under a branch (one lane in four storing
+  // lse) stay in step with the others afterwards.
+  std::map<std::pair<const void *, size_t>, std::vector<const Access *>> requests;
+  for (unsigned t = first; t < last; ++t) {
+    std::map<const void *, size_t> executions;
+    for (const Access &access : worker.threads[t].accesses)
+      requests[{access.pc, executions[access.pc]++}].push_back(&access);
+  }
+  for (auto &[instruction, group] : requests) {
+    if (group.front()->shared) {
+      ++worker.counters.sharedRequests;
+      worker.counters.sharedWavefronts += sharedWavefronts(group);
+      uint64_t bytes = 0;
+      for (const Access *access : group)
+        bytes += access->size;
+      worker.counters.sharedIdealWavefronts += (bytes + 127) / 128;
+    } else {
+      ++worker.counters.globalRequests;
+      std::vector<uintptr_t> sectors;
+      for (const Access *access : group)
+        for (uintptr_t s = access->address / 32; s <= (access->address + access->size - 1) / 32;
+             ++s)
+          sectors.push_back(s);
+      std::sort(sectors.begin(), sectors.end());
+      worker.counters.globalSectorsRequested +=
+          std::unique(sectors.begin(), sectors.end()) - sectors.begin();
     }
   }
   for (unsigned t = first; t < last; ++t)

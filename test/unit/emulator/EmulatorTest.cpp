@@ -58,6 +58,14 @@ extern "C" __global__ void load_strided(float *data, int n) {
   data[n + threadIdx.x] = data[threadIdx.x * 32];
 }
 
+// One lane in four stores first, then every lane copies as load_coalesced:
+// the copy is still one load and one store request of the whole warp.
+extern "C" __global__ void some_lanes_first(float *data, int n) {
+  if ((threadIdx.x & 3) == 0)
+    data[2 * n + threadIdx.x / 4] = 0.0f;
+  data[n + threadIdx.x] = data[threadIdx.x];
+}
+
 // Shared stores: each lane its own bank, or all lanes one bank.
 extern "C" __global__ void store_banks(float *data, int stride) {
   PAGEDC_EXTERN_SHARED(float, shared);
@@ -170,7 +178,8 @@ extern "C" __global__ void half_barrier(float *data, int) {
 )";
 
 const char *const kNames[] = {"ldmatrix_conflict_free", "ldmatrix_four_way", "load_coalesced",
-                              "load_strided",           "store_banks",       "mma_tile",
+                              "load_strided",           "some_lanes_first",
+                              "store_banks",            "mma_tile",
                               "convert",                "shuffle_index",
                               "blocks_collide",         "blocks_apart",
                               "blocks_count",           "blocks_count_and_store",
@@ -244,6 +253,18 @@ TEST_F(Emulator, GlobalSectorsOfCoalescedAndStridedLoads) {
   EXPECT_EQ(strided.counters.globalRequests, 2u);
   EXPECT_EQ(strided.counters.globalSectorsRequested, 32u + 4u);
   EXPECT_EQ(strided.counters.globalLoadBytes, 128u);
+  emu::release(data);
+}
+
+// A request is one instruction's n-th execution across the lanes: lanes
+// that skipped an access under a branch still join the others' next ones
+// (grouped by the lanes' k-th access, the copy split into four requests).
+TEST_F(Emulator, RequestsOfLanesThatSkippedAnAccess) {
+  float *data = deviceFloats(3 * 32);
+  emu::LaunchResult result = run("some_lanes_first", data, 32);
+  ASSERT_TRUE(result.ok);
+  EXPECT_EQ(result.counters.globalRequests, 3u);
+  EXPECT_EQ(result.counters.globalSectorsRequested, 1u + 4u + 4u);
   emu::release(data);
 }
 
