@@ -197,6 +197,23 @@ PAGEDC_DEVICE int64_t kv_row_bytes(int32_t page, int kv) {
   return page * kPageBytes + (kv & (kPageSize - 1)) * kRowBytes;
 }
 
+/// 16 bytes of a row (8 elements): what one thread moves per instruction
+/// when a tile goes between shared and global memory with plain loads and
+/// stores (LDS.128 / STG.128; both addresses 16-byte aligned).
+struct alignas(16) Chunk16 {
+  uint32_t word[4];
+};
+PAGEDC_DEVICE void copy_chunk16(void *to, const void *from) {
+#ifdef PAGEDC_EMULATOR
+  // One 16-byte access each way for the emulator's counters, as on the GPU
+  // (the host compiler copies the struct as two 8-byte halves).
+  typedef uint32_t Vector16 __attribute__((vector_size(16)));
+  *static_cast<Vector16 *>(to) = *static_cast<const Vector16 *>(from);
+#else
+  *static_cast<Chunk16 *>(to) = *static_cast<const Chunk16 *>(from);
+#endif
+}
+
 /// The mma.sync kernels' tile layout: rows of kRowBytes, chunks swizzled.
 struct SwizzledRows {
   PAGEDC_DEVICE uint32_t operator()(int row, int chunk) const { return tile_offset(row, chunk); }

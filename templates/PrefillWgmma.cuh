@@ -90,6 +90,9 @@ static_assert(kTilePages <= 128, "one page index per producer thread");
 /// Named barrier of the producer warpgroup's 128 threads (0 is
 /// __syncthreads, 1 and 2 the consumers' turns).
 constexpr unsigned kProducerBarrier = 3;
+/// Named barriers kEpilogueBarrier + g: consumer warpgroup g's 128 threads
+/// between writing its O rows into shared memory and storing them.
+constexpr unsigned kEpilogueBarrier = 4;
 // Dynamic shared memory (KernelConfig::sharedMemoryBytes), the page index
 // buffers, the stages' run XORs and the Q buffers' tile slots must fit the
 // 227 KiB a block may have.
@@ -688,9 +691,28 @@ extern "C" __global__ void __launch_bounds__(pagedc::kPrefillThreads, 1)
         }
       }
     }
+    // The epilogue stages O through the warpgroup's own rows of the Q
+    // buffer (its S products, which read them, are done) so that the rows
+    // leave in 16-byte stores, whole 32-byte sectors: stored from the
+    // accumulators, each warp store wrote 16 bytes of 8 rows, half a sector
+    // each (on the H200 run of 2026-11-27 Nsight Compute counted 26% of the
+    // kernel's global sectors as excess, one per O sector). Not when the
+    // buffer's next Q may be copied in before the epilogue would be done
+    // (persistent CTAs with one Q buffer: there the consumers hand the
+    // buffer back before the last P V, as without staging), nor when out
+    // is not 16-byte aligned (the runtime asks 4 bytes).
+    Element *out_base = static_cast<Element *>(args.out) + b * args.out_stride[0] +
+                        h * args.out_stride[1];
+    const bool staged_out =
+        (kQBuffers == 2 || (!counted && static_cast<int>(gridDim.x) >= tile_count)) &&
+        ((reinterpret_cast<uint64_t>(out_base) |
+          static_cast<uint64_t>(args.out_stride[2] * sizeof(Element))) &
+         15) == 0;
     // Every S of the tile is done (waited for in the loop): Q's buffer is
-    // free for the tile the producer copies into it next.
-    mbarrier_arrive(q_empty + 8 * q_buffer);
+    // free for the tile the producer copies into it next (when staged, once
+    // the epilogue read O back from it).
+    if (!staged_out)
+      mbarrier_arrive(q_empty + 8 * q_buffer);
     if (kOverlap && pending) {
       if (o_rescale)
         rescale_rows(out, o_factor);
@@ -698,25 +720,52 @@ extern "C" __global__ void __launch_bounds__(pagedc::kPrefillThreads, 1)
     }
 
     // Epilogue: normalise, store out rows and lse.
-    Element *out_base = static_cast<Element *>(args.out) + b * args.out_stride[0] +
-                        h * args.out_stride[1];
+    unsigned char *const o_rows = shared + (q_group - shared_address(shared));
 #pragma unroll
     for (int half = 0; half < 2; ++half) {
       const float sum = quad_sum(state.sum[half]);
       const float inverse = sum > 0.0f ? 1.0f / sum : 0.0f;
-      const int row = row_begin + group_row + 16 * warp + (lane >> 2) + 8 * half;
+      const int group_local = 16 * warp + (lane >> 2) + 8 * half;
+      const int row = row_begin + group_row + group_local;
+      if (staged_out) {
+        // Chunk d of the row holds columns 8d .. 8d + 7; this thread's pair
+        // is 4 (lane % 4) bytes into it (the Q tile's swizzled layout: no
+        // bank conflict).
+#pragma unroll
+        for (int d = 0; d < kHeadDim / 8; ++d)
+          *reinterpret_cast<uint32_t *>(o_rows + atom_offset(64, group_local, d) +
+                                        4 * (lane & 3)) =
+              pack_pair(out[d][2 * half] * inverse, out[d][2 * half + 1] * inverse);
+      }
       if (row >= args.q_len)
         continue;
-      uint32_t *out_row =
-          reinterpret_cast<uint32_t *>(out_base + row * args.out_stride[2] + 2 * (lane & 3));
+      if (!staged_out) {
+        uint32_t *out_row =
+            reinterpret_cast<uint32_t *>(out_base + row * args.out_stride[2] + 2 * (lane & 3));
 #pragma unroll
-      for (int d = 0; d < kHeadDim / 8; ++d)
-        out_row[d * 4] = pack_pair(out[d][2 * half] * inverse, out[d][2 * half + 1] * inverse);
+        for (int d = 0; d < kHeadDim / 8; ++d)
+          out_row[d * 4] = pack_pair(out[d][2 * half] * inverse, out[d][2 * half + 1] * inverse);
+      }
       if constexpr (pagedc_config::kHasLse) {
         if ((lane & 3) == 0)
           args.lse[(static_cast<int64_t>(b) * args.heads_q + h) * args.q_len + row] =
               sum > 0.0f ? (state.max[half] + log2f(sum)) * kLn2 : -infinity();
       }
+    }
+    if (staged_out) {
+      // The warpgroup's 64 rows, 16 bytes a thread per step: consecutive
+      // threads take consecutive chunks of a row.
+      named_barrier_sync(kEpilogueBarrier + group, 128);
+      const int group_thread = consumer & 127;
+#pragma unroll 4
+      for (int index = group_thread; index < 64 * kChunksPerRow; index += 128) {
+        const int group_local = index / kChunksPerRow, chunk = index % kChunksPerRow;
+        const int row = row_begin + group_row + group_local;
+        if (row < args.q_len)
+          copy_chunk16(out_base + row * args.out_stride[2] + chunk * 8,
+                       o_rows + atom_offset(64, group_local, chunk));
+      }
+      mbarrier_arrive(q_empty + 8 * q_buffer);
     }
   }
   // Warpgroup 1's last hand-over (its first turn was given before the

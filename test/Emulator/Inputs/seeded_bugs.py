@@ -457,6 +457,21 @@ BUGS = {
         "      tile_index = tile_slots[q_buffer];\n"
         "      mbarrier_wait(q_full + 8 * q_buffer, (round / kQBuffers) & 1);\n",
         "wgmma-persistent"),
+    # The staged epilogue: a warpgroup's threads store O rows that other
+    # warps wrote into shared memory without the barrier between.
+    "epilogue-stored-before-barrier": (
+        "PrefillWgmma.cuh",
+        "      named_barrier_sync(kEpilogueBarrier + group, 128);\n",
+        "",
+        "wgmma"),
+    # ... and hand the Q buffer back before reading O out of it, so the
+    # producer's copy of a later tile's Q may overwrite the rows (persistent
+    # CTAs with two Q buffers stage O too).
+    "epilogue-q-buffer-released-before-read": (
+        "PrefillWgmma.cuh",
+        "    if (!staged_out)\n      mbarrier_arrive(q_empty + 8 * q_buffer);\n",
+        "    mbarrier_arrive(q_empty + 8 * q_buffer);\n",
+        "wgmma-persistent"),
 }
 
 

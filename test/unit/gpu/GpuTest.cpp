@@ -624,20 +624,17 @@ TEST(CudaVsCpu, CausalGqaDecodeAndPrefill) {
   compareWithCpu(77);
 }
 
-// Persistent CTAs taking their query tiles from a work counter: one launch
-// object enqueued three times (as `pagedc-gpu bench` does) must compute
-// every tile each time, so each launch has to leave the counter at zero
-// for the next. Checked against a float64 reference (causal, shuffled
-// pages, a query length that is not a multiple of the 128-row tile).
-TEST(CudaVsCpu, PersistentPrefillRelaunchedTakesEveryTile) {
-  std::string why;
-  if (!haveDevice(&why))
-    GTEST_SKIP() << "no CUDA device: " << why;
-  const test::ScopedEnv shape("PAGEDC_PREFILL_SHAPE", "128x64x64");
-  const test::ScopedEnv persistent("PAGEDC_PREFILL_PERSISTENT", "1");
-  const test::ScopedEnv ctas("PAGEDC_PREFILL_PERSISTENT_CTAS", "3");
-  const test::ScopedEnv counter("PAGEDC_PREFILL_TILE_COUNTER", nullptr);
+// The warpgroup prefill (causal, bf16, D 128, 128 x 64 tiles, shuffled
+// 16-row pages, 200 query rows: not a multiple of the tile) against a float64
+// reference, `runs` enqueues of one launch object. out's rows lie
+// `outRowStride` elements apart, starting `outOffset` elements into the
+// buffer; every element outside the rows must keep its NaN poison.
+void checkWarpgroupPrefill(bool persistent, int64_t outRowStride, int64_t outOffset, int runs) {
   const int batch = 2, headsQ = 4, headsKv = 2, dim = 128, pageSize = 16, length = 200;
+  const test::ScopedEnv shape("PAGEDC_PREFILL_SHAPE", "128x64x64");
+  const test::ScopedEnv persistentEnv("PAGEDC_PREFILL_PERSISTENT", persistent ? "1" : nullptr);
+  const test::ScopedEnv ctas("PAGEDC_PREFILL_PERSISTENT_CTAS", persistent ? "3" : nullptr);
+  const test::ScopedEnv counter("PAGEDC_PREFILL_TILE_COUNTER", nullptr);
   const int pagesPerSequence = (length + pageSize - 1) / pageSize, pages = batch * pagesPerSequence;
   CompiledMods mods;
   mods.maskName = "causal";
@@ -668,8 +665,9 @@ TEST(CudaVsCpu, PersistentPrefillRelaunchedTakesEveryTile) {
     std::swap(ints[i], ints[static_cast<int>(random.uniform(0.0f, 1.0f) * (i + 1)) % (i + 1)]);
   const std::vector<int32_t> table = ints;
   ints.insert(ints.end(), {length, length, 0, 0}); // kv_len, q_offset
+  const size_t outElements = size_t(outOffset) + size_t(batch) * headsQ * length * outRowStride;
   DeviceBuffer qDev(q.size() * 2, 0), kDev(k.size() * 2, 0), vDev(v.size() * 2, 0),
-      outDev(q.size() * 2, 0), intsDev(ints.size() * 4, 0);
+      outDev(outElements * 2, 0), intsDev(ints.size() * 4, 0);
   qDev.upload(q.data(), qDev.size());
   kDev.upload(k.data(), kDev.size());
   vDev.upload(v.data(), vDev.size());
@@ -679,14 +677,17 @@ TEST(CudaVsCpu, PersistentPrefillRelaunchedTakesEveryTile) {
   args.q = qDev.data();
   args.k_cache = kDev.data();
   args.v_cache = vDev.data();
-  args.out = outDev.data();
+  args.out = static_cast<uint16_t *>(outDev.data()) + outOffset;
   args.page_table = static_cast<const int32_t *>(intsDev.data());
   args.kv_len = args.page_table + pages;
   args.q_offset = args.kv_len + batch;
   const int64_t qStrides[3] = {int64_t(headsQ) * length * dim, int64_t(length) * dim, dim};
+  const int64_t outStrides[3] = {int64_t(headsQ) * length * outRowStride,
+                                 int64_t(length) * outRowStride, outRowStride};
   const int64_t kvStrides[3] = {int64_t(pages) * pageSize * dim, int64_t(pageSize) * dim, dim};
   for (int d = 0; d < 3; ++d) {
-    args.q_stride[d] = args.out_stride[d] = qStrides[d];
+    args.q_stride[d] = qStrides[d];
+    args.out_stride[d] = outStrides[d];
     args.k_stride[d] = args.v_stride[d] = kvStrides[d];
   }
   args.page_table_stride = pagesPerSequence;
@@ -703,7 +704,10 @@ TEST(CudaVsCpu, PersistentPrefillRelaunchedTakesEveryTile) {
           .pack(mods.params, mods.buffers, noContext),
       length);
   const std::string note = launch.applyLaunchOptions(pages, pages);
-  EXPECT_NE(note.find("persistent (3 CTAs), tile counter"), std::string::npos) << note;
+  if (persistent)
+    EXPECT_NE(note.find("persistent (3 CTAs), tile counter"), std::string::npos) << note;
+  else
+    EXPECT_EQ(note.find("persistent"), std::string::npos) << note;
 
   // The float64 reference.
   std::vector<double> reference(q.size());
@@ -740,16 +744,22 @@ TEST(CudaVsCpu, PersistentPrefillRelaunchedTakesEveryTile) {
       }
 
   const CudaDriver &driver = cudaUseDevice(0);
-  for (int run = 0; run < 3; ++run) {
+  for (int run = 0; run < runs; ++run) {
     outDev.fill(0xff); // NaN: a tile left out stays NaN
     launch.enqueue(nullptr);
     driver.check(driver.api().ctxSynchronize(), "cuCtxSynchronize");
-    std::vector<uint16_t> out(q.size());
+    std::vector<uint16_t> out(outElements);
     outDev.download(out.data(), out.size() * 2);
     double error = 0, norm = 0;
-    int64_t nonFinite = 0;
-    for (size_t i = 0; i < out.size(); ++i) {
-      const double a = bf16ToFloat(out[i]);
+    int64_t nonFinite = 0, written = 0;
+    for (size_t e = 0; e < out.size(); ++e) {
+      const bool inRow = e >= size_t(outOffset) && (e - outOffset) % outRowStride < size_t(dim);
+      if (!inRow) {
+        written += out[e] != 0xffff;
+        continue;
+      }
+      const size_t i = (e - outOffset) / outRowStride * dim + (e - outOffset) % outRowStride;
+      const double a = bf16ToFloat(out[e]);
       if (!std::isfinite(a)) {
         ++nonFinite;
         continue;
@@ -758,8 +768,33 @@ TEST(CudaVsCpu, PersistentPrefillRelaunchedTakesEveryTile) {
       norm += reference[i] * reference[i];
     }
     EXPECT_EQ(nonFinite, 0) << "launch " << run << ": tiles left out (NaN-poisoned)";
+    EXPECT_EQ(written, 0) << "launch " << run << ": elements written outside out's rows";
     EXPECT_LE(std::sqrt(error / norm), 1e-2) << "launch " << run;
   }
+}
+
+// Persistent CTAs taking their query tiles from a work counter: one launch
+// object enqueued three times (as `pagedc-gpu bench` does) must compute
+// every tile each time, so each launch has to leave the counter at zero
+// for the next.
+TEST(CudaVsCpu, PersistentPrefillRelaunchedTakesEveryTile) {
+  std::string why;
+  if (!haveDevice(&why))
+    GTEST_SKIP() << "no CUDA device: " << why;
+  checkWarpgroupPrefill(true, 128, 0, 3);
+}
+
+// The epilogue stages O through shared memory and stores 16-byte chunks
+// where out's rows are 16-byte aligned (rows 136 elements apart here), and
+// stores pairs from the accumulators where they are not (the runtime asks
+// only 4 bytes: rows 130 elements apart, 2 elements into the buffer).
+TEST(CudaVsCpu, WarpgroupPrefillStoresPaddedAndUnalignedOut) {
+  std::string why;
+  if (!haveDevice(&why))
+    GTEST_SKIP() << "no CUDA device: " << why;
+  checkWarpgroupPrefill(false, 128, 0, 1);
+  checkWarpgroupPrefill(false, 136, 0, 1);
+  checkWarpgroupPrefill(false, 130, 2, 1);
 }
 
 } // namespace
