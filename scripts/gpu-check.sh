@@ -41,6 +41,8 @@
 #                        each kernel (prefill, decode + merge, block-mask builder)
 #   gpu-bench-pagedc.json, gpu-bench-torch.json, gpu-bench.json
 #                        section 4 benchmark: ours, PyTorch's, merged + targets
+#   clocks.csv           nvidia-smi every 0.5 s from the first launch on: SM
+#                        clock (and its maximum), power, temperature
 #
 # Steps: (0) configure + build runtime-only (-DPAGEDC_ENABLE_COMPILER=OFF;
 # fmt from the pack when the machine has none): pagedc-gpu and
@@ -167,6 +169,16 @@ if [[ $dry == 1 ]]; then
 fi
 
 step "device" "$build/bin/pagedc-device-query" || exit 1
+
+# The SM clock, power and temperature every half second while the checks
+# and benchmarks run (clocks.csv): TFLOP/s are compared with the model's
+# peak at 1.83 GHz, and under load the clock may sit well below that.
+if command -v nvidia-smi >/dev/null; then
+  nvidia-smi --query-gpu=timestamp,clocks.sm,clocks.max.sm,power.draw,temperature.gpu \
+    --format=csv -lms 500 >"$out/clocks.csv" 2>&1 &
+  clock_sampler=$!
+  trap 'kill "$clock_sampler" 2>/dev/null' EXIT
+fi
 
 # (1) Correctness.
 step "check" "$gpu" check "$pack" --json "$out/gpu-check.json"

@@ -10,7 +10,10 @@
 # (pagedc_prefill or pagedc_decode; the block-mask builder and the merge are
 # skipped) with the throughput, occupancy, scheduler, warp-state and source
 # sections, writing $OUT/ncu-<n>.txt (details, source counters: the SASS
-# lines with the most stalls). The kernels' SASS goes to $OUT/sass-<n>.txt.gz
+# lines with the most stalls), the report $OUT/ncu-<n>.ncu-rep and every
+# metric it holds as CSV, $OUT/ncu-<n>-raw.csv (the warp stall reasons
+# among them: the text page prints only their total, 'Warp Cycles Per
+# Issued Instruction'). The kernels' SASS goes to $OUT/sass-<n>.txt.gz
 # (cuobjdump of the configuration's bundle). Clocks are left as they are
 # (--clock-control none). Exit status: 1 when ncu failed for any filter.
 set -uo pipefail
@@ -51,11 +54,16 @@ EOF
     --section SpeedOfLight --section ComputeWorkloadAnalysis --section MemoryWorkloadAnalysis \
     --section Occupancy --section LaunchStats --section SchedulerStats \
     --section WarpStateStats --section SourceCounters --section InstructionStats \
+    --export "$out/ncu-$n" --force-overwrite \
     "$build/bin/pagedc-gpu" bench "$pack" --filter "$filter" --warmup 2 --iters 2 --copy-mib 64 \
     >"$out/ncu-$n.txt" 2>&1
   status=$?
   echo "== $n: ncu exit $status"
   [[ $status == 0 ]] || failures=$((failures + 1))
+  if [[ -f "$out/ncu-$n.ncu-rep" ]]; then
+    ncu --import "$out/ncu-$n.ncu-rep" --page raw --csv >"$out/ncu-$n-raw.csv" 2>&1 ||
+      echo "== $n: ncu --page raw failed (the report is kept)"
+  fi
   grep -E "Duration|Compute \(SM\) Throughput|Memory Throughput|Registers Per|Achieved Occupancy|Issue Slots Busy|No Eligible|Warp Cycles Per Issued" \
     "$out/ncu-$n.txt" | head -20
 done
