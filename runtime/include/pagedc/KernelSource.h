@@ -58,6 +58,16 @@ struct KernelConfig {
   /// registers a 128 x 32 tile with 32 rows per warp needs at head dim 128
   /// for mods with row state (settlePrefillShape's second try).
   bool recomputeModRows = false;
+  /// Warpgroup prefill: the most K/V stages the producer's ring may have
+  /// (2-4; fewer where shared memory runs out, prefillStages). Fewer stages
+  /// can leave room for a second Q tile (prefillQBuffers): the 128 x 128
+  /// tile at head dim 128 has 3 stages and one Q tile by default, and 2
+  /// stages and two Q tiles (FlashAttention-3's ring at head dim 128) with a
+  /// limit of 2, so that a persistent CTA copies its next Q during the
+  /// current tile and stages O through shared memory. 4 for the other
+  /// kernels. $PAGEDC_PREFILL_SHAPE sets it with a suffix "sK"
+  /// (e.g. 128x128x64s2).
+  int prefillStageLimit = 4;
   /// KV rows per tile (32 or 64; 32, 64 or 128 with warpgroup tiles).
   /// Block-mask kv blocks must be multiples.
   int blockN = 64;
@@ -76,7 +86,8 @@ struct KernelConfig {
     return kind == other.kind && elementType == other.elementType &&
            headDim == other.headDim && pageSize == other.pageSize &&
            blockM == other.blockM && warpRows == other.warpRows &&
-           recomputeModRows == other.recomputeModRows && blockN == other.blockN &&
+           recomputeModRows == other.recomputeModRows &&
+           prefillStageLimit == other.prefillStageLimit && blockN == other.blockN &&
            groupSize == other.groupSize && queryTokens == other.queryTokens &&
            returnLse == other.returnLse && paramsSize == other.paramsSize;
   }
@@ -91,8 +102,9 @@ struct KernelConfig {
   /// (32 rows per warp spill there for some mods); 64 x 32 with 16 rows per warp at 256
   /// (64 x 64 spilled 8-16 bytes for some corpus mask x score pairs;
   /// bench/README.md has the ptxas figures). $PAGEDC_PREFILL_SHAPE=MxNxW
-  /// (e.g. 64x64x16, the first design) overrides it for comparisons;
-  /// entries "dD=MxNxW" after it, comma-separated, override it at head dim
+  /// (e.g. 64x64x16, the first design) overrides it for comparisons, with
+  /// a suffix "r" (recomputeModRows) or, on warpgroup tiles, "sK"
+  /// (prefillStageLimit K); entries "dD=MxNxW" after it, comma-separated, override it at head dim
   /// D alone ("128x128x64,d256=128x64x64": a tile that fits each; "dD="
   /// keeps the default there); a malformed value throws pagedc::Error
   /// naming it.
@@ -145,7 +157,8 @@ struct KernelConfig {
   /// Dynamic shared memory of the main kernel, in bytes.
   int sharedMemoryBytes() const;
   /// Warpgroup prefill: K/V stages of the producer's ring, the most (up
-  /// to 4) whose shared memory fits an H100 CTA (227 KiB), at least 2.
+  /// to prefillStageLimit) whose shared memory fits an H100 CTA (227 KiB),
+  /// at least 2.
   /// 1 for the other kernels.
   int prefillStages() const;
   /// Warpgroup prefill: Q tiles in shared memory, 2 where a second fits

@@ -42,6 +42,9 @@ Value configToJson(const KernelConfig &config) {
   value.set("block_m", config.blockM);
   value.set("warp_rows", config.warpRows);
   value.set("recompute_mod_rows", config.recomputeModRows);
+  // Only where it caps the ring (absent: 4, as in manifests from before it).
+  if (config.prefillStageLimit != 4)
+    value.set("prefill_stage_limit", config.prefillStageLimit);
   value.set("block_n", config.blockN);
   value.set("group_size", config.groupSize);
   value.set("query_tokens", config.queryTokens);
@@ -74,6 +77,9 @@ KernelConfig configFromJson(const Value &value, const std::string &where) {
   // ... and before recompute_mod_rows, kernels that hold their row values.
   if (const Value *recompute = value.find("recompute_mod_rows"))
     config.recomputeModRows = recompute->asBool(name("recompute_mod_rows"));
+  // ... and before prefill_stage_limit, rings of up to 4 stages.
+  if (const Value *limit = value.find("prefill_stage_limit"))
+    config.prefillStageLimit = static_cast<int>(limit->asInt(name("prefill_stage_limit")));
   config.blockN = static_cast<int>(field("block_n").asInt(name("block_n")));
   config.groupSize = static_cast<int>(field("group_size").asInt(name("group_size")));
   config.queryTokens = static_cast<int>(field("query_tokens").asInt(name("query_tokens")));

@@ -127,21 +127,32 @@ std::string prefillShapeOverride(int headDim) {
 void KernelConfig::choosePrefillShape() {
   if (const std::string override = prefillShapeOverride(headDim); !override.empty()) {
     const char *shape = override.c_str();
-    int m = 0, n = 0, w = 0;
-    char suffix = 0, tail = 0;
-    const int fields = std::sscanf(shape, "%dx%dx%d%c%c", &m, &n, &w, &suffix, &tail);
-    if (fields != 3 && !(fields == 4 && suffix == 'r'))
-      throw Error(fmt::format("PAGEDC_PREFILL_SHAPE '{}' is not MxNxW or MxNxWr (query rows x "
-                              "KV rows per tile x query rows per warp, e.g. 64x64x16; r: the "
-                              "mods' row values recomputed per KV tile; \"dD=\" before a shape: "
-                              "at head dim D only)",
+    int m = 0, n = 0, w = 0, consumed = 0;
+    const int fields = std::sscanf(shape, "%dx%dx%d%n", &m, &n, &w, &consumed);
+    const std::string suffix = fields == 3 ? std::string(shape + consumed) : std::string();
+    int stageLimit = 4;
+    bool recompute = false, suffixOk = suffix.empty();
+    if (suffix == "r") {
+      recompute = suffixOk = true;
+    } else if (suffix.size() == 2 && suffix[0] == 's' && suffix[1] >= '2' && suffix[1] <= '4') {
+      stageLimit = suffix[1] - '0';
+      suffixOk = w == 64;
+    }
+    if (fields != 3 || !suffixOk)
+      throw Error(fmt::format("PAGEDC_PREFILL_SHAPE '{}' is not MxNxW, MxNxWr or MxNxWsK (query "
+                              "rows x KV rows per tile x query rows per warp, e.g. 64x64x16; r: "
+                              "the mods' row values recomputed per KV tile; sK, warpgroup tiles "
+                              "(W 64) only: at most K = 2, 3 or 4 K/V stages; \"dD=\" before a "
+                              "shape: at head dim D only)",
                               std::getenv("PAGEDC_PREFILL_SHAPE")));
     blockM = m;
     blockN = n;
     warpRows = w;
-    recomputeModRows = fields == 4;
+    recomputeModRows = recompute;
+    prefillStageLimit = stageLimit;
     return;
   }
+  prefillStageLimit = 4;
   if (headDim <= 64) {
     blockM = 128;
     blockN = 32;
@@ -253,6 +264,11 @@ void KernelConfig::validate() const {
                             headDim));
   if (kind != KernelKind::Prefill && warpRows != 16)
     throw Error("only the prefill kernel takes 32 query rows per warp or warpgroup tiles");
+  if (prefillStageLimit < 2 || prefillStageLimit > 4)
+    throw Error(fmt::format("the warpgroup prefill's ring takes 2 to 4 K/V stages, not {}",
+                            prefillStageLimit));
+  if (prefillStageLimit != 4 && (kind != KernelKind::Prefill || warpRows != 64))
+    throw Error("only the warpgroup prefill (64 rows per warpgroup) has a K/V stage limit");
   if (recomputeModRows && (kind != KernelKind::Prefill || warpRows == 64))
     throw Error("only the prefill kernel's mma.sync tiles (16 or 32 query rows per warp) "
                 "recompute the mods' row values per KV tile");
@@ -279,11 +295,14 @@ void KernelConfig::validate() const {
 std::string KernelConfig::describe() const {
   // The first design (16 rows per warp) keeps its historical description.
   // "r": the mods' row values recomputed per KV tile.
-  return fmt::format("{} {} d{} page{} m{}{}{} n{} group{} tokens{} lse{} params{}",
+  // "sK": a stage limit under 4.
+  return fmt::format("{} {} d{} page{} m{}{}{}{} n{} group{} tokens{} lse{} params{}",
                      kernelKindName(kind), dtypeName(elementType), headDim,
                      pageSize, blockM,
                      warpRows == 16 ? std::string() : fmt::format("w{}", warpRows),
                      recomputeModRows ? "r" : "",
+                     prefillStageLimit == 4 ? std::string()
+                                            : fmt::format("s{}", prefillStageLimit),
                      blockN, groupSize, queryTokens, returnLse ? 1 : 0, paramsSize);
 }
 
@@ -325,7 +344,7 @@ int wgmmaPrefillSharedBytes(const KernelConfig &config, int stages, int qBuffers
 int KernelConfig::prefillStages() const {
   if (kind != KernelKind::Prefill || warpRows != 64)
     return 1;
-  for (int stages = 4; stages > 2; --stages)
+  for (int stages = std::min(4, prefillStageLimit); stages > 2; --stages)
     if (wgmmaPrefillSharedBytes(*this, stages) <= kMaxSharedPerCta)
       return stages;
   return 2;

@@ -43,12 +43,23 @@ TEST(KernelBundle, WritesAndReadsBack) {
   KernelBundle bundle;
   bundle.add(fakeKernel(KernelKind::Prefill, std::string("\x7f" "ELF\0prefill", 12)), "causal \"v2\"");
   bundle.add(fakeKernel(KernelKind::Decode, "\x7f" "ELFdecode bytes"), "causal \"v2\"");
+  // A warpgroup prefill with a 2-stage ring: its limit comes back too.
+  CompiledKernel ring = fakeKernel(KernelKind::Prefill, "\x7f" "ELFring");
+  ring.config.headDim = 128;
+  ring.config.blockM = 128;
+  ring.config.blockN = 128;
+  ring.config.warpRows = 64;
+  ring.config.prefillStageLimit = 2;
+  ring.key = "0123456789abcdef0123456789abcdef";
+  bundle.add(ring, "causal \"v2\"");
   bundle.write(dir.path());
   EXPECT_TRUE(fs::exists(fs::path(dir.path()) / "manifest.json"));
 
   KernelBundle loaded = KernelBundle::read(dir.path());
-  ASSERT_EQ(loaded.modules.size(), 2u);
-  for (size_t i = 0; i < 2; ++i) {
+  ASSERT_EQ(loaded.modules.size(), 3u);
+  EXPECT_EQ(loaded.modules[2].config.prefillStageLimit, 2);
+  EXPECT_EQ(loaded.modules[2].sharedMemoryBytes, ring.config.sharedMemoryBytes());
+  for (size_t i = 0; i < 3; ++i) {
     const BundleModule &a = bundle.modules[i], &b = loaded.modules[i];
     EXPECT_EQ(a.file, b.file);
     EXPECT_EQ(a.arch, b.arch);

@@ -568,7 +568,34 @@ TEST(SettlePrefillShape, LeavesOtherTilesAlone) {
   EXPECT_EQ(config.blockN, 128);
   EXPECT_EQ(config.warpRows, 64);
   EXPECT_FALSE(config.prefillFallsBackOnSpills());
-  for (const char *bad : {"128x32x32q", "128x32x32rr", "128x32"}) {
+  EXPECT_EQ(config.prefillStageLimit, 4);
+  EXPECT_EQ(config.prefillStages(), 3); // 128 x 128 at D 128: 3 stages, one Q tile
+  EXPECT_EQ(config.prefillQBuffers(), 1);
+  // "sK": at most K stages; at 2 a second Q tile fits (FlashAttention-3's ring).
+  ::setenv("PAGEDC_PREFILL_SHAPE", "128x128x64s2", 1);
+  config.choosePrefillShapeFor("sm_90a");
+  EXPECT_EQ(config.blockN, 128);
+  EXPECT_EQ(config.prefillStageLimit, 2);
+  EXPECT_EQ(config.prefillStages(), 2);
+  EXPECT_EQ(config.prefillQBuffers(), 2);
+  EXPECT_EQ(config.sharedMemoryBytes(), 1024 + (2 * 128 + 2 * 2 * 128) * 256 + 128);
+  EXPECT_NE(config.describe().find("m128w64s2 n128"), std::string::npos) << config.describe();
+  config.validate();
+  ::setenv("PAGEDC_PREFILL_SHAPE", "128x64x64s3", 1);
+  config.choosePrefillShapeFor("sm_90a");
+  EXPECT_EQ(config.prefillStages(), 3);
+  ::unsetenv("PAGEDC_PREFILL_SHAPE");
+  config.choosePrefillShapeFor("sm_90a"); // the default again: no limit left over
+  EXPECT_EQ(config.prefillStageLimit, 4);
+  EXPECT_EQ(config.prefillStages(), 3);
+  config.prefillStageLimit = 1;
+  EXPECT_THROW(config.validate(), Error);
+  config.prefillStageLimit = 2;
+  config.warpRows = 32;
+  config.blockN = 32;
+  EXPECT_THROW(config.validate(), Error); // mma.sync tiles have no ring
+  for (const char *bad : {"128x32x32q", "128x32x32rr", "128x32", "128x32x32s2", "128x128x64s5",
+                          "128x128x64s1", "128x128x64s", "128x128x64s2r", "128x128x64s22"}) {
     ::setenv("PAGEDC_PREFILL_SHAPE", bad, 1);
     EXPECT_THROW(config.choosePrefillShapeFor("sm_80"), Error) << bad;
   }
