@@ -2,7 +2,8 @@
 # The GPU check, run ON the GPU machine in one command (no LLVM there):
 #
 #   scripts/gpu-check.sh [--dry-run] [--prefill-options] [--decode-options]
-#                        [--also PACK2]... [PACK_DIR]
+#                        [--also PACK2]... [--also-with SETTINGS PACK2]...
+#                        [PACK_DIR]
 #                                                             (default: gpu-pack/)
 #
 # --prefill-options: the pack's prefill checks and benchmarks again with each
@@ -33,6 +34,12 @@
 # prefixed "also2-", and so on (summary.txt names each pack). Every step is
 # killed after PAGEDC_STEP_TIMEOUT_S seconds (default 300): a hung kernel
 # fails its step instead of the whole call.
+# --also-with SETTINGS PACK2: the same, with SETTINGS (space-separated
+# VAR=VALUE, e.g. "PAGEDC_PREFILL_PERSISTENT=1") in the environment of its
+# checks and benchmarks; its checks also take PAGEDC_PREFILL_PERSISTENT_CTAS=3
+# where SETTINGS make the CTAs persistent (as the "persistent" option does).
+# The --also and --also-with packs share one numbering (also-, also2-, ...),
+# in the order given; a pack may come twice, with different settings.
 #
 # Results go to $OUT (the run tool's folder) or gpu-results/:
 #   summary.txt          every step's status and the tables
@@ -57,19 +64,40 @@ root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 dry=0
 pack=""
 also=()
+also_env=()
 options=0
 for arg in "$@"; do
   case "$arg" in
     --dry-run) dry=1 ;;
     --prefill-options) options=1 ;;
     --decode-options) decode_options=1 ;;
-    --also) expect_also=1; continue ;;
+    --also) if [[ ${expect_also:-0} == 0 ]]; then expect_also=1; pending_env=""; continue; fi ;;
+    --also-with) if [[ ${expect_also:-0} == 0 ]]; then expect_also=2; continue; fi ;;
     -h|--help) sed -n '2,/^# Exit status/p' "$0"; exit 0 ;;
-    *) if [[ ${expect_also:-0} == 1 ]]; then also+=("$arg"); else pack="$arg"; fi ;;
   esac
+  if [[ ${expect_also:-0} == 2 ]]; then
+    # The settings of --also-with: VAR=VALUE words only.
+    for word in $arg; do
+      [[ $word =~ ^[A-Z_][A-Z0-9_]*=[^[:space:]]*$ ]] ||
+        { echo "gpu-check: --also-with: '$word' is not VAR=VALUE" >&2; exit 2; }
+    done
+    pending_env=$arg
+    expect_also=1
+    continue
+  fi
+  if [[ ${expect_also:-0} == 1 ]]; then
+    also+=("$arg")
+    also_env+=("${pending_env:-}")
+    pending_env=""
+  else
+    pack="$arg"
+  fi
   expect_also=0
 done
-if [[ ${expect_also:-0} == 1 ]]; then echo "gpu-check: --also needs a pack directory" >&2; exit 2; fi
+if [[ ${expect_also:-0} != 0 ]]; then
+  echo "gpu-check: --also needs a pack directory (--also-with: settings, then a pack)" >&2
+  exit 2
+fi
 pack=${pack:-$root/gpu-pack}
 # Absolute paths: cmake reads -D paths relative to the build tree.
 pack=$(cd "$pack" 2>/dev/null && pwd || echo "$pack")
@@ -78,6 +106,17 @@ for i in "${!also[@]}"; do
 done
 # also_prefix I: the file prefix of the I-th --also pack (also-, also2-, ...).
 also_prefix() { if [[ $1 == 0 ]]; then echo also-; else echo "also$(($1 + 1))-"; fi; }
+# also_check_env I: the I-th pack's settings for its checks (3 persistent
+# CTAs where its settings make them persistent, so that the pack's small
+# cases run several query tiles a CTA).
+also_check_env() {
+  local settings=${also_env[$1]}
+  if [[ " $settings " == *" PAGEDC_PREFILL_PERSISTENT=1 "* &&
+        " $settings " != *" PAGEDC_PREFILL_PERSISTENT_CTAS="* ]]; then
+    settings="$settings PAGEDC_PREFILL_PERSISTENT_CTAS=3"
+  fi
+  echo "$settings"
+}
 out=${OUT:-$root/gpu-results}
 build=${PAGEDC_GPU_RT_BUILD:-$root/build-gpu-check}
 jobs=${PAGEDC_JOBS:-$(nproc 2>/dev/null || echo 4)}
@@ -106,6 +145,15 @@ note "pagedc GPU check $(date -u +%Y-%m-%dT%H:%M:%SZ) pack=$pack dry_run=$dry"
 if [[ $dry == 0 ]] && command -v nvidia-smi >/dev/null; then
   nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.mem --format=csv 2>&1 | tee -a "$summary"
 fi
+
+# Packs from scripts/gpu-prepare-ab.sh hold their bundles compressed (the
+# run tool's 64 MiB): unpacked here where a pack has no bundles/.
+for dir in "$pack" "${also[@]}"; do
+  if [[ ! -d "$dir/bundles" && -f "$dir/bundles.tar.gz" ]]; then
+    tar -xzf "$dir/bundles.tar.gz" -C "$dir" && note "unpacked $dir/bundles.tar.gz" ||
+      { note "cannot unpack $dir/bundles.tar.gz"; failures=$((failures + 1)); }
+  fi
+done
 
 # (0) Build: runtime only.
 source "$root/scripts/gpu-runtime-args.sh"
@@ -153,7 +201,8 @@ if [[ $dry == 1 ]]; then
   step "check --dry-run" "$gpu" check "$pack" --dry-run --json "$out/gpu-check.json"
   step "bench --dry-run" "$gpu" bench "$pack" --dry-run --json "$out/gpu-bench-pagedc.json"
   for i in "${!also[@]}"; do
-    step "check --dry-run (also: ${also[i]})" "$gpu" check "${also[i]}" --dry-run \
+    step "check --dry-run (also: ${also[i]}${also_env[i]:+ with ${also_env[i]}})" \
+      env $(also_check_env "$i") "$gpu" check "${also[i]}" --dry-run \
       --json "$out/$(also_prefix "$i")gpu-check.json"
   done
   for variant in "${variants[@]}"; do
@@ -209,10 +258,11 @@ also_done=()
 for i in "${!also[@]}"; do
   prefix=$(also_prefix "$i")
   if [[ -f "${also[i]}/pack.json" ]]; then
-    step "check (also: ${also[i]}; files $prefix*)" "$gpu" check "${also[i]}" \
-      --json "$out/${prefix}gpu-check.json"
-    step "bench (pagedc, also: ${also[i]}; files $prefix*)" "$gpu" bench "${also[i]}" \
-      --json "$out/${prefix}gpu-bench-pagedc.json"
+    with=${also_env[i]:+ with ${also_env[i]}}
+    step "check (also: ${also[i]}$with; files $prefix*)" env $(also_check_env "$i") \
+      "$gpu" check "${also[i]}" --json "$out/${prefix}gpu-check.json"
+    step "bench (pagedc, also: ${also[i]}$with; files $prefix*)" env ${also_env[i]} \
+      "$gpu" bench "${also[i]}" --json "$out/${prefix}gpu-bench-pagedc.json"
     also_done+=("$prefix")
   else
     note "no pack at ${also[i]}"

@@ -11,11 +11,20 @@ mkdir -p "$work"
 export PAGEDC_CACHE_DIR="$build_dir/kernel-cache"
 PAGEDC_GPU_BUILD="$build_dir" PAGEDC_GPU_SKIP_BUILD=1 \
   bash "$source_dir/scripts/gpu-prepare.sh" --quick "$work/pack"
-rm -rf "$work/out"
+rm -rf "$work/out" "$work/pack-z"
+# A pack as scripts/gpu-prepare-ab.sh leaves it: cases linked, bundles in
+# bundles.tar.gz (gpu-check.sh unpacks them).
+mkdir -p "$work/pack-z"
+cp "$work/pack/pack.json" "$work/pack-z/"
+cp -r "$work/pack/bench" "$work/pack-z/" 2>/dev/null || true
+ln -s ../pack/cases "$work/pack-z/cases"
+ln -s ../pack/deps "$work/pack-z/deps"
+tar -czf "$work/pack-z/bundles.tar.gz" -C "$work/pack" bundles
 OUT="$work/out" PAGEDC_GPU_RT_BUILD="$work/build-rt" PAGEDC_FORCE_PACK_FMT=1 PAGEDC_JOBS=2 \
   bash "$source_dir/scripts/gpu-check.sh" --dry-run --prefill-options --decode-options \
   --also "$work/pack" \
-  --also "$work/pack" "$work/pack"
+  --also "$work/pack" --also-with "PAGEDC_PREFILL_PERSISTENT=1" "$work/pack-z" "$work/pack"
+test -d "$work/pack-z/bundles" || { echo "gpu.dry-run: bundles.tar.gz was not unpacked"; exit 1; }
 python3 - "$work/pack/pack.json" "$work/out/gpu-check.json" "$work/out/gpu-bench-pagedc.json" \
   "$work/out/also-gpu-check.json" "$work/out" <<'PY'
 import json, os, sys
@@ -26,6 +35,15 @@ bench = json.load(open(sys.argv[3]))
 for also_file in (sys.argv[4], os.path.join(sys.argv[5], "also2-gpu-check.json")):
     also = json.load(open(also_file))
     assert [c["status"] for c in also["cases"]] == [c["status"] for c in check["cases"]], also_file
+# --also-with: the third pack's checks planned under its settings (persistent
+# CTAs, 3 of them for the checks), the first two's without.
+def persistent_launches(path):
+    return [launch for case in json.load(open(path))["cases"] for launch in case["launches"]
+            if "persistent (" in launch]
+also3 = persistent_launches(os.path.join(sys.argv[5], "also3-gpu-check.json"))
+assert also3 and all(l.startswith("pagedc_prefill grid (") for l in also3), also3
+assert any(l.startswith("pagedc_prefill grid (3, 1, 1)") for l in also3), also3
+assert not persistent_launches(sys.argv[4]), "--also took --also-with's settings"
 # --prefill-options: each launch option's prefill cases planned.
 prefill = [c["status"] for c in check["cases"] if c["name"].find("prefill") >= 0]
 for label in ("gather", "pingpong", "page-boxes", "persistent", "persistent-snake"):
