@@ -58,6 +58,23 @@ the measured figure was 12-18% below the modelled range.
         [--shape 128x64x64] [--head-dim 128] [--json OUT]
   issue_model.py predict STATIC.json[:KEY] MODEL.json[:KEY] [--filter TEXT]
         [--device H100|A100] [--ncu NCU.txt NAME]... [--json OUT]
+  issue_model.py calibrate --point PREDICTED.json:KEY BENCH.json LABEL [...]
+        [--filter TEXT] [--skip TEXT]... [--clock-ghz F] [--heads-q 32]
+        [--block-m 128] [--apply PREDICTED.json:KEY LABEL]... [--json OUT]
+
+`calibrate` sets `predict`'s rows (the midpoint of each range) beside a GPU's
+measured medians and fits, by least squares on the relative error,
+
+    measured = s x modelled + c[LABEL] x query tiles per SM
+
+s: the clock (the model counts at 1.83 GHz, so a GPU running at f takes
+1.83 / f as long; --clock-ghz fixes it, e.g. at Nsight Compute's reading);
+c: a cost per query tile that the model does not see, one per --point label
+(a CTA's start and end: Q and the first K/V arriving, the last P V
+draining, O stored; with persistent CTAs, what of it remains between
+tiles). --apply prints calibrated figures for other rows with a label's c,
+at the fitted clock and at 1.83 GHz. MODELLED, and only as good as the
+points: a CTA's cost is taken as the same at every sequence length.
 """
 import argparse
 import json
@@ -176,9 +193,18 @@ def rule_us(terms, issue):
 
 
 def load_model(spec):
+    """FILE, FILE:KEY or FILE:KEY/KEY/...: a JSON file or a value in it (a
+    key is taken whole first, then as a path of keys split at '/')."""
     path, _, key = spec.partition(":")
-    model = json.load(open(path))
-    return model[key] if key else model
+    with open(path) as handle:
+        model = json.load(handle)
+    if not key:
+        return model
+    if key in model:
+        return model[key]
+    for part in key.split("/"):
+        model = model[part]
+    return model
 
 
 def prefill_launch(configuration, device="H100"):
@@ -334,6 +360,74 @@ def predict(static, model, text="prefill", ncu=(), device="H100"):
     return rows
 
 
+def _solve(matrix, vector):
+    """x with matrix x = vector (Gaussian elimination, partial pivoting)."""
+    n = len(vector)
+    a = [list(row) + [vector[i]] for i, row in enumerate(matrix)]
+    scale = max(abs(x) for row in matrix for x in row) or 1.0
+    for col in range(n):
+        pivot = max(range(col, n), key=lambda r: abs(a[r][col]))
+        if abs(a[pivot][col]) < 1e-12 * scale:
+            raise ValueError("the points do not determine the fit (add points or fix the clock)")
+        a[col], a[pivot] = a[pivot], a[col]
+        for r in range(n):
+            if r != col:
+                f = a[r][col] / a[col][col]
+                a[r] = [x - f * y for x, y in zip(a[r], a[col])]
+    return [a[i][n] / a[i][i] for i in range(n)]
+
+
+def calibration_points(predicted, bench, label, text="causal", skip=(), heads_q=32, block_m=128):
+    """Rows of (modelled us, measured us, query tiles per SM) for the
+    configurations in both a `predict` result and a `pagedc-gpu bench`
+    result whose names hold `text` and none of `skip`."""
+    measured = {c["name"]: c for c in bench["configurations"] if c.get("status") == "ok"}
+    sms = bench.get("multiprocessors") or H100_SMS
+    rows = []
+    for r in predicted:
+        name = r["name"]
+        if text not in name or any(t in name for t in skip) or name not in measured:
+            continue
+        c = measured[name]
+        tiles = c["batch"] * heads_q * math.ceil(c["q_len"] / block_m)
+        low, high = r["modelled_us_with_issue"]
+        rows.append({"label": label, "name": name, "modelled_us": (low + high) / 2,
+                     "measured_us": c["median_ms"] * 1e3, "tiles_per_sm": tiles / sms})
+    return rows
+
+
+def calibrate(points, clock_ghz=None):
+    """Fits s (unless the clock fixes it) and one c per label; returns the
+    fit and each point's calibrated time."""
+    labels = sorted({p["label"] for p in points}, key=[p["label"] for p in points].index)
+    fixed = H100_CLOCK_HZ / (clock_ghz * 1e9) if clock_ghz else None
+    columns = labels if fixed else ["s"] + labels
+    if len(points) < len(columns):
+        raise ValueError(f"{len(points)} points cannot fit {len(columns)} unknowns "
+                         "(add points or fix the clock)")
+    matrix = [[0.0] * len(columns) for _ in columns]
+    vector = [0.0] * len(columns)
+    for p in points:
+        t = p["measured_us"]
+        row = [0.0] * len(columns)
+        if not fixed:
+            row[0] = p["modelled_us"] / t
+        row[columns.index(p["label"])] = p["tiles_per_sm"] / t
+        target = 1.0 - (fixed * p["modelled_us"] / t if fixed else 0.0)
+        for i in range(len(columns)):
+            vector[i] += row[i] * target
+            for j in range(len(columns)):
+                matrix[i][j] += row[i] * row[j]
+    x = _solve(matrix, vector)
+    s = fixed if fixed else x[0]
+    c = dict(zip(labels, x if fixed else x[1:]))
+    for p in points:
+        p["calibrated_us"] = s * p["modelled_us"] + c[p["label"]] * p["tiles_per_sm"]
+        p["measured_over_calibrated"] = p["measured_us"] / p["calibrated_us"]
+    return {"s": s, "clock_ghz": H100_CLOCK_HZ / s / 1e9, "clock_fixed": bool(fixed),
+            "tile_cost_us": c, "points": points}
+
+
 def force(source_dir, directory, values, kernel="warpgroup"):
     """A copy of source_dir's templates with the kernel's forced lines set
     to `values` (name -> 'true' / 'false'); returns (the copy's directory,
@@ -486,6 +580,20 @@ def main(argv=None):
                    help="an Nsight Compute listing of the configuration NAME: its "
                         "instruction count is shown beside the counted one")
     p.add_argument("--json")
+    c = sub.add_parser("calibrate")
+    c.add_argument("--point", nargs=3, action="append", required=True,
+                   metavar=("PREDICTED", "BENCH", "LABEL"),
+                   help="`predict --json` rows (FILE[:KEY]), a GPU's `pagedc-gpu bench --json`, "
+                        "and a label: points of one label share a cost per query tile")
+    c.add_argument("--filter", default="causal")
+    c.add_argument("--skip", action="append", default=[],
+                   help="leave out configurations whose name holds TEXT (e.g. S1024-)")
+    c.add_argument("--clock-ghz", type=float, help="fix the clock instead of fitting it")
+    c.add_argument("--heads-q", type=int, default=32)
+    c.add_argument("--block-m", type=int, default=128)
+    c.add_argument("--apply", nargs=2, action="append", default=[],
+                   metavar=("PREDICTED", "LABEL"))
+    c.add_argument("--json")
     args = parser.parse_args(argv)
 
     if args.command == "fit":
@@ -499,6 +607,53 @@ def main(argv=None):
                 r["modelled_us_without_issue"], r["issue_us"], r["modelled_us_with_issue"],
                 r["measured_over_modelled"]))
         result = rows
+    elif args.command == "calibrate":
+        points = []
+        for predicted, bench, label in args.point:
+            found = calibration_points(load_model(predicted), json.load(open(bench)), label,
+                                       args.filter, args.skip, args.heads_q, args.block_m)
+            if not found:
+                print(f"no configuration of {predicted} is in {bench}", file=sys.stderr)
+                return 1
+            points += found
+        result = calibrate(points, args.clock_ghz)
+        print("CALIBRATED MODEL (fitted to measured points; MODELLED elsewhere)")
+        print("clock %.3f GHz (%s; s = %.3f)" % (
+            result["clock_ghz"], "fixed" if result["clock_fixed"] else "fitted", result["s"]))
+        for label, cost in result["tile_cost_us"].items():
+            print("cost per query tile, %s: %.2f us" % (label, cost))
+        print("%-14s %-32s %10s %10s %10s %8s" % ("label", "configuration", "modelled",
+                                                  "measured", "calibrated", "meas/cal"))
+        for p in points:
+            print("%-14s %-32s %10.1f %10.1f %10.1f %8.3f" % (
+                p["label"], p["name"], p["modelled_us"], p["measured_us"], p["calibrated_us"],
+                p["measured_over_calibrated"]))
+        applied = []
+        for predicted, label in args.apply:
+            cost = result["tile_cost_us"][label]
+            for r in load_model(predicted):
+                if args.filter not in r["name"] or any(t in r["name"] for t in args.skip):
+                    continue
+                match = next((p for p in points if p["name"] == r["name"]), None)
+                if match is None:
+                    continue  # the tile count comes from a measured point's shape
+                low, high = r["modelled_us_with_issue"]
+                flops = r["tflops_with_issue"][0] * 1e6 * high
+                row = {"predicted": predicted, "label": label, "name": r["name"],
+                       "modelled_us": (low + high) / 2}
+                for key, s_value in (("fitted_clock", result["s"]), ("clock_1.83", 1.0)):
+                    t = s_value * row["modelled_us"] + cost * match["tiles_per_sm"]
+                    row[key] = {"us": t, "tflops": flops / t / 1e6}
+                applied.append(row)
+        if applied:
+            print("%-36s %-30s %18s %18s" % ("applied to (rows, label)", "configuration",
+                                             "TFLOP/s at %.2f GHz" % result["clock_ghz"],
+                                             "TFLOP/s at 1.83 GHz"))
+            for row in applied:
+                print("%-36s %-30s %18.0f %18.0f" % (
+                    row["predicted"].partition(":")[2][-24:] + ", " + row["label"], row["name"],
+                    row["fitted_clock"]["tflops"], row["clock_1.83"]["tflops"]))
+        result["applied"] = applied
     elif args.command == "static":
         arch = args.arch or ("sm_80" if args.kernel == "mma" else "sm_90a")
         result = static_counts(args.pagedc, args.cuobjdump, args.templates, args.shape,

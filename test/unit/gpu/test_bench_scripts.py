@@ -508,6 +508,53 @@ class IssueModel(unittest.TestCase):
         with self.assertRaises(ValueError):
             issue_model.ncu_figures("Duration ms 1.0")
 
+    def test_calibrate_recovers_the_clock_and_tile_costs(self):
+        # Points made from s = 1.1 and costs 3 us (a) / 0.5 us (b) per query
+        # tile: the fit gives them back, and the calibrated times the
+        # measured ones; with the clock fixed at 1.83 / 1.1 GHz only the
+        # costs are fitted.
+        def bench(times):
+            return {"multiprocessors": 132, "configurations": [
+                {"name": n, "status": "ok", "batch": 4, "q_len": q, "median_ms": t / 1e3}
+                for n, q, t in times]}
+
+        predicted = [{"name": "prefill-causal-S4096", "modelled_us_with_issue": [850.0, 950.0],
+                      "tflops_with_issue": [500.0, 560.0]},
+                     {"name": "prefill-causal-S16384", "modelled_us_with_issue": [13000.0, 14000.0],
+                      "tflops_with_issue": [600.0, 650.0]},
+                     {"name": "prefill-document-S4096", "modelled_us_with_issue": [1.0, 2.0],
+                      "tflops_with_issue": [1.0, 2.0]}]
+        tiles = {4096: 4 * 32 * 32 / 132, 16384: 4 * 32 * 128 / 132}
+        points = []
+        for label, cost in (("a", 3.0), ("b", 0.5)):
+            times = [(r["name"], q, 1.1 * sum(r["modelled_us_with_issue"]) / 2 + cost * tiles[q])
+                     for r, q in zip(predicted, (4096, 16384))]
+            points += issue_model.calibration_points(predicted, bench(times), label)
+        self.assertEqual(len(points), 4)  # the document row is not causal, nor measured
+        fit = issue_model.calibrate([dict(p) for p in points])
+        self.assertAlmostEqual(fit["s"], 1.1, places=6)
+        self.assertAlmostEqual(fit["clock_ghz"], 1.83 / 1.1, places=6)
+        self.assertAlmostEqual(fit["tile_cost_us"]["a"], 3.0, places=4)
+        self.assertAlmostEqual(fit["tile_cost_us"]["b"], 0.5, places=4)
+        for p in fit["points"]:
+            self.assertAlmostEqual(p["measured_over_calibrated"], 1.0, places=6)
+        fixed = issue_model.calibrate([dict(p) for p in points], clock_ghz=1.83 / 1.1)
+        self.assertTrue(fixed["clock_fixed"])
+        self.assertAlmostEqual(fixed["tile_cost_us"]["a"], 3.0, places=4)
+        # One point cannot fix both s and a cost.
+        with self.assertRaises(ValueError):
+            issue_model.calibrate([dict(points[0])])
+
+    def test_load_model_walks_nested_keys(self):
+        with tempfile.TemporaryDirectory() as directory:
+            path = os.path.join(directory, "m.json")
+            with open(path, "w") as f:
+                json.dump({"a:b (c)": [1], "x": {"y": {"z": [2]}}}, f)
+            self.assertEqual(issue_model.load_model(path + ":a:b (c)"), [1])
+            self.assertEqual(issue_model.load_model(path + ":x/y/z"), [2])
+            with self.assertRaises(KeyError):
+                issue_model.load_model(path + ":x/q")
+
     def test_forced_lines_match_the_warpgroup_template(self):
         # static rewrites these lines of templates/PrefillWgmma.cuh; each
         # name must be found once, or its counts would be of both sides.
