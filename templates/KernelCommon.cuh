@@ -559,6 +559,15 @@ template <int kTile> struct KvVisits {
             args.num_q_blocks +
         mask_row;
     list_offset = mask_row_index * args.max_kv_blocks;
+    // The first block of each list, read beside the counts (loads of one
+    // basic block, none waiting for another), so that the first visit's kv
+    // (seek_first) waits for one round trip to memory instead of a count's
+    // and then an index's. A row with no block of a list still has its slot
+    // 0 when max_kv_blocks >= 1; what is read there is then not used.
+    // Kernels that never call seek_first leave the loads dead.
+    const bool has_slot = args.max_kv_blocks > 0;
+    first_blocks[0] = has_slot ? args.kv_indices[list_offset] : 0;
+    first_blocks[1] = has_slot && args.full_kv_indices ? args.full_kv_indices[list_offset] : 0;
     partial_count = args.kv_num_blocks[mask_row_index];
     list_count = partial_count +
                  (args.full_kv_num_blocks ? args.full_kv_num_blocks[mask_row_index] : 0);
@@ -594,6 +603,20 @@ template <int kTile> struct KvVisits {
     }
   }
   PAGEDC_DEVICE bool is_full(int list) const { return list >= partial_count; }
+  /// seek from the first visit (list = sub = 0), with the first blocks
+  /// start() read.
+  PAGEDC_DEVICE int seek_first(const PagedcAttentionKernelArgs &args, int kv_len, int &list,
+                               int &sub) const {
+    list = sub = 0;
+    if (args.kv_num_blocks == nullptr || list_count == 0)
+      return seek(args, kv_len, list, sub);
+    const int kv = (partial_count > 0 ? first_blocks[0] : first_blocks[1]) * args.kv_block_size;
+    if (kv < kv_len)
+      return kv;
+    list = 1;
+    return seek(args, kv_len, list, sub);
+  }
+  int first_blocks[2] = {0, 0};
 };
 
 /// Folds a tile of log2-domain scores (masked = -inf) into the state, turns

@@ -438,7 +438,7 @@ extern "C" __global__ void __launch_bounds__(pagedc::kPrefillThreads, 1)
         if (!visits.start(args, b, h, pass, kv_len))
           break;
         int list = 0, sub = 0;
-        for (int kv = visits.seek(args, kv_len, list, sub); list < visits.list_count;
+        for (int kv = visits.seek_first(args, kv_len, list, sub); list < visits.list_count;
              visits.advance(list, sub), kv = visits.seek(args, kv_len, list, sub)) {
           const int stage = visit % kStages;
           const uint32_t k_tile = stages + stage * kStageBytes;
@@ -576,7 +576,7 @@ extern "C" __global__ void __launch_bounds__(pagedc::kPrefillThreads, 1)
         sub = next_sub;
         kv_begin = next_kv;
       };
-      for (int kv_begin = visits.seek(args, kv_len, list, sub); list < visits.list_count;
+      for (int kv_begin = visits.seek_first(args, kv_len, list, sub); list < visits.list_count;
            to_next(kv_begin)) {
         const int stage = visit % kStages;
         const bool is_full = visits.is_full(list);
