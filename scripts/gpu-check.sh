@@ -50,6 +50,8 @@
 #                        section 4 benchmark: ours, PyTorch's, merged + targets
 #   clocks.csv           nvidia-smi every 0.5 s from the first launch on: SM
 #                        clock (and its maximum), power, temperature
+#   clocks.json          their summary under load (bench/gpu/clocks.py):
+#                        the SM clock's median, range, power, temperature
 #
 # Steps: (0) configure + build runtime-only (-DPAGEDC_ENABLE_COMPILER=OFF;
 # fmt from the pack when the machine has none): pagedc-gpu and
@@ -302,6 +304,14 @@ for variant in "${variants[@]}"; do
   step "report ($label)" python3 "$root/bench/gpu/report.py" "$out/$label-gpu-bench-pagedc.json" \
     "$out/gpu-bench-torch.json" --json "$out/$label-gpu-bench.json"
 done
+
+# The clock under load, from the samples (bench/gpu/clocks.py): what the
+# TFLOP/s above ran at.
+if [[ -n ${clock_sampler:-} ]]; then
+  kill "$clock_sampler" 2>/dev/null
+  wait "$clock_sampler" 2>/dev/null
+  step "clocks" python3 "$root/bench/gpu/clocks.py" "$out/clocks.csv" --json "$out/clocks.json"
+fi
 
 note "gpu-check: $failures step(s) failed; results in $out"
 exit $((failures > 0))

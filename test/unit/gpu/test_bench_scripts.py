@@ -14,6 +14,7 @@ import tempfile
 import unittest
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "..", "bench", "gpu"))
+import clocks  # noqa: E402
 import issue_model  # noqa: E402
 import model_vs_measured  # noqa: E402
 import persistent_schedule  # noqa: E402
@@ -331,6 +332,28 @@ class PtxasCorpusTest(unittest.TestCase):
         self.assertEqual(ptxas_corpus.fell_back_from(twice),
                          "128x32 w32: 8 bytes; 128x32 w32 r: 4 bytes")
         self.assertEqual(ptxas_corpus.settled_tile(twice), "64x64 w16")
+
+
+class Clocks(unittest.TestCase):
+    def test_summary_keeps_the_samples_under_load(self):
+        text = ("timestamp, clocks.current.sm [MHz], clocks.max.sm [MHz], power.draw [W], "
+                "temperature.gpu\n"
+                "2026/11/28 07:00:00.000, 345 MHz, 1980 MHz, 90.00 W, 35\n"
+                "2026/11/28 07:00:00.500, 1650 MHz, 1980 MHz, 690.50 W, 60\n"
+                "2026/11/28 07:00:01.000, 1700 MHz, 1980 MHz, 650.00 W, 62\n"
+                "2026/11/28 07:00:01.500, 1710 MHz, 1980 MHz, 500.00 W, 64\n"
+                "2026/11/28 07:00:02.000, [N/A], 1980 MHz, [N/A], 62\n")
+        rows = clocks.samples(text)
+        self.assertEqual(len(rows), 4)  # the header and the [N/A] line dropped
+        result = clocks.summary(rows)
+        # the idle sample (90 W, under half of 690.5) is left out
+        self.assertEqual(result["loaded_samples"], 3)
+        self.assertEqual(result["sm_mhz_median"], 1700.0)
+        self.assertEqual((result["sm_mhz_min"], result["sm_mhz_max"]), (1650.0, 1710.0))
+        self.assertEqual(result["sm_mhz_reported_max"], 1980.0)
+        self.assertEqual(result["temperature_c_max"], 64.0)
+        with self.assertRaises(ValueError):
+            clocks.summary(clocks.samples("timestamp, a, b, c, d\n"))
 
 
 class IssueModel(unittest.TestCase):
