@@ -29,8 +29,6 @@ shift
 parent=$(dirname "$base")
 scratch=$(mktemp -d)
 trap 'rm -rf "$scratch"' EXIT
-also=()
-packs=("$base")
 for item in "$@"; do
   rev=${item%%=*}
   name=${item#*=}
@@ -53,14 +51,14 @@ for item in "$@"; do
   tar -czf "$pack/bundles.tar.gz" -C "$pack" bundles
   rm -rf "$pack/bundles"
 done
-# Every pack linked to BASE_PACK (this call's and earlier calls'), in the
-# order written; the run tool's 64 MiB hold the working tree that travels
+# BASE_PACK and every pack linked to it (this call's and earlier calls'), in
+# name order; the run tool's 64 MiB hold the working tree that travels
 # (tracked and untracked files git does not ignore) and the carried packs.
+packs=("$base")
 for pack in "$parent"/gpu-pack-*; do
   [[ -L "$pack/cases" && $(readlink "$pack/cases") == "../$(basename "$base")/cases" ]] || continue
   packs+=("$pack")
 done
-mapfile -t packs < <(printf '%s\n' "${packs[@]}" | awk '!seen[$0]++')
 tree=$(git -C "$root" ls-files -z --cached --others --exclude-standard |
          (cd "$root" && xargs -0 du -cb 2>/dev/null) | awk '$2 == "total" {s += $1} END {print s + 0}')
 packed=$(du -sb "${packs[@]}" | awk '{s += $1} END {print s}')
