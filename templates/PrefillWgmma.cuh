@@ -94,10 +94,11 @@ constexpr unsigned kProducerBarrier = 3;
 /// between writing its O rows into shared memory and storing them.
 constexpr unsigned kEpilogueBarrier = 4;
 // Dynamic shared memory (KernelConfig::sharedMemoryBytes), the page index
-// buffers, the stages' run XORs and the Q buffers' tile slots must fit the
-// 227 KiB a block may have.
+// buffers, the stages' run XORs, the Q buffers' tile slots and the
+// producer's two round words must fit the 227 KiB a block may have.
 static_assert(1024 + (kQBuffers * kBlockM + 2 * kStages * kBlockN) * kHeadDim * 2 + 128 +
-                      2 * kTilePages * 4 + kStages * 4 + kQBuffers * 4 <= 227 * 1024,
+                      2 * kTilePages * 4 + kStages * 4 + kQBuffers * 4 + 2 * 4 <=
+                  227 * 1024,
               "shared memory over 227 KiB");
 
 /// The producer warpgroup's gather of the K and V rows [kv_begin, kv_begin
@@ -330,10 +331,10 @@ extern "C" __global__ void __launch_bounds__(pagedc::kPrefillThreads, 1)
   const uint32_t full = q_empty + 8 * kQBuffers, empty = full + 8 * kStages;
   // Persistent CTAs with a work counter (wg.tile_counter): producer
   // thread 0 takes each round's tile (by the CTA's index in round 0, from
-  // the counter after) once the Q buffer is free, writes it into the
-  // buffer's slot and arrives on its full barrier once more (so the
-  // consumers read the slot after that arrival's release). A tile past the
-  // last ends the CTA: the producer completes the buffer's full phase
+  // the counter after, a round ahead), writes it into the Q buffer's slot
+  // once the buffer is free and arrives on its full barrier once more (so
+  // the consumers read the slot after that arrival's release). A tile past
+  // the last ends the CTA: the producer completes the buffer's full phase
   // without copies and the consumers stop at the slot.
   int32_t *const tile_counter = wg.tile_counter;
   const bool counted = tile_counter != nullptr;
@@ -380,29 +381,82 @@ extern "C" __global__ void __launch_bounds__(pagedc::kPrefillThreads, 1)
     // passed the next gather's barrier, so after its reads.
     PAGEDC_SHARED(int32_t, page_slots, 2 * kTilePages);
     unsigned visit = 0, gathered = 0;
+    // With a work counter, producer thread 0 hands each round's tile to the
+    // other producer threads through one of two words (a word is rewritten
+    // two rounds later, after every producer thread passed the next round's
+    // barrier, so after its read). It takes the tiles a round ahead
+    // (`taken`: at launch its own, then the next as each round starts), so
+    // that the atomic's round trip runs under the current tile's copies
+    // instead of after the consumers hand Q's buffer back.
+    PAGEDC_SHARED(int32_t, round_tiles, 2);
+    int taken = 0;
+    if (counted && threadIdx.x == 0)
+      taken = next_counted_tile(tile_counter, 0, tile_count);
     for (int round = 0;; ++round) {
       // Q goes into its buffer once the consumers are done with the tile
       // it held kQBuffers rounds ago (the first waits pass at once).
       const int q_buffer = round % kQBuffers;
       int64_t tile_index;
       if (counted) {
-        // The tile comes with the free buffer: its slot is the consumers'
-        // until they release the buffer.
+        if (threadIdx.x == 0)
+          round_tiles[round & 1] = taken;
+        named_barrier_sync(kProducerBarrier, 128);
+        tile_index = round_tiles[round & 1];
+        // Every CTA with a tile still takes one value past the last (the
+        // counter's reset counts on it), a round before it ends.
+        if (threadIdx.x == 0 && tile_index < tile_count)
+          taken = next_counted_tile(tile_counter, round + 1, tile_count);
+      } else {
+        tile_index = prefill_round_tile(round);
+      }
+      // After the first round, a tile whose first visit is copied with
+      // tensor maps has that visit copied here, before its Q: the visit's
+      // stage comes free while the consumers finish the last tile, before
+      // they hand Q's buffer back, so its block-list and page lookups and
+      // its copy run under their last tile, and their next S waits for Q's
+      // copy alone. (Round 0 copies Q first: its buffer is free at once. A
+      // gathered first visit keeps the order. This block derives what it
+      // needs itself: sharing the round's tile, the visit loop or the Q
+      // copy with it, ptxas spilled 16-60 bytes in the producer's 56
+      // registers or 8-16 more in the consumers of 13 corpus selections.)
+      bool first_copied = false;
+      if constexpr (kTmaPages) {
+        if (round > 0 && tile_index < tile_count) {
+          const PrefillTile ahead = prefill_tile<kBlockM>(args, static_cast<int>(tile_index));
+          KvVisits<kBlockN> visits;
+          int list = 0, sub = 0;
+          if (visits.start(args, ahead.b, ahead.h, first_pass(ahead), ahead.kv_len)) {
+            const int kv = visits.seek_first(args, ahead.kv_len, list, sub);
+            if (list < visits.list_count && by_tensor_maps(kv, ahead.kv_len)) {
+              const int stage = visit % kStages;
+              const uint32_t k_tile = stages + stage * kStageBytes;
+              tma_kv_stage(k_tile, k_tile + kBlockN * kRowBytes,
+                           reinterpret_cast<const TensorMap *>(wg.k_map),
+                           reinterpret_cast<const TensorMap *>(wg.v_map),
+                           reinterpret_cast<const TensorMap *>(wg.k_run_map),
+                           reinterpret_cast<const TensorMap *>(wg.v_run_map), wg.run_boxes != 0,
+                           args.page_table + ahead.b * args.page_table_stride, kv,
+                           ahead.kv_head, threadIdx.x, full + 8 * stage, empty + 8 * stage,
+                           ((visit / kStages) & 1) ^ 1, stage_xor + stage);
+              ++visit;
+              first_copied = true;
+            }
+          }
+        }
+      }
+      if (counted) {
+        // The slot is the consumers' until they release the buffer.
         mbarrier_wait(q_empty + 8 * q_buffer, ((round / kQBuffers) & 1) ^ 1);
         if (threadIdx.x == 0)
-          tile_slots[q_buffer] = next_counted_tile(tile_counter, round, tile_count);
-        named_barrier_sync(kProducerBarrier, 128);
-        tile_index = tile_slots[q_buffer];
+          tile_slots[q_buffer] = static_cast<int32_t>(tile_index);
         if (tile_index >= tile_count) {
           cp_async_mbarrier_arrive(q_full + 8 * q_buffer);
           if (threadIdx.x == 0)
             mbarrier_arrive(q_full + 8 * q_buffer);
           break;
         }
-      } else {
-        tile_index = prefill_round_tile(round);
-        if (tile_index >= tile_count)
-          break;
+      } else if (tile_index >= tile_count) {
+        break;
       }
       // The copies' per-thread addressing, derived anew each round: hoisted
       // out of this loop, it spilled 20 bytes at the producer's 56
@@ -440,6 +494,11 @@ extern "C" __global__ void __launch_bounds__(pagedc::kPrefillThreads, 1)
         int list = 0, sub = 0;
         for (int kv = visits.seek_first(args, kv_len, list, sub); list < visits.list_count;
              visits.advance(list, sub), kv = visits.seek(args, kv_len, list, sub)) {
+          if (first_copied) {
+            // Copied before Q, above.
+            first_copied = false;
+            continue;
+          }
           const int stage = visit % kStages;
           const uint32_t k_tile = stages + stage * kStageBytes;
           if constexpr (kTmaPages) {

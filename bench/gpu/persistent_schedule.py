@@ -17,7 +17,10 @@ the CTAs two ways:
   snake    fixed rounds (prefill_round_tile): tile r*G + g in even rounds
            and r*G + G - 1 - g in odd ones;
   counter  the work counter (next_counted_tile): the CTA's own tile first,
-           then the next tile in order to whichever CTA is free first.
+           then the next tile in order to whichever CTA is free first;
+  ahead    the same counter taken a round ahead, as the kernel's producer
+           takes it since 2026-11-28: a CTA takes its next tile when it
+           starts a tile (at launch, besides its own), not when it is free.
 
 It prints each way's efficiency: the total cost / (G x the busiest CTA's
 cost), 1.0 when every CTA finishes at once. Nothing here is a measurement:
@@ -99,6 +102,31 @@ def counter(costs, ctas):
     return max(at for at, _ in free)
 
 
+def counter_ahead(costs, ctas):
+    # Each CTA holds one tile taken ahead: it takes the next when it starts
+    # one (all at time 0 in CTA order, then in the order the starts come).
+    count = len(costs)
+    taken = min(ctas, count)
+
+    def take():
+        nonlocal taken
+        if taken >= count:
+            return None
+        taken += 1
+        return taken - 1
+
+    starts = [(costs[g], g, take()) for g in range(min(ctas, count))]
+    heapq.heapify(starts)
+    finish = 0.0
+    while starts:
+        at, g, reserved = heapq.heappop(starts)
+        if reserved is None:
+            finish = max(finish, at)
+            continue
+        heapq.heappush(starts, (at + costs[reserved], g, take()))
+    return finish
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--pack", required=True, help="a pack from pagedc-gpu-prepare")
@@ -114,8 +142,8 @@ def main(argv=None):
     rows = []
     print("persistent CTAs' share of the query tiles (MODELLED): efficiency = total / "
           "(CTAs x busiest CTA)")
-    print("%-11s %6s %8s %6s %6s %8s" % ("mask", "S", "overhead", "snake", "counter",
-                                          "counter/snake"))
+    print("%-11s %6s %8s %6s %6s %6s %8s %8s" % ("mask", "S", "overhead", "snake", "counter",
+                                                  "ahead", "counter/snake", "ahead/counter"))
     for mask in ("causal", "sliding_1k", "document"):
         for length in (1024, 4096, 16384):
             documents = None
@@ -128,12 +156,14 @@ def main(argv=None):
                 total = sum(costs)
                 ideal = total / args.ctas
                 s, c = snake(costs, args.ctas), counter(costs, args.ctas)
+                a = counter_ahead(costs, args.ctas)
                 row = dict(mask=mask, S=length, overhead=overhead, tiles=len(costs),
                            snake_efficiency=ideal / s, counter_efficiency=ideal / c,
-                           counter_over_snake=s / c)
+                           ahead_efficiency=ideal / a, counter_over_snake=s / c,
+                           ahead_over_counter=c / a)
                 rows.append(row)
-                print("%-11s %6d %8g %6.3f %6.3f %8.3f" % (mask, length, overhead,
-                                                          ideal / s, ideal / c, s / c))
+                print("%-11s %6d %8g %6.3f %6.3f %6.3f %8.3f %8.3f" %
+                      (mask, length, overhead, ideal / s, ideal / c, ideal / a, s / c, c / a))
     if args.json:
         with open(args.json, "w") as f:
             json.dump(dict(modelled=True, ctas=args.ctas, batch=args.batch, heads=args.heads,

@@ -426,8 +426,8 @@ BUGS = {
           "    fence_proxy_async();\n",
           "    mbarrier_wait(q_full + 8 * q_buffer, (round / kQBuffers) & 1);\n"
           "    fence_proxy_async();\n    mbarrier_arrive(q_empty + 8 * q_buffer);\n"),
-         ("    mbarrier_arrive(q_empty + 8 * q_buffer);\n    if (kOverlap && pending) {\n",
-          "    if (kOverlap && pending) {\n")],
+         ("    if (!staged_out)\n      mbarrier_arrive(q_empty + 8 * q_buffer);\n", ""),
+         ("      }\n      mbarrier_arrive(q_empty + 8 * q_buffer);\n    }\n", "      }\n    }\n")],
         None,
         "wgmma-persistent"),
     "persistent-q-waited-on-first-phase": (
@@ -441,14 +441,22 @@ BUGS = {
         "    } else {\n      tile_index = int64_t(round) * gridDim.x + blockIdx.x;\n    }\n",
         "wgmma-persistent-snake"),
     # The work counter (the default with persistent CTAs): the producer
-    # taking the next tile (and writing its slot and Q) before the
-    # consumers released the buffer, and the consumers reading the slot
-    # before the producer's arrival that publishes it.
-    "counter-tile-taken-without-empty-wait": (
+    # writing the next tile's slot (and Q) before the consumers released the
+    # buffer, the consumers reading the slot before the producer's arrival
+    # that publishes it, and producer thread 0 handing every round's tile to
+    # the others through one word (its next round's write races their reads
+    # of this round's: tensor-map copies have no producer barrier between).
+    "counter-slot-written-without-empty-wait": (
         "PrefillWgmma.cuh",
-        "        // until they release the buffer.\n"
+        "        // The slot is the consumers' until they release the buffer.\n"
         "        mbarrier_wait(q_empty + 8 * q_buffer, ((round / kQBuffers) & 1) ^ 1);\n",
-        "        // until they release the buffer.\n",
+        "",
+        "wgmma-persistent"),
+    "counter-round-tile-one-word": (
+        "PrefillWgmma.cuh",
+        [("          round_tiles[round & 1] = taken;\n", "          round_tiles[0] = taken;\n"),
+         ("        tile_index = round_tiles[round & 1];\n", "        tile_index = round_tiles[0];\n")],
+        None,
         "wgmma-persistent"),
     "counter-slot-read-before-full-wait": (
         "PrefillWgmma.cuh",
