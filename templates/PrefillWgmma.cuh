@@ -389,6 +389,19 @@ extern "C" __global__ void __launch_bounds__(pagedc::kPrefillThreads, 1)
     // that the atomic's round trip runs under the current tile's copies
     // instead of after the consumers hand Q's buffer back.
     PAGEDC_SHARED(int32_t, round_tiles, 2);
+    // One visit at kv copied with tensor maps into the ring's next stage.
+    auto copy_by_tensor_maps = [&](const int32_t *page_row, int kv, int kv_head, int thread) {
+      const int stage = visit % kStages;
+      const uint32_t k_tile = stages + stage * kStageBytes;
+      tma_kv_stage(k_tile, k_tile + kBlockN * kRowBytes,
+                   reinterpret_cast<const TensorMap *>(wg.k_map),
+                   reinterpret_cast<const TensorMap *>(wg.v_map),
+                   reinterpret_cast<const TensorMap *>(wg.k_run_map),
+                   reinterpret_cast<const TensorMap *>(wg.v_run_map), wg.run_boxes != 0, page_row,
+                   kv, kv_head, thread, full + 8 * stage, empty + 8 * stage,
+                   ((visit / kStages) & 1) ^ 1, stage_xor + stage);
+      ++visit;
+    };
     int taken = 0;
     if (counted && threadIdx.x == 0)
       taken = next_counted_tile(tile_counter, 0, tile_count);
@@ -428,17 +441,8 @@ extern "C" __global__ void __launch_bounds__(pagedc::kPrefillThreads, 1)
           if (visits.start(args, ahead.b, ahead.h, first_pass(ahead), ahead.kv_len)) {
             const int kv = visits.seek_first(args, ahead.kv_len, list, sub);
             if (list < visits.list_count && by_tensor_maps(kv, ahead.kv_len)) {
-              const int stage = visit % kStages;
-              const uint32_t k_tile = stages + stage * kStageBytes;
-              tma_kv_stage(k_tile, k_tile + kBlockN * kRowBytes,
-                           reinterpret_cast<const TensorMap *>(wg.k_map),
-                           reinterpret_cast<const TensorMap *>(wg.v_map),
-                           reinterpret_cast<const TensorMap *>(wg.k_run_map),
-                           reinterpret_cast<const TensorMap *>(wg.v_run_map), wg.run_boxes != 0,
-                           args.page_table + ahead.b * args.page_table_stride, kv,
-                           ahead.kv_head, threadIdx.x, full + 8 * stage, empty + 8 * stage,
-                           ((visit / kStages) & 1) ^ 1, stage_xor + stage);
-              ++visit;
+              copy_by_tensor_maps(args.page_table + ahead.b * args.page_table_stride, kv,
+                                  ahead.kv_head, threadIdx.x);
               first_copied = true;
             }
           }
@@ -499,21 +503,14 @@ extern "C" __global__ void __launch_bounds__(pagedc::kPrefillThreads, 1)
             first_copied = false;
             continue;
           }
-          const int stage = visit % kStages;
-          const uint32_t k_tile = stages + stage * kStageBytes;
           if constexpr (kTmaPages) {
             if (by_tensor_maps(kv, kv_len)) {
-              tma_kv_stage(k_tile, k_tile + kBlockN * kRowBytes,
-                           reinterpret_cast<const TensorMap *>(wg.k_map),
-                           reinterpret_cast<const TensorMap *>(wg.v_map),
-                           reinterpret_cast<const TensorMap *>(wg.k_run_map),
-                           reinterpret_cast<const TensorMap *>(wg.v_run_map), wg.run_boxes != 0,
-                           page_row, kv, kv_head, thread, full + 8 * stage, empty + 8 * stage,
-                           ((visit / kStages) & 1) ^ 1, stage_xor + stage);
-              ++visit;
+              copy_by_tensor_maps(page_row, kv, kv_head, thread);
               continue;
             }
           }
+          const int stage = visit % kStages;
+          const uint32_t k_tile = stages + stage * kStageBytes;
           int32_t *slots = page_slots + (gathered & 1) * kTilePages;
           gather_kv_stage(copy_kv, k_tile, k_tile + kBlockN * kRowBytes, page_row, slots, kv,
                           kv_len, thread, empty + 8 * stage, ((visit / kStages) & 1) ^ 1);
