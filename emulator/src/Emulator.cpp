@@ -130,6 +130,10 @@ public:
   /// Static __shared__ arrays: bytes assigned so far.
   mutable std::mutex staticMutex;
   mutable unsigned staticBytes = 0;
+  /// Source locations of return addresses already symbolized: a finding
+  /// that repeats (a race on every tile) asks for the same few.
+  mutable std::mutex symbolsMutex;
+  mutable std::unordered_map<uintptr_t, std::string> symbols;
 };
 
 Module::~Module() {
@@ -406,10 +410,9 @@ std::string siteString(const char *file, int line) {
   return std::string(slash ? slash + 1 : file) + ":" + std::to_string(line);
 }
 
-/// "Prefill.cuh:123" for a return address in an image, through addr2line
-/// (reports are rare; their cost does not matter).
-std::string symbolize(const Module &module, const void *pc) {
-  const auto offset = reinterpret_cast<uintptr_t>(pc) - module.loadBase - 1;
+/// addr2line's "Prefill.cuh:123" for an offset in an image, or
+/// "image+0x..." where it knows none.
+std::string addr2line(const Module &module, uintptr_t offset) {
   char buffer[512];
   std::snprintf(buffer, sizeof(buffer), "addr2line -e '%s' 0x%lx 2>/dev/null", module.path.c_str(),
                 static_cast<unsigned long>(offset));
@@ -431,6 +434,19 @@ std::string symbolize(const Module &module, const void *pc) {
   if (auto slash = text.rfind('/'); slash != std::string::npos)
     text = text.substr(slash + 1);
   return text;
+}
+
+/// "Prefill.cuh:123" for a return address in an image, through addr2line
+/// once per address: a site is located before its finding is counted, and
+/// a finding can repeat thousands of times in a launch (one addr2line run
+/// per repeat took minutes).
+std::string symbolize(const Module &module, const void *pc) {
+  const auto offset = reinterpret_cast<uintptr_t>(pc) - module.loadBase - 1;
+  std::lock_guard<std::mutex> lock(module.symbolsMutex);
+  std::string &known = module.symbols[offset];
+  if (known.empty())
+    known = addr2line(module, offset);
+  return known;
 }
 
 void report(const char *checker, std::string message, std::string location, uint64_t address,
