@@ -778,18 +778,26 @@ PAGEDC_DEVICE void apply_mods(float (&scores)[kNTiles][4],
       }
     return;
   }
+  // One expression per element, which ptxas turns into predicates: for a
+  // pure mask (causal) two compares and a select - keep = kv < limit (a
+  // row that may not see the tile has limit 0; kv >= 0) and the mask on a
+  // partial block. Written as `if (keep && check) keep = mask(...)` it made
+  // ptxas carry each keep as a 0 / -1 register (two SELs, a LOP3 and a
+  // compare more per element): the warpgroup prefill's masked 128-key tile
+  // took 1,011-1,051 instructions a warp, now 620-660 (bench/README.md).
+  // The short circuit stays: evaluated for every element (& and |), a mask
+  // that reads buffers (document_causal) had its loads hoisted and spilled.
+  const int kv_limit[2] = {visible[0] ? kv_len : 0, visible[1] ? kv_len : 0};
 #pragma unroll
   for (int j = 0; j < kNTiles; ++j) {
 #pragma unroll
     for (int e = 0; e < 2 * kHalves; ++e) {
       int half = e >> 1;
       int kv = kv_base + ((j * 8) ^ column_xor) + 2 * (lane & 3) + (e & 1);
-      bool keep = visible[half] && kv < kv_len;
-      if constexpr (pagedc_mods::kHasMask) {
-        if (keep && check_mask[half])
-          keep = pagedc_mods::mask(params, mask_rows[half], b[half], h[half],
-                                   q[half], kv);
-      }
+      bool keep = kv < kv_limit[half];
+      if constexpr (pagedc_mods::kHasMask)
+        keep = keep && (!check_mask[half] || pagedc_mods::mask(params, mask_rows[half], b[half],
+                                                               h[half], q[half], kv));
       float logit;
       if constexpr (pagedc_mods::kHasScore) {
         logit = keep ? pagedc_mods::score(params, score_rows[half],

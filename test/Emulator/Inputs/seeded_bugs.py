@@ -480,6 +480,32 @@ BUGS = {
         "    if (!staged_out)\n      mbarrier_arrive(q_empty + 8 * q_buffer);\n",
         "    mbarrier_arrive(q_empty + 8 * q_buffer);\n",
         "wgmma-persistent"),
+    # apply_mods' masked path (all three kernels): a key's limit, kv_len for
+    # a row that sees the tile, taken 64 keys too far - the keys past
+    # kv_len of a last tile that ends past it are kept (no mask in these
+    # runs, so only the limit drops them).
+    "masked-path-keeps-keys-past-kv-len": (
+        "KernelCommon.cuh",
+        "  const int kv_limit[2] = {visible[0] ? kv_len : 0, visible[1] ? kv_len : 0};",
+        "  const int kv_limit[2] = {visible[0] ? kv_len + 64 : 0, visible[1] ? kv_len + 64 : 0};",
+        "decode-softcap"),
+    "wgmma-masked-path-keeps-keys-past-kv-len": (
+        "KernelCommon.cuh",
+        "  const int kv_limit[2] = {visible[0] ? kv_len : 0, visible[1] ? kv_len : 0};",
+        "  const int kv_limit[2] = {visible[0] ? kv_len + 64 : 0, visible[1] ? kv_len + 64 : 0};",
+        "wgmma-rescale"),
+    # ... and the mask mod's result taken on full blocks instead of partial
+    # ones: the causal diagonal keeps its future keys.
+    "mask-dropped-on-partial-blocks": (
+        "KernelCommon.cuh",
+        "keep = keep && (!check_mask[half] || pagedc_mods::mask(",
+        "keep = keep && (check_mask[half] || pagedc_mods::mask(",
+        "prefill"),
+    "wgmma-mask-dropped-on-partial-blocks": (
+        "KernelCommon.cuh",
+        "keep = keep && (!check_mask[half] || pagedc_mods::mask(",
+        "keep = keep && (check_mask[half] || pagedc_mods::mask(",
+        "wgmma"),
 }
 
 
