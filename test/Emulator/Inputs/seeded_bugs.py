@@ -26,6 +26,13 @@ import sys
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "Runtime", "Inputs"))
 from compare_npy import read_npy  # noqa: E402
 
+# Patches that seed the same bug in two kernels' runs (text, replacement).
+KV_LIMIT_PAST_KV_LEN = (
+    "  const int kv_limit[2] = {visible[0] ? kv_len : 0, visible[1] ? kv_len : 0};",
+    "  const int kv_limit[2] = {visible[0] ? kv_len + 64 : 0, visible[1] ? kv_len + 64 : 0};")
+MASK_ON_FULL_BLOCKS = ("keep = keep && (!check_mask[half] || pagedc_mods::mask(",
+                       "keep = keep && (check_mask[half] || pagedc_mods::mask(")
+
 # name: (template, text, replacement, run); or (template, [(text,
 # replacement), ...], None, run) for a bug of several edits.
 BUGS = {
@@ -484,28 +491,14 @@ BUGS = {
     # a row that sees the tile, taken 64 keys too far - the keys past
     # kv_len of a last tile that ends past it are kept (no mask in these
     # runs, so only the limit drops them).
-    "masked-path-keeps-keys-past-kv-len": (
-        "KernelCommon.cuh",
-        "  const int kv_limit[2] = {visible[0] ? kv_len : 0, visible[1] ? kv_len : 0};",
-        "  const int kv_limit[2] = {visible[0] ? kv_len + 64 : 0, visible[1] ? kv_len + 64 : 0};",
-        "decode-softcap"),
-    "wgmma-masked-path-keeps-keys-past-kv-len": (
-        "KernelCommon.cuh",
-        "  const int kv_limit[2] = {visible[0] ? kv_len : 0, visible[1] ? kv_len : 0};",
-        "  const int kv_limit[2] = {visible[0] ? kv_len + 64 : 0, visible[1] ? kv_len + 64 : 0};",
-        "wgmma-rescale"),
+    "masked-path-keeps-keys-past-kv-len": ("KernelCommon.cuh", *KV_LIMIT_PAST_KV_LEN,
+                                           "decode-softcap"),
+    "wgmma-masked-path-keeps-keys-past-kv-len": ("KernelCommon.cuh", *KV_LIMIT_PAST_KV_LEN,
+                                                 "wgmma-rescale"),
     # ... and the mask mod's result taken on full blocks instead of partial
     # ones: the causal diagonal keeps its future keys.
-    "mask-dropped-on-partial-blocks": (
-        "KernelCommon.cuh",
-        "keep = keep && (!check_mask[half] || pagedc_mods::mask(",
-        "keep = keep && (check_mask[half] || pagedc_mods::mask(",
-        "prefill"),
-    "wgmma-mask-dropped-on-partial-blocks": (
-        "KernelCommon.cuh",
-        "keep = keep && (!check_mask[half] || pagedc_mods::mask(",
-        "keep = keep && (check_mask[half] || pagedc_mods::mask(",
-        "wgmma"),
+    "mask-dropped-on-partial-blocks": ("KernelCommon.cuh", *MASK_ON_FULL_BLOCKS, "prefill"),
+    "wgmma-mask-dropped-on-partial-blocks": ("KernelCommon.cuh", *MASK_ON_FULL_BLOCKS, "wgmma"),
 }
 
 
@@ -528,11 +521,10 @@ def rel_l2(a_path, b_path):
 
 
 # The bugs split into groups by the run that shows them, one lit test per
-# group (seeded-bugs-*.test), so that ctest runs them side by side and none
-# nears its 15-minute limit on a 2-core machine: the mma.sync and decode
-# kernels', the warpgroup prefill's with one CTA per tile, its page runs and
-# ping-pong turns, and its persistent CTAs with and without the work counter
-# (the slowest on the emulator: 3 CTAs take every tile in turn).
+# group (seeded-bugs-*.test), which ctest runs side by side and names on a
+# failure: the mma.sync and decode kernels', the warpgroup prefill's with
+# one CTA per tile, its page runs and ping-pong turns, and its persistent
+# CTAs with and without the work counter.
 # Every warpgroup run is named here (a run missing from the table stops the
 # script rather than falling out of every group); the others are "mma".
 WGMMA_GROUPS = {
