@@ -104,14 +104,60 @@ template <typename Int> __device__ __forceinline__ Int flex_abs(Int a) {
 
 /// Buffer reads (docs/language.md, "Buffer reads"): an index outside
 /// [0, size) of its dimension makes the read give 0 without touching memory.
+/// (A size is never negative, so one unsigned compare tests both ends.)
 __device__ __forceinline__ bool flex_index_ok(int64_t index, int64_t size) {
-  return index >= 0 && index < size;
+  return static_cast<uint64_t>(index) < static_cast<uint64_t>(size);
 }
 /// index * stride for an index in range, else 0 (no overflow either way).
 __device__ __forceinline__ int64_t flex_index_term(int64_t index, bool ok,
                                                    int64_t stride) {
   return ok ? index * stride : 0;
 }
+#ifdef __CUDA_ARCH__
+/// One predicated read (PTX `@p ld.global.nc`): with `ok` false it gives 0
+/// and reads nothing. Written as `ok ? data[offset] : 0`, the reads of the
+/// bias mods made ptxas spill the warpgroup prefill's 128-key tile (8-36
+/// bytes at head dim 128, 55 of the corpus's 313 selections; the key_bias
+/// trip round the KV-tile loop stored and reloaded 4 registers); written
+/// this way none spills (bench/README.md, "Buffer reads as predicated
+/// loads"). Not volatile and without a memory clobber: a buffer is
+/// read-only while a kernel runs.
+// NAME(p, ok): `mov.MOV v, 0; @ok ld.global.nc.LD v, [p]` into a TYPE held
+// in a register of constraint CONSTRAINT.
+#define PAGEDC_FLEX_READ(NAME, TYPE, MOV, LD, CONSTRAINT)                          \
+  __device__ __forceinline__ TYPE NAME(const void *p, bool ok) {                   \
+    TYPE v;                                                                        \
+    asm("{\n .reg .pred q;\n setp.ne.u32 q, %2, 0;\n mov." MOV " %0, 0;\n"          \
+        " @q ld.global.nc." LD " %0, [%1];\n}"                                      \
+        : "=" CONSTRAINT(v) : "l"(p), "r"(static_cast<uint32_t>(ok)));             \
+    return v;                                                                      \
+  }
+PAGEDC_FLEX_READ(flex_read_b16, uint16_t, "b16", "b16", "h")
+PAGEDC_FLEX_READ(flex_read_b32, uint32_t, "b32", "b32", "r")
+PAGEDC_FLEX_READ(flex_read_b64, uint64_t, "b64", "b64", "l")
+PAGEDC_FLEX_READ(flex_read_u8, uint32_t, "b32", "u8", "r")
+#undef PAGEDC_FLEX_READ
+__device__ __forceinline__ int32_t flex_load(const int32_t *data, bool ok, int64_t offset) {
+  return static_cast<int32_t>(flex_read_b32(data + offset, ok));
+}
+__device__ __forceinline__ int64_t flex_load(const int64_t *data, bool ok, int64_t offset) {
+  return static_cast<int64_t>(flex_read_b64(data + offset, ok));
+}
+__device__ __forceinline__ float flex_load(const float *data, bool ok, int64_t offset) {
+  return __uint_as_float(flex_read_b32(data + offset, ok));
+}
+__device__ __forceinline__ bool flex_load(const bool *data, bool ok, int64_t offset) {
+  return flex_read_u8(data + offset, ok) != 0;
+}
+__device__ __forceinline__ float flex_load(const pagedc_f16 *data, bool ok,
+                                           int64_t offset) {
+  return pagedc::to_float(pagedc_f16{flex_read_b16(data + offset, ok)});
+}
+__device__ __forceinline__ float flex_load(const pagedc_bf16 *data, bool ok,
+                                           int64_t offset) {
+  return pagedc::to_float(pagedc_bf16{flex_read_b16(data + offset, ok)});
+}
+#else
 template <typename T>
 __device__ __forceinline__ T flex_load(const T *data, bool ok, int64_t offset) {
   return ok ? data[offset] : T(0);
@@ -124,6 +170,7 @@ __device__ __forceinline__ float flex_load(const pagedc_bf16 *data, bool ok,
                                            int64_t offset) {
   return ok ? pagedc::to_float(data[offset]) : 0.0f;
 }
+#endif
 
 /// `a << s`: 0 when s < 0 or s >= the width (PyTorch's rule); wraps.
 template <typename Int>
