@@ -619,6 +619,24 @@ template <int kTile> struct KvVisits {
   int first_blocks[2] = {0, 0};
 };
 
+/// Row `half` of a thread's tile of scores turned into probabilities
+/// 2^(s factor - base) (masked -inf: 0); returns their sum. softmax_tile's
+/// and softmax_tile_fast's loop.
+template <int kNTiles>
+PAGEDC_DEVICE float exponentiate_row(float (&scores)[kNTiles][4], int half, float factor,
+                                     float base) {
+#pragma unroll
+  for (int j = 0; j < kNTiles; ++j) {
+    scores[j][2 * half] = exp2_approx(fmaf(scores[j][2 * half], factor, -base));
+    scores[j][2 * half + 1] = exp2_approx(fmaf(scores[j][2 * half + 1], factor, -base));
+  }
+  float sum = scores[0][2 * half] + scores[0][2 * half + 1];
+#pragma unroll
+  for (int j = 1; j < kNTiles; ++j)
+    sum += scores[j][2 * half] + scores[j][2 * half + 1];
+  return sum;
+}
+
 /// Folds a tile of log2-domain scores (masked = -inf) into the state, turns
 /// `scores` into probabilities, and gives each of the thread's two rows the
 /// factor its output accumulator must be scaled by (rescale_rows).
@@ -671,16 +689,63 @@ PAGEDC_DEVICE void softmax_tile(RowState &state, float (&scores)[kNTiles][4],
     float base = new_max == -infinity() ? 0.0f : new_max;
     rescale[half] = exp2_approx(state.max[half] - base);
     state.max[half] = new_max;
+    state.sum[half] = state.sum[half] * rescale[half] +
+                      exponentiate_row<kNTiles>(scores, half, factor, base);
+  }
+}
+
+/// How large a thread's partial row sum of one tile may be for the tile to
+/// stand as softmax_tile_fast left it: no probability above it then, which
+/// f16 (65,504 at most) and bf16 P operands and the f32 sums and output
+/// hold with room to spare.
+constexpr float kFastSumLimit = 32768.0f;
+
+/// The softmax of a tile without the row maximum, for rows whose reference
+/// (state.max) is already finite: probabilities 2^(s factor - reference)
+/// at once (an FFMA, an ex2 and an add per score; no per-tile maximum, no
+/// quad shuffles, no headroom test), and the thread's partial sum of each
+/// row in `tile_sum`, which is not folded into the state yet. The caller
+/// votes on the sums (kFastSumLimit): when every thread of the warp passes,
+/// the tile stands (sums added, O's factor 1); otherwise settle_fast_tile,
+/// or for a probability that came out infinite (a score at least 128 log2
+/// units above its reference) the tile's scores are recomputed and taken
+/// by softmax_tile.
+template <int kNTiles>
+PAGEDC_DEVICE void softmax_tile_fast(const RowState &state, float (&scores)[kNTiles][4],
+                                     float (&tile_sum)[2], float factor) {
 #pragma unroll
-    for (int j = 0; j < kNTiles; ++j) {
-      scores[j][2 * half] = exp2_approx(fmaf(scores[j][2 * half], factor, -base));
-      scores[j][2 * half + 1] = exp2_approx(fmaf(scores[j][2 * half + 1], factor, -base));
-    }
-    float sum = scores[0][2 * half] + scores[0][2 * half + 1];
+  for (int half = 0; half < 2; ++half)
+    tile_sum[half] = exponentiate_row<kNTiles>(scores, half, factor, state.max[half]);
+}
+
+/// A tile of softmax_tile_fast that some thread of the warp voted against
+/// (finite probabilities): each row whose largest probability reached 2^8
+/// moves its reference up by that probability's binary exponent e, exactly
+/// (the tile's probabilities and sum and the factor of the row's earlier sum
+/// and O are 2^-e: no ex2 again), and the tile's sums are folded in. The
+/// rows' largest probabilities end below 2^9, as softmax_tile's do.
+template <int kNTiles>
+PAGEDC_DEVICE void settle_fast_tile(RowState &state, float (&scores)[kNTiles][4],
+                                    const float (&tile_sum)[2], float (&rescale)[2]) {
+#pragma unroll
+  for (int half = 0; half < 2; ++half) {
+    float largest = fmaxf(scores[0][2 * half], scores[0][2 * half + 1]);
 #pragma unroll
     for (int j = 1; j < kNTiles; ++j)
-      sum += scores[j][2 * half] + scores[j][2 * half + 1];
-    state.sum[half] = state.sum[half] * rescale[half] + sum;
+      largest = fmaxf(largest, fmaxf(scores[j][2 * half], scores[j][2 * half + 1]));
+    largest = quad_max(largest);
+    // (At most 126: 2^-e stays a normal float.)
+    const int exponent =
+        largest >= 256.0f ? imin((__float_as_int(largest) >> 23) - 127, 126) : 0;
+    const float factor = __int_as_float((127 - exponent) << 23);
+    rescale[half] = factor;
+    state.max[half] += static_cast<float>(exponent);
+#pragma unroll
+    for (int j = 0; j < kNTiles; ++j) {
+      scores[j][2 * half] *= factor;
+      scores[j][2 * half + 1] *= factor;
+    }
+    state.sum[half] = (state.sum[half] + tile_sum[half]) * factor;
   }
 }
 

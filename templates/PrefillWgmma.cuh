@@ -233,6 +233,47 @@ namespace pagedc {
 /// not fit beside O.
 constexpr bool kOverlap = kHeadDim <= 128;
 
+/// Whether a warp whose rows all have a reference max takes its tiles'
+/// softmax without the row maximum (softmax_tile_fast): kernels without a
+/// score mod. (Its overflow path recomputes a tile's scores and applies the
+/// mods a second time; with a score mod that second copy raised register
+/// pressure until 32 of the corpus's 313 selections spilled 4-8 bytes at
+/// 128 x 128, D 128.)
+constexpr bool kFastSoftmax = !pagedc_mods::kHasScore;
+
+/// A warp's raw scores S = Q K^T once more, from the Q rows and the K
+/// stage in shared memory, with f32 FMAs: the fast softmax's overflow path
+/// only (far slower than the wgmma; the head-dim loop is not unrolled and
+/// reads one element at a time, so that it takes few registers). Column c
+/// of the tile is K row c of the stage, whatever key that row holds.
+PAGEDC_DEVICE void recompute_scores(float (&scores)[kBlockN / 8][4], const unsigned char *q_rows,
+                                    const unsigned char *k_tile, int warp, int lane) {
+#pragma unroll
+  for (int j = 0; j < kBlockN / 8; ++j)
+#pragma unroll
+    for (int e = 0; e < 4; ++e)
+      scores[j][e] = 0.0f;
+  const int row = 16 * warp + (lane >> 2);
+#pragma unroll 1
+  for (int d = 0; d < kHeadDim; ++d) {
+    const int chunk = d >> 3, within = 2 * (d & 7);
+    const float q0 =
+        to_float(*reinterpret_cast<const Element *>(q_rows + atom_offset(64, row, chunk) + within));
+    const float q1 = to_float(
+        *reinterpret_cast<const Element *>(q_rows + atom_offset(64, row + 8, chunk) + within));
+#pragma unroll
+    for (int j = 0; j < kBlockN / 8; ++j)
+#pragma unroll
+      for (int c = 0; c < 2; ++c) {
+        const int column = 8 * j + 2 * (lane & 3) + c;
+        const float k = to_float(*reinterpret_cast<const Element *>(
+            k_tile + atom_offset(kBlockN, column, chunk) + within));
+        scores[j][c] = fmaf(q0, k, scores[j][c]);
+        scores[j][2 + c] = fmaf(q1, k, scores[j][2 + c]);
+      }
+  }
+}
+
 /// A descriptor moved `bytes` (a multiple of 16) further in shared memory:
 /// the start address is its low 14 bits in 16-byte units, and every
 /// address a tile here uses fits them (shared memory < 256 KiB), so the
@@ -570,6 +611,9 @@ extern "C" __global__ void __launch_bounds__(pagedc::kPrefillThreads, 1)
     RowState state;
     float out[kHeadDim / 8][4];
     reset_rows(state, out);
+    // kFastSoftmax: whether every row of the warp has a finite reference
+    // max (warp-uniform); until then its tiles take softmax_tile.
+    bool references_known = false;
 #pragma unroll
     for (int half = 0; half < 2; ++half) {
       const int row = row_begin + group_row + 16 * warp + (lane >> 2) + 8 * half;
@@ -709,12 +753,46 @@ extern "C" __global__ void __launch_bounds__(pagedc::kPrefillThreads, 1)
                                 check_mask, kv_begin, kv_len, args.scale, lane, all_kept,
                                 scale_in_softmax, column_xor);
         float rescale[2];
-        softmax_tile<kBlockN / 8>(state, scores, rescale, softmax_factor);
-        // Once the row maxima settle the factor is exactly 1 for every row of
-        // the warp: skip the 64 multiplies then (exact either way; at D 256,
-        // where ptxas then spilled, they always run).
-        const bool rescale_out =
-            !kOverlap || __ballot_sync(0xffffffffu, rescale[0] != 1.0f || rescale[1] != 1.0f) != 0;
+        bool rescale_out;
+        if (kFastSoftmax && references_known) {
+          float tile_sum[2];
+          softmax_tile_fast<kBlockN / 8>(state, scores, tile_sum, softmax_factor);
+          if (__ballot_sync(0xffffffffu, !(tile_sum[0] <= kFastSumLimit &&
+                                           tile_sum[1] <= kFastSumLimit)) == 0) {
+            // The tile stands: its references hold (O's factor is 1).
+            state.sum[0] += tile_sum[0];
+            state.sum[1] += tile_sum[1];
+            rescale[0] = rescale[1] = 1.0f;
+            rescale_out = false;
+          } else {
+            if (__ballot_sync(0xffffffffu, !(tile_sum[0] < infinity() &&
+                                                 tile_sum[1] < infinity())) == 0) {
+              settle_fast_tile<kBlockN / 8>(state, scores, tile_sum, rescale);
+            } else {
+              // Some probability overflowed: the raw scores again, the mods
+              // again (the same call as above), and the maximum first.
+              recompute_scores(scores, shared + (q_group - shared_address(shared)),
+                               shared + (stages + stage * kStageBytes - shared_address(shared)),
+                               warp, lane);
+              apply_mods<kBlockN / 8>(scores, params, mask_rows, score_rows, b_of, h_of, q_of,
+                                      visible, check_mask, kv_begin, kv_len, args.scale, lane,
+                                      all_kept, scale_in_softmax, column_xor);
+              softmax_tile<kBlockN / 8>(state, scores, rescale, softmax_factor);
+            }
+            rescale_out = !kOverlap ||
+                          __ballot_sync(0xffffffffu, rescale[0] != 1.0f || rescale[1] != 1.0f) != 0;
+          }
+        } else {
+          softmax_tile<kBlockN / 8>(state, scores, rescale, softmax_factor);
+          // Once the row maxima settle the factor is exactly 1 for every row
+          // of the warp: skip the 64 multiplies then (exact either way; at D
+          // 256, where ptxas then spilled, they always run).
+          rescale_out =
+              !kOverlap || __ballot_sync(0xffffffffu, rescale[0] != 1.0f || rescale[1] != 1.0f) != 0;
+          if constexpr (kFastSoftmax)
+            references_known = __ballot_sync(0xffffffffu, state.max[0] == -infinity() ||
+                                                              state.max[1] == -infinity()) == 0;
+        }
         tally_rescale(rescale_out, lane);
         if constexpr (kOverlap) {
           // The previous tile's O += P V must be done before P's registers

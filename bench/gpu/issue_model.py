@@ -112,6 +112,22 @@ KERNELS = {
              "            !kOverlap || __ballot_sync(0xffffffffu, rescale[0] != 1.0f || "
              "rescale[1] != 1.0f) != 0;",
              "const bool rescale_out = {value};"),
+            # since the softmax without the row maximum (kernels with no
+            # score mod, 2026-11-28): rescaled = the maximum-first path
+            # (softmax_tile, O rescaled); not rescaled = the fast path, its
+            # vote kept and what the vote guards made unreachable
+            ("rescale", "PrefillWgmma.cuh", "if (kFastSoftmax && references_known) {",
+             "if (kFastSoftmax && !{value}) {{"),
+            ("rescale", "PrefillWgmma.cuh",
+             "          rescale_out =\n"
+             "              !kOverlap || __ballot_sync(0xffffffffu, rescale[0] != 1.0f || "
+             "rescale[1] != 1.0f) != 0;",
+             "          rescale_out = {value};"),
+            ("rescale", "PrefillWgmma.cuh",
+             "          } else {\n            if (__ballot_sync(0xffffffffu, !(tile_sum[0] < "
+             "infinity() &&",
+             "          }} else {{\n            if (!{value})\n              __trap();\n"
+             "            if (__ballot_sync(0xffffffffu, !(tile_sum[0] < infinity() &&"),
             # O's rescale for the previous tile, at the top of the next trip
             ("rescale", "PrefillWgmma.cuh", "          if (o_rescale) {",
              "          if ({value}) {{"),

@@ -305,6 +305,35 @@ BUGS = {
         "tile_max - state.max[half] > kMaxHeadroom ? tile_max : state.max[half];",
         "state.max[half] == -infinity() ? tile_max : state.max[half];",
         "wgmma-rescale"),
+    # The warpgroup prefill's softmax without the row maximum (kernels with
+    # no score mod; causal runs whose raw scores climb along the keys): its
+    # vote on the row sums dropped, so overflowing probabilities stand; the
+    # fix-up by powers of two leaving O's factor at 1; the overflow path's
+    # recomputed scores taking the thread's first row for its second too.
+    "fast-softmax-unchecked": (
+        "PrefillWgmma.cuh",
+        "          if (__ballot_sync(0xffffffffu, !(tile_sum[0] <= kFastSumLimit &&\n"
+        "                                           tile_sum[1] <= kFastSumLimit)) == 0) {",
+        "          if (true) {",
+        "wgmma-climb-n128"),
+    # ... and, on the plain causal run (random inputs: after each warp's
+    # first tile every tile stands), a standing tile's row sums counted
+    # twice: shows that the fast path is what such runs take.
+    "fast-softmax-standing-sum-doubled": (
+        "PrefillWgmma.cuh",
+        "            state.sum[0] += tile_sum[0];",
+        "            state.sum[0] += 2.0f * tile_sum[0];",
+        "wgmma"),
+    "fast-softmax-fixup-leaves-o": (
+        "KernelCommon.cuh",
+        "    rescale[half] = factor;\n    state.max[half] += static_cast<float>(exponent);",
+        "    rescale[half] = 1.0f;\n    state.max[half] += static_cast<float>(exponent);",
+        "wgmma-climb"),
+    "fast-softmax-recompute-one-row": (
+        "PrefillWgmma.cuh",
+        "q_rows + atom_offset(64, row + 8, chunk) + within",
+        "q_rows + atom_offset(64, row, chunk) + within",
+        "wgmma-climb-n128"),
     "wgmma-last-rescale-dropped": (
         "PrefillWgmma.cuh",
         "      if (o_rescale)\n        rescale_rows(out, o_factor);\n      finish_pv(",
@@ -502,11 +531,12 @@ BUGS = {
 }
 
 
-def make_npy(path, shape, seed):
+def make_npy(path, shape, seed, climb=None):
     subprocess.run([sys.executable,
                     os.path.join(os.path.dirname(__file__), "..", "..", "Runtime", "Inputs",
                                  "make_npy.py"),
-                    path, "--shape", ",".join(map(str, shape)), "--seed", str(seed)],
+                    path, "--shape", ",".join(map(str, shape)), "--seed", str(seed)] +
+                   (["--climb", climb] if climb else []),
                    check=True)
 
 
@@ -529,6 +559,7 @@ def rel_l2(a_path, b_path):
 # script rather than falling out of every group); the others are "mma".
 WGMMA_GROUPS = {
     "wgmma": "wgmma", "wgmma-rescale": "wgmma", "wgmma-tma": "wgmma",
+    "wgmma-climb": "wgmma", "wgmma-climb-n128": "wgmma",
     "wgmma-runs": "wgmma-launch", "wgmma-runs-n128": "wgmma-launch",
     "wgmma-pingpong": "wgmma-launch",
     "wgmma-persistent": "wgmma-persistent",
@@ -590,6 +621,26 @@ def main():
                               attn=os.path.join(work, "climb.attn"), mask="", score="climb",
                               env={"PAGEDC_PREFILL_SHAPE": "128x64x64",
                                    "PAGEDC_PREFILL_TMA": "0"}),
+        # Causal, no score mod (the softmax without the row maximum once a
+        # warp's rows have references), on inputs whose raw scores climb
+        # along the keys: query dim 0 is 2, key dim 0 the key's index, so
+        # scores climb 2 · scale · log2(e) = 0.26 log2 units a key, about
+        # 16 a 64-key tile, past the vote's 2^15 on every tile after the
+        # first: the fix-up by powers of two on each.
+        "wgmma-climb": dict(q=(1, 4, 150, 128), k=(1, 2, 300, 128),
+                            extra=["--q-offset", "end"], q_climb="2,0", k_climb="1,1",
+                            env={"PAGEDC_PREFILL_SHAPE": "128x64x64",
+                                 "PAGEDC_PREFILL_TMA": "0"}),
+        # No mods at all (every block full: the tiles are visited in key
+        # order; under the causal mask a row's diagonal block comes first),
+        # 128-key tiles, 250 keys and query dim 0 at 16: 2 log2 units a key,
+        # so the last tile's probabilities (keys 128-249, up to ~250 above
+        # the first tile's maximum) overflow ex2 and the tile's scores, which
+        # decide the output, are recomputed from shared memory.
+        "wgmma-climb-n128": dict(q=(1, 4, 150, 128), k=(1, 2, 250, 128), mask="",
+                                 extra=["--q-offset", "end"], q_climb="16,0", k_climb="1,1",
+                                 env={"PAGEDC_PREFILL_SHAPE": "128x128x64",
+                                      "PAGEDC_PREFILL_TMA": "0"}),
         # The same with K/V pages copied by tensor maps (the tiles below
         # kv_len; the tail tile, keys 256-299, gathered).
         "wgmma-tma": dict(q=(1, 4, 150, 128), k=(1, 2, 300, 128), extra=["--q-offset", "end"],
@@ -654,8 +705,8 @@ def main():
     env = dict(os.environ)
     env.setdefault("PAGEDC_CACHE_DIR", os.path.join(work, "cache"))
     for name, run in runs.items():
-        make_npy(os.path.join(work, name + "-q.npy"), run["q"], 11)
-        make_npy(os.path.join(work, name + "-k.npy"), run["k"], 12)
+        make_npy(os.path.join(work, name + "-q.npy"), run["q"], 11, run.get("q_climb"))
+        make_npy(os.path.join(work, name + "-k.npy"), run["k"], 12, run.get("k_climb"))
         make_npy(os.path.join(work, name + "-v.npy"), run["k"], 13)
         mask, score = run.get("mask", "causal"), run.get("score", "")
         mods = (["--mask=" + mask] if mask else []) + (["--score=" + score] if score else [])

@@ -4,13 +4,18 @@
   make_npy.py OUT --shape 1,2,37,16 [--dtype f4|f2|bf16|i4|i8|b1] [--seed S]
               [--low L --high H] [--sorted] [--values 1,2,3]
               [--segments 20,25,8] [--segment-starts 20,25,8]
+              [--climb START,STEP]
               [--corrupt magic|truncate|fortran|version]
 
 Values are uniform in [low, high) and never exactly zero (floats); --sorted
 sorts each last-dimension row (document ids); --values writes the given
 values. --segments N0,N1,... writes document ids (N0 zeros, N1 ones, ...);
 --segment-starts N0,N1,... writes where each of those documents starts.
---corrupt damages the file the way the named error case needs.
+--climb sets the first element of each last-dimension row to START + STEP *
+i (i: the row's index along the dimension before the last), rounded to a
+value bf16 holds exactly, so that device runs (bf16 inputs) and the f32 /
+float64 reference see the same number: queries and keys whose scores
+climb along the keys. --corrupt damages the file the way the named error case needs.
 """
 import argparse
 import math
@@ -57,6 +62,7 @@ def main():
     parser.add_argument("--values")
     parser.add_argument("--segments")
     parser.add_argument("--segment-starts")
+    parser.add_argument("--climb")
     parser.add_argument("--corrupt",
                         choices=["magic", "truncate", "fortran", "version"])
     args = parser.parse_args()
@@ -81,6 +87,12 @@ def main():
             value = rng.uniform(args.low, args.high)
             if value != 0.0:
                 values.append(value)
+    if args.climb:
+        start, step = (float(x) for x in args.climb.split(","))
+        row, rows = shape[-1], shape[-2]
+        for index in range(0, count, row):
+            climbed = start + step * ((index // row) % rows)
+            values[index] = struct.unpack("<f", struct.pack("<I", bf16_bits(climbed) << 16))[0]
     if args.sorted and shape:
         row = shape[-1]
         values = [v for start in range(0, count, row)

@@ -589,7 +589,11 @@ class IssueModel(unittest.TestCase):
             with open(os.path.join(forced, "PrefillWgmma.cuh")) as file:
                 text = file.read()
             self.assertIn("const bool all_kept = true || false && (", text)
-            self.assertIn("const bool rescale_out = false;", text)
+            # the maximum-first path's O rescale, and the fast softmax taken
+            # with what its vote guards unreachable
+            self.assertIn("          rescale_out = false;\n", text)
+            self.assertIn("if (kFastSoftmax && !false) {", text)
+            self.assertIn("            if (!false)\n              __trap();\n", text)
             self.assertIn("return true;", text)
         with tempfile.TemporaryDirectory() as directory:
             forced, absent = issue_model.force(os.path.join(ROOT, "templates"), directory,
