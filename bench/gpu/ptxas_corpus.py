@@ -17,7 +17,7 @@ writes every kernel's registers and spill bytes.
 
 Usage: ptxas_corpus.py --pagedc build/bin/pagedc --examples examples
        [--kernel prefill|decode] [--gqa N]
-       [--arch sm_90,sm_80] [--head-dim 64,128,256] [--jobs N] [--json OUT]
+       [--arch sm_90,sm_80] [--head-dim 64,128,256] [--no-score] [--jobs N] [--json OUT]
 Exit status 1 when any kernel spills or fails to compile.
 """
 import argparse
@@ -117,6 +117,9 @@ def main():
     parser.add_argument("--gqa", type=int, default=4)
     parser.add_argument("--jobs", type=int, default=os.cpu_count() or 1)
     parser.add_argument("--json")
+    parser.add_argument("--no-score", action="store_true",
+                        help="only the selections without a score mod (each mask mod alone): "
+                        "a change to the kernels' no-score path only")
     options = parser.parse_args()
 
     files = sorted(f for f in os.listdir(options.examples) if f.endswith(".attn"))
@@ -128,10 +131,10 @@ def main():
     skipped = 0
     for f, m in masks:
         programs.append((f"{f}:{m}", texts[f], m, None))
-    for f, s in scores:
+    for f, s in [] if options.no_score else scores:
         programs.append((f"{f}:{s}", texts[f], None, s))
     for mf, m in masks:
-        for sf, s in scores:
+        for sf, s in [] if options.no_score else scores:
             if mf == sf:
                 programs.append((f"{mf}:{m}+{s}", texts[mf], m, s))
             elif declared_names(texts[mf]) & declared_names(texts[sf]):
