@@ -722,8 +722,8 @@ PAGEDC_DEVICE void softmax_tile_fast(const RowState &state, float (&scores)[kNTi
 /// (finite probabilities): each row whose largest probability reached 2^8
 /// moves its reference up by that probability's binary exponent e, exactly
 /// (the tile's probabilities and sum and the factor of the row's earlier sum
-/// and O are 2^-e: no ex2 again), and the tile's sums are folded in. The
-/// rows' largest probabilities end below 2^9, as softmax_tile's do.
+/// and O are 2^-e: no ex2 again), and the tile's sums are folded in. No
+/// probability is then above 2^8, as after softmax_tile.
 template <int kNTiles>
 PAGEDC_DEVICE void settle_fast_tile(RowState &state, float (&scores)[kNTiles][4],
                                     const float (&tile_sum)[2], float (&rescale)[2]) {
