@@ -850,10 +850,24 @@ struct SharedAccess {
   /// BulkWrite: the writer id (an mbarrier's) and clock recorded for it.
   uint16_t bulkWriter = 0;
   uint32_t bulkClock = 0;
-  /// asyncProxy: what the reading warpgroup had acquired at its proxy
-  /// fences (null: none).
-  const std::vector<uint32_t> *readerFenced = nullptr;
+  /// asyncProxy: the reading warpgroup (its first thread; 0 threads:
+  /// none), whose proxy fences may cover a generic store it acquired.
+  unsigned fencedFirst = 0, fencedCount = 0;
 };
+
+/// Whether a thread of `how`'s reading warpgroup had acquired the store of
+/// thread `writer` (index) at `clock` when it last fenced the async proxy.
+/// Asked only for a store its writer did not fence, so it is looked up per
+/// store, not merged over the warpgroup per wgmma.
+bool readerFenced(const Worker &worker, const SharedAccess &how, unsigned writer,
+                  uint32_t clock) {
+  for (unsigned t = how.fencedFirst; t < how.fencedFirst + how.fencedCount; ++t) {
+    const std::vector<uint32_t> &seen = worker.threads[t].fencedVc;
+    if (writer < seen.size() && seen[writer] >= clock)
+      return true;
+  }
+  return false;
+}
 
 /// The mbarrier behind a pseudo-thread id of the shadow (see SharedShadow).
 std::string bulkWriterDescription(const Worker &worker, uint16_t writer, uint32_t clock) {
@@ -927,8 +941,7 @@ void checkShared(Worker &worker, Thread &thread, uint64_t offset, size_t size, S
                    siteText(where), offset + i, false);
         } else if (how.asyncProxy && written && shadow.writer <= worker.threadCount &&
                    worker.threads[shadow.writer - 1].fenceClock < shadow.writerClock &&
-                   !(how.readerFenced &&
-                     (*how.readerFenced)[shadow.writer - 1] >= shadow.writerClock)) {
+                   !readerFenced(worker, how, shadow.writer - 1u, shadow.writerClock)) {
           raced = true;
           report("racecheck",
                  "async-proxy read of a generic store with no proxy fence: wgmma reads " +
@@ -2255,21 +2268,13 @@ void wgmmaIssue(const PagedcEmuWgmma *op, float *d, const char *file, int line) 
   SharedAccess how;
   how.asyncProxy = true;
   how.clock = leader.clock + 1;
-  std::vector<uint32_t> fenced;
-  for (unsigned t = first; t < first + 128; ++t) {
-    const std::vector<uint32_t> &seen = worker.threads[t].fencedVc;
-    if (seen.empty())
-      continue;
-    if (fenced.empty())
-      fenced.assign(seen.size(), 0);
-    maxInto(fenced, seen);
-  }
-  if (!fenced.empty())
-    how.readerFenced = &fenced;
+  how.fencedFirst = first;
+  how.fencedCount = 128;
   const unsigned n = shape.n;
   const bool bf16 = shape.bf16 != 0;
-  std::vector<float> A(64 * 16), B(16 * n);
-  auto load = [&](uint64_t descriptor, bool mnMajor, unsigned mn, unsigned k, float &value) {
+  // The operands as doubles (bf16 and f16 values are exact in them).
+  std::vector<double> A(64 * 16), B(16 * size_t(n));
+  auto load = [&](uint64_t descriptor, bool mnMajor, unsigned mn, unsigned k, double &value) {
     const int64_t offset = operandOffset(worker, descriptor, mnMajor, mn, k, file, line);
     if (offset < 0)
       return false;
@@ -2305,10 +2310,19 @@ void wgmmaIssue(const PagedcEmuWgmma *op, float *d, const char *file, int line) 
       if (!load(shape.desc_b, shape.trans_b != 0, col, k, B[k * n + col]))
         return;
   reportedThread = nullptr;
-  // D = A B (+ D): exact products, one rounding to f32 (as mma.sync).
+  // D = A B (+ D): exact products, one rounding to f32 (as mma.sync). The
+  // warpgroup's 64 x n tile is computed whole in double (each element: its
+  // accumulator or 0, then the 16 products in k order, as one thread's sum
+  // would), then handed out in the accumulator layout.
+  auto rowOf = [](unsigned t, unsigned i) {
+    return 16 * (t / 32) + (t % 32) / 4 + 8 * ((i / 2) % 2);
+  };
+  auto colOf = [](unsigned t, unsigned i) { return 8 * (i / 4) + 2 * (t % 4) + (i % 2); };
+  std::vector<double> C(64 * size_t(n));
+  std::vector<PendingWgmma> results(128);
   for (unsigned t = 0; t < 128; ++t) {
     Thread &member = worker.threads[first + t];
-    PendingWgmma result;
+    PendingWgmma &result = results[t];
     result.d = member.wgmmaD;
     result.values.resize(n / 2);
     result.reader = first;
@@ -2326,16 +2340,23 @@ void wgmmaIssue(const PagedcEmuWgmma *op, float *d, const char *file, int line) 
         current = earlier.values.data();
     if (current == member.wgmmaD)
       result.before.assign(current, current + n / 2);
-    const unsigned warp = t / 32, lane = t % 32;
-    for (unsigned i = 0; i < n / 2; ++i) {
-      const unsigned row = 16 * warp + lane / 4 + 8 * ((i / 2) % 2);
-      const unsigned col = 8 * (i / 4) + 2 * (lane % 4) + (i % 2);
-      double sum = shape.scale_d ? static_cast<double>(current[i]) : 0.0;
-      for (unsigned k = 0; k < 16; ++k)
-        sum += static_cast<double>(A[row * 16 + k]) * static_cast<double>(B[k * n + col]);
-      result.values[i] = static_cast<float>(sum);
+    for (unsigned i = 0; i < n / 2; ++i)
+      C[rowOf(t, i) * n + colOf(t, i)] = shape.scale_d ? static_cast<double>(current[i]) : 0.0;
+  }
+  for (unsigned row = 0; row < 64; ++row) {
+    double *out = &C[row * size_t(n)];
+    for (unsigned k = 0; k < 16; ++k) {
+      const double a = A[row * 16 + k];
+      const double *b = &B[k * size_t(n)];
+      for (unsigned col = 0; col < n; ++col)
+        out[col] += a * b[col];
     }
-    member.wgmmaOpen.push_back(std::move(result));
+  }
+  for (unsigned t = 0; t < 128; ++t) {
+    PendingWgmma &result = results[t];
+    for (unsigned i = 0; i < n / 2; ++i)
+      result.values[i] = static_cast<float>(C[rowOf(t, i) * n + colOf(t, i)]);
+    worker.threads[first + t].wgmmaOpen.push_back(std::move(result));
   }
   ++worker.counters.wgmma;
   worker.counters.wgmmaFlop += 2ull * 64 * n * 16;
