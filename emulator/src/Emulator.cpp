@@ -2181,9 +2181,10 @@ void wgmmaWait(int pending, const char *file, int line) {
 
 /// The shared offset of element (mn, k) of a wgmma operand in shared
 /// memory (`mn` is the row of A or the column of B), from its matrix
-/// descriptor; -1 (after a fatal report) when it is outside.
+/// descriptor; -1 (after a fatal report) when `bytes` from there are
+/// outside.
 int64_t operandOffset(Worker &worker, uint64_t descriptor, bool mnMajor, unsigned mn,
-                      unsigned k, const char *file, int line) {
+                      unsigned k, const char *file, int line, size_t bytes = 2) {
   const uint64_t start = (descriptor & 0x3fffu) << 4;
   const uint64_t leading = ((descriptor >> 16) & 0x3fffu) << 4;
   const uint64_t stride = ((descriptor >> 32) & 0x3fffu) << 4;
@@ -2209,7 +2210,7 @@ int64_t operandOffset(Worker &worker, uint64_t descriptor, bool mnMajor, unsigne
     const uint64_t mask = ((uint64_t(1) << bits) - 1) << 4;
     address ^= (address >> 3) & mask;
   }
-  const int64_t offset = sharedOffset(worker, worker.windowBase + address, 2);
+  const int64_t offset = sharedOffset(worker, worker.windowBase + address, bytes);
   if (offset < 0)
     report("memcheck",
            "wgmma operand element at " + sharedDescription(worker, address) +
@@ -2274,15 +2275,21 @@ void wgmmaIssue(const PagedcEmuWgmma *op, float *d, const char *file, int line) 
   const bool bf16 = shape.bf16 != 0;
   // The operands as doubles (bf16 and f16 values are exact in them).
   std::vector<double> A(64 * 16), B(16 * size_t(n));
-  auto load = [&](uint64_t descriptor, bool mnMajor, unsigned mn, unsigned k, double &value) {
-    const int64_t offset = operandOffset(worker, descriptor, mnMajor, mn, k, file, line);
+  // Eight elements from (mn, k) on in the operand's contiguous direction
+  // (k for K-major, mn for MN-major): one 16-byte chunk in every layout and
+  // swizzle (the swizzle permutes whole chunks), read and checked at once;
+  // element j goes to values[j * step].
+  auto load = [&](uint64_t descriptor, bool mnMajor, unsigned mn, unsigned k, double *values,
+                  size_t step) {
+    const int64_t offset = operandOffset(worker, descriptor, mnMajor, mn, k, file, line, 16);
     if (offset < 0)
       return false;
     if (checks.racecheck || checks.initcheck)
-      checkShared(worker, leader, offset, 2, SharedUse::Read, Site{file, line, nullptr}, how);
-    uint16_t bits;
-    std::memcpy(&bits, worker.window.get() + offset, 2);
-    value = elementValue(bits, bf16);
+      checkShared(worker, leader, offset, 16, SharedUse::Read, Site{file, line, nullptr}, how);
+    uint16_t bits[8];
+    std::memcpy(bits, worker.window.get() + offset, 16);
+    for (unsigned j = 0; j < 8; ++j)
+      values[j * step] = elementValue(bits[j], bf16);
     return !worker.aborted;
   };
   reportedThread = &leader;
@@ -2299,16 +2306,28 @@ void wgmmaIssue(const PagedcEmuWgmma *op, float *d, const char *file, int line) 
       split(a[2], row, col + 8);
       split(a[3], row + 8, col + 8);
     }
+  } else if (shape.trans_a) {
+    for (unsigned m = 0; m < 64; m += 8)
+      for (unsigned k = 0; k < 16; ++k)
+        if (!load(shape.desc_a, true, m, k, &A[m * 16 + k], 16))
+          return;
   } else {
     for (unsigned m = 0; m < 64; ++m)
-      for (unsigned k = 0; k < 16; ++k)
-        if (!load(shape.desc_a, shape.trans_a != 0, m, k, A[m * 16 + k]))
+      for (unsigned k = 0; k < 16; k += 8)
+        if (!load(shape.desc_a, false, m, k, &A[m * 16 + k], 1))
           return;
   }
-  for (unsigned k = 0; k < 16; ++k)
+  if (shape.trans_b) {
+    for (unsigned k = 0; k < 16; ++k)
+      for (unsigned col = 0; col < n; col += 8)
+        if (!load(shape.desc_b, true, col, k, &B[k * n + col], 1))
+          return;
+  } else {
     for (unsigned col = 0; col < n; ++col)
-      if (!load(shape.desc_b, shape.trans_b != 0, col, k, B[k * n + col]))
-        return;
+      for (unsigned k = 0; k < 16; k += 8)
+        if (!load(shape.desc_b, false, col, k, &B[k * n + col], n))
+          return;
+  }
   reportedThread = nullptr;
   // D = A B (+ D): exact products, one rounding to f32 (as mma.sync). The
   // warpgroup's 64 x n tile is computed whole in double (each element: its
