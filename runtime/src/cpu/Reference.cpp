@@ -62,14 +62,30 @@ ReferenceResult referenceAttention(const ReferenceArgs &args) {
 
   std::vector<double> scores(kvCapacity);
   std::vector<char> kept(kvCapacity);
+  // The rows in double, read once (a KV head's K and V for its query heads,
+  // a query row for its keys): the same values and sums as reading each
+  // element where it is used.
+  std::vector<double> kRows, vRows, qRow(dim);
   for (int64_t b = 0; b < batch; ++b) {
     int64_t kvLength = args.kvLength ? std::min<int64_t>(args.kvLength[b], kvCapacity)
                                      : kvCapacity;
     int64_t qOffset = args.qOffset ? args.qOffset[b] : 0;
     for (int64_t h = 0; h < qHeads; ++h) {
       int64_t kvHead = h / group;
+      if (h % group == 0) {
+        kRows.resize(kvLength * dim);
+        vRows.resize(kvLength * vDim);
+        for (int64_t j = 0; j < kvLength; ++j) {
+          for (int64_t d = 0; d < dim; ++d)
+            kRows[j * dim + d] = readAsDouble(k, offset4(k, b, kvHead, j, d));
+          for (int64_t d = 0; d < vDim; ++d)
+            vRows[j * vDim + d] = readAsDouble(v, offset4(v, b, kvHead, j, d));
+        }
+      }
       for (int64_t i = 0; i < qLength; ++i) {
         int32_t qPos = static_cast<int32_t>(qOffset + i);
+        for (int64_t d = 0; d < dim; ++d)
+          qRow[d] = readAsDouble(q, offset4(q, b, h, i, d));
         double maxScore = -std::numeric_limits<double>::infinity();
         for (int64_t j = 0; j < kvLength; ++j) {
           int32_t kv = static_cast<int32_t>(j);
@@ -78,9 +94,9 @@ ReferenceResult referenceAttention(const ReferenceArgs &args) {
           if (!kept[j])
             continue;
           double dot = 0.0;
+          const double *kRow = &kRows[j * dim];
           for (int64_t d = 0; d < dim; ++d)
-            dot += readAsDouble(q, offset4(q, b, h, i, d)) *
-                   readAsDouble(k, offset4(k, b, kvHead, j, d));
+            dot += qRow[d] * kRow[d];
           double score = args.scale * dot;
           if (hasScore)
             score = mods->scoreReference(context, score, static_cast<int32_t>(b),
@@ -97,8 +113,9 @@ ReferenceResult referenceAttention(const ReferenceArgs &args) {
             continue;
           double weight = std::exp(scores[j] - maxScore);
           sum += weight;
+          const double *vRow = &vRows[j * vDim];
           for (int64_t d = 0; d < vDim; ++d)
-            outRow[d] += weight * readAsDouble(v, offset4(v, b, kvHead, j, d));
+            outRow[d] += weight * vRow[d];
         }
         for (int64_t d = 0; d < vDim; ++d)
           outRow[d] /= sum;
