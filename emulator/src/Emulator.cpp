@@ -2184,7 +2184,7 @@ void wgmmaWait(int pending, const char *file, int line) {
 /// descriptor; -1 (after a fatal report) when `bytes` from there are
 /// outside.
 int64_t operandOffset(Worker &worker, uint64_t descriptor, bool mnMajor, unsigned mn,
-                      unsigned k, const char *file, int line, size_t bytes = 2) {
+                      unsigned k, const char *file, int line, size_t bytes) {
   const uint64_t start = (descriptor & 0x3fffu) << 4;
   const uint64_t leading = ((descriptor >> 16) & 0x3fffu) << 4;
   const uint64_t stride = ((descriptor >> 32) & 0x3fffu) << 4;
