@@ -14,11 +14,13 @@
 # default) and "page-boxes" (PAGEDC_PREFILL_TMA_RUNS=0: one tensor-map box per
 # page even where a tile's pages are consecutive) and "persistent"
 # (PAGEDC_PREFILL_PERSISTENT=1: one CTA per SM, each taking the next query
-# tile from a work counter when it is free; off by default) and
-# "persistent-snake" (the same CTAs in fixed snaking rounds,
-# PAGEDC_PREFILL_TILE_COUNTER=0), each with a
-# compute-sanitizer memcheck of one prefill case of 16-row pages; files
-# prefixed with the option's name.
+# tile from a work counter when it is free, whatever the mask; by default
+# only where the block mask's visits grow, as causal and sliding-window
+# masks' do) and "per-tile" (PAGEDC_PREFILL_PERSISTENT=0: a CTA per query
+# tile, the default before 2026-11-29), each with a compute-sanitizer
+# memcheck of one prefill case of 16-row pages; files prefixed with the
+# option's name. (The fixed snaking rounds the H200 ran on 2026-11-27:
+# --also-with "PAGEDC_PREFILL_PERSISTENT=1 PAGEDC_PREFILL_TILE_COUNTER=0".)
 # --decode-options: the same for the decode kernel's options, "decode-gather"
 # (PAGEDC_DECODE_TMA=0: every K/V tile gathered with cp.async instead of
 # the default tensor-map copies of whole tiles of pages of 16 rows or more),
@@ -187,7 +189,7 @@ if [[ $options == 1 ]]; then
   variants+=("gather:PAGEDC_PREFILL_TMA=0:prefill" "pingpong:PAGEDC_PREFILL_PINGPONG=1:prefill"
             "page-boxes:PAGEDC_PREFILL_TMA_RUNS=0:prefill"
             "persistent:PAGEDC_PREFILL_PERSISTENT=1:prefill:PAGEDC_PREFILL_PERSISTENT_CTAS=3"
-            "persistent-snake:PAGEDC_PREFILL_PERSISTENT=1 PAGEDC_PREFILL_TILE_COUNTER=0:prefill:PAGEDC_PREFILL_PERSISTENT_CTAS=3")
+            "per-tile:PAGEDC_PREFILL_PERSISTENT=0:prefill")
 fi
 if [[ ${decode_options:-0} == 1 ]]; then
   variants+=("decode-gather:PAGEDC_DECODE_TMA=0:decode"

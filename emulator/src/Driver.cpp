@@ -211,6 +211,25 @@ EXPORT int cuDeviceGetName(char *name, int length, int device) {
   return kSuccess;
 }
 
+/// The SM count the emulated device reports: PAGEDC_EMU_MULTIPROCESSORS
+/// (1-1024; tests take a few so that plans made per SM, such as the
+/// warpgroup prefill's persistent CTAs, show at small sizes), else the
+/// H100's. Any other value: 0, after a message on stderr.
+static int multiprocessorsReported() {
+  const char *text = std::getenv("PAGEDC_EMU_MULTIPROCESSORS");
+  if (!text || !*text)
+    return kLimits.multiprocessors;
+  char *rest = nullptr;
+  const long value = std::strtol(text, &rest, 10);
+  if (rest && *rest == '\0' && value >= 1 && value <= 1024)
+    return static_cast<int>(value);
+  std::fprintf(stderr,
+               "pagedc emulator: PAGEDC_EMU_MULTIPROCESSORS is '%s': expected an integer "
+               "from 1 to 1024\n",
+               text);
+  return 0;
+}
+
 EXPORT int cuDeviceGetAttribute(int *value, int attribute, int device) {
   if (!value)
     return kInvalidValue;
@@ -218,8 +237,8 @@ EXPORT int cuDeviceGetAttribute(int *value, int attribute, int device) {
     return kInvalidDevice;
   switch (attribute) {
   case 16: // multiprocessors
-    *value = kLimits.multiprocessors;
-    return kSuccess;
+    *value = multiprocessorsReported();
+    return *value > 0 ? kSuccess : kInvalidValue;
   case 75: // compute capability major
     *value = 9;
     return kSuccess;

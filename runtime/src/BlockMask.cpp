@@ -517,6 +517,16 @@ BlockMask denseToBlockMask(const uint8_t *dense, int64_t batch, int64_t heads, i
   return mask;
 }
 
+bool blockMaskVisitsGrow(const BlockMask &mask) {
+  for (int64_t b = 0; b < mask.batch; ++b)
+    for (int64_t h = 0; h < mask.heads; ++h)
+      for (int64_t q = 1; q < mask.numQBlocks; ++q)
+        if (int64_t(mask.partialCount(b, h, q)) + mask.fullCount(b, h, q) <
+            int64_t(mask.partialCount(b, h, q - 1)) + mask.fullCount(b, h, q - 1))
+          return false;
+  return true;
+}
+
 std::vector<uint8_t> toDenseBlocks(const BlockMask &mask) {
   validateBlockMask(mask);
   const int64_t numKv = mask.numKvBlocks();

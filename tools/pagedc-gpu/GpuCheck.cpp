@@ -401,8 +401,10 @@ std::vector<CaseResult> checkPack(const Pack &pack, const RunOptions &options,
           const int maxKv = *std::max_element(c.kvLength.begin(), c.kvLength.end());
           AttentionLaunchPlan plan =
               planAttention(config, args, params, maxKv, options.multiprocessors);
-          // (The warpgroup prefill holds one CTA per SM.)
-          applyPrefillPersistentRequest(config, plan, options.multiprocessors);
+          // (The warpgroup prefill holds one CTA per SM.) The dry run has no
+          // mask contents: a masked call is planned as one whose visits do
+          // not grow (a CTA per tile unless PAGEDC_PREFILL_PERSISTENT=1).
+          applyPrefillPersistentRequest(config, plan, options.multiprocessors, !useMask);
           for (const KernelLaunch &launch : plan.launches)
             result.launches.push_back(describeLaunch(launch));
           if (plan.workspaceBytes)
@@ -745,7 +747,8 @@ std::vector<BenchResult> benchPack(const Pack &pack, const RunOptions &options,
         }
         AttentionLaunchPlan plan =
             planAttention(config, args, params, b.kvLength, options.multiprocessors);
-        applyPrefillPersistentRequest(config, plan, options.multiprocessors);
+        // No mask contents in the dry run: planned as in checkPack's.
+        applyPrefillPersistentRequest(config, plan, options.multiprocessors, !b.qBlock);
         for (const KernelLaunch &launch : plan.launches)
           result.launches.push_back(describeLaunch(launch));
         result.status = "planned";
@@ -785,18 +788,26 @@ std::vector<BenchResult> benchPack(const Pack &pack, const RunOptions &options,
         }
         // As flexAttention does from its host mask: the span decode rows
         // see bounds the split plan (the mask comes back once, untimed).
+        // A prefill's persistent CTAs by default where the mask's visits grow
+        // (flexAttention decides from its host mask the same way).
         int64_t maxVisibleKv = -1;
-        if (b.qBlock && b.kind == KernelKind::Decode) {
+        bool visitsGrow = true;
+        if (b.qBlock) {
           const CudaDriver &driver = cudaUseDevice(dev);
           driver.check(driver.api().ctxSynchronize(), "cuCtxSynchronize (block mask)");
-          const std::vector<int32_t> lengths(size_t(b.batch), b.kvLength),
-              offsets(size_t(b.batch), qOffset);
-          maxVisibleKv = decodeVisibleSpan(mask.download(), b.batch, b.headsQ, b.queryLength,
-                                           lengths.data(), offsets.data());
+          const BlockMask hostMask = mask.download();
+          if (b.kind == KernelKind::Decode) {
+            const std::vector<int32_t> lengths(size_t(b.batch), b.kvLength),
+                offsets(size_t(b.batch), qOffset);
+            maxVisibleKv = decodeVisibleSpan(hostMask, b.batch, b.headsQ, b.queryLength,
+                                             lengths.data(), offsets.data());
+          } else {
+            visitsGrow = blockMaskVisitsGrow(hostMask);
+          }
         }
         std::shared_ptr<const CudaKernel> kernel = cudaKernelFor(mods, config, dev);
         CudaAttentionLaunch launch(kernel, args, params, b.kvLength, maxVisibleKv);
-        launch.applyLaunchOptions(cache->kCache().size(1), cache->vCache().size(1));
+        launch.applyLaunchOptions(cache->kCache().size(1), cache->vCache().size(1), visitsGrow);
         for (const KernelLaunch &planned : launch.plan().launches)
           result.launches.push_back(describeLaunch(planned));
         CudaTimer timer(dev);

@@ -157,6 +157,15 @@ enum BlockClass : uint8_t { EmptyBlock = 0, PartialBlock = 1, FullBlock = 2 };
 /// numKvBlocks] array of BlockClass values (rows from firstQBlock on).
 std::vector<uint8_t> toDenseBlocks(const BlockMask &mask);
 
+/// Whether each (batch, head) row of the mask visits at least as many kv
+/// blocks (partial and full) in every q block as in the one before it: as
+/// causal and sliding-window masks do, and a document mask does not. Then
+/// the prefill's query tiles, numbered from the last q block to the first,
+/// are numbered heaviest first, which is what the warpgroup prefill's
+/// persistent CTAs assume when they are chosen by default
+/// (applyPrefillPersistentRequest, CudaLaunch.h).
+bool blockMaskVisitsGrow(const BlockMask &mask);
+
 /// The element mask the block mask stands for, [batch, heads, qLength,
 /// kvLength] of 0/1 (rows before firstQBlock are 0): full blocks are 1,
 /// skipped blocks 0, and partial blocks

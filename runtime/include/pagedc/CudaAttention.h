@@ -193,16 +193,18 @@ public:
   /// The launch's options from the environment, for caches of `kPages` and
   /// `vPages` pages. The warpgroup prefill: tensor maps of the caches
   /// ($PAGEDC_PREFILL_TMA, bindPrefillTensorMaps), persistent CTAs
-  /// ($PAGEDC_PREFILL_PERSISTENT and _CTAS, setPrefillPersistent; one per
-  /// SM and resident CTA unless _CTAS says; with a work counter this object
-  /// owns unless $PAGEDC_PREFILL_TILE_COUNTER=0, so its calls must not
-  /// overlap: enqueue on one stream) and ping-pong consumers
+  /// ($PAGEDC_PREFILL_PERSISTENT and _CTAS, applyPrefillPersistentRequest:
+  /// unless the variable says, where `visitsGrow` (the call has no block
+  /// mask or blockMaskVisitsGrow of it) and the tiles outnumber the slots;
+  /// one per SM and resident CTA unless _CTAS says; with a work counter
+  /// this object owns unless $PAGEDC_PREFILL_TILE_COUNTER=0, so its calls
+  /// must not overlap: enqueue on one stream) and ping-pong consumers
   /// ($PAGEDC_PREFILL_PINGPONG, setPrefillPingPong). Decode: tensor maps
   /// ($PAGEDC_DECODE_TMA, bindDecodeTensorMaps). Returns the main launch's
   /// note ("tensor maps", "gather (<why>)", the prefill's either + ",
   /// persistent (N CTAs)" + ", tile counter" + ", ping-pong" where on), or "" for other
   /// kernels.
-  std::string applyLaunchOptions(int64_t kPages, int64_t vPages);
+  std::string applyLaunchOptions(int64_t kPages, int64_t vPages, bool visitsGrow);
   /// Launches the call's kernels on `stream` (checks each launch).
   void enqueue(cu::Stream stream);
   const AttentionLaunchPlan &plan() const { return plan_; }

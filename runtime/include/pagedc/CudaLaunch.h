@@ -154,14 +154,26 @@ bool prefillPingPongRequested();
 /// when on. Kernels with one consumer warpgroup or head dim 256 ignore it.
 void setPrefillPingPong(AttentionLaunchPlan &plan, bool on);
 
-/// Whether $PAGEDC_PREFILL_PERSISTENT asks for a persistent warpgroup
-/// prefill: a grid of one CTA per resident slot (SMs x resident CTAs, or
-/// $PAGEDC_PREFILL_PERSISTENT_CTAS), each taking query tiles in rounds
-/// (templates/KernelCommon.cuh, prefill_round_tile) so that its producer
-/// copies the next tile's Q and K/V while the consumers finish the current
-/// one: "1" yes; unset, empty or "0" no (the default until a GPU has
-/// measured it); anything else throws pagedc::Error naming it.
-bool prefillPersistentRequested();
+/// What $PAGEDC_PREFILL_PERSISTENT asks of the warpgroup prefill's grid.
+/// Persistent CTAs: a grid of one CTA per resident slot (SMs x resident
+/// CTAs, or $PAGEDC_PREFILL_PERSISTENT_CTAS), each taking query tiles one
+/// after another (templates/KernelCommon.cuh, next_counted_tile or
+/// prefill_round_tile) so that its producer copies the next tile's Q and
+/// K/V while the consumers finish the current one.
+enum class PrefillPersistence : uint8_t {
+  /// Unset or empty: persistent CTAs where the query tiles' heaviest-first
+  /// numbering holds (no block mask, or one whose rows' visits grow:
+  /// blockMaskVisitsGrow) and there are more tiles than slots; otherwise a
+  /// CTA per tile (applyPrefillPersistentRequest).
+  Auto,
+  /// "0": a CTA per query tile.
+  Off,
+  /// "1": persistent CTAs whatever the mask.
+  On,
+};
+/// $PAGEDC_PREFILL_PERSISTENT; any value but "", "0" and "1" throws
+/// pagedc::Error naming it.
+PrefillPersistence prefillPersistenceRequested();
 
 /// $PAGEDC_PREFILL_PERSISTENT_CTAS: the persistent prefill's grid (at most
 /// this many CTAs; tests use a few so that every CTA takes several tiles).
@@ -182,7 +194,7 @@ void setPrefillPersistent(const KernelConfig &config, AttentionLaunchPlan &plan,
 /// CTA takes the next tile of the heaviest-first order when it is free)
 /// rather than in fixed snaking rounds (prefill_round_tile). "1", unset or
 /// empty: yes; "0": the snake. Anything else, or the variable set while
-/// $PAGEDC_PREFILL_PERSISTENT is not "1", throws pagedc::Error.
+/// $PAGEDC_PREFILL_PERSISTENT is "0", throws pagedc::Error.
 bool prefillTileCounterRequested();
 
 /// Gives a persistent warpgroup prefill its work counter: `counter` (a
@@ -193,13 +205,18 @@ bool prefillTileCounterRequested();
 void setPrefillTileCounter(const KernelConfig &config, AttentionLaunchPlan &plan,
                            cu::DevicePointer counter);
 
-/// What the environment asks of the warpgroup prefill's grid: with
-/// $PAGEDC_PREFILL_PERSISTENT=1, setPrefillPersistent with
+/// Sets the warpgroup prefill's grid as the environment asks
+/// (prefillPersistenceRequested): persistent CTAs, setPrefillPersistent with
 /// $PAGEDC_PREFILL_PERSISTENT_CTAS or else `slots` (the device's SMs x
-/// resident CTAs); otherwise nothing (and the CTA count alone throws, as
-/// prefillPersistentCtasRequested()).
-void applyPrefillPersistentRequest(const KernelConfig &config, AttentionLaunchPlan &plan,
-                                   int64_t slots);
+/// resident CTAs), when it says "1", or when it is unset, `visitsGrow` (the
+/// call has no block mask, or blockMaskVisitsGrow of it) and the launch has
+/// more query tiles than `slots`. (The H200 ran persistent CTAs 1.02-1.15x
+/// the default on causal and sliding-window rows, whose tiles are numbered
+/// heaviest first, and 0.90x on a document-mask row, whose are not:
+/// docs/kernels.md.) Returns whether the grid is persistent. The CTA count
+/// without "1" throws, as prefillPersistentCtasRequested().
+bool applyPrefillPersistentRequest(const KernelConfig &config, AttentionLaunchPlan &plan,
+                                   int64_t slots, bool visitsGrow);
 
 /// Encodes tensor maps of the plan's k_cache and v_cache ([Hkv, kPages or
 /// vPages, pageSize, D], the strides of plan.args) with the driver's

@@ -589,7 +589,8 @@ CudaAttentionLaunch::CudaAttentionLaunch(std::shared_ptr<const CudaKernel> kerne
   }
 }
 
-std::string CudaAttentionLaunch::applyLaunchOptions(int64_t kPages, int64_t vPages) {
+std::string CudaAttentionLaunch::applyLaunchOptions(int64_t kPages, int64_t vPages,
+                                                   bool visitsGrow) {
   if (plan_.launches.empty() || plan_.launches[0].arguments.size() != 3)
     return "";
   if (kernel_->config.kind == KernelKind::Decode) {
@@ -606,11 +607,13 @@ std::string CudaAttentionLaunch::applyLaunchOptions(int64_t kPages, int64_t vPag
     plan_.launches[0].note = "gather (PAGEDC_PREFILL_TMA=0)";
   // After the copy path's note: setPrefillPersistent appends ", persistent
   // (N CTAs)", then setPrefillPingPong ", ping-pong".
-  applyPrefillPersistentRequest(kernel_->config, plan_,
-                                int64_t(cudaDeviceInfo(kernel_->device).multiprocessors) *
-                                    std::max(kernel_->residentCtasPerSm, 1));
+  const bool persistent = applyPrefillPersistentRequest(
+      kernel_->config, plan_,
+      int64_t(cudaDeviceInfo(kernel_->device).multiprocessors) *
+          std::max(kernel_->residentCtasPerSm, 1),
+      visitsGrow);
   const bool tileCounter = prefillTileCounterRequested(); // checks the pair
-  if (tileCounter && prefillPersistentRequested()) {
+  if (tileCounter && persistent) {
     if (!tileCounter_.size()) {
       tileCounter_ = DeviceBuffer(sizeof(int32_t), kernel_->device);
       tileCounter_.fill(0);
@@ -817,7 +820,8 @@ void pagedAttention(const cpu::PagedAttentionArgs &args, Device device, void *st
     maxVisibleKv = decodeVisibleSpan(*mask, batch, headsQ, queryLength, args.kvLength,
                                      args.qOffset);
   CudaAttentionLaunch launch(kernel, kernelArgs, std::move(params), maxKvLength, maxVisibleKv);
-  launch.applyLaunchOptions(args.kCache.size(1), args.vCache.size(1));
+  launch.applyLaunchOptions(args.kCache.size(1), args.vCache.size(1),
+                            !mask || blockMaskVisitsGrow(*mask));
   launch.enqueue(stream);
   // The staging buffers die with this call.
   driver.check(driver.api().streamSynchronize(stream), "cuStreamSynchronize (attention)");

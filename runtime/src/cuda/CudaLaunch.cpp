@@ -384,15 +384,22 @@ bool prefillPingPongRequested() {
                            "ping-pong consumer warpgroups in the warpgroup prefill", false);
 }
 
-bool prefillPersistentRequested() {
+PrefillPersistence prefillPersistenceRequested() {
+  const char *value = std::getenv("PAGEDC_PREFILL_PERSISTENT");
+  if (!value || !*value)
+    return PrefillPersistence::Auto;
   return environmentSwitch("PAGEDC_PREFILL_PERSISTENT",
-                           "persistent CTAs in the warpgroup prefill", false);
+                           "persistent CTAs in the warpgroup prefill, 0 a CTA per query tile, "
+                           "unset chosen by the mask",
+                           false)
+             ? PrefillPersistence::On
+             : PrefillPersistence::Off;
 }
 
 int prefillPersistentCtasRequested() {
   const long ctas = environmentInteger("PAGEDC_PREFILL_PERSISTENT_CTAS", 0, 1, 1L << 20,
                                        "the persistent prefill's CTAs");
-  if (ctas != 0 && !prefillPersistentRequested())
+  if (ctas != 0 && prefillPersistenceRequested() != PrefillPersistence::On)
     throw Error(fmt::format("PAGEDC_PREFILL_PERSISTENT_CTAS is '{}' but PAGEDC_PREFILL_PERSISTENT "
                             "is not 1: the CTA count is for the persistent prefill only",
                             ctas));
@@ -415,9 +422,9 @@ bool prefillTileCounterRequested() {
   const char *value = std::getenv("PAGEDC_PREFILL_TILE_COUNTER");
   const bool counter = environmentSwitch(
       "PAGEDC_PREFILL_TILE_COUNTER", "persistent CTAs taking tiles from a work counter", true);
-  if (value && *value && !prefillPersistentRequested())
+  if (value && *value && prefillPersistenceRequested() == PrefillPersistence::Off)
     throw Error(fmt::format("PAGEDC_PREFILL_TILE_COUNTER is '{}' but PAGEDC_PREFILL_PERSISTENT "
-                            "is not 1: the work counter is for the persistent prefill only",
+                            "is 0: the work counter is for the persistent prefill only",
                             value));
   return counter;
 }
@@ -446,11 +453,25 @@ void setPrefillPersistent(const KernelConfig &config, AttentionLaunchPlan &plan,
   launch.note += fmt::format(", persistent ({} CTAs)", grid);
 }
 
-void applyPrefillPersistentRequest(const KernelConfig &config, AttentionLaunchPlan &plan,
-                                   int64_t slots) {
+bool applyPrefillPersistentRequest(const KernelConfig &config, AttentionLaunchPlan &plan,
+                                   int64_t slots, bool visitsGrow) {
   const int ctas = prefillPersistentCtasRequested(); // checks the pair
-  if (prefillPersistentRequested())
+  if (config.kind != KernelKind::Prefill || config.warpRows != 64 || plan.launches.empty() ||
+      plan.launches[0].arguments.size() != 3)
+    return false;
+  switch (prefillPersistenceRequested()) {
+  case PrefillPersistence::Off:
+    return false;
+  case PrefillPersistence::Auto:
+    if (!visitsGrow || slots < 1 || prefillQueryTiles(config, plan.args) <= slots)
+      return false;
+    setPrefillPersistent(config, plan, slots);
+    return true;
+  case PrefillPersistence::On:
     setPrefillPersistent(config, plan, ctas > 0 ? ctas : slots);
+    return plan.launches[0].grid[0] < prefillQueryTiles(config, plan.args);
+  }
+  return false;
 }
 
 void setPrefillPingPong(AttentionLaunchPlan &plan, bool on) {

@@ -154,7 +154,6 @@ TEST(CudaLaunch, PrefillSwitchesFromTheEnvironment) {
        {Switch{"PAGEDC_PREFILL_TMA", prefillTensorMapsRequested, true},
         Switch{"PAGEDC_PREFILL_TMA_RUNS", prefillTensorMapRunsRequested, true},
         Switch{"PAGEDC_PREFILL_PINGPONG", prefillPingPongRequested, false},
-        Switch{"PAGEDC_PREFILL_PERSISTENT", prefillPersistentRequested, false},
         Switch{"PAGEDC_DECODE_TMA", decodeTensorMapsRequested, true},
         Switch{"PAGEDC_DECODE_TMA_RUNS", decodeTensorMapRunsRequested, true}}) {
     const char *saved = std::getenv(name);
@@ -270,10 +269,22 @@ TEST(CudaLaunch, WarpgroupPrefillQBuffers) {
 TEST(CudaLaunch, PersistentSwitchesFromTheEnvironment) {
   test::ScopedEnv persistent("PAGEDC_PREFILL_PERSISTENT", nullptr);
   test::ScopedEnv ctas("PAGEDC_PREFILL_PERSISTENT_CTAS", nullptr);
-  EXPECT_FALSE(prefillPersistentRequested());
-  EXPECT_EQ(prefillPersistentCtasRequested(), 0);
+  EXPECT_EQ(prefillPersistenceRequested(), PrefillPersistence::Auto);
+  persistent.set("");
+  EXPECT_EQ(prefillPersistenceRequested(), PrefillPersistence::Auto);
+  persistent.set("0");
+  EXPECT_EQ(prefillPersistenceRequested(), PrefillPersistence::Off);
+  persistent.set("yes");
+  try {
+    prefillPersistenceRequested();
+    ADD_FAILURE() << "PAGEDC_PREFILL_PERSISTENT=yes was taken";
+  } catch (const Error &error) {
+    EXPECT_NE(std::string(error.what()).find("PAGEDC_PREFILL_PERSISTENT is 'yes'"),
+              std::string::npos)
+        << error.what();
+  }
   persistent.set("1");
-  EXPECT_TRUE(prefillPersistentRequested());
+  EXPECT_EQ(prefillPersistenceRequested(), PrefillPersistence::On);
   EXPECT_EQ(prefillPersistentCtasRequested(), 0);
   ctas.set("7");
   EXPECT_EQ(prefillPersistentCtasRequested(), 7);
@@ -281,23 +292,28 @@ TEST(CudaLaunch, PersistentSwitchesFromTheEnvironment) {
     ctas.set(bad);
     EXPECT_THROW(prefillPersistentCtasRequested(), Error) << bad;
   }
-  // A CTA count without the switch is refused, naming both.
+  // A CTA count without the switch ("0" or unset) is refused, naming both.
   ctas.set("7");
-  persistent.set("0");
-  try {
-    prefillPersistentCtasRequested();
-    ADD_FAILURE() << "PAGEDC_PREFILL_PERSISTENT_CTAS taken without the switch";
-  } catch (const Error &error) {
-    EXPECT_NE(std::string(error.what()).find("PAGEDC_PREFILL_PERSISTENT is not 1"),
-              std::string::npos)
-        << error.what();
+  for (const char *without : {"0", ""}) {
+    persistent.set(without);
+    try {
+      prefillPersistentCtasRequested();
+      ADD_FAILURE() << "PAGEDC_PREFILL_PERSISTENT_CTAS taken without the switch";
+    } catch (const Error &error) {
+      EXPECT_NE(std::string(error.what()).find("PAGEDC_PREFILL_PERSISTENT is not 1"),
+                std::string::npos)
+          << error.what();
+    }
   }
-  // The work counter: on unless "0", and only with the switch.
+  // The work counter: on unless "0"; refused when persistent CTAs are off.
   test::ScopedEnv counter("PAGEDC_PREFILL_TILE_COUNTER", nullptr);
+  persistent.set("0");
   EXPECT_TRUE(prefillTileCounterRequested());
   persistent.set("1");
   EXPECT_TRUE(prefillTileCounterRequested());
   counter.set("0");
+  EXPECT_FALSE(prefillTileCounterRequested());
+  persistent.set(""); // chosen by the mask: the snake may apply
   EXPECT_FALSE(prefillTileCounterRequested());
   counter.set("2");
   EXPECT_THROW(prefillTileCounterRequested(), Error);
@@ -305,12 +321,51 @@ TEST(CudaLaunch, PersistentSwitchesFromTheEnvironment) {
   persistent.set("0");
   try {
     prefillTileCounterRequested();
-    ADD_FAILURE() << "PAGEDC_PREFILL_TILE_COUNTER taken without the switch";
+    ADD_FAILURE() << "PAGEDC_PREFILL_TILE_COUNTER taken with persistent CTAs off";
   } catch (const Error &error) {
-    EXPECT_NE(std::string(error.what()).find("PAGEDC_PREFILL_PERSISTENT is not 1"),
+    EXPECT_NE(std::string(error.what()).find("PAGEDC_PREFILL_PERSISTENT is 0"),
               std::string::npos)
         << error.what();
   }
+}
+
+// The grid the environment and the mask choose: unset, persistent CTAs
+// (one per slot) where the visits grow and the tiles outnumber the slots;
+// "0" never; "1" always, with _CTAS or the slots. Other kernels: untouched.
+TEST(CudaLaunch, PersistentPrefillChosenByTheMask) {
+  test::ScopedEnv persistent("PAGEDC_PREFILL_PERSISTENT", nullptr);
+  test::ScopedEnv ctas("PAGEDC_PREFILL_PERSISTENT_CTAS", nullptr);
+  KernelConfig config = warpgroupPrefill();
+  PagedcAttentionKernelArgs args = callArgs(2, 8, 2, 300); // 48 query tiles
+  auto grid = [&](int64_t slots, bool visitsGrow, bool expectPersistent,
+                  const KernelConfig &kernel) {
+    AttentionLaunchPlan plan =
+        planAttention(kernel, args, std::vector<unsigned char>(4), 300, 132);
+    const unsigned before = plan.launches[0].grid[0];
+    EXPECT_EQ(applyPrefillPersistentRequest(kernel, plan, slots, visitsGrow), expectPersistent)
+        << slots << " " << visitsGrow;
+    EXPECT_EQ(plan.launches[0].note.find("persistent") != std::string::npos, expectPersistent)
+        << plan.launches[0].note;
+    EXPECT_EQ(plan.launches[0].grid[0] != before, expectPersistent);
+    return plan.launches[0].grid[0];
+  };
+  EXPECT_EQ(grid(5, true, true, config), 5u);
+  EXPECT_EQ(grid(5, false, false, config), 48u);  // a document mask's rows
+  EXPECT_EQ(grid(48, true, false, config), 48u);  // no more tiles than slots
+  EXPECT_EQ(grid(132, true, false, config), 48u);
+  persistent.set("0");
+  EXPECT_EQ(grid(5, true, false, config), 48u);
+  persistent.set("1");
+  EXPECT_EQ(grid(5, false, true, config), 5u);
+  ctas.set("3");
+  EXPECT_EQ(grid(5, false, true, config), 3u);
+  ctas.set("");
+  persistent.set("");
+  KernelConfig mma; // the mma.sync prefill: one CTA per tile always
+  AttentionLaunchPlan plain = planAttention(mma, args, std::vector<unsigned char>(4), 300, 132);
+  const unsigned mmaGrid = plain.launches[0].grid[0];
+  EXPECT_FALSE(applyPrefillPersistentRequest(mma, plain, 5, true));
+  EXPECT_EQ(plain.launches[0].grid[0], mmaGrid);
 }
 
 // Which code has sm_90's instructions (the decode kernel's tensor maps, the

@@ -632,7 +632,7 @@ TEST(CudaVsCpu, CausalGqaDecodeAndPrefill) {
 void checkWarpgroupPrefill(bool persistent, int64_t outRowStride, int64_t outOffset, int runs) {
   const int batch = 2, headsQ = 4, headsKv = 2, dim = 128, pageSize = 16, length = 200;
   const test::ScopedEnv shape("PAGEDC_PREFILL_SHAPE", "128x64x64");
-  const test::ScopedEnv persistentEnv("PAGEDC_PREFILL_PERSISTENT", persistent ? "1" : nullptr);
+  const test::ScopedEnv persistentEnv("PAGEDC_PREFILL_PERSISTENT", persistent ? "1" : "0");
   const test::ScopedEnv ctas("PAGEDC_PREFILL_PERSISTENT_CTAS", persistent ? "3" : nullptr);
   const test::ScopedEnv counter("PAGEDC_PREFILL_TILE_COUNTER", nullptr);
   const int pagesPerSequence = (length + pageSize - 1) / pageSize, pages = batch * pagesPerSequence;
@@ -703,7 +703,7 @@ void checkWarpgroupPrefill(bool persistent, int64_t outRowStride, int64_t outOff
       ParamsLayout::forDeclarations(mods.params, mods.buffers)
           .pack(mods.params, mods.buffers, noContext),
       length);
-  const std::string note = launch.applyLaunchOptions(pages, pages);
+  const std::string note = launch.applyLaunchOptions(pages, pages, /*visitsGrow=*/true);
   if (persistent)
     EXPECT_NE(note.find("persistent (3 CTAs), tile counter"), std::string::npos) << note;
   else

@@ -46,7 +46,7 @@ assert any(l.startswith("pagedc_prefill grid (3, 1, 1)") for l in also3), also3
 assert not persistent_launches(sys.argv[4]), "--also took --also-with's settings"
 # --prefill-options: each launch option's prefill cases planned.
 prefill = [c["status"] for c in check["cases"] if c["name"].find("prefill") >= 0]
-for label in ("gather", "pingpong", "page-boxes", "persistent", "persistent-snake"):
+for label in ("gather", "pingpong", "page-boxes", "persistent", "per-tile"):
     option = json.load(open(os.path.join(sys.argv[5], label + "-gpu-check.json")))
     assert [c["status"] for c in option["cases"]] == prefill and prefill, label
 # "persistent": the benchmark's warpgroup prefills planned with one CTA per

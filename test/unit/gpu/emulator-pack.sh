@@ -41,6 +41,24 @@ if [ "$tma" = 1 ]; then
     exit 1
   fi
 fi
+if [ -z "${PAGEDC_PREFILL_PERSISTENT:-}" ] && [ -n "${PAGEDC_EMU_MULTIPROCESSORS:-}" ]; then
+  # Persistent CTAs chosen by the mask (the default): on N emulated SMs, the
+  # warpgroup prefills of more than N query tiles run N CTAs taking tiles
+  # from the work counter where the block mask's visits grow (causal,
+  # sliding window, no block mask), and a CTA per tile where they do not
+  # (a document mask's, inverse causal's): both must occur.
+  sms=$PAGEDC_EMU_MULTIPROCESSORS
+  persistent=$(grep "\"kernel\": \"pagedc_prefill\", \"grid\": \[$sms," "$work/counters.jsonl" |
+                 grep -c '"atomics": [1-9]' || true)
+  over=$(grep -o '"kernel": "pagedc_prefill", "grid": \[[0-9]*' "$work/counters.jsonl" |
+           grep -o '[0-9]*$' | awk -v c="$sms" '$1 > c' | wc -l)
+  echo "emulator pack: $persistent prefill launches ran $sms persistent CTAs by default," \
+    "$over a CTA per tile over $sms"
+  if [ "$persistent" -eq 0 ] || [ "$over" -eq 0 ]; then
+    echo "emulator pack: FAILED (persistent CTAs by default not chosen by the mask)"
+    exit 1
+  fi
+fi
 if [ "${PAGEDC_PREFILL_PERSISTENT:-0}" = 1 ] && [ -n "${PAGEDC_PREFILL_PERSISTENT_CTAS:-}" ]; then
   # Persistent CTAs: no prefill grid over the CTA count, and some at it
   # (those CTAs then take several query tiles each).

@@ -324,3 +324,34 @@ TEST(CreateBlockMask, IntoReusesTheResultAndKeepsItOnError) {
       "has no CPU function");
   EXPECT_EQ(toDenseBlocks(reused), before);
 }
+
+// Whether every row's visits (partial + full blocks) grow from q block to
+// q block: causal, sliding-window and full masks yes, a document mask (a
+// new document restarts the count) and a mask whose one head shrinks no.
+TEST(BlockMaskVisitsGrow, CausalAndSlidingYesDocumentNo) {
+  const int64_t length = 1000, block = 128; // 8 q blocks, the last partial
+  auto maskOf = [&](int64_t heads, auto keep) {
+    std::vector<uint8_t> dense(size_t(heads * length * length));
+    for (int64_t h = 0; h < heads; ++h)
+      for (int64_t q = 0; q < length; ++q)
+        for (int64_t kv = 0; kv < length; ++kv)
+          dense[size_t((h * length + q) * length + kv)] = keep(h, q, kv) ? 1 : 0;
+    return denseToBlockMask(dense.data(), 1, heads, length, length, block, block);
+  };
+  EXPECT_TRUE(blockMaskVisitsGrow(maskOf(1, [](int64_t, int64_t q, int64_t kv) { return kv <= q; })));
+  EXPECT_TRUE(blockMaskVisitsGrow(
+      maskOf(1, [](int64_t, int64_t q, int64_t kv) { return kv <= q && q - kv < 300; })));
+  EXPECT_TRUE(blockMaskVisitsGrow(maskOf(1, [](int64_t, int64_t, int64_t) { return true; })));
+  // Documents of 400 and 600 rows: q block 3 (rows 384-511) sees blocks
+  // 0-3, q block 4 (512-639) only blocks 3-4.
+  const auto document = [](int64_t, int64_t q, int64_t kv) {
+    return kv <= q && (q < 400) == (kv < 400);
+  };
+  EXPECT_FALSE(blockMaskVisitsGrow(maskOf(1, document)));
+  // Causal on head 0, anti-causal on head 1 (its visits shrink).
+  EXPECT_FALSE(blockMaskVisitsGrow(maskOf(2, [](int64_t h, int64_t q, int64_t kv) {
+    return h == 0 ? kv <= q : kv >= q;
+  })));
+  // An empty mask (no visits anywhere) does not shrink.
+  EXPECT_TRUE(blockMaskVisitsGrow(maskOf(1, [](int64_t, int64_t, int64_t) { return false; })));
+}
