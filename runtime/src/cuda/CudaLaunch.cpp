@@ -388,12 +388,14 @@ PrefillPersistence prefillPersistenceRequested() {
   const char *value = std::getenv("PAGEDC_PREFILL_PERSISTENT");
   if (!value || !*value)
     return PrefillPersistence::Auto;
-  return environmentSwitch("PAGEDC_PREFILL_PERSISTENT",
-                           "persistent CTAs in the warpgroup prefill, 0 a CTA per query tile, "
-                           "unset chosen by the mask",
-                           false)
-             ? PrefillPersistence::On
-             : PrefillPersistence::Off;
+  if (std::strcmp(value, "0") == 0)
+    return PrefillPersistence::Off;
+  if (std::strcmp(value, "1") == 0)
+    return PrefillPersistence::On;
+  throw Error(fmt::format("PAGEDC_PREFILL_PERSISTENT is '{}': expected 1 (persistent CTAs in the "
+                          "warpgroup prefill under every mask), 0 (a CTA per query tile) or "
+                          "nothing (persistent CTAs where the block mask's visits grow)",
+                          value));
 }
 
 int prefillPersistentCtasRequested() {
