@@ -213,9 +213,11 @@ private:
   std::shared_ptr<const CudaKernel> kernel_;
   AttentionLaunchPlan plan_;
   DeviceBuffer workspace_;
-  /// The persistent prefill's work counter (zeroed; each launch leaves it
-  /// at zero), allocated by applyLaunchOptions when it is used.
+  /// The persistent prefill's work counter, allocated by applyLaunchOptions
+  /// when it is used and zeroed by the first enqueue on its stream (each
+  /// launch leaves it at zero).
   DeviceBuffer tileCounter_;
+  bool tileCounterZeroed_ = false;
 };
 
 /// cuEvent pair for timing work on a stream.

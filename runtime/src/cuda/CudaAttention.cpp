@@ -616,7 +616,7 @@ std::string CudaAttentionLaunch::applyLaunchOptions(int64_t kPages, int64_t vPag
   if (tileCounter && persistent) {
     if (!tileCounter_.size()) {
       tileCounter_ = DeviceBuffer(sizeof(int32_t), kernel_->device);
-      tileCounter_.fill(0);
+      tileCounterZeroed_ = false; // on the first enqueue's stream
     }
     setPrefillTileCounter(kernel_->config, plan_, tileCounter_.address());
   }
@@ -626,6 +626,15 @@ std::string CudaAttentionLaunch::applyLaunchOptions(int64_t kPages, int64_t vPag
 
 void CudaAttentionLaunch::enqueue(cu::Stream stream) {
   const CudaDriver &driver = cudaUseDevice(kernel_->device);
+  // The work counter starts at zero, set on the launch's own stream: a
+  // cuMemsetD8 would go to the legacy default stream, which a non-blocking
+  // stream does not wait for. Each launch then leaves it at zero.
+  if (tileCounter_.size() && !tileCounterZeroed_) {
+    driver.check(driver.api().memsetD8Async(tileCounter_.address(), 0, tileCounter_.size(),
+                                            stream),
+                 "cuMemsetD8Async (tile counter)");
+    tileCounterZeroed_ = true;
+  }
   for (KernelLaunch &launch : plan_.launches) {
     cu::Function function = launch.kernel == "pagedc_decode_merge" ? kernel_->merge
                                                                    : kernel_->main;
