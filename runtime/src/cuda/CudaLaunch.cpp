@@ -431,10 +431,18 @@ bool prefillTileCounterRequested() {
   return counter;
 }
 
+namespace {
+/// Whether `plan` launches the warpgroup prefill (its third argument,
+/// PagedcWgmmaPrefillArgs, is what the launch options set).
+bool isWarpgroupPrefillLaunch(const KernelConfig &config, const AttentionLaunchPlan &plan) {
+  return config.kind == KernelKind::Prefill && config.warpRows == 64 && !plan.launches.empty() &&
+         plan.launches[0].arguments.size() == 3;
+}
+} // namespace
+
 void setPrefillTileCounter(const KernelConfig &config, AttentionLaunchPlan &plan,
                            cu::DevicePointer counter) {
-  if (config.kind != KernelKind::Prefill || config.warpRows != 64 || plan.launches.empty() ||
-      plan.launches[0].arguments.size() != 3)
+  if (!isWarpgroupPrefillLaunch(config, plan))
     return;
   KernelLaunch &launch = plan.launches[0];
   PagedcWgmmaPrefillArgs extra;
@@ -446,8 +454,7 @@ void setPrefillTileCounter(const KernelConfig &config, AttentionLaunchPlan &plan
 }
 
 void setPrefillPersistent(const KernelConfig &config, AttentionLaunchPlan &plan, int64_t ctas) {
-  if (config.kind != KernelKind::Prefill || config.warpRows != 64 || ctas < 1 ||
-      plan.launches.empty() || plan.launches[0].arguments.size() != 3)
+  if (!isWarpgroupPrefillLaunch(config, plan) || ctas < 1)
     return;
   KernelLaunch &launch = plan.launches[0];
   const int64_t grid = std::max<int64_t>(std::min(prefillQueryTiles(config, plan.args), ctas), 1);
@@ -458,8 +465,7 @@ void setPrefillPersistent(const KernelConfig &config, AttentionLaunchPlan &plan,
 bool applyPrefillPersistentRequest(const KernelConfig &config, AttentionLaunchPlan &plan,
                                    int64_t slots, bool visitsGrow) {
   const int ctas = prefillPersistentCtasRequested(); // checks the pair
-  if (config.kind != KernelKind::Prefill || config.warpRows != 64 || plan.launches.empty() ||
-      plan.launches[0].arguments.size() != 3)
+  if (!isWarpgroupPrefillLaunch(config, plan))
     return false;
   switch (prefillPersistenceRequested()) {
   case PrefillPersistence::Off:
@@ -541,8 +547,7 @@ std::string encodeCacheMaps(const CudaDriver &driver, const KernelConfig &config
 
 std::string bindPrefillTensorMaps(const CudaDriver &driver, const KernelConfig &config,
                                   AttentionLaunchPlan &plan, int64_t kPages, int64_t vPages) {
-  if (config.kind != KernelKind::Prefill || config.warpRows != 64 || plan.launches.empty() ||
-      plan.launches[0].arguments.size() != 3)
+  if (!isWarpgroupPrefillLaunch(config, plan))
     return "not the warpgroup prefill";
   KernelLaunch &launch = plan.launches[0];
   PagedcWgmmaPrefillArgs maps;
