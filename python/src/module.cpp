@@ -1,7 +1,8 @@
 //===- module.cpp - The pagedc Python extension (pagedc._pagedc) ----------===//
 //
 // A thin pybind11 layer over the C++ API: compileModsFromSource(), the
-// PagedKVCache, block masks and flexAttention(). Tensors come in through
+// PagedKVCache, block masks, flexAttention(), the serving batch call and
+// merge_state. Tensors come in through
 // DLPack (any object with __dlpack__, wrapped without a copy as a
 // TensorView) and go out as pagedc Tensor objects that export DLPack
 // capsules, so NumPy and PyTorch read the results without a copy. The
@@ -16,6 +17,7 @@
 
 #include "JIT/CompileSource.h"
 #include "pagedc/Attention.h"
+#include "pagedc/BatchAttention.h"
 #include "pagedc/BlockMask.h"
 #include "pagedc/Error.h"
 #include "pagedc/KVCache.h"
@@ -529,6 +531,121 @@ std::vector<int64_t> timeCppCalls(const py::handle &qObj, std::shared_ptr<PagedK
   return samples;
 }
 
+//===----------------------------------------------------------------------===//
+// The serving batch call and merge_state
+//===----------------------------------------------------------------------===//
+
+/// A BatchAttention and the mods it was built with (kept alive with it).
+struct Batch {
+  std::shared_ptr<Mods> mods;
+  std::unique_ptr<BatchAttention> attention;
+};
+
+std::shared_ptr<Batch> makeBatch(std::shared_ptr<Mods> mods, int64_t numQHeads,
+                                 int64_t numKVHeads, int64_t headDim, int64_t valueHeadDim,
+                                 int64_t pageSize, const std::string &layout,
+                                 int64_t maxNumSeqs, int64_t maxNumTokens,
+                                 int64_t maxBlocksPerSeq, int threads) {
+  BatchAttentionConfig config;
+  config.numQHeads = numQHeads;
+  config.numKVHeads = numKVHeads;
+  config.headDim = headDim;
+  config.valueHeadDim = valueHeadDim;
+  config.pageSize = pageSize;
+  config.layout = parseKVLayout(layout);
+  config.maxNumSeqs = maxNumSeqs;
+  config.maxNumTokens = maxNumTokens;
+  config.maxBlocksPerSeq = maxBlocksPerSeq;
+  config.threads = threads;
+  auto batch = std::make_shared<Batch>();
+  batch->mods = std::move(mods);
+  batch->attention = std::make_unique<BatchAttention>(batch->mods->mods, config);
+  return batch;
+}
+
+void planBatch(Batch &batch, const py::handle &queryStartLoc, const py::handle &seqLens,
+               const py::handle &blockTable) {
+  BorrowedTensor qsl = borrowTensor(queryStartLoc, "query_start_loc");
+  BorrowedTensor lens = borrowTensor(seqLens, "seq_lens");
+  BorrowedTensor table = borrowTensor(blockTable, "block_table");
+  batch.attention->plan(qsl.view, lens.view, table.view);
+}
+
+py::tuple runBatch(const Batch &batch, const py::handle &qObj, const py::handle &kObj,
+                   const py::handle &vObj, const py::dict &buffers, const py::dict &params,
+                   std::optional<float> scale, bool returnLse, const py::handle &outObj,
+                   const py::handle &lseObj) {
+  std::vector<BorrowedTensor> keep;
+  Bindings bindings = makeBindings(*batch.mods, buffers, params, keep);
+  BorrowedTensor q = borrowTensor(qObj, "q");
+  BorrowedTensor k = borrowTensor(kObj, "k_cache");
+  BorrowedTensor v;
+  if (!vObj.is_none())
+    v = borrowTensor(vObj, "v_cache");
+  BatchRunOptions options;
+  options.scale = scale;
+  options.returnLse = returnLse;
+  BorrowedTensor out, lse;
+  if (!outObj.is_none()) {
+    out = borrowTensor(outObj, "out");
+    options.out = out.view;
+  }
+  if (!lseObj.is_none()) {
+    lse = borrowTensor(lseObj, "lse");
+    options.lse = lse.view;
+  }
+  auto result = std::make_shared<AttentionResult>();
+  {
+    py::gil_scoped_release release;
+    *result = batch.attention->run(q.view, k.view, v.view, bindings, options);
+  }
+  py::object outResult = outObj.is_none() ? py::cast(Tensor(result->out, result))
+                                          : py::reinterpret_borrow<py::object>(outObj);
+  py::object lseResult = py::none();
+  if (!lseObj.is_none())
+    lseResult = py::reinterpret_borrow<py::object>(lseObj);
+  else if (returnLse)
+    lseResult = py::cast(Tensor(result->lse, result));
+  return py::make_tuple(outResult, lseResult);
+}
+
+py::tuple mergeStatePy(const py::handle &va, const py::handle &sa, const py::handle &vb,
+                       const py::handle &sb) {
+  BorrowedTensor a = borrowTensor(va, "v_a"), as = borrowTensor(sa, "s_a");
+  BorrowedTensor b = borrowTensor(vb, "v_b"), bs = borrowTensor(sb, "s_b");
+  auto result = std::make_shared<AttentionResult>();
+  {
+    py::gil_scoped_release release;
+    *result = mergeState(a.view, as.view, b.view, bs.view);
+  }
+  return py::make_tuple(Tensor(result->out, result), Tensor(result->lse, result));
+}
+
+void mergeStateInPlacePy(const py::handle &v, const py::handle &s, const py::handle &vOther,
+                         const py::handle &sOther) {
+  BorrowedTensor a = borrowTensor(v, "v"), as = borrowTensor(s, "s");
+  BorrowedTensor b = borrowTensor(vOther, "v_other"), bs = borrowTensor(sOther, "s_other");
+  py::gil_scoped_release release;
+  mergeStateInPlace(a.view, as.view, b.view, bs.view);
+}
+
+py::tuple mergeStatesPy(const py::handle &v, const py::handle &s) {
+  BorrowedTensor parts = borrowTensor(v, "v"), lses = borrowTensor(s, "s");
+  const TensorView &pv = parts.view;
+  if (pv.rank() != 4)
+    throw Error("v must be [T, N, H, D] but has shape " + pv.shapeString());
+  auto result = std::make_shared<AttentionResult>();
+  result->ownedOut = HostTensor(pv.dtype(), {pv.size(0), pv.size(2), pv.size(3)});
+  result->ownedLse = HostTensor(DType::F32, {pv.size(0), pv.size(2)});
+  result->out = result->ownedOut.view();
+  result->lse = result->ownedLse.view();
+  {
+    py::gil_scoped_release release;
+    mergeStates(pv, lses.view, result->out, result->lse);
+  }
+  return py::make_tuple(Tensor(result->out, result), Tensor(result->lse, result));
+}
+
 } // namespace
 
 PYBIND11_MODULE(_pagedc, m) {
@@ -698,6 +815,21 @@ PYBIND11_MODULE(_pagedc, m) {
       });
 
   m.def("flex_attention", &attention);
+
+  py::class_<Batch, std::shared_ptr<Batch>>(m, "BatchAttention")
+      .def(py::init(&makeBatch), py::arg("mods"), py::arg("num_q_heads"),
+           py::arg("num_kv_heads"), py::arg("head_dim"), py::arg("value_head_dim"),
+           py::arg("page_size"), py::arg("kv_layout"), py::arg("max_num_seqs"),
+           py::arg("max_num_tokens"), py::arg("max_blocks_per_seq"), py::arg("threads"))
+      .def("plan", &planBatch)
+      .def("run", &runBatch)
+      .def_property_readonly("num_seqs", [](const Batch &b) { return b.attention->numSeqs(); })
+      .def_property_readonly("num_tokens",
+                             [](const Batch &b) { return b.attention->numTokens(); })
+      .def_property_readonly("planned", [](const Batch &b) { return b.attention->planned(); });
+  m.def("merge_state", &mergeStatePy);
+  m.def("merge_state_in_place", &mergeStateInPlacePy);
+  m.def("merge_states", &mergeStatesPy);
   m.def("_time_cpp_calls", &timeCppCalls,
         "Benchmark support: times flexAttention() in a C++ loop (ns per call).");
 }

@@ -167,41 +167,113 @@ constexpr float kNegInf = -std::numeric_limits<float>::infinity();
 /// How a tile column range is treated for one query row.
 enum BlockStatus : uint8_t { Skip = 0, Partial = 1, Full = 2 };
 
-struct Plan {
-  int64_t batch, qHeads, qLength, dim, kvHeads, vDim, group;
-  int64_t tileRows, rowTiles, paddedRows;
-  int64_t splits, splitLength;
-  int64_t items;
+/// One unit of work: the query rows [rowTile * tileRows, + rows) of the
+/// group rows (query row i of head g at i * group + g) of batch entry b that
+/// read KV head kvHead, against the keys [kvBegin, kvEnd).
+struct WorkItem {
+  int64_t b, kvHead, rowTile, rows;
+  int64_t kvBegin, kvEnd;
+  /// First row of its partial results when its sequence's keys are split,
+  /// else -1 (the item writes its rows itself).
+  int64_t partial;
 };
 
-Plan makePlan(const PagedAttentionArgs &args, int lanes, int threads) {
+/// The splits of one (b, kvHead, rowTile), merged after every item ran:
+/// their partials are rows [firstPartial + s * tileRows] for s < splits.
+struct MergeGroup {
+  int64_t b, kvHead, rowTile, rows;
+  int64_t firstPartial, splits;
+};
+
+struct Plan {
+  int64_t batch, qHeads, dim, kvHeads, vDim, group;
+  int64_t tileRows;
+  std::vector<WorkItem> items;
+  std::vector<MergeGroup> merges;
+  int64_t partialRows = 0;
+  bool anyRows = false;
+};
+
+/// Query rows of batch entry b.
+inline int64_t queryRows(const PagedAttentionArgs &args, int64_t b) {
+  return args.qStart ? args.qStart[b + 1] - args.qStart[b] : args.q.size(2);
+}
+
+/// Offset of element (b, h, row i, 0) of q, out or lse (rank 3 or 4) for
+/// the call's layout, padded or packed.
+inline int64_t rowOffset(const PagedAttentionArgs &args, const TensorView &view, int64_t b,
+                         int64_t h, int64_t i) {
+  if (args.qStart)
+    return h * view.stride(1) + (args.qStart[b] + i) * view.stride(2);
+  return b * view.stride(0) + h * view.stride(1) + i * view.stride(2);
+}
+
+Plan makePlan(const PagedAttentionArgs &args, int threads) {
   Plan plan;
-  plan.batch = args.q.size(0);
+  plan.batch = args.qStart ? args.batch : args.q.size(0);
   plan.qHeads = args.q.size(1);
-  plan.qLength = args.q.size(2);
   plan.dim = args.q.size(3);
   plan.kvHeads = args.kCache.size(0);
   plan.vDim = args.vCache.size(3);
-  plan.group = plan.qHeads / plan.kvHeads;
-  int64_t groupRows = plan.qLength * plan.group;
-  plan.tileRows = std::min(groupRows, kMaxTileRows);
-  plan.rowTiles = (groupRows + plan.tileRows - 1) / plan.tileRows;
-  plan.paddedRows = (plan.tileRows + lanes - 1) / lanes * lanes;
-
-  int64_t maxKvLength = 0;
+  plan.group = plan.kvHeads > 0 ? plan.qHeads / plan.kvHeads : 0;
+  if (plan.qHeads == 0 || plan.kvHeads == 0)
+    return plan;
+  int64_t maxGroupRows = 0, baseItems = 0;
   for (int64_t b = 0; b < plan.batch; ++b)
-    maxKvLength = std::max<int64_t>(maxKvLength, args.kvLength[b]);
-  int64_t baseItems = plan.batch * plan.kvHeads * plan.rowTiles;
-  // Split the KV range only when the other dimensions leave threads idle
-  // (decode of a few long sequences).
+    maxGroupRows = std::max(maxGroupRows, queryRows(args, b) * plan.group);
+  if (maxGroupRows == 0)
+    return plan;
+  plan.anyRows = true;
+  plan.tileRows = std::min(maxGroupRows, kMaxTileRows);
+  auto rowTilesOf = [&](int64_t b) {
+    return (queryRows(args, b) * plan.group + plan.tileRows - 1) / plan.tileRows;
+  };
+  for (int64_t b = 0; b < plan.batch; ++b)
+    baseItems += rowTilesOf(b) * plan.kvHeads;
+  // Split a sequence's keys only when the other dimensions leave threads
+  // idle (decode of a few long sequences).
   int64_t wanted = 4 * static_cast<int64_t>(threads);
-  plan.splits = 1;
-  if (threads > 1 && baseItems < wanted)
-    plan.splits = std::max<int64_t>(
-        1, std::min((wanted + baseItems - 1) / baseItems, maxKvLength / kMinSplitLength));
-  int64_t perSplit = (maxKvLength + plan.splits - 1) / plan.splits;
-  plan.splitLength = std::max<int64_t>(kKvTile, (perSplit + kKvTile - 1) / kKvTile * kKvTile);
-  plan.items = baseItems * plan.splits;
+  int64_t target = threads > 1 && baseItems < wanted ? (wanted + baseItems - 1) / baseItems : 1;
+  std::vector<int64_t> splitLength(plan.batch), splits(plan.batch);
+  for (int64_t b = 0; b < plan.batch; ++b) {
+    int64_t begin = args.kvBegin ? args.kvBegin[b] : 0;
+    int64_t length = std::max<int64_t>(0, args.kvLength[b] - begin);
+    int64_t n = std::max<int64_t>(1, std::min(target, length / kMinSplitLength));
+    splitLength[b] =
+        std::max<int64_t>(kKvTile, ((length + n - 1) / n + kKvTile - 1) / kKvTile * kKvTile);
+    splits[b] = std::max<int64_t>(1, (length + splitLength[b] - 1) / splitLength[b]);
+  }
+
+  // Latest row tiles first (the heaviest under causal masks), then by the
+  // number of keys an item reads, so long items do not start last.
+  int64_t maxRowTiles = (maxGroupRows + plan.tileRows - 1) / plan.tileRows;
+  for (int64_t rowTile = maxRowTiles - 1; rowTile >= 0; --rowTile) {
+    for (int64_t b = 0; b < plan.batch; ++b) {
+      if (rowTile >= rowTilesOf(b))
+        continue;
+      int64_t rows = std::min(plan.tileRows,
+                              queryRows(args, b) * plan.group - rowTile * plan.tileRows);
+      int64_t begin = args.kvBegin ? args.kvBegin[b] : 0;
+      int64_t end = std::max<int64_t>(begin, args.kvLength[b]);
+      for (int64_t kvHead = 0; kvHead < plan.kvHeads; ++kvHead) {
+        if (splits[b] == 1) {
+          plan.items.push_back({b, kvHead, rowTile, rows, begin, end, -1});
+          continue;
+        }
+        plan.merges.push_back({b, kvHead, rowTile, rows, plan.partialRows, splits[b]});
+        for (int64_t s = 0; s < splits[b]; ++s) {
+          int64_t from = begin + s * splitLength[b];
+          plan.items.push_back({b, kvHead, rowTile, rows, from,
+                                std::min(end, from + splitLength[b]), plan.partialRows});
+          plan.partialRows += plan.tileRows;
+        }
+      }
+    }
+  }
+  std::stable_sort(plan.items.begin(), plan.items.end(),
+                   [](const WorkItem &x, const WorkItem &y) {
+                     return x.rows * (x.kvEnd - x.kvBegin) > y.rows * (y.kvEnd - y.kvBegin);
+                   });
   return plan;
 }
 
@@ -230,11 +302,12 @@ struct Segment {
 
 /// Per-thread scratch, kept between calls.
 struct Workspace {
-  std::vector<float> qT;     // [dim][paddedRows], scale folded in
+  int64_t padded = 0;        // the item's rows rounded up to whole vectors
+  std::vector<float> qT;     // [dim][padded], scale folded in
   std::vector<float> qRows;  // [tileRows][dim], the same values row-major
-  std::vector<float> scores; // [kKvTile][paddedRows]
+  std::vector<float> scores; // [kKvTile][padded]
   std::vector<float> acc;    // [tileRows][vDim]
-  std::vector<float> rowMax, rowSum, alpha; // [paddedRows]
+  std::vector<float> rowMax, rowSum, alpha; // [padded]
   std::vector<float> kConverted, vConverted; // [kKvTile][dim | vDim]
   std::vector<const float *> kRows, vRows, qTRows, scoreRows;
   std::vector<const char *> prefetch, prefetchV; // rows to request (decode)
@@ -272,20 +345,21 @@ public:
       return width * static_cast<int64_t>(dtypeSize(cache.dtype())) * cache.stride(3);
     };
     rowBytes_ = std::max(bytes(args.kCache, plan.dim), bytes(args.vCache, plan.vDim));
-    if (plan.splits > 1) {
-      int64_t rows = plan.items * plan.tileRows;
-      partialMax_.assign(rows, kNegInf);
-      partialSum_.assign(rows, 0.0f);
-      partialAcc_.assign(rows * plan.vDim, 0.0f);
+    if (plan.partialRows > 0) {
+      partialMax_.assign(plan.partialRows, kNegInf);
+      partialSum_.assign(plan.partialRows, 0.0f);
+      partialAcc_.assign(plan.partialRows * plan.vDim, 0.0f);
     }
   }
 
-  void runItem(int64_t item);
-  void mergeSplits(int64_t group);
+  void runItem(const WorkItem &item);
+  void mergeSplits(const MergeGroup &group);
 
 private:
   void prepareRows(Workspace &ws, int64_t b, int64_t kvHead, int64_t rowTile,
                    int64_t rows);
+  void writeRows(int64_t b, int64_t kvHead, int64_t rowTile, int64_t rows, const float *acc,
+                 const float *maxScore, const float *sum);
   bool classifyTile(Workspace &ws, int64_t b, int64_t rows, int64_t kv0, int64_t n);
   const float *const *gatherRows(Workspace &ws, const TensorView &cache,
                                  std::vector<float> &converted,
@@ -312,7 +386,8 @@ void Kernel::prepareRows(Workspace &ws, int64_t b, int64_t kvHead, int64_t rowTi
                          int64_t rows) {
   const Plan &plan = plan_;
   const TensorView &q = args_.q;
-  int64_t padded = plan.paddedRows;
+  ws.padded = (rows + ops_.lanes - 1) / ops_.lanes * ops_.lanes;
+  int64_t padded = ws.padded;
   int64_t qOffset = args_.qOffset ? args_.qOffset[b] : 0;
   ensureSize(ws.rowHead, rows);
   ensureSize(ws.rowQuery, rows);
@@ -332,7 +407,7 @@ void Kernel::prepareRows(Workspace &ws, int64_t b, int64_t kvHead, int64_t rowTi
   // Rounded up to whole blocks of 4 rows for scoresDecode, padding zero.
   ws.qRows.assign((rows + 3) / 4 * 4 * plan.dim, 0.0f);
   for (int64_t r = 0; r < rows; ++r) {
-    int64_t base = b * q.stride(0) + ws.rowHead[r] * q.stride(1) + ws.rowQuery[r] * q.stride(2);
+    int64_t base = rowOffset(args_, q, b, ws.rowHead[r], ws.rowQuery[r]);
     for (int64_t d = 0; d < plan.dim; ++d) {
       float value = args_.scale * loadElement(q.data(), q.dtype(), base + d * q.stride(3));
       ws.qT[d * padded + r] = value;
@@ -522,9 +597,9 @@ void appendRowAddresses(const TensorView &cache, const int32_t *pages, int64_t p
 }
 
 /// Runs the score mod and mask mod over the visible runs of every row and
-/// sets skipped or masked scores to -inf. Scores are [kv][paddedRows].
+/// sets skipped or masked scores to -inf. Scores are [kv][padded].
 void Kernel::applyMods(Workspace &ws, int64_t b, int64_t rows, int64_t kv0) {
-  int64_t padded = plan_.paddedRows;
+  int64_t padded = ws.padded;
   float *scores = ws.scores.data();
   for (int64_t r = 0; r < rows; ++r) {
     for (int64_t s = ws.segmentStart[r]; s < ws.segmentStart[r + 1]; ++s) {
@@ -560,7 +635,7 @@ void Kernel::applyMods(Workspace &ws, int64_t b, int64_t rows, int64_t kv0) {
 void Kernel::writeRow(int64_t b, int64_t h, int64_t i, const float *acc, float maxScore,
                       float sum) {
   const TensorView &out = args_.out;
-  int64_t base = b * out.stride(0) + h * out.stride(1) + i * out.stride(2);
+  int64_t base = rowOffset(args_, out, b, h, i);
   bool empty = maxScore == kNegInf;
   float inverse = empty ? 0.0f : 1.0f / sum;
   for (int64_t d = 0; d < plan_.vDim; ++d)
@@ -568,24 +643,28 @@ void Kernel::writeRow(int64_t b, int64_t h, int64_t i, const float *acc, float m
                  empty ? 0.0f : acc[d] * inverse);
   const TensorView &lse = args_.lse;
   if (lse.data())
-    lse.dataAs<float>()[b * lse.stride(0) + h * lse.stride(1) + i * lse.stride(2)] =
+    lse.dataAs<float>()[rowOffset(args_, lse, b, h, i)] =
         empty ? kNegInf : maxScore + std::log(sum);
 }
 
-void Kernel::runItem(int64_t item) {
+/// Writes the rows of a row tile: group row g = rowTile * tileRows + r is
+/// query row g / group of head kvHead * group + g % group.
+void Kernel::writeRows(int64_t b, int64_t kvHead, int64_t rowTile, int64_t rows,
+                       const float *acc, const float *maxScore, const float *sum) {
+  for (int64_t r = 0; r < rows; ++r) {
+    int64_t groupRow = rowTile * plan_.tileRows + r;
+    writeRow(b, kvHead * plan_.group + groupRow % plan_.group, groupRow / plan_.group,
+             acc + r * plan_.vDim, maxScore[r], sum[r]);
+  }
+}
+
+void Kernel::runItem(const WorkItem &item) {
   static thread_local Workspace ws;
   const Plan &plan = plan_;
-  // Items run heaviest row tiles (latest query positions) first.
-  int64_t split = item % plan.splits;
-  int64_t rest = item / plan.splits;
-  int64_t kvHead = rest % plan.kvHeads;
-  rest /= plan.kvHeads;
-  int64_t b = rest % plan.batch;
-  int64_t rowTile = plan.rowTiles - 1 - rest / plan.batch;
-  int64_t rows = std::min(plan.tileRows, plan.qLength * plan.group - rowTile * plan.tileRows);
-  int64_t padded = plan.paddedRows;
+  const int64_t b = item.b, kvHead = item.kvHead, rowTile = item.rowTile, rows = item.rows;
 
   prepareRows(ws, b, kvHead, rowTile, rows);
+  const int64_t padded = ws.padded;
   ws.rowMax.assign(padded, kNegInf);
   ws.rowSum.assign(padded, 0.0f);
   ensureSize(ws.alpha, padded);
@@ -597,9 +676,7 @@ void Kernel::runItem(int64_t item) {
   for (int64_t r = 0; r < rows; ++r)
     ws.scoreRows[r] = ws.scores.data() + r;
 
-  int64_t kvLength = args_.kvLength[b];
-  int64_t kvBegin = split * plan.splitLength;
-  int64_t kvEnd = std::min(kvLength, kvBegin + plan.splitLength);
+  const int64_t kvBegin = item.kvBegin, kvEnd = item.kvEnd;
   for (int64_t kv0 = kvBegin; kv0 < kvEnd; kv0 += kKvTile) {
     int64_t n = std::min(kKvTile, kvEnd - kv0);
     if (!classifyTile(ws, b, rows, kv0, n))
@@ -646,50 +723,42 @@ void Kernel::runItem(int64_t item) {
                 plan.vDim, /*accumulate=*/true);
   }
 
-  if (plan.splits == 1) {
-    for (int64_t r = 0; r < rows; ++r)
-      writeRow(b, ws.rowHead[r], ws.rowQuery[r], ws.acc.data() + r * plan.vDim,
-               ws.rowMax[r], ws.rowSum[r]);
+  if (item.partial < 0) {
+    writeRows(b, kvHead, rowTile, rows, ws.acc.data(), ws.rowMax.data(), ws.rowSum.data());
     return;
   }
-  int64_t base = item * plan.tileRows;
+  int64_t base = item.partial;
   std::copy(ws.rowMax.begin(), ws.rowMax.begin() + rows, partialMax_.begin() + base);
   std::copy(ws.rowSum.begin(), ws.rowSum.begin() + rows, partialSum_.begin() + base);
   std::copy(ws.acc.begin(), ws.acc.begin() + rows * plan.vDim,
             partialAcc_.begin() + base * plan.vDim);
 }
 
-/// Combines the KV splits of item group `group` = items [group * splits,
-/// (group + 1) * splits) and writes the final rows.
-void Kernel::mergeSplits(int64_t group) {
+/// Combines the KV splits of one (b, kvHead, rowTile) by their logsumexp
+/// and writes the final rows.
+void Kernel::mergeSplits(const MergeGroup &group) {
   const Plan &plan = plan_;
-  int64_t kvHead = group % plan.kvHeads;
-  int64_t b = (group / plan.kvHeads) % plan.batch;
-  int64_t rowTile = plan.rowTiles - 1 - group / (plan.kvHeads * plan.batch);
-  int64_t rows = std::min(plan.tileRows, plan.qLength * plan.group - rowTile * plan.tileRows);
-  std::vector<float> acc(plan.vDim);
+  const int64_t rows = group.rows;
+  std::vector<float> acc(rows * plan.vDim, 0.0f), maxScore(rows, kNegInf), sum(rows, 0.0f);
   for (int64_t r = 0; r < rows; ++r) {
-    float maxScore = kNegInf;
-    for (int64_t s = 0; s < plan.splits; ++s)
-      maxScore = std::max(maxScore, partialMax_[(group * plan.splits + s) * plan.tileRows + r]);
-    std::fill(acc.begin(), acc.end(), 0.0f);
-    float sum = 0.0f;
-    if (maxScore != kNegInf) {
-      for (int64_t s = 0; s < plan.splits; ++s) {
-        int64_t row = (group * plan.splits + s) * plan.tileRows + r;
-        if (partialMax_[row] == kNegInf)
-          continue;
-        float weight = std::exp(partialMax_[row] - maxScore);
-        sum += weight * partialSum_[row];
-        const float *partial = partialAcc_.data() + row * plan.vDim;
-        for (int64_t d = 0; d < plan.vDim; ++d)
-          acc[d] += weight * partial[d];
-      }
+    for (int64_t s = 0; s < group.splits; ++s)
+      maxScore[r] =
+          std::max(maxScore[r], partialMax_[group.firstPartial + s * plan.tileRows + r]);
+    if (maxScore[r] == kNegInf)
+      continue;
+    for (int64_t s = 0; s < group.splits; ++s) {
+      int64_t row = group.firstPartial + s * plan.tileRows + r;
+      if (partialMax_[row] == kNegInf)
+        continue;
+      float weight = std::exp(partialMax_[row] - maxScore[r]);
+      sum[r] += weight * partialSum_[row];
+      const float *partial = partialAcc_.data() + row * plan.vDim;
+      for (int64_t d = 0; d < plan.vDim; ++d)
+        acc[r * plan.vDim + d] += weight * partial[d];
     }
-    int64_t groupRow = rowTile * plan.tileRows + r;
-    writeRow(b, kvHead * plan.group + groupRow % plan.group, groupRow / plan.group,
-             acc.data(), maxScore, sum);
   }
+  writeRows(group.b, group.kvHead, group.rowTile, rows, acc.data(), maxScore.data(),
+            sum.data());
 }
 
 } // namespace
@@ -715,15 +784,16 @@ const char *kernelVariantName(KernelVariant variant) {
 void pagedAttention(const PagedAttentionArgs &args) {
   const TileOps &ops = selectTileOps(args.variant);
   int threads = ThreadPool::resolveThreads(args.threads);
-  Plan plan = makePlan(args, ops.lanes, threads);
-  if (plan.batch == 0 || plan.qHeads == 0 || plan.qLength == 0)
+  Plan plan = makePlan(args, threads);
+  if (!plan.anyRows)
     return;
   Kernel kernel(args, ops, plan);
   ThreadPool &pool = ThreadPool::global();
-  pool.parallelFor(plan.items, threads, [&](int64_t item, int) { kernel.runItem(item); });
-  if (plan.splits > 1)
-    pool.parallelFor(plan.items / plan.splits, threads,
-                     [&](int64_t group, int) { kernel.mergeSplits(group); });
+  pool.parallelFor(static_cast<int64_t>(plan.items.size()), threads,
+                   [&](int64_t item, int) { kernel.runItem(plan.items[item]); });
+  if (!plan.merges.empty())
+    pool.parallelFor(static_cast<int64_t>(plan.merges.size()), threads,
+                     [&](int64_t group, int) { kernel.mergeSplits(plan.merges[group]); });
 }
 
 } // namespace pagedc::cpu

@@ -49,6 +49,17 @@ struct PagedAttentionArgs {
   const int32_t *kvLength = nullptr;
   /// [B] or null (= 0): mods see q = qOffset[b] + row.
   const int32_t *qOffset = nullptr;
+  /// Packed queries of different lengths: null, or [B + 1] non-decreasing
+  /// row starts. When set, q is [1, Hq, T, D], out [1, Hq, T, Dv] and lse
+  /// [1, Hq, T] over the T packed token rows, batch entry b owns rows
+  /// [qStart[b], qStart[b + 1]) and `batch` gives B. When null, q's first
+  /// and third dimensions are B and the common Lq.
+  const int32_t *qStart = nullptr;
+  int64_t batch = 0;
+  /// [B] or null (= 0): keys at logical index < kvBegin[b] are not visible,
+  /// so a call can cover one part of a sequence's keys (a shared prefix, a
+  /// suffix) whose results mergeState() combines.
+  const int32_t *kvBegin = nullptr;
   /// Logical block mask or null (no block sparsity). The row used for query
   /// position p is p / qBlockSize; batch and head extents of 1 broadcast.
   /// Positions must lie inside the mask's numQBlocks * qBlockSize.

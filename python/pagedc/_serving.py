@@ -1,0 +1,158 @@
+"""The serving engine's batch call and merge_state (docs/serving.md).
+
+    attn = pagedc.BatchAttention(mods, num_q_heads=32, num_kv_heads=8, head_dim=128,
+                                 page_size=16, kv_layout="vllm", max_num_seqs=256,
+                                 max_num_tokens=8192)
+    attn.plan(query_start_loc, seq_lens, block_table)    # once per step, host int32
+    out = attn.run(q, kv_cache, None)                     # q [T, Hq, D] -> out [T, Hq, Dv]
+"""
+from __future__ import annotations
+
+from typing import Mapping, Optional
+
+import numpy as np
+
+from . import _pagedc as _C
+from ._api import _framework_of, _native_mods, _to_framework
+
+_LAYOUTS = ("NHD", "HND", "vllm", "pagedc")
+
+
+def _host_int32(value, argument: str, ndim: int):
+    """`value` as host int32 data the runtime can borrow: int32 tensors with
+    __dlpack__ (NumPy, torch CPU) pass through without a copy; other integer
+    arrays and lists are converted, values checked against the int32 range."""
+    dtype = str(getattr(value, "dtype", ""))
+    if hasattr(value, "__dlpack__") and dtype in ("int32", "torch.int32"):
+        device = getattr(value, "device", None)
+        if device is None or str(device) == "cpu":
+            return value
+        raise ValueError(f"{argument}: must be in host memory, got a tensor on {device}")
+    try:
+        arr = np.asarray(value)
+    except Exception:  # noqa: BLE001
+        raise ValueError(f"{argument}: expected int32 values, got {type(value).__name__}") \
+            from None
+    if arr.ndim != ndim:
+        raise ValueError(f"{argument}: expected {ndim} dimension(s), got shape {arr.shape}")
+    if arr.size and not np.issubdtype(arr.dtype, np.integer):
+        raise ValueError(f"{argument}: expected integers, got {arr.dtype}")
+    if arr.size and (arr.min() < np.iinfo(np.int32).min or arr.max() > np.iinfo(np.int32).max):
+        raise ValueError(f"{argument}: a value does not fit int32")
+    return np.ascontiguousarray(arr, dtype=np.int32)
+
+
+class BatchAttention:
+    """One serving step's attention over packed queries of many sequences.
+
+    ``mods``: compiled mods (``pagedc.compile`` / ``pagedc.from_torch``) or
+    None. ``kv_layout``: "NHD" (K and V each [pages, page_size, Hkv, D]),
+    "HND" ([pages, Hkv, page_size, D]), "vllm" (one [2, pages, page_size,
+    Hkv, D] tensor passed as ``k_cache`` with ``v_cache=None``) or "pagedc"
+    ([Hkv, pages, page_size, D]). ``max_num_seqs`` / ``max_num_tokens`` bound
+    every plan; ``max_blocks_per_seq`` (default: the first plan's block
+    table's columns) bounds the pages one sequence may use. ``device`` is
+    "cpu": the batch call has no CUDA path yet, so "emu" and "cuda:N" are
+    refused. ``threads``: CPU worker threads, 0 = all cores.
+    """
+
+    def __init__(self, mods, num_q_heads: int, num_kv_heads: int, head_dim: int,
+                 page_size: int, kv_layout: str = "NHD", max_num_seqs: int = 256,
+                 max_num_tokens: int = 8192, device: str = "cpu", *,
+                 value_head_dim: Optional[int] = None,
+                 max_blocks_per_seq: Optional[int] = None, threads: int = 0):
+        if str(device) != "cpu":
+            raise ValueError(f"device: the batch call runs on the CPU backend; '{device}' is "
+                             "not supported by it yet (flex_attention covers CUDA)")
+        if not isinstance(kv_layout, str) or kv_layout.lower() not in \
+                [name.lower() for name in _LAYOUTS]:
+            raise ValueError(f"kv_layout: unknown layout {kv_layout!r}; valid layouts: "
+                             + ", ".join(_LAYOUTS))
+        self._mods = _native_mods(mods)
+        self._args = dict(num_q_heads=int(num_q_heads), num_kv_heads=int(num_kv_heads),
+                          head_dim=int(head_dim),
+                          value_head_dim=int(value_head_dim or 0),
+                          page_size=int(page_size), kv_layout=kv_layout,
+                          max_num_seqs=int(max_num_seqs), max_num_tokens=int(max_num_tokens),
+                          threads=int(threads))
+        self._native = None
+        if max_blocks_per_seq is not None:
+            self._build(int(max_blocks_per_seq))
+        else:
+            # Checks every other setting now; the real object waits for the
+            # first block table.
+            self._build(1)
+            self._native = None
+
+    def _build(self, max_blocks_per_seq: int):
+        a = self._args
+        self._native = _C.BatchAttention(self._mods._native, a["num_q_heads"],
+                                         a["num_kv_heads"], a["head_dim"],
+                                         a["value_head_dim"], a["page_size"], a["kv_layout"],
+                                         a["max_num_seqs"], a["max_num_tokens"],
+                                         max_blocks_per_seq, a["threads"])
+
+    kv_layout = property(lambda self: self._args["kv_layout"])
+    num_seqs = property(lambda self: self._native.num_seqs if self._native else 0)
+    num_tokens = property(lambda self: self._native.num_tokens if self._native else 0)
+
+    def plan(self, query_start_loc, seq_lens, block_table) -> None:
+        """Takes a step's metadata (host int32): ``query_start_loc`` [B + 1]
+        (from 0, non-decreasing), ``seq_lens`` [B] (each sequence's keys, its
+        new tokens included) and ``block_table`` [>= B, max_blocks]. Bad
+        metadata raises ValueError naming it; the previous plan stays."""
+        qsl = _host_int32(query_start_loc, "query_start_loc", 1)
+        lens = _host_int32(seq_lens, "seq_lens", 1)
+        table = _host_int32(block_table, "block_table", 2)
+        if self._native is None:
+            self._build(max(1, int(table.shape[1])))
+        self._native.plan(qsl, lens, table)
+
+    def run(self, q, k_cache, v_cache=None, buffers: Optional[Mapping] = None,
+            params: Optional[Mapping] = None, scale: Optional[float] = None,
+            return_lse: bool = False, out=None):
+        """Attention of the planned step: ``q`` [T, Hq, D] packed as
+        ``query_start_loc`` says, the caches in the configured layout (read
+        in place). Returns ``out`` [T, Hq, Dv], or ``(out, lse)`` with
+        ``return_lse`` (lse [T, Hq] float32, natural log), in q's framework
+        (NumPy or torch). Writes into ``out`` when given."""
+        if self._native is None:
+            raise ValueError("run() needs a plan: call plan(query_start_loc, seq_lens, "
+                             "block_table) first")
+        framework = _framework_of(q)
+        merged, params = self._mods._bindings(buffers, params)
+        result, lse = self._native.run(q, k_cache, v_cache, merged, params,
+                                       None if scale is None else float(scale),
+                                       bool(return_lse), out, None)
+        result = _to_framework(result, framework)
+        if return_lse:
+            return result, _to_framework(lse, framework)
+        return result
+
+    def __repr__(self):
+        a = self._args
+        return (f"pagedc.BatchAttention(num_q_heads={a['num_q_heads']}, "
+                f"num_kv_heads={a['num_kv_heads']}, head_dim={a['head_dim']}, "
+                f"page_size={a['page_size']}, kv_layout={a['kv_layout']!r})")
+
+
+def merge_state(v_a, s_a, v_b, s_b):
+    """Merges two attention results over disjoint key sets of the same rows:
+    ``v_*`` [T, H, D], ``s_*`` [T, H] float32 natural-log logsumexps. Returns
+    ``(v, s)`` in v_a's framework."""
+    framework = _framework_of(v_a)
+    v, s = _C.merge_state(v_a, s_a, v_b, s_b)
+    return _to_framework(v, framework), _to_framework(s, framework)
+
+
+def merge_state_in_place(v, s, v_other, s_other) -> None:
+    """merge_state of (v, s) with (v_other, s_other), written into v and s."""
+    _C.merge_state_in_place(v, s, v_other, s_other)
+
+
+def merge_states(v, s):
+    """N-way merge: ``v`` [T, N, H, D] and ``s`` [T, N, H] -> ``(v, s)``
+    [T, H, D] and [T, H]."""
+    framework = _framework_of(v)
+    out, lse = _C.merge_states(v, s)
+    return _to_framework(out, framework), _to_framework(lse, framework)

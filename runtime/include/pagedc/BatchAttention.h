@@ -1,0 +1,177 @@
+//===- BatchAttention.h - The serving engine's batch call ------*- C++ -*-===//
+//
+// BatchAttention runs one step of a serving engine: a packed batch of query
+// tokens in which every sequence brings its own number of new tokens (1 for
+// decode, a few for speculative verification, a chunk or a whole prompt for
+// prefill), against K/V pages in the layout the engine owns, through the
+// engine's own block table. It is split like the engines' own backends:
+// plan() takes the step's host metadata and checks it once; run() computes.
+// Limits fixed at construction size everything plan() keeps, so a plan never
+// allocates.
+//
+// mergeState() and its in-place and N-way forms combine attention results
+// over disjoint key ranges by their logsumexp (cascade and shared-prefix
+// attention, split KV).
+//
+//===----------------------------------------------------------------------===//
+#ifndef PAGEDC_BATCHATTENTION_H
+#define PAGEDC_BATCHATTENTION_H
+
+#include "pagedc/Attention.h"
+#include "pagedc/Mods.h"
+#include "pagedc/Tensor.h"
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace pagedc {
+
+/// How the engine lays out its paged K/V cache ("page" = an engine's block).
+enum class KVLayout : uint8_t {
+  /// K and V apart, each [Hkv, pages, pageSize, D] (PagedKVCache's own).
+  Pagedc,
+  /// K and V apart, each [pages, pageSize, Hkv, D] (FlashInfer's "NHD").
+  NHD,
+  /// K and V apart, each [pages, Hkv, pageSize, D] (FlashInfer's "HND").
+  HND,
+  /// One tensor [2, pages, pageSize, Hkv, D], K at index 0 and V at 1
+  /// (vLLM's cache); passed as the K cache, with no V cache.
+  VLLM,
+};
+
+/// "pagedc", "NHD", "HND", "vllm".
+const char *kvLayoutName(KVLayout layout);
+/// The layout a name spells (the names above, case-insensitive). Throws
+/// pagedc::Error listing the valid names for any other.
+KVLayout parseKVLayout(const std::string &name);
+
+/// What a BatchAttention is built for; the limits bound every plan.
+struct BatchAttentionConfig {
+  int64_t numQHeads = 0;
+  int64_t numKVHeads = 0;
+  /// Key head dim D; the value head dim Dv (0 = D).
+  int64_t headDim = 0;
+  int64_t valueHeadDim = 0;
+  /// Tokens per page, 1 or more.
+  int64_t pageSize = 16;
+  KVLayout layout = KVLayout::Pagedc;
+  /// Most sequences and packed tokens a step may hold, and most pages one
+  /// sequence may use (the block table's useful columns).
+  int64_t maxNumSeqs = 0;
+  int64_t maxNumTokens = 0;
+  int64_t maxBlocksPerSeq = 0;
+  /// Where run() computes. The batch call runs on the CPU backend; a CUDA
+  /// device is refused at construction until the CUDA path exists.
+  Device device = Device::cpu();
+  /// CPU worker threads; 0 = hardware concurrency.
+  int threads = 0;
+};
+
+/// Per-step settings of BatchAttention::run().
+struct BatchRunOptions {
+  /// Multiplies q.k before the score mod (default 1/sqrt(D)).
+  std::optional<float> scale;
+  /// Also return the natural-log logsumexp [T, Hq] (f32).
+  bool returnLse = false;
+  /// Optional output [T, Hq, Dv]; default-constructed: the result owns a new
+  /// tensor of q's dtype.
+  TensorView out;
+  /// Optional lse output [T, Hq] f32; giving one implies returnLse.
+  TensorView lse;
+};
+
+/// One serving step's attention: packed queries of several sequences,
+/// planned once and run against the engine's cache.
+///
+/// Sequence b brings q_len_b = queryStartLoc[b + 1] - queryStartLoc[b] new
+/// tokens (rows queryStartLoc[b] .. of the packed q) and has seqLens[b] keys
+/// in all, its new tokens included, so its token i sits at position
+/// seqLens[b] - q_len_b + i. Mods see that position as q, the logical key
+/// index as kv, the query head and b as the batch index: a buffer captured
+/// per sequence is indexed by b. The mask mod's block classifier (when the
+/// compiler gave one) skips or fully keeps whole key tiles for exactly the
+/// rows of a tile, so no block mask is built for the whole square. A fully
+/// masked row gives out 0 and lse -inf; a sequence with no new tokens costs
+/// nothing.
+class BatchAttention {
+public:
+  /// Checks the configuration (heads, dims, page size, limits, device) and
+  /// sizes the plan's storage. Throws pagedc::Error naming the field.
+  BatchAttention(const CompiledMods &mods, const BatchAttentionConfig &config);
+
+  const BatchAttentionConfig &config() const { return config_; }
+
+  /// Takes one step's metadata, all int32 on the host:
+  ///   queryStartLoc [B + 1]: starts at 0, non-decreasing, B <= maxNumSeqs,
+  ///     T = queryStartLoc[B] <= maxNumTokens;
+  ///   seqLens [B]: seqLens[b] >= q_len_b, at most maxBlocksPerSeq pages;
+  ///   blockTable [>= B, columns]: row b's first ceil(seqLens[b] / pageSize)
+  ///     entries are the sequence's pages (0 or more; run() checks them
+  ///     against the cache's page count).
+  /// Every check comes first: a bad argument throws pagedc::Error naming it
+  /// and the previous plan stays in force.
+  void plan(const TensorView &queryStartLoc, const TensorView &seqLens,
+            const TensorView &blockTable);
+
+  /// Whether plan() has succeeded at least once.
+  bool planned() const { return planned_; }
+  /// The planned step's sequences B and packed tokens T.
+  int64_t numSeqs() const { return numSeqs_; }
+  int64_t numTokens() const { return numTokens_; }
+
+  /// Attention of the planned step. q is [T', Hq, D] with T' >= T (rows
+  /// past T are neither read nor written); kCache and vCache are views of
+  /// the engine's cache in the configured layout (vCache default-constructed
+  /// for KVLayout::VLLM), read in place through their strides. out is
+  /// [T', Hq, Dv]; lse [T', Hq]. Every shape, dtype, device and stride is
+  /// checked first: a mismatch throws pagedc::Error naming the argument and
+  /// nothing is written.
+  AttentionResult run(const TensorView &q, const TensorView &kCache, const TensorView &vCache,
+                      const Bindings &bindings, const BatchRunOptions &options = {}) const;
+
+private:
+  CompiledMods mods_;
+  BatchAttentionConfig config_;
+  bool planned_ = false;
+  int64_t numSeqs_ = 0, numTokens_ = 0;
+  int32_t maxPageEntry_ = -1;
+  // Sized by the limits at construction; plan() fills them.
+  std::vector<int32_t> queryStart_; // [maxNumSeqs + 1]
+  std::vector<int32_t> kvLength_;   // [maxNumSeqs]
+  std::vector<int32_t> qOffset_;    // [maxNumSeqs]
+  std::vector<int32_t> pageTable_;  // [maxNumSeqs, maxBlocksPerSeq]
+};
+
+//===----------------------------------------------------------------------===//
+// Merging partial results
+//===----------------------------------------------------------------------===//
+
+/// Combines two attention results over disjoint key sets of the same query
+/// rows: vA, vB [T, H, D] (f32 or bf16) and their natural-log logsumexps
+/// sA, sB [T, H] (f32) give s = log(exp(sA) + exp(sB)) and
+/// v = exp(sA - s) vA + exp(sB - s) vB; rows where both are -inf give
+/// v 0 and s -inf. Writes vOut [T, H, D] (f32 or bf16) and sOut [T, H] f32,
+/// which may alias vA / sA exactly. Inputs are checked first (shapes,
+/// dtypes, CPU device, strides); a mismatch throws pagedc::Error naming
+/// the argument and nothing is written.
+void mergeState(const TensorView &vA, const TensorView &sA, const TensorView &vB,
+                const TensorView &sB, const TensorView &vOut, const TensorView &sOut);
+
+/// mergeState() into new tensors (v of vA's dtype, s f32).
+AttentionResult mergeState(const TensorView &vA, const TensorView &sA, const TensorView &vB,
+                           const TensorView &sB);
+
+/// mergeState() of (v, s) with (vOther, sOther), written into v and s.
+void mergeStateInPlace(const TensorView &v, const TensorView &s, const TensorView &vOther,
+                       const TensorView &sOther);
+
+/// N-way merge: v [T, N, H, D] and s [T, N, H] hold N partial results per
+/// row; writes their merge to vOut [T, H, D] and sOut [T, H].
+void mergeStates(const TensorView &v, const TensorView &s, const TensorView &vOut,
+                 const TensorView &sOut);
+
+} // namespace pagedc
+
+#endif // PAGEDC_BATCHATTENTION_H

@@ -1,0 +1,593 @@
+//===- BatchAttention.cpp - The serving engine's batch call ---------------===//
+//
+// plan() checks a step's metadata and copies it into storage sized at
+// construction; run() checks the tensors, views the engine's cache as the
+// CPU kernel's [Hkv, pages, pageSize, D] through strides alone (no copy),
+// and runs the kernel over the packed rows.
+//
+//===----------------------------------------------------------------------===//
+#include "pagedc/BatchAttention.h"
+
+#include "cpu/CpuAttention.h"
+#include "pagedc/Error.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cctype>
+#include <cmath>
+#include <limits>
+
+namespace pagedc {
+namespace {
+
+constexpr float kNegInf = -std::numeric_limits<float>::infinity();
+
+bool isProvided(const TensorView &view) { return view.data() != nullptr || view.rank() != 0; }
+bool isCpuFloat(DType type) { return type == DType::F32 || type == DType::BF16; }
+
+std::string shapeText(const std::vector<int64_t> &shape) {
+  return TensorView(nullptr, DType::F32, shape).shapeString();
+}
+
+/// A host int32 vector argument of plan().
+void checkHostIndexTensor(const TensorView &view, const char *name, int rank) {
+  if (view.device().kind != DeviceKind::CPU)
+    throw Error(fmt::format("{} must be in host memory but is on {}", name,
+                            deviceName(view.device())));
+  if (view.dtype() != DType::I32)
+    throw Error(fmt::format("{} must be int32 but is {}", name, dtypeName(view.dtype())));
+  if (view.rank() != rank)
+    throw Error(fmt::format("{} must have rank {} but has shape {}", name, rank,
+                            view.shapeString()));
+  for (int d = 0; d < view.rank(); ++d)
+    if (view.stride(d) < 0)
+      throw Error(fmt::format("{} has negative stride {} in dimension {}", name,
+                              view.stride(d), d));
+  if (view.data() == nullptr && view.numel() != 0)
+    throw Error(fmt::format("{} has no data", name));
+}
+
+void checkReadable(const TensorView &view, const char *name) {
+  for (int d = 0; d < view.rank(); ++d)
+    if (view.stride(d) < 0)
+      throw Error(fmt::format("{} has negative stride {} in dimension {}", name, view.stride(d),
+                              d));
+  if (view.data() == nullptr && view.numel() != 0)
+    throw Error(fmt::format("{} has no data", name));
+}
+
+void checkWritable(const TensorView &view, const char *name) {
+  checkReadable(view, name);
+  for (int d = 0; d < view.rank(); ++d)
+    if (view.size(d) > 1 && view.stride(d) < 1)
+      throw Error(fmt::format("{} has stride {} in dimension {}; outputs need positive strides",
+                              name, view.stride(d), d));
+}
+
+/// A cache tensor of the configured layout as the kernel's
+/// [Hkv, pages, pageSize, width] view. `part` selects K (0) or V (1) of the
+/// combined vLLM tensor.
+TensorView kernelCacheView(const TensorView &cache, KVLayout layout, int part, Device device) {
+  const std::vector<int64_t> s = cache.strides();
+  const std::vector<int64_t> n = cache.shape();
+  switch (layout) {
+  case KVLayout::Pagedc:
+    return cache;
+  case KVLayout::NHD: // [pages, pageSize, Hkv, D]
+    return TensorView(cache.data(), cache.dtype(), {n[2], n[0], n[1], n[3]},
+                      {s[2], s[0], s[1], s[3]}, device);
+  case KVLayout::HND: // [pages, Hkv, pageSize, D]
+    return TensorView(cache.data(), cache.dtype(), {n[1], n[0], n[2], n[3]},
+                      {s[1], s[0], s[2], s[3]}, device);
+  case KVLayout::VLLM: { // [2, pages, pageSize, Hkv, D]
+    char *base = static_cast<char *>(cache.data()) +
+                 part * s[0] * static_cast<int64_t>(dtypeSize(cache.dtype()));
+    return TensorView(base, cache.dtype(), {n[3], n[1], n[2], n[4]}, {s[3], s[1], s[2], s[4]},
+                      device);
+  }
+  }
+  return cache;
+}
+
+/// The shape a layout's cache tensor must have, with -1 for the page count.
+std::vector<int64_t> layoutShape(KVLayout layout, int64_t heads, int64_t pageSize,
+                                 int64_t width) {
+  switch (layout) {
+  case KVLayout::Pagedc: return {heads, -1, pageSize, width};
+  case KVLayout::NHD: return {-1, pageSize, heads, width};
+  case KVLayout::HND: return {-1, heads, pageSize, width};
+  case KVLayout::VLLM: return {2, -1, pageSize, heads, width};
+  }
+  return {};
+}
+
+const char *layoutDims(KVLayout layout) {
+  switch (layout) {
+  case KVLayout::Pagedc: return "[Hkv, pages, page_size, D]";
+  case KVLayout::NHD: return "[pages, page_size, Hkv, D]";
+  case KVLayout::HND: return "[pages, Hkv, page_size, D]";
+  case KVLayout::VLLM: return "[2, pages, page_size, Hkv, D]";
+  }
+  return "?";
+}
+
+/// Checks one cache tensor against its layout; returns its page count.
+int64_t checkCacheTensor(const TensorView &cache, const char *name, KVLayout layout,
+                         int64_t heads, int64_t pageSize, int64_t width, Device device) {
+  if (!isProvided(cache))
+    throw Error(fmt::format("{} is required for kv_layout '{}'", name, kvLayoutName(layout)));
+  if (cache.device() != device)
+    throw Error(fmt::format("{} is on {} but the call runs on {}", name,
+                            deviceName(cache.device()), deviceName(device)));
+  if (!isCpuFloat(cache.dtype()))
+    throw Error(fmt::format("{} stores {}, which the CPU backend does not read (f32 or bf16)",
+                            name, dtypeName(cache.dtype())));
+  std::vector<int64_t> want = layoutShape(layout, heads, pageSize, width);
+  bool match = cache.rank() == static_cast<int>(want.size());
+  int64_t pages = -1;
+  for (int d = 0; match && d < cache.rank(); ++d) {
+    if (want[d] == -1)
+      pages = cache.size(d);
+    else if (cache.size(d) != want[d])
+      match = false;
+  }
+  if (!match) {
+    std::string expected = "[";
+    for (size_t d = 0; d < want.size(); ++d)
+      expected += (d ? ", " : "") + (want[d] < 0 ? std::string("pages") : std::to_string(want[d]));
+    expected += "]";
+    throw Error(fmt::format("{} must be {} = {} for kv_layout '{}' but has shape {}", name,
+                            layoutDims(layout), expected, kvLayoutName(layout),
+                            cache.shapeString()));
+  }
+  checkReadable(cache, name);
+  return pages;
+}
+
+} // namespace
+
+//===----------------------------------------------------------------------===//
+// Layout names
+//===----------------------------------------------------------------------===//
+
+const char *kvLayoutName(KVLayout layout) {
+  switch (layout) {
+  case KVLayout::Pagedc: return "pagedc";
+  case KVLayout::NHD: return "NHD";
+  case KVLayout::HND: return "HND";
+  case KVLayout::VLLM: return "vllm";
+  }
+  return "?";
+}
+
+KVLayout parseKVLayout(const std::string &name) {
+  std::string lower = name;
+  std::transform(lower.begin(), lower.end(), lower.begin(),
+                 [](unsigned char c) { return static_cast<char>(std::tolower(c)); });
+  for (KVLayout layout : {KVLayout::Pagedc, KVLayout::NHD, KVLayout::HND, KVLayout::VLLM}) {
+    std::string candidate = kvLayoutName(layout);
+    std::transform(candidate.begin(), candidate.end(), candidate.begin(),
+                   [](unsigned char c) { return static_cast<char>(std::tolower(c)); });
+    if (lower == candidate)
+      return layout;
+  }
+  throw Error(fmt::format("unknown kv_layout '{}'; valid layouts: NHD, HND, vllm, pagedc", name));
+}
+
+//===----------------------------------------------------------------------===//
+// BatchAttention
+//===----------------------------------------------------------------------===//
+
+BatchAttention::BatchAttention(const CompiledMods &mods, const BatchAttentionConfig &config)
+    : mods_(mods), config_(config) {
+  BatchAttentionConfig &c = config_;
+  if (c.valueHeadDim == 0)
+    c.valueHeadDim = c.headDim;
+  auto positive = [](int64_t value, const char *name) {
+    if (value < 1)
+      throw Error(fmt::format("{} must be at least 1 but is {}", name, value));
+  };
+  positive(c.numQHeads, "num_q_heads");
+  positive(c.numKVHeads, "num_kv_heads");
+  positive(c.headDim, "head_dim");
+  positive(c.valueHeadDim, "value_head_dim");
+  positive(c.pageSize, "page_size");
+  positive(c.maxNumSeqs, "max_num_seqs");
+  positive(c.maxNumTokens, "max_num_tokens");
+  positive(c.maxBlocksPerSeq, "max_blocks_per_seq");
+  if (c.numQHeads % c.numKVHeads != 0)
+    throw Error(fmt::format("num_q_heads {} is not a multiple of num_kv_heads {}", c.numQHeads,
+                            c.numKVHeads));
+  if (c.layout == KVLayout::VLLM && c.valueHeadDim != c.headDim)
+    throw Error(fmt::format("kv_layout 'vllm' holds K and V in one tensor, so value_head_dim "
+                            "{} must equal head_dim {}",
+                            c.valueHeadDim, c.headDim));
+  constexpr int64_t kInt32Max = std::numeric_limits<int32_t>::max();
+  if (c.maxNumTokens > kInt32Max || c.maxNumSeqs >= kInt32Max ||
+      c.maxBlocksPerSeq * c.pageSize > kInt32Max)
+    throw Error(fmt::format("max_num_tokens {}, max_num_seqs {} and max_blocks_per_seq x "
+                            "page_size {} must each fit int32",
+                            c.maxNumTokens, c.maxNumSeqs, c.maxBlocksPerSeq * c.pageSize));
+  if (c.threads < 0)
+    throw Error(fmt::format("threads must not be negative but is {}", c.threads));
+  if (c.device.kind != DeviceKind::CPU)
+    throw Error(fmt::format("BatchAttention runs on the CPU backend; {} is not supported by "
+                            "the batch call yet (use flexAttention for CUDA)",
+                            deviceName(c.device)));
+  if (mods_.hasMask() && !mods_.maskRow)
+    throw Error(fmt::format("mask mod '{}' has no CPU function", mods_.maskName));
+  if (mods_.hasScore() && !mods_.scoreRow)
+    throw Error(fmt::format("score mod '{}' has no CPU function", mods_.scoreName));
+  queryStart_.assign(static_cast<size_t>(c.maxNumSeqs + 1), 0);
+  kvLength_.assign(static_cast<size_t>(c.maxNumSeqs), 0);
+  qOffset_.assign(static_cast<size_t>(c.maxNumSeqs), 0);
+  pageTable_.assign(static_cast<size_t>(c.maxNumSeqs * c.maxBlocksPerSeq), -1);
+}
+
+void BatchAttention::plan(const TensorView &queryStartLoc, const TensorView &seqLens,
+                          const TensorView &blockTable) {
+  const BatchAttentionConfig &c = config_;
+  checkHostIndexTensor(queryStartLoc, "query_start_loc", 1);
+  checkHostIndexTensor(seqLens, "seq_lens", 1);
+  checkHostIndexTensor(blockTable, "block_table", 2);
+  const int64_t batch = queryStartLoc.size(0) - 1;
+  if (batch < 0)
+    throw Error("query_start_loc must have B + 1 entries (at least 1) but is empty");
+  if (batch > c.maxNumSeqs)
+    throw Error(fmt::format("query_start_loc describes {} sequences but max_num_seqs is {}",
+                            batch, c.maxNumSeqs));
+  if (seqLens.size(0) != batch)
+    throw Error(fmt::format("seq_lens has {} entries but query_start_loc describes {} "
+                            "sequences",
+                            seqLens.size(0), batch));
+  if (blockTable.size(0) < batch)
+    throw Error(fmt::format("block_table has {} rows but the step has {} sequences",
+                            blockTable.size(0), batch));
+  auto qsl = [&](int64_t i) { return queryStartLoc.dataAs<const int32_t>()[i * queryStartLoc.stride(0)]; };
+  auto len = [&](int64_t b) { return seqLens.dataAs<const int32_t>()[b * seqLens.stride(0)]; };
+  auto entry = [&](int64_t b, int64_t j) {
+    return blockTable.dataAs<const int32_t>()[b * blockTable.stride(0) + j * blockTable.stride(1)];
+  };
+  if (qsl(0) != 0)
+    throw Error(fmt::format("query_start_loc[0] must be 0 but is {}", qsl(0)));
+  for (int64_t b = 0; b < batch; ++b)
+    if (qsl(b + 1) < qsl(b))
+      throw Error(fmt::format("query_start_loc decreases at index {}: {} then {}", b + 1, qsl(b),
+                              qsl(b + 1)));
+  const int64_t tokens = qsl(batch);
+  if (tokens > c.maxNumTokens)
+    throw Error(fmt::format("query_start_loc[{}] = {} tokens exceeds max_num_tokens {}", batch,
+                            tokens, c.maxNumTokens));
+  int32_t maxEntry = -1;
+  for (int64_t b = 0; b < batch; ++b) {
+    const int64_t qLength = qsl(b + 1) - qsl(b);
+    if (len(b) < qLength)
+      throw Error(fmt::format("seq_lens[{}] = {} is less than the sequence's {} new tokens "
+                              "(query_start_loc[{}] - query_start_loc[{}])",
+                              b, len(b), qLength, b + 1, b));
+    const int64_t pages = (static_cast<int64_t>(len(b)) + c.pageSize - 1) / c.pageSize;
+    if (pages > c.maxBlocksPerSeq)
+      throw Error(fmt::format("seq_lens[{}] = {} needs {} pages of {} but max_blocks_per_seq is "
+                              "{}",
+                              b, len(b), pages, c.pageSize, c.maxBlocksPerSeq));
+    if (pages > blockTable.size(1))
+      throw Error(fmt::format("seq_lens[{}] = {} needs {} pages of {} but block_table has {} "
+                              "columns",
+                              b, len(b), pages, c.pageSize, blockTable.size(1)));
+    for (int64_t j = 0; j < pages; ++j) {
+      if (entry(b, j) < 0)
+        throw Error(fmt::format("block_table[{}, {}] = {} is negative; the first {} entries of "
+                                "row {} must be pages",
+                                b, j, entry(b, j), pages, b));
+      maxEntry = std::max(maxEntry, entry(b, j));
+    }
+  }
+
+  // Valid: replace the plan.
+  for (int64_t b = 0; b <= batch; ++b)
+    queryStart_[b] = qsl(b);
+  for (int64_t b = 0; b < batch; ++b) {
+    kvLength_[b] = len(b);
+    qOffset_[b] = len(b) - (qsl(b + 1) - qsl(b));
+    const int64_t pages = (static_cast<int64_t>(len(b)) + c.pageSize - 1) / c.pageSize;
+    int32_t *row = pageTable_.data() + b * c.maxBlocksPerSeq;
+    for (int64_t j = 0; j < pages; ++j)
+      row[j] = entry(b, j);
+  }
+  numSeqs_ = batch;
+  numTokens_ = tokens;
+  maxPageEntry_ = maxEntry;
+  planned_ = true;
+}
+
+AttentionResult BatchAttention::run(const TensorView &q, const TensorView &kCache,
+                                    const TensorView &vCache, const Bindings &bindings,
+                                    const BatchRunOptions &options) const {
+  const BatchAttentionConfig &c = config_;
+  if (!planned_)
+    throw Error("run() needs a plan: call plan(query_start_loc, seq_lens, block_table) first");
+  const Device device = c.device;
+
+  // q.
+  if (q.device() != device)
+    throw Error(fmt::format("q is on {} but the call runs on {}", deviceName(q.device()),
+                            deviceName(device)));
+  if (q.rank() != 3)
+    throw Error(fmt::format("q must be [T, Hq, D] but has shape {}", q.shapeString()));
+  if (!isCpuFloat(q.dtype()))
+    throw Error(fmt::format("q must be f32 or bf16 on the CPU but is {}", dtypeName(q.dtype())));
+  if (q.size(1) != c.numQHeads || q.size(2) != c.headDim)
+    throw Error(fmt::format("q must be [T, {}, {}] (num_q_heads, head_dim) but has shape {}",
+                            c.numQHeads, c.headDim, q.shapeString()));
+  if (q.size(0) < numTokens_)
+    throw Error(fmt::format("q has {} token rows but the plan has {} tokens", q.size(0),
+                            numTokens_));
+  checkReadable(q, "q");
+  const int64_t rowsT = q.size(0);
+
+  // The cache.
+  int64_t pages;
+  if (c.layout == KVLayout::VLLM) {
+    if (isProvided(vCache))
+      throw Error("kv_layout 'vllm' takes the combined [2, pages, page_size, Hkv, D] tensor as "
+                  "k_cache; v_cache must be empty (None)");
+    pages = checkCacheTensor(kCache, "k_cache", c.layout, c.numKVHeads, c.pageSize, c.headDim,
+                             device);
+  } else {
+    pages = checkCacheTensor(kCache, "k_cache", c.layout, c.numKVHeads, c.pageSize, c.headDim,
+                             device);
+    const int64_t vPages = checkCacheTensor(vCache, "v_cache", c.layout, c.numKVHeads,
+                                            c.pageSize, c.valueHeadDim, device);
+    if (vPages != pages)
+      throw Error(fmt::format("k_cache has {} pages but v_cache has {}", pages, vPages));
+  }
+  if (maxPageEntry_ >= pages)
+    throw Error(fmt::format("block_table holds page {} but the cache has {} pages",
+                            maxPageEntry_, pages));
+
+  // Scale, outputs.
+  const float scale =
+      options.scale.value_or(1.0f / std::sqrt(static_cast<float>(c.headDim)));
+  if (!std::isfinite(scale))
+    throw Error(fmt::format("scale must be finite but is {}", scale));
+  const bool returnLse = options.returnLse || isProvided(options.lse);
+  const std::vector<int64_t> outShape = {rowsT, c.numQHeads, c.valueHeadDim};
+  const std::vector<int64_t> lseShape = {rowsT, c.numQHeads};
+  if (isProvided(options.out)) {
+    const TensorView &out = options.out;
+    if (out.shape() != outShape)
+      throw Error(fmt::format("out must be {} ([T, Hq, Dv]) but has shape {}",
+                              shapeText(outShape), out.shapeString()));
+    if (out.device() != device)
+      throw Error(fmt::format("out is on {} but the call runs on {}", deviceName(out.device()),
+                              deviceName(device)));
+    if (!isCpuFloat(out.dtype()))
+      throw Error(fmt::format("out is {} but must be f32 or bf16", dtypeName(out.dtype())));
+    checkWritable(out, "out");
+  }
+  if (isProvided(options.lse)) {
+    const TensorView &lse = options.lse;
+    if (lse.shape() != lseShape)
+      throw Error(fmt::format("lse must be {} ([T, Hq]) but has shape {}", shapeText(lseShape),
+                              lse.shapeString()));
+    if (lse.device() != device)
+      throw Error(fmt::format("lse is on {} but the call runs on {}", deviceName(lse.device()),
+                              deviceName(device)));
+    if (lse.dtype() != DType::F32)
+      throw Error(fmt::format("lse is {} but must be f32", dtypeName(lse.dtype())));
+    checkWritable(lse, "lse");
+  }
+  const ResolvedBindings resolved = resolveBindings(mods_, bindings, device);
+
+  // Everything is valid.
+  AttentionResult result;
+  if (isProvided(options.out)) {
+    result.out = options.out;
+  } else {
+    result.ownedOut = HostTensor(q.dtype(), outShape);
+    result.out = result.ownedOut.view();
+  }
+  if (returnLse) {
+    if (isProvided(options.lse)) {
+      result.lse = options.lse;
+    } else {
+      result.ownedLse = HostTensor(DType::F32, lseShape);
+      float *lse = result.ownedLse.dataAs<float>();
+      std::fill(lse, lse + result.ownedLse.numel(), kNegInf);
+      result.lse = result.ownedLse.view();
+    }
+  }
+  if (numTokens_ == 0)
+    return result;
+
+  // The packed rows as the kernel's [1, Hq, T, *] views.
+  auto packed = [&](const TensorView &view, int64_t width) {
+    if (width < 0)
+      return TensorView(view.data(), view.dtype(), {1, view.size(1), view.size(0)},
+                        {0, view.stride(1), view.stride(0)}, device);
+    return TensorView(view.data(), view.dtype(), {1, view.size(1), view.size(0), width},
+                      {0, view.stride(1), view.stride(0), view.stride(2)}, device);
+  };
+  cpu::PagedAttentionArgs args;
+  args.q = packed(q, c.headDim);
+  args.kCache = kernelCacheView(kCache, c.layout, 0, device);
+  args.vCache = kernelCacheView(c.layout == KVLayout::VLLM ? kCache : vCache, c.layout, 1,
+                                device);
+  args.pageTable = pageTable_.data();
+  args.pageTableStride = c.maxBlocksPerSeq;
+  args.pageSize = static_cast<int32_t>(c.pageSize);
+  args.kvLength = kvLength_.data();
+  args.qOffset = qOffset_.data();
+  args.qStart = queryStart_.data();
+  args.batch = numSeqs_;
+  args.mods = &mods_;
+  args.context = &resolved.context();
+  args.scale = scale;
+  args.out = packed(result.out, c.valueHeadDim);
+  if (returnLse)
+    args.lse = packed(result.lse, -1);
+  args.threads = c.threads;
+  cpu::pagedAttention(args);
+  return result;
+}
+
+//===----------------------------------------------------------------------===//
+// mergeState
+//===----------------------------------------------------------------------===//
+
+namespace {
+
+float loadValue(const TensorView &view, int64_t offset) {
+  if (view.dtype() == DType::BF16)
+    return bf16ToFloat(view.dataAs<const uint16_t>()[offset]);
+  return view.dataAs<const float>()[offset];
+}
+
+void storeValue(const TensorView &view, int64_t offset, float value) {
+  if (view.dtype() == DType::BF16)
+    view.dataAs<uint16_t>()[offset] = floatToBF16(value);
+  else
+    view.dataAs<float>()[offset] = value;
+}
+
+void checkMergeValue(const TensorView &v, const char *name, int rank) {
+  if (v.device().kind != DeviceKind::CPU)
+    throw Error(fmt::format("{} is on {}; merge_state runs on the CPU", name,
+                            deviceName(v.device())));
+  if (v.rank() != rank)
+    throw Error(fmt::format("{} must have rank {} but has shape {}", name, rank,
+                            v.shapeString()));
+  if (!isCpuFloat(v.dtype()))
+    throw Error(fmt::format("{} must be f32 or bf16 but is {}", name, dtypeName(v.dtype())));
+  checkReadable(v, name);
+}
+
+void checkMergeLse(const TensorView &s, const char *name, const std::vector<int64_t> &shape) {
+  if (s.device().kind != DeviceKind::CPU)
+    throw Error(fmt::format("{} is on {}; merge_state runs on the CPU", name,
+                            deviceName(s.device())));
+  if (s.dtype() != DType::F32)
+    throw Error(fmt::format("{} must be f32 but is {}", name, dtypeName(s.dtype())));
+  if (s.shape() != shape)
+    throw Error(fmt::format("{} must be {} but has shape {}", name, shapeText(shape),
+                            s.shapeString()));
+  checkReadable(s, name);
+}
+
+/// Merges the `parts` partial results of every row (t, h): lseOf(t, p, h)
+/// is part p's logsumexp and valueOf(t, p, h, d) its value. Each row's parts
+/// are read before the row is written, so the output may alias one part.
+template <typename Lse, typename Value>
+void mergeRows(int64_t tokens, int64_t heads, int64_t dim, int64_t parts, Lse lseOf,
+               Value valueOf, const TensorView &vOut, const TensorView &sOut) {
+  std::vector<float> acc(static_cast<size_t>(dim));
+  std::vector<float> lse(static_cast<size_t>(parts));
+  for (int64_t t = 0; t < tokens; ++t) {
+    for (int64_t h = 0; h < heads; ++h) {
+      float maxLse = kNegInf;
+      for (int64_t p = 0; p < parts; ++p) {
+        lse[p] = lseOf(t, p, h);
+        maxLse = std::max(maxLse, lse[p]);
+      }
+      std::fill(acc.begin(), acc.end(), 0.0f);
+      float total = kNegInf;
+      if (maxLse != kNegInf) {
+        double sum = 0.0;
+        for (int64_t p = 0; p < parts; ++p)
+          if (lse[p] != kNegInf)
+            sum += std::exp(static_cast<double>(lse[p]) - maxLse);
+        total = static_cast<float>(maxLse + std::log(sum));
+        for (int64_t p = 0; p < parts; ++p) {
+          if (lse[p] == kNegInf)
+            continue;
+          const float weight = static_cast<float>(std::exp(static_cast<double>(lse[p]) - total));
+          for (int64_t d = 0; d < dim; ++d)
+            acc[d] += weight * valueOf(t, p, h, d);
+        }
+      }
+      const int64_t outBase = t * vOut.stride(0) + h * vOut.stride(1);
+      for (int64_t d = 0; d < dim; ++d)
+        storeValue(vOut, outBase + d * vOut.stride(2), acc[d]);
+      sOut.dataAs<float>()[t * sOut.stride(0) + h * sOut.stride(1)] = total;
+    }
+  }
+}
+
+} // namespace
+
+void mergeState(const TensorView &vA, const TensorView &sA, const TensorView &vB,
+                const TensorView &sB, const TensorView &vOut, const TensorView &sOut) {
+  checkMergeValue(vA, "v_a", 3);
+  checkMergeValue(vB, "v_b", 3);
+  if (vB.shape() != vA.shape())
+    throw Error(fmt::format("v_b must have v_a's shape {} but has shape {}", vA.shapeString(),
+                            vB.shapeString()));
+  const std::vector<int64_t> lseShape = {vA.size(0), vA.size(1)};
+  checkMergeLse(sA, "s_a", lseShape);
+  checkMergeLse(sB, "s_b", lseShape);
+  checkMergeValue(vOut, "v_out", 3);
+  if (vOut.shape() != vA.shape())
+    throw Error(fmt::format("v_out must have v_a's shape {} but has shape {}",
+                            vA.shapeString(), vOut.shapeString()));
+  checkWritable(vOut, "v_out");
+  checkMergeLse(sOut, "s_out", lseShape);
+  checkWritable(sOut, "s_out");
+
+  const TensorView *values[2] = {&vA, &vB};
+  const TensorView *lses[2] = {&sA, &sB};
+  mergeRows(
+      vA.size(0), vA.size(1), vA.size(2), 2,
+      [&](int64_t t, int64_t p, int64_t h) {
+        const TensorView &s = *lses[p];
+        return s.dataAs<const float>()[t * s.stride(0) + h * s.stride(1)];
+      },
+      [&](int64_t t, int64_t p, int64_t h, int64_t d) {
+        const TensorView &v = *values[p];
+        return loadValue(v, t * v.stride(0) + h * v.stride(1) + d * v.stride(2));
+      },
+      vOut, sOut);
+}
+
+AttentionResult mergeState(const TensorView &vA, const TensorView &sA, const TensorView &vB,
+                           const TensorView &sB) {
+  checkMergeValue(vA, "v_a", 3);
+  AttentionResult result;
+  result.ownedOut = HostTensor(vA.dtype(), vA.shape());
+  result.ownedLse = HostTensor(DType::F32, {vA.size(0), vA.size(1)});
+  result.out = result.ownedOut.view();
+  result.lse = result.ownedLse.view();
+  mergeState(vA, sA, vB, sB, result.out, result.lse);
+  return result;
+}
+
+void mergeStateInPlace(const TensorView &v, const TensorView &s, const TensorView &vOther,
+                       const TensorView &sOther) {
+  mergeState(v, s, vOther, sOther, v, s);
+}
+
+void mergeStates(const TensorView &v, const TensorView &s, const TensorView &vOut,
+                 const TensorView &sOut) {
+  checkMergeValue(v, "v", 4);
+  const int64_t tokens = v.size(0), parts = v.size(1), heads = v.size(2), dim = v.size(3);
+  checkMergeLse(s, "s", {tokens, parts, heads});
+  checkMergeValue(vOut, "v_out", 3);
+  if (vOut.shape() != std::vector<int64_t>{tokens, heads, dim})
+    throw Error(fmt::format("v_out must be {} but has shape {}",
+                            shapeText({tokens, heads, dim}), vOut.shapeString()));
+  checkWritable(vOut, "v_out");
+  checkMergeLse(sOut, "s_out", {tokens, heads});
+  checkWritable(sOut, "s_out");
+  mergeRows(
+      tokens, heads, dim, parts,
+      [&](int64_t t, int64_t p, int64_t h) {
+        return s.dataAs<const float>()[t * s.stride(0) + p * s.stride(1) + h * s.stride(2)];
+      },
+      [&](int64_t t, int64_t p, int64_t h, int64_t d) {
+        return loadValue(v, t * v.stride(0) + p * v.stride(1) + h * v.stride(2) +
+                                d * v.stride(3));
+      },
+      vOut, sOut);
+}
+
+} // namespace pagedc

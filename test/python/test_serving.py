@@ -1,0 +1,163 @@
+"""pagedc.BatchAttention and merge_state from Python against the float64
+reference: mixed steps in every cache layout, per-sequence captured buffers
+indexed by b, zero-copy cache reads, merge of two key ranges, bad metadata."""
+import numpy as np
+import pytest
+
+import pagedc
+from conftest import assert_close, randn, reference_attention
+
+SOURCE = """
+buffer doc: i32[B, S]
+buffer prefix: i32[B]
+mask document(b, h, q, kv) = (doc[b, q] == doc[b, kv]) & (q >= kv)
+mask prefix_lm(b, h, q, kv) = (kv < prefix[b]) | (q >= kv)
+"""
+
+# (new tokens, keys): decode, speculative, chunked prefill at the end of a
+# longer context, a whole prompt, no new tokens.
+STEP = [(1, 90), (4, 33), (37, 300), (0, 20), (50, 50), (1, 1), (3, 129)]
+
+
+def make_step(rng, layout, page_size, hq=4, hkv=2, d=32, steps=STEP):
+    """Random dense K/V per sequence written into one engine-style cache
+    allocation on shuffled pages; returns everything a check needs."""
+    pages_needed = [-(-s // page_size) for _, s in steps]
+    n_pages = sum(pages_needed) + 2
+    order = rng.permutation(n_pages)
+    columns = max(pages_needed) + 1
+    table = np.full((len(steps), columns), -1, dtype=np.int32)
+    shape = {"NHD": (n_pages, page_size, hkv, d), "HND": (n_pages, hkv, page_size, d),
+             "pagedc": (hkv, n_pages, page_size, d), "vllm": (2, n_pages, page_size, hkv, d)}
+    if layout == "vllm":
+        kv = np.full(shape["vllm"], np.nan, dtype=np.float32)
+        k_cache, v_cache = kv[0], kv[1]
+    else:
+        k_cache = np.full(shape[layout], np.nan, dtype=np.float32)
+        v_cache = np.full(shape[layout], np.nan, dtype=np.float32)
+    dense_k, dense_v, next_page = [], [], 0
+    for b, (_, s) in enumerate(steps):
+        k, v = randn(rng, hkv, s, d), randn(rng, hkv, s, d)
+        dense_k.append(k)
+        dense_v.append(v)
+        for j in range(pages_needed[b]):
+            table[b, j] = order[next_page]
+            next_page += 1
+        for pos in range(s):
+            page, slot = table[b, pos // page_size], pos % page_size
+            for cache, src in ((k_cache, k), (v_cache, v)):
+                if layout in ("NHD", "vllm"):
+                    cache[page, slot] = src[:, pos]
+                elif layout == "HND":
+                    cache[page, :, slot] = src[:, pos]
+                else:
+                    cache[:, page, slot] = src[:, pos]
+    qsl = np.cumsum([0] + [n for n, _ in steps]).astype(np.int32)
+    seq_lens = np.array([s for _, s in steps], dtype=np.int32)
+    q = randn(rng, int(qsl[-1]), hq, d)
+    if layout == "vllm":
+        caches = (kv, None)
+    else:
+        caches = (k_cache, v_cache)
+    return dict(q=q, caches=caches, qsl=qsl, seq_lens=seq_lens, table=table, dense_k=dense_k,
+                dense_v=dense_v, hq=hq, hkv=hkv, d=d)
+
+
+def reference_step(step, mask_fn=None):
+    """Per sequence b, the float64 reference with the mods seeing b."""
+    outs, lses = [], []
+    for b in range(len(step["seq_lens"])):
+        start, end = step["qsl"][b], step["qsl"][b + 1]
+        n, s = end - start, int(step["seq_lens"][b])
+        if n == 0:
+            continue
+        q = step["q"][start:end].transpose(1, 0, 2)[None]
+        fn = None if mask_fn is None else (
+            lambda _b, h, qi, kv, b=b: mask_fn(b, h, qi, kv))
+        out, lse = reference_attention(q, step["dense_k"][b][None], step["dense_v"][b][None],
+                                       mask_fn=fn, q_offset=s - n)
+        outs.append(out[0].transpose(1, 0, 2))
+        lses.append(lse[0].T)
+    return np.concatenate(outs), np.concatenate(lses)
+
+
+@pytest.mark.parametrize("layout,page_size", [("NHD", 16), ("HND", 1), ("vllm", 16),
+                                              ("pagedc", 128)])
+def test_mixed_step_matches_reference_in_every_layout(rng, layout, page_size):
+    step = make_step(rng, layout, page_size)
+    mods = pagedc.compile(SOURCE, mask="document")
+    max_s = int(step["seq_lens"].max())
+    doc = np.cumsum(rng.random((len(STEP), max_s)) < 0.05, axis=1).astype(np.int32)
+    attn = pagedc.BatchAttention(mods, step["hq"], step["hkv"], step["d"], page_size,
+                                 kv_layout=layout, max_num_seqs=16, max_num_tokens=200)
+    attn.plan(step["qsl"], step["seq_lens"], step["table"])
+    k_cache, v_cache = step["caches"]
+    out, lse = attn.run(step["q"], k_cache, v_cache, buffers={"doc": doc},
+                        params={}, return_lse=True)
+    assert isinstance(out, np.ndarray) and out.shape == step["q"].shape
+    ref_out, ref_lse = reference_step(
+        step, lambda b, h, qi, kv: (doc[b][qi] == doc[b][kv]) & (qi >= kv))
+    assert_close(out, ref_out, atol=1e-4, rtol=1e-4)
+    assert_close(lse, ref_lse, atol=1e-4, rtol=1e-4)
+
+
+def test_prefix_lm_per_sequence_and_out_written_in_place(rng):
+    step = make_step(rng, "NHD", 16)
+    mods = pagedc.compile(SOURCE, mask="prefix_lm")
+    prefix = rng.integers(0, 60, size=len(STEP)).astype(np.int32)
+    attn = pagedc.BatchAttention(mods, step["hq"], step["hkv"], step["d"], 16,
+                                 max_num_seqs=8, max_num_tokens=100)
+    attn.plan(step["qsl"], step["seq_lens"], step["table"])
+    out = np.full(step["q"].shape, np.nan, dtype=np.float32)
+    result = attn.run(step["q"], *step["caches"], buffers={"prefix": prefix}, out=out)
+    assert result is out
+    ref_out, _ = reference_step(step, lambda b, h, qi, kv: (kv < prefix[b]) | (qi >= kv))
+    assert_close(out, ref_out, atol=1e-4, rtol=1e-4)
+
+
+def test_plan_errors_name_the_argument(rng):
+    attn = pagedc.BatchAttention(None, 4, 2, 32, 16, max_num_seqs=2, max_num_tokens=8,
+                                 max_blocks_per_seq=4)
+    table = np.zeros((2, 4), dtype=np.int32)
+    with pytest.raises(ValueError, match="query_start_loc decreases"):
+        attn.plan([0, 3, 2], [3, 3], table)
+    with pytest.raises(ValueError, match=r"seq_lens\[0\] = 1 is less than"):
+        attn.plan([0, 2], [1], table)
+    with pytest.raises(ValueError, match="max_num_tokens"):
+        attn.plan([0, 9], [9], table)
+    with pytest.raises(ValueError, match="max_num_seqs"):
+        attn.plan([0, 1, 2, 3], [1, 1, 1], np.zeros((3, 4), dtype=np.int32))
+    with pytest.raises(ValueError, match="does not fit int32"):
+        attn.plan([0, 1], [2**40], table)
+    with pytest.raises(ValueError, match="run\\(\\) needs a plan"):
+        attn.run(np.zeros((1, 4, 32), np.float32), np.zeros((2, 16, 2, 32), np.float32),
+                 np.zeros((2, 16, 2, 32), np.float32))
+    attn.plan([0, 1], [20], np.array([[0, 1, 0, 0]], dtype=np.int32))
+    q = randn(rng, 1, 4, 32)
+    small = np.zeros((1, 16, 2, 32), np.float32)
+    with pytest.raises(ValueError, match="block_table holds page 1 but the cache has 1 pages"):
+        attn.run(q, small, small)
+    with pytest.raises(ValueError, match="kv_layout"):
+        pagedc.BatchAttention(None, 4, 2, 32, 16, kv_layout="NDH")
+    with pytest.raises(ValueError, match="device"):
+        pagedc.BatchAttention(None, 4, 2, 32, 16, device="cuda:0")
+
+
+def test_merge_state_of_two_key_ranges_equals_the_whole(rng):
+    t, h, d, s = 6, 4, 32, 100
+    q, k, v = randn(rng, 1, h, t, d), randn(rng, 1, h, s, d), randn(rng, 1, h, s, d)
+    whole, whole_lse = reference_attention(q, k, v)
+    parts = [reference_attention(q, k[:, :, a:e], v[:, :, a:e]) for a, e in ((0, 37), (37, s))]
+    (va, sa), (vb, sb) = [(o[0].transpose(1, 0, 2).astype(np.float32),
+                           l[0].T.astype(np.float32)) for o, l in parts]
+    merged, lse = pagedc.merge_state(va, sa, vb, sb)
+    assert_close(merged, whole[0].transpose(1, 0, 2), atol=1e-5, rtol=1e-5)
+    assert_close(lse, whole_lse[0].T, atol=1e-5, rtol=1e-5)
+    stacked_v = np.stack([va, vb], axis=1)
+    stacked_s = np.stack([sa, sb], axis=1)
+    merged_n, lse_n = pagedc.merge_states(stacked_v, stacked_s)
+    assert_close(merged_n, merged, atol=1e-6, rtol=1e-6)
+    pagedc.merge_state_in_place(va, sa, vb, sb)
+    assert_close(va, merged, atol=0, rtol=0)
+    with pytest.raises(ValueError, match="s_b must be"):
+        pagedc.merge_state(va, sa, vb, sb[:2])
