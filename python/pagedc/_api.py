@@ -212,7 +212,9 @@ def _to_framework(tensor, framework: str):
     if tensor is None or not isinstance(tensor, _C.Tensor):
         return tensor
     if framework == "numpy":
-        return np.from_dlpack(tensor)
+        # Through the array interface NumPy gets a writable view (its
+        # from_dlpack before 2.0 gives read-only ones); bf16 has no NumPy type.
+        return np.asarray(tensor) if tensor.dtype != "bf16" else np.from_dlpack(tensor)
     if framework == "torch":
         import torch
         return torch.from_dlpack(tensor)
@@ -276,12 +278,12 @@ class PagedKVCache:
     @property
     def k_cache(self):
         """The K storage [heads, n_pages, page_size, head_dim], zero-copy."""
-        return np.from_dlpack(self._native.k_cache()) if self.dtype in ("f32", "f16") \
+        return np.asarray(self._native.k_cache()) if self.dtype in ("f32", "f16") \
             else self._native.k_cache()
 
     @property
     def v_cache(self):
-        return np.from_dlpack(self._native.v_cache()) if self.dtype in ("f32", "f16") \
+        return np.asarray(self._native.v_cache()) if self.dtype in ("f32", "f16") \
             else self._native.v_cache()
 
     # Allocation ----------------------------------------------------------
@@ -372,7 +374,7 @@ class PagedKVCache:
     @property
     def page_table(self) -> np.ndarray:
         """[max_batch_size, n_pages] int32, -1 padded, as in the seed."""
-        return np.from_dlpack(self._native.dense_page_table(
+        return np.asarray(self._native.dense_page_table(
             list(range(self.max_batch_size)), self.n_pages))
 
     def page_table_row(self, slot: int) -> list:
@@ -398,7 +400,7 @@ class PagedKVCache:
         native, pages, table = _C.convert_logical_block_mask(self._native, block_mask._native,
                                                              slots, lengths)
         out = BlockMask(native, block_mask._mods, block_mask._buffers, block_mask._params)
-        out.page_table = np.from_dlpack(table)
+        out.page_table = np.asarray(table)
         out.physical_indices = pages
         return out
 
@@ -425,18 +427,18 @@ class BlockMask:
         self.page_table = None
         self.physical_indices = bool(native.physical_indices)
 
-    kv_num_blocks = property(lambda self: np.from_dlpack(self._native.kv_num_blocks()))
-    kv_indices = property(lambda self: np.from_dlpack(self._native.kv_indices()))
+    kv_num_blocks = property(lambda self: np.asarray(self._native.kv_num_blocks()))
+    kv_indices = property(lambda self: np.asarray(self._native.kv_indices()))
 
     @property
     def full_kv_num_blocks(self):
         t = self._native.full_kv_num_blocks()
-        return None if t is None else np.from_dlpack(t)
+        return None if t is None else np.asarray(t)
 
     @property
     def full_kv_indices(self):
         t = self._native.full_kv_indices()
-        return None if t is None else np.from_dlpack(t)
+        return None if t is None else np.asarray(t)
 
     @property
     def BLOCK_SIZE(self):
@@ -461,11 +463,11 @@ class BlockMask:
         native_mods = self._mods._native if self._mods is not None else None
         buffers, params = (self._mods._bindings(self._buffers, self._params)
                            if self._mods is not None else ({}, {}))
-        return np.from_dlpack(self._native.to_dense(native_mods, buffers, params)).astype(bool)
+        return np.asarray(self._native.to_dense(native_mods, buffers, params)).astype(bool)
 
     def to_dense_blocks(self) -> np.ndarray:
         """Block classes [B, H, q blocks, kv blocks]: 0 skipped, 1 partial, 2 full."""
-        return np.from_dlpack(self._native.dense_blocks())
+        return np.asarray(self._native.dense_blocks())
 
     def sparsity(self) -> float:
         """Percentage of blocks skipped."""

@@ -25,6 +25,8 @@ def _host_int32(value, argument: str, ndim: int):
     dtype = str(getattr(value, "dtype", ""))
     if hasattr(value, "__dlpack__") and dtype in ("int32", "torch.int32"):
         device = getattr(value, "device", None)
+        if isinstance(value, np.ndarray) and not value.flags.writeable:
+            return np.array(value)  # NumPy will not export a read-only array
         if device is None or str(device) == "cpu":
             return value
         raise ValueError(f"{argument}: must be in host memory, got a tensor on {device}")
@@ -75,13 +77,11 @@ class BatchAttention:
                           page_size=int(page_size), kv_layout=kv_layout,
                           max_num_seqs=int(max_num_seqs), max_num_tokens=int(max_num_tokens),
                           threads=int(threads))
-        self._native = None
-        if max_blocks_per_seq is not None:
-            self._build(int(max_blocks_per_seq))
-        else:
-            # Checks every other setting now; the real object waits for the
-            # first block table.
-            self._build(1)
+        # Built now, so that a bad setting raises here; without
+        # max_blocks_per_seq it is built again at the first plan, sized by
+        # that block table.
+        self._build(int(max_blocks_per_seq or 1))
+        if max_blocks_per_seq is None:
             self._native = None
 
     def _build(self, max_blocks_per_seq: int):
@@ -96,17 +96,23 @@ class BatchAttention:
     num_seqs = property(lambda self: self._native.num_seqs if self._native else 0)
     num_tokens = property(lambda self: self._native.num_tokens if self._native else 0)
 
-    def plan(self, query_start_loc, seq_lens, block_table) -> None:
+    def plan(self, query_start_loc, seq_lens, block_table, kv_start=None,
+             kv_end=None) -> None:
         """Takes a step's metadata (host int32): ``query_start_loc`` [B + 1]
         (from 0, non-decreasing), ``seq_lens`` [B] (each sequence's keys, its
-        new tokens included) and ``block_table`` [>= B, max_blocks]. Bad
+        new tokens included) and ``block_table`` [>= B, max_blocks].
+        ``kv_start`` / ``kv_end`` [B] (default 0 and seq_lens) limit each
+        sequence to keys [kv_start, kv_end): two plans over a shared prefix
+        and the rest merge (merge_state) to attention over all keys. Bad
         metadata raises ValueError naming it; the previous plan stays."""
         qsl = _host_int32(query_start_loc, "query_start_loc", 1)
         lens = _host_int32(seq_lens, "seq_lens", 1)
         table = _host_int32(block_table, "block_table", 2)
+        start = None if kv_start is None else _host_int32(kv_start, "kv_start", 1)
+        end = None if kv_end is None else _host_int32(kv_end, "kv_end", 1)
         if self._native is None:
             self._build(max(1, int(table.shape[1])))
-        self._native.plan(qsl, lens, table)
+        self._native.plan(qsl, lens, table, start, end)
 
     def run(self, q, k_cache, v_cache=None, buffers: Optional[Mapping] = None,
             params: Optional[Mapping] = None, scale: Optional[float] = None,

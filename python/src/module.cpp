@@ -564,11 +564,17 @@ std::shared_ptr<Batch> makeBatch(std::shared_ptr<Mods> mods, int64_t numQHeads,
 }
 
 void planBatch(Batch &batch, const py::handle &queryStartLoc, const py::handle &seqLens,
-               const py::handle &blockTable) {
+               const py::handle &blockTable, const py::handle &kvStart,
+               const py::handle &kvEnd) {
   BorrowedTensor qsl = borrowTensor(queryStartLoc, "query_start_loc");
   BorrowedTensor lens = borrowTensor(seqLens, "seq_lens");
   BorrowedTensor table = borrowTensor(blockTable, "block_table");
-  batch.attention->plan(qsl.view, lens.view, table.view);
+  BorrowedTensor start, end;
+  if (!kvStart.is_none())
+    start = borrowTensor(kvStart, "kv_start");
+  if (!kvEnd.is_none())
+    end = borrowTensor(kvEnd, "kv_end");
+  batch.attention->plan(qsl.view, lens.view, table.view, start.view, end.view);
 }
 
 py::tuple runBatch(const Batch &batch, const py::handle &qObj, const py::handle &kObj,
@@ -678,6 +684,40 @@ PYBIND11_MODULE(_pagedc, m) {
       .def_property_readonly("data_ptr", &Tensor::dataPtr)
       .def("__dlpack__",
            [](py::object self, py::kwargs) { return exportDLPack(std::move(self)); })
+      .def_property_readonly(
+          "__array_interface__",
+          [](const Tensor &t) -> py::object {
+            // NumPy before 2.0 marks arrays it imports through DLPack
+            // read-only, so outputs could not be written or handed back to
+            // pagedc; the array interface gives NumPy a writable view of the
+            // same memory. bf16 has no NumPy type: no interface.
+            const TensorView &v = t.view();
+            const char *typestr = nullptr;
+            switch (v.dtype()) {
+            case DType::F32: typestr = "<f4"; break;
+            case DType::F64: typestr = "<f8"; break;
+            case DType::F16: typestr = "<f2"; break;
+            case DType::I32: typestr = "<i4"; break;
+            case DType::I64: typestr = "<i8"; break;
+            case DType::U8: typestr = "|u1"; break;
+            case DType::Bool: typestr = "|b1"; break;
+            case DType::BF16: break;
+            }
+            if (!typestr || v.device().kind != DeviceKind::CPU)
+              throw py::attribute_error("__array_interface__: no NumPy view of " +
+                                        std::string(dtypeName(v.dtype())) + " on " +
+                                        deviceName(v.device()));
+            py::list strides;
+            for (int64_t stride : v.strides())
+              strides.append(stride * static_cast<int64_t>(dtypeSize(v.dtype())));
+            py::dict interface;
+            interface["version"] = 3;
+            interface["shape"] = py::tuple(py::cast(v.shape()));
+            interface["strides"] = py::tuple(strides);
+            interface["typestr"] = typestr;
+            interface["data"] = py::make_tuple(reinterpret_cast<uintptr_t>(v.data()), false);
+            return interface;
+          })
       .def("__dlpack_device__",
            [](const Tensor &t) {
              return py::make_tuple(t.view().device().kind == DeviceKind::CPU ? 1 : 2,

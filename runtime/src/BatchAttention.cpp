@@ -17,6 +17,7 @@
 #include <cctype>
 #include <cmath>
 #include <limits>
+#include <utility>
 
 namespace pagedc {
 namespace {
@@ -220,13 +221,15 @@ BatchAttention::BatchAttention(const CompiledMods &mods, const BatchAttentionCon
   if (mods_.hasScore() && !mods_.scoreRow)
     throw Error(fmt::format("score mod '{}' has no CPU function", mods_.scoreName));
   queryStart_.assign(static_cast<size_t>(c.maxNumSeqs + 1), 0);
+  kvBegin_.assign(static_cast<size_t>(c.maxNumSeqs), 0);
   kvLength_.assign(static_cast<size_t>(c.maxNumSeqs), 0);
   qOffset_.assign(static_cast<size_t>(c.maxNumSeqs), 0);
   pageTable_.assign(static_cast<size_t>(c.maxNumSeqs * c.maxBlocksPerSeq), -1);
 }
 
 void BatchAttention::plan(const TensorView &queryStartLoc, const TensorView &seqLens,
-                          const TensorView &blockTable) {
+                          const TensorView &blockTable, const TensorView &kvStart,
+                          const TensorView &kvEnd) {
   const BatchAttentionConfig &c = config_;
   checkHostIndexTensor(queryStartLoc, "query_start_loc", 1);
   checkHostIndexTensor(seqLens, "seq_lens", 1);
@@ -244,10 +247,24 @@ void BatchAttention::plan(const TensorView &queryStartLoc, const TensorView &seq
   if (blockTable.size(0) < batch)
     throw Error(fmt::format("block_table has {} rows but the step has {} sequences",
                             blockTable.size(0), batch));
+  for (auto [view, name] : {std::pair{&kvStart, "kv_start"}, std::pair{&kvEnd, "kv_end"}}) {
+    if (!isProvided(*view))
+      continue;
+    checkHostIndexTensor(*view, name, 1);
+    if (view->size(0) != batch)
+      throw Error(fmt::format("{} has {} entries but query_start_loc describes {} sequences",
+                              name, view->size(0), batch));
+  }
   auto qsl = [&](int64_t i) { return queryStartLoc.dataAs<const int32_t>()[i * queryStartLoc.stride(0)]; };
   auto len = [&](int64_t b) { return seqLens.dataAs<const int32_t>()[b * seqLens.stride(0)]; };
   auto entry = [&](int64_t b, int64_t j) {
     return blockTable.dataAs<const int32_t>()[b * blockTable.stride(0) + j * blockTable.stride(1)];
+  };
+  auto start = [&](int64_t b) {
+    return isProvided(kvStart) ? kvStart.dataAs<const int32_t>()[b * kvStart.stride(0)] : 0;
+  };
+  auto end = [&](int64_t b) {
+    return isProvided(kvEnd) ? kvEnd.dataAs<const int32_t>()[b * kvEnd.stride(0)] : len(b);
   };
   if (qsl(0) != 0)
     throw Error(fmt::format("query_start_loc[0] must be 0 but is {}", qsl(0)));
@@ -266,16 +283,23 @@ void BatchAttention::plan(const TensorView &queryStartLoc, const TensorView &seq
       throw Error(fmt::format("seq_lens[{}] = {} is less than the sequence's {} new tokens "
                               "(query_start_loc[{}] - query_start_loc[{}])",
                               b, len(b), qLength, b + 1, b));
-    const int64_t pages = (static_cast<int64_t>(len(b)) + c.pageSize - 1) / c.pageSize;
+    if (start(b) < 0 || start(b) > end(b) || end(b) > len(b))
+      throw Error(fmt::format("sequence {} reads keys [kv_start, kv_end) = [{}, {}), which must "
+                              "satisfy 0 <= kv_start <= kv_end <= seq_lens[{}] = {}",
+                              b, start(b), end(b), b, len(b)));
+    // The pages holding keys [kv_start, kv_end) must be valid; the kernel
+    // reads no other.
+    const int64_t pages = (static_cast<int64_t>(end(b)) + c.pageSize - 1) / c.pageSize;
+    const int64_t firstPage = start(b) == end(b) ? pages : start(b) / c.pageSize;
     if (pages > c.maxBlocksPerSeq)
-      throw Error(fmt::format("seq_lens[{}] = {} needs {} pages of {} but max_blocks_per_seq is "
-                              "{}",
-                              b, len(b), pages, c.pageSize, c.maxBlocksPerSeq));
+      throw Error(fmt::format("sequence {} reads keys up to {} (seq_lens, or kv_end), which need "
+                              "{} pages of {} but max_blocks_per_seq is {}",
+                              b, end(b), pages, c.pageSize, c.maxBlocksPerSeq));
     if (pages > blockTable.size(1))
-      throw Error(fmt::format("seq_lens[{}] = {} needs {} pages of {} but block_table has {} "
-                              "columns",
-                              b, len(b), pages, c.pageSize, blockTable.size(1)));
-    for (int64_t j = 0; j < pages; ++j) {
+      throw Error(fmt::format("sequence {} reads keys up to {} (seq_lens, or kv_end), which need "
+                              "{} pages of {} but block_table has {} columns",
+                              b, end(b), pages, c.pageSize, blockTable.size(1)));
+    for (int64_t j = firstPage; j < pages; ++j) {
       if (entry(b, j) < 0)
         throw Error(fmt::format("block_table[{}, {}] = {} is negative; the first {} entries of "
                                 "row {} must be pages",
@@ -288,9 +312,10 @@ void BatchAttention::plan(const TensorView &queryStartLoc, const TensorView &seq
   for (int64_t b = 0; b <= batch; ++b)
     queryStart_[b] = qsl(b);
   for (int64_t b = 0; b < batch; ++b) {
-    kvLength_[b] = len(b);
+    kvBegin_[b] = start(b);
+    kvLength_[b] = end(b);
     qOffset_[b] = len(b) - (qsl(b + 1) - qsl(b));
-    const int64_t pages = (static_cast<int64_t>(len(b)) + c.pageSize - 1) / c.pageSize;
+    const int64_t pages = (static_cast<int64_t>(end(b)) + c.pageSize - 1) / c.pageSize;
     int32_t *row = pageTable_.data() + b * c.maxBlocksPerSeq;
     for (int64_t j = 0; j < pages; ++j)
       row[j] = entry(b, j);
@@ -417,6 +442,7 @@ AttentionResult BatchAttention::run(const TensorView &q, const TensorView &kCach
   args.pageTable = pageTable_.data();
   args.pageTableStride = c.maxBlocksPerSeq;
   args.pageSize = static_cast<int32_t>(c.pageSize);
+  args.kvBegin = kvBegin_.data();
   args.kvLength = kvLength_.data();
   args.qOffset = qOffset_.data();
   args.qStart = queryStart_.data();

@@ -161,3 +161,46 @@ def test_merge_state_of_two_key_ranges_equals_the_whole(rng):
     assert_close(va, merged, atol=0, rtol=0)
     with pytest.raises(ValueError, match="s_b must be"):
         pagedc.merge_state(va, sa, vb, sb[:2])
+
+
+def test_shared_prefix_and_suffix_plans_merge_to_the_whole(rng):
+    step = make_step(rng, "NHD", 16)
+    attn = [pagedc.BatchAttention(None, step["hq"], step["hkv"], step["d"], 16,
+                                  max_num_seqs=8, max_num_tokens=100) for _ in range(3)]
+    split = np.minimum(step["seq_lens"], 32).astype(np.int32)
+    attn[0].plan(step["qsl"], step["seq_lens"], step["table"])
+    attn[1].plan(step["qsl"], step["seq_lens"], step["table"], kv_end=split)
+    attn[2].plan(step["qsl"], step["seq_lens"], step["table"], kv_start=split)
+    (whole, lse), (va, sa), (vb, sb) = [a.run(step["q"], *step["caches"], return_lse=True)
+                                        for a in attn]
+    merged, merged_lse = pagedc.merge_state(va, sa, vb, sb)
+    assert_close(merged, whole, atol=1e-5, rtol=1e-5)
+    assert_close(merged_lse, lse, atol=1e-5, rtol=1e-5)
+    with pytest.raises(ValueError, match="kv_start"):
+        attn[2].plan(step["qsl"], step["seq_lens"], step["table"], kv_start=split[:2])
+
+
+def test_pagedc_cache_storage_runs_in_place_and_agrees_with_flex_attention(rng):
+    # A PagedKVCache's own storage and page table are a "pagedc" layout step.
+    cache = pagedc.PagedKVCache(n_pages=24, page_size=16, max_batch_size=3, heads=2,
+                                head_dim=32)
+    lengths, new = [70, 5, 40], [1, 5, 8]
+    for slot, n in enumerate(lengths):
+        cache.reserve(slot, n)
+        k, v = randn(rng, 1, 2, n, 32), randn(rng, 1, 2, n, 32)
+        cache.assign([slot], np.arange(n, dtype=np.int32)[None], k, v)
+    mods = pagedc.compile("mask causal(b, h, q, kv) = q >= kv\n")
+    qsl = np.cumsum([0] + new).astype(np.int32)
+    q = randn(rng, int(qsl[-1]), 4, 32)
+    attn = pagedc.BatchAttention(mods, 4, 2, 32, 16, kv_layout="pagedc", max_num_seqs=3,
+                                 max_num_tokens=16)
+    attn.plan(qsl, np.array(lengths, np.int32), cache.page_table)
+    k_cache = cache.k_cache
+    out = attn.run(q, k_cache, cache.v_cache)
+    assert k_cache.__array_interface__["data"][0] == cache.k_cache.__array_interface__["data"][0]
+    for b, (n, m) in enumerate(zip(lengths, new)):
+        rows = q[qsl[b]:qsl[b + 1]].transpose(1, 0, 2)[None]
+        expected = pagedc.flex_attention(rows, cache, mods=mods, enable_gqa=True,
+                                         batch_idx=[b], kv_length=[n], q_offset="end")
+        assert_close(out[qsl[b]:qsl[b + 1]], expected[0].transpose(1, 0, 2), atol=1e-5,
+                     rtol=1e-5)

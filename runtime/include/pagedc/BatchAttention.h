@@ -110,10 +110,16 @@ public:
   ///   blockTable [>= B, columns]: row b's first ceil(seqLens[b] / pageSize)
   ///     entries are the sequence's pages (0 or more; run() checks them
   ///     against the cache's page count).
+  ///   kvStart, kvEnd [B] (optional, empty = 0 and seqLens): sequence b
+  ///     attends only to keys [kvStart[b], kvEnd[b]), 0 <= kvStart[b] <=
+  ///     kvEnd[b] <= seqLens[b]; query positions still come from seqLens.
+  ///     Two plans over a shared prefix [0, P) and the rest [P, seqLens[b])
+  ///     give results whose mergeState() is attention over all the keys.
   /// Every check comes first: a bad argument throws pagedc::Error naming it
   /// and the previous plan stays in force.
   void plan(const TensorView &queryStartLoc, const TensorView &seqLens,
-            const TensorView &blockTable);
+            const TensorView &blockTable, const TensorView &kvStart = {},
+            const TensorView &kvEnd = {});
 
   /// Whether plan() has succeeded at least once.
   bool planned() const { return planned_; }
@@ -139,7 +145,8 @@ private:
   int32_t maxPageEntry_ = -1;
   // Sized by the limits at construction; plan() fills them.
   std::vector<int32_t> queryStart_; // [maxNumSeqs + 1]
-  std::vector<int32_t> kvLength_;   // [maxNumSeqs]
+  std::vector<int32_t> kvBegin_;    // [maxNumSeqs]
+  std::vector<int32_t> kvLength_;   // [maxNumSeqs], the end of the keys read
   std::vector<int32_t> qOffset_;    // [maxNumSeqs]
   std::vector<int32_t> pageTable_;  // [maxNumSeqs, maxBlocksPerSeq]
 };

@@ -392,6 +392,88 @@ TEST(BatchAttention, EmptyStep) {
   EXPECT_EQ(check.rows, 0);
 }
 
+TEST(BatchAttention, SharedPrefixAndSuffixPlansMergeToTheWhole) {
+  // Eight sequences share a 96-token prefix on the same pages (as fork()
+  // leaves them) and have suffixes of their own; each brings 1 to 40 new
+  // tokens. A plan over keys [0, 96) and one over [96, seq_len), merged,
+  // equal the plan over all keys.
+  std::mt19937 rng(5);
+  const int64_t heads = 4, kvHeads = 2, dim = 64, pageSize = 16, prefix = 96, seqs = 8;
+  const int64_t prefixPages = prefix / pageSize, columns = 12;
+  EngineCache cache(KVLayout::HND, prefixPages + seqs * 6, pageSize, kvHeads, dim, dim,
+                    DType::F32);
+  std::vector<int32_t> table(seqs * columns, -1), qsl{0}, lens;
+  for (int64_t b = 0; b < seqs; ++b) {
+    const int32_t own = 1 + static_cast<int32_t>(rng() % 80), newTokens = 1 + (b * 13) % 40;
+    lens.push_back(static_cast<int32_t>(prefix) + own);
+    qsl.push_back(qsl.back() + std::min(newTokens, own));
+    for (int64_t j = 0; j < (lens.back() + pageSize - 1) / pageSize; ++j)
+      table[b * columns + j] =
+          static_cast<int32_t>(j < prefixPages ? j : prefixPages + b * 6 + (j - prefixPages));
+  }
+  for (int64_t page = 0; page < cache.pages; ++page)
+    for (int64_t slot = 0; slot < pageSize; ++slot)
+      for (int64_t h = 0; h < kvHeads; ++h)
+        for (int64_t d = 0; d < dim; ++d)
+          for (int part : {0, 1})
+            cache.set(part, page, slot, h, d, randomValue(rng));
+  const int64_t tokens = qsl.back();
+  HostTensor q(DType::F32, {tokens, heads, dim});
+  for (int64_t i = 0; i < q.numel(); ++i)
+    q.dataAs<float>()[i] = randomValue(rng);
+
+  BatchAttentionConfig config;
+  config.numQHeads = heads;
+  config.numKVHeads = kvHeads;
+  config.headDim = dim;
+  config.pageSize = pageSize;
+  config.layout = KVLayout::HND;
+  config.maxNumSeqs = seqs;
+  config.maxNumTokens = tokens;
+  config.maxBlocksPerSeq = columns;
+  CompiledMods mods = testutil::makeTestMods("causal", "alibi");
+  ModBindings modBindings(seqs, heads, 256, rng);
+  std::vector<int32_t> prefixEnd(seqs, static_cast<int32_t>(prefix));
+  TensorView qslView(qsl.data(), DType::I32, {seqs + 1});
+  TensorView lensView(lens.data(), DType::I32, {seqs});
+  TensorView tableView(table.data(), DType::I32, {seqs, columns});
+  TensorView prefixView(prefixEnd.data(), DType::I32, {seqs});
+  BatchRunOptions withLse;
+  withLse.returnLse = true;
+
+  BatchAttention whole(mods, config), shared(mods, config), own(mods, config);
+  whole.plan(qslView, lensView, tableView);
+  shared.plan(qslView, lensView, tableView, {}, prefixView);
+  own.plan(qslView, lensView, tableView, prefixView, {});
+  AttentionResult all = whole.run(q.view(), cache.kView(), cache.vView(), modBindings.bindings,
+                                  withLse);
+  AttentionResult a = shared.run(q.view(), cache.kView(), cache.vView(), modBindings.bindings,
+                                 withLse);
+  AttentionResult b = own.run(q.view(), cache.kView(), cache.vView(), modBindings.bindings,
+                              withLse);
+  mergeStateInPlace(a.out, a.lse, b.out, b.lse);
+  double maxError = 0, maxLseError = 0;
+  for (int64_t i = 0; i < all.out.numel(); ++i)
+    maxError = std::max(maxError, double(std::abs(a.out.dataAs<float>()[i] -
+                                                  all.out.dataAs<float>()[i])));
+  for (int64_t i = 0; i < all.lse.numel(); ++i)
+    maxLseError = std::max(maxLseError, double(std::abs(a.lse.dataAs<float>()[i] -
+                                                        all.lse.dataAs<float>()[i])));
+  EXPECT_LE(maxError, 1e-5);
+  EXPECT_LE(maxLseError, 1e-5);
+
+  // Key ranges outside [0, seq_len] are refused, naming the sequence.
+  std::vector<int32_t> tooFar(seqs, lens[0] + 1);
+  try {
+    own.plan(qslView, lensView, tableView, {}, TensorView(tooFar.data(), DType::I32, {seqs}));
+    ADD_FAILURE() << "no error";
+  } catch (const Error &error) {
+    EXPECT_NE(std::string(error.what()).find("sequence 0 reads keys [kv_start, kv_end)"),
+              std::string::npos)
+        << error.what();
+  }
+}
+
 //===----------------------------------------------------------------------===//
 // Bad arguments
 //===----------------------------------------------------------------------===//

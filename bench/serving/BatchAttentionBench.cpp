@@ -1,0 +1,254 @@
+//===- BatchAttentionBench.cpp - The serving batch call on the CPU --------===//
+//
+// Two studies of BatchAttention (docs/serving.md), medians over --reps runs:
+//   plan: host time of plan() for a step of 256 sequences and 8192 tokens
+//         (224 decodes, 32 chunks of 249 tokens; contexts up to 4k, page 16);
+//   mixed: one step of decodes and prefill chunks (Hq 32, Hkv 8, D 128,
+//         page 16, causal with its block classifier) as one BatchAttention
+//         run, against the same rows as two flexAttention calls (the decodes
+//         as one batch, the chunks as another) over the same pages. The
+//         ratio is separate / mixed: above 1 the mixed step is faster.
+//
+// Usage: pagedc-bench-serving [--reps N] [--threads T] [--json FILE]
+//
+//===----------------------------------------------------------------------===//
+#include "pagedc/Attention.h"
+#include "pagedc/BatchAttention.h"
+#include "pagedc/KVCache.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstring>
+#include <functional>
+#include <random>
+#include <string>
+#include <vector>
+
+using namespace pagedc;
+
+namespace {
+
+void causalRow(const PagedcModContext *, int32_t, int32_t, int32_t q, int32_t kv, int32_t count,
+               uint8_t *out) {
+  for (int32_t i = 0; i < count; ++i)
+    out[i] = q >= kv + i;
+}
+int32_t causalClass(const PagedcModContext *, int32_t, int32_t, int32_t qLow, int32_t qHigh,
+                    int32_t kvLow, int32_t kvHigh) {
+  return qHigh < kvLow ? 0 : (qLow >= kvHigh ? 2 : 1);
+}
+
+CompiledMods causalMods() {
+  CompiledMods mods;
+  mods.maskName = "causal";
+  mods.maskRow = causalRow;
+  mods.maskBlockClass = causalClass;
+  return mods;
+}
+
+double seconds(const std::function<void()> &body) {
+  auto start = std::chrono::steady_clock::now();
+  body();
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+}
+
+double medianOf(std::vector<double> times) {
+  std::sort(times.begin(), times.end());
+  return times[times.size() / 2];
+}
+
+/// Median seconds of `reps` runs of `body`.
+double median(int reps, const std::function<void()> &body) {
+  std::vector<double> times;
+  for (int i = 0; i < reps; ++i)
+    times.push_back(seconds(body));
+  return medianOf(times);
+}
+
+struct Options {
+  int reps = 20;
+  int threads = 0;
+  std::string json;
+};
+
+std::string planStudy(const Options &options) {
+  const int64_t seqs = 256, pageSize = 16, columns = 256;
+  std::vector<int32_t> qsl{0}, lens, table(seqs * columns);
+  std::mt19937 rng(1);
+  std::uniform_int_distribution<int32_t> context(64, 4096 - 249);
+  for (int64_t b = 0; b < seqs; ++b) {
+    const int32_t newTokens = b < 224 ? 1 : 249;
+    qsl.push_back(qsl.back() + newTokens);
+    lens.push_back(context(rng) + newTokens);
+  }
+  for (size_t i = 0; i < table.size(); ++i)
+    table[i] = static_cast<int32_t>(i % 60000);
+  BatchAttentionConfig config;
+  config.numQHeads = 32;
+  config.numKVHeads = 8;
+  config.headDim = 128;
+  config.pageSize = pageSize;
+  config.maxNumSeqs = seqs;
+  config.maxNumTokens = 8192;
+  config.maxBlocksPerSeq = columns;
+  BatchAttention attention(CompiledMods{}, config);
+  TensorView qslView(qsl.data(), DType::I32, {seqs + 1});
+  TensorView lensView(lens.data(), DType::I32, {seqs});
+  TensorView tableView(table.data(), DType::I32, {seqs, columns});
+  const double seconds = median(std::max(options.reps, 1) * 50,
+                                [&] { attention.plan(qslView, lensView, tableView); });
+  fmt::print("plan   256 sequences, {} tokens, block table [256, 256]: {:.1f} us (median)\n",
+             attention.numTokens(), seconds * 1e6);
+  return fmt::format("{{\"study\": \"plan\", \"sequences\": 256, \"tokens\": {}, "
+                     "\"median_us\": {:.2f}}}",
+                     attention.numTokens(), seconds * 1e6);
+}
+
+std::string mixedStudy(const Options &options, int64_t decodes, int64_t decodeContext,
+                       int64_t chunks, int64_t chunkTokens, int64_t chunkContext) {
+  const int64_t qHeads = 32, kvHeads = 8, dim = 128, pageSize = 16;
+  const int64_t seqs = decodes + chunks;
+  const int64_t decodePages = (decodeContext + pageSize - 1) / pageSize;
+  const int64_t chunkPages = (chunkContext + pageSize - 1) / pageSize;
+  KVCacheConfig cacheConfig;
+  cacheConfig.numPages = decodes * decodePages + chunks * chunkPages;
+  cacheConfig.pageSize = pageSize;
+  cacheConfig.maxBatch = seqs;
+  cacheConfig.heads = kvHeads;
+  cacheConfig.headDim = cacheConfig.valueHeadDim = dim;
+  PagedKVCache cache(cacheConfig);
+  std::mt19937 rng(2);
+  std::uniform_real_distribution<float> uniform(-1.0f, 1.0f);
+  for (const TensorView *t : {&cache.kCache(), &cache.vCache()})
+    for (int64_t i = 0; i < t->numel(); ++i)
+      t->dataAs<float>()[i] = uniform(rng);
+  for (int64_t b = 0; b < seqs; ++b)
+    cache.reserve(b, b < decodes ? decodeContext : chunkContext);
+
+  // The packed step: decodes first, then the chunks at the end of their
+  // contexts.
+  const int64_t tokens = decodes + chunks * chunkTokens;
+  std::vector<float> q(tokens * qHeads * dim), out(tokens * qHeads * dim);
+  for (float &x : q)
+    x = uniform(rng);
+  std::vector<int32_t> qsl{0}, lens, slots(seqs);
+  for (int64_t b = 0; b < seqs; ++b) {
+    slots[b] = static_cast<int32_t>(b);
+    qsl.push_back(qsl.back() + static_cast<int32_t>(b < decodes ? 1 : chunkTokens));
+    lens.push_back(static_cast<int32_t>(b < decodes ? decodeContext : chunkContext));
+  }
+  std::vector<int32_t> table = cache.densePageTable(slots);
+  const int64_t columns = static_cast<int64_t>(table.size()) / seqs;
+  BatchAttentionConfig config;
+  config.numQHeads = qHeads;
+  config.numKVHeads = kvHeads;
+  config.headDim = dim;
+  config.pageSize = pageSize;
+  config.layout = KVLayout::Pagedc;
+  config.maxNumSeqs = seqs;
+  config.maxNumTokens = tokens;
+  config.maxBlocksPerSeq = columns;
+  config.threads = options.threads;
+  CompiledMods mods = causalMods();
+  BatchAttention attention(mods, config);
+  attention.plan(TensorView(qsl.data(), DType::I32, {seqs + 1}),
+                 TensorView(lens.data(), DType::I32, {seqs}),
+                 TensorView(table.data(), DType::I32, {seqs, columns}));
+  BatchRunOptions runOptions;
+  runOptions.out = TensorView(out.data(), DType::F32, {tokens, qHeads, dim});
+  const TensorView qView(q.data(), DType::F32, {tokens, qHeads, dim});
+  auto runMixed = [&] { attention.run(qView, cache.kCache(), cache.vCache(), {}, runOptions); };
+
+  // The same rows as two padded calls: decodes [decodes, Hq, 1, D] and
+  // chunks [chunks, Hq, chunkTokens, D], views into the packed q and out.
+  auto call = [&](int64_t first, int64_t count, int64_t rows, int64_t context) {
+    AttentionOptions o;
+    o.batchIdx.assign(slots.begin() + first, slots.begin() + first + count);
+    o.kvLength.assign(count, static_cast<int32_t>(context));
+    o.qOffset.assign(count, static_cast<int32_t>(context - rows));
+    o.threads = options.threads;
+    const int64_t row0 = first < decodes ? first : decodes + (first - decodes) * chunkTokens;
+    o.out = TensorView(out.data() + row0 * qHeads * dim, DType::F32, {count, qHeads, rows, dim},
+                       {rows * qHeads * dim, dim, qHeads * dim, 1}, Device::cpu());
+    TensorView qPart(q.data() + row0 * qHeads * dim, DType::F32, {count, qHeads, rows, dim},
+                     {rows * qHeads * dim, dim, qHeads * dim, 1}, Device::cpu());
+    flexAttention(qPart, cache, nullptr, mods, {}, o);
+  };
+  auto runSeparate = [&] {
+    if (decodes > 0)
+      call(0, decodes, 1, decodeContext);
+    if (chunks > 0)
+      call(decodes, chunks, chunkTokens, chunkContext);
+  };
+  // Alternated, so load from other work on the machine falls on both.
+  runMixed();
+  runSeparate();
+  std::vector<double> mixedTimes, separateTimes;
+  for (int i = 0; i < options.reps; ++i) {
+    mixedTimes.push_back(seconds(runMixed));
+    separateTimes.push_back(seconds(runSeparate));
+  }
+  const double mixed = medianOf(mixedTimes), separate = medianOf(separateTimes);
+  const std::string name = fmt::format("{}x decode@{} + {}x chunk {}@{}", decodes, decodeContext,
+                                       chunks, chunkTokens, chunkContext);
+  fmt::print("mixed  {:<36} mixed {:8.2f} ms  separate {:8.2f} ms  separate/mixed {:.3f}\n",
+             name, mixed * 1e3, separate * 1e3, separate / mixed);
+  return fmt::format("{{\"study\": \"mixed\", \"case\": \"{}\", \"mixed_ms\": {:.4f}, "
+                     "\"separate_ms\": {:.4f}, \"ratio\": {:.4f}}}",
+                     name, mixed * 1e3, separate * 1e3, separate / mixed);
+}
+
+} // namespace
+
+int main(int argc, char **argv) {
+  Options options;
+  for (int i = 1; i < argc; ++i) {
+    std::string arg = argv[i];
+    auto value = [&]() -> std::string {
+      if (i + 1 >= argc) {
+        std::fprintf(stderr, "%s needs a value\n", arg.c_str());
+        std::exit(1);
+      }
+      return argv[++i];
+    };
+    if (arg == "--reps")
+      options.reps = std::max(1, std::atoi(value().c_str()));
+    else if (arg == "--threads")
+      options.threads = std::max(0, std::atoi(value().c_str()));
+    else if (arg == "--json")
+      options.json = value();
+    else {
+      std::fprintf(stderr,
+                   "usage: %s [--reps N] [--threads T] [--json FILE]\n"
+                   "  plan() host time at 256 sequences / 8192 tokens, and mixed steps\n"
+                   "  against the same work as separate prefill and decode calls (CPU)\n",
+                   argv[0]);
+      return arg == "--help" ? 0 : 1;
+    }
+  }
+  std::vector<std::string> rows;
+  rows.push_back(planStudy(options));
+  rows.push_back(mixedStudy(options, 64, 2048, 2, 256, 1024));
+  rows.push_back(mixedStudy(options, 16, 4096, 1, 512, 2048));
+  rows.push_back(mixedStudy(options, 120, 1024, 0, 0, 0));
+  if (!options.json.empty()) {
+    std::FILE *file = std::fopen(options.json.c_str(), "w");
+    if (!file) {
+      std::perror(options.json.c_str());
+      return 1;
+    }
+    std::string text = "[\n";
+    for (size_t i = 0; i < rows.size(); ++i)
+      text += "  " + rows[i] + (i + 1 < rows.size() ? ",\n" : "\n");
+    text += "]\n";
+    const bool ok = std::fwrite(text.data(), 1, text.size(), file) == text.size();
+    if (std::fclose(file) != 0 || !ok) {
+      std::fprintf(stderr, "%s: write failed\n", options.json.c_str());
+      return 1;
+    }
+  }
+  return 0;
+}
