@@ -92,6 +92,9 @@ class _Trace:
         self.used_names: set = set()
 
     def let(self, code: str, typ: str) -> "Proxy":
+        if self.counter >= _MAX_OPERATIONS:
+            _fail("trace length", f"the mods' trace passed {_MAX_OPERATIONS} operations; a "
+                  "Python loop inside a mod is unrolled, so it must be short and bounded")
         name = f"_{self.counter}"
         self.counter += 1
         self.lines.append(f"let {name} = {code}")
@@ -121,6 +124,12 @@ class _Trace:
 
 
 _ACTIVE: list = []  # the trace in progress (tracing is not reentrant across threads)
+
+# A mod is a straight-line computation, so a Python loop in it is unrolled
+# by the trace. Both bounds turn a loop that would run (nearly) forever into
+# an error instead of a hang or an ever-growing program.
+_MAX_OPERATIONS = 20000  # let bindings in one trace
+_MAX_UNROLL = 1024       # entries of a captured tensor iterated over
 
 
 def _elem_type(obj) -> tuple:
@@ -161,6 +170,9 @@ class _Buffer:
     def __getitem__(self, index):
         return _Index(self, ())[index]
 
+    def __iter__(self):
+        return _Index(self, ()).__iter__()
+
     def __getattr__(self, name):
         if name.startswith("__"):
             raise AttributeError(name)
@@ -189,11 +201,21 @@ class _Index:
             if dim >= len(self.buffer.shape):
                 _fail("indexing", f"too many indices for '{self.buffer.name}' of rank "
                       f"{len(self.buffer.shape)}")
-            codes.append(_index_code(item, self.buffer.shape[dim]))
+            codes.append(_index_code(item, self.buffer.shape[dim], self.buffer.name, dim))
         if len(codes) < len(self.buffer.shape):
             return _Index(self.buffer, tuple(codes))
         return self.buffer.trace.let(f"{self.buffer.name}[{', '.join(codes)}]",
                                      self.buffer.type)
+
+    def __iter__(self):
+        # Iterating a tensor yields its entries along the next dimension, as
+        # in torch: unrolled here, so only for a bounded number of them.
+        dim = len(self.indices)
+        size = self.buffer.shape[dim]
+        if size > _MAX_UNROLL:
+            _fail(f"iteration over captured tensor '{self.buffer.name}'",
+                  f"dimension {dim} has {size} entries; a mod unrolls at most {_MAX_UNROLL}")
+        return iter([self[i] for i in range(size)])
 
     def __getattr__(self, name):
         if name.startswith("__"):
@@ -202,7 +224,7 @@ class _Index:
               f"'{self.buffer.name}' needs {len(self.buffer.shape)} indices")
 
 
-def _index_code(item, size: int) -> str:
+def _index_code(item, size: int, name: str = "", dim: int = 0) -> str:
     if isinstance(item, Proxy):
         if item._type != "int":
             _fail("indexing", f"an index must be an integer, got {item._type}")
@@ -211,11 +233,15 @@ def _index_code(item, size: int) -> str:
         _fail("indexing", "boolean index")
     if isinstance(item, (int, np.integer)):
         i = int(item)
-        if -size <= i < 0:
+        if not -size <= i < size:
+            # torch raises for a constant index out of range; so does the trace.
+            _fail("indexing", f"index {i} is out of range for dimension {dim} of captured "
+                  f"tensor '{name}' (size {size})")
+        if i < 0:
             i += size  # Python's negative indexing, resolved at trace time
-        return str(i) if i >= 0 else f"(-{-i})"
+        return str(i)
     if _is_tensor(item) and getattr(item, "ndim", 1) == 0:
-        return _index_code(item.item(), size)
+        return _index_code(item.item(), size, name, dim)
     _fail("indexing", f"index of type {type(item).__name__} (slices, tensors and None are "
           "not supported; index with the mod's arguments or ints)")
 

@@ -199,3 +199,78 @@ def test_constant_mask_and_empty_compositions():
     assert pagedc.create_block_mask(mods, 1, 1, 8, 8, BLOCK_SIZE=4).to_dense().all()
     mods = pagedc.from_torch(mask_mod=pagedc.or_masks())
     assert not pagedc.create_block_mask(mods, 1, 1, 8, 8, BLOCK_SIZE=4).to_dense().any()
+
+
+def test_iteration_over_a_captured_tensor_is_unrolled(rng):
+    # `for s in slopes` used to hang the trace (Python's old iteration
+    # protocol never met an IndexError); it yields the entries, as in torch.
+    slopes = np.array([0.5, -0.25, 0.125], dtype=np.float32)
+
+    def score(s, b, h, q_idx, kv_idx):
+        total = s
+        for slope in slopes:
+            total = total + slope * (kv_idx - q_idx)
+        return total
+
+    mods = pagedc.from_torch(score_mod=score)
+    q, k, v = randn(rng, 1, 2, 20, D), randn(rng, 1, 2, 20, D), randn(rng, 1, 2, 20, D)
+    out = pagedc.flex_attention(q, k, v, mods=mods)
+    expected, _ = reference_attention(
+        q, k, v, score_fn=lambda s, b, h, qq, kv: s + float(slopes.sum()) * (kv - qq))
+    assert_close(out, expected, atol=1e-4, rtol=1e-4)
+
+    rows = np.arange(6, dtype=np.int32).reshape(2, 3)
+
+    def by_row(b, h, q_idx, kv_idx):
+        keep = q_idx >= kv_idx
+        for row in rows:
+            keep = keep & (row[1] != kv_idx)
+        return keep
+
+    assert "rows[1, 1]" in pagedc.trace_source(mask_mod=by_row)[0]
+
+
+def test_loops_that_would_not_end_are_errors():
+    import time
+    big = np.zeros(100000, dtype=np.float32)
+
+    def over_big(s, b, h, q_idx, kv_idx):
+        for x in big:
+            s = s + x
+        return s
+
+    start = time.monotonic()
+    with pytest.raises(pagedc.TraceError, match="iteration over captured tensor 'big'"):
+        pagedc.from_torch(score_mod=over_big)
+
+    def long_loop(s, b, h, q_idx, kv_idx):
+        for _ in range(10 ** 9):
+            s = s + 1.0
+        return s
+
+    with pytest.raises(pagedc.TraceError, match="trace length"):
+        pagedc.from_torch(score_mod=long_loop)
+    assert time.monotonic() - start < 10
+
+
+def test_constant_index_out_of_range_raises_like_torch():
+    table = np.arange(4, dtype=np.int32)
+
+    def past_end(b, h, q_idx, kv_idx):
+        return table[4] > kv_idx  # MARK-range
+
+    with pytest.raises(pagedc.TraceError, match=r"index 4 is out of range for dimension 0 of "
+                                                r"captured tensor 'table' \(size 4\)") as info:
+        pagedc.from_torch(mask_mod=past_end)
+    assert "MARK-range" in str(info.value)
+
+    def before_start(b, h, q_idx, kv_idx):
+        return table[-5] > kv_idx
+
+    with pytest.raises(pagedc.TraceError, match="index -5 is out of range"):
+        pagedc.from_torch(mask_mod=before_start)
+
+    def last(b, h, q_idx, kv_idx):
+        return table[-1] > kv_idx
+
+    assert "table[3]" in pagedc.trace_source(mask_mod=last)[0]
