@@ -5,9 +5,11 @@ cache operations, block masks, attention) is the C++ runtime's.
 """
 from __future__ import annotations
 
+import itertools
 import math
 import os
 import re
+import weakref
 from pathlib import Path
 from typing import Any, Mapping, Optional, Sequence, Union
 
@@ -68,6 +70,10 @@ def _define_text(name: str, value: Any) -> str:
     return str(value)
 
 
+_MODS_HANDLES = itertools.count(1)
+_MODS_BY_HANDLE: "weakref.WeakValueDictionary" = weakref.WeakValueDictionary()
+
+
 class CompiledMods:
     """The mods of one .attn program, compiled for the CPU JIT (and the CUDA
     mod code when asked): what ``flex_attention`` and ``create_block_mask``
@@ -87,6 +93,10 @@ class CompiledMods:
         self.source = source
         self.file_name = file_name
         self.bound_buffers = {}
+        # A number naming these mods in torch.ops.pagedc.flex_attention's
+        # schema (tensors and numbers only); set now, outside any graph.
+        self._op_handle = next(_MODS_HANDLES)
+        _MODS_BY_HANDLE[self._op_handle] = self
 
     @property
     def mask(self) -> Optional[str]:
@@ -566,7 +576,8 @@ def flex_attention(q, cache_or_k, v=None, block_mask: Optional[BlockMask] = None
                    buffers: Optional[Mapping] = None, params: Optional[Mapping] = None,
                    scale: Optional[float] = None, enable_gqa: bool = False,
                    return_lse: bool = False, q_offset=None, *, kv_length=None, batch_idx=None,
-                   out=None, threads: int = 0):
+                   out=None, threads: int = 0, score_mod=None, mask_mod=None,
+                   return_aux=None):
     """softmax(score_mod(scale * q.k) masked) . v, as torch's flex_attention.
 
     ``q`` [B, Hq, L, D]. ``cache_or_k`` is a ``PagedKVCache`` (``v`` None;
@@ -582,7 +593,56 @@ def flex_attention(q, cache_or_k, v=None, block_mask: Optional[BlockMask] = None
     torch tensors for torch input, zero-copy. The GIL is released while the
     attention runs. Bad input raises ``ValueError`` (``pagedc.Error``) and
     writes nothing.
+
+    torch's vocabulary works as it is: ``score_mod=`` / ``mask_mod=`` Python
+    functions (traced once per code and captured values), a function as the
+    fourth positional argument (torch's ``score_mod`` place), torch's
+    ``BlockMask`` as ``block_mask`` (its mask_mod applies in partial blocks)
+    and ``return_aux=AuxRequest(lse=True)`` (returns ``(out, AuxOutput)``).
+    Inside ``torch.compile`` the key/value tensor form runs as the custom op
+    ``torch.ops.pagedc.flex_attention``, with no graph break.
     """
+    from . import _torch as _T
+    if _T.torch_compiling():
+        return _T.compiled_flex_attention(
+            q, cache_or_k, v, block_mask, mods, buffers, params, scale, enable_gqa, return_lse,
+            score_mod, mask_mod, return_aux,
+            dict(q_offset=q_offset, kv_length=kv_length, batch_idx=batch_idx, out=out))
+    if block_mask is not None and callable(block_mask) and \
+            not isinstance(block_mask, BlockMask) and not _T.is_torch_block_mask(block_mask):
+        # torch's positional order: (q, k, v, score_mod, block_mask, scale,
+        # enable_gqa, return_lse), which lands in pagedc's (block_mask, mods,
+        # buffers, params, scale).
+        if score_mod is not None:
+            raise ValueError("score_mod: given twice (as the fourth argument and by name)")
+        score_mod, block_mask = block_mask, None
+        if mods is not None and (isinstance(mods, BlockMask) or _T.is_torch_block_mask(mods)):
+            block_mask, mods = mods, None
+        if isinstance(buffers, (int, float)) and not isinstance(buffers, bool):
+            scale, buffers = float(buffers), None
+        if isinstance(params, bool):
+            enable_gqa, params = params, None
+        if isinstance(scale, bool):
+            return_lse, scale = scale, None
+    if block_mask is not None and _T.is_torch_block_mask(block_mask):
+        block_mask, torch_mask_mod = _T.convert_block_mask(block_mask)
+        if mask_mod is None:
+            mask_mod = torch_mask_mod
+    if score_mod is not None or mask_mod is not None:
+        if mods is not None:
+            raise ValueError("mods: give compiled mods or score_mod= / mask_mod= functions, "
+                             "not both")
+        for name, fn in (("score_mod", score_mod), ("mask_mod", mask_mod)):
+            if fn is not None and not callable(fn):
+                raise ValueError(f"{name}: expected a function, got {type(fn).__name__}")
+        mods = _T.traced_mods(score_mod, mask_mod)
+    if return_aux is not None:
+        if return_lse:
+            raise ValueError("return_lse: give return_lse or return_aux, not both")
+        result, lse = flex_attention(q, cache_or_k, v, block_mask, mods, buffers, params, scale,
+                                     enable_gqa, True, q_offset, kv_length=kv_length,
+                                     batch_idx=batch_idx, out=out, threads=threads)
+        return result, _T.aux_output(lse, return_aux)
     framework = _framework_of(q)
     mods = _native_mods(mods)
     if isinstance(cache_or_k, PagedKVCache):
@@ -638,3 +698,4 @@ def flex_attention(q, cache_or_k, v=None, block_mask: Optional[BlockMask] = None
     if return_lse:
         return result, _to_framework(lse, framework)
     return result
+

@@ -189,3 +189,124 @@ def test_score_mod_with_captured_tensor_matches_pytorch(rng):
     ref, ref_lse = _torch_reference(q, k, v, score_mod=biased)
     _close(out, ref)
     _close(lse, ref_lse)
+
+
+# ---------------------------------------------------------------------------
+# torch's vocabulary as it is: score_mod= / mask_mod=, torch's BlockMask,
+# return_aux, and torch.compile
+# ---------------------------------------------------------------------------
+
+@pytest.mark.parametrize("name", ["causal", "sliding", "document", "prefix_lm", "alibi",
+                                  "softcap"])
+def test_torch_block_mask_and_score_mod_match_pytorch(name):
+    mask_mod, score_mod = gallery(name)
+    block_mask = None if mask_mod is None else flex.create_block_mask(
+        mask_mod, B, H, S, S, device="cpu", BLOCK_SIZE=16)
+    q, k, v = (torch.randn(B, H, S, D) for _ in range(3))
+    ref, aux_ref = flex.flex_attention(q, k, v, score_mod=score_mod, block_mask=block_mask,
+                                       return_aux=flex.AuxRequest(lse=True))
+    # torch's keywords ...
+    out, aux = pagedc.flex_attention(q, k, v, score_mod=score_mod, block_mask=block_mask,
+                                     return_aux=flex.AuxRequest(lse=True))
+    assert isinstance(out, torch.Tensor) and isinstance(aux, flex.AuxOutput)
+    torch.testing.assert_close(out, ref, atol=1e-4, rtol=1e-4)
+    torch.testing.assert_close(aux.lse, aux_ref.lse, atol=1e-4, rtol=1e-4)
+    # ... and torch's positional order.
+    out2, lse2 = pagedc.flex_attention(q, k, v, score_mod or (lambda s, b, h, qq, kv: s),
+                                       block_mask, None, False, True)
+    torch.testing.assert_close(out2, ref, atol=1e-4, rtol=1e-4)
+    torch.testing.assert_close(lse2, aux_ref.lse, atol=1e-4, rtol=1e-4)
+
+
+def test_python_mods_are_traced_once_per_code_and_captures():
+    from pagedc import _torch as cache_module
+    slopes = torch.rand(H)
+
+    def make(scale):
+        return lambda s, b, h, q, kv: s + scale * slopes[h] * (kv - q)
+
+    q, k, v = (torch.randn(1, H, 8, D) for _ in range(3))
+    before = len(cache_module._TRACE_CACHE)
+    for _ in range(3):
+        pagedc.flex_attention(q, k, v, score_mod=make(0.5))
+    assert len(cache_module._TRACE_CACHE) == before + 1   # same code and captures
+    pagedc.flex_attention(q, k, v, score_mod=make(0.25))
+    assert len(cache_module._TRACE_CACHE) == before + 2   # a new captured value
+    # Captured tensors are bound live: new contents, no new trace.
+    out1 = pagedc.flex_attention(q, k, v, score_mod=make(0.5))
+    slopes.mul_(3)
+    out2 = pagedc.flex_attention(q, k, v, score_mod=make(0.5))
+    assert len(cache_module._TRACE_CACHE) == before + 2
+    assert not torch.allclose(out1, out2)
+
+
+def test_torch_vocabulary_errors_name_the_argument():
+    q, k, v = (torch.randn(1, H, 8, D) for _ in range(3))
+    mods = pagedc.compile("mask causal(b, h, q, kv) = q >= kv\n")
+    with pytest.raises(ValueError, match="not both"):
+        pagedc.flex_attention(q, k, v, mods=mods, score_mod=lambda s, b, h, qq, kv: s)
+    with pytest.raises(ValueError, match="max_scores"):
+        pagedc.flex_attention(q, k, v, return_aux=flex.AuxRequest(max_scores=True))
+    with pytest.raises(ValueError, match="return_lse or return_aux"):
+        pagedc.flex_attention(q, k, v, return_lse=True, return_aux=flex.AuxRequest(lse=True))
+    with pytest.raises(ValueError, match="score_mod: expected a function"):
+        pagedc.flex_attention(q, k, v, score_mod=3)
+
+
+SLOPES = torch.exp2(-torch.arange(1, H + 1, dtype=torch.float32)) if torch else None
+
+
+def _alibi(s, b, h, q_idx, kv_idx):
+    return s + SLOPES[h] * (kv_idx - q_idx)
+
+
+class _Attention(torch.nn.Module if torch is not None else object):
+    """A small attention block: projections, then pagedc twice: mods traced
+    once in __init__ (ALiBi over a captured tensor, causal) with a soft-cap
+    param, and torch-style score_mod= / mask_mod= functions."""
+
+    def __init__(self):
+        super().__init__()
+        self.qkv = torch.nn.Linear(D * H, 3 * D * H)
+        self.slopes = torch.exp2(-torch.arange(1, H + 1, dtype=torch.float32))
+        slopes = self.slopes
+        self.mods = pagedc.from_torch(
+            score_mod=lambda s, b, h, q, kv: 3.0 * torch.tanh((s + slopes[h] * (kv - q)) / 3.0),
+            mask_mod=causal)
+
+    def forward(self, x):
+        batch, length, _ = x.shape
+        q, k, v = (t.contiguous() for t in
+                   self.qkv(x).view(batch, length, 3, H, D).permute(2, 0, 3, 1, 4))
+        a = pagedc.flex_attention(q, k, v, mods=self.mods)
+        b = pagedc.flex_attention(q, k, v, score_mod=_alibi, mask_mod=causal)
+        return (a + b).transpose(1, 2).reshape(batch, length, H * D)
+
+
+def test_torch_compile_fullgraph_matches_eager_with_no_graph_break():
+    torch._dynamo.reset()
+    model = _Attention().eval()
+    x = torch.randn(2, 24, H * D)
+    with torch.no_grad():
+        eager = model(x)
+        explained = torch._dynamo.explain(model)(x)
+        assert explained.graph_break_count == 0, explained.break_reasons
+        assert explained.graph_count == 1
+        ops = [str(op) for graph_ops in explained.ops_per_graph for op in graph_ops]
+        assert any("pagedc.flex_attention" in op for op in ops), ops
+        compiled = torch.compile(model, fullgraph=True)
+        torch.testing.assert_close(compiled(x), eager, atol=1e-5, rtol=1e-5)
+        x2 = torch.randn(2, 24, H * D)
+        torch.testing.assert_close(compiled(x2), model(x2), atol=1e-5, rtol=1e-5)
+
+
+def test_torch_compile_refuses_what_the_op_cannot_take():
+    cache = pagedc.PagedKVCache(n_pages=4, page_size=16, max_batch_size=1, heads=H,
+                                head_dim=D)
+
+    def step(q):
+        return pagedc.flex_attention(q, cache, kv_length=[0])
+
+    torch._dynamo.reset()
+    with pytest.raises(Exception, match="under torch.compile"):
+        torch.compile(step, fullgraph=True)(torch.randn(1, H, 1, D))
