@@ -44,7 +44,8 @@ struct AttentionOptions {
   /// Optional lse output [B, Hq, Lq] f32 (default-constructed: none);
   /// giving one implies returnLse.
   TensorView lse;
-  /// CPU worker threads; 0 = hardware concurrency.
+  /// CPU worker threads; 0 = every core, or the calling thread alone when
+  /// the call is too small to gain from more.
   int threads = 0;
   /// The device to run on; by default q's. Every tensor must be on it.
   std::optional<Device> device;

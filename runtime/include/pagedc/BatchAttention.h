@@ -65,7 +65,8 @@ struct BatchAttentionConfig {
   /// Where run() computes. The batch call runs on the CPU backend; a CUDA
   /// device is refused at construction until the CUDA path exists.
   Device device = Device::cpu();
-  /// CPU worker threads; 0 = hardware concurrency.
+  /// CPU worker threads; 0 = every core, or the calling thread alone when
+  /// the call is too small to gain from more.
   int threads = 0;
 };
 

@@ -781,9 +781,29 @@ const char *kernelVariantName(KernelVariant variant) {
   return "?";
 }
 
+/// Multiply-adds under which a call left to choose its threads runs on the
+/// calling thread alone: waking the pool's workers costs about 10 us a call,
+/// more than a second core saves on this much work.
+constexpr int64_t kSerialWork = int64_t(1) << 17;
+
+/// The threads a call runs on: its request, or for 0 every core unless the
+/// call is too small to gain from them.
+int chooseThreads(const PagedAttentionArgs &args) {
+  if (args.threads != 0)
+    return ThreadPool::resolveThreads(args.threads);
+  const int64_t batch = args.qStart ? args.batch : args.q.size(0);
+  const int64_t width = args.q.size(3) + args.vCache.size(3);
+  int64_t work = 0;
+  for (int64_t b = 0; b < batch && work < kSerialWork; ++b) {
+    const int64_t keys = args.kvLength[b] - (args.kvBegin ? args.kvBegin[b] : 0);
+    work += queryRows(args, b) * args.q.size(1) * std::max<int64_t>(keys, 0) * width;
+  }
+  return work < kSerialWork ? 1 : ThreadPool::resolveThreads(0);
+}
+
 void pagedAttention(const PagedAttentionArgs &args) {
   const TileOps &ops = selectTileOps(args.variant);
-  int threads = ThreadPool::resolveThreads(args.threads);
+  int threads = chooseThreads(args);
   Plan plan = makePlan(args, threads);
   if (!plan.anyRows)
     return;

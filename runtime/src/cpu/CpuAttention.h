@@ -75,7 +75,8 @@ struct PagedAttentionArgs {
   TensorView out;
   /// [B, Hq, Lq] f32 natural-log logsumexp of the modded scores, or empty.
   TensorView lse;
-  /// Worker threads; 0 = hardware concurrency.
+  /// Worker threads; 0 = hardware concurrency, or the calling thread alone
+  /// for calls too small to gain from more.
   int threads = 0;
   /// Tile-kernel instruction set; an unsupported choice falls back to Auto.
   KernelVariant variant = KernelVariant::Auto;
