@@ -560,11 +560,47 @@ def _contiguous_cache(k, v) -> tuple:
     return cache, s
 
 
+#: The names flex_attention's ``kernel_options`` takes (pagedc/KernelOptions.h).
+KERNEL_OPTIONS = ("prefill_shape", "prefill_persistent", "prefill_persistent_ctas",
+                  "prefill_tile_counter", "prefill_tma", "prefill_tma_runs", "prefill_pingpong",
+                  "decode_split_factor", "decode_tma", "decode_tma_runs")
+
+
+def _kernel_option_texts(kernel_options) -> dict:
+    """``kernel_options`` as the NAME -> VALUE text the runtime's parser takes.
+
+    Names and value types are checked here so that the error names the
+    Python key; the runtime's parser checks the values themselves.
+    """
+    if kernel_options is None:
+        return {}
+    if not isinstance(kernel_options, Mapping):
+        raise ValueError("kernel_options: expected a dict of option names to values, got "
+                         f"{type(kernel_options).__name__}")
+    texts = {}
+    for name, value in kernel_options.items():
+        if name not in KERNEL_OPTIONS:
+            raise ValueError(f"kernel_options: unknown option {name!r}; the options are "
+                             + ", ".join(KERNEL_OPTIONS))
+        if value is None:
+            texts[name] = ""
+        elif isinstance(value, bool):
+            texts[name] = "1" if value else "0"
+        elif isinstance(value, int):
+            texts[name] = str(value)
+        elif isinstance(value, str):
+            texts[name] = value
+        else:
+            raise ValueError(f"kernel_options[{name!r}]: expected a bool, int, str or None, "
+                             f"got {type(value).__name__} {value!r}")
+    return texts
+
+
 def flex_attention(q, cache_or_k, v=None, block_mask: Optional[BlockMask] = None, mods=None,
                    buffers: Optional[Mapping] = None, params: Optional[Mapping] = None,
                    scale: Optional[float] = None, enable_gqa: bool = False,
                    return_lse: bool = False, q_offset=None, *, kv_length=None, batch_idx=None,
-                   out=None, threads: int = 0):
+                   out=None, threads: int = 0, kernel_options: Optional[Mapping] = None):
     """softmax(score_mod(scale * q.k) masked) . v, as torch's flex_attention.
 
     ``q`` [B, Hq, L, D]. ``cache_or_k`` is a ``PagedKVCache`` (``v`` None;
@@ -580,8 +616,18 @@ def flex_attention(q, cache_or_k, v=None, block_mask: Optional[BlockMask] = None
     torch tensors for torch input, zero-copy. The GIL is released while the
     attention runs. Bad input raises ``ValueError`` (``pagedc.Error``) and
     writes nothing.
+
+    ``kernel_options`` (CUDA) picks the kernel and its launch: a dict of
+    ``KERNEL_OPTIONS`` names to values (``prefill_shape``: a str such as
+    ``"128x64x64"``; ``decode_split_factor`` and ``prefill_persistent_ctas``:
+    ints; the others: bools; a str is taken as ``pagedc run --kernel-option``
+    takes it; None: the runtime decides, as when absent).
+    docs/kernels.md, "Kernel options", says what each changes. An unknown
+    name or a bad value raises ``ValueError`` listing the valid ones. The
+    ``PAGEDC_*`` environment variables of these settings do not apply here.
     """
     framework = _framework_of(q)
+    kernel_texts = _kernel_option_texts(kernel_options)
     mods = _native_mods(mods)
     if isinstance(cache_or_k, PagedKVCache):
         if v is not None:
@@ -631,7 +677,7 @@ def flex_attention(q, cache_or_k, v=None, block_mask: Optional[BlockMask] = None
                                     None if block_mask is None else block_mask._native,
                                     mods._native, merged, params, slots, lengths, offsets,
                                     None if scale is None else float(scale), bool(return_lse),
-                                    out, None, int(threads))
+                                    out, None, int(threads), kernel_texts)
     result = _to_framework(result, framework)
     if return_lse:
         return result, _to_framework(lse, framework)
