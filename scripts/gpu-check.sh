@@ -6,6 +6,11 @@
 #                        [PACK_DIR]
 #                                                             (default: gpu-pack/)
 #
+# The launch options and tiles below are kernel options (docs/kernels.md,
+# "Kernel options": prefill_tma, prefill_shape, ...); this script sets them
+# for pagedc-gpu as their environment variables, PAGEDC_ and the name in
+# capitals, which pagedc-gpu maps onto the options of its calls.
+#
 # --prefill-options: the pack's prefill checks and benchmarks again with each
 # launch option of the warpgroup prefill set against its default: "gather"
 # (PAGEDC_PREFILL_TMA=0: every K/V tile gathered with cp.async instead of

@@ -8,7 +8,8 @@
 # each REV: `git archive REV templates` into a scratch folder, a pack
 # gpu-pack-REV (beside BASE_PACK) prepared with PAGEDC_TEMPLATE_DIR pointing
 # there (same cases, same benchmark plan; $PAGEDC_PREFILL_SHAPE and the
-# like apply as to BASE_PACK), then its cases/ and deps/ replaced by links to
+# like, the kernel options as the tools take them from the environment,
+# apply as to BASE_PACK), then its cases/ and deps/ replaced by links to
 # BASE_PACK's, so that all the packs stay under the 64 MiB the run tool
 # carries with the working tree (a linked pack is ~3 MiB: its bundles go
 # into bundles.tar.gz, which gpu-check.sh unpacks); "REV=NAME" names it gpu-pack-NAME

@@ -50,7 +50,8 @@ done
 rm -rf "$pack"
 mkdir -p "$pack/bundles"
 echo "== pagedc --emit=bundle (CLI bundle)"
-# (Its tile shape is the CLI's default for sm_90: $PAGEDC_PREFILL_SHAPE is
+# (Its tile shape is the CLI's default for sm_90: $PAGEDC_PREFILL_SHAPE, the
+# prefill_shape kernel option as the tools take it from the environment, is
 # for the pack's runtime bundles, and a warpgroup shape would need sm_90a.)
 env -u PAGEDC_PREFILL_SHAPE "$build/bin/pagedc" --emit=bundle --kernel=prefill,decode --arch=sm_90 --dtype=bf16 \
   --head-dim=128 --page-size=16 --gqa=4 --mask=causal "$root/examples/causal.attn" \

@@ -572,12 +572,48 @@ def _contiguous_cache(k, v) -> tuple:
     return cache, s
 
 
+#: The names flex_attention's ``kernel_options`` takes (pagedc/KernelOptions.h).
+KERNEL_OPTIONS = ("prefill_shape", "prefill_persistent", "prefill_persistent_ctas",
+                  "prefill_tile_counter", "prefill_tma", "prefill_tma_runs", "prefill_pingpong",
+                  "decode_split_factor", "decode_tma", "decode_tma_runs")
+
+
+def _kernel_option_texts(kernel_options) -> dict:
+    """``kernel_options`` as the NAME -> VALUE text the runtime's parser takes.
+
+    Names and value types are checked here so that the error names the
+    Python key; the runtime's parser checks the values themselves.
+    """
+    if kernel_options is None:
+        return {}
+    if not isinstance(kernel_options, Mapping):
+        raise ValueError("kernel_options: expected a dict of option names to values, got "
+                         f"{type(kernel_options).__name__}")
+    texts = {}
+    for name, value in kernel_options.items():
+        if name not in KERNEL_OPTIONS:
+            raise ValueError(f"kernel_options: unknown option {name!r}; the options are "
+                             + ", ".join(KERNEL_OPTIONS))
+        if value is None:
+            texts[name] = ""
+        elif isinstance(value, bool):
+            texts[name] = "1" if value else "0"
+        elif isinstance(value, int):
+            texts[name] = str(value)
+        elif isinstance(value, str):
+            texts[name] = value
+        else:
+            raise ValueError(f"kernel_options[{name!r}]: expected a bool, int, str or None, "
+                             f"got {type(value).__name__} {value!r}")
+    return texts
+
+
 def flex_attention(q, cache_or_k, v=None, block_mask: Optional[BlockMask] = None, mods=None,
                    buffers: Optional[Mapping] = None, params: Optional[Mapping] = None,
                    scale: Optional[float] = None, enable_gqa: bool = False,
                    return_lse: bool = False, q_offset=None, *, kv_length=None, batch_idx=None,
-                   out=None, threads: int = 0, score_mod=None, mask_mod=None,
-                   return_aux=None):
+                   out=None, threads: int = 0, kernel_options: Optional[Mapping] = None,
+                   score_mod=None, mask_mod=None, return_aux=None):
     """softmax(score_mod(scale * q.k) masked) . v, as torch's flex_attention.
 
     ``q`` [B, Hq, L, D]. ``cache_or_k`` is a ``PagedKVCache`` (``v`` None;
@@ -594,6 +630,15 @@ def flex_attention(q, cache_or_k, v=None, block_mask: Optional[BlockMask] = None
     attention runs. Bad input raises ``ValueError`` (``pagedc.Error``) and
     writes nothing.
 
+    ``kernel_options`` (CUDA) picks the kernel and its launch: a dict of
+    ``KERNEL_OPTIONS`` names to values (``prefill_shape``: a str such as
+    ``"128x64x64"``; ``decode_split_factor`` and ``prefill_persistent_ctas``:
+    ints; the others: bools; a str is taken as ``pagedc run --kernel-option``
+    takes it; None: the runtime decides, as when absent).
+    docs/kernels.md, "Kernel options", says what each changes. An unknown
+    name or a bad value raises ``ValueError`` listing the valid ones. The
+    ``PAGEDC_*`` environment variables of these settings do not apply here.
+
     torch's vocabulary works as it is: ``score_mod=`` / ``mask_mod=`` Python
     functions (traced once per code and captured values), a function as the
     fourth positional argument (torch's ``score_mod`` place), torch's
@@ -607,7 +652,8 @@ def flex_attention(q, cache_or_k, v=None, block_mask: Optional[BlockMask] = None
         return _T.compiled_flex_attention(
             q, cache_or_k, v, block_mask, mods, buffers, params, scale, enable_gqa, return_lse,
             score_mod, mask_mod, return_aux,
-            dict(q_offset=q_offset, kv_length=kv_length, batch_idx=batch_idx, out=out))
+            dict(q_offset=q_offset, kv_length=kv_length, batch_idx=batch_idx, out=out,
+                 kernel_options=kernel_options))
     if block_mask is not None and callable(block_mask) and \
             not isinstance(block_mask, BlockMask) and not _T.is_torch_block_mask(block_mask):
         # torch's positional order: (q, k, v, score_mod, block_mask, scale,
@@ -624,6 +670,10 @@ def flex_attention(q, cache_or_k, v=None, block_mask: Optional[BlockMask] = None
             enable_gqa, params = params, None
         if isinstance(scale, bool):
             return_lse, scale = scale, None
+        if isinstance(enable_gqa, Mapping):
+            if kernel_options is not None:
+                raise ValueError("kernel_options: given twice (by position and by name)")
+            kernel_options, enable_gqa = enable_gqa, False
     if block_mask is not None and _T.is_torch_block_mask(block_mask):
         block_mask, torch_mask_mod = _T.convert_block_mask(block_mask)
         if mask_mod is None:
@@ -641,9 +691,11 @@ def flex_attention(q, cache_or_k, v=None, block_mask: Optional[BlockMask] = None
             raise ValueError("return_lse: give return_lse or return_aux, not both")
         result, lse = flex_attention(q, cache_or_k, v, block_mask, mods, buffers, params, scale,
                                      enable_gqa, True, q_offset, kv_length=kv_length,
-                                     batch_idx=batch_idx, out=out, threads=threads)
+                                     batch_idx=batch_idx, out=out, threads=threads,
+                                     kernel_options=kernel_options)
         return result, _T.aux_output(lse, return_aux)
     framework = _framework_of(q)
+    kernel_texts = _kernel_option_texts(kernel_options)
     mods = _native_mods(mods)
     if isinstance(cache_or_k, PagedKVCache):
         if v is not None:
@@ -693,7 +745,7 @@ def flex_attention(q, cache_or_k, v=None, block_mask: Optional[BlockMask] = None
                                     None if block_mask is None else block_mask._native,
                                     mods._native, merged, params, slots, lengths, offsets,
                                     None if scale is None else float(scale), bool(return_lse),
-                                    out, None, int(threads))
+                                    out, None, int(threads), kernel_texts)
     result = _to_framework(result, framework)
     if return_lse:
         return result, _to_framework(lse, framework)

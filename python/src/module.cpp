@@ -21,6 +21,7 @@
 #include "pagedc/BlockMask.h"
 #include "pagedc/Error.h"
 #include "pagedc/KVCache.h"
+#include "pagedc/KernelOptions.h"
 #include "pagedc/Mods.h"
 #include "pagedc/PhysicalBlockMask.h"
 #include "pagedc/Tensor.h"
@@ -31,6 +32,7 @@
 #include <pybind11/stl.h>
 
 #include <chrono>
+#include <map>
 #include <memory>
 #include <string>
 #include <vector>
@@ -464,13 +466,19 @@ py::tuple attention(const py::handle &qObj, std::shared_ptr<PagedKVCache> cache,
                     const py::dict &buffers, const py::dict &params,
                     std::vector<int64_t> batchIdx, std::vector<int64_t> kvLength,
                     std::vector<int64_t> qOffset, std::optional<float> scale, bool returnLse,
-                    const py::handle &outObj, const py::handle &lseObj, int threads) {
+                    const py::handle &outObj, const py::handle &lseObj, int threads,
+                    const std::map<std::string, std::string> &kernelOptions) {
   PreparedCall call(qObj, mods, buffers, params, batchIdx, kvLength, qOffset, threads);
   BorrowedTensor &q = call.q;
   Bindings &bindings = call.bindings;
   AttentionOptions &options = call.options;
   options.scale = scale;
   options.returnLse = returnLse;
+  // NAME -> VALUE text (flex_attention's kernel_options, converted by
+  // _api.py); the parser every front end shares names a bad one.
+  for (const auto &[name, value] : kernelOptions)
+    setKernelOption(options.kernel, name, value);
+  checkKernelOptions(options.kernel);
   BorrowedTensor out, lse;
   if (!outObj.is_none()) {
     out = borrowTensor(outObj, "out");

@@ -302,6 +302,7 @@ AttentionResult flexAttention(const TensorView &q, const PagedKVCache &cache,
                               deviceKindName(device.kind)));
   }
   const CheckedCall call = checkCall(q, cache, blockMask, mods, options);
+  checkKernelOptions(options.kernel);
   const ResolvedBindings resolved = resolveBindings(mods, bindings, call.device);
 
   // Everything is valid: allocate outputs and build the call's page table,
@@ -356,7 +357,7 @@ AttentionResult flexAttention(const TensorView &q, const PagedKVCache &cache,
   if (device.kind == DeviceKind::CPU)
     cpu::pagedAttention(args);
   else
-    deviceBackend(args, device, options.stream);
+    deviceBackend(args, device, options.stream, options.kernel);
   return result;
 }
 

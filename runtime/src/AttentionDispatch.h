@@ -12,17 +12,21 @@
 
 #include "cpu/CpuAttention.h"
 
+#include "pagedc/KernelOptions.h"
+
 #include <functional>
 
 namespace pagedc::detail {
 
 /// Runs one validated call on `device` and `stream` (options.stream: a
-/// CUstream for CUDA, null = the default stream). `args.pageTable`,
+/// CUstream for CUDA, null = the default stream) with the call's kernel
+/// options (options.kernel). `args.pageTable`,
 /// `args.kvLength` and `args.qOffset` point to host memory valid for the
 /// duration of the call; every tensor is on `device`; `args.threads` is
 /// meaningless there.
 using DeviceAttentionFn =
-    std::function<void(const cpu::PagedAttentionArgs &args, Device device, void *stream)>;
+    std::function<void(const cpu::PagedAttentionArgs &args, Device device, void *stream,
+                       const KernelOptions &kernel)>;
 
 /// Registers the backend for a device kind other than the CPU (replacing
 /// any earlier one). Without one, CUDA calls run on the built-in backend

@@ -291,7 +291,7 @@ std::vector<CaseResult> checkPack(const Pack &pack, const RunOptions &options,
         const bool useMask = variant == "block-mask";
         const KernelConfig config = chooseCudaAttentionConfig(
             mods, c.dtype, c.headDim, c.pageSize, c.headsQ / c.headsKv, c.queryLength,
-            c.returnLse, arch, useMask ? c.kvBlock : 0);
+            c.returnLse, arch, useMask ? c.kvBlock : 0, options.kernel);
         if (config.kind != c.kind)
           throw Error(fmt::format("the case wants the {} kernel but the bundle gives {}",
                                   kindName(c.kind), kindName(config.kind)));
@@ -400,11 +400,13 @@ std::vector<CaseResult> checkPack(const Pack &pack, const RunOptions &options,
           }
           const int maxKv = *std::max_element(c.kvLength.begin(), c.kvLength.end());
           AttentionLaunchPlan plan =
-              planAttention(config, args, params, maxKv, options.multiprocessors);
+              planAttention(config, args, params, maxKv, options.multiprocessors, 2, -1,
+                            options.kernel);
           // (The warpgroup prefill holds one CTA per SM.) The dry run has no
           // mask contents: a masked call is planned as one whose visits do
-          // not grow (a CTA per tile unless PAGEDC_PREFILL_PERSISTENT=1).
-          applyPrefillPersistentRequest(config, plan, options.multiprocessors, !useMask);
+          // not grow (a CTA per tile unless prefill_persistent=1).
+          applyPrefillPersistentRequest(config, plan, options.multiprocessors, !useMask,
+                                        options.kernel);
           for (const KernelLaunch &launch : plan.launches)
             result.launches.push_back(describeLaunch(launch));
           if (plan.workspaceBytes)
@@ -472,6 +474,7 @@ std::vector<CaseResult> checkPack(const Pack &pack, const RunOptions &options,
         attention.kvLength = c.kvLength;
         attention.qOffset = c.qOffset;
         attention.scale = c.scale;
+        attention.kernel = options.kernel;
         attention.out = TensorView(outDevice.data(), c.dtype,
                                    {c.batch, c.headsQ, c.queryLength, c.headDim}, device);
         if (c.returnLse)
@@ -641,7 +644,7 @@ std::vector<BenchResult> benchPack(const Pack &pack, const RunOptions &options,
       const KernelConfig config =
           chooseCudaAttentionConfig(mods, DType::BF16, b.headDim, b.pageSize,
                                     b.headsQ / b.headsKv, b.queryLength, false, arch,
-                                    b.qBlock ? b.kvBlock : 0);
+                                    b.qBlock ? b.kvBlock : 0, options.kernel);
       if (config.kind != b.kind)
         throw Error(fmt::format("wants the {} kernel, the bundle gives {}", kindName(b.kind),
                                 kindName(config.kind)));
@@ -746,9 +749,11 @@ std::vector<BenchResult> benchPack(const Pack &pack, const RunOptions &options,
           args.kv_block_size = b.kvBlock;
         }
         AttentionLaunchPlan plan =
-            planAttention(config, args, params, b.kvLength, options.multiprocessors);
+            planAttention(config, args, params, b.kvLength, options.multiprocessors, 2, -1,
+                          options.kernel);
         // No mask contents in the dry run: planned as in checkPack's.
-        applyPrefillPersistentRequest(config, plan, options.multiprocessors, !b.qBlock);
+        applyPrefillPersistentRequest(config, plan, options.multiprocessors, !b.qBlock,
+                                      options.kernel);
         for (const KernelLaunch &launch : plan.launches)
           result.launches.push_back(describeLaunch(launch));
         result.status = "planned";
@@ -806,7 +811,8 @@ std::vector<BenchResult> benchPack(const Pack &pack, const RunOptions &options,
           }
         }
         std::shared_ptr<const CudaKernel> kernel = cudaKernelFor(mods, config, dev);
-        CudaAttentionLaunch launch(kernel, args, params, b.kvLength, maxVisibleKv);
+        CudaAttentionLaunch launch(kernel, args, params, b.kvLength, maxVisibleKv,
+                                   options.kernel);
         launch.applyLaunchOptions(cache->kCache().size(1), cache->vCache().size(1), visitsGrow);
         for (const KernelLaunch &planned : launch.plan().launches)
           result.launches.push_back(describeLaunch(planned));

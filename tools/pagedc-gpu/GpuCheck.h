@@ -9,6 +9,8 @@
 
 #include "Pack.h"
 
+#include "pagedc/KernelOptions.h"
+
 #include <iosfwd>
 #include <string>
 #include <vector>
@@ -44,6 +46,9 @@ struct RunOptions {
   /// cache holds this many sequences' pages and sequence s reads those of
   /// s mod kvSequences (same launches and page-table walk, less memory).
   int kvSequences = 0;
+  /// The kernel options of every call, dry run included (the tool maps the
+  /// $PAGEDC_* variables and its --kernel-option flags onto them).
+  KernelOptions kernel;
 };
 
 /// The outcome of one case in one variant (block mask built on the device,

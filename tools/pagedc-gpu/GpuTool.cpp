@@ -55,13 +55,22 @@ const char *kUsage =
     "[--iters N] [--warmup N] [--copy-mib N] [--flush-mib 256] [--no-queued]\n"
     "       pagedc-gpu model PACK [--json FILE] [--filter TEXT] [--sample-blocks N] "
     "[--decode-sample-blocks 32] [--prefill-sample-blocks 128] [--max-kv-bytes N]   (MODELLED on "
-    "the emulator)\n";
+    "the emulator)\n"
+    "  --kernel-option NAME=VALUE  a kernel option of every call (repeatable, the last of a\n"
+    "      name wins; check, bench, model; model keeps a CTA per prefill tile whatever\n"
+    "      prefill_persistent says). Unset, each takes its $PAGEDC_* variable (NAME in\n"
+    "      capitals after PAGEDC_), if set. NAME: prefill_shape, prefill_persistent,\n"
+    "      prefill_persistent_ctas, prefill_tile_counter, prefill_tma, prefill_tma_runs,\n"
+    "      prefill_pingpong, decode_split_factor, decode_tma, decode_tma_runs\n"
+    "      (docs/kernels.md, \"Kernel options\").\n";
 
 struct ToolOptions {
   std::string command, pack, jsonPath;
   RunOptions run;
   int copyMiB = 1024;
   ModelOptions model;
+  /// --kernel-option NAME=VALUE settings in command-line order.
+  std::vector<std::string> kernelOptions;
 };
 
 /// The run's header: date, device, driver (or why there is none).
@@ -238,6 +247,8 @@ int main(int argc, char **argv) {
         return 0;
       } else if (arg == "--dry-run") {
         options.run.dryRun = true;
+      } else if (arg == "--kernel-option") {
+        options.kernelOptions.push_back(value());
       } else if (arg == "--json") {
         options.jsonPath = value();
       } else if (arg == "--filter") {
@@ -286,6 +297,18 @@ int main(int argc, char **argv) {
       throw Error("expected `check PACK`, `bench PACK` or `model PACK`");
     if (options.command == "model" && options.run.dryRun)
       throw Error("model runs on the emulator; it has no --dry-run");
+    // The $PAGEDC_* variables at the tool's edge (the runtime reads none),
+    // then the flags over them.
+    options.run.kernel = kernelOptionsFromEnvironment();
+    for (const std::string &setting : options.kernelOptions) {
+      try {
+        setKernelOption(options.run.kernel, setting);
+      } catch (const Error &error) {
+        throw Error("--kernel-option: " + std::string(error.what()));
+      }
+    }
+    checkKernelOptions(options.run.kernel);
+    options.model.kernel = options.run.kernel;
   } catch (const Error &error) {
     std::cerr << "pagedc-gpu: error: " << error.what() << "\n" << kUsage;
     return 2;

@@ -282,13 +282,6 @@ void prepareModelEnvironment(const ModelOptions &options) {
   // merge is small and runs whole too. PAGEDC_EMU_SAMPLE_BLOCKS is read at
   // each launch and set per configuration (setSampling).
   ::setenv("PAGEDC_EMU_SAMPLE_KERNELS", "pagedc_prefill,pagedc_decode", 1);
-  // One CTA per query tile: sampled blocks stand for their share of the
-  // grid only then (a persistent CTA's tiles depend on the others'). What
-  // persistent CTAs save, a CTA's start and end, is the calibration's
-  // per-tile cost (bench/gpu/issue_model.py calibrate).
-  ::setenv("PAGEDC_PREFILL_PERSISTENT", "0", 1);
-  ::unsetenv("PAGEDC_PREFILL_PERSISTENT_CTAS");
-  ::unsetenv("PAGEDC_PREFILL_TILE_COUNTER");
   ::unsetenv("PAGEDC_EMU_SAMPLE_BLOCKS");
   ::unsetenv("PAGEDC_EMU_COUNTERS");
   (void)options;
@@ -335,6 +328,14 @@ int runModel(const Pack &pack, const ModelOptions &options, std::ostream &out,
     row.set("unmasked_flops", flops);
 
     RunOptions run;
+    // One CTA per query tile: sampled blocks stand for their share of the
+    // grid only then (a persistent CTA's tiles depend on the others'). What
+    // persistent CTAs save, a CTA's start and end, is the calibration's
+    // per-tile cost (bench/gpu/issue_model.py calibrate).
+    run.kernel = options.kernel;
+    run.kernel.prefillPersistent = false;
+    run.kernel.prefillPersistentCtas.reset();
+    run.kernel.prefillTileCounter.reset();
     run.iterations = 1;
     run.warmup = 0;
     run.queued = false;

@@ -15,6 +15,8 @@
 
 #include "Pack.h"
 
+#include "pagedc/KernelOptions.h"
+
 #include <iosfwd>
 #include <string>
 
@@ -34,6 +36,9 @@ struct ModelOptions {
   /// read theirs (RunOptions::kvSequences): the launches stay those of the
   /// real batch, only resident memory shrinks.
   double maxKvBytes = 2.5e9;
+  /// The kernel options of the modelled calls, but for the prefill's grid:
+  /// a CTA per query tile whatever they say (runModel).
+  KernelOptions kernel;
 };
 
 /// Sets the emulator's environment (driver, checks, sampling); must run

@@ -32,6 +32,7 @@
 #include "pagedc/Error.h"
 #include "pagedc/KernelBundle.h"
 #include "pagedc/KernelCache.h"
+#include "pagedc/KernelOptions.h"
 #include "pagedc/Npy.h"
 
 #include "mlir/IR/Diagnostics.h"
@@ -73,6 +74,9 @@ struct Options {
   /// Head dim of the benchmark plan (performance.md's is 128; 64 or 256
   /// model the kernels at other head dims).
   int benchHeadDim = 128;
+  /// The kernel options the pack's kernels are chosen with (prefill_shape):
+  /// the $PAGEDC_* variables, mapped at this tool's edge.
+  KernelOptions kernel;
 };
 
 /// A mod selection of one .attn file.
@@ -391,7 +395,7 @@ PackCase drawCase(const Selection &selection, const CaseSpec &spec, uint64_t see
 }
 
 KernelConfig attentionConfig(const PackCase &c, int64_t paramsSize, int queryTokens,
-                             const std::string &arch) {
+                             const std::string &arch, const KernelOptions &kernel) {
   KernelConfig config;
   config.kind = c.kind;
   config.elementType = c.dtype;
@@ -402,7 +406,7 @@ KernelConfig attentionConfig(const PackCase &c, int64_t paramsSize, int queryTok
   config.returnLse = c.returnLse;
   config.paramsSize = paramsSize;
   if (config.kind == KernelKind::Prefill) {
-    config.choosePrefillShapeFor(arch);
+    config.choosePrefillShapeFor(arch, kernel);
     config.fitPrefillTileToBlocks(c.qBlock ? c.kvBlock : 0);
   }
   return config;
@@ -563,7 +567,8 @@ int run(const Options &options) {
       c.maskReadsB = mods.maskDependence.b;
       c.maskReadsH = mods.maskDependence.h;
       const int queryTokens = spec.queryTokens == 1 ? 1 : 4;
-      request(label, attentionConfig(c, paramsSize, queryTokens, options.arch), modCode);
+      request(label, attentionConfig(c, paramsSize, queryTokens, options.arch, options.kernel),
+              modCode);
       if (c.qBlock)
         request(label, builderConfig(paramsSize), modCode);
       pack.cases.push_back(std::move(c));
@@ -721,7 +726,7 @@ int run(const Options &options) {
         config.pageSize = page;
         config.groupSize = b.headsQ / b.headsKv;
         config.paramsSize = paramsSize;
-        config.choosePrefillShapeFor(options.arch);
+        config.choosePrefillShapeFor(options.arch, options.kernel);
         config.fitPrefillTileToBlocks(b.kvBlock);
         const KernelConfig settled = request(b.label, config, benchCode.at(b.label));
         request(b.label, builderConfig(paramsSize), benchCode.at(b.label));
@@ -864,6 +869,7 @@ int main(int argc, char **argv) {
     }
     if (options.out.empty())
       throw Error("-o PACK is required");
+    options.kernel = kernelOptionsFromEnvironment();
     return run(options);
   } catch (const std::exception &error) {
     std::cerr << "pagedc-gpu-prepare: error: " << error.what() << "\n";

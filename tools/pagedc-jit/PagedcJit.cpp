@@ -18,6 +18,7 @@
 #include "pagedc/ConstOverride.h"
 #include "pagedc/CudaJit.h"
 #include "pagedc/Error.h"
+#include "pagedc/KernelOptions.h"
 
 #include <fmt/format.h>
 
@@ -131,6 +132,15 @@ int main(int argc, char **argv) {
     elementType = DType::F16;
   else
     return usage("--dtype must be f16 or bf16");
+  // The $PAGEDC_* variables at the tool's edge (the runtime reads none):
+  // prefill_shape picks the prefill tile.
+  KernelOptions kernelOptions;
+  try {
+    kernelOptions = kernelOptionsFromEnvironment();
+  } catch (const Error &error) {
+    fmt::print(stderr, "pagedc-jit: {}\n", error.what());
+    return 1;
+  }
   std::istringstream kinds(kernels);
   for (std::string kind; std::getline(kinds, kind, ',');) {
     KernelConfig config;
@@ -145,7 +155,7 @@ int main(int argc, char **argv) {
     config.pageSize = pageSize;
     config.groupSize = config.kind == KernelKind::Decode ? gqa : 1;
     if (config.kind == KernelKind::Prefill)
-      config.choosePrefillShape();
+      config.choosePrefillShape(kernelOptions);
     request.configs.push_back(config);
   }
 

@@ -24,6 +24,7 @@
 #include "pagedc/Error.h"
 #include "pagedc/KernelBundle.h"
 #include "pagedc/KernelCache.h"
+#include "pagedc/KernelOptions.h"
 #include "pagedc/Nvrtc.h"
 
 #include "mlir/IR/Diagnostics.h"
@@ -47,6 +48,11 @@ struct CudaTarget {
   std::vector<std::string> archs;
   /// --block and --warp-rows as given (0: not given).
   int blockM = 0, blockN = 0, warpRows = 0;
+  /// The kernel options: the $PAGEDC_* variables, then each --kernel-option
+  /// (withKernelSources). The stages read prefillShape.
+  KernelOptions kernel;
+  /// --kernel-option NAME=VALUE settings in command-line order.
+  std::vector<std::string> kernelOptionSettings;
   bool ptxasReport = false;
 
   /// The configuration of one kernel: prefill takes the shape pagedc runs
@@ -69,11 +75,11 @@ struct CudaTarget {
       // settleSource); any other --arch list keeps the mma.sync tiles every
       // target runs.
       if (hopper && !warpRows)
-        result.choosePrefillShapeFor("sm_90a");
+        result.choosePrefillShapeFor("sm_90a", kernel);
       else if (archs.size() == 1 && archs.front() != "sm_90" && !warpRows)
-        result.choosePrefillShapeFor(archs.front());
+        result.choosePrefillShapeFor(archs.front(), kernel);
       else
-        result.choosePrefillShape();
+        result.choosePrefillShape(kernel);
     }
     if (blockM) {
       result.blockM = blockM;
@@ -176,6 +182,12 @@ CudaTarget readTarget(const Options &options) {
   if (!warpRows.empty())
     parseInt(warpRows, target.warpRows);
   target.ptxasReport = options.extra.count("ptxas-report") != 0;
+  if (auto it = options.extra.find("kernel-option"); it != options.extra.end()) {
+    llvm::SmallVector<llvm::StringRef> settings;
+    llvm::StringRef(it->second).split(settings, '\n');
+    for (llvm::StringRef setting : settings)
+      target.kernelOptionSettings.push_back(setting.str());
+  }
   return target;
 }
 
@@ -240,6 +252,11 @@ int withKernelSources(
     return usage("--kernel and --arch take one value except with "
                  "--emit=bundle");
   try {
+    // At the tool's edge: the variables, then the flags over them.
+    target.kernel = kernelOptionsFromEnvironment();
+    for (const std::string &setting : target.kernelOptionSettings)
+      setKernelOption(target.kernel, setting);
+    checkKernelOptions(target.kernel);
     for (KernelKind kind : target.kinds)
       target.configFor(kind);
   } catch (const Error &error) {
@@ -490,6 +507,24 @@ void pagedc::driver::registerCudaStages(Registry &registry) {
   registry.addOption({"--gqa", "N",
                       "query heads per KV head (decode kernels; default 1)",
                       checked("gqa", positive("--gqa"))});
+  registry.addOption(
+      {"--kernel-option", "NAME=VALUE",
+       "a kernel option (repeatable; the last of a name wins, over its "
+       "$PAGEDC_* variable): " + kernelOptionNames() +
+           "; the CUDA stages use prefill_shape (docs/kernels.md, \"Kernel "
+           "options\")",
+       [](Options &options, llvm::StringRef value) {
+         // Checked here, applied over the environment's in withKernelSources.
+         KernelOptions scratch;
+         try {
+           setKernelOption(scratch, std::string_view(value.data(), value.size()));
+         } catch (const Error &error) {
+           return "--kernel-option: " + std::string(error.what());
+         }
+         std::string &settings = options.extra["kernel-option"];
+         settings += (settings.empty() ? "" : "\n") + value.str();
+         return std::string();
+       }});
   registry.addOption({"--ptxas-report", "",
                       "print ptxas's register and spill report to stderr",
                       storeExtra("ptxas-report")});

@@ -21,6 +21,7 @@
 #include "pagedc/Attention.h"
 #include "pagedc/CudaDriver.h"
 #include "pagedc/Error.h"
+#include "pagedc/KernelOptions.h"
 
 #include "llvm/Support/FileSystem.h"
 #include "llvm/Support/Path.h"
@@ -67,6 +68,9 @@ constexpr double kTolerance = 1e-4, kCudaTolerance = 1e-2;
 /// Where the demo's attention runs.
 struct DemoDevice {
   bool cuda = false; // cuda:0, bf16 (else the CPU, f32)
+  /// The kernel options of every call: the $PAGEDC_* variables, mapped at
+  /// the tool's edge (the runtime reads none).
+  KernelOptions kernel;
   double tolerance() const { return cuda ? kCudaTolerance : kTolerance; }
 };
 
@@ -163,6 +167,7 @@ bool attendAndCheck(const std::string &label, const PagedKVCache &cache,
   }
   options.returnLse = true;
   options.threads = threads;
+  options.kernel = device.kernel;
   AttentionResult result;
   HostTensor outF32(DType::F32, {batch, kQHeads, qLength, kHeadDim});
   HostTensor lseOut(DType::F32, {batch, kQHeads, qLength});
@@ -442,6 +447,7 @@ int pagedc::driver::runDemoCommand(llvm::ArrayRef<const char *> args) {
   };
   bool pass = true;
   try {
+    device.kernel = kernelOptionsFromEnvironment();
     for (const Variant &variant : variants)
       pass &= runVariant(variant, options, device);
   } catch (const Error &error) {

@@ -33,6 +33,7 @@
 #include "pagedc/ConstOverride.h"
 #include "pagedc/CudaDriver.h"
 #include "pagedc/Error.h"
+#include "pagedc/KernelOptions.h"
 #include "pagedc/Npy.h"
 #include "OutputFiles.h"
 
@@ -61,7 +62,21 @@ constexpr const char *kRunUsage =
     "SEED | --ascending-pages | --pages-per-reserve N]\n"
     "           [--q-offset N|end]\n"
     "           [--device cpu|cuda|emu|auto] [--dtype f16|bf16] [--reference] "
-    "[--threads N]\n";
+    "[--threads N]\n"
+    "           [--kernel-option NAME=VALUE]...\n"
+    "\n"
+    "--kernel-option NAME=VALUE sets a CUDA kernel option of the call (repeatable;\n"
+    "the last of a name wins; VALUE empty: the runtime decides). Unset, each\n"
+    "takes its $PAGEDC_* variable (NAME in capitals after PAGEDC_), if set.\n"
+    "Names:\n";
+
+/// kRunUsage and the table of kernel options.
+std::string runUsage() {
+  std::string text = kRunUsage;
+  for (const KernelOptionInfo &info : kernelOptionInfos())
+    text += fmt::format("  {:<24} {} (unset: {})\n", info.name, info.values, info.unset);
+  return text;
+}
 
 /// A problem with the command line: exit status 2.
 struct UsageError {
@@ -90,6 +105,8 @@ struct RunOptions {
   DType gpuType = DType::BF16; // --dtype: the element type on CUDA
   bool reference = false;
   int threads = 0;
+  /// --kernel-option NAME=VALUE settings in command-line order (checked).
+  std::vector<std::string> kernelOptions;
 };
 
 int64_t parseInteger(llvm::StringRef option, llvm::StringRef text, int64_t lo,
@@ -222,6 +239,15 @@ RunOptions parseRunOptions(llvm::ArrayRef<const char *> args) {
       options.reference = true;
     } else if (name == "--threads") {
       options.threads = static_cast<int>(parseInteger(name, value(), 0, 1024));
+    } else if (name == "--kernel-option") {
+      const llvm::StringRef text = value();
+      KernelOptions scratch; // checked now, applied over the environment's later
+      try {
+        setKernelOption(scratch, std::string_view(text.data(), text.size()));
+      } catch (const Error &error) {
+        throw UsageError{"--kernel-option: " + std::string(error.what())};
+      }
+      options.kernelOptions.push_back(text.str());
     } else if (arg.starts_with("-") && arg != "-") {
       throw UsageError{"unknown option '" + arg.str() + "'"};
     } else if (options.program.empty()) {
@@ -333,8 +359,13 @@ void checkOutputPaths(const RunOptions &options) {
 
 int runChecked(const RunOptions &options) {
   // 0. Outputs that must not be written (an input, a directory, the same
-  // file twice) fail before any work.
+  // file twice) fail before any work; so do kernel options: the $PAGEDC_*
+  // variables at the tool's edge (the runtime reads none), then the flags.
   checkOutputPaths(options);
+  KernelOptions kernelOptions = kernelOptionsFromEnvironment();
+  for (const std::string &setting : options.kernelOptions)
+    setKernelOption(kernelOptions, setting);
+  checkKernelOptions(kernelOptions);
 
   // 1. The device: cuda must be usable; auto takes it when it is.
   // emu: the CUDA path on the SIMT emulator.
@@ -516,6 +547,7 @@ int runChecked(const RunOptions &options) {
     attention.scale = scale;
     attention.returnLse = true;
     attention.threads = options.threads;
+    attention.kernel = kernelOptions;
     if (!useCuda) {
       attention.out = out.view();
       attention.lse = lse.view();
@@ -562,14 +594,14 @@ int runChecked(const RunOptions &options) {
 int pagedc::driver::runAttentionCommand(llvm::ArrayRef<const char *> args) {
   for (llvm::StringRef arg : args)
     if (arg == "--help" || arg == "-h") {
-      llvm::outs() << kRunUsage;
+      llvm::outs() << runUsage();
       return kExitSuccess;
     }
   RunOptions options;
   try {
     options = parseRunOptions(args);
   } catch (const UsageError &error) {
-    llvm::errs() << "pagedc run: error: " << error.message << "\n" << kRunUsage;
+    llvm::errs() << "pagedc run: error: " << error.message << "\n" << runUsage();
     return kExitUsageError;
   }
   try {

@@ -12,6 +12,7 @@
 
 #include "pagedc/BlockMask.h"
 #include "pagedc/KVCache.h"
+#include "pagedc/KernelOptions.h"
 #include "pagedc/Mods.h"
 #include "pagedc/Tensor.h"
 
@@ -52,6 +53,11 @@ struct AttentionOptions {
   /// CUDA: the CUstream to run on (null = the legacy default stream). The
   /// call returns when its work on the stream is done.
   void *stream = nullptr;
+  /// CUDA: which kernel runs and how it is launched (pagedc/KernelOptions.h;
+  /// every field unset: the runtime decides). The runtime reads these from
+  /// here alone, never from the environment. Checked on every device
+  /// (checkKernelOptions), used on CUDA only.
+  KernelOptions kernel;
 };
 
 /// The outputs of flexAttention(). `out` and `lse` view either the caller's

@@ -128,11 +128,14 @@ std::shared_ptr<const CudaKernel> cudaKernelFor(const CompiledMods &mods,
 /// `kvBlockSize`: the call's block mask's KV block size (0: no block mask);
 /// prefill takes a KV tile that divides it where it can
 /// (KernelConfig::fitPrefillTileToBlocks; in a bundle, the prefill module
-/// with the widest tile that divides it, else the first).
+/// with the widest tile that divides it, else the first). `options`: the
+/// call's kernel options (with mod code, prefillShape picks the prefill
+/// tile; a bundle's modules are what they are).
 KernelConfig chooseCudaAttentionConfig(const CompiledMods &mods, DType elementType,
                                        int headDim, int pageSize, int groupSize,
                                        int queryLength, bool returnLse,
-                                       const std::string &arch, int kvBlockSize = 0);
+                                       const std::string &arch, int kvBlockSize = 0,
+                                       const KernelOptions &options = {});
 
 //===----------------------------------------------------------------------===//
 // Block masks on the device
@@ -185,22 +188,24 @@ public:
   /// Plans `args` (device pointers; see KernelArgs.h) for `kernel`;
   /// `maxKvLength` is the longest kv_len of the call, `maxVisibleKv` the
   /// longest span its block mask lets a decode row see (decodeVisibleSpan;
-  /// negative: maxKvLength).
+  /// negative: maxKvLength) and `options` the call's kernel options (kept
+  /// for applyLaunchOptions; checkKernelOptions refusing them throws).
   CudaAttentionLaunch(std::shared_ptr<const CudaKernel> kernel,
                       const PagedcAttentionKernelArgs &args,
                       std::vector<unsigned char> params, int maxKvLength,
-                      int64_t maxVisibleKv = -1);
-  /// The launch's options from the environment, for caches of `kPages` and
-  /// `vPages` pages. The warpgroup prefill: tensor maps of the caches
-  /// ($PAGEDC_PREFILL_TMA, bindPrefillTensorMaps), persistent CTAs
-  /// ($PAGEDC_PREFILL_PERSISTENT and _CTAS, applyPrefillPersistentRequest:
-  /// unless the variable says, where `visitsGrow` (the call has no block
-  /// mask or blockMaskVisitsGrow of it) and the tiles outnumber the slots;
-  /// one per SM and resident CTA unless _CTAS says; with a work counter
-  /// this object owns unless $PAGEDC_PREFILL_TILE_COUNTER=0, so its calls
-  /// must not overlap: enqueue on one stream) and ping-pong consumers
-  /// ($PAGEDC_PREFILL_PINGPONG, setPrefillPingPong). Decode: tensor maps
-  /// ($PAGEDC_DECODE_TMA, bindDecodeTensorMaps). Returns the main launch's
+                      int64_t maxVisibleKv = -1, const KernelOptions &options = {});
+  /// The launch's options from the constructor's KernelOptions, for caches
+  /// of `kPages` and `vPages` pages. The warpgroup prefill: tensor maps of
+  /// the caches (prefillTma, bindPrefillTensorMaps), persistent CTAs
+  /// (prefillPersistent and prefillPersistentCtas,
+  /// applyPrefillPersistentRequest: unless prefillPersistent says, where
+  /// `visitsGrow` (the call has no block mask or blockMaskVisitsGrow of it)
+  /// and the tiles outnumber the slots; one per SM and resident CTA unless
+  /// prefillPersistentCtas says; with a work counter this object owns
+  /// unless prefillTileCounter is false, so its calls must not overlap:
+  /// enqueue on one stream) and ping-pong consumers (prefillPingPong,
+  /// setPrefillPingPong). Decode: tensor maps (decodeTma,
+  /// bindDecodeTensorMaps). Returns the main launch's
   /// note ("tensor maps", "gather (<why>)", the prefill's either + ",
   /// persistent (N CTAs)" + ", tile counter" + ", ping-pong" where on), or "" for other
   /// kernels.
@@ -211,6 +216,7 @@ public:
 
 private:
   std::shared_ptr<const CudaKernel> kernel_;
+  KernelOptions options_;
   AttentionLaunchPlan plan_;
   DeviceBuffer workspace_;
   /// The persistent prefill's work counter, allocated by applyLaunchOptions

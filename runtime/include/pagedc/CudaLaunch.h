@@ -13,9 +13,11 @@
 #include "pagedc/BlockMask.h"
 #include "pagedc/CudaDriver.h"
 #include "pagedc/KernelArgs.h"
+#include "pagedc/KernelOptions.h"
 #include "pagedc/KernelSource.h"
 
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -68,11 +70,15 @@ struct AttentionLaunchPlan {
 /// mask's, decodeVisibleSpan()); negative: maxKvLength. Splits divide that
 /// span (templates/Decode.cuh), so a window over a long context gets as many
 /// splits as the window needs, not as the context would.
+///
+/// `options`: the call's kernel options; the plan reads decodeSplitFactor
+/// (the launch options are applied afterwards: bindPrefillTensorMaps, ...).
 AttentionLaunchPlan planAttention(const KernelConfig &config,
                                   const PagedcAttentionKernelArgs &args,
                                   const std::vector<unsigned char> &params,
                                   int maxKvLength, int multiprocessors,
-                                  int residentCtasPerSm = 2, int64_t maxVisibleKv = -1);
+                                  int residentCtasPerSm = 2, int64_t maxVisibleKv = -1,
+                                  const KernelOptions &options = {});
 
 /// The longest kv span (from the first to the last kv block listed, cut at
 /// kv_len) that the query rows of one batch entry of a call see in
@@ -108,7 +114,7 @@ struct DecodeSplitProblem {
   int64_t minGranulesPerSplit = 1;
   /// The model's split count times this (at most as many splits as
   /// minGranulesPerSplit allows, none empty): an experiment's knob
-  /// ($PAGEDC_DECODE_SPLIT_FACTOR, decodeSplitFactorRequested()).
+  /// (KernelOptions::decodeSplitFactor).
   int splitFactor = 1;
 };
 
@@ -127,60 +133,30 @@ constexpr int kPrefillTmaPageRows = 16;
 /// are consecutive.
 constexpr int kPrefillRunRows = 64;
 
-/// Whether $PAGEDC_PREFILL_TMA asks the warpgroup prefill to copy K/V pages
-/// with tensor maps: unset, empty or "1" yes (the default since an H200
-/// measured them 1.05-1.21x the gather: docs/kernels.md); "0" no (the
-/// cp.async gather for every tile); any other value throws pagedc::Error
-/// naming it. Pages under kPrefillTmaPageRows rows are gathered either way.
-bool prefillTensorMapsRequested();
-
-/// Whether $PAGEDC_PREFILL_TMA_RUNS lets the warpgroup prefill copy a tile
-/// whose segments of kPrefillRunRows rows are each a run of consecutive
-/// pages (all ascending, or all descending as the allocator hands them out)
-/// with one box per segment and 64 head dims instead of one per page:
-/// unset, empty or "1" yes; "0" no; any other value throws pagedc::Error.
-/// Pages of kPrefillRunRows rows or more (or of the tile's size) are one box
-/// each either way.
-bool prefillTensorMapRunsRequested();
-
-/// Whether $PAGEDC_PREFILL_PINGPONG asks the warpgroup prefill's two
-/// consumer warpgroups to take turns issuing their wgmmas (named barriers:
-/// one's softmax under the other's products): "1" yes; unset, empty or "0"
-/// no (the default until a GPU has measured it); anything else throws.
-bool prefillPingPongRequested();
-
 /// Sets the ping-pong switch in the warpgroup prefill's third argument
 /// (nothing for other kernels); the launch's note ends in ", ping-pong"
 /// when on. Kernels with one consumer warpgroup or head dim 256 ignore it.
 void setPrefillPingPong(AttentionLaunchPlan &plan, bool on);
 
-/// What $PAGEDC_PREFILL_PERSISTENT asks of the warpgroup prefill's grid.
-/// Persistent CTAs: a grid of one CTA per resident slot (SMs x resident
-/// CTAs, or $PAGEDC_PREFILL_PERSISTENT_CTAS), each taking query tiles one
-/// after another (templates/KernelCommon.cuh, next_counted_tile or
-/// prefill_round_tile) so that its producer copies the next tile's Q and
-/// K/V while the consumers finish the current one.
+/// What KernelOptions::prefillPersistent asks of the warpgroup prefill's
+/// grid. Persistent CTAs: a grid of one CTA per resident slot (SMs x
+/// resident CTAs, or KernelOptions::prefillPersistentCtas), each taking
+/// query tiles one after another (templates/KernelCommon.cuh,
+/// next_counted_tile or prefill_round_tile) so that its producer copies the
+/// next tile's Q and K/V while the consumers finish the current one.
 enum class PrefillPersistence : uint8_t {
-  /// Unset or empty: persistent CTAs where the query tiles' heaviest-first
+  /// Unset: persistent CTAs where the query tiles' heaviest-first
   /// numbering holds (no block mask, or one whose rows' visits grow:
   /// blockMaskVisitsGrow) and there are more tiles than slots; otherwise a
   /// CTA per tile (applyPrefillPersistentRequest).
   Auto,
-  /// "0": a CTA per query tile.
+  /// false: a CTA per query tile.
   Off,
-  /// "1": persistent CTAs whatever the mask.
+  /// true: persistent CTAs whatever the mask.
   On,
 };
-/// $PAGEDC_PREFILL_PERSISTENT; any value but "", "0" and "1" throws
-/// pagedc::Error naming it.
-PrefillPersistence prefillPersistenceRequested();
-
-/// $PAGEDC_PREFILL_PERSISTENT_CTAS: the persistent prefill's grid (at most
-/// this many CTAs; tests use a few so that every CTA takes several tiles).
-/// Unset or empty: 0 (one per resident slot); an integer from 1 to 2^20
-/// otherwise. Anything else, or the variable set while
-/// $PAGEDC_PREFILL_PERSISTENT is not "1", throws pagedc::Error.
-int prefillPersistentCtasRequested();
+/// The persistence `options` ask for.
+PrefillPersistence prefillPersistence(const KernelOptions &options);
 
 /// Makes the warpgroup prefill's launch persistent: grid min(ctas, query
 /// tiles) instead of one CTA per query tile (nothing for other kernels, or
@@ -188,14 +164,6 @@ int prefillPersistentCtasRequested();
 /// The kernel needs no other argument: it walks rounds of gridDim.x tiles.
 /// Call it after bindPrefillTensorMaps, which rewrites the note.
 void setPrefillPersistent(const KernelConfig &config, AttentionLaunchPlan &plan, int64_t ctas);
-
-/// $PAGEDC_PREFILL_TILE_COUNTER: whether persistent CTAs take their tiles
-/// from a work counter (templates/KernelCommon.cuh, next_counted_tile: a
-/// CTA takes the next tile of the heaviest-first order when it is free)
-/// rather than in fixed snaking rounds (prefill_round_tile). "1", unset or
-/// empty: yes; "0": the snake. Anything else, or the variable set while
-/// $PAGEDC_PREFILL_PERSISTENT is "0", throws pagedc::Error.
-bool prefillTileCounterRequested();
 
 /// Gives a persistent warpgroup prefill its work counter: `counter` (a
 /// zeroed int32 in device memory that the launches keep at zero between
@@ -205,18 +173,20 @@ bool prefillTileCounterRequested();
 void setPrefillTileCounter(const KernelConfig &config, AttentionLaunchPlan &plan,
                            cu::DevicePointer counter);
 
-/// Sets the warpgroup prefill's grid as the environment asks
-/// (prefillPersistenceRequested): persistent CTAs, setPrefillPersistent with
-/// $PAGEDC_PREFILL_PERSISTENT_CTAS or else `slots` (the device's SMs x
-/// resident CTAs), when it says "1", or when it is unset, `visitsGrow` (the
-/// call has no block mask, or blockMaskVisitsGrow of it) and the launch has
-/// more query tiles than `slots`. (The H200 ran persistent CTAs 1.02-1.15x
+/// Sets the warpgroup prefill's grid as `options` ask
+/// (prefillPersistence): persistent CTAs, setPrefillPersistent with
+/// options.prefillPersistentCtas or else `slots` (the device's SMs x
+/// resident CTAs), when prefillPersistent is true, or when it is unset,
+/// `visitsGrow` (the call has no block mask, or blockMaskVisitsGrow of it)
+/// and the launch has more query tiles than `slots`. (The H200 ran persistent CTAs 1.02-1.15x
 /// the default on causal and sliding-window rows, whose tiles are numbered
 /// heaviest first, and 0.90x on a document-mask row, whose are not:
-/// docs/kernels.md.) Returns whether the grid is persistent. The CTA count
-/// without "1" throws, as prefillPersistentCtasRequested().
+/// docs/kernels.md.) Returns whether the grid is persistent. Options that
+/// checkKernelOptions refuses (the CTA count without prefillPersistent
+/// true) throw pagedc::Error.
 bool applyPrefillPersistentRequest(const KernelConfig &config, AttentionLaunchPlan &plan,
-                                   int64_t slots, bool visitsGrow);
+                                   int64_t slots, bool visitsGrow,
+                                   const KernelOptions &options);
 
 /// Encodes tensor maps of the plan's k_cache and v_cache ([Hkv, kPages or
 /// vPages, pageSize, D], the strides of plan.args) with the driver's
@@ -228,10 +198,12 @@ bool applyPrefillPersistentRequest(const KernelConfig &config, AttentionLaunchPl
 /// tensor-map unit does not take, the driver's refusal); the launch's note
 /// says which. With pages under the KV tile it also encodes the run maps
 /// (boxes of a whole tile of consecutive pages) unless
-/// prefillTensorMapRunsRequested() says no; the note then adds ", page
-/// runs" (or why not).
+/// options.prefillTmaRuns is false; the note then adds ", page runs" (or why
+/// not). (Whether to bind them at all is options.prefillTma, which the
+/// caller reads: CudaAttentionLaunch::applyLaunchOptions.)
 std::string bindPrefillTensorMaps(const CudaDriver &driver, const KernelConfig &config,
-                                  AttentionLaunchPlan &plan, int64_t kPages, int64_t vPages);
+                                  AttentionLaunchPlan &plan, int64_t kPages, int64_t vPages,
+                                  const KernelOptions &options = {});
 
 /// Pages of at least this many rows are what the decode kernel copies with
 /// tensor maps (templates/Decode.cuh, kDecodeTmaPageRows).
@@ -240,24 +212,9 @@ constexpr int kDecodeTmaPageRows = 16;
 /// kDecodeTmaMinHeadDim).
 constexpr int kDecodeTmaMinHeadDim = 128;
 
-/// Whether $PAGEDC_DECODE_TMA asks the decode kernel (code for sm_90 and
-/// later) to copy whole K/V tiles with tensor maps: unset, empty or "1"
-/// yes; "0" no (the cp.async gather for every tile); any other value throws
-/// pagedc::Error naming it.
-bool decodeTensorMapsRequested();
-
-/// Whether $PAGEDC_DECODE_TMA_RUNS lets the decode kernel copy a whole tile
-/// whose pages are consecutive with one box per 64 head dims (as
-/// prefillTensorMapRunsRequested() for the prefill): unset, empty or "1"
-/// yes; "0" no; any other value throws pagedc::Error.
-bool decodeTensorMapRunsRequested();
-
-/// $PAGEDC_DECODE_SPLIT_FACTOR: planAttention gives a decode this many
-/// times the splits the model's rule chooses (DecodeSplitProblem::
-/// splitFactor), so that a GPU run can measure a grid of several waves
-/// against the default. Unset or empty: 1; an integer 1-16 otherwise, any
-/// other value throws pagedc::Error naming it.
-int decodeSplitFactorRequested();
+/// The decode split factor `options` ask for (decodeSplitFactor, 1 when
+/// unset); out of range throws pagedc::Error.
+int decodeSplitFactor(const KernelOptions &options);
 
 /// Encodes tensor maps of the plan's caches (as bindPrefillTensorMaps, boxes
 /// of 64 elements x min(pageSize, 64) rows) into the decode kernel's third
@@ -268,10 +225,30 @@ int decodeSplitFactorRequested();
 /// cuTensorMapEncodeTiled, a layout the
 /// tensor-map unit does not take, the driver's refusal); the launch's note
 /// says which. With pages under 64 rows it also encodes the run maps
-/// unless decodeTensorMapRunsRequested() says no (note: ", page runs").
+/// unless options.decodeTmaRuns is false (note: ", page runs").
 std::string bindDecodeTensorMaps(const CudaDriver &driver, const KernelConfig &config,
                                  const std::string &arch, AttentionLaunchPlan &plan,
-                                 int64_t kPages, int64_t vPages);
+                                 int64_t kPages, int64_t vPages,
+                                 const KernelOptions &options = {});
+
+/// Applies the launch options of `options` to a planned call, as
+/// CudaAttentionLaunch::applyLaunchOptions does for the runtime: the copy
+/// path first (tensor maps where options.prefillTma / decodeTma allow them,
+/// bound through `driver` by bindPrefillTensorMaps / bindDecodeTensorMaps
+/// for caches of `kPages` and `vPages` pages and code for `arch`; else the
+/// note "gather (prefill_tma=0)" or "gather (decode_tma=0)"); then, for the
+/// warpgroup prefill, its grid (applyPrefillPersistentRequest over `slots`,
+/// `visitsGrow`), the work counter `tileCounter()` returns where the grid is
+/// persistent and options.prefillTileCounter allows one
+/// (setPrefillTileCounter), and ping-pong (setPrefillPingPong). `driver`
+/// null plans without a device: the maps are left unbound (their note
+/// "gather (tensor maps not bound)"). Returns the main launch's note, or ""
+/// for a kernel without launch options (the mma.sync prefill).
+std::string applyKernelOptions(const CudaDriver *driver, const KernelConfig &config,
+                               const std::string &arch, AttentionLaunchPlan &plan,
+                               int64_t kPages, int64_t vPages, int64_t slots, bool visitsGrow,
+                               const KernelOptions &options,
+                               const std::function<cu::DevicePointer()> &tileCounter);
 
 /// The block-mask builder's launch: grid (num_q_blocks, heads, batch).
 KernelLaunch planBlockMaskBuild(const PagedcBlockMaskKernelArgs &args,

@@ -11,6 +11,7 @@
 #ifndef PAGEDC_KERNELSOURCE_H
 #define PAGEDC_KERNELSOURCE_H
 
+#include "pagedc/KernelOptions.h"
 #include "pagedc/Mods.h"
 #include "pagedc/Tensor.h"
 
@@ -32,6 +33,11 @@ enum class KernelKind : uint8_t {
   BlockMaskBuilder,
 };
 const char *kernelKindName(KernelKind kind);
+
+/// Checks a KernelOptions::prefillShape value: its list of entries and
+/// every shape in it. Throws pagedc::Error naming `label` (what the caller
+/// calls the setting) and the forms it takes.
+void checkPrefillShape(const std::string &value, const std::string &label);
 
 /// Compile-time configuration of one kernel. Every field becomes a constexpr
 /// in `namespace pagedc_config` of the TU.
@@ -65,7 +71,7 @@ struct KernelConfig {
   /// stages and two Q tiles (FlashAttention-3's ring at head dim 128) with a
   /// limit of 2, so that a persistent CTA copies its next Q during the
   /// current tile and stages O through shared memory. 4 for the other
-  /// kernels. $PAGEDC_PREFILL_SHAPE sets it with a suffix "sK"
+  /// kernels. KernelOptions::prefillShape sets it with a suffix "sK"
   /// (e.g. 128x128x64s2).
   int prefillStageLimit = 4;
   /// KV rows per tile (32 or 64; 32, 64 or 128 with warpgroup tiles).
@@ -81,6 +87,11 @@ struct KernelConfig {
   /// >= 0: the TU static_asserts sizeof(pagedc_mods::Params) == paramsSize,
   /// catching a host/device layout disagreement at compile time.
   int64_t paramsSize = -1;
+  /// Prefill: the tile is the one KernelOptions::prefillShape asked for
+  /// (choosePrefillShape), so it is compiled as asked, never replaced on
+  /// spills (prefillFallsBackOnSpills). How the tile was chosen, not what
+  /// is compiled: neither compared nor described.
+  bool prefillShapeAsked = false;
 
   bool operator==(const KernelConfig &other) const {
     return kind == other.kind && elementType == other.elementType &&
@@ -96,19 +107,19 @@ struct KernelConfig {
   /// Sets blockM, blockN and warpRows to the mma.sync prefill tile shape
   /// that compiles without spills for every mod at this headDim (the
   /// warpgroup tiles, warpRows 64, are what `pagedc --arch=sm_90a` compiles
-  /// and $PAGEDC_PREFILL_SHAPE selects; choosePrefillShapeFor picks per
+  /// and KernelOptions::prefillShape selects; choosePrefillShapeFor picks per
   /// target): 128 x 32 with
   /// 32 rows per warp at headDim 64; 64 x 64 with 16 rows per warp at 128
   /// (32 rows per warp spill there for some mods); 64 x 32 with 16 rows per warp at 256
   /// (64 x 64 spilled 8-16 bytes for some corpus mask x score pairs;
-  /// bench/README.md has the ptxas figures). $PAGEDC_PREFILL_SHAPE=MxNxW
+  /// bench/README.md has the ptxas figures). options.prefillShape MxNxW
   /// (e.g. 64x64x16, the first design) overrides it for comparisons, with
   /// a suffix "r" (recomputeModRows) or, on warpgroup tiles, "sK"
   /// (prefillStageLimit K); entries "dD=MxNxW" after it, comma-separated, override it at head dim
   /// D alone ("128x128x64,d256=128x64x64": a tile that fits each; "dD="
   /// keeps the default there); a malformed value throws pagedc::Error
-  /// naming it.
-  void choosePrefillShape();
+  /// naming it. Sets prefillShapeAsked.
+  void choosePrefillShape(const KernelOptions &options = {});
   /// choosePrefillShape for a target: on sm_90 and sm_90a (an H100 or
   /// H200) the warpgroup tiles (wgmma; sm_90a code, which compileArchFor
   /// picks; on an H100 they ran causal prefill at 1.8-1.9x the mma.sync
@@ -123,14 +134,14 @@ struct KernelConfig {
   /// ptxas reports spills the same tile with recomputeModRows, then
   /// choosePrefillShape's tile (prefillFallsBackOnSpills,
   /// usePrefillSpillFallback). The emulator ("emu") and
-  /// $PAGEDC_PREFILL_SHAPE: as choosePrefillShape.
-  void choosePrefillShapeFor(const std::string &arch);
+  /// options.prefillShape: as choosePrefillShape.
+  void choosePrefillShapeFor(const std::string &arch, const KernelOptions &options = {});
   /// For a prefill call with a block mask of `kvBlockSize`-key blocks (0:
   /// none): the 128-key warpgroup tile becomes the 64-key one where the
   /// blocks are not a multiple of 128 (the kernel's KV tiles must not
   /// straddle two blocks), and at head dim 256 the 128 x 64 tile becomes 64 x
   /// 32 (one consumer warpgroup) where they are not a multiple of 64; also
-  /// when $PAGEDC_PREFILL_SHAPE asked for the wider tile (the call could not
+  /// when KernelOptions::prefillShape asked for the wider tile (the call could not
   /// run it). Other tiles are kept: a launch whose blocks its tile does not
   /// divide is refused, naming both sizes.
   void fitPrefillTileToBlocks(int kvBlockSize);
@@ -138,7 +149,7 @@ struct KernelConfig {
   /// where it compiles without spills (128 x 32 with 32 rows per warp at
   /// head dim 128, with or without recomputeModRows; the 128 x 128
   /// warpgroup tile at 64 and 128, 128 x 64 at 256), unless
-  /// $PAGEDC_PREFILL_SHAPE asked for it.
+  /// KernelOptions::prefillShape asked for it (prefillShapeAsked).
   bool prefillFallsBackOnSpills() const;
   /// The next tile to try when this one spills: 128 x 128 warpgroups ->
   /// 128 x 64 warpgroups (which never spill); at head dim 256 128 x 64 ->

@@ -353,8 +353,8 @@ std::shared_ptr<const CudaKernel> cudaKernelFor(const CompiledMods &mods,
     // report, as settlePrefillShape compiled it.
     CompileOptions options = cudaCompileOptions(config, arch);
     if (config.needsSm90a() && arch != "sm_90" && !isEmulatorArch(arch))
-      throw Error(fmt::format("warpgroup prefill tiles ($PAGEDC_PREFILL_SHAPE ...x64) need an "
-                              "sm_90 device; {} is {}",
+      throw Error(fmt::format("warpgroup prefill tiles (kernel option prefill_shape ...x64) "
+                              "need an sm_90 device; {} is {}",
                               info.name, arch));
     std::shared_ptr<const CompiledKernel> compiled =
         KernelCache::global().getOrCompile(config, mods.cuda.modCode, options);
@@ -367,7 +367,7 @@ std::shared_ptr<const CudaKernel> cudaKernelFor(const CompiledMods &mods,
 KernelConfig chooseCudaAttentionConfig(const CompiledMods &mods, DType elementType, int headDim,
                                        int pageSize, int groupSize, int queryLength,
                                        bool returnLse, const std::string &arch,
-                                       int kvBlockSize) {
+                                       int kvBlockSize, const KernelOptions &options) {
   const int64_t paramsSize = ParamsLayout::forDeclarations(mods.params, mods.buffers).size;
   if (!mods.cuda.bundle) {
     KernelConfig config;
@@ -384,7 +384,7 @@ KernelConfig chooseCudaAttentionConfig(const CompiledMods &mods, DType elementTy
       // Prefill reads the GQA ratio at run time: one kernel for every ratio.
       config.kind = KernelKind::Prefill;
       config.groupSize = 1;
-      config.choosePrefillShapeFor(arch);
+      config.choosePrefillShapeFor(arch, options);
       config.fitPrefillTileToBlocks(kvBlockSize);
     }
     config.validate();
@@ -570,11 +570,12 @@ DeviceBlockMask buildBlockMaskCuda(const CudaKernel &builder,
 CudaAttentionLaunch::CudaAttentionLaunch(std::shared_ptr<const CudaKernel> kernel,
                                          const PagedcAttentionKernelArgs &args,
                                          std::vector<unsigned char> params, int maxKvLength,
-                                         int64_t maxVisibleKv)
-    : kernel_(std::move(kernel)) {
+                                         int64_t maxVisibleKv, const KernelOptions &options)
+    : kernel_(std::move(kernel)), options_(options) {
+  checkKernelOptions(options_);
   const CudaDeviceInfo &info = cudaDeviceInfo(kernel_->device);
   plan_ = planAttention(kernel_->config, args, params, maxKvLength, info.multiprocessors,
-                        std::max(kernel_->residentCtasPerSm, 1), maxVisibleKv);
+                        std::max(kernel_->residentCtasPerSm, 1), maxVisibleKv, options_);
   // The merge of sm_90 code waits for the split kernel in-kernel
   // (griddepcontrol.wait, templates/Decode.cuh), so it may launch while the
   // splits drain; the emulator runs launches one after the other.
@@ -591,37 +592,16 @@ CudaAttentionLaunch::CudaAttentionLaunch(std::shared_ptr<const CudaKernel> kerne
 
 std::string CudaAttentionLaunch::applyLaunchOptions(int64_t kPages, int64_t vPages,
                                                    bool visitsGrow) {
-  if (plan_.launches.empty() || plan_.launches[0].arguments.size() != 3)
-    return "";
-  if (kernel_->config.kind == KernelKind::Decode) {
-    if (decodeTensorMapsRequested())
-      bindDecodeTensorMaps(cudaUseDevice(kernel_->device), kernel_->config, kernel_->arch, plan_,
-                           kPages, vPages);
-    else
-      plan_.launches[0].note = "gather (PAGEDC_DECODE_TMA=0)";
-    return plan_.launches[0].note;
-  }
-  if (prefillTensorMapsRequested())
-    bindPrefillTensorMaps(cudaUseDevice(kernel_->device), kernel_->config, plan_, kPages, vPages);
-  else
-    plan_.launches[0].note = "gather (PAGEDC_PREFILL_TMA=0)";
-  // After the copy path's note: setPrefillPersistent appends ", persistent
-  // (N CTAs)", then setPrefillPingPong ", ping-pong".
-  const bool persistent = applyPrefillPersistentRequest(
-      kernel_->config, plan_,
-      int64_t(cudaDeviceInfo(kernel_->device).multiprocessors) *
-          std::max(kernel_->residentCtasPerSm, 1),
-      visitsGrow);
-  const bool tileCounter = prefillTileCounterRequested(); // checks the pair
-  if (tileCounter && persistent) {
-    if (!tileCounter_.size()) {
-      tileCounter_ = DeviceBuffer(sizeof(int32_t), kernel_->device);
-      tileCounterZeroed_ = false; // on the first enqueue's stream
-    }
-    setPrefillTileCounter(kernel_->config, plan_, tileCounter_.address());
-  }
-  setPrefillPingPong(plan_, prefillPingPongRequested());
-  return plan_.launches[0].note;
+  const int64_t slots = int64_t(cudaDeviceInfo(kernel_->device).multiprocessors) *
+                        std::max(kernel_->residentCtasPerSm, 1);
+  return applyKernelOptions(&cudaUseDevice(kernel_->device), kernel_->config, kernel_->arch, plan_,
+                            kPages, vPages, slots, visitsGrow, options_, [&] {
+                              if (!tileCounter_.size()) {
+                                tileCounter_ = DeviceBuffer(sizeof(int32_t), kernel_->device);
+                                tileCounterZeroed_ = false; // on the first enqueue's stream
+                              }
+                              return tileCounter_.address();
+                            });
 }
 
 void CudaAttentionLaunch::enqueue(cu::Stream stream) {
@@ -734,7 +714,9 @@ void checkCudaLayout(const cpu::PagedAttentionArgs &args) {
 
 } // namespace
 
-void pagedAttention(const cpu::PagedAttentionArgs &args, Device device, void *streamHandle) {
+void pagedAttention(const cpu::PagedAttentionArgs &args, Device device, void *streamHandle,
+                    const KernelOptions &kernelOptions) {
+  checkKernelOptions(kernelOptions);
   std::string reason;
   if (!CudaDriver::available(&reason))
     throw Error(fmt::format("CUDA execution is not available: {}", reason));
@@ -752,7 +734,7 @@ void pagedAttention(const cpu::PagedAttentionArgs &args, Device device, void *st
   const KernelConfig config = chooseCudaAttentionConfig(
       mods, q.dtype(), headDim, args.pageSize, headsQ / headsKv, queryLength,
       args.lse.data() != nullptr, info.arch(),
-      args.blockMask ? static_cast<int>(args.blockMask->kvBlockSize) : 0);
+      args.blockMask ? static_cast<int>(args.blockMask->kvBlockSize) : 0, kernelOptions);
   const BlockMask *mask = args.blockMask;
   if (mask) {
     const int tile = config.kind == KernelKind::Decode ? kDecodeTile : config.blockN;
@@ -828,7 +810,8 @@ void pagedAttention(const cpu::PagedAttentionArgs &args, Device device, void *st
   if (mask && config.kind == KernelKind::Decode)
     maxVisibleKv = decodeVisibleSpan(*mask, batch, headsQ, queryLength, args.kvLength,
                                      args.qOffset);
-  CudaAttentionLaunch launch(kernel, kernelArgs, std::move(params), maxKvLength, maxVisibleKv);
+  CudaAttentionLaunch launch(kernel, kernelArgs, std::move(params), maxKvLength, maxVisibleKv,
+                             kernelOptions);
   launch.applyLaunchOptions(args.kCache.size(1), args.vCache.size(1),
                             !mask || blockMaskVisitsGrow(*mask));
   launch.enqueue(stream);

@@ -11,6 +11,7 @@
 #include "cpu/CpuAttention.h"
 
 #include "pagedc/KVCache.h"
+#include "pagedc/KernelOptions.h"
 #include "pagedc/Tensor.h"
 
 #include <memory>
@@ -19,10 +20,13 @@ namespace pagedc::cuda {
 
 /// Runs one validated call (flexAttention's checks done; every tensor on
 /// `device`; page table, lengths and offsets in host memory) on `stream`
-/// (a CUstream, null = the legacy default stream) and waits for it. Throws
+/// (a CUstream, null = the legacy default stream) with the kernel choices
+/// of `kernel` (AttentionOptions::kernel) and waits for it. Throws
 /// pagedc::Error naming the problem (no driver, no kernel for the mods, a
-/// stride the kernels cannot take) before anything is launched.
-void pagedAttention(const cpu::PagedAttentionArgs &args, Device device, void *stream);
+/// stride the kernels cannot take, kernel options checkKernelOptions
+/// refuses) before anything is launched.
+void pagedAttention(const cpu::PagedAttentionArgs &args, Device device, void *stream,
+                    const KernelOptions &kernel);
 
 /// The KV memory of `device` (a CUDA device); throws pagedc::Error with the
 /// driver's reason when there is none.

@@ -10,7 +10,6 @@
 #include <fmt/format.h>
 
 #include <algorithm>
-#include <cerrno>
 #include <cstdlib>
 #include <cstring>
 #include <limits>
@@ -237,7 +236,8 @@ AttentionLaunchPlan planAttention(const KernelConfig &config,
                                   const PagedcAttentionKernelArgs &callArgs,
                                   const std::vector<unsigned char> &params,
                                   int maxKvLength, int multiprocessors,
-                                  int residentCtasPerSm, int64_t maxVisibleKv) {
+                                  int residentCtasPerSm, int64_t maxVisibleKv,
+                                  const KernelOptions &options) {
   config.validate();
   if (config.kind == KernelKind::BlockMaskBuilder)
     throw Error("planAttention takes a prefill or decode kernel configuration");
@@ -301,7 +301,7 @@ AttentionLaunchPlan planAttention(const KernelConfig &config,
   problem.residentCtasPerSm = residentCtasPerSm;
   problem.maxGranulesPerSplit = args.kv_num_blocks ? kMaxSplitBlocks : 0;
   problem.minGranulesPerSplit = ceilDiv(kMinSplitLength, granularity);
-  problem.splitFactor = decodeSplitFactorRequested();
+  problem.splitFactor = decodeSplitFactor(options);
   const DecodeSplitChoice choice = chooseDecodeSplits(problem);
   const int64_t splits = choice.splits;
   if (splits > std::numeric_limits<int32_t>::max() ||
@@ -336,76 +336,10 @@ AttentionLaunchPlan planAttention(const KernelConfig &config,
   return plan;
 }
 
-namespace {
-/// A 0/1 switch from the environment: "0" off, "1" on, unset or empty
-/// `otherwise`; anything else throws.
-bool environmentSwitch(const char *name, const char *what, bool otherwise) {
-  const char *value = std::getenv(name);
-  if (!value || !*value)
-    return otherwise;
-  if (std::strcmp(value, "0") == 0)
-    return false;
-  if (std::strcmp(value, "1") == 0)
-    return true;
-  throw Error(fmt::format("{} is '{}': expected 1 ({}) or 0", name, value, what));
-}
-
-/// An integer from the environment in [low, high]; unset or empty
-/// `otherwise`; anything else throws, saying what the number is.
-long environmentInteger(const char *name, long otherwise, long low, long high,
-                        const char *what) {
-  const char *value = std::getenv(name);
-  if (!value || !*value)
-    return otherwise;
-  char *end = nullptr;
-  errno = 0;
-  const long number = std::strtol(value, &end, 10);
-  if (errno || *end || end == value || number < low || number > high)
-    throw Error(fmt::format("{} is '{}': expected an integer from {} to {} ({})", name, value,
-                            low, high, what));
-  return number;
-}
-} // namespace
-
-bool prefillTensorMapsRequested() {
-  return environmentSwitch("PAGEDC_PREFILL_TMA",
-                           "tensor-map copies of K/V pages in the warpgroup prefill", true);
-}
-
-bool prefillTensorMapRunsRequested() {
-  return environmentSwitch("PAGEDC_PREFILL_TMA_RUNS",
-                           "one tensor-map box per tile of consecutive pages in the warpgroup "
-                           "prefill",
-                           true);
-}
-
-bool prefillPingPongRequested() {
-  return environmentSwitch("PAGEDC_PREFILL_PINGPONG",
-                           "ping-pong consumer warpgroups in the warpgroup prefill", false);
-}
-
-PrefillPersistence prefillPersistenceRequested() {
-  const char *value = std::getenv("PAGEDC_PREFILL_PERSISTENT");
-  if (!value || !*value)
+PrefillPersistence prefillPersistence(const KernelOptions &options) {
+  if (!options.prefillPersistent)
     return PrefillPersistence::Auto;
-  if (std::strcmp(value, "0") == 0)
-    return PrefillPersistence::Off;
-  if (std::strcmp(value, "1") == 0)
-    return PrefillPersistence::On;
-  throw Error(fmt::format("PAGEDC_PREFILL_PERSISTENT is '{}': expected 1 (persistent CTAs in the "
-                          "warpgroup prefill under every mask), 0 (a CTA per query tile) or "
-                          "nothing (persistent CTAs where the block mask's visits grow)",
-                          value));
-}
-
-int prefillPersistentCtasRequested() {
-  const long ctas = environmentInteger("PAGEDC_PREFILL_PERSISTENT_CTAS", 0, 1, 1L << 20,
-                                       "the persistent prefill's CTAs");
-  if (ctas != 0 && prefillPersistenceRequested() != PrefillPersistence::On)
-    throw Error(fmt::format("PAGEDC_PREFILL_PERSISTENT_CTAS is '{}' but PAGEDC_PREFILL_PERSISTENT "
-                            "is not 1: the CTA count is for the persistent prefill only",
-                            ctas));
-  return static_cast<int>(ctas);
+  return *options.prefillPersistent ? PrefillPersistence::On : PrefillPersistence::Off;
 }
 
 namespace {
@@ -419,17 +353,6 @@ void setNoteOption(std::string &note, const std::string &suffix, bool on) {
     note += suffix;
 }
 } // namespace
-
-bool prefillTileCounterRequested() {
-  const char *value = std::getenv("PAGEDC_PREFILL_TILE_COUNTER");
-  const bool counter = environmentSwitch(
-      "PAGEDC_PREFILL_TILE_COUNTER", "persistent CTAs taking tiles from a work counter", true);
-  if (value && *value && prefillPersistenceRequested() == PrefillPersistence::Off)
-    throw Error(fmt::format("PAGEDC_PREFILL_TILE_COUNTER is '{}' but PAGEDC_PREFILL_PERSISTENT "
-                            "is 0: the work counter is for the persistent prefill only",
-                            value));
-  return counter;
-}
 
 namespace {
 /// Whether `plan` launches the warpgroup prefill (its third argument,
@@ -463,11 +386,13 @@ void setPrefillPersistent(const KernelConfig &config, AttentionLaunchPlan &plan,
 }
 
 bool applyPrefillPersistentRequest(const KernelConfig &config, AttentionLaunchPlan &plan,
-                                   int64_t slots, bool visitsGrow) {
-  const int ctas = prefillPersistentCtasRequested(); // checks the pair
+                                   int64_t slots, bool visitsGrow,
+                                   const KernelOptions &options) {
+  checkKernelOptions(options); // the CTA count without the switch
+  const int ctas = options.prefillPersistentCtas.value_or(0);
   if (!isWarpgroupPrefillLaunch(config, plan))
     return false;
-  switch (prefillPersistenceRequested()) {
+  switch (prefillPersistence(options)) {
   case PrefillPersistence::Off:
     return false;
   case PrefillPersistence::Auto:
@@ -546,7 +471,8 @@ std::string encodeCacheMaps(const CudaDriver &driver, const KernelConfig &config
 } // namespace
 
 std::string bindPrefillTensorMaps(const CudaDriver &driver, const KernelConfig &config,
-                                  AttentionLaunchPlan &plan, int64_t kPages, int64_t vPages) {
+                                  AttentionLaunchPlan &plan, int64_t kPages, int64_t vPages,
+                                  const KernelOptions &options) {
   if (!isWarpgroupPrefillLaunch(config, plan))
     return "not the warpgroup prefill";
   KernelLaunch &launch = plan.launches[0];
@@ -577,7 +503,7 @@ std::string bindPrefillTensorMaps(const CudaDriver &driver, const KernelConfig &
   std::string runs;
   maps.run_boxes = 0;
   const int64_t runRows = std::min<int64_t>(config.blockN, kPrefillRunRows);
-  if (config.pageSize < runRows && prefillTensorMapRunsRequested()) {
+  if (config.pageSize < runRows && options.prefillTmaRuns.value_or(true)) {
     const std::string runWhy =
         encodeCacheMaps(driver, config, plan.args, kPages, vPages, boxRows, maps.k_run_map,
                         maps.v_run_map, static_cast<unsigned>(runRows / config.pageSize));
@@ -593,24 +519,14 @@ std::string bindPrefillTensorMaps(const CudaDriver &driver, const KernelConfig &
   return "";
 }
 
-int decodeSplitFactorRequested() {
-  return static_cast<int>(environmentInteger("PAGEDC_DECODE_SPLIT_FACTOR", 1, 1, 16,
-                                             "the decode's split count times this"));
-}
-
-bool decodeTensorMapRunsRequested() {
-  return environmentSwitch("PAGEDC_DECODE_TMA_RUNS",
-                           "one tensor-map box per tile of consecutive pages in decode", true);
-}
-
-bool decodeTensorMapsRequested() {
-  return environmentSwitch("PAGEDC_DECODE_TMA", "tensor-map copies of K/V pages in decode",
-                           true);
+int decodeSplitFactor(const KernelOptions &options) {
+  checkKernelOptions(options); // its range
+  return options.decodeSplitFactor.value_or(1);
 }
 
 std::string bindDecodeTensorMaps(const CudaDriver &driver, const KernelConfig &config,
                                  const std::string &arch, AttentionLaunchPlan &plan,
-                                 int64_t kPages, int64_t vPages) {
+                                 int64_t kPages, int64_t vPages, const KernelOptions &options) {
   if (config.kind != KernelKind::Decode || plan.launches.empty() ||
       plan.launches[0].arguments.size() != 3)
     return "not the decode kernel";
@@ -640,7 +556,7 @@ std::string bindDecodeTensorMaps(const CudaDriver &driver, const KernelConfig &c
   maps.tensor_maps = 1;
   maps.run_boxes = 0;
   std::string runs;
-  if (config.pageSize < kDecodeTile && decodeTensorMapRunsRequested()) {
+  if (config.pageSize < kDecodeTile && options.decodeTmaRuns.value_or(true)) {
     const std::string runWhy =
         encodeCacheMaps(driver, config, plan.args, kPages, vPages, boxRows, maps.k_run_map,
                         maps.v_run_map, static_cast<unsigned>(kDecodeTile / config.pageSize));
@@ -654,6 +570,34 @@ std::string bindDecodeTensorMaps(const CudaDriver &driver, const KernelConfig &c
   launch.arguments[2] = bytesOf(maps);
   launch.note = "tensor maps" + runs;
   return "";
+}
+
+std::string applyKernelOptions(const CudaDriver *driver, const KernelConfig &config,
+                               const std::string &arch, AttentionLaunchPlan &plan,
+                               int64_t kPages, int64_t vPages, int64_t slots, bool visitsGrow,
+                               const KernelOptions &options,
+                               const std::function<cu::DevicePointer()> &tileCounter) {
+  checkKernelOptions(options);
+  if (plan.launches.empty() || plan.launches[0].arguments.size() != 3)
+    return "";
+  if (config.kind == KernelKind::Decode) {
+    if (!options.decodeTma.value_or(true))
+      plan.launches[0].note = "gather (decode_tma=0)";
+    else if (driver)
+      bindDecodeTensorMaps(*driver, config, arch, plan, kPages, vPages, options);
+    return plan.launches[0].note;
+  }
+  if (!options.prefillTma.value_or(true))
+    plan.launches[0].note = "gather (prefill_tma=0)";
+  else if (driver)
+    bindPrefillTensorMaps(*driver, config, plan, kPages, vPages, options);
+  // After the copy path's note: setPrefillPersistent appends ", persistent
+  // (N CTAs)", then setPrefillPingPong ", ping-pong".
+  const bool persistent = applyPrefillPersistentRequest(config, plan, slots, visitsGrow, options);
+  if (persistent && options.prefillTileCounter.value_or(true))
+    setPrefillTileCounter(config, plan, tileCounter());
+  setPrefillPingPong(plan, options.prefillPingPong.value_or(false));
+  return plan.launches[0].note;
 }
 
 KernelLaunch planBlockMaskBuild(const PagedcBlockMaskKernelArgs &args,

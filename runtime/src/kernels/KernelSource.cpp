@@ -19,6 +19,8 @@
 #include <map>
 #include <set>
 #include <string>
+#include <utility>
+#include <vector>
 
 namespace pagedc::detail {
 struct EmbeddedTemplate {
@@ -74,37 +76,34 @@ namespace {
 /// are far under it).
 constexpr int kMaxSharedPerCta = 227 * 1024;
 
-/// The tile $PAGEDC_PREFILL_SHAPE asks for at `headDim`, or "" (unset,
-/// empty, or no entry for that head dim). The value is a comma-separated
-/// list of MxNxW[r] entries, each optionally prefixed "dD=" (it then applies
-/// at head dim D only, and "dD=" alone keeps the default tile there; an
-/// entry without a prefix applies at the others), e.g.
-/// "128x128x64,d256=128x64x64". An empty entry, a head dim named twice or
-/// two entries without a prefix throw pagedc::Error.
-std::string prefillShapeOverride(int headDim) {
-  const char *value = std::getenv("PAGEDC_PREFILL_SHAPE");
-  if (!value || !*value)
-    return "";
-  std::string fallback, chosen;
+/// The entries of a prefill_shape value (KernelOptions::prefillShape): a
+/// comma-separated list of MxNxW[r|sK] entries, each optionally prefixed
+/// "dD=" (it then applies at head dim D only, and "dD=" alone keeps the
+/// default tile there; an entry without a prefix applies at the others),
+/// e.g. "128x128x64,d256=128x64x64". Returns (D, shape) pairs, D 0 for the
+/// entry without a prefix. An empty entry, a head dim named twice or two
+/// entries without a prefix throw pagedc::Error naming `label`.
+std::vector<std::pair<int, std::string>> prefillShapeEntries(const std::string &value,
+                                                             const std::string &label) {
+  std::vector<std::pair<int, std::string>> entries;
   std::set<int> named;
   bool hasFallback = false;
-  std::string rest = value;
-  for (size_t start = 0; start <= rest.size();) {
-    size_t end = rest.find(',', start);
+  for (size_t start = 0; start <= value.size();) {
+    size_t end = value.find(',', start);
     if (end == std::string::npos)
-      end = rest.size();
-    const std::string entry = rest.substr(start, end - start);
+      end = value.size();
+    const std::string entry = value.substr(start, end - start);
     start = end + 1;
     const size_t equals = entry.find('=');
     if (entry.empty())
-      throw Error(fmt::format("PAGEDC_PREFILL_SHAPE '{}' has an empty entry", value));
+      throw Error(fmt::format("{} '{}' has an empty entry", label, value));
     if (equals == std::string::npos) {
       if (hasFallback)
-        throw Error(fmt::format("PAGEDC_PREFILL_SHAPE '{}' has two shapes for every head dim "
+        throw Error(fmt::format("{} '{}' has two shapes for every head dim "
                                 "(name one with dD=, e.g. d256=128x64x64)",
-                                value));
+                                label, value));
       hasFallback = true;
-      fallback = entry;
+      entries.emplace_back(0, entry);
       continue;
     }
     int dim = 0;
@@ -112,46 +111,89 @@ std::string prefillShapeOverride(int headDim) {
     if (entry[0] != 'd' || std::sscanf(entry.substr(1, equals - 1).c_str(), "%d%c", &dim,
                                        &tail) != 1 ||
         dim <= 0)
-      throw Error(fmt::format("PAGEDC_PREFILL_SHAPE '{}': '{}' is not dD=MxNxW (a head dim, "
+      throw Error(fmt::format("{} '{}': '{}' is not dD=MxNxW (a head dim, "
                               "e.g. d256=128x64x64)",
-                              value, entry));
+                              label, value, entry));
     if (!named.insert(dim).second)
-      throw Error(fmt::format("PAGEDC_PREFILL_SHAPE '{}' names head dim {} twice", value, dim));
-    if (dim == headDim)
-      chosen = entry.substr(equals + 1);
+      throw Error(fmt::format("{} '{}' names head dim {} twice", label, value, dim));
+    entries.emplace_back(dim, entry.substr(equals + 1));
   }
-  return named.count(headDim) ? chosen : fallback;
+  return entries;
 }
+
+/// The shape `value` asks for at `headDim`, or "" (no value, or no entry
+/// for that head dim, or "dD=" there).
+std::string prefillShapeOverride(const std::string &value, int headDim,
+                                 const std::string &label) {
+  if (value.empty())
+    return "";
+  std::string fallback;
+  for (const auto &[dim, shape] : prefillShapeEntries(value, label)) {
+    if (dim == headDim)
+      return shape;
+    if (dim == 0)
+      fallback = shape;
+  }
+  return fallback;
+}
+
+/// One prefill tile of a prefill_shape value.
+struct PrefillTile {
+  int blockM = 0, blockN = 0, warpRows = 0;
+  bool recompute = false;
+  int stageLimit = 4;
+};
+
+/// Parses `shape`, an entry of prefill_shape value `value`; throws
+/// pagedc::Error naming `label` when it is not MxNxW, MxNxWr or MxNxWsK.
+PrefillTile parsePrefillTile(const std::string &shape, const std::string &value,
+                             const std::string &label) {
+  PrefillTile tile;
+  int consumed = 0;
+  const int fields = std::sscanf(shape.c_str(), "%dx%dx%d%n", &tile.blockM, &tile.blockN,
+                                 &tile.warpRows, &consumed);
+  const std::string suffix = fields == 3 ? shape.substr(consumed) : std::string();
+  bool suffixOk = suffix.empty();
+  if (suffix == "r") {
+    tile.recompute = suffixOk = true;
+  } else if (suffix.size() == 2 && suffix[0] == 's' && suffix[1] >= '2' && suffix[1] <= '4') {
+    tile.stageLimit = suffix[1] - '0';
+    suffixOk = tile.warpRows == 64;
+  }
+  if (fields != 3 || !suffixOk)
+    throw Error(fmt::format("{} '{}' is not MxNxW, MxNxWr or MxNxWsK (query "
+                            "rows x KV rows per tile x query rows per warp, e.g. 64x64x16; r: "
+                            "the mods' row values recomputed per KV tile; sK, warpgroup tiles "
+                            "(W 64) only: at most K = 2, 3 or 4 K/V stages; \"dD=\" before a "
+                            "shape: at head dim D only)",
+                            label, value));
+  return tile;
+}
+
+/// What messages call KernelOptions::prefillShape.
+constexpr const char *kPrefillShapeLabel = "kernel option prefill_shape";
 } // namespace
 
-void KernelConfig::choosePrefillShape() {
-  if (const std::string override = prefillShapeOverride(headDim); !override.empty()) {
-    const char *shape = override.c_str();
-    int m = 0, n = 0, w = 0, consumed = 0;
-    const int fields = std::sscanf(shape, "%dx%dx%d%n", &m, &n, &w, &consumed);
-    const std::string suffix = fields == 3 ? std::string(shape + consumed) : std::string();
-    int stageLimit = 4;
-    bool recompute = false, suffixOk = suffix.empty();
-    if (suffix == "r") {
-      recompute = suffixOk = true;
-    } else if (suffix.size() == 2 && suffix[0] == 's' && suffix[1] >= '2' && suffix[1] <= '4') {
-      stageLimit = suffix[1] - '0';
-      suffixOk = w == 64;
-    }
-    if (fields != 3 || !suffixOk)
-      throw Error(fmt::format("PAGEDC_PREFILL_SHAPE '{}' is not MxNxW, MxNxWr or MxNxWsK (query "
-                              "rows x KV rows per tile x query rows per warp, e.g. 64x64x16; r: "
-                              "the mods' row values recomputed per KV tile; sK, warpgroup tiles "
-                              "(W 64) only: at most K = 2, 3 or 4 K/V stages; \"dD=\" before a "
-                              "shape: at head dim D only)",
-                              std::getenv("PAGEDC_PREFILL_SHAPE")));
-    blockM = m;
-    blockN = n;
-    warpRows = w;
-    recomputeModRows = recompute;
-    prefillStageLimit = stageLimit;
+void checkPrefillShape(const std::string &value, const std::string &label) {
+  for (const auto &entry : prefillShapeEntries(value, label))
+    if (!entry.second.empty())
+      parsePrefillTile(entry.second, value, label);
+}
+
+void KernelConfig::choosePrefillShape(const KernelOptions &options) {
+  const std::string value = options.prefillShape.value_or("");
+  if (const std::string override = prefillShapeOverride(value, headDim, kPrefillShapeLabel);
+      !override.empty()) {
+    const PrefillTile tile = parsePrefillTile(override, value, kPrefillShapeLabel);
+    blockM = tile.blockM;
+    blockN = tile.blockN;
+    warpRows = tile.warpRows;
+    recomputeModRows = tile.recompute;
+    prefillStageLimit = tile.stageLimit;
+    prefillShapeAsked = true;
     return;
   }
+  prefillShapeAsked = false;
   prefillStageLimit = 4;
   if (headDim <= 64) {
     blockM = 128;
@@ -164,9 +206,9 @@ void KernelConfig::choosePrefillShape() {
   }
 }
 
-void KernelConfig::choosePrefillShapeFor(const std::string &arch) {
-  choosePrefillShape();
-  if (!prefillShapeOverride(headDim).empty())
+void KernelConfig::choosePrefillShapeFor(const std::string &arch, const KernelOptions &options) {
+  choosePrefillShape(options);
+  if (prefillShapeAsked)
     return;
   if (arch == "sm_90a" || arch == "sm_90") {
     // D 64 and 128: 128-key tiles (fewer instructions per key besides the
@@ -218,8 +260,8 @@ void KernelConfig::fitPrefillTileToBlocks(int kvBlockSize) {
 }
 
 bool KernelConfig::prefillFallsBackOnSpills() const {
-  // A tile $PAGEDC_PREFILL_SHAPE asks for is kept as asked.
-  if (kind != KernelKind::Prefill || blockM != 128 || !prefillShapeOverride(headDim).empty())
+  // A tile KernelOptions::prefillShape asks for is kept as asked.
+  if (kind != KernelKind::Prefill || blockM != 128 || prefillShapeAsked)
     return false;
   return (headDim == 128 && blockN == 32 && warpRows == 32) ||
          (headDim <= 128 && blockN == 128 && warpRows == 64) ||
@@ -282,8 +324,8 @@ void KernelConfig::validate() const {
   if (kind == KernelKind::Prefill && warpRows == 64 && sharedMemoryBytes() > kMaxSharedPerCta)
     throw Error(fmt::format("the warpgroup prefill tile {} x {} at head dim {} needs {} bytes "
                             "of shared memory with two K/V stages, over the {} a CTA may have: "
-                            "take a narrower tile (in $PAGEDC_PREFILL_SHAPE, a dD= entry names "
-                            "one for head dim D alone, e.g. d256=128x64x64)",
+                            "take a narrower tile (in the prefill_shape kernel option, a dD= "
+                            "entry names one for head dim D alone, e.g. d256=128x64x64)",
                             blockM, blockN, headDim, sharedMemoryBytes(), kMaxSharedPerCta));
   if (groupSize < 1)
     throw Error(fmt::format("group size {} must be at least 1", groupSize));

@@ -6,6 +6,7 @@
 
 #include "cpu/Reference.h"
 #include "pagedc/Error.h"
+#include "pagedc/KernelOptions.h"
 
 #include <fmt/format.h>
 
@@ -145,7 +146,9 @@ void runOnCuda(const cpu::PagedAttentionArgs &hostArgs, const CompiledMods &mods
     deviceContext.buffers = deviceRefs.data();
     args.context = &deviceContext;
   }
-  cuda::pagedAttention(args, device, nullptr);
+  // The test binary's edge: the kernel options its environment asks for
+  // (the $PAGEDC_* variables a ctest ENVIRONMENT or script sets).
+  cuda::pagedAttention(args, device, nullptr, kernelOptionsFromEnvironment());
   buffers[3]->download(hostArgs.out.data(), buffers[3]->size());
   if (hostArgs.lse.data())
     buffers[4]->download(hostArgs.lse.data(), buffers[4]->size());

@@ -6,17 +6,23 @@
 //
 //===----------------------------------------------------------------------===//
 
+#include "pagedc/CudaAttention.h"
 #include "pagedc/CudaLaunch.h"
 #include "pagedc/EmulatorBuild.h"
 #include "pagedc/Error.h"
 #include "pagedc/KernelCache.h"
+#include "pagedc/KernelOptions.h"
 #include "support/CudaTestSupport.h"
 
+#include <fmt/format.h>
 #include <gtest/gtest.h>
 
 #include <cstddef>
 #include <cstdlib>
 #include <cstring>
+#include <memory>
+#include <optional>
+#include <utility>
 
 using namespace pagedc;
 
@@ -142,43 +148,42 @@ TEST(CudaLaunch, WarpgroupPrefillPlansDisabledTensorMaps) {
   EXPECT_EQ(plain.launches[0].note, "");
 }
 
-TEST(CudaLaunch, PrefillSwitchesFromTheEnvironment) {
-  // Tensor maps (prefill and decode) are on unless "0"; ping-pong is off
-  // unless "1".
+TEST(KernelOptions, SwitchesParseAsZeroOrOne) {
+  // Tensor maps (prefill and decode) and the work counter are on unless
+  // set to 0; ping-pong is off unless set to 1; "" unsets.
   struct Switch {
     const char *name;
-    bool (*read)();
-    bool unset;
+    std::optional<bool> KernelOptions::*field;
   };
-  for (const auto &[name, read, unset] :
-       {Switch{"PAGEDC_PREFILL_TMA", prefillTensorMapsRequested, true},
-        Switch{"PAGEDC_PREFILL_TMA_RUNS", prefillTensorMapRunsRequested, true},
-        Switch{"PAGEDC_PREFILL_PINGPONG", prefillPingPongRequested, false},
-        Switch{"PAGEDC_DECODE_TMA", decodeTensorMapsRequested, true},
-        Switch{"PAGEDC_DECODE_TMA_RUNS", decodeTensorMapRunsRequested, true}}) {
-    const char *saved = std::getenv(name);
-    const std::string restore = saved ? saved : "";
-    unsetenv(name);
-    EXPECT_EQ(read(), unset) << name;
-    setenv(name, "0", 1);
-    EXPECT_FALSE(read()) << name;
-    setenv(name, "", 1);
-    EXPECT_EQ(read(), unset) << name;
-    setenv(name, "1", 1);
-    EXPECT_TRUE(read()) << name;
-    setenv(name, "yes", 1);
-    try {
-      read();
-      ADD_FAILURE() << name << "=yes was taken";
-    } catch (const Error &error) {
-      EXPECT_NE(std::string(error.what()).find(std::string(name) + " is 'yes'"),
-                std::string::npos)
-          << error.what();
+  for (const auto &[name, field] :
+       {Switch{"prefill_tma", &KernelOptions::prefillTma},
+        Switch{"prefill_tma_runs", &KernelOptions::prefillTmaRuns},
+        Switch{"prefill_pingpong", &KernelOptions::prefillPingPong},
+        Switch{"prefill_tile_counter", &KernelOptions::prefillTileCounter},
+        Switch{"decode_tma", &KernelOptions::decodeTma},
+        Switch{"decode_tma_runs", &KernelOptions::decodeTmaRuns}}) {
+    KernelOptions options;
+    setKernelOption(options, name, "0");
+    EXPECT_EQ(options.*field, false) << name;
+    setKernelOption(options, name, "1");
+    EXPECT_EQ(options.*field, true) << name;
+    setKernelOption(options, std::string(name) + "=");
+    EXPECT_FALSE((options.*field).has_value()) << name;
+    setKernelOption(options, std::string(name) + "=0");
+    for (const char *bad : {"yes", "true", "2", " 1", "01"}) {
+      try {
+        setKernelOption(options, name, bad);
+        ADD_FAILURE() << name << "=" << bad << " was taken";
+      } catch (const Error &error) {
+        const std::string message = error.what();
+        EXPECT_NE(message.find(fmt::format("kernel option {} is '{}'", name, bad)),
+                  std::string::npos)
+            << message;
+        EXPECT_NE(message.find("expected 1 ("), std::string::npos) << message;
+        EXPECT_NE(message.find(") or 0"), std::string::npos) << message;
+      }
+      EXPECT_EQ(options.*field, false) << name << ": changed by a refused value";
     }
-    if (saved)
-      setenv(name, restore.c_str(), 1);
-    else
-      unsetenv(name);
   }
 }
 
@@ -266,75 +271,77 @@ TEST(CudaLaunch, WarpgroupPrefillQBuffers) {
   EXPECT_EQ(mma.prefillQBuffers(), 1);
 }
 
-TEST(CudaLaunch, PersistentSwitchesFromTheEnvironment) {
-  test::ScopedEnv persistent("PAGEDC_PREFILL_PERSISTENT", nullptr);
-  test::ScopedEnv ctas("PAGEDC_PREFILL_PERSISTENT_CTAS", nullptr);
-  EXPECT_EQ(prefillPersistenceRequested(), PrefillPersistence::Auto);
-  persistent.set("");
-  EXPECT_EQ(prefillPersistenceRequested(), PrefillPersistence::Auto);
-  persistent.set("0");
-  EXPECT_EQ(prefillPersistenceRequested(), PrefillPersistence::Off);
-  persistent.set("yes");
+TEST(KernelOptions, PersistentSettingsAndTheirPairs) {
+  KernelOptions options;
+  EXPECT_EQ(prefillPersistence(options), PrefillPersistence::Auto);
+  setKernelOption(options, "prefill_persistent", "0");
+  EXPECT_EQ(prefillPersistence(options), PrefillPersistence::Off);
+  setKernelOption(options, "prefill_persistent", "");
+  EXPECT_EQ(prefillPersistence(options), PrefillPersistence::Auto);
   try {
-    prefillPersistenceRequested();
-    ADD_FAILURE() << "PAGEDC_PREFILL_PERSISTENT=yes was taken";
+    setKernelOption(options, "prefill_persistent", "yes");
+    ADD_FAILURE() << "prefill_persistent=yes was taken";
   } catch (const Error &error) {
-    EXPECT_NE(std::string(error.what()).find("PAGEDC_PREFILL_PERSISTENT is 'yes'"),
-              std::string::npos)
-        << error.what();
+    const std::string message = error.what();
+    EXPECT_NE(message.find("kernel option prefill_persistent is 'yes'"), std::string::npos)
+        << message;
+    EXPECT_NE(message.find("expected 1 ("), std::string::npos) << message;
   }
-  persistent.set("1");
-  EXPECT_EQ(prefillPersistenceRequested(), PrefillPersistence::On);
-  EXPECT_EQ(prefillPersistentCtasRequested(), 0);
-  ctas.set("7");
-  EXPECT_EQ(prefillPersistentCtasRequested(), 7);
+  setKernelOption(options, "prefill_persistent", "1");
+  EXPECT_EQ(prefillPersistence(options), PrefillPersistence::On);
+  setKernelOption(options, "prefill_persistent_ctas", "7");
+  EXPECT_EQ(options.prefillPersistentCtas, 7);
   for (const char *bad : {"0", "-3", "x", "7x", "2000000"}) {
-    ctas.set(bad);
-    EXPECT_THROW(prefillPersistentCtasRequested(), Error) << bad;
-  }
-  // A CTA count without the switch ("0" or unset) is refused, naming both.
-  ctas.set("7");
-  for (const char *without : {"0", ""}) {
-    persistent.set(without);
     try {
-      prefillPersistentCtasRequested();
-      ADD_FAILURE() << "PAGEDC_PREFILL_PERSISTENT_CTAS taken without the switch";
+      setKernelOption(options, "prefill_persistent_ctas", bad);
+      ADD_FAILURE() << "prefill_persistent_ctas=" << bad << " was taken";
     } catch (const Error &error) {
-      EXPECT_NE(std::string(error.what()).find("PAGEDC_PREFILL_PERSISTENT is not 1"),
+      EXPECT_NE(std::string(error.what()).find("expected an integer from 1 to 1048576"),
                 std::string::npos)
           << error.what();
     }
   }
-  // The work counter: on unless "0"; refused when persistent CTAs are off.
-  test::ScopedEnv counter("PAGEDC_PREFILL_TILE_COUNTER", nullptr);
-  persistent.set("0");
-  EXPECT_TRUE(prefillTileCounterRequested());
-  persistent.set("1");
-  EXPECT_TRUE(prefillTileCounterRequested());
-  counter.set("0");
-  EXPECT_FALSE(prefillTileCounterRequested());
-  persistent.set(""); // chosen by the mask: the snake may apply
-  EXPECT_FALSE(prefillTileCounterRequested());
-  counter.set("2");
-  EXPECT_THROW(prefillTileCounterRequested(), Error);
-  counter.set("1");
-  persistent.set("0");
+  EXPECT_EQ(options.prefillPersistentCtas, 7);
+  EXPECT_NO_THROW(checkKernelOptions(options));
+  // A CTA count without the switch on (0 or unset) is refused, naming both.
+  for (std::optional<bool> without : {std::optional<bool>(false), std::optional<bool>()}) {
+    options.prefillPersistent = without;
+    try {
+      checkKernelOptions(options);
+      ADD_FAILURE() << "prefill_persistent_ctas taken without the switch";
+    } catch (const Error &error) {
+      EXPECT_NE(std::string(error.what()).find("kernel option prefill_persistent_ctas is '7' but "
+                                               "kernel option prefill_persistent is not 1"),
+                std::string::npos)
+          << error.what();
+    }
+  }
+  // Set on the struct directly, out of range: refused as the parser does.
+  options.prefillPersistent = true;
+  options.prefillPersistentCtas = 0;
+  EXPECT_THROW(checkKernelOptions(options), Error);
+  options.prefillPersistentCtas.reset();
+  // The work counter: refused when persistent CTAs are off.
+  options.prefillTileCounter = true;
+  options.prefillPersistent = false;
   try {
-    prefillTileCounterRequested();
-    ADD_FAILURE() << "PAGEDC_PREFILL_TILE_COUNTER taken with persistent CTAs off";
+    checkKernelOptions(options);
+    ADD_FAILURE() << "prefill_tile_counter taken with persistent CTAs off";
   } catch (const Error &error) {
-    EXPECT_NE(std::string(error.what()).find("PAGEDC_PREFILL_PERSISTENT is 0"),
+    EXPECT_NE(std::string(error.what()).find("kernel option prefill_persistent is 0"),
               std::string::npos)
         << error.what();
   }
+  options.prefillPersistent.reset(); // chosen by the mask: the counter may apply
+  EXPECT_NO_THROW(checkKernelOptions(options));
 }
 
-// The grid the environment and the mask choose: unset, persistent CTAs
-// (one per slot) where the visits grow and the tiles outnumber the slots;
-// "0" never; "1" always, with _CTAS or the slots. Other kernels: untouched.
+// The grid the options and the mask choose: unset, persistent CTAs (one
+// per slot) where the visits grow and the tiles outnumber the slots; false
+// never; true always, with prefillPersistentCtas or the slots. Other
+// kernels: untouched.
 TEST(CudaLaunch, PersistentPrefillChosenByTheMask) {
-  test::ScopedEnv persistent("PAGEDC_PREFILL_PERSISTENT", nullptr);
-  test::ScopedEnv ctas("PAGEDC_PREFILL_PERSISTENT_CTAS", nullptr);
+  KernelOptions options;
   KernelConfig config = warpgroupPrefill();
   PagedcAttentionKernelArgs args = callArgs(2, 8, 2, 300); // 48 query tiles
   auto grid = [&](int64_t slots, bool visitsGrow, bool expectPersistent,
@@ -342,7 +349,8 @@ TEST(CudaLaunch, PersistentPrefillChosenByTheMask) {
     AttentionLaunchPlan plan =
         planAttention(kernel, args, std::vector<unsigned char>(4), 300, 132);
     const unsigned before = plan.launches[0].grid[0];
-    EXPECT_EQ(applyPrefillPersistentRequest(kernel, plan, slots, visitsGrow), expectPersistent)
+    EXPECT_EQ(applyPrefillPersistentRequest(kernel, plan, slots, visitsGrow, options),
+              expectPersistent)
         << slots << " " << visitsGrow;
     EXPECT_EQ(plan.launches[0].note.find("persistent") != std::string::npos, expectPersistent)
         << plan.launches[0].note;
@@ -353,19 +361,127 @@ TEST(CudaLaunch, PersistentPrefillChosenByTheMask) {
   EXPECT_EQ(grid(5, false, false, config), 48u);  // a document mask's rows
   EXPECT_EQ(grid(48, true, false, config), 48u);  // no more tiles than slots
   EXPECT_EQ(grid(132, true, false, config), 48u);
-  persistent.set("0");
+  options.prefillPersistent = false;
   EXPECT_EQ(grid(5, true, false, config), 48u);
-  persistent.set("1");
+  options.prefillPersistent = true;
   EXPECT_EQ(grid(5, false, true, config), 5u);
-  ctas.set("3");
+  options.prefillPersistentCtas = 3;
   EXPECT_EQ(grid(5, false, true, config), 3u);
-  ctas.set("");
-  persistent.set("");
+  options = {};
   KernelConfig mma; // the mma.sync prefill: one CTA per tile always
   AttentionLaunchPlan plain = planAttention(mma, args, std::vector<unsigned char>(4), 300, 132);
   const unsigned mmaGrid = plain.launches[0].grid[0];
-  EXPECT_FALSE(applyPrefillPersistentRequest(mma, plain, 5, true));
+  EXPECT_FALSE(applyPrefillPersistentRequest(mma, plain, 5, true, options));
   EXPECT_EQ(plain.launches[0].grid[0], mmaGrid);
+}
+
+// Every kernel option set through the C++ API, and the launch plan the
+// runtime's steps make of it (chooseCudaAttentionConfig, planAttention,
+// applyKernelOptions; no device: tensor maps are not bound, so the copy
+// path's note says whether they were asked for).
+TEST(KernelOptions, EveryOptionChangesTheLaunchPlan) {
+  CompiledMods mods;
+  mods.cuda.modCode = std::string(embeddedTemplate("testing/causal.cuh"));
+  PagedcModContext noContext{nullptr, nullptr};
+  const std::vector<unsigned char> params =
+      ParamsLayout::forDeclarations(mods.params, mods.buffers)
+          .pack(mods.params, mods.buffers, noContext);
+  const PagedcAttentionKernelArgs prefillArgs = callArgs(2, 8, 2, 300); // 48 query tiles
+  auto prefill = [&](const KernelOptions &options, int64_t slots = 5, bool visitsGrow = true) {
+    const KernelConfig config =
+        chooseCudaAttentionConfig(mods, DType::BF16, 128, 16, 4, 300, false, "emu", 0, options);
+    AttentionLaunchPlan plan = planAttention(config, prefillArgs, params, 300, 132, 2, -1,
+                                             options);
+    applyKernelOptions(nullptr, config, "emu", plan, 10, 10, slots, visitsGrow, options,
+                       [] { return cu::DevicePointer(0x1000); });
+    return std::pair{config, plan};
+  };
+  auto extraOf = [](const AttentionLaunchPlan &plan) {
+    PagedcWgmmaPrefillArgs extra;
+    std::memcpy(&extra, plan.launches[0].arguments[2].data(), sizeof(extra));
+    return extra;
+  };
+
+  // Nothing set on the emulator: the mma.sync tile, no launch options.
+  {
+    const auto [config, plan] = prefill({});
+    EXPECT_EQ(config.warpRows, 16);
+    EXPECT_FALSE(config.prefillShapeAsked);
+    EXPECT_EQ(plan.launches[0].arguments.size(), 2u);
+    EXPECT_EQ(plan.launches[0].note, "");
+  }
+  // prefill_shape: the warpgroup tile, kept as asked; by default persistent
+  // CTAs over the slots with the work counter.
+  KernelOptions options;
+  options.prefillShape = "128x64x64";
+  {
+    const auto [config, plan] = prefill(options);
+    EXPECT_EQ(config.blockM, 128);
+    EXPECT_EQ(config.blockN, 64);
+    EXPECT_EQ(config.warpRows, 64);
+    EXPECT_TRUE(config.prefillShapeAsked);
+    EXPECT_FALSE(config.prefillFallsBackOnSpills());
+    EXPECT_EQ(plan.launches[0].grid[0], 5u);
+    EXPECT_EQ(plan.launches[0].note,
+              "gather (tensor maps not bound), persistent (5 CTAs), tile counter");
+    EXPECT_EQ(reinterpret_cast<uintptr_t>(extraOf(plan).tile_counter), 0x1000u);
+    EXPECT_EQ(extraOf(plan).ping_pong, 0);
+  }
+  // prefill_tma=0: gathered whatever the driver could do.
+  options.prefillTma = false;
+  EXPECT_EQ(prefill(options).second.launches[0].note,
+            "gather (prefill_tma=0), persistent (5 CTAs), tile counter");
+  // prefill_tile_counter=0: fixed rounds.
+  options.prefillTileCounter = false;
+  {
+    const auto [config, plan] = prefill(options);
+    EXPECT_EQ(plan.launches[0].note, "gather (prefill_tma=0), persistent (5 CTAs)");
+    EXPECT_EQ(extraOf(plan).tile_counter, nullptr);
+  }
+  // prefill_pingpong=1.
+  options.prefillPingPong = true;
+  {
+    const auto [config, plan] = prefill(options);
+    EXPECT_EQ(plan.launches[0].note, "gather (prefill_tma=0), persistent (5 CTAs), ping-pong");
+    EXPECT_EQ(extraOf(plan).ping_pong, 1);
+  }
+  // prefill_persistent=0: a CTA per query tile, even where visits grow.
+  options.prefillPersistent = false;
+  options.prefillTileCounter.reset();
+  EXPECT_EQ(prefill(options).second.launches[0].grid[0], 48u);
+  // prefill_persistent=1 and _ctas=3: 3 CTAs, even where visits do not grow.
+  options.prefillPersistent = true;
+  options.prefillPersistentCtas = 3;
+  EXPECT_EQ(prefill(options, 5, /*visitsGrow=*/false).second.launches[0].grid[0], 3u);
+  // prefill_tma_runs: kept for the binding (which needs a driver: GpuTest).
+  options.prefillTmaRuns = false;
+  EXPECT_EQ(prefill(options).second.launches[0].grid[0], 3u);
+
+  // Decode: decode_split_factor multiplies the model's splits; decode_tma=0
+  // gathers.
+  const PagedcAttentionKernelArgs decodeArgs = callArgs(1, 32, 8, 1);
+  auto decode = [&](const KernelOptions &kernelOptions) {
+    const KernelConfig config =
+        chooseCudaAttentionConfig(mods, DType::BF16, 128, 16, 4, 1, false, "emu", 0,
+                                  kernelOptions);
+    EXPECT_EQ(config.kind, KernelKind::Decode);
+    AttentionLaunchPlan plan =
+        planAttention(config, decodeArgs, params, 32768, 132, 2, -1, kernelOptions);
+    applyKernelOptions(nullptr, config, "emu", plan, 600, 600, 264, true, kernelOptions,
+                       [] { return cu::DevicePointer(0); });
+    return plan;
+  };
+  const AttentionLaunchPlan base = decode({});
+  EXPECT_EQ(base.launches[0].note, "gather (tensor maps not bound)");
+  KernelOptions decodeOptions;
+  decodeOptions.decodeSplitFactor = 3;
+  decodeOptions.decodeTma = false;
+  decodeOptions.decodeTmaRuns = false; // for the binding (GpuTest)
+  const AttentionLaunchPlan tripled = decode(decodeOptions);
+  EXPECT_GT(tripled.args.num_splits, base.args.num_splits);
+  EXPECT_LE(tripled.args.num_splits, 3 * base.args.num_splits);
+  EXPECT_EQ(tripled.launches[0].grid[0], unsigned(tripled.args.num_splits));
+  EXPECT_EQ(tripled.launches[0].note, "gather (decode_tma=0)");
 }
 
 // Which code has sm_90's instructions (the decode kernel's tensor maps, the
@@ -530,23 +646,164 @@ TEST(CudaLaunch, DecodeSplitFactorMultipliesTheSplits) {
     }
 }
 
-TEST(CudaLaunch, DecodeSplitFactorFromTheEnvironment) {
-  const char *name = "PAGEDC_DECODE_SPLIT_FACTOR";
-  const test::ScopedEnv factor(name, nullptr);
-  EXPECT_EQ(decodeSplitFactorRequested(), 1);
-  factor.set("");
-  EXPECT_EQ(decodeSplitFactorRequested(), 1);
-  factor.set("3");
-  EXPECT_EQ(decodeSplitFactorRequested(), 3);
-  for (const char *bad : {"0", "17", "2x", "-1", "two"}) {
-    factor.set(bad);
+// Unknown names and text that is not NAME=VALUE are refused, listing the
+// valid names; a refused list leaves nothing half-applied.
+TEST(KernelOptions, UnknownNamesListTheValidOnes) {
+  const std::string names = kernelOptionNames();
+  EXPECT_EQ(names, "prefill_shape, prefill_persistent, prefill_persistent_ctas, "
+                   "prefill_tile_counter, prefill_tma, prefill_tma_runs, prefill_pingpong, "
+                   "decode_split_factor, decode_tma, decode_tma_runs");
+  KernelOptions options;
+  for (const char *bad : {"prefill_tmaa=1", "PREFILL_TMA=1", "PAGEDC_PREFILL_TMA=1", "=1",
+                          "prefill_tma"}) {
     try {
-      decodeSplitFactorRequested();
-      ADD_FAILURE() << "accepted '" << bad << "'";
+      setKernelOption(options, bad);
+      ADD_FAILURE() << "'" << bad << "' was taken";
     } catch (const Error &error) {
-      EXPECT_NE(std::string(error.what()).find(name), std::string::npos) << error.what();
+      EXPECT_NE(std::string(error.what()).find(names), std::string::npos) << error.what();
     }
   }
+  try {
+    setKernelOption(options, "prefill_tmaa", "1");
+    ADD_FAILURE() << "prefill_tmaa was taken";
+  } catch (const Error &error) {
+    EXPECT_EQ(std::string(error.what()),
+              "unknown kernel option 'prefill_tmaa': the options are " + names);
+  }
+  EXPECT_EQ(options, KernelOptions());
+  EXPECT_THROW(parseKernelOptions({"prefill_tma=0", "decode_tma=2"}), Error);
+  const KernelOptions parsed =
+      parseKernelOptions({"prefill_tma=0", "decode_split_factor=2", "prefill_tma=1"});
+  EXPECT_EQ(parsed.prefillTma, true); // the last one wins
+  EXPECT_EQ(parsed.decodeSplitFactor, 2);
+  // prefill_shape: the whole list is checked when set.
+  for (const char *bad : {"big", "128x32", "128x32x32q", "128x32x32s2", "128x64x64,",
+                          "128x64x64,128x128x64", "d256=128x64x64,d256=64x32x64",
+                          "d256=128x64", "128x64x64,d256=garbage"}) {
+    try {
+      setKernelOption(options, "prefill_shape", bad);
+      ADD_FAILURE() << "prefill_shape=" << bad << " was taken";
+    } catch (const Error &error) {
+      EXPECT_EQ(std::string(error.what()).rfind("kernel option prefill_shape '", 0), 0u)
+          << error.what();
+    }
+  }
+  setKernelOption(options, "prefill_shape", "128x128x64s2,d256=128x64x64,d64=");
+  EXPECT_EQ(options.prefillShape, "128x128x64s2,d256=128x64x64,d64=");
+}
+
+// kernelOptionsFromEnvironment: each former variable sets its option
+// through the same parser, its errors naming the variable.
+TEST(KernelOptions, EachVariableMapsToItsOption) {
+  std::vector<std::unique_ptr<test::ScopedEnv>> cleared;
+  for (const KernelOptionInfo &info : kernelOptionInfos()) {
+    // The variable is the name in capitals after PAGEDC_ (the CLI's help
+    // says so).
+    std::string lower = info.variable;
+    for (char &c : lower)
+      c = c >= 'A' && c <= 'Z' ? char(c - 'A' + 'a') : c;
+    EXPECT_EQ(lower, std::string("pagedc_") + info.name);
+    cleared.push_back(std::make_unique<test::ScopedEnv>(info.variable, nullptr));
+  }
+  EXPECT_EQ(kernelOptionsFromEnvironment(), KernelOptions());
+  struct Mapping {
+    const char *variable, *value;
+    KernelOptions expected;
+  };
+  auto with = [](auto set) {
+    KernelOptions options;
+    set(options);
+    return options;
+  };
+  const std::vector<Mapping> mappings = {
+      {"PAGEDC_PREFILL_SHAPE", "128x64x64,d256=64x32x64",
+       with([](KernelOptions &o) { o.prefillShape = "128x64x64,d256=64x32x64"; })},
+      {"PAGEDC_PREFILL_PERSISTENT", "0",
+       with([](KernelOptions &o) { o.prefillPersistent = false; })},
+      {"PAGEDC_PREFILL_TILE_COUNTER", "0",
+       with([](KernelOptions &o) { o.prefillTileCounter = false; })},
+      {"PAGEDC_PREFILL_TMA", "0", with([](KernelOptions &o) { o.prefillTma = false; })},
+      {"PAGEDC_PREFILL_TMA_RUNS", "0", with([](KernelOptions &o) { o.prefillTmaRuns = false; })},
+      {"PAGEDC_PREFILL_PINGPONG", "1", with([](KernelOptions &o) { o.prefillPingPong = true; })},
+      {"PAGEDC_DECODE_SPLIT_FACTOR", "4",
+       with([](KernelOptions &o) { o.decodeSplitFactor = 4; })},
+      {"PAGEDC_DECODE_TMA", "0", with([](KernelOptions &o) { o.decodeTma = false; })},
+      {"PAGEDC_DECODE_TMA_RUNS", "0", with([](KernelOptions &o) { o.decodeTmaRuns = false; })},
+  };
+  for (const Mapping &mapping : mappings) {
+    test::ScopedEnv variable(mapping.variable, mapping.value);
+    EXPECT_EQ(kernelOptionsFromEnvironment(), mapping.expected) << mapping.variable;
+    variable.set(""); // empty: unset
+    EXPECT_EQ(kernelOptionsFromEnvironment(), KernelOptions()) << mapping.variable;
+    variable.set("2x");
+    try {
+      kernelOptionsFromEnvironment();
+      ADD_FAILURE() << mapping.variable << "=2x was taken";
+    } catch (const Error &error) {
+      EXPECT_EQ(std::string(error.what()).rfind(std::string(mapping.variable) + " ", 0), 0u)
+          << error.what();
+    }
+  }
+  // The CTA count, with its switch; without it, refused naming both variables.
+  test::ScopedEnv ctas("PAGEDC_PREFILL_PERSISTENT_CTAS", "3");
+  try {
+    kernelOptionsFromEnvironment();
+    ADD_FAILURE() << "PAGEDC_PREFILL_PERSISTENT_CTAS taken without the switch";
+  } catch (const Error &error) {
+    EXPECT_NE(std::string(error.what()).find("PAGEDC_PREFILL_PERSISTENT_CTAS is '3' but "
+                                             "PAGEDC_PREFILL_PERSISTENT is not 1"),
+              std::string::npos)
+        << error.what();
+  }
+  test::ScopedEnv persistent("PAGEDC_PREFILL_PERSISTENT", "1");
+  const KernelOptions both = kernelOptionsFromEnvironment();
+  EXPECT_EQ(both.prefillPersistent, true);
+  EXPECT_EQ(both.prefillPersistentCtas, 3);
+  persistent.set("yes");
+  try {
+    kernelOptionsFromEnvironment();
+    ADD_FAILURE() << "PAGEDC_PREFILL_PERSISTENT=yes was taken";
+  } catch (const Error &error) {
+    EXPECT_NE(std::string(error.what()).find("PAGEDC_PREFILL_PERSISTENT is 'yes'"),
+              std::string::npos)
+        << error.what();
+  }
+  // The runtime reads none of them: a plan with every variable set to
+  // something else is the default one.
+  persistent.set("0");
+  ctas.set(nullptr);
+  test::ScopedEnv split("PAGEDC_DECODE_SPLIT_FACTOR", "16");
+  KernelConfig decode;
+  decode.kind = KernelKind::Decode;
+  decode.groupSize = 4;
+  const AttentionLaunchPlan plan =
+      planAttention(decode, callArgs(1, 32, 8, 1), std::vector<unsigned char>(1), 32768, 132);
+  split.set(nullptr);
+  const AttentionLaunchPlan unset =
+      planAttention(decode, callArgs(1, 32, 8, 1), std::vector<unsigned char>(1), 32768, 132);
+  EXPECT_EQ(plan.args.num_splits, unset.args.num_splits);
+}
+
+TEST(KernelOptions, DecodeSplitFactorParsesOneToSixteen) {
+  KernelOptions options;
+  EXPECT_EQ(decodeSplitFactor(options), 1);
+  setKernelOption(options, "decode_split_factor", "3");
+  EXPECT_EQ(decodeSplitFactor(options), 3);
+  for (const char *bad : {"0", "17", "2x", "-1", "two"}) {
+    try {
+      setKernelOption(options, "decode_split_factor", bad);
+      ADD_FAILURE() << "accepted '" << bad << "'";
+    } catch (const Error &error) {
+      EXPECT_NE(std::string(error.what()).find(fmt::format(
+                    "kernel option decode_split_factor is '{}': expected an integer from 1 to 16",
+                    bad)),
+                std::string::npos)
+          << error.what();
+    }
+  }
+  EXPECT_EQ(decodeSplitFactor(options), 3);
+  options.decodeSplitFactor = 17; // set directly: refused where it is used
+  EXPECT_THROW(decodeSplitFactor(options), Error);
 }
 
 TEST(CudaLaunch, DecodeVisibleSpanBoundsWhatRowsSee) {

@@ -537,34 +537,35 @@ TEST(SettlePrefillShape, KeepsTheWarpgroupWideTileOnlyWithoutSpills) {
 }
 
 // Nothing is compiled for other tiles, the emulator, or a tile that
-// $PAGEDC_PREFILL_SHAPE asked for.
+// KernelOptions::prefillShape asked for.
 TEST(SettlePrefillShape, LeavesOtherTilesAlone) {
+  KernelOptions asked; // KernelOptions::prefillShape
   KernelConfig config;
   config.kind = KernelKind::Prefill;
   config.headDim = 128;
-  config.choosePrefillShapeFor("emu");
+  config.choosePrefillShapeFor("emu", asked);
   EXPECT_EQ(config.warpRows, 16);
   KernelCache cache("");
   EXPECT_EQ(settlePrefillShape(config, cheapMods(), "emu", cache), config);
-  config.choosePrefillShapeFor("sm_80");
+  config.choosePrefillShapeFor("sm_80", asked);
   EXPECT_EQ(settlePrefillShape(config, cheapMods(), "emu", cache), config);
   config.headDim = 64;
-  config.choosePrefillShapeFor("sm_80");
+  config.choosePrefillShapeFor("sm_80", asked);
   EXPECT_FALSE(config.prefillFallsBackOnSpills());
   EXPECT_EQ(settlePrefillShape(config, cheapMods(), "sm_80", cache), config);
   EXPECT_EQ(cache.stats().compiles, 0u);
-  ::setenv("PAGEDC_PREFILL_SHAPE", "128x32x32", 1);
+  asked.prefillShape = "128x32x32";
   config.headDim = 128;
-  config.choosePrefillShapeFor("sm_80");
+  config.choosePrefillShapeFor("sm_80", asked);
   EXPECT_FALSE(config.prefillFallsBackOnSpills());
   EXPECT_FALSE(config.recomputeModRows);
-  ::setenv("PAGEDC_PREFILL_SHAPE", "128x32x32r", 1);
-  config.choosePrefillShapeFor("sm_80");
+  asked.prefillShape = "128x32x32r";
+  config.choosePrefillShapeFor("sm_80", asked);
   EXPECT_FALSE(config.prefillFallsBackOnSpills());
   EXPECT_TRUE(config.recomputeModRows);
   EXPECT_EQ(config.warpRows, 32);
-  ::setenv("PAGEDC_PREFILL_SHAPE", "128x128x64", 1);
-  config.choosePrefillShapeFor("sm_90a");
+  asked.prefillShape = "128x128x64";
+  config.choosePrefillShapeFor("sm_90a", asked);
   EXPECT_EQ(config.blockN, 128);
   EXPECT_EQ(config.warpRows, 64);
   EXPECT_FALSE(config.prefillFallsBackOnSpills());
@@ -572,8 +573,8 @@ TEST(SettlePrefillShape, LeavesOtherTilesAlone) {
   EXPECT_EQ(config.prefillStages(), 3); // 128 x 128 at D 128: 3 stages, one Q tile
   EXPECT_EQ(config.prefillQBuffers(), 1);
   // "sK": at most K stages; at 2 a second Q tile fits (FlashAttention-3's ring).
-  ::setenv("PAGEDC_PREFILL_SHAPE", "128x128x64s2", 1);
-  config.choosePrefillShapeFor("sm_90a");
+  asked.prefillShape = "128x128x64s2";
+  config.choosePrefillShapeFor("sm_90a", asked);
   EXPECT_EQ(config.blockN, 128);
   EXPECT_EQ(config.prefillStageLimit, 2);
   EXPECT_EQ(config.prefillStages(), 2);
@@ -581,11 +582,11 @@ TEST(SettlePrefillShape, LeavesOtherTilesAlone) {
   EXPECT_EQ(config.sharedMemoryBytes(), 1024 + (2 * 128 + 2 * 2 * 128) * 256 + 128);
   EXPECT_NE(config.describe().find("m128w64s2 n128"), std::string::npos) << config.describe();
   config.validate();
-  ::setenv("PAGEDC_PREFILL_SHAPE", "128x64x64s3", 1);
-  config.choosePrefillShapeFor("sm_90a");
+  asked.prefillShape = "128x64x64s3";
+  config.choosePrefillShapeFor("sm_90a", asked);
   EXPECT_EQ(config.prefillStages(), 3);
-  ::unsetenv("PAGEDC_PREFILL_SHAPE");
-  config.choosePrefillShapeFor("sm_90a"); // the default again: no limit left over
+  asked.prefillShape.reset();
+  config.choosePrefillShapeFor("sm_90a", asked); // the default again: no limit left over
   EXPECT_EQ(config.prefillStageLimit, 4);
   EXPECT_EQ(config.prefillStages(), 3);
   config.prefillStageLimit = 1;
@@ -596,40 +597,40 @@ TEST(SettlePrefillShape, LeavesOtherTilesAlone) {
   EXPECT_THROW(config.validate(), Error); // mma.sync tiles have no ring
   for (const char *bad : {"128x32x32q", "128x32x32rr", "128x32", "128x32x32s2", "128x128x64s5",
                           "128x128x64s1", "128x128x64s", "128x128x64s2r", "128x128x64s22"}) {
-    ::setenv("PAGEDC_PREFILL_SHAPE", bad, 1);
-    EXPECT_THROW(config.choosePrefillShapeFor("sm_80"), Error) << bad;
+    asked.prefillShape = bad;
+    EXPECT_THROW(config.choosePrefillShapeFor("sm_80", asked), Error) << bad;
   }
   // Per head dim: "dD=" entries at D, the plain entry elsewhere; "dD="
   // alone keeps the default tile at D.
-  ::setenv("PAGEDC_PREFILL_SHAPE", "128x128x64,d256=128x64x64", 1);
+  asked.prefillShape = "128x128x64,d256=128x64x64";
   config.headDim = 128;
-  config.choosePrefillShapeFor("emu");
+  config.choosePrefillShapeFor("emu", asked);
   EXPECT_EQ(config.blockN, 128);
   EXPECT_EQ(config.warpRows, 64);
   config.headDim = 256;
-  config.choosePrefillShapeFor("emu");
+  config.choosePrefillShapeFor("emu", asked);
   EXPECT_EQ(config.blockM, 128);
   EXPECT_EQ(config.blockN, 64);
   EXPECT_EQ(config.warpRows, 64);
   EXPECT_FALSE(config.prefillFallsBackOnSpills());
-  ::setenv("PAGEDC_PREFILL_SHAPE", "d256=,d64=128x64x64", 1);
-  config.choosePrefillShapeFor("sm_90a"); // D 256: the default, 128 x 64 that may fall back
+  asked.prefillShape = "d256=,d64=128x64x64";
+  config.choosePrefillShapeFor("sm_90a", asked); // D 256: the default, 128 x 64 that may fall back
   EXPECT_EQ(config.blockN, 64);
   EXPECT_TRUE(config.prefillFallsBackOnSpills());
   config.headDim = 128;
-  config.choosePrefillShapeFor("sm_90a"); // not named, no plain entry: the default
+  config.choosePrefillShapeFor("sm_90a", asked); // not named, no plain entry: the default
   EXPECT_EQ(config.blockN, 128);
   EXPECT_TRUE(config.prefillFallsBackOnSpills());
   config.headDim = 64;
-  config.choosePrefillShapeFor("sm_90a");
+  config.choosePrefillShapeFor("sm_90a", asked);
   EXPECT_EQ(config.blockN, 64);
   EXPECT_FALSE(config.prefillFallsBackOnSpills());
   for (const char *bad : {"128x64x64,128x128x64", "d256=128x64x64,d256=64x32x64",
                           "128x64x64,", "x256=128x64x64", "d=128x64x64", "d25x=128x64x64",
                           "d256=128x64"}) {
-    ::setenv("PAGEDC_PREFILL_SHAPE", bad, 1);
+    asked.prefillShape = bad;
     config.headDim = 256;
-    EXPECT_THROW(config.choosePrefillShapeFor("sm_90a"), Error) << bad;
+    EXPECT_THROW(config.choosePrefillShapeFor("sm_90a", asked), Error) << bad;
   }
-  ::unsetenv("PAGEDC_PREFILL_SHAPE");
+  asked.prefillShape.reset();
 }

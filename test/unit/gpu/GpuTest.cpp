@@ -154,15 +154,15 @@ TEST(CudaKernels, PrefillTileFitsTheBlockMask) {
   wide.headDim = 128;
   wide.choosePrefillShapeFor("sm_90");
   // Asked for by name, it still fits: the call could not run it.
-  ::setenv("PAGEDC_PREFILL_SHAPE", "128x128x64", 1);
+  KernelOptions wideTile;
+  wideTile.prefillShape = "128x128x64";
   KernelConfig asked;
   asked.kind = KernelKind::Prefill;
   asked.headDim = 64;
-  asked.choosePrefillShapeFor("sm_90a");
+  asked.choosePrefillShapeFor("sm_90a", wideTile);
   EXPECT_EQ(asked.blockN, 128);
   asked.fitPrefillTileToBlocks(64);
   EXPECT_EQ(asked.blockN, 64);
-  ::unsetenv("PAGEDC_PREFILL_SHAPE");
   KernelConfig mma = wide;
   mma.choosePrefillShapeFor("sm_80");
   const KernelConfig before = mma;
@@ -467,8 +467,7 @@ TEST(CudaKernels, PrefillTensorMapsBindOrSayWhy) {
   };
 
   // Pages of 16 rows under the 64-key tile: the run maps too (boxes of 4
-  // pages), unless PAGEDC_PREFILL_TMA_RUNS=0.
-  const test::ScopedEnv runs("PAGEDC_PREFILL_TMA_RUNS", nullptr);
+  // pages), unless prefill_tma_runs=0.
   AttentionLaunchPlan plan = planFor(config, args);
   EXPECT_EQ(bindPrefillTensorMaps(driver, config, plan, 10, 10), "");
   EXPECT_EQ(plan.launches[0].note, "tensor maps, page runs");
@@ -476,12 +475,12 @@ TEST(CudaKernels, PrefillTensorMapsBindOrSayWhy) {
   EXPECT_EQ(maps(plan).run_boxes, 1);
   // The run map is a different map from the per-page one (its box).
   EXPECT_NE(std::memcmp(maps(plan).k_map, maps(plan).k_run_map, sizeof(maps(plan).k_map)), 0);
-  runs.set("0");
+  KernelOptions noRuns;
+  noRuns.prefillTmaRuns = false;
   AttentionLaunchPlan pagesOnly = planFor(config, args);
-  EXPECT_EQ(bindPrefillTensorMaps(driver, config, pagesOnly, 10, 10), "");
+  EXPECT_EQ(bindPrefillTensorMaps(driver, config, pagesOnly, 10, 10, noRuns), "");
   EXPECT_EQ(pagesOnly.launches[0].note, "tensor maps");
   EXPECT_EQ(maps(pagesOnly).run_boxes, 0);
-  runs.set(nullptr);
   // Pages of the tile's 64 rows: one box a tile already, no run maps.
   KernelConfig whole = config;
   whole.pageSize = 64;
@@ -564,7 +563,6 @@ TEST(CudaKernels, DecodeTensorMapsBindOrSayWhy) {
   EXPECT_EQ(plan.launches[0].kernel, "pagedc_decode");
   EXPECT_EQ(plan.launches[0].note, "gather (tensor maps not bound)");
   EXPECT_EQ(maps(plan).tensor_maps, 0);
-  const test::ScopedEnv runs("PAGEDC_DECODE_TMA_RUNS", nullptr);
   EXPECT_EQ(bindDecodeTensorMaps(driver, config, "sm_90", plan, 70, 70), "");
   EXPECT_EQ(plan.launches[0].note, "tensor maps, page runs");
   EXPECT_EQ(maps(plan).tensor_maps, 1);
@@ -579,12 +577,12 @@ TEST(CudaKernels, DecodeTensorMapsBindOrSayWhy) {
   }
   EXPECT_TRUE(kSet && vSet && runSet);
   EXPECT_NE(std::memcmp(bound.k_map, bound.k_run_map, sizeof(bound.k_map)), 0);
-  runs.set("0");
+  KernelOptions noRuns;
+  noRuns.decodeTmaRuns = false;
   AttentionLaunchPlan pagesOnly = planFor(config, args);
-  EXPECT_EQ(bindDecodeTensorMaps(driver, config, "sm_90", pagesOnly, 70, 70), "");
+  EXPECT_EQ(bindDecodeTensorMaps(driver, config, "sm_90", pagesOnly, 70, 70, noRuns), "");
   EXPECT_EQ(pagesOnly.launches[0].note, "tensor maps");
   EXPECT_EQ(maps(pagesOnly).run_boxes, 0);
-  runs.set(nullptr);
 
   AttentionLaunchPlan ampere = planFor(config, args);
   EXPECT_EQ(bindDecodeTensorMaps(driver, config, "sm_80", ampere, 70, 70),
@@ -631,10 +629,11 @@ TEST(CudaVsCpu, CausalGqaDecodeAndPrefill) {
 // buffer; every element outside the rows must keep its NaN poison.
 void checkWarpgroupPrefill(bool persistent, int64_t outRowStride, int64_t outOffset, int runs) {
   const int batch = 2, headsQ = 4, headsKv = 2, dim = 128, pageSize = 16, length = 200;
-  const test::ScopedEnv shape("PAGEDC_PREFILL_SHAPE", "128x64x64");
-  const test::ScopedEnv persistentEnv("PAGEDC_PREFILL_PERSISTENT", persistent ? "1" : "0");
-  const test::ScopedEnv ctas("PAGEDC_PREFILL_PERSISTENT_CTAS", persistent ? "3" : nullptr);
-  const test::ScopedEnv counter("PAGEDC_PREFILL_TILE_COUNTER", nullptr);
+  KernelOptions options;
+  options.prefillShape = "128x64x64";
+  options.prefillPersistent = persistent;
+  if (persistent)
+    options.prefillPersistentCtas = 3;
   const int pagesPerSequence = (length + pageSize - 1) / pageSize, pages = batch * pagesPerSequence;
   CompiledMods mods;
   mods.maskName = "causal";
@@ -643,7 +642,7 @@ void checkWarpgroupPrefill(bool persistent, int64_t outRowStride, int64_t outOff
   mods.cuda.modCode = std::string(embeddedTemplate("testing/causal.cuh"));
   const KernelConfig config =
       chooseCudaAttentionConfig(mods, DType::BF16, dim, pageSize, headsQ / headsKv, length,
-                                false, cudaDeviceInfo(0).arch());
+                                false, cudaDeviceInfo(0).arch(), 0, options);
   ASSERT_EQ(config.warpRows, 64) << "not the warpgroup prefill";
   std::shared_ptr<const CudaKernel> kernel = cudaKernelFor(mods, config, 0);
 
@@ -702,7 +701,7 @@ void checkWarpgroupPrefill(bool persistent, int64_t outRowStride, int64_t outOff
       kernel, args,
       ParamsLayout::forDeclarations(mods.params, mods.buffers)
           .pack(mods.params, mods.buffers, noContext),
-      length);
+      length, -1, options);
   const std::string note = launch.applyLaunchOptions(pages, pages, /*visitsGrow=*/true);
   if (persistent)
     EXPECT_NE(note.find("persistent (3 CTAs), tile counter"), std::string::npos) << note;

@@ -9,7 +9,8 @@
 // grid, half of the runs with a block mask, lse on; outputs against the
 // float64 reference on fresh random inputs. A checker report fails the
 // launch and so the case. ctest also runs the prefill mode with warpgroup
-// tiles (PrefillWgmma.cuh, $PAGEDC_PREFILL_SHAPE=128x64x64; and 128x128x64
+// tiles (PrefillWgmma.cuh, the kernel option prefill_shape=128x64x64 that
+// its ctest ENVIRONMENT sets as $PAGEDC_PREFILL_SHAPE; and 128x128x64
 // with $PAGEDC_MATRIX_KV_BLOCK=128, mask blocks of 128 keys; 128x64x64 at
 // head dim 256 with $PAGEDC_MATRIX_HEAD_DIMS=256, the sm_90 default there)
 // and with the 128 x 32 tile of 32 rows per warp, holding the mods' row
@@ -27,6 +28,7 @@
 #include "pagedc/CudaAttention.h"
 #include "pagedc/KernelCache.h"
 #include "pagedc/Error.h"
+#include "pagedc/KernelOptions.h"
 
 #include <fmt/format.h>
 
@@ -115,13 +117,17 @@ TEST_P(EmuCorpusMatrixTest, CudaKernelsOnEmulatorMatchFloat64Reference) {
   const std::string arch = pagedc::cudaDeviceInfo(0).arch();
   ASSERT_EQ(arch, "emu");
   std::vector<pagedc::KernelCache::Request> requests;
+  // The kernel options of the ctest ENVIRONMENT ($PAGEDC_PREFILL_SHAPE), as
+  // the checks' CUDA calls take them (AttentionCheck.cpp, runOnCuda).
+  const pagedc::KernelOptions kernelOptions = pagedc::kernelOptionsFromEnvironment();
   for (const Variant &v : variants) {
     pagedc::KernelCache::Request request;
     request.config = pagedc::chooseCudaAttentionConfig(mods, v.dtype, static_cast<int>(v.dim),
                                                        v.pageSize, v.gqa,
                                                        static_cast<int>(v.mode->qLength),
                                                        /*returnLse=*/true, arch,
-                                                       v.withBlockMask ? kvBlockSize : 0);
+                                                       v.withBlockMask ? kvBlockSize : 0,
+                                                       kernelOptions);
     request.modCode = mods.cuda.modCode;
     request.options.arch = arch;
     if (std::none_of(requests.begin(), requests.end(), [&](const auto &r) {
