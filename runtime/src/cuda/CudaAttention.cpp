@@ -186,6 +186,7 @@ public:
 
   void scatterRows(const TensorView &values, const TensorView &cache,
                    const int64_t *slots) override {
+    checkScatterRows(values, cache, slots);
     const CudaDriver &driver = cudaUseDevice(index_);
     const auto elementSize = static_cast<int64_t>(dtypeSize(values.dtype()));
     const int64_t batch = values.size(0), heads = values.size(1), seqLen = values.size(2),
