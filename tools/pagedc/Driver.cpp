@@ -2,9 +2,12 @@
 
 #include "Driver.h"
 
+#include "pagedc/ProgramFile.h"
+
+#include "llvm/ADT/ArrayRef.h"
+#include "llvm/ADT/STLExtras.h"
 #include "llvm/Config/llvm-config.h"
 #include "llvm/Support/Error.h"
-#include "llvm/Support/MemoryBuffer.h"
 
 #include <algorithm>
 
@@ -75,6 +78,9 @@ void printHelp(const Registry &registry, llvm::raw_ostream &os) {
   }
   row("-h, --help", "Print this help and exit");
   row("--version", "Print the version and exit");
+  os << "\nA program is at most " << kMaxProgramText
+     << "; a larger FILE, or more\n"
+     << "than that on standard input, is an error.\n";
   os << "\nEXIT STATUS: 0 on success, 1 when the input has errors or cannot be "
         "read or\n"
      << "written (no output file is written), 2 on a usage error.\n";
@@ -282,16 +288,14 @@ int pagedc::driver::runDriver(const Registry &registry, int argc,
                       "' (this build has: " + known + ")");
   }
 
-  // Read the input.
-  llvm::ErrorOr<std::unique_ptr<llvm::MemoryBuffer>> input =
-      llvm::MemoryBuffer::getFileOrSTDIN(options.inputPath, /*IsText=*/true);
-  if (!input) {
-    llvm::errs() << "pagedc: error: cannot read '" << options.inputPath
-                 << "': " << input.getError().message() << "\n";
+  // Read the input, at most kMaxProgramBytes of it.
+  std::string input;
+  std::string readError = readProgramFile(options.inputPath, input);
+  if (!readError.empty()) {
+    llvm::errs() << "pagedc: error: " << readError << "\n";
     return kExitInputError;
   }
-  DiagnosticEngine diags(options.inputPath, (*input)->getBuffer(),
-                         llvm::errs());
+  DiagnosticEngine diags(options.inputPath, input, llvm::errs());
   Compilation compilation{options, diags, nullptr};
 
   if (stage->needsProgram) {
