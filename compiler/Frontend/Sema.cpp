@@ -285,7 +285,8 @@ void Sema::checkConsts() {
       }
       // A finite value folded from finite operands (1e38 * 10) that f32
       // cannot hold; an infinite one came from inf and is meant.
-      if (value && value->type == Type::F32 && std::isfinite(value->floatValue) &&
+      if (value && value->type == Type::F32 &&
+          std::isfinite(value->floatValue) &&
           outsideF32Range(value->floatValue)) {
         char text[32];
         std::snprintf(text, sizeof(text), "%.9g", value->floatValue);

@@ -336,7 +336,8 @@ int pagedc::driver::runDriver(const Registry &registry, int argc,
   outputStream.flush();
   llvm::outs().flush();
   try {
-    files::writeAll({{outputs.front(), std::vector<uint8_t>(output.begin(), output.end())}});
+    files::writeAll({{outputs.front(),
+                      std::vector<uint8_t>(output.begin(), output.end())}});
   } catch (const Error &error) {
     llvm::errs() << "pagedc: error: " << error.what() << "\n";
     return kExitInputError;
