@@ -9,6 +9,8 @@
 #include "pagedc/Attention.h"
 #include "pagedc/BatchAttention.h"
 #include "pagedc/BlockMask.h"
+#include "pagedc/CudaAttention.h"
+#include "pagedc/CudaDriver.h"
 #include "pagedc/Error.h"
 #include "pagedc/KVCache.h"
 #include "pagedc/Mods.h"
@@ -547,4 +549,22 @@ TEST(OutputViewHardening, ViewsSmallerThanTheCallAreRefusedUnwritten) {
         "V storage must have shape [2, 8, 4, 8]");
     EXPECT_TRUE(kStorage.untouched() && vStorage.untouched());
   }
+}
+
+// A device buffer's copies are bounded without overflow: an offset near
+// SIZE_MAX made `offset + bytes` wrap below the size and pass the check.
+TEST(OutputViewHardening, DeviceBufferCopiesRefuseWrappingOffsets) {
+  std::string reason;
+  if (!CudaDriver::available(&reason) || CudaDriver::get().deviceCount() == 0)
+    GTEST_SKIP() << "no CUDA device: " << reason;
+  DeviceBuffer buffer(64, 0);
+  std::vector<uint8_t> host(64, 7);
+  for (size_t offset : {SIZE_MAX, SIZE_MAX - 1, size_t(65)}) {
+    EXPECT_PAGEDC_ERROR(buffer.upload(host.data(), 2, offset), "overruns 64 bytes");
+    EXPECT_PAGEDC_ERROR(buffer.download(host.data(), 2, offset), "overruns 64 bytes");
+  }
+  EXPECT_PAGEDC_ERROR(buffer.upload(host.data(), 1, 64), "overruns 64 bytes");
+  EXPECT_PAGEDC_ERROR(buffer.download(host.data(), SIZE_MAX, 1), "overruns 64 bytes");
+  buffer.upload(host.data(), 64, 0);
+  buffer.download(host.data(), 0, 64);
 }
