@@ -61,7 +61,11 @@ constexpr const char *kRunUsage =
     "SEED | --ascending-pages | --pages-per-reserve N]\n"
     "           [--q-offset N|end]\n"
     "           [--device cpu|cuda|emu|auto] [--dtype f16|bf16] [--reference] "
-    "[--threads N]\n";
+    "[--threads N]\n"
+    "  FILE.attn is at most 16 MiB. -o and --lse: '-' or /dev/stdout is "
+    "standard output,\n"
+    "  devices and FIFOs are written in place, an input is never "
+    "overwritten.\n";
 
 /// A problem with the command line: exit status 2.
 struct UsageError {
