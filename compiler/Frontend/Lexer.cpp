@@ -2,6 +2,8 @@
 
 #include "Lexer.h"
 
+#include "pagedc/ConstOverride.h"
+
 #include "llvm/ADT/StringSwitch.h"
 #include "llvm/Support/ErrorHandling.h"
 
@@ -380,9 +382,12 @@ Token Lexer::lexNumber(SourceLoc begin) {
   std::string spelling = token.text.str();
   if (isFloat) {
     token.floatValue = std::strtod(spelling.c_str(), nullptr);
-    if (std::isinf(token.floatValue)) {
-      diags.error(token.range,
-                  "float literal '" + token.text + "' is too large");
+    // Floats are f32: a literal that would round to infinity there is an
+    // error (tiny ones that round to zero are fine).
+    if (outsideF32Range(token.floatValue)) {
+      diags.error(token.range, "float literal '" + token.text +
+                                   "' is out of the range of a float " +
+                                   kF32RangeText);
       token.kind = TokenKind::Error;
     }
     return token;

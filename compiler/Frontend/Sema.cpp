@@ -17,6 +17,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <functional>
 #include <limits>
 
@@ -280,6 +281,18 @@ void Sema::checkConsts() {
         diags.error(decl->getInit()->getRange(),
                     "constant '" + decl->getName() + "' = " +
                         llvm::Twine(value->intValue) + " does not fit in i32");
+        value.reset();
+      }
+      // A finite value folded from finite operands (1e38 * 10) that f32
+      // cannot hold; an infinite one came from inf and is meant.
+      if (value && value->type == Type::F32 &&
+          std::isfinite(value->floatValue) &&
+          outsideF32Range(value->floatValue)) {
+        char text[32];
+        std::snprintf(text, sizeof(text), "%.9g", value->floatValue);
+        diags.error(decl->getInit()->getRange(),
+                    "constant '" + decl->getName() + "' = " + text +
+                        " is out of the range of a float " + kF32RangeText);
         value.reset();
       }
       if (value && value->type == Type::F32 && std::isnan(value->floatValue)) {

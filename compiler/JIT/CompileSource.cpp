@@ -8,7 +8,7 @@
 #include "mlir/IR/Diagnostics.h"
 #include "mlir/IR/MLIRContext.h"
 #include "mlir/Pass/PassManager.h"
-#include "llvm/Support/MemoryBuffer.h"
+#include "pagedc/ProgramFile.h"
 
 #ifdef PAGEDC_HAVE_CUDA_TARGET
 #include "Conversion/CUDA/FlexToEmitC.h"
@@ -30,6 +30,10 @@ llvm::Expected<std::unique_ptr<ast::Program>>
 analyzeSource(llvm::StringRef fileName, llvm::StringRef source,
               const SourceCompileOptions &options,
               llvm::raw_ostream &diagnostics) {
+  // Text handed over in memory (the Python API's str) is held to the limit
+  // of program files too.
+  if (source.size() > static_cast<uint64_t>(kMaxProgramBytes))
+    return makeError(programTooLarge(fileName.str()));
   unsigned errors = 0;
   std::unique_ptr<ast::Program> program;
   {
@@ -157,11 +161,14 @@ llvm::Expected<CompiledMods> pagedc::jit::compileModsFromSource(
 llvm::Expected<CompiledMods> pagedc::jit::compileModsFromFile(
     llvm::StringRef path, llvm::StringRef mask, llvm::StringRef score,
     const SourceCompileOptions &options, llvm::raw_ostream &diagnostics) {
-  auto buffer = llvm::MemoryBuffer::getFile(path, /*IsText=*/true);
-  if (!buffer)
-    return makeError(path + ": cannot read: " + buffer.getError().message());
-  return compileModsFromSource(path, (*buffer)->getBuffer(), mask, score,
-                               options, diagnostics);
+  // At most kMaxProgramBytes: `pagedc run /dev/zero` is an error, not a read
+  // until memory runs out.
+  std::string source;
+  std::string error = readProgramFile(path.str(), source);
+  if (!error.empty())
+    return makeError(error);
+  return compileModsFromSource(path, source, mask, score, options,
+                               diagnostics);
 }
 
 llvm::Expected<std::vector<ModSummary>> pagedc::jit::listModsInSource(

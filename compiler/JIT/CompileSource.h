@@ -51,7 +51,9 @@ compileModsFromSource(llvm::StringRef fileName, llvm::StringRef source,
                       const SourceCompileOptions &options,
                       llvm::raw_ostream &diagnostics);
 
-/// compileModsFromSource() on the contents of the file at `path`.
+/// compileModsFromSource() on the contents of the file at `path` ("-":
+/// standard input), read through pagedc/ProgramFile.h: at most
+/// kMaxProgramBytes, else an error naming the file and the limit.
 llvm::Expected<CompiledMods>
 compileModsFromFile(llvm::StringRef path, llvm::StringRef mask,
                     llvm::StringRef score, const SourceCompileOptions &options,

@@ -9,6 +9,7 @@ import itertools
 import math
 import os
 import re
+import stat
 import weakref
 from pathlib import Path
 from typing import Any, Mapping, Optional, Sequence, Union
@@ -157,13 +158,43 @@ def _native_mods(mods):
     raise ValueError(f"mods: expected pagedc.CompiledMods, got {type(mods).__name__}")
 
 
+def _read_program(path: Path) -> str:
+    """The text of the program file ``path``, at most ``_C.MAX_PROGRAM_BYTES``
+    (16 MiB, the limit of every pagedc reader): a regular file is measured
+    before it is read, anything else (a FIFO, ``/dev/zero``) is read one byte
+    past the limit at most, so an endless file is an error, not a read until
+    memory runs out."""
+    limit = _C.MAX_PROGRAM_BYTES
+    too_large = (f"source: program '{path}' is larger than {limit >> 20} MiB ({limit} bytes), "
+                 f"the most a program may be")
+    try:
+        with open(path, "rb") as f:
+            info = os.fstat(f.fileno())
+            if stat.S_ISDIR(info.st_mode):
+                raise ValueError(f"source: cannot read '{path}': it is a directory, "
+                                 f"not a program file")
+            if stat.S_ISREG(info.st_mode) and info.st_size > limit:
+                raise ValueError(too_large)
+            data = f.read(limit + 1)
+    except OSError as e:
+        raise ValueError(f"source: cannot read '{path}': {e}") from None
+    if len(data) > limit:
+        raise ValueError(too_large)
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise ValueError(f"source: cannot read '{path}': {e}") from None
+
+
 def compile(source: Union[str, os.PathLike], mask: Optional[str] = None,
             score: Optional[str] = None, defines: Optional[Mapping[str, Any]] = None,
             cuda: bool = False) -> CompiledMods:
     """Compiles mods of a .attn program.
 
     ``source`` is the program text (a ``str``) or a file (a ``pathlib.Path``,
-    or a ``str`` naming an existing ``*.attn`` file). ``mask`` / ``score`` name
+    or a ``str`` naming an existing ``*.attn`` file) of at most 16 MiB
+    (``ValueError`` beyond, for files before reading them whole; the limit of
+    every pagedc reader). ``mask`` / ``score`` name
     the mods to select; when both are None, the program's only mask mod and
     only score mod are selected (a ``ValueError`` asks for names when there
     are several of a kind). ``defines`` overrides constants (``-D``).
@@ -176,10 +207,7 @@ def compile(source: Union[str, os.PathLike], mask: Optional[str] = None,
             isinstance(source, str) and "\n" not in source and source.endswith(".attn")
             and os.path.isfile(source)):
         path = Path(source)
-        try:
-            text = path.read_text()
-        except (OSError, UnicodeDecodeError) as e:
-            raise ValueError(f"source: cannot read '{path}': {e}") from None
+        text = _read_program(path)
         file_name = str(path)
     elif isinstance(source, str):
         text = source

@@ -24,6 +24,7 @@
 #include "pagedc/KernelOptions.h"
 #include "pagedc/Mods.h"
 #include "pagedc/PhysicalBlockMask.h"
+#include "pagedc/ProgramFile.h"
 #include "pagedc/Tensor.h"
 
 #include "llvm/Support/raw_ostream.h"
@@ -749,6 +750,9 @@ PYBIND11_MODULE(_pagedc, m) {
       .def_readonly("mods", &CompileResult::mods)
       .def_readonly("diagnostics", &CompileResult::diagnostics)
       .def_readonly("error", &CompileResult::error);
+  // The largest program any reader accepts (pagedc/ProgramFile.h); compile()
+  // reads files with this bound.
+  m.attr("MAX_PROGRAM_BYTES") = py::int_(kMaxProgramBytes);
   m.def("compile_source", &compileSource, py::arg("file_name"), py::arg("source"),
         py::arg("mask"), py::arg("score"), py::arg("defines"), py::arg("with_cuda"));
   m.def("list_mods", &listMods);

@@ -497,6 +497,12 @@ BlockMask blockMaskFromKvBlocks(std::vector<int32_t> kvNumBlocks, std::vector<in
 BlockMask denseToBlockMask(const uint8_t *dense, int64_t batch, int64_t heads, int64_t qLength,
                            int64_t kvLength, int32_t qBlockSize, int32_t kvBlockSize) {
   checkSizes(batch, heads, qLength, kvLength, qBlockSize, kvBlockSize);
+  // checkSizes() leaves at least one element to read, so there is no shape
+  // for which a null array is valid.
+  if (dense == nullptr)
+    throw Error(fmt::format("denseToBlockMask: dense is null but must point to the [{}, {}, {}, "
+                            "{}] element mask",
+                            batch, heads, qLength, kvLength));
   const Geometry g(qLength, kvLength, qBlockSize, kvBlockSize);
   BlockMask mask = allocateMask(batch, heads, g);
   for (int64_t b = 0; b < batch; ++b)

@@ -23,6 +23,35 @@ namespace pagedc {
 // Host memory and the memory registry
 //===----------------------------------------------------------------------===//
 
+void checkScatterRows(const TensorView &values, const TensorView &cache, const int64_t *slots) {
+  if (values.rank() != 4)
+    throw Error(fmt::format("scatterRows: values must be [B, H, S, D] but has shape {}",
+                            values.shapeString()));
+  if (cache.rank() != 3)
+    throw Error(fmt::format("scatterRows: cache must be [H, rows, D] but has shape {}",
+                            cache.shapeString()));
+  if (values.dtype() != cache.dtype())
+    throw Error(fmt::format("scatterRows: values are {} but the cache is {}",
+                            dtypeName(values.dtype()), dtypeName(cache.dtype())));
+  if (cache.size(0) != values.size(1) || cache.size(2) != values.size(3))
+    throw Error(fmt::format("scatterRows: cache {} must have values' H = {} and D = {} (values "
+                            "are {})",
+                            cache.shapeString(), values.size(1), values.size(3),
+                            values.shapeString()));
+  if (!cache.isContiguous())
+    throw Error("scatterRows: cache must be compact (row-major)");
+  const int64_t count = values.size(0) * values.size(2);
+  if (count == 0 || values.size(1) == 0 || values.size(3) == 0)
+    return;
+  if (values.data() == nullptr || cache.data() == nullptr || slots == nullptr)
+    throw Error("scatterRows: values, cache and slots must have data");
+  for (int64_t i = 0; i < count; ++i)
+    if (slots[i] < 0 || slots[i] >= cache.size(1))
+      throw Error(fmt::format("scatterRows: slots[{}] = {} is out of range [0, {}) (the cache's "
+                              "rows)",
+                              i, slots[i], cache.size(1)));
+}
+
 namespace {
 
 class HostKVMemory final : public KVMemory {
@@ -62,6 +91,7 @@ public:
 
   void scatterRows(const TensorView &values, const TensorView &cache,
                    const int64_t *slots) override {
+    checkScatterRows(values, cache, slots);
     const size_t elementSize = dtypeSize(values.dtype());
     const int64_t batch = values.size(0), heads = values.size(1), seqLen = values.size(2),
                   dim = values.size(3);

@@ -34,43 +34,69 @@ std::string baseNameOf(const std::string &path) {
 struct Destination {
   std::string path;     // the file written or replaced
   bool inPlace = false; // a device or FIFO: opened and written, not replaced
+  bool isStdout = false; // "-" or /dev/stdout: file descriptor 1, as it is
   bool exists = false;
+  bool regular = false;  // an existing regular file (stdout's included)
   dev_t device = 0; // of the file, or of its directory when it does not exist
   ino_t inode = 0;
+  mode_t mode = 0;  // of an existing regular file, kept by its replacement
 };
+
+/// Standard output is "-" and /dev/stdout: written through file descriptor
+/// 1 as the shell set it up (a pipe, a terminal, a file opened for
+/// appending), never reopened or replaced.
+bool namesStdout(const std::string &path) { return path == "-" || path == "/dev/stdout"; }
 
 Destination resolve(const NamedPath &output) {
   const std::string &path = output.path;
   if (path.empty())
     throw Error(fmt::format("{}: the output path is empty", output.label));
-  if (path.back() == '/')
-    throw Error(fmt::format("{} '{}': is a directory, not a file", output.label, path));
   Destination destination;
   destination.path = path;
-  struct stat link;
-  if (::lstat(path.c_str(), &link) == 0 && S_ISLNK(link.st_mode)) {
-    char resolved[PATH_MAX];
-    if (!::realpath(path.c_str(), resolved))
-      throw Error(fmt::format("{} '{}': is a symlink whose target cannot be resolved ({}); "
-                              "remove it or point it at a file",
-                              output.label, path, std::strerror(errno)));
-    destination.path = resolved;
-  }
   struct stat info;
-  if (::stat(destination.path.c_str(), &info) == 0) {
+  if (namesStdout(path)) {
+    destination.isStdout = destination.inPlace = true;
+    if (::fstat(STDOUT_FILENO, &info) != 0)
+      throw Error(fmt::format("{} '{}': standard output is not open ({})", output.label, path,
+                              std::strerror(errno)));
+    destination.exists = true;
+    destination.regular = S_ISREG(info.st_mode);
+    destination.device = info.st_dev;
+    destination.inode = info.st_ino;
+    return destination;
+  }
+  if (path.back() == '/')
+    throw Error(fmt::format("{} '{}': is a directory, not a file", output.label, path));
+  // What the path names, through any symlinks (/dev/fd/1 into a pipe
+  // included: such a link has no path to resolve, but it can be opened).
+  if (::stat(path.c_str(), &info) == 0) {
     if (S_ISDIR(info.st_mode))
       throw Error(fmt::format("{} '{}': is a directory, not a file", output.label, path));
     destination.exists = true;
     destination.device = info.st_dev;
     destination.inode = info.st_ino;
     destination.inPlace = S_ISCHR(info.st_mode) || S_ISBLK(info.st_mode) || S_ISFIFO(info.st_mode);
-    if (!destination.inPlace && !S_ISREG(info.st_mode))
+    destination.regular = S_ISREG(info.st_mode);
+    destination.mode = info.st_mode & 07777;
+    if (!destination.inPlace && !destination.regular)
       throw Error(fmt::format("{} '{}': is not a regular file, device or FIFO (a socket?)",
                               output.label, path));
-    return destination;
-  }
-  if (errno != ENOENT)
+  } else if (errno != ENOENT) {
     throw Error(fmt::format("{} '{}': {}", output.label, path, std::strerror(errno)));
+  }
+  // A regular file behind a symlink is replaced where it is: the link stays.
+  struct stat link;
+  if (!destination.inPlace && ::lstat(path.c_str(), &link) == 0 && S_ISLNK(link.st_mode)) {
+    char resolved[PATH_MAX];
+    if (!destination.exists || !::realpath(path.c_str(), resolved))
+      throw Error(fmt::format("{} '{}': is a symlink whose target cannot be resolved ({}); "
+                              "remove it or point it at a file",
+                              output.label, path,
+                              destination.exists ? std::strerror(errno) : "it does not exist"));
+    destination.path = resolved;
+  }
+  if (destination.exists)
+    return destination;
   const std::string directory = directoryOf(destination.path);
   if (::stat(directory.c_str(), &info) != 0 || !S_ISDIR(info.st_mode))
     throw Error(fmt::format("{} '{}': its directory '{}' does not exist", output.label, path,
@@ -81,6 +107,8 @@ Destination resolve(const NamedPath &output) {
 }
 
 bool sameFile(const Destination &a, const Destination &b) {
+  if (a.isStdout && b.isStdout)
+    return true;
   if (a.exists != b.exists || a.device != b.device || a.inode != b.inode)
     return false;
   return a.exists || baseNameOf(a.path) == baseNameOf(b.path); // new: same directory + name
@@ -96,6 +124,8 @@ bool writeFully(int fd, const std::vector<uint8_t> &bytes) {
     ssize_t written = ::write(fd, data, std::min<size_t>(left, 1u << 30));
     if (written < 0 && errno == EINTR)
       continue;
+    if (written == 0)
+      errno = EIO; // nothing written and no reason given
     if (written <= 0)
       return false;
     data += written;
@@ -111,19 +141,32 @@ void checkOutputs(const std::vector<NamedPath> &outputs, const std::vector<Named
   for (const NamedPath &output : outputs) {
     Destination destination = resolve(output);
     for (size_t i = 0; i < destinations.size(); ++i)
-      if (!destination.inPlace && sameFile(destination, destinations[i]))
+      if ((!destination.inPlace || destination.isStdout) &&
+          sameFile(destination, destinations[i]))
         throw Error(fmt::format("{} '{}' and {} '{}' are the same file; each output needs its "
                                 "own",
                                 outputs[i].label, outputs[i].path, output.label, output.path));
-    if (destination.exists && !destination.inPlace)
+    // Devices and FIFOs may be inputs and outputs at once (/dev/null); a
+    // regular file, standard output redirected to one included, may not.
+    if (destination.exists && destination.regular)
       for (const NamedPath &input : inputs) {
         struct stat info;
-        if (::stat(input.path.c_str(), &info) == 0 && info.st_dev == destination.device &&
+        const int status = input.path == "-" ? ::fstat(STDIN_FILENO, &info)
+                                             : ::stat(input.path.c_str(), &info);
+        if (status == 0 && info.st_dev == destination.device &&
             info.st_ino == destination.inode)
           throw Error(fmt::format("{} '{}' is the same file as the input {} '{}'; refusing to "
                                   "overwrite an input",
                                   output.label, output.path, input.label, input.path));
       }
+    // A regular file is replaced by a rename in its directory: say now that
+    // the directory refuses it, before any work is done for the output.
+    if (!destination.inPlace) {
+      const std::string directory = directoryOf(destination.path);
+      if (::access(directory.c_str(), W_OK | X_OK) != 0)
+        throw Error(fmt::format("cannot write {} '{}': its directory '{}' is not writable ({})",
+                                output.label, output.path, directory, std::strerror(errno)));
+    }
     destinations.push_back(std::move(destination));
   }
 }
@@ -161,22 +204,35 @@ void writeAll(const std::vector<OutputFile> &files) {
         throw Error(fmt::format("cannot write {} '{}': {}", p.file->name.label, p.file->name.path,
                                 std::strerror(errno)));
       p.temporary = temporary;
-      bool ok = writeFully(fd, p.file->bytes);
+      // The replacement keeps the permissions of the file it replaces.
+      bool ok = (!p.destination.exists || ::fchmod(fd, p.destination.mode) == 0) &&
+                writeFully(fd, p.file->bytes);
       int error = errno;
-      ok = ::close(fd) == 0 && ok;
+      if (::close(fd) != 0 && ok) {
+        ok = false;
+        error = errno;
+      }
       if (!ok)
         throw Error(fmt::format("cannot write {} '{}': {}", p.file->name.label,
-                                p.file->name.path, std::strerror(error ? error : errno)));
+                                p.file->name.path, std::strerror(error)));
     }
     // 2. Devices and FIFOs, written in place.
     for (Pending &p : pending) {
       if (!p.destination.inPlace)
         continue;
+      if (p.destination.isStdout) {
+        if (!writeFully(STDOUT_FILENO, p.file->bytes))
+          throw Error(fmt::format("cannot write {} '{}': {}", p.file->name.label,
+                                  p.file->name.path, std::strerror(errno)));
+        continue;
+      }
       int fd = ::open(p.destination.path.c_str(), O_WRONLY | O_CLOEXEC);
       bool ok = fd >= 0 && writeFully(fd, p.file->bytes);
       int error = errno;
-      if (fd >= 0)
-        ok = ::close(fd) == 0 && ok;
+      if (fd >= 0 && ::close(fd) != 0 && ok) {
+        ok = false;
+        error = errno;
+      }
       if (!ok)
         throw Error(fmt::format("cannot write {} '{}': {}", p.file->name.label,
                                 p.file->name.path, std::strerror(error)));

@@ -1,17 +1,24 @@
 //===- OutputFiles.h - Writing a set of output files all or nothing -*- C++ -*-===//
 //
-// The one writer of result files (`pagedc run`'s out/lse, writeNpy()). Rules:
+// The one writer of output files: `pagedc` compile mode's -o, `pagedc run`'s
+// -o/--lse, `pagedc-jit --stats=`, writeNpy(). Rules:
 //
 //  * checkOutputs() runs before any work: an output that is the same file as
-//    an input (same device and inode, however the path is spelt) or as another
-//    output, a directory, a dangling symlink or a missing directory is an
-//    error naming the option and the path.
+//    an input (same device and inode, however the path is spelt, symlinks
+//    followed) or as another output, a directory, a dangling symlink, a
+//    missing directory or a directory that is not writable is an error
+//    naming the option and the path.
+//  * "-" and "/dev/stdout" are standard output, written through file
+//    descriptor 1 as it is (a pipe, a terminal, a file the shell opened).
 //  * A symlink is written through: its target is what gets replaced (the
 //    link stays). A character or block device or a FIFO is written in place
 //    (`-o /dev/null` writes to the device, never replaces it with a file).
 //  * Regular files (and new ones) are written to temporary files in their
-//    target directories, then renamed into place together; any failure before
-//    the renames removes every temporary, so no output appears.
+//    target directories, then renamed into place together, keeping the
+//    replaced file's permissions; any failure before the renames removes
+//    every temporary, so no output appears.
+//  * Every write and every close is checked: a full device (/dev/full) or a
+//    failed close is an error naming the output and the system's reason.
 //
 //===----------------------------------------------------------------------===//
 #ifndef PAGEDC_RUNTIME_OUTPUTFILES_H

@@ -73,6 +73,34 @@ def test_missing_mod_and_unreadable_source(tmp_path):
         pagedc.compile(42)
 
 
+LIMIT = 16 << 20  # the documented maximum program size (docs/language.md)
+
+
+def test_program_size_is_bounded(tmp_path):
+    # Every kind of file over the limit is refused naming the file and the
+    # limit, without reading it whole: a sparse regular file one byte over
+    # (measured, never read), endless devices (counted while read).
+    big = tmp_path / "big.attn"
+    with open(big, "wb") as f:
+        f.truncate(LIMIT + 1)
+    for path in (big, Path("/dev/zero"), Path("/dev/urandom")):
+        with pytest.raises(ValueError, match=r"program '%s' is larger than 16 MiB "
+                           r"\(16777216 bytes\)" % path):
+            pagedc.compile(path)
+    # A file of exactly the limit is read (a comment, then a mod).
+    mod = "\nmask a(b, h, q, kv) = q >= kv\n"
+    exact = tmp_path / "exact.attn"
+    exact.write_text("#" + "x" * (LIMIT - 1 - len(mod)) + mod)
+    assert exact.stat().st_size == LIMIT
+    assert pagedc.compile(exact).mask == "a"
+    # Text handed over in memory is held to the same limit.
+    with pytest.raises(pagedc.CompileError, match="larger than 16 MiB"):
+        pagedc.compile("#" + "x" * LIMIT + mod)
+    # A directory is a clear error too.
+    with pytest.raises(ValueError, match="source: cannot read"):
+        pagedc.compile(tmp_path)
+
+
 def test_cuda_codegen_flag():
     if pagedc.cuda_codegen_available():
         mods = pagedc.compile("mask a(b, h, q, kv) = q >= kv\n", cuda=True)

@@ -16,10 +16,10 @@
 //===----------------------------------------------------------------------===//
 
 #include "Frontend/Frontend.h"
+#include "pagedc/ProgramFile.h"
 
 #include "llvm/ADT/STLExtras.h"
 #include "llvm/Support/FileSystem.h"
-#include "llvm/Support/MemoryBuffer.h"
 #include "llvm/Support/Path.h"
 #include "llvm/Support/Program.h"
 #include "llvm/Support/raw_ostream.h"
@@ -279,13 +279,14 @@ bool loadCorpus(const Settings &settings, std::vector<std::string> &corpus) {
     paths.insert(paths.end(), found.begin(), found.end());
   }
   for (const std::string &path : paths) {
-    auto buffer = llvm::MemoryBuffer::getFile(path, /*IsText=*/true);
-    if (!buffer) {
-      llvm::errs() << "pagedc-fuzz: cannot read '" << path
-                   << "': " << buffer.getError().message() << "\n";
+    // The seeds are programs: read them with the limit of every reader.
+    std::string text;
+    std::string error = pagedc::readProgramFile(path, text);
+    if (!error.empty()) {
+      llvm::errs() << "pagedc-fuzz: " << error << "\n";
       return false;
     }
-    corpus.push_back((*buffer)->getBuffer().str());
+    corpus.push_back(std::move(text));
   }
   return !corpus.empty();
 }

@@ -378,7 +378,8 @@ int runPtxStage(Compilation &compilation, llvm::raw_ostream &os) {
 }
 
 int runCubinStage(Compilation &compilation, llvm::raw_ostream &os) {
-  if (compilation.options.outputPath == "-" &&
+  const std::string &path = compilation.options.outputPath;
+  if ((path == "-" || path == "/dev/stdout") &&
       llvm::sys::Process::StandardOutIsDisplayed())
     return usage("a cubin is binary; refusing to write it to a terminal "
                  "(give -o FILE or redirect the output)");
@@ -397,8 +398,15 @@ int runCubinStage(Compilation &compilation, llvm::raw_ostream &os) {
 
 int runBundleStage(Compilation &compilation, llvm::raw_ostream &) {
   const std::string &directory = compilation.options.outputPath;
-  if (directory == "-")
+  if (directory == "-" || directory == "/dev/stdout")
     return usage("--emit=bundle writes a directory: give -o DIR");
+  // Before any compiling: a file where the directory should be (the input
+  // itself included) or a directory that refuses files is an error.
+  try {
+    KernelBundle::checkBundleDirectory(directory);
+  } catch (const Error &error) {
+    return inputError(llvm::Twine("-o: ") + error.what());
+  }
   return withKernelSources(
       compilation, /*allowLists=*/true,
       [&](const CudaTarget &target, const std::vector<KernelSource> &sources) {

@@ -2,9 +2,13 @@
 
 #include "Driver.h"
 
+#include "OutputFiles.h"
+#include "pagedc/Error.h"
+#include "pagedc/ProgramFile.h"
+
+#include "llvm/ADT/ArrayRef.h"
+#include "llvm/ADT/STLExtras.h"
 #include "llvm/Config/llvm-config.h"
-#include "llvm/Support/Error.h"
-#include "llvm/Support/MemoryBuffer.h"
 
 #include <algorithm>
 
@@ -75,6 +79,13 @@ void printHelp(const Registry &registry, llvm::raw_ostream &os) {
   }
   row("-h, --help", "Print this help and exit");
   row("--version", "Print the version and exit");
+  os << "\nA program is at most " << kMaxProgramText
+     << "; a larger FILE, or more\n"
+     << "than that on standard input, is an error.\n"
+     << "PATH '-' or /dev/stdout is standard output; devices and FIFOs are "
+        "written in place,\n"
+     << "a symlink's target is replaced, and an output that is the input is "
+        "refused.\n";
   os << "\nEXIT STATUS: 0 on success, 1 when the input has errors or cannot be "
         "read or\n"
      << "written (no output file is written), 2 on a usage error.\n";
@@ -282,16 +293,27 @@ int pagedc::driver::runDriver(const Registry &registry, int argc,
                       "' (this build has: " + known + ")");
   }
 
-  // Read the input.
-  llvm::ErrorOr<std::unique_ptr<llvm::MemoryBuffer>> input =
-      llvm::MemoryBuffer::getFileOrSTDIN(options.inputPath, /*IsText=*/true);
-  if (!input) {
-    llvm::errs() << "pagedc: error: cannot read '" << options.inputPath
-                 << "': " << input.getError().message() << "\n";
+  // An output that must not be written (the input itself, a directory, a
+  // directory that refuses files) fails before any work. A stage that
+  // writes a directory checks its own.
+  const std::vector<files::NamedPath> outputs = {{"-o", options.outputPath}};
+  if (!stage->writesOutputPath) {
+    try {
+      files::checkOutputs(outputs, {{"FILE", options.inputPath}});
+    } catch (const Error &error) {
+      llvm::errs() << "pagedc: error: " << error.what() << "\n";
+      return kExitInputError;
+    }
+  }
+
+  // Read the input, at most kMaxProgramBytes of it.
+  std::string input;
+  std::string readError = readProgramFile(options.inputPath, input);
+  if (!readError.empty()) {
+    llvm::errs() << "pagedc: error: " << readError << "\n";
     return kExitInputError;
   }
-  DiagnosticEngine diags(options.inputPath, (*input)->getBuffer(),
-                         llvm::errs());
+  DiagnosticEngine diags(options.inputPath, input, llvm::errs());
   Compilation compilation{options, diags, nullptr};
 
   if (stage->needsProgram) {
@@ -304,21 +326,20 @@ int pagedc::driver::runDriver(const Registry &registry, int argc,
       return kExitInputError;
   }
 
-  // Run the stage into memory; only a complete result is written out, and a
-  // file through a temporary that is renamed into place.
+  // Run the stage into memory; only a complete result is written out,
+  // through the one output writer (OutputFiles.h).
   std::string output;
   llvm::raw_string_ostream outputStream(output);
   int status = stage->run(compilation, outputStream);
   if (status != kExitSuccess || stage->writesOutputPath)
     return status;
   outputStream.flush();
-  if (llvm::Error error =
-          llvm::writeToOutput(options.outputPath, [&](llvm::raw_ostream &os) {
-            os << output;
-            return llvm::Error::success();
-          })) {
-    llvm::errs() << "pagedc: error: cannot write '" << options.outputPath
-                 << "': " << llvm::toString(std::move(error)) << "\n";
+  llvm::outs().flush();
+  try {
+    files::writeAll({{outputs.front(),
+                      std::vector<uint8_t>(output.begin(), output.end())}});
+  } catch (const Error &error) {
+    llvm::errs() << "pagedc: error: " << error.what() << "\n";
     return kExitInputError;
   }
   return kExitSuccess;

@@ -142,7 +142,7 @@ BlockMask blockMaskFromKvBlocks(std::vector<int32_t> kvNumBlocks, std::vector<in
 
 /// Builds a block mask from a dense element mask `dense` [batch, heads,
 /// qLength, kvLength] (nonzero = keep): all-true blocks are full, mixed ones
-/// partial, all-false ones absent.
+/// partial, all-false ones absent. A null `dense` is a pagedc::Error.
 BlockMask denseToBlockMask(const uint8_t *dense, int64_t batch, int64_t heads, int64_t qLength,
                            int64_t kvLength, int32_t qBlockSize = 128, int32_t kvBlockSize = 128);
 

@@ -9,7 +9,8 @@
 //   value = [ "-" ] ( INT | FLOAT | "inf" )
 //   INT   = digit { digit }                      (must fit in i32)
 //   FLOAT = digits "." [ digits ] [ exponent ] | "." digits [ exponent ]
-//         | digits exponent                      (must be finite)
+//         | digits exponent                      (must be within f32's
+//                                                 finite range)
 //   exponent = ( "e" | "E" ) [ "+" | "-" ] digits
 //
 // i.e. the literals of the language with an optional leading minus.
@@ -21,6 +22,7 @@
 
 #include <charconv>
 #include <cmath>
+#include <cstdlib>
 #include <cstdint>
 #include <limits>
 #include <string>
@@ -28,6 +30,23 @@
 #include <system_error>
 
 namespace pagedc {
+
+/// Float constants are f32 on every backend. A double whose magnitude is at
+/// least FLT_MAX + half an ulp of it (2^128 - 2^103) rounds to infinity in
+/// f32, so a literal or -D value that large would silently become inf;
+/// these are errors instead. Values that round to zero stay allowed.
+inline constexpr double kF32RoundsToInfinity = 0x1.ffffffp+127;
+
+/// How errors state the range of a float: "(f32: magnitude at most
+/// 3.40282347e+38; use inf for infinity)".
+inline constexpr const char *kF32RangeText =
+    "(f32: magnitude at most 3.40282347e+38; use inf for infinity)";
+
+/// Whether `value` (a finite double, or +-inf from a decimal literal that
+/// overflowed double) rounds outside f32's finite range.
+inline bool outsideF32Range(double value) {
+  return !std::isnan(value) && std::fabs(value) >= kF32RoundsToInfinity;
+}
 
 /// A parsed `-D` value.
 struct ConstOverrideValue {
@@ -97,10 +116,16 @@ inline std::string parseConstOverride(std::string_view text,
   }
   double value = 0;
   auto [end, error] = std::from_chars(first, last, value);
-  if (error == std::errc::result_out_of_range || std::isinf(value))
-    return "is out of the range of a float";
-  if (error != std::errc() || end != last)
+  // from_chars says out-of-range both for overflow and for underflow and
+  // then leaves `value` unset; strtod (the language's lexer's reader) gives
+  // inf for the one and the rounded tiny value for the other, which stays
+  // allowed as in the language.
+  if (error == std::errc::result_out_of_range)
+    value = std::strtod(std::string(text).c_str(), nullptr);
+  else if (error != std::errc() || end != last)
     return malformed;
+  if (outsideF32Range(value))
+    return std::string("is out of the range of a float ") + kF32RangeText;
   result.isInt = false;
   result.floatValue = value;
   return "";

@@ -49,6 +49,14 @@ public:
                            const int64_t *slots) = 0;
 };
 
+/// Checks scatterRows()' arguments against each other and throws
+/// pagedc::Error naming the first mismatch: ranks, dtypes, `cache`'s H and D
+/// against `values`', a compact `cache`, and every slot below `cache`'s row
+/// count. scatterRows() is a public entry point, and a cache view with fewer
+/// heads, narrower rows or fewer rows than `values` and `slots` reach would
+/// otherwise be written past its end; every KVMemory calls this first.
+void checkScatterRows(const TensorView &values, const TensorView &cache, const int64_t *slots);
+
 /// The built-in host (CPU) memory.
 std::shared_ptr<KVMemory> hostKVMemory();
 

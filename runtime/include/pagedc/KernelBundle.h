@@ -66,8 +66,15 @@ public:
   static KernelBundle parseManifest(std::string_view json);
 
   /// Writes the module files and manifest.json into `directory` (created if
-  /// needed); each file goes through a temporary file and a rename.
+  /// needed) through the runtime's one output writer: temporary files renamed
+  /// into place together, so on failure none of them appears. Throws
+  /// pagedc::Error naming the path when checkBundleDirectory() refuses it or
+  /// a write fails.
   void write(const std::string &directory) const;
+  /// Throws pagedc::Error unless `directory` is a writable directory or can
+  /// be created (its nearest existing ancestor is a writable directory): an
+  /// existing file in its place is refused, never replaced.
+  static void checkBundleDirectory(const std::string &directory);
   /// Reads manifest.json and every module, verifying each checksum.
   static KernelBundle read(const std::string &directory);
 };

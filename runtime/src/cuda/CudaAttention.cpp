@@ -117,7 +117,8 @@ DeviceBuffer &DeviceBuffer::operator=(DeviceBuffer &&other) noexcept {
 }
 
 void DeviceBuffer::upload(const void *source, size_t bytes, size_t offset) {
-  if (offset + bytes > bytes_)
+  // Not offset + bytes > bytes_: that sum wraps for offsets near SIZE_MAX.
+  if (offset > bytes_ || bytes > bytes_ - offset)
     throw Error(fmt::format("DeviceBuffer::upload of {} bytes at {} overruns {} bytes", bytes,
                             offset, bytes_));
   if (bytes == 0)
@@ -127,7 +128,8 @@ void DeviceBuffer::upload(const void *source, size_t bytes, size_t offset) {
 }
 
 void DeviceBuffer::download(void *target, size_t bytes, size_t offset) const {
-  if (offset + bytes > bytes_)
+  // Not offset + bytes > bytes_: that sum wraps for offsets near SIZE_MAX.
+  if (offset > bytes_ || bytes > bytes_ - offset)
     throw Error(fmt::format("DeviceBuffer::download of {} bytes at {} overruns {} bytes", bytes,
                             offset, bytes_));
   if (bytes == 0)
@@ -186,6 +188,7 @@ public:
 
   void scatterRows(const TensorView &values, const TensorView &cache,
                    const int64_t *slots) override {
+    checkScatterRows(values, cache, slots);
     const CudaDriver &driver = cudaUseDevice(index_);
     const auto elementSize = static_cast<int64_t>(dtypeSize(values.dtype()));
     const int64_t batch = values.size(0), heads = values.size(1), seqLen = values.size(2),

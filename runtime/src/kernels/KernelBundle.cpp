@@ -2,14 +2,18 @@
 
 #include "pagedc/KernelBundle.h"
 
+#include "OutputFiles.h"
 #include "kernels/Json.h"
 #include "pagedc/Error.h"
 
 #include <fmt/format.h>
 
+#include <sys/stat.h>
 #include <unistd.h>
 
+#include <cerrno>
 #include <cstdio>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 
@@ -94,20 +98,6 @@ std::string readBytes(const fs::path &path) {
   if (!file)
     throw Error(fmt::format("cannot read {}", path.string()));
   return std::string((std::istreambuf_iterator<char>(file)), std::istreambuf_iterator<char>());
-}
-
-void writeAtomically(const fs::path &path, const std::string &bytes) {
-  fs::path temporary = path;
-  temporary += fmt::format(".tmp-{}", getpid());
-  {
-    std::ofstream file(temporary, std::ios::binary | std::ios::trunc);
-    file.write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
-    file.flush();
-    if (!file)
-      throw Error(fmt::format("cannot write {}", temporary.string()));
-  }
-  if (std::rename(temporary.c_str(), path.c_str()) != 0)
-    throw Error(fmt::format("cannot rename {} to {}", temporary.string(), path.string()));
 }
 
 } // namespace
@@ -212,10 +202,50 @@ KernelBundle KernelBundle::parseManifest(std::string_view text) {
 }
 
 void KernelBundle::write(const std::string &directory) const {
-  fs::create_directories(directory);
+  checkBundleDirectory(directory);
+  std::error_code error;
+  fs::create_directories(directory, error);
+  if (error)
+    throw Error(fmt::format("cannot create the bundle directory '{}': {}", directory,
+                            error.message()));
+  // All files through the one output writer: every module and the manifest
+  // appear together or not at all.
+  auto bytesOf = [](const std::string &text) {
+    return std::vector<uint8_t>(text.begin(), text.end());
+  };
+  std::vector<files::OutputFile> outputs;
   for (const BundleModule &module : modules)
-    writeAtomically(fs::path(directory) / module.file, module.image);
-  writeAtomically(fs::path(directory) / "manifest.json", manifestJson());
+    outputs.push_back({{"bundle file", (fs::path(directory) / module.file).string()},
+                       bytesOf(module.image)});
+  const std::string manifest = manifestJson();
+  outputs.push_back({{"bundle manifest", (fs::path(directory) / "manifest.json").string()},
+                     bytesOf(manifest)});
+  files::writeAll(outputs);
+}
+
+void KernelBundle::checkBundleDirectory(const std::string &directory) {
+  if (directory.empty())
+    throw Error("the bundle directory path is empty");
+  // The directory, or the nearest ancestor that exists (which the write
+  // creates the rest in), must be a writable directory.
+  fs::path existing = fs::path(directory);
+  struct stat info;
+  while (::stat(existing.c_str(), &info) != 0) {
+    // ENOTDIR: a file stands somewhere above; the walk up finds it.
+    if (errno != ENOENT && errno != ENOTDIR)
+      throw Error(fmt::format("bundle directory '{}': {}", directory, std::strerror(errno)));
+    fs::path parent = existing.parent_path();
+    if (parent.empty() || parent == existing)
+      parent = existing.is_absolute() ? fs::path("/") : fs::path(".");
+    existing = parent;
+  }
+  if (!S_ISDIR(info.st_mode))
+    throw Error(fmt::format("bundle directory '{}': '{}' exists and is not a directory (a "
+                            "bundle is a directory of cubins and manifest.json)",
+                            directory, existing.string()));
+  if (::access(existing.c_str(), W_OK | X_OK) != 0)
+    throw Error(fmt::format("bundle directory '{}': '{}' is not writable ({})", directory,
+                            existing.string(), std::strerror(errno)));
 }
 
 KernelBundle KernelBundle::read(const std::string &directory) {

@@ -13,13 +13,17 @@ pagedc, source = sys.argv[1], sys.argv[2]
 
 accepted = ["0", "7", "4096", "-1", "-0", "007", "2147483647", "-2147483648",
             "0.5", "-0.5", "1.", ".5", "1e3", "1E3", "1e-3", "1e+3", "-1.5e-3",
-            "2.5E+10", "inf", "-inf", "1.7976931348623157e308"]
+            "2.5E+10", "inf", "-inf", "3.4028235e38", "-3.4028235e38",
+            "340282346638528859811704183484516925440.0", "1e-50", "-1e-50", "1e-400",
+            "1e-99999"]
 malformed = ["", "-", "--5", "+5", "+inf", " 5", "5 ", "5\t", "1e", "5e", "1e+",
              "1e-", "e5", ".", ".e1", "1.5.2", "0x10", "nan", "-nan", "true",
              "false", "1_000", "5f", "1e3.5", "--inf", "- 5", "inf5", "12abc",
              "\u0661"]
 out_of_range = ["2147483648", "-2147483649", "99999999999999999999999",
-                "-99999999999999999999999", "1e999", "-1e999"]
+                "-99999999999999999999999", "1e999", "-1e999", "1e39", "-1e39",
+                "3.4028236e38", "-3.4028236e38", "3.5e38", "1.7976931348623157e308",
+                "340282366920938463463374607431768211456.0"]
 # Generated: every digit count around the i32 limit, both signs.
 for digits in range(9, 13):
     for sign in ["", "-"]:
@@ -54,9 +58,10 @@ for value in accepted:
         print("FAIL accepted %r: exit %d: %s" % (value, code, err.strip()))
 for value, reason in [(v, "is not an int or float literal") for v in malformed] + \
                      [(v, "does not fit in i32") for v in out_of_range
-                      if "e" not in v] + \
-                     [(v, "is out of the range of a float") for v in out_of_range
-                      if "e" in v]:
+                      if "e" not in v and "." not in v] + \
+                     [(v, "is out of the range of a float (f32: magnitude at most "
+                       "3.40282347e+38; use inf for infinity)") for v in out_of_range
+                      if "e" in v or "." in v]:
     expected = "-D WINDOW=%s: the value '%s' %s" % (value, value, reason)
     for command in (run, run_command):
         code, out, err = command(value)

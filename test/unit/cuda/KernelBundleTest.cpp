@@ -8,6 +8,7 @@
 
 #include <filesystem>
 #include <fstream>
+#include <iterator>
 
 using namespace pagedc;
 namespace fs = std::filesystem;
@@ -135,4 +136,34 @@ TEST(KernelBundle, MalformedManifestsNameTheProblem) {
     expectError(replaced("\"threads\": 128", std::string("\"threads\": ") + big),
                 "modules[0].threads is out of the range of a 64-bit integer");
   EXPECT_NO_THROW(KernelBundle::parseManifest(replaced("\"threads\": 128", "\"threads\": 128.0")));
+}
+
+// Issue 47: a file where the bundle directory should be, or a path below
+// one, is a pagedc::Error (not a std::filesystem::filesystem_error), and the
+// file is left as it was; a write into a fresh nested directory works.
+TEST(KernelBundle, WriteRefusesAFileInPlaceOfTheDirectory) {
+  TempDir dir("pagedc-bundle");
+  KernelBundle bundle;
+  bundle.add(fakeKernel(KernelKind::Decode, "\x7f" "ELFdecode"), "causal");
+  const std::string file = (fs::path(dir.path()) / "program.attn").string();
+  std::ofstream(file) << "mask m(b, h, q, kv) = q >= kv\n";
+  for (const std::string &target : {file, file + "/sub", file + "/sub/deeper"}) {
+    try {
+      bundle.write(target);
+      ADD_FAILURE() << "no error for " << target;
+    } catch (const Error &error) {
+      EXPECT_NE(std::string(error.what()).find("exists and is not a directory"),
+                std::string::npos)
+          << error.what();
+    }
+  }
+  std::ifstream in(file);
+  std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  EXPECT_EQ(text, "mask m(b, h, q, kv) = q >= kv\n");
+  EXPECT_NO_THROW(bundle.write((fs::path(dir.path()) / "a" / "b").string()));
+  EXPECT_TRUE(fs::exists(fs::path(dir.path()) / "a" / "b" / "manifest.json"));
+  // No temporary files next to what was written.
+  for (const auto &entry : fs::recursive_directory_iterator(dir.path()))
+    EXPECT_EQ(entry.path().filename().string().find(".tmp-"), std::string::npos)
+        << entry.path();
 }

@@ -7,7 +7,10 @@
 //
 //===----------------------------------------------------------------------===//
 #include "pagedc/Attention.h"
+#include "pagedc/BatchAttention.h"
 #include "pagedc/BlockMask.h"
+#include "pagedc/CudaAttention.h"
+#include "pagedc/CudaDriver.h"
 #include "pagedc/Error.h"
 #include "pagedc/KVCache.h"
 #include "pagedc/Mods.h"
@@ -19,8 +22,10 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <array>
 #include <atomic>
 #include <climits>
+#include <functional>
 #include <numeric>
 #include <random>
 
@@ -365,4 +370,201 @@ TEST(TensorHardening, OverflowingShapesAreErrors) {
   // Fits int64 elements but not bytes: HostTensor refuses, no bad_alloc.
   EXPECT_THROW(HostTensor(DType::F64, {int64_t(1) << 61}), Error);
   EXPECT_THROW(HostTensor(DType::F32, {int64_t(1) << 62}), Error);
+}
+
+// Issue 47: a null dense array is an Error for every valid shape, not a read
+// through null.
+TEST(BlockMaskHardening, DenseToBlockMaskRefusesNull) {
+  for (const auto &[b, h, lq, lkv] :
+       std::vector<std::array<int64_t, 4>>{{1, 1, 1, 1}, {2, 3, 5, 7}, {1, 1, 4096, 1}}) {
+    EXPECT_PAGEDC_ERROR(denseToBlockMask(nullptr, b, h, lq, lkv, 2, 2),
+                        "denseToBlockMask: dense is null");
+  }
+  // Invalid sizes are still reported as such.
+  EXPECT_PAGEDC_ERROR(denseToBlockMask(nullptr, 0, 1, 1, 1, 2, 2),
+                      "block mask batch and heads must be at least 1");
+}
+
+namespace {
+
+/// Storage for an output view with a guard region after the view's
+/// elements: a write past the view's end changes the guard.
+struct GuardedFloats {
+  explicit GuardedFloats(int64_t elements)
+      : data(static_cast<size_t>(elements + kGuard), kMarker), elements(elements) {}
+  bool guardIntact() const {
+    return std::all_of(data.begin() + elements, data.end(),
+                       [](float x) { return x == kMarker; });
+  }
+  bool untouched() const {
+    return std::all_of(data.begin(), data.end(), [](float x) { return x == kMarker; });
+  }
+  static constexpr int64_t kGuard = 4096;
+  static constexpr float kMarker = 42.0f;
+  std::vector<float> data;
+  int64_t elements;
+};
+
+int64_t product(const std::vector<int64_t> &shape) {
+  return std::accumulate(shape.begin(), shape.end(), int64_t(1), std::multiplies<int64_t>());
+}
+
+/// `shape` with dimension `d` one smaller (at least 0).
+std::vector<int64_t> shrunk(std::vector<int64_t> shape, size_t d) {
+  shape[d] = std::max<int64_t>(shape[d] - 1, 0);
+  return shape;
+}
+
+} // namespace
+
+// Issue 47: every entry point that writes into a caller's view refuses one
+// smaller than the call's shape (each dimension shrunk in turn) before it
+// writes anything, and leaves the memory after the view alone.
+TEST(OutputViewHardening, ViewsSmallerThanTheCallAreRefusedUnwritten) {
+  KVCacheConfig config;
+  config.numPages = 8;
+  config.pageSize = 4;
+  config.maxBatch = 2;
+  config.heads = 2;
+  config.headDim = 8;
+  config.valueHeadDim = 8;
+  PagedKVCache cache(config);
+  std::vector<float> k(2 * 2 * 9 * 8, 0.25f), v(k.size(), 0.5f), q(2 * 4 * 3 * 8, 0.125f);
+  std::vector<int32_t> positions(9);
+  std::iota(positions.begin(), positions.end(), 0);
+  for (int32_t b = 0; b < 2; ++b) {
+    cache.reserve(b, 9);
+    int32_t slot = b;
+    cache.assign(TensorView(&slot, DType::I32, {1}), TensorView(positions.data(), DType::I32, {1, 9}),
+                 TensorView(&k[b * 2 * 9 * 8], DType::F32, {1, 2, 9, 8}),
+                 TensorView(&v[b * 2 * 9 * 8], DType::F32, {1, 2, 9, 8}));
+  }
+  const CompiledMods mods = maskMods(causalRow, causalClass);
+  const BlockMask mask = createBlockMask(mods, kNoContext, 2, 4, 9, 9, 4, 4);
+  const TensorView qView(q.data(), DType::F32, {2, 4, 3, 8});
+  AttentionOptions base;
+  base.kvLength = {9, 9};
+  base.qOffset = {6, 6};
+
+  // flexAttention: options.out [B, Hq, Lq, Dv] and options.lse [B, Hq, Lq].
+  const std::vector<int64_t> outShape = {2, 4, 3, 8}, lseShape = {2, 4, 3};
+  for (size_t d = 0; d < outShape.size(); ++d) {
+    GuardedFloats out(product(outShape));
+    AttentionOptions options = base;
+    options.out = TensorView(out.data.data(), DType::F32, shrunk(outShape, d));
+    EXPECT_PAGEDC_ERROR(flexAttention(qView, cache, &mask, mods, {}, options),
+                        "options.out must be [2, 4, 3, 8]");
+    EXPECT_TRUE(out.untouched()) << "options.out, dimension " << d;
+  }
+  for (size_t d = 0; d < lseShape.size(); ++d) {
+    GuardedFloats out(product(outShape)), lse(product(lseShape));
+    AttentionOptions options = base;
+    options.out = TensorView(out.data.data(), DType::F32, outShape);
+    options.lse = TensorView(lse.data.data(), DType::F32, shrunk(lseShape, d));
+    EXPECT_PAGEDC_ERROR(flexAttention(qView, cache, &mask, mods, {}, options),
+                        "options.lse must be [2, 4, 3]");
+    EXPECT_TRUE(out.untouched() && lse.untouched()) << "options.lse, dimension " << d;
+  }
+  {
+    // The right shapes are written, up to their ends and no further.
+    GuardedFloats out(product(outShape)), lse(product(lseShape));
+    AttentionOptions options = base;
+    options.out = TensorView(out.data.data(), DType::F32, outShape);
+    options.lse = TensorView(lse.data.data(), DType::F32, lseShape);
+    flexAttention(qView, cache, &mask, mods, {}, options);
+    EXPECT_FALSE(out.untouched());
+    EXPECT_TRUE(out.guardIntact() && lse.guardIntact());
+  }
+
+  // KVMemory::scatterRows: the cache view [H, rows, D] against values
+  // [B, H, S, D] and the slots.
+  const std::vector<int64_t> rowsShape = {2, 12, 8};
+  std::vector<int64_t> slots = {0, 5, 11};
+  const TensorView values(k.data(), DType::F32, {1, 2, 3, 8});
+  for (size_t d = 0; d < rowsShape.size(); ++d) {
+    if (d == 1)
+      continue; // fewer rows: the slot check below
+    GuardedFloats rows(product(rowsShape));
+    EXPECT_PAGEDC_ERROR(hostKVMemory()->scatterRows(
+                            values, TensorView(rows.data.data(), DType::F32, shrunk(rowsShape, d)),
+                            slots.data()),
+                        "scatterRows: cache [");
+    EXPECT_TRUE(rows.untouched()) << "scatterRows cache, dimension " << d;
+  }
+  {
+    GuardedFloats rows(product(rowsShape));
+    EXPECT_PAGEDC_ERROR(hostKVMemory()->scatterRows(
+                            values, TensorView(rows.data.data(), DType::F32, shrunk(rowsShape, 1)),
+                            slots.data()),
+                        "scatterRows: slots[2] = 11 is out of range [0, 11)");
+    slots[1] = -1;
+    EXPECT_PAGEDC_ERROR(hostKVMemory()->scatterRows(
+                            values, TensorView(rows.data.data(), DType::F32, rowsShape),
+                            slots.data()),
+                        "scatterRows: slots[1] = -1 is out of range [0, 12)");
+    EXPECT_TRUE(rows.untouched());
+    slots[1] = 5;
+    hostKVMemory()->scatterRows(values, TensorView(rows.data.data(), DType::F32, rowsShape),
+                                slots.data());
+    EXPECT_FALSE(rows.untouched());
+    EXPECT_TRUE(rows.guardIntact());
+  }
+
+  // mergeState / mergeStates: v_out [T, H, D] and s_out [T, H].
+  const std::vector<int64_t> vShape = {3, 2, 8}, sShape = {3, 2};
+  std::vector<float> va(product(vShape), 1.0f), vb(va.size(), 2.0f), sa(product(sShape), 0.5f),
+      sb(sa.size(), 0.25f), vParts(2 * va.size(), 1.0f), sParts(2 * sa.size(), 0.5f);
+  const TensorView vaView(va.data(), DType::F32, vShape), vbView(vb.data(), DType::F32, vShape);
+  const TensorView saView(sa.data(), DType::F32, sShape), sbView(sb.data(), DType::F32, sShape);
+  const TensorView vPartsView(vParts.data(), DType::F32, {3, 2, 2, 8});
+  const TensorView sPartsView(sParts.data(), DType::F32, {3, 2, 2});
+  for (size_t d = 0; d < vShape.size(); ++d) {
+    GuardedFloats vOut(product(vShape)), sOut(product(sShape));
+    const TensorView small(vOut.data.data(), DType::F32, shrunk(vShape, d));
+    const TensorView sView(sOut.data.data(), DType::F32, sShape);
+    EXPECT_PAGEDC_ERROR(mergeState(vaView, saView, vbView, sbView, small, sView), "v_out must");
+    EXPECT_PAGEDC_ERROR(mergeStates(vPartsView, sPartsView, small, sView), "v_out must");
+    EXPECT_TRUE(vOut.untouched() && sOut.untouched()) << "v_out, dimension " << d;
+  }
+  for (size_t d = 0; d < sShape.size(); ++d) {
+    GuardedFloats vOut(product(vShape)), sOut(product(sShape));
+    const TensorView vView(vOut.data.data(), DType::F32, vShape);
+    const TensorView small(sOut.data.data(), DType::F32, shrunk(sShape, d));
+    EXPECT_PAGEDC_ERROR(mergeState(vaView, saView, vbView, sbView, vView, small), "s_out must");
+    EXPECT_PAGEDC_ERROR(mergeStates(vPartsView, sPartsView, vView, small), "s_out must");
+    EXPECT_TRUE(vOut.untouched() && sOut.untouched()) << "s_out, dimension " << d;
+  }
+
+  // PagedKVCache over caller storage [Hkv, numPages, pageSize, D].
+  const std::vector<int64_t> storageShape = {2, 8, 4, 8};
+  for (size_t d = 0; d < storageShape.size(); ++d) {
+    GuardedFloats kStorage(product(storageShape)), vStorage(product(storageShape));
+    EXPECT_PAGEDC_ERROR(
+        PagedKVCache(config, TensorView(kStorage.data.data(), DType::F32, shrunk(storageShape, d)),
+                     TensorView(vStorage.data.data(), DType::F32, storageShape)),
+        "K storage must have shape [2, 8, 4, 8]");
+    EXPECT_PAGEDC_ERROR(
+        PagedKVCache(config, TensorView(kStorage.data.data(), DType::F32, storageShape),
+                     TensorView(vStorage.data.data(), DType::F32, shrunk(storageShape, d))),
+        "V storage must have shape [2, 8, 4, 8]");
+    EXPECT_TRUE(kStorage.untouched() && vStorage.untouched());
+  }
+}
+
+// A device buffer's copies are bounded without overflow: an offset near
+// SIZE_MAX made `offset + bytes` wrap below the size and pass the check.
+TEST(OutputViewHardening, DeviceBufferCopiesRefuseWrappingOffsets) {
+  std::string reason;
+  if (!CudaDriver::available(&reason) || CudaDriver::get().deviceCount() == 0)
+    GTEST_SKIP() << "no CUDA device: " << reason;
+  DeviceBuffer buffer(64, 0);
+  std::vector<uint8_t> host(64, 7);
+  for (size_t offset : {SIZE_MAX, SIZE_MAX - 1, size_t(65)}) {
+    EXPECT_PAGEDC_ERROR(buffer.upload(host.data(), 2, offset), "overruns 64 bytes");
+    EXPECT_PAGEDC_ERROR(buffer.download(host.data(), 2, offset), "overruns 64 bytes");
+  }
+  EXPECT_PAGEDC_ERROR(buffer.upload(host.data(), 1, 64), "overruns 64 bytes");
+  EXPECT_PAGEDC_ERROR(buffer.download(host.data(), SIZE_MAX, 1), "overruns 64 bytes");
+  buffer.upload(host.data(), 64, 0);
+  buffer.download(host.data(), 0, 64);
 }
