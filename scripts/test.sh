@@ -1,4 +1,16 @@
 #!/usr/bin/env bash
+# Usage: scripts/test.sh [--quick]
+#
+# --quick: the everyday tier. Builds build/ and runs every ctest entry not
+# labelled `full`: the lit suites (lit.Runtime runs each CUDA kernel kind on
+# the emulator: mma.sync and warpgroup prefill (D 256 included),
+# persistent CTAs, decode with split merges), the
+# unit tests and pytest. The emulator matrices, the GPU pack on the emulator
+# and its dry run, the seeded bugs, the corpus compiled for every CUDA
+# target, the install check and the sanitized tree are the full tier's.
+#
+# Without --quick: the full suite, which CI runs (.ci/run).
+#
 # Builds pagedc and runs every test, in two trees:
 #
 #  1. build/ (Release, scripts/build.sh): every lit suite, unit test, emulator
@@ -20,6 +32,14 @@ export PAGEDC_FUZZ_BUILD_DIR=${PAGEDC_FUZZ_BUILD_DIR:-$root/build-fuzz}
 fuzz_seconds=${PAGEDC_FUZZ_SECONDS:-15}
 summary=()
 failed=0
+quick=0
+for arg in "$@"; do
+  case "$arg" in
+    --quick) quick=1 ;;
+    -h|--help) sed -n '2,13p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    *) echo "scripts/test.sh: unknown argument '$arg' (use --quick or nothing)" >&2; exit 2 ;;
+  esac
+done
 step() { # step NAME COMMAND...: runs COMMAND, records its outcome
   local name=$1 start=$SECONDS
   shift
@@ -33,6 +53,16 @@ step() { # step NAME COMMAND...: runs COMMAND, records its outcome
 }
 
 "$root/scripts/build.sh" || exit 1
+
+if [ "$quick" = 1 ]; then
+  quick_tests() {
+    (cd "$build" && ctest --output-on-failure -j "$(nproc)" -LE full --timeout 900)
+  }
+  step "quick tier: ctest -LE full ($build)" quick_tests
+  echo "pagedc: test summary"
+  printf '  %s\n' "${summary[@]}"
+  exit "$failed"
+fi
 
 sanitized_build() {
   local tree
