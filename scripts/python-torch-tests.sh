@@ -16,6 +16,8 @@ if [ ! -x "$venv/bin/python" ]; then
   "$python" -m venv --system-site-packages "$venv"
 fi
 "$venv/bin/python" -c "import torch" 2>/dev/null || "$venv/bin/pip" install torch
+# ml_dtypes: an independent float8 implementation the FP8 tests compare with.
+"$venv/bin/python" -c "import ml_dtypes" 2>/dev/null || "$venv/bin/pip" install ml_dtypes
 "$venv/bin/python" -c "import pytest, numpy" 2>/dev/null || "$venv/bin/pip" install pytest numpy
 PYTHONPATH="$build/python" PAGEDC_SOURCE_DIR="$root" \
   "$venv/bin/python" -m pytest -q -rs -p no:cacheprovider "$root/test/python"

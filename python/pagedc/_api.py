@@ -282,6 +282,24 @@ def _int_list(value, argument: str, length: int) -> list:
 # PagedKVCache
 # ---------------------------------------------------------------------------
 
+def _scales(value, argument: str) -> list:
+    """An 8-bit cache's scale: None (none), a number, or one per KV head."""
+    if value is None:
+        return []
+    if isinstance(value, (bool, np.bool_)):
+        raise ValueError(f"{argument}: expected a number or one per KV head, got a bool")
+    if isinstance(value, (int, float, np.integer, np.floating)):
+        return [float(value)]
+    try:
+        arr = np.asarray(value.cpu() if hasattr(value, "cpu") else value, dtype=np.float64)
+    except (TypeError, ValueError):
+        raise ValueError(f"{argument}: expected a number or one per KV head") from None
+    if arr.ndim != 1:
+        raise ValueError(f"{argument}: expected a number or a 1-D array [Hkv], got shape "
+                         f"{arr.shape}")
+    return [float(x) for x in arr]
+
+
 class PagedKVCache:
     """A paged K/V cache with PyTorch PagedAttention's vocabulary.
 
@@ -291,17 +309,26 @@ class PagedKVCache:
     allocation exactly; every operation checks all of its input first and a
     failed one changes nothing (``pagedc.Error``, a ``ValueError``).
 
+    ``dtype="float8_e4m3fn"`` or ``"float8_e5m2"`` keeps K and V as 8-bit
+    floats with ``k_scale`` / ``v_scale`` (a number, or one per KV head):
+    ``assign`` takes float values and stores the code nearest to
+    value / scale (round to nearest even, saturating at the format's largest
+    finite value), attention reads code * scale. ``k_cache`` / ``v_cache``
+    then show the codes as uint8.
+
     The cache also tracks each slot's *length* (one past the highest position
     ``assign`` wrote; ``fork`` copies it, ``erase`` zeroes it): the default
     ``kv_length`` of ``flex_attention``.
     """
 
     def __init__(self, n_pages: int, page_size: int, max_batch_size: int, heads: int,
-                 head_dim: int, value_head_dim: Optional[int] = None, dtype: str = "f32"):
+                 head_dim: int, value_head_dim: Optional[int] = None, dtype: str = "f32",
+                 k_scale=None, v_scale=None):
         dtype = {"float32": "f32", "float16": "f16", "bfloat16": "bf16"}.get(
             str(dtype).replace("torch.", ""), str(dtype))
         self._native = _C.KVCache(n_pages, page_size, max_batch_size, heads, head_dim,
-                                  -1 if value_head_dim is None else value_head_dim, dtype)
+                                  -1 if value_head_dim is None else value_head_dim, dtype,
+                                  _scales(k_scale, "k_scale"), _scales(v_scale, "v_scale"))
         self._lengths = [0] * int(max_batch_size)
 
     # Configuration -------------------------------------------------------
@@ -312,16 +339,18 @@ class PagedKVCache:
     head_dim = property(lambda self: self._native.head_dim)
     value_head_dim = property(lambda self: self._native.value_head_dim)
     dtype = property(lambda self: self._native.dtype)
+    k_scale = property(lambda self: list(self._native.k_scale))
+    v_scale = property(lambda self: list(self._native.v_scale))
 
     @property
     def k_cache(self):
         """The K storage [heads, n_pages, page_size, head_dim], zero-copy."""
-        return np.asarray(self._native.k_cache()) if self.dtype in ("f32", "f16") \
+        return np.asarray(self._native.k_cache()) if self.dtype != "bf16" \
             else self._native.k_cache()
 
     @property
     def v_cache(self):
-        return np.asarray(self._native.v_cache()) if self.dtype in ("f32", "f16") \
+        return np.asarray(self._native.v_cache()) if self.dtype != "bf16" \
             else self._native.v_cache()
 
     # Allocation ----------------------------------------------------------

@@ -116,20 +116,28 @@ class BatchAttention:
 
     def run(self, q, k_cache, v_cache=None, buffers: Optional[Mapping] = None,
             params: Optional[Mapping] = None, scale: Optional[float] = None,
-            return_lse: bool = False, out=None):
+            return_lse: bool = False, out=None, *, kv_dtype: Optional[str] = None,
+            k_scale=None, v_scale=None):
         """Attention of the planned step: ``q`` [T, Hq, D] packed as
         ``query_start_loc`` says, the caches in the configured layout (read
         in place). Returns ``out`` [T, Hq, Dv], or ``(out, lse)`` with
         ``return_lse`` (lse [T, Hq] float32, natural log), in q's framework
-        (NumPy or torch). Writes into ``out`` when given."""
+        (NumPy or torch). Writes into ``out`` when given.
+
+        8-bit caches: torch ``float8_e4m3fn`` / ``float8_e5m2`` tensors, or
+        uint8 arrays with ``kv_dtype="float8_e4m3fn"`` / ``"float8_e5m2"``;
+        ``k_scale`` / ``v_scale`` (a number, or one per KV head) are then
+        required: a code c means c * scale."""
         if self._native is None:
             raise ValueError("run() needs a plan: call plan(query_start_loc, seq_lens, "
                              "block_table) first")
         framework = _framework_of(q)
         merged, params = self._mods._bindings(buffers, params)
+        from ._api import _scales
         result, lse = self._native.run(q, k_cache, v_cache, merged, params,
                                        None if scale is None else float(scale),
-                                       bool(return_lse), out, None)
+                                       bool(return_lse), out, None, str(kv_dtype or ""),
+                                       _scales(k_scale, "k_scale"), _scales(v_scale, "v_scale"))
         result = _to_framework(result, framework)
         if return_lse:
             return result, _to_framework(lse, framework)

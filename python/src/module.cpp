@@ -316,12 +316,18 @@ DType parseDType(const std::string &name) {
     return DType::F16;
   if (name == "bfloat16")
     return DType::BF16;
-  throw py::value_error("dtype: expected 'f32', 'f16' or 'bf16', got '" + name + "'");
+  if (name == "float8_e4m3fn" || name == "f8e4m3")
+    return DType::F8E4M3;
+  if (name == "float8_e5m2" || name == "f8e5m2")
+    return DType::F8E5M2;
+  throw py::value_error("dtype: expected 'f32', 'f16', 'bf16', 'float8_e4m3fn' or "
+                        "'float8_e5m2', got '" + name + "'");
 }
 
 std::shared_ptr<PagedKVCache> makeCache(int64_t numPages, int64_t pageSize, int64_t maxBatch,
                                         int64_t heads, int64_t headDim, int64_t valueHeadDim,
-                                        const std::string &dtype) {
+                                        const std::string &dtype, std::vector<float> kScale,
+                                        std::vector<float> vScale) {
   KVCacheConfig config;
   config.numPages = numPages;
   config.pageSize = pageSize;
@@ -330,6 +336,8 @@ std::shared_ptr<PagedKVCache> makeCache(int64_t numPages, int64_t pageSize, int6
   config.headDim = headDim;
   config.valueHeadDim = valueHeadDim < 0 ? headDim : valueHeadDim;
   config.dtype = parseDType(dtype);
+  config.kScale = std::move(kScale);
+  config.vScale = std::move(vScale);
   return std::make_shared<PagedKVCache>(config);
 }
 
@@ -439,6 +447,35 @@ std::shared_ptr<BlockMask> maskFromKvBlocks(py::handle kvNum, py::handle kvIdx, 
 // Attention
 //===----------------------------------------------------------------------===//
 
+/// The optional `out` / `lse` arguments of an attention call: borrowed when
+/// given, and the call's results as Python objects afterwards (the caller's
+/// own objects, or new Tensors that keep `result` alive).
+struct CallOutputs {
+  BorrowedTensor out, lse;
+  CallOutputs(const py::handle &outObj, const py::handle &lseObj) {
+    if (!outObj.is_none())
+      out = borrowTensor(outObj, "out");
+    if (!lseObj.is_none())
+      lse = borrowTensor(lseObj, "lse");
+  }
+  py::tuple results(const std::shared_ptr<AttentionResult> &result, const py::handle &outObj,
+                    const py::handle &lseObj, bool returnLse) const {
+    auto wrap = [&](const TensorView &view) -> py::object {
+      if (view.empty() && view.rank() == 0)
+        return py::none();
+      return py::cast(Tensor(view, result));
+    };
+    py::object outResult =
+        outObj.is_none() ? wrap(result->out) : py::reinterpret_borrow<py::object>(outObj);
+    py::object lseResult = py::none();
+    if (!lseObj.is_none())
+      lseResult = py::reinterpret_borrow<py::object>(lseObj);
+    else if (returnLse)
+      lseResult = wrap(result->lse);
+    return py::make_tuple(outResult, lseResult);
+  }
+};
+
 /// The arguments of one flexAttention() call, converted from Python once:
 /// q borrowed, the mods' bindings resolved (their tensors kept alive) and the
 /// per-batch lists checked.
@@ -480,32 +517,15 @@ py::tuple attention(const py::handle &qObj, std::shared_ptr<PagedKVCache> cache,
   for (const auto &[name, value] : kernelOptions)
     setKernelOption(options.kernel, name, value);
   checkKernelOptions(options.kernel);
-  BorrowedTensor out, lse;
-  if (!outObj.is_none()) {
-    out = borrowTensor(outObj, "out");
-    options.out = out.view;
-  }
-  if (!lseObj.is_none()) {
-    lse = borrowTensor(lseObj, "lse");
-    options.lse = lse.view;
-  }
+  CallOutputs outputs(outObj, lseObj);
+  options.out = outputs.out.view;
+  options.lse = outputs.lse.view;
   auto result = std::make_shared<AttentionResult>();
   {
     py::gil_scoped_release release;
     *result = flexAttention(q.view, *cache, blockMask.get(), mods.mods, bindings, options);
   }
-  auto wrap = [&](const TensorView &view) -> py::object {
-    if (view.empty() && view.rank() == 0)
-      return py::none();
-    return py::cast(Tensor(view, result));
-  };
-  py::object outResult = outObj.is_none() ? wrap(result->out) : py::reinterpret_borrow<py::object>(outObj);
-  py::object lseResult = py::none();
-  if (!lseObj.is_none())
-    lseResult = py::reinterpret_borrow<py::object>(lseObj);
-  else if (returnLse)
-    lseResult = wrap(result->lse);
-  return py::make_tuple(outResult, lseResult);
+  return outputs.results(result, outObj, lseObj, returnLse);
 }
 
 /// Benchmark support (bench/python/overhead.py): the same call as
@@ -589,7 +609,8 @@ void planBatch(Batch &batch, const py::handle &queryStartLoc, const py::handle &
 py::tuple runBatch(const Batch &batch, const py::handle &qObj, const py::handle &kObj,
                    const py::handle &vObj, const py::dict &buffers, const py::dict &params,
                    std::optional<float> scale, bool returnLse, const py::handle &outObj,
-                   const py::handle &lseObj) {
+                   const py::handle &lseObj, const std::string &kvDtype,
+                   std::vector<float> kScale, std::vector<float> vScale) {
   std::vector<BorrowedTensor> keep;
   Bindings bindings = makeBindings(*batch.mods, buffers, params, keep);
   BorrowedTensor q = borrowTensor(qObj, "q");
@@ -600,28 +621,19 @@ py::tuple runBatch(const Batch &batch, const py::handle &qObj, const py::handle 
   BatchRunOptions options;
   options.scale = scale;
   options.returnLse = returnLse;
-  BorrowedTensor out, lse;
-  if (!outObj.is_none()) {
-    out = borrowTensor(outObj, "out");
-    options.out = out.view;
-  }
-  if (!lseObj.is_none()) {
-    lse = borrowTensor(lseObj, "lse");
-    options.lse = lse.view;
-  }
+  if (!kvDtype.empty())
+    options.kvDtype = parseDType(kvDtype);
+  options.kScale = std::move(kScale);
+  options.vScale = std::move(vScale);
+  CallOutputs outputs(outObj, lseObj);
+  options.out = outputs.out.view;
+  options.lse = outputs.lse.view;
   auto result = std::make_shared<AttentionResult>();
   {
     py::gil_scoped_release release;
     *result = batch.attention->run(q.view, k.view, v.view, bindings, options);
   }
-  py::object outResult = outObj.is_none() ? py::cast(Tensor(result->out, result))
-                                          : py::reinterpret_borrow<py::object>(outObj);
-  py::object lseResult = py::none();
-  if (!lseObj.is_none())
-    lseResult = py::reinterpret_borrow<py::object>(lseObj);
-  else if (returnLse)
-    lseResult = py::cast(Tensor(result->lse, result));
-  return py::make_tuple(outResult, lseResult);
+  return outputs.results(result, outObj, lseObj, returnLse);
 }
 
 py::tuple mergeStatePy(const py::handle &va, const py::handle &sa, const py::handle &vb,
@@ -710,6 +722,9 @@ PYBIND11_MODULE(_pagedc, m) {
             case DType::I64: typestr = "<i8"; break;
             case DType::U8: typestr = "|u1"; break;
             case DType::Bool: typestr = "|b1"; break;
+            // No NumPy type: bf16 and the 8-bit floats show as their bits.
+            case DType::F8E4M3: typestr = "|u1"; break;
+            case DType::F8E5M2: typestr = "|u1"; break;
             case DType::BF16: break;
             }
             if (!typestr || v.device().kind != DeviceKind::CPU)
@@ -760,7 +775,9 @@ PYBIND11_MODULE(_pagedc, m) {
   py::class_<PagedKVCache, std::shared_ptr<PagedKVCache>>(m, "KVCache")
       .def(py::init(&makeCache), py::arg("n_pages"), py::arg("page_size"),
            py::arg("max_batch_size"), py::arg("heads"), py::arg("head_dim"),
-           py::arg("value_head_dim"), py::arg("dtype"))
+           py::arg("value_head_dim"), py::arg("dtype"), py::arg("k_scale"), py::arg("v_scale"))
+      .def_property_readonly("k_scale", [](const PagedKVCache &c) { return c.kScale(); })
+      .def_property_readonly("v_scale", [](const PagedKVCache &c) { return c.vScale(); })
       .def_property_readonly("n_pages", &PagedKVCache::numPages)
       .def_property_readonly("page_size", &PagedKVCache::pageSize)
       .def_property_readonly("max_batch_size", &PagedKVCache::maxBatch)

@@ -3,6 +3,7 @@
 #include "pagedc/Error.h"
 
 #include "AttentionDispatch.h"
+#include "TensorChecks.h"
 #include "cpu/CpuAttention.h"
 #include "cuda/CudaAttention.h"
 #include "pagedc/CudaDriver.h"
@@ -52,33 +53,13 @@ void detail::setAttentionBackend(DeviceKind kind, DeviceAttentionFn backend) {
 
 namespace {
 
-/// A default-constructed view means "not given".
-bool isProvided(const TensorView &view) { return view.data() != nullptr || view.rank() != 0; }
+using detail::checkReadable;
+using detail::checkWritable;
+using detail::isCpuFloat;
+using detail::isProvided;
+using detail::shapeText;
 
-bool isCpuFloat(DType type) { return type == DType::F32 || type == DType::BF16; }
 bool isGpuFloat(DType type) { return type == DType::F16 || type == DType::BF16; }
-
-std::string shapeText(const std::vector<int64_t> &shape) {
-  return TensorView(nullptr, DType::F32, shape).shapeString();
-}
-
-/// Output tensors must not alias themselves: every dimension longer than 1
-/// needs a positive stride.
-void checkWritable(const TensorView &view, const char *name) {
-  for (int d = 0; d < view.rank(); ++d)
-    if (view.size(d) > 1 && view.stride(d) < 1)
-      throw Error(fmt::format("{} has stride {} in dimension {}; outputs need positive strides",
-                              name, view.stride(d), d));
-}
-
-void checkReadable(const TensorView &view, const char *name) {
-  for (int d = 0; d < view.rank(); ++d)
-    if (view.stride(d) < 0)
-      throw Error(fmt::format("{} has negative stride {} in dimension {}", name, view.stride(d),
-                              d));
-  if (view.data() == nullptr && view.numel() != 0)
-    throw Error(fmt::format("{} has no data", name));
-}
 
 /// The call's facts once its inputs are checked.
 struct CheckedCall {
@@ -109,9 +90,9 @@ CheckedCall checkCall(const TensorView &q, const PagedKVCache &cache, const Bloc
   checkReadable(q, "q");
   if (onCpu && !isCpuFloat(q.dtype()))
     throw Error(fmt::format("q must be f32 or bf16 on the CPU but is {}", dtypeName(q.dtype())));
-  if (onCpu && !isCpuFloat(cache.dtype()))
+  if (onCpu && !isCpuFloat(cache.dtype()) && !isFloat8(cache.dtype()))
     throw Error(fmt::format("the KV cache stores {}, which the CPU backend does not support "
-                            "(f32 or bf16)",
+                            "(f32, bf16, f8e4m3 or f8e5m2)",
                             dtypeName(cache.dtype())));
   if (!onCpu && !isGpuFloat(q.dtype()))
     throw Error(fmt::format("q must be f16 or bf16 on {} but is {}", deviceName(call.device),
@@ -342,6 +323,10 @@ AttentionResult flexAttention(const TensorView &q, const PagedKVCache &cache,
   args.q = q;
   args.kCache = cache.kCache();
   args.vCache = cache.vCache();
+  if (isFloat8(cache.dtype())) {
+    args.kScale = cache.kScale().data();
+    args.vScale = cache.vScale().data();
+  }
   args.pageTable = pageTable.data();
   args.pageTableStride = stride;
   args.pageSize = static_cast<int32_t>(pageSize);

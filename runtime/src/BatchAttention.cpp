@@ -8,6 +8,7 @@
 //===----------------------------------------------------------------------===//
 #include "pagedc/BatchAttention.h"
 
+#include "TensorChecks.h"
 #include "cpu/CpuAttention.h"
 #include "pagedc/Error.h"
 
@@ -24,12 +25,12 @@ namespace {
 
 constexpr float kNegInf = -std::numeric_limits<float>::infinity();
 
-bool isProvided(const TensorView &view) { return view.data() != nullptr || view.rank() != 0; }
-bool isCpuFloat(DType type) { return type == DType::F32 || type == DType::BF16; }
-
-std::string shapeText(const std::vector<int64_t> &shape) {
-  return TensorView(nullptr, DType::F32, shape).shapeString();
-}
+using detail::checkedScales;
+using detail::checkReadable;
+using detail::checkWritable;
+using detail::isCpuFloat;
+using detail::isProvided;
+using detail::shapeText;
 
 /// A host int32 vector argument of plan().
 void checkHostIndexTensor(const TensorView &view, const char *name, int rank) {
@@ -47,23 +48,6 @@ void checkHostIndexTensor(const TensorView &view, const char *name, int rank) {
                               view.stride(d), d));
   if (view.data() == nullptr && view.numel() != 0)
     throw Error(fmt::format("{} has no data", name));
-}
-
-void checkReadable(const TensorView &view, const char *name) {
-  for (int d = 0; d < view.rank(); ++d)
-    if (view.stride(d) < 0)
-      throw Error(fmt::format("{} has negative stride {} in dimension {}", name, view.stride(d),
-                              d));
-  if (view.data() == nullptr && view.numel() != 0)
-    throw Error(fmt::format("{} has no data", name));
-}
-
-void checkWritable(const TensorView &view, const char *name) {
-  checkReadable(view, name);
-  for (int d = 0; d < view.rank(); ++d)
-    if (view.size(d) > 1 && view.stride(d) < 1)
-      throw Error(fmt::format("{} has stride {} in dimension {}; outputs need positive strides",
-                              name, view.stride(d), d));
 }
 
 /// A cache tensor of the configured layout as the kernel's
@@ -113,17 +97,33 @@ const char *layoutDims(KVLayout layout) {
   return "?";
 }
 
+/// The element type a cache tensor is read as: its own, or the 8-bit float
+/// type options.kvDtype names for a u8 tensor.
+DType storedType(const TensorView &cache, const char *name, const BatchRunOptions &options) {
+  if (!options.kvDtype)
+    return cache.dtype();
+  if (!isFloat8(*options.kvDtype))
+    throw Error(fmt::format("kv_dtype must be an 8-bit float type (f8e4m3, f8e5m2) but is {}",
+                            dtypeName(*options.kvDtype)));
+  if (cache.dtype() != DType::U8 && cache.dtype() != *options.kvDtype)
+    throw Error(fmt::format("kv_dtype {} reads u8 caches, but {} is {}",
+                            dtypeName(*options.kvDtype), name, dtypeName(cache.dtype())));
+  return *options.kvDtype;
+}
+
 /// Checks one cache tensor against its layout; returns its page count.
 int64_t checkCacheTensor(const TensorView &cache, const char *name, KVLayout layout,
-                         int64_t heads, int64_t pageSize, int64_t width, Device device) {
+                         int64_t heads, int64_t pageSize, int64_t width, Device device,
+                         DType stored) {
   if (!isProvided(cache))
     throw Error(fmt::format("{} is required for kv_layout '{}'", name, kvLayoutName(layout)));
   if (cache.device() != device)
     throw Error(fmt::format("{} is on {} but the call runs on {}", name,
                             deviceName(cache.device()), deviceName(device)));
-  if (!isCpuFloat(cache.dtype()))
-    throw Error(fmt::format("{} stores {}, which the CPU backend does not read (f32 or bf16)",
-                            name, dtypeName(cache.dtype())));
+  if (!isCpuFloat(stored) && !isFloat8(stored))
+    throw Error(fmt::format("{} stores {}, which the CPU backend does not read (f32, bf16, "
+                            "f8e4m3 or f8e5m2; u8 with kv_dtype)",
+                            name, dtypeName(stored)));
   std::vector<int64_t> want = layoutShape(layout, heads, pageSize, width);
   bool match = cache.rank() == static_cast<int>(want.size());
   int64_t pages = -1;
@@ -353,20 +353,27 @@ AttentionResult BatchAttention::run(const TensorView &q, const TensorView &kCach
 
   // The cache.
   int64_t pages;
+  const DType kStored = storedType(kCache, "k_cache", options);
+  DType vStored = kStored;
   if (c.layout == KVLayout::VLLM) {
     if (isProvided(vCache))
       throw Error("kv_layout 'vllm' takes the combined [2, pages, page_size, Hkv, D] tensor as "
                   "k_cache; v_cache must be empty (None)");
     pages = checkCacheTensor(kCache, "k_cache", c.layout, c.numKVHeads, c.pageSize, c.headDim,
-                             device);
+                             device, kStored);
   } else {
     pages = checkCacheTensor(kCache, "k_cache", c.layout, c.numKVHeads, c.pageSize, c.headDim,
-                             device);
+                             device, kStored);
+    vStored = storedType(vCache, "v_cache", options);
     const int64_t vPages = checkCacheTensor(vCache, "v_cache", c.layout, c.numKVHeads,
-                                            c.pageSize, c.valueHeadDim, device);
+                                            c.pageSize, c.valueHeadDim, device, vStored);
     if (vPages != pages)
       throw Error(fmt::format("k_cache has {} pages but v_cache has {}", pages, vPages));
   }
+  const std::vector<float> kScale = checkedScales(options.kScale, kStored, c.numKVHeads,
+                                                  "k_scale");
+  const std::vector<float> vScale = checkedScales(options.vScale, vStored, c.numKVHeads,
+                                                  "v_scale");
   if (maxPageEntry_ >= pages)
     throw Error(fmt::format("block_table holds page {} but the cache has {} pages",
                             maxPageEntry_, pages));
@@ -436,9 +443,16 @@ AttentionResult BatchAttention::run(const TensorView &q, const TensorView &kCach
   };
   cpu::PagedAttentionArgs args;
   args.q = packed(q, c.headDim);
-  args.kCache = kernelCacheView(kCache, c.layout, 0, device);
-  args.vCache = kernelCacheView(c.layout == KVLayout::VLLM ? kCache : vCache, c.layout, 1,
-                                device);
+  auto as = [&](const TensorView &view, DType type) {
+    return TensorView(view.data(), type, view.shape(), view.strides(), device);
+  };
+  args.kCache = kernelCacheView(as(kCache, kStored), c.layout, 0, device);
+  args.vCache = kernelCacheView(as(c.layout == KVLayout::VLLM ? kCache : vCache, vStored),
+                                c.layout, 1, device);
+  if (!kScale.empty())
+    args.kScale = kScale.data();
+  if (!vScale.empty())
+    args.vScale = vScale.data();
   args.pageTable = pageTable_.data();
   args.pageTableStride = c.maxBlocksPerSeq;
   args.pageSize = static_cast<int32_t>(c.pageSize);

@@ -2,6 +2,7 @@
 #include "pagedc/KVCache.h"
 #include "pagedc/Error.h"
 
+#include "TensorChecks.h"
 #include "cuda/CudaAttention.h"
 
 #include <fmt/format.h>
@@ -181,6 +182,32 @@ void setKVMemoryFactory(DeviceKind kind, KVMemoryFactory factory) {
 // Construction
 //===----------------------------------------------------------------------===//
 
+/// Codes of `values` [B, H, S, D] (f32, f16 or bf16, host, any strides) as
+/// the 8-bit float `type`, element (b, h, s, d) divided by scale[h] first;
+/// compact [B, H, S, D].
+static HostTensor quantizeRows(const TensorView &values, const std::vector<float> &scale,
+                               DType type) {
+  HostTensor codes(type, values.shape());
+  uint8_t *out = codes.dataAs<uint8_t>();
+  auto load = [&](int64_t offset) -> float {
+    switch (values.dtype()) {
+    case DType::BF16: return bf16ToFloat(values.dataAs<const uint16_t>()[offset]);
+    case DType::F16: return halfToFloat(values.dataAs<const uint16_t>()[offset]);
+    default: return values.dataAs<const float>()[offset];
+    }
+  };
+  int64_t next = 0;
+  for (int64_t b = 0; b < values.size(0); ++b)
+    for (int64_t h = 0; h < values.size(1); ++h)
+      for (int64_t i = 0; i < values.size(2); ++i)
+        for (int64_t d = 0; d < values.size(3); ++d)
+          out[next++] = floatToFloat8(load(b * values.stride(0) + h * values.stride(1) +
+                                           i * values.stride(2) + d * values.stride(3)) /
+                                          scale[static_cast<size_t>(h)],
+                                      type);
+  return codes;
+}
+
 static void checkConfig(const KVCacheConfig &config) {
   constexpr int64_t kMaxInt32 = std::numeric_limits<int32_t>::max();
   if (!isPowerOfTwo(config.pageSize) || config.pageSize > 1024)
@@ -196,9 +223,16 @@ static void checkConfig(const KVCacheConfig &config) {
   if (config.headDim < 1 || config.valueHeadDim < 1)
     throw Error(fmt::format("head dims must be at least 1 but are D={} and Dv={}", config.headDim,
                             config.valueHeadDim));
-  if (config.dtype != DType::F32 && config.dtype != DType::F16 && config.dtype != DType::BF16)
-    throw Error(
-        fmt::format("KV cache dtype must be f32, f16 or bf16 but is {}", dtypeName(config.dtype)));
+  if (config.dtype != DType::F32 && config.dtype != DType::F16 && config.dtype != DType::BF16 &&
+      !isFloat8(config.dtype))
+    throw Error(fmt::format("KV cache dtype must be f32, f16, bf16, f8e4m3 or f8e5m2 but is {}",
+                            dtypeName(config.dtype)));
+  detail::checkedScales(config.kScale, config.dtype, config.heads, "k_scale");
+  detail::checkedScales(config.vScale, config.dtype, config.heads, "v_scale");
+  if (isFloat8(config.dtype) && config.device.kind != DeviceKind::CPU)
+    throw Error(fmt::format("{} caches live on the CPU: the CUDA kernels do not read 8-bit "
+                            "caches yet",
+                            dtypeName(config.dtype)));
   // Bytes of the larger of K and V, computed without overflow, must fit
   // int64 (and so size_t); the same product gives every index the cache uses.
   int64_t bytes = 0;
@@ -216,6 +250,8 @@ static void checkConfig(const KVCacheConfig &config) {
 PagedKVCache::PagedKVCache(const KVCacheConfig &config, std::shared_ptr<KVMemory> memory)
     : config_(config) {
   checkConfig(config);
+  kScale_ = detail::checkedScales(config.kScale, config.dtype, config.heads, "k_scale");
+  vScale_ = detail::checkedScales(config.vScale, config.dtype, config.heads, "v_scale");
   memory_ = memory ? std::move(memory) : memoryFor(config.device);
   if (memory_->device() != config.device)
     throw Error(fmt::format("KV cache memory is on {} but the cache is configured for {}",
@@ -227,6 +263,8 @@ PagedKVCache::PagedKVCache(const KVCacheConfig &config, const TensorView &kCache
                            const TensorView &vCache, std::shared_ptr<KVMemory> memory)
     : config_(config) {
   checkConfig(config);
+  kScale_ = detail::checkedScales(config.kScale, config.dtype, config.heads, "k_scale");
+  vScale_ = detail::checkedScales(config.vScale, config.dtype, config.heads, "v_scale");
   const std::vector<int64_t> kShape = {config.heads, config.numPages, config.pageSize,
                                        config.headDim};
   const std::vector<int64_t> vShape = {config.heads, config.numPages, config.pageSize,
@@ -489,8 +527,14 @@ void PagedKVCache::assign(const TensorView &batchIdx, const TensorView &inputPos
     throw Error(fmt::format("assign: k has shape {} but v has shape {}; they must agree in B, "
                             "H and S",
                             k.shapeString(), v.shapeString()));
+  const bool quantize = isFloat8(config_.dtype);
   for (const auto &[view, name] : {std::make_pair(&k, "k"), std::make_pair(&v, "v")}) {
-    if (view->dtype() != config_.dtype)
+    if (quantize && view->dtype() != DType::F32 && view->dtype() != DType::F16 &&
+        view->dtype() != DType::BF16)
+      throw Error(fmt::format("assign: {} is {}; an {} cache takes f32, f16 or bf16 values and "
+                              "quantizes them",
+                              name, dtypeName(view->dtype()), dtypeName(config_.dtype)));
+    if (!quantize && view->dtype() != config_.dtype)
       throw Error(fmt::format("assign: {} is {} but the cache stores {} (no conversion is done)",
                               name, dtypeName(view->dtype()), dtypeName(config_.dtype)));
     if (view->device() != config_.device)
@@ -569,6 +613,17 @@ void PagedKVCache::assign(const TensorView &batchIdx, const TensorView &inputPos
                    config_.device);
   TensorView vRows(vCache_.data(), config_.dtype, {config_.heads, totalRows, config_.valueHeadDim},
                    config_.device);
+  if (quantize) {
+    const HostTensor kCodes = quantizeRows(k, kScale_, config_.dtype);
+    const HostTensor vCodes = quantizeRows(v, vScale_, config_.dtype);
+    memory_->scatterRows(TensorView(const_cast<void *>(kCodes.data()), config_.dtype,
+                                    kCodes.shape()),
+                         kRows, rows.data());
+    memory_->scatterRows(TensorView(const_cast<void *>(vCodes.data()), config_.dtype,
+                                    vCodes.shape()),
+                         vRows, rows.data());
+    return;
+  }
   memory_->scatterRows(k, kRows, rows.data());
   memory_->scatterRows(v, vRows, rows.data());
 }

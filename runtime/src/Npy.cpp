@@ -211,8 +211,11 @@ std::string npyDescr(DType dtype) {
   case DType::I64: return "<i8";
   case DType::U8: return "|u1";
   case DType::Bool: return "|b1";
+  case DType::F8E4M3:
+  case DType::F8E5M2:
+    break; // .npy has no 8-bit float type
   }
-  throw Error("npyDescr: unknown dtype");
+  throw Error(fmt::format("{} tensors cannot be written as .npy", dtypeName(dtype)));
 }
 
 namespace {

@@ -4,6 +4,8 @@
 
 #include <fmt/format.h>
 
+#include <cmath>
+#include <limits>
 #include <new>
 #include <stdexcept>
 
@@ -19,6 +21,8 @@ size_t dtypeSize(DType type) {
   case DType::I64: return 8;
   case DType::U8: return 1;
   case DType::Bool: return 1;
+  case DType::F8E4M3: return 1;
+  case DType::F8E5M2: return 1;
   }
   return 0;
 }
@@ -33,6 +37,8 @@ const char *dtypeName(DType type) {
   case DType::I64: return "i64";
   case DType::U8: return "u8";
   case DType::Bool: return "bool";
+  case DType::F8E4M3: return "f8e4m3";
+  case DType::F8E5M2: return "f8e5m2";
   }
   return "?";
 }
@@ -140,6 +146,12 @@ static DType dtypeFromDLPack(PagedcDLDataType type) {
   case 6:
     if (type.bits == 8) return DType::Bool;
     break;
+  case 10: // kDLFloat8_e4m3fn
+    if (type.bits == 8) return DType::F8E4M3;
+    break;
+  case 12: // kDLFloat8_e5m2
+    if (type.bits == 8) return DType::F8E5M2;
+    break;
   }
   throw Error(fmt::format("unsupported DLPack dtype (code {}, {} bits)", type.code, type.bits));
 }
@@ -154,8 +166,88 @@ static PagedcDLDataType dtypeToDLPack(DType type) {
   case DType::F64: return {2, 64, 1};
   case DType::BF16: return {4, 16, 1};
   case DType::Bool: return {6, 8, 1};
+  case DType::F8E4M3: return {10, 8, 1};
+  case DType::F8E5M2: return {12, 8, 1};
   }
   return {2, 32, 1};
+}
+
+//===----------------------------------------------------------------------===//
+// 8-bit floats
+//===----------------------------------------------------------------------===//
+
+namespace {
+
+/// The value of every code of one format, from its fields.
+struct Float8Table {
+  float value[256];
+  /// The largest finite code's value; codes 0..maxCode are the non-negative
+  /// finite values in increasing order.
+  float maxFinite;
+  uint8_t maxCode;
+  Float8Table(int exponentBits, int mantissaBits, bool finiteOnly) {
+    const int bias = (1 << (exponentBits - 1)) - 1;
+    const int exponentMask = (1 << exponentBits) - 1, mantissaMask = (1 << mantissaBits) - 1;
+    for (int code = 0; code < 256; ++code) {
+      const int sign = code >> 7;
+      const int exponent = (code >> mantissaBits) & exponentMask;
+      const int mantissa = code & mantissaMask;
+      float magnitude;
+      if (finiteOnly && exponent == exponentMask && mantissa == mantissaMask)
+        magnitude = std::numeric_limits<float>::quiet_NaN(); // e4m3fn's only NaN
+      else if (!finiteOnly && exponent == exponentMask)
+        magnitude = mantissa ? std::numeric_limits<float>::quiet_NaN()
+                             : std::numeric_limits<float>::infinity();
+      else if (exponent == 0)
+        magnitude = std::ldexp(static_cast<float>(mantissa), 1 - bias - mantissaBits);
+      else
+        magnitude = std::ldexp(static_cast<float>(mantissa | (1 << mantissaBits)),
+                               exponent - bias - mantissaBits);
+      value[code] = sign ? -magnitude : magnitude;
+    }
+    maxCode = static_cast<uint8_t>(finiteOnly ? 0x7e : (exponentMask << mantissaBits) - 1);
+    maxFinite = value[maxCode];
+  }
+};
+
+const Float8Table &float8Table(DType type) {
+  static const Float8Table e4m3(4, 3, true), e5m2(5, 2, false);
+  return type == DType::F8E4M3 ? e4m3 : e5m2;
+}
+
+} // namespace
+
+float float8ToFloat(uint8_t code, DType type) { return float8Table(type).value[code]; }
+
+const float *float8Values(DType type) { return float8Table(type).value; }
+
+uint8_t floatToFloat8(float value, DType type) {
+  const Float8Table &table = float8Table(type);
+  if (std::isnan(value))
+    return 0x7f;
+  const uint8_t sign = std::signbit(value) ? 0x80 : 0x00;
+  const float magnitude = std::fabs(value);
+  if (magnitude >= table.maxFinite)
+    return sign | table.maxCode;
+  // The non-negative finite codes increase with their values: find the
+  // first code not below `magnitude`, then the nearer of it and the one
+  // before, ties to the even code (an even mantissa).
+  int low = 0, high = table.maxCode;
+  while (low < high) {
+    const int middle = (low + high) / 2;
+    if (table.value[middle] < magnitude)
+      low = middle + 1;
+    else
+      high = middle;
+  }
+  int code = low;
+  if (code > 0) {
+    const float above = table.value[code] - magnitude;
+    const float below = magnitude - table.value[code - 1];
+    if (below < above || (below == above && ((code - 1) & 1) == 0))
+      code -= 1;
+  }
+  return static_cast<uint8_t>(sign | code);
 }
 
 TensorView TensorView::fromDLPack(const PagedcDLTensor &tensor) {

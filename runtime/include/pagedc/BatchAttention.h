@@ -81,6 +81,12 @@ struct BatchRunOptions {
   TensorView out;
   /// Optional lse output [T, Hq] f32; giving one implies returnLse.
   TensorView lse;
+  /// Caches of 8-bit floats (F8E4M3, F8E5M2): the scale of K and of V, one
+  /// value or one per KV head (finite, > 0); a code c of head h means
+  /// c * kScale[h]. Required for such caches, refused for others.
+  std::vector<float> kScale, vScale;
+  /// Reads caches held as u8 tensors as this 8-bit float type.
+  std::optional<DType> kvDtype;
 };
 
 /// One serving step's attention: packed queries of several sequences,

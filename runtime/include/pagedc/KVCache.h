@@ -84,8 +84,14 @@ struct KVCacheConfig {
   /// Key head dim (D) and value head dim (Dv).
   int64_t headDim = 64;
   int64_t valueHeadDim = 64;
+  /// f32, f16, bf16, or an 8-bit float (F8E4M3, F8E5M2; CPU caches only).
   DType dtype = DType::F32;
   Device device = Device::cpu();
+  /// Scales of an 8-bit float cache, one value for all KV heads or one per
+  /// head (finite, > 0): a stored code c of head h means c * kScale[h] (K) or
+  /// c * vScale[h] (V), and assign() stores round(x / scale). Required for
+  /// 8-bit caches, refused for the others.
+  std::vector<float> kScale, vScale;
 };
 
 /// A paged K/V cache.
@@ -138,6 +144,10 @@ public:
   int64_t headDim() const { return config_.headDim; }
   int64_t valueHeadDim() const { return config_.valueHeadDim; }
   DType dtype() const { return config_.dtype; }
+  /// The per-head K and V scales of an 8-bit float cache ([Hkv] each, a
+  /// single configured value repeated); empty for other caches.
+  const std::vector<float> &kScale() const { return kScale_; }
+  const std::vector<float> &vScale() const { return vScale_; }
   Device device() const { return config_.device; }
 
   /// The storage, `[Hkv, numPages, pageSize, D]` and `[..., Dv]`.
@@ -160,7 +170,11 @@ public:
   /// dtype and device) for the slots `batchIdx` [B] at positions `inputPos`
   /// [B, S] (i32 or i64, host): K/V row (b, h, s) goes to physical slot
   /// `pageTable[batchIdx[b]][p / pageSize] * pageSize + p % pageSize` with
-  /// p = inputPos[b, s]. Elements are copied as they are (no conversion).
+  /// p = inputPos[b, s]. Elements are copied as they are (no conversion),
+  /// except into an 8-bit float cache: k and v are then f32, f16 or bf16 on
+  /// the host, and each element x of head h is stored as the code nearest to
+  /// x / scale[h] (round to nearest even, saturating at the format's largest
+  /// finite value, floatToFloat8()).
   /// Positions must be below the slot's capacity. Writing into a page that
   /// other slots share first gives the writer its own copy (copy-on-write),
   /// which needs free pages.
@@ -213,6 +227,7 @@ private:
   std::vector<int32_t> &writableSlotTable(int64_t slot, const char *what);
 
   KVCacheConfig config_;
+  std::vector<float> kScale_, vScale_;
   std::shared_ptr<KVMemory> memory_;
   bool ownsStorage_ = false;
   size_t kBytes_ = 0, vBytes_ = 0;

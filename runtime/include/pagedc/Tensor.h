@@ -18,8 +18,10 @@
 
 namespace pagedc {
 
-/// Element types the runtime understands.
-enum class DType : uint8_t { F32, F64, F16, BF16, I32, I64, U8, Bool };
+/// Element types the runtime understands. F8E4M3 and F8E5M2 are the OCP
+/// 8-bit floats (e4m3fn: no infinities, NaN 0x7f/0xff, largest 448; e5m2:
+/// IEEE-like, largest 57344), stored by KV caches with a scale.
+enum class DType : uint8_t { F32, F64, F16, BF16, I32, I64, U8, Bool, F8E4M3, F8E5M2 };
 
 /// Bytes per element.
 size_t dtypeSize(DType type);
@@ -134,6 +136,20 @@ private:
   std::vector<int64_t> shape_;
   std::vector<unsigned char> storage_;
 };
+
+/// Whether `type` is one of the 8-bit floats.
+inline bool isFloat8(DType type) { return type == DType::F8E4M3 || type == DType::F8E5M2; }
+
+/// The value of an 8-bit float code (NaN codes give NaN, e5m2's infinity
+/// codes infinity).
+float float8ToFloat(uint8_t code, DType type);
+/// The values of all 256 codes of an 8-bit float type, indexed by code.
+const float *float8Values(DType type);
+/// The code nearest to `value`, as PTX's cvt.rn.satfinite does: round to
+/// nearest, ties to the even code; magnitudes past the largest finite value
+/// (infinity included) saturate to it, keeping the sign; NaN gives the
+/// format's canonical NaN (0x7f).
+uint8_t floatToFloat8(float value, DType type);
 
 /// IEEE half and bfloat16 conversions (round to nearest even).
 uint16_t floatToHalf(float value);

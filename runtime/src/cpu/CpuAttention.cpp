@@ -361,7 +361,7 @@ private:
   void writeRows(int64_t b, int64_t kvHead, int64_t rowTile, int64_t rows, const float *acc,
                  const float *maxScore, const float *sum);
   bool classifyTile(Workspace &ws, int64_t b, int64_t rows, int64_t kv0, int64_t n);
-  const float *const *gatherRows(Workspace &ws, const TensorView &cache,
+  const float *const *gatherRows(Workspace &ws, const TensorView &cache, const float *scale,
                                  std::vector<float> &converted,
                                  std::vector<const float *> &rowPointers, int64_t b,
                                  int64_t kvHead, int64_t kv0, int64_t n, int64_t width);
@@ -526,9 +526,10 @@ bool Kernel::classifyTile(Workspace &ws, int64_t b, int64_t rows, int64_t kv0,
 
 /// Row pointers of the logical positions [kv0, kv0 + n) of one KV head,
 /// read in place when the cache holds contiguous f32 rows and converted into
-/// `converted` otherwise.
+/// `converted` otherwise (8-bit codes through their value table, times the
+/// head's scale).
 const float *const *Kernel::gatherRows(Workspace &ws, const TensorView &cache,
-                                       std::vector<float> &converted,
+                                       const float *scale, std::vector<float> &converted,
                                        std::vector<const float *> &rowPointers,
                                        int64_t b, int64_t kvHead, int64_t kv0, int64_t n,
                                        int64_t width) {
@@ -548,8 +549,16 @@ const float *const *Kernel::gatherRows(Workspace &ws, const TensorView &cache,
       continue;
     }
     float *row = converted.data() + j * width;
-    for (int64_t d = 0; d < width; ++d)
-      row[d] = loadElement(cache.data(), cache.dtype(), base + d * cache.stride(3));
+    if (isFloat8(cache.dtype())) {
+      const float *values = float8Values(cache.dtype());
+      const uint8_t *codes = cache.dataAs<const uint8_t>() + base;
+      const float factor = scale[kvHead];
+      for (int64_t d = 0; d < width; ++d)
+        row[d] = values[codes[d * cache.stride(3)]] * factor;
+    } else {
+      for (int64_t d = 0; d < width; ++d)
+        row[d] = loadElement(cache.data(), cache.dtype(), base + d * cache.stride(3));
+    }
     rowPointers[j] = row;
   }
   return rowPointers.data();
@@ -682,7 +691,8 @@ void Kernel::runItem(const WorkItem &item) {
     if (!classifyTile(ws, b, rows, kv0, n))
       continue;
     const float *const *kRows =
-        gatherRows(ws, args_.kCache, ws.kConverted, ws.kRows, b, kvHead, kv0, n, plan.dim);
+        gatherRows(ws, args_.kCache, args_.kScale, ws.kConverted, ws.kRows, b, kvHead, kv0, n,
+                   plan.dim);
     if (rows <= kMaxDotRows) {
       // Decode: the next tile's K rows are requested while this tile is
       // scored and its V rows while this tile's P . V runs, so memory stays
@@ -713,7 +723,8 @@ void Kernel::runItem(const WorkItem &item) {
       if (ws.alpha[r] != 1.0f)
         ops_.scaleRow(ws.acc.data() + r * plan.vDim, plan.vDim, ws.alpha[r]);
     const float *const *vRows =
-        gatherRows(ws, args_.vCache, ws.vConverted, ws.vRows, b, kvHead, kv0, n, plan.vDim);
+        gatherRows(ws, args_.vCache, args_.vScale, ws.vConverted, ws.vRows, b, kvHead, kv0, n,
+                   plan.vDim);
     if (rows <= kMaxDotRows)
       ops_.pvDecode(n, rows, padded, ws.scores.data(), vRows, plan.vDim, ws.acc.data(),
                     ws.prefetchV.data(), static_cast<int64_t>(ws.prefetchV.size()),

@@ -35,10 +35,14 @@ const char *kernelVariantName(KernelVariant variant);
 struct PagedAttentionArgs {
   /// [B, Hq, Lq, D], f32 or bf16.
   TensorView q;
-  /// [Hkv, numPages, pageSize, D], f32 or bf16 storage.
+  /// [Hkv, numPages, pageSize, D], f32, bf16 or 8-bit float storage.
   TensorView kCache;
-  /// [Hkv, numPages, pageSize, Dv], f32 or bf16 storage.
+  /// [Hkv, numPages, pageSize, Dv], f32, bf16 or 8-bit float storage.
   TensorView vCache;
+  /// [Hkv] each, for 8-bit float caches: a code c of KV head h means
+  /// c * kScale[h] (K) or c * vScale[h] (V). Null for other caches.
+  const float *kScale = nullptr;
+  const float *vScale = nullptr;
   /// [B, pageTableStride]: row b maps the call's batch b from logical page
   /// to physical page. Only the first ceil(kvLength[b] / pageSize) entries of
   /// a row are read.

@@ -24,6 +24,9 @@ double readAsDouble(const TensorView &view, int64_t offset) {
   case DType::I64: return static_cast<double>(static_cast<const int64_t *>(data)[offset]);
   case DType::U8: return static_cast<const uint8_t *>(data)[offset];
   case DType::Bool: return static_cast<const uint8_t *>(data)[offset] != 0;
+  case DType::F8E4M3:
+  case DType::F8E5M2:
+    return float8ToFloat(static_cast<const uint8_t *>(data)[offset], view.dtype());
   }
   return 0.0;
 }

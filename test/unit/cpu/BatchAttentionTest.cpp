@@ -21,6 +21,7 @@
 #include <cmath>
 #include <limits>
 #include <numeric>
+#include <optional>
 #include <random>
 
 namespace {
@@ -39,6 +40,12 @@ struct StepCase {
   KVLayout layout = KVLayout::NHD;
   DType storage = DType::F32;
   DType outType = DType::F32;
+  /// 8-bit float K/V (F8E4M3, F8E5M2): stored as codes with per-head scales
+  /// (one shared scale when perHeadScale is false); q stays `storage`. The
+  /// cache tensors are u8 read through kvDtype when asU8.
+  std::optional<DType> kvFloat8;
+  bool perHeadScale = true;
+  bool asU8 = false;
   std::string mask, score;
   int threads = 2;
   uint64_t seed = 1;
@@ -51,7 +58,9 @@ float randomValue(std::mt19937 &rng) {
 }
 
 void storeAs(HostTensor &tensor, int64_t offset, float value) {
-  if (tensor.dtype() == DType::BF16)
+  if (isFloat8(tensor.dtype()))
+    tensor.dataAs<uint8_t>()[offset] = floatToFloat8(value, tensor.dtype());
+  else if (tensor.dtype() == DType::BF16)
     tensor.dataAs<uint16_t>()[offset] = floatToBF16(value);
   else
     tensor.dataAs<float>()[offset] = value;
@@ -167,10 +176,30 @@ StepCheck checkStep(const StepCase &c) {
   for (HostTensor *t : {&q4, &k4, &v4})
     for (int64_t i = 0; i < t->numel(); ++i)
       t->dataAs<double>()[i] = roundTo(c.storage, randomValue(rng));
+  // 8-bit K/V: each value becomes what its code means (code * scale), which
+  // is what the reference reads; scales differ per head and are not powers
+  // of two, so the scale is really applied.
+  std::vector<float> kScale, vScale;
+  if (c.kvFloat8) {
+    for (int64_t h = 0; h < c.kvHeads; ++h) {
+      kScale.push_back(c.perHeadScale ? 0.0137f * static_cast<float>(h + 1) : 0.0211f);
+      vScale.push_back(c.perHeadScale ? 0.0093f * static_cast<float>(h + 2) : 0.0173f);
+    }
+    for (auto [t, scale] : {std::pair{&k4, &kScale}, std::pair{&v4, &vScale}}) {
+      const int64_t perHead = t->numel() / (batch * c.kvHeads);
+      for (int64_t i = 0; i < t->numel(); ++i) {
+        const float factor = (*scale)[(i / perHead) % c.kvHeads];
+        const uint8_t code =
+            floatToFloat8(static_cast<float>(t->dataAs<double>()[i]) / factor, *c.kvFloat8);
+        t->dataAs<double>()[i] = static_cast<double>(float8ToFloat(code, *c.kvFloat8)) * factor;
+      }
+    }
+  }
+  const DType cacheType = c.kvFloat8 ? *c.kvFloat8 : c.storage;
   std::vector<int32_t> pageOrder(static_cast<size_t>(totalPages));
   std::iota(pageOrder.begin(), pageOrder.end(), 0);
   std::shuffle(pageOrder.begin(), pageOrder.end(), rng);
-  EngineCache cache(c.layout, totalPages, c.pageSize, c.kvHeads, c.dim, c.vDim, c.storage);
+  EngineCache cache(c.layout, totalPages, c.pageSize, c.kvHeads, c.dim, c.vDim, cacheType);
   int64_t columns = 1;
   for (const Seq &s : c.seqs)
     columns = std::max<int64_t>(columns, (s.seqLen + c.pageSize - 1) / c.pageSize + 1);
@@ -188,11 +217,13 @@ StepCheck checkStep(const StepCase &c) {
         for (int64_t d = 0; d < c.dim; ++d)
           cache.set(0, page, slot, h, d,
                     static_cast<float>(k4.dataAs<double>()[((b * c.kvHeads + h) * maxKv + pos) *
-                                                               c.dim + d]));
+                                                               c.dim + d]) /
+                        (c.kvFloat8 ? kScale[h] : 1.0f));
         for (int64_t d = 0; d < c.vDim; ++d)
           cache.set(1, page, slot, h, d,
                     static_cast<float>(v4.dataAs<double>()[((b * c.kvHeads + h) * maxKv + pos) *
-                                                               c.vDim + d]));
+                                                               c.vDim + d]) /
+                        (c.kvFloat8 ? vScale[h] : 1.0f));
       }
     for (int64_t i = 0; i < s.qLen; ++i)
       for (int64_t h = 0; h < c.qHeads; ++h)
@@ -230,8 +261,21 @@ StepCheck checkStep(const StepCase &c) {
   BatchRunOptions options;
   options.out = out.view();
   options.lse = lse.view();
-  AttentionResult result =
-      attention.run(q.view(), cache.kView(), cache.vView(), modBindings.bindings, options);
+  TensorView kView = cache.kView(), vView = cache.vView();
+  if (c.kvFloat8) {
+    options.kScale = c.perHeadScale ? kScale : std::vector<float>{kScale[0]};
+    options.vScale = c.perHeadScale ? vScale : std::vector<float>{vScale[0]};
+    if (c.asU8) {
+      options.kvDtype = *c.kvFloat8;
+      auto bytes = [](const TensorView &v) {
+        return v.data() ? TensorView(v.data(), DType::U8, v.shape(), v.strides(), v.device())
+                        : v;
+      };
+      kView = bytes(kView);
+      vView = bytes(vView);
+    }
+  }
+  AttentionResult result = attention.run(q.view(), kView, vView, modBindings.bindings, options);
   EXPECT_EQ(result.out.data(), out.data());
   EXPECT_EQ(cache.kView().data(), kData);
 
@@ -382,6 +426,45 @@ TEST(BatchAttention, OneThreadAndManyDecodesSplitTheKeys) {
     StepCheck check = checkStep(c);
     EXPECT_EQ(check.outViolations + check.lseViolations + check.nonFinite, 0)
         << "threads " << threads << ": " << check.describe();
+  }
+}
+
+TEST(BatchAttention, Float8CachesMatchFloat64OnDequantizedValues) {
+  // Both formats, per-head and per-tensor scales, native 8-bit and u8 +
+  // kv_dtype tensors, pages 1 / 16 / 128, GQA 1 and 4; the long decodes with
+  // 2 threads split their keys.
+  struct Case {
+    DType type;
+    bool perHead, asU8;
+    int32_t pageSize;
+    int64_t kvHeads;
+    KVLayout layout;
+  };
+  const Case cases[] = {
+      {DType::F8E4M3, true, false, 16, 2, KVLayout::NHD},
+      {DType::F8E4M3, false, true, 1, 8, KVLayout::HND},
+      {DType::F8E5M2, true, true, 128, 2, KVLayout::VLLM},
+      {DType::F8E5M2, false, false, 16, 8, KVLayout::Pagedc},
+  };
+  uint64_t seed = 300;
+  for (const Case &k : cases) {
+    StepCase c;
+    c.seqs = {{1, 700}, {3, 400}, {37, 300}, {61, 61}, {0, 12}, {1, 1500}};
+    c.kvFloat8 = k.type;
+    c.perHeadScale = k.perHead;
+    c.asU8 = k.asU8;
+    c.pageSize = k.pageSize;
+    c.kvHeads = k.kvHeads;
+    c.layout = k.layout;
+    c.mask = "holes";
+    c.score = "alibi";
+    c.seed = ++seed;
+    StepCheck check = checkStep(c);
+    SCOPED_TRACE(std::string(dtypeName(k.type)) + (k.perHead ? " per-head" : " per-tensor") +
+                 (k.asU8 ? " u8" : "") + " page " + std::to_string(k.pageSize));
+    EXPECT_EQ(check.outViolations + check.lseViolations + check.nonFinite, 0)
+        << check.describe();
+    EXPECT_GT(check.maskedRows, 0);
   }
 }
 

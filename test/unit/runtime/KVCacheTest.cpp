@@ -160,7 +160,7 @@ TEST(KVCache, RejectsBadConfigurations) {
   EXPECT_PAGEDC_ERROR(PagedKVCache(makeConfig(4, 4, 1, 1, 0, 4)), "head dims must be at least 1");
   KVCacheConfig config = makeConfig(4, 4, 1);
   config.dtype = DType::I32;
-  EXPECT_PAGEDC_ERROR(PagedKVCache{config}, "KV cache dtype must be f32, f16 or bf16 but is i32");
+  EXPECT_PAGEDC_ERROR(PagedKVCache{config}, "KV cache dtype must be f32, f16, bf16, f8e4m3 or f8e5m2 but is i32");
   config = makeConfig(4, 4, 1);
   config.device = Device::cuda(0);
   EXPECT_PAGEDC_ERROR(PagedKVCache{config}, "KV cache memory on cuda:0 is not available");
