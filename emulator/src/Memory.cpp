@@ -1,0 +1,539 @@
+//===- Memory.cpp - Device memory and the memory checks -------------------===//
+//
+// The registered device allocations (what cuMemAlloc hands out) with their
+// initcheck and cross-block racecheck shadows, and the checks of every
+// load and store a kernel makes: memcheck against the shared window, the
+// allocations and the fiber's stack; racecheck and initcheck of shared
+// bytes through the shadow; the global range checks. It is a file of its
+// own because it is the emulator's hot path: onAccess and everything it
+// calls per access (checkShared, checkGlobal) live here together, so the
+// compiler sees them in one unit.
+//
+//===----------------------------------------------------------------------===//
+
+#include "EmulatorInternal.h"
+
+#include <cstdlib>
+#include <new>
+
+namespace pagedc::emu::detail {
+
+//===----------------------------------------------------------------------===//
+// Device memory
+//===----------------------------------------------------------------------===//
+
+namespace {
+
+/// The allocation's per-word block tags (Allocation::blockWriters), made
+/// on first use; null when out of memory.
+std::atomic<uint64_t> *blockWritersOf(Allocation &allocation) {
+  std::atomic<uint64_t> *words = allocation.blockWriters.load(std::memory_order_acquire);
+  if (words)
+    return words;
+  std::lock_guard<std::mutex> lock(allocation.blockWritersMutex);
+  words = allocation.blockWriters.load(std::memory_order_acquire);
+  if (!words) {
+    const size_t count = (allocation.bytes + 3) / 4;
+    allocation.blockWritersStorage.reset(new (std::nothrow) std::atomic<uint64_t>[count]);
+    if (!allocation.blockWritersStorage)
+      return nullptr;
+    for (size_t i = 0; i < count; ++i)
+      allocation.blockWritersStorage[i].store(0, std::memory_order_relaxed);
+    words = allocation.blockWritersStorage.get();
+    allocation.blockWriters.store(words, std::memory_order_release);
+  }
+  return words;
+}
+
+uint64_t allocationSerial = 0;
+
+} // namespace
+
+std::shared_mutex memoryMutex;
+std::map<uintptr_t, std::unique_ptr<Allocation>> &allocations() {
+  static std::map<uintptr_t, std::unique_ptr<Allocation>> all;
+  return all;
+}
+
+Allocation *findAllocation(uintptr_t address) {
+  auto &all = allocations();
+  auto it = all.upper_bound(address);
+  if (it == all.begin())
+    return nullptr;
+  --it;
+  Allocation *allocation = it->second.get();
+  return address - allocation->base < std::max<size_t>(allocation->bytes, 1) ? allocation
+                                                                             : nullptr;
+}
+
+//===----------------------------------------------------------------------===//
+// Memory checks
+//===----------------------------------------------------------------------===//
+
+std::string sharedDescription(const Worker &worker, uint64_t offset) {
+  return "shared offset " + hex(offset) + " (dynamic " + std::to_string(worker.dynamicBytes) +
+         " bytes, static " + std::to_string(staticLimit(worker)) + " bytes at " +
+         hex(worker.launch->staticBase) + ")";
+}
+
+namespace {
+
+/// Whether a thread of `how`'s reading warpgroup had acquired the store of
+/// thread `writer` (index) at `clock` when it last fenced the async proxy.
+/// Asked only for a store its writer did not fence, so it is looked up per
+/// store, not merged over the warpgroup per wgmma.
+bool readerFenced(const Worker &worker, const SharedAccess &how, unsigned writer,
+                  uint32_t clock) {
+  for (unsigned t = how.fencedFirst; t < how.fencedFirst + how.fencedCount; ++t) {
+    const std::vector<uint32_t> &seen = worker.threads[t].fencedVc;
+    if (writer < seen.size() && seen[writer] >= clock)
+      return true;
+  }
+  return false;
+}
+
+/// The mbarrier behind a pseudo-thread id of the shadow (see SharedShadow).
+std::string bulkWriterDescription(const Worker &worker, uint16_t writer, uint32_t clock) {
+  const unsigned index = writer - 1 - worker.threadCount;
+  if (index >= worker.mbarriers.size())
+    return "a bulk copy";
+  return "a bulk copy completing on the mbarrier at shared offset " +
+         std::to_string(worker.mbarriers[index].offset) + " in its phase " +
+         std::to_string(clock - 1);
+}
+
+bool misaligned(uintptr_t address, size_t size) {
+  return (size == 2 || size == 4 || size == 8 || size == 16) && (address & (size - 1)) != 0;
+}
+
+} // namespace
+
+/// Racecheck and initcheck of shared bytes [offset, offset + size) used by
+/// `thread`; `where` locates the access for reports.
+void checkShared(Worker &worker, Thread &thread, uint64_t offset, size_t size, SharedUse use,
+                 const Site &where, const SharedAccess &how) {
+  const uint32_t block = worker.blockSerial;
+  const Checks &checks = worker.launch->checks;
+  const uint16_t self = static_cast<uint16_t>(thread.linear + 1);
+  const uint32_t clock = how.clock ? how.clock : thread.clock;
+  bool raced = false, uninitialized = false;
+  for (size_t i = 0; i < size; ++i) {
+    SharedShadow &shadow = worker.shadow[offset + i];
+    const bool written = shadow.writtenBlock == block && shadow.writer;
+    if (use == SharedUse::Read || use == SharedUse::Atomic) {
+      if (checks.racecheck && !raced) {
+        const uint16_t asyncBy = shadow.asyncBlock == block ? shadow.asyncBy : 0;
+        if (asyncBy && asyncBy != self) {
+          raced = true;
+          report("racecheck",
+                 "read of " + sharedDescription(worker, offset + i) +
+                     " while a cp.async of thread " + std::to_string(asyncBy - 1) +
+                     " into it has not landed (no cp.async.wait_group + barrier in between)",
+                 siteText(where), offset + i, false);
+        } else if (asyncBy == self) {
+          raced = true;
+          report("racecheck",
+                 "read of " + sharedDescription(worker, offset + i) +
+                     " before this thread's own cp.async into it was waited for",
+                 siteText(where), offset + i, false);
+        } else if (use == SharedUse::Read && written &&
+                   !orderedBefore(worker, thread, shadow.writer, shadow.writerClock,
+                                  shadow.writeEpoch)) {
+          raced = true;
+          if (shadow.writer > worker.threadCount)
+            report("racecheck",
+                   "read before the mbarrier phase that delivers it: " +
+                       sharedDescription(worker, offset + i) + " is written by " +
+                       bulkWriterDescription(worker, shadow.writer, shadow.writerClock) +
+                       ", which this thread has not waited for",
+                   siteText(where), offset + i, false);
+          else
+            report("racecheck",
+                   "read-after-write hazard: " + sharedDescription(worker, offset + i) +
+                       " written by thread " + std::to_string(shadow.writer - 1) +
+                       (worker.ordering ? " with no barrier or mbarrier ordering in between"
+                                        : " with no barrier in between"),
+                   siteText(where), offset + i, false);
+        } else if (how.asyncProxy && written && shadow.writer <= worker.threadCount &&
+                   worker.threads[shadow.writer - 1].fenceClock < shadow.writerClock &&
+                   !readerFenced(worker, how, shadow.writer - 1u, shadow.writerClock)) {
+          raced = true;
+          report("racecheck",
+                 "async-proxy read of a generic store with no proxy fence: wgmma reads " +
+                     sharedDescription(worker, offset + i) + ", which thread " +
+                     std::to_string(shadow.writer - 1) +
+                     " stored, with no fence.proxy.async.shared::cta by that thread after the "
+                     "store nor by the reading warpgroup after it acquired the store",
+                 siteText(where), offset + i, false);
+        }
+      }
+      if (checks.initcheck && shadow.writtenBlock != block && !uninitialized) {
+        uninitialized = true;
+        report("initcheck", "read of " + sharedDescription(worker, offset + i) + " never written",
+               siteText(where), offset + i, false);
+      }
+      if (use == SharedUse::Read) {
+        if (shadow.readEpoch != worker.epoch) {
+          if (shadow.manyReaders)
+            worker.manyReaders.erase(offset + i);
+          shadow.readEpoch = worker.epoch;
+          shadow.reader = self;
+          shadow.readerClock = clock;
+          shadow.reader2 = 0;
+          shadow.manyReaders = 0;
+        } else if (shadow.reader == self) {
+          shadow.readerClock = std::max(shadow.readerClock, clock);
+        } else if (shadow.reader2 == self) {
+          shadow.reader2Clock = std::max(shadow.reader2Clock, clock);
+        } else if (!shadow.reader2) {
+          shadow.reader2 = self;
+          shadow.reader2Clock = clock;
+        } else {
+          // Every reader's clock, for the ordering check of a later write;
+          // only from the third reader on (a byte that had many readers
+          // before the block began ordering stays conservative: the
+          // readers between the first two and now are not known).
+          if (worker.ordering &&
+              (!shadow.manyReaders || worker.manyReaders.count(offset + i) != 0)) {
+            std::vector<uint32_t> &clocks = worker.manyReaders[offset + i];
+            if (clocks.empty()) {
+              clocks.assign(worker.threadCount, 0);
+              clocks[shadow.reader - 1] = shadow.readerClock;
+              clocks[shadow.reader2 - 1] = shadow.reader2Clock;
+            }
+            clocks[self - 1] = std::max(clocks[self - 1], clock);
+          }
+          shadow.manyReaders = 1;
+        }
+      } else {
+        shadow.writtenBlock = block;
+      }
+      continue;
+    }
+    // Writes, cp.async issues and bulk copies (checked as the issuing
+    // thread's writes).
+    if (checks.racecheck && !raced) {
+      const uint16_t asyncBy = shadow.asyncBlock == block ? shadow.asyncBy : 0;
+      auto readBy = [&](uint16_t reader, uint32_t readClock) {
+        return reader && !orderedBefore(worker, thread, reader, readClock, shadow.readEpoch);
+      };
+      const bool readsThisEpoch = shadow.readEpoch == worker.epoch;
+      // More than two readers: with their clocks kept, a reader this write
+      // is not ordered after; without, any (conservatively).
+      auto unorderedManyReader = [&]() -> uint16_t {
+        if (!shadow.manyReaders)
+          return 0;
+        auto found = worker.manyReaders.find(offset + i);
+        if (found == worker.manyReaders.end())
+          return shadow.reader;
+        const std::vector<uint32_t> &clocks = found->second;
+        for (size_t t = 0; t < clocks.size(); ++t)
+          if (clocks[t] && readBy(static_cast<uint16_t>(t + 1), clocks[t]))
+            return static_cast<uint16_t>(t + 1);
+        return 0;
+      };
+      if (asyncBy && (use != SharedUse::AsyncIssue || asyncBy != self)) {
+        raced = true;
+        report("racecheck",
+               "write to " + sharedDescription(worker, offset + i) +
+                   " while a cp.async of thread " + std::to_string(asyncBy - 1) +
+                   " into it has not landed",
+               siteText(where), offset + i, false);
+      } else if (written && !orderedBefore(worker, thread, shadow.writer, shadow.writerClock,
+                                           shadow.writeEpoch)) {
+        raced = true;
+        report("racecheck",
+               "write-after-write hazard: " + sharedDescription(worker, offset + i) +
+                   " also written by " +
+                   (shadow.writer > worker.threadCount
+                        ? bulkWriterDescription(worker, shadow.writer, shadow.writerClock)
+                        : "thread " + std::to_string(shadow.writer - 1)) +
+                   " with no ordering in between",
+               siteText(where), offset + i, false);
+      } else if (uint16_t many = 0;
+                 readsThisEpoch && (readBy(shadow.reader, shadow.readerClock) ||
+                                    readBy(shadow.reader2, shadow.reader2Clock) ||
+                                    (many = unorderedManyReader()) != 0)) {
+        raced = true;
+        const uint16_t reader = readBy(shadow.reader, shadow.readerClock)     ? shadow.reader
+                                : readBy(shadow.reader2, shadow.reader2Clock) ? shadow.reader2
+                                                                              : many;
+        report("racecheck",
+               std::string(use == SharedUse::BulkWrite ? "bulk copy write-after-read hazard: "
+                                                       : "write-after-read hazard: ") +
+                   sharedDescription(worker, offset + i) + " read by thread " +
+                   std::to_string(reader - 1) + (shadow.manyReaders ? " (and others)" : "") +
+                   (worker.ordering
+                        ? " with no barrier in between, and no release of that read this thread "
+                          "acquired"
+                        : " with no barrier in between"),
+               siteText(where), offset + i, false);
+      }
+    }
+    if (use == SharedUse::AsyncIssue) {
+      shadow.asyncBy = self;
+      shadow.asyncBlock = block;
+    } else if (use == SharedUse::BulkWrite) {
+      shadow.writtenBlock = block;
+      shadow.writer = how.bulkWriter;
+      shadow.writerClock = how.bulkClock;
+      shadow.writeEpoch = worker.epoch;
+    } else {
+      shadow.writtenBlock = block;
+      shadow.writer = self;
+      shadow.writerClock = clock;
+      shadow.writeEpoch = worker.epoch;
+    }
+  }
+}
+
+/// Memcheck and initcheck of a global range; marks writes. Returns the
+/// allocation, or null after a fatal report.
+Allocation *checkGlobal(Worker &worker, uintptr_t address, size_t size, bool write,
+                        const Site &where, bool atomic) {
+  Allocation *allocation = worker.lastAllocation;
+  if (!allocation || address - allocation->base >= allocation->bytes) {
+    std::shared_lock<std::shared_mutex> lock(memoryMutex);
+    allocation = findAllocation(address);
+    worker.lastAllocation = allocation;
+  }
+  const Checks &checks = worker.launch->checks;
+  if (!allocation) {
+    if (checks.memcheck)
+      report("memcheck",
+             std::string(write ? "write" : "read") + " of " + std::to_string(size) +
+                 " bytes at " + hex(address) + ", outside every device allocation",
+             siteText(where), address, true);
+    return nullptr;
+  }
+  const uintptr_t offset = address - allocation->base;
+  if (offset + size > allocation->bytes) {
+    if (checks.memcheck)
+      report("memcheck",
+             std::string(write ? "write" : "read") + " of " + std::to_string(size) +
+                 " bytes at offset " + std::to_string(offset) + " of a " +
+                 std::to_string(allocation->bytes) + "-byte allocation runs past its end",
+             siteText(where), address, true);
+    return nullptr;
+  }
+  uint8_t *written = allocation->written ? allocation->written.get() + offset : nullptr;
+  if (!written) {
+  } else if (write) {
+    for (size_t i = 0; i < size; ++i)
+      __atomic_store_n(written + i, uint8_t(1), __ATOMIC_RELAXED);
+  } else if (checks.initcheck) {
+    for (size_t i = 0; i < size; ++i)
+      if (!__atomic_load_n(written + i, __ATOMIC_RELAXED)) {
+        report("initcheck",
+               "read of device memory never written: byte " + std::to_string(offset + i) +
+                   " of a " + std::to_string(allocation->bytes) + "-byte allocation",
+               siteText(where), address + i, false);
+        break;
+      }
+  }
+  // Blocks of one launch are unordered: a word written by one block and
+  // read or written by another is a hazard, unless both accesses are
+  // atomics (a work counter every block takes from). An atomic's tag
+  // carries kAtomicTag, so a plain access after another block's atomic (or
+  // an atomic after its plain write) is still reported.
+  if (checks.racecheck && (write || allocation->blockWriters.load(std::memory_order_relaxed))) {
+    if (std::atomic<uint64_t> *words = write ? blockWritersOf(*allocation)
+                                             : allocation->blockWriters.load(
+                                                   std::memory_order_acquire)) {
+      constexpr uint64_t kAtomicTag = uint64_t(1) << 63;
+      const uint64_t mine = worker.blockTag | (atomic ? kAtomicTag : 0);
+      for (uintptr_t word = offset / 4; word <= (offset + size - 1) / 4; ++word) {
+        const uint64_t other = write ? words[word].exchange(mine, std::memory_order_relaxed)
+                                     : words[word].load(std::memory_order_relaxed);
+        const uint64_t block = other & ~kAtomicTag;
+        if (other == 0 || block == worker.blockTag || (block >> 32) != (worker.blockTag >> 32) ||
+            (atomic && (other & kAtomicTag)))
+          continue;
+        const uint64_t linear = (block & 0xffffffffu) - 1;
+        const LaunchConfig &config = worker.launch->config;
+        report("racecheck",
+               std::string(write ? "write-after-write" : "read-after-write") +
+                   " hazard between blocks: byte " + std::to_string(word * 4) + " of a " +
+                   std::to_string(allocation->bytes) + "-byte allocation was written by block (" +
+                   std::to_string(linear % config.grid[0]) + "," +
+                   std::to_string(linear / config.grid[0] % config.grid[1]) + "," +
+                   std::to_string(linear / config.grid[0] / config.grid[1]) +
+                   ") of this launch; blocks are unordered",
+               siteText(where), allocation->base + word * 4, false);
+        break;
+      }
+    }
+  }
+  // Distinct sectors of the launch.
+  for (uintptr_t sector = offset / 32; sector <= (offset + size - 1) / 32; ++sector)
+    allocation->sectors[sector / 64].fetch_or(uint64_t(1) << (sector % 64),
+                                              std::memory_order_relaxed);
+  return allocation;
+}
+
+/// The instrumentation hook: every load and store of kernel code.
+void onAccess(const void *pointer, unsigned long size, int flags, const void *pc) {
+  Thread *thread = currentThread;
+  if (!thread)
+    return;
+  const auto address = reinterpret_cast<uintptr_t>(pointer);
+  if (address - thread->stackLow < kStackBytes)
+    return; // the thread's own stack: locals and by-value parameters
+  Worker &worker = *currentWorker;
+  const bool write = (flags & PAGEDC_EMU_WRITE) != 0;
+  Launch &launch = *worker.launch;
+  if (inWindow(worker, address)) {
+    int64_t offset = sharedOffset(worker, address, size);
+    if (offset < 0) {
+      if (launch.checks.memcheck)
+        report("memcheck",
+               std::string(write ? "write" : "read") + " of " + std::to_string(size) +
+                   " bytes at " + sharedDescription(worker, address - worker.windowBase) +
+                   ", outside the block's shared memory",
+               pcLocation(pc), address - worker.windowBase, true);
+      return;
+    }
+    if (launch.checks.memcheck && misaligned(address, size)) {
+      report("memcheck",
+             "misaligned " + std::to_string(size) + "-byte shared access at " +
+                 sharedDescription(worker, offset),
+             pcLocation(pc), offset, true);
+      return;
+    }
+    if (launch.checks.racecheck || launch.checks.initcheck)
+      checkShared(worker, *thread, offset, size, write ? SharedUse::Write : SharedUse::Read,
+                  Site{nullptr, 0, pc});
+    (write ? worker.counters.sharedStoreBytes : worker.counters.sharedLoadBytes) += size;
+    thread->accesses.push_back({address, pc, static_cast<uint32_t>(size), true, write});
+    return;
+  }
+  // Kernel parameters (copied at launch, read-only) and the index variables.
+  const auto *parameters = launch.parameterBytes.data();
+  if (address - reinterpret_cast<uintptr_t>(parameters) < launch.parameterBytes.size() ||
+      address - reinterpret_cast<uintptr_t>(launch.parameterPointers.data()) <
+          launch.parameterPointers.size() * sizeof(void *) ||
+      address - reinterpret_cast<uintptr_t>(&thread->index) < sizeof(thread->index)) {
+    if (write && launch.checks.memcheck)
+      report("memcheck", "write to a kernel parameter", pcLocation(pc), address, true);
+    return;
+  }
+  // The image's own data (constant tables).
+  for (const Segment &segment : launch.kernel->module->segments)
+    if (address >= segment.begin && address < segment.end)
+      return;
+  if (launch.checks.memcheck && misaligned(address, size)) {
+    report("memcheck", "misaligned " + std::to_string(size) + "-byte global access at " +
+                           hex(address),
+           pcLocation(pc), address, true);
+    return;
+  }
+  Allocation *allocation =
+      checkGlobal(worker, address, size, write, Site{nullptr, 0, pc});
+  if (!allocation)
+    return;
+  (write ? worker.counters.globalStoreBytes : worker.counters.globalLoadBytes) += size;
+  thread->accesses.push_back({address, pc, static_cast<uint32_t>(size), false, write});
+}
+
+void onAccessRange(const void *pointer, unsigned long size, int flags, const void *pc) {
+  // Ranges are checked byte-span-wise as one access without alignment.
+  Thread *thread = currentThread;
+  if (!thread || size == 0)
+    return;
+  const auto address = reinterpret_cast<uintptr_t>(pointer);
+  if (address - thread->stackLow < kStackBytes)
+    return;
+  Worker &worker = *currentWorker;
+  Launch &launch = *worker.launch;
+  const bool write = (flags & PAGEDC_EMU_WRITE) != 0;
+  if (inWindow(worker, address)) {
+    int64_t offset = sharedOffset(worker, address, size);
+    if (offset < 0) {
+      report("memcheck", "shared range outside the block's shared memory", pcLocation(pc),
+             address - worker.windowBase, true);
+      return;
+    }
+    checkShared(worker, *thread, offset, size, write ? SharedUse::Write : SharedUse::Read,
+                Site{nullptr, 0, pc});
+    return;
+  }
+  const auto *parameters = launch.parameterBytes.data();
+  if (address - reinterpret_cast<uintptr_t>(parameters) < launch.parameterBytes.size())
+    return;
+  for (const Segment &segment : launch.kernel->module->segments)
+    if (address >= segment.begin && address < segment.end)
+      return;
+  checkGlobal(worker, address, size, write, Site{nullptr, 0, pc});
+}
+
+} // namespace pagedc::emu::detail
+
+namespace pagedc::emu {
+
+using namespace detail;
+
+void *allocate(size_t bytes) {
+  const size_t size = std::max<size_t>(bytes, 1);
+  // 256-byte alignment as cuMemAlloc gives; nothing past the end belongs
+  // to the allocation, so any overrun is outside every allocation.
+  void *memory = std::aligned_alloc(256, (size + 255) / 256 * 256);
+  if (!memory)
+    return nullptr;
+  auto allocation = std::make_unique<Allocation>();
+  allocation->base = reinterpret_cast<uintptr_t>(memory);
+  allocation->bytes = size;
+  // The initcheck shadow only when initcheck may run (it doubles memory).
+  const bool tracked = Checks::fromEnvironment().initcheck;
+  if (tracked)
+    allocation->written.reset(new (std::nothrow) uint8_t[size]());
+  allocation->sectorWords = (size + 32 * 64 - 1) / (32 * 64);
+  allocation->sectors.reset(new (std::nothrow) std::atomic<uint64_t>[allocation->sectorWords]);
+  if ((tracked && !allocation->written) || !allocation->sectors) {
+    std::free(memory);
+    return nullptr;
+  }
+  for (size_t i = 0; i < allocation->sectorWords; ++i)
+    allocation->sectors[i].store(0, std::memory_order_relaxed);
+  // Garbage, so that a read of never-written memory does not look like 0.
+  std::memset(memory, 0xcd, size);
+  std::unique_lock<std::shared_mutex> lock(memoryMutex);
+  allocation->serial = ++allocationSerial;
+  allocations()[allocation->base] = std::move(allocation);
+  return memory;
+}
+
+bool release(void *pointer) {
+  std::unique_ptr<Allocation> allocation;
+  {
+    std::unique_lock<std::shared_mutex> lock(memoryMutex);
+    auto found = allocations().find(reinterpret_cast<uintptr_t>(pointer));
+    if (found == allocations().end())
+      return false;
+    allocation = std::move(found->second);
+    allocations().erase(found);
+  }
+  std::free(pointer);
+  return true;
+}
+
+bool markWritten(const void *pointer, size_t bytes) {
+  if (bytes == 0)
+    return true;
+  std::shared_lock<std::shared_mutex> lock(memoryMutex);
+  const auto address = reinterpret_cast<uintptr_t>(pointer);
+  Allocation *allocation = findAllocation(address);
+  if (!allocation || address - allocation->base + bytes > allocation->bytes)
+    return false;
+  if (allocation->written)
+    std::memset(allocation->written.get() + (address - allocation->base), 1, bytes);
+  return true;
+}
+
+bool isAllocated(const void *pointer, size_t bytes) {
+  std::shared_lock<std::shared_mutex> lock(memoryMutex);
+  const auto address = reinterpret_cast<uintptr_t>(pointer);
+  Allocation *allocation = findAllocation(address);
+  return allocation && address - allocation->base + bytes <= allocation->bytes;
+}
+
+} // namespace pagedc::emu
