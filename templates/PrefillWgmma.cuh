@@ -15,9 +15,8 @@
 //    mbarrier before reusing it; any page size from 1 to 1024. Each page a
 //    tile touches is looked up once, by one thread, before the wait on the
 //    empty barrier, and staged in shared memory for the copies
-//    (gather_kv_stage). (Run on an H100, a single
-//    producer warp waiting on a page-table load per copy, with two stages,
-//    held the kernel to 165-184 TFLOP/s: the consumers starved.) When the
+//    (gather_kv_stage). (A single producer warp waiting on a page-table
+//    load per copy, with two stages, starves the consumers.) When the
 //    launch binds tensor maps of the caches (the third parameter,
 //    PagedcWgmmaPrefillArgs) and pages hold 16 rows or more, thread 0
 //    copies each tile below kv_len with one cp.async.bulk.tensor per page
@@ -138,9 +137,9 @@ constexpr int kTmaTilePages = kBlockN / kTmaBoxRows;
 /// are consecutive (the launch's run maps, PagedcWgmmaPrefillArgs::run_boxes).
 /// A 128-key tile is two segments, so that a tile made of two separate runs
 /// of 64 rows (a sequence grown a few pages at a time) still takes two
-/// boxes per atom and not one per page (the H200 run of 2026-11-27: at
-/// pages of 16 rows in runs of 4, 128-key tiles copied page by page ran
-/// 0.89-0.96x the 64-key tiles copied as runs).
+/// boxes per atom and not one per page: a 128-key tile copied page by page
+/// costs more copy instructions than the larger tile saves (the GPU study
+/// pages under bench/studies/ have the timings).
 constexpr int kRunRows = kBlockN < 64 ? kBlockN : 64;
 constexpr int kRunSegments = kBlockN / kRunRows;
 /// Pages in one run box.
@@ -829,10 +828,9 @@ extern "C" __global__ void __launch_bounds__(pagedc::kPrefillThreads, 1)
     // buffer (its S products, which read them, are done) so that the rows
     // leave in 16-byte stores, whole 32-byte sectors: stored from the
     // accumulators, each warp store wrote 16 bytes of 8 rows, half a sector
-    // each (on the H200 run of 2026-11-27 Nsight Compute counted 26% of the
-    // kernel's global sectors as excess, one per O sector). Not when the
-    // buffer's next Q may be copied in before the epilogue would be done
-    // (persistent CTAs with one Q buffer: there the consumers hand the
+    // each (a profiler counts one excess global sector per O sector). Not
+    // when the buffer's next Q may be copied in before the epilogue would be
+    // done (persistent CTAs with one Q buffer: there the consumers hand the
     // buffer back before the last P V, as without staging), nor when out
     // is not 16-byte aligned (the runtime asks 4 bytes).
     Element *out_base = static_cast<Element *>(args.out) + b * args.out_stride[0] +

@@ -26,6 +26,11 @@ config.substitutions.append(("%templates", os.path.join(config.pagedc_src_root, 
 if config.have_nvrtc:
     config.available_features.add("nvrtc")
 
+# Tools not every tree builds (the sanitized tree builds a few).
+for tool in ("pagedc-gpu",):
+    if os.path.exists(os.path.join(config.pagedc_tools_dir, tool)):
+        config.available_features.add(tool)
+
 # A usable GPU: pagedc-device-query exits 0 and prints "cuda:N ..." lines only
 # when the driver loads and reports a device.
 def has_cuda_gpu():

@@ -122,8 +122,8 @@ struct KernelConfig {
   void choosePrefillShape(const KernelOptions &options = {});
   /// choosePrefillShape for a target: on sm_90 and sm_90a (an H100 or
   /// H200) the warpgroup tiles (wgmma; sm_90a code, which compileArchFor
-  /// picks; on an H100 they ran causal prefill at 1.8-1.9x the mma.sync
-  /// tiles, on an H200 2.1x at head dim 256, bench/README.md): 128 x 128 at
+  /// picks; faster than the mma.sync tiles there, bench/README.md's GPU
+  /// studies): 128 x 128 at
   /// head dims 64 and 128 (128 keys, as FlashAttention-3's causal tiles),
   /// which spills for some mods, so settlePrefillShape (KernelCache.h)
   /// compiles it and takes 128 x 64 where ptxas reports spills; 128 x 64 at
