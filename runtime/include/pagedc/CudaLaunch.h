@@ -178,10 +178,11 @@ void setPrefillTileCounter(const KernelConfig &config, AttentionLaunchPlan &plan
 /// options.prefillPersistentCtas or else `slots` (the device's SMs x
 /// resident CTAs), when prefillPersistent is true, or when it is unset,
 /// `visitsGrow` (the call has no block mask, or blockMaskVisitsGrow of it)
-/// and the launch has more query tiles than `slots`. (The H200 ran persistent CTAs 1.02-1.15x
-/// the default on causal and sliding-window rows, whose tiles are numbered
-/// heaviest first, and 0.90x on a document-mask row, whose are not:
-/// docs/kernels.md.) Returns whether the grid is persistent. Options that
+/// and the launch has more query tiles than `slots`. (Persistent CTAs gain
+/// where the tiles are numbered heaviest first, as under causal and
+/// sliding-window masks, and lose where they are not, as under document
+/// masks: docs/kernels.md has the figures.) Returns whether the grid is
+/// persistent. Options that
 /// checkKernelOptions refuses (the CTA count without prefillPersistent
 /// true) throw pagedc::Error.
 bool applyPrefillPersistentRequest(const KernelConfig &config, AttentionLaunchPlan &plan,
