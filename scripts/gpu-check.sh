@@ -22,10 +22,10 @@
 # tile from a work counter when it is free, whatever the mask; by default
 # only where the block mask's visits grow, as causal and sliding-window
 # masks' do) and "per-tile" (PAGEDC_PREFILL_PERSISTENT=0: a CTA per query
-# tile, the default before 2026-11-29), each with a compute-sanitizer
-# memcheck of one prefill case of 16-row pages; files prefixed with the
-# option's name. (The fixed snaking rounds the H200 ran on 2026-11-27:
-# --also-with "PAGEDC_PREFILL_PERSISTENT=1 PAGEDC_PREFILL_TILE_COUNTER=0".)
+# tile), each with a compute-sanitizer memcheck of one prefill case of
+# 16-row pages; files prefixed with the option's name. (Persistent CTAs in
+# fixed snaking rounds instead of a work counter: --also-with
+# "PAGEDC_PREFILL_PERSISTENT=1 PAGEDC_PREFILL_TILE_COUNTER=0".)
 # --decode-options: the same for the decode kernel's options, "decode-gather"
 # (PAGEDC_DECODE_TMA=0: every K/V tile gathered with cp.async instead of
 # the default tensor-map copies of whole tiles of pages of 16 rows or more),
