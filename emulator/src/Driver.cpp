@@ -7,19 +7,15 @@
 // memory" in host memory that the checkers know, modules that are emulator
 // images, launches that run to completion before cuLaunchKernel returns.
 //
-// Environment: PAGEDC_EMU_CHECKS (Emulator.h), PAGEDC_EMU_THREADS,
-// PAGEDC_EMU_SAMPLE_BLOCKS=N (run N blocks of each grid, for counting only;
-// PAGEDC_EMU_SAMPLE_KERNELS=a,b limits that to the kernels named),
-// PAGEDC_EMU_REPORT=FILE (each report as a JSON line), PAGEDC_EMU_COUNTERS=FILE
-// (a JSON line per launch), PAGEDC_EMU_QUIET=1 (no reports on stderr),
-// PAGEDC_EMU_REGISTERS=kernel=N[,kernel=N] (registers per thread that
-// cuOccupancyMaxActiveBlocksPerMultiprocessor assumes for those kernels;
-// DeviceLimits::defaultRegisters for others: `pagedc-gpu model` sets the
-// ptxas figures of the configuration it models).
+// Settings: the PAGEDC_EMU_* variables (the table is in Settings.cpp), read
+// at each call that uses them, since `pagedc-gpu model` changes the
+// sampling and the registers per configuration. cuInit fails, printing
+// why, when one does not parse; so does any later call that reads them.
 //
 //===----------------------------------------------------------------------===//
 
 #include "pagedc-emu/Emulator.h"
+#include "pagedc-emu/Settings.h"
 
 #include <algorithm>
 #include <chrono>
@@ -29,6 +25,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 
 using namespace pagedc;
@@ -91,12 +88,11 @@ std::string jsonString(const std::string &text) {
   return out + "\"";
 }
 
-void appendLine(const char *variable, const std::string &line) {
-  const char *path = std::getenv(variable);
-  if (!path || !*path)
+void appendLine(const std::string &path, const std::string &line) {
+  if (path.empty())
     return;
   std::lock_guard<std::mutex> lock(driverMutex);
-  if (FILE *file = std::fopen(path, "a")) {
+  if (FILE *file = std::fopen(path.c_str(), "a")) {
     std::fputs(line.c_str(), file);
     std::fputc('\n', file);
     std::fclose(file);
@@ -105,6 +101,17 @@ void appendLine(const char *variable, const std::string &line) {
 
 const emu::DeviceLimits kLimits;
 
+/// The PAGEDC_EMU_* settings as they are now; CUDA_ERROR_INVALID_VALUE with
+/// the variable, its value and the valid values when one does not parse.
+int readSettings(emu::Settings *settings) {
+  std::string error;
+  std::optional<emu::Settings> parsed = emu::settingsFromEnvironment(&error);
+  if (!parsed)
+    return fail(kInvalidValue, "pagedc emulator: " + error);
+  *settings = std::move(*parsed);
+  return kSuccess;
+}
+
 } // namespace
 
 #define EXPORT extern "C" __attribute__((visibility("default")))
@@ -112,9 +119,21 @@ const emu::DeviceLimits kLimits;
 /// Marks this library as the emulator to the runtime (CudaDriver.cpp).
 EXPORT int pagedcEmuDriverVersion() { return 1; }
 
+/// Fails, printing why, on settings that do not parse: a misspelt checker
+/// must stop the run, not turn checking off.
 EXPORT int cuInit(unsigned flags) {
   if (flags != 0)
     return kInvalidValue;
+  emu::Settings settings;
+  if (int status = readSettings(&settings)) {
+    std::string detail;
+    {
+      std::lock_guard<std::mutex> lock(driverMutex);
+      detail = lastDetail;
+    }
+    std::fprintf(stderr, "%s\n", detail.c_str());
+    return status;
+  }
   initialized = true;
   return kSuccess;
 }
@@ -211,34 +230,21 @@ EXPORT int cuDeviceGetName(char *name, int length, int device) {
   return kSuccess;
 }
 
-/// The SM count the emulated device reports: PAGEDC_EMU_MULTIPROCESSORS
-/// (1-1024; tests take a few so that plans made per SM, such as the
-/// warpgroup prefill's persistent CTAs, show at small sizes), else the
-/// H100's. Any other value: 0, after a message on stderr.
-static int multiprocessorsReported() {
-  const char *text = std::getenv("PAGEDC_EMU_MULTIPROCESSORS");
-  if (!text || !*text)
-    return kLimits.multiprocessors;
-  char *rest = nullptr;
-  const long value = std::strtol(text, &rest, 10);
-  if (rest && *rest == '\0' && value >= 1 && value <= 1024)
-    return static_cast<int>(value);
-  std::fprintf(stderr,
-               "pagedc emulator: PAGEDC_EMU_MULTIPROCESSORS is '%s': expected an integer "
-               "from 1 to 1024\n",
-               text);
-  return 0;
-}
-
 EXPORT int cuDeviceGetAttribute(int *value, int attribute, int device) {
   if (!value)
     return kInvalidValue;
   if (device != 0)
     return kInvalidDevice;
   switch (attribute) {
-  case 16: // multiprocessors
-    *value = multiprocessorsReported();
-    return *value > 0 ? kSuccess : kInvalidValue;
+  case 16: { // multiprocessors: PAGEDC_EMU_MULTIPROCESSORS, else the H100's
+    // (tests take a few so that plans made per SM, such as the warpgroup
+    // prefill's persistent CTAs, show at small sizes)
+    emu::Settings settings;
+    if (int status = readSettings(&settings))
+      return status;
+    *value = settings.multiprocessors > 0 ? settings.multiprocessors : kLimits.multiprocessors;
+    return kSuccess;
+  }
   case 75: // compute capability major
     *value = 9;
     return kSuccess;
@@ -331,31 +337,6 @@ EXPORT int cuFuncSetAttribute(void *function, int attribute, int value) {
   return kSuccess;
 }
 
-/// Registers per thread of kernel `name`: PAGEDC_EMU_REGISTERS, read at
-/// each query, or the default.
-static int registersOf(const std::string &name) {
-  const char *list = std::getenv("PAGEDC_EMU_REGISTERS");
-  if (!list)
-    return kLimits.defaultRegisters;
-  std::string text(list);
-  size_t at = 0;
-  while (at <= text.size()) {
-    size_t end = text.find(',', at);
-    if (end == std::string::npos)
-      end = text.size();
-    std::string entry = text.substr(at, end - at);
-    size_t equals = entry.find('=');
-    if (equals != std::string::npos && entry.substr(0, equals) == name) {
-      char *rest = nullptr;
-      long value = std::strtol(entry.c_str() + equals + 1, &rest, 10);
-      if (rest && *rest == '\0' && value >= 1 && value <= 255)
-        return static_cast<int>(value);
-    }
-    at = end + 1;
-  }
-  return kLimits.defaultRegisters;
-}
-
 /// Resident CTAs per SM by the H100's limits: threads, registers
 /// (allocated per warp in units of 256, per thread in units of 8), shared
 /// memory (1 KiB reserved per CTA) and the CTA limit.
@@ -365,7 +346,13 @@ EXPORT int cuOccupancyMaxActiveBlocksPerMultiprocessor(int *blocks, void *functi
     return !blocks ? kInvalidValue : kInvalidHandle;
   if (blockSize < 1 || blockSize > kLimits.maxThreadsPerBlock)
     return kInvalidValue;
-  const int registers = registersOf(static_cast<Function *>(function)->kernel->name);
+  // PAGEDC_EMU_REGISTERS: `pagedc-gpu model` gives the ptxas figures of the
+  // configuration it models.
+  emu::Settings settings;
+  if (int status = readSettings(&settings))
+    return status;
+  const int registers = settings.registersOf(static_cast<Function *>(function)->kernel->name,
+                                             kLimits.defaultRegisters);
   const int warps = (blockSize + 31) / 32;
   const int perWarp = ((registers + 7) / 8 * 8 * 32 + 255) / 256 * 256;
   int resident = std::min(kLimits.ctasPerSm, kLimits.threadsPerSm / blockSize);
@@ -439,21 +426,17 @@ static int launchFunction(void *function, unsigned gridX, unsigned gridY, unsign
   config.block[2] = blockZ;
   config.dynamicSharedBytes = sharedBytes;
   config.maxDynamicSharedBytes = target->maxDynamicShared;
-  // PAGEDC_EMU_SAMPLE_BLOCKS=N: count a sample of each grid (the model).
-  // Only the kernels named in PAGEDC_EMU_SAMPLE_KERNELS (comma list) when
-  // set: a kernel whose output the next launch reads (a block-mask builder)
-  // must run whole.
-  if (const char *sample = std::getenv("PAGEDC_EMU_SAMPLE_BLOCKS")) {
-    const char *only = std::getenv("PAGEDC_EMU_SAMPLE_KERNELS");
-    const std::string list = only ? "," + std::string(only) + "," : "";
-    if (!only || list.find("," + target->kernel->name + ",") != std::string::npos)
-      config.sampleBlocks = std::strtoull(sample, nullptr, 10);
-  }
-  emu::LaunchResult result =
-      emu::launch(*target->kernel, config, params, emu::Checks::fromEnvironment());
+  emu::Settings settings;
+  if (int status = readSettings(&settings))
+    return status;
+  // A sample of each grid, to count (the model); only of the kernels
+  // PAGEDC_EMU_SAMPLE_KERNELS names when set: a kernel whose output the next
+  // launch reads (a block-mask builder) must run whole.
+  config.sampleBlocks = settings.sampleBlocksOf(target->kernel->name);
+  emu::LaunchResult result = emu::launch(*target->kernel, config, params, settings.checks);
 
   const std::string name = target->kernel->name;
-  appendLine("PAGEDC_EMU_COUNTERS",
+  appendLine(settings.countersPath,
              "{\"kernel\": " + jsonString(name) + ", \"grid\": [" + std::to_string(gridX) + ", " +
                  std::to_string(gridY) + ", " + std::to_string(gridZ) + "], \"block\": [" +
                  std::to_string(blockX) + ", " + std::to_string(blockY) + ", " +
@@ -465,7 +448,7 @@ static int launchFunction(void *function, unsigned gridX, unsigned gridY, unsign
                  result.counters.json() + "}");
   if (result.ok)
     return kSuccess;
-  const bool quiet = std::getenv("PAGEDC_EMU_QUIET") != nullptr;
+  const bool quiet = settings.quiet;
   std::string detail;
   if (!result.error.empty())
     detail = "pagedc-emu: " + result.error;
@@ -473,7 +456,7 @@ static int launchFunction(void *function, unsigned gridX, unsigned gridY, unsign
     const std::string text = entry.format();
     if (!quiet)
       std::fprintf(stderr, "%s\n", text.c_str());
-    appendLine("PAGEDC_EMU_REPORT",
+    appendLine(settings.reportPath,
                "{\"checker\": " + jsonString(entry.checker) + ", \"kernel\": " +
                    jsonString(entry.kernel) + ", \"location\": " + jsonString(entry.location) +
                    ", \"message\": " + jsonString(entry.message) +

@@ -159,8 +159,10 @@ const Loaded &loadDriver() {
     }
     cu::Result status = api.init(0);
     if (status != 0) {
-      result.error = fmt::format("the NVIDIA driver did not initialise: cuInit "
-                                 "failed with {}",
+      // The emulator's cuInit fails on PAGEDC_EMU_* settings that do not
+      // parse; its description names the variable and the valid values.
+      result.error = fmt::format("the {} did not initialise: cuInit failed with {}",
+                                 result.emulated ? "SIMT emulator's driver" : "NVIDIA driver",
                                  errorText(api, status));
       return result;
     }
