@@ -13,6 +13,7 @@
 //   PAGEDC_EMU_SAMPLE_KERNELS   comma list of kernel names            every kernel
 //   PAGEDC_EMU_REPORT           file: a JSON line per report          none
 //   PAGEDC_EMU_COUNTERS         file: a JSON line per launch          none
+//                               (in a directory that exists and is writable)
 //   PAGEDC_EMU_QUIET            0 | 1 (1: no reports on stderr)       0
 //
 // An empty value is the same as unset. Anything else that does not parse
@@ -26,6 +27,8 @@
 
 #include <cerrno>
 #include <cstdlib>
+
+#include <unistd.h>
 
 namespace pagedc::emu {
 
@@ -68,6 +71,18 @@ bool isKernelName(const std::string &name) {
   return true;
 }
 
+/// Whether a file at `path` can be created or appended to: the lines would
+/// otherwise be lost without a word.
+bool isWritableFile(const std::string &path) {
+  if (::access(path.c_str(), F_OK) == 0)
+    return ::access(path.c_str(), W_OK) == 0;
+  const size_t slash = path.rfind('/');
+  const std::string directory = slash == std::string::npos ? "."
+                                : slash == 0               ? "/"
+                                                           : path.substr(0, slash);
+  return ::access(directory.c_str(), W_OK | X_OK) == 0;
+}
+
 const SettingInfo &infoOf(const char *variable) {
   for (const SettingInfo &info : settingInfos())
     if (std::string(info.variable) == variable)
@@ -87,8 +102,12 @@ const std::vector<SettingInfo> &settingInfos() {
        "128 registers per thread"},
       {"PAGEDC_EMU_SAMPLE_BLOCKS", "an integer >= 0 (0: whole grids)", "whole grids"},
       {"PAGEDC_EMU_SAMPLE_KERNELS", "a comma list of kernel names", "every kernel"},
-      {"PAGEDC_EMU_REPORT", "a file that gets a JSON line per report", "none"},
-      {"PAGEDC_EMU_COUNTERS", "a file that gets a JSON line per launch", "none"},
+      {"PAGEDC_EMU_REPORT",
+       "a file that gets a JSON line per report, in a directory that exists and is writable",
+       "none"},
+      {"PAGEDC_EMU_COUNTERS",
+       "a file that gets a JSON line per launch, in a directory that exists and is writable",
+       "none"},
       {"PAGEDC_EMU_QUIET", "0 or 1 (1: no reports on stderr)", "0"},
   };
   return infos;
@@ -188,10 +207,15 @@ std::optional<Settings> parseSettings(const std::function<const char *(const cha
       settings.sampleKernels.push_back(name);
     }
   }
-  if (auto text = valueOf("PAGEDC_EMU_REPORT"))
-    settings.reportPath = *text;
-  if (auto text = valueOf("PAGEDC_EMU_COUNTERS"))
-    settings.countersPath = *text;
+  for (auto [variable, path] : {std::pair{"PAGEDC_EMU_REPORT", &settings.reportPath},
+                                std::pair{"PAGEDC_EMU_COUNTERS", &settings.countersPath}}) {
+    if (auto text = valueOf(variable)) {
+      if (isWritableFile(*text))
+        *path = *text;
+      else
+        refuse(variable, *text, "cannot write there");
+    }
+  }
   if (auto text = valueOf("PAGEDC_EMU_QUIET")) {
     if (*text == "0" || *text == "1")
       settings.quiet = *text == "1";
