@@ -7,19 +7,23 @@
 // memory" in host memory that the checkers know, modules that are emulator
 // images, launches that run to completion before cuLaunchKernel returns.
 //
-// Environment: PAGEDC_EMU_CHECKS (Emulator.h), PAGEDC_EMU_THREADS,
-// PAGEDC_EMU_SAMPLE_BLOCKS=N (run N blocks of each grid, for counting only;
-// PAGEDC_EMU_SAMPLE_KERNELS=a,b limits that to the kernels named),
-// PAGEDC_EMU_REPORT=FILE (each report as a JSON line), PAGEDC_EMU_COUNTERS=FILE
-// (a JSON line per launch), PAGEDC_EMU_QUIET=1 (no reports on stderr),
-// PAGEDC_EMU_REGISTERS=kernel=N[,kernel=N] (registers per thread that
-// cuOccupancyMaxActiveBlocksPerMultiprocessor assumes for those kernels;
-// DeviceLimits::defaultRegisters for others: `pagedc-gpu model` sets the
-// ptxas figures of the configuration it models).
+// Stream capture and graphs (cuStreamBeginCapture .. cuGraphLaunch): work
+// put on a capturing stream is recorded, not run, and each cuGraphLaunch
+// runs the record in order, reading device memory as it is then. A call
+// that capture forbids (a synchronous copy, an allocation, a module load,
+// a synchronization, a pageable upload) fails with CUDA's error, prints
+// what was called and invalidates the capture, so cuStreamEndCapture
+// fails too.
+//
+// Settings: the PAGEDC_EMU_* variables (the table is in Settings.cpp), read
+// at each call that uses them, since `pagedc-gpu model` changes the
+// sampling and the registers per configuration. cuInit fails, printing
+// why, when one does not parse; so does any later call that reads them.
 //
 //===----------------------------------------------------------------------===//
 
 #include "pagedc-emu/Emulator.h"
+#include "pagedc-emu/Settings.h"
 
 #include <algorithm>
 #include <chrono>
@@ -29,7 +33,10 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
+#include <thread>
+#include <vector>
 
 using namespace pagedc;
 
@@ -44,9 +51,14 @@ enum : int {
   kInvalidImage = 200,
   kInvalidContext = 201,
   kInvalidHandle = 400,
+  kIllegalState = 401,
   kNotFound = 500,
   kLaunchOutOfResources = 701,
   kLaunchFailed = 719,
+  kStreamCaptureUnsupported = 900,
+  kStreamCaptureInvalidated = 901,
+  kStreamCaptureImplicit = 906,
+  kStreamCaptureWrongThread = 908,
 };
 
 bool initialized = false;
@@ -66,6 +78,11 @@ struct ModuleHandle {
 
 struct Event {
   std::chrono::steady_clock::time_point time;
+};
+
+/// A stream of cuStreamCreate: its flags (CU_STREAM_NON_BLOCKING = 1).
+struct Stream {
+  unsigned flags = 0;
 };
 
 int fail(int code, std::string detail) {
@@ -91,12 +108,11 @@ std::string jsonString(const std::string &text) {
   return out + "\"";
 }
 
-void appendLine(const char *variable, const std::string &line) {
-  const char *path = std::getenv(variable);
-  if (!path || !*path)
+void appendLine(const std::string &path, const std::string &line) {
+  if (path.empty())
     return;
   std::lock_guard<std::mutex> lock(driverMutex);
-  if (FILE *file = std::fopen(path, "a")) {
+  if (FILE *file = std::fopen(path.c_str(), "a")) {
     std::fputs(line.c_str(), file);
     std::fputc('\n', file);
     std::fclose(file);
@@ -105,6 +121,192 @@ void appendLine(const char *variable, const std::string &line) {
 
 const emu::DeviceLimits kLimits;
 
+/// The PAGEDC_EMU_* settings as they are now; CUDA_ERROR_INVALID_VALUE with
+/// the variable, its value and the valid values when one does not parse.
+int readSettings(emu::Settings *settings) {
+  std::string error;
+  std::optional<emu::Settings> parsed = emu::settingsFromEnvironment(&error);
+  if (!parsed)
+    return fail(kInvalidValue, "pagedc emulator: " + error);
+  *settings = std::move(*parsed);
+  return kSuccess;
+}
+
+//===----------------------------------------------------------------------===//
+// Stream capture
+//===----------------------------------------------------------------------===//
+
+enum : int { // CUstreamCaptureMode
+  kCaptureGlobal = 0,
+  kCaptureThreadLocal = 1,
+  kCaptureRelaxed = 2,
+};
+
+/// A kernel launch with its own copy of the parameters, so that it can run
+/// now or at each launch of a graph that recorded it.
+struct KernelLaunch {
+  /// Keeps the kernel's image loaded for as long as a graph holds it.
+  std::shared_ptr<emu::Module> module;
+  const emu::Kernel *kernel = nullptr;
+  unsigned grid[3] = {1, 1, 1}, block[3] = {1, 1, 1};
+  unsigned sharedBytes = 0, maxDynamicShared = 0;
+  bool programmatic = false;
+  /// Each parameter's bytes, as cuLaunchKernel read them.
+  std::vector<std::string> parameters;
+};
+
+/// One operation of a graph, run in capture order.
+struct GraphNode {
+  enum class Kind { Kernel, Memset, Copy, EventRecord };
+  Kind kind = Kind::Kernel;
+  KernelLaunch launch;
+  /// Memset (target, value, bytes) and device-to-device Copy.
+  unsigned long long target = 0, source = 0;
+  size_t bytes = 0;
+  unsigned char value = 0;
+  Event *event = nullptr;
+};
+
+/// cuStreamEndCapture's graph; cuGraphInstantiate copies it, so the graph
+/// may be destroyed while its instantiations run.
+struct Graph {
+  std::vector<GraphNode> nodes;
+};
+struct GraphExec {
+  std::vector<GraphNode> nodes;
+};
+
+struct Capture {
+  int mode = kCaptureGlobal;
+  std::thread::id thread;
+  /// The forbidden call that invalidated the capture; empty while valid.
+  std::string invalidatedBy;
+  std::vector<GraphNode> nodes;
+};
+
+std::mutex captureMutex;
+/// Captures in progress, by stream (never the legacy stream).
+std::map<void *, Capture> captures;
+
+std::string streamName(void *stream) {
+  char text[32];
+  std::snprintf(text, sizeof(text), "%p", stream);
+  return text;
+}
+
+/// A call that capture forbids fails loudly: the message goes to stderr as
+/// well as to cuGetErrorString, since the caller may only check the code.
+int captureError(int code, const std::string &message) {
+  std::fprintf(stderr, "pagedc-emu: %s\n", message.c_str());
+  return fail(code, "pagedc-emu: " + message);
+}
+
+const char *const kInvalidates = "; the capture is invalidated and its cuStreamEndCapture fails";
+
+/// What a call does that a capture in progress may forbid.
+enum class Hazard {
+  /// Waits for device work (synchronous copies and memsets, which run on
+  /// the legacy stream, and cuCtxSynchronize): it would wait for work the
+  /// capture only recorded. Refused during every capture, which is
+  /// stricter than CUDA for a relaxed capture of a non-blocking stream.
+  Synchronizes,
+  /// "Potentially unsafe" in cuda.h's words (allocation, freeing, module
+  /// loading): refused by a global capture on any thread and by a
+  /// thread-local one on its own thread; a relaxed capture allows it.
+  Unsafe,
+};
+
+/// kSuccess unless a capture in progress forbids `call`; then each such
+/// capture is invalidated and the call fails with
+/// CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED.
+int checkCaptures(const std::string &call, Hazard hazard) {
+  std::string streams;
+  {
+    std::lock_guard<std::mutex> lock(captureMutex);
+    for (auto &[stream, capture] : captures) {
+      const bool forbidden =
+          hazard == Hazard::Synchronizes || capture.mode == kCaptureGlobal ||
+          (capture.mode == kCaptureThreadLocal && capture.thread == std::this_thread::get_id());
+      if (!forbidden)
+        continue;
+      if (capture.invalidatedBy.empty())
+        capture.invalidatedBy = call;
+      streams += (streams.empty() ? "" : ", ") + streamName(stream);
+    }
+  }
+  if (streams.empty())
+    return kSuccess;
+  return captureError(kStreamCaptureUnsupported,
+                      call + " while stream " + streams + " is capturing: " +
+                          (hazard == Hazard::Synchronizes
+                               ? "it waits for device work, which the capture only records"
+                               : "allocation, freeing and module loading are not allowed "
+                                 "during a capture that is not relaxed (do them before "
+                                 "cuStreamBeginCapture)") +
+                          kInvalidates);
+}
+
+/// Work on the legacy stream (null) waits for every blocking stream, so it
+/// would join a capture of one implicitly: refused as CUDA refuses it.
+/// Called with captureMutex held; unlocks it before failing.
+int checkLegacyStream(std::unique_lock<std::mutex> &lock, const std::string &call) {
+  std::string streams;
+  for (auto &[stream, capture] : captures) {
+    if (static_cast<Stream *>(stream)->flags & 1)
+      continue;
+    if (capture.invalidatedBy.empty())
+      capture.invalidatedBy = call;
+    streams += (streams.empty() ? "" : ", ") + streamName(stream);
+  }
+  lock.unlock();
+  if (streams.empty())
+    return kSuccess;
+  return captureError(kStreamCaptureImplicit,
+                      call + " on the legacy stream (null) while blocking stream " + streams +
+                          " is capturing: the legacy stream would wait for work the capture "
+                          "only records" +
+                          kInvalidates);
+}
+
+/// Work put on `stream`: recorded (`*recorded` set) when the stream is
+/// capturing, else left to the caller to run now.
+int recordOnStream(void *stream, const std::string &call, GraphNode node, bool *recorded) {
+  *recorded = false;
+  std::unique_lock<std::mutex> lock(captureMutex);
+  if (!stream)
+    return checkLegacyStream(lock, call);
+  auto found = captures.find(stream);
+  if (found == captures.end())
+    return kSuccess;
+  if (!found->second.invalidatedBy.empty()) {
+    const std::string by = found->second.invalidatedBy;
+    lock.unlock();
+    return fail(kStreamCaptureInvalidated, "pagedc-emu: " + call + " on stream " +
+                                               streamName(stream) +
+                                               ", whose capture was invalidated by " + by);
+  }
+  found->second.nodes.push_back(std::move(node));
+  *recorded = true;
+  return kSuccess;
+}
+
+/// Stream work the emulator runs now and never records: refused on a
+/// capturing stream (`why` says why), checked as legacy-stream work on null.
+int refuseOnCapturingStream(void *stream, const std::string &call, const char *why) {
+  std::unique_lock<std::mutex> lock(captureMutex);
+  if (!stream)
+    return checkLegacyStream(lock, call);
+  auto found = captures.find(stream);
+  if (found == captures.end())
+    return kSuccess;
+  if (found->second.invalidatedBy.empty())
+    found->second.invalidatedBy = call;
+  lock.unlock();
+  return captureError(kStreamCaptureUnsupported, call + " on stream " + streamName(stream) +
+                                                     " while it is capturing: " + why +
+                                                     kInvalidates);
+}
+
 } // namespace
 
 #define EXPORT extern "C" __attribute__((visibility("default")))
@@ -112,9 +314,21 @@ const emu::DeviceLimits kLimits;
 /// Marks this library as the emulator to the runtime (CudaDriver.cpp).
 EXPORT int pagedcEmuDriverVersion() { return 1; }
 
+/// Fails, printing why, on settings that do not parse: a misspelt checker
+/// must stop the run, not turn checking off.
 EXPORT int cuInit(unsigned flags) {
   if (flags != 0)
     return kInvalidValue;
+  emu::Settings settings;
+  if (int status = readSettings(&settings)) {
+    std::string detail;
+    {
+      std::lock_guard<std::mutex> lock(driverMutex);
+      detail = lastDetail;
+    }
+    std::fprintf(stderr, "%s\n", detail.c_str());
+    return status;
+  }
   initialized = true;
   return kSuccess;
 }
@@ -153,6 +367,21 @@ EXPORT int cuGetErrorName(int error, const char **name) {
     break;
   case kInvalidHandle:
     *name = "CUDA_ERROR_INVALID_HANDLE";
+    break;
+  case kIllegalState:
+    *name = "CUDA_ERROR_ILLEGAL_STATE";
+    break;
+  case kStreamCaptureUnsupported:
+    *name = "CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED";
+    break;
+  case kStreamCaptureInvalidated:
+    *name = "CUDA_ERROR_STREAM_CAPTURE_INVALIDATED";
+    break;
+  case kStreamCaptureImplicit:
+    *name = "CUDA_ERROR_STREAM_CAPTURE_IMPLICIT";
+    break;
+  case kStreamCaptureWrongThread:
+    *name = "CUDA_ERROR_STREAM_CAPTURE_WRONG_THREAD";
     break;
   case kNotFound:
     *name = "CUDA_ERROR_NOT_FOUND";
@@ -211,34 +440,21 @@ EXPORT int cuDeviceGetName(char *name, int length, int device) {
   return kSuccess;
 }
 
-/// The SM count the emulated device reports: PAGEDC_EMU_MULTIPROCESSORS
-/// (1-1024; tests take a few so that plans made per SM, such as the
-/// warpgroup prefill's persistent CTAs, show at small sizes), else the
-/// H100's. Any other value: 0, after a message on stderr.
-static int multiprocessorsReported() {
-  const char *text = std::getenv("PAGEDC_EMU_MULTIPROCESSORS");
-  if (!text || !*text)
-    return kLimits.multiprocessors;
-  char *rest = nullptr;
-  const long value = std::strtol(text, &rest, 10);
-  if (rest && *rest == '\0' && value >= 1 && value <= 1024)
-    return static_cast<int>(value);
-  std::fprintf(stderr,
-               "pagedc emulator: PAGEDC_EMU_MULTIPROCESSORS is '%s': expected an integer "
-               "from 1 to 1024\n",
-               text);
-  return 0;
-}
-
 EXPORT int cuDeviceGetAttribute(int *value, int attribute, int device) {
   if (!value)
     return kInvalidValue;
   if (device != 0)
     return kInvalidDevice;
   switch (attribute) {
-  case 16: // multiprocessors
-    *value = multiprocessorsReported();
-    return *value > 0 ? kSuccess : kInvalidValue;
+  case 16: { // multiprocessors: PAGEDC_EMU_MULTIPROCESSORS, else the H100's
+    // (tests take a few so that plans made per SM, such as the warpgroup
+    // prefill's persistent CTAs, show at small sizes)
+    emu::Settings settings;
+    if (int status = readSettings(&settings))
+      return status;
+    *value = settings.multiprocessors > 0 ? settings.multiprocessors : kLimits.multiprocessors;
+    return kSuccess;
+  }
   case 75: // compute capability major
     *value = 9;
     return kSuccess;
@@ -279,11 +495,13 @@ EXPORT int cuDevicePrimaryCtxRelease_v2(int device) {
   return device == 0 ? kSuccess : kInvalidDevice;
 }
 EXPORT int cuCtxSetCurrent(void *) { return kSuccess; }
-EXPORT int cuCtxSynchronize() { return kSuccess; }
+EXPORT int cuCtxSynchronize() { return checkCaptures("cuCtxSynchronize", Hazard::Synchronizes); }
 
 EXPORT int cuModuleLoadData(void **module, const void *image) {
   if (!module || !image)
     return kInvalidValue;
+  if (int status = checkCaptures("cuModuleLoadData", Hazard::Unsafe))
+    return status;
   std::string error;
   auto loaded = emu::loadModule(image, &error);
   if (!loaded)
@@ -295,6 +513,8 @@ EXPORT int cuModuleLoadData(void **module, const void *image) {
 }
 
 EXPORT int cuModuleUnload(void *module) {
+  if (int status = checkCaptures("cuModuleUnload", Hazard::Unsafe))
+    return status;
   delete static_cast<ModuleHandle *>(module);
   return kSuccess;
 }
@@ -302,6 +522,8 @@ EXPORT int cuModuleUnload(void *module) {
 EXPORT int cuModuleGetFunction(void **function, void *module, const char *name) {
   if (!function || !module || !name)
     return kInvalidValue;
+  if (int status = checkCaptures("cuModuleGetFunction", Hazard::Unsafe))
+    return status;
   auto *handle = static_cast<ModuleHandle *>(module);
   std::lock_guard<std::mutex> lock(driverMutex);
   auto &slot = handle->functions[name];
@@ -331,31 +553,6 @@ EXPORT int cuFuncSetAttribute(void *function, int attribute, int value) {
   return kSuccess;
 }
 
-/// Registers per thread of kernel `name`: PAGEDC_EMU_REGISTERS, read at
-/// each query, or the default.
-static int registersOf(const std::string &name) {
-  const char *list = std::getenv("PAGEDC_EMU_REGISTERS");
-  if (!list)
-    return kLimits.defaultRegisters;
-  std::string text(list);
-  size_t at = 0;
-  while (at <= text.size()) {
-    size_t end = text.find(',', at);
-    if (end == std::string::npos)
-      end = text.size();
-    std::string entry = text.substr(at, end - at);
-    size_t equals = entry.find('=');
-    if (equals != std::string::npos && entry.substr(0, equals) == name) {
-      char *rest = nullptr;
-      long value = std::strtol(entry.c_str() + equals + 1, &rest, 10);
-      if (rest && *rest == '\0' && value >= 1 && value <= 255)
-        return static_cast<int>(value);
-    }
-    at = end + 1;
-  }
-  return kLimits.defaultRegisters;
-}
-
 /// Resident CTAs per SM by the H100's limits: threads, registers
 /// (allocated per warp in units of 256, per thread in units of 8), shared
 /// memory (1 KiB reserved per CTA) and the CTA limit.
@@ -365,7 +562,13 @@ EXPORT int cuOccupancyMaxActiveBlocksPerMultiprocessor(int *blocks, void *functi
     return !blocks ? kInvalidValue : kInvalidHandle;
   if (blockSize < 1 || blockSize > kLimits.maxThreadsPerBlock)
     return kInvalidValue;
-  const int registers = registersOf(static_cast<Function *>(function)->kernel->name);
+  // PAGEDC_EMU_REGISTERS: `pagedc-gpu model` gives the ptxas figures of the
+  // configuration it models.
+  emu::Settings settings;
+  if (int status = readSettings(&settings))
+    return status;
+  const int registers = settings.registersOf(static_cast<Function *>(function)->kernel->name,
+                                             kLimits.defaultRegisters);
   const int warps = (blockSize + 31) / 32;
   const int perWarp = ((registers + 7) / 8 * 8 * 32 + 255) / 256 * 256;
   int resident = std::min(kLimits.ctasPerSm, kLimits.threadsPerSm / blockSize);
@@ -415,45 +618,64 @@ EXPORT int cuTensorMapEncodeTiled(void *tensorMap, int dataType, unsigned rank,
   return kSuccess;
 }
 
-/// A launch: cuLaunchKernel's, and cuLaunchKernelEx's with `programmatic`
-/// when it asks for programmatic stream serialization (launches run one
-/// after the other here, so the grid needs no wait; the counters line says
-/// so, for the performance model).
-static int launchFunction(void *function, unsigned gridX, unsigned gridY, unsigned gridZ,
-                          unsigned blockX, unsigned blockY, unsigned blockZ,
-                          unsigned sharedBytes, void **params, void **extra,
-                          bool programmatic) {
+/// Checks a launch (cuLaunchKernel's, and cuLaunchKernelEx's with
+/// `programmatic` when it asks for programmatic stream serialization) and
+/// copies its parameters, as the driver does when the call returns.
+static int prepareLaunch(const char *call, void *function, const unsigned grid[3],
+                         const unsigned block[3], unsigned sharedBytes, void **params, void **extra,
+                         bool programmatic, KernelLaunch *launch) {
   if (!function)
     return kInvalidHandle;
   if (extra)
-    return fail(kInvalidValue, "cuLaunchKernel: the emulator takes kernelParams, not extra");
+    return fail(kInvalidValue, std::string(call) + ": the emulator takes kernelParams, not extra");
   auto *target = static_cast<Function *>(function);
   if (!params && !target->kernel->parameterSizes.empty())
-    return fail(kInvalidValue, "cuLaunchKernel: no kernel parameters");
-  emu::LaunchConfig config;
-  config.grid[0] = gridX;
-  config.grid[1] = gridY;
-  config.grid[2] = gridZ;
-  config.block[0] = blockX;
-  config.block[1] = blockY;
-  config.block[2] = blockZ;
-  config.dynamicSharedBytes = sharedBytes;
-  config.maxDynamicSharedBytes = target->maxDynamicShared;
-  // PAGEDC_EMU_SAMPLE_BLOCKS=N: count a sample of each grid (the model).
-  // Only the kernels named in PAGEDC_EMU_SAMPLE_KERNELS (comma list) when
-  // set: a kernel whose output the next launch reads (a block-mask builder)
-  // must run whole.
-  if (const char *sample = std::getenv("PAGEDC_EMU_SAMPLE_BLOCKS")) {
-    const char *only = std::getenv("PAGEDC_EMU_SAMPLE_KERNELS");
-    const std::string list = only ? "," + std::string(only) + "," : "";
-    if (!only || list.find("," + target->kernel->name + ",") != std::string::npos)
-      config.sampleBlocks = std::strtoull(sample, nullptr, 10);
+    return fail(kInvalidValue, std::string(call) + ": no kernel parameters");
+  launch->module = target->module;
+  launch->kernel = target->kernel;
+  for (int d = 0; d < 3; ++d) {
+    launch->grid[d] = grid[d];
+    launch->block[d] = block[d];
   }
-  emu::LaunchResult result =
-      emu::launch(*target->kernel, config, params, emu::Checks::fromEnvironment());
+  launch->sharedBytes = sharedBytes;
+  launch->maxDynamicShared = target->maxDynamicShared;
+  launch->programmatic = programmatic;
+  const std::vector<unsigned long> &sizes = target->kernel->parameterSizes;
+  launch->parameters.clear();
+  for (size_t i = 0; i < sizes.size(); ++i)
+    launch->parameters.emplace_back(static_cast<const char *>(params[i]), sizes[i]);
+  return kSuccess;
+}
 
-  const std::string name = target->kernel->name;
-  appendLine("PAGEDC_EMU_COUNTERS",
+/// Runs a launch to completion (launches run one after the other here, so
+/// a programmatic grid needs no wait; the counters line says so, for the
+/// performance model).
+static int runLaunch(const KernelLaunch &launch) {
+  const unsigned gridX = launch.grid[0], gridY = launch.grid[1], gridZ = launch.grid[2];
+  const unsigned blockX = launch.block[0], blockY = launch.block[1], blockZ = launch.block[2];
+  const unsigned sharedBytes = launch.sharedBytes;
+  const bool programmatic = launch.programmatic;
+  emu::LaunchConfig config;
+  for (int d = 0; d < 3; ++d) {
+    config.grid[d] = launch.grid[d];
+    config.block[d] = launch.block[d];
+  }
+  config.dynamicSharedBytes = sharedBytes;
+  config.maxDynamicSharedBytes = launch.maxDynamicShared;
+  std::vector<void *> params;
+  for (const std::string &bytes : launch.parameters)
+    params.push_back(const_cast<char *>(bytes.data()));
+  emu::Settings settings;
+  if (int status = readSettings(&settings))
+    return status;
+  // A sample of each grid, to count (the model); only of the kernels
+  // PAGEDC_EMU_SAMPLE_KERNELS names when set: a kernel whose output the next
+  // launch reads (a block-mask builder) must run whole.
+  config.sampleBlocks = settings.sampleBlocksOf(launch.kernel->name);
+  emu::LaunchResult result = emu::launch(*launch.kernel, config, params.data(), settings.checks);
+
+  const std::string name = launch.kernel->name;
+  appendLine(settings.countersPath,
              "{\"kernel\": " + jsonString(name) + ", \"grid\": [" + std::to_string(gridX) + ", " +
                  std::to_string(gridY) + ", " + std::to_string(gridZ) + "], \"block\": [" +
                  std::to_string(blockX) + ", " + std::to_string(blockY) + ", " +
@@ -465,7 +687,7 @@ static int launchFunction(void *function, unsigned gridX, unsigned gridY, unsign
                  result.counters.json() + "}");
   if (result.ok)
     return kSuccess;
-  const bool quiet = std::getenv("PAGEDC_EMU_QUIET") != nullptr;
+  const bool quiet = settings.quiet;
   std::string detail;
   if (!result.error.empty())
     detail = "pagedc-emu: " + result.error;
@@ -473,7 +695,7 @@ static int launchFunction(void *function, unsigned gridX, unsigned gridY, unsign
     const std::string text = entry.format();
     if (!quiet)
       std::fprintf(stderr, "%s\n", text.c_str());
-    appendLine("PAGEDC_EMU_REPORT",
+    appendLine(settings.reportPath,
                "{\"checker\": " + jsonString(entry.checker) + ", \"kernel\": " +
                    jsonString(entry.kernel) + ", \"location\": " + jsonString(entry.location) +
                    ", \"message\": " + jsonString(entry.message) +
@@ -486,11 +708,26 @@ static int launchFunction(void *function, unsigned gridX, unsigned gridY, unsign
   return fail(result.error.empty() ? kLaunchFailed : kLaunchOutOfResources, detail);
 }
 
+/// cuLaunchKernel(Ex) on `stream`: recorded when it is capturing, else run.
+static int launchOnStream(const char *call, void *stream, void *function, const unsigned grid[3],
+                          const unsigned block[3], unsigned sharedBytes, void **params,
+                          void **extra, bool programmatic) {
+  GraphNode node;
+  if (int status = prepareLaunch(call, function, grid, block, sharedBytes, params, extra,
+                                 programmatic, &node.launch))
+    return status;
+  bool recorded = false;
+  if (int status = recordOnStream(stream, call, node, &recorded))
+    return status;
+  return recorded ? kSuccess : runLaunch(node.launch);
+}
+
 EXPORT int cuLaunchKernel(void *function, unsigned gridX, unsigned gridY, unsigned gridZ,
                           unsigned blockX, unsigned blockY, unsigned blockZ, unsigned sharedBytes,
-                          void *, void **params, void **extra) {
-  return launchFunction(function, gridX, gridY, gridZ, blockX, blockY, blockZ, sharedBytes,
-                        params, extra, false);
+                          void *stream, void **params, void **extra) {
+  const unsigned grid[3] = {gridX, gridY, gridZ}, block[3] = {blockX, blockY, blockZ};
+  return launchOnStream("cuLaunchKernel", stream, function, grid, block, sharedBytes, params, extra,
+                        false);
 }
 
 /// cuLaunchKernelEx with CUlaunchConfig's layout (pagedc::cu::LaunchConfig);
@@ -525,14 +762,15 @@ EXPORT int cuLaunchKernelEx(const void *launchConfig, void *function, void **par
                                      std::to_string(config->attrs[i].id));
     programmatic = config->attrs[i].value != 0;
   }
-  return launchFunction(function, config->grid[0], config->grid[1], config->grid[2],
-                        config->block[0], config->block[1], config->block[2],
+  return launchOnStream("cuLaunchKernelEx", config->stream, function, config->grid, config->block,
                         config->sharedBytes, params, extra, programmatic);
 }
 
 EXPORT int cuMemAlloc_v2(unsigned long long *pointer, size_t bytes) {
   if (!pointer)
     return kInvalidValue;
+  if (int status = checkCaptures("cuMemAlloc", Hazard::Unsafe))
+    return status;
   void *memory = emu::allocate(bytes);
   if (!memory)
     return fail(kOutOfMemory, "cuMemAlloc: out of host memory for " + std::to_string(bytes) +
@@ -544,6 +782,8 @@ EXPORT int cuMemAlloc_v2(unsigned long long *pointer, size_t bytes) {
 EXPORT int cuMemFree_v2(unsigned long long pointer) {
   if (pointer == 0)
     return kSuccess;
+  if (int status = checkCaptures("cuMemFree", Hazard::Unsafe))
+    return status;
   return emu::release(reinterpret_cast<void *>(pointer))
              ? kSuccess
              : fail(kInvalidValue, "cuMemFree of a pointer that is not an allocation");
@@ -565,42 +805,98 @@ int checkedCopy(void *target, const void *source, size_t bytes, bool targetDevic
     emu::markWritten(target, bytes);
   return kSuccess;
 }
-} // namespace
 
-EXPORT int cuMemcpyHtoD_v2(unsigned long long target, const void *source, size_t bytes) {
-  return checkedCopy(reinterpret_cast<void *>(target), source, bytes, true, false, "cuMemcpyHtoD");
-}
-EXPORT int cuMemcpyDtoH_v2(void *target, unsigned long long source, size_t bytes) {
-  return checkedCopy(target, reinterpret_cast<const void *>(source), bytes, false, true,
-                     "cuMemcpyDtoH");
-}
-EXPORT int cuMemcpyDtoD_v2(unsigned long long target, unsigned long long source, size_t bytes) {
-  return checkedCopy(reinterpret_cast<void *>(target), reinterpret_cast<const void *>(source),
-                     bytes, true, true, "cuMemcpyDtoD");
-}
-EXPORT int cuMemcpyHtoDAsync_v2(unsigned long long target, const void *source, size_t bytes,
-                                void *) {
-  return cuMemcpyHtoD_v2(target, source, bytes);
-}
-EXPORT int cuMemcpyDtoHAsync_v2(void *target, unsigned long long source, size_t bytes, void *) {
-  return cuMemcpyDtoH_v2(target, source, bytes);
-}
-EXPORT int cuMemcpyDtoDAsync_v2(unsigned long long target, unsigned long long source,
-                                size_t bytes, void *) {
-  return cuMemcpyDtoD_v2(target, source, bytes);
-}
-EXPORT int cuMemsetD8_v2(unsigned long long target, unsigned char value, size_t bytes) {
+int memsetNow(unsigned long long target, unsigned char value, size_t bytes, const char *what) {
   if (bytes == 0)
     return kSuccess;
   void *pointer = reinterpret_cast<void *>(target);
   if (!emu::isAllocated(pointer, bytes))
-    return fail(kInvalidValue, "cuMemsetD8: the range is not device memory");
+    return fail(kInvalidValue, std::string(what) + ": the range is not device memory");
   std::memset(pointer, value, bytes);
   emu::markWritten(pointer, bytes);
   return kSuccess;
 }
-EXPORT int cuMemsetD8Async(unsigned long long target, unsigned char value, size_t bytes, void *) {
-  return cuMemsetD8_v2(target, value, bytes);
+
+int copyDtoD(unsigned long long target, unsigned long long source, size_t bytes, const char *what) {
+  return checkedCopy(reinterpret_cast<void *>(target), reinterpret_cast<const void *>(source),
+                     bytes, true, true, what);
+}
+
+/// Why a copy between host and device memory is not captured: the
+/// emulator's host memory is all pageable (there is no cuMemHostAlloc), and
+/// CUDA does not capture pageable copies.
+const char *const kPageableCopy =
+    "a copy from or to pageable host memory is not captured (upload before the capture, or "
+    "copy from a device buffer)";
+} // namespace
+
+// The synchronous copies and memsets run on the legacy stream and return
+// when done: refused during a capture.
+EXPORT int cuMemcpyHtoD_v2(unsigned long long target, const void *source, size_t bytes) {
+  if (int status = checkCaptures("cuMemcpyHtoD", Hazard::Synchronizes))
+    return status;
+  return checkedCopy(reinterpret_cast<void *>(target), source, bytes, true, false, "cuMemcpyHtoD");
+}
+EXPORT int cuMemcpyDtoH_v2(void *target, unsigned long long source, size_t bytes) {
+  if (int status = checkCaptures("cuMemcpyDtoH", Hazard::Synchronizes))
+    return status;
+  return checkedCopy(target, reinterpret_cast<const void *>(source), bytes, false, true,
+                     "cuMemcpyDtoH");
+}
+EXPORT int cuMemcpyDtoD_v2(unsigned long long target, unsigned long long source, size_t bytes) {
+  if (int status = checkCaptures("cuMemcpyDtoD", Hazard::Synchronizes))
+    return status;
+  return copyDtoD(target, source, bytes, "cuMemcpyDtoD");
+}
+EXPORT int cuMemsetD8_v2(unsigned long long target, unsigned char value, size_t bytes) {
+  if (int status = checkCaptures("cuMemsetD8", Hazard::Synchronizes))
+    return status;
+  return memsetNow(target, value, bytes, "cuMemsetD8");
+}
+EXPORT int cuMemcpyHtoDAsync_v2(unsigned long long target, const void *source, size_t bytes,
+                                void *stream) {
+  if (int status = refuseOnCapturingStream(stream, "cuMemcpyHtoDAsync", kPageableCopy))
+    return status;
+  return checkedCopy(reinterpret_cast<void *>(target), source, bytes, true, false,
+                     "cuMemcpyHtoDAsync");
+}
+EXPORT int cuMemcpyDtoHAsync_v2(void *target, unsigned long long source, size_t bytes,
+                                void *stream) {
+  if (int status = refuseOnCapturingStream(stream, "cuMemcpyDtoHAsync", kPageableCopy))
+    return status;
+  return checkedCopy(target, reinterpret_cast<const void *>(source), bytes, false, true,
+                     "cuMemcpyDtoHAsync");
+}
+// Device-to-device copies and memsets on a stream are captured: the graph
+// repeats them, checking the ranges again at each launch.
+EXPORT int cuMemcpyDtoDAsync_v2(unsigned long long target, unsigned long long source, size_t bytes,
+                                void *stream) {
+  GraphNode node;
+  node.kind = GraphNode::Kind::Copy;
+  node.target = target;
+  node.source = source;
+  node.bytes = bytes;
+  if (bytes && (!emu::isAllocated(reinterpret_cast<void *>(target), bytes) ||
+                !emu::isAllocated(reinterpret_cast<void *>(source), bytes)))
+    return copyDtoD(target, source, bytes, "cuMemcpyDtoDAsync");
+  bool recorded = false;
+  if (int status = recordOnStream(stream, "cuMemcpyDtoDAsync", node, &recorded))
+    return status;
+  return recorded ? kSuccess : copyDtoD(target, source, bytes, "cuMemcpyDtoDAsync");
+}
+EXPORT int cuMemsetD8Async(unsigned long long target, unsigned char value, size_t bytes,
+                           void *stream) {
+  GraphNode node;
+  node.kind = GraphNode::Kind::Memset;
+  node.target = target;
+  node.value = value;
+  node.bytes = bytes;
+  if (bytes && !emu::isAllocated(reinterpret_cast<void *>(target), bytes))
+    return memsetNow(target, value, bytes, "cuMemsetD8Async");
+  bool recorded = false;
+  if (int status = recordOnStream(stream, "cuMemsetD8Async", node, &recorded))
+    return status;
+  return recorded ? kSuccess : memsetNow(target, value, bytes, "cuMemsetD8Async");
 }
 EXPORT int cuMemGetInfo_v2(size_t *free, size_t *total) {
   if (!free || !total)
@@ -610,18 +906,28 @@ EXPORT int cuMemGetInfo_v2(size_t *free, size_t *total) {
 }
 
 // Launches complete before cuLaunchKernel returns, so streams only need to
-// exist and events to carry a host time stamp.
-EXPORT int cuStreamCreate(void **stream, unsigned) {
+// exist (and say whether they are blocking, for capture) and events to carry
+// a host time stamp.
+EXPORT int cuStreamCreate(void **stream, unsigned flags) {
   if (!stream)
     return kInvalidValue;
-  *stream = new int(0);
+  *stream = new Stream{flags};
   return kSuccess;
 }
 EXPORT int cuStreamDestroy_v2(void *stream) {
-  delete static_cast<int *>(stream);
+  {
+    std::lock_guard<std::mutex> lock(captureMutex);
+    captures.erase(stream);
+  }
+  delete static_cast<Stream *>(stream);
   return kSuccess;
 }
-EXPORT int cuStreamSynchronize(void *) { return kSuccess; }
+EXPORT int cuStreamSynchronize(void *stream) {
+  if (!stream)
+    return checkCaptures("cuStreamSynchronize(legacy stream)", Hazard::Synchronizes);
+  return refuseOnCapturingStream(stream, "cuStreamSynchronize",
+                                 "its work is only recorded until the graph is launched");
+}
 EXPORT int cuEventCreate(void **event, unsigned) {
   if (!event)
     return kInvalidValue;
@@ -632,10 +938,19 @@ EXPORT int cuEventDestroy_v2(void *event) {
   delete static_cast<Event *>(event);
   return kSuccess;
 }
-EXPORT int cuEventRecord(void *event, void *) {
+/// On a capturing stream the record is captured: each graph launch stamps
+/// the event when it reaches it.
+EXPORT int cuEventRecord(void *event, void *stream) {
   if (!event)
     return kInvalidHandle;
-  static_cast<Event *>(event)->time = std::chrono::steady_clock::now();
+  GraphNode node;
+  node.kind = GraphNode::Kind::EventRecord;
+  node.event = static_cast<Event *>(event);
+  bool recorded = false;
+  if (int status = recordOnStream(stream, "cuEventRecord", node, &recorded))
+    return status;
+  if (!recorded)
+    node.event->time = std::chrono::steady_clock::now();
   return kSuccess;
 }
 EXPORT int cuEventSynchronize(void *event) { return event ? kSuccess : kInvalidHandle; }
@@ -649,4 +964,118 @@ EXPORT int cuEventElapsedTime(float *milliseconds, void *start, void *stop) {
 }
 EXPORT int cuEventElapsedTime_v2(float *milliseconds, void *start, void *stop) {
   return cuEventElapsedTime(milliseconds, start, stop);
+}
+
+// Stream capture and graphs: the entry points cuda.h maps cuStreamBeginCapture
+// (cuStreamBeginCapture_v2) and cuGraphInstantiate (cuGraphInstantiateWithFlags)
+// to. One capture per stream; a graph is its operations in capture order.
+
+EXPORT int cuStreamBeginCapture_v2(void *stream, int mode) {
+  if (mode != kCaptureGlobal && mode != kCaptureThreadLocal && mode != kCaptureRelaxed)
+    return fail(kInvalidValue, "cuStreamBeginCapture: mode " + std::to_string(mode) +
+                                   " is not a CUstreamCaptureMode (0 global, 1 thread-local, "
+                                   "2 relaxed)");
+  // CU_STREAM_LEGACY (1) and CU_STREAM_PER_THREAD (2) are handles too.
+  if (reinterpret_cast<uintptr_t>(stream) <= 2)
+    return captureError(kStreamCaptureUnsupported,
+                        "cuStreamBeginCapture on the legacy stream (null): capture a stream of "
+                        "cuStreamCreate");
+  std::unique_lock<std::mutex> lock(captureMutex);
+  if (captures.count(stream)) {
+    lock.unlock();
+    return fail(kIllegalState, "pagedc-emu: cuStreamBeginCapture: stream " + streamName(stream) +
+                                   " is already capturing");
+  }
+  Capture &capture = captures[stream];
+  capture.mode = mode;
+  capture.thread = std::this_thread::get_id();
+  return kSuccess;
+}
+
+EXPORT int cuStreamEndCapture(void *stream, void **graph) {
+  if (!graph)
+    return kInvalidValue;
+  *graph = nullptr;
+  std::unique_lock<std::mutex> lock(captureMutex);
+  auto found = captures.find(stream);
+  if (found == captures.end()) {
+    lock.unlock();
+    return fail(kIllegalState, "pagedc-emu: cuStreamEndCapture: stream " + streamName(stream) +
+                                   " is not capturing");
+  }
+  if (found->second.mode != kCaptureRelaxed && found->second.thread != std::this_thread::get_id()) {
+    lock.unlock();
+    return fail(kStreamCaptureWrongThread,
+                "pagedc-emu: cuStreamEndCapture: the capture of stream " + streamName(stream) +
+                    " was begun on another thread and is not relaxed");
+  }
+  Capture capture = std::move(found->second);
+  captures.erase(found);
+  lock.unlock();
+  if (!capture.invalidatedBy.empty())
+    return captureError(kStreamCaptureInvalidated, "cuStreamEndCapture: the capture of stream " +
+                                                       streamName(stream) + " was invalidated by " +
+                                                       capture.invalidatedBy + "; no graph");
+  *graph = new Graph{std::move(capture.nodes)};
+  return kSuccess;
+}
+
+/// CUstreamCaptureStatus: 0 none, 1 active, 2 invalidated.
+EXPORT int cuStreamIsCapturing(void *stream, int *status) {
+  if (!status)
+    return kInvalidValue;
+  std::lock_guard<std::mutex> lock(captureMutex);
+  auto found = captures.find(stream);
+  *status = found == captures.end() ? 0 : found->second.invalidatedBy.empty() ? 1 : 2;
+  return kSuccess;
+}
+
+EXPORT int cuGraphInstantiateWithFlags(void **exec, void *graph, unsigned long long flags) {
+  if (!exec || !graph)
+    return kInvalidValue;
+  if (flags != 0)
+    return fail(kInvalidValue, "cuGraphInstantiateWithFlags: the emulator takes flags 0, not " +
+                                   std::to_string(flags));
+  *exec = new GraphExec{static_cast<Graph *>(graph)->nodes};
+  return kSuccess;
+}
+
+/// Runs the graph's operations in order, each reading device memory as it
+/// is now; stops at the first that fails, with its error.
+EXPORT int cuGraphLaunch(void *exec, void *stream) {
+  if (!exec)
+    return kInvalidValue;
+  if (int status = refuseOnCapturingStream(stream, "cuGraphLaunch",
+                                           "the emulator does not record a graph inside another"))
+    return status;
+  for (const GraphNode &node : static_cast<GraphExec *>(exec)->nodes) {
+    int status = kSuccess;
+    switch (node.kind) {
+    case GraphNode::Kind::Kernel:
+      status = runLaunch(node.launch);
+      break;
+    case GraphNode::Kind::Memset:
+      status = memsetNow(node.target, node.value, node.bytes, "cuMemsetD8Async (graph)");
+      break;
+    case GraphNode::Kind::Copy:
+      status = copyDtoD(node.target, node.source, node.bytes, "cuMemcpyDtoDAsync (graph)");
+      break;
+    case GraphNode::Kind::EventRecord:
+      node.event->time = std::chrono::steady_clock::now();
+      break;
+    }
+    if (status != kSuccess)
+      return status;
+  }
+  return kSuccess;
+}
+
+EXPORT int cuGraphExecDestroy(void *exec) {
+  delete static_cast<GraphExec *>(exec);
+  return kSuccess;
+}
+
+EXPORT int cuGraphDestroy(void *graph) {
+  delete static_cast<Graph *>(graph);
+  return kSuccess;
 }

@@ -15,20 +15,18 @@
 //    allocations and the fiber's own stack; an access outside all of them,
 //    or misaligned, ends the launch as a GPU fault would.
 //
-// This file is the public interface (pagedc-emu/Emulator.h): launches,
-// tensor maps and the check selection. The rest lives along its seams:
-// Memory.cpp (device memory, memory checks), Modules.cpp (kernel images),
-// Scheduling.cpp (blocks on fibers, worker pool), Reports.cpp (findings,
-// request counters), RuntimeTable.cpp and Hopper.cpp (the operations the
-// kernels call), sharing EmulatorInternal.h.
+// This file is the public interface (pagedc-emu/Emulator.h): launches and
+// tensor maps. The rest lives along its seams: Memory.cpp (device memory,
+// memory checks), Modules.cpp (kernel images), Scheduling.cpp (blocks on
+// fibers, worker pool), Reports.cpp (findings, request counters),
+// Settings.cpp (the PAGEDC_EMU_* variables), RuntimeTable.cpp and Hopper.cpp
+// (the operations the kernels call), sharing EmulatorInternal.h.
 //
 //===----------------------------------------------------------------------===//
 
 #include "EmulatorInternal.h"
 
 #include <chrono>
-#include <cstdlib>
-#include <sstream>
 #include <thread>
 
 namespace pagedc::emu {
@@ -107,28 +105,6 @@ bool decodeTensorMap(const void *map128, TensorMap *map) {
   map->elementBytes = bytes[107];
   map->swizzle = bytes[108];
   return map->rank >= 1 && map->rank <= 5;
-}
-
-Checks Checks::fromEnvironment() {
-  Checks checks;
-  const char *text = std::getenv("PAGEDC_EMU_CHECKS");
-  if (!text || !*text || std::strcmp(text, "all") == 0)
-    return checks;
-  checks.memcheck = checks.racecheck = checks.initcheck = checks.synccheck = false;
-  std::string list = text;
-  std::stringstream stream(list);
-  std::string item;
-  while (std::getline(stream, item, ',')) {
-    if (item == "memcheck")
-      checks.memcheck = true;
-    else if (item == "racecheck")
-      checks.racecheck = true;
-    else if (item == "initcheck")
-      checks.initcheck = true;
-    else if (item == "synccheck")
-      checks.synccheck = true;
-  }
-  return checks;
 }
 
 LaunchResult launch(const Kernel &kernel, const LaunchConfig &config, void **params,

@@ -449,7 +449,8 @@ void joinClocks(Worker &worker, unsigned first, unsigned count);
 /// Completes the block's __syncthreads: every waiting thread runs on.
 void releaseBarrier(Worker &worker);
 
-/// The worker pool's size: PAGEDC_EMU_THREADS, else the hardware's.
+/// The worker pool's size: Settings::threads (PAGEDC_EMU_THREADS), else one
+/// per core.
 unsigned poolSize();
 
 /// One pool thread of a launch: takes blocks until none are left and

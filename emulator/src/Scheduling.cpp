@@ -11,8 +11,10 @@
 //===----------------------------------------------------------------------===//
 
 #include "EmulatorInternal.h"
+#include "pagedc-emu/Settings.h"
 
 #include <cstdlib>
+#include <optional>
 #include <thread>
 
 namespace pagedc::emu::detail {
@@ -293,11 +295,9 @@ void returnWorker(std::unique_ptr<Worker> worker) {
 } // namespace
 
 unsigned poolSize() {
-  if (const char *text = std::getenv("PAGEDC_EMU_THREADS")) {
-    int value = std::atoi(text);
-    if (value >= 1)
-      return static_cast<unsigned>(std::min(value, 256));
-  }
+  std::optional<Settings> settings = settingsFromEnvironment(nullptr);
+  if (settings && settings->threads > 0)
+    return settings->threads;
   return std::max(1u, std::thread::hardware_concurrency());
 }
 

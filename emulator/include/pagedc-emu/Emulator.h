@@ -26,12 +26,15 @@
 namespace pagedc::emu {
 
 /// What the checkers look for; all on by default ($PAGEDC_EMU_CHECKS:
-/// "all", "none" or a comma list of memcheck,racecheck,initcheck,synccheck).
+/// "all", "none" or a comma list of memcheck,racecheck,initcheck,synccheck;
+/// Settings.h).
 struct Checks {
   bool memcheck = true;
   bool racecheck = true;
   bool initcheck = true;
   bool synccheck = true;
+  /// Settings::checks of the environment; all on when it does not parse
+  /// (the emulated driver refuses such settings at cuInit).
   static Checks fromEnvironment();
 };
 

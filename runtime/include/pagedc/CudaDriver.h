@@ -33,12 +33,24 @@ using Module = struct Module_st *;
 using Function = struct Function_st *;
 using Stream = struct Stream_st *;
 using Event = struct Event_st *;
+using Graph = struct Graph_st *;
+using GraphExec = struct GraphExec_st *;
 using DevicePointer = unsigned long long;
 constexpr int kAttributeMultiprocessorCount = 16;
 constexpr int kAttributeComputeCapabilityMajor = 75;
 constexpr int kAttributeComputeCapabilityMinor = 76;
 constexpr int kAttributeMaxSharedMemoryPerBlockOptin = 97;
 constexpr int kFunctionAttributeMaxDynamicSharedSizeBytes = 8;
+/// CUstreamCaptureMode: a global capture refuses "potentially unsafe" calls
+/// (allocation, module loading, ...) from any thread, a thread-local one
+/// from its own thread; a relaxed one allows them.
+constexpr int kStreamCaptureModeGlobal = 0;
+constexpr int kStreamCaptureModeThreadLocal = 1;
+constexpr int kStreamCaptureModeRelaxed = 2;
+/// CUstreamCaptureStatus.
+constexpr int kStreamCaptureStatusNone = 0;
+constexpr int kStreamCaptureStatusActive = 1;
+constexpr int kStreamCaptureStatusInvalidated = 2;
 /// CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION: the grid may be
 /// scheduled while the previous grid of the stream drains (programmatic
 /// dependent launch, sm_90+); it waits for that grid in-kernel
@@ -136,6 +148,17 @@ public:
                                        const uint64_t *globalStrides, const unsigned *boxDim,
                                        const unsigned *elementStrides, int interleave,
                                        int swizzle, int l2Promotion, int oobFill);
+    /// Stream capture and graphs (CUDA 10+; cuStreamBeginCapture_v2 and
+    /// cuGraphInstantiateWithFlags are the names cuda.h maps to). All null
+    /// when the driver lacks one of them; runtime/src/cuda/CudaGraph.h wraps
+    /// them.
+    cu::Result (*streamBeginCapture)(cu::Stream, int mode);
+    cu::Result (*streamEndCapture)(cu::Stream, cu::Graph *);
+    cu::Result (*streamIsCapturing)(cu::Stream, int *status);
+    cu::Result (*graphInstantiate)(cu::GraphExec *, cu::Graph, unsigned long long flags);
+    cu::Result (*graphLaunch)(cu::GraphExec, cu::Stream);
+    cu::Result (*graphExecDestroy)(cu::GraphExec);
+    cu::Result (*graphDestroy)(cu::Graph);
   };
 
   /// The process-wide driver (cuInit done); throws pagedc::Error with the

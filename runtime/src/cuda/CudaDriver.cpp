@@ -153,14 +153,41 @@ const Loaded &loadDriver() {
     // Optional: without it the warpgroup prefill gathers every tile.
     api.tensorMapEncodeTiled = reinterpret_cast<decltype(api.tensorMapEncodeTiled)>(
         dlsym(handle, "cuTensorMapEncodeTiled"));
+    // Optional: stream capture and graphs, all or none (CudaGraph.h).
+    {
+      bool complete = true;
+      auto optional = [&](auto &slot, const char *name) {
+        void *symbol = dlsym(handle, name);
+        complete = complete && symbol;
+        slot = reinterpret_cast<std::remove_reference_t<decltype(slot)>>(symbol);
+      };
+      optional(api.streamBeginCapture, "cuStreamBeginCapture_v2");
+      optional(api.streamEndCapture, "cuStreamEndCapture");
+      optional(api.streamIsCapturing, "cuStreamIsCapturing");
+      optional(api.graphInstantiate, "cuGraphInstantiateWithFlags");
+      optional(api.graphLaunch, "cuGraphLaunch");
+      optional(api.graphExecDestroy, "cuGraphExecDestroy");
+      optional(api.graphDestroy, "cuGraphDestroy");
+      if (!complete) {
+        api.streamBeginCapture = nullptr;
+        api.streamEndCapture = nullptr;
+        api.streamIsCapturing = nullptr;
+        api.graphInstantiate = nullptr;
+        api.graphLaunch = nullptr;
+        api.graphExecDestroy = nullptr;
+        api.graphDestroy = nullptr;
+      }
+    }
     if (!missing.empty()) {
       result.error = fmt::format("the NVIDIA driver {} lacks:{}", result.path, missing);
       return result;
     }
     cu::Result status = api.init(0);
     if (status != 0) {
-      result.error = fmt::format("the NVIDIA driver did not initialise: cuInit "
-                                 "failed with {}",
+      // The emulator's cuInit fails on PAGEDC_EMU_* settings that do not
+      // parse; its description names the variable and the valid values.
+      result.error = fmt::format("the {} did not initialise: cuInit failed with {}",
+                                 result.emulated ? "SIMT emulator's driver" : "NVIDIA driver",
                                  errorText(api, status));
       return result;
     }

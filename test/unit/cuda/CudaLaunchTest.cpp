@@ -894,6 +894,13 @@ TEST(CudaLaunch, DriverStructsMatchCudaH) {
   EXPECT_EQ(offsetof(cu::LaunchConfig, numAttrs), offsetof(CUlaunchConfig, numAttrs));
   EXPECT_EQ(cu::kLaunchAttributeProgrammaticStreamSerialization,
             int(CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION));
+  // Stream capture (CudaDriver::Api::streamBeginCapture, streamIsCapturing).
+  EXPECT_EQ(cu::kStreamCaptureModeGlobal, int(CU_STREAM_CAPTURE_MODE_GLOBAL));
+  EXPECT_EQ(cu::kStreamCaptureModeThreadLocal, int(CU_STREAM_CAPTURE_MODE_THREAD_LOCAL));
+  EXPECT_EQ(cu::kStreamCaptureModeRelaxed, int(CU_STREAM_CAPTURE_MODE_RELAXED));
+  EXPECT_EQ(cu::kStreamCaptureStatusNone, int(CU_STREAM_CAPTURE_STATUS_NONE));
+  EXPECT_EQ(cu::kStreamCaptureStatusActive, int(CU_STREAM_CAPTURE_STATUS_ACTIVE));
+  EXPECT_EQ(cu::kStreamCaptureStatusInvalidated, int(CU_STREAM_CAPTURE_STATUS_INVALIDATED));
 #else
   GTEST_SKIP() << "no cuda.h (CUDA toolkit) to compare with";
 #endif
