@@ -4,10 +4,18 @@
 // (PAGEDC_CUDA_DRIVER=emu, set before anything touches the driver) through
 // the runtime's CUDA backend with every checker on: every mod of
 // examples/*.attn, compiled with its CUDA code, x prefill / decode /
-// 3-token decode x page sizes 1, 16, 128 (shuffled page tables) x GQA 1 and
-// 4 x bf16 and f16 x head dims 64 and 128, lengths off the tile and page
-// grid, half of the runs with a block mask, lse on; outputs against the
-// float64 reference on fresh random inputs. A checker report fails the
+// 3-token decode, each over page sizes 1, 16, 128 (shuffled page tables),
+// GQA 1 and 4, bf16 and f16, head dims 64 and 128, lengths off the tile and
+// page grid, half of the runs with a block mask, lse on; outputs against the
+// float64 reference on fresh random inputs.
+//
+// Which settings run together: by default a pairwise covering of the four
+// settings for each mod and mode (every pair of values of any two settings
+// runs at least once: 6 of the 24 combinations at two head dims), a
+// different covering for each mode; $PAGEDC_MATRIX_FULL=1 runs every
+// combination. Kernel bugs seen so far hang on one setting or on a pair
+// (a page size with a head dim, GQA with a dtype); the full product costs
+// four times the emulator builds and runs for combinations no pair misses. A checker report fails the
 // launch and so the case. ctest also runs the prefill mode with warpgroup
 // tiles (PrefillWgmma.cuh, the kernel option prefill_shape=128x64x64 that
 // its ctest ENVIRONMENT sets as $PAGEDC_PREFILL_SHAPE; and 128x128x64
@@ -34,8 +42,12 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstdlib>
+#include <iterator>
+#include <set>
 #include <thread>
+#include <tuple>
 
 namespace {
 
@@ -59,6 +71,72 @@ const Mode kModes[] = {
 class EmuCorpusMatrixTest : public ::testing::TestWithParam<CorpusCase> {};
 
 int64_t gRuns = 0, gMaskedRows = 0;
+
+/// One combination of the matrix's settings, by index into each setting's
+/// values.
+using Combination = std::vector<size_t>;
+
+/// A pairwise covering of the product of settings of `sizes` values each:
+/// combinations such that every pair of values of any two settings appears in
+/// one of them. Greedy (each step takes the combination covering the most
+/// pairs not yet covered); `rotation` shifts which of the equally good
+/// combinations is taken first, so callers get different coverings.
+std::vector<Combination> pairwiseCovering(const std::vector<size_t> &sizes, size_t rotation) {
+  std::vector<Combination> all{{}};
+  for (size_t size : sizes) {
+    std::vector<Combination> next;
+    for (const Combination &prefix : all)
+      for (size_t value = 0; value < size; ++value) {
+        next.push_back(prefix);
+        next.back().push_back(value);
+      }
+    all = std::move(next);
+  }
+  std::rotate(all.begin(), all.begin() + rotation % all.size(), all.end());
+  std::set<std::tuple<size_t, size_t, size_t, size_t>> uncovered;
+  for (size_t a = 0; a < sizes.size(); ++a)
+    for (size_t b = a + 1; b < sizes.size(); ++b)
+      for (size_t va = 0; va < sizes[a]; ++va)
+        for (size_t vb = 0; vb < sizes[b]; ++vb)
+          uncovered.insert({a, va, b, vb});
+  auto gain = [&](const Combination &c) {
+    size_t count = 0;
+    for (size_t a = 0; a < c.size(); ++a)
+      for (size_t b = a + 1; b < c.size(); ++b)
+        count += uncovered.count({a, c[a], b, c[b]});
+    return count;
+  };
+  std::vector<Combination> chosen;
+  while (!uncovered.empty()) {
+    const Combination best = *std::max_element(
+        all.begin(), all.end(),
+        [&](const Combination &x, const Combination &y) { return gain(x) < gain(y); });
+    for (size_t a = 0; a < best.size(); ++a)
+      for (size_t b = a + 1; b < best.size(); ++b)
+        uncovered.erase({a, best[a], b, best[b]});
+    chosen.push_back(best);
+  }
+  if (sizes.size() < 2) // no pairs: every value once
+    return all;
+  return chosen;
+}
+
+TEST(PairwiseCovering, CoversEveryPairWithFewerCombinations) {
+  const std::vector<size_t> sizes = {3, 2, 2, 2};
+  for (size_t rotation : {0, 5, 23}) {
+    const std::vector<Combination> chosen = pairwiseCovering(sizes, rotation);
+    EXPECT_LE(chosen.size(), 8u) << rotation;
+    for (size_t a = 0; a < sizes.size(); ++a)
+      for (size_t b = a + 1; b < sizes.size(); ++b)
+        for (size_t va = 0; va < sizes[a]; ++va)
+          for (size_t vb = 0; vb < sizes[b]; ++vb)
+            EXPECT_TRUE(std::any_of(chosen.begin(), chosen.end(), [&](const Combination &c) {
+              return c[a] == va && c[b] == vb;
+            })) << "rotation " << rotation << ": setting " << a << "=" << va << " with "
+                << b << "=" << vb;
+  }
+  EXPECT_EQ(pairwiseCovering({3}, 0).size(), 3u);
+}
 
 struct Variant {
   const Mode *mode;
@@ -98,15 +176,36 @@ TEST_P(EmuCorpusMatrixTest, CudaKernelsOnEmulatorMatchFloat64Reference) {
     dims.push_back(dim);
     rest = tail;
   }
-  for (const Mode &mode : kModes)
-    if (!only || ("," + std::string(only) + ",").find("," + std::string(mode.name) + ",") !=
-                     std::string::npos)
-    for (int32_t pageSize : {1, 16, 128})
-      for (int gqa : {1, 4})
-        for (pagedc::DType dtype : {pagedc::DType::BF16, pagedc::DType::F16})
-          for (int64_t dim : dims)
-            variants.push_back(
-                {&mode, pageSize, gqa, dtype, dim, mods.hasMask() && ++index % 2 == 0});
+  const int32_t pageSizes[] = {1, 16, 128};
+  const int gqas[] = {1, 4};
+  const pagedc::DType dtypes[] = {pagedc::DType::BF16, pagedc::DType::F16};
+  const char *fullText = std::getenv("PAGEDC_MATRIX_FULL");
+  const bool full = fullText && std::string(fullText) == "1";
+  size_t modeIndex = 0;
+  for (const Mode &mode : kModes) {
+    ++modeIndex;
+    if (only && ("," + std::string(only) + ",").find("," + std::string(mode.name) + ",") ==
+                    std::string::npos)
+      continue;
+    const std::vector<size_t> sizes = {std::size(pageSizes), std::size(gqas), std::size(dtypes),
+                                       dims.size()};
+    std::vector<Combination> combinations;
+    if (full) {
+      for (size_t p = 0; p < sizes[0]; ++p)
+        for (size_t g = 0; g < sizes[1]; ++g)
+          for (size_t t = 0; t < sizes[2]; ++t)
+            for (size_t d = 0; d < sizes[3]; ++d)
+              combinations.push_back({p, g, t, d});
+    } else {
+      // Rotated by the case and the mode: mods and modes cover their pairs
+      // with different combinations, so together they reach more of them.
+      combinations = pairwiseCovering(sizes, std::hash<std::string>()(c.mask + c.score) +
+                                                 modeIndex * 7);
+    }
+    for (const Combination &k : combinations)
+      variants.push_back({&mode, pageSizes[k[0]], gqas[k[1]], dtypes[k[2]], dims[k[3]],
+                          mods.hasMask() && ++index % 2 == 0});
+  }
 
   // The block masks' KV block size: $PAGEDC_MATRIX_KV_BLOCK (64 unless set;
   // 128 lets 128-key tiles run under them).
