@@ -166,11 +166,12 @@ std::shared_ptr<const CompiledKernel> KernelCache::readEntry(const std::string &
   std::string bytes;
   // Never blocks or follows a link: a FIFO, a symlink or a directory at the
   // entry's path is a corrupt entry, removed and rebuilt.
-  const sealed::ReadStatus status = sealed::readEntryFile(path, bytes);
+  // A file larger than kMaxEntryBytes is refused before any buffer is sized.
+  const sealed::ReadStatus status = sealed::readEntryFile(path, bytes, kMaxEntryBytes);
   if (status == sealed::ReadStatus::Missing || status == sealed::ReadStatus::Unreadable)
     return nullptr;
   auto kernel = std::make_shared<CompiledKernel>();
-  if (status == sealed::ReadStatus::NotRegular || !parseEntry(bytes, key, *kernel)) {
+  if (sealed::isCorrupt(status) || !parseEntry(bytes, key, *kernel)) {
     ++corruptEntries_;
     sealed::removeEntry(path);
     return nullptr;
