@@ -101,6 +101,11 @@ bool parseEntry(const std::string &bytes, const std::string &key,
   kernel.spillBytes = -1;
   if (auto spills = fields.find("spills"); spills != fields.end())
     kernel.spillBytes = std::atoi(spills->second.c_str());
+  // The checksum vouches for the bytes written, not that they were a whole
+  // shared object when sealed; dlopen of a truncated one faults, so an
+  // emulator image is checked again here and dropped when it fails.
+  if (isEmulatorArch(kernel.arch) && !checkEmulatorImage(kernel.image).empty())
+    return false;
   kernel.kernelNames.clear();
   std::istringstream names(fields["kernels"]);
   for (std::string name; std::getline(names, name, ',');)
