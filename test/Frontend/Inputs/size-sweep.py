@@ -7,6 +7,9 @@ bound: the front end and the passes must be linear in the program's size.
   the calls with an explicit stack, not the native one);
 - 50,000 small mods (dependence analysis gathers the declaration order once
   per module, not once per mod);
+- 3,000 lets that do not fold, run through the CPU JIT (a function that
+  large is compiled without LLVM's optimiser, whose time grows faster than
+  the function).
 Each bound is on CPU seconds. Prints one 'ok NAME SECONDS' line each, `FAIL NAME: why` on failure, and
 `size-sweep: all as expected` at the end."""
 import os
@@ -61,6 +64,17 @@ n = 50000
 many = write("mods-%d" % n, "".join("mask m%d(b, h, q, kv) = q >= kv - %d\n" % (i, i)
                                     for i in range(n)))
 check("mods-50000", ["--emit=lowered", many], 10)
+
+npy = {}
+for name, shape in [("q", "1,1,3,8"), ("k", "1,1,5,8"), ("v", "1,1,5,8")]:
+    npy[name] = os.path.join(work, name + ".npy")
+    subprocess.run([sys.executable, make_npy, npy[name], "--shape", shape], check=True)
+n = 3000
+lets = write("lets-%d" % n, "mask m(b, h, q, kv) {\n  let x0 = q\n" +
+             "".join("  let x%d = x%d * 3 + kv\n" % (i + 1, i) for i in range(n)) +
+             "  x%d >= kv\n}\n" % n)
+check("lets-3000-run", ["run", lets, "--mask=m", "--q", npy["q"], "--k", npy["k"],
+                        "--v", npy["v"], "-o", os.path.join(work, "out.npy")], 10)
 
 if failures:
     sys.exit(1)
