@@ -28,9 +28,9 @@ JitEngine::create(mlir::ModuleOp llvmModule, unsigned optLevel) {
   auto builder = llvm::orc::JITTargetMachineBuilder::detectHost();
   if (!builder)
     return builder.takeError();
-  llvm::CodeGenOptLevel codeGenLevel = optLevel >= 3
-                                            ? llvm::CodeGenOptLevel::Aggressive
-                                            : llvm::CodeGenOptLevel::Default;
+  llvm::CodeGenOptLevel codeGenLevel = optLevel >= 3   ? llvm::CodeGenOptLevel::Aggressive
+                                       : optLevel == 0 ? llvm::CodeGenOptLevel::None
+                                                       : llvm::CodeGenOptLevel::Default;
   builder->setCodeGenOptLevel(codeGenLevel);
   auto targetMachine = builder->createTargetMachine();
   if (!targetMachine)

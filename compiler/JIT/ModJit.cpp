@@ -166,7 +166,14 @@ llvm::Expected<CompiledMods> compileUncached(ModuleOp module, StringRef mask,
       failed(lowerToLLVMDialect(*cpuModule)))
     return makeError("CPU lowering failed:\n" + diagnostics);
 
-  auto engine = JitEngine::create(*cpuModule, options.optLevel);
+  unsigned optLevel = options.optLevel;
+  if (options.largeModuleOps != 0) {
+    size_t operations = 0;
+    cpuModule->walk([&](Operation *) { ++operations; });
+    if (operations > options.largeModuleOps)
+      optLevel = 0;
+  }
+  auto engine = JitEngine::create(*cpuModule, optLevel);
   if (!engine)
     return engine.takeError();
   std::shared_ptr<JitEngine> owner(std::move(*engine));
@@ -223,7 +230,7 @@ llvm::Expected<CompiledMods> pagedc::jit::compileMods(ModuleOp module,
   {
     llvm::raw_string_ostream os(key);
     os << mask << '\0' << score << '\0' << options.optLevel << '\0'
-       << options.blockClassifier << '\0';
+       << options.blockClassifier << '\0' << options.largeModuleOps << '\0';
     module->print(os, OpPrintingFlags().printGenericOpForm().enableDebugInfo(
                           false));
   }

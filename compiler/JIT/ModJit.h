@@ -27,6 +27,13 @@ namespace pagedc::jit {
 struct JitOptions {
   /// LLVM optimisation level of the generated code (3 vectorises rows).
   unsigned optLevel = 3;
+  /// Lowered modules of more operations than this are compiled at optLevel
+  /// 0: on the long straight-line bodies that thousands of non-foldable
+  /// lets produce, LLVM's optimising code generator takes time that grows
+  /// faster than the body, while -O0 (fast instruction selection and
+  /// register allocation) stays linear. The corpus's mods lower to a few
+  /// hundred operations. 0: no bound.
+  size_t largeModuleOps = 2048;
   /// Generate maskBlockClass (interval arithmetic over the mask's IR).
   bool blockClassifier = true;
   /// Reuse an earlier compilation of the same module text and selection in

@@ -8,6 +8,8 @@
 #include "Transforms/Passes.h"
 
 #include "llvm/ADT/DenseMap.h"
+#include "llvm/ADT/STLExtras.h"
+#include "llvm/ADT/StringMap.h"
 #include "llvm/ADT/StringSet.h"
 
 namespace pagedc::flex {
@@ -48,16 +50,39 @@ bool readsOnlyDiagonal(ModOp mod) {
          llvm::all_of(kv.getUses(), isDiagonal);
 }
 
-/// The declarations of kind `OpTy` in `module` named in `names`, as symbol
-/// references in declaration order (the ABI order).
-template <typename OpTy>
-ArrayAttr declsInOrder(ModuleOp module, const llvm::StringSet<> &names) {
-  SmallVector<Attribute> refs;
-  for (OpTy decl : module.getOps<OpTy>())
-    if (names.contains(decl.getSymName()))
-      refs.push_back(FlatSymbolRefAttr::get(decl.getSymNameAttr()));
-  return ArrayAttr::get(module.getContext(), refs);
-}
+/// The declarations of one kind in declaration order (the ABI order),
+/// gathered once per module: looking them up by scanning the module for
+/// every mod made the pass quadratic in the number of mods.
+class DeclOrder {
+public:
+  template <typename OpTy>
+  static DeclOrder of(ModuleOp module) {
+    DeclOrder order;
+    for (OpTy decl : module.getOps<OpTy>()) {
+      order.positions.try_emplace(decl.getSymName(), order.names.size());
+      order.names.push_back(decl.getSymNameAttr());
+    }
+    return order;
+  }
+
+  /// The declarations named in `used`, as symbol references in declaration
+  /// order; costs O(|used| log |used|), whatever the module's size.
+  ArrayAttr refs(MLIRContext *context, const llvm::StringSet<> &used) const {
+    SmallVector<unsigned> found;
+    for (const auto &entry : used)
+      if (auto it = positions.find(entry.getKey()); it != positions.end())
+        found.push_back(it->second);
+    llvm::sort(found);
+    SmallVector<Attribute> result;
+    for (unsigned position : found)
+      result.push_back(FlatSymbolRefAttr::get(names[position]));
+    return ArrayAttr::get(context, result);
+  }
+
+private:
+  llvm::StringMap<unsigned> positions;
+  SmallVector<StringAttr> names;
+};
 
 struct DependenceAnalysisPass
     : public pagedc::flex::impl::FlexDependenceAnalysisBase<
@@ -68,6 +93,8 @@ struct DependenceAnalysisPass
     Builder builder(&getContext());
     static const StringRef indexNames[] = {"b", "h", "q", "kv"};
     declUses.clear();
+    const DeclOrder bufferOrder = DeclOrder::of<BufferOp>(module);
+    const DeclOrder paramOrder = DeclOrder::of<ParamOp>(module);
 
     for (ModOp mod : module.getOps<ModOp>()) {
       SmallVector<Attribute> reads;
@@ -77,9 +104,9 @@ struct DependenceAnalysisPass
       const DeclUses &uses = collectDeclUses(mod, symbols);
       mod->setAttr(FlexDialect::kReadsAttrName, builder.getArrayAttr(reads));
       mod->setAttr(FlexDialect::kBuffersAttrName,
-                   declsInOrder<BufferOp>(module, uses.buffers));
+                   bufferOrder.refs(&getContext(), uses.buffers));
       mod->setAttr(FlexDialect::kParamsAttrName,
-                   declsInOrder<ParamOp>(module, uses.params));
+                   paramOrder.refs(&getContext(), uses.params));
       if (readsOnlyDiagonal(mod))
         mod->setAttr(FlexDialect::kDiagonalAttrName, builder.getUnitAttr());
       else

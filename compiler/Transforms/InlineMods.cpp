@@ -28,31 +28,37 @@ public:
 
   /// Appends `mod` and everything it calls to the order; fails (with an
   /// error on the offending call) on unknown callees and call cycles.
-  LogicalResult visit(ModOp mod) {
-    State &state = states[mod];
-    if (state == State::Done)
+  /// Depth-first with an explicit stack: a chain of mods each calling the
+  /// next is as deep as the program is long (tens of thousands of mods),
+  /// far deeper than the native stack allows frames.
+  LogicalResult visit(ModOp root) {
+    if (states.lookup(root) == State::Done)
       return success();
-    state = State::Visiting;
-    WalkResult result = mod.walk([&](CallOp call) {
+    SmallVector<Frame> stack;
+    push(root, stack);
+    while (!stack.empty()) {
+      Frame &frame = stack.back();
+      if (frame.next == frame.calls.size()) {
+        states[frame.mod] = State::Done;
+        order.push_back(frame.mod);
+        stack.pop_back();
+        continue;
+      }
+      CallOp call = frame.calls[frame.next++];
       auto callee = symbols.lookup<ModOp>(call.getCallee());
       if (!callee) {
-        call.emitOpError() << "calls '" << call.getCallee()
-                           << "', which is not a flex.mod";
-        return WalkResult::interrupt();
+        call.emitOpError() << "calls '" << call.getCallee() << "', which is not a flex.mod";
+        return failure();
       }
-      if (states.lookup(callee) == State::Visiting) {
-        call.emitOpError() << "closes a call cycle through '"
-                           << callee.getSymName()
+      State state = states.lookup(callee);
+      if (state == State::Visiting) {
+        call.emitOpError() << "closes a call cycle through '" << callee.getSymName()
                            << "'; mods cannot be recursive";
-        return WalkResult::interrupt();
+        return failure();
       }
-      return succeeded(visit(callee)) ? WalkResult::advance()
-                                      : WalkResult::interrupt();
-    });
-    if (result.wasInterrupted())
-      return failure();
-    states[mod] = State::Done;
-    order.push_back(mod);
+      if (state == State::Unvisited)
+        push(callee, stack); // `frame` is not used after this
+    }
     return success();
   }
 
@@ -60,6 +66,20 @@ public:
 
 private:
   enum class State { Unvisited, Visiting, Done };
+  /// A mod being visited: its calls in walk order and the next to follow.
+  struct Frame {
+    ModOp mod;
+    SmallVector<CallOp> calls;
+    size_t next = 0;
+  };
+
+  void push(ModOp mod, SmallVector<Frame> &stack) {
+    states[mod] = State::Visiting;
+    Frame frame{mod, {}, 0};
+    mod.walk([&](CallOp call) { frame.calls.push_back(call); });
+    stack.push_back(std::move(frame));
+  }
+
   SymbolTable &symbols;
   llvm::DenseMap<ModOp, State> states;
   SmallVector<ModOp> order;

@@ -27,9 +27,12 @@
 
 #include <fmt/format.h>
 
+#include <unistd.h>
+
 #include <chrono>
 #include <cstdio>
 #include <fstream>
+#include <new>
 #include <sstream>
 #include <string>
 
@@ -69,7 +72,7 @@ bool mapped(const char *name) {
 
 } // namespace
 
-int main(int argc, char **argv) {
+static int runJit(int argc, char **argv) {
   auto start = std::chrono::steady_clock::now();
   CudaJitRequest request;
   std::string file, cacheDir = KernelCache::defaultDirectory(), statsPath;
@@ -217,4 +220,16 @@ int main(int argc, char **argv) {
     return 3;
   }
   return 0;
+}
+
+int main(int argc, char **argv) {
+  // No LLVM here (the plugin brings it only on a miss), so a failed
+  // operator new throws; without this catch it would end in terminate().
+  try {
+    return runJit(argc, argv);
+  } catch (const std::bad_alloc &) {
+    static constexpr char kMessage[] = "pagedc-jit: out of memory\n";
+    (void)!::write(STDERR_FILENO, kMessage, sizeof(kMessage) - 1);
+    return 1;
+  }
 }

@@ -62,6 +62,20 @@ std::string emulatorPrologue();
 /// Compiles any emulator unit (`what` names it in errors).
 CompileResult compileEmulatorUnit(const std::string &code, const std::string &what);
 
+/// Checks a shared object before it becomes (or after it is read back as)
+/// an emulator image: at most KernelCache::kMaxEntryBytes, an ELF header
+/// with the right magic, 64-bit class, byte order, type (ET_DYN) and this
+/// host's machine, and program headers, section headers and every segment's
+/// file bytes inside the file. The dynamic loader maps segments straight
+/// from the file, so a truncated object passed to dlopen faults (SIGBUS)
+/// instead of failing; this is the check that keeps one out. Returns the
+/// first problem found, or an empty string.
+std::string checkEmulatorLibrary(std::string_view library);
+
+/// checkEmulatorLibrary() for a whole image: its KernelAbi.h header (magic
+/// and a size equal to the bytes that follow) and the library after it.
+std::string checkEmulatorImage(std::string_view image);
+
 } // namespace pagedc
 
 #endif // PAGEDC_EMULATORBUILD_H

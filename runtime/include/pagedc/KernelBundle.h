@@ -75,6 +75,10 @@ public:
   /// be created (its nearest existing ancestor is a writable directory): an
   /// existing file in its place is refused, never replaced.
   static void checkBundleDirectory(const std::string &directory);
+  /// The largest manifest or module file read(): a module is one kernel's
+  /// cubin or PTX (under a megabyte). A larger file, or one that is not a
+  /// regular file (a FIFO is never waited on), is an error naming it.
+  static constexpr uint64_t kMaxFileBytes = uint64_t(64) << 20;
   /// Reads manifest.json and every module, verifying each checksum.
   static KernelBundle read(const std::string &directory);
 };

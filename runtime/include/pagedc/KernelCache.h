@@ -58,6 +58,13 @@ std::string contentKey128(std::initializer_list<std::string_view> parts);
 
 class KernelCache {
 public:
+  /// The largest entry file read from disk (header and image together).
+  /// Cubins, PTX and emulator images of one kernel stay under a megabyte;
+  /// a larger file at an entry's path (a sparse or runaway file) is corrupt:
+  /// it is removed and the kernel rebuilt, and no buffer is ever sized from
+  /// it.
+  static constexpr uint64_t kMaxEntryBytes = uint64_t(64) << 20;
+
   /// `directory` empty: memory only.
   explicit KernelCache(std::string directory);
   /// $PAGEDC_CACHE_DIR, else $HOME/.cache/pagedc (else /tmp/pagedc-cache).

@@ -41,6 +41,12 @@ namespace {
 
 constexpr std::string_view kVariantMagic = "PAGEDC-VARIANT 1\n";
 
+/// The largest variant file read: its payload is the generated mod code and
+/// declarations of one program, kilobytes for the corpus and a few megabytes
+/// for the largest programs the front end accepts. A larger file is corrupt
+/// (removed, the variant regenerated), and no buffer is sized from it.
+constexpr uint64_t kMaxVariantBytes = uint64_t(16) << 20;
+
 using sealed::hex64;
 
 /// Appends a length-prefixed field, so that no two different field lists
@@ -264,7 +270,7 @@ bool readVariant(const std::string &path, const std::string &key,
   std::string bytes;
   // Never blocks or follows a link (a FIFO, symlink or directory there is
   // corrupt: removed, and the variant rebuilt).
-  const sealed::ReadStatus status = sealed::readEntryFile(path, bytes);
+  const sealed::ReadStatus status = sealed::readEntryFile(path, bytes, kMaxVariantBytes);
   if (status == sealed::ReadStatus::Missing || status == sealed::ReadStatus::Unreadable)
     return false;
   if (status == sealed::ReadStatus::Read && parseVariant(bytes, key, variant))

@@ -2,10 +2,14 @@
 
 #include "pagedc/EmulatorBuild.h"
 
+#include "SealedFile.h"
+
 #include "pagedc/Error.h"
+#include "pagedc/KernelCache.h"
 
 #include <fmt/format.h>
 
+#include <elf.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -126,7 +130,72 @@ struct TempDirectory {
   }
 };
 
+constexpr std::string_view kImageMagic = "PAGEDC-EMU-IMG1\n";
+constexpr uint64_t kImageHeaderBytes = 16 + 8;
+
+#if defined(__x86_64__)
+constexpr uint16_t kHostMachine = EM_X86_64;
+#elif defined(__aarch64__)
+constexpr uint16_t kHostMachine = EM_AARCH64;
+#else
+#error "the SIMT emulator builds kernels for x86-64 and AArch64 hosts only"
+#endif
+
+/// Whether the table [offset, offset + count * entrySize) lies in a file of
+/// `size` bytes, without overflow.
+bool tableFits(uint64_t offset, uint64_t count, uint64_t entrySize, uint64_t size) {
+  if (offset > size)
+    return false;
+  return entrySize == 0 || count <= (size - offset) / entrySize;
+}
+
 } // namespace
+
+std::string checkEmulatorLibrary(std::string_view library) {
+  const uint64_t size = library.size();
+  if (size > KernelCache::kMaxEntryBytes)
+    return fmt::format("{} bytes, more than an image may hold", size);
+  Elf64_Ehdr header;
+  if (size < sizeof(header))
+    return fmt::format("{} bytes, shorter than an ELF header", size);
+  std::memcpy(&header, library.data(), sizeof(header));
+  if (std::memcmp(header.e_ident, ELFMAG, SELFMAG) != 0)
+    return "no ELF magic";
+  if (header.e_ident[EI_CLASS] != ELFCLASS64)
+    return "not a 64-bit ELF object";
+  if (header.e_ident[EI_DATA] != ELFDATA2LSB)
+    return "not a little-endian ELF object";
+  if (header.e_type != ET_DYN)
+    return "not a shared object";
+  if (header.e_machine != kHostMachine)
+    return fmt::format("ELF machine {}, this host is {}", header.e_machine, kHostMachine);
+  if (header.e_phentsize != sizeof(Elf64_Phdr) || header.e_phnum == 0 ||
+      !tableFits(header.e_phoff, header.e_phnum, sizeof(Elf64_Phdr), size))
+    return "program headers outside the file (truncated?)";
+  if (header.e_shnum != 0 && (header.e_shentsize != sizeof(Elf64_Shdr) ||
+                              !tableFits(header.e_shoff, header.e_shnum, sizeof(Elf64_Shdr), size)))
+    return fmt::format("section headers end past the file's {} bytes (truncated?)", size);
+  for (unsigned i = 0; i < header.e_phnum; ++i) {
+    Elf64_Phdr segment;
+    std::memcpy(&segment, library.data() + header.e_phoff + i * sizeof(Elf64_Phdr),
+                sizeof(segment));
+    if (segment.p_type == PT_LOAD && !tableFits(segment.p_offset, 1, segment.p_filesz, size))
+      return fmt::format("segment {} ends past the file's {} bytes (truncated?)", i, size);
+  }
+  return "";
+}
+
+std::string checkEmulatorImage(std::string_view image) {
+  if (image.size() < kImageHeaderBytes || image.substr(0, kImageMagic.size()) != kImageMagic)
+    return "no emulator image header";
+  uint64_t recorded = 0;
+  for (int i = 0; i < 8; ++i)
+    recorded |= uint64_t(static_cast<unsigned char>(image[kImageMagic.size() + i])) << (8 * i);
+  if (recorded != image.size() - kImageHeaderBytes)
+    return fmt::format("the image header records {} bytes, {} follow", recorded,
+                       image.size() - kImageHeaderBytes);
+  return checkEmulatorLibrary(image.substr(kImageHeaderBytes));
+}
 
 std::string emulatorSource(const KernelSource &source) {
   std::string code;
@@ -211,12 +280,21 @@ CompileResult compileEmulatorUnit(const std::string &code, const std::string &wh
     throw Error(fmt::format("the host compiler ({}) could not build {} for the SIMT "
                             "emulator (exit {}):\n{}",
                             compiler, what, status, output));
-  std::ifstream file(library, std::ios::binary);
-  std::string bytes((std::istreambuf_iterator<char>(file)), std::istreambuf_iterator<char>());
-  if (bytes.empty())
-    throw Error(fmt::format("the host compiler ({}) wrote no emulator image", compiler));
+  // Read from fstat's size, bounded, and checked before it is sealed: a
+  // compiler killed or out of disk space mid-write leaves a truncated
+  // object that would be cached and fault every later dlopen.
+  std::string bytes;
+  const sealed::ReadStatus read =
+      sealed::readEntryFile(library, bytes, KernelCache::kMaxEntryBytes - kImageHeaderBytes);
+  if (read != sealed::ReadStatus::Read)
+    throw Error(fmt::format("the host compiler ({}) wrote no readable emulator image for {}{}",
+                            compiler, what,
+                            read == sealed::ReadStatus::TooLarge ? " (too large)" : ""));
+  if (std::string problem = checkEmulatorLibrary(bytes); !problem.empty())
+    throw Error(fmt::format("the host compiler ({}) wrote a damaged emulator image for {}: {}",
+                            compiler, what, problem));
   // KernelAbi.h's image header: magic, size (8 bytes, little-endian).
-  result.image = "PAGEDC-EMU-IMG1\n";
+  result.image = kImageMagic;
   uint64_t size = bytes.size();
   for (int i = 0; i < 8; ++i)
     result.image += static_cast<char>((size >> (8 * i)) & 0xff);

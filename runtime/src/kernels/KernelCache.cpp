@@ -101,6 +101,11 @@ bool parseEntry(const std::string &bytes, const std::string &key,
   kernel.spillBytes = -1;
   if (auto spills = fields.find("spills"); spills != fields.end())
     kernel.spillBytes = std::atoi(spills->second.c_str());
+  // The checksum vouches for the bytes written, not that they were a whole
+  // shared object when sealed; dlopen of a truncated one faults, so an
+  // emulator image is checked again here and dropped when it fails.
+  if (isEmulatorArch(kernel.arch) && !checkEmulatorImage(kernel.image).empty())
+    return false;
   kernel.kernelNames.clear();
   std::istringstream names(fields["kernels"]);
   for (std::string name; std::getline(names, name, ',');)
@@ -166,11 +171,12 @@ std::shared_ptr<const CompiledKernel> KernelCache::readEntry(const std::string &
   std::string bytes;
   // Never blocks or follows a link: a FIFO, a symlink or a directory at the
   // entry's path is a corrupt entry, removed and rebuilt.
-  const sealed::ReadStatus status = sealed::readEntryFile(path, bytes);
+  // A file larger than kMaxEntryBytes is refused before any buffer is sized.
+  const sealed::ReadStatus status = sealed::readEntryFile(path, bytes, kMaxEntryBytes);
   if (status == sealed::ReadStatus::Missing || status == sealed::ReadStatus::Unreadable)
     return nullptr;
   auto kernel = std::make_shared<CompiledKernel>();
-  if (status == sealed::ReadStatus::NotRegular || !parseEntry(bytes, key, *kernel)) {
+  if (sealed::isCorrupt(status) || !parseEntry(bytes, key, *kernel)) {
     ++corruptEntries_;
     sealed::removeEntry(path);
     return nullptr;

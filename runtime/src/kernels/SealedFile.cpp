@@ -90,7 +90,7 @@ bool writeAtomically(const std::string &path, std::string_view bytes) {
   return true;
 }
 
-ReadStatus readEntryFile(const std::string &path, std::string &bytes) {
+ReadStatus readEntryFile(const std::string &path, std::string &bytes, uint64_t maxBytes) {
   int fd = ::open(path.c_str(), O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC);
   if (fd < 0)
     return errno == ENOENT ? ReadStatus::Missing
@@ -100,6 +100,10 @@ ReadStatus readEntryFile(const std::string &path, std::string &bytes) {
   if (::fstat(fd, &info) != 0 || !S_ISREG(info.st_mode)) {
     ::close(fd);
     return ReadStatus::NotRegular;
+  }
+  if (info.st_size < 0 || static_cast<uint64_t>(info.st_size) > maxBytes) {
+    ::close(fd);
+    return ReadStatus::TooLarge;
   }
   bytes.resize(static_cast<size_t>(info.st_size));
   size_t done = 0;

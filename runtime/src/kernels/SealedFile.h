@@ -18,6 +18,7 @@
 #ifndef PAGEDC_CUDA_SEALEDFILE_H
 #define PAGEDC_CUDA_SEALEDFILE_H
 
+#include <cstdint>
 #include <map>
 #include <string>
 #include <string_view>
@@ -43,14 +44,22 @@ bool open(std::string_view bytes, std::string_view magic,
 bool writeAtomically(const std::string &path, std::string_view bytes);
 
 /// What readEntryFile() found at a path.
-enum class ReadStatus { Missing, NotRegular, Unreadable, Read };
+enum class ReadStatus { Missing, NotRegular, TooLarge, Unreadable, Read };
 
 /// Reads a cache file without ever blocking or following a symlink: opened
 /// with O_NOFOLLOW | O_NONBLOCK, checked with fstat, and read only when it is
-/// a regular file (one sized read). A FIFO, a symlink (to /dev/zero or
-/// anything else), a directory or a device is NotRegular: the caller treats
-/// it as a corrupt entry, removes it (removeEntry) and rebuilds.
-ReadStatus readEntryFile(const std::string &path, std::string &bytes);
+/// a regular file of at most `maxBytes` bytes (one sized read; no buffer is
+/// sized before that check, so a sparse 64 GiB file costs nothing). A FIFO,
+/// a symlink (to /dev/zero or anything else), a directory or a device is
+/// NotRegular, a larger file TooLarge: the caller treats either as a corrupt
+/// entry, removes it (removeEntry) and rebuilds.
+ReadStatus readEntryFile(const std::string &path, std::string &bytes, uint64_t maxBytes);
+
+/// Whether a status is a file that exists but is no entry: NotRegular or
+/// TooLarge (the callers drop it); Missing and Unreadable are plain misses.
+inline bool isCorrupt(ReadStatus status) {
+  return status == ReadStatus::NotRegular || status == ReadStatus::TooLarge;
+}
 
 /// Removes whatever is at `path` (a directory with its contents, a symlink
 /// itself, never its target), so an atomic rename can put a file there.

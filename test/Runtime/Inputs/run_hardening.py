@@ -1,10 +1,13 @@
 #!/usr/bin/env python3
 """Sweeps of `pagedc run` file-system cases and of kernel-cache entries that
-are not regular files (issue 10). Each case checks the exit status, that the
-error names the right option or file, and what the file system holds after;
-it prints one 'ok CASE' line, or 'FAIL CASE: why' and exits 1 at the end.
+are not regular files (issue 10) or not of a size an entry can have (issue
+47: truncated, extended, sparse 64 GiB). Each case checks the exit status,
+that the error names the right option or file, and what the file system
+holds after; it prints one 'ok CASE' line, or 'FAIL CASE: why' and exits 1
+at the end. ARCH (cache mode) is pagedc-jit's --arch, e.g. emu for emulator
+images.
 
-  run_hardening.py outputs|inputs|cache WORKDIR EXAMPLES_DIR
+  run_hardening.py outputs|inputs|cache WORKDIR EXAMPLES_DIR [ARCH]
 """
 import os
 import stat
@@ -13,6 +16,7 @@ import subprocess
 import sys
 
 mode, work, examples = sys.argv[1], sys.argv[2], sys.argv[3]
+arch = sys.argv[4] if len(sys.argv) > 4 else None
 failures = []
 
 
@@ -193,12 +197,26 @@ elif mode == "inputs":
 
 elif mode == "cache":
     jit = ["pagedc-jit", program, "--mask=causal", "--kernel=decode",
-           "--cache-dir=" + work, "--stats=-"]
+           "--cache-dir=" + work, "--stats=-"] + (["--arch=" + arch] if arch else [])
     status, text = run(jit, timeout=300)
     check("first-build", status == 0, text)
     entries = [f for f in listing(work) if f.endswith(".kernel") or f.endswith(".variant")]
     check("entries", len(entries) == 2, entries)
+    intact = {e: open(os.path.join(work, e), "rb").read() for e in entries}
+
+    def rewrite(p, data):
+        with open(p, "wb") as f:
+            f.write(data)
+
+    def sparse(p, size):
+        with open(p, "wb") as f:
+            f.truncate(size)
+
     damages = {
+        "truncated": lambda p: rewrite(p, intact[os.path.basename(p)][:-100]),
+        "extended": lambda p: rewrite(p, intact[os.path.basename(p)] + b"\0" * 4096),
+        # Read into a buffer sized from the file, this allocated 64 GiB.
+        "sparse-64g": lambda p: sparse(p, 64 << 30),
         "fifo": lambda p: os.mkfifo(p),
         "symlink-dev-zero": lambda p: os.symlink("/dev/zero", p),
         "symlink-dir": lambda p: os.symlink(work, p),
