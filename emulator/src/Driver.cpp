@@ -1,7 +1,7 @@
 //===- Driver.cpp - The CUDA driver API over the emulator -----------------===//
 //
 // libpagedc-emu-cuda.so exports the driver entry points the pagedc runtime
-// resolves from libcuda.so.1 (runtime/include/pagedc/CudaDriver.h), so the
+// resolves from libcuda.so.1 (runtime/internal/pagedc/CudaDriver.h), so the
 // runtime's own CUDA path (memory, uploads, launch planning, parameter
 // packing, launches) runs unchanged on the emulator: one device, "device
 // memory" in host memory that the checkers know, modules that are emulator
