@@ -92,15 +92,21 @@ struct KernelConfig {
   /// spills (prefillFallsBackOnSpills). How the tile was chosen, not what
   /// is compiled: neither compared nor described.
   bool prefillShapeAsked = false;
+  /// Prefill: a packed batch of sequences of their own query lengths
+  /// (BatchAttention): CTAs take (sequence, query tile) entries of a work
+  /// list, q / out / lse rows are packed, and K/V are read through the
+  /// call's page and slot strides (the engine's layout, in place). mma.sync
+  /// tiles only (warpRows 16 or 32).
+  bool packedBatch = false;
 
   bool operator==(const KernelConfig &other) const {
-    return kind == other.kind && elementType == other.elementType &&
-           headDim == other.headDim && pageSize == other.pageSize &&
-           blockM == other.blockM && warpRows == other.warpRows &&
+    return kind == other.kind && elementType == other.elementType && headDim == other.headDim &&
+           pageSize == other.pageSize && blockM == other.blockM && warpRows == other.warpRows &&
            recomputeModRows == other.recomputeModRows &&
            prefillStageLimit == other.prefillStageLimit && blockN == other.blockN &&
            groupSize == other.groupSize && queryTokens == other.queryTokens &&
-           returnLse == other.returnLse && paramsSize == other.paramsSize;
+           returnLse == other.returnLse && paramsSize == other.paramsSize &&
+           packedBatch == other.packedBatch;
   }
   bool operator!=(const KernelConfig &other) const { return !(*this == other); }
 
