@@ -9,6 +9,21 @@
 // Limits fixed at construction size everything plan() keeps, so a plan never
 // allocates.
 //
+// On a CUDA device (the SIMT emulator included) one launch covers the
+// whole step: the packed-batch prefill kernel (templates/Prefill.cuh with
+// kPackedBatch) over a work list of (sequence, 64-row query tile) entries
+// that plan() builds, heaviest first, and uploads into device storage
+// allocated at construction; a sequence with no new tokens has no entry.
+// K/V are read in place through the layout's (head, page, slot) strides
+// with cp.async gathers (the tensor-map copies need flexAttention's compact
+// pages). The kernel is compiled and loaded at construction; run() only
+// enqueues it. This first design gives decode and speculative sequences a
+// 64-row tile of their own (one to eight rows used) instead of the split-KV
+// decode kernel, and evaluates the mask per element over every key tile
+// below kv_len (no block classifier), so it is correct for every mix but
+// not yet the fastest for decode-heavy steps; kv_start, 8-bit caches and
+// an f32 output stay on the CPU backend.
+//
 // mergeState() and its in-place and N-way forms combine attention results
 // over disjoint key ranges by their logsumexp (cascade and shared-prefix
 // attention, split KV).
@@ -22,8 +37,10 @@
 #include "pagedc/Tensor.h"
 
 #include <cstdint>
+#include <memory>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace pagedc {
@@ -62,9 +79,12 @@ struct BatchAttentionConfig {
   int64_t maxNumSeqs = 0;
   int64_t maxNumTokens = 0;
   int64_t maxBlocksPerSeq = 0;
-  /// Where run() computes. The batch call runs on the CPU backend; a CUDA
-  /// device is refused at construction until the CUDA path exists.
+  /// Where run() computes: the CPU or a CUDA device.
   Device device = Device::cpu();
+  /// CUDA: the element type of q, the caches and out, bf16 or f16 (the
+  /// kernel is built for it at construction). The CPU backend ignores it
+  /// and takes q's type at run().
+  DType dtype = DType::BF16;
   /// CPU worker threads; 0 = every core, or the calling thread alone when
   /// the call is too small to gain from more.
   int threads = 0;
@@ -87,7 +107,14 @@ struct BatchRunOptions {
   std::vector<float> kScale, vScale;
   /// Reads caches held as u8 tensors as this 8-bit float type.
   std::optional<DType> kvDtype;
+  /// CUDA: the CUstream run() enqueues on (null: the legacy default
+  /// stream); run() returns without waiting for the kernel.
+  void *stream = nullptr;
 };
+
+namespace detail {
+class CudaBatchBackend;
+} // namespace detail
 
 /// One serving step's attention: packed queries of several sequences,
 /// planned once and run against the engine's cache.
@@ -106,7 +133,12 @@ class BatchAttention {
 public:
   /// Checks the configuration (heads, dims, page size, limits, device) and
   /// sizes the plan's storage. Throws pagedc::Error naming the field.
+  /// On CUDA it also compiles (or takes from the kernel cache) and loads
+  /// the kernel and allocates the plan's device storage.
   BatchAttention(const CompiledMods &mods, const BatchAttentionConfig &config);
+  ~BatchAttention();
+  BatchAttention(BatchAttention &&) noexcept;
+  BatchAttention &operator=(BatchAttention &&) noexcept;
 
   const BatchAttentionConfig &config() const { return config_; }
 
@@ -123,7 +155,9 @@ public:
   ///     Two plans over a shared prefix [0, P) and the rest [P, seqLens[b])
   ///     give results whose mergeState() is attention over all the keys.
   /// Every check comes first: a bad argument throws pagedc::Error naming it
-  /// and the previous plan stays in force.
+  /// and the previous plan stays in force. On CUDA plan() uploads the step
+  /// (synchronously, so the host arguments may change once it returns);
+  /// kv_start must be 0 there.
   void plan(const TensorView &queryStartLoc, const TensorView &seqLens,
             const TensorView &blockTable, const TensorView &kvStart = {},
             const TensorView &kvEnd = {});
@@ -140,9 +174,18 @@ public:
   /// for KVLayout::VLLM), read in place through their strides. out is
   /// [T', Hq, Dv]; lse [T', Hq]. Every shape, dtype, device and stride is
   /// checked first: a mismatch throws pagedc::Error naming the argument and
-  /// nothing is written.
+  /// nothing is written. On CUDA every tensor is on the device, of the
+  /// configured dtype, with a contiguous last dimension and strides of
+  /// whole 16-byte chunks (q, caches; out: even strides), lse contiguous;
+  /// out is required (run() allocates nothing there), and run() enqueues
+  /// the kernel on options.stream and returns.
   AttentionResult run(const TensorView &q, const TensorView &kCache, const TensorView &vCache,
                       const Bindings &bindings, const BatchRunOptions &options = {}) const;
+
+  /// CUDA: the K and V cache addresses the last run() gave its kernel
+  /// (the engine's memory, read in place); nulls before a run and on the
+  /// CPU.
+  std::pair<const void *, const void *> kernelCacheAddresses() const;
 
 private:
   CompiledMods mods_;
@@ -156,6 +199,7 @@ private:
   std::vector<int32_t> kvLength_;   // [maxNumSeqs], the end of the keys read
   std::vector<int32_t> qOffset_;    // [maxNumSeqs]
   std::vector<int32_t> pageTable_;  // [maxNumSeqs, maxBlocksPerSeq]
+  std::unique_ptr<detail::CudaBatchBackend> cuda_; // CUDA devices only
 };
 
 //===----------------------------------------------------------------------===//
