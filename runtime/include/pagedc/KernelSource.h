@@ -92,11 +92,12 @@ struct KernelConfig {
   /// spills (prefillFallsBackOnSpills). How the tile was chosen, not what
   /// is compiled: neither compared nor described.
   bool prefillShapeAsked = false;
-  /// Prefill: a packed batch of sequences of their own query lengths
-  /// (BatchAttention): CTAs take (sequence, query tile) entries of a work
-  /// list, q / out / lse rows are packed, and K/V are read through the
-  /// call's page and slot strides (the engine's layout, in place). mma.sync
-  /// tiles only (warpRows 16 or 32).
+  /// A packed batch of sequences of their own query lengths
+  /// (BatchAttention): CTAs take the entries of a work list (prefill:
+  /// (sequence, query tile); decode: sequences of at most queryTokens new
+  /// tokens), q / out / lse rows are packed, and K/V are read through the
+  /// call's page and slot strides (the engine's layout, in place). Decode,
+  /// and prefill with mma.sync tiles (warpRows 16 or 32).
   bool packedBatch = false;
 
   bool operator==(const KernelConfig &other) const {

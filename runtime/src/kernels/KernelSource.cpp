@@ -320,9 +320,9 @@ void KernelConfig::validate() const {
                             warpRows == 64 ? "32, 64 or 128 with warpgroup tiles" : "32 or 64"));
   if (kind == KernelKind::Decode && blockN != 64)
     throw Error("the decode kernel uses KV tiles of 64 rows (blockN = 64)");
-  if (packedBatch && (kind != KernelKind::Prefill || warpRows == 64))
-    throw Error("only the prefill kernel's mma.sync tiles (16 or 32 query rows per warp) take "
-                "packed batches");
+  if (packedBatch && (kind == KernelKind::BlockMaskBuilder || warpRows == 64))
+    throw Error("only the decode kernel and the prefill kernel's mma.sync tiles (16 or 32 query "
+                "rows per warp) take packed batches");
   // (Two K/V stages at least: prefillStages' floor.)
   if (kind == KernelKind::Prefill && warpRows == 64 && sharedMemoryBytes() > kMaxSharedPerCta)
     throw Error(fmt::format("the warpgroup prefill tile {} x {} at head dim {} needs {} bytes "
