@@ -262,6 +262,10 @@ BatchAttention::~BatchAttention() = default;
 BatchAttention::BatchAttention(BatchAttention &&) noexcept = default;
 BatchAttention &BatchAttention::operator=(BatchAttention &&) noexcept = default;
 
+BatchPlanShape BatchAttention::planShape() const {
+  return cuda_ ? cuda_->planShape() : BatchPlanShape{};
+}
+
 std::pair<const void *, const void *> BatchAttention::kernelCacheAddresses() const {
   if (!cuda_)
     return {nullptr, nullptr};

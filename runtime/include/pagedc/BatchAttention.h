@@ -9,20 +9,24 @@
 // Limits fixed at construction size everything plan() keeps, so a plan never
 // allocates.
 //
-// On a CUDA device (the SIMT emulator included) one launch covers the
-// whole step: the packed-batch prefill kernel (templates/Prefill.cuh with
-// kPackedBatch) over a work list of (sequence, 64-row query tile) entries
-// that plan() builds, heaviest first, and uploads into device storage
-// allocated at construction; a sequence with no new tokens has no entry.
+// On a CUDA device (the SIMT emulator included) plan() splits the step by
+// new tokens: sequences of 1 to 8 (decode, speculative verification) go to
+// the packed-batch decode kernel, one CTA per KV head (and split) of each,
+// computing every query head of the GQA group and every token at once so
+// each K/V page is read once; when the longest such context needs more
+// CTAs than the sequences give, the keys are split (split-KV, up to 16
+// parts) and a merge launch combines the parts by their lse. Longer
+// sequences go to the packed-batch prefill kernel as a work list of
+// (sequence, 64-row query tile) entries, heaviest first. A step is then
+// at most three launches (prefill, decode, merge), each only when it has
+// work; a sequence with no new tokens is in neither list. plan() uploads
+// the lists and metadata into device storage allocated at construction,
+// where the kernels are compiled and loaded too; run() only enqueues them.
 // K/V are read in place through the layout's (head, page, slot) strides
 // with cp.async gathers (the tensor-map copies need flexAttention's compact
-// pages). The kernel is compiled and loaded at construction; run() only
-// enqueues it. This first design gives decode and speculative sequences a
-// 64-row tile of their own (one to eight rows used) instead of the split-KV
-// decode kernel, and evaluates the mask per element over every key tile
-// below kv_len (no block classifier), so it is correct for every mix but
-// not yet the fastest for decode-heavy steps; kv_start, 8-bit caches and
-// an f32 output stay on the CPU backend.
+// pages). The mask is evaluated per element over every key tile below
+// kv_len (no block classifier yet); kv_start, 8-bit caches and an f32
+// output stay on the CPU backend.
 //
 // mergeState() and its in-place and N-way forms combine attention results
 // over disjoint key ranges by their logsumexp (cascade and shared-prefix
@@ -82,7 +86,7 @@ struct BatchAttentionConfig {
   /// Where run() computes: the CPU or a CUDA device.
   Device device = Device::cpu();
   /// CUDA: the element type of q, the caches and out, bf16 or f16 (the
-  /// kernel is built for it at construction). The CPU backend ignores it
+  /// kernels are built for it at construction). The CPU backend ignores it
   /// and takes q's type at run().
   DType dtype = DType::BF16;
   /// CPU worker threads; 0 = every core, or the calling thread alone when
@@ -108,8 +112,18 @@ struct BatchRunOptions {
   /// Reads caches held as u8 tensors as this 8-bit float type.
   std::optional<DType> kvDtype;
   /// CUDA: the CUstream run() enqueues on (null: the legacy default
-  /// stream); run() returns without waiting for the kernel.
+  /// stream); run() returns without waiting for the kernels.
   void *stream = nullptr;
+};
+
+/// What a planned step launches on CUDA (BatchAttention::planShape()).
+struct BatchPlanShape {
+  /// Query tiles of the prefill launch (each one CTA per query head).
+  int64_t prefillTiles = 0;
+  /// Sequences of the decode launch, and the KV splits of each (0 without
+  /// decode work; more than 1: a merge launch follows).
+  int64_t decodeSequences = 0;
+  int64_t decodeSplits = 0;
 };
 
 namespace detail {
@@ -134,7 +148,7 @@ public:
   /// Checks the configuration (heads, dims, page size, limits, device) and
   /// sizes the plan's storage. Throws pagedc::Error naming the field.
   /// On CUDA it also compiles (or takes from the kernel cache) and loads
-  /// the kernel and allocates the plan's device storage.
+  /// the kernels and allocates the plan's device storage.
   BatchAttention(const CompiledMods &mods, const BatchAttentionConfig &config);
   ~BatchAttention();
   BatchAttention(BatchAttention &&) noexcept;
@@ -178,11 +192,14 @@ public:
   /// configured dtype, with a contiguous last dimension and strides of
   /// whole 16-byte chunks (q, caches; out: even strides), lse contiguous;
   /// out is required (run() allocates nothing there), and run() enqueues
-  /// the kernel on options.stream and returns.
+  /// the kernels on options.stream and returns.
   AttentionResult run(const TensorView &q, const TensorView &kCache, const TensorView &vCache,
                       const Bindings &bindings, const BatchRunOptions &options = {}) const;
 
-  /// CUDA: the K and V cache addresses the last run() gave its kernel
+  /// CUDA: what the plan launches; zeros on the CPU.
+  BatchPlanShape planShape() const;
+
+  /// CUDA: the K and V cache addresses the last run() gave its kernels
   /// (the engine's memory, read in place); nulls before a run and on the
   /// CPU.
   std::pair<const void *, const void *> kernelCacheAddresses() const;

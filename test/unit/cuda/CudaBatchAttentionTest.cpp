@@ -108,11 +108,25 @@ BatchAttentionConfig cudaConfig(const BatchStep &step) {
 }
 
 /// Runs a step on the emulated device and compares it with the float64
-/// reference; also checks that the kernel read the engine's cache in place.
-BatchStepCheck checkOnDevice(const BatchStepCase &c) {
+/// reference; also checks that the kernels read the engine's cache in
+/// place and that the plan sent sequences of 1 to 8 new tokens to the
+/// decode kernel and longer ones to 64-row prefill tiles. `shape` receives
+/// the plan's shape.
+BatchStepCheck checkOnDevice(const BatchStepCase &c, BatchPlanShape *shape = nullptr) {
   BatchStep step(c);
   BatchAttention attention(step.mods, cudaConfig(step));
   step.plan(attention);
+  int64_t decodeSequences = 0, prefillTiles = 0;
+  for (const BatchSeq &s : c.seqs) {
+    decodeSequences += s.qLen >= 1 && s.qLen <= 8;
+    prefillTiles += s.qLen > 8 ? (s.qLen + 63) / 64 : 0;
+  }
+  const BatchPlanShape planned = attention.planShape();
+  EXPECT_EQ(planned.decodeSequences, decodeSequences);
+  EXPECT_EQ(planned.prefillTiles, prefillTiles);
+  EXPECT_EQ(planned.decodeSplits > 0, decodeSequences > 0);
+  if (shape)
+    *shape = planned;
   DeviceStep device(step);
   BatchRunOptions options;
   options.out = device.outView;
@@ -134,11 +148,13 @@ BatchStepCheck checkOnDevice(const BatchStepCase &c) {
   EXPECT_EQ((check).outViolations + (check).lseViolations + (check).nonFinite, 0)                  \
       << (check).describe()
 
-/// Decode, speculative verification (2, 5, 8 tokens), a 37-token chunk at
-/// the end of a 300-key context, whole prompts (seq_lens == q_len), no new
-/// tokens; lengths off the page and tile grids.
+/// Decode, speculative verification (2, 5, 8 tokens: the decode kernel; 9
+/// goes to prefill tiles), a 37-token chunk at the end of a 300-key
+/// context, whole prompts (seq_lens == q_len), no new tokens; lengths off
+/// the page and tile grids.
 std::vector<BatchSeq> mixedStep() {
-  return {{1, 150}, {5, 77}, {0, 40}, {37, 300}, {1, 1}, {61, 61}, {8, 129}, {2, 33}, {0, 0}};
+  return {{1, 150}, {5, 77},  {0, 40}, {37, 300}, {1, 1},
+          {61, 61}, {8, 129}, {9, 45}, {2, 33},   {0, 0}};
 }
 
 const KVLayout kLayouts[] = {KVLayout::Pagedc, KVLayout::NHD, KVLayout::HND, KVLayout::VLLM};
@@ -213,6 +229,26 @@ TEST(CudaBatchAttention, PageSizesHeadDimsAndMaskedRows) {
       EXPECT_GT(check.maskedRows, 0) << check.describe();
     }
   }
+}
+
+/// Long decode contexts with few sequences: the keys are split and the
+/// merge launch combines the parts (decode and speculative rows, GQA 4).
+TEST(CudaBatchAttention, SplitKvDecodeAndMerge) {
+  BatchStepCase c;
+  c.seqs = {{1, 1900}, {6, 1337}, {0, 500}, {3, 30}, {40, 900}};
+  c.qHeads = 4;
+  c.kvHeads = 1;
+  c.dim = c.vDim = 128;
+  c.pageSize = 16;
+  c.layout = KVLayout::HND;
+  c.storage = DType::F16;
+  c.mask = "document";
+  c.score = "softcap";
+  c.seed = 77;
+  BatchPlanShape shape;
+  BatchStepCheck check = checkOnDevice(c, &shape);
+  EXPECT_STEP_MATCHES(check);
+  EXPECT_GT(shape.decodeSplits, 1);
 }
 
 /// A step of no tokens launches nothing and writes nothing.
