@@ -8,11 +8,9 @@
 // longer context, whole prompts, sequences with no new tokens), every
 // cache layout as views of one device allocation that the kernel reads in
 // place, shuffled pages of 1, 16 and 64 slots, GQA 1 and 4, head dims 64,
-// 128 (and 256 in the full tier), bf16 and f16, a per-sequence document
-// mask, fully masked rows, lse; and the CUDA path's refusals.
-//
-// The Quick cases are the quick tier's (ctest label "emulator"); the rest
-// are labelled "full".
+// 128 and 256, bf16 and f16, a per-sequence document
+// mask, fully masked rows, lse, split-KV decode; and the CUDA path's
+// refusals.
 //
 //===----------------------------------------------------------------------===//
 #include "BatchStep.h"
@@ -159,7 +157,7 @@ std::vector<BatchSeq> mixedStep() {
 
 const KVLayout kLayouts[] = {KVLayout::Pagedc, KVLayout::NHD, KVLayout::HND, KVLayout::VLLM};
 
-TEST(CudaBatchAttentionQuick, MixedStepDocumentMaskNHD) {
+TEST(CudaBatchAttention, MixedStepDocumentMaskNHD) {
   BatchStepCase c;
   c.seqs = mixedStep();
   c.qHeads = 4;
@@ -252,7 +250,7 @@ TEST(CudaBatchAttention, SplitKvDecodeAndMerge) {
 }
 
 /// A step of no tokens launches nothing and writes nothing.
-TEST(CudaBatchAttentionQuick, EmptyStepAndRefusals) {
+TEST(CudaBatchAttention, EmptyStepAndRefusals) {
   BatchStepCase c;
   c.seqs = {{0, 5}, {0, 0}};
   c.qHeads = 4;
