@@ -8,9 +8,8 @@
 // longer context, whole prompts, sequences with no new tokens), every
 // cache layout as views of one device allocation that the kernel reads in
 // place, shuffled pages of 1, 16 and 64 slots, GQA 1 and 4, head dims 64,
-// 128 and 256, bf16 and f16, a per-sequence document
-// mask, fully masked rows, lse, split-KV decode; and the CUDA path's
-// refusals.
+// 128 and 256, bf16 and f16, a per-sequence document mask, fully masked
+// rows, lse, split-KV decode; and the CUDA path's refusals.
 //
 //===----------------------------------------------------------------------===//
 #include "BatchStep.h"
