@@ -43,6 +43,14 @@
 // Grid: (num_splits, heads_kv * kDecodeHeadChunks, batch); block: 128
 // threads. Merge grid: (q_len, heads_q, batch); block: 128 threads.
 //
+// Packed batches (kPackedBatch, BatchAttention): grid z (and the merge's)
+// indexes the plan's list of decode sequences (work_tiles[2 z] = sequence
+// b), whose q_start[b + 1] - q_start[b] <= kQueryTokens rows are packed in
+// q and out from row q_start[b] (rows past them do not exist); lse is
+// [T, Hq], the split partials are indexed by list entry, and K/V are
+// gathered through the call's page and slot strides (the tensor maps stay
+// unbound: they describe compact pages).
+//
 //===----------------------------------------------------------------------===//
 
 namespace pagedc {
@@ -70,9 +78,11 @@ constexpr bool kDecodeQInRegisters = kHeadDim <= 128;
 /// CTAs per SM the register allocation must allow. On sm_90 at head dim
 /// 64, five (96 registers a thread; the shared memory allows six), which
 /// the all-kept path's second copy of the mod code would otherwise cost;
-/// elsewhere ptxas chooses (sm_80 at head dim 64 had four before it).
+/// elsewhere ptxas chooses (sm_80 at head dim 64 had four before it). A
+/// packed batch's kernel (8 tokens: up to 64 rows, and the strided copies'
+/// registers) spilled 44-360 bytes under that cap, so ptxas chooses there.
 #if !defined(PAGEDC_EMULATOR) && defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-constexpr int kDecodeMinBlocks = kHeadDim <= 64 ? 5 : 1;
+constexpr int kDecodeMinBlocks = kHeadDim <= 64 && !kPackedBatch ? 5 : 1;
 #else
 constexpr int kDecodeMinBlocks = 1;
 #endif
@@ -232,7 +242,14 @@ extern "C" __global__ void __launch_bounds__(pagedc::kDecodeThreads, pagedc::kDe
           : shared_bytes;
   const int thread = threadIdx.x, lane = thread & 31, warp = thread >> 5;
   const int row_warp = warp / kKvWarps, kv_warp = warp % kKvWarps;
-  const int split = blockIdx.x, b = blockIdx.z;
+  const int split = blockIdx.x;
+  // The sequence and its rows (a packed batch's from its decode list).
+  int b = blockIdx.z, q_len = args.q_len, first_row = 0;
+  if constexpr (kPackedBatch) {
+    b = args.work_tiles[2 * blockIdx.z];
+    first_row = args.q_start[b];
+    q_len = args.q_start[b + 1] - first_row;
+  }
   const int kv_head = blockIdx.y / kDecodeHeadChunks;
   const int head_chunk = blockIdx.y % kDecodeHeadChunks;
   const int kv_len = args.kv_len[b];
@@ -280,9 +297,9 @@ extern "C" __global__ void __launch_bounds__(pagedc::kDecodeThreads, pagedc::kDe
   for (int i = 0; i < kPaddedRows * kChunksPerRow / kDecodeThreads; ++i) {
     int index = thread + i * kDecodeThreads;
     int row = index / kChunksPerRow, chunk = index % kChunksPerRow;
-    DecodeRow info = decode_row(row, kv_head, head_chunk, args.q_len);
+    DecodeRow info = decode_row(row, kv_head, head_chunk, q_len);
     const Element *source = q_batch + info.head * args.q_stride[1] +
-                            info.token * args.q_stride[2] + chunk * 8;
+                            (first_row + info.token) * args.q_stride[2] + chunk * 8;
     cp_async_16(q_tile + tile_offset(row, chunk), source, info.valid ? 16 : 0);
   }
   cp_async_commit();
@@ -353,7 +370,7 @@ extern "C" __global__ void __launch_bounds__(pagedc::kDecodeThreads, pagedc::kDe
 #pragma unroll
   for (int half = 0; half < 2; ++half) {
     local_row[half] = row_warp * 16 + (lane >> 2) + 8 * half;
-    DecodeRow info = decode_row(local_row[half], kv_head, head_chunk, args.q_len);
+    DecodeRow info = decode_row(local_row[half], kv_head, head_chunk, q_len);
     b_of[half] = b;
     h_of[half] = info.head;
     q_of[half] = q_offset + info.token;
@@ -387,7 +404,7 @@ extern "C" __global__ void __launch_bounds__(pagedc::kDecodeThreads, pagedc::kDe
       for (int row = 0; row < kPaddedRows; ++row) {
         const uint8_t block_class = classes[row * kMaxSplitBlocks + block];
         seen |= block_class;
-        if (decode_row(row, kv_head, head_chunk, args.q_len).valid)
+        if (decode_row(row, kv_head, head_chunk, q_len).valid)
           all_full = all_full && block_class == 2;
       }
       tile_seen[block] = seen | (seen != 0 && all_full ? kAllFull : 0);
@@ -443,7 +460,7 @@ extern "C" __global__ void __launch_bounds__(pagedc::kDecodeThreads, pagedc::kDe
                row += kDecodeThreads / kDecodeTileN) {
             if (classes[row * kMaxSplitBlocks + block] != 1)
               continue;
-            DecodeRow info = decode_row(row, kv_head, head_chunk, args.q_len);
+            DecodeRow info = decode_row(row, kv_head, head_chunk, q_len);
             const int q = q_offset + info.token;
             kept = pagedc_mods::mask(params, pagedc_mods::mask_row(params, batch, info.head, q),
                                      batch, info.head, q, kv);
@@ -502,7 +519,13 @@ extern "C" __global__ void __launch_bounds__(pagedc::kDecodeThreads, pagedc::kDe
     return tile_page<kDecodeTileN>(page_row, split_begin + which * kDecodeTileN, split_end,
                                    thread);
   };
-  const KvTileCopier<kDecodeTileN, kDecodeThreads, DecodeTile> copy_kv(k_head, v_head, thread);
+  using DecodeCopier = KvTileCopier<kDecodeTileN, kDecodeThreads, DecodeTile>;
+  const DecodeCopier copy_kv = [&] {
+    if constexpr (kPackedBatch)
+      return DecodeCopier(k_head, v_head, thread, args.k_stride, args.v_stride);
+    else
+      return DecodeCopier(k_head, v_head, thread);
+  }();
   // Whether tile `which` comes by tensor maps: a whole tile inside the
   // split whose every kv row some row may keep (a gathered tile zero-fills
   // the others and the rows past the split's end).
@@ -716,31 +739,42 @@ extern "C" __global__ void __launch_bounds__(pagedc::kDecodeThreads, pagedc::kDe
   if (kv_warp == 0 && (lane & 3) == 0) {
 #pragma unroll
     for (int half = 0; half < kRowHalves; ++half) {
-      DecodeRow info = decode_row(local_row[half], kv_head, head_chunk, args.q_len);
+      DecodeRow info = decode_row(local_row[half], kv_head, head_chunk, q_len);
       if (!info.valid)
         continue;
       int64_t row_index =
           (static_cast<int64_t>(b) * args.heads_q + info.head) * args.q_len + info.token;
+      // A packed batch's partials by list entry, its lse by packed row.
+      int64_t lse_index = row_index;
+      if constexpr (kPackedBatch) {
+        row_index = (static_cast<int64_t>(blockIdx.z) * kQueryTokens + info.token) *
+                        args.heads_q + info.head;
+        lse_index = static_cast<int64_t>(first_row + info.token) * args.heads_q + info.head;
+      }
       if (!single_split)
         args.partial_lse[row_index * args.num_splits + split] = row_lse[half];
       else if constexpr (pagedc_config::kHasLse)
-        args.lse[row_index] = row_lse[half];
+        args.lse[lse_index] = row_lse[half];
     }
   }
   // Rows out: consecutive threads store consecutive column pairs.
   for (int index = thread; index < kPaddedRows * kHeadDim / 2; index += kDecodeThreads) {
     int row = index / (kHeadDim / 2), column = (index % (kHeadDim / 2)) * 2;
-    DecodeRow info = decode_row(row, kv_head, head_chunk, args.q_len);
+    DecodeRow info = decode_row(row, kv_head, head_chunk, q_len);
     if (!info.valid)
       continue;
     float x = merged[row * kHeadDim + column], y = merged[row * kHeadDim + column + 1];
     if (single_split) {
       Element *out_row = static_cast<Element *>(args.out) + b * args.out_stride[0] +
-                         info.head * args.out_stride[1] + info.token * args.out_stride[2];
+                         info.head * args.out_stride[1] +
+                         (first_row + info.token) * args.out_stride[2];
       *reinterpret_cast<uint32_t *>(out_row + column) = pack_pair(x, y);
     } else {
       int64_t row_index =
           (static_cast<int64_t>(b) * args.heads_q + info.head) * args.q_len + info.token;
+      if constexpr (kPackedBatch)
+        row_index = (static_cast<int64_t>(blockIdx.z) * kQueryTokens + info.token) *
+                        args.heads_q + info.head;
       float *partial = args.partial_out + (row_index * args.num_splits + split) * kHeadDim;
       partial[column] = x;
       partial[column + 1] = y;
@@ -754,10 +788,20 @@ extern "C" __global__ void __launch_bounds__(128)
   // Launched while the split kernel drains: its partials are complete and
   // visible only after this wait.
   wait_for_prerequisite_grid();
-  const int token = blockIdx.x, h = blockIdx.y, b = blockIdx.z;
+  const int token = blockIdx.x, h = blockIdx.y;
   const int splits = args.num_splits;
-  const int64_t row_index =
-      (static_cast<int64_t>(b) * args.heads_q + h) * args.q_len + token;
+  int b = blockIdx.z, first_row = 0;
+  int64_t row_index = (static_cast<int64_t>(b) * args.heads_q + h) * args.q_len + token;
+  int64_t lse_index = row_index;
+  if constexpr (kPackedBatch) {
+    // Entry z of the decode list; its rows past q_len_b do not exist.
+    b = args.work_tiles[2 * blockIdx.z];
+    first_row = args.q_start[b];
+    if (token >= args.q_start[b + 1] - first_row)
+      return;
+    row_index = (static_cast<int64_t>(blockIdx.z) * kQueryTokens + token) * args.heads_q + h;
+    lse_index = static_cast<int64_t>(first_row + token) * args.heads_q + h;
+  }
   // partial_lse: [splits] of this row; partial_out: [splits, D].
   const float *lse = args.partial_lse + row_index * splits;
   const float *partial = args.partial_out + row_index * splits * kHeadDim;
@@ -770,7 +814,7 @@ extern "C" __global__ void __launch_bounds__(128)
     total += exp2_approx((lse[i] - base) * kLog2e);
   const float inverse = total > 0.0f ? 1.0f / total : 0.0f;
   Element *out_row = static_cast<Element *>(args.out) + b * args.out_stride[0] +
-                     h * args.out_stride[1] + token * args.out_stride[2];
+                     h * args.out_stride[1] + (first_row + token) * args.out_stride[2];
   for (int column = threadIdx.x * 2; column < kHeadDim; column += 256) {
     float x = 0.0f, y = 0.0f;
     for (int i = 0; i < splits; ++i) {
@@ -782,6 +826,6 @@ extern "C" __global__ void __launch_bounds__(128)
   }
   if constexpr (pagedc_config::kHasLse) {
     if (threadIdx.x == 0)
-      args.lse[row_index] = total > 0.0f ? row_max + logf(total) : -infinity();
+      args.lse[lse_index] = total > 0.0f ? row_max + logf(total) : -infinity();
   }
 }

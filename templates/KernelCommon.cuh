@@ -17,6 +17,7 @@ using pagedc_config::kHeadDim;
 using pagedc_config::kIsBF16;
 using pagedc_config::kLog2PageSize;
 using pagedc_config::kPageSize;
+using pagedc_config::kPackedBatch;
 using Element = pagedc_config::Element;
 
 constexpr float kLog2e = 1.4426950408889634f;
@@ -185,11 +186,13 @@ template <typename T> PAGEDC_DEVICE void opaque(T *&pointer) {
 #endif
 }
 
-/// Bytes of one page of one KV head. The kernels read compact
+/// Bytes of one page of one KV head. flexAttention's kernels read compact
 /// [pages, page_size, D] caches per KV head (CudaLaunch.cpp's checkArgs
 /// refuses other page and row strides), so a row's offset is a product of
 /// constants: one wide multiply instead of two 64-bit multiplies per
-/// tensor.
+/// tensor. Packed-batch kernels (kPackedBatch) read the engine's cache in
+/// place, whose pages and slots may be strided (NHD, HND, vLLM layouts):
+/// KvTileCopier then takes the strides of the call.
 constexpr int64_t kPageBytes = static_cast<int64_t>(kPageSize) * kRowBytes;
 
 /// Byte offset of KV row `kv` (column 0) on page `page` of a KV head.
@@ -257,7 +260,8 @@ template <int kRows> struct AtomTile {
 /// validity test, page lookup and offset then serve four copies, K and V,
 /// instead of two); thread `thread` starts at row thread / kThreadsPerRow
 /// and takes every kRowStep-th row. K and V share the row's offset
-/// (kv_row_bytes).
+/// (kv_row_bytes); with kPackedBatch each tensor's row offset comes from
+/// its own page and slot strides (the second constructor).
 template <int kRows, int kThreads, typename Layout = SwizzledRows> struct KvTileCopier {
   static constexpr int kCopiesPerRow = kRows % (2 * kThreads / kChunksPerRow) == 0 ? 2 : 1;
   static constexpr int kThreadsPerRow = kChunksPerRow / kCopiesPerRow;
@@ -267,6 +271,8 @@ template <int kRows, int kThreads, typename Layout = SwizzledRows> struct KvTile
   const char *k_bytes;
   const char *v_bytes;
   int chunk, first_row;
+  /// kPackedBatch: bytes between pages and between slots of K and of V.
+  int64_t k_page_bytes = 0, k_slot_bytes = 0, v_page_bytes = 0, v_slot_bytes = 0;
 
   PAGEDC_DEVICE KvTileCopier(const Element *k_head,  // [pages, page_size, D]
                              const Element *v_head,  // [pages, page_size, D]
@@ -276,6 +282,18 @@ template <int kRows, int kThreads, typename Layout = SwizzledRows> struct KvTile
     v_bytes = reinterpret_cast<const char *>(v_head) + chunk * 16;
     opaque(k_bytes);
     opaque(v_bytes);
+  }
+  /// kPackedBatch: pages and slots `k_stride[1]`, `k_stride[2]` (and V's)
+  /// elements apart, each a multiple of 8 (16-byte copies; the host checks).
+  PAGEDC_DEVICE KvTileCopier(const Element *k_head, // [pages, page_size, D], strided
+                             const Element *v_head, // [pages, page_size, D], strided
+                             int thread, const int64_t (&k_stride)[3],
+                             const int64_t (&v_stride)[3])
+      : KvTileCopier(k_head, v_head, thread) {
+    k_page_bytes = k_stride[1] * static_cast<int64_t>(sizeof(Element));
+    k_slot_bytes = k_stride[2] * static_cast<int64_t>(sizeof(Element));
+    v_page_bytes = v_stride[1] * static_cast<int64_t>(sizeof(Element));
+    v_slot_bytes = v_stride[2] * static_cast<int64_t>(sizeof(Element));
   }
 
   template <bool kCheckPage = false, typename PageOf>
@@ -302,6 +320,13 @@ template <int kRows, int kThreads, typename Layout = SwizzledRows> struct KvTile
       const int64_t row_bytes = valid ? kv_row_bytes(page, kv) : 0;
       const char *k_source = k_bytes + row_bytes;
       const char *v_source = v_bytes + row_bytes;
+      if constexpr (kPackedBatch) {
+        // Strided pages: each tensor's row from its own strides (the
+        // compact offset above is then dead code).
+        const int64_t slot = kv & (kPageSize - 1);
+        k_source = k_bytes + (valid ? page * k_page_bytes + slot * k_slot_bytes : 0);
+        v_source = v_bytes + (valid ? page * v_page_bytes + slot * v_slot_bytes : 0);
+      }
 #pragma unroll
       for (int copy = 0; copy < kCopiesPerRow; ++copy) {
         const int at = copy * kThreadsPerRow;
@@ -480,6 +505,29 @@ PAGEDC_DEVICE PrefillTile prefill_tile(const PagedcAttentionKernelArgs &args, in
 template <int kRows>
 PAGEDC_DEVICE PrefillTile prefill_tile(const PagedcAttentionKernelArgs &args) {
   return prefill_tile<kRows>(args, static_cast<int>(blockIdx.x));
+}
+
+/// A packed batch's prefill tile (kPackedBatch): CTA x computes query head
+/// x % heads_q of work tile x / heads_q, whose sequence b and first row the
+/// plan wrote to work_tiles (heaviest first). Sequence b's q_len_b =
+/// q_start[b + 1] - q_start[b] new tokens are the packed rows from
+/// q_start[b]: `q_len` gets q_len_b and `first_row` q_start[b].
+template <int kRows>
+PAGEDC_DEVICE PrefillTile packed_prefill_tile(const PagedcAttentionKernelArgs &args, int &q_len,
+                                              int &first_row) {
+  PrefillTile tile;
+  const int index = static_cast<int>(blockIdx.x);
+  tile.h = index % args.heads_q;
+  const int work = index / args.heads_q;
+  tile.b = args.work_tiles[2 * work];
+  tile.row_begin = args.work_tiles[2 * work + 1];
+  first_row = args.q_start[tile.b];
+  q_len = args.q_start[tile.b + 1] - first_row;
+  tile.row_count = imin(kRows, q_len - tile.row_begin);
+  tile.kv_head = tile.h / (args.heads_q / args.heads_kv);
+  tile.kv_len = args.kv_len[tile.b];
+  tile.q_offset = args.q_offset ? args.q_offset[tile.b] : 0;
+  return tile;
 }
 
 /// Query tiles of a prefill call: ceil(q_len / kRows) x heads_q x batch

@@ -15,7 +15,10 @@
 // only to the rows that belong to it (online softmax makes passes additive).
 //
 // Grid: heads_q * batch * ceil(q_len / kBlockM) blocks in one dimension,
-// the last query tiles first; block: kBlockM / kWarpRows warps;
+// the last query tiles first; a packed batch (kPackedBatch, BatchAttention:
+// sequences of their own lengths in one q) takes heads_q * num_work_tiles,
+// one per query head and entry of the plan's work list, and reads K/V
+// through the call's page and slot strides. Block: kBlockM / kWarpRows warps;
 // dynamic shared memory: (kBlockM + 4 * kBlockN) * kHeadDim * 2 bytes + 256
 // (the staged pages of the next KV tile).
 //
@@ -51,8 +54,15 @@ extern "C" __global__ void __launch_bounds__(pagedc::kPrefillThreads, 1)
   using namespace pagedc;
   PAGEDC_EXTERN_SHARED(unsigned char, shared);
   const int thread = threadIdx.x, lane = thread & 31, warp = thread >> 5;
-  // One-dimensional grid, heaviest CTAs first (prefill_tile).
-  const PrefillTile tile = prefill_tile<kBlockM>(args);
+  // One-dimensional grid, heaviest CTAs first (prefill_tile; a packed
+  // batch's work list, packed_prefill_tile). q_len: the rows of sequence b;
+  // first_row: its first row of the packed q, out and lse (0 unpacked).
+  int q_len = args.q_len, first_row = 0;
+  PrefillTile tile;
+  if constexpr (kPackedBatch)
+    tile = packed_prefill_tile<kBlockM>(args, q_len, first_row);
+  else
+    tile = prefill_tile<kBlockM>(args);
   const int h = tile.h, b = tile.b, row_begin = tile.row_begin, row_count = tile.row_count;
   const int kv_head = tile.kv_head, kv_len = tile.kv_len, q_offset = tile.q_offset;
 
@@ -69,7 +79,7 @@ extern "C" __global__ void __launch_bounds__(pagedc::kPrefillThreads, 1)
 
   const Element *q_rows = static_cast<const Element *>(args.q) +
                           b * args.q_stride[0] + h * args.q_stride[1] +
-                          row_begin * args.q_stride[2];
+                          (first_row + row_begin) * args.q_stride[2];
   load_query_tile<kBlockM, kPrefillThreads>(q_tile, q_rows, args.q_stride[2],
                                             row_count, thread);
   cp_async_commit();
@@ -79,7 +89,13 @@ extern "C" __global__ void __launch_bounds__(pagedc::kPrefillThreads, 1)
       static_cast<const Element *>(args.k_cache) + kv_head * args.k_stride[0];
   const Element *v_head =
       static_cast<const Element *>(args.v_cache) + kv_head * args.v_stride[0];
-  const KvTileCopier<kBlockN, kPrefillThreads> copy_kv(k_head, v_head, thread);
+  const KvTileCopier<kBlockN, kPrefillThreads> copy_kv = [&] {
+    if constexpr (kPackedBatch)
+      return KvTileCopier<kBlockN, kPrefillThreads>(k_head, v_head, thread, args.k_stride,
+                                                    args.v_stride);
+    else
+      return KvTileCopier<kBlockN, kPrefillThreads>(k_head, v_head, thread);
+  }();
   const int32_t *page_row = args.page_table + b * args.page_table_stride;
 
   // The 2 * kMTiles rows this thread holds (rows lane / 4 and lane / 4 + 8
@@ -98,7 +114,7 @@ extern "C" __global__ void __launch_bounds__(pagedc::kPrefillThreads, 1)
     for (int half = 0; half < 2; ++half) {
       const int row = row_begin + warp_row + 16 * m + (lane >> 2) + 8 * half;
       // Padding rows evaluate the last real row's mods and are never stored.
-      q_of[m][half] = q_offset + imin(row, args.q_len - 1);
+      q_of[m][half] = q_offset + imin(row, q_len - 1);
       if constexpr (!kRecomputeModRows) {
         mask_rows[m][half] = pagedc_mods::mask_row(params, b, h, q_of[m][half]);
         score_rows[m][half] = pagedc_mods::score_row(params, b, h, q_of[m][half]);
@@ -258,20 +274,22 @@ extern "C" __global__ void __launch_bounds__(pagedc::kPrefillThreads, 1)
       const float sum = quad_sum(state[m].sum[half]);
       const float inverse = sum > 0.0f ? 1.0f / sum : 0.0f;
       const int row = row_begin + warp_row + 16 * m + (lane >> 2) + 8 * half;
-      if (row >= args.q_len)
+      if (row >= q_len)
         continue;
       uint32_t *out_row = reinterpret_cast<uint32_t *>(
-          out_base + row * args.out_stride[2] + 2 * (lane & 3));
+          out_base + (first_row + row) * args.out_stride[2] + 2 * (lane & 3));
 #pragma unroll
       for (int d = 0; d < kHeadDim / 8; ++d)
         out_row[d * 4] = pack_pair(out[m][d][2 * half] * inverse,
                                    out[m][d][2 * half + 1] * inverse);
       if constexpr (pagedc_config::kHasLse) {
+        // [B, Hq, Lq], or a packed batch's [T, Hq].
+        int64_t lse_at = (static_cast<int64_t>(b) * args.heads_q + h) * args.q_len + row;
+        if constexpr (kPackedBatch)
+          lse_at = static_cast<int64_t>(first_row + row) * args.heads_q + h;
         if ((lane & 3) == 0)
-          args.lse[(static_cast<int64_t>(b) * args.heads_q + h) * args.q_len +
-                   row] = sum > 0.0f
-                              ? (state[m].max[half] + log2f(sum)) * kLn2
-                              : -infinity();
+          args.lse[lse_at] = sum > 0.0f ? (state[m].max[half] + log2f(sum)) * kLn2
+                                        : -infinity();
       }
     }
   }

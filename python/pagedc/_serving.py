@@ -54,7 +54,8 @@ class BatchAttention:
     ([Hkv, pages, page_size, D]). ``max_num_seqs`` / ``max_num_tokens`` bound
     every plan; ``max_blocks_per_seq`` (default: the first plan's block
     table's columns) bounds the pages one sequence may use. ``device`` is
-    "cpu": the batch call has no CUDA path yet, so "emu" and "cuda:N" are
+    "cpu": the CUDA path (C++ ``BatchAttention`` on ``Device::cuda``, the
+    emulator included) has no Python binding yet, so "emu" and "cuda:N" are
     refused. ``threads``: CPU worker threads, 0 = all cores.
     """
 
@@ -64,8 +65,9 @@ class BatchAttention:
                  value_head_dim: Optional[int] = None,
                  max_blocks_per_seq: Optional[int] = None, threads: int = 0):
         if str(device) != "cpu":
-            raise ValueError(f"device: the batch call runs on the CPU backend; '{device}' is "
-                             "not supported by it yet (flex_attention covers CUDA)")
+            raise ValueError(f"device: Python's batch call runs on the CPU backend; '{device}' "
+                             "is not supported by it yet (the CUDA path is C++ only; "
+                             "flex_attention covers CUDA)")
         if not isinstance(kv_layout, str) or kv_layout.lower() not in \
                 [name.lower() for name in _LAYOUTS]:
             raise ValueError(f"kv_layout: unknown layout {kv_layout!r}; valid layouts: "

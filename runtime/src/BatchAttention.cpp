@@ -2,15 +2,18 @@
 //
 // plan() checks a step's metadata and copies it into storage sized at
 // construction; run() checks the tensors, views the engine's cache as the
-// CPU kernel's [Hkv, pages, pageSize, D] through strides alone (no copy),
-// and runs the kernel over the packed rows.
+// kernels' [Hkv, pages, pageSize, D] through strides alone (no copy), and
+// runs the CPU kernel over the packed rows or enqueues the CUDA one
+// (cuda/CudaBatchAttention.cpp).
 //
 //===----------------------------------------------------------------------===//
 #include "pagedc/BatchAttention.h"
 
 #include "TensorChecks.h"
 #include "cpu/CpuAttention.h"
+#include "cuda/CudaBatchAttention.h"
 #include "pagedc/Error.h"
+#include "pagedc/KernelSource.h"
 
 #include <fmt/format.h>
 
@@ -18,6 +21,8 @@
 #include <cctype>
 #include <cmath>
 #include <limits>
+#include <memory>
+#include <optional>
 #include <utility>
 
 namespace pagedc {
@@ -112,15 +117,20 @@ DType storedType(const TensorView &cache, const char *name, const BatchRunOption
 }
 
 /// Checks one cache tensor against its layout; returns its page count.
-int64_t checkCacheTensor(const TensorView &cache, const char *name, KVLayout layout,
-                         int64_t heads, int64_t pageSize, int64_t width, Device device,
-                         DType stored) {
+/// `cudaType`: the CUDA kernel's element type (CPU: nullopt).
+int64_t checkCacheTensor(const TensorView &cache, const char *name, KVLayout layout, int64_t heads,
+                         int64_t pageSize, int64_t width, Device device, DType stored,
+                         std::optional<DType> cudaType) {
   if (!isProvided(cache))
     throw Error(fmt::format("{} is required for kv_layout '{}'", name, kvLayoutName(layout)));
   if (cache.device() != device)
     throw Error(fmt::format("{} is on {} but the call runs on {}", name,
                             deviceName(cache.device()), deviceName(device)));
-  if (!isCpuFloat(stored) && !isFloat8(stored))
+  if (cudaType) {
+    if (stored != *cudaType)
+      throw Error(fmt::format("{} stores {}, but the CUDA kernel was built for {} (dtype)", name,
+                              dtypeName(stored), dtypeName(*cudaType)));
+  } else if (!isCpuFloat(stored) && !isFloat8(stored))
     throw Error(fmt::format("{} stores {}, which the CPU backend does not read (f32, bf16, "
                             "f8e4m3 or f8e5m2; u8 with kv_dtype)",
                             name, dtypeName(stored)));
@@ -144,6 +154,27 @@ int64_t checkCacheTensor(const TensorView &cache, const char *name, KVLayout lay
   }
   checkReadable(cache, name);
   return pages;
+}
+
+/// The CUDA kernel's demands on a tensor beyond its shape: a contiguous
+/// last dimension, the other strides (of dimensions longer than 1)
+/// multiples of `granule` elements, the data `alignment`-byte aligned
+/// (16-byte copies of q and K/V; pairs of elements stored to out).
+void checkCudaStrides(const TensorView &view, const char *name, int64_t granule,
+                      uintptr_t alignment) {
+  const int last = view.rank() - 1;
+  if (view.size(last) > 1 && view.stride(last) != 1)
+    throw Error(fmt::format("{}'s last dimension must be contiguous on CUDA but has stride {}",
+                            name, view.stride(last)));
+  for (int d = 0; d < last; ++d)
+    if (view.size(d) > 1 && view.stride(d) % granule != 0)
+      throw Error(fmt::format("{}'s stride {} in dimension {} is not a multiple of {} elements "
+                              "(the CUDA kernel moves {}-byte chunks)",
+                              name, view.stride(d), d, granule, alignment));
+  if (reinterpret_cast<uintptr_t>(view.data()) % alignment != 0)
+    throw Error(fmt::format("{}'s data is not {}-byte aligned (the CUDA kernel moves {}-byte "
+                            "chunks)",
+                            name, alignment, alignment));
 }
 
 } // namespace
@@ -212,19 +243,33 @@ BatchAttention::BatchAttention(const CompiledMods &mods, const BatchAttentionCon
                             c.maxNumTokens, c.maxNumSeqs, c.maxBlocksPerSeq * c.pageSize));
   if (c.threads < 0)
     throw Error(fmt::format("threads must not be negative but is {}", c.threads));
-  if (c.device.kind != DeviceKind::CPU)
-    throw Error(fmt::format("BatchAttention runs on the CPU backend; {} is not supported by "
-                            "the batch call yet (use flexAttention for CUDA)",
-                            deviceName(c.device)));
-  if (mods_.hasMask() && !mods_.maskRow)
-    throw Error(fmt::format("mask mod '{}' has no CPU function", mods_.maskName));
-  if (mods_.hasScore() && !mods_.scoreRow)
-    throw Error(fmt::format("score mod '{}' has no CPU function", mods_.scoreName));
+  if (c.device.kind == DeviceKind::CPU) {
+    if (mods_.hasMask() && !mods_.maskRow)
+      throw Error(fmt::format("mask mod '{}' has no CPU function", mods_.maskName));
+    if (mods_.hasScore() && !mods_.scoreRow)
+      throw Error(fmt::format("score mod '{}' has no CPU function", mods_.scoreName));
+  }
   queryStart_.assign(static_cast<size_t>(c.maxNumSeqs + 1), 0);
   kvBegin_.assign(static_cast<size_t>(c.maxNumSeqs), 0);
   kvLength_.assign(static_cast<size_t>(c.maxNumSeqs), 0);
   qOffset_.assign(static_cast<size_t>(c.maxNumSeqs), 0);
   pageTable_.assign(static_cast<size_t>(c.maxNumSeqs * c.maxBlocksPerSeq), -1);
+  if (c.device.kind == DeviceKind::CUDA)
+    cuda_ = std::make_unique<detail::CudaBatchBackend>(mods_, c);
+}
+
+BatchAttention::~BatchAttention() = default;
+BatchAttention::BatchAttention(BatchAttention &&) noexcept = default;
+BatchAttention &BatchAttention::operator=(BatchAttention &&) noexcept = default;
+
+BatchPlanShape BatchAttention::planShape() const {
+  return cuda_ ? cuda_->planShape() : BatchPlanShape{};
+}
+
+std::pair<const void *, const void *> BatchAttention::kernelCacheAddresses() const {
+  if (!cuda_)
+    return {nullptr, nullptr};
+  return cuda_->lastCacheAddresses();
 }
 
 void BatchAttention::plan(const TensorView &queryStartLoc, const TensorView &seqLens,
@@ -306,6 +351,10 @@ void BatchAttention::plan(const TensorView &queryStartLoc, const TensorView &seq
                                 b, j, entry(b, j), pages, b));
       maxEntry = std::max(maxEntry, entry(b, j));
     }
+    if (cuda_ && start(b) != 0)
+      throw Error(fmt::format("kv_start[{}] = {}, but the CUDA backend reads every sequence's "
+                              "keys from 0 (kv_start must be 0 on {})",
+                              b, start(b), deviceName(c.device)));
   }
 
   // Valid: replace the plan.
@@ -320,6 +369,8 @@ void BatchAttention::plan(const TensorView &queryStartLoc, const TensorView &seq
     for (int64_t j = 0; j < pages; ++j)
       row[j] = entry(b, j);
   }
+  if (cuda_)
+    cuda_->plan(queryStart_.data(), kvLength_.data(), qOffset_.data(), pageTable_.data(), batch);
   numSeqs_ = batch;
   numTokens_ = tokens;
   maxPageEntry_ = maxEntry;
@@ -340,7 +391,13 @@ AttentionResult BatchAttention::run(const TensorView &q, const TensorView &kCach
                             deviceName(device)));
   if (q.rank() != 3)
     throw Error(fmt::format("q must be [T, Hq, D] but has shape {}", q.shapeString()));
-  if (!isCpuFloat(q.dtype()))
+  const bool onCuda = cuda_ != nullptr;
+  const std::optional<DType> cudaType =
+      onCuda ? std::optional<DType>(c.dtype) : std::optional<DType>();
+  if (onCuda && q.dtype() != c.dtype)
+    throw Error(fmt::format("q must be {} (the configured dtype) on CUDA but is {}",
+                            dtypeName(c.dtype), dtypeName(q.dtype())));
+  if (!onCuda && !isCpuFloat(q.dtype()))
     throw Error(fmt::format("q must be f32 or bf16 on the CPU but is {}", dtypeName(q.dtype())));
   if (q.size(1) != c.numQHeads || q.size(2) != c.headDim)
     throw Error(fmt::format("q must be [T, {}, {}] (num_q_heads, head_dim) but has shape {}",
@@ -349,6 +406,8 @@ AttentionResult BatchAttention::run(const TensorView &q, const TensorView &kCach
     throw Error(fmt::format("q has {} token rows but the plan has {} tokens", q.size(0),
                             numTokens_));
   checkReadable(q, "q");
+  if (onCuda)
+    checkCudaStrides(q, "q", 8, 16);
   const int64_t rowsT = q.size(0);
 
   // The cache.
@@ -360,13 +419,13 @@ AttentionResult BatchAttention::run(const TensorView &q, const TensorView &kCach
       throw Error("kv_layout 'vllm' takes the combined [2, pages, page_size, Hkv, D] tensor as "
                   "k_cache; v_cache must be empty (None)");
     pages = checkCacheTensor(kCache, "k_cache", c.layout, c.numKVHeads, c.pageSize, c.headDim,
-                             device, kStored);
+                             device, kStored, cudaType);
   } else {
     pages = checkCacheTensor(kCache, "k_cache", c.layout, c.numKVHeads, c.pageSize, c.headDim,
-                             device, kStored);
+                             device, kStored, cudaType);
     vStored = storedType(vCache, "v_cache", options);
-    const int64_t vPages = checkCacheTensor(vCache, "v_cache", c.layout, c.numKVHeads,
-                                            c.pageSize, c.valueHeadDim, device, vStored);
+    const int64_t vPages = checkCacheTensor(vCache, "v_cache", c.layout, c.numKVHeads, c.pageSize,
+                                            c.valueHeadDim, device, vStored, cudaType);
     if (vPages != pages)
       throw Error(fmt::format("k_cache has {} pages but v_cache has {}", pages, vPages));
   }
@@ -377,6 +436,11 @@ AttentionResult BatchAttention::run(const TensorView &q, const TensorView &kCach
   if (maxPageEntry_ >= pages)
     throw Error(fmt::format("block_table holds page {} but the cache has {} pages",
                             maxPageEntry_, pages));
+  if (onCuda) {
+    checkCudaStrides(kCache, "k_cache", 8, 16);
+    if (isProvided(vCache))
+      checkCudaStrides(vCache, "v_cache", 8, 16);
+  }
 
   // Scale, outputs.
   const float scale =
@@ -394,9 +458,17 @@ AttentionResult BatchAttention::run(const TensorView &q, const TensorView &kCach
     if (out.device() != device)
       throw Error(fmt::format("out is on {} but the call runs on {}", deviceName(out.device()),
                               deviceName(device)));
-    if (!isCpuFloat(out.dtype()))
+    if (onCuda && out.dtype() != c.dtype)
+      throw Error(fmt::format("out is {} but must be {} (the configured dtype) on CUDA",
+                              dtypeName(out.dtype()), dtypeName(c.dtype)));
+    if (!onCuda && !isCpuFloat(out.dtype()))
       throw Error(fmt::format("out is {} but must be f32 or bf16", dtypeName(out.dtype())));
     checkWritable(out, "out");
+    if (onCuda)
+      checkCudaStrides(out, "out", 2, 4);
+  } else if (onCuda) {
+    throw Error("out is required on CUDA: run() allocates no device memory (pass "
+                "options.out [T, Hq, Dv])");
   }
   if (isProvided(options.lse)) {
     const TensorView &lse = options.lse;
@@ -409,6 +481,13 @@ AttentionResult BatchAttention::run(const TensorView &q, const TensorView &kCach
     if (lse.dtype() != DType::F32)
       throw Error(fmt::format("lse is {} but must be f32", dtypeName(lse.dtype())));
     checkWritable(lse, "lse");
+    if (onCuda &&
+        ((rowsT > 1 && lse.stride(0) != c.numQHeads) || (c.numQHeads > 1 && lse.stride(1) != 1)))
+      throw Error(fmt::format("lse must be contiguous on CUDA but has strides [{}, {}]",
+                              lse.stride(0), lse.stride(1)));
+  } else if (onCuda && returnLse) {
+    throw Error("return_lse on CUDA needs options.lse [T, Hq] (f32): run() allocates no device "
+                "memory");
   }
   const ResolvedBindings resolved = resolveBindings(mods_, bindings, device);
 
@@ -433,6 +512,26 @@ AttentionResult BatchAttention::run(const TensorView &q, const TensorView &kCach
   if (numTokens_ == 0)
     return result;
 
+  auto as = [&](const TensorView &view, DType type) {
+    return TensorView(view.data(), type, view.shape(), view.strides(), device);
+  };
+  if (onCuda) {
+    detail::CudaBatchCall call;
+    call.q = q;
+    call.kCache = kernelCacheView(kCache, c.layout, 0, device);
+    call.vCache =
+        kernelCacheView(c.layout == KVLayout::VLLM ? kCache : vCache, c.layout, 1, device);
+    call.out = result.out;
+    if (returnLse)
+      call.lse = result.lse;
+    call.params = ParamsLayout::forDeclarations(mods_.params, mods_.buffers)
+                      .pack(mods_.params, mods_.buffers, resolved.context());
+    call.scale = scale;
+    call.stream = options.stream;
+    cuda_->run(call);
+    return result;
+  }
+
   // The packed rows as the kernel's [1, Hq, T, *] views.
   auto packed = [&](const TensorView &view, int64_t width) {
     if (width < 0)
@@ -443,9 +542,6 @@ AttentionResult BatchAttention::run(const TensorView &q, const TensorView &kCach
   };
   cpu::PagedAttentionArgs args;
   args.q = packed(q, c.headDim);
-  auto as = [&](const TensorView &view, DType type) {
-    return TensorView(view.data(), type, view.shape(), view.strides(), device);
-  };
   args.kCache = kernelCacheView(as(kCache, kStored), c.layout, 0, device);
   args.vCache = kernelCacheView(as(c.layout == KVLayout::VLLM ? kCache : vCache, vStored),
                                 c.layout, 1, device);

@@ -9,6 +9,25 @@
 // Limits fixed at construction size everything plan() keeps, so a plan never
 // allocates.
 //
+// On a CUDA device (the SIMT emulator included) plan() splits the step by
+// new tokens: sequences of 1 to 8 (decode, speculative verification) go to
+// the packed-batch decode kernel, one CTA per KV head (and split) of each,
+// computing every query head of the GQA group and every token at once so
+// each K/V page is read once; when the longest such context needs more
+// CTAs than the sequences give, the keys are split (split-KV, up to 16
+// parts) and a merge launch combines the parts by their lse. Longer
+// sequences go to the packed-batch prefill kernel as a work list of
+// (sequence, 64-row query tile) entries, heaviest first. A step is then
+// at most three launches (prefill, decode, merge), each only when it has
+// work; a sequence with no new tokens is in neither list. plan() uploads
+// the lists and metadata into device storage allocated at construction,
+// where the kernels are compiled and loaded too; run() only enqueues them.
+// K/V are read in place through the layout's (head, page, slot) strides
+// with cp.async gathers (the tensor-map copies need flexAttention's compact
+// pages). The mask is evaluated per element over every key tile below
+// kv_len (no block classifier yet); kv_start, 8-bit caches and an f32
+// output stay on the CPU backend.
+//
 // mergeState() and its in-place and N-way forms combine attention results
 // over disjoint key ranges by their logsumexp (cascade and shared-prefix
 // attention, split KV).
@@ -22,8 +41,10 @@
 #include "pagedc/Tensor.h"
 
 #include <cstdint>
+#include <memory>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace pagedc {
@@ -62,9 +83,12 @@ struct BatchAttentionConfig {
   int64_t maxNumSeqs = 0;
   int64_t maxNumTokens = 0;
   int64_t maxBlocksPerSeq = 0;
-  /// Where run() computes. The batch call runs on the CPU backend; a CUDA
-  /// device is refused at construction until the CUDA path exists.
+  /// Where run() computes: the CPU or a CUDA device.
   Device device = Device::cpu();
+  /// CUDA: the element type of q, the caches and out, bf16 or f16 (the
+  /// kernels are built for it at construction). The CPU backend ignores it
+  /// and takes q's type at run().
+  DType dtype = DType::BF16;
   /// CPU worker threads; 0 = every core, or the calling thread alone when
   /// the call is too small to gain from more.
   int threads = 0;
@@ -87,7 +111,24 @@ struct BatchRunOptions {
   std::vector<float> kScale, vScale;
   /// Reads caches held as u8 tensors as this 8-bit float type.
   std::optional<DType> kvDtype;
+  /// CUDA: the CUstream run() enqueues on (null: the legacy default
+  /// stream); run() returns without waiting for the kernels.
+  void *stream = nullptr;
 };
+
+/// What a planned step launches on CUDA (BatchAttention::planShape()).
+struct BatchPlanShape {
+  /// Query tiles of the prefill launch (each one CTA per query head).
+  int64_t prefillTiles = 0;
+  /// Sequences of the decode launch, and the KV splits of each (0 without
+  /// decode work; more than 1: a merge launch follows).
+  int64_t decodeSequences = 0;
+  int64_t decodeSplits = 0;
+};
+
+namespace detail {
+class CudaBatchBackend;
+} // namespace detail
 
 /// One serving step's attention: packed queries of several sequences,
 /// planned once and run against the engine's cache.
@@ -106,7 +147,12 @@ class BatchAttention {
 public:
   /// Checks the configuration (heads, dims, page size, limits, device) and
   /// sizes the plan's storage. Throws pagedc::Error naming the field.
+  /// On CUDA it also compiles (or takes from the kernel cache) and loads
+  /// the kernels and allocates the plan's device storage.
   BatchAttention(const CompiledMods &mods, const BatchAttentionConfig &config);
+  ~BatchAttention();
+  BatchAttention(BatchAttention &&) noexcept;
+  BatchAttention &operator=(BatchAttention &&) noexcept;
 
   const BatchAttentionConfig &config() const { return config_; }
 
@@ -123,7 +169,9 @@ public:
   ///     Two plans over a shared prefix [0, P) and the rest [P, seqLens[b])
   ///     give results whose mergeState() is attention over all the keys.
   /// Every check comes first: a bad argument throws pagedc::Error naming it
-  /// and the previous plan stays in force.
+  /// and the previous plan stays in force. On CUDA plan() uploads the step
+  /// (synchronously, so the host arguments may change once it returns);
+  /// kv_start must be 0 there.
   void plan(const TensorView &queryStartLoc, const TensorView &seqLens,
             const TensorView &blockTable, const TensorView &kvStart = {},
             const TensorView &kvEnd = {});
@@ -140,9 +188,21 @@ public:
   /// for KVLayout::VLLM), read in place through their strides. out is
   /// [T', Hq, Dv]; lse [T', Hq]. Every shape, dtype, device and stride is
   /// checked first: a mismatch throws pagedc::Error naming the argument and
-  /// nothing is written.
+  /// nothing is written. On CUDA every tensor is on the device, of the
+  /// configured dtype, with a contiguous last dimension and strides of
+  /// whole 16-byte chunks (q, caches; out: even strides), lse contiguous;
+  /// out is required (run() allocates nothing there), and run() enqueues
+  /// the kernels on options.stream and returns.
   AttentionResult run(const TensorView &q, const TensorView &kCache, const TensorView &vCache,
                       const Bindings &bindings, const BatchRunOptions &options = {}) const;
+
+  /// CUDA: what the plan launches; zeros on the CPU.
+  BatchPlanShape planShape() const;
+
+  /// CUDA: the K and V cache addresses the last run() gave its kernels
+  /// (the engine's memory, read in place); nulls before a run and on the
+  /// CPU.
+  std::pair<const void *, const void *> kernelCacheAddresses() const;
 
 private:
   CompiledMods mods_;
@@ -156,6 +216,7 @@ private:
   std::vector<int32_t> kvLength_;   // [maxNumSeqs], the end of the keys read
   std::vector<int32_t> qOffset_;    // [maxNumSeqs]
   std::vector<int32_t> pageTable_;  // [maxNumSeqs, maxBlocksPerSeq]
+  std::unique_ptr<detail::CudaBatchBackend> cuda_; // CUDA devices only
 };
 
 //===----------------------------------------------------------------------===//

@@ -55,6 +55,8 @@ typedef struct PagedcAttentionKernelArgs {
   /// Strides of k_cache for (kv head, page, slot). Pages are compact: the
   /// page and slot strides must be page_size x D and D (the kernels compute
   /// them; planAttention refuses others), the head stride a multiple of 8.
+  /// Packed-batch kernels (BatchAttention) read all three, each a multiple
+  /// of 8.
   int64_t k_stride[3];
   /// Strides of v_cache for (kv head, page, slot), as k_stride's.
   int64_t v_stride[3];
@@ -81,6 +83,17 @@ typedef struct PagedcAttentionKernelArgs {
   /// mask of only the rows a call needs (createBlockMaskRows) holds rows
   /// first_q_block .. first_q_block + num_q_blocks - 1. 0 for a full mask.
   int32_t first_q_block;
+  /// Packed batches (kernels built with KernelConfig::packedBatch; null and
+  /// 0 for the others, which never read them; appended so that kernels
+  /// built before them read the fields above only). [batch + 1] packed row
+  /// of each sequence's first query token: sequence b's q_start[b + 1] -
+  /// q_start[b] rows start at row q_start[b] of q and out (whose batch
+  /// strides are 0; q_len is unused), and lse is [T, heads_q] contiguous.
+  const int32_t *q_start;
+  /// [num_work_tiles, 2] (sequence, first row) of each query tile; prefill
+  /// CTA x computes query head x % heads_q of tile x / heads_q.
+  const int32_t *work_tiles;
+  int32_t num_work_tiles;
 } PagedcAttentionKernelArgs;
 
 /// The warpgroup prefill's third parameter (templates/PrefillWgmma.cuh):

@@ -92,15 +92,22 @@ struct KernelConfig {
   /// spills (prefillFallsBackOnSpills). How the tile was chosen, not what
   /// is compiled: neither compared nor described.
   bool prefillShapeAsked = false;
+  /// A packed batch of sequences of their own query lengths
+  /// (BatchAttention): CTAs take the entries of a work list (prefill:
+  /// (sequence, query tile); decode: sequences of at most queryTokens new
+  /// tokens), q / out / lse rows are packed, and K/V are read through the
+  /// call's page and slot strides (the engine's layout, in place). Decode,
+  /// and prefill with mma.sync tiles (warpRows 16 or 32).
+  bool packedBatch = false;
 
   bool operator==(const KernelConfig &other) const {
-    return kind == other.kind && elementType == other.elementType &&
-           headDim == other.headDim && pageSize == other.pageSize &&
-           blockM == other.blockM && warpRows == other.warpRows &&
+    return kind == other.kind && elementType == other.elementType && headDim == other.headDim &&
+           pageSize == other.pageSize && blockM == other.blockM && warpRows == other.warpRows &&
            recomputeModRows == other.recomputeModRows &&
            prefillStageLimit == other.prefillStageLimit && blockN == other.blockN &&
            groupSize == other.groupSize && queryTokens == other.queryTokens &&
-           returnLse == other.returnLse && paramsSize == other.paramsSize;
+           returnLse == other.returnLse && paramsSize == other.paramsSize &&
+           packedBatch == other.packedBatch;
   }
   bool operator!=(const KernelConfig &other) const { return !(*this == other); }
 

@@ -55,6 +55,10 @@ Value configToJson(const KernelConfig &config) {
   value.set("query_tokens", config.queryTokens);
   value.set("return_lse", config.returnLse);
   value.set("params_size", config.paramsSize);
+  // Only for BatchAttention's kernels (absent: false, as in manifests from
+  // before it).
+  if (config.packedBatch)
+    value.set("packed_batch", true);
   return value;
 }
 
@@ -90,6 +94,8 @@ KernelConfig configFromJson(const Value &value, const std::string &where) {
   config.queryTokens = static_cast<int>(field("query_tokens").asInt(name("query_tokens")));
   config.returnLse = field("return_lse").asBool(name("return_lse"));
   config.paramsSize = field("params_size").asInt(name("params_size"));
+  if (const Value *packed = value.find("packed_batch"))
+    config.packedBatch = packed->asBool(name("packed_batch"));
   config.validate();
   return config;
 }

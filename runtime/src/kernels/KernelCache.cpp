@@ -68,7 +68,8 @@ uint64_t fastHash(const KernelConfig &config, std::string_view modCode,
                         config.groupSize,
                         config.queryTokens,
                         config.returnLse ? 1 : 0,
-                        static_cast<int>(config.paramsSize)};
+                        static_cast<int>(config.paramsSize),
+                        config.packedBatch ? 1 : 0};
   return contentHash64(std::string_view(reinterpret_cast<const char *>(fields), sizeof(fields)),
                        hash);
 }

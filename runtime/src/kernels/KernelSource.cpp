@@ -320,6 +320,9 @@ void KernelConfig::validate() const {
                             warpRows == 64 ? "32, 64 or 128 with warpgroup tiles" : "32 or 64"));
   if (kind == KernelKind::Decode && blockN != 64)
     throw Error("the decode kernel uses KV tiles of 64 rows (blockN = 64)");
+  if (packedBatch && (kind == KernelKind::BlockMaskBuilder || warpRows == 64))
+    throw Error("only the decode kernel and the prefill kernel's mma.sync tiles (16 or 32 query "
+                "rows per warp) take packed batches");
   // (Two K/V stages at least: prefillStages' floor.)
   if (kind == KernelKind::Prefill && warpRows == 64 && sharedMemoryBytes() > kMaxSharedPerCta)
     throw Error(fmt::format("the warpgroup prefill tile {} x {} at head dim {} needs {} bytes "
@@ -339,13 +342,12 @@ std::string KernelConfig::describe() const {
   // "r": the mods' row values recomputed per KV tile.
   // "sK": a stage limit under 4.
   return fmt::format("{} {} d{} page{} m{}{}{}{} n{} group{} tokens{} lse{} params{}",
-                     kernelKindName(kind), dtypeName(elementType), headDim,
-                     pageSize, blockM,
+                     kernelKindName(kind), dtypeName(elementType), headDim, pageSize, blockM,
                      warpRows == 16 ? std::string() : fmt::format("w{}", warpRows),
                      recomputeModRows ? "r" : "",
-                     prefillStageLimit == 4 ? std::string()
-                                            : fmt::format("s{}", prefillStageLimit),
-                     blockN, groupSize, queryTokens, returnLse ? 1 : 0, paramsSize);
+                     prefillStageLimit == 4 ? std::string() : fmt::format("s{}", prefillStageLimit),
+                     blockN, groupSize, queryTokens, returnLse ? 1 : 0, paramsSize) +
+         (packedBatch ? " packed" : "");
 }
 
 int KernelConfig::decodeHeadsPerCta() const {
@@ -518,6 +520,7 @@ KernelSource assembleKernel(const KernelConfig &config,
   code += fmt::format("constexpr int kPrefillQBuffers = {};\n", config.prefillQBuffers());
   code += fmt::format("constexpr bool kHasLse = {};\n",
                       config.returnLse ? "true" : "false");
+  code += fmt::format("constexpr bool kPackedBatch = {};\n", config.packedBatch ? "true" : "false");
   code += "} // namespace pagedc_config\n";
   if (config.paramsSize >= 0)
     code += fmt::format(

@@ -8,6 +8,7 @@
 // whole key range; and every bad argument refused with nothing written.
 //
 //===----------------------------------------------------------------------===//
+#include "BatchStep.h"
 #include "TestMods.h"
 #include "cpu/CpuAttention.h"
 #include "cpu/Reference.h"
@@ -28,243 +29,31 @@ namespace {
 
 using namespace pagedc;
 
-struct Seq {
-  int32_t qLen, seqLen;
-};
+using Seq = testutil::BatchSeq;
+using StepCase = testutil::BatchStepCase;
+using StepCheck = testutil::BatchStepCheck;
+using ModBindings = testutil::StepBindings;
+using testutil::EngineCache;
+using testutil::nanTensor;
+using testutil::randomValue;
 
-/// A step and how it is stored.
-struct StepCase {
-  std::vector<Seq> seqs;
-  int64_t qHeads = 8, kvHeads = 2, dim = 64, vDim = 64;
-  int32_t pageSize = 16;
-  KVLayout layout = KVLayout::NHD;
-  DType storage = DType::F32;
-  DType outType = DType::F32;
-  /// 8-bit float K/V (F8E4M3, F8E5M2): stored as codes with per-head scales
-  /// (one shared scale when perHeadScale is false); q stays `storage`. The
-  /// cache tensors are u8 read through kvDtype when asU8.
-  std::optional<DType> kvFloat8;
-  bool perHeadScale = true;
-  bool asU8 = false;
-  std::string mask, score;
-  int threads = 2;
-  uint64_t seed = 1;
-};
-
-float randomValue(std::mt19937 &rng) {
-  std::uniform_real_distribution<float> uniform(-1.0f, 1.0f);
-  float value = uniform(rng);
-  return value == 0.0f ? 0.5f : value;
-}
-
-void storeAs(HostTensor &tensor, int64_t offset, float value) {
-  if (isFloat8(tensor.dtype()))
-    tensor.dataAs<uint8_t>()[offset] = floatToFloat8(value, tensor.dtype());
-  else if (tensor.dtype() == DType::BF16)
-    tensor.dataAs<uint16_t>()[offset] = floatToBF16(value);
-  else
-    tensor.dataAs<float>()[offset] = value;
-}
-
-float roundTo(DType type, float value) {
-  return type == DType::BF16 ? bf16ToFloat(floatToBF16(value)) : value;
-}
-
-HostTensor nanTensor(DType type, std::vector<int64_t> shape) {
-  HostTensor tensor(type, std::move(shape));
-  for (int64_t i = 0; i < tensor.numel(); ++i)
-    storeAs(tensor, i, std::numeric_limits<float>::quiet_NaN());
-  return tensor;
-}
-
-/// The engine's cache: one allocation per tensor the layout has, every slot
-/// NaN until a sequence's key or value is written there.
-struct EngineCache {
-  KVLayout layout;
-  int64_t pages, pageSize, heads, dim, vDim;
-  HostTensor k, v; // v unused for KVLayout::VLLM
-
-  EngineCache(KVLayout layout, int64_t pages, int64_t pageSize, int64_t heads, int64_t dim,
-              int64_t vDim, DType type)
-      : layout(layout), pages(pages), pageSize(pageSize), heads(heads), dim(dim), vDim(vDim) {
-    k = nanTensor(type, shape(0));
-    if (layout != KVLayout::VLLM)
-      v = nanTensor(type, shape(1));
-  }
-  std::vector<int64_t> shape(int part) const {
-    int64_t width = part == 0 ? dim : vDim;
-    switch (layout) {
-    case KVLayout::Pagedc: return {heads, pages, pageSize, width};
-    case KVLayout::NHD: return {pages, pageSize, heads, width};
-    case KVLayout::HND: return {pages, heads, pageSize, width};
-    case KVLayout::VLLM: return {2, pages, pageSize, heads, width};
-    }
-    return {};
-  }
-  /// Writes element d of the key (part 0) or value (part 1) of `head` at
-  /// `slot` of `page`.
-  void set(int part, int64_t page, int64_t slot, int64_t head, int64_t d, float value) {
-    int64_t width = part == 0 ? dim : vDim;
-    int64_t offset = 0;
-    switch (layout) {
-    case KVLayout::Pagedc: offset = ((head * pages + page) * pageSize + slot) * width + d; break;
-    case KVLayout::NHD: offset = ((page * pageSize + slot) * heads + head) * width + d; break;
-    case KVLayout::HND: offset = ((page * heads + head) * pageSize + slot) * width + d; break;
-    case KVLayout::VLLM:
-      offset = (((part * pages + page) * pageSize + slot) * heads + head) * width + d;
-      break;
-    }
-    storeAs(layout == KVLayout::VLLM || part == 0 ? k : v, offset, value);
-  }
-  TensorView kView() { return k.view(); }
-  TensorView vView() { return layout == KVLayout::VLLM ? TensorView() : v.view(); }
-};
-
-/// Bindings of the test mods' declarations (TestMods.h), per sequence.
-struct ModBindings {
-  std::vector<int32_t> documents; // [B, S]
-  std::vector<float> slopes;      // [Hq]
-  Bindings bindings;
-  ModBindings(int64_t batch, int64_t heads, int64_t length, std::mt19937 &rng) {
-    std::uniform_int_distribution<int32_t> run(1, 48);
-    documents.resize(std::max<int64_t>(1, batch * length));
-    for (int64_t b = 0; b < batch; ++b) {
-      int32_t id = 0;
-      for (int64_t position = 0; position < length; ++id)
-        for (int32_t i = 0, n = run(rng); i < n && position < length; ++i)
-          documents[b * length + position++] = id;
-    }
-    for (int64_t h = 0; h < heads; ++h)
-      slopes.push_back(std::exp2(-8.0f * static_cast<float>(h + 1) / static_cast<float>(heads)));
-    bindings.buffers["doc"] = TensorView(documents.data(), DType::I32, {batch, length});
-    bindings.buffers["slopes"] = TensorView(slopes.data(), DType::F32, {heads});
-    bindings.params["window"] = ParamValue::ofI32(37);
-    bindings.params["temperature"] = ParamValue::ofF32(1.5f);
-    bindings.params["softcap"] = ParamValue::ofF32(2.0f);
-  }
-};
-
-struct StepCheck {
-  int64_t rows = 0, maskedRows = 0, outViolations = 0, lseViolations = 0, nonFinite = 0;
-  double maxOutError = 0, maxLseError = 0;
-  std::string describe() const {
-    return "rows " + std::to_string(rows) + ", fully masked " + std::to_string(maskedRows) +
-           ", out violations " + std::to_string(outViolations) + " (max err " +
-           std::to_string(maxOutError) + "), lse violations " + std::to_string(lseViolations) +
-           " (max err " + std::to_string(maxLseError) + "), non-finite " +
-           std::to_string(nonFinite);
-  }
-};
-
-/// Runs one step through BatchAttention and the float64 reference.
+/// Runs one step through BatchAttention on the CPU and compares it with the
+/// float64 reference.
 StepCheck checkStep(const StepCase &c) {
-  std::mt19937 rng(static_cast<uint32_t>(c.seed));
-  const int64_t batch = static_cast<int64_t>(c.seqs.size());
-  int64_t maxQ = 1, maxKv = 1, totalPages = 3, tokens = 0;
-  for (const Seq &s : c.seqs) {
-    maxQ = std::max<int64_t>(maxQ, s.qLen);
-    maxKv = std::max<int64_t>(maxKv, s.seqLen);
-    totalPages += (s.seqLen + c.pageSize - 1) / c.pageSize;
-    tokens += s.qLen;
-  }
+  testutil::BatchStep step(c);
+  BatchAttention attention(step.mods, step.config());
+  step.plan(attention);
 
-  // Dense logical inputs (rounded to the storage type, which the reference
-  // reads too), the packed q, and the cache on shuffled pages.
-  HostTensor q4(DType::F64, {batch, c.qHeads, maxQ, c.dim});
-  HostTensor k4(DType::F64, {batch, c.kvHeads, maxKv, c.dim});
-  HostTensor v4(DType::F64, {batch, c.kvHeads, maxKv, c.vDim});
-  for (HostTensor *t : {&q4, &k4, &v4})
-    for (int64_t i = 0; i < t->numel(); ++i)
-      t->dataAs<double>()[i] = roundTo(c.storage, randomValue(rng));
-  // 8-bit K/V: each value becomes what its code means (code * scale), which
-  // is what the reference reads; scales differ per head and are not powers
-  // of two, so the scale is really applied.
-  std::vector<float> kScale, vScale;
-  if (c.kvFloat8) {
-    for (int64_t h = 0; h < c.kvHeads; ++h) {
-      kScale.push_back(c.perHeadScale ? 0.0137f * static_cast<float>(h + 1) : 0.0211f);
-      vScale.push_back(c.perHeadScale ? 0.0093f * static_cast<float>(h + 2) : 0.0173f);
-    }
-    for (auto [t, scale] : {std::pair{&k4, &kScale}, std::pair{&v4, &vScale}}) {
-      const int64_t perHead = t->numel() / (batch * c.kvHeads);
-      for (int64_t i = 0; i < t->numel(); ++i) {
-        const float factor = (*scale)[(i / perHead) % c.kvHeads];
-        const uint8_t code =
-            floatToFloat8(static_cast<float>(t->dataAs<double>()[i]) / factor, *c.kvFloat8);
-        t->dataAs<double>()[i] = static_cast<double>(float8ToFloat(code, *c.kvFloat8)) * factor;
-      }
-    }
-  }
-  const DType cacheType = c.kvFloat8 ? *c.kvFloat8 : c.storage;
-  std::vector<int32_t> pageOrder(static_cast<size_t>(totalPages));
-  std::iota(pageOrder.begin(), pageOrder.end(), 0);
-  std::shuffle(pageOrder.begin(), pageOrder.end(), rng);
-  EngineCache cache(c.layout, totalPages, c.pageSize, c.kvHeads, c.dim, c.vDim, cacheType);
-  int64_t columns = 1;
-  for (const Seq &s : c.seqs)
-    columns = std::max<int64_t>(columns, (s.seqLen + c.pageSize - 1) / c.pageSize + 1);
-  std::vector<int32_t> blockTable(static_cast<size_t>(batch * columns), -1);
-  std::vector<int32_t> queryStartLoc{0}, seqLens, kvLength, qOffset;
-  HostTensor q(c.storage, {std::max<int64_t>(tokens, 1), c.qHeads, c.dim});
-  size_t nextPage = 0;
-  for (int64_t b = 0; b < batch; ++b) {
-    const Seq &s = c.seqs[b];
-    for (int64_t j = 0; j < (s.seqLen + c.pageSize - 1) / c.pageSize; ++j)
-      blockTable[b * columns + j] = pageOrder[nextPage++];
-    for (int64_t pos = 0; pos < s.seqLen; ++pos)
-      for (int64_t h = 0; h < c.kvHeads; ++h) {
-        int64_t page = blockTable[b * columns + pos / c.pageSize], slot = pos % c.pageSize;
-        for (int64_t d = 0; d < c.dim; ++d)
-          cache.set(0, page, slot, h, d,
-                    static_cast<float>(k4.dataAs<double>()[((b * c.kvHeads + h) * maxKv + pos) *
-                                                               c.dim + d]) /
-                        (c.kvFloat8 ? kScale[h] : 1.0f));
-        for (int64_t d = 0; d < c.vDim; ++d)
-          cache.set(1, page, slot, h, d,
-                    static_cast<float>(v4.dataAs<double>()[((b * c.kvHeads + h) * maxKv + pos) *
-                                                               c.vDim + d]) /
-                        (c.kvFloat8 ? vScale[h] : 1.0f));
-      }
-    for (int64_t i = 0; i < s.qLen; ++i)
-      for (int64_t h = 0; h < c.qHeads; ++h)
-        for (int64_t d = 0; d < c.dim; ++d)
-          storeAs(q, ((queryStartLoc.back() + i) * c.qHeads + h) * c.dim + d,
-                  static_cast<float>(
-                      q4.dataAs<double>()[((b * c.qHeads + h) * maxQ + i) * c.dim + d]));
-    queryStartLoc.push_back(queryStartLoc.back() + s.qLen);
-    seqLens.push_back(s.seqLen);
-    kvLength.push_back(s.seqLen);
-    qOffset.push_back(s.seqLen - s.qLen);
-  }
-
-  CompiledMods mods = testutil::makeTestMods(c.mask, c.score);
-  ModBindings modBindings(batch, c.qHeads, maxKv, rng);
-  BatchAttentionConfig config;
-  config.numQHeads = c.qHeads;
-  config.numKVHeads = c.kvHeads;
-  config.headDim = c.dim;
-  config.valueHeadDim = c.vDim;
-  config.pageSize = c.pageSize;
-  config.layout = c.layout;
-  config.maxNumSeqs = batch + 2;
-  config.maxNumTokens = tokens + 5;
-  config.maxBlocksPerSeq = columns;
-  config.threads = c.threads;
-  BatchAttention attention(mods, config);
-  attention.plan(TensorView(queryStartLoc.data(), DType::I32, {batch + 1}),
-                 TensorView(seqLens.data(), DType::I32, {batch}),
-                 TensorView(blockTable.data(), DType::I32, {batch, columns}));
-
-  HostTensor out = nanTensor(c.outType, {q.shape()[0], c.qHeads, c.vDim});
-  HostTensor lse = nanTensor(DType::F32, {q.shape()[0], c.qHeads});
-  const void *kData = cache.k.data();
+  HostTensor out = nanTensor(c.outType, {step.q.shape()[0], c.qHeads, c.vDim});
+  HostTensor lse = nanTensor(DType::F32, {step.q.shape()[0], c.qHeads});
+  const void *kData = step.cache->k.data();
   BatchRunOptions options;
   options.out = out.view();
   options.lse = lse.view();
-  TensorView kView = cache.kView(), vView = cache.vView();
+  TensorView kView = step.cache->kView(), vView = step.cache->vView();
   if (c.kvFloat8) {
-    options.kScale = c.perHeadScale ? kScale : std::vector<float>{kScale[0]};
-    options.vScale = c.perHeadScale ? vScale : std::vector<float>{vScale[0]};
+    options.kScale = c.perHeadScale ? step.kScale : std::vector<float>{step.kScale[0]};
+    options.vScale = c.perHeadScale ? step.vScale : std::vector<float>{step.vScale[0]};
     if (c.asU8) {
       options.kvDtype = *c.kvFloat8;
       auto bytes = [](const TensorView &v) {
@@ -275,80 +64,14 @@ StepCheck checkStep(const StepCase &c) {
       vView = bytes(vView);
     }
   }
-  AttentionResult result = attention.run(q.view(), kView, vView, modBindings.bindings, options);
+  AttentionResult result =
+      attention.run(step.q.view(), kView, vView, step.bindings->bindings, options);
   EXPECT_EQ(result.out.data(), out.data());
-  EXPECT_EQ(cache.kView().data(), kData);
-
-  // The reference, one sequence at a time (its own rows and keys only, so
-  // it costs what the step holds, not B x the longest chunk x the longest
-  // context); sequence b's row of the per-sequence buffer is bound as a
-  // batch of one, so the mods read what they read in the call.
-  std::vector<cpu::ReferenceResult> references;
-  for (int64_t b = 0; b < batch; ++b) {
-    const int64_t qLen = c.seqs[b].qLen;
-    Bindings one = modBindings.bindings;
-    one.buffers["doc"] =
-        TensorView(modBindings.documents.data() + b * maxKv, DType::I32, {1, maxKv});
-    ResolvedBindings resolved = resolveBindings(mods, one, Device::cpu());
-    auto rows = [&](HostTensor &t, int64_t heads, int64_t length, int64_t width) {
-      return TensorView(t.dataAs<double>() + b * heads * length * width, DType::F64,
-                        {1, heads, qLen > 0 && &t == &q4 ? qLen : length, width},
-                        {heads * length * width, length * width, width, 1}, Device::cpu());
-    };
-    cpu::ReferenceArgs ref;
-    ref.q = rows(q4, c.qHeads, maxQ, c.dim);
-    ref.k = rows(k4, c.kvHeads, maxKv, c.dim);
-    ref.v = rows(v4, c.kvHeads, maxKv, c.vDim);
-    ref.kvLength = &kvLength[b];
-    ref.qOffset = &qOffset[b];
-    ref.mods = &mods;
-    ref.context = &resolved.context();
-    ref.scale = 1.0 / std::sqrt(static_cast<double>(c.dim));
-    references.push_back(qLen > 0 ? cpu::referenceAttention(ref) : cpu::ReferenceResult{});
-  }
-
-  StepCheck check;
-  const bool bf16Out = c.outType == DType::BF16;
-  for (int64_t b = 0; b < batch; ++b)
-    for (int64_t i = 0; i < c.seqs[b].qLen; ++i)
-      for (int64_t h = 0; h < c.qHeads; ++h) {
-        const int64_t row = queryStartLoc[b] + i;
-        ++check.rows;
-        const cpu::ReferenceResult &reference = references[b];
-        const double expectedLse = reference.lseAt(0, h, i);
-        const bool masked = std::isinf(expectedLse);
-        check.maskedRows += masked;
-        for (int64_t d = 0; d < c.vDim; ++d) {
-          const double expected = reference.outAt(0, h, i, d);
-          const double actual =
-              cpu::readAsDouble(out.view(), (row * c.qHeads + h) * c.vDim + d);
-          if (!std::isfinite(actual)) {
-            ++check.nonFinite;
-            continue;
-          }
-          const double error = std::abs(actual - expected);
-          check.maxOutError = std::max(check.maxOutError, error);
-          check.outViolations +=
-              error > 1e-4 + (bf16Out ? std::ldexp(std::abs(expected), -8) : 0.0);
-        }
-        const double actualLse = lse.dataAs<float>()[row * c.qHeads + h];
-        if (std::isnan(actualLse)) {
-          ++check.nonFinite;
-        } else if (masked || std::isinf(actualLse)) {
-          check.lseViolations += !(masked && std::isinf(actualLse) && actualLse < 0);
-        } else {
-          const double error = std::abs(actualLse - expectedLse);
-          check.maxLseError = std::max(check.maxLseError, error);
-          check.lseViolations += error > 1e-4 * std::max(1.0, std::abs(expectedLse));
-        }
-      }
-  // Rows past the plan's tokens are not written.
-  for (int64_t row = tokens; row < q.shape()[0]; ++row)
-    for (int64_t h = 0; h < c.qHeads; ++h)
-      EXPECT_TRUE(std::isnan(lse.dataAs<float>()[row * c.qHeads + h]));
+  EXPECT_EQ(step.cache->kView().data(), kData);
+  StepCheck check = step.compare(out.view(), lse.view());
+  EXPECT_EQ(check.rowsPastWritten, 0);
   return check;
 }
-
 /// A mixed step: decode, speculative verification, chunked prefills at the
 /// end of longer contexts, whole prompts (seqLen == qLen), no new tokens.
 std::vector<Seq> mixedStep() {
@@ -706,7 +429,7 @@ TEST_F(BatchAttentionErrors, ConfigurationAndLayoutNames) {
   expectError([&] { BatchAttention(mods, c); }, "value_head_dim 8 must equal head_dim 16");
   c = config;
   c.device = Device::cuda(0);
-  expectError([&] { BatchAttention(mods, c); }, "not supported by the batch call yet");
+  expectError([&] { BatchAttention(mods, c); }, "head_dim must be 64, 128 or 256 on CUDA");
   EXPECT_EQ(parseKVLayout("nhd"), KVLayout::NHD);
   EXPECT_EQ(parseKVLayout("vLLM"), KVLayout::VLLM);
   expectError([] { parseKVLayout("NDH"); }, "valid layouts: NHD, HND, vllm, pagedc");

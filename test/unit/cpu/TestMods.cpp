@@ -85,6 +85,59 @@ void softcapRow(const PagedcModContext *ctx, int32_t, int32_t, int32_t, int32_t,
     scores[i] = cap * std::tanh(scores[i] / cap);
 }
 
+/// The mods' CUDA code (templates/Hooks.cuh's hooks) for the declarations
+/// above: Params holds the params, then per buffer its pointer, strides and
+/// sizes (ParamsLayout), so the kernel reads what the CPU functions read.
+std::string cudaModCode(const std::string &mask, const std::string &score) {
+  std::string code = R"(namespace pagedc_mods {
+struct Params {
+  int32_t window;
+  float temperature;
+  float softcap;
+  const int32_t *doc;
+  int64_t doc_stride[2];
+  int64_t doc_size[2];
+  const float *slopes;
+  int64_t slopes_stride[1];
+  int64_t slopes_size[1];
+};
+struct MaskRow {};
+struct ScoreRow {};
+__device__ __forceinline__ MaskRow mask_row(const Params &, int, int, int) { return {}; }
+__device__ __forceinline__ ScoreRow score_row(const Params &, int, int, int) { return {}; }
+__device__ __forceinline__ int32_t document_at(const Params &p, int b, int position) {
+  return p.doc[b * p.doc_stride[0] + position * p.doc_stride[1]];
+}
+)";
+  std::string keep = "true";
+  if (mask == "causal")
+    keep = "q >= kv";
+  else if (mask == "sliding")
+    keep = "q >= kv && q - kv <= p.window";
+  else if (mask == "document")
+    keep = "q >= kv && document_at(p, b, q) == document_at(p, b, kv)";
+  else if (mask == "holes")
+    keep = "(q + h) % 3 != 0 && q >= kv";
+  else if (mask == "never")
+    keep = "false";
+  std::string modded = "s";
+  if (score == "alibi")
+    modded = "s * p.temperature + p.slopes[h * p.slopes_stride[0]] * static_cast<float>(kv - q)";
+  else if (score == "softcap")
+    modded = "p.softcap * tanhf(s / p.softcap)";
+  code += "constexpr bool kHasMask = " + std::string(mask.empty() ? "false" : "true") + ";\n";
+  code += "constexpr bool kHasScore = " + std::string(score.empty() ? "false" : "true") + ";\n";
+  code += "__device__ __forceinline__ bool mask(const Params &p, const MaskRow &, int b, int h, "
+          "int q, int kv) {\n  (void)p; (void)b; (void)h; (void)q; (void)kv;\n  return " +
+          keep + ";\n}\n";
+  code += "__device__ __forceinline__ float score(const Params &p, const ScoreRow &, float s, "
+          "int b, int h, int q, int kv) {\n  (void)p; (void)b; (void)h; (void)q; (void)kv;\n"
+          "  return " +
+          modded + ";\n}\n";
+  code += "} // namespace pagedc_mods\n";
+  return code;
+}
+
 } // namespace
 
 CompiledMods makeTestMods(const std::string &mask, const std::string &score) {
@@ -154,6 +207,7 @@ CompiledMods makeTestMods(const std::string &mask, const std::string &score) {
   } else if (!score.empty()) {
     throw Error("makeTestMods: unknown score mod '" + score + "'");
   }
+  mods.cuda.modCode = cudaModCode(mask, score);
   return mods;
 }
 

@@ -28,7 +28,8 @@ namespace pagedc::testutil {
 /// "never" (masks everything).
 /// Score mods: "" (none), "alibi" (s * temperature + slopes[h] * (kv - q)),
 /// "softcap" (softcap * tanh(s / softcap)).
-/// Throws pagedc::Error for an unknown name.
+/// Throws pagedc::Error for an unknown name. The mods carry their CUDA code
+/// too (CompiledMods::cuda.modCode, for the CUDA kernels on the emulator).
 CompiledMods makeTestMods(const std::string &mask, const std::string &score);
 
 /// Owns the buffers and params the test mods read, laid out in declaration

@@ -43,7 +43,11 @@ TEST(KernelBundle, WritesAndReadsBack) {
   TempDir dir("pagedc-bundle");
   KernelBundle bundle;
   bundle.add(fakeKernel(KernelKind::Prefill, std::string("\x7f" "ELF\0prefill", 12)), "causal \"v2\"");
-  bundle.add(fakeKernel(KernelKind::Decode, "\x7f" "ELFdecode bytes"), "causal \"v2\"");
+  // A packed-batch decode (BatchAttention's): its flag comes back too.
+  CompiledKernel packedDecode = fakeKernel(KernelKind::Decode, "\x7f"
+                                                               "ELFdecode bytes");
+  packedDecode.config.packedBatch = true;
+  bundle.add(packedDecode, "causal \"v2\"");
   // A warpgroup prefill with a 2-stage ring: its limit comes back too.
   CompiledKernel ring = fakeKernel(KernelKind::Prefill, "\x7f" "ELFring");
   ring.config.headDim = 128;
@@ -58,6 +62,8 @@ TEST(KernelBundle, WritesAndReadsBack) {
 
   KernelBundle loaded = KernelBundle::read(dir.path());
   ASSERT_EQ(loaded.modules.size(), 3u);
+  EXPECT_TRUE(loaded.modules[1].config.packedBatch);
+  EXPECT_FALSE(loaded.modules[0].config.packedBatch);
   EXPECT_EQ(loaded.modules[2].config.prefillStageLimit, 2);
   EXPECT_EQ(loaded.modules[2].sharedMemoryBytes, ring.config.sharedMemoryBytes());
   for (size_t i = 0; i < 3; ++i) {

@@ -103,6 +103,35 @@ TEST(KernelSource, RejectsUnsupportedConfigs) {
   EXPECT_NO_THROW(config.validate());
 }
 
+// BatchAttention's kernels: the flag is a constexpr of the TU (false for
+// every other kernel), part of the description and the comparison, and
+// refused where no packed path exists (warpgroup tiles, the mask builder).
+TEST(KernelSource, PackedBatchKernels) {
+  std::string mods(embeddedTemplate("testing/causal.cuh"));
+  KernelConfig config;
+  config.choosePrefillShape();
+  EXPECT_NE(assembleKernel(config, mods).code.find("constexpr bool kPackedBatch = false;"),
+            std::string::npos);
+  const std::string plain = config.describe();
+  KernelConfig packed = config;
+  packed.packedBatch = true;
+  EXPECT_NE(assembleKernel(packed, mods).code.find("constexpr bool kPackedBatch = true;"),
+            std::string::npos);
+  EXPECT_EQ(packed.describe(), plain + " packed");
+  EXPECT_NE(packed, config);
+  packed.kind = KernelKind::Decode;
+  packed.blockM = 64;
+  packed.warpRows = 16;
+  packed.blockN = 64;
+  EXPECT_NO_THROW(packed.validate());
+  packed.kind = KernelKind::BlockMaskBuilder;
+  EXPECT_THROW(packed.validate(), Error);
+  packed.kind = KernelKind::Prefill;
+  packed.warpRows = 64;
+  packed.blockM = 128;
+  EXPECT_THROW(packed.validate(), Error);
+}
+
 TEST(KernelSource, DecodeRowsFitOneCta) {
   KernelConfig config;
   config.kind = KernelKind::Decode;

@@ -198,6 +198,45 @@ TEST(NvrtcCompile, MainConfigurationsDoNotSpill) {
   }
 }
 
+/// BatchAttention's packed-batch kernels, as CudaBatchAttention.cpp builds
+/// them (64 x 64 prefill tiles, 32 keys at head dim 256; decode for up to 8
+/// tokens), compile for sm_80 and sm_90 at every head dim without spills.
+/// (flexAttention's decode for 8 tokens of GQA 4 at head dim 64 spills on
+/// sm_90 under its 5-CTA register cap, which the packed kernel does not
+/// take.)
+TEST(NvrtcCompile, PackedBatchKernelsCompileWithoutSpills) {
+  REQUIRE_NVRTC();
+  std::vector<Case> cases;
+  for (const char *mod : {"none", "document", "softcap"})
+    for (KernelKind kind : {KernelKind::Prefill, KernelKind::Decode})
+      for (int headDim : {64, 128, 256})
+        for (const char *arch : {"sm_80", "sm_90"}) {
+          Case c;
+          c.mod = mod;
+          c.config.kind = kind;
+          c.config.elementType = DType::BF16;
+          c.config.headDim = headDim;
+          c.config.blockM = 64;
+          c.config.warpRows = 16;
+          c.config.blockN = kind == KernelKind::Prefill && headDim == 256 ? 32 : 64;
+          c.config.groupSize = kind == KernelKind::Decode ? 4 : 1;
+          c.config.queryTokens = kind == KernelKind::Decode ? 8 : 1;
+          c.config.returnLse = true;
+          c.config.packedBatch = true;
+          c.arch = arch;
+          cases.push_back(c);
+        }
+  std::vector<Outcome> outcomes = compileAll(cases, workerCount());
+  for (size_t i = 0; i < cases.size(); ++i) {
+    ASSERT_EQ(outcomes[i].error, "") << cases[i].label();
+    ASSERT_FALSE(outcomes[i].reports.empty()) << cases[i].label();
+    for (const PtxasKernelReport &report : outcomes[i].reports) {
+      EXPECT_EQ(report.spillStoreBytes, 0) << cases[i].label() << " " << report.kernel;
+      EXPECT_EQ(report.spillLoadBytes, 0) << cases[i].label() << " " << report.kernel;
+    }
+  }
+}
+
 TEST(NvrtcCompile, PrefillPtxUsesTensorCoreMma) {
   REQUIRE_NVRTC();
   for (DType type : {DType::F16, DType::BF16}) {

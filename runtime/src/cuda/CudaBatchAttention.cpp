@@ -1,0 +1,305 @@
+//===- CudaBatchAttention.cpp - BatchAttention's CUDA backend -------------===//
+//
+// A step splits by new tokens: sequences of up to kBatchDecodeTokens go to
+// the packed-batch decode kernel (one CTA per KV head and split of each,
+// every query head of the GQA group and every token in its rows, so each
+// K/V page is read once per split; split-KV with a merge launch when the
+// longest such context needs more CTAs than the sequences give), longer
+// ones to the packed-batch prefill kernel's (sequence, query tile) work
+// list. At most three launches (prefill, decode, merge), each only when
+// it has work; a sequence with no new tokens is in neither list.
+//
+//===----------------------------------------------------------------------===//
+#include "cuda/CudaBatchAttention.h"
+
+#include "pagedc/CudaLaunch.h"
+#include "pagedc/EmulatorBuild.h"
+#include "pagedc/Error.h"
+#include "pagedc/KernelSource.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cstring>
+#include <limits>
+#include <numeric>
+
+namespace pagedc::detail {
+
+namespace {
+
+/// The decode kernel's KV tile (granule of its splits).
+constexpr int64_t kDecodeTile = 64;
+/// A split covers at least this many keys when the context has them (as
+/// planAttention's splits): shorter ones cost more in merging than they
+/// gain in parallelism.
+constexpr int64_t kMinSplitKeys = 256;
+
+KernelConfig packedBatchConfig(const CompiledMods &mods, const BatchAttentionConfig &c,
+                               KernelKind kind) {
+  KernelConfig config;
+  config.kind = kind;
+  config.elementType = c.dtype;
+  config.headDim = static_cast<int>(c.headDim);
+  config.pageSize = static_cast<int>(c.pageSize);
+  if (kind == KernelKind::Prefill) {
+    // 64-row query tiles with 16 rows per warp, 64 keys per KV tile (32 at
+    // head dim 256): choosePrefillShape's spill-free shapes at head dims
+    // 128 and 256; at 64 its 128-row tile would leave more of a short
+    // chunk's tile empty. mma.sync tiles on every target: the warpgroup
+    // prefill has no work-list path.
+    config.blockM = 64;
+    config.warpRows = 16;
+    config.blockN = c.headDim == 256 ? 32 : 64;
+    config.groupSize = 1; // prefill reads the GQA ratio at run time
+  } else {
+    config.blockN = 64;
+    config.groupSize = static_cast<int>(c.numQHeads / c.numKVHeads);
+    config.queryTokens = kBatchDecodeTokens;
+  }
+  // Always with lse: a call that wants none gets it written to the
+  // backend's own buffer, so one kernel serves both.
+  config.returnLse = true;
+  config.paramsSize = ParamsLayout::forDeclarations(mods.params, mods.buffers).size;
+  config.packedBatch = true;
+  config.validate();
+  return config;
+}
+
+size_t ints(int64_t count) { return static_cast<size_t>(count); }
+
+} // namespace
+
+CudaBatchBackend::CudaBatchBackend(const CompiledMods &mods, const BatchAttentionConfig &config)
+    : config_(config) {
+  const BatchAttentionConfig &c = config_;
+  if (c.dtype != DType::BF16 && c.dtype != DType::F16)
+    throw Error(fmt::format("dtype must be bf16 or f16 on CUDA but is {}", dtypeName(c.dtype)));
+  if (c.headDim != 64 && c.headDim != 128 && c.headDim != 256)
+    throw Error(fmt::format("head_dim must be 64, 128 or 256 on CUDA but is {}", c.headDim));
+  if (c.valueHeadDim != c.headDim)
+    throw Error(
+        fmt::format("value_head_dim {} must equal head_dim {} on CUDA", c.valueHeadDim, c.headDim));
+  if ((c.pageSize & (c.pageSize - 1)) != 0 || c.pageSize > 1024)
+    throw Error(
+        fmt::format("page_size must be a power of two in [1, 1024] on CUDA but is {}", c.pageSize));
+  std::string reason;
+  if (!CudaDriver::available(&reason))
+    throw Error(
+        fmt::format("BatchAttention on {} is not available: {}", deviceName(c.device), reason));
+  prefill_ = cudaKernelFor(mods, packedBatchConfig(mods, c, KernelKind::Prefill), c.device.index);
+  decode_ = cudaKernelFor(mods, packedBatchConfig(mods, c, KernelKind::Decode), c.device.index);
+
+  // Prefill tiles: whole tiles of the tokens, plus one partial tile per
+  // prefill sequence (which has more than kBatchDecodeTokens tokens).
+  const int64_t rows = prefill_->config.blockM;
+  maxPrefillTiles_ = std::max<int64_t>(
+      c.maxNumTokens / rows + std::min(c.maxNumSeqs, c.maxNumTokens / (kBatchDecodeTokens + 1)), 1);
+  if (maxPrefillTiles_ * c.numQHeads > std::numeric_limits<int32_t>::max())
+    throw Error(fmt::format("max_num_tokens {} and max_num_seqs {} allow {} query tiles x {} "
+                            "heads, more CTAs than a grid holds (2^31 - 1)",
+                            c.maxNumTokens, c.maxNumSeqs, maxPrefillTiles_, c.numQHeads));
+  // Splits: as many as the longest context's minimum split length allows.
+  maxSplits_ =
+      std::clamp<int64_t>(c.maxBlocksPerSeq * c.pageSize / kMinSplitKeys, 1, kBatchMaxDecodeSplits);
+  kvLenAt_ = ints(c.maxNumSeqs * c.maxBlocksPerSeq);
+  qOffsetAt_ = kvLenAt_ + ints(c.maxNumSeqs);
+  qStartAt_ = qOffsetAt_ + ints(c.maxNumSeqs);
+  prefillAt_ = qStartAt_ + ints(c.maxNumSeqs + 1);
+  decodeAt_ = prefillAt_ + ints(2 * maxPrefillTiles_);
+  // (f32 after int32: 4-byte aligned.)
+  lseAt_ = decodeAt_ + ints(2 * c.maxNumSeqs);
+  const int64_t partialRows = c.maxNumSeqs * kBatchDecodeTokens * c.numQHeads * maxSplits_;
+  partialLseAt_ = lseAt_ + ints(c.maxNumTokens * c.numQHeads);
+  partialOutAt_ = partialLseAt_ + ints(partialRows);
+  storage_ = DeviceBuffer((partialOutAt_ + ints(partialRows * c.headDim)) * 4, c.device.index);
+  tiles_.assign(ints(2 * maxPrefillTiles_), 0);
+  ordered_.assign(ints(2 * maxPrefillTiles_), 0);
+  order_.assign(ints(maxPrefillTiles_), 0);
+  weight_.assign(ints(maxPrefillTiles_), 0);
+  decodeList_.assign(ints(2 * c.maxNumSeqs), 0);
+}
+
+void CudaBatchBackend::plan(const int32_t *queryStart, const int32_t *kvLength,
+                            const int32_t *qOffset, const int32_t *pageTable, int64_t batch) {
+  const BatchAttentionConfig &c = config_;
+  const int rows = prefill_->config.blockM;
+  // The prefill tiles, heaviest first (the keys a tile's last row may see:
+  // under a causal mask, what it costs), so that light tiles fill the
+  // launch's tail; the decode list, and its longest context.
+  int64_t tiles = 0, decodeSeqs = 0;
+  int32_t maxKv = 1, maxDecodeKv = 0;
+  for (int64_t b = 0; b < batch; ++b) {
+    const int32_t qLength = queryStart[b + 1] - queryStart[b];
+    maxKv = std::max(maxKv, kvLength[b]);
+    if (qLength == 0)
+      continue;
+    if (qLength <= kBatchDecodeTokens) {
+      decodeList_[2 * decodeSeqs] = static_cast<int32_t>(b);
+      decodeList_[2 * decodeSeqs + 1] = 0;
+      ++decodeSeqs;
+      maxDecodeKv = std::max(maxDecodeKv, kvLength[b]);
+      continue;
+    }
+    for (int32_t row = 0; row < qLength; row += rows) {
+      weight_[tiles] =
+          std::min<int64_t>(kvLength[b], int64_t(qOffset[b]) + row + std::min(rows, qLength - row));
+      tiles_[2 * tiles] = static_cast<int32_t>(b);
+      tiles_[2 * tiles + 1] = row;
+      ++tiles;
+    }
+  }
+  std::iota(order_.begin(), order_.begin() + tiles, 0);
+  std::stable_sort(order_.begin(), order_.begin() + tiles,
+                   [&](int32_t x, int32_t y) { return weight_[x] > weight_[y]; });
+  for (int64_t i = 0; i < tiles; ++i) {
+    ordered_[2 * i] = tiles_[2 * order_[i]];
+    ordered_[2 * i + 1] = tiles_[2 * order_[i] + 1];
+  }
+
+  // Decode splits: the launch's cost model (chooseDecodeSplits) for the
+  // list's CTAs over the longest decode context, each split at least
+  // kMinSplitKeys long; a CTA divides its own sequence's keys.
+  int64_t splits = 1;
+  if (decodeSeqs > 0) {
+    const KernelConfig &config = decode_->config;
+    DecodeSplitProblem problem;
+    problem.ctasPerSplit =
+        decodeSeqs * c.numKVHeads *
+        ((config.groupSize + config.decodeHeadsPerCta() - 1) / config.decodeHeadsPerCta());
+    problem.granules = std::max<int64_t>((maxDecodeKv + kDecodeTile - 1) / kDecodeTile, 1);
+    problem.granuleLength = kDecodeTile;
+    problem.rowsPerCta = int64_t(kBatchDecodeTokens) * config.decodeHeadsPerCta();
+    problem.headDim = config.headDim;
+    problem.multiprocessors = cudaDeviceInfo(decode_->device).multiprocessors;
+    problem.residentCtasPerSm = std::max(decode_->residentCtasPerSm, 1);
+    problem.minGranulesPerSplit = kMinSplitKeys / kDecodeTile;
+    splits = std::clamp<int64_t>(chooseDecodeSplits(problem).splits, 1, maxSplits_);
+  }
+
+  const size_t pageInts = ints(batch * c.maxBlocksPerSeq);
+  storage_.upload(pageTable, pageInts * 4, 0);
+  storage_.upload(kvLength, ints(batch) * 4, kvLenAt_ * 4);
+  storage_.upload(qOffset, ints(batch) * 4, qOffsetAt_ * 4);
+  storage_.upload(queryStart, ints(batch + 1) * 4, qStartAt_ * 4);
+  storage_.upload(ordered_.data(), ints(2 * tiles) * 4, prefillAt_ * 4);
+  storage_.upload(decodeList_.data(), ints(2 * decodeSeqs) * 4, decodeAt_ * 4);
+  batch_ = batch;
+  prefillTiles_ = tiles;
+  decodeSeqs_ = decodeSeqs;
+  splits_ = splits;
+  maxKvLength_ = maxKv;
+}
+
+void CudaBatchBackend::run(const CudaBatchCall &call) const {
+  const BatchAttentionConfig &c = config_;
+  {
+    std::lock_guard<std::mutex> lock(lastMutex_);
+    lastK_ = call.kCache.data();
+    lastV_ = call.vCache.data();
+  }
+  auto *words = static_cast<int32_t *>(storage_.data());
+  auto *floats = static_cast<float *>(storage_.data());
+  PagedcAttentionKernelArgs args{};
+  args.q = call.q.data();
+  args.k_cache = call.kCache.data();
+  args.v_cache = call.vCache.data();
+  args.out = call.out.data();
+  args.lse = call.lse.data() ? static_cast<float *>(call.lse.data()) : floats + lseAt_;
+  args.page_table = words;
+  args.kv_len = words + kvLenAt_;
+  args.q_offset = words + qOffsetAt_;
+  args.q_start = words + qStartAt_;
+  // Rows are packed: no batch stride; (b, h, row).
+  args.q_stride[0] = 0;
+  args.q_stride[1] = call.q.stride(1);
+  args.q_stride[2] = call.q.stride(0);
+  args.out_stride[0] = 0;
+  args.out_stride[1] = call.out.stride(1);
+  args.out_stride[2] = call.out.stride(0);
+  for (int d = 0; d < 3; ++d) {
+    args.k_stride[d] = call.kCache.stride(d);
+    args.v_stride[d] = call.vCache.stride(d);
+  }
+  args.page_table_stride = c.maxBlocksPerSeq;
+  args.batch = static_cast<int32_t>(batch_);
+  args.heads_q = static_cast<int32_t>(c.numQHeads);
+  args.heads_kv = static_cast<int32_t>(c.numKVHeads);
+  args.q_len = 1; // (per sequence, from q_start)
+  args.mask_batch = 1;
+  args.mask_heads = 1;
+  args.num_splits = 1;
+  args.split_size = maxKvLength_;
+  args.scale = call.scale;
+
+  const CudaDriver &driver = cudaUseDevice(prefill_->device);
+  const auto stream = static_cast<cu::Stream>(call.stream);
+  auto launch = [&](const CudaKernel &kernel, cu::Function function, const char *name,
+                    const PagedcAttentionKernelArgs &kernelArgs, unsigned gridX, unsigned gridY,
+                    unsigned gridZ, bool withParams) {
+    KernelLaunch launch;
+    launch.kernel = name;
+    launch.grid[0] = gridX;
+    launch.grid[1] = gridY;
+    launch.grid[2] = gridZ;
+    const bool merge = function == kernel.merge;
+    launch.block[0] = merge ? 128 : static_cast<unsigned>(kernel.config.threadsPerCta());
+    launch.sharedMemoryBytes = merge ? 0 : static_cast<unsigned>(kernel.config.sharedMemoryBytes());
+    // The merge of sm_90 code waits for the split kernel in-kernel
+    // (griddepcontrol.wait), so it may launch while the splits drain.
+    launch.programmaticDependent = merge && archHasSm90Features(kernel.arch);
+    launch.arguments.emplace_back(sizeof(kernelArgs));
+    std::memcpy(launch.arguments.back().data(), &kernelArgs, sizeof(kernelArgs));
+    if (withParams)
+      launch.arguments.push_back(call.params);
+    if (kernel.config.kind == KernelKind::Decode && !merge) {
+      // No tensor maps: they describe compact pages (every tile gathered).
+      const PagedcDecodeMapArgs maps{};
+      launch.arguments.emplace_back(sizeof(maps));
+      std::memcpy(launch.arguments.back().data(), &maps, sizeof(maps));
+    }
+    launchKernel(driver, function, launch, stream);
+  };
+
+  if (prefillTiles_ > 0) {
+    PagedcAttentionKernelArgs prefillArgs = args;
+    prefillArgs.work_tiles = words + prefillAt_;
+    prefillArgs.num_work_tiles = static_cast<int32_t>(prefillTiles_);
+    launch(*prefill_, prefill_->main, "pagedc_prefill", prefillArgs,
+           static_cast<unsigned>(prefillTiles_ * c.numQHeads), 1, 1, true);
+  }
+  if (decodeSeqs_ > 0) {
+    const KernelConfig &config = decode_->config;
+    PagedcAttentionKernelArgs decodeArgs = args;
+    decodeArgs.work_tiles = words + decodeAt_;
+    decodeArgs.num_work_tiles = static_cast<int32_t>(decodeSeqs_);
+    decodeArgs.num_splits = static_cast<int32_t>(splits_);
+    // (Each CTA divides its own sequence's keys into num_splits parts;
+    // split_size stays informational, as without a block mask.)
+    decodeArgs.partial_lse = floats + partialLseAt_;
+    decodeArgs.partial_out = floats + partialOutAt_;
+    const int headChunks =
+        (config.groupSize + config.decodeHeadsPerCta() - 1) / config.decodeHeadsPerCta();
+    launch(*decode_, decode_->main, "pagedc_decode", decodeArgs, static_cast<unsigned>(splits_),
+           static_cast<unsigned>(c.numKVHeads * headChunks), static_cast<unsigned>(decodeSeqs_),
+           true);
+    if (splits_ > 1)
+      launch(*decode_, decode_->merge, "pagedc_decode_merge", decodeArgs, kBatchDecodeTokens,
+             static_cast<unsigned>(c.numQHeads), static_cast<unsigned>(decodeSeqs_), false);
+  }
+}
+
+BatchPlanShape CudaBatchBackend::planShape() const {
+  BatchPlanShape shape;
+  shape.prefillTiles = prefillTiles_;
+  shape.decodeSequences = decodeSeqs_;
+  shape.decodeSplits = decodeSeqs_ > 0 ? splits_ : 0;
+  return shape;
+}
+
+std::pair<const void *, const void *> CudaBatchBackend::lastCacheAddresses() const {
+  std::lock_guard<std::mutex> lock(lastMutex_);
+  return {lastK_, lastV_};
+}
+
+} // namespace pagedc::detail

@@ -1,0 +1,96 @@
+//===- CudaBatchAttention.h - BatchAttention's CUDA backend ----*- C++ -*-===//
+//
+// Internal: what BatchAttention keeps for a CUDA device. Built at
+// construction (the kernels compiled and loaded, every device buffer
+// allocated), filled by plan() (the step's metadata and work lists
+// uploaded), launched by run() (the kernels enqueued, nothing allocated,
+// nothing synchronised).
+//
+//===----------------------------------------------------------------------===//
+#ifndef PAGEDC_RUNTIME_CUDA_CUDABATCHATTENTION_H
+#define PAGEDC_RUNTIME_CUDA_CUDABATCHATTENTION_H
+
+#include "pagedc/BatchAttention.h"
+#include "pagedc/CudaAttention.h"
+#include "pagedc/KernelArgs.h"
+
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <vector>
+
+namespace pagedc::detail {
+
+/// Sequences with at most this many new tokens go to the decode kernel
+/// (built for this many query tokens; the rows of a shorter sequence past
+/// its tokens do not exist), longer ones to prefill tiles.
+constexpr int kBatchDecodeTokens = 8;
+/// The most KV splits of a decode sequence; bounds the split workspace.
+constexpr int64_t kBatchMaxDecodeSplits = 16;
+
+/// One run() of a planned step, every tensor checked and on the device.
+struct CudaBatchCall {
+  /// [T', Hq, D]; rows are packed.
+  TensorView q;
+  /// The caches as the kernels' [Hkv, pages, pageSize, D] views of the
+  /// engine's memory (strides only, no copy).
+  TensorView kCache, vCache;
+  /// [T', Hq, D]; lse [T', Hq] contiguous, or empty (the backend's own).
+  TensorView out, lse;
+  /// pagedc_mods::Params bytes (ParamsLayout::pack).
+  std::vector<unsigned char> params;
+  float scale = 1.0f;
+  /// A CUstream; null: the legacy default stream.
+  void *stream = nullptr;
+};
+
+class CudaBatchBackend {
+public:
+  /// Compiles (or takes from the kernel cache) and loads the packed-batch
+  /// prefill and decode kernels for `config` and allocates the plan's
+  /// device storage, sized by its limits. Throws pagedc::Error naming the
+  /// problem.
+  CudaBatchBackend(const CompiledMods &mods, const BatchAttentionConfig &config);
+
+  /// Uploads a validated plan of `batch` sequences: queryStart [B + 1],
+  /// kvLength, qOffset [B], pageTable [B, maxBlocksPerSeq], and the work
+  /// lists built from them.
+  void plan(const int32_t *queryStart, const int32_t *kvLength, const int32_t *qOffset,
+            const int32_t *pageTable, int64_t batch);
+
+  /// Enqueues the planned step's kernels on call.stream: the prefill
+  /// tiles, the decode splits and their merge (each only when it has work).
+  void run(const CudaBatchCall &call) const;
+
+  BatchPlanShape planShape() const;
+  /// The K and V cache addresses the last run() passed its kernels.
+  std::pair<const void *, const void *> lastCacheAddresses() const;
+
+private:
+  BatchAttentionConfig config_;
+  std::shared_ptr<const CudaKernel> prefill_, decode_;
+  int64_t maxPrefillTiles_ = 0, maxSplits_ = 1;
+  // One allocation of int32 words: page table [maxNumSeqs,
+  // maxBlocksPerSeq], kv_len and q_offset [maxNumSeqs], q_start
+  // [maxNumSeqs + 1], the prefill tiles [maxPrefillTiles, 2], the decode
+  // list [maxNumSeqs, 2]; then f32: the lse the kernels write when the
+  // caller wants none [maxNumTokens, Hq], the decode splits' partial lse
+  // [maxNumSeqs, kBatchDecodeTokens, Hq, maxSplits] and outputs [..., D].
+  DeviceBuffer storage_;
+  size_t kvLenAt_ = 0, qOffsetAt_ = 0, qStartAt_ = 0, prefillAt_ = 0, decodeAt_ = 0;
+  size_t lseAt_ = 0, partialLseAt_ = 0, partialOutAt_ = 0;
+  // The plan.
+  int64_t batch_ = 0, prefillTiles_ = 0, decodeSeqs_ = 0, splits_ = 1;
+  int32_t maxKvLength_ = 1;
+  // Sized at construction: the prefill tiles in step order, their weights,
+  // the heaviest-first order and the tiles in that order (uploaded); the
+  // decode list.
+  std::vector<int32_t> tiles_, ordered_, order_, decodeList_;
+  std::vector<int64_t> weight_;
+  mutable std::mutex lastMutex_;
+  mutable const void *lastK_ = nullptr, *lastV_ = nullptr;
+};
+
+} // namespace pagedc::detail
+
+#endif // PAGEDC_RUNTIME_CUDA_CUDABATCHATTENTION_H

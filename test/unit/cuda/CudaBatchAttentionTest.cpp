@@ -1,0 +1,332 @@
+//===- CudaBatchAttentionTest.cpp - BatchAttention's CUDA backend ---------===//
+//
+// BatchAttention on a CUDA device, run on the SIMT emulator
+// (PAGEDC_CUDA_DRIVER=emu) with every checker on (memcheck, racecheck,
+// initcheck, synccheck: a report fails the launch and so the case), against
+// the float64 reference of the CPU tests (cpu/BatchStep.h): mixed steps
+// (decode, speculative verification, a 37-token chunk at the end of a
+// longer context, whole prompts, sequences with no new tokens), every
+// cache layout as views of one device allocation that the kernel reads in
+// place, shuffled pages of 1, 16 and 64 slots, GQA 1 and 4, head dims 64,
+// 128 and 256, bf16 and f16, a per-sequence document mask, fully masked
+// rows, lse, split-KV decode; and the CUDA path's refusals.
+//
+//===----------------------------------------------------------------------===//
+#include "BatchStep.h"
+
+#include "pagedc/BatchAttention.h"
+#include "pagedc/CudaAttention.h"
+#include "pagedc/Error.h"
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdlib>
+#include <cstring>
+#include <string>
+
+namespace {
+
+using namespace pagedc;
+using testutil::BatchSeq;
+using testutil::BatchStep;
+using testutil::BatchStepCase;
+using testutil::BatchStepCheck;
+
+/// Tensors of a step on the device, the cache's K and V in one allocation
+/// as the engine holds them.
+struct DeviceStep {
+  DeviceBuffer q, cache, out, lse, doc, slopes;
+  TensorView qView, kView, vView, outView, lseView;
+  Bindings bindings;
+  const void *kernelK = nullptr, *kernelV = nullptr; // what the kernel must read
+
+  explicit DeviceStep(BatchStep &step) {
+    const Device device = Device::cuda(0);
+    const BatchStepCase &c = step.c;
+    auto bytesOf = [](const HostTensor &t) {
+      return static_cast<size_t>(t.numel()) * dtypeSize(t.dtype());
+    };
+    q = DeviceBuffer(bytesOf(step.q), 0);
+    q.upload(step.q.data(), bytesOf(step.q));
+    qView = TensorView(q.data(), c.storage, step.q.shape(), step.q.view().strides(), device);
+    // K then V (the vLLM layout's one tensor holds both already).
+    const size_t kBytes = bytesOf(step.cache->k);
+    const size_t vBytes = c.layout == KVLayout::VLLM ? 0 : bytesOf(step.cache->v);
+    cache = DeviceBuffer(kBytes + vBytes, 0);
+    cache.upload(step.cache->k.data(), kBytes);
+    if (vBytes)
+      cache.upload(step.cache->v.data(), vBytes, kBytes);
+    auto *base = static_cast<char *>(cache.data());
+    kView =
+        TensorView(base, c.storage, step.cache->k.shape(), step.cache->k.view().strides(), device);
+    kernelK = base;
+    if (c.layout == KVLayout::VLLM) {
+      kernelV = base + kBytes / 2;
+    } else {
+      vView = TensorView(base + kBytes, c.storage, step.cache->v.shape(),
+                         step.cache->v.view().strides(), device);
+      kernelV = base + kBytes;
+    }
+    const int64_t rows = step.q.shape()[0];
+    out = DeviceBuffer(static_cast<size_t>(rows * c.qHeads * c.vDim) * dtypeSize(c.storage), 0);
+    out.fill(0xff); // NaN
+    outView = TensorView(out.data(), c.storage, {rows, c.qHeads, c.vDim}, device);
+    lse = DeviceBuffer(static_cast<size_t>(rows * c.qHeads) * 4, 0);
+    lse.fill(0xff);
+    lseView = TensorView(lse.data(), DType::F32, {rows, c.qHeads}, device);
+    // The per-sequence document ids and the slopes, on the device.
+    const std::vector<int32_t> &documents = step.bindings->documents;
+    doc = DeviceBuffer(documents.size() * 4, 0);
+    doc.upload(documents.data(), documents.size() * 4);
+    const std::vector<float> &slopeValues = step.bindings->slopes;
+    slopes = DeviceBuffer(slopeValues.size() * 4, 0);
+    slopes.upload(slopeValues.data(), slopeValues.size() * 4);
+    bindings = step.bindings->bindings;
+    bindings.buffers["doc"] = TensorView(doc.data(), DType::I32, {step.batch, step.maxKv}, device);
+    bindings.buffers["slopes"] = TensorView(slopes.data(), DType::F32, {c.qHeads}, device);
+  }
+
+  /// out and lse, downloaded.
+  std::pair<HostTensor, HostTensor> results() const {
+    HostTensor hostOut(outView.dtype(), outView.shape());
+    out.download(hostOut.data(), out.size());
+    HostTensor hostLse(DType::F32, lseView.shape());
+    lse.download(hostLse.data(), lse.size());
+    return {std::move(hostOut), std::move(hostLse)};
+  }
+};
+
+BatchAttentionConfig cudaConfig(const BatchStep &step) {
+  BatchAttentionConfig config = step.config();
+  config.device = Device::cuda(0);
+  config.dtype = step.c.storage;
+  return config;
+}
+
+/// Runs a step on the emulated device and compares it with the float64
+/// reference; also checks that the kernels read the engine's cache in
+/// place and that the plan sent sequences of 1 to 8 new tokens to the
+/// decode kernel and longer ones to 64-row prefill tiles. `shape` receives
+/// the plan's shape.
+BatchStepCheck checkOnDevice(const BatchStepCase &c, BatchPlanShape *shape = nullptr) {
+  BatchStep step(c);
+  BatchAttention attention(step.mods, cudaConfig(step));
+  step.plan(attention);
+  int64_t decodeSequences = 0, prefillTiles = 0;
+  for (const BatchSeq &s : c.seqs) {
+    decodeSequences += s.qLen >= 1 && s.qLen <= 8;
+    prefillTiles += s.qLen > 8 ? (s.qLen + 63) / 64 : 0;
+  }
+  const BatchPlanShape planned = attention.planShape();
+  EXPECT_EQ(planned.decodeSequences, decodeSequences);
+  EXPECT_EQ(planned.prefillTiles, prefillTiles);
+  EXPECT_EQ(planned.decodeSplits > 0, decodeSequences > 0);
+  if (shape)
+    *shape = planned;
+  DeviceStep device(step);
+  BatchRunOptions options;
+  options.out = device.outView;
+  options.lse = device.lseView;
+  AttentionResult result =
+      attention.run(device.qView, device.kView, device.vView, device.bindings, options);
+  EXPECT_EQ(result.out.data(), device.outView.data());
+  if (step.tokens > 0) {
+    EXPECT_EQ(attention.kernelCacheAddresses().first, device.kernelK);
+    EXPECT_EQ(attention.kernelCacheAddresses().second, device.kernelV);
+  }
+  auto [out, lse] = device.results();
+  BatchStepCheck check = step.compare(out.view(), lse.view(), /*cudaTolerance=*/true);
+  EXPECT_EQ(check.rowsPastWritten, 0) << check.describe();
+  return check;
+}
+
+#define EXPECT_STEP_MATCHES(check)                                                                 \
+  EXPECT_EQ((check).outViolations + (check).lseViolations + (check).nonFinite, 0)                  \
+      << (check).describe()
+
+/// Decode, speculative verification (2, 5, 8 tokens: the decode kernel; 9
+/// goes to prefill tiles), a 37-token chunk at the end of a 300-key
+/// context, whole prompts (seq_lens == q_len), no new tokens; lengths off
+/// the page and tile grids.
+std::vector<BatchSeq> mixedStep() {
+  return {{1, 150}, {5, 77},  {0, 40}, {37, 300}, {1, 1},
+          {61, 61}, {8, 129}, {9, 45}, {2, 33},   {0, 0}};
+}
+
+const KVLayout kLayouts[] = {KVLayout::Pagedc, KVLayout::NHD, KVLayout::HND, KVLayout::VLLM};
+
+TEST(CudaBatchAttention, MixedStepDocumentMaskNHD) {
+  BatchStepCase c;
+  c.seqs = mixedStep();
+  c.qHeads = 4;
+  c.kvHeads = 1;
+  c.dim = c.vDim = 64;
+  c.pageSize = 16;
+  c.layout = KVLayout::NHD;
+  c.storage = DType::BF16;
+  c.mask = "document";
+  c.seed = 3;
+  BatchStepCheck check = checkOnDevice(c);
+  EXPECT_STEP_MATCHES(check);
+}
+
+TEST(CudaBatchAttention, MixedStepEveryLayout) {
+  uint64_t seed = 20;
+  for (KVLayout layout : kLayouts)
+    for (int64_t groups : {1, 4}) {
+      BatchStepCase c;
+      c.seqs = mixedStep();
+      c.kvHeads = groups == 1 ? 2 : 1;
+      c.qHeads = c.kvHeads * groups;
+      c.dim = c.vDim = 64;
+      c.pageSize = 16;
+      c.layout = layout;
+      c.storage = DType::BF16;
+      c.mask = "document";
+      c.seed = ++seed;
+      SCOPED_TRACE(std::string(kvLayoutName(layout)) + " GQA " + std::to_string(groups));
+      BatchStepCheck check = checkOnDevice(c);
+      EXPECT_STEP_MATCHES(check);
+    }
+}
+
+TEST(CudaBatchAttention, PageSizesHeadDimsAndMaskedRows) {
+  struct Shape {
+    int32_t pageSize;
+    int64_t qHeads, kvHeads, dim;
+    KVLayout layout;
+    DType storage;
+    const char *mask, *score;
+  };
+  // "holes" masks every row with (q + h) % 3 == 0 entirely.
+  const Shape shapes[] = {
+      {1, 2, 2, 128, KVLayout::HND, DType::F16, "holes", "alibi"},
+      {64, 4, 1, 64, KVLayout::VLLM, DType::BF16, "causal", "softcap"},
+      {16, 4, 1, 256, KVLayout::Pagedc, DType::F16, "causal", ""},
+  };
+  uint64_t seed = 40;
+  for (const Shape &shape : shapes) {
+    BatchStepCase c;
+    c.seqs = {{1, 70}, {3, 66}, {37, 130}, {0, 9}, {20, 20}};
+    c.pageSize = shape.pageSize;
+    c.qHeads = shape.qHeads;
+    c.kvHeads = shape.kvHeads;
+    c.dim = c.vDim = shape.dim;
+    c.layout = shape.layout;
+    c.storage = shape.storage;
+    c.mask = shape.mask;
+    c.score = shape.score;
+    c.seed = ++seed;
+    SCOPED_TRACE("page " + std::to_string(shape.pageSize) + " D " + std::to_string(shape.dim) +
+                 " " + kvLayoutName(shape.layout) + " " + dtypeName(shape.storage));
+    BatchStepCheck check = checkOnDevice(c);
+    EXPECT_STEP_MATCHES(check);
+    if (std::string(shape.mask) == "holes") {
+      EXPECT_GT(check.maskedRows, 0) << check.describe();
+    }
+  }
+}
+
+/// Long decode contexts with few sequences: the keys are split and the
+/// merge launch combines the parts (decode and speculative rows, GQA 4).
+TEST(CudaBatchAttention, SplitKvDecodeAndMerge) {
+  BatchStepCase c;
+  c.seqs = {{1, 1900}, {6, 1337}, {0, 500}, {3, 30}, {40, 900}};
+  c.qHeads = 4;
+  c.kvHeads = 1;
+  c.dim = c.vDim = 128;
+  c.pageSize = 16;
+  c.layout = KVLayout::HND;
+  c.storage = DType::F16;
+  c.mask = "document";
+  c.score = "softcap";
+  c.seed = 77;
+  BatchPlanShape shape;
+  BatchStepCheck check = checkOnDevice(c, &shape);
+  EXPECT_STEP_MATCHES(check);
+  EXPECT_GT(shape.decodeSplits, 1);
+}
+
+/// A step of no tokens launches nothing and writes nothing.
+TEST(CudaBatchAttention, EmptyStepAndRefusals) {
+  BatchStepCase c;
+  c.seqs = {{0, 5}, {0, 0}};
+  c.qHeads = 4;
+  c.kvHeads = 1;
+  c.dim = c.vDim = 64;
+  c.storage = DType::BF16;
+  c.mask = "document";
+  BatchStepCheck empty = checkOnDevice(c);
+  EXPECT_EQ(empty.rows, 0);
+
+  c.seqs = {{3, 20}, {1, 9}};
+  BatchStep step(c);
+  BatchAttention attention(step.mods, cudaConfig(step));
+  step.plan(attention);
+  DeviceStep device(step);
+  auto expectError = [&](auto call, const std::string &needle) {
+    try {
+      call();
+      ADD_FAILURE() << "no error; expected one naming '" << needle << "'";
+    } catch (const Error &error) {
+      EXPECT_NE(std::string(error.what()).find(needle), std::string::npos)
+          << "message: " << error.what() << "\nexpected: " << needle;
+    }
+  };
+  BatchRunOptions options;
+  options.out = device.outView;
+  options.lse = device.lseView;
+  // A q of another dtype, host memory, no out, a strided lse, an f32 out, a
+  // cache whose slots are not whole 16-byte chunks apart.
+  TensorView f16Q(device.qView.data(), DType::F16, device.qView.shape(), device.qView.strides(),
+                  Device::cuda(0));
+  expectError([&] { attention.run(f16Q, device.kView, device.vView, device.bindings, options); },
+              "q must be bf16 (the configured dtype) on CUDA");
+  expectError(
+      [&] { attention.run(step.q.view(), device.kView, device.vView, device.bindings, options); },
+      "q is on cpu but the call runs on cuda:0");
+  BatchRunOptions noOut;
+  expectError(
+      [&] { attention.run(device.qView, device.kView, device.vView, device.bindings, noOut); },
+      "out is required on CUDA");
+  BatchRunOptions stridedLse = options;
+  stridedLse.lse = TensorView(device.lseView.data(), DType::F32, {4, 4}, {1, 4}, Device::cuda(0));
+  expectError(
+      [&] { attention.run(device.qView, device.kView, device.vView, device.bindings, stridedLse); },
+      "lse must be contiguous on CUDA");
+  const std::vector<int64_t> &kShape = device.kView.shape();
+  std::vector<int64_t> oddStrides = device.kView.strides();
+  oddStrides[1] = 4; // NHD slots 4 elements apart (overlapping, but that is not the point)
+  TensorView oddK(device.kView.data(), DType::BF16, kShape, oddStrides, Device::cuda(0));
+  expectError([&] { attention.run(device.qView, oddK, device.vView, device.bindings, options); },
+              "k_cache's stride 4 in dimension 1 is not a multiple of 8 elements");
+  // Nothing was written.
+  auto [out, lse] = device.results();
+  for (int64_t i = 0; i < lse.numel(); ++i)
+    EXPECT_TRUE(std::isnan(lse.dataAs<float>()[i])) << i;
+  // kv_start is CPU only.
+  std::vector<int32_t> start = {1, 0};
+  std::vector<int32_t> qsl = step.queryStartLoc, lens = step.seqLens, table = step.blockTable;
+  expectError(
+      [&] {
+        attention.plan(TensorView(qsl.data(), DType::I32, {3}),
+                       TensorView(lens.data(), DType::I32, {2}),
+                       TensorView(table.data(), DType::I32, {2, step.columns}),
+                       TensorView(start.data(), DType::I32, {2}));
+      },
+      "kv_start[0] = 1, but the CUDA backend reads every sequence's keys from 0");
+}
+
+/// Runs on the emulator's driver with every checker on.
+class EmulatorEnvironment : public ::testing::Environment {
+public:
+  void SetUp() override {
+    ::setenv("PAGEDC_CUDA_DRIVER", "emu", 1);
+    ::setenv("PAGEDC_EMU_CHECKS", "all", 1);
+    ::setenv("PAGEDC_EMU_QUIET", "1", 0);
+  }
+};
+const auto *const gEnvironment = ::testing::AddGlobalTestEnvironment(new EmulatorEnvironment);
+
+} // namespace
