@@ -353,6 +353,13 @@ struct Worker {
   std::unordered_map<uint64_t, std::vector<uint32_t>> manyReaders;
   NamedBarrier named[16];
   std::vector<GroupRendezvous> warpgroups;
+  /// setmaxnreg: each warp's registers per thread now, and the CTA's pool
+  /// (registers per thread at launch x threads) their sum must fit in.
+  std::vector<unsigned> warpRegisters;
+  uint64_t registerPool = 0;
+  /// Per warpgroup: the thread that completed a setmaxnreg.inc rendezvous
+  /// and waits for other warps' .dec to free registers (-1: none).
+  std::vector<int> registerWaiter;
   bool aborted = false;
   uintptr_t windowBase = 0;
   unsigned dynamicBytes = 0;

@@ -528,6 +528,16 @@ BUGS = {
     # ones: the causal diagonal keeps its future keys.
     "mask-dropped-on-partial-blocks": ("KernelCommon.cuh", *MASK_ON_FULL_BLOCKS, "prefill"),
     "wgmma-mask-dropped-on-partial-blocks": ("KernelCommon.cuh", *MASK_ON_FULL_BLOCKS, "wgmma"),
+    # The producer's and consumers' setmaxnreg counts swapped: the producer
+    # warpgroup's .dec asks for more registers than it holds and the
+    # consumers' .inc for fewer (synccheck's register accounting).
+    "wgmma-setmaxnreg-counts-swapped": (
+        "PrefillWgmma.cuh",
+        [("    setmaxnreg_dec<kProducerRegisters>();\n",
+          "    setmaxnreg_dec<kConsumerRegisters>();\n"),
+         ("  setmaxnreg_inc<kConsumerRegisters>();\n", "  setmaxnreg_inc<kProducerRegisters>();\n")],
+        None,
+        "wgmma"),
 }
 
 

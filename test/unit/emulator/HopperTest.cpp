@@ -10,8 +10,9 @@
 // and the bugs each checker must find: a missing mbarrier wait, a wrong
 // expect-tx byte count, a ring stage reused before its consumer released
 // it, a missing wgmma.wait_group, a missing wgmma.fence, a missing
-// fence.proxy.async, a missing named barrier. The same kernels are compiled
-// for sm_90a with NVRTC, so the PTX side of every wrapper assembles.
+// fence.proxy.async, a missing named barrier, setmaxnreg counts that go the
+// wrong way or past the CTA's pool. The same kernels are compiled for sm_90a
+// with NVRTC, so the PTX side of every wrapper assembles.
 //
 //===----------------------------------------------------------------------===//
 
@@ -250,8 +251,40 @@ __device__ void many_readers(float *data, int bug) {
   named_barrier_sync(1, 128);
   data[tid] = first + word[0];
 }
+
+/// Warpgroup 0 hands registers to warpgroup 1, launched at 128 a thread
+/// (a pool of 32768): mode 0: .dec to 40, .inc to 216 (the pool, exactly);
+/// 1: the counts swapped (a .dec above the warps' count, an .inc below it);
+/// 2: .inc to 232 (past the pool: it waits for registers no warp frees);
+/// 3: warpgroup 0's .dec only after a named barrier that warpgroup 1
+/// passes before its .inc, which waits for the .dec.
+__device__ void register_handoff(float *data, int mode) {
+  const int tid = threadIdx.x;
+  if (tid < 128) {
+    if (mode == 3)
+      named_barrier_sync(1, 256);
+    if (mode == 1)
+      setmaxnreg_dec<216>();
+    else
+      setmaxnreg_dec<40>();
+  } else {
+    if (mode == 3)
+      named_barrier_arrive(1, 256);
+    if (mode == 1)
+      setmaxnreg_inc<40>();
+    else if (mode == 2)
+      setmaxnreg_inc<232>();
+    else
+      setmaxnreg_inc<216>();
+  }
+  data[tid] = static_cast<float>(tid);
+}
+
 } // namespace hopper_test
 
+extern "C" __global__ void __launch_bounds__(256, 1) register_handoff(float *data, int mode) {
+  hopper_test::register_handoff(data, mode);
+}
 extern "C" __global__ void many_readers(float *data, int bug) {
   hopper_test::many_readers(data, bug);
 }
@@ -293,7 +326,7 @@ extern "C" __global__ void named_handoff(float *data, int bug) {
 const char *const kNames[] = {"wgmma_n64",          "wgmma_n128",         "wgmma_n64_trans_b",
                               "wgmma_n128_trans_b", "wgmma_n256_trans_b", "ring_bulk",
                               "ring_tensor",        "ring_gather",        "named_handoff",
-                              "many_readers"};
+                              "many_readers",       "register_handoff"};
 
 std::string unitText() {
   return std::string(embeddedTemplate("Prelude.cuh")) +
@@ -379,8 +412,10 @@ std::shared_ptr<emu::Module> &module() {
   return loaded;
 }
 
+/// `registers`: per thread at launch (setmaxnreg's start; 0: the
+/// emulator's default for one CTA per SM).
 emu::LaunchResult launch(const char *name, std::vector<void *> params, unsigned threads,
-                         unsigned shared) {
+                         unsigned shared, unsigned registers = 0) {
   const emu::Kernel *kernel = module() ? emu::findKernel(*module(), name) : nullptr;
   if (!kernel) {
     emu::LaunchResult missing;
@@ -392,6 +427,7 @@ emu::LaunchResult launch(const char *name, std::vector<void *> params, unsigned 
   config.block[0] = threads;
   config.dynamicSharedBytes = shared;
   config.maxDynamicSharedBytes = 227 * 1024;
+  config.launchRegisters = registers;
   return emu::launch(*kernel, config, params.data(), emu::Checks{});
 }
 
@@ -542,7 +578,10 @@ GemmRun runRing(const char *kernel, int bug, uint32_t seed, int k = 256, int row
   params.push_back(&tiles);
   params.push_back(&bug);
   GemmRun run;
-  run.result = launch(kernel, params, 256, 2 * 16384 + 64 + 1024);
+  // 168 registers a thread at launch (what ptxas gives a kernel of this
+  // size under -maxrregcount 168): the producer's .dec to 40 and the
+  // consumer's .inc to 232 fit the pool.
+  run.result = launch(kernel, params, 256, 2 * 16384 + 64 + 1024, 168);
   const std::vector<double> expected = reference(aPadded, bPadded, 64, padded);
   if (run.result.ok || bug == 4)
     run.error = maxError(data, expected);
@@ -680,6 +719,36 @@ TEST(Hopper, NamedBarrierOrdersManyReadersBeforeAWrite) {
   bug = 1;
   emu::LaunchResult racy = launch("many_readers", {&pointer, &bug}, 128, 1024);
   EXPECT_TRUE(hasReport(racy, "racecheck", "write-after-read")) << describe(racy);
+  emu::release(data);
+}
+
+// setmaxnreg keeps each warp's count and the CTA's pool: .dec never
+// raises a count, .inc never lowers one, and an .inc waits until other
+// warps' .dec leave room in the pool (a deadlock if none ever does).
+TEST(Hopper, SetmaxnregAccountsForRegisters) {
+  float *data = rampFloats(256, 0.0f);
+  float *pointer = data;
+  for (int mode : {0, 3}) {
+    emu::LaunchResult ok = launch("register_handoff", {&pointer, &mode}, 256, 0, 128);
+    ASSERT_TRUE(ok.ok) << "mode " << mode << describe(ok);
+    EXPECT_TRUE(ok.reports.empty()) << "mode " << mode << describe(ok);
+    EXPECT_EQ(data[255], 255.0f);
+  }
+  int mode = 1;
+  emu::LaunchResult swapped = launch("register_handoff", {&pointer, &mode}, 256, 0, 128);
+  EXPECT_TRUE(hasReport(swapped, "synccheck", "so .dec would raise its count") ||
+              hasReport(swapped, "synccheck", "so .inc would lower its count"))
+      << describe(swapped);
+  mode = 2;
+  emu::LaunchResult greedy = launch("register_handoff", {&pointer, &mode}, 256, 0, 128);
+  EXPECT_TRUE(hasReport(greedy, "synccheck", "deadlock: setmaxnreg.inc 232 of warpgroup 1"))
+      << describe(greedy);
+  // Unset, the launch count is one CTA per SM's: 65536 / 256 threads, at
+  // most 255, which the .inc to 216 would lower.
+  mode = 0;
+  emu::LaunchResult derived = launch("register_handoff", {&pointer, &mode}, 256, 0);
+  EXPECT_TRUE(hasReport(derived, "synccheck", "warp 4 holds 255 registers per thread"))
+      << describe(derived);
   emu::release(data);
 }
 
