@@ -234,8 +234,13 @@ void fence(int kind, const char *, int) {
   Thread &thread = *currentThread;
   if (kind == PAGEDC_EMU_FENCE_PROXY_ASYNC) {
     thread.fenceClock = thread.clock;
-    if (worker.ordering)
+    thread.fenceEpoch = worker.epoch;
+    if (worker.ordering) {
+      if (thread.fenceHistory.size() == kFenceHistory)
+        thread.fenceHistory.pop_front();
+      thread.fenceHistory.emplace_back(thread.clock, thread.vc);
       thread.fencedVc = thread.vc;
+    }
     tick(worker, thread);
   }
   // fence.mbarrier_init orders the thread's inits before its later

@@ -248,7 +248,9 @@ void runBlock(Worker &worker, uint64_t linearBlock) {
     thread.clock = 1;
     thread.vc.clear();
     thread.fenceClock = 0;
+    thread.fenceEpoch = 0;
     thread.fencedVc.clear();
+    thread.fenceHistory.clear();
     thread.waitBarrier = -1;
     thread.wgmmaFenced = false;
     thread.wgmmaD = nullptr;

@@ -538,6 +538,16 @@ BUGS = {
          ("  setmaxnreg_inc<kConsumerRegisters>();\n", "  setmaxnreg_inc<kProducerRegisters>();\n")],
         None,
         "wgmma"),
+    # The decode's tensor-map copy into a stage whose bytes generic stores
+    # wrote last (an earlier tile's gather, the block-mask list counts)
+    # without the proxy fence before it (racecheck: the async proxy's write
+    # over a generic store).
+    "decode-tma-copy-over-generic-unfenced": (
+        "Decode.cuh",
+        "            // gather, the list counts): ordered before the copy engine's.\n"
+        "            fence_proxy_async();\n",
+        "",
+        "decode-d128"),
 }
 
 

@@ -10,9 +10,10 @@
 // and the bugs each checker must find: a missing mbarrier wait, a wrong
 // expect-tx byte count, a ring stage reused before its consumer released
 // it, a missing wgmma.wait_group, a missing wgmma.fence, a missing
-// fence.proxy.async, a missing named barrier, setmaxnreg counts that go the
-// wrong way or past the CTA's pool. The same kernels are compiled for sm_90a
-// with NVRTC, so the PTX side of every wrapper assembles.
+// fence.proxy.async (before a wgmma, and before a bulk copy over generic
+// stores), a missing named barrier, setmaxnreg counts that go the wrong way
+// or past the CTA's pool. The same kernels are compiled for sm_90a with
+// NVRTC, so the PTX side of every wrapper assembles.
 //
 //===----------------------------------------------------------------------===//
 
@@ -280,10 +281,48 @@ __device__ void register_handoff(float *data, int mode) {
   data[tid] = static_cast<float>(tid);
 }
 
+/// Every thread stores a shared word (the generic proxy), then thread 0
+/// bulk-copies `source` over the 512 bytes (the async proxy) and all read
+/// them: mode 0: thread 0 fences the proxies after the __syncthreads that
+/// acquired the stores; 1: each writer fences after its store; 2: no fence
+/// (the stores and the copy's writes are unordered); 3: warp 1 fences
+/// after the __syncthreads and releases to warp 0 by a named barrier.
+__device__ void bulk_over_generic(float *data, const float *source, int mode) {
+  PAGEDC_EXTERN_SHARED(unsigned char, shared);
+  const uint32_t base = aligned_base(shared);
+  float *words = reinterpret_cast<float *>(shared + (base - shared_address(shared)));
+  const uint32_t bar = base + 1024;
+  const int tid = threadIdx.x;
+  if (tid == 0) {
+    mbarrier_init(bar, 1);
+    fence_mbarrier_init();
+  }
+  words[tid] = -1.0f;
+  if (mode == 1)
+    fence_proxy_async();
+  __syncthreads();
+  if (mode == 3 && tid >= 32 && tid < 64) {
+    fence_proxy_async();
+    named_barrier_arrive(1, 64);
+  }
+  if (mode == 3 && tid < 32)
+    named_barrier_sync(1, 64);
+  if (tid == 0) {
+    if (mode == 0)
+      fence_proxy_async();
+    mbarrier_arrive_expect_tx(bar, 512);
+    bulk_copy_g2s(base, source, 512, bar);
+  }
+  mbarrier_wait(bar, 0);
+  data[tid] = words[tid];
+}
 } // namespace hopper_test
 
 extern "C" __global__ void __launch_bounds__(256, 1) register_handoff(float *data, int mode) {
   hopper_test::register_handoff(data, mode);
+}
+extern "C" __global__ void bulk_over_generic(float *data, const float *source, int mode) {
+  hopper_test::bulk_over_generic(data, source, mode);
 }
 extern "C" __global__ void many_readers(float *data, int bug) {
   hopper_test::many_readers(data, bug);
@@ -326,7 +365,7 @@ extern "C" __global__ void named_handoff(float *data, int bug) {
 const char *const kNames[] = {"wgmma_n64",          "wgmma_n128",         "wgmma_n64_trans_b",
                               "wgmma_n128_trans_b", "wgmma_n256_trans_b", "ring_bulk",
                               "ring_tensor",        "ring_gather",        "named_handoff",
-                              "many_readers",       "register_handoff"};
+                              "many_readers",       "register_handoff",   "bulk_over_generic"};
 
 std::string unitText() {
   return std::string(embeddedTemplate("Prelude.cuh")) +
@@ -750,6 +789,31 @@ TEST(Hopper, SetmaxnregAccountsForRegisters) {
   EXPECT_TRUE(hasReport(derived, "synccheck", "warp 4 holds 255 registers per thread"))
       << describe(derived);
   emu::release(data);
+}
+
+// A bulk copy's writes (the async proxy) over shared bytes that generic
+// stores wrote need a fence.proxy.async between: by the writers, by the
+// issuing thread after it acquired the stores, or by a thread whose
+// release the issuer acquired after that thread's fence.
+TEST(Hopper, BulkCopyOverGenericStoresNeedsAProxyFence) {
+  float *source = rampFloats(128, 3.0f);
+  float *data = rampFloats(128, 0.0f);
+  float *pointer = data;
+  const float *from = source;
+  for (int mode : {0, 1, 3}) {
+    emu::LaunchResult ok = launch("bulk_over_generic", {&pointer, &from, &mode}, 128, 4096);
+    ASSERT_TRUE(ok.ok) << "mode " << mode << describe(ok);
+    EXPECT_TRUE(ok.reports.empty()) << "mode " << mode << describe(ok);
+    for (int i = 0; i < 128; ++i)
+      EXPECT_EQ(data[i], 3.0f + i) << "mode " << mode;
+  }
+  int mode = 2;
+  emu::LaunchResult unfenced = launch("bulk_over_generic", {&pointer, &from, &mode}, 128, 4096);
+  EXPECT_TRUE(hasReport(unfenced, "racecheck",
+                        "async-proxy write over a generic store with no proxy fence"))
+      << describe(unfenced);
+  emu::release(data);
+  emu::release(source);
 }
 
 TEST(Hopper, WrappersAssembleForSm90a) {
