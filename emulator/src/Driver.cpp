@@ -672,6 +672,9 @@ static int runLaunch(const KernelLaunch &launch) {
   // PAGEDC_EMU_SAMPLE_KERNELS names when set: a kernel whose output the next
   // launch reads (a block-mask builder) must run whole.
   config.sampleBlocks = settings.sampleBlocksOf(launch.kernel->name);
+  // The ptxas figure PAGEDC_EMU_REGISTERS gives a kernel is its launch
+  // count (setmaxnreg's start); unnamed, the launch derives it.
+  config.launchRegisters = static_cast<unsigned>(settings.registersOf(launch.kernel->name, 0));
   emu::LaunchResult result = emu::launch(*launch.kernel, config, params.data(), settings.checks);
 
   const std::string name = launch.kernel->name;

@@ -221,6 +221,14 @@ struct Thread {
   /// acquired before the fence are visible to its async-proxy operations.
   uint32_t fenceClock = 0;
   std::vector<uint32_t> fencedVc;
+  /// The __syncthreads epoch of that fence: generic stores of any thread
+  /// from an earlier epoch were acquired before it, with or without clocks.
+  uint32_t fenceEpoch = 0;
+  /// Under ordering, the thread's last kFenceHistory fences (clock, vc
+  /// then), oldest first: a bulk copy's issuer that acquired one of them
+  /// sees the generic stores that fence covered (release and acquire carry
+  /// a proxy fence's effect).
+  std::deque<std::pair<uint32_t, std::vector<uint32_t>>> fenceHistory;
   int waitBarrier = -1;
   unsigned waitParity = 0;
   // wgmma: the operation at the rendezvous, open and committed groups.
@@ -230,6 +238,10 @@ struct Thread {
   std::vector<PendingWgmma> wgmmaOpen;
   std::deque<std::vector<PendingWgmma>> wgmmaGroups;
 };
+
+/// Fences a thread remembers for the bulk-write proxy check (a thread that
+/// fences once a tile keeps the last few tiles' worth).
+constexpr size_t kFenceHistory = 16;
 
 /// An mbarrier of the block (mbarrier.init'ed in shared memory).
 struct MBarrier {
@@ -353,6 +365,13 @@ struct Worker {
   std::unordered_map<uint64_t, std::vector<uint32_t>> manyReaders;
   NamedBarrier named[16];
   std::vector<GroupRendezvous> warpgroups;
+  /// setmaxnreg: each warp's registers per thread now, and the CTA's pool
+  /// (registers per thread at launch x threads) their sum must fit in.
+  std::vector<unsigned> warpRegisters;
+  uint64_t registerPool = 0;
+  /// Per warpgroup: the thread that completed a setmaxnreg.inc rendezvous
+  /// and waits for other warps' .dec to free registers (-1: none).
+  std::vector<int> registerWaiter;
   bool aborted = false;
   uintptr_t windowBase = 0;
   unsigned dynamicBytes = 0;

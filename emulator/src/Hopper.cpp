@@ -234,8 +234,13 @@ void fence(int kind, const char *, int) {
   Thread &thread = *currentThread;
   if (kind == PAGEDC_EMU_FENCE_PROXY_ASYNC) {
     thread.fenceClock = thread.clock;
-    if (worker.ordering)
+    thread.fenceEpoch = worker.epoch;
+    if (worker.ordering) {
+      if (thread.fenceHistory.size() == kFenceHistory)
+        thread.fenceHistory.pop_front();
+      thread.fenceHistory.emplace_back(thread.clock, thread.vc);
       thread.fencedVc = thread.vc;
+    }
     tick(worker, thread);
   }
   // fence.mbarrier_init orders the thread's inits before its later
@@ -627,6 +632,45 @@ void setmaxnreg(unsigned count, int increase, const char *file, int line) {
              siteString(file, line), 0, true);
       return;
     }
+  // .dec only releases registers and .inc only requests them: a count the
+  // other way is undefined behaviour in the PTX ISA, which no compiler or
+  // assembler sees (the warp's count is known only at run time).
+  const std::string what = std::string("setmaxnreg.") + (increase ? "inc" : "dec") + " " +
+                           std::to_string(count) + " by warpgroup " + std::to_string(group);
+  for (unsigned w = 4 * group; w < 4 * group + 4; ++w) {
+    const unsigned current = worker.warpRegisters[w];
+    if (worker.launch->checks.synccheck && (increase ? count < current : count > current)) {
+      reportedThread = &worker.threads[32 * w];
+      report("synccheck",
+             what + ": warp " + std::to_string(w) + " holds " + std::to_string(current) +
+                 " registers per thread, so ." + (increase ? "inc" : "dec") + " would " +
+                 (increase ? "lower" : "raise") + " its count (." + (increase ? "inc" : "dec") +
+                 " must not go " + (increase ? "below" : "above") + " the warp's current count)",
+             siteString(file, line), 0, true);
+      return;
+    }
+  }
+  // .inc waits until other warps' .dec have freed enough of the CTA's
+  // pool; if none ever does, the block deadlocks (reportDeadlock says why).
+  auto inUseAfter = [&]() {
+    uint64_t total = 0;
+    for (unsigned w = 0; w < worker.warpRegisters.size(); ++w)
+      total += 32 * uint64_t(w / 4 == group ? count : worker.warpRegisters[w]);
+    return total;
+  };
+  while (increase && worker.launch->checks.synccheck && inUseAfter() > worker.registerPool) {
+    worker.registerWaiter[group] = static_cast<int>(thread.linear);
+    blockHere(thread, State::AtCollective, file, line);
+    worker.registerWaiter[group] = -1;
+    if (worker.aborted)
+      return;
+  }
+  for (unsigned w = 4 * group; w < 4 * group + 4; ++w)
+    worker.warpRegisters[w] = count;
+  if (!increase)
+    for (unsigned g = 0; g < worker.registerWaiter.size(); ++g)
+      if (worker.registerWaiter[g] >= 0)
+        worker.threads[worker.registerWaiter[g]].state = State::Runnable;
   completeWarpgroup(worker, group);
 }
 

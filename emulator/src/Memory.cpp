@@ -92,6 +92,35 @@ bool readerFenced(const Worker &worker, const SharedAccess &how, unsigned writer
   return false;
 }
 
+/// Whether the generic store of thread `writer` (index) at `clock` in
+/// `epoch` is ordered before the async proxy's write by a bulk copy that
+/// `issuer` issues now: a fence.proxy.async after the store by its writer,
+/// by the issuer once it had acquired the store (a __syncthreads or a
+/// release), or by another thread that had acquired it and whose release
+/// after the fence the issuer acquired (the PTX memory model orders the
+/// two proxies' writes through a proxy fence anywhere in the causality
+/// order between them).
+bool storeFencedForBulkWrite(const Worker &worker, const Thread &issuer, unsigned writer,
+                             uint32_t clock, uint32_t epoch) {
+  const Thread &stored = worker.threads[writer];
+  if (stored.fenceClock >= clock)
+    return true;
+  if (issuer.fenceClock && (issuer.fenceEpoch > epoch ||
+                            (writer < issuer.fencedVc.size() && issuer.fencedVc[writer] >= clock)))
+    return true;
+  if (!worker.ordering)
+    return false;
+  for (unsigned t = 0; t < worker.threadCount; ++t) {
+    const Thread &fencer = worker.threads[t];
+    if (&fencer == &issuer || t >= issuer.vc.size())
+      continue;
+    for (const auto &[fenceClock, seen] : fencer.fenceHistory)
+      if (issuer.vc[t] > fenceClock && seen.size() > writer && seen[writer] >= clock)
+        return true;
+  }
+  return false;
+}
+
 /// The mbarrier behind a pseudo-thread id of the shadow (see SharedShadow).
 std::string bulkWriterDescription(const Worker &worker, uint16_t writer, uint32_t clock) {
   const unsigned index = writer - 1 - worker.threadCount;
@@ -117,6 +146,19 @@ void checkShared(Worker &worker, Thread &thread, uint64_t offset, size_t size, S
   const uint16_t self = static_cast<uint16_t>(thread.linear + 1);
   const uint32_t clock = how.clock ? how.clock : thread.clock;
   bool raced = false, uninitialized = false;
+  // The bytes of a chunk come from one store: its proxy-fence answer once.
+  unsigned fencedWriter = ~0u;
+  uint32_t fencedClock = 0, fencedEpoch = 0;
+  bool fencedAnswer = false;
+  auto fencedForBulkWrite = [&](unsigned writer, uint32_t writerClock, uint32_t epoch) {
+    if (writer != fencedWriter || writerClock != fencedClock || epoch != fencedEpoch) {
+      fencedWriter = writer;
+      fencedClock = writerClock;
+      fencedEpoch = epoch;
+      fencedAnswer = storeFencedForBulkWrite(worker, thread, writer, writerClock, epoch);
+    }
+    return fencedAnswer;
+  };
   for (size_t i = 0; i < size; ++i) {
     SharedShadow &shadow = worker.shadow[offset + i];
     const bool written = shadow.writtenBlock == block && shadow.writer;
@@ -249,6 +291,18 @@ void checkShared(Worker &worker, Thread &thread, uint64_t offset, size_t size, S
                         ? bulkWriterDescription(worker, shadow.writer, shadow.writerClock)
                         : "thread " + std::to_string(shadow.writer - 1)) +
                    " with no ordering in between",
+               siteText(where), offset + i, false);
+      } else if (use == SharedUse::BulkWrite && written && shadow.writer <= worker.threadCount &&
+                 !fencedForBulkWrite(shadow.writer - 1u, shadow.writerClock, shadow.writeEpoch)) {
+        raced = true;
+        report("racecheck",
+               "async-proxy write over a generic store with no proxy fence: a bulk copy "
+               "writes " +
+                   sharedDescription(worker, offset + i) + ", which thread " +
+                   std::to_string(shadow.writer - 1) +
+                   " stored, with no fence.proxy.async.shared::cta after the store by that "
+                   "thread, nor by the issuing thread (or one whose release it acquired) after "
+                   "it acquired the store",
                siteText(where), offset + i, false);
       } else if (uint16_t many = 0;
                  readsThisEpoch && (readBy(shadow.reader, shadow.readerClock) ||

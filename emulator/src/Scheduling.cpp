@@ -127,6 +127,26 @@ void reportDeadlock(Worker &worker) {
     GroupRendezvous &group = worker.warpgroups[g];
     if (group.kind == Collective::None)
       continue;
+    if (group.kind == Collective::Setmaxnreg && worker.registerWaiter[g] >= 0) {
+      Thread &waiter = worker.threads[worker.registerWaiter[g]];
+      uint64_t inUse = 0;
+      for (unsigned w = 0; w < worker.warpRegisters.size(); ++w)
+        inUse += uint64_t(worker.warpRegisters[w]) * 32;
+      reportedThread = &waiter;
+      report("synccheck",
+             "deadlock: setmaxnreg.inc " + std::to_string(waiter.maskArgument & 0xffffu) +
+                 " of warpgroup " + std::to_string(g) +
+                 " waits for registers no other warp frees: the CTA's pool is " +
+                 std::to_string(worker.registerPool) + " registers (" +
+                 std::to_string(worker.registerPool / worker.threadCount) +
+                 " per thread at launch x " + std::to_string(worker.threadCount) + " threads), " +
+                 std::to_string(inUse) + " in use, and the .inc needs " +
+                 std::to_string(4 * 32 *
+                                ((waiter.maskArgument & 0xffffu) - worker.warpRegisters[4 * g])) +
+                 " more",
+             siteString(group.file, group.line), 0, false);
+      continue;
+    }
     for (unsigned t = g * 128; t < std::min(worker.threadCount, g * 128 + 128); ++t) {
       Thread &thread = worker.threads[t];
       if (thread.state == State::AtCollective)
@@ -198,6 +218,12 @@ void runBlock(Worker &worker, uint64_t linearBlock) {
   for (NamedBarrier &named : worker.named)
     named = NamedBarrier{};
   worker.warpgroups.assign((threads + 127) / 128, GroupRendezvous{});
+  worker.registerWaiter.assign(worker.warpgroups.size(), -1);
+  unsigned launchRegisters = config.launchRegisters;
+  if (launchRegisters == 0)
+    launchRegisters = std::min(255u, 65536u / ((threads + 31) / 32 * 32) / 8 * 8);
+  worker.warpRegisters.assign((threads + 31) / 32, launchRegisters);
+  worker.registerPool = uint64_t(launchRegisters) * threads;
   worker.live = threads;
   worker.atBarrier = 0;
   worker.barrierMismatch = false;
@@ -222,7 +248,9 @@ void runBlock(Worker &worker, uint64_t linearBlock) {
     thread.clock = 1;
     thread.vc.clear();
     thread.fenceClock = 0;
+    thread.fenceEpoch = 0;
     thread.fencedVc.clear();
+    thread.fenceHistory.clear();
     thread.waitBarrier = -1;
     thread.wgmmaFenced = false;
     thread.wgmmaD = nullptr;

@@ -163,6 +163,14 @@ struct LaunchConfig {
   /// > 0: run only this many blocks, spread over the grid, to count
   /// (the performance model); outputs of the other blocks are not written.
   uint64_t sampleBlocks = 0;
+  /// Registers per thread at launch: setmaxnreg's starting count for every
+  /// warp, and times the block's threads the CTA's register pool. 0: the
+  /// most one CTA of the block's size may hold on an SM (65536 / threads,
+  /// rounded down to the 8-register granule, at most 255), which is what
+  /// ptxas gives a kernel built for one CTA per SM (168 at 384 threads, 255
+  /// at 256), the kind that hands registers between warpgroups with
+  /// setmaxnreg.
+  unsigned launchRegisters = 0;
 };
 
 /// Runs `kernel` over the grid; `params` as cuLaunchKernel takes them.

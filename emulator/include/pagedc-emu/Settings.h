@@ -33,7 +33,8 @@ struct Settings {
   /// H100's (DeviceLimits::multiprocessors).
   int multiprocessors = 0;
   /// PAGEDC_EMU_REGISTERS: registers per thread of the kernels named, for
-  /// cuOccupancyMaxActiveBlocksPerMultiprocessor.
+  /// cuOccupancyMaxActiveBlocksPerMultiprocessor and as the launch count
+  /// setmaxnreg starts from (LaunchConfig::launchRegisters).
   std::map<std::string, int> registers;
   /// PAGEDC_EMU_SAMPLE_BLOCKS: run only this many blocks of each grid (to
   /// count); 0 = whole grids.

@@ -11,7 +11,8 @@ and classifies the outcome:
 
   detected by CHECKER   the run failed with a "pagedc-emu: CHECKER:" report
   detected numerically  the run succeeded but its output is off the float64
-                        reference (relative L2 > 1e-2) or not finite
+                        reference (relative L2 > 1e-2) or not finite, or its
+                        lse is (by more than 5e-2 anywhere)
   NOT DETECTED          neither
 
 Prints one line per bug and a total; exits 1 unless every bug is detected
@@ -528,6 +529,56 @@ BUGS = {
     # ones: the causal diagonal keeps its future keys.
     "mask-dropped-on-partial-blocks": ("KernelCommon.cuh", *MASK_ON_FULL_BLOCKS, "prefill"),
     "wgmma-mask-dropped-on-partial-blocks": ("KernelCommon.cuh", *MASK_ON_FULL_BLOCKS, "wgmma"),
+    # The producer's and consumers' setmaxnreg counts swapped: the producer
+    # warpgroup's .dec asks for more registers than it holds and the
+    # consumers' .inc for fewer (synccheck's register accounting).
+    "wgmma-setmaxnreg-counts-swapped": (
+        "PrefillWgmma.cuh",
+        [("    setmaxnreg_dec<kProducerRegisters>();\n",
+          "    setmaxnreg_dec<kConsumerRegisters>();\n"),
+         ("  setmaxnreg_inc<kConsumerRegisters>();\n", "  setmaxnreg_inc<kProducerRegisters>();\n")],
+        None,
+        "wgmma"),
+    # The decode's tensor-map copy into a stage whose bytes generic stores
+    # wrote last (an earlier tile's gather, the block-mask list counts)
+    # without the proxy fence before it (racecheck: the async proxy's write
+    # over a generic store).
+    "decode-tma-copy-over-generic-unfenced": (
+        "Decode.cuh",
+        "            // gather, the list counts): ordered before the copy engine's.\n"
+        "            fence_proxy_async();\n",
+        "",
+        "decode-d128"),
+    # Bugs only the lse comparison, batch 2 and moving row maxima show
+    # (each ran clean, undetected, on the runs without them). The mma.sync
+    # prefill's lse off by ln 2 (one log2 unit): the output is right.
+    "prefill-lse-off-by-ln2": (
+        "Prefill.cuh",
+        "                              ? (state[m].max[half] + log2f(sum)) * kLn2",
+        "                              ? (state[m].max[half] + log2f(sum) + 1.0f) * kLn2",
+        "prefill"),
+    # Every batch entry reads batch 0's page table: right for batch 0, and
+    # for batch 1 the other sequence's K and V.
+    "prefill-page-table-of-batch-0": (
+        "Prefill.cuh",
+        "  const int32_t *page_row = args.page_table + b * args.page_table_stride;",
+        "  const int32_t *page_row = args.page_table;",
+        "prefill-b2-fall"),
+    # The running sum kept unscaled when the row's reference max moves:
+    # random scores never move it past the headroom after the first tile,
+    # scores that climb over several tiles do.
+    "softmax-sum-not-rescaled": (
+        "KernelCommon.cuh",
+        "    state.sum[half] = state.sum[half] * rescale[half] +",
+        "    state.sum[half] = state.sum[half] +",
+        "prefill-b2-fall"),
+    # The split-KV merge's lse taken from the first split alone (its output
+    # weights stay right): only split decodes run the merge.
+    "merge-lse-of-first-split": (
+        "Decode.cuh",
+        "      args.lse[row_index] = total > 0.0f ? row_max + logf(total) : -infinity();",
+        "      args.lse[row_index] = lse[0];",
+        "decode"),
 }
 
 
@@ -538,6 +589,29 @@ def make_npy(path, shape, seed, climb=None):
                     path, "--shape", ",".join(map(str, shape)), "--seed", str(seed)] +
                    (["--climb", climb] if climb else []),
                    check=True)
+
+
+# Natural-log units: bf16 inputs move a row's lse by ~1e-3; the bugs it
+# guards against by ln 2 or more.
+LSE_TOLERANCE = 5e-2
+
+
+def lse_path(out_path):
+    return out_path[:-len(".npy")] + "-lse.npy"
+
+
+def lse_error(a_path, b_path):
+    """The largest |lse - reference| (rows both give -inf agree)."""
+    _, a = read_npy(a_path)
+    _, b = read_npy(b_path)
+    worst = 0.0
+    for x, y in zip(a, b):
+        if math.isinf(x) and math.isinf(y) and x < 0 and y < 0:
+            continue
+        if math.isnan(x) or math.isinf(x) or math.isinf(y):
+            return math.inf
+        worst = max(worst, abs(x - y))
+    return worst
 
 
 def rel_l2(a_path, b_path):
@@ -588,6 +662,14 @@ def main():
         "prefill": dict(q=(1, 4, 150, 64), k=(1, 2, 300, 64), extra=["--q-offset", "end"]),
         # (Head dim 64: every tile gathered with cp.async.)
         "decode": dict(q=(1, 4, 1, 64), k=(1, 2, 1100, 64), extra=["--q-offset", "end"]),
+        # Batch 2 (each sequence its own shuffled pages), GQA 2, and keys
+        # whose dim 0 climbs by 1 up to key 150 and falls after it, against
+        # queries' 2: scores climb 0.36 log2 units a key (23 a 64-key tile,
+        # past the 8 of headroom) over the first tiles, so row maxima move,
+        # then fall, so later tiles add little.
+        "prefill-b2-fall": dict(q=(2, 2, 150, 64), k=(2, 1, 300, 64),
+                                extra=["--q-offset", "end"], q_climb="2,0",
+                                k_climb="0,1,150"),
         # Head dim 128: two atom columns per K/V tile; whole tiles come by
         # tensor maps (the emulator's code is sm_90's), the tail gathered.
         "decode-d128": dict(q=(1, 4, 1, 128), k=(1, 2, 1100, 128), extra=["--q-offset", "end"]),
@@ -718,7 +800,8 @@ def main():
                        ] + run.get("pages", ["--page-size", "16", "--shuffle-pages", "7"]) + \
             run["extra"]
         reference = os.path.join(work, name + "-ref.npy")
-        subprocess.run(run["args"] + ["-o", reference, "--reference"], check=True, env=env)
+        subprocess.run(run["args"] + ["-o", reference, "--lse", lse_path(reference),
+                                      "--reference"], check=True, env=env)
         run["reference"] = reference
 
     def attempt(run, out, template_dir):
@@ -726,8 +809,12 @@ def main():
         child.update(run.get("env", {}))
         if template_dir:
             child["PAGEDC_TEMPLATE_DIR"] = template_dir
-        return subprocess.run(run["args"] + ["-o", out, "--device", "emu"], env=child,
-                              capture_output=True, text=True)
+        return subprocess.run(run["args"] + ["-o", out, "--lse", lse_path(out), "--device", "emu"],
+                              env=child, capture_output=True, text=True)
+
+    def errors(out, run):
+        return (rel_l2(out, run["reference"]),
+                lse_error(lse_path(out), lse_path(run["reference"])))
 
     failures = 0
     # The unpatched templates: no report, output within tolerance.
@@ -738,10 +825,11 @@ def main():
             print("clean %s run: FAILED (exit %d)\n%s" % (name, result.returncode, result.stderr))
             failures += 1
             continue
-        error = rel_l2(out, run["reference"])
-        print("clean %s run: no report, relative L2 %.1e %s" %
-              (name, error, "agrees" if error <= 1e-2 else "DISAGREES"))
-        failures += error > 1e-2
+        error, lse = errors(out, run)
+        agrees = error <= 1e-2 and lse <= LSE_TOLERANCE
+        print("clean %s run: no report, relative L2 %.1e, lse off by %.1e %s" %
+              (name, error, lse, "agrees" if agrees else "DISAGREES"))
+        failures += not agrees
 
     detected = 0
     for bug in chosen:
@@ -778,9 +866,11 @@ def main():
                 failures += 1
                 continue
         else:
-            error = rel_l2(out, runs[run_name]["reference"])
+            error, lse = errors(out, runs[run_name])
             if error > 1e-2:
                 verdict = "detected numerically: relative L2 %.2e" % error
+            elif lse > LSE_TOLERANCE:
+                verdict = "detected numerically: lse off by up to %.2e" % lse
         if verdict:
             detected += 1
             print("BUG %s: %s" % (bug, verdict))

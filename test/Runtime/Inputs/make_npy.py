@@ -4,7 +4,7 @@
   make_npy.py OUT --shape 1,2,37,16 [--dtype f4|f2|bf16|i4|i8|b1] [--seed S]
               [--low L --high H] [--sorted] [--values 1,2,3]
               [--segments 20,25,8] [--segment-starts 20,25,8]
-              [--climb START,STEP]
+              [--climb START,STEP[,PEAK]]
               [--corrupt magic|truncate|fortran|version]
 
 Values are uniform in [low, high) and never exactly zero (floats); --sorted
@@ -15,7 +15,10 @@ values. --segments N0,N1,... writes document ids (N0 zeros, N1 ones, ...);
 i (i: the row's index along the dimension before the last), rounded to a
 value bf16 holds exactly, so that device runs (bf16 inputs) and the f32 /
 float64 reference see the same number: queries and keys whose scores
-climb along the keys. --corrupt damages the file the way the named error case needs.
+climb along the keys. With PEAK the value climbs up to row PEAK and falls
+by STEP a row after it (START + STEP * (PEAK - |i - PEAK|)): scores that
+climb over the first tiles and fall over the rest, so that row maxima move
+and then stand. --corrupt damages the file the way the named error case needs.
 """
 import argparse
 import math
@@ -88,10 +91,11 @@ def main():
             if value != 0.0:
                 values.append(value)
     if args.climb:
-        start, step = (float(x) for x in args.climb.split(","))
+        start, step, *peak = (float(x) for x in args.climb.split(","))
         row, rows = shape[-1], shape[-2]
         for index in range(0, count, row):
-            climbed = start + step * ((index // row) % rows)
+            i = (index // row) % rows
+            climbed = start + step * (peak[0] - abs(i - peak[0]) if peak else i)
             values[index] = struct.unpack("<f", struct.pack("<I", bf16_bits(climbed) << 16))[0]
     if args.sorted and shape:
         row = shape[-1]

@@ -10,8 +10,10 @@
 // and the bugs each checker must find: a missing mbarrier wait, a wrong
 // expect-tx byte count, a ring stage reused before its consumer released
 // it, a missing wgmma.wait_group, a missing wgmma.fence, a missing
-// fence.proxy.async, a missing named barrier. The same kernels are compiled
-// for sm_90a with NVRTC, so the PTX side of every wrapper assembles.
+// fence.proxy.async (before a wgmma, and before a bulk copy over generic
+// stores), a missing named barrier, setmaxnreg counts that go the wrong way
+// or past the CTA's pool. The same kernels are compiled for sm_90a with
+// NVRTC, so the PTX side of every wrapper assembles.
 //
 //===----------------------------------------------------------------------===//
 
@@ -250,8 +252,78 @@ __device__ void many_readers(float *data, int bug) {
   named_barrier_sync(1, 128);
   data[tid] = first + word[0];
 }
+
+/// Warpgroup 0 hands registers to warpgroup 1, launched at 128 a thread
+/// (a pool of 32768): mode 0: .dec to 40, .inc to 216 (the pool, exactly);
+/// 1: the counts swapped (a .dec above the warps' count, an .inc below it);
+/// 2: .inc to 232 (past the pool: it waits for registers no warp frees);
+/// 3: warpgroup 0's .dec only after a named barrier that warpgroup 1
+/// passes before its .inc, which waits for the .dec.
+__device__ void register_handoff(float *data, int mode) {
+  const int tid = threadIdx.x;
+  if (tid < 128) {
+    if (mode == 3)
+      named_barrier_sync(1, 256);
+    if (mode == 1)
+      setmaxnreg_dec<216>();
+    else
+      setmaxnreg_dec<40>();
+  } else {
+    if (mode == 3)
+      named_barrier_arrive(1, 256);
+    if (mode == 1)
+      setmaxnreg_inc<40>();
+    else if (mode == 2)
+      setmaxnreg_inc<232>();
+    else
+      setmaxnreg_inc<216>();
+  }
+  data[tid] = static_cast<float>(tid);
+}
+
+/// Every thread stores a shared word (the generic proxy), then thread 0
+/// bulk-copies `source` over the 512 bytes (the async proxy) and all read
+/// them: mode 0: thread 0 fences the proxies after the __syncthreads that
+/// acquired the stores; 1: each writer fences after its store; 2: no fence
+/// (the stores and the copy's writes are unordered); 3: warp 1 fences
+/// after the __syncthreads and releases to warp 0 by a named barrier.
+__device__ void bulk_over_generic(float *data, const float *source, int mode) {
+  PAGEDC_EXTERN_SHARED(unsigned char, shared);
+  const uint32_t base = aligned_base(shared);
+  float *words = reinterpret_cast<float *>(shared + (base - shared_address(shared)));
+  const uint32_t bar = base + 1024;
+  const int tid = threadIdx.x;
+  if (tid == 0) {
+    mbarrier_init(bar, 1);
+    fence_mbarrier_init();
+  }
+  words[tid] = -1.0f;
+  if (mode == 1)
+    fence_proxy_async();
+  __syncthreads();
+  if (mode == 3 && tid >= 32 && tid < 64) {
+    fence_proxy_async();
+    named_barrier_arrive(1, 64);
+  }
+  if (mode == 3 && tid < 32)
+    named_barrier_sync(1, 64);
+  if (tid == 0) {
+    if (mode == 0)
+      fence_proxy_async();
+    mbarrier_arrive_expect_tx(bar, 512);
+    bulk_copy_g2s(base, source, 512, bar);
+  }
+  mbarrier_wait(bar, 0);
+  data[tid] = words[tid];
+}
 } // namespace hopper_test
 
+extern "C" __global__ void __launch_bounds__(256, 1) register_handoff(float *data, int mode) {
+  hopper_test::register_handoff(data, mode);
+}
+extern "C" __global__ void bulk_over_generic(float *data, const float *source, int mode) {
+  hopper_test::bulk_over_generic(data, source, mode);
+}
 extern "C" __global__ void many_readers(float *data, int bug) {
   hopper_test::many_readers(data, bug);
 }
@@ -293,7 +365,7 @@ extern "C" __global__ void named_handoff(float *data, int bug) {
 const char *const kNames[] = {"wgmma_n64",          "wgmma_n128",         "wgmma_n64_trans_b",
                               "wgmma_n128_trans_b", "wgmma_n256_trans_b", "ring_bulk",
                               "ring_tensor",        "ring_gather",        "named_handoff",
-                              "many_readers"};
+                              "many_readers",       "register_handoff",   "bulk_over_generic"};
 
 std::string unitText() {
   return std::string(embeddedTemplate("Prelude.cuh")) +
@@ -379,8 +451,10 @@ std::shared_ptr<emu::Module> &module() {
   return loaded;
 }
 
+/// `registers`: per thread at launch (setmaxnreg's start; 0: the
+/// emulator's default for one CTA per SM).
 emu::LaunchResult launch(const char *name, std::vector<void *> params, unsigned threads,
-                         unsigned shared) {
+                         unsigned shared, unsigned registers = 0) {
   const emu::Kernel *kernel = module() ? emu::findKernel(*module(), name) : nullptr;
   if (!kernel) {
     emu::LaunchResult missing;
@@ -392,6 +466,7 @@ emu::LaunchResult launch(const char *name, std::vector<void *> params, unsigned 
   config.block[0] = threads;
   config.dynamicSharedBytes = shared;
   config.maxDynamicSharedBytes = 227 * 1024;
+  config.launchRegisters = registers;
   return emu::launch(*kernel, config, params.data(), emu::Checks{});
 }
 
@@ -542,7 +617,10 @@ GemmRun runRing(const char *kernel, int bug, uint32_t seed, int k = 256, int row
   params.push_back(&tiles);
   params.push_back(&bug);
   GemmRun run;
-  run.result = launch(kernel, params, 256, 2 * 16384 + 64 + 1024);
+  // 168 registers a thread at launch (what ptxas gives a kernel of this
+  // size under -maxrregcount 168): the producer's .dec to 40 and the
+  // consumer's .inc to 232 fit the pool.
+  run.result = launch(kernel, params, 256, 2 * 16384 + 64 + 1024, 168);
   const std::vector<double> expected = reference(aPadded, bPadded, 64, padded);
   if (run.result.ok || bug == 4)
     run.error = maxError(data, expected);
@@ -681,6 +759,61 @@ TEST(Hopper, NamedBarrierOrdersManyReadersBeforeAWrite) {
   emu::LaunchResult racy = launch("many_readers", {&pointer, &bug}, 128, 1024);
   EXPECT_TRUE(hasReport(racy, "racecheck", "write-after-read")) << describe(racy);
   emu::release(data);
+}
+
+// setmaxnreg keeps each warp's count and the CTA's pool: .dec never
+// raises a count, .inc never lowers one, and an .inc waits until other
+// warps' .dec leave room in the pool (a deadlock if none ever does).
+TEST(Hopper, SetmaxnregAccountsForRegisters) {
+  float *data = rampFloats(256, 0.0f);
+  float *pointer = data;
+  for (int mode : {0, 3}) {
+    emu::LaunchResult ok = launch("register_handoff", {&pointer, &mode}, 256, 0, 128);
+    ASSERT_TRUE(ok.ok) << "mode " << mode << describe(ok);
+    EXPECT_TRUE(ok.reports.empty()) << "mode " << mode << describe(ok);
+    EXPECT_EQ(data[255], 255.0f);
+  }
+  int mode = 1;
+  emu::LaunchResult swapped = launch("register_handoff", {&pointer, &mode}, 256, 0, 128);
+  EXPECT_TRUE(hasReport(swapped, "synccheck", "so .dec would raise its count") ||
+              hasReport(swapped, "synccheck", "so .inc would lower its count"))
+      << describe(swapped);
+  mode = 2;
+  emu::LaunchResult greedy = launch("register_handoff", {&pointer, &mode}, 256, 0, 128);
+  EXPECT_TRUE(hasReport(greedy, "synccheck", "deadlock: setmaxnreg.inc 232 of warpgroup 1"))
+      << describe(greedy);
+  // Unset, the launch count is one CTA per SM's: 65536 / 256 threads, at
+  // most 255, which the .inc to 216 would lower.
+  mode = 0;
+  emu::LaunchResult derived = launch("register_handoff", {&pointer, &mode}, 256, 0);
+  EXPECT_TRUE(hasReport(derived, "synccheck", "warp 4 holds 255 registers per thread"))
+      << describe(derived);
+  emu::release(data);
+}
+
+// A bulk copy's writes (the async proxy) over shared bytes that generic
+// stores wrote need a fence.proxy.async between: by the writers, by the
+// issuing thread after it acquired the stores, or by a thread whose
+// release the issuer acquired after that thread's fence.
+TEST(Hopper, BulkCopyOverGenericStoresNeedsAProxyFence) {
+  float *source = rampFloats(128, 3.0f);
+  float *data = rampFloats(128, 0.0f);
+  float *pointer = data;
+  const float *from = source;
+  for (int mode : {0, 1, 3}) {
+    emu::LaunchResult ok = launch("bulk_over_generic", {&pointer, &from, &mode}, 128, 4096);
+    ASSERT_TRUE(ok.ok) << "mode " << mode << describe(ok);
+    EXPECT_TRUE(ok.reports.empty()) << "mode " << mode << describe(ok);
+    for (int i = 0; i < 128; ++i)
+      EXPECT_EQ(data[i], 3.0f + i) << "mode " << mode;
+  }
+  int mode = 2;
+  emu::LaunchResult unfenced = launch("bulk_over_generic", {&pointer, &from, &mode}, 128, 4096);
+  EXPECT_TRUE(hasReport(unfenced, "racecheck",
+                        "async-proxy write over a generic store with no proxy fence"))
+      << describe(unfenced);
+  emu::release(data);
+  emu::release(source);
 }
 
 TEST(Hopper, WrappersAssembleForSm90a) {
