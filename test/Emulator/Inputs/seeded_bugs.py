@@ -554,8 +554,8 @@ BUGS = {
     # prefill's lse off by ln 2 (one log2 unit): the output is right.
     "prefill-lse-off-by-ln2": (
         "Prefill.cuh",
-        "                              ? (state[m].max[half] + log2f(sum)) * kLn2",
-        "                              ? (state[m].max[half] + log2f(sum) + 1.0f) * kLn2",
+        "? (state[m].max[half] + log2f(sum)) * kLn2",
+        "? (state[m].max[half] + log2f(sum) + 1.0f) * kLn2",
         "prefill"),
     # Every batch entry reads batch 0's page table: right for batch 0, and
     # for batch 1 the other sequence's K and V.
@@ -576,8 +576,8 @@ BUGS = {
     # weights stay right): only split decodes run the merge.
     "merge-lse-of-first-split": (
         "Decode.cuh",
-        "      args.lse[row_index] = total > 0.0f ? row_max + logf(total) : -infinity();",
-        "      args.lse[row_index] = lse[0];",
+        "      args.lse[lse_index] = total > 0.0f ? row_max + logf(total) : -infinity();",
+        "      args.lse[lse_index] = lse[0];",
         "decode"),
 }
 
