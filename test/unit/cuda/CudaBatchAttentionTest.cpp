@@ -17,12 +17,15 @@
 #include "pagedc/BatchAttention.h"
 #include "pagedc/CudaAttention.h"
 #include "pagedc/Error.h"
+#include "cuda/CudaGraph.h"
+#include "pagedc/CudaDriver.h"
 
 #include <gtest/gtest.h>
 
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
+#include <random>
 #include <string>
 
 namespace {
@@ -94,6 +97,28 @@ struct DeviceStep {
     HostTensor hostLse(DType::F32, lseView.shape());
     lse.download(hostLse.data(), lse.size());
     return {std::move(hostOut), std::move(hostLse)};
+  }
+
+  /// Another step's inputs into this step's buffers (same sizes: a step of
+  /// the same sequences in another order), out and lse back to NaN: what an
+  /// engine does before it replays a captured step.
+  void reload(const BatchStep &step) {
+    auto bytesOf = [](const HostTensor &t) {
+      return static_cast<size_t>(t.numel()) * dtypeSize(t.dtype());
+    };
+    const size_t kBytes = bytesOf(step.cache->k);
+    const size_t vBytes = step.c.layout == KVLayout::VLLM ? 0 : bytesOf(step.cache->v);
+    ASSERT_EQ(bytesOf(step.q), q.size());
+    ASSERT_EQ(kBytes + vBytes, cache.size());
+    ASSERT_EQ(step.bindings->documents.size() * 4, doc.size());
+    q.upload(step.q.data(), bytesOf(step.q));
+    cache.upload(step.cache->k.data(), kBytes);
+    if (vBytes)
+      cache.upload(step.cache->v.data(), vBytes, kBytes);
+    doc.upload(step.bindings->documents.data(), doc.size());
+    slopes.upload(step.bindings->slopes.data(), slopes.size());
+    out.fill(0xff);
+    lse.fill(0xff);
   }
 };
 
@@ -316,6 +341,75 @@ TEST(CudaBatchAttention, EmptyStepAndRefusals) {
                        TensorView(start.data(), DType::I32, {2}));
       },
       "kv_start[0] = 1, but the CUDA backend reads every sequence's keys from 0");
+}
+
+/// A mixed step captured once into a CUDA graph (the emulated driver's
+/// stream capture) and replayed for 10 steps whose metadata contents change
+/// through plan(): the sequences in another order, new page tables, new
+/// inputs in the same buffers. Each replay matches float64. The graph holds
+/// the launches' shapes, so each step's plan must have the captured shape
+/// (planShape(); the same sequences reordered do).
+TEST(CudaBatchAttention, CapturedStepReplaysWithNewMetadata) {
+  BatchStepCase c;
+  c.seqs = mixedStep();
+  c.qHeads = 4;
+  c.kvHeads = 1;
+  c.dim = c.vDim = 64;
+  c.pageSize = 16;
+  c.layout = KVLayout::NHD;
+  c.storage = DType::BF16;
+  c.mask = "document";
+  c.seed = 90;
+  BatchStep first(c);
+  BatchAttention attention(first.mods, cudaConfig(first));
+  first.plan(attention);
+  const BatchPlanShape captured = attention.planShape();
+  DeviceStep device(first);
+  const CudaDriver &driver = CudaDriver::get();
+  ASSERT_TRUE(cudaGraphsAvailable(driver));
+  cu::Stream stream = nullptr;
+  driver.check(driver.api().streamCreate(&stream, 0), "cuStreamCreate");
+  BatchRunOptions options;
+  options.out = device.outView;
+  options.lse = device.lseView;
+  options.stream = stream;
+  CudaGraphExec graph = captureGraph(driver, stream, [&] {
+    attention.run(device.qView, device.kView, device.vView, device.bindings, options);
+  });
+  // Captured, not run: out is still NaN.
+  EXPECT_TRUE(std::isnan(device.results().second.dataAs<float>()[0]));
+
+  std::mt19937 rng(11);
+  for (int replay = 0; replay < 10; ++replay) {
+    BatchStepCase next = c;
+    next.seed = 200 + replay;
+    std::shuffle(next.seqs.begin(), next.seqs.end(), rng);
+    BatchStep step(next);
+    step.plan(attention);
+    const BatchPlanShape shape = attention.planShape();
+    ASSERT_EQ(shape.prefillTiles, captured.prefillTiles) << replay;
+    ASSERT_EQ(shape.decodeSequences, captured.decodeSequences) << replay;
+    ASSERT_EQ(shape.decodeSplits, captured.decodeSplits) << replay;
+    device.reload(step);
+    graph.launch(stream);
+    driver.check(driver.api().streamSynchronize(stream), "cuStreamSynchronize");
+    auto [out, lse] = device.results();
+    BatchStepCheck check = step.compare(out.view(), lse.view(), /*cudaTolerance=*/true);
+    SCOPED_TRACE("replay " + std::to_string(replay));
+    EXPECT_STEP_MATCHES(check);
+  }
+
+  // A seeded violation: plan() uploads with cuMemcpyHtoD, which a run()
+  // must never do; inside a capture the emulated driver refuses it, names
+  // the call and invalidates the capture.
+  try {
+    captureGraph(driver, stream, [&] { first.plan(attention); });
+    ADD_FAILURE() << "an upload inside a capture was not refused";
+  } catch (const Error &error) {
+    EXPECT_NE(std::string(error.what()).find("cuMemcpyHtoD"), std::string::npos) << error.what();
+  }
+  EXPECT_EQ(streamCaptureStatus(driver, stream), cu::kStreamCaptureStatusNone);
+  driver.check(driver.api().streamDestroy(stream), "cuStreamDestroy");
 }
 
 /// Runs on the emulator's driver with every checker on.
