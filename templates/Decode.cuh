@@ -244,12 +244,21 @@ extern "C" __global__ void __launch_bounds__(pagedc::kDecodeThreads, pagedc::kDe
   const int row_warp = warp / kKvWarps, kv_warp = warp % kKvWarps;
   const int split = blockIdx.x;
   // The sequence and its rows (a packed batch's from its decode list).
-  int b = blockIdx.z, q_len = args.q_len, first_row = 0;
+  int b = blockIdx.z, packed_q_len = 0, first_row = 0;
   if constexpr (kPackedBatch) {
     b = args.work_tiles[2 * blockIdx.z];
     first_row = args.q_start[b];
-    q_len = args.q_start[b + 1] - first_row;
+    packed_q_len = args.q_start[b + 1] - first_row;
   }
+  // Unpacked, the rows come from the argument block at each use, as they
+  // did before packed batches: held in a register for the whole kernel they
+  // cost the sm_90 head-dim-64 build (five CTAs per SM) an 8-byte spill.
+  const auto q_rows = [&] {
+    if constexpr (kPackedBatch)
+      return packed_q_len;
+    else
+      return args.q_len;
+  };
   const int kv_head = blockIdx.y / kDecodeHeadChunks;
   const int head_chunk = blockIdx.y % kDecodeHeadChunks;
   const int kv_len = args.kv_len[b];
@@ -297,7 +306,7 @@ extern "C" __global__ void __launch_bounds__(pagedc::kDecodeThreads, pagedc::kDe
   for (int i = 0; i < kPaddedRows * kChunksPerRow / kDecodeThreads; ++i) {
     int index = thread + i * kDecodeThreads;
     int row = index / kChunksPerRow, chunk = index % kChunksPerRow;
-    DecodeRow info = decode_row(row, kv_head, head_chunk, q_len);
+    DecodeRow info = decode_row(row, kv_head, head_chunk, q_rows());
     const Element *source = q_batch + info.head * args.q_stride[1] +
                             (first_row + info.token) * args.q_stride[2] + chunk * 8;
     cp_async_16(q_tile + tile_offset(row, chunk), source, info.valid ? 16 : 0);
@@ -370,7 +379,7 @@ extern "C" __global__ void __launch_bounds__(pagedc::kDecodeThreads, pagedc::kDe
 #pragma unroll
   for (int half = 0; half < 2; ++half) {
     local_row[half] = row_warp * 16 + (lane >> 2) + 8 * half;
-    DecodeRow info = decode_row(local_row[half], kv_head, head_chunk, q_len);
+    DecodeRow info = decode_row(local_row[half], kv_head, head_chunk, q_rows());
     b_of[half] = b;
     h_of[half] = info.head;
     q_of[half] = q_offset + info.token;
@@ -404,7 +413,7 @@ extern "C" __global__ void __launch_bounds__(pagedc::kDecodeThreads, pagedc::kDe
       for (int row = 0; row < kPaddedRows; ++row) {
         const uint8_t block_class = classes[row * kMaxSplitBlocks + block];
         seen |= block_class;
-        if (decode_row(row, kv_head, head_chunk, q_len).valid)
+        if (decode_row(row, kv_head, head_chunk, q_rows()).valid)
           all_full = all_full && block_class == 2;
       }
       tile_seen[block] = seen | (seen != 0 && all_full ? kAllFull : 0);
@@ -460,7 +469,7 @@ extern "C" __global__ void __launch_bounds__(pagedc::kDecodeThreads, pagedc::kDe
                row += kDecodeThreads / kDecodeTileN) {
             if (classes[row * kMaxSplitBlocks + block] != 1)
               continue;
-            DecodeRow info = decode_row(row, kv_head, head_chunk, q_len);
+            DecodeRow info = decode_row(row, kv_head, head_chunk, q_rows());
             const int q = q_offset + info.token;
             kept = pagedc_mods::mask(params, pagedc_mods::mask_row(params, batch, info.head, q),
                                      batch, info.head, q, kv);
@@ -739,7 +748,7 @@ extern "C" __global__ void __launch_bounds__(pagedc::kDecodeThreads, pagedc::kDe
   if (kv_warp == 0 && (lane & 3) == 0) {
 #pragma unroll
     for (int half = 0; half < kRowHalves; ++half) {
-      DecodeRow info = decode_row(local_row[half], kv_head, head_chunk, q_len);
+      DecodeRow info = decode_row(local_row[half], kv_head, head_chunk, q_rows());
       if (!info.valid)
         continue;
       int64_t row_index =
@@ -760,7 +769,7 @@ extern "C" __global__ void __launch_bounds__(pagedc::kDecodeThreads, pagedc::kDe
   // Rows out: consecutive threads store consecutive column pairs.
   for (int index = thread; index < kPaddedRows * kHeadDim / 2; index += kDecodeThreads) {
     int row = index / (kHeadDim / 2), column = (index % (kHeadDim / 2)) * 2;
-    DecodeRow info = decode_row(row, kv_head, head_chunk, q_len);
+    DecodeRow info = decode_row(row, kv_head, head_chunk, q_rows());
     if (!info.valid)
       continue;
     float x = merged[row * kHeadDim + column], y = merged[row * kHeadDim + column + 1];

@@ -122,10 +122,10 @@ BUGS = {
         "prefill"),
     "merge-reads-unwritten-split": (
         "Decode.cuh",
-        "    DecodeRow info = decode_row(row, kv_head, head_chunk, q_len);\n"
+        "    DecodeRow info = decode_row(row, kv_head, head_chunk, q_rows());\n"
         "    if (!info.valid)\n      continue;\n"
         "    float x = merged",
-        "    DecodeRow info = decode_row(row, kv_head, head_chunk, q_len);\n"
+        "    DecodeRow info = decode_row(row, kv_head, head_chunk, q_rows());\n"
         "    if (!info.valid || (!single_split && split == args.num_splits - 1))\n"
         "      continue;\n"
         "    float x = merged",
