@@ -8,6 +8,7 @@
 //===----------------------------------------------------------------------===//
 
 #include "pagedc/KernelOptions.h"
+#include "Environment.h"
 
 #include "pagedc/Error.h"
 #include "pagedc/KernelSource.h"
@@ -201,8 +202,8 @@ KernelOptions parseKernelOptions(const std::vector<std::string> &assignments) {
 KernelOptions kernelOptionsFromEnvironment() {
   KernelOptions options;
   for (const KernelOptionInfo &info : kernelOptionInfos()) {
-    const char *value = std::getenv(info.variable);
-    if (value && *value)
+    const char *value = env::kernelOptionVariable(info.variable);
+    if (value)
       parseOption(options, info.name, value, info.variable);
   }
   checkPairs(options, [](std::string_view name) {

@@ -1,6 +1,7 @@
 //===- CudaDriver.cpp - The CUDA driver API, loaded at run time -----------===//
 
 #include "pagedc/CudaDriver.h"
+#include "Environment.h"
 
 #include "pagedc/Error.h"
 
@@ -49,7 +50,7 @@ const Loaded &loadDriver() {
     // the toolkit's lib64/stubs/libcuda.so is a link-time stub and is never
     // loaded.
     void *handle = nullptr;
-    const char *chosen = std::getenv("PAGEDC_CUDA_DRIVER");
+    const char *chosen = env::get(env::Setting::CudaDriver);
     if (chosen && std::string_view(chosen) == "emu") {
       std::string tried;
       for (const std::string &candidate : emulatorDriverCandidates()) {
@@ -205,7 +206,7 @@ std::string CudaDeviceInfo::arch() const {
 
 std::vector<std::string> emulatorDriverCandidates() {
   std::vector<std::string> candidates;
-  if (const char *path = std::getenv("PAGEDC_EMU_DRIVER"); path && *path) {
+  if (const char *path = env::get(env::Setting::EmuDriver)) {
     candidates.push_back(path);
     return candidates;
   }

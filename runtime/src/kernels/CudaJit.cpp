@@ -1,6 +1,7 @@
 //===- CudaJit.cpp - CUDA kernels straight from .attn text ----------------===//
 
 #include "pagedc/CudaJit.h"
+#include "Environment.h"
 
 #include "pagedc/CodegenPlugin.h"
 #include "pagedc/Error.h"
@@ -334,7 +335,7 @@ const std::string &codegenBuildId() {
 
 std::string findCodegenPlugin(std::vector<std::string> *tried) {
   std::vector<std::string> candidates;
-  if (const char *path = std::getenv("PAGEDC_CODEGEN_PLUGIN"); path && *path) {
+  if (const char *path = env::get(env::Setting::CodegenPlugin)) {
     candidates.push_back(path); // when set, the only place
   } else {
     if (std::string dir = executableDirectory(); !dir.empty())

@@ -1,6 +1,7 @@
 //===- EmulatorBuild.cpp - Kernels built for the SIMT emulator ------------===//
 
 #include "pagedc/EmulatorBuild.h"
+#include "Environment.h"
 
 #include "SealedFile.h"
 
@@ -29,7 +30,7 @@ namespace fs = std::filesystem;
 namespace {
 
 std::string compilerPath() {
-  if (const char *chosen = std::getenv("PAGEDC_EMU_CXX"); chosen && *chosen)
+  if (const char *chosen = env::get(env::Setting::EmuCxx))
     return chosen;
 #ifdef PAGEDC_EMU_CXX_HINT
   if (::access(PAGEDC_EMU_CXX_HINT, X_OK) == 0)
@@ -72,7 +73,7 @@ std::string fileIdentity(const std::string &path) {
   std::string resolved = path;
   if (path.find('/') == std::string::npos) {
     // A bare name: the first match on PATH.
-    const char *search = std::getenv("PATH");
+    const char *search = env::get(env::Setting::Path);
     std::stringstream stream(search ? search : "/usr/bin");
     std::string dir;
     while (std::getline(stream, dir, ':'))
@@ -114,8 +115,8 @@ int run(const std::string &command, std::string &output) {
 struct TempDirectory {
   std::string path;
   TempDirectory() {
-    const char *base = std::getenv("TMPDIR");
-    std::string pattern = std::string(base && *base ? base : "/tmp") + "/pagedc-emu-XXXXXX";
+    const char *base = env::get(env::Setting::TmpDir);
+    std::string pattern = std::string(base ? base : "/tmp") + "/pagedc-emu-XXXXXX";
     std::vector<char> buffer(pattern.begin(), pattern.end());
     buffer.push_back('\0');
     if (!mkdtemp(buffer.data()))

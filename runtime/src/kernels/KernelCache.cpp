@@ -1,6 +1,7 @@
 //===- KernelCache.cpp - Compiled kernels in memory and on disk -----------===//
 
 #include "pagedc/KernelCache.h"
+#include "Environment.h"
 
 #include "SealedFile.h"
 #include "TestHooks.h"
@@ -120,9 +121,9 @@ KernelCache::KernelCache(std::string directory)
     : directory_(std::move(directory)) {}
 
 std::string KernelCache::defaultDirectory() {
-  if (const char *dir = std::getenv("PAGEDC_CACHE_DIR"); dir && *dir)
+  if (const char *dir = env::get(env::Setting::CacheDir))
     return dir;
-  if (const char *home = std::getenv("HOME"); home && *home)
+  if (const char *home = env::get(env::Setting::Home))
     return std::string(home) + "/.cache/pagedc";
   return "/tmp/pagedc-cache";
 }

@@ -6,6 +6,7 @@
 //===----------------------------------------------------------------------===//
 
 #include "pagedc/KernelSource.h"
+#include "Environment.h"
 
 #include "pagedc/Error.h"
 
@@ -438,8 +439,8 @@ namespace {
 const std::map<std::string, std::string, std::less<>> &templateOverrides() {
   static const std::map<std::string, std::string, std::less<>> overrides = [] {
     std::map<std::string, std::string, std::less<>> files;
-    const char *directory = std::getenv("PAGEDC_TEMPLATE_DIR");
-    if (!directory || !*directory)
+    const char *directory = env::get(env::Setting::TemplateDir);
+    if (!directory)
       return files;
     for (std::size_t i = 0; i < detail::kEmbeddedTemplateCount; ++i) {
       const std::string name = detail::kEmbeddedTemplates[i].name;

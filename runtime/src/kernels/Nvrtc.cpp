@@ -1,6 +1,7 @@
 //===- Nvrtc.cpp - NVRTC loaded at run time -------------------------------===//
 
 #include "pagedc/Nvrtc.h"
+#include "Environment.h"
 
 #include "pagedc/Error.h"
 
@@ -52,8 +53,8 @@ std::string buildCudaRoot() {
 
 std::string cudaIncludeDirectory() {
   std::vector<std::string> roots;
-  for (const char *variable : {"CUDA_HOME", "CUDA_PATH"})
-    if (const char *root = std::getenv(variable))
+  for (env::Setting variable : {env::Setting::CudaHome, env::Setting::CudaPath})
+    if (const char *root = env::get(variable))
       roots.push_back(root);
   roots.push_back(buildCudaRoot());
   for (const std::string &root : roots) {
@@ -75,8 +76,8 @@ cudaLibraryCandidates(const std::vector<std::string> &fileNames) {
       candidates.push_back(root + "/lib/" + file);
     }
   };
-  for (const char *variable : {"CUDA_HOME", "CUDA_PATH"})
-    if (const char *root = std::getenv(variable))
+  for (env::Setting variable : {env::Setting::CudaHome, env::Setting::CudaPath})
+    if (const char *root = env::get(variable))
       addRoot(root);
   for (const std::string &file : fileNames)
     candidates.push_back(file); // the dynamic linker's search path
@@ -213,7 +214,7 @@ std::string quoteErrorLines(std::string_view log, std::string_view name,
 /// order (LD_LIBRARY_PATH, ld.so.conf.d entries, the standard ones).
 std::vector<std::string> linkerSearchDirectories() {
   std::vector<std::string> dirs;
-  if (const char *path = std::getenv("LD_LIBRARY_PATH")) {
+  if (const char *path = env::get(env::Setting::LdLibraryPath)) {
     std::istringstream list(path);
     for (std::string dir; std::getline(list, dir, ':');)
       if (!dir.empty())
