@@ -116,6 +116,9 @@ std::optional<ConstantValue> ConstantEvaluator::evaluate(const Expr &expr) {
   return std::nullopt;
 }
 
+// One case per binary operator and operand type, each a few lines that must
+// fold exactly as the generated code computes (i32 wrap, division by zero,
+// f32 rounding): kept as one switch so the cases can be read side by side.
 std::optional<ConstantValue>
 ConstantEvaluator::evaluateBinary(const BinaryExpr &expr) {
   std::optional<ConstantValue> lhs = evaluate(*expr.getLHS());

@@ -847,6 +847,9 @@ Type Sema::checkCall(ExprPtr &slot, CallExpr &expr, Scope &scope) {
   return Type::Unknown;
 }
 
+// One case per builtin (arity, operand types, the result type): a table in
+// code, longer than a function should be so that every builtin's typing
+// rule is in one place.
 Type Sema::checkBuiltin(ExprPtr &slot, CallExpr &expr, Scope &scope) {
   Builtin builtin = expr.getBuiltin();
   llvm::StringRef name = builtinName(builtin);

@@ -391,6 +391,9 @@ static void readElement(const void *data, int64_t offset, pagedc::DType type,
   }
 }
 
+// The float64 reference's interpreter loop: one case per operation of the
+// lowered mod, kept in one switch so the reference reads as the semantics
+// the CPU JIT and the CUDA code are checked against.
 ReferenceMod::Slot ReferenceMod::run(const PagedcModContext &context,
                                      double score, int32_t b, int32_t h,
                                      int32_t q, int32_t kv) const {

@@ -445,6 +445,10 @@ int64_t operandOffset(Worker &worker, uint64_t descriptor, bool mnMajor, unsigne
 
 } // namespace
 
+// One wgmma as the ISA defines it: operand descriptors decoded, every
+// operand read checked (bounds, races, initialisation, wgmma.fence order),
+// the products accumulated. The checks share the decoded state of the whole instruction,
+// so they stay in one function.
 void wgmmaIssue(const PagedcEmuWgmma *op, float *d, const char *file, int line) {
   Worker &worker = *currentWorker;
   Thread &thread = *currentThread;
