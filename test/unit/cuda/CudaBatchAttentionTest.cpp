@@ -181,7 +181,8 @@ std::vector<BatchSeq> mixedStep() {
 
 const KVLayout kLayouts[] = {KVLayout::Pagedc, KVLayout::NHD, KVLayout::HND, KVLayout::VLLM};
 
-TEST(CudaBatchAttention, MixedStepDocumentMaskNHD) {
+/// The mixed step in bf16, NHD pages of 16, GQA 4, D 64, a document mask.
+BatchStepCase mixedDocumentCase(uint64_t seed) {
   BatchStepCase c;
   c.seqs = mixedStep();
   c.qHeads = 4;
@@ -191,7 +192,12 @@ TEST(CudaBatchAttention, MixedStepDocumentMaskNHD) {
   c.layout = KVLayout::NHD;
   c.storage = DType::BF16;
   c.mask = "document";
-  c.seed = 3;
+  c.seed = seed;
+  return c;
+}
+
+TEST(CudaBatchAttention, MixedStepDocumentMaskNHD) {
+  const BatchStepCase c = mixedDocumentCase(3);
   BatchStepCheck check = checkOnDevice(c);
   EXPECT_STEP_MATCHES(check);
 }
@@ -350,16 +356,7 @@ TEST(CudaBatchAttention, EmptyStepAndRefusals) {
 /// the launches' shapes, so each step's plan must have the captured shape
 /// (planShape(); the same sequences reordered do).
 TEST(CudaBatchAttention, CapturedStepReplaysWithNewMetadata) {
-  BatchStepCase c;
-  c.seqs = mixedStep();
-  c.qHeads = 4;
-  c.kvHeads = 1;
-  c.dim = c.vDim = 64;
-  c.pageSize = 16;
-  c.layout = KVLayout::NHD;
-  c.storage = DType::BF16;
-  c.mask = "document";
-  c.seed = 90;
+  const BatchStepCase c = mixedDocumentCase(90);
   BatchStep first(c);
   BatchAttention attention(first.mods, cudaConfig(first));
   first.plan(attention);
