@@ -22,6 +22,14 @@ config.environment["HOME"] = os.environ.get("HOME", "/tmp")
 config.substitutions.append(("%examples", os.path.join(config.pagedc_src_root, "examples")))
 config.substitutions.append(("%python", config.python_executable))
 config.substitutions.append(("%templates", os.path.join(config.pagedc_src_root, "templates")))
+# The Python package (build/python) and the interpreter it was built for,
+# which has NumPy; both empty when the tree has no package.
+module_dir = os.path.join(config.pagedc_obj_root, "python")
+module_python = getattr(config, "pagedc_module_python", "")
+if not (module_python and os.path.isdir(os.path.join(module_dir, "pagedc"))):
+    module_python, module_dir = "", ""
+config.substitutions.append(("%module_python", '"%s"' % module_python))
+config.substitutions.append(("%module_dir", '"%s"' % module_dir))
 
 if config.have_nvrtc:
     config.available_features.add("nvrtc")

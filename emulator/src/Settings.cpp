@@ -28,6 +28,7 @@
 #include <cerrno>
 #include <cstdlib>
 
+#include <sys/stat.h>
 #include <unistd.h>
 
 namespace pagedc::emu {
@@ -74,8 +75,10 @@ bool isKernelName(const std::string &name) {
 /// Whether a file at `path` can be created or appended to: the lines would
 /// otherwise be lost without a word.
 bool isWritableFile(const std::string &path) {
-  if (::access(path.c_str(), F_OK) == 0)
-    return ::access(path.c_str(), W_OK) == 0;
+  // A directory passes access(W_OK) but cannot be opened for appending.
+  struct stat info;
+  if (::stat(path.c_str(), &info) == 0)
+    return !S_ISDIR(info.st_mode) && ::access(path.c_str(), W_OK) == 0;
   const size_t slash = path.rfind('/');
   const std::string directory = slash == std::string::npos ? "."
                                 : slash == 0               ? "/"

@@ -329,7 +329,10 @@ class PagedKVCache:
         self._native = _C.KVCache(n_pages, page_size, max_batch_size, heads, head_dim,
                                   -1 if value_head_dim is None else value_head_dim, dtype,
                                   _scales(k_scale, "k_scale"), _scales(v_scale, "v_scale"))
-        self._lengths = [0] * int(max_batch_size)
+        # Lengths of the slots written so far, by slot: the native cache
+        # costs nothing per configured slot (max_batch_size may be 2^31), so
+        # neither does this.
+        self._lengths = {}
 
     # Configuration -------------------------------------------------------
     n_pages = property(lambda self: self._native.n_pages)
@@ -394,7 +397,7 @@ class PagedKVCache:
         """Releases every page of the slots (shared pages drop a reference)."""
         for s in self._slots(batch_idx):
             self._native.erase(s)
-            self._lengths[s] = 0
+            self._lengths.pop(s, None)
 
     def assign(self, batch_idx, input_pos, k_val, v_val) -> None:
         """Writes ``k_val`` [B, H, S, D] / ``v_val`` [B, H, S, Dv] for slots
@@ -412,14 +415,14 @@ class PagedKVCache:
         pos = np.asarray(pos).reshape(len(slots), -1)
         for b, s in enumerate(slots):
             if pos.shape[1]:
-                self._lengths[s] = max(self._lengths[s], int(pos[b].max()) + 1)
+                self._lengths[s] = max(self._lengths.get(s, 0), int(pos[b].max()) + 1)
 
     def fork(self, src: int, dst: int, length: Optional[int] = None) -> None:
         """Makes empty slot ``dst`` share the first ``length`` tokens of
         ``src`` (default: src's length); full pages are shared, a last partial
         page is copied."""
         if length is None:
-            length = self._lengths[src] if 0 <= src < len(self._lengths) else 0
+            length = self._lengths.get(src, 0)
         self._native.fork(int(src), int(dst), int(length))
         self._lengths[dst] = int(length)
 
@@ -429,9 +432,9 @@ class PagedKVCache:
 
     def seq_len(self, slot: int) -> int:
         """The slot's length: one past the highest position written."""
-        if not 0 <= slot < len(self._lengths):
-            raise ValueError(f"slot: {slot} is out of range [0, {len(self._lengths)})")
-        return self._lengths[slot]
+        if not 0 <= slot < self.max_batch_size:
+            raise ValueError(f"slot: {slot} is out of range [0, {self.max_batch_size})")
+        return self._lengths.get(slot, 0)
 
     @property
     def free_pages(self) -> list:

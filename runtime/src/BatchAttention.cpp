@@ -22,7 +22,9 @@
 #include <cmath>
 #include <limits>
 #include <memory>
+#include <new>
 #include <optional>
+#include <stdexcept>
 #include <utility>
 
 namespace pagedc {
@@ -236,11 +238,13 @@ BatchAttention::BatchAttention(const CompiledMods &mods, const BatchAttentionCon
                             "{} must equal head_dim {}",
                             c.valueHeadDim, c.headDim));
   constexpr int64_t kInt32Max = std::numeric_limits<int32_t>::max();
+  // The product is checked for overflow: a wrapped one could pass the bound.
+  int64_t keysPerSeq = 0;
   if (c.maxNumTokens > kInt32Max || c.maxNumSeqs >= kInt32Max ||
-      c.maxBlocksPerSeq * c.pageSize > kInt32Max)
-    throw Error(fmt::format("max_num_tokens {}, max_num_seqs {} and max_blocks_per_seq x "
+      __builtin_mul_overflow(c.maxBlocksPerSeq, c.pageSize, &keysPerSeq) || keysPerSeq > kInt32Max)
+    throw Error(fmt::format("max_num_tokens {}, max_num_seqs {} and max_blocks_per_seq {} x "
                             "page_size {} must each fit int32",
-                            c.maxNumTokens, c.maxNumSeqs, c.maxBlocksPerSeq * c.pageSize));
+                            c.maxNumTokens, c.maxNumSeqs, c.maxBlocksPerSeq, c.pageSize));
   if (c.threads < 0)
     throw Error(fmt::format("threads must not be negative but is {}", c.threads));
   if (c.device.kind == DeviceKind::CPU) {
@@ -249,11 +253,24 @@ BatchAttention::BatchAttention(const CompiledMods &mods, const BatchAttentionCon
     if (mods_.hasScore() && !mods_.scoreRow)
       throw Error(fmt::format("score mod '{}' has no CPU function", mods_.scoreName));
   }
-  queryStart_.assign(static_cast<size_t>(c.maxNumSeqs + 1), 0);
-  kvBegin_.assign(static_cast<size_t>(c.maxNumSeqs), 0);
-  kvLength_.assign(static_cast<size_t>(c.maxNumSeqs), 0);
-  qOffset_.assign(static_cast<size_t>(c.maxNumSeqs), 0);
-  pageTable_.assign(static_cast<size_t>(c.maxNumSeqs * c.maxBlocksPerSeq), -1);
+  // Each factor is under 2^31 (checked above), so the table's size fits
+  // int64; limits too large for memory are an error naming them, not
+  // std::bad_alloc.
+  try {
+    queryStart_.assign(static_cast<size_t>(c.maxNumSeqs + 1), 0);
+    kvBegin_.assign(static_cast<size_t>(c.maxNumSeqs), 0);
+    kvLength_.assign(static_cast<size_t>(c.maxNumSeqs), 0);
+    qOffset_.assign(static_cast<size_t>(c.maxNumSeqs), 0);
+    pageTable_.assign(static_cast<size_t>(c.maxNumSeqs * c.maxBlocksPerSeq), -1);
+  } catch (const std::bad_alloc &) {
+    throw Error(fmt::format("out of memory allocating the plan's page table of max_num_seqs {} "
+                            "x max_blocks_per_seq {} entries",
+                            c.maxNumSeqs, c.maxBlocksPerSeq));
+  } catch (const std::length_error &) {
+    throw Error(fmt::format("max_num_seqs {} x max_blocks_per_seq {} page-table entries are "
+                            "more than one vector can hold",
+                            c.maxNumSeqs, c.maxBlocksPerSeq));
+  }
   if (c.device.kind == DeviceKind::CUDA)
     cuda_ = std::make_unique<detail::CudaBatchBackend>(mods_, c);
 }

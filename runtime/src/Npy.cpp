@@ -24,6 +24,11 @@ namespace {
 
 constexpr char kMagic[] = "\x93NUMPY";
 constexpr size_t kMagicLength = 6;
+/// The largest header read. NumPy writes a few hundred bytes at most (a dict
+/// of three keys; pagedc's ranks are at most 6); versions 2.0 and 3.0 let the
+/// length field claim 4 GiB, which would otherwise size the buffer the header
+/// is read into.
+constexpr uint64_t kMaxHeaderBytes = uint64_t(1) << 20;
 
 [[noreturn]] void fail(const std::string &name, const std::string &problem) {
   throw Error(fmt::format("npy file '{}': {}", name, problem));
@@ -243,6 +248,9 @@ uint64_t prefixLength(const uint8_t *bytes, uint64_t size, uint64_t available,
   if (size < headerStart)
     fail(name, "truncated header");
   headerLength = readLittleEndian(bytes + kMagicLength + 2, lengthBytes);
+  if (headerLength > kMaxHeaderBytes)
+    fail(name, fmt::format("header of {} bytes is larger than the {} a .npy header may be",
+                           headerLength, kMaxHeaderBytes));
   if (available < headerStart + headerLength)
     fail(name, fmt::format("truncated header: it declares {} bytes, the file has {}",
                            headerLength, available - headerStart));

@@ -261,6 +261,8 @@ TensorView TensorView::fromDLPack(const PagedcDLTensor &tensor) {
   if (tensor.ndim < 0)
     throw Error("DLPack tensor with a negative rank");
   checkRank(static_cast<size_t>(tensor.ndim));
+  if (tensor.ndim > 0 && !tensor.shape)
+    throw Error(fmt::format("DLPack tensor of rank {} has no shape", tensor.ndim));
   DType dtype = dtypeFromDLPack(tensor.dtype);
   std::vector<int64_t> shape(tensor.shape, tensor.shape + tensor.ndim);
   char *data = static_cast<char *>(tensor.data) + tensor.byte_offset;

@@ -68,6 +68,9 @@ const std::multimap<std::string, std::string> kGarbage = {
     {"PAGEDC_EMU_QUIET", "2"},
     {"PAGEDC_EMU_REPORT", "/nonexistent-pagedc-directory/reports.jsonl"},
     {"PAGEDC_EMU_COUNTERS", "/nonexistent-pagedc-directory/counters.jsonl"},
+    // Directories pass access(W_OK) but take no appended lines.
+    {"PAGEDC_EMU_REPORT", "/"},
+    {"PAGEDC_EMU_COUNTERS", "/tmp"},
 };
 
 TEST(EmulatorSettings, EveryVariableRefusesGarbageWithTheValidValues) {

@@ -568,3 +568,202 @@ TEST(OutputViewHardening, DeviceBufferCopiesRefuseWrappingOffsets) {
   buffer.upload(host.data(), 64, 0);
   buffer.download(host.data(), 0, 64);
 }
+
+// Issue 47's hostile-input sweep, C++ side (the CLI and Python sides are
+// test/CLI/hostile-sweep.test): calls a program could make by accident, each
+// an Error naming the problem, never a crash, std::bad_alloc or a write.
+namespace {
+
+BatchAttentionConfig smallBatchConfig() {
+  BatchAttentionConfig config;
+  config.numQHeads = 2;
+  config.numKVHeads = 2;
+  config.headDim = 8;
+  config.pageSize = 4;
+  config.maxNumSeqs = 4;
+  config.maxNumTokens = 64;
+  config.maxBlocksPerSeq = 4;
+  return config;
+}
+
+} // namespace
+
+TEST(HostileInputs, BatchLimitsWhoseProductWrapsAreRefused) {
+  // 2^33 blocks of 2^31 keys: the product wraps to 0 in int64, which once
+  // passed the int32 bound and sized the page table from 2^35 entries.
+  BatchAttentionConfig config = smallBatchConfig();
+  config.maxBlocksPerSeq = int64_t(1) << 33;
+  config.pageSize = int64_t(1) << 31;
+  EXPECT_PAGEDC_ERROR(BatchAttention(CompiledMods{}, config), "must each fit int32");
+  config.maxBlocksPerSeq = INT64_MAX;
+  config.pageSize = 2;
+  EXPECT_PAGEDC_ERROR(BatchAttention(CompiledMods{}, config), "must each fit int32");
+  config = smallBatchConfig();
+  config.maxNumSeqs = INT32_MAX;
+  EXPECT_PAGEDC_ERROR(BatchAttention(CompiledMods{}, config), "must each fit int32");
+  config = smallBatchConfig();
+  config.threads = -3;
+  EXPECT_PAGEDC_ERROR(BatchAttention(CompiledMods{}, config), "threads must not be negative");
+}
+
+TEST(HostileInputs, PlanMetadataOfTheWrongKindIsRefused) {
+  BatchAttention attention(CompiledMods{}, smallBatchConfig());
+  std::vector<int32_t> starts = {0, 2}, lengths = {2}, table = {0, 1, 2, 3};
+  std::vector<int64_t> wide = {2};
+  // Rank, element type, negative strides, missing data.
+  EXPECT_PAGEDC_ERROR(
+      attention.plan(i32View(starts, {1, 2}), i32View(lengths), i32View(table, {1, 4})),
+      "query_start_loc must have rank 1");
+  EXPECT_PAGEDC_ERROR(attention.plan(i32View(starts), TensorView(wide.data(), DType::I64, {1}),
+                                     i32View(table, {1, 4})),
+                      "seq_lens must be int32 but is i64");
+  EXPECT_PAGEDC_ERROR(
+      attention.plan(i32View(starts), i32View(lengths),
+                     TensorView(table.data() + 3, DType::I32, {1, 4}, {4, -1}, Device::cpu())),
+      "block_table has negative stride -1 in dimension 1");
+  EXPECT_PAGEDC_ERROR(
+      attention.plan(i32View(starts), i32View(lengths), TensorView(nullptr, DType::I32, {1, 4})),
+      "block_table has no data");
+  EXPECT_FALSE(attention.planned());
+}
+
+TEST(HostileInputs, PlanValuesThatCannotDescribeAStepAreRefused) {
+  BatchAttention attention(CompiledMods{}, smallBatchConfig());
+  std::vector<int32_t> table = {0, 1, 2, 3};
+  auto plan = [&](std::vector<int32_t> starts, std::vector<int32_t> lengths) {
+    attention.plan(i32View(starts), i32View(lengths), i32View(table, {1, 4}));
+  };
+  EXPECT_PAGEDC_ERROR(plan({5, 7}, {2}), "query_start_loc[0] must be 0 but is 5");
+  EXPECT_PAGEDC_ERROR(plan({0, 2}, {-9}), "seq_lens[0] = -9 is less than");
+  EXPECT_PAGEDC_ERROR(plan({0, INT32_MAX}, {INT32_MAX}), "exceeds max_num_tokens 64");
+  // 4 pages of 4 hold 16 keys; a 17th needs a fifth column.
+  EXPECT_PAGEDC_ERROR(plan({0, 1}, {17}), "max_blocks_per_seq is 4");
+  std::vector<int32_t> negative = {0, -2, 1, 1};
+  std::vector<int32_t> starts = {0, 1}, lengths = {8};
+  EXPECT_PAGEDC_ERROR(attention.plan(i32View(starts), i32View(lengths), i32View(negative, {1, 4})),
+                      "block_table[0, 1] = -2 is negative");
+  EXPECT_FALSE(attention.planned());
+}
+
+TEST(HostileInputs, RunRefusesQueriesThatRunBackwardsOrAreMissing) {
+  BatchAttention attention(CompiledMods{}, smallBatchConfig());
+  std::vector<int32_t> starts = {0, 2}, lengths = {2}, table = {0, 0, 0, 0};
+  attention.plan(i32View(starts), i32View(lengths), i32View(table, {1, 4}));
+  HostTensor q(DType::F32, {2, 2, 8}), cache(DType::F32, {2, 1, 4, 8});
+  HostTensor out(DType::F32, {2, 2, 8});
+  std::fill(out.dataAs<float>(), out.dataAs<float>() + out.numel(), 7.0f);
+  BatchRunOptions options;
+  options.out = out.view();
+  const TensorView backwards(q.dataAs<float>() + 8, DType::F32, {2, 2, 8}, {16, -8, 1},
+                             Device::cpu());
+  EXPECT_PAGEDC_ERROR(attention.run(backwards, cache.view(), cache.view(), {}, options),
+                      "negative stride");
+  EXPECT_PAGEDC_ERROR(attention.run(TensorView(nullptr, DType::F32, {2, 2, 8}), cache.view(),
+                                    cache.view(), {}, options),
+                      "no data");
+  EXPECT_PAGEDC_ERROR(attention.run(TensorView(q.data(), DType::F32, {2, 2, 8, 1}), cache.view(),
+                                    cache.view(), {}, options),
+                      "q must be [T, Hq, D]");
+  EXPECT_TRUE(std::all_of(out.dataAs<float>(), out.dataAs<float>() + out.numel(),
+                          [](float x) { return x == 7.0f; }));
+}
+
+TEST(HostileInputs, TensorViewsThatDescribeNoTensorAreRefused) {
+  float data[8] = {};
+  EXPECT_PAGEDC_ERROR(TensorView(data, DType::F32, {2, -3}), "negative extent -3 in dimension 1");
+  EXPECT_PAGEDC_ERROR(TensorView(data, DType::F32, {1, 1, 1, 1, 1, 1, 1}),
+                      "tensor rank 7 exceeds the supported maximum of 6");
+  EXPECT_PAGEDC_ERROR(TensorView(data, DType::F32, {2, 4}, {4, 1, 1}, Device::cpu()),
+                      "shape has 2 dimensions but strides have 3");
+  EXPECT_PAGEDC_ERROR(TensorView(data, DType::F32, {INT64_MAX / 2, 3}, {3, 1}, Device::cpu()),
+                      "more elements than int64 can count");
+}
+
+TEST(HostileInputs, MalformedDLPackTensorsAreRefused) {
+  float data[8] = {};
+  int64_t shape[2] = {2, 4};
+  PagedcDLTensor tensor{};
+  tensor.data = data;
+  tensor.device = {1, 0};
+  tensor.ndim = 2;
+  tensor.dtype = {2, 32, 1};
+  tensor.shape = shape;
+  ASSERT_EQ(TensorView::fromDLPack(tensor).numel(), 8);
+  PagedcDLTensor bad = tensor;
+  bad.dtype.lanes = 4;
+  EXPECT_PAGEDC_ERROR(TensorView::fromDLPack(bad), "DLPack tensors with 4 lanes");
+  bad = tensor;
+  bad.device.device_type = 7;
+  EXPECT_PAGEDC_ERROR(TensorView::fromDLPack(bad), "unsupported DLPack device type 7");
+  bad = tensor;
+  bad.ndim = -2;
+  EXPECT_PAGEDC_ERROR(TensorView::fromDLPack(bad), "negative rank");
+  bad = tensor;
+  bad.ndim = 40;
+  EXPECT_PAGEDC_ERROR(TensorView::fromDLPack(bad), "tensor rank 40 exceeds");
+  bad = tensor;
+  bad.shape = nullptr;
+  EXPECT_PAGEDC_ERROR(TensorView::fromDLPack(bad), "has no shape");
+  bad = tensor;
+  bad.dtype = {2, 24, 1};
+  EXPECT_PAGEDC_ERROR(TensorView::fromDLPack(bad), "unsupported DLPack dtype (code 2, 24 bits)");
+}
+
+TEST(HostileInputs, KVCacheMisuseChangesNothing) {
+  KVCacheConfig config;
+  config.numPages = 4;
+  config.pageSize = 4;
+  config.maxBatch = 2;
+  config.heads = 1;
+  config.headDim = 4;
+  config.valueHeadDim = 4;
+  PagedKVCache cache(config);
+  cache.reserve(0, 6);
+  const int64_t free = cache.freePageCount();
+  EXPECT_PAGEDC_ERROR(cache.reserve(-1, 4), "slot -1 is out of range [0, 2)");
+  EXPECT_PAGEDC_ERROR(cache.erase(INT64_MAX), "is out of range [0, 2)");
+  EXPECT_PAGEDC_ERROR(cache.fork(0, 0, 4), "fork: source and destination are the same slot 0");
+  EXPECT_PAGEDC_ERROR(cache.fork(0, 1, 9), "fork: length 9 is outside");
+  EXPECT_PAGEDC_ERROR(cache.fork(0, 1, -1), "fork: length -1 is outside");
+  EXPECT_PAGEDC_ERROR(cache.pageRefCount(-1), "page -1 is out of range [0, 4)");
+  EXPECT_PAGEDC_ERROR(cache.physicalToLogical(0, 4), "page 4 is out of range [0, 4)");
+  EXPECT_EQ(cache.freePageCount(), free);
+  EXPECT_EQ(cache.capacity(0), 8);
+  EXPECT_EQ(cache.capacity(1), 0);
+}
+
+TEST(HostileInputs, KVCacheAssignOfTheWrongKindWritesNothing) {
+  KVCacheConfig config;
+  config.numPages = 4;
+  config.pageSize = 4;
+  config.maxBatch = 2;
+  config.heads = 1;
+  config.headDim = 4;
+  config.valueHeadDim = 4;
+  PagedKVCache cache(config);
+  cache.reserve(0, 4);
+  const std::vector<uint8_t> before(static_cast<const uint8_t *>(cache.kCache().data()),
+                                    static_cast<const uint8_t *>(cache.kCache().data()) +
+                                        cache.kCache().numel() * 4);
+  HostTensor k(DType::F32, {1, 1, 2, 4});
+  std::fill(k.dataAs<float>(), k.dataAs<float>() + k.numel(), 3.0f);
+  std::vector<int32_t> slots = {0};
+  std::vector<int32_t> farSlot = {5};
+  std::vector<int32_t> positions = {0, 1}, pastCapacity = {3, 4}, negative = {-1, 0};
+  EXPECT_PAGEDC_ERROR(
+      cache.assign(i32View(farSlot), i32View(positions, {1, 2}), k.view(), k.view()),
+      "assign: batch_idx[0] = 5 is out of range [0, 2)");
+  EXPECT_PAGEDC_ERROR(
+      cache.assign(i32View(slots), i32View(pastCapacity, {1, 2}), k.view(), k.view()),
+      "input_pos[0, 1] = 4 is outside slot 0's reserved capacity [0, 4)");
+  EXPECT_PAGEDC_ERROR(cache.assign(i32View(slots), i32View(negative, {1, 2}), k.view(), k.view()),
+                      "input_pos[0, 0] = -1 is outside slot 0's reserved capacity [0, 4)");
+  HostTensor wrongHeads(DType::F32, {1, 3, 2, 4});
+  EXPECT_PAGEDC_ERROR(cache.assign(i32View(slots), i32View(positions, {1, 2}), wrongHeads.view(),
+                                   wrongHeads.view()),
+                      "same number of heads");
+  const std::vector<uint8_t> after(static_cast<const uint8_t *>(cache.kCache().data()),
+                                   static_cast<const uint8_t *>(cache.kCache().data()) +
+                                       cache.kCache().numel() * 4);
+  EXPECT_EQ(before, after);
+}
