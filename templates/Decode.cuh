@@ -78,9 +78,9 @@ constexpr bool kDecodeQInRegisters = kHeadDim <= 128;
 /// CTAs per SM the register allocation must allow. On sm_90 at head dim
 /// 64, five (96 registers a thread; the shared memory allows six), which
 /// the all-kept path's second copy of the mod code would otherwise cost;
-/// elsewhere ptxas chooses (sm_80 at head dim 64 had four before it). A
-/// packed batch's kernel (8 tokens: up to 64 rows, and the strided copies'
-/// registers) spilled 44-360 bytes under that cap, so ptxas chooses there.
+/// elsewhere ptxas chooses. A packed batch's kernel (8 tokens: up to 64
+/// rows, and the strided copies' registers) spills under that cap, so ptxas
+/// chooses there too.
 #if !defined(PAGEDC_EMULATOR) && defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
 constexpr int kDecodeMinBlocks = kHeadDim <= 64 && !kPackedBatch ? 5 : 1;
 #else
@@ -250,9 +250,9 @@ extern "C" __global__ void __launch_bounds__(pagedc::kDecodeThreads, pagedc::kDe
     first_row = args.q_start[b];
     packed_q_len = args.q_start[b + 1] - first_row;
   }
-  // Unpacked, the rows come from the argument block at each use, as they
-  // did before packed batches: held in a register for the whole kernel they
-  // cost the sm_90 head-dim-64 build (five CTAs per SM) an 8-byte spill.
+  // Unpacked, the rows come from the argument block at each use: held in a
+  // register for the whole kernel they cost the sm_90 head-dim-64 build
+  // (five CTAs per SM) a spill.
   const auto q_rows = [&] {
     if constexpr (kPackedBatch)
       return packed_q_len;
