@@ -17,6 +17,7 @@ from typing import Any, Mapping, Optional, Sequence, Union
 import numpy as np
 
 from . import _pagedc as _C
+from . import _torch as _T
 
 Error = _C.Error
 Tensor = _C.Tensor
@@ -707,7 +708,6 @@ def flex_attention(q, cache_or_k, v=None, block_mask: Optional[BlockMask] = None
     Inside ``torch.compile`` the key/value tensor form runs as the custom op
     ``torch.ops.pagedc.flex_attention``, with no graph break.
     """
-    from . import _torch as _T
     if _T.torch_compiling():
         return _T.compiled_flex_attention(
             q, cache_or_k, v, block_mask, mods, buffers, params, scale, enable_gqa, return_lse,
@@ -755,6 +755,7 @@ def flex_attention(q, cache_or_k, v=None, block_mask: Optional[BlockMask] = None
                                      kernel_options=kernel_options)
         return result, _T.aux_output(lse, return_aux)
     framework = _framework_of(q)
+    torch_host = framework == "torch" and not q.is_cuda
     kernel_texts = _kernel_option_texts(kernel_options)
     mods = _native_mods(mods)
     if isinstance(cache_or_k, PagedKVCache):
@@ -782,8 +783,14 @@ def flex_attention(q, cache_or_k, v=None, block_mask: Optional[BlockMask] = None
         if len(slots) != batch:
             raise ValueError(f"batch_idx: {len(slots)} slots for a batch of {batch}")
     if kv_length is None:
-        lengths = [default_length if default_length is not None else cache.seq_len(s)
-                   for s in slots]
+        if default_length is not None:
+            lengths = [default_length] * batch
+        else:
+            if batch > cache.max_batch_size:
+                raise ValueError(f"q: a batch of {batch} but the cache has "
+                                 f"{cache.max_batch_size} slots")
+            known = cache._lengths
+            lengths = [known.get(s, 0) for s in slots]
     else:
         lengths = _int_list(kv_length, "kv_length", batch)
     if q_offset is None:
@@ -801,6 +808,9 @@ def flex_attention(q, cache_or_k, v=None, block_mask: Optional[BlockMask] = None
     if block_mask is not None and not isinstance(block_mask, BlockMask):
         raise ValueError("block_mask: expected a pagedc.BlockMask (create_block_mask)")
     merged, params = mods._bindings(buffers, params)
+    if torch_host:
+        return _torch_host_call(q, cache, block_mask, mods, merged, params, slots, lengths,
+                                offsets, scale, return_lse, out, threads, kernel_texts)
     result, lse = _C.flex_attention(q, cache._native,
                                     None if block_mask is None else block_mask._native,
                                     mods._native, merged, params, slots, lengths, offsets,
@@ -810,4 +820,33 @@ def flex_attention(q, cache_or_k, v=None, block_mask: Optional[BlockMask] = None
     if return_lse:
         return result, _to_framework(lse, framework)
     return result
+
+
+def _torch_host_call(q, cache, block_mask, mods, merged, params, slots, lengths, offsets,
+                     scale, return_lse, out, threads, kernel_texts):
+    """The native call for torch tensors in host memory. torch's own
+    ``Tensor.__dlpack__`` costs several microseconds in Python (it negotiates
+    streams and versions), ``to_dlpack`` a fraction of one, and for a small
+    decode step that is most of the call; likewise the outputs are made with
+    ``torch.empty`` and written in place rather than imported from pagedc."""
+    import torch
+    to_dlpack = torch.utils.dlpack.to_dlpack
+    shape = q.shape
+    if out is None and q.dtype in (torch.float32, torch.bfloat16):
+        out = torch.empty((shape[0], shape[1], shape[2], cache.value_head_dim), dtype=q.dtype)
+    lse = torch.empty((shape[0], shape[1], shape[2]), dtype=torch.float32) \
+        if return_lse else None
+    given_out = out
+
+    def exported(tensor):
+        return to_dlpack(tensor) if isinstance(tensor, torch.Tensor) and \
+            not tensor.is_cuda else tensor
+
+    result, native_lse = _C.flex_attention(
+        exported(q), cache._native, None if block_mask is None else block_mask._native,
+        mods._native, merged, params, slots, lengths, offsets,
+        None if scale is None else float(scale), bool(return_lse), exported(out),
+        None if lse is None else to_dlpack(lse), int(threads), kernel_texts)
+    result = given_out if given_out is not None else _to_framework(result, "torch")
+    return (result, lse) if return_lse else result
 

@@ -137,11 +137,17 @@ py::capsule exportDLPack(py::object self) {
   return py::reinterpret_steal<py::capsule>(capsule);
 }
 
+BorrowedTensor borrowCapsule(py::object capsule, const std::string &argument);
+
 BorrowedTensor borrowTensor(const py::handle &obj, const std::string &argument) {
   if (py::isinstance<Tensor>(obj)) {
     const Tensor &tensor = obj.cast<const Tensor &>();
     return {tensor.view(), py::reinterpret_borrow<py::object>(obj)};
   }
+  // A capsule the caller exported already (the Python layer does so for
+  // torch's host tensors, whose __dlpack__ method is slow to call).
+  if (PyCapsule_CheckExact(obj.ptr()))
+    return borrowCapsule(py::reinterpret_borrow<py::object>(obj), argument);
   if (!py::hasattr(obj, "__dlpack__"))
     throw py::value_error(argument + ": expected a tensor with __dlpack__ (a NumPy array, a "
                           "PyTorch tensor or a pagedc.Tensor), got " +
@@ -154,8 +160,12 @@ BorrowedTensor borrowTensor(const py::handle &obj, const std::string &argument) 
     throw py::value_error(argument + ": cannot be exported through DLPack: " +
                           std::string(py::str(error.value())));
   }
+  return borrowCapsule(std::move(capsule), argument);
+}
+
+BorrowedTensor borrowCapsule(py::object capsule, const std::string &argument) {
   if (!PyCapsule_IsValid(capsule.ptr(), "dltensor"))
-    throw py::value_error(argument + ": __dlpack__ did not return a DLPack capsule");
+    throw py::value_error(argument + ": not an unconsumed DLPack capsule");
   auto *managed =
       static_cast<DLManagedTensor *>(PyCapsule_GetPointer(capsule.ptr(), "dltensor"));
   TensorView view;

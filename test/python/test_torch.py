@@ -310,3 +310,44 @@ def test_torch_compile_refuses_what_the_op_cannot_take():
     torch._dynamo.reset()
     with pytest.raises(Exception, match="under torch.compile"):
         torch.compile(step, fullgraph=True)(torch.randn(1, H, 1, D))
+
+
+def test_torch_host_tensors_in_and_out(rng):
+    """torch tensors take a faster export path than __dlpack__; the results
+    must be those of the NumPy call, in torch tensors, `out=` written in
+    place and returned as given, strided inputs read as strided."""
+    from conftest import randn
+    from test_runtime import paged_cache
+    B, Hq, Hkv, S, D = 3, 4, 2, 45, 16
+    k, v = randn(rng, B, Hkv, S, D), randn(rng, B, Hkv, S, D)
+    cache = paged_cache(rng, k, v, page_size=8)
+    q = randn(rng, B, Hq, 2, D)
+    mods = pagedc.from_torch(mask_mod=causal)
+    want, want_lse = pagedc.flex_attention(q, cache, mods=mods, q_offset="end",
+                                           enable_gqa=True, return_lse=True)
+    out, lse = pagedc.flex_attention(torch.from_numpy(q.copy()), cache, mods=mods,
+                                     q_offset="end", enable_gqa=True, return_lse=True)
+    assert isinstance(out, torch.Tensor) and isinstance(lse, torch.Tensor)
+    assert lse.dtype == torch.float32
+    np.testing.assert_array_equal(out.numpy(), want)
+    np.testing.assert_array_equal(lse.numpy(), want_lse)
+
+    given = torch.full((B, Hq, 2, D), float("nan"))
+    got = pagedc.flex_attention(torch.from_numpy(q.copy()), cache, mods=mods, q_offset="end",
+                                enable_gqa=True, out=given)
+    assert got is given
+    np.testing.assert_array_equal(given.numpy(), want)
+
+    # A transposed view: q[b, h, l, :] at strides that are not row-major.
+    strided = torch.from_numpy(np.ascontiguousarray(q.transpose(0, 2, 1, 3))).transpose(1, 2)
+    assert not strided.is_contiguous()
+    np.testing.assert_array_equal(
+        pagedc.flex_attention(strided, cache, mods=mods, q_offset="end",
+                              enable_gqa=True).numpy(), want)
+
+    half = pagedc.flex_attention(torch.from_numpy(q.copy()).bfloat16(), cache, mods=mods,
+                                 q_offset="end", enable_gqa=True)
+    assert half.dtype == torch.bfloat16
+    with pytest.raises(ValueError, match="out"):
+        pagedc.flex_attention(torch.from_numpy(q.copy()), cache, mods=mods, q_offset="end",
+                              enable_gqa=True, out=torch.empty(B, Hq, 2, D + 1))
