@@ -10,6 +10,7 @@ import math
 import os
 import re
 import stat
+import sys
 import weakref
 from pathlib import Path
 from typing import Any, Mapping, Optional, Sequence, Union
@@ -260,6 +261,17 @@ def _to_framework(tensor, framework: str):
     return tensor
 
 
+def _host_array(array, framework: str):
+    """A host array (NumPy, or a pagedc Tensor for bf16) as `framework`
+    wants it: torch tensors for torch workflows, zero-copy either way."""
+    if framework != "torch":
+        return array
+    import torch
+    if isinstance(array, np.ndarray):
+        return torch.from_numpy(array)
+    return torch.from_dlpack(array)
+
+
 def _int_list(value, argument: str, length: int) -> list:
     """An int, or a sequence / 1-D tensor of `length` ints, as a list."""
     if isinstance(value, (bool, np.bool_)):
@@ -320,11 +332,16 @@ class PagedKVCache:
     The cache also tracks each slot's *length* (one past the highest position
     ``assign`` wrote; ``fork`` copies it, ``erase`` zeroes it): the default
     ``kv_length`` of ``flex_attention``.
+
+    Its arrays (``k_cache``, ``v_cache``, ``page_table``) are NumPy arrays,
+    or torch tensors (zero-copy as well) once a torch dtype was given or
+    ``assign`` was last given torch tensors: torch in, torch out.
     """
 
     def __init__(self, n_pages: int, page_size: int, max_batch_size: int, heads: int,
                  head_dim: int, value_head_dim: Optional[int] = None, dtype: str = "f32",
                  k_scale=None, v_scale=None):
+        dtype_arg = dtype
         dtype = {"float32": "f32", "float16": "f16", "bfloat16": "bf16"}.get(
             str(dtype).replace("torch.", ""), str(dtype))
         self._native = _C.KVCache(n_pages, page_size, max_batch_size, heads, head_dim,
@@ -334,6 +351,7 @@ class PagedKVCache:
         # costs nothing per configured slot (max_batch_size may be 2^31), so
         # neither does this.
         self._lengths = {}
+        self._framework = "torch" if str(dtype_arg).startswith("torch.") else "numpy"
 
     # Configuration -------------------------------------------------------
     n_pages = property(lambda self: self._native.n_pages)
@@ -349,13 +367,13 @@ class PagedKVCache:
     @property
     def k_cache(self):
         """The K storage [heads, n_pages, page_size, head_dim], zero-copy."""
-        return np.asarray(self._native.k_cache()) if self.dtype != "bf16" \
-            else self._native.k_cache()
+        return _host_array(np.asarray(self._native.k_cache()) if self.dtype != "bf16"
+                           else self._native.k_cache(), self._framework)
 
     @property
     def v_cache(self):
-        return np.asarray(self._native.v_cache()) if self.dtype != "bf16" \
-            else self._native.v_cache()
+        return _host_array(np.asarray(self._native.v_cache()) if self.dtype != "bf16"
+                           else self._native.v_cache(), self._framework)
 
     # Allocation ----------------------------------------------------------
     def _slots(self, batch_idx, argument="batch_idx") -> list:
@@ -412,6 +430,8 @@ class PagedKVCache:
         if not hasattr(input_pos, "__dlpack__"):
             input_pos = np.asarray(input_pos, dtype=np.int32)
         self._native.assign(batch_idx, input_pos, k_val, v_val)
+        if _framework_of(k_val) in ("torch", "numpy"):
+            self._framework = _framework_of(k_val)
         pos = np.from_dlpack(input_pos) if not isinstance(input_pos, np.ndarray) else input_pos
         pos = np.asarray(pos).reshape(len(slots), -1)
         for b, s in enumerate(slots):
@@ -443,10 +463,10 @@ class PagedKVCache:
         return self._native.free_pages
 
     @property
-    def page_table(self) -> np.ndarray:
+    def page_table(self):
         """[max_batch_size, n_pages] int32, -1 padded, as in the seed."""
-        return np.asarray(self._native.dense_page_table(
-            list(range(self.max_batch_size)), self.n_pages))
+        return _host_array(np.asarray(self._native.dense_page_table(
+            list(range(self.max_batch_size)), self.n_pages)), self._framework)
 
     def page_table_row(self, slot: int) -> list:
         return self._native.page_table_row(slot)
@@ -470,8 +490,9 @@ class PagedKVCache:
                                                        block_mask._native.batch)
         native, pages, table = _C.convert_logical_block_mask(self._native, block_mask._native,
                                                              slots, lengths)
-        out = BlockMask(native, block_mask._mods, block_mask._buffers, block_mask._params)
-        out.page_table = np.asarray(table)
+        out = BlockMask(native, block_mask._mods, block_mask._buffers, block_mask._params,
+                        block_mask._framework)
+        out.page_table = _host_array(np.asarray(table), block_mask._framework)
         out.physical_indices = pages
         return out
 
@@ -488,28 +509,29 @@ class PagedKVCache:
 class BlockMask:
     """FlexAttention's BlockMask: per (batch, head, q block), the partial
     (``kv_indices``) and full (``full_kv_indices``) kv blocks; indices are
-    logical kv block numbers."""
+    logical kv block numbers.
 
-    def __init__(self, native, mods=None, buffers=None, params=None):
+    Its index arrays are NumPy arrays, or torch tensors (zero-copy) when the
+    mask was made from torch's vocabulary: a Python mask_mod or
+    ``from_torch`` mods given to ``create_block_mask``, torch tensors given
+    to ``from_kv_blocks``, or torch's own BlockMask."""
+
+    def __init__(self, native, mods=None, buffers=None, params=None, framework="numpy"):
         self._native = native
+        self._framework = framework
         self._mods = mods
         self._buffers = buffers or {}
         self._params = params or {}
         self.page_table = None
         self.physical_indices = bool(native.physical_indices)
 
-    kv_num_blocks = property(lambda self: np.asarray(self._native.kv_num_blocks()))
-    kv_indices = property(lambda self: np.asarray(self._native.kv_indices()))
+    def _array(self, tensor):
+        return None if tensor is None else _host_array(np.asarray(tensor), self._framework)
 
-    @property
-    def full_kv_num_blocks(self):
-        t = self._native.full_kv_num_blocks()
-        return None if t is None else np.asarray(t)
-
-    @property
-    def full_kv_indices(self):
-        t = self._native.full_kv_indices()
-        return None if t is None else np.asarray(t)
+    kv_num_blocks = property(lambda self: self._array(self._native.kv_num_blocks()))
+    kv_indices = property(lambda self: self._array(self._native.kv_indices()))
+    full_kv_num_blocks = property(lambda self: self._array(self._native.full_kv_num_blocks()))
+    full_kv_indices = property(lambda self: self._array(self._native.full_kv_indices()))
 
     @property
     def BLOCK_SIZE(self):
@@ -534,15 +556,16 @@ class BlockMask:
         native_mods = self._mods._native if self._mods is not None else None
         buffers, params = (self._mods._bindings(self._buffers, self._params)
                            if self._mods is not None else ({}, {}))
-        return np.asarray(self._native.to_dense(native_mods, buffers, params)).astype(bool)
+        dense = np.asarray(self._native.to_dense(native_mods, buffers, params)).astype(bool)
+        return _host_array(dense, self._framework)
 
-    def to_dense_blocks(self) -> np.ndarray:
+    def to_dense_blocks(self):
         """Block classes [B, H, q blocks, kv blocks]: 0 skipped, 1 partial, 2 full."""
-        return np.asarray(self._native.dense_blocks())
+        return _host_array(np.asarray(self._native.dense_blocks()), self._framework)
 
     def sparsity(self) -> float:
         """Percentage of blocks skipped."""
-        dense = self.to_dense_blocks()
+        dense = np.asarray(self._native.dense_blocks())
         return 100.0 * float((dense == 0).sum()) / max(dense.size, 1)
 
     @classmethod
@@ -567,12 +590,13 @@ class BlockMask:
         if full_idx is not None and full_idx.shape != idx.shape:
             raise ValueError(f"full_kv_indices: shape {full_idx.shape} differs from "
                              f"kv_indices' {idx.shape}")
+        framework = "torch" if _framework_of(kv_num_blocks) == "torch" else "numpy"
         if seq_lengths is None:
             seq_lengths = (num.shape[2] * q_block, idx.shape[3] * kv_block)
         native = _C.block_mask_from_kv_blocks(num, idx, full_num, full_idx, num.shape[0],
                                               num.shape[1], idx.shape[3], int(seq_lengths[0]),
                                               int(seq_lengths[1]), int(q_block), int(kv_block))
-        return cls(native)
+        return cls(native, framework=framework)
 
     def __repr__(self):
         return (f"pagedc.BlockMask(shape={self.shape}, BLOCK_SIZE={self.BLOCK_SIZE}, "
@@ -593,12 +617,14 @@ def create_block_mask(mask_mod, B: Optional[int], H: Optional[int], Q_LEN: int, 
         from ._tracer import from_torch
         mask_mod = from_torch(mask_mod=mask_mod)
     mods = _native_mods(mask_mod)
+    from ._tracer import TracedMods
+    framework = "torch" if isinstance(mods, TracedMods) and "torch" in sys.modules else "numpy"
     q_block, kv_block = (BLOCK_SIZE, BLOCK_SIZE) if isinstance(BLOCK_SIZE, int) else BLOCK_SIZE
     merged, params = mods._bindings(buffers, params)
     native = _C.create_block_mask(mods._native, merged, params, 1 if B is None else int(B),
                                   1 if H is None else int(H), int(q_begin), int(Q_LEN),
                                   int(KV_LEN), int(q_block), int(kv_block))
-    return BlockMask(native, mods, buffers, params)
+    return BlockMask(native, mods, buffers, params, framework)
 
 
 # ---------------------------------------------------------------------------

@@ -115,6 +115,7 @@ def convert_block_mask(block_mask):
                                     host(block_mask.full_kv_num_blocks),
                                     host(block_mask.full_kv_indices),
                                     BLOCK_SIZE=(q_block, kv_block), seq_lengths=(q_len, kv_len))
+    mask._framework = "torch"
     mask_mod = block_mask.mask_mod
     return mask, (None if mask_mod is None or _is_noop_mask(mask_mod) else mask_mod)
 

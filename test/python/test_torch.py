@@ -351,3 +351,39 @@ def test_torch_host_tensors_in_and_out(rng):
     with pytest.raises(ValueError, match="out"):
         pagedc.flex_attention(torch.from_numpy(q.copy()), cache, mods=mods, q_offset="end",
                               enable_gqa=True, out=torch.empty(B, Hq, 2, D + 1))
+
+
+def test_cache_and_mask_fields_follow_torch_input(rng):
+    """torch in, torch out: the cache's arrays once torch tensors were
+    assigned, a mask's indices when it came from torch's vocabulary; the
+    same memory as the NumPy views."""
+    from conftest import randn
+    k, v = randn(rng, 2, 2, 20, 8), randn(rng, 2, 2, 20, 8)
+    cache = pagedc.PagedKVCache(12, 4, 2, 2, 8)
+    cache.reserve([0, 1], 20)
+    assert isinstance(cache.page_table, np.ndarray)
+    cache.assign(np.arange(2, dtype=np.int32), np.tile(np.arange(20, dtype=np.int32), (2, 1)),
+                 k, v)
+    assert isinstance(cache.k_cache, np.ndarray)
+    cache.assign(torch.arange(2, dtype=torch.int32), torch.arange(20, dtype=torch.int32)
+                 .repeat(2, 1), torch.from_numpy(k), torch.from_numpy(v))
+    for field in (cache.k_cache, cache.v_cache, cache.page_table):
+        assert isinstance(field, torch.Tensor)
+    assert cache.k_cache.data_ptr() == cache._native.k_cache().data_ptr
+    assert isinstance(pagedc.PagedKVCache(4, 4, 1, 1, 8, dtype=torch.float32).page_table,
+                      torch.Tensor)
+
+    traced = pagedc.create_block_mask(causal, 2, 1, 20, 20, BLOCK_SIZE=4)
+    for field in (traced.kv_num_blocks, traced.kv_indices, traced.full_kv_num_blocks,
+                  traced.full_kv_indices, traced.to_dense(), traced.to_dense_blocks()):
+        assert isinstance(field, torch.Tensor)
+    assert traced.to_dense().dtype == torch.bool
+    np.testing.assert_array_equal(traced.to_dense()[0, 0].numpy(),
+                                  np.tril(np.ones((20, 20), dtype=bool)))
+    compiled = pagedc.compile("mask causal(b, h, q, kv) = q >= kv\n")
+    assert isinstance(pagedc.create_block_mask(compiled, 2, 1, 20, 20).kv_indices, np.ndarray)
+    from_blocks = pagedc.BlockMask.from_kv_blocks(traced.kv_num_blocks, traced.kv_indices,
+                                                  BLOCK_SIZE=4, seq_lengths=(20, 20))
+    assert isinstance(from_blocks.kv_indices, torch.Tensor)
+    converted = cache.convert_logical_block_mask(traced)
+    assert isinstance(converted.page_table, torch.Tensor)
