@@ -137,20 +137,65 @@ bool misaligned(uintptr_t address, size_t size) {
 
 } // namespace
 
-/// Racecheck and initcheck of shared bytes [offset, offset + size) used by
-/// `thread`; `where` locates the access for reports.
-void checkShared(Worker &worker, Thread &thread, uint64_t offset, size_t size, SharedUse use,
-                 const Site &where, const SharedAccess &how) {
-  const uint32_t block = worker.blockSerial;
-  const Checks &checks = worker.launch->checks;
-  const uint16_t self = static_cast<uint16_t>(thread.linear + 1);
-  const uint32_t clock = how.clock ? how.clock : thread.clock;
+namespace {
+
+/// The shared-memory checks of one access, byte by byte: racecheck and
+/// initcheck against each byte's shadow, then the shadow updated with this
+/// access. At most one race and one uninitialized read are reported per
+/// access.
+class SharedAccessCheck {
+public:
+  SharedAccessCheck(Worker &worker, Thread &thread, SharedUse use, const Site &where,
+                    const SharedAccess &how)
+      : worker(worker), thread(thread), use(use), where(where), how(how),
+        checks(worker.launch->checks), block(worker.blockSerial),
+        self(static_cast<uint16_t>(thread.linear + 1)),
+        clock(how.clock ? how.clock : thread.clock) {}
+
+  void byte(uint64_t offset) {
+    SharedShadow &shadow = worker.shadow[offset];
+    if (use == SharedUse::Read || use == SharedUse::Atomic) {
+      if (checks.racecheck && !raced)
+        raced = readRace(shadow, offset);
+      if (checks.initcheck && shadow.writtenBlock != block && !uninitialized) {
+        uninitialized = true;
+        report("initcheck", "read of " + sharedDescription(worker, offset) + " never written",
+               siteText(where), offset, false);
+      }
+      if (use == SharedUse::Read)
+        recordRead(shadow, offset);
+      else
+        shadow.writtenBlock = block;
+      return;
+    }
+    // Writes, cp.async issues and bulk copies (checked as the issuing
+    // thread's writes).
+    if (checks.racecheck && !raced)
+      raced = writeRace(shadow, offset);
+    recordWrite(shadow);
+  }
+
+private:
+  Worker &worker;
+  Thread &thread;
+  const SharedUse use;
+  const Site &where;
+  const SharedAccess &how;
+  const Checks &checks;
+  const uint32_t block;
+  const uint16_t self;
+  const uint32_t clock;
   bool raced = false, uninitialized = false;
   // The bytes of a chunk come from one store: its proxy-fence answer once.
   unsigned fencedWriter = ~0u;
   uint32_t fencedClock = 0, fencedEpoch = 0;
   bool fencedAnswer = false;
-  auto fencedForBulkWrite = [&](unsigned writer, uint32_t writerClock, uint32_t epoch) {
+
+  bool written(const SharedShadow &shadow) const {
+    return shadow.writtenBlock == block && shadow.writer;
+  }
+
+  bool fencedForBulkWrite(unsigned writer, uint32_t writerClock, uint32_t epoch) {
     if (writer != fencedWriter || writerClock != fencedClock || epoch != fencedEpoch) {
       fencedWriter = writer;
       fencedClock = writerClock;
@@ -158,187 +203,199 @@ void checkShared(Worker &worker, Thread &thread, uint64_t offset, size_t size, S
       fencedAnswer = storeFencedForBulkWrite(worker, thread, writer, writerClock, epoch);
     }
     return fencedAnswer;
-  };
-  for (size_t i = 0; i < size; ++i) {
-    SharedShadow &shadow = worker.shadow[offset + i];
-    const bool written = shadow.writtenBlock == block && shadow.writer;
-    if (use == SharedUse::Read || use == SharedUse::Atomic) {
-      if (checks.racecheck && !raced) {
-        const uint16_t asyncBy = shadow.asyncBlock == block ? shadow.asyncBy : 0;
-        if (asyncBy && asyncBy != self) {
-          raced = true;
-          report("racecheck",
-                 "read of " + sharedDescription(worker, offset + i) +
-                     " while a cp.async of thread " + std::to_string(asyncBy - 1) +
-                     " into it has not landed (no cp.async.wait_group + barrier in between)",
-                 siteText(where), offset + i, false);
-        } else if (asyncBy == self) {
-          raced = true;
-          report("racecheck",
-                 "read of " + sharedDescription(worker, offset + i) +
-                     " before this thread's own cp.async into it was waited for",
-                 siteText(where), offset + i, false);
-        } else if (use == SharedUse::Read && written &&
-                   !orderedBefore(worker, thread, shadow.writer, shadow.writerClock,
-                                  shadow.writeEpoch)) {
-          raced = true;
-          if (shadow.writer > worker.threadCount)
-            report("racecheck",
-                   "read before the mbarrier phase that delivers it: " +
-                       sharedDescription(worker, offset + i) + " is written by " +
-                       bulkWriterDescription(worker, shadow.writer, shadow.writerClock) +
-                       ", which this thread has not waited for",
-                   siteText(where), offset + i, false);
-          else
-            report("racecheck",
-                   "read-after-write hazard: " + sharedDescription(worker, offset + i) +
-                       " written by thread " + std::to_string(shadow.writer - 1) +
-                       (worker.ordering ? " with no barrier or mbarrier ordering in between"
-                                        : " with no barrier in between"),
-                   siteText(where), offset + i, false);
-        } else if (how.asyncProxy && written && shadow.writer <= worker.threadCount &&
-                   worker.threads[shadow.writer - 1].fenceClock < shadow.writerClock &&
-                   !readerFenced(worker, how, shadow.writer - 1u, shadow.writerClock)) {
-          raced = true;
-          report("racecheck",
-                 "async-proxy read of a generic store with no proxy fence: wgmma reads " +
-                     sharedDescription(worker, offset + i) + ", which thread " +
-                     std::to_string(shadow.writer - 1) +
-                     " stored, with no fence.proxy.async.shared::cta by that thread after the "
-                     "store nor by the reading warpgroup after it acquired the store",
-                 siteText(where), offset + i, false);
-        }
-      }
-      if (checks.initcheck && shadow.writtenBlock != block && !uninitialized) {
-        uninitialized = true;
-        report("initcheck", "read of " + sharedDescription(worker, offset + i) + " never written",
-               siteText(where), offset + i, false);
-      }
-      if (use == SharedUse::Read) {
-        if (shadow.readEpoch != worker.epoch) {
-          if (shadow.manyReaders)
-            worker.manyReaders.erase(offset + i);
-          shadow.readEpoch = worker.epoch;
-          shadow.reader = self;
-          shadow.readerClock = clock;
-          shadow.reader2 = 0;
-          shadow.manyReaders = 0;
-        } else if (shadow.reader == self) {
-          shadow.readerClock = std::max(shadow.readerClock, clock);
-        } else if (shadow.reader2 == self) {
-          shadow.reader2Clock = std::max(shadow.reader2Clock, clock);
-        } else if (!shadow.reader2) {
-          shadow.reader2 = self;
-          shadow.reader2Clock = clock;
-        } else {
-          // Every reader's clock, for the ordering check of a later write;
-          // only from the third reader on (a byte that had many readers
-          // before the block began ordering stays conservative: the
-          // readers between the first two and now are not known).
-          if (worker.ordering &&
-              (!shadow.manyReaders || worker.manyReaders.count(offset + i) != 0)) {
-            std::vector<uint32_t> &clocks = worker.manyReaders[offset + i];
-            if (clocks.empty()) {
-              clocks.assign(worker.threadCount, 0);
-              clocks[shadow.reader - 1] = shadow.readerClock;
-              clocks[shadow.reader2 - 1] = shadow.reader2Clock;
-            }
-            clocks[self - 1] = std::max(clocks[self - 1], clock);
-          }
-          shadow.manyReaders = 1;
-        }
-      } else {
-        shadow.writtenBlock = block;
-      }
-      continue;
+  }
+
+  /// Reports a read (or atomic) of the byte that no ordering puts after its
+  /// last write or cp.async; true if it did.
+  bool readRace(const SharedShadow &shadow, uint64_t offset) {
+    const uint16_t asyncBy = shadow.asyncBlock == block ? shadow.asyncBy : 0;
+    if (asyncBy && asyncBy != self) {
+      report("racecheck",
+             "read of " + sharedDescription(worker, offset) + " while a cp.async of thread " +
+                 std::to_string(asyncBy - 1) +
+                 " into it has not landed (no cp.async.wait_group + barrier in between)",
+             siteText(where), offset, false);
+      return true;
     }
-    // Writes, cp.async issues and bulk copies (checked as the issuing
-    // thread's writes).
-    if (checks.racecheck && !raced) {
-      const uint16_t asyncBy = shadow.asyncBlock == block ? shadow.asyncBy : 0;
-      auto readBy = [&](uint16_t reader, uint32_t readClock) {
-        return reader && !orderedBefore(worker, thread, reader, readClock, shadow.readEpoch);
-      };
-      const bool readsThisEpoch = shadow.readEpoch == worker.epoch;
-      // More than two readers: with their clocks kept, a reader this write
-      // is not ordered after; without, any (conservatively).
-      auto unorderedManyReader = [&]() -> uint16_t {
-        if (!shadow.manyReaders)
-          return 0;
-        auto found = worker.manyReaders.find(offset + i);
-        if (found == worker.manyReaders.end())
-          return shadow.reader;
-        const std::vector<uint32_t> &clocks = found->second;
-        for (size_t t = 0; t < clocks.size(); ++t)
-          if (clocks[t] && readBy(static_cast<uint16_t>(t + 1), clocks[t]))
-            return static_cast<uint16_t>(t + 1);
-        return 0;
-      };
-      if (asyncBy && (use != SharedUse::AsyncIssue || asyncBy != self)) {
-        raced = true;
-        report("racecheck",
-               "write to " + sharedDescription(worker, offset + i) +
-                   " while a cp.async of thread " + std::to_string(asyncBy - 1) +
-                   " into it has not landed",
-               siteText(where), offset + i, false);
-      } else if (written && !orderedBefore(worker, thread, shadow.writer, shadow.writerClock,
-                                           shadow.writeEpoch)) {
-        raced = true;
-        report("racecheck",
-               "write-after-write hazard: " + sharedDescription(worker, offset + i) +
-                   " also written by " +
-                   (shadow.writer > worker.threadCount
-                        ? bulkWriterDescription(worker, shadow.writer, shadow.writerClock)
-                        : "thread " + std::to_string(shadow.writer - 1)) +
-                   " with no ordering in between",
-               siteText(where), offset + i, false);
-      } else if (use == SharedUse::BulkWrite && written && shadow.writer <= worker.threadCount &&
-                 !fencedForBulkWrite(shadow.writer - 1u, shadow.writerClock, shadow.writeEpoch)) {
-        raced = true;
-        report("racecheck",
-               "async-proxy write over a generic store with no proxy fence: a bulk copy "
-               "writes " +
-                   sharedDescription(worker, offset + i) + ", which thread " +
-                   std::to_string(shadow.writer - 1) +
-                   " stored, with no fence.proxy.async.shared::cta after the store by that "
-                   "thread, nor by the issuing thread (or one whose release it acquired) after "
-                   "it acquired the store",
-               siteText(where), offset + i, false);
-      } else if (uint16_t many = 0;
-                 readsThisEpoch && (readBy(shadow.reader, shadow.readerClock) ||
-                                    readBy(shadow.reader2, shadow.reader2Clock) ||
-                                    (many = unorderedManyReader()) != 0)) {
-        raced = true;
-        const uint16_t reader = readBy(shadow.reader, shadow.readerClock)     ? shadow.reader
-                                : readBy(shadow.reader2, shadow.reader2Clock) ? shadow.reader2
-                                                                              : many;
-        report("racecheck",
-               std::string(use == SharedUse::BulkWrite ? "bulk copy write-after-read hazard: "
-                                                       : "write-after-read hazard: ") +
-                   sharedDescription(worker, offset + i) + " read by thread " +
-                   std::to_string(reader - 1) + (shadow.manyReaders ? " (and others)" : "") +
-                   (worker.ordering
-                        ? " with no barrier in between, and no release of that read this thread "
-                          "acquired"
-                        : " with no barrier in between"),
-               siteText(where), offset + i, false);
-      }
+    if (asyncBy == self) {
+      report("racecheck",
+             "read of " + sharedDescription(worker, offset) +
+                 " before this thread's own cp.async into it was waited for",
+             siteText(where), offset, false);
+      return true;
     }
+    if (use == SharedUse::Read && written(shadow) &&
+        !orderedBefore(worker, thread, shadow.writer, shadow.writerClock, shadow.writeEpoch)) {
+      if (shadow.writer > worker.threadCount)
+        report("racecheck",
+               "read before the mbarrier phase that delivers it: " +
+                   sharedDescription(worker, offset) + " is written by " +
+                   bulkWriterDescription(worker, shadow.writer, shadow.writerClock) +
+                   ", which this thread has not waited for",
+               siteText(where), offset, false);
+      else
+        report("racecheck",
+               "read-after-write hazard: " + sharedDescription(worker, offset) +
+                   " written by thread " + std::to_string(shadow.writer - 1) +
+                   (worker.ordering ? " with no barrier or mbarrier ordering in between"
+                                    : " with no barrier in between"),
+               siteText(where), offset, false);
+      return true;
+    }
+    if (how.asyncProxy && written(shadow) && shadow.writer <= worker.threadCount &&
+        worker.threads[shadow.writer - 1].fenceClock < shadow.writerClock &&
+        !readerFenced(worker, how, shadow.writer - 1u, shadow.writerClock)) {
+      report("racecheck",
+             "async-proxy read of a generic store with no proxy fence: wgmma reads " +
+                 sharedDescription(worker, offset) + ", which thread " +
+                 std::to_string(shadow.writer - 1) +
+                 " stored, with no fence.proxy.async.shared::cta by that thread after the "
+                 "store nor by the reading warpgroup after it acquired the store",
+             siteText(where), offset, false);
+      return true;
+    }
+    return false;
+  }
+
+  /// Adds this thread to the byte's readers (two kept inline, more in
+  /// worker.manyReaders when ordering is tracked).
+  void recordRead(SharedShadow &shadow, uint64_t offset) {
+    if (shadow.readEpoch != worker.epoch) {
+      if (shadow.manyReaders)
+        worker.manyReaders.erase(offset);
+      shadow.readEpoch = worker.epoch;
+      shadow.reader = self;
+      shadow.readerClock = clock;
+      shadow.reader2 = 0;
+      shadow.manyReaders = 0;
+    } else if (shadow.reader == self) {
+      shadow.readerClock = std::max(shadow.readerClock, clock);
+    } else if (shadow.reader2 == self) {
+      shadow.reader2Clock = std::max(shadow.reader2Clock, clock);
+    } else if (!shadow.reader2) {
+      shadow.reader2 = self;
+      shadow.reader2Clock = clock;
+    } else {
+      // Every reader's clock, for the ordering check of a later write;
+      // only from the third reader on (a byte that had many readers
+      // before the block began ordering stays conservative: the
+      // readers between the first two and now are not known).
+      if (worker.ordering && (!shadow.manyReaders || worker.manyReaders.count(offset) != 0)) {
+        std::vector<uint32_t> &clocks = worker.manyReaders[offset];
+        if (clocks.empty()) {
+          clocks.assign(worker.threadCount, 0);
+          clocks[shadow.reader - 1] = shadow.readerClock;
+          clocks[shadow.reader2 - 1] = shadow.reader2Clock;
+        }
+        clocks[self - 1] = std::max(clocks[self - 1], clock);
+      }
+      shadow.manyReaders = 1;
+    }
+  }
+
+  /// A reader of this epoch that a write now is not ordered after, or 0.
+  uint16_t unorderedReader(const SharedShadow &shadow, uint64_t offset) const {
+    if (shadow.readEpoch != worker.epoch)
+      return 0;
+    auto readBy = [&](uint16_t reader, uint32_t readClock) {
+      return reader && !orderedBefore(worker, thread, reader, readClock, shadow.readEpoch);
+    };
+    if (readBy(shadow.reader, shadow.readerClock))
+      return shadow.reader;
+    if (readBy(shadow.reader2, shadow.reader2Clock))
+      return shadow.reader2;
+    // More than two readers: with their clocks kept, a reader this write
+    // is not ordered after; without, any (conservatively).
+    if (!shadow.manyReaders)
+      return 0;
+    auto found = worker.manyReaders.find(offset);
+    if (found == worker.manyReaders.end())
+      return shadow.reader;
+    const std::vector<uint32_t> &clocks = found->second;
+    for (size_t t = 0; t < clocks.size(); ++t)
+      if (clocks[t] && readBy(static_cast<uint16_t>(t + 1), clocks[t]))
+        return static_cast<uint16_t>(t + 1);
+    return 0;
+  }
+
+  /// Reports a write, cp.async issue or bulk write of the byte that races
+  /// with an earlier access; true if it did.
+  bool writeRace(const SharedShadow &shadow, uint64_t offset) {
+    const uint16_t asyncBy = shadow.asyncBlock == block ? shadow.asyncBy : 0;
+    if (asyncBy && (use != SharedUse::AsyncIssue || asyncBy != self)) {
+      report("racecheck",
+             "write to " + sharedDescription(worker, offset) + " while a cp.async of thread " +
+                 std::to_string(asyncBy - 1) + " into it has not landed",
+             siteText(where), offset, false);
+      return true;
+    }
+    if (written(shadow) &&
+        !orderedBefore(worker, thread, shadow.writer, shadow.writerClock, shadow.writeEpoch)) {
+      report("racecheck",
+             "write-after-write hazard: " + sharedDescription(worker, offset) +
+                 " also written by " +
+                 (shadow.writer > worker.threadCount
+                      ? bulkWriterDescription(worker, shadow.writer, shadow.writerClock)
+                      : "thread " + std::to_string(shadow.writer - 1)) +
+                 " with no ordering in between",
+             siteText(where), offset, false);
+      return true;
+    }
+    if (use == SharedUse::BulkWrite && written(shadow) && shadow.writer <= worker.threadCount &&
+        !fencedForBulkWrite(shadow.writer - 1u, shadow.writerClock, shadow.writeEpoch)) {
+      report("racecheck",
+             "async-proxy write over a generic store with no proxy fence: a bulk copy writes " +
+                 sharedDescription(worker, offset) + ", which thread " +
+                 std::to_string(shadow.writer - 1) +
+                 " stored, with no fence.proxy.async.shared::cta after the store by that "
+                 "thread, nor by the issuing thread (or one whose release it acquired) after "
+                 "it acquired the store",
+             siteText(where), offset, false);
+      return true;
+    }
+    if (const uint16_t reader = unorderedReader(shadow, offset)) {
+      report("racecheck",
+             std::string(use == SharedUse::BulkWrite ? "bulk copy write-after-read hazard: "
+                                                     : "write-after-read hazard: ") +
+                 sharedDescription(worker, offset) + " read by thread " +
+                 std::to_string(reader - 1) + (shadow.manyReaders ? " (and others)" : "") +
+                 (worker.ordering
+                      ? " with no barrier in between, and no release of that read this thread "
+                        "acquired"
+                      : " with no barrier in between"),
+             siteText(where), offset, false);
+      return true;
+    }
+    return false;
+  }
+
+  void recordWrite(SharedShadow &shadow) const {
     if (use == SharedUse::AsyncIssue) {
       shadow.asyncBy = self;
       shadow.asyncBlock = block;
-    } else if (use == SharedUse::BulkWrite) {
-      shadow.writtenBlock = block;
+      return;
+    }
+    shadow.writtenBlock = block;
+    shadow.writeEpoch = worker.epoch;
+    if (use == SharedUse::BulkWrite) {
       shadow.writer = how.bulkWriter;
       shadow.writerClock = how.bulkClock;
-      shadow.writeEpoch = worker.epoch;
     } else {
-      shadow.writtenBlock = block;
       shadow.writer = self;
       shadow.writerClock = clock;
-      shadow.writeEpoch = worker.epoch;
     }
   }
+};
+
+} // namespace
+
+/// Racecheck and initcheck of shared bytes [offset, offset + size) used by
+/// `thread`; `where` locates the access for reports.
+void checkShared(Worker &worker, Thread &thread, uint64_t offset, size_t size, SharedUse use,
+                 const Site &where, const SharedAccess &how) {
+  SharedAccessCheck check(worker, thread, use, where, how);
+  for (size_t i = 0; i < size; ++i)
+    check.byte(offset + i);
 }
 
 /// Memcheck and initcheck of a global range; marks writes. Returns the
