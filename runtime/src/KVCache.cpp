@@ -490,8 +490,13 @@ void PagedKVCache::fork(int64_t src, int64_t dst, int64_t length) {
   }
 }
 
-void PagedKVCache::assign(const TensorView &batchIdx, const TensorView &inputPos,
-                          const TensorView &k, const TensorView &v) {
+namespace {
+
+/// assign()'s checks of its arguments against the cache's configuration
+/// (the error texts for shape mismatches are the seed's).
+void checkAssignArguments(const KVCacheConfig &config, const TensorView &batchIdx,
+                          const TensorView &inputPos, const TensorView &k,
+                          const TensorView &v) {
   checkIndexTensor(batchIdx, "assign: batch_idx", 1);
   checkIndexTensor(inputPos, "assign: input_pos", 2);
   if (k.rank() != 4)
@@ -503,10 +508,10 @@ void PagedKVCache::assign(const TensorView &batchIdx, const TensorView &inputPos
     throw Error(fmt::format("Expect val and batch_idx have the same batch size but got B={} "
                             "and B={}.",
                             batch, batchIdx.size(0)));
-  if (heads != config_.heads)
+  if (heads != config.heads)
     throw Error(fmt::format("Expect val and cache has the same number of heads but got H={} "
                             "and H={}.",
-                            heads, config_.heads));
+                            heads, config.heads));
   if (inputPos.size(0) != batch)
     throw Error(fmt::format("Expect val and input_pos have the same batch size but got B={} "
                             "and B={}.",
@@ -515,44 +520,51 @@ void PagedKVCache::assign(const TensorView &batchIdx, const TensorView &inputPos
     throw Error(fmt::format("Expect val and input_pos has the same length but got S={} and "
                             "S={}.",
                             seqLen, inputPos.size(1)));
-  if (k.size(3) != config_.headDim)
+  if (k.size(3) != config.headDim)
     throw Error(fmt::format("Expect k_val and k_cache has the same hidden dim but got D={} and "
                             "D={}.",
-                            k.size(3), config_.headDim));
-  if (v.size(3) != config_.valueHeadDim)
+                            k.size(3), config.headDim));
+  if (v.size(3) != config.valueHeadDim)
     throw Error(fmt::format("Expect v_val and v_cache has the same hidden dim but got D={} and "
                             "D={}.",
-                            v.size(3), config_.valueHeadDim));
+                            v.size(3), config.valueHeadDim));
   if (v.size(0) != batch || v.size(1) != heads || v.size(2) != seqLen)
     throw Error(fmt::format("assign: k has shape {} but v has shape {}; they must agree in B, "
                             "H and S",
                             k.shapeString(), v.shapeString()));
-  const bool quantize = isFloat8(config_.dtype);
+  const bool quantize = isFloat8(config.dtype);
   for (const auto &[view, name] : {std::make_pair(&k, "k"), std::make_pair(&v, "v")}) {
     if (quantize && view->dtype() != DType::F32 && view->dtype() != DType::F16 &&
         view->dtype() != DType::BF16)
       throw Error(fmt::format("assign: {} is {}; an {} cache takes f32, f16 or bf16 values and "
                               "quantizes them",
-                              name, dtypeName(view->dtype()), dtypeName(config_.dtype)));
-    if (!quantize && view->dtype() != config_.dtype)
+                              name, dtypeName(view->dtype()), dtypeName(config.dtype)));
+    if (!quantize && view->dtype() != config.dtype)
       throw Error(fmt::format("assign: {} is {} but the cache stores {} (no conversion is done)",
-                              name, dtypeName(view->dtype()), dtypeName(config_.dtype)));
-    if (view->device() != config_.device)
+                              name, dtypeName(view->dtype()), dtypeName(config.dtype)));
+    if (view->device() != config.device)
       throw Error(fmt::format("assign: {} is on {} but the cache is on {}", name,
-                              deviceName(view->device()), deviceName(config_.device)));
+                              deviceName(view->device()), deviceName(config.device)));
     if (view->data() == nullptr && view->numel() != 0)
       throw Error(fmt::format("assign: {} has no data", name));
   }
 
-  // Validate every slot and position and find the logical pages written.
+}
+
+/// The slots batch_idx names, each checked, with every position of
+/// input_pos inside its slot's reserved capacity.
+std::vector<int64_t> assignedSlots(const PagedKVCache &cache, const TensorView &batchIdx,
+                                   const TensorView &inputPos) {
+  const int64_t batch = batchIdx.size(0), seqLen = inputPos.size(1);
+  const int64_t maxBatch = cache.config().maxBatch;
   std::vector<int64_t> slots(static_cast<size_t>(batch), 0);
   for (int64_t b = 0; b < batch; ++b) {
     int64_t slot = readIndex(batchIdx, b * batchIdx.stride(0));
-    if (slot < 0 || slot >= config_.maxBatch)
+    if (slot < 0 || slot >= maxBatch)
       throw Error(fmt::format("assign: batch_idx[{}] = {} is out of range [0, {})", b, slot,
-                              config_.maxBatch));
+                              maxBatch));
     slots[b] = slot;
-    const int64_t cap = capacity(slot);
+    const int64_t cap = cache.capacity(slot);
     for (int64_t s = 0; s < seqLen; ++s) {
       int64_t pos = readIndex(inputPos, b * inputPos.stride(0) + s * inputPos.stride(1));
       if (pos < 0 || pos >= cap)
@@ -561,6 +573,17 @@ void PagedKVCache::assign(const TensorView &batchIdx, const TensorView &inputPos
                                 b, s, pos, slot, cap));
     }
   }
+  return slots;
+}
+
+} // namespace
+
+void PagedKVCache::assign(const TensorView &batchIdx, const TensorView &inputPos,
+                          const TensorView &k, const TensorView &v) {
+  checkAssignArguments(config_, batchIdx, inputPos, k, v);
+  const int64_t batch = k.size(0), heads = k.size(1), seqLen = k.size(2);
+  const bool quantize = isFloat8(config_.dtype);
+  const std::vector<int64_t> slots = assignedSlots(*this, batchIdx, inputPos);
 
   // Copy-on-write: every shared page about to be written needs a fresh page.
   // Simulate reference drops so two writers of one page copy it only once.
