@@ -76,6 +76,37 @@ llvm::Expected<flex::ModOp> findMod(ModuleOp module, StringRef name,
   return mod;
 }
 
+/// The float64 reference evaluators and dependence summaries of the
+/// selected mods, into `result`.
+llvm::Error addReferences(CompiledMods &result, flex::ModOp maskMod,
+                          flex::ModOp scoreMod, const ModInterface &interface) {
+  if (maskMod) {
+    auto reference = ReferenceMod::compile(maskMod, interface.buffers,
+                                           interface.params);
+    if (!reference)
+      return reference.takeError();
+    result.maskReference = [reference = *reference](
+                               const PagedcModContext &context, int32_t b,
+                               int32_t h, int32_t q, int32_t kv) {
+      return reference->evaluateMask(context, b, h, q, kv);
+    };
+    result.maskDependence = describeDependence(maskMod);
+  }
+  if (scoreMod) {
+    auto reference = ReferenceMod::compile(scoreMod, interface.buffers,
+                                           interface.params);
+    if (!reference)
+      return reference.takeError();
+    result.scoreReference = [reference = *reference](
+                                const PagedcModContext &context, double s,
+                                int32_t b, int32_t h, int32_t q, int32_t kv) {
+      return reference->evaluateScore(context, s, b, h, q, kv);
+    };
+    result.scoreDependence = describeDependence(scoreMod);
+  }
+  return llvm::Error::success();
+}
+
 /// Compiles without the cache.
 llvm::Expected<CompiledMods> compileUncached(ModuleOp module, StringRef mask,
                                              StringRef score,
@@ -118,30 +149,8 @@ llvm::Expected<CompiledMods> compileUncached(ModuleOp module, StringRef mask,
 
   // The float64 reference evaluators first: they are cheap and report
   // unsupported operations with a clear message.
-  if (maskMod) {
-    auto reference = ReferenceMod::compile(maskMod, interface.buffers,
-                                           interface.params);
-    if (!reference)
-      return reference.takeError();
-    result.maskReference = [reference = *reference](
-                               const PagedcModContext &context, int32_t b,
-                               int32_t h, int32_t q, int32_t kv) {
-      return reference->evaluateMask(context, b, h, q, kv);
-    };
-    result.maskDependence = describeDependence(maskMod);
-  }
-  if (scoreMod) {
-    auto reference = ReferenceMod::compile(scoreMod, interface.buffers,
-                                           interface.params);
-    if (!reference)
-      return reference.takeError();
-    result.scoreReference = [reference = *reference](
-                                const PagedcModContext &context, double s,
-                                int32_t b, int32_t h, int32_t q, int32_t kv) {
-      return reference->evaluateScore(context, s, b, h, q, kv);
-    };
-    result.scoreDependence = describeDependence(scoreMod);
-  }
+  if (llvm::Error error = addReferences(result, maskMod, scoreMod, interface))
+    return error;
 
   // Row functions: flex -> func/scf/arith/math/llvm -> LLVM dialect -> JIT.
   MLIRContext *context = module.getContext();
