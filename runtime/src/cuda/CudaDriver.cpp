@@ -43,142 +43,159 @@ std::string errorText(const CudaDriver::Api &api, cu::Result result) {
                      text ? text : "no description");
 }
 
+/// Opens the driver library PAGEDC_CUDA_DRIVER names (the emulator's for
+/// "emu"), or the system's libcuda; null with `result.error` set if none
+/// loads.
+void *openDriverLibrary(Loaded &result) {
+  // The driver is installed with the kernel module, on the linker's path;
+  // the toolkit's lib64/stubs/libcuda.so is a link-time stub and is never
+  // loaded.
+  void *handle = nullptr;
+  const char *chosen = env::get(env::Setting::CudaDriver);
+  if (chosen && std::string_view(chosen) == "emu") {
+    std::string tried;
+    for (const std::string &candidate : emulatorDriverCandidates()) {
+      tried += "\n  " + candidate;
+      if (!isRegularFile(candidate))
+        continue;
+      handle = dlopen(candidate.c_str(), RTLD_NOW | RTLD_LOCAL);
+      if (handle) {
+        result.path = candidate;
+        break;
+      }
+      tried += fmt::format(" ({})", dlerror());
+    }
+    if (!handle) {
+      result.error = "the SIMT emulator's driver (libpagedc-emu-cuda.so) was not found; "
+                     "set PAGEDC_EMU_DRIVER to its path. Tried:" +
+                     tried;
+      return nullptr;
+    }
+  } else if (chosen && *chosen) {
+    handle = dlopen(chosen, RTLD_NOW | RTLD_LOCAL);
+    if (!handle) {
+      const char *why = dlerror();
+      result.error = fmt::format("the CUDA driver named by PAGEDC_CUDA_DRIVER ({}) did not "
+                                 "load: {}",
+                                 chosen, why ? why : "unknown error");
+      return nullptr;
+    }
+    result.path = chosen;
+  } else {
+    for (const char *name : {"libcuda.so.1", "libcuda.so"}) {
+      handle = dlopen(name, RTLD_NOW | RTLD_LOCAL);
+      if (handle) {
+        result.path = name;
+        break;
+      }
+    }
+    if (!handle) {
+      result.error = "no NVIDIA driver: libcuda.so.1 not found";
+      if (const char *why = dlerror())
+        result.error += fmt::format(" ({})", why);
+      return nullptr;
+    }
+  }
+  return handle;
+}
+
+/// Resolves the entry points into `api`; returns the names of required
+/// ones the library lacks (empty if none).
+std::string resolveDriverApi(void *handle, CudaDriver::Api &api) {
+  std::string missing;
+  auto resolve = [&](auto &slot, const char *name) {
+    void *symbol = dlsym(handle, name);
+    if (!symbol)
+      missing += std::string(" ") + name;
+    slot = reinterpret_cast<std::remove_reference_t<decltype(slot)>>(symbol);
+  };
+  resolve(api.init, "cuInit");
+  resolve(api.driverGetVersion, "cuDriverGetVersion");
+  resolve(api.getErrorName, "cuGetErrorName");
+  resolve(api.getErrorString, "cuGetErrorString");
+  resolve(api.deviceGetCount, "cuDeviceGetCount");
+  resolve(api.deviceGet, "cuDeviceGet");
+  resolve(api.deviceGetName, "cuDeviceGetName");
+  resolve(api.deviceGetAttribute, "cuDeviceGetAttribute");
+  resolve(api.deviceTotalMem, "cuDeviceTotalMem_v2");
+  resolve(api.primaryCtxRetain, "cuDevicePrimaryCtxRetain");
+  resolve(api.primaryCtxRelease, "cuDevicePrimaryCtxRelease_v2");
+  resolve(api.ctxSetCurrent, "cuCtxSetCurrent");
+  resolve(api.ctxSynchronize, "cuCtxSynchronize");
+  resolve(api.moduleLoadData, "cuModuleLoadData");
+  resolve(api.moduleUnload, "cuModuleUnload");
+  resolve(api.moduleGetFunction, "cuModuleGetFunction");
+  resolve(api.funcSetAttribute, "cuFuncSetAttribute");
+  resolve(api.occupancyMaxActiveBlocksPerMultiprocessor,
+          "cuOccupancyMaxActiveBlocksPerMultiprocessor");
+  resolve(api.launchKernel, "cuLaunchKernel");
+  resolve(api.memAlloc, "cuMemAlloc_v2");
+  resolve(api.memFree, "cuMemFree_v2");
+  resolve(api.memcpyHtoD, "cuMemcpyHtoD_v2");
+  resolve(api.memcpyDtoH, "cuMemcpyDtoH_v2");
+  resolve(api.memsetD8, "cuMemsetD8_v2");
+  resolve(api.streamCreate, "cuStreamCreate");
+  resolve(api.streamDestroy, "cuStreamDestroy_v2");
+  resolve(api.streamSynchronize, "cuStreamSynchronize");
+  resolve(api.memcpyDtoD, "cuMemcpyDtoD_v2");
+  resolve(api.memcpyHtoDAsync, "cuMemcpyHtoDAsync_v2");
+  resolve(api.memcpyDtoHAsync, "cuMemcpyDtoHAsync_v2");
+  resolve(api.memcpyDtoDAsync, "cuMemcpyDtoDAsync_v2");
+  resolve(api.memsetD8Async, "cuMemsetD8Async");
+  resolve(api.memGetInfo, "cuMemGetInfo_v2");
+  resolve(api.eventCreate, "cuEventCreate");
+  resolve(api.eventDestroy, "cuEventDestroy_v2");
+  resolve(api.eventRecord, "cuEventRecord");
+  resolve(api.eventSynchronize, "cuEventSynchronize");
+  // CUDA 12.8+ exports the _v2 name (cuda.h maps to it); older drivers
+  // only the original.
+  if (void *symbol = dlsym(handle, "cuEventElapsedTime_v2"))
+    api.eventElapsedTime = reinterpret_cast<decltype(api.eventElapsedTime)>(symbol);
+  else
+    resolve(api.eventElapsedTime, "cuEventElapsedTime");
+  // Optional: programmatic dependent launches fall back to cuLaunchKernel.
+  api.launchKernelEx =
+      reinterpret_cast<decltype(api.launchKernelEx)>(dlsym(handle, "cuLaunchKernelEx"));
+  // Optional: without it the warpgroup prefill gathers every tile.
+  api.tensorMapEncodeTiled = reinterpret_cast<decltype(api.tensorMapEncodeTiled)>(
+      dlsym(handle, "cuTensorMapEncodeTiled"));
+  // Optional: stream capture and graphs, all or none (CudaGraph.h).
+  {
+    bool complete = true;
+    auto optional = [&](auto &slot, const char *name) {
+      void *symbol = dlsym(handle, name);
+      complete = complete && symbol;
+      slot = reinterpret_cast<std::remove_reference_t<decltype(slot)>>(symbol);
+    };
+    optional(api.streamBeginCapture, "cuStreamBeginCapture_v2");
+    optional(api.streamEndCapture, "cuStreamEndCapture");
+    optional(api.streamIsCapturing, "cuStreamIsCapturing");
+    optional(api.graphInstantiate, "cuGraphInstantiateWithFlags");
+    optional(api.graphLaunch, "cuGraphLaunch");
+    optional(api.graphExecDestroy, "cuGraphExecDestroy");
+    optional(api.graphDestroy, "cuGraphDestroy");
+    if (!complete) {
+      api.streamBeginCapture = nullptr;
+      api.streamEndCapture = nullptr;
+      api.streamIsCapturing = nullptr;
+      api.graphInstantiate = nullptr;
+      api.graphLaunch = nullptr;
+      api.graphExecDestroy = nullptr;
+      api.graphDestroy = nullptr;
+    }
+  }
+  return missing;
+}
+
 const Loaded &loadDriver() {
   static Loaded loaded = [] {
     Loaded result;
-    // The driver is installed with the kernel module, on the linker's path;
-    // the toolkit's lib64/stubs/libcuda.so is a link-time stub and is never
-    // loaded.
-    void *handle = nullptr;
-    const char *chosen = env::get(env::Setting::CudaDriver);
-    if (chosen && std::string_view(chosen) == "emu") {
-      std::string tried;
-      for (const std::string &candidate : emulatorDriverCandidates()) {
-        tried += "\n  " + candidate;
-        if (!isRegularFile(candidate))
-          continue;
-        handle = dlopen(candidate.c_str(), RTLD_NOW | RTLD_LOCAL);
-        if (handle) {
-          result.path = candidate;
-          break;
-        }
-        tried += fmt::format(" ({})", dlerror());
-      }
-      if (!handle) {
-        result.error = "the SIMT emulator's driver (libpagedc-emu-cuda.so) was not found; "
-                       "set PAGEDC_EMU_DRIVER to its path. Tried:" +
-                       tried;
-        return result;
-      }
-    } else if (chosen && *chosen) {
-      handle = dlopen(chosen, RTLD_NOW | RTLD_LOCAL);
-      if (!handle) {
-        const char *why = dlerror();
-        result.error = fmt::format("the CUDA driver named by PAGEDC_CUDA_DRIVER ({}) did not "
-                                   "load: {}",
-                                   chosen, why ? why : "unknown error");
-        return result;
-      }
-      result.path = chosen;
-    } else {
-      for (const char *name : {"libcuda.so.1", "libcuda.so"}) {
-        handle = dlopen(name, RTLD_NOW | RTLD_LOCAL);
-        if (handle) {
-          result.path = name;
-          break;
-        }
-      }
-      if (!handle) {
-        result.error = "no NVIDIA driver: libcuda.so.1 not found";
-        if (const char *why = dlerror())
-          result.error += fmt::format(" ({})", why);
-        return result;
-      }
-    }
+    void *handle = openDriverLibrary(result);
+    if (!handle)
+      return result;
     result.emulated = dlsym(handle, "pagedcEmuDriverVersion") != nullptr;
-    std::string missing;
-    auto resolve = [&](auto &slot, const char *name) {
-      void *symbol = dlsym(handle, name);
-      if (!symbol)
-        missing += std::string(" ") + name;
-      slot = reinterpret_cast<std::remove_reference_t<decltype(slot)>>(symbol);
-    };
     CudaDriver::Api &api = result.api;
-    resolve(api.init, "cuInit");
-    resolve(api.driverGetVersion, "cuDriverGetVersion");
-    resolve(api.getErrorName, "cuGetErrorName");
-    resolve(api.getErrorString, "cuGetErrorString");
-    resolve(api.deviceGetCount, "cuDeviceGetCount");
-    resolve(api.deviceGet, "cuDeviceGet");
-    resolve(api.deviceGetName, "cuDeviceGetName");
-    resolve(api.deviceGetAttribute, "cuDeviceGetAttribute");
-    resolve(api.deviceTotalMem, "cuDeviceTotalMem_v2");
-    resolve(api.primaryCtxRetain, "cuDevicePrimaryCtxRetain");
-    resolve(api.primaryCtxRelease, "cuDevicePrimaryCtxRelease_v2");
-    resolve(api.ctxSetCurrent, "cuCtxSetCurrent");
-    resolve(api.ctxSynchronize, "cuCtxSynchronize");
-    resolve(api.moduleLoadData, "cuModuleLoadData");
-    resolve(api.moduleUnload, "cuModuleUnload");
-    resolve(api.moduleGetFunction, "cuModuleGetFunction");
-    resolve(api.funcSetAttribute, "cuFuncSetAttribute");
-    resolve(api.occupancyMaxActiveBlocksPerMultiprocessor,
-            "cuOccupancyMaxActiveBlocksPerMultiprocessor");
-    resolve(api.launchKernel, "cuLaunchKernel");
-    resolve(api.memAlloc, "cuMemAlloc_v2");
-    resolve(api.memFree, "cuMemFree_v2");
-    resolve(api.memcpyHtoD, "cuMemcpyHtoD_v2");
-    resolve(api.memcpyDtoH, "cuMemcpyDtoH_v2");
-    resolve(api.memsetD8, "cuMemsetD8_v2");
-    resolve(api.streamCreate, "cuStreamCreate");
-    resolve(api.streamDestroy, "cuStreamDestroy_v2");
-    resolve(api.streamSynchronize, "cuStreamSynchronize");
-    resolve(api.memcpyDtoD, "cuMemcpyDtoD_v2");
-    resolve(api.memcpyHtoDAsync, "cuMemcpyHtoDAsync_v2");
-    resolve(api.memcpyDtoHAsync, "cuMemcpyDtoHAsync_v2");
-    resolve(api.memcpyDtoDAsync, "cuMemcpyDtoDAsync_v2");
-    resolve(api.memsetD8Async, "cuMemsetD8Async");
-    resolve(api.memGetInfo, "cuMemGetInfo_v2");
-    resolve(api.eventCreate, "cuEventCreate");
-    resolve(api.eventDestroy, "cuEventDestroy_v2");
-    resolve(api.eventRecord, "cuEventRecord");
-    resolve(api.eventSynchronize, "cuEventSynchronize");
-    // CUDA 12.8+ exports the _v2 name (cuda.h maps to it); older drivers
-    // only the original.
-    if (void *symbol = dlsym(handle, "cuEventElapsedTime_v2"))
-      api.eventElapsedTime = reinterpret_cast<decltype(api.eventElapsedTime)>(symbol);
-    else
-      resolve(api.eventElapsedTime, "cuEventElapsedTime");
-    // Optional: programmatic dependent launches fall back to cuLaunchKernel.
-    api.launchKernelEx =
-        reinterpret_cast<decltype(api.launchKernelEx)>(dlsym(handle, "cuLaunchKernelEx"));
-    // Optional: without it the warpgroup prefill gathers every tile.
-    api.tensorMapEncodeTiled = reinterpret_cast<decltype(api.tensorMapEncodeTiled)>(
-        dlsym(handle, "cuTensorMapEncodeTiled"));
-    // Optional: stream capture and graphs, all or none (CudaGraph.h).
-    {
-      bool complete = true;
-      auto optional = [&](auto &slot, const char *name) {
-        void *symbol = dlsym(handle, name);
-        complete = complete && symbol;
-        slot = reinterpret_cast<std::remove_reference_t<decltype(slot)>>(symbol);
-      };
-      optional(api.streamBeginCapture, "cuStreamBeginCapture_v2");
-      optional(api.streamEndCapture, "cuStreamEndCapture");
-      optional(api.streamIsCapturing, "cuStreamIsCapturing");
-      optional(api.graphInstantiate, "cuGraphInstantiateWithFlags");
-      optional(api.graphLaunch, "cuGraphLaunch");
-      optional(api.graphExecDestroy, "cuGraphExecDestroy");
-      optional(api.graphDestroy, "cuGraphDestroy");
-      if (!complete) {
-        api.streamBeginCapture = nullptr;
-        api.streamEndCapture = nullptr;
-        api.streamIsCapturing = nullptr;
-        api.graphInstantiate = nullptr;
-        api.graphLaunch = nullptr;
-        api.graphExecDestroy = nullptr;
-        api.graphDestroy = nullptr;
-      }
-    }
+    const std::string missing = resolveDriverApi(handle, api);
     if (!missing.empty()) {
       result.error = fmt::format("the NVIDIA driver {} lacks:{}", result.path, missing);
       return result;
