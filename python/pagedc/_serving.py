@@ -8,6 +8,8 @@
 """
 from __future__ import annotations
 
+import itertools
+import weakref
 from typing import Mapping, Optional
 
 import numpy as np
@@ -16,6 +18,11 @@ from . import _pagedc as _C
 from ._api import _framework_of, _native_mods, _to_framework
 
 _LAYOUTS = ("NHD", "HND", "vllm", "pagedc")
+
+# BatchAttentions by the handle torch.ops.pagedc.batch_attention names them
+# with (weakly: an op call never keeps one alive).
+_BATCH_BY_HANDLE: "weakref.WeakValueDictionary" = weakref.WeakValueDictionary()
+_BATCH_HANDLES = itertools.count(1)
 
 
 def _host_int32(value, argument: str, ndim: int):
@@ -95,6 +102,8 @@ class BatchAttention:
         self._build(int(max_blocks_per_seq or 1))
         if max_blocks_per_seq is None:
             self._native = None
+        self._op_handle = next(_BATCH_HANDLES)
+        _BATCH_BY_HANDLE[self._op_handle] = self
 
     def _build(self, max_blocks_per_seq: int):
         a = self._args
@@ -148,7 +157,21 @@ class BatchAttention:
         stream for torch tensors, else the legacy default stream), producers
         are asked for their data on it (``__dlpack__(stream=...)``), and the
         results (new device tensors unless ``out`` is given) are ready once
-        the stream reaches them: run() does not wait."""
+        the stream reaches them: run() does not wait.
+
+        Inside ``torch.compile`` the call is the custom op
+        ``torch.ops.pagedc.batch_attention`` on the current plan (plan()
+        outside the compiled region); 8-bit caches need the eager call."""
+        from . import _torch as _T
+        if _T.torch_compiling():
+            if kv_dtype is not None or k_scale is not None or v_scale is not None or \
+                    stream is not None:
+                raise ValueError("under torch.compile BatchAttention.run takes q, the caches, "
+                                 "buffers, params, scale, return_lse and out; not kv_dtype, "
+                                 "k_scale, v_scale or stream (call it outside the compiled "
+                                 "region)")
+            return _T.compiled_batch_attention(self._op_handle, q, k_cache, v_cache, buffers,
+                                               params, scale, return_lse, out)
         if self._native is None:
             raise ValueError("run() needs a plan: call plan(query_start_loc, seq_lens, "
                              "block_table) first")
