@@ -149,6 +149,29 @@ def test_flex_attention_device_refusals_name_the_argument(rng, mods):
         pagedc.flex_attention(qd, kd, vd, mods=pagedc.compile(CAUSAL), enable_gqa=True)
 
 
+def test_device_cache_decode_with_block_mask_matches_reference(rng, mods):
+    # A PagedKVCache in device memory filled by assign from device tensors;
+    # decode at the end of 30 keys (pages of 16), with and without a block
+    # mask, and the cache's pages exported as CUDA memory.
+    cache = pagedc.PagedKVCache(n_pages=8, page_size=16, max_batch_size=2, heads=2,
+                                head_dim=64, dtype="f16", device="emu")
+    assert cache.device == "cuda:0" and cache.k_cache.__dlpack_device__() == (2, 0)
+    k, v = randn16(rng, 2, 2, 30, 64), randn16(rng, 2, 2, 30, 64)
+    cache.reserve([0, 1], [30, 30])
+    pos = np.broadcast_to(np.arange(30, dtype=np.int32), (2, 30)).copy()
+    cache.assign(np.arange(2, dtype=np.int32), pos, pagedc.to_device(k, device="emu"),
+                 pagedc.to_device(v, device="emu"))
+    q = randn16(rng, 2, 4, 1, 64)
+    qd = pagedc.to_device(q, device="emu")
+    ref, _ = reference_attention(q, k, v, mask_fn=lambda b, h, qi, kv: qi >= kv, q_offset=29)
+    out = pagedc.flex_attention(qd, cache, mods=mods, enable_gqa=True, q_offset="end")
+    assert_close(pagedc.to_host(out), ref, atol=2e-3, rtol=2e-3)
+    mask = pagedc.create_block_mask(mods, 2, None, 30, 30, BLOCK_SIZE=64)
+    out = pagedc.flex_attention(qd, cache, block_mask=mask, mods=mods, enable_gqa=True,
+                                q_offset="end")
+    assert_close(pagedc.to_host(out), ref, atol=2e-3, rtol=2e-3)
+
+
 class StridedView:
     """A producer exporting every other element of the last dimension of a
     device tensor: a stride the CUDA path refuses."""
