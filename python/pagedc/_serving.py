@@ -29,6 +29,11 @@ def _host_int32(value, argument: str, ndim: int):
     """`value` as host int32 data the runtime can borrow: int32 tensors with
     __dlpack__ (NumPy, torch CPU) pass through without a copy; other integer
     arrays and lists are converted, values checked against the int32 range."""
+    from ._device import device_label, tensor_device_index
+    where = tensor_device_index(value)
+    if where >= 0:
+        raise ValueError(f"{argument}: must be in host memory, got a tensor on "
+                         f"{device_label(where)}")
     dtype = str(getattr(value, "dtype", ""))
     if hasattr(value, "__dlpack__") and dtype in ("int32", "torch.int32"):
         device = getattr(value, "device", None)

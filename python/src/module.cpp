@@ -35,6 +35,7 @@
 #include <pybind11/stl.h>
 
 #include <chrono>
+#include <limits>
 #include <map>
 #include <memory>
 #include <string>
@@ -140,6 +141,8 @@ Tensor deviceTensor(DType dtype, const std::vector<int64_t> &shape, Device devic
   for (int64_t size : shape) {
     if (size < 0)
       throw py::value_error("shape: sizes must be >= 0, got " + std::to_string(size));
+    if (size != 0 && bytes > std::numeric_limits<size_t>::max() / static_cast<size_t>(size))
+      throw py::value_error("shape: the tensor's size in bytes overflows size_t");
     bytes *= static_cast<size_t>(size);
   }
   auto buffer = std::make_shared<DeviceBuffer>(std::max<size_t>(bytes, 1), device.index);

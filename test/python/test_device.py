@@ -75,6 +75,8 @@ def test_device_helpers_refuse_bad_arguments():
         pagedc.empty((2,), "f32", device="cuda:7")
     with pytest.raises(ValueError, match="shape: sizes must be >= 0"):
         pagedc.empty((2, -1), "f32", device="emu")
+    with pytest.raises(ValueError, match="shape: the tensor's size in bytes overflows"):
+        pagedc.empty((2**40, 2**40), "f32", device="emu")
     with pytest.raises(ValueError, match="dtype"):
         pagedc.empty((2,), "f128", device="emu")
     with pytest.raises(ValueError, match="tensor: must be in CUDA memory"):
@@ -236,6 +238,9 @@ def test_batch_attention_device_out_and_refusals(rng, mods):
         attn.run(step["q"], kd, vd)
     with pytest.raises(ValueError, match="^v_cache: is on cpu but the call runs on cuda:0"):
         attn.run(qd, kd, v_cache)
+    with pytest.raises(ValueError, match="^seq_lens: must be in host memory, got a tensor on "
+                                         "cuda:0"):
+        attn.plan(step["qsl"], pagedc.to_device(step["seq_lens"], device="emu"), step["table"])
     q32 = pagedc.to_device(step["q"].astype(np.float32), device="emu")
     with pytest.raises(ValueError, match="^q must be f16"):
         attn.run(q32, kd, vd)
