@@ -120,6 +120,8 @@ private:
 void syncForConsumer(const Tensor &tensor, const py::object &consumerStream) {
   if (tensor.view().device().kind != DeviceKind::CUDA || consumerStream.is_none())
     return;
+  if (!py::isinstance<py::int_>(consumerStream))
+    throw py::value_error("stream: expected an int (DLPack's stream number) or None");
   int64_t consumer = consumerStream.cast<int64_t>();
   if (consumer == -1)
     return;
@@ -378,9 +380,9 @@ struct SourceCompileResult {
 };
 
 SourceCompileResult compileSource(const std::string &fileName, const std::string &source,
-                            const std::string &mask, const std::string &score,
-                            const std::vector<std::pair<std::string, std::string>> &defines,
-                            bool withCuda) {
+                                  const std::string &mask, const std::string &score,
+                                  const std::vector<std::pair<std::string, std::string>> &defines,
+                                  bool withCuda) {
   jit::SourceCompileOptions options;
   for (const auto &[name, value] : defines)
     options.constOverrides.push_back({name, value});

@@ -59,6 +59,8 @@ def test_device_tensors_export_cuda_memory_and_round_trip(rng):
     # Non-contiguous host input is made contiguous first.
     np.testing.assert_array_equal(pagedc.to_host(pagedc.to_device(host.T, device="emu")),
                                   host.T)
+    with pytest.raises(ValueError, match="^stream: expected an int"):
+        x.__dlpack__(stream="s")
     e = pagedc.empty((2, 4), "int32", device="emu")
     assert e.shape == (2, 4) and e.dtype == "i32" and e.__dlpack_device__() == (2, 0)
     # NumPy cannot read CUDA memory: no array interface for device tensors.
