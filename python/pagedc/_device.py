@@ -138,3 +138,27 @@ class Stream:
 
     def __repr__(self):
         return f"pagedc.Stream(device={self.device!r}, cuda_stream={self.cuda_stream:#x})"
+
+
+class CudaGraph:
+    """A CUDA graph captured from a ``pagedc.Stream`` (torch.cuda.CUDAGraph's
+    shape): ``capture_begin(stream)``, the calls whose device work is
+    captured (not run), ``capture_end()``, then ``replay()`` as often as
+    needed; each replay reads the device memory the capture saw. While
+    capturing, the driver refuses allocation, host copies and
+    synchronisation, so pass ``out=`` (``BatchAttention.run`` captures;
+    ``plan()`` and ``flex_attention``, which wait, do not)."""
+
+    def __init__(self):
+        self._native = _C.CudaGraph()
+
+    def capture_begin(self, stream: Stream) -> None:
+        if not isinstance(stream, Stream):
+            raise ValueError(f"stream: expected a pagedc.Stream, got {type(stream).__name__}")
+        self._native.capture_begin(stream._native)
+
+    def capture_end(self) -> None:
+        self._native.capture_end()
+
+    def replay(self) -> None:
+        self._native.replay()

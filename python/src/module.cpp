@@ -28,6 +28,7 @@
 #include "pagedc/PhysicalBlockMask.h"
 #include "pagedc/ProgramFile.h"
 #include "pagedc/Tensor.h"
+#include "cuda/CudaGraph.h"
 
 #include "llvm/Support/raw_ostream.h"
 
@@ -311,6 +312,8 @@ public:
   Stream(const Stream &) = delete;
   Stream &operator=(const Stream &) = delete;
   uintptr_t handle() const { return reinterpret_cast<uintptr_t>(stream_); }
+  cu::Stream stream() const { return stream_; }
+  int deviceIndex() const { return device_.index; }
   std::string device() const { return deviceName(device_); }
   void synchronize() const {
     py::gil_scoped_release release;
@@ -321,6 +324,40 @@ public:
 private:
   Device device_;
   cu::Stream stream_ = nullptr;
+};
+
+/// A CUDA graph captured from a Stream, shaped like torch.cuda.CUDAGraph:
+/// captureBegin(stream), the calls whose work is captured, captureEnd(),
+/// then replay() as often as needed. The capture is global: the driver
+/// refuses allocation, host copies and synchronisation while it lasts, so a
+/// call that does any of them cannot be captured.
+class Graph {
+public:
+  void captureBegin(std::shared_ptr<Stream> stream) {
+    if (capture_ || exec_)
+      throw py::value_error("capture_begin: the graph is capturing or captured already");
+    const CudaDriver &driver = cudaUseDevice(stream->deviceIndex());
+    capture_ = std::make_unique<CudaStreamCapture>(driver, stream->stream());
+    stream_ = std::move(stream);
+  }
+  void captureEnd() {
+    if (!capture_)
+      throw py::value_error("capture_end: no capture in progress (capture_begin first)");
+    // A failed capture ends it all the same (the stream runs work again).
+    std::unique_ptr<CudaStreamCapture> capture = std::move(capture_);
+    exec_ = capture->end();
+  }
+  void replay() const {
+    if (!exec_)
+      throw py::value_error("replay: nothing captured (capture_begin, capture_end first)");
+    cudaUseDevice(stream_->deviceIndex());
+    exec_.launch(stream_->stream());
+  }
+
+private:
+  std::shared_ptr<Stream> stream_;
+  std::unique_ptr<CudaStreamCapture> capture_;
+  CudaGraphExec exec_;
 };
 
 /// A copy of host tensor `obj` (any strides) in new device memory, compact.
@@ -1187,6 +1224,11 @@ PYBIND11_MODULE(_pagedc, m) {
       .def_property_readonly("cuda_stream", &Stream::handle)
       .def_property_readonly("device", &Stream::device)
       .def("synchronize", &Stream::synchronize);
+  py::class_<Graph, std::shared_ptr<Graph>>(m, "CudaGraph")
+      .def(py::init<>())
+      .def("capture_begin", &Graph::captureBegin, py::arg("stream"))
+      .def("capture_end", &Graph::captureEnd)
+      .def("replay", &Graph::replay);
 
   py::class_<Batch, std::shared_ptr<Batch>>(m, "BatchAttention")
       .def(py::init(&makeBatch), py::arg("mods"), py::arg("num_q_heads"),

@@ -253,3 +253,31 @@ def test_batch_attention_device_out_and_refusals(rng, mods):
         pagedc.BatchAttention(mods, 4, 2, 64, 16, device="emu", dtype="f32")
     with pytest.raises(ValueError, match="^mods: a CUDA BatchAttention needs mods with CUDA"):
         pagedc.BatchAttention(pagedc.compile(CAUSAL), 4, 2, 64, 16, device="emu")
+
+
+def test_batch_attention_run_is_captured_on_the_call_stream(rng, mods):
+    # run() enqueues on the call's stream and does no allocation, host copy
+    # or synchronisation: captured into a graph (a global capture, where the
+    # driver refuses those), its kernels do not run until the replay.
+    step, attn, (k_cache, v_cache) = device_step(rng, mods)
+    qd = pagedc.to_device(step["q"], device="emu")
+    kd, vd = (pagedc.to_device(c, device="emu") for c in (k_cache, v_cache))
+    out = pagedc.to_device(np.full(step["q"].shape, np.nan, np.float16), device="emu")
+    stream = pagedc.Stream("emu")
+    graph = pagedc.CudaGraph()
+    graph.capture_begin(stream)
+    assert attn.run(qd, kd, vd, out=out, stream=stream) is out
+    graph.capture_end()
+    assert np.isnan(pagedc.to_host(out)).all()
+    graph.replay()
+    stream.synchronize()
+    ref_out, _ = reference_step(step, lambda b, h, qi, kv: qi >= kv)
+    rows = np.concatenate([np.arange(step["qsl"][b], step["qsl"][b + 1])
+                           for b in range(len(DEVICE_STEP))])
+    assert_close(pagedc.to_host(out)[rows], ref_out, atol=2e-3, rtol=2e-3)
+    with pytest.raises(ValueError, match="^capture_begin: the graph is capturing or captured"):
+        graph.capture_begin(stream)
+    with pytest.raises(ValueError, match="^replay: nothing captured"):
+        pagedc.CudaGraph().replay()
+    with pytest.raises(ValueError, match="^stream: expected a pagedc.Stream"):
+        pagedc.CudaGraph().capture_begin(stream.cuda_stream)
