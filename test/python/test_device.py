@@ -294,3 +294,20 @@ def test_batch_attention_run_is_captured_on_the_call_stream(rng, mods):
         pagedc.CudaGraph().replay()
     with pytest.raises(ValueError, match="^stream: expected a pagedc.Stream"):
         pagedc.CudaGraph().capture_begin(stream.cuda_stream)
+
+
+def test_torch_cpu_tensors_move_to_the_device_and_back(rng, mods):
+    torch = pytest.importorskip("torch", reason="PyTorch is not installed "
+                                "(scripts/python-torch-tests.sh installs it in a venv)")
+    q, k, v = (torch.from_numpy(a) for a in dense_inputs(rng, b=1, length=3, keys=20))
+    qd = pagedc.to_device(q, device="emu")
+    assert qd.__dlpack_device__() == (2, 0) and qd.dtype == "f16"
+    np.testing.assert_array_equal(pagedc.to_host(qd), q.numpy())
+    kd, vd = pagedc.to_device(k, device="emu"), pagedc.to_device(v, device="emu")
+    out = pagedc.flex_attention(qd, kd, vd, mods=mods, enable_gqa=True)
+    ref, _ = reference_attention(q.numpy(), k.numpy(), v.numpy(),
+                                 mask_fn=lambda b, h, qi, kv: qi >= kv)
+    assert_close(pagedc.to_host(out), ref, atol=2e-3, rtol=2e-3)
+    # A host torch query with device keys is refused, naming k.
+    with pytest.raises(ValueError, match="^k: is on cuda:0 but q is on cpu"):
+        pagedc.flex_attention(q.float(), kd, vd, mods=mods, enable_gqa=True)
