@@ -19,6 +19,7 @@ import numpy as np
 
 from . import _pagedc as _C
 from . import _torch as _T
+from ._device import call_stream, tensor_device_index
 
 Error = _C.Error
 Tensor = _C.Tensor
@@ -340,13 +341,15 @@ class PagedKVCache:
 
     def __init__(self, n_pages: int, page_size: int, max_batch_size: int, heads: int,
                  head_dim: int, value_head_dim: Optional[int] = None, dtype: str = "f32",
-                 k_scale=None, v_scale=None):
+                 k_scale=None, v_scale=None, *, device: str = "cpu"):
+        from ._device import device_index
         dtype_arg = dtype
         dtype = {"float32": "f32", "float16": "f16", "bfloat16": "bf16"}.get(
             str(dtype).replace("torch.", ""), str(dtype))
         self._native = _C.KVCache(n_pages, page_size, max_batch_size, heads, head_dim,
                                   -1 if value_head_dim is None else value_head_dim, dtype,
-                                  _scales(k_scale, "k_scale"), _scales(v_scale, "v_scale"))
+                                  _scales(k_scale, "k_scale"), _scales(v_scale, "v_scale"),
+                                  device_index(device))
         # Lengths of the slots written so far, by slot: the native cache
         # costs nothing per configured slot (max_batch_size may be 2^31), so
         # neither does this.
@@ -361,19 +364,26 @@ class PagedKVCache:
     head_dim = property(lambda self: self._native.head_dim)
     value_head_dim = property(lambda self: self._native.value_head_dim)
     dtype = property(lambda self: self._native.dtype)
+    device = property(lambda self: self._native.device)
     k_scale = property(lambda self: list(self._native.k_scale))
     v_scale = property(lambda self: list(self._native.v_scale))
 
     @property
     def k_cache(self):
-        """The K storage [heads, n_pages, page_size, head_dim], zero-copy."""
-        return _host_array(np.asarray(self._native.k_cache()) if self.dtype != "bf16"
-                           else self._native.k_cache(), self._framework)
+        """The K storage [heads, n_pages, page_size, head_dim], zero-copy (NumPy
+        or torch as the cache's inputs were; a pagedc.Tensor for bf16 on
+        NumPy and for device caches)."""
+        return self._storage(self._native.k_cache())
 
     @property
     def v_cache(self):
-        return _host_array(np.asarray(self._native.v_cache()) if self.dtype != "bf16"
-                           else self._native.v_cache(), self._framework)
+        return self._storage(self._native.v_cache())
+
+    def _storage(self, tensor):
+        if self.device != "cpu":
+            return tensor
+        return _host_array(np.asarray(tensor) if self.dtype != "bf16" else tensor,
+                           self._framework)
 
     # Allocation ----------------------------------------------------------
     def _slots(self, batch_idx, argument="batch_idx") -> list:
@@ -631,10 +641,19 @@ def create_block_mask(mask_mod, B: Optional[int], H: Optional[int], Q_LEN: int, 
 # flex_attention
 # ---------------------------------------------------------------------------
 
-def _contiguous_cache(k, v) -> tuple:
-    """k [B, H, S, D] / v [B, H, S, Dv] copied into a fresh cache."""
-    kt = _C.Tensor.from_dlpack(k) if not isinstance(k, _C.Tensor) else k
-    vt = _C.Tensor.from_dlpack(v) if not isinstance(v, _C.Tensor) else v
+def _contiguous_cache(k, v, device: int = -1, stream: int = 0) -> tuple:
+    """k [B, H, S, D] / v [B, H, S, Dv] copied into a fresh cache on the
+    call's device (-1: the host, else that CUDA device; k and v must be on
+    it, asked for on `stream`)."""
+    from ._device import device_label, tensor_device_index
+    for name, tensor in (("k", k), ("v", v)):
+        where = tensor_device_index(tensor)
+        if where != device:
+            raise ValueError(f"{name}: is on {device_label(where)} but q is on "
+                             f"{device_label(device)}")
+    on_device = None if device < 0 else stream
+    kt = _C.Tensor.from_dlpack(k, on_device) if not isinstance(k, _C.Tensor) else k
+    vt = _C.Tensor.from_dlpack(v, on_device) if not isinstance(v, _C.Tensor) else v
     if len(kt.shape) != 4:
         raise ValueError(f"k: expected [B, H, S, D], got shape {list(kt.shape)}")
     if len(vt.shape) != 4:
@@ -651,7 +670,8 @@ def _contiguous_cache(k, v) -> tuple:
     while page < min(max(s, 1), 1024):
         page *= 2
     pages = max(b * -(-s // page), 1)
-    cache = PagedKVCache(pages, page, max(b, 1), h, d, vt.shape[3], kt.dtype)
+    cache = PagedKVCache(pages, page, max(b, 1), h, d, vt.shape[3], kt.dtype,
+                         device=device_label(device))
     if s > 0 and b > 0:
         cache.reserve(list(range(b)), s)
         pos = np.broadcast_to(np.arange(s, dtype=np.int32), (b, s)).copy()
@@ -700,7 +720,7 @@ def flex_attention(q, cache_or_k, v=None, block_mask: Optional[BlockMask] = None
                    scale: Optional[float] = None, enable_gqa: bool = False,
                    return_lse: bool = False, q_offset=None, *, kv_length=None, batch_idx=None,
                    out=None, threads: int = 0, kernel_options: Optional[Mapping] = None,
-                   score_mod=None, mask_mod=None, return_aux=None):
+                   score_mod=None, mask_mod=None, return_aux=None, stream=None):
     """softmax(score_mod(scale * q.k) masked) . v, as torch's flex_attention.
 
     ``q`` [B, Hq, L, D]. ``cache_or_k`` is a ``PagedKVCache`` (``v`` None;
@@ -725,6 +745,15 @@ def flex_attention(q, cache_or_k, v=None, block_mask: Optional[BlockMask] = None
     docs/kernels.md, "Kernel options", says what each changes. An unknown
     name or a bad value raises ``ValueError`` listing the valid ones. The
     ``PAGEDC_*`` environment variables of these settings do not apply here.
+
+    CUDA memory (a ``pagedc.Tensor`` from ``to_device`` / ``empty`` on
+    ``device="emu"`` or ``"cuda:N"``, or any DLPack CUDA tensor): q, k, v,
+    buffers and ``out`` are read in place on q's device, producers are asked
+    for their data on the call's stream (``__dlpack__(stream=...)``):
+    ``stream`` (a CUstream handle or an object with ``cuda_stream``), else
+    torch's current stream for torch tensors, else the legacy default
+    stream. The mods need CUDA code (``compile(..., cuda=True)``); results
+    are device tensors of q's framework.
 
     torch's vocabulary works as it is: ``score_mod=`` / ``mask_mod=`` Python
     functions (traced once per code and captured values), a function as the
@@ -778,12 +807,16 @@ def flex_attention(q, cache_or_k, v=None, block_mask: Optional[BlockMask] = None
         result, lse = flex_attention(q, cache_or_k, v, block_mask, mods, buffers, params, scale,
                                      enable_gqa, True, q_offset, kv_length=kv_length,
                                      batch_idx=batch_idx, out=out, threads=threads,
-                                     kernel_options=kernel_options)
+                                     kernel_options=kernel_options, stream=stream)
         return result, _T.aux_output(lse, return_aux)
     framework = _framework_of(q)
-    torch_host = framework == "torch" and not q.is_cuda
     kernel_texts = _kernel_option_texts(kernel_options)
     mods = _native_mods(mods)
+    device = tensor_device_index(q)
+    stream = call_stream(stream, q) if device >= 0 else 0
+    if device >= 0 and not mods.has_cuda:
+        raise ValueError("mods: q is in CUDA memory but the mods have no CUDA code; compile "
+                         "them with pagedc.compile(..., cuda=True)")
     if isinstance(cache_or_k, PagedKVCache):
         if v is not None:
             raise ValueError("v: must be None when cache_or_k is a PagedKVCache")
@@ -792,7 +825,7 @@ def flex_attention(q, cache_or_k, v=None, block_mask: Optional[BlockMask] = None
     else:
         if v is None:
             raise ValueError("v: required when cache_or_k is a key tensor")
-        cache, default_length = _contiguous_cache(cache_or_k, v)
+        cache, default_length = _contiguous_cache(cache_or_k, v, device, stream)
     if not hasattr(q, "__dlpack__"):
         raise ValueError(f"q: expected a tensor with __dlpack__, got {type(q).__name__}")
     q_shape = tuple(q.shape)
@@ -834,14 +867,14 @@ def flex_attention(q, cache_or_k, v=None, block_mask: Optional[BlockMask] = None
     if block_mask is not None and not isinstance(block_mask, BlockMask):
         raise ValueError("block_mask: expected a pagedc.BlockMask (create_block_mask)")
     merged, params = mods._bindings(buffers, params)
-    if torch_host:
+    if framework == "torch" and device < 0:
         return _torch_host_call(q, cache, block_mask, mods, merged, params, slots, lengths,
                                 offsets, scale, return_lse, out, threads, kernel_texts)
     result, lse = _C.flex_attention(q, cache._native,
                                     None if block_mask is None else block_mask._native,
                                     mods._native, merged, params, slots, lengths, offsets,
                                     None if scale is None else float(scale), bool(return_lse),
-                                    out, None, int(threads), kernel_texts)
+                                    out, None, int(threads), kernel_texts, device, stream)
     result = _to_framework(result, framework)
     if return_lse:
         return result, _to_framework(lse, framework)
@@ -872,7 +905,7 @@ def _torch_host_call(q, cache, block_mask, mods, merged, params, slots, lengths,
         exported(q), cache._native, None if block_mask is None else block_mask._native,
         mods._native, merged, params, slots, lengths, offsets,
         None if scale is None else float(scale), bool(return_lse), exported(out),
-        None if lse is None else to_dlpack(lse), int(threads), kernel_texts)
+        None if lse is None else to_dlpack(lse), int(threads), kernel_texts, -1, 0)
     result = given_out if given_out is not None else _to_framework(result, "torch")
     return (result, lse) if return_lse else result
 

@@ -8,6 +8,8 @@
 """
 from __future__ import annotations
 
+import itertools
+import weakref
 from typing import Mapping, Optional
 
 import numpy as np
@@ -17,11 +19,21 @@ from ._api import _framework_of, _native_mods, _to_framework
 
 _LAYOUTS = ("NHD", "HND", "vllm", "pagedc")
 
+# BatchAttentions by the handle torch.ops.pagedc.batch_attention names them
+# with (weakly: an op call never keeps one alive).
+_BATCH_BY_HANDLE: "weakref.WeakValueDictionary" = weakref.WeakValueDictionary()
+_BATCH_HANDLES = itertools.count(1)
+
 
 def _host_int32(value, argument: str, ndim: int):
     """`value` as host int32 data the runtime can borrow: int32 tensors with
     __dlpack__ (NumPy, torch CPU) pass through without a copy; other integer
     arrays and lists are converted, values checked against the int32 range."""
+    from ._device import device_label, tensor_device_index
+    where = tensor_device_index(value)
+    if where >= 0:
+        raise ValueError(f"{argument}: must be in host memory, got a tensor on "
+                         f"{device_label(where)}")
     dtype = str(getattr(value, "dtype", ""))
     if hasattr(value, "__dlpack__") and dtype in ("int32", "torch.int32"):
         device = getattr(value, "device", None)
@@ -53,21 +65,31 @@ class BatchAttention:
     Hkv, D] tensor passed as ``k_cache`` with ``v_cache=None``) or "pagedc"
     ([Hkv, pages, page_size, D]). ``max_num_seqs`` / ``max_num_tokens`` bound
     every plan; ``max_blocks_per_seq`` (default: the first plan's block
-    table's columns) bounds the pages one sequence may use. ``device`` is
-    "cpu": the CUDA path (C++ ``BatchAttention`` on ``Device::cuda``, the
-    emulator included) has no Python binding yet, so "emu" and "cuda:N" are
-    refused. ``threads``: CPU worker threads, 0 = all cores.
+    table's columns) bounds the pages one sequence may use. ``device``:
+    "cpu", or a CUDA device ("cuda:N", or "emu": the SIMT emulator's), where
+    ``dtype`` ("bf16" or "f16") is the element type of q, the caches and out,
+    the mods need CUDA code (``compile(..., cuda=True)``), every tensor is in
+    that device's memory (read in place) and ``run`` enqueues on the call's
+    stream and returns without waiting (docs/python.md, "CUDA memory").
+    ``threads``: CPU worker threads, 0 = all cores.
     """
 
     def __init__(self, mods, num_q_heads: int, num_kv_heads: int, head_dim: int,
                  page_size: int, kv_layout: str = "NHD", max_num_seqs: int = 256,
                  max_num_tokens: int = 8192, device: str = "cpu", *,
                  value_head_dim: Optional[int] = None,
-                 max_blocks_per_seq: Optional[int] = None, threads: int = 0):
-        if str(device) != "cpu":
-            raise ValueError(f"device: Python's batch call runs on the CPU backend; '{device}' "
-                             "is not supported by it yet (the CUDA path is C++ only; "
-                             "flex_attention covers CUDA)")
+                 max_blocks_per_seq: Optional[int] = None, threads: int = 0,
+                 dtype: str = "bf16"):
+        from ._device import device_index
+        self._device = device_index(device)
+        if self._device >= 0 and (mods is None or not _native_mods(mods).has_cuda):
+            raise ValueError("mods: a CUDA BatchAttention needs mods with CUDA code; compile "
+                             "them with pagedc.compile(..., cuda=True)")
+        dtype = {"float16": "f16", "bfloat16": "bf16"}.get(str(dtype).replace("torch.", ""),
+                                                           str(dtype))
+        if self._device >= 0 and dtype not in ("f16", "bf16"):
+            raise ValueError(f"dtype: a CUDA BatchAttention computes in 'bf16' or 'f16', "
+                             f"got {dtype!r}")
         if not isinstance(kv_layout, str) or kv_layout.lower() not in \
                 [name.lower() for name in _LAYOUTS]:
             raise ValueError(f"kv_layout: unknown layout {kv_layout!r}; valid layouts: "
@@ -78,13 +100,15 @@ class BatchAttention:
                           value_head_dim=int(value_head_dim or 0),
                           page_size=int(page_size), kv_layout=kv_layout,
                           max_num_seqs=int(max_num_seqs), max_num_tokens=int(max_num_tokens),
-                          threads=int(threads))
+                          threads=int(threads), dtype=dtype)
         # Built now, so that a bad setting raises here; without
         # max_blocks_per_seq it is built again at the first plan, sized by
         # that block table.
         self._build(int(max_blocks_per_seq or 1))
         if max_blocks_per_seq is None:
             self._native = None
+        self._op_handle = next(_BATCH_HANDLES)
+        _BATCH_BY_HANDLE[self._op_handle] = self
 
     def _build(self, max_blocks_per_seq: int):
         a = self._args
@@ -92,9 +116,11 @@ class BatchAttention:
                                          a["num_kv_heads"], a["head_dim"],
                                          a["value_head_dim"], a["page_size"], a["kv_layout"],
                                          a["max_num_seqs"], a["max_num_tokens"],
-                                         max_blocks_per_seq, a["threads"])
+                                         max_blocks_per_seq, a["threads"], self._device,
+                                         a["dtype"])
 
     kv_layout = property(lambda self: self._args["kv_layout"])
+    device = property(lambda self: "cpu" if self._device < 0 else f"cuda:{self._device}")
     num_seqs = property(lambda self: self._native.num_seqs if self._native else 0)
     num_tokens = property(lambda self: self._native.num_tokens if self._native else 0)
 
@@ -119,7 +145,7 @@ class BatchAttention:
     def run(self, q, k_cache, v_cache=None, buffers: Optional[Mapping] = None,
             params: Optional[Mapping] = None, scale: Optional[float] = None,
             return_lse: bool = False, out=None, *, kv_dtype: Optional[str] = None,
-            k_scale=None, v_scale=None):
+            k_scale=None, v_scale=None, stream=None):
         """Attention of the planned step: ``q`` [T, Hq, D] packed as
         ``query_start_loc`` says, the caches in the configured layout (read
         in place). Returns ``out`` [T, Hq, Dv], or ``(out, lse)`` with
@@ -129,17 +155,41 @@ class BatchAttention:
         8-bit caches: torch ``float8_e4m3fn`` / ``float8_e5m2`` tensors, or
         uint8 arrays with ``kv_dtype="float8_e4m3fn"`` / ``"float8_e5m2"``;
         ``k_scale`` / ``v_scale`` (a number, or one per KV head) are then
-        required: a code c means c * scale."""
+        required: a code c means c * scale.
+
+        On a CUDA device the kernels are enqueued on ``stream`` (a CUstream
+        handle or an object with ``cuda_stream``; default: torch's current
+        stream for torch tensors, else the legacy default stream), producers
+        are asked for their data on it (``__dlpack__(stream=...)``), and the
+        results (new device tensors unless ``out`` is given) are ready once
+        the stream reaches them: run() does not wait.
+
+        Inside ``torch.compile`` the call is the custom op
+        ``torch.ops.pagedc.batch_attention`` on the current plan (plan()
+        outside the compiled region); 8-bit caches need the eager call."""
+        from . import _torch as _T
+        if _T.torch_compiling():
+            if kv_dtype is not None or k_scale is not None or v_scale is not None or \
+                    stream is not None:
+                raise ValueError("under torch.compile BatchAttention.run takes q, the caches, "
+                                 "buffers, params, scale, return_lse and out; not kv_dtype, "
+                                 "k_scale, v_scale or stream (call it outside the compiled "
+                                 "region)")
+            return _T.compiled_batch_attention(self._op_handle, q, k_cache, v_cache, buffers,
+                                               params, scale, return_lse, out)
         if self._native is None:
             raise ValueError("run() needs a plan: call plan(query_start_loc, seq_lens, "
                              "block_table) first")
         framework = _framework_of(q)
         merged, params = self._mods._bindings(buffers, params)
         from ._api import _scales
+        from ._device import call_stream
+        stream = call_stream(stream, q) if self._device >= 0 else 0
         result, lse = self._native.run(q, k_cache, v_cache, merged, params,
                                        None if scale is None else float(scale),
                                        bool(return_lse), out, None, str(kv_dtype or ""),
-                                       _scales(k_scale, "k_scale"), _scales(v_scale, "v_scale"))
+                                       _scales(k_scale, "k_scale"), _scales(v_scale, "v_scale"),
+                                       stream)
         result = _to_framework(result, framework)
         if return_lse:
             return result, _to_framework(lse, framework)

@@ -278,3 +278,99 @@ def compiled_flex_attention(q, k, v, block_mask, mods, buffers, params, scale, e
 @_constant
 def _captured_tensor(handle: int, name: str):
     return _mods_of(handle).bound_buffers[name]
+
+
+# ---------------------------------------------------------------------------
+# torch.compile: the serving batch call
+# ---------------------------------------------------------------------------
+
+_BATCH_OP = None
+
+
+def ensure_batch_op():
+    """Registers torch.ops.pagedc.batch_attention (once): the run of a
+    BatchAttention's current plan, writing into ``out`` (mutated) and
+    returning lse. The plan stays outside the op (a step's host metadata,
+    as engines plan before they replay a captured graph)."""
+    global _BATCH_OP
+    if _BATCH_OP is not None:
+        return _BATCH_OP
+    with _OP_LOCK:
+        if _BATCH_OP is not None:
+            return _BATCH_OP
+        import torch
+
+        @torch.library.custom_op(
+            "pagedc::batch_attention", mutates_args=("out",),
+            schema="(Tensor q, Tensor k_cache, Tensor? v_cache, Tensor[] buffers, "
+                   "int attention, float? scale, float[] params, Tensor(a!) out) -> Tensor")
+        def batch_attention_op(q, k_cache, v_cache, buffers, attention, scale, params, out):
+            attn = _batch_of(attention)
+            compiled = attn._mods
+            names = [d[0] for d in compiled.buffer_decls]
+            values = {}
+            for (name, typ, _), value in zip(compiled.param_decls, params):
+                values[name] = bool(value) if typ == "bool" else (
+                    int(value) if typ == "i32" else float(value))
+            _, lse = attn.run(q, k_cache, v_cache, buffers=dict(zip(names, buffers)),
+                              params=values, scale=scale, return_lse=True, out=out)
+            return lse
+
+        @batch_attention_op.register_fake
+        def _(q, k_cache, v_cache, buffers, attention, scale, params, out):
+            return q.new_empty((q.shape[0], q.shape[1]), dtype=torch.float32)
+
+        _BATCH_OP = batch_attention_op
+        return _BATCH_OP
+
+
+def _batch_of(handle: int):
+    from ._serving import _BATCH_BY_HANDLE
+    attn = _BATCH_BY_HANDLE.get(handle)
+    if attn is None:
+        raise ValueError(f"pagedc::batch_attention: BatchAttention {handle} no longer exists")
+    return attn
+
+
+@_constant
+def _batch_layout(handle: int) -> tuple:
+    """(mods handle, query heads, value head dim) of the BatchAttention
+    behind `handle`; registers the op, outside the graph."""
+    ensure_op()
+    ensure_batch_op()
+    attn = _batch_of(handle)
+    a = attn._args
+    return attn._mods._op_handle, a["num_q_heads"], a["value_head_dim"] or a["head_dim"]
+
+
+def compiled_batch_attention(handle: int, q, k_cache, v_cache, buffers, params, scale,
+                             return_lse, out):
+    """BatchAttention.run while torch.compile traces: one
+    torch.ops.pagedc.batch_attention call on the current plan (made outside
+    the compiled region); out is allocated in the graph when not given."""
+    import torch
+    mods_handle, heads, value_dim = _batch_layout(handle)
+    names, captured, param_decls = _layout(mods_handle)
+    given = dict(buffers or {})
+    tensors = []
+    for name in names:
+        if name in given:
+            tensors.append(given[name])
+        elif name in captured:
+            tensors.append(_captured_tensor(mods_handle, name))
+        else:
+            raise ValueError(f"buffers: no value for '{name}'")
+    values = []
+    params = dict(params or {})
+    for name, typ, default in param_decls:
+        if name in params:
+            values.append(float(params[name]))
+        elif default is not None:
+            values.append(float(default))
+        else:
+            raise ValueError(f"params: no value for '{name}' (no default)")
+    if out is None:
+        out = q.new_empty((q.shape[0], heads, value_dim))
+    lse = torch.ops.pagedc.batch_attention(q, k_cache, v_cache, tensors, handle,
+                                           None if scale is None else float(scale), values, out)
+    return (out, lse) if return_lse else out

@@ -19,6 +19,8 @@
 #include "pagedc/Attention.h"
 #include "pagedc/BatchAttention.h"
 #include "pagedc/BlockMask.h"
+#include "pagedc/CudaAttention.h"
+#include "pagedc/CudaDriver.h"
 #include "pagedc/Error.h"
 #include "pagedc/KVCache.h"
 #include "pagedc/KernelOptions.h"
@@ -26,6 +28,7 @@
 #include "pagedc/PhysicalBlockMask.h"
 #include "pagedc/ProgramFile.h"
 #include "pagedc/Tensor.h"
+#include "cuda/CudaGraph.h"
 
 #include "llvm/Support/raw_ostream.h"
 
@@ -33,6 +36,7 @@
 #include <pybind11/stl.h>
 
 #include <chrono>
+#include <limits>
 #include <map>
 #include <memory>
 #include <string>
@@ -61,9 +65,27 @@ struct BorrowedTensor {
   py::object keepAlive;
 };
 
+/// DLPack's device type of CUDA memory (kDLCUDA).
+constexpr int kDLCUDA = 2;
+
+/// Where a call runs: the device every tensor must be on and the CUstream
+/// the call enqueues on, which CUDA producers are told through
+/// __dlpack__(stream=...) so that their data is ready on it.
+struct CallDevice {
+  Device device = Device::cpu();
+  uintptr_t stream = 0; // a CUstream; 0: the legacy default stream
+  bool anyDevice = false; // true: tensors on other devices are accepted
+  void *cuStream() const { return reinterpret_cast<void *>(stream); }
+  /// The stream as DLPack's consumers name it (1: the legacy default).
+  int64_t dlpackStream() const { return stream ? static_cast<int64_t>(stream) : 1; }
+};
+
 /// Wraps `obj` (anything with __dlpack__, or a pagedc Tensor) as a TensorView
-/// without copying. `argument` names it in errors (ValueError).
-BorrowedTensor borrowTensor(const py::handle &obj, const std::string &argument);
+/// without copying. `argument` names it in errors (ValueError). With `call`,
+/// a CUDA producer is asked for its data on the call's stream and the tensor
+/// must be on the call's device.
+BorrowedTensor borrowTensor(const py::handle &obj, const std::string &argument,
+                            const CallDevice *call = nullptr);
 
 /// An owning tensor handed to Python: host storage or a view into storage
 /// that `owner` keeps alive (a cache's K/V pages).
@@ -73,7 +95,8 @@ public:
   explicit Tensor(HostTensor storage) : host_(std::make_shared<HostTensor>(std::move(storage))) {
     view_ = host_->view();
   }
-  Tensor(TensorView view, std::shared_ptr<void> owner) : view_(view), owner_(std::move(owner)) {}
+  Tensor(TensorView view, std::shared_ptr<void> owner, void *stream = nullptr)
+      : view_(view), owner_(std::move(owner)), stream_(stream) {}
 
   const TensorView &view() const { return view_; }
   std::vector<int64_t> shape() const { return view_.shape(); }
@@ -81,12 +104,53 @@ public:
   std::string dtype() const { return dtypeName(view_.dtype()); }
   uintptr_t dataPtr() const { return reinterpret_cast<uintptr_t>(view_.data()); }
   std::string device() const { return deviceName(view_.device()); }
+  /// Device tensors: the CUstream the call that wrote it enqueued on.
+  void *stream() const { return stream_; }
+  const std::shared_ptr<void> &owner() const { return owner_; }
 
 private:
   TensorView view_;
   std::shared_ptr<HostTensor> host_;
   std::shared_ptr<void> owner_;
+  void *stream_ = nullptr;
 };
+
+/// Waits for the work that writes `tensor` when a consumer reads it on
+/// another stream (DLPack: `consumerStream` 1 or 0 is the legacy default
+/// stream, -1 asks for no synchronisation).
+void syncForConsumer(const Tensor &tensor, const py::object &consumerStream) {
+  if (tensor.view().device().kind != DeviceKind::CUDA || consumerStream.is_none())
+    return;
+  if (!py::isinstance<py::int_>(consumerStream))
+    throw py::value_error("stream: expected an int (DLPack's stream number) or None");
+  int64_t consumer = consumerStream.cast<int64_t>();
+  if (consumer == -1)
+    return;
+  uintptr_t producer = reinterpret_cast<uintptr_t>(tensor.stream());
+  if (consumer == 1 || consumer == 0)
+    consumer = 0;
+  if (static_cast<uintptr_t>(consumer) == producer)
+    return;
+  py::gil_scoped_release release;
+  const CudaDriver &driver = cudaUseDevice(tensor.view().device().index);
+  driver.check(driver.api().streamSynchronize(static_cast<cu::Stream>(tensor.stream())),
+               "cuStreamSynchronize");
+}
+
+/// A new compact tensor in device memory (cuMemAlloc; contents undefined).
+Tensor deviceTensor(DType dtype, const std::vector<int64_t> &shape, Device device,
+                    void *stream = nullptr) {
+  size_t bytes = dtypeSize(dtype);
+  for (int64_t size : shape) {
+    if (size < 0)
+      throw py::value_error("shape: sizes must be >= 0, got " + std::to_string(size));
+    if (size != 0 && bytes > std::numeric_limits<size_t>::max() / static_cast<size_t>(size))
+      throw py::value_error("shape: the tensor's size in bytes overflows size_t");
+    bytes *= static_cast<size_t>(size);
+  }
+  auto buffer = std::make_shared<DeviceBuffer>(std::max<size_t>(bytes, 1), device.index);
+  return Tensor(TensorView(buffer->data(), dtype, shape, device), buffer, stream);
+}
 
 struct ExportContext {
   PyObject *owner; // a strong reference to the exported Tensor
@@ -117,8 +181,9 @@ void capsuleDestructor(PyObject *capsule) {
   }
 }
 
-py::capsule exportDLPack(py::object self) {
+py::capsule exportDLPack(py::object self, const py::object &stream) {
   const Tensor &tensor = self.cast<const Tensor &>();
+  syncForConsumer(tensor, stream);
   auto *context = new ExportContext;
   context->owner = self.release().ptr();
   context->shape = tensor.view().shape();
@@ -137,33 +202,54 @@ py::capsule exportDLPack(py::object self) {
   return py::reinterpret_steal<py::capsule>(capsule);
 }
 
-BorrowedTensor borrowCapsule(py::object capsule, const std::string &argument);
+/// Checks that `view` is on the call's device.
+void checkDevice(const TensorView &view, const std::string &argument, const CallDevice &call) {
+  if (!call.anyDevice && view.device() != call.device)
+    throw py::value_error(argument + ": is on " + deviceName(view.device()) +
+                          " but the call runs on " + deviceName(call.device));
+}
 
-BorrowedTensor borrowTensor(const py::handle &obj, const std::string &argument) {
-  if (py::isinstance<Tensor>(obj)) {
-    const Tensor &tensor = obj.cast<const Tensor &>();
-    return {tensor.view(), py::reinterpret_borrow<py::object>(obj)};
-  }
-  // A capsule the caller exported already (the Python layer does so for
-  // torch's host tensors, whose __dlpack__ method is slow to call).
-  if (PyCapsule_CheckExact(obj.ptr()))
-    return borrowCapsule(py::reinterpret_borrow<py::object>(obj), argument);
-  if (!py::hasattr(obj, "__dlpack__"))
-    throw py::value_error(argument + ": expected a tensor with __dlpack__ (a NumPy array, a "
-                          "PyTorch tensor or a pagedc.Tensor), got " +
-                          std::string(py::str(py::type::handle_of(obj).attr("__name__"))));
-  py::object capsule;
+/// obj.__dlpack__(), with the call's stream when obj's memory is CUDA's.
+py::object dlpackCapsule(const py::handle &obj, const std::string &argument,
+                         const CallDevice *call) {
+  int deviceType = 1;
   try {
-    capsule = obj.attr("__dlpack__")();
+    if (py::hasattr(obj, "__dlpack_device__"))
+      deviceType = py::cast<py::tuple>(obj.attr("__dlpack_device__")())[0].cast<int>();
+    if (deviceType == kDLCUDA)
+      return obj.attr("__dlpack__")(py::arg("stream") = call ? call->dlpackStream() : 1);
+    return obj.attr("__dlpack__")();
   } catch (py::error_already_set &error) {
     // e.g. NumPy refuses to export read-only or non-native-endian arrays.
     throw py::value_error(argument + ": cannot be exported through DLPack: " +
                           std::string(py::str(error.value())));
   }
-  return borrowCapsule(std::move(capsule), argument);
 }
 
-BorrowedTensor borrowCapsule(py::object capsule, const std::string &argument) {
+BorrowedTensor borrowCapsule(py::object capsule, const std::string &argument,
+                             const CallDevice *call);
+
+BorrowedTensor borrowTensor(const py::handle &obj, const std::string &argument,
+                            const CallDevice *call) {
+  if (py::isinstance<Tensor>(obj)) {
+    const Tensor &tensor = obj.cast<const Tensor &>();
+    if (call)
+      checkDevice(tensor.view(), argument, *call);
+    return {tensor.view(), py::reinterpret_borrow<py::object>(obj)};
+  }
+  // A capsule the caller exported already (the Python layer does so for
+  // torch's host tensors, whose __dlpack__ method is slow to call).
+  if (PyCapsule_CheckExact(obj.ptr()))
+    return borrowCapsule(py::reinterpret_borrow<py::object>(obj), argument, call);
+  if (!py::hasattr(obj, "__dlpack__"))
+    throw py::value_error(argument + ": expected a tensor with __dlpack__ (a NumPy array, a "
+                          "PyTorch tensor or a pagedc.Tensor), got " +
+                          std::string(py::str(py::type::handle_of(obj).attr("__name__"))));
+  return borrowCapsule(dlpackCapsule(obj, argument, call), argument, call);
+}
+
+BorrowedTensor borrowCapsule(py::object capsule, const std::string &argument,
+                             const CallDevice *call) {
   if (!PyCapsule_IsValid(capsule.ptr(), "dltensor"))
     throw py::value_error(argument + ": not an unconsumed DLPack capsule");
   auto *managed =
@@ -174,9 +260,157 @@ BorrowedTensor borrowCapsule(py::object capsule, const std::string &argument) {
   } catch (const Error &error) {
     throw py::value_error(argument + ": " + error.what());
   }
+  if (call)
+    checkDevice(view, argument, *call);
   // The capsule stays unconsumed: its destructor calls the producer's deleter
   // when the last reference goes, after the call that borrowed the view.
   return {view, capsule};
+}
+
+//===----------------------------------------------------------------------===//
+// Device memory
+//===----------------------------------------------------------------------===//
+
+/// The CUDA device `index` of the process's driver; ValueError naming
+/// `device` when there is no driver or no such device.
+Device cudaDevice(int index) {
+  std::string reason;
+  if (!CudaDriver::available(&reason))
+    throw py::value_error("device: no CUDA driver: " + reason);
+  int count = CudaDriver::get().deviceCount();
+  if (index < 0 || index >= count)
+    throw py::value_error("device: cuda:" + std::to_string(index) + " does not exist (" +
+                          std::to_string(count) + " device(s))");
+  return Device::cuda(index);
+}
+
+/// (driver available, emulated, library or the reason there is none).
+py::tuple cudaDriverInfo() {
+  std::string reason;
+  if (!CudaDriver::available(&reason))
+    return py::make_tuple(false, false, reason);
+  const CudaDriver &driver = CudaDriver::get();
+  return py::make_tuple(true, driver.emulated(), driver.libraryPath());
+}
+
+/// Every `step`-th element of `tensor`'s last dimension, as a view of the same
+/// memory with that stride (tests use it for the refusal of strides).
+Tensor stridedView(const Tensor &tensor, int64_t step) {
+  const TensorView &v = tensor.view();
+  if (step < 1 || v.rank() == 0)
+    throw py::value_error("step: must be >= 1, on a tensor of rank >= 1");
+  std::vector<int64_t> shape = v.shape(), strides = v.strides();
+  shape.back() = (shape.back() + step - 1) / step;
+  strides.back() *= step;
+  return Tensor(TensorView(v.data(), v.dtype(), shape, strides, v.device()), tensor.owner(),
+                tensor.stream());
+}
+
+/// A CUDA stream of pagedc's own (cuStreamCreate), for callers without a
+/// framework that owns streams; destroyed with the object.
+class Stream {
+public:
+  explicit Stream(int index) : device_(cudaDevice(index)) {
+    const CudaDriver &driver = cudaUseDevice(index);
+    cu::Stream stream = nullptr;
+    driver.check(driver.api().streamCreate(&stream, 0), "cuStreamCreate");
+    stream_ = stream;
+  }
+  ~Stream() {
+    if (stream_)
+      cudaUseDevice(device_.index).api().streamDestroy(stream_);
+  }
+  Stream(const Stream &) = delete;
+  Stream &operator=(const Stream &) = delete;
+  uintptr_t handle() const { return reinterpret_cast<uintptr_t>(stream_); }
+  cu::Stream stream() const { return stream_; }
+  int deviceIndex() const { return device_.index; }
+  std::string device() const { return deviceName(device_); }
+  void synchronize() const {
+    py::gil_scoped_release release;
+    const CudaDriver &driver = cudaUseDevice(device_.index);
+    driver.check(driver.api().streamSynchronize(stream_), "cuStreamSynchronize");
+  }
+
+private:
+  Device device_;
+  cu::Stream stream_ = nullptr;
+};
+
+/// A CUDA graph captured from a Stream, shaped like torch.cuda.CUDAGraph:
+/// captureBegin(stream), the calls whose work is captured, captureEnd(),
+/// then replay() as often as needed. The capture is global: the driver
+/// refuses allocation, host copies and synchronisation while it lasts, so a
+/// call that does any of them cannot be captured.
+class Graph {
+public:
+  void captureBegin(std::shared_ptr<Stream> stream) {
+    if (capture_ || exec_)
+      throw py::value_error("capture_begin: the graph is capturing or captured already");
+    const CudaDriver &driver = cudaUseDevice(stream->deviceIndex());
+    capture_ = std::make_unique<CudaStreamCapture>(driver, stream->stream());
+    stream_ = std::move(stream);
+  }
+  void captureEnd() {
+    if (!capture_)
+      throw py::value_error("capture_end: no capture in progress (capture_begin first)");
+    // A failed capture ends it all the same (the stream runs work again).
+    std::unique_ptr<CudaStreamCapture> capture = std::move(capture_);
+    exec_ = capture->end();
+  }
+  void replay() const {
+    if (!exec_)
+      throw py::value_error("replay: nothing captured (capture_begin, capture_end first)");
+    cudaUseDevice(stream_->deviceIndex());
+    exec_.launch(stream_->stream());
+  }
+
+private:
+  std::shared_ptr<Stream> stream_;
+  std::unique_ptr<CudaStreamCapture> capture_;
+  CudaGraphExec exec_;
+};
+
+/// A copy of host tensor `obj` (any strides) in new device memory, compact.
+Tensor toDevice(const py::handle &obj, int index) {
+  Device device = cudaDevice(index);
+  BorrowedTensor source = borrowTensor(obj, "array");
+  const TensorView &v = source.view;
+  if (v.device().kind != DeviceKind::CPU)
+    throw py::value_error("array: must be in host memory, got a tensor on " +
+                          deviceName(v.device()));
+  if (!v.isContiguous())
+    throw py::value_error("array: must be contiguous (row-major)");
+  Tensor result = deviceTensor(v.dtype(), v.shape(), device);
+  auto *buffer = static_cast<DeviceBuffer *>(result.owner().get());
+  py::gil_scoped_release release;
+  buffer->upload(v.data(), static_cast<size_t>(v.numel()) * dtypeSize(v.dtype()));
+  return result;
+}
+
+/// A host copy of device tensor `obj` (compact), after the work that writes it.
+Tensor toHost(const py::handle &obj) {
+  BorrowedTensor source = borrowTensor(obj, "tensor");
+  const TensorView &v = source.view;
+  if (v.device().kind != DeviceKind::CUDA)
+    throw py::value_error("tensor: must be in CUDA memory, got a tensor on " +
+                          deviceName(v.device()));
+  if (!v.isContiguous())
+    throw py::value_error("tensor: must be contiguous (row-major)");
+  void *stream = py::isinstance<Tensor>(obj) ? obj.cast<const Tensor &>().stream() : nullptr;
+  HostTensor host(v.dtype(), v.shape());
+  const size_t bytes = static_cast<size_t>(v.numel()) * dtypeSize(v.dtype());
+  {
+    py::gil_scoped_release release;
+    const CudaDriver &driver = cudaUseDevice(v.device().index);
+    driver.check(driver.api().streamSynchronize(static_cast<cu::Stream>(stream)),
+                 "cuStreamSynchronize");
+    if (bytes)
+      driver.check(driver.api().memcpyDtoH(host.data(),
+                                           reinterpret_cast<cu::DevicePointer>(v.data()), bytes),
+                   "cuMemcpyDtoH");
+  }
+  return Tensor(std::move(host));
 }
 
 //===----------------------------------------------------------------------===//
@@ -187,21 +421,21 @@ struct Mods {
   CompiledMods mods;
 };
 
-struct CompileResult {
+struct SourceCompileResult {
   std::shared_ptr<Mods> mods; // null on failure
   std::string diagnostics;    // the compiler's located diagnostics
   std::string error;          // the summary error when it failed
 };
 
-CompileResult compileSource(const std::string &fileName, const std::string &source,
-                            const std::string &mask, const std::string &score,
-                            const std::vector<std::pair<std::string, std::string>> &defines,
-                            bool withCuda) {
+SourceCompileResult compileSource(const std::string &fileName, const std::string &source,
+                                  const std::string &mask, const std::string &score,
+                                  const std::vector<std::pair<std::string, std::string>> &defines,
+                                  bool withCuda) {
   jit::SourceCompileOptions options;
   for (const auto &[name, value] : defines)
     options.constOverrides.push_back({name, value});
   options.withCuda = withCuda;
-  CompileResult result;
+  SourceCompileResult result;
   {
     py::gil_scoped_release release;
     llvm::raw_string_ostream diagnostics(result.diagnostics);
@@ -269,11 +503,11 @@ py::list paramDecls(const Mods &self) {
 
 /// Bindings from Python dicts; `keep` holds the borrowed buffers.
 Bindings makeBindings(const Mods &mods, const py::dict &buffers, const py::dict &params,
-                      std::vector<BorrowedTensor> &keep) {
+                      std::vector<BorrowedTensor> &keep, const CallDevice *call = nullptr) {
   Bindings bindings;
   for (auto item : buffers) {
     std::string name = py::str(item.first);
-    keep.push_back(borrowTensor(item.second, "buffers['" + name + "']"));
+    keep.push_back(borrowTensor(item.second, "buffers['" + name + "']", call));
     bindings.buffers[name] = keep.back().view;
   }
   for (auto item : params) {
@@ -334,11 +568,32 @@ DType parseDType(const std::string &name) {
                         "'float8_e5m2', got '" + name + "'");
 }
 
+/// The element type `name` spells for a new tensor: parseDType's names and
+/// int32, int64, uint8 and bool.
+DType parseTensorDType(const std::string &name) {
+  for (DType type : {DType::I32, DType::I64, DType::U8, DType::Bool})
+    if (name == dtypeName(type))
+      return type;
+  if (name == "int32")
+    return DType::I32;
+  if (name == "int64")
+    return DType::I64;
+  if (name == "uint8")
+    return DType::U8;
+  if (name == "bool")
+    return DType::Bool;
+  if (name == "float64")
+    return DType::F64;
+  return parseDType(name);
+}
+
 std::shared_ptr<PagedKVCache> makeCache(int64_t numPages, int64_t pageSize, int64_t maxBatch,
                                         int64_t heads, int64_t headDim, int64_t valueHeadDim,
                                         const std::string &dtype, std::vector<float> kScale,
-                                        std::vector<float> vScale) {
+                                        std::vector<float> vScale, int deviceIndex) {
   KVCacheConfig config;
+  if (deviceIndex >= 0)
+    config.device = cudaDevice(deviceIndex);
   config.numPages = numPages;
   config.pageSize = pageSize;
   config.maxBatch = maxBatch;
@@ -462,11 +717,12 @@ std::shared_ptr<BlockMask> maskFromKvBlocks(py::handle kvNum, py::handle kvIdx, 
 /// own objects, or new Tensors that keep `result` alive).
 struct CallOutputs {
   BorrowedTensor out, lse;
-  CallOutputs(const py::handle &outObj, const py::handle &lseObj) {
+  CallOutputs(const py::handle &outObj, const py::handle &lseObj,
+              const CallDevice *call = nullptr) {
     if (!outObj.is_none())
-      out = borrowTensor(outObj, "out");
+      out = borrowTensor(outObj, "out", call);
     if (!lseObj.is_none())
-      lse = borrowTensor(lseObj, "lse");
+      lse = borrowTensor(lseObj, "lse", call);
   }
   py::tuple results(const std::shared_ptr<AttentionResult> &result, const py::handle &outObj,
                     const py::handle &lseObj, bool returnLse) const {
@@ -498,8 +754,9 @@ struct PreparedCall {
   PreparedCall(const py::handle &qObj, const Mods &mods, const py::dict &buffers,
                const py::dict &params, const std::vector<int64_t> &batchIdx,
                const std::vector<int64_t> &kvLength, const std::vector<int64_t> &qOffset,
-               int threads)
-      : q(borrowTensor(qObj, "q")), bindings(makeBindings(mods, buffers, params, keep)) {
+               int threads, const CallDevice *call = nullptr)
+      : q(borrowTensor(qObj, "q", call)),
+        bindings(makeBindings(mods, buffers, params, keep, call)) {
     options.batchIdx = int32List(batchIdx, "batch_idx");
     options.kvLength = int32List(kvLength, "kv_length");
     options.qOffset = int32List(qOffset, "q_offset");
@@ -509,14 +766,39 @@ struct PreparedCall {
   PreparedCall &operator=(const PreparedCall &) = delete;
 };
 
+/// The call's device (null: the CPU, where the runtime takes q's device):
+/// cuda:`deviceIndex` and `stream` when deviceIndex >= 0.
+std::optional<CallDevice> callDevice(int deviceIndex, uintptr_t stream) {
+  if (deviceIndex < 0)
+    return std::nullopt;
+  return CallDevice{cudaDevice(deviceIndex), stream};
+}
+
+/// Device calls allocate what the caller did not give on the call's device
+/// (the runtime allocates host memory): out of `shape` and q's dtype, and
+/// lse (`shape` without its last dimension, f32) when asked for.
+void allocateDeviceOutputs(const CallDevice &call, DType dtype,
+                           const std::vector<int64_t> &shape, bool returnLse, py::object &out,
+                           py::object &lse) {
+  if (out.is_none())
+    out = py::cast(deviceTensor(dtype, shape, call.device, call.cuStream()));
+  if (lse.is_none() && returnLse)
+    lse = py::cast(deviceTensor(DType::F32, std::vector<int64_t>(shape.begin(), shape.end() - 1),
+                                call.device, call.cuStream()));
+}
+
 py::tuple attention(const py::handle &qObj, std::shared_ptr<PagedKVCache> cache,
                     std::shared_ptr<BlockMask> blockMask, const Mods &mods,
                     const py::dict &buffers, const py::dict &params,
                     std::vector<int64_t> batchIdx, std::vector<int64_t> kvLength,
                     std::vector<int64_t> qOffset, std::optional<float> scale, bool returnLse,
-                    const py::handle &outObj, const py::handle &lseObj, int threads,
-                    const std::map<std::string, std::string> &kernelOptions) {
-  PreparedCall call(qObj, mods, buffers, params, batchIdx, kvLength, qOffset, threads);
+                    py::object outObj, py::object lseObj, int threads,
+                    const std::map<std::string, std::string> &kernelOptions, int deviceIndex,
+                    uintptr_t stream) {
+  const std::optional<CallDevice> device = callDevice(deviceIndex, stream);
+  const CallDevice *onDevice = device ? &*device : nullptr;
+  PreparedCall call(qObj, mods, buffers, params, batchIdx, kvLength, qOffset, threads,
+                    onDevice);
   BorrowedTensor &q = call.q;
   Bindings &bindings = call.bindings;
   AttentionOptions &options = call.options;
@@ -527,7 +809,16 @@ py::tuple attention(const py::handle &qObj, std::shared_ptr<PagedKVCache> cache,
   for (const auto &[name, value] : kernelOptions)
     setKernelOption(options.kernel, name, value);
   checkKernelOptions(options.kernel);
-  CallOutputs outputs(outObj, lseObj);
+  if (onDevice) {
+    if (q.view.rank() != 4)
+      throw py::value_error("q: expected [B, Hq, L, D], got shape " + q.view.shapeString());
+    allocateDeviceOutputs(*onDevice, q.view.dtype(),
+                          {q.view.size(0), q.view.size(1), q.view.size(2), cache->valueHeadDim()},
+                          returnLse, outObj, lseObj);
+    options.device = onDevice->device;
+    options.stream = onDevice->cuStream();
+  }
+  CallOutputs outputs(outObj, lseObj, onDevice);
   options.out = outputs.out.view;
   options.lse = outputs.lse.view;
   auto result = std::make_shared<AttentionResult>();
@@ -584,7 +875,8 @@ std::shared_ptr<Batch> makeBatch(std::shared_ptr<Mods> mods, int64_t numQHeads,
                                  int64_t numKVHeads, int64_t headDim, int64_t valueHeadDim,
                                  int64_t pageSize, const std::string &layout,
                                  int64_t maxNumSeqs, int64_t maxNumTokens,
-                                 int64_t maxBlocksPerSeq, int threads) {
+                                 int64_t maxBlocksPerSeq, int threads, int deviceIndex,
+                                 const std::string &dtype) {
   BatchAttentionConfig config;
   config.numQHeads = numQHeads;
   config.numKVHeads = numKVHeads;
@@ -596,6 +888,10 @@ std::shared_ptr<Batch> makeBatch(std::shared_ptr<Mods> mods, int64_t numQHeads,
   config.maxNumTokens = maxNumTokens;
   config.maxBlocksPerSeq = maxBlocksPerSeq;
   config.threads = threads;
+  if (deviceIndex >= 0) {
+    config.device = cudaDevice(deviceIndex);
+    config.dtype = parseDType(dtype);
+  }
   auto batch = std::make_shared<Batch>();
   batch->mods = std::move(mods);
   batch->attention = std::make_unique<BatchAttention>(batch->mods->mods, config);
@@ -618,24 +914,39 @@ void planBatch(Batch &batch, const py::handle &queryStartLoc, const py::handle &
 
 py::tuple runBatch(const Batch &batch, const py::handle &qObj, const py::handle &kObj,
                    const py::handle &vObj, const py::dict &buffers, const py::dict &params,
-                   std::optional<float> scale, bool returnLse, const py::handle &outObj,
-                   const py::handle &lseObj, const std::string &kvDtype,
-                   std::vector<float> kScale, std::vector<float> vScale) {
+                   std::optional<float> scale, bool returnLse, py::object outObj,
+                   py::object lseObj, const std::string &kvDtype, std::vector<float> kScale,
+                   std::vector<float> vScale, uintptr_t stream) {
+  const BatchAttentionConfig &config = batch.attention->config();
+  std::optional<CallDevice> device;
+  if (config.device.kind == DeviceKind::CUDA)
+    device = CallDevice{config.device, stream};
+  const CallDevice *onDevice = device ? &*device : nullptr;
   std::vector<BorrowedTensor> keep;
-  Bindings bindings = makeBindings(*batch.mods, buffers, params, keep);
-  BorrowedTensor q = borrowTensor(qObj, "q");
-  BorrowedTensor k = borrowTensor(kObj, "k_cache");
+  Bindings bindings = makeBindings(*batch.mods, buffers, params, keep, onDevice);
+  BorrowedTensor q = borrowTensor(qObj, "q", onDevice);
+  BorrowedTensor k = borrowTensor(kObj, "k_cache", onDevice);
   BorrowedTensor v;
   if (!vObj.is_none())
-    v = borrowTensor(vObj, "v_cache");
+    v = borrowTensor(vObj, "v_cache", onDevice);
   BatchRunOptions options;
+  if (onDevice) {
+    // The runtime allocates nothing on the device: out (and lse) are made
+    // here, of q's rows and the configured dtype.
+    if (q.view.rank() != 3)
+      throw py::value_error("q: expected [T, Hq, D], got shape " + q.view.shapeString());
+    const int64_t valueDim = config.valueHeadDim ? config.valueHeadDim : config.headDim;
+    allocateDeviceOutputs(*onDevice, config.dtype, {q.view.size(0), config.numQHeads, valueDim},
+                          returnLse, outObj, lseObj);
+    options.stream = onDevice->cuStream();
+  }
   options.scale = scale;
   options.returnLse = returnLse;
   if (!kvDtype.empty())
     options.kvDtype = parseDType(kvDtype);
   options.kScale = std::move(kScale);
   options.vScale = std::move(vScale);
-  CallOutputs outputs(outObj, lseObj);
+  CallOutputs outputs(outObj, lseObj, onDevice);
   options.out = outputs.out.view;
   options.lse = outputs.lse.view;
   auto result = std::make_shared<AttentionResult>();
@@ -698,8 +1009,11 @@ PYBIND11_MODULE(_pagedc, m) {
                      "exports DLPack: numpy.from_dlpack(t), torch.from_dlpack(t).")
       .def_static(
           "from_dlpack",
-          [](py::object obj) {
-            BorrowedTensor t = borrowTensor(obj, "tensor");
+          [](py::object obj, std::optional<uintptr_t> stream) {
+            // With stream=, CUDA producers are asked for their data on it.
+            // The tensor may be on any device.
+            CallDevice call{Device::cpu(), stream.value_or(0), /*anyDevice=*/true};
+            BorrowedTensor t = borrowTensor(obj, "tensor", stream ? &call : nullptr);
             // The owner holds the producer's capsule; release it with the GIL.
             std::shared_ptr<void> owner(new py::object(t.keepAlive), [](void *p) {
               py::gil_scoped_acquire gil;
@@ -707,14 +1021,22 @@ PYBIND11_MODULE(_pagedc, m) {
             });
             return Tensor(t.view, owner);
           },
-          "Wraps any DLPack tensor without copying.")
+          py::arg("obj"), py::arg("stream") = py::none(),
+          "Wraps any DLPack tensor without copying; stream= (a CUstream) is passed to a "
+          "CUDA producer's __dlpack__.")
       .def_property_readonly("shape", [](const Tensor &t) { return py::tuple(py::cast(t.shape())); })
       .def_property_readonly("strides", [](const Tensor &t) { return py::tuple(py::cast(t.strides())); })
       .def_property_readonly("dtype", &Tensor::dtype)
       .def_property_readonly("device", &Tensor::device)
       .def_property_readonly("data_ptr", &Tensor::dataPtr)
       .def("__dlpack__",
-           [](py::object self, py::kwargs) { return exportDLPack(std::move(self)); })
+           [](py::object self, py::kwargs kwargs) {
+             // DLPack's handshake: stream= is the consumer's stream, which
+             // a device tensor's producing work is made to precede.
+             py::object stream = kwargs.contains("stream") ? py::object(kwargs["stream"])
+                                                           : py::object(py::none());
+             return exportDLPack(std::move(self), stream);
+           })
       .def_property_readonly(
           "__array_interface__",
           [](const Tensor &t) -> py::object {
@@ -771,10 +1093,10 @@ PYBIND11_MODULE(_pagedc, m) {
       .def_property_readonly("has_cuda", [](const Mods &s) { return !s.mods.cuda.empty(); })
       .def_property_readonly("cuda_source", [](const Mods &s) { return s.mods.cuda.modCode; });
 
-  py::class_<CompileResult>(m, "CompileResult")
-      .def_readonly("mods", &CompileResult::mods)
-      .def_readonly("diagnostics", &CompileResult::diagnostics)
-      .def_readonly("error", &CompileResult::error);
+  py::class_<SourceCompileResult>(m, "CompileResult")
+      .def_readonly("mods", &SourceCompileResult::mods)
+      .def_readonly("diagnostics", &SourceCompileResult::diagnostics)
+      .def_readonly("error", &SourceCompileResult::error);
   // The largest program any reader accepts (pagedc/ProgramFile.h); compile()
   // reads files with this bound.
   m.attr("MAX_PROGRAM_BYTES") = py::int_(kMaxProgramBytes);
@@ -785,7 +1107,8 @@ PYBIND11_MODULE(_pagedc, m) {
   py::class_<PagedKVCache, std::shared_ptr<PagedKVCache>>(m, "KVCache")
       .def(py::init(&makeCache), py::arg("n_pages"), py::arg("page_size"),
            py::arg("max_batch_size"), py::arg("heads"), py::arg("head_dim"),
-           py::arg("value_head_dim"), py::arg("dtype"), py::arg("k_scale"), py::arg("v_scale"))
+           py::arg("value_head_dim"), py::arg("dtype"), py::arg("k_scale"), py::arg("v_scale"),
+           py::arg("device_index") = -1)
       .def_property_readonly("k_scale", [](const PagedKVCache &c) { return c.kScale(); })
       .def_property_readonly("v_scale", [](const PagedKVCache &c) { return c.vScale(); })
       .def_property_readonly("n_pages", &PagedKVCache::numPages)
@@ -795,6 +1118,7 @@ PYBIND11_MODULE(_pagedc, m) {
       .def_property_readonly("head_dim", &PagedKVCache::headDim)
       .def_property_readonly("value_head_dim", &PagedKVCache::valueHeadDim)
       .def_property_readonly("dtype", [](const PagedKVCache &c) { return dtypeName(c.dtype()); })
+      .def_property_readonly("device", [](const PagedKVCache &c) { return deviceName(c.device()); })
       .def("reserve", &PagedKVCache::reserve, py::arg("slot"), py::arg("seq_len"))
       .def("erase", &PagedKVCache::erase, py::arg("slot"))
       .def("fork", py::overload_cast<int64_t, int64_t, int64_t>(&PagedKVCache::fork),
@@ -894,18 +1218,45 @@ PYBIND11_MODULE(_pagedc, m) {
       });
 
   m.def("flex_attention", &attention);
+  m.def("cuda_driver_info", &cudaDriverInfo,
+        "(available, emulated, the library or why there is none); loads the driver.");
+  m.def(
+      "empty",
+      [](std::vector<int64_t> shape, const std::string &dtype, int deviceIndex) {
+        return deviceTensor(parseTensorDType(dtype), shape, cudaDevice(deviceIndex));
+      },
+      py::arg("shape"), py::arg("dtype"), py::arg("device_index"));
+  m.def("to_device", &toDevice, py::arg("array"), py::arg("device_index"));
+  m.def("to_host", &toHost, py::arg("tensor"));
+  m.def("_strided_view", &stridedView, py::arg("tensor"), py::arg("step"),
+        "Test support: every step-th element of the last dimension, a non-contiguous view.");
+  py::class_<Stream, std::shared_ptr<Stream>>(m, "Stream")
+      .def(py::init<int>(), py::arg("device_index"))
+      .def_property_readonly("cuda_stream", &Stream::handle)
+      .def_property_readonly("device", &Stream::device)
+      .def("synchronize", &Stream::synchronize);
+  py::class_<Graph, std::shared_ptr<Graph>>(m, "CudaGraph")
+      .def(py::init<>())
+      .def("capture_begin", &Graph::captureBegin, py::arg("stream"))
+      .def("capture_end", &Graph::captureEnd)
+      .def("replay", &Graph::replay);
 
   py::class_<Batch, std::shared_ptr<Batch>>(m, "BatchAttention")
       .def(py::init(&makeBatch), py::arg("mods"), py::arg("num_q_heads"),
            py::arg("num_kv_heads"), py::arg("head_dim"), py::arg("value_head_dim"),
            py::arg("page_size"), py::arg("kv_layout"), py::arg("max_num_seqs"),
-           py::arg("max_num_tokens"), py::arg("max_blocks_per_seq"), py::arg("threads"))
+           py::arg("max_num_tokens"), py::arg("max_blocks_per_seq"), py::arg("threads"),
+           py::arg("device_index"), py::arg("dtype"))
       .def("plan", &planBatch)
       .def("run", &runBatch)
       .def_property_readonly("num_seqs", [](const Batch &b) { return b.attention->numSeqs(); })
       .def_property_readonly("num_tokens",
                              [](const Batch &b) { return b.attention->numTokens(); })
-      .def_property_readonly("planned", [](const Batch &b) { return b.attention->planned(); });
+      .def_property_readonly("planned", [](const Batch &b) { return b.attention->planned(); })
+      .def("kernel_cache_addresses", [](const Batch &b) {
+        auto [k, v] = b.attention->kernelCacheAddresses();
+        return py::make_tuple(reinterpret_cast<uintptr_t>(k), reinterpret_cast<uintptr_t>(v));
+      });
   m.def("merge_state", &mergeStatePy);
   m.def("merge_state_in_place", &mergeStateInPlacePy);
   m.def("merge_states", &mergeStatesPy);

@@ -139,8 +139,8 @@ def test_plan_errors_name_the_argument(rng):
         attn.run(q, small, small)
     with pytest.raises(ValueError, match="kv_layout"):
         pagedc.BatchAttention(None, 4, 2, 32, 16, kv_layout="NDH")
-    with pytest.raises(ValueError, match="device"):
-        pagedc.BatchAttention(None, 4, 2, 32, 16, device="cuda:0")
+    with pytest.raises(ValueError, match="^device: expected 'cpu', 'emu', 'cuda' or 'cuda:N'"):
+        pagedc.BatchAttention(None, 4, 2, 32, 16, device="tpu")
 
 
 def test_merge_state_of_two_key_ranges_equals_the_whole(rng):

@@ -387,3 +387,59 @@ def test_cache_and_mask_fields_follow_torch_input(rng):
     assert isinstance(from_blocks.kv_indices, torch.Tensor)
     converted = cache.convert_logical_block_mask(traced)
     assert isinstance(converted.page_table, torch.Tensor)
+
+
+class _ServingStep(torch.nn.Module if torch is not None else object):
+    """A serving step's attention block: a projection, pagedc's batch call on
+    the engine's cache (planned outside), and a projection."""
+
+    def __init__(self, attn, hq, d):
+        super().__init__()
+        self.attn = attn
+        self.proj = torch.nn.Linear(hq * d, hq * d)
+        self.hq, self.d = hq, d
+
+    def forward(self, x, k_cache, v_cache, doc):
+        q = self.proj(x).view(x.shape[0], self.hq, self.d)
+        out, lse = self.attn.run(q, k_cache, v_cache, buffers={"doc": doc}, return_lse=True)
+        return self.proj(out.reshape(x.shape[0], -1)), lse
+
+
+def test_torch_compile_batch_attention_matches_eager_with_no_graph_break(rng):
+    from test_serving import SOURCE, make_step
+    step = make_step(rng, "NHD", 16)
+    hq, d = step["hq"], step["d"]
+    mods = pagedc.compile(SOURCE, mask="document")
+    attn = pagedc.BatchAttention(mods, hq, step["hkv"], d, 16, max_num_seqs=16,
+                                 max_num_tokens=200)
+    attn.plan(step["qsl"], step["seq_lens"], step["table"])
+    max_s = int(step["seq_lens"].max())
+    doc = torch.from_numpy(np.cumsum(rng.random((len(step["seq_lens"]), max_s)) < 0.05,
+                                     axis=1).astype(np.int32))
+    k_cache, v_cache = (torch.from_numpy(np.nan_to_num(c)) for c in step["caches"])
+    model = _ServingStep(attn, hq, d).eval()
+    x = torch.randn(step["q"].shape[0], hq * d)
+    torch._dynamo.reset()
+    with torch.no_grad():
+        eager_out, eager_lse = model(x, k_cache, v_cache, doc)
+        explained = torch._dynamo.explain(model)(x, k_cache, v_cache, doc)
+        assert explained.graph_break_count == 0, explained.break_reasons
+        assert explained.graph_count == 1
+        ops = [str(op) for graph_ops in explained.ops_per_graph for op in graph_ops]
+        assert any("pagedc.batch_attention" in op for op in ops), ops
+        compiled = torch.compile(model, fullgraph=True)
+        out, lse = compiled(x, k_cache, v_cache, doc)
+        torch.testing.assert_close(out, eager_out, atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(lse, eager_lse, atol=1e-5, rtol=1e-5)
+        # The op writes into out= (its mutation annotation) and returns lse.
+        q = torch.randn(step["q"].shape[0], hq, d)
+        given = torch.full((q.shape[0], hq, d), float("nan"))
+        lse2 = torch.ops.pagedc.batch_attention(q, k_cache, v_cache, [doc], attn._op_handle,
+                                                None, [], given)
+        ref_out, ref_lse = attn.run(q, k_cache, v_cache, buffers={"doc": doc},
+                                    return_lse=True)
+        torch.testing.assert_close(given, ref_out)
+        torch.testing.assert_close(lse2, ref_lse)
+    schema = torch.ops.pagedc.batch_attention.default._schema
+    assert [a.name for a in schema.arguments if a.alias_info and a.alias_info.is_write] == \
+        ["out"]

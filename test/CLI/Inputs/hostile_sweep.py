@@ -466,6 +466,21 @@ PY_CASES = [
      "kv_length: 1099511627776 does not fit in int32"),
     ("flex-reversed-query", "pagedc.flex_attention(q[:, :, ::-1], k, v, mods=mods)",
      "q has negative stride -8 in dimension 2"),
+    # CUDA memory on the emulated device (device="emu").
+    ("device-unknown", "pagedc.empty((2,), 'f32', device='tpu')",
+     "device: expected 'cpu', 'emu', 'cuda' or 'cuda:N'"),
+    ("device-4tib", "pagedc.empty((2**40,), 'f32', device='emu')",
+     "cuMemAlloc of 4398046511104 bytes on cuda:0 failed"),
+    ("device-size-overflow", "pagedc.empty((2**40, 2**40), 'f32', device='emu')",
+     "shape: the tensor's size in bytes overflows size_t"),
+    ("device-to-host-of-host", "pagedc.to_host(q)", "tensor: must be in CUDA memory"),
+    ("device-bad-dlpack-stream", "pagedc.to_device(q, device='emu').__dlpack__(stream='x')",
+     "stream: expected an int"),
+    ("device-host-keys",
+     "m = pagedc.compile('mask causal(b, h, q, kv) = q >= kv\\n', cuda=True)\n"
+     "pagedc.flex_attention(pagedc.to_device(q.astype(np.float16), device='emu'), "
+     "k.astype(np.float16), v.astype(np.float16), mods=m)",
+     "k: is on cpu but q is on cuda:0"),
 ]
 
 if module_python and module_dir:
