@@ -394,23 +394,17 @@ void BatchAttention::plan(const TensorView &queryStartLoc, const TensorView &seq
   planned_ = true;
 }
 
-AttentionResult BatchAttention::run(const TensorView &q, const TensorView &kCache,
-                                    const TensorView &vCache, const Bindings &bindings,
-                                    const BatchRunOptions &options) const {
-  const BatchAttentionConfig &c = config_;
-  if (!planned_)
-    throw Error("run() needs a plan: call plan(query_start_loc, seq_lens, block_table) first");
-  const Device device = c.device;
+namespace {
 
-  // q.
-  if (q.device() != device)
+/// run()'s checks of q: on the call's device, [T, Hq, D] with at least the
+/// plan's tokens, of a dtype the backend reads.
+void checkRunQuery(const TensorView &q, const BatchAttentionConfig &c, bool onCuda,
+                   int64_t plannedTokens) {
+  if (q.device() != c.device)
     throw Error(fmt::format("q is on {} but the call runs on {}", deviceName(q.device()),
-                            deviceName(device)));
+                            deviceName(c.device)));
   if (q.rank() != 3)
     throw Error(fmt::format("q must be [T, Hq, D] but has shape {}", q.shapeString()));
-  const bool onCuda = cuda_ != nullptr;
-  const std::optional<DType> cudaType =
-      onCuda ? std::optional<DType>(c.dtype) : std::optional<DType>();
   if (onCuda && q.dtype() != c.dtype)
     throw Error(fmt::format("q must be {} (the configured dtype) on CUDA but is {}",
                             dtypeName(c.dtype), dtypeName(q.dtype())));
@@ -419,52 +413,62 @@ AttentionResult BatchAttention::run(const TensorView &q, const TensorView &kCach
   if (q.size(1) != c.numQHeads || q.size(2) != c.headDim)
     throw Error(fmt::format("q must be [T, {}, {}] (num_q_heads, head_dim) but has shape {}",
                             c.numQHeads, c.headDim, q.shapeString()));
-  if (q.size(0) < numTokens_)
+  if (q.size(0) < plannedTokens)
     throw Error(fmt::format("q has {} token rows but the plan has {} tokens", q.size(0),
-                            numTokens_));
+                            plannedTokens));
   checkReadable(q, "q");
   if (onCuda)
     checkCudaStrides(q, "q", 8, 16);
-  const int64_t rowsT = q.size(0);
+}
 
-  // The cache.
+/// The K and V caches as run() reads them: their stored types and scales,
+/// checked against the layout, the configuration and the plan's pages.
+struct CheckedCaches {
+  DType kStored, vStored;
+  std::vector<float> kScale, vScale;
+};
+
+CheckedCaches checkRunCaches(const TensorView &kCache, const TensorView &vCache,
+                             const BatchAttentionConfig &c, const BatchRunOptions &options,
+                             bool onCuda, int32_t maxPageEntry) {
+  const std::optional<DType> cudaType =
+      onCuda ? std::optional<DType>(c.dtype) : std::optional<DType>();
   int64_t pages;
-  const DType kStored = storedType(kCache, "k_cache", options);
-  DType vStored = kStored;
+  CheckedCaches caches;
+  caches.kStored = caches.vStored = storedType(kCache, "k_cache", options);
   if (c.layout == KVLayout::VLLM) {
     if (isProvided(vCache))
       throw Error("kv_layout 'vllm' takes the combined [2, pages, page_size, Hkv, D] tensor as "
                   "k_cache; v_cache must be empty (None)");
     pages = checkCacheTensor(kCache, "k_cache", c.layout, c.numKVHeads, c.pageSize, c.headDim,
-                             device, kStored, cudaType);
+                             c.device, caches.kStored, cudaType);
   } else {
     pages = checkCacheTensor(kCache, "k_cache", c.layout, c.numKVHeads, c.pageSize, c.headDim,
-                             device, kStored, cudaType);
-    vStored = storedType(vCache, "v_cache", options);
+                             c.device, caches.kStored, cudaType);
+    caches.vStored = storedType(vCache, "v_cache", options);
     const int64_t vPages = checkCacheTensor(vCache, "v_cache", c.layout, c.numKVHeads, c.pageSize,
-                                            c.valueHeadDim, device, vStored, cudaType);
+                                            c.valueHeadDim, c.device, caches.vStored, cudaType);
     if (vPages != pages)
       throw Error(fmt::format("k_cache has {} pages but v_cache has {}", pages, vPages));
   }
-  const std::vector<float> kScale = checkedScales(options.kScale, kStored, c.numKVHeads,
-                                                  "k_scale");
-  const std::vector<float> vScale = checkedScales(options.vScale, vStored, c.numKVHeads,
-                                                  "v_scale");
-  if (maxPageEntry_ >= pages)
+  caches.kScale = checkedScales(options.kScale, caches.kStored, c.numKVHeads, "k_scale");
+  caches.vScale = checkedScales(options.vScale, caches.vStored, c.numKVHeads, "v_scale");
+  if (maxPageEntry >= pages)
     throw Error(fmt::format("block_table holds page {} but the cache has {} pages",
-                            maxPageEntry_, pages));
+                            maxPageEntry, pages));
   if (onCuda) {
     checkCudaStrides(kCache, "k_cache", 8, 16);
     if (isProvided(vCache))
       checkCudaStrides(vCache, "v_cache", 8, 16);
   }
+  return caches;
+}
 
-  // Scale, outputs.
-  const float scale =
-      options.scale.value_or(1.0f / std::sqrt(static_cast<float>(c.headDim)));
-  if (!std::isfinite(scale))
-    throw Error(fmt::format("scale must be finite but is {}", scale));
-  const bool returnLse = options.returnLse || isProvided(options.lse);
+/// run()'s checks of the caller's out and lse ([T, Hq, Dv] and [T, Hq]);
+/// on CUDA they must be given, since run() allocates no device memory.
+void checkRunOutputs(const BatchRunOptions &options, const BatchAttentionConfig &c,
+                     int64_t rowsT, bool onCuda, bool returnLse) {
+  const Device device = c.device;
   const std::vector<int64_t> outShape = {rowsT, c.numQHeads, c.valueHeadDim};
   const std::vector<int64_t> lseShape = {rowsT, c.numQHeads};
   if (isProvided(options.out)) {
@@ -506,6 +510,31 @@ AttentionResult BatchAttention::run(const TensorView &q, const TensorView &kCach
     throw Error("return_lse on CUDA needs options.lse [T, Hq] (f32): run() allocates no device "
                 "memory");
   }
+}
+
+} // namespace
+
+AttentionResult BatchAttention::run(const TensorView &q, const TensorView &kCache,
+                                    const TensorView &vCache, const Bindings &bindings,
+                                    const BatchRunOptions &options) const {
+  const BatchAttentionConfig &c = config_;
+  if (!planned_)
+    throw Error("run() needs a plan: call plan(query_start_loc, seq_lens, block_table) first");
+  const Device device = c.device;
+  const bool onCuda = cuda_ != nullptr;
+  checkRunQuery(q, c, onCuda, numTokens_);
+  const int64_t rowsT = q.size(0);
+  const CheckedCaches caches = checkRunCaches(kCache, vCache, c, options, onCuda, maxPageEntry_);
+  const DType kStored = caches.kStored, vStored = caches.vStored;
+  const std::vector<float> &kScale = caches.kScale, &vScale = caches.vScale;
+  const float scale =
+      options.scale.value_or(1.0f / std::sqrt(static_cast<float>(c.headDim)));
+  if (!std::isfinite(scale))
+    throw Error(fmt::format("scale must be finite but is {}", scale));
+  const bool returnLse = options.returnLse || isProvided(options.lse);
+  checkRunOutputs(options, c, rowsT, onCuda, returnLse);
+  const std::vector<int64_t> outShape = {rowsT, c.numQHeads, c.valueHeadDim};
+  const std::vector<int64_t> lseShape = {rowsT, c.numQHeads};
   const ResolvedBindings resolved = resolveBindings(mods_, bindings, device);
 
   // Everything is valid.
