@@ -70,6 +70,139 @@ struct CheckedCall {
   bool returnLse;
 };
 
+/// The call's slots, KV lengths and query offsets from `options`, each
+/// checked against q's batch and the cache's slots and capacities.
+void checkBatchEntries(const PagedKVCache &cache, const AttentionOptions &options,
+                       CheckedCall &call) {
+  const int64_t batch = call.batch;
+  if (options.batchIdx.empty()) {
+    if (batch > cache.maxBatch())
+      throw Error(fmt::format("q has batch B={} but the KV cache has only {} slots; pass "
+                              "options.batchIdx",
+                              batch, cache.maxBatch()));
+    for (int64_t b = 0; b < batch; ++b)
+      call.slots.push_back(static_cast<int32_t>(b));
+  } else {
+    if (static_cast<int64_t>(options.batchIdx.size()) != batch)
+      throw Error(fmt::format("options.batchIdx has {} entries but q has batch B={}",
+                              options.batchIdx.size(), batch));
+    for (int64_t b = 0; b < batch; ++b)
+      if (options.batchIdx[b] < 0 || options.batchIdx[b] >= cache.maxBatch())
+        throw Error(fmt::format("options.batchIdx[{}] = {} is out of range [0, {})", b,
+                                options.batchIdx[b], cache.maxBatch()));
+    call.slots = options.batchIdx;
+  }
+  if (static_cast<int64_t>(options.kvLength.size()) != batch)
+    throw Error(options.kvLength.empty()
+                    ? fmt::format("options.kvLength is required: one valid KV length per batch "
+                                  "entry (B={})",
+                                  batch)
+                    : fmt::format("options.kvLength has {} entries but q has batch B={}",
+                                  options.kvLength.size(), batch));
+  for (int64_t b = 0; b < batch; ++b) {
+    const int64_t capacity = cache.capacity(call.slots[b]);
+    if (options.kvLength[b] < 0 || options.kvLength[b] > capacity)
+      throw Error(fmt::format("options.kvLength[{}] = {} is outside [0, {}], the capacity of "
+                              "cache slot {}",
+                              b, options.kvLength[b], capacity, call.slots[b]));
+  }
+  call.kvLength = options.kvLength;
+  if (options.qOffset.empty()) {
+    call.qOffset.assign(static_cast<size_t>(batch), 0);
+  } else {
+    if (static_cast<int64_t>(options.qOffset.size()) != batch)
+      throw Error(fmt::format("options.qOffset has {} entries but q has batch B={}",
+                              options.qOffset.size(), batch));
+    for (int64_t b = 0; b < batch; ++b)
+      if (options.qOffset[b] < 0 ||
+          options.qOffset[b] + call.queryLength > std::numeric_limits<int32_t>::max())
+        throw Error(fmt::format("options.qOffset[{}] = {} is negative or puts query positions "
+                                "past the int32 range",
+                                b, options.qOffset[b]));
+    call.qOffset = options.qOffset;
+  }
+}
+
+/// A logical block mask's extents and coverage against the call's batch,
+/// heads, query positions and KV lengths.
+void checkBlockMaskForCall(const BlockMask &blockMask, const CheckedCall &call) {
+  validateBlockMask(blockMask);
+  if (blockMask.physicalIndices)
+    throw Error("the block mask holds physical page indices (from convertLogicalBlockMask); "
+                "flexAttention takes the logical mask");
+  if (blockMask.batch != 1 && blockMask.batch != call.batch)
+    throw Error(fmt::format("block mask has batch extent {} but the call has B={} (the extent "
+                            "must be 1 or B)",
+                            blockMask.batch, call.batch));
+  if (blockMask.heads != 1 && blockMask.heads != call.queryHeads)
+    throw Error(fmt::format("block mask has head extent {} but the call has Hq={} (the extent "
+                            "must be 1 or Hq)",
+                            blockMask.heads, call.queryHeads));
+  for (int64_t b = 0; b < call.batch; ++b) {
+    const int64_t lastPosition = call.qOffset[b] + call.queryLength;
+    if (call.queryLength > 0 && lastPosition > blockMask.qLength)
+      throw Error(fmt::format("block mask was built for Q_LEN={} but batch entry {} has query "
+                              "positions up to {} (q offset {} + Lq {})",
+                              blockMask.qLength, b, lastPosition - 1, call.qOffset[b],
+                              call.queryLength));
+    const int64_t firstCovered = blockMask.firstQBlock * blockMask.qBlockSize;
+    if (call.queryLength > 0 && call.qOffset[b] < firstCovered)
+      throw Error(fmt::format("block mask covers query positions from {} (q block {}) but "
+                              "batch entry {} starts at position {} (its q offset)",
+                              firstCovered, blockMask.firstQBlock, b, call.qOffset[b]));
+    if (call.kvLength[b] > blockMask.kvLength)
+      throw Error(fmt::format("block mask was built for KV_LEN={} but options.kvLength[{}] = "
+                              "{}",
+                              blockMask.kvLength, b, call.kvLength[b]));
+  }
+}
+
+/// The caller's out and lse against the call's shapes and device (on a
+/// GPU both must be given: the runtime allocates outputs only on the CPU).
+void checkCallOutputs(const TensorView &q, const AttentionOptions &options,
+                      const CheckedCall &call) {
+  const bool onCpu = call.device.kind == DeviceKind::CPU;
+  const int64_t batch = call.batch;
+  const std::vector<int64_t> outShape = {batch, call.queryHeads, call.queryLength,
+                                         call.valueHeadDim};
+  const std::vector<int64_t> lseShape = {batch, call.queryHeads, call.queryLength};
+  if (isProvided(options.out)) {
+    const TensorView &out = options.out;
+    if (out.shape() != outShape)
+      throw Error(fmt::format("options.out must be {} ([B, Hq, Lq, Dv]) but has shape {}",
+                              shapeText(outShape), out.shapeString()));
+    if (out.device() != call.device)
+      throw Error(fmt::format("options.out is on {} but the call runs on {}",
+                              deviceName(out.device()), deviceName(call.device)));
+    if (onCpu ? !isCpuFloat(out.dtype()) : out.dtype() != q.dtype())
+      throw Error(fmt::format("options.out is {} but must be {}", dtypeName(out.dtype()),
+                              onCpu ? "f32 or bf16" : dtypeName(q.dtype())));
+    if (out.data() == nullptr && out.numel() != 0)
+      throw Error("options.out has no data");
+    checkWritable(out, "options.out");
+  } else if (!onCpu) {
+    throw Error(fmt::format("on {} pass options.out (the runtime allocates outputs only on the "
+                            "CPU)",
+                            deviceName(call.device)));
+  }
+  if (isProvided(options.lse)) {
+    const TensorView &lse = options.lse;
+    if (lse.shape() != lseShape)
+      throw Error(fmt::format("options.lse must be {} ([B, Hq, Lq]) but has shape {}",
+                              shapeText(lseShape), lse.shapeString()));
+    if (lse.device() != call.device)
+      throw Error(fmt::format("options.lse is on {} but the call runs on {}",
+                              deviceName(lse.device()), deviceName(call.device)));
+    if (lse.dtype() != DType::F32)
+      throw Error(fmt::format("options.lse is {} but must be f32", dtypeName(lse.dtype())));
+    if (lse.data() == nullptr && lse.numel() != 0)
+      throw Error("options.lse has no data");
+    checkWritable(lse, "options.lse");
+  } else if (call.returnLse && !onCpu) {
+    throw Error(fmt::format("on {} pass options.lse to get the lse", deviceName(call.device)));
+  }
+}
+
 CheckedCall checkCall(const TensorView &q, const PagedKVCache &cache, const BlockMask *blockMask,
                       const CompiledMods &mods, const AttentionOptions &options) {
   CheckedCall call;
@@ -120,53 +253,7 @@ CheckedCall checkCall(const TensorView &q, const PagedKVCache &cache, const Bloc
     throw Error(fmt::format("q length Lq={} exceeds the int32 index range", call.queryLength));
 
   // Batch slots, lengths, offsets.
-  const int64_t batch = call.batch;
-  if (options.batchIdx.empty()) {
-    if (batch > cache.maxBatch())
-      throw Error(fmt::format("q has batch B={} but the KV cache has only {} slots; pass "
-                              "options.batchIdx",
-                              batch, cache.maxBatch()));
-    for (int64_t b = 0; b < batch; ++b)
-      call.slots.push_back(static_cast<int32_t>(b));
-  } else {
-    if (static_cast<int64_t>(options.batchIdx.size()) != batch)
-      throw Error(fmt::format("options.batchIdx has {} entries but q has batch B={}",
-                              options.batchIdx.size(), batch));
-    for (int64_t b = 0; b < batch; ++b)
-      if (options.batchIdx[b] < 0 || options.batchIdx[b] >= cache.maxBatch())
-        throw Error(fmt::format("options.batchIdx[{}] = {} is out of range [0, {})", b,
-                                options.batchIdx[b], cache.maxBatch()));
-    call.slots = options.batchIdx;
-  }
-  if (static_cast<int64_t>(options.kvLength.size()) != batch)
-    throw Error(options.kvLength.empty()
-                    ? fmt::format("options.kvLength is required: one valid KV length per batch "
-                                  "entry (B={})",
-                                  batch)
-                    : fmt::format("options.kvLength has {} entries but q has batch B={}",
-                                  options.kvLength.size(), batch));
-  for (int64_t b = 0; b < batch; ++b) {
-    const int64_t capacity = cache.capacity(call.slots[b]);
-    if (options.kvLength[b] < 0 || options.kvLength[b] > capacity)
-      throw Error(fmt::format("options.kvLength[{}] = {} is outside [0, {}], the capacity of "
-                              "cache slot {}",
-                              b, options.kvLength[b], capacity, call.slots[b]));
-  }
-  call.kvLength = options.kvLength;
-  if (options.qOffset.empty()) {
-    call.qOffset.assign(static_cast<size_t>(batch), 0);
-  } else {
-    if (static_cast<int64_t>(options.qOffset.size()) != batch)
-      throw Error(fmt::format("options.qOffset has {} entries but q has batch B={}",
-                              options.qOffset.size(), batch));
-    for (int64_t b = 0; b < batch; ++b)
-      if (options.qOffset[b] < 0 ||
-          options.qOffset[b] + call.queryLength > std::numeric_limits<int32_t>::max())
-        throw Error(fmt::format("options.qOffset[{}] = {} is negative or puts query positions "
-                                "past the int32 range",
-                                b, options.qOffset[b]));
-    call.qOffset = options.qOffset;
-  }
+  checkBatchEntries(cache, options, call);
 
   // Scale.
   call.scale = options.scale.value_or(
@@ -176,38 +263,8 @@ CheckedCall checkCall(const TensorView &q, const PagedKVCache &cache, const Bloc
   if (options.threads < 0)
     throw Error(fmt::format("options.threads must not be negative but is {}", options.threads));
 
-  // The block mask against the call.
-  if (blockMask) {
-    validateBlockMask(*blockMask);
-    if (blockMask->physicalIndices)
-      throw Error("the block mask holds physical page indices (from convertLogicalBlockMask); "
-                  "flexAttention takes the logical mask");
-    if (blockMask->batch != 1 && blockMask->batch != batch)
-      throw Error(fmt::format("block mask has batch extent {} but the call has B={} (the extent "
-                              "must be 1 or B)",
-                              blockMask->batch, batch));
-    if (blockMask->heads != 1 && blockMask->heads != call.queryHeads)
-      throw Error(fmt::format("block mask has head extent {} but the call has Hq={} (the extent "
-                              "must be 1 or Hq)",
-                              blockMask->heads, call.queryHeads));
-    for (int64_t b = 0; b < batch; ++b) {
-      const int64_t lastPosition = call.qOffset[b] + call.queryLength;
-      if (call.queryLength > 0 && lastPosition > blockMask->qLength)
-        throw Error(fmt::format("block mask was built for Q_LEN={} but batch entry {} has query "
-                                "positions up to {} (q offset {} + Lq {})",
-                                blockMask->qLength, b, lastPosition - 1, call.qOffset[b],
-                                call.queryLength));
-      const int64_t firstCovered = blockMask->firstQBlock * blockMask->qBlockSize;
-      if (call.queryLength > 0 && call.qOffset[b] < firstCovered)
-        throw Error(fmt::format("block mask covers query positions from {} (q block {}) but "
-                                "batch entry {} starts at position {} (its q offset)",
-                                firstCovered, blockMask->firstQBlock, b, call.qOffset[b]));
-      if (call.kvLength[b] > blockMask->kvLength)
-        throw Error(fmt::format("block mask was built for KV_LEN={} but options.kvLength[{}] = "
-                                "{}",
-                                blockMask->kvLength, b, call.kvLength[b]));
-    }
-  }
+  if (blockMask)
+    checkBlockMaskForCall(*blockMask, call);
 
   // Mods (bindings are resolved by the caller).
   if (onCpu && mods.hasMask() && !mods.maskRow)
@@ -215,46 +272,8 @@ CheckedCall checkCall(const TensorView &q, const PagedKVCache &cache, const Bloc
   if (onCpu && mods.hasScore() && !mods.scoreRow)
     throw Error(fmt::format("score mod '{}' has no CPU function", mods.scoreName));
 
-  // Outputs.
   call.returnLse = options.returnLse || isProvided(options.lse);
-  const std::vector<int64_t> outShape = {batch, call.queryHeads, call.queryLength,
-                                         call.valueHeadDim};
-  const std::vector<int64_t> lseShape = {batch, call.queryHeads, call.queryLength};
-  if (isProvided(options.out)) {
-    const TensorView &out = options.out;
-    if (out.shape() != outShape)
-      throw Error(fmt::format("options.out must be {} ([B, Hq, Lq, Dv]) but has shape {}",
-                              shapeText(outShape), out.shapeString()));
-    if (out.device() != call.device)
-      throw Error(fmt::format("options.out is on {} but the call runs on {}",
-                              deviceName(out.device()), deviceName(call.device)));
-    if (onCpu ? !isCpuFloat(out.dtype()) : out.dtype() != q.dtype())
-      throw Error(fmt::format("options.out is {} but must be {}", dtypeName(out.dtype()),
-                              onCpu ? "f32 or bf16" : dtypeName(q.dtype())));
-    if (out.data() == nullptr && out.numel() != 0)
-      throw Error("options.out has no data");
-    checkWritable(out, "options.out");
-  } else if (!onCpu) {
-    throw Error(fmt::format("on {} pass options.out (the runtime allocates outputs only on the "
-                            "CPU)",
-                            deviceName(call.device)));
-  }
-  if (isProvided(options.lse)) {
-    const TensorView &lse = options.lse;
-    if (lse.shape() != lseShape)
-      throw Error(fmt::format("options.lse must be {} ([B, Hq, Lq]) but has shape {}",
-                              shapeText(lseShape), lse.shapeString()));
-    if (lse.device() != call.device)
-      throw Error(fmt::format("options.lse is on {} but the call runs on {}",
-                              deviceName(lse.device()), deviceName(call.device)));
-    if (lse.dtype() != DType::F32)
-      throw Error(fmt::format("options.lse is {} but must be f32", dtypeName(lse.dtype())));
-    if (lse.data() == nullptr && lse.numel() != 0)
-      throw Error("options.lse has no data");
-    checkWritable(lse, "options.lse");
-  } else if (call.returnLse && !onCpu) {
-    throw Error(fmt::format("on {} pass options.lse to get the lse", deviceName(call.device)));
-  }
+  checkCallOutputs(q, options, call);
   return call;
 }
 
