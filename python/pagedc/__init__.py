@@ -16,12 +16,12 @@ from ._api import (KERNEL_OPTIONS, BlockMask, CompiledMods, CompileError, Error,
                    Tensor, compile, create_block_mask, flex_attention)
 from ._device import CudaGraph, Stream, empty, to_device, to_host
 from ._pagedc import cuda_codegen_available
-from ._serving import BatchAttention, merge_state, merge_state_in_place, merge_states
+from ._serving import BatchAttention, CascadeAttention, merge_state, merge_state_in_place, merge_states
 from ._tracer import TraceError, TracedMods, and_masks, from_torch, or_masks, trace_source
 
 __version__ = "0.1.0"
 
-__all__ = ["KERNEL_OPTIONS", "BatchAttention", "BlockMask", "CompiledMods", "CompileError", "CudaGraph",
+__all__ = ["KERNEL_OPTIONS", "BatchAttention", "BlockMask", "CascadeAttention", "CompiledMods", "CompileError", "CudaGraph",
            "Error",
            "PagedKVCache", "Stream", "Tensor", "TraceError", "TracedMods", "and_masks", "compile", "create_block_mask",
            "cuda_codegen_available", "empty", "flex_attention", "from_torch", "merge_state",

@@ -125,22 +125,30 @@ class BatchAttention:
     num_tokens = property(lambda self: self._native.num_tokens if self._native else 0)
 
     def plan(self, query_start_loc, seq_lens, block_table, kv_start=None,
-             kv_end=None) -> None:
+             kv_end=None, *, token_positions=None, token_batch=None) -> None:
         """Takes a step's metadata (host int32): ``query_start_loc`` [B + 1]
         (from 0, non-decreasing), ``seq_lens`` [B] (each sequence's keys, its
         new tokens included) and ``block_table`` [>= B, max_blocks].
         ``kv_start`` / ``kv_end`` [B] (default 0 and seq_lens) limit each
         sequence to keys [kv_start, kv_end): two plans over a shared prefix
-        and the rest merge (merge_state) to attention over all keys. Bad
-        metadata raises ValueError naming it; the previous plan stays."""
+        and the rest merge (merge_state) to attention over all keys.
+        ``token_positions`` / ``token_batch`` [T] (CPU) give each packed
+        token the query position and batch index its mods see, in place of
+        ``seq_lens[b] - q_len_b + i`` and b: a cascade level packs the
+        queries of sequences sharing a prefix as one entry over the prefix's
+        pages (see ``cascade_plan``). Bad metadata raises ValueError naming
+        it; the previous plan stays."""
         qsl = _host_int32(query_start_loc, "query_start_loc", 1)
         lens = _host_int32(seq_lens, "seq_lens", 1)
         table = _host_int32(block_table, "block_table", 2)
         start = None if kv_start is None else _host_int32(kv_start, "kv_start", 1)
         end = None if kv_end is None else _host_int32(kv_end, "kv_end", 1)
+        positions = None if token_positions is None else \
+            _host_int32(token_positions, "token_positions", 1)
+        batches = None if token_batch is None else _host_int32(token_batch, "token_batch", 1)
         if self._native is None:
             self._build(max(1, int(table.shape[1])))
-        self._native.plan(qsl, lens, table, start, end)
+        self._native.plan(qsl, lens, table, start, end, positions, batches)
 
     def run(self, q, k_cache, v_cache=None, buffers: Optional[Mapping] = None,
             params: Optional[Mapping] = None, scale: Optional[float] = None,
@@ -222,3 +230,92 @@ def merge_states(v, s):
     framework = _framework_of(v)
     out, lse = _C.merge_states(v, s)
     return _to_framework(out, framework), _to_framework(lse, framework)
+
+
+class CascadeAttention:
+    """A serving step in which groups of sequences share a prefix: each
+    group's queries attend to the prefix's pages together, once per KV head
+    for the whole group (one entry of a first BatchAttention, the group's
+    queries packed as its rows, each keeping its own position and sequence
+    index for the mods), every sequence attends to the rest of its keys in a
+    second BatchAttention, and the two results are merged (merge_state).
+
+    Takes BatchAttention's arguments (CPU backend). ``plan`` takes the
+    step's metadata and ``groups``: ``(first, end, prefix_len)`` triples,
+    sequences ``first .. end - 1`` (contiguous, disjoint) sharing their first
+    ``prefix_len`` keys, which must sit in the same pages of each member's
+    block table row (as ``PagedKVCache.fork`` shares them). The members'
+    tokens are contiguous in the packed q because their sequences are."""
+
+    def __init__(self, mods, num_q_heads: int, num_kv_heads: int, head_dim: int,
+                 page_size: int, kv_layout: str = "NHD", max_num_seqs: int = 256,
+                 max_num_tokens: int = 8192, device: str = "cpu", **options):
+        if str(device) != "cpu":
+            raise ValueError(f"device: cascade runs on the CPU backend, got {device!r}")
+        args = (mods, num_q_heads, num_kv_heads, head_dim, page_size, kv_layout, max_num_seqs,
+                max_num_tokens, device)
+        self._prefix = BatchAttention(*args, **options)
+        self._suffix = BatchAttention(*args, **options)
+        self._page_size = int(page_size)
+
+    def plan(self, query_start_loc, seq_lens, block_table, groups) -> None:
+        """Plans both levels; bad metadata or groups raise ValueError naming
+        them, and the previous plan stays."""
+        qsl = _host_int32(query_start_loc, "query_start_loc", 1)
+        lens = _host_int32(seq_lens, "seq_lens", 1)
+        table = _host_int32(block_table, "block_table", 2)
+        batch = len(lens)
+        if len(qsl) != batch + 1:
+            raise ValueError(f"query_start_loc: {len(qsl)} entries for {batch} sequences")
+        shared = np.zeros(batch, dtype=np.int32)  # each sequence's prefix length
+        starts, entries, cursor = [], [], 0
+        for index, group in enumerate(groups):
+            try:
+                first, end, prefix = (int(x) for x in group)
+            except (TypeError, ValueError):
+                raise ValueError(f"groups[{index}]: expected (first, end, prefix_len), got "
+                                 f"{group!r}") from None
+            if not cursor <= first < end <= batch:
+                raise ValueError(f"groups[{index}]: sequences [{first}, {end}) are not inside "
+                                 f"[{cursor}, {batch}) (groups must be sorted and disjoint)")
+            if prefix < 0 or prefix > int(lens[first:end].min()):
+                raise ValueError(f"groups[{index}]: prefix_len {prefix} is outside [0, the "
+                                 f"shortest member's seq_len {int(lens[first:end].min())}]")
+            pages = -(-prefix // self._page_size)
+            if pages and np.any(table[first:end, :pages] != table[first, :pages]):
+                raise ValueError(f"groups[{index}]: the members' block table rows differ in "
+                                 f"the prefix's {pages} pages")
+            for b in range(cursor, first):  # sequences outside any group
+                entries.append((b, 0))
+                starts.append(qsl[b])
+            entries.append((first, prefix))
+            starts.append(qsl[first])
+            shared[first:end] = prefix
+            cursor = end
+        for b in range(cursor, batch):
+            entries.append((b, 0))
+            starts.append(qsl[b])
+        starts.append(qsl[batch])
+        # Each token's own position and sequence, for the prefix level.
+        q_lens = np.diff(qsl)
+        token_batch = np.repeat(np.arange(batch, dtype=np.int32), q_lens)
+        token_positions = (np.arange(qsl[batch], dtype=np.int32) - np.repeat(qsl[:-1], q_lens)
+                           + np.repeat(lens - q_lens, q_lens)).astype(np.int32)
+        rows = np.array([b for b, _ in entries], dtype=np.int32)
+        prefix_lens = np.array([p for _, p in entries], dtype=np.int32)
+        self._suffix.plan(qsl, lens, table, kv_start=shared)
+        self._prefix.plan(np.array(starts, dtype=np.int32), lens[rows], table[rows],
+                          kv_end=prefix_lens, token_positions=token_positions,
+                          token_batch=token_batch)
+
+    def run(self, q, k_cache, v_cache=None, buffers: Optional[Mapping] = None,
+            params: Optional[Mapping] = None, scale: Optional[float] = None,
+            return_lse: bool = False, **options):
+        """Attention of the planned step over all of each sequence's keys:
+        ``out`` [T, Hq, Dv], or ``(out, lse)``, as BatchAttention.run."""
+        call = dict(buffers=buffers, params=params, scale=scale, return_lse=True, **options)
+        out, lse = self._suffix.run(q, k_cache, v_cache, **call)
+        call.pop("out", None)  # the caller's out receives the merged result
+        prefix_out, prefix_lse = self._prefix.run(q, k_cache, v_cache, **call)
+        merge_state_in_place(out, lse, prefix_out, prefix_lse)
+        return (out, lse) if return_lse else out

@@ -900,16 +900,19 @@ std::shared_ptr<Batch> makeBatch(std::shared_ptr<Mods> mods, int64_t numQHeads,
 
 void planBatch(Batch &batch, const py::handle &queryStartLoc, const py::handle &seqLens,
                const py::handle &blockTable, const py::handle &kvStart,
-               const py::handle &kvEnd) {
+               const py::handle &kvEnd, const py::handle &tokenPositions,
+               const py::handle &tokenBatch) {
   BorrowedTensor qsl = borrowTensor(queryStartLoc, "query_start_loc");
   BorrowedTensor lens = borrowTensor(seqLens, "seq_lens");
   BorrowedTensor table = borrowTensor(blockTable, "block_table");
-  BorrowedTensor start, end;
-  if (!kvStart.is_none())
-    start = borrowTensor(kvStart, "kv_start");
-  if (!kvEnd.is_none())
-    end = borrowTensor(kvEnd, "kv_end");
-  batch.attention->plan(qsl.view, lens.view, table.view, start.view, end.view);
+  auto optional = [](const py::handle &obj, const char *name) {
+    return obj.is_none() ? BorrowedTensor{} : borrowTensor(obj, name);
+  };
+  BorrowedTensor start = optional(kvStart, "kv_start"), end = optional(kvEnd, "kv_end");
+  BorrowedTensor positions = optional(tokenPositions, "token_positions");
+  BorrowedTensor batches = optional(tokenBatch, "token_batch");
+  batch.attention->plan(qsl.view, lens.view, table.view, start.view, end.view, positions.view,
+                        batches.view);
 }
 
 py::tuple runBatch(const Batch &batch, const py::handle &qObj, const py::handle &kObj,

@@ -289,9 +289,36 @@ std::pair<const void *, const void *> BatchAttention::kernelCacheAddresses() con
   return cuda_->lastCacheAddresses();
 }
 
+namespace {
+
+/// plan()'s checks of the optional per-token positions and batch indices:
+/// [T] int32 on the host, every value >= 0, CPU only.
+void checkTokenMaps(const TensorView &positions, const TensorView &batches, int64_t tokens,
+                    bool onCuda, Device device) {
+  for (auto [view, name] :
+       {std::pair{&positions, "token_positions"}, std::pair{&batches, "token_batch"}}) {
+    if (!isProvided(*view))
+      continue;
+    if (onCuda)
+      throw Error(fmt::format("{} is taken by the CPU backend only, not on {}", name,
+                              deviceName(device)));
+    checkHostIndexTensor(*view, name, 1);
+    if (view->size(0) != tokens)
+      throw Error(fmt::format("{} has {} entries but the step has {} tokens "
+                              "(query_start_loc[B])",
+                              name, view->size(0), tokens));
+    for (int64_t i = 0; i < tokens; ++i)
+      if (const int32_t value = view->dataAs<const int32_t>()[i * view->stride(0)]; value < 0)
+        throw Error(fmt::format("{}[{}] = {} is negative", name, i, value));
+  }
+}
+
+} // namespace
+
 void BatchAttention::plan(const TensorView &queryStartLoc, const TensorView &seqLens,
                           const TensorView &blockTable, const TensorView &kvStart,
-                          const TensorView &kvEnd) {
+                          const TensorView &kvEnd, const TensorView &tokenPositions,
+                          const TensorView &tokenBatch) {
   const BatchAttentionConfig &c = config_;
   checkHostIndexTensor(queryStartLoc, "query_start_loc", 1);
   checkHostIndexTensor(seqLens, "seq_lens", 1);
@@ -338,10 +365,12 @@ void BatchAttention::plan(const TensorView &queryStartLoc, const TensorView &seq
   if (tokens > c.maxNumTokens)
     throw Error(fmt::format("query_start_loc[{}] = {} tokens exceeds max_num_tokens {}", batch,
                             tokens, c.maxNumTokens));
+  checkTokenMaps(tokenPositions, tokenBatch, tokens, cuda_ != nullptr, c.device);
+  const bool positioned = isProvided(tokenPositions);
   int32_t maxEntry = -1;
   for (int64_t b = 0; b < batch; ++b) {
     const int64_t qLength = qsl(b + 1) - qsl(b);
-    if (len(b) < qLength)
+    if (!positioned && len(b) < qLength)
       throw Error(fmt::format("seq_lens[{}] = {} is less than the sequence's {} new tokens "
                               "(query_start_loc[{}] - query_start_loc[{}])",
                               b, len(b), qLength, b + 1, b));
@@ -385,6 +414,16 @@ void BatchAttention::plan(const TensorView &queryStartLoc, const TensorView &seq
     int32_t *row = pageTable_.data() + b * c.maxBlocksPerSeq;
     for (int64_t j = 0; j < pages; ++j)
       row[j] = entry(b, j);
+  }
+  tokenPositions_ = positioned;
+  tokenBatches_ = isProvided(tokenBatch);
+  for (auto [view, target] : {std::pair{&tokenPositions, &tokenPosition_},
+                              std::pair{&tokenBatch, &tokenBatch_}}) {
+    if (!isProvided(*view))
+      continue;
+    target->resize(static_cast<size_t>(tokens));
+    for (int64_t i = 0; i < tokens; ++i)
+      (*target)[i] = view->dataAs<const int32_t>()[i * view->stride(0)];
   }
   if (cuda_)
     cuda_->plan(queryStart_.data(), kvLength_.data(), qOffset_.data(), pageTable_.data(), batch);
@@ -599,6 +638,10 @@ AttentionResult BatchAttention::run(const TensorView &q, const TensorView &kCach
   args.pageTableStride = c.maxBlocksPerSeq;
   args.pageSize = static_cast<int32_t>(c.pageSize);
   args.kvBegin = kvBegin_.data();
+  if (tokenPositions_)
+    args.tokenPosition = tokenPosition_.data();
+  if (tokenBatches_)
+    args.tokenBatch = tokenBatch_.data();
   args.kvLength = kvLength_.data();
   args.qOffset = qOffset_.data();
   args.qStart = queryStart_.data();

@@ -204,3 +204,127 @@ def test_pagedc_cache_storage_runs_in_place_and_agrees_with_flex_attention(rng):
                                          batch_idx=[b], kv_length=[n], q_offset="end")
         assert_close(out[qsl[b]:qsl[b + 1]], expected[0].transpose(1, 0, 2), atol=1e-5,
                      rtol=1e-5)
+
+
+CASCADE_SOURCE = """
+buffer window: i32[B]
+mask sliding(b, h, q, kv) = (q >= kv) & (q - kv <= window[b])
+score relative(s, b, h, q, kv) = s - 0.01 * (q - kv)
+"""
+
+
+def make_cascade_step(rng, page_size, hq=4, hkv=2, d=32):
+    """Groups of sequences over shared prefix pages: (prefix, [(new tokens,
+    own keys after the prefix), ...]) per group, a group of None is a lone
+    sequence. The prefix keys are written once; each member's own keys go to
+    its own pages; pages shuffled in one NHD allocation."""
+    layout = [(48, [(1, 5), (1, 20), (3, 3), (0, 9), (7, 17)]),
+              (None, [(4, 30)]),
+              (2 * page_size, [(1, 1), (2, 33)]),
+              (None, [(1, 1)])]
+    members = sum(len(m) for _, m in layout)
+    prefix_pages = sum(-(-p // page_size) for p, _ in layout if p)
+    own_pages = sum(-(-keys // page_size) for _, m in layout for _, keys in m)
+    n_pages = prefix_pages + own_pages + 3
+    order = iter(rng.permutation(n_pages))
+    k_cache = np.full((n_pages, page_size, hkv, d), np.nan, dtype=np.float32)
+    v_cache = np.full_like(k_cache, np.nan)
+    columns = max(-(-((p or 0) + keys) // page_size) for p, m in layout for _, keys in m) + 1
+    table = np.full((members, columns), -1, dtype=np.int32)
+    dense_k, dense_v, lens, news, groups, b = [], [], [], [], [], 0
+
+    def write(pages, k, v, first_position):
+        for i in range(k.shape[1]):
+            pos = first_position + i
+            page, slot = pages[pos // page_size], pos % page_size
+            k_cache[page, slot], v_cache[page, slot] = k[:, i], v[:, i]
+
+    for prefix, group in layout:
+        p = prefix or 0
+        shared = [next(order) for _ in range(-(-p // page_size))]
+        pk, pv = randn(rng, hkv, p, d), randn(rng, hkv, p, d)
+        if p:
+            write(shared, pk, pv, 0)
+            groups.append((b, b + len(group), p))
+        for new, keys in group:
+            pages = shared + [next(order) for _ in range(-(-keys // page_size))]
+            table[b, :len(pages)] = pages
+            k, v = randn(rng, hkv, keys, d), randn(rng, hkv, keys, d)
+            write(pages, k, v, p)
+            dense_k.append(np.concatenate([pk, k], axis=1))
+            dense_v.append(np.concatenate([pv, v], axis=1))
+            lens.append(p + keys)
+            news.append(new)
+            b += 1
+    qsl = np.cumsum([0] + news).astype(np.int32)
+    step = dict(q=randn(rng, int(qsl[-1]), hq, d), caches=(k_cache, v_cache), qsl=qsl,
+                seq_lens=np.array(lens, dtype=np.int32), table=table, dense_k=dense_k,
+                dense_v=dense_v, hq=hq, hkv=hkv, d=d)
+    return step, groups
+
+
+@pytest.mark.parametrize("page_size", [1, 16])
+def test_cascade_matches_reference_and_the_flat_step(rng, page_size):
+    """Each group's queries read its prefix together (one entry of the
+    prefix level) yet keep their own positions and sequence index: a
+    per-sequence sliding window and a position-dependent score agree with
+    the float64 reference and with the same step run flat."""
+    step, groups = make_cascade_step(rng, page_size)
+    mods = pagedc.compile(CASCADE_SOURCE)
+    window = rng.integers(3, 40, size=len(step["seq_lens"])).astype(np.int32)
+    args = (mods, step["hq"], step["hkv"], step["d"], page_size)
+    cascade = pagedc.CascadeAttention(*args, max_num_seqs=16, max_num_tokens=64)
+    cascade.plan(step["qsl"], step["seq_lens"], step["table"], groups)
+    out, lse = cascade.run(step["q"], *step["caches"], buffers={"window": window},
+                           return_lse=True)
+    ref_out, ref_lse = [], []
+    for b in range(len(step["seq_lens"])):
+        start, end = step["qsl"][b], step["qsl"][b + 1]
+        if end == start:
+            continue
+        o, s = reference_attention(
+            step["q"][start:end].transpose(1, 0, 2)[None], step["dense_k"][b][None],
+            step["dense_v"][b][None],
+            mask_fn=lambda _b, h, qi, kv, b=b: (qi >= kv) & (qi - kv <= window[b]),
+            score_fn=lambda s_, _b, h, qi, kv: s_ - 0.01 * (qi - kv),
+            q_offset=int(step["seq_lens"][b]) - (end - start))
+        ref_out.append(o[0].transpose(1, 0, 2))
+        ref_lse.append(s[0].T)
+    assert_close(out, np.concatenate(ref_out), atol=1e-4, rtol=1e-4)
+    assert_close(lse, np.concatenate(ref_lse), atol=1e-4, rtol=1e-4)
+
+    flat = pagedc.BatchAttention(*args, max_num_seqs=16, max_num_tokens=64)
+    flat.plan(step["qsl"], step["seq_lens"], step["table"])
+    flat_out, flat_lse = flat.run(step["q"], *step["caches"], buffers={"window": window},
+                                  return_lse=True)
+    assert_close(out, flat_out, atol=1e-5, rtol=1e-5)
+    assert_close(lse, flat_lse, atol=1e-5, rtol=1e-5)
+    # The prefix level: one entry per group and per lone sequence.
+    assert cascade._prefix.num_seqs == len(groups) + 2
+
+
+def test_cascade_and_token_map_errors_name_the_argument(rng):
+    step, groups = make_cascade_step(rng, 16)
+    cascade = pagedc.CascadeAttention(None, step["hq"], step["hkv"], step["d"], 16,
+                                      max_num_seqs=16, max_num_tokens=64)
+    for bad, match in [([(0, 9, 48)], "groups\\[0\\]"), ([(2, 1, 16)], "groups\\[0\\]"),
+                       ([(0, 5, 48), (3, 7, 16)], "groups\\[1\\]"),
+                       ([(0, 5, 10_000)], "prefix_len"), ([(0, 2, 48, 1)], "groups\\[0\\]")]:
+        with pytest.raises(ValueError, match=match):
+            cascade.plan(step["qsl"], step["seq_lens"], step["table"], bad)
+    table = step["table"].copy()
+    table[1, 0] = table[1, 1]  # member 1 no longer shares the first prefix page
+    with pytest.raises(ValueError, match="block table rows differ"):
+        cascade.plan(step["qsl"], step["seq_lens"], table, groups)
+    attn = pagedc.BatchAttention(None, step["hq"], step["hkv"], step["d"], 16,
+                                 max_num_seqs=16, max_num_tokens=64)
+    tokens = int(step["qsl"][-1])
+    with pytest.raises(ValueError, match="token_positions"):
+        attn.plan(step["qsl"], step["seq_lens"], step["table"],
+                  token_positions=np.zeros(tokens - 1, dtype=np.int32))
+    with pytest.raises(ValueError, match=r"token_batch\[2\] = -1"):
+        bad = np.zeros(tokens, dtype=np.int32)
+        bad[2] = -1
+        attn.plan(step["qsl"], step["seq_lens"], step["table"], token_batch=bad)
+    with pytest.raises(ValueError, match="device"):
+        pagedc.CascadeAttention(None, 4, 2, 32, 16, device="emu")

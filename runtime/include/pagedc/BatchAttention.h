@@ -168,13 +168,23 @@ public:
   ///     kvEnd[b] <= seqLens[b]; query positions still come from seqLens.
   ///     Two plans over a shared prefix [0, P) and the rest [P, seqLens[b])
   ///     give results whose mergeState() is attention over all the keys.
+  ///   tokenPositions, tokenBatch [T] (optional, CPU backend): the query
+  ///     position and the batch index the mods see for each packed token,
+  ///     in place of seqLens[b] - q_len_b + i and b; positions >= 0, batch
+  ///     indices >= 0. With positions given, seqLens[b] need not cover the
+  ///     entry's tokens. This is a cascade level: the queries of sequences
+  ///     that share a prefix, packed as one entry whose block table row is
+  ///     the prefix's pages, read those pages once for the whole group,
+  ///     while each query keeps its own position and sequence index
+  ///     (docs/serving.md, "Cascade").
   /// Every check comes first: a bad argument throws pagedc::Error naming it
   /// and the previous plan stays in force. On CUDA plan() uploads the step
   /// (synchronously, so the host arguments may change once it returns);
   /// kv_start must be 0 there.
   void plan(const TensorView &queryStartLoc, const TensorView &seqLens,
             const TensorView &blockTable, const TensorView &kvStart = {},
-            const TensorView &kvEnd = {});
+            const TensorView &kvEnd = {}, const TensorView &tokenPositions = {},
+            const TensorView &tokenBatch = {});
 
   /// Whether plan() has succeeded at least once.
   bool planned() const { return planned_; }
@@ -216,6 +226,9 @@ private:
   std::vector<int32_t> kvLength_;   // [maxNumSeqs], the end of the keys read
   std::vector<int32_t> qOffset_;    // [maxNumSeqs]
   std::vector<int32_t> pageTable_;  // [maxNumSeqs, maxBlocksPerSeq]
+  // [maxNumTokens] each, when the plan was given them.
+  std::vector<int32_t> tokenPosition_, tokenBatch_;
+  bool tokenPositions_ = false, tokenBatches_ = false;
   std::unique_ptr<detail::CudaBatchBackend> cuda_; // CUDA devices only
 };
 

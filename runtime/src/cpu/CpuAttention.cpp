@@ -313,7 +313,7 @@ struct Workspace {
   std::vector<const char *> prefetch, prefetchV; // rows to request (decode)
   std::vector<float> modScores;  // [kKvTile]
   std::vector<uint8_t> modMask;  // [kKvTile]
-  std::vector<int32_t> rowHead, rowQuery, rowPosition; // [tileRows]
+  std::vector<int32_t> rowHead, rowQuery, rowPosition, rowBatch; // [tileRows]
   std::vector<const uint8_t *> rowBlockStatus;         // [tileRows]
   std::vector<int64_t> statusKeys;
   std::vector<std::vector<uint8_t>> statusRows;
@@ -392,11 +392,16 @@ void Kernel::prepareRows(Workspace &ws, int64_t b, int64_t kvHead, int64_t rowTi
   ensureSize(ws.rowHead, rows);
   ensureSize(ws.rowQuery, rows);
   ensureSize(ws.rowPosition, rows);
+  ensureSize(ws.rowBatch, rows);
+  const int64_t firstToken = args_.qStart ? args_.qStart[b] : 0;
   for (int64_t r = 0; r < rows; ++r) {
     int64_t groupRow = rowTile * plan.tileRows + r;
     ws.rowQuery[r] = static_cast<int32_t>(groupRow / plan.group);
     ws.rowHead[r] = static_cast<int32_t>(kvHead * plan.group + groupRow % plan.group);
-    ws.rowPosition[r] = static_cast<int32_t>(qOffset + ws.rowQuery[r]);
+    const int64_t token = firstToken + ws.rowQuery[r];
+    ws.rowPosition[r] = args_.tokenPosition ? args_.tokenPosition[token]
+                                            : static_cast<int32_t>(qOffset + ws.rowQuery[r]);
+    ws.rowBatch[r] = args_.tokenBatch ? args_.tokenBatch[token] : static_cast<int32_t>(b);
   }
 
   // Q^T with the scale folded in; padding columns stay zero.
@@ -484,18 +489,24 @@ bool Kernel::classifyTile(Workspace &ws, int64_t b, int64_t rows, int64_t kv0,
       int32_t head = static_cast<int32_t>(firstHead + g);
       int32_t qLow = std::numeric_limits<int32_t>::max();
       int32_t qHigh = std::numeric_limits<int32_t>::min();
+      int32_t batchOfRows = -1; // the rows' one batch index, or -2 if several
       for (int64_t r = 0; r < rows; ++r) {
         if (ws.rowHead[r] != head)
           continue;
         qLow = std::min(qLow, ws.rowPosition[r]);
         qHigh = std::max(qHigh, ws.rowPosition[r]);
+        batchOfRows = batchOfRows == -1 || batchOfRows == ws.rowBatch[r] ? ws.rowBatch[r] : -2;
       }
       ws.headClass[g] = Skip; // no row of this head in the tile
+      // A classifier answers for one batch index: rows of several (a
+      // cascade level's) are masked per element.
       if (qLow <= qHigh)
-        ws.headClass[g] = static_cast<BlockStatus>(
-            std::clamp(blockClass_(context_, static_cast<int32_t>(b), head, qLow, qHigh,
-                                   begin, end - 1),
-                       0, 2));
+        ws.headClass[g] =
+            batchOfRows < 0
+                ? Partial
+                : static_cast<BlockStatus>(std::clamp(
+                      blockClass_(context_, batchOfRows, head, qLow, qHigh, begin, end - 1), 0,
+                      2));
     }
   }
 
@@ -624,14 +635,14 @@ void Kernel::applyMods(Workspace &ws, int64_t b, int64_t rows, int64_t kv0) {
         float *run = ws.modScores.data();
         for (int32_t j = 0; j < count; ++j)
           run[j] = column[j * padded];
-        args_.mods->scoreRow(context_, static_cast<int32_t>(b), ws.rowHead[r],
+        args_.mods->scoreRow(context_, ws.rowBatch[r], ws.rowHead[r],
                              ws.rowPosition[r], segment.begin, count, run);
         for (int32_t j = 0; j < count; ++j)
           column[j * padded] = run[j];
       }
       if (segment.status == Partial) {
         uint8_t *keep = ws.modMask.data();
-        args_.mods->maskRow(context_, static_cast<int32_t>(b), ws.rowHead[r],
+        args_.mods->maskRow(context_, ws.rowBatch[r], ws.rowHead[r],
                             ws.rowPosition[r], segment.begin, count, keep);
         for (int32_t j = 0; j < count; ++j)
           if (!keep[j])

@@ -64,6 +64,13 @@ struct PagedAttentionArgs {
   /// so a call can cover one part of a sequence's keys (a shared prefix, a
   /// suffix) whose results mergeState() combines.
   const int32_t *kvBegin = nullptr;
+  /// Packed queries only, each [T] or null: the query position and the
+  /// batch index the mods see for each token row (in place of
+  /// qOffset[b] + row and b). A cascade level batches the queries of many
+  /// sequences against their shared pages as one entry and keeps each
+  /// query's own position and sequence this way.
+  const int32_t *tokenPosition = nullptr;
+  const int32_t *tokenBatch = nullptr;
   /// Logical block mask or null (no block sparsity). The row used for query
   /// position p is p / qBlockSize; batch and head extents of 1 broadcast.
   /// Positions must lie inside the mask's numQBlocks * qBlockSize.
