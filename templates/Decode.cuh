@@ -43,16 +43,14 @@
 // Grid: (num_splits, heads_kv * kDecodeHeadChunks, batch); block: 128
 // threads. Merge grid: (q_len, heads_q, batch); block: 128 threads.
 //
-// 8-bit float caches (kKvFloat8): each tile's codes are gathered with
-// cp.async into rows of kHeadDim bytes (half a stage of 16-bit elements,
-// so both stages' codes fit in the second K and V stage), and converted
-// after the wait into one K and one V tile of Element (the first stage)
-// that the tile's math reads as it reads any other: the copy of the next
-// tile's codes still overlaps the math, and a barrier separates the
-// conversion from the math. Codes convert exactly (Float8.cuh); the KV
-// head's scales are applied in f32, K's to the scores (with args.scale)
-// and V's to the output rows, so the kernel computes on the dequantized
-// values.
+// 8-bit float caches (kKvFloat8, Float8Tiles.cuh): each tile's codes are
+// gathered with cp.async into the second K and V stage and converted after
+// the wait into one K and one V tile of Element (the first stage) that the
+// tile's math reads as it reads any other: the copy of the next tile's
+// codes still overlaps the math, and a barrier separates the conversion
+// from the math. The KV head's scales are applied in f32, K's to the scores
+// (with args.scale) and V's to the output rows, so the kernel computes on
+// the dequantized values.
 //
 // Packed batches (kPackedBatch, BatchAttention): grid z (and the merge's)
 // indexes the plan's list of decode sequences (work_tiles[2 z] = sequence
@@ -126,7 +124,6 @@ constexpr int kDecodeTmaPageRows = 16;
 /// 96 registers for 5 CTAs per SM, where the second copy path spilled 4-12
 /// bytes for some corpus selections (docs/kernels.md).
 constexpr int kDecodeTmaMinHeadDim = 128;
-constexpr int kKvFloat8 = pagedc_config::kKvFloat8;
 /// 8-bit codes come by cp.async into rows of their own (no tensor maps).
 constexpr bool kDecodeTma = kDecodeBulkCopies && kPageSize >= kDecodeTmaPageRows &&
                             kHeadDim >= kDecodeTmaMinHeadDim && kKvFloat8 == 0;
@@ -156,79 +153,6 @@ constexpr int kDecodeClassBytes = kPaddedRows * kMaxSplitBlocks;
 /// One tile of 8-bit codes: rows of kHeadDim bytes.
 constexpr int kDecodeCodeBytes = kDecodeTileN * kHeadDim;
 static_assert(2 * kDecodeCodeBytes == kDecodeStageBytes, "two tiles of codes fill a stage");
-
-/// Gathers 8-bit float K/V rows [kv_begin, kv_begin + kDecodeTileN) of one
-/// KV head into two tiles of codes (rows of kHeadDim bytes), as
-/// KvTileCopier does for Element tiles: rows at or past kv_len and rows
-/// whose bit in keep_rows is clear are zero-filled (code 0 is +0) and never
-/// read. A thread copies 16 codes of every kRowStep-th row; pages and slots
-/// are k_stride[1] and k_stride[2] bytes apart (V's alike).
-struct Float8TileCopier {
-  static constexpr int kThreadsPerRow = kHeadDim / 16;
-  static constexpr int kRowStep = kDecodeThreads / kThreadsPerRow;
-  const char *k_bytes;
-  const char *v_bytes;
-  int first_row;
-  uint32_t column;
-  int64_t k_page_bytes, k_slot_bytes, v_page_bytes, v_slot_bytes;
-
-  PAGEDC_DEVICE Float8TileCopier(const void *k_head, // [pages, page_size, D] codes
-                                 const void *v_head, // [pages, page_size, D] codes
-                                 int thread, const int64_t (&k_stride)[3],
-                                 const int64_t (&v_stride)[3])
-      : first_row(thread / kThreadsPerRow),
-        column(static_cast<uint32_t>(thread % kThreadsPerRow) * 16), k_page_bytes(k_stride[1]),
-        k_slot_bytes(k_stride[2]), v_page_bytes(v_stride[1]), v_slot_bytes(v_stride[2]) {
-    k_bytes = static_cast<const char *>(k_head) + column;
-    v_bytes = static_cast<const char *>(v_head) + column;
-    opaque(k_bytes);
-    opaque(v_bytes);
-  }
-
-  template <typename PageOf>
-  PAGEDC_DEVICE void operator()(uint32_t k_codes, uint32_t v_codes, PageOf page_of,
-                                int kv_begin, int kv_len, uint64_t keep_rows) const {
-#pragma unroll 2
-    for (int i = 0; i < kDecodeTileN / kRowStep; ++i) {
-      const int row = first_row + i * kRowStep;
-      const int kv = kv_begin + row;
-      const bool valid = kv < kv_len && ((keep_rows >> row) & 1);
-      const int64_t page = valid ? page_of(kv) : 0;
-      const int64_t slot = kv & (kPageSize - 1);
-      const char *k_source = k_bytes + (valid ? page * k_page_bytes + slot * k_slot_bytes : 0);
-      const char *v_source = v_bytes + (valid ? page * v_page_bytes + slot * v_slot_bytes : 0);
-      const uint32_t offset = static_cast<uint32_t>(row * kHeadDim) + column;
-      cp_async_16(k_codes + offset, k_source, valid ? 16 : 0);
-      cp_async_16(v_codes + offset, v_source, valid ? 16 : 0);
-    }
-  }
-};
-
-/// Converts one tile of 8-bit K codes and one of V codes (rows of kHeadDim
-/// bytes at k_codes, v_codes) into the Element tiles at k_tile, v_tile
-/// (DecodeTile's layout): 16 codes in, two 16-byte chunks out per step.
-PAGEDC_DEVICE void convert_code_tiles(unsigned char *k_tile, unsigned char *v_tile,
-                                      const unsigned char *k_codes,
-                                      const unsigned char *v_codes, int thread) {
-  constexpr int kCodeChunks = kHeadDim / 16;
-#pragma unroll 2
-  for (int index = thread; index < 2 * kDecodeTileN * kCodeChunks; index += kDecodeThreads) {
-    const bool is_v = index >= kDecodeTileN * kCodeChunks;
-    const int at = is_v ? index - kDecodeTileN * kCodeChunks : index;
-    const int row = at / kCodeChunks, chunk = at % kCodeChunks;
-    Chunk16 codes, low, high;
-    copy_chunk16(&codes, (is_v ? v_codes : k_codes) + row * kHeadDim + chunk * 16);
-#pragma unroll
-    for (int word = 0; word < 4; ++word) {
-      uint32_t *into = word < 2 ? &low.word[2 * word] : &high.word[2 * word - 4];
-      into[0] = float8x2_to_elements<kKvFloat8, kIsBF16>(codes.word[word] & 0xffffu);
-      into[1] = float8x2_to_elements<kKvFloat8, kIsBF16>(codes.word[word] >> 16);
-    }
-    unsigned char *tile = is_v ? v_tile : k_tile;
-    copy_chunk16(tile + DecodeTile()(row, 2 * chunk), &low);
-    copy_chunk16(tile + DecodeTile()(row, 2 * chunk + 1), &high);
-  }
-}
 
 /// Identifies decode row `row` (0..kPaddedRows): its query head and token,
 /// and whether it exists.
@@ -625,11 +549,10 @@ extern "C" __global__ void __launch_bounds__(pagedc::kDecodeThreads, pagedc::kDe
   };
   // An 8-bit cache's codes: tiles of stage s at k_codes(s), v_codes(s), in
   // the second K and V stages; the first holds the converted tiles.
-  const Float8TileCopier copy_codes(static_cast<const char *>(args.k_cache) +
-                                        kv_head * args.k_stride[0],
-                                    static_cast<const char *>(args.v_cache) +
-                                        kv_head * args.v_stride[0],
-                                    thread, args.k_stride, args.v_stride);
+  const Float8TileCopier<kDecodeTileN, kDecodeThreads> copy_codes(
+      static_cast<const char *>(args.k_cache) + kv_head * args.k_stride[0],
+      static_cast<const char *>(args.v_cache) + kv_head * args.v_stride[0], thread,
+      args.k_stride, args.v_stride);
   auto k_codes = [&](int at_stage) {
     return kDecodeQBytes + kDecodeStageBytes + at_stage * kDecodeCodeBytes;
   };
@@ -757,8 +680,9 @@ extern "C" __global__ void __launch_bounds__(pagedc::kDecodeThreads, pagedc::kDe
     wait_tile(stage, mapped);
     __syncthreads();
     if constexpr (kKvFloat8 != 0) {
-      convert_code_tiles(shared + kDecodeQBytes, shared + kDecodeQBytes + 2 * kDecodeStageBytes,
-                         shared + k_codes(stage), shared + v_codes(stage), thread);
+      convert_code_tiles<kDecodeTileN, kDecodeThreads, DecodeTile>(
+          shared + kDecodeQBytes, shared + kDecodeQBytes + 2 * kDecodeStageBytes,
+          shared + k_codes(stage), shared + v_codes(stage), thread);
       __syncthreads();
     }
     // The tiles the math reads (an 8-bit cache's converted ones: stage 0).

@@ -89,8 +89,8 @@ struct KVCacheConfig {
   /// Key head dim (D) and value head dim (Dv).
   int64_t headDim = 64;
   int64_t valueHeadDim = 64;
-  /// f32, f16, bf16, or an 8-bit float (F8E4M3, F8E5M2: the CPU backend, and the
-  /// CUDA decode kernel for calls of 1 to 8 query tokens).
+  /// f32, f16, bf16, or an 8-bit float (F8E4M3, F8E5M2: the CPU backend, and
+  /// flexAttention's CUDA decode and mma.sync prefill kernels).
   DType dtype = DType::F32;
   Device device = Device::cpu();
   /// Scales of an 8-bit float cache, one value for all KV heads or one per

@@ -376,13 +376,19 @@ std::shared_ptr<const CudaKernel> cudaKernelFor(const CompiledMods &mods,
 }
 
 KernelConfig chooseCudaAttentionConfig(const CompiledMods &mods, DType elementType, int headDim,
-                                       int pageSize, int groupSize, int queryLength,
-                                       bool returnLse, const std::string &arch,
-                                       int kvBlockSize, const KernelOptions &options) {
+                                       int pageSize, int groupSize, int queryLength, bool returnLse,
+                                       const std::string &arch, int kvBlockSize,
+                                       const KernelOptions &options,
+                                       std::optional<DType> kvFloat8) {
   const int64_t paramsSize = ParamsLayout::forDeclarations(mods.params, mods.buffers).size;
+  if (kvFloat8 && mods.cuda.bundle)
+    throw Error(fmt::format("kernel bundles hold no kernels for {} caches: compile the mods "
+                            "(CompiledMods::cuda's mod code) to run them",
+                            dtypeName(*kvFloat8)));
   if (!mods.cuda.bundle) {
     KernelConfig config;
     config.elementType = elementType;
+    config.kvFloat8 = kvFloat8;
     config.headDim = headDim;
     config.pageSize = pageSize;
     config.groupSize = groupSize;
@@ -395,7 +401,11 @@ KernelConfig chooseCudaAttentionConfig(const CompiledMods &mods, DType elementTy
       // Prefill reads the GQA ratio at run time: one kernel for every ratio.
       config.kind = KernelKind::Prefill;
       config.groupSize = 1;
-      config.choosePrefillShapeFor(arch, options);
+      // 8-bit codes: the mma.sync tiles (Float8Tiles.cuh) on every target.
+      if (kvFloat8)
+        config.choosePrefillShape(options);
+      else
+        config.choosePrefillShapeFor(arch, options);
       config.fitPrefillTileToBlocks(kvBlockSize);
     }
     config.validate();
@@ -743,24 +753,11 @@ void pagedAttention(const cpu::PagedAttentionArgs &args, Device device, void *st
             queryLength = static_cast<int>(q.size(2)), headDim = static_cast<int>(q.size(3));
   const int headsKv = static_cast<int>(args.kCache.size(0));
   const DType kvType = args.kCache.dtype();
-  if (isFloat8(kvType) && queryLength > kMaxDecodeTokens)
-    throw Error(fmt::format("the CUDA kernels read {} caches in decode calls only (1 to {} "
-                            "query tokens), and this call has {}: the prefill kernels take f16 "
-                            "or bf16 caches, and the CPU backend runs 8-bit caches of any "
-                            "length",
-                            dtypeName(kvType), kMaxDecodeTokens, queryLength));
-  if (isFloat8(kvType) && mods.cuda.bundle)
-    throw Error(fmt::format("kernel bundles hold no kernels for {} caches: compile the mods "
-                            "(CompiledMods::cuda's mod code) to run them",
-                            dtypeName(kvType)));
-  KernelConfig config = chooseCudaAttentionConfig(
+  const KernelConfig config = chooseCudaAttentionConfig(
       mods, q.dtype(), headDim, args.pageSize, headsQ / headsKv, queryLength,
       args.lse.data() != nullptr, info.arch(),
-      args.blockMask ? static_cast<int>(args.blockMask->kvBlockSize) : 0, kernelOptions);
-  if (isFloat8(kvType)) {
-    config.kvFloat8 = kvType;
-    config.validate();
-  }
+      args.blockMask ? static_cast<int>(args.blockMask->kvBlockSize) : 0, kernelOptions,
+      isFloat8(kvType) ? std::optional<DType>(kvType) : std::nullopt);
   const BlockMask *mask = args.blockMask;
   if (mask) {
     const int tile = config.kind == KernelKind::Decode ? kDecodeTile : config.blockN;

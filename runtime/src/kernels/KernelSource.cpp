@@ -292,11 +292,14 @@ void KernelConfig::validate() const {
   if (kvFloat8 && !isFloat8(*kvFloat8))
     throw Error(
         fmt::format("8-bit float K/V elements are f8e4m3 or f8e5m2, not {}", dtypeName(*kvFloat8)));
-  if (kvFloat8 && (kind != KernelKind::Decode || packedBatch))
-    throw Error(fmt::format("only the decode kernel of flexAttention calls reads {} caches; "
-                            "the {} kernel{} takes f16 or bf16 caches",
-                            dtypeName(*kvFloat8), kernelKindName(kind),
-                            packedBatch ? " of packed batches" : ""));
+  if (kvFloat8 && (kind == KernelKind::BlockMaskBuilder || packedBatch || warpRows == 64))
+    throw Error(fmt::format("{} caches are read by flexAttention's decode kernel and its "
+                            "prefill's mma.sync tiles (16 or 32 query rows per warp), not by "
+                            "{}",
+                            dtypeName(*kvFloat8),
+                            packedBatch      ? "packed batches"
+                            : warpRows == 64 ? "the warpgroup prefill tiles (...x64)"
+                                             : "the block-mask builder"));
   if (headDim != 64 && headDim != 128 && headDim != 256)
     throw Error(fmt::format("head dim {} is not supported by the CUDA "
                             "kernels (64, 128 or 256)",
@@ -550,6 +553,8 @@ KernelSource assembleKernel(const KernelConfig &config,
       append("Hopper.cuh");
       append("PrefillWgmma.cuh");
     } else {
+      append("Float8.cuh");
+      append("Float8Tiles.cuh");
       append("Prefill.cuh");
     }
     source.kernelNames = {"pagedc_prefill"};
@@ -559,6 +564,7 @@ KernelSource assembleKernel(const KernelConfig &config,
     // The bulk tensor copies (used by code for sm_90 and later only).
     append("Hopper.cuh");
     append("Float8.cuh");
+    append("Float8Tiles.cuh");
     append("Decode.cuh");
     source.kernelNames = {"pagedc_decode", "pagedc_decode_merge"};
     break;

@@ -1,15 +1,17 @@
 //===- CudaFloat8Test.cpp - 8-bit float KV caches on the CUDA decode ------===//
 //
-// flexAttention over f8e4m3 and f8e5m2 caches on a CUDA device, run on the
+// flexAttention over f8e4m3 and f8e5m2 caches on a CUDA device (the decode
+// kernel and the prefill's mma.sync tiles), run on the
 // SIMT emulator (PAGEDC_CUDA_DRIVER=emu) with every checker on (memcheck,
 // racecheck, initcheck, synccheck: a report fails the launch and so the
 // case), against the float64 reference computed on the dequantized values
-// (code x scale): per-tensor and per-head scales, bf16 and f16 q, 1- and
-// 3-token decode, split-KV (the split factor raised), pages of 1, 16 and
+// (code x scale): per-tensor and per-head scales, bf16 and f16 q, prefill
+// (45 and 70 query rows), 1- and 3-token decode, split-KV (the split factor
+// raised), pages of 1, 16 and
 // 128 slots in shuffled order, GQA 1 and 4, head dims 64 and 128, lengths
 // that are not multiples of the page or the tile, mask and score mods, out
-// and lse; and the refusals (prefill calls, values on the device, missing
-// or bad scales), which leave out as it was.
+// and lse; and the refusals (a warpgroup prefill tile asked for, values on
+// the device, missing or bad scales), which leave out as it was.
 //
 //===----------------------------------------------------------------------===//
 #include "TestMods.h"
@@ -275,6 +277,20 @@ TEST(CudaFloat8, DecodeMatchesFloat64OnDequantizedValues) {
     checkCase(c, seed++);
 }
 
+TEST(CudaFloat8, PrefillMatchesFloat64OnDequantizedValues) {
+  // The prefill's mma.sync tiles: q rows not a multiple of the tile, keys
+  // not a multiple of the page, chunks at the end of a longer context.
+  const Case cases[] = {
+      {DType::F8E4M3, true, DType::BF16, 128, 16, 8, 45, {45, 161, 70}, "causal", "softcap", 0},
+      {DType::F8E5M2, false, DType::F16, 64, 1, 2, 70, {70, 99}, "sliding", "", 0},
+      {DType::F8E5M2, true, DType::BF16, 64, 128, 8, 45, {300, 45}, "document", "alibi", 0},
+      {DType::F8E4M3, false, DType::F16, 128, 128, 2, 70, {200, 129}, "", "", 0},
+  };
+  uint32_t seed = 70;
+  for (const Case &c : cases)
+    checkCase(c, seed++);
+}
+
 TEST(CudaFloat8, RefusalsNameTheProblemAndWriteNothing) {
   Case c{DType::F8E4M3, true, DType::BF16, 64, 16, 2, 9, {40}, "causal", "", 0};
   std::mt19937 rng(3);
@@ -295,13 +311,15 @@ TEST(CudaFloat8, RefusalsNameTheProblemAndWriteNothing) {
   options.kvLength = {40};
   options.qOffset = {31};
   options.out = TensorView(out.data(), DType::BF16, {1, 2, 9, 64}, device);
-  // A prefill-sized call: no CUDA kernel reads 8-bit caches there.
+  // A warpgroup prefill tile asked for: those tiles take 16-bit caches.
+  options.kernel.prefillShape = "128x64x64";
   const std::string prefill = errorOf([&] {
     flexAttention(TensorView(q.data(), DType::BF16, {1, 2, 9, 64}, device), *made.cache, nullptr,
                   mods, bindings.device, options);
   });
-  EXPECT_NE(prefill.find("read f8e4m3 caches in decode calls only (1 to 8 query tokens), and "
-                         "this call has 9"),
+  EXPECT_NE(prefill.find("f8e4m3 caches are read by flexAttention's decode kernel and its "
+                         "prefill's mma.sync tiles (16 or 32 query rows per warp), not by the "
+                         "warpgroup prefill tiles"),
             std::string::npos)
       << prefill;
   std::vector<uint16_t> after(zeros.size());

@@ -238,11 +238,12 @@ TEST(NvrtcCompile, PackedBatchKernelsCompileWithoutSpills) {
 }
 
 /// flexAttention's decode over 8-bit float caches (both formats, f16 and
-/// bf16 q, GQA 1 and 4, 1 and 3 tokens) compiles for sm_80 (the integer
+/// bf16 q, GQA 1 and 4, 1 and 3 tokens), and the prefill tile of each head
+/// dim, compile for sm_80 (the integer
 /// conversion) and sm_90 (cvt.rn.f16x2.e4m3x2 / e5m2x2)
 /// at every head dim without spills (at head dim 64 without the 5-CTA register
 /// cap of sm_90, Decode.cuh's kDecodeMinBlocks).
-TEST(NvrtcCompile, Float8DecodeKernelsCompileWithoutSpills) {
+TEST(NvrtcCompile, Float8KernelsCompileWithoutSpills) {
   REQUIRE_NVRTC();
   std::vector<Case> cases;
   int variant = 0;
@@ -262,6 +263,14 @@ TEST(NvrtcCompile, Float8DecodeKernelsCompileWithoutSpills) {
         c.config.returnLse = true;
         c.arch = arch;
         cases.push_back(c);
+        // The prefill's tile of this head dim (choosePrefillShape, as the
+        // runtime takes it for 8-bit caches on every target).
+        Case prefill = c;
+        prefill.config.kind = KernelKind::Prefill;
+        prefill.config.groupSize = 1;
+        prefill.config.queryTokens = 1;
+        prefill.config.choosePrefillShape();
+        cases.push_back(prefill);
       }
   std::vector<Outcome> outcomes = compileAll(cases, workerCount());
   for (size_t i = 0; i < cases.size(); ++i) {
