@@ -14,6 +14,7 @@
 // the device, missing or bad scales), which leave out as it was.
 //
 //===----------------------------------------------------------------------===//
+#include "AttentionCheck.h"
 #include "TestMods.h"
 #include "cpu/Reference.h"
 
@@ -48,13 +49,18 @@ struct Case {
   std::vector<int32_t> lengths;
   std::string mask, score;
   int splitFactor; // 0: the planner's choice
+  /// > 0: a block mask of the mask mod with kv blocks of this many keys (q
+  /// blocks of 16): tiles no row sees are skipped, and in partial ones the
+  /// kv rows no row keeps are zero-filled instead of read.
+  int32_t kvBlock = 0;
 };
 
 std::string label(const Case &c) {
   return fmt::format("{} {} scales, q {}, D {}, pages of {}, Hq {}, Lq {}, mods '{}' '{}', split "
-                     "factor {}",
+                     "factor {}, kv blocks {}",
                      dtypeName(c.kvType), c.perHead ? "per-head" : "per-tensor", dtypeName(c.qType),
-                     c.headDim, c.pageSize, c.qHeads, c.qLength, c.mask, c.score, c.splitFactor);
+                     c.headDim, c.pageSize, c.qHeads, c.qLength, c.mask, c.score, c.splitFactor,
+                     c.kvBlock);
 }
 
 template <typename F> std::string errorOf(F call) {
@@ -211,14 +217,25 @@ void checkCase(const Case &c, uint32_t seed) {
   options.lse = TensorView(lse.data(), DType::F32, {batch, c.qHeads, c.qLength}, device);
   if (c.splitFactor)
     options.kernel.decodeSplitFactor = c.splitFactor;
+  ResolvedBindings resolved = resolveBindings(mods, bindings.host, Device::cpu());
+  BlockMask blockMask;
+  if (c.kvBlock > 0) {
+    int64_t qEnd = 0, kvEnd = 0;
+    for (int64_t b = 0; b < batch; ++b) {
+      qEnd = std::max<int64_t>(qEnd, options.qOffset[b] + c.qLength);
+      kvEnd = std::max<int64_t>(kvEnd, c.lengths[b]);
+    }
+    blockMask = testutil::buildDenseBlockMask(mods, &resolved.context(), batch, c.qHeads, qEnd,
+                                              kvEnd, 16, c.kvBlock);
+  }
   flexAttention(TensorView(q.data(), c.qType, {batch, c.qHeads, c.qLength, dim}, device),
-                *made.cache, nullptr, mods, bindings.device, options);
+                *made.cache, c.kvBlock > 0 ? &blockMask : nullptr, mods, bindings.device,
+                options);
   std::vector<uint16_t> outBits(qBits.size());
   std::vector<float> lseValues(static_cast<size_t>(rows));
   out.download(outBits.data(), out.size());
   lse.download(lseValues.data(), lse.size());
 
-  ResolvedBindings resolved = resolveBindings(mods, bindings.host, Device::cpu());
   cpu::ReferenceArgs ref;
   ref.q = qValues.view();
   ref.k = made.k.view();
@@ -271,6 +288,10 @@ TEST(CudaFloat8, DecodeMatchesFloat64OnDequantizedValues) {
       // Pages of 128 slots, lengths under and over one page.
       {DType::F8E5M2, true, DType::F16, 64, 128, 2, 3, {1000, 129, 5}, "", "", 3},
       {DType::F8E4M3, true, DType::BF16, 128, 128, 8, 3, {700, 200}, "causal", "", 4},
+      // Block masks: a sliding window's partial blocks (rows outside it
+      // zero-filled, not read) and skipped ones, split-KV.
+      {DType::F8E5M2, true, DType::BF16, 128, 16, 8, 1, {500, 301}, "sliding", "", 2, 64},
+      {DType::F8E4M3, false, DType::F16, 64, 1, 2, 3, {260, 97}, "sliding", "softcap", 0, 128},
   };
   uint32_t seed = 7;
   for (const Case &c : cases)
@@ -285,6 +306,7 @@ TEST(CudaFloat8, PrefillMatchesFloat64OnDequantizedValues) {
       {DType::F8E5M2, false, DType::F16, 64, 1, 2, 70, {70, 99}, "sliding", "", 0},
       {DType::F8E5M2, true, DType::BF16, 64, 128, 8, 45, {300, 45}, "document", "alibi", 0},
       {DType::F8E4M3, false, DType::F16, 128, 128, 2, 70, {200, 129}, "", "", 0},
+      {DType::F8E5M2, true, DType::BF16, 128, 16, 8, 70, {300, 70}, "sliding", "", 0, 64},
   };
   uint32_t seed = 70;
   for (const Case &c : cases)
