@@ -229,8 +229,7 @@ void checkCase(const Case &c, uint32_t seed) {
                                               kvEnd, 16, c.kvBlock);
   }
   flexAttention(TensorView(q.data(), c.qType, {batch, c.qHeads, c.qLength, dim}, device),
-                *made.cache, c.kvBlock > 0 ? &blockMask : nullptr, mods, bindings.device,
-                options);
+                *made.cache, c.kvBlock > 0 ? &blockMask : nullptr, mods, bindings.device, options);
   std::vector<uint16_t> outBits(qBits.size());
   std::vector<float> lseValues(static_cast<size_t>(rows));
   out.download(outBits.data(), out.size());
