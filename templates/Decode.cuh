@@ -43,6 +43,15 @@
 // Grid: (num_splits, heads_kv * kDecodeHeadChunks, batch); block: 128
 // threads. Merge grid: (q_len, heads_q, batch); block: 128 threads.
 //
+// 8-bit float caches (kKvFloat8, Float8Tiles.cuh): each tile's codes are
+// gathered with cp.async into the second K and V stage and converted after
+// the wait into one K and one V tile of Element (the first stage) that the
+// tile's math reads as it reads any other: the copy of the next tile's
+// codes still overlaps the math, and a barrier separates the conversion
+// from the math. The KV head's scales are applied in f32, K's to the scores
+// (with args.scale) and V's to the output rows, so the kernel computes on
+// the dequantized values.
+//
 // Packed batches (kPackedBatch, BatchAttention): grid z (and the merge's)
 // indexes the plan's list of decode sequences (work_tiles[2 z] = sequence
 // b), whose q_start[b + 1] - q_start[b] <= kQueryTokens rows are packed in
@@ -80,9 +89,11 @@ constexpr bool kDecodeQInRegisters = kHeadDim <= 128;
 /// the all-kept path's second copy of the mod code would otherwise cost;
 /// elsewhere ptxas chooses. A packed batch's kernel (8 tokens: up to 64
 /// rows, and the strided copies' registers) spills under that cap, so ptxas
-/// chooses there too.
+/// chooses there too; so does a kernel of an 8-bit cache, whose conversion
+/// pass (16 codes in, 16 elements out per step) spilled 8-12 bytes under it.
 #if !defined(PAGEDC_EMULATOR) && defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-constexpr int kDecodeMinBlocks = kHeadDim <= 64 && !kPackedBatch ? 5 : 1;
+constexpr int kDecodeMinBlocks =
+    kHeadDim <= 64 && !kPackedBatch && pagedc_config::kKvFloat8 == 0 ? 5 : 1;
 #else
 constexpr int kDecodeMinBlocks = 1;
 #endif
@@ -113,8 +124,9 @@ constexpr int kDecodeTmaPageRows = 16;
 /// 96 registers for 5 CTAs per SM, where the second copy path spilled 4-12
 /// bytes for some corpus selections (docs/kernels.md).
 constexpr int kDecodeTmaMinHeadDim = 128;
-constexpr bool kDecodeTma =
-    kDecodeBulkCopies && kPageSize >= kDecodeTmaPageRows && kHeadDim >= kDecodeTmaMinHeadDim;
+/// 8-bit codes come by cp.async into rows of their own (no tensor maps).
+constexpr bool kDecodeTma = kDecodeBulkCopies && kPageSize >= kDecodeTmaPageRows &&
+                            kHeadDim >= kDecodeTmaMinHeadDim && kKvFloat8 == 0;
 constexpr int kDecodeBoxRows = kPageSize < kDecodeTileN ? kPageSize : kDecodeTileN;
 /// Boxes of one tensor (K or V) per tile: pages x atom columns (2 to 16).
 constexpr int kDecodeBoxes = kDecodeTileN / kDecodeBoxRows * (kHeadDim / 64);
@@ -138,6 +150,9 @@ using DecodeTile = DecodeLayout<kDecodeTma>::Type;
 constexpr int kDecodeQBytes = kPaddedRows * kRowBytes;
 constexpr int kDecodeStageBytes = kDecodeTileN * kRowBytes;
 constexpr int kDecodeClassBytes = kPaddedRows * kMaxSplitBlocks;
+/// One tile of 8-bit codes: rows of kHeadDim bytes.
+constexpr int kDecodeCodeBytes = kDecodeTileN * kHeadDim;
+static_assert(2 * kDecodeCodeBytes == kDecodeStageBytes, "two tiles of codes fill a stage");
 
 /// Identifies decode row `row` (0..kPaddedRows): its query head and token,
 /// and whether it exists.
@@ -424,6 +439,10 @@ extern "C" __global__ void __launch_bounds__(pagedc::kDecodeThreads, pagedc::kDe
   RowState state;
   float out[kHeadDim / 8][4];
   reset_rows(state, out);
+  // An 8-bit cache's K scale multiplies the scores (with args.scale).
+  float k_scale = 1.0f;
+  if constexpr (kKvFloat8 != 0)
+    k_scale = args.k_scale[kv_head];
 
   const int tiles = split_end > split_begin
                         ? (split_end - split_begin + kDecodeTileN - 1) / kDecodeTileN
@@ -528,6 +547,16 @@ extern "C" __global__ void __launch_bounds__(pagedc::kDecodeThreads, pagedc::kDe
     return tile_page<kDecodeTileN>(page_row, split_begin + which * kDecodeTileN, split_end,
                                    thread);
   };
+  // An 8-bit cache's codes: tiles of stage s at k_codes(s), v_codes(s), in
+  // the second K and V stages; the first holds the converted tiles.
+  const Float8TileCopier<kDecodeTileN, kDecodeThreads> copy_codes(
+      static_cast<const char *>(args.k_cache) + kv_head * args.k_stride[0],
+      static_cast<const char *>(args.v_cache) + kv_head * args.v_stride[0], thread,
+      args.k_stride, args.v_stride);
+  auto k_codes = [&](int at_stage) {
+    return kDecodeQBytes + kDecodeStageBytes + at_stage * kDecodeCodeBytes;
+  };
+  auto v_codes = [&](int at_stage) { return k_codes(at_stage) + 2 * kDecodeStageBytes; };
   using DecodeCopier = KvTileCopier<kDecodeTileN, kDecodeThreads, DecodeTile>;
   const DecodeCopier copy_kv = [&] {
     if constexpr (kPackedBatch)
@@ -549,6 +578,11 @@ extern "C" __global__ void __launch_bounds__(pagedc::kDecodeThreads, pagedc::kDe
     const int kv_begin = split_begin + which * kDecodeTileN;
     const uint32_t k_tile = k_tiles + into_stage * kDecodeStageBytes;
     const uint32_t v_tile = v_tiles + into_stage * kDecodeStageBytes;
+    if constexpr (kKvFloat8 != 0) {
+      copy_codes(q_tile + k_codes(into_stage), q_tile + v_codes(into_stage),
+                 StagedPages{page_slots, kv_begin}, kv_begin, split_end, keep_rows);
+      return false;
+    }
     if constexpr (kDecodeTma) {
       if (by_tensor_maps(which, keep_rows)) {
         if (warp == 0) {
@@ -645,6 +679,14 @@ extern "C" __global__ void __launch_bounds__(pagedc::kDecodeThreads, pagedc::kDe
     cp_async_wait<1>();
     wait_tile(stage, mapped);
     __syncthreads();
+    if constexpr (kKvFloat8 != 0) {
+      convert_code_tiles<kDecodeTileN, kDecodeThreads, DecodeTile>(
+          shared + kDecodeQBytes, shared + kDecodeQBytes + 2 * kDecodeStageBytes,
+          shared + k_codes(stage), shared + v_codes(stage), thread);
+      __syncthreads();
+    }
+    // The tiles the math reads (an 8-bit cache's converted ones: stage 0).
+    const int math_stage = kKvFloat8 != 0 ? 0 : stage;
 
     bool visible[2] = {true, true}, check_mask[2] = {true, true};
     // Every row keeps every kv position of the tile (CTA-uniform).
@@ -662,7 +704,7 @@ extern "C" __global__ void __launch_bounds__(pagedc::kDecodeThreads, pagedc::kDe
     constexpr int kNTiles = kColumnsPerWarp / 8;
     float scores[kNTiles][4];
     warp_scores<kNTiles, kDecodeQInRegisters, DecodeTile>(
-        scores, q_regs, q_tile, row_warp * 16, k_tiles + stage * kDecodeStageBytes,
+        scores, q_regs, q_tile, row_warp * 16, k_tiles + math_stage * kDecodeStageBytes,
         kv_warp * kColumnsPerWarp, lane);
     // A tile copied as a descending page run holds its keys page-reversed:
     // the warp's columns start at key (its first column ^ XOR), and within
@@ -673,9 +715,10 @@ extern "C" __global__ void __launch_bounds__(pagedc::kDecodeThreads, pagedc::kDe
     apply_mods<kNTiles, kRowHalves>(
         scores, params, mask_rows, score_rows, b_of, h_of, q_of, visible, check_mask,
         kv_begin + ((kv_warp * kColumnsPerWarp) ^ (tile_xor & ~(kColumnsPerWarp - 1))),
-        split_end, args.scale, lane, all_kept, false, tile_xor & (kColumnsPerWarp - 1));
+        split_end, kKvFloat8 != 0 ? args.scale * k_scale : args.scale, lane, all_kept, false,
+        tile_xor & (kColumnsPerWarp - 1));
     online_softmax<kNTiles, kRowHalves>(state, scores, out);
-    warp_accumulate<kNTiles, DecodeTile>(out, scores, v_tiles + stage * kDecodeStageBytes,
+    warp_accumulate<kNTiles, DecodeTile>(out, scores, v_tiles + math_stage * kDecodeStageBytes,
                              kv_warp * kColumnsPerWarp, lane);
     // The copies above read page_slots before the barrier that precedes
     // the math: the slots take tile `after`'s pages now.
@@ -720,6 +763,9 @@ extern "C" __global__ void __launch_bounds__(pagedc::kDecodeThreads, pagedc::kDe
                exp2_approx(part_max[w * kPaddedRows + local_row[half]] - base);
     row_scale[half] = total > 0.0f ? exp2_approx(state.max[half] - base) / total : 0.0f;
     row_lse[half] = total > 0.0f ? (row_max + log2f(total)) * kLn2 : -infinity();
+    // An 8-bit cache's V scale multiplies the output rows.
+    if constexpr (kKvFloat8 != 0)
+      row_scale[half] *= args.v_scale[kv_head];
   }
 #pragma unroll
   for (int w = 0; w < kKvWarps; ++w) {

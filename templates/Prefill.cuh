@@ -22,6 +22,11 @@
 // dynamic shared memory: (kBlockM + 4 * kBlockN) * kHeadDim * 2 bytes + 256
 // (the staged pages of the next KV tile).
 //
+// 8-bit float caches (kKvFloat8, Float8Tiles.cuh): both stages' codes land
+// in the second K and V stage and each tile is converted into the first
+// before its math; the KV head's K scale multiplies the scores with
+// args.scale, its V scale the output rows (f32).
+//
 //===----------------------------------------------------------------------===//
 
 namespace pagedc {
@@ -97,6 +102,16 @@ extern "C" __global__ void __launch_bounds__(pagedc::kPrefillThreads, 1)
       return KvTileCopier<kBlockN, kPrefillThreads>(k_head, v_head, thread);
   }();
   const int32_t *page_row = args.page_table + b * args.page_table_stride;
+  // An 8-bit cache's codes: stage s's tiles at code_offset(s) from k_tiles
+  // and v_tiles (their second stage); the first holds the converted tiles.
+  const Float8TileCopier<kBlockN, kPrefillThreads> copy_codes(
+      static_cast<const char *>(args.k_cache) + kv_head * args.k_stride[0],
+      static_cast<const char *>(args.v_cache) + kv_head * args.v_stride[0], thread,
+      args.k_stride, args.v_stride);
+  auto code_offset = [](int at_stage) { return kStageBytes + at_stage * (kStageBytes / 2); };
+  float k_scale = 1.0f;
+  if constexpr (kKvFloat8 != 0)
+    k_scale = args.k_scale[kv_head];
 
   // The 2 * kMTiles rows this thread holds (rows lane / 4 and lane / 4 + 8
   // of each 16-row tile), and their kv-independent mod values (computed
@@ -156,8 +171,12 @@ extern "C" __global__ void __launch_bounds__(pagedc::kPrefillThreads, 1)
       return tile_page<kBlockN>(page_row, kv_first, kv_len, thread);
     };
     auto copy_tile = [&](int into_stage, int kv_first) {
-      copy_kv(k_tiles + into_stage * kStageBytes, v_tiles + into_stage * kStageBytes,
-              StagedPages{page_slots, kv_first}, kv_first, kv_len);
+      if constexpr (kKvFloat8 != 0)
+        copy_codes(k_tiles + code_offset(into_stage), v_tiles + code_offset(into_stage),
+                   StagedPages{page_slots, kv_first}, kv_first, kv_len);
+      else
+        copy_kv(k_tiles + into_stage * kStageBytes, v_tiles + into_stage * kStageBytes,
+                StagedPages{page_slots, kv_first}, kv_first, kv_len);
     };
     int list = 0, sub = 0, stage = 0;
     int kv_begin = visits.seek(args, kv_len, list, sub);
@@ -206,10 +225,20 @@ extern "C" __global__ void __launch_bounds__(pagedc::kPrefillThreads, 1)
       staged = after_list < visits.list_count ? stage_page(kv_after) : 0;
       cp_async_wait<1>();
       __syncthreads();
+      if constexpr (kKvFloat8 != 0) {
+        unsigned char *k_first = shared + kBlockM * kRowBytes;
+        unsigned char *v_first = k_first + 2 * kStageBytes;
+        convert_code_tiles<kBlockN, kPrefillThreads, SwizzledRows>(
+            k_first, v_first, k_first + code_offset(stage), v_first + code_offset(stage),
+            thread);
+        __syncthreads();
+      }
+      // The tiles the math reads (an 8-bit cache's converted ones: stage 0).
+      const int math_stage = kKvFloat8 != 0 ? 0 : stage;
 
       float scores[kMTiles][kBlockN / 8][4];
       warp_scores_rows<kMTiles, kBlockN / 8, kPrefillQInRegisters>(
-          scores, q_regs, q_tile, warp_row, k_tiles + stage * kStageBytes, 0,
+          scores, q_regs, q_tile, warp_row, k_tiles + math_stage * kStageBytes, 0,
           lane);
       const bool check_mask[2] = {!is_full, !is_full};
       // Every element of the tile kept: no per-element tests (most tiles of
@@ -243,12 +272,13 @@ extern "C" __global__ void __launch_bounds__(pagedc::kPrefillThreads, 1)
           }
         }
         apply_mods<kBlockN / 8>(scores[m], params, mask_now, score_now, b_of, h_of, q_now,
-                                visible, check_mask, kv_begin, kv_len, args.scale, lane,
+                                visible, check_mask, kv_begin, kv_len,
+                                kKvFloat8 != 0 ? args.scale * k_scale : args.scale, lane,
                                 all_kept);
         tally_rescale(online_softmax<kBlockN / 8>(state[m], scores[m], out[m]), lane);
       }
       warp_accumulate_rows<kMTiles, kBlockN / 8>(
-          out, scores, v_tiles + stage * kStageBytes, 0, lane);
+          out, scores, v_tiles + math_stage * kStageBytes, 0, lane);
       // This iteration's copies read the slots before the barrier above.
       if (thread < kPrefillTilePages)
         page_slots[thread] = staged;
@@ -272,7 +302,9 @@ extern "C" __global__ void __launch_bounds__(pagedc::kPrefillThreads, 1)
 #pragma unroll
     for (int half = 0; half < 2; ++half) {
       const float sum = quad_sum(state[m].sum[half]);
-      const float inverse = sum > 0.0f ? 1.0f / sum : 0.0f;
+      float inverse = sum > 0.0f ? 1.0f / sum : 0.0f;
+      if constexpr (kKvFloat8 != 0)
+        inverse *= args.v_scale[kv_head];
       const int row = row_begin + warp_row + 16 * m + (lane >> 2) + 8 * half;
       if (row >= q_len)
         continue;

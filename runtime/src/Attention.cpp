@@ -230,8 +230,9 @@ CheckedCall checkCall(const TensorView &q, const PagedKVCache &cache, const Bloc
   if (!onCpu && !isGpuFloat(q.dtype()))
     throw Error(fmt::format("q must be f16 or bf16 on {} but is {}", deviceName(call.device),
                             dtypeName(q.dtype())));
-  if (!onCpu && cache.dtype() != q.dtype())
-    throw Error(fmt::format("q is {} but the KV cache stores {}; on {} they must match",
+  if (!onCpu && cache.dtype() != q.dtype() && !isFloat8(cache.dtype()))
+    throw Error(fmt::format("q is {} but the KV cache stores {}; on {} they must match (or the "
+                            "cache holds f8e4m3 or f8e5m2)",
                             dtypeName(q.dtype()), dtypeName(cache.dtype()),
                             deviceName(call.device)));
   if (!onCpu && q.stride(3) != 1)

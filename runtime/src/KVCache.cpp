@@ -81,6 +81,11 @@ public:
     return data;
   }
 
+  void upload(void *dst, const void *src, size_t bytes) override {
+    if (bytes)
+      std::memcpy(dst, src, bytes);
+  }
+
   void deallocate(void *data, size_t bytes) noexcept override {
     if (bytes >= kMappedBytes)
       ::munmap(data, bytes);
@@ -168,6 +173,10 @@ void checkIndexTensor(const TensorView &view, const char *name, int rank) {
 
 } // namespace
 
+void KVMemory::upload(void *, const void *, size_t) {
+  throw Error(fmt::format("the KV memory of {} takes no host data", deviceName(device())));
+}
+
 std::shared_ptr<KVMemory> hostKVMemory() {
   static std::shared_ptr<KVMemory> memory = std::make_shared<HostKVMemory>();
   return memory;
@@ -229,10 +238,6 @@ static void checkConfig(const KVCacheConfig &config) {
                             dtypeName(config.dtype)));
   detail::checkedScales(config.kScale, config.dtype, config.heads, "k_scale");
   detail::checkedScales(config.vScale, config.dtype, config.heads, "v_scale");
-  if (isFloat8(config.dtype) && config.device.kind != DeviceKind::CPU)
-    throw Error(fmt::format("{} caches live on the CPU: the CUDA kernels do not read 8-bit "
-                            "caches yet",
-                            dtypeName(config.dtype)));
   // Bytes of the larger of K and V, computed without overflow, must fit
   // int64 (and so size_t); the same product gives every index the cache uses.
   int64_t bytes = 0;
@@ -542,7 +547,15 @@ void checkAssignArguments(const KVCacheConfig &config, const TensorView &batchId
     if (!quantize && view->dtype() != config.dtype)
       throw Error(fmt::format("assign: {} is {} but the cache stores {} (no conversion is done)",
                               name, dtypeName(view->dtype()), dtypeName(config.dtype)));
-    if (view->device() != config.device)
+    // Codes are computed on the host: an 8-bit cache on a device takes host
+    // values and uploads their codes.
+    if (quantize && config.device.kind != DeviceKind::CPU) {
+      if (view->device().kind != DeviceKind::CPU)
+        throw Error(fmt::format("assign: {} is on {}; an {} cache on {} takes values in host "
+                                "memory (they are quantized there)",
+                                name, deviceName(view->device()), dtypeName(config.dtype),
+                                deviceName(config.device)));
+    } else if (view->device() != config.device)
       throw Error(fmt::format("assign: {} is on {} but the cache is on {}", name,
                               deviceName(view->device()), deviceName(config.device)));
     if (view->data() == nullptr && view->numel() != 0)
@@ -639,12 +652,29 @@ void PagedKVCache::assign(const TensorView &batchIdx, const TensorView &inputPos
   if (quantize) {
     const HostTensor kCodes = quantizeRows(k, kScale_, config_.dtype);
     const HostTensor vCodes = quantizeRows(v, vScale_, config_.dtype);
-    memory_->scatterRows(TensorView(const_cast<void *>(kCodes.data()), config_.dtype,
-                                    kCodes.shape()),
-                         kRows, rows.data());
-    memory_->scatterRows(TensorView(const_cast<void *>(vCodes.data()), config_.dtype,
-                                    vCodes.shape()),
-                         vRows, rows.data());
+    // On a device the codes go through one staging allocation there.
+    const size_t kBytes = static_cast<size_t>(kCodes.numel()),
+                 vBytes = static_cast<size_t>(vCodes.numel());
+    const bool onHost = config_.device.kind == DeviceKind::CPU;
+    void *staging = onHost ? nullptr : memory_->allocate(kBytes + vBytes);
+    struct Release {
+      KVMemory *memory;
+      void *data;
+      size_t bytes;
+      ~Release() {
+        if (data)
+          memory->deallocate(data, bytes);
+      }
+    } release{memory_.get(), staging, kBytes + vBytes};
+    auto codesOn = [&](const HostTensor &codes, size_t offset) {
+      if (onHost)
+        return TensorView(const_cast<void *>(codes.data()), config_.dtype, codes.shape());
+      void *at = static_cast<char *>(staging) + offset;
+      memory_->upload(at, codes.data(), static_cast<size_t>(codes.numel()));
+      return TensorView(at, config_.dtype, codes.shape(), config_.device);
+    };
+    memory_->scatterRows(codesOn(kCodes, 0), kRows, rows.data());
+    memory_->scatterRows(codesOn(vCodes, kBytes), vRows, rows.data());
     return;
   }
   memory_->scatterRows(k, kRows, rows.data());

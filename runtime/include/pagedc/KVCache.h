@@ -40,6 +40,11 @@ public:
   virtual void deallocate(void *data, size_t bytes) noexcept = 0;
   /// Copies `bytes` between two ranges of this device's memory.
   virtual void copy(void *dst, const void *src, size_t bytes) = 0;
+  /// Copies `bytes` from host memory `src` to this device's `dst`: how an
+  /// 8-bit float cache's codes, quantized on the host, reach the device.
+  /// The default throws pagedc::Error (the memory takes no host data; such
+  /// a cache then refuses assign()).
+  virtual void upload(void *dst, const void *src, size_t bytes);
   /// Scatters rows: for every b, h, s, copies `values[b, h, s, :]` to
   /// `cache[h, slots[b * S + s], :]`. `values` ([B, H, S, D], any strides)
   /// and `cache` ([H, rows, D], compact) are on this device and have the same
@@ -84,7 +89,8 @@ struct KVCacheConfig {
   /// Key head dim (D) and value head dim (Dv).
   int64_t headDim = 64;
   int64_t valueHeadDim = 64;
-  /// f32, f16, bf16, or an 8-bit float (F8E4M3, F8E5M2; CPU caches only).
+  /// f32, f16, bf16, or an 8-bit float (F8E4M3, F8E5M2: the CPU backend, and
+  /// flexAttention's CUDA decode and mma.sync prefill kernels).
   DType dtype = DType::F32;
   Device device = Device::cpu();
   /// Scales of an 8-bit float cache, one value for all KV heads or one per

@@ -94,6 +94,12 @@ typedef struct PagedcAttentionKernelArgs {
   /// CTA x computes query head x % heads_q of tile x / heads_q.
   const int32_t *work_tiles;
   int32_t num_work_tiles;
+  /// Kernels of 8-bit float caches (KernelConfig::kvFloat8; null for the
+  /// others, which never read them; appended as q_start): [Hkv] f32, the
+  /// scale of each KV head's K and V codes (a code c of head h means
+  /// c * k_scale[h]).
+  const float *k_scale;
+  const float *v_scale;
 } PagedcAttentionKernelArgs;
 
 /// The warpgroup prefill's third parameter (templates/PrefillWgmma.cuh):

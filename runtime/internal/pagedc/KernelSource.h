@@ -16,6 +16,7 @@
 #include "pagedc/Tensor.h"
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -45,6 +46,11 @@ struct KernelConfig {
   KernelKind kind = KernelKind::Prefill;
   /// Element type of q, k, v and out: F16 or BF16.
   DType elementType = DType::BF16;
+  /// Decode and the mma.sync prefill tiles (not packed batches): the K/V
+  /// cache holds 8-bit floats of this type (F8E4M3 or F8E5M2) with a scale
+  /// per KV head, converted to elementType after the load
+  /// (templates/Float8Tiles.cuh); unset: it holds elementType.
+  std::optional<DType> kvFloat8;
   /// Head dim of q, k and v: 64, 128 or 256.
   int headDim = 128;
   /// Tokens per KV page: a power of two in [1, 1024].
@@ -101,9 +107,9 @@ struct KernelConfig {
   bool packedBatch = false;
 
   bool operator==(const KernelConfig &other) const {
-    return kind == other.kind && elementType == other.elementType && headDim == other.headDim &&
-           pageSize == other.pageSize && blockM == other.blockM && warpRows == other.warpRows &&
-           recomputeModRows == other.recomputeModRows &&
+    return kind == other.kind && elementType == other.elementType && kvFloat8 == other.kvFloat8 &&
+           headDim == other.headDim && pageSize == other.pageSize && blockM == other.blockM &&
+           warpRows == other.warpRows && recomputeModRows == other.recomputeModRows &&
            prefillStageLimit == other.prefillStageLimit && blockN == other.blockN &&
            groupSize == other.groupSize && queryTokens == other.queryTokens &&
            returnLse == other.returnLse && paramsSize == other.paramsSize &&

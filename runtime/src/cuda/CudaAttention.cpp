@@ -186,6 +186,14 @@ public:
                  "cuMemcpyDtoD (KV cache page copy)");
   }
 
+  void upload(void *dst, const void *src, size_t bytes) override {
+    if (bytes == 0)
+      return;
+    const CudaDriver &driver = cudaUseDevice(index_);
+    driver.check(driver.api().memcpyHtoD(reinterpret_cast<cu::DevicePointer>(dst), src, bytes),
+                 "cuMemcpyHtoD (KV cache codes)");
+  }
+
   void scatterRows(const TensorView &values, const TensorView &cache,
                    const int64_t *slots) override {
     checkScatterRows(values, cache, slots);
@@ -368,13 +376,19 @@ std::shared_ptr<const CudaKernel> cudaKernelFor(const CompiledMods &mods,
 }
 
 KernelConfig chooseCudaAttentionConfig(const CompiledMods &mods, DType elementType, int headDim,
-                                       int pageSize, int groupSize, int queryLength,
-                                       bool returnLse, const std::string &arch,
-                                       int kvBlockSize, const KernelOptions &options) {
+                                       int pageSize, int groupSize, int queryLength, bool returnLse,
+                                       const std::string &arch, int kvBlockSize,
+                                       const KernelOptions &options,
+                                       std::optional<DType> kvFloat8) {
   const int64_t paramsSize = ParamsLayout::forDeclarations(mods.params, mods.buffers).size;
+  if (kvFloat8 && mods.cuda.bundle)
+    throw Error(fmt::format("kernel bundles hold no kernels for {} caches: compile the mods "
+                            "(CompiledMods::cuda's mod code) to run them",
+                            dtypeName(*kvFloat8)));
   if (!mods.cuda.bundle) {
     KernelConfig config;
     config.elementType = elementType;
+    config.kvFloat8 = kvFloat8;
     config.headDim = headDim;
     config.pageSize = pageSize;
     config.groupSize = groupSize;
@@ -387,7 +401,11 @@ KernelConfig chooseCudaAttentionConfig(const CompiledMods &mods, DType elementTy
       // Prefill reads the GQA ratio at run time: one kernel for every ratio.
       config.kind = KernelKind::Prefill;
       config.groupSize = 1;
-      config.choosePrefillShapeFor(arch, options);
+      // 8-bit codes: the mma.sync tiles (Float8Tiles.cuh) on every target.
+      if (kvFloat8)
+        config.choosePrefillShape(options);
+      else
+        config.choosePrefillShapeFor(arch, options);
       config.fitPrefillTileToBlocks(kvBlockSize);
     }
     config.validate();
@@ -399,7 +417,7 @@ KernelConfig chooseCudaAttentionConfig(const CompiledMods &mods, DType elementTy
   const BundleModule *decode = nullptr, *prefill = nullptr;
   for (const BundleModule &module : mods.cuda.bundle->modules) {
     const KernelConfig &c = module.config;
-    if (module.mods != mods.cuda.bundleLabel || !bundleArchRuns(module.arch, arch) ||
+    if (module.mods != mods.cuda.bundleLabel || !bundleArchRuns(module.arch, arch) || c.kvFloat8 ||
         c.elementType != elementType || c.headDim != headDim || c.pageSize != pageSize ||
         c.returnLse != returnLse || (c.paramsSize >= 0 && c.paramsSize != paramsSize))
       continue;
@@ -734,10 +752,12 @@ void pagedAttention(const cpu::PagedAttentionArgs &args, Device device, void *st
   const int batch = static_cast<int>(q.size(0)), headsQ = static_cast<int>(q.size(1)),
             queryLength = static_cast<int>(q.size(2)), headDim = static_cast<int>(q.size(3));
   const int headsKv = static_cast<int>(args.kCache.size(0));
+  const DType kvType = args.kCache.dtype();
   const KernelConfig config = chooseCudaAttentionConfig(
       mods, q.dtype(), headDim, args.pageSize, headsQ / headsKv, queryLength,
       args.lse.data() != nullptr, info.arch(),
-      args.blockMask ? static_cast<int>(args.blockMask->kvBlockSize) : 0, kernelOptions);
+      args.blockMask ? static_cast<int>(args.blockMask->kvBlockSize) : 0, kernelOptions,
+      isFloat8(kvType) ? std::optional<DType>(kvType) : std::nullopt);
   const BlockMask *mask = args.blockMask;
   if (mask) {
     const int tile = config.kind == KernelKind::Decode ? kDecodeTile : config.blockN;
@@ -754,7 +774,8 @@ void pagedAttention(const cpu::PagedAttentionArgs &args, Device device, void *st
   std::vector<unsigned char> params =
       layout.pack(mods.params, mods.buffers, args.context ? *args.context : noContext);
 
-  // One staging upload: page table, kv_len, q_offset.
+  // One staging upload: page table, kv_len, q_offset (and an 8-bit
+  // cache's K and V scales, as bits).
   std::vector<int32_t> staging(args.pageTable, args.pageTable + batch * args.pageTableStride);
   const size_t kvLenAt = staging.size();
   staging.insert(staging.end(), args.kvLength, args.kvLength + batch);
@@ -763,6 +784,18 @@ void pagedAttention(const cpu::PagedAttentionArgs &args, Device device, void *st
     staging.insert(staging.end(), args.qOffset, args.qOffset + batch);
   else
     staging.insert(staging.end(), static_cast<size_t>(batch), 0);
+  const size_t kScaleAt = staging.size();
+  if (config.kvFloat8) {
+    if (!args.kScale || !args.vScale)
+      throw Error(fmt::format("the KV cache stores {} but the call has no K and V scales",
+                              dtypeName(kvType)));
+    for (const float *scales : {args.kScale, args.vScale})
+      for (int h = 0; h < headsKv; ++h) {
+        int32_t bits;
+        std::memcpy(&bits, &scales[h], sizeof(bits));
+        staging.push_back(bits);
+      }
+  }
   DeviceBuffer callData(staging.size() * sizeof(int32_t), device.index);
   driver.check(driver.api().memcpyHtoDAsync(callData.address(), staging.data(),
                                             staging.size() * sizeof(int32_t), stream),
@@ -778,6 +811,10 @@ void pagedAttention(const cpu::PagedAttentionArgs &args, Device device, void *st
   kernelArgs.page_table = deviceInts;
   kernelArgs.kv_len = deviceInts + kvLenAt;
   kernelArgs.q_offset = deviceInts + qOffsetAt;
+  if (config.kvFloat8) {
+    kernelArgs.k_scale = reinterpret_cast<const float *>(deviceInts + kScaleAt);
+    kernelArgs.v_scale = reinterpret_cast<const float *>(deviceInts + kScaleAt + headsKv);
+  }
   for (int d = 0; d < 3; ++d) {
     kernelArgs.q_stride[d] = q.stride(d);
     kernelArgs.out_stride[d] = args.out.stride(d);

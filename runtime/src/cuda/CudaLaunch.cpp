@@ -67,6 +67,11 @@ void checkArgs(const KernelConfig &config, const PagedcAttentionKernelArgs &args
                             args.lse ? "passes" : "does not pass"));
   if (args.page_table_stride < 1)
     throw Error("attention launch: page_table_stride must be positive");
+  if (config.kvFloat8.has_value() != (args.k_scale && args.v_scale))
+    throw Error(fmt::format("attention launch: the kernel was built {} but the call {} K and V "
+                            "scales",
+                            config.kvFloat8 ? "for an 8-bit float cache" : "for a 16-bit cache",
+                            args.k_scale || args.v_scale ? "passes" : "does not pass"));
   // The kernels address compact [pages, page_size, D] pages per KV head
   // (KernelCommon.cuh's kv_row_bytes): page and row strides are fixed, and
   // the 16-byte copies need a head stride of whole 16-byte chunks.
@@ -78,10 +83,12 @@ void checkArgs(const KernelConfig &config, const PagedcAttentionKernelArgs &args
       throw Error(fmt::format("attention launch: {} has page stride {} and row stride {}; the "
                               "kernels read compact pages of {} rows x {} (strides {} and {})",
                               name, stride[1], stride[2], config.pageSize, dim, pageStride, dim));
-    if (args.heads_kv > 1 && (stride[0] < pageStride || stride[0] % 8 != 0))
-      throw Error(fmt::format("attention launch: {}'s head stride {} must be a multiple of 8 "
+    // 16-byte copies: 8 elements, or 16 codes of an 8-bit float cache.
+    const int64_t perCopy = config.kvFloat8 ? 16 : 8;
+    if (args.heads_kv > 1 && (stride[0] < pageStride || stride[0] % perCopy != 0))
+      throw Error(fmt::format("attention launch: {}'s head stride {} must be a multiple of {} "
                               "elements (16-byte copies) of at least one page ({})",
-                              name, stride[0], pageStride));
+                              name, stride[0], perCopy, pageStride));
   }
   if (args.kv_num_blocks) {
     int tile = config.kind == KernelKind::Decode ? kDecodeTile : config.blockN;
@@ -548,6 +555,10 @@ std::string bindDecodeTensorMaps(const CudaDriver &driver, const KernelConfig &c
     return refuse(fmt::format("pages of {} rows, under {}", config.pageSize, kDecodeTmaPageRows));
   if (config.headDim < kDecodeTmaMinHeadDim)
     return refuse(fmt::format("head dim {}, under {}", config.headDim, kDecodeTmaMinHeadDim));
+  // As Decode.cuh's kDecodeTma: 8-bit codes are gathered into their own
+  // rows and converted there.
+  if (config.kvFloat8)
+    return refuse(fmt::format("{} cache", dtypeName(*config.kvFloat8)));
   const unsigned boxRows = static_cast<unsigned>(std::min(config.pageSize, kDecodeTile));
   const std::string why = encodeCacheMaps(driver, config, plan.args, kPages, vPages, boxRows,
                                           maps.k_map, maps.v_map);

@@ -59,6 +59,9 @@ Value configToJson(const KernelConfig &config) {
   // before it).
   if (config.packedBatch)
     value.set("packed_batch", true);
+  // Only for decode kernels of 8-bit float caches (absent: a cache of dtype).
+  if (config.kvFloat8)
+    value.set("kv_dtype", dtypeName(*config.kvFloat8));
   return value;
 }
 
@@ -96,6 +99,13 @@ KernelConfig configFromJson(const Value &value, const std::string &where) {
   config.paramsSize = field("params_size").asInt(name("params_size"));
   if (const Value *packed = value.find("packed_batch"))
     config.packedBatch = packed->asBool(name("packed_batch"));
+  if (const Value *kv = value.find("kv_dtype")) {
+    const std::string kvDtype = kv->asString(name("kv_dtype"));
+    if (kvDtype != "f8e4m3" && kvDtype != "f8e5m2")
+      throw Error(
+          fmt::format("bundle manifest {}: kv_dtype '{}' is not f8e4m3 or f8e5m2", where, kvDtype));
+    config.kvFloat8 = kvDtype == "f8e4m3" ? DType::F8E4M3 : DType::F8E5M2;
+  }
   config.validate();
   return config;
 }

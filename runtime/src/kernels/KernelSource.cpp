@@ -289,6 +289,17 @@ void KernelConfig::validate() const {
   if (elementType != DType::F16 && elementType != DType::BF16)
     throw Error(fmt::format("CUDA kernels take f16 or bf16 elements, not {}",
                             dtypeName(elementType)));
+  if (kvFloat8 && !isFloat8(*kvFloat8))
+    throw Error(
+        fmt::format("8-bit float K/V elements are f8e4m3 or f8e5m2, not {}", dtypeName(*kvFloat8)));
+  if (kvFloat8 && (kind == KernelKind::BlockMaskBuilder || packedBatch || warpRows == 64))
+    throw Error(fmt::format("{} caches are read by flexAttention's decode kernel and its "
+                            "prefill's mma.sync tiles (16 or 32 query rows per warp), not by "
+                            "{}",
+                            dtypeName(*kvFloat8),
+                            packedBatch      ? "packed batches"
+                            : warpRows == 64 ? "the warpgroup prefill tiles (...x64)"
+                                             : "the block-mask builder"));
   if (headDim != 64 && headDim != 128 && headDim != 256)
     throw Error(fmt::format("head dim {} is not supported by the CUDA "
                             "kernels (64, 128 or 256)",
@@ -348,7 +359,8 @@ std::string KernelConfig::describe() const {
                      recomputeModRows ? "r" : "",
                      prefillStageLimit == 4 ? std::string() : fmt::format("s{}", prefillStageLimit),
                      blockN, groupSize, queryTokens, returnLse ? 1 : 0, paramsSize) +
-         (packedBatch ? " packed" : "");
+         (packedBatch ? " packed" : "") +
+         (kvFloat8 ? fmt::format(" kv {}", dtypeName(*kvFloat8)) : std::string());
 }
 
 int KernelConfig::decodeHeadsPerCta() const {
@@ -522,6 +534,11 @@ KernelSource assembleKernel(const KernelConfig &config,
   code += fmt::format("constexpr bool kHasLse = {};\n",
                       config.returnLse ? "true" : "false");
   code += fmt::format("constexpr bool kPackedBatch = {};\n", config.packedBatch ? "true" : "false");
+  // 0: K/V hold Element; 1, 2: 8-bit floats (templates/Float8.cuh).
+  int kvFloat8 = 0;
+  if (config.kvFloat8)
+    kvFloat8 = *config.kvFloat8 == DType::F8E4M3 ? 1 : 2;
+  code += fmt::format("constexpr int kKvFloat8 = {};\n", kvFloat8);
   code += "} // namespace pagedc_config\n";
   if (config.paramsSize >= 0)
     code += fmt::format(
@@ -536,6 +553,8 @@ KernelSource assembleKernel(const KernelConfig &config,
       append("Hopper.cuh");
       append("PrefillWgmma.cuh");
     } else {
+      append("Float8.cuh");
+      append("Float8Tiles.cuh");
       append("Prefill.cuh");
     }
     source.kernelNames = {"pagedc_prefill"};
@@ -544,6 +563,8 @@ KernelSource assembleKernel(const KernelConfig &config,
     append("KernelCommon.cuh");
     // The bulk tensor copies (used by code for sm_90 and later only).
     append("Hopper.cuh");
+    append("Float8.cuh");
+    append("Float8Tiles.cuh");
     append("Decode.cuh");
     source.kernelNames = {"pagedc_decode", "pagedc_decode_merge"};
     break;

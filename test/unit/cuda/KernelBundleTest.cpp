@@ -57,16 +57,23 @@ TEST(KernelBundle, WritesAndReadsBack) {
   ring.config.prefillStageLimit = 2;
   ring.key = "0123456789abcdef0123456789abcdef";
   bundle.add(ring, "causal \"v2\"");
+  // A decode of an 8-bit float cache: its type comes back too.
+  CompiledKernel float8 = fakeKernel(KernelKind::Decode, "\x7f" "ELFf8");
+  float8.config.kvFloat8 = DType::F8E5M2;
+  float8.key = "fedcba9876543210fedcba9876543210";
+  bundle.add(float8, "causal \"v2\"");
   bundle.write(dir.path());
   EXPECT_TRUE(fs::exists(fs::path(dir.path()) / "manifest.json"));
 
   KernelBundle loaded = KernelBundle::read(dir.path());
-  ASSERT_EQ(loaded.modules.size(), 3u);
+  ASSERT_EQ(loaded.modules.size(), 4u);
+  EXPECT_EQ(loaded.modules[3].config.kvFloat8, std::optional<DType>(DType::F8E5M2));
+  EXPECT_FALSE(loaded.modules[1].config.kvFloat8);
   EXPECT_TRUE(loaded.modules[1].config.packedBatch);
   EXPECT_FALSE(loaded.modules[0].config.packedBatch);
   EXPECT_EQ(loaded.modules[2].config.prefillStageLimit, 2);
   EXPECT_EQ(loaded.modules[2].sharedMemoryBytes, ring.config.sharedMemoryBytes());
-  for (size_t i = 0; i < 3; ++i) {
+  for (size_t i = 0; i < 4; ++i) {
     const BundleModule &a = bundle.modules[i], &b = loaded.modules[i];
     EXPECT_EQ(a.file, b.file);
     EXPECT_EQ(a.arch, b.arch);

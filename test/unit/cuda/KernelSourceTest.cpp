@@ -132,6 +132,55 @@ TEST(KernelSource, PackedBatchKernels) {
   EXPECT_THROW(packed.validate(), Error);
 }
 
+// Kernels of 8-bit float caches: kKvFloat8 is 1 (e4m3) or 2 (e5m2), 0 for
+// every other kernel; the type is part of the description (16-bit kernels
+// keep theirs) and the comparison, and refused where no 8-bit path exists
+// (packed batches, warpgroup tiles, the mask builder, a 16-bit type).
+TEST(KernelSource, Float8Kernels) {
+  std::string mods(embeddedTemplate("testing/causal.cuh"));
+  KernelConfig config;
+  config.kind = KernelKind::Decode;
+  const std::string plain = config.describe();
+  EXPECT_NE(assembleKernel(config, mods).code.find("constexpr int kKvFloat8 = 0;"),
+            std::string::npos);
+  KernelConfig e4m3 = config, e5m2 = config;
+  e4m3.kvFloat8 = DType::F8E4M3;
+  e5m2.kvFloat8 = DType::F8E5M2;
+  EXPECT_NE(assembleKernel(e4m3, mods).code.find("constexpr int kKvFloat8 = 1;"),
+            std::string::npos);
+  EXPECT_NE(assembleKernel(e5m2, mods).code.find("constexpr int kKvFloat8 = 2;"),
+            std::string::npos);
+  EXPECT_EQ(e4m3.describe(), plain + " kv f8e4m3");
+  EXPECT_NE(e4m3, config);
+  EXPECT_NE(e4m3, e5m2);
+  KernelConfig prefill = e4m3;
+  prefill.kind = KernelKind::Prefill;
+  prefill.groupSize = 1;
+  prefill.choosePrefillShape();
+  EXPECT_NE(assembleKernel(prefill, mods).code.find("pagedc_prefill("), std::string::npos);
+  auto refusal = [](const KernelConfig &refused) {
+    try {
+      refused.validate();
+    } catch (const Error &error) {
+      return std::string(error.what());
+    }
+    return std::string("(accepted)");
+  };
+  KernelConfig packed = e4m3;
+  packed.packedBatch = true;
+  EXPECT_NE(refusal(packed).find("not by packed batches"), std::string::npos);
+  KernelConfig warpgroup = prefill;
+  warpgroup.warpRows = 64;
+  warpgroup.blockM = 128;
+  EXPECT_NE(refusal(warpgroup).find("not by the warpgroup prefill tiles"), std::string::npos);
+  KernelConfig builder = e5m2;
+  builder.kind = KernelKind::BlockMaskBuilder;
+  EXPECT_NE(refusal(builder).find("not by the block-mask builder"), std::string::npos);
+  KernelConfig sixteen = config;
+  sixteen.kvFloat8 = DType::BF16;
+  EXPECT_NE(refusal(sixteen).find("are f8e4m3 or f8e5m2, not bf16"), std::string::npos);
+}
+
 TEST(KernelSource, DecodeRowsFitOneCta) {
   KernelConfig config;
   config.kind = KernelKind::Decode;

@@ -237,6 +237,55 @@ TEST(NvrtcCompile, PackedBatchKernelsCompileWithoutSpills) {
   }
 }
 
+/// flexAttention's decode over 8-bit float caches (both formats, f16 and
+/// bf16 q, GQA 1 and 4, 1 and 3 tokens), and the prefill tile of each head
+/// dim, compile for sm_80 (the integer
+/// conversion) and sm_90 (cvt.rn.f16x2.e4m3x2 / e5m2x2)
+/// at every head dim without spills (at head dim 64 without the 5-CTA register
+/// cap of sm_90, Decode.cuh's kDecodeMinBlocks).
+TEST(NvrtcCompile, Float8KernelsCompileWithoutSpills) {
+  REQUIRE_NVRTC();
+  std::vector<Case> cases;
+  int variant = 0;
+  for (const char *mod : {"none", "causal", "softcap"})
+    for (int headDim : {64, 128, 256})
+      for (const char *arch : {"sm_80", "sm_90"}) {
+        // The formats, element types, group sizes and token counts in turn.
+        const int v = variant++;
+        Case c;
+        c.mod = mod;
+        c.config.kind = KernelKind::Decode;
+        c.config.kvFloat8 = (v / 2 + v) % 2 ? DType::F8E5M2 : DType::F8E4M3;
+        c.config.elementType = (v / 2) % 2 ? DType::F16 : DType::BF16;
+        c.config.headDim = headDim;
+        c.config.groupSize = (v / 3) % 2 ? 1 : 4;
+        c.config.queryTokens = v % 5 == 0 ? 3 : 1;
+        c.config.returnLse = true;
+        c.arch = arch;
+        cases.push_back(c);
+        // The prefill's tile of this head dim (choosePrefillShape, as the
+        // runtime takes it for 8-bit caches on every target).
+        Case prefill = c;
+        prefill.config.kind = KernelKind::Prefill;
+        prefill.config.groupSize = 1;
+        prefill.config.queryTokens = 1;
+        prefill.config.choosePrefillShape();
+        cases.push_back(prefill);
+      }
+  std::vector<Outcome> outcomes = compileAll(cases, workerCount());
+  for (size_t i = 0; i < cases.size(); ++i) {
+    ASSERT_EQ(outcomes[i].error, "") << cases[i].label();
+    ASSERT_FALSE(outcomes[i].reports.empty()) << cases[i].label();
+    for (const PtxasKernelReport &report : outcomes[i].reports) {
+      EXPECT_EQ(report.spillStoreBytes, 0) << cases[i].label() << " " << report.kernel;
+      EXPECT_EQ(report.spillLoadBytes, 0) << cases[i].label() << " " << report.kernel;
+      std::printf("[ ptxas ] %-36s %-6s %-20s %3d registers, %d/%d spill bytes\n",
+                  cases[i].config.describe().c_str(), cases[i].arch.c_str(), report.kernel.c_str(),
+                  report.registers, report.spillStoreBytes, report.spillLoadBytes);
+    }
+  }
+}
+
 TEST(NvrtcCompile, PrefillPtxUsesTensorCoreMma) {
   REQUIRE_NVRTC();
   for (DType type : {DType::F16, DType::BF16}) {

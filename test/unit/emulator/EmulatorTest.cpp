@@ -12,6 +12,7 @@
 #include "pagedc-emu/Emulator.h"
 #include "pagedc/EmulatorBuild.h"
 #include "pagedc/KernelCache.h"
+#include "pagedc/KernelSource.h"
 #include "pagedc/Tensor.h"
 
 #include <gtest/gtest.h>
@@ -118,6 +119,24 @@ extern "C" __global__ void convert(float *data, int n) {
     data[2 * n + i] = pagedc_emu::half_to_float(static_cast<uint16_t>(i));
 }
 
+// Every 8-bit float code of both formats through templates/Float8.cuh (held
+// in the unit before these kernels): code c (low half) and c ^ 0x80 (high
+// half) as f16 and bf16 pairs, into data[4 c .. 4 c + 3] as bits: e4m3 f16,
+// e4m3 bf16, e5m2 f16, e5m2 bf16.
+extern "C" __global__ void float8_convert(float *data, int) {
+  for (int code = threadIdx.x; code < 256; code += blockDim.x) {
+    const u32 pair = static_cast<u32>(code) | (static_cast<u32>(code ^ 0x80) << 8);
+    data[4 * code] = __uint_as_float(
+        pagedc::float8x2_to_elements<pagedc::kFloat8E4M3, false>(pair));
+    data[4 * code + 1] = __uint_as_float(
+        pagedc::float8x2_to_elements<pagedc::kFloat8E4M3, true>(pair));
+    data[4 * code + 2] = __uint_as_float(
+        pagedc::float8x2_to_elements<pagedc::kFloat8E5M2, false>(pair));
+    data[4 * code + 3] = __uint_as_float(
+        pagedc::float8x2_to_elements<pagedc::kFloat8E5M2, true>(pair));
+  }
+}
+
 // __shfl_sync: data[i] = lane 0's value of i's warp, data[64 + i] = the
 // value of lane (lane * 7 + 3) % 32 of the same warp.
 extern "C" __global__ void shuffle_index(float *data, int) {
@@ -184,12 +203,12 @@ const char *const kNames[] = {"ldmatrix_conflict_free", "ldmatrix_four_way", "lo
                               "blocks_collide",         "blocks_apart",
                               "blocks_count",           "blocks_count_and_store",
                               "write_past_end",         "shared_race",       "read_unwritten",
-                              "partial_shuffle",        "half_barrier"};
+                              "partial_shuffle",        "half_barrier",      "float8_convert"};
 
 class Emulator : public ::testing::Test {
 protected:
   static void SetUpTestSuite() {
-    std::string code = emulatorPrologue() + kKernels;
+    std::string code = emulatorPrologue() + std::string(embeddedTemplate("Float8.cuh")) + kKernels;
     for (const char *name : kNames)
       code += std::string("PAGEDC_EMU_ENTRY(") + name + ")\n";
     CompileResult compiled = compileEmulatorUnit(code, "the emulator test kernels");
@@ -360,6 +379,48 @@ TEST_F(Emulator, ConversionsAreBitExact) {
     else
       EXPECT_EQ(std::memcmp(&expected, &actual, 4), 0) << "f16 pattern " << i;
   }
+  emu::release(data);
+}
+
+// The 8-bit float conversions of the decode kernel (templates/Float8.cuh:
+// the form of cvt.rn.f16x2.e4m3x2 / .e5m2x2 that the emulator and targets
+// before sm_89 run) against the runtime's table of code values
+// (float8ToFloat, the CPU backend's and the float64 reference's): all 256
+// codes of both formats, in both halves of the pair, to f16 and bf16. A
+// finite code gives the f16 / bf16 of its value exactly (signed zeros
+// included), e5m2's infinities stay infinite, and every NaN code gives the
+// canonical NaN 0x7fff of both types, as the PTX instruction does.
+TEST_F(Emulator, Float8ConversionsMatchTheRuntimeTable) {
+  float *data = deviceFloats(4 * 256);
+  emu::LaunchResult result = run("float8_convert", data, 0, 64);
+  ASSERT_TRUE(result.ok) << (result.reports.empty() ? result.error : result.reports[0].format());
+  int checked = 0;
+  for (int code = 0; code < 256; ++code)
+    for (int format = 0; format < 2; ++format) {
+      const DType type = format == 0 ? DType::F8E4M3 : DType::F8E5M2;
+      uint32_t halves, bf16s;
+      std::memcpy(&halves, &data[4 * code + 2 * format], 4);
+      std::memcpy(&bf16s, &data[4 * code + 2 * format + 1], 4);
+      for (int high = 0; high < 2; ++high) {
+        const int which = high ? code ^ 0x80 : code;
+        const uint16_t half = static_cast<uint16_t>(high ? halves >> 16 : halves & 0xffff);
+        const uint16_t bf16 = static_cast<uint16_t>(high ? bf16s >> 16 : bf16s & 0xffff);
+        const float value = float8ToFloat(static_cast<uint8_t>(which), type);
+        SCOPED_TRACE(std::string(dtypeName(type)) + " code " + std::to_string(which));
+        if (std::isnan(value)) {
+          EXPECT_EQ(half, 0x7fff);
+          EXPECT_EQ(bf16, 0x7fff);
+        } else {
+          EXPECT_EQ(half, floatToHalf(value));
+          EXPECT_EQ(bf16, floatToBF16(value));
+          const float fromHalf = halfToFloat(half), fromBf16 = bf16ToFloat(bf16);
+          EXPECT_EQ(std::memcmp(&fromHalf, &value, 4), 0);
+          EXPECT_EQ(std::memcmp(&fromBf16, &value, 4), 0);
+        }
+        ++checked;
+      }
+    }
+  EXPECT_EQ(checked, 1024);
   emu::release(data);
 }
 

@@ -1,0 +1,95 @@
+//===- Float8Tiles.cuh - K/V tiles of 8-bit float codes ---------*- CUDA -*-===//
+//
+// The mma.sync kernels' path for 8-bit float caches (pagedc_config::kKvFloat8):
+// a tile's codes are gathered with cp.async into rows of kHeadDim bytes (half
+// a 16-bit tile, so both stages' codes fit in a kernel's second K and V
+// stage), and after the wait converted (Float8.cuh) into K and V tiles of
+// Element in the first stage, laid out as the kernel's math reads them. The
+// kernels apply the KV head's scales in f32: K's with the call's scale to
+// the scores, V's to the output rows.
+//
+//===----------------------------------------------------------------------===//
+
+namespace pagedc {
+
+constexpr int kKvFloat8 = pagedc_config::kKvFloat8;
+
+/// Gathers 8-bit float K/V rows [kv_begin, kv_begin + kRows) of one KV head
+/// into two tiles of codes (rows of kHeadDim bytes), as KvTileCopier does
+/// for Element tiles: rows at or past kv_len and rows whose bit in
+/// keep_rows is clear are zero-filled (code 0 is +0) and never read. A
+/// thread copies 16 codes of every kRowStep-th row; pages and slots are
+/// k_stride[1] and k_stride[2] bytes apart (V's alike).
+template <int kRows, int kThreads> struct Float8TileCopier {
+  static constexpr int kThreadsPerRow = kHeadDim / 16;
+  static constexpr int kRowStep = kThreads / kThreadsPerRow;
+  static_assert(kThreads % kThreadsPerRow == 0 && kRows % kRowStep == 0 && kRows <= 64,
+                "uneven code tile load");
+  const char *k_bytes;
+  const char *v_bytes;
+  int first_row;
+  uint32_t column;
+  int64_t k_page_bytes, k_slot_bytes, v_page_bytes, v_slot_bytes;
+
+  PAGEDC_DEVICE Float8TileCopier(const void *k_head, // [pages, page_size, D] codes
+                                 const void *v_head, // [pages, page_size, D] codes
+                                 int thread, const int64_t (&k_stride)[3],
+                                 const int64_t (&v_stride)[3])
+      : first_row(thread / kThreadsPerRow),
+        column(static_cast<uint32_t>(thread % kThreadsPerRow) * 16), k_page_bytes(k_stride[1]),
+        k_slot_bytes(k_stride[2]), v_page_bytes(v_stride[1]), v_slot_bytes(v_stride[2]) {
+    k_bytes = static_cast<const char *>(k_head) + column;
+    v_bytes = static_cast<const char *>(v_head) + column;
+    opaque(k_bytes);
+    opaque(v_bytes);
+  }
+
+  template <typename PageOf>
+  PAGEDC_DEVICE void operator()(uint32_t k_codes, uint32_t v_codes, PageOf page_of,
+                                int kv_begin, int kv_len,
+                                uint64_t keep_rows = ~static_cast<uint64_t>(0)) const {
+#pragma unroll 2
+    for (int i = 0; i < kRows / kRowStep; ++i) {
+      const int row = first_row + i * kRowStep;
+      const int kv = kv_begin + row;
+      const bool valid = kv < kv_len && ((keep_rows >> row) & 1);
+      const int64_t page = valid ? page_of(kv) : 0;
+      const int64_t slot = kv & (kPageSize - 1);
+      const char *k_source = k_bytes + (valid ? page * k_page_bytes + slot * k_slot_bytes : 0);
+      const char *v_source = v_bytes + (valid ? page * v_page_bytes + slot * v_slot_bytes : 0);
+      const uint32_t offset = static_cast<uint32_t>(row * kHeadDim) + column;
+      cp_async_16(k_codes + offset, k_source, valid ? 16 : 0);
+      cp_async_16(v_codes + offset, v_source, valid ? 16 : 0);
+    }
+  }
+};
+
+/// Converts one tile of kRows rows of 8-bit K codes and one of V codes
+/// (rows of kHeadDim bytes at k_codes, v_codes) into the Element tiles at
+/// k_tile, v_tile (`Layout`: offset of a row's 16-byte chunk): 16 codes in,
+/// two chunks out per step.
+template <int kRows, int kThreads, typename Layout>
+PAGEDC_DEVICE void convert_code_tiles(unsigned char *k_tile, unsigned char *v_tile,
+                                      const unsigned char *k_codes,
+                                      const unsigned char *v_codes, int thread) {
+  constexpr int kCodeChunks = kHeadDim / 16;
+#pragma unroll 2
+  for (int index = thread; index < 2 * kRows * kCodeChunks; index += kThreads) {
+    const bool is_v = index >= kRows * kCodeChunks;
+    const int at = is_v ? index - kRows * kCodeChunks : index;
+    const int row = at / kCodeChunks, chunk = at % kCodeChunks;
+    Chunk16 codes, low, high;
+    copy_chunk16(&codes, (is_v ? v_codes : k_codes) + row * kHeadDim + chunk * 16);
+#pragma unroll
+    for (int word = 0; word < 4; ++word) {
+      uint32_t *into = word < 2 ? &low.word[2 * word] : &high.word[2 * word - 4];
+      into[0] = float8x2_to_elements<kKvFloat8, kIsBF16>(codes.word[word] & 0xffffu);
+      into[1] = float8x2_to_elements<kKvFloat8, kIsBF16>(codes.word[word] >> 16);
+    }
+    unsigned char *tile = is_v ? v_tile : k_tile;
+    copy_chunk16(tile + Layout()(row, 2 * chunk), &low);
+    copy_chunk16(tile + Layout()(row, 2 * chunk + 1), &high);
+  }
+}
+
+} // namespace pagedc
