@@ -185,13 +185,32 @@ def test_register_adds_the_backend_to_vllms_registry():
     assert PagedcAttentionBackend.get_name() == "PAGEDC"
 
 
-def test_the_entry_point_names_register():
+def test_vllms_plugin_loader_finds_and_calls_register(tmp_path, monkeypatch):
+    # The entry point as `pip install ./python` records it (from
+    # pyproject.toml), found by vLLM's own loader through importlib.metadata.
+    import sys
     import tomllib
+    from vllm.plugins import DEFAULT_PLUGINS_GROUP, load_plugins_by_group
+    from vllm.v1.attention.backends.registry import AttentionBackendEnum
     with open(os.path.join(SOURCE_DIR, "python", "pyproject.toml"), "rb") as f:
         project = tomllib.load(f)["project"]
-    target = project["entry-points"]["vllm.general_plugins"]["pagedc"]
-    module, function = target.split(":")
-    assert module == "pagedc.vllm" and getattr(pagedc_vllm, function) is pagedc_vllm.register
+    group = project["entry-points"][DEFAULT_PLUGINS_GROUP]
+    info = tmp_path / f"pagedc-{project['version']}.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: pagedc\n"
+                                   f"Version: {project['version']}\n")
+    (info / "entry_points.txt").write_text(
+        f"[{DEFAULT_PLUGINS_GROUP}]\n" + "".join(f"{k} = {v}\n" for k, v in group.items()))
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.delenv("VLLM_PLUGINS", raising=False)
+    plugins = load_plugins_by_group(DEFAULT_PLUGINS_GROUP)
+    assert plugins.get("pagedc") is pagedc_vllm.register, sorted(plugins)
+    if "PAGEDC" in AttentionBackendEnum.__members__:
+        AttentionBackendEnum["PAGEDC"].clear_override()
+    plugins["pagedc"]()
+    assert AttentionBackendEnum["PAGEDC"].is_overridden()
+    assert AttentionBackendEnum["PAGEDC"].get_class() is PagedcAttentionBackend
+    assert "pagedc.vllm" in sys.modules
 
 
 def test_declared_support_is_what_runs():
