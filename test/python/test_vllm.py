@@ -53,7 +53,7 @@ def make_kv_cache(num_blocks, hkv, d, dtype, layout):
         cache = torch.empty(num_blocks, hkv, BLOCK, 2 * d, dtype=dtype)
     else:
         cache = torch.empty(num_blocks, BLOCK, hkv, 2 * d, dtype=dtype).transpose(1, 2)
-    cache.fill_(float("nan"))
+    cache.fill_(255 if dtype == torch.uint8 else float("nan"))  # 255: an 8-bit NaN
     return cache
 
 
@@ -63,7 +63,7 @@ class Step:
     tensor as vLLM's linear layer leaves them (strided rows)."""
 
     def __init__(self, rng, hq=6, hkv=2, d=32, dtype=torch.float32, steps=STEP,
-                 layout="LBHNC", shared_prefix=0):
+                 layout="LBHNC", shared_prefix=0, cache_dtype=None):
         self.hq, self.hkv, self.d, self.dtype, self.steps = hq, hkv, d, dtype, steps
         pages = [-(-s // BLOCK) for _, s in steps]
         shared_pages = shared_prefix // BLOCK
@@ -88,7 +88,7 @@ class Step:
         for b in range(1, len(steps)):  # the shared prefix holds the same keys
             self.k[b][:shared_prefix] = self.k[0][:shared_prefix]
             self.v[b][:shared_prefix] = self.v[0][:shared_prefix]
-        self.kv_cache = make_kv_cache(num_blocks, hkv, d, dtype, layout)
+        self.kv_cache = make_kv_cache(num_blocks, hkv, d, cache_dtype or dtype, layout)
         news = [n for n, _ in steps]
         self.qsl = np.cumsum([0] + news).astype(np.int32)
         self.tokens = int(self.qsl[-1])
@@ -174,7 +174,7 @@ def make_impl(step, scale, **kwargs):
     return PagedcAttentionImpl(num_heads=step.hq, head_size=step.d, scale=scale,
                                num_kv_heads=step.hkv, alibi_slopes=kwargs.pop("alibi", None),
                                sliding_window=kwargs.pop("sliding_window", None),
-                               kv_cache_dtype="auto", **kwargs)
+                               kv_cache_dtype=kwargs.pop("kv_cache_dtype", "auto"), **kwargs)
 
 
 def test_register_adds_the_backend_to_vllms_registry():
@@ -217,7 +217,8 @@ def test_declared_support_is_what_runs():
     backend = PagedcAttentionBackend
     assert backend.supports_dtype(torch.float32) and backend.supports_dtype(torch.bfloat16)
     assert not backend.supports_dtype(torch.float16)
-    assert not backend.supports_kv_cache_dtype("fp8")
+    assert backend.supports_kv_cache_dtype("fp8") and backend.supports_kv_cache_dtype("fp8_e5m2")
+    assert not backend.supports_kv_cache_dtype("int8_per_token_head")
     assert backend.get_supported_head_sizes() == []  # the CPU backend: any head size
     assert not backend.supports_device_cpu_query_lens_mismatch()
     spec = FullAttentionSpec(block_size=BLOCK, num_kv_heads=2, head_size=32,
@@ -225,7 +226,7 @@ def test_declared_support_is_what_runs():
     assert PagedcMetadataBuilder.get_cudagraph_support(vllm_config(), spec) == \
         AttentionCGSupport.NEVER
     with pytest.raises(NotImplementedError, match="kv_cache_dtype"):
-        PagedcAttentionImpl(4, 32, 0.1, 2, None, None, "fp8")
+        PagedcAttentionImpl(4, 32, 0.1, 2, None, None, "nvfp4")
     with pytest.raises(NotImplementedError, match="attention type"):
         PagedcAttentionImpl(4, 32, 0.1, 2, None, None, "auto", attn_type="encoder_only")
 
@@ -239,6 +240,46 @@ def test_mixed_step_matches_reference(rng, layout, dtype):
     step.write_context(impl)
     out = run_step(step, impl)
     np.testing.assert_allclose(out, step.reference(scale, causal), **tolerance(dtype))
+
+
+@pytest.mark.parametrize("cache_dtype,torch_type", [("fp8", torch.float8_e4m3fn),
+                                                     ("fp8_e5m2", torch.float8_e5m2)])
+def test_fp8_cache_written_and_read_with_the_layers_scales(rng, cache_dtype, torch_type):
+    # vLLM's FP8 cache is uint8; a code c means c * scale (scales are powers
+    # of two, so the reference's dequantized values are exact).
+    step = Step(rng, layout="LBNHC", cache_dtype=torch.uint8)
+    layer = types.SimpleNamespace(_k_scale_float=0.5, _v_scale_float=0.25)
+    scale = 1 / math.sqrt(step.d)
+    impl = make_impl(step, scale, kv_cache_dtype=cache_dtype)
+    slots = step.slot_mapping
+    impl.do_kv_cache_update(layer, step.key, step.value, step.kv_cache, slots)
+    context = [(b, pos) for b, (n, s) in enumerate(step.steps) for pos in range(s - n)]
+    impl.do_kv_cache_update(layer, torch.stack([step.k[b][p] for b, p in context]),
+                            torch.stack([step.v[b][p] for b, p in context]), step.kv_cache,
+                            torch.tensor([step.slot(b, p) for b, p in context]))
+    builder = PagedcMetadataBuilder(step.spec(), ["l"], vllm_config(), torch.device("cpu"))
+    metadata = builder.build(0, step.metadata())
+    output = torch.zeros(step.tokens + PADDING, step.hq, step.d)
+    impl.forward(layer, step.q, step.key, step.value, step.kv_cache, metadata, output)
+
+    def dequantized(x, s):
+        return (x / s).to(torch_type).float() * s
+    step.k = [dequantized(k, 0.5) for k in step.k]
+    step.v = [dequantized(v, 0.25) for v in step.v]
+    np.testing.assert_allclose(output[:step.tokens].numpy(), step.reference(scale, causal),
+                               atol=2e-5, rtol=2e-5)
+
+
+@pytest.mark.parametrize("cache_dtype,torch_type,largest", [
+    ("fp8", torch.float8_e4m3fn, 448.0), ("fp8_e5m2", torch.float8_e5m2, 57344.0)])
+def test_fp8_cache_writes_saturate_as_vllms_kernels_do(cache_dtype, torch_type, largest):
+    impl = PagedcAttentionImpl(2, 16, 0.25, 1, None, None, cache_dtype)
+    cache = make_kv_cache(2, 1, 16, torch.uint8, "LBHNC")
+    layer = types.SimpleNamespace(_k_scale_float=0.5, _v_scale_float=1.0)
+    big = torch.full((1, 1, 16), 1e6)
+    impl.do_kv_cache_update(layer, big, -big, cache, torch.tensor([BLOCK + 3]))
+    codes = cache[1, 0, 3].view(torch_type).float()
+    assert torch.all(codes[:16] == largest) and torch.all(codes[16:] == -largest)
 
 
 def test_kv_cache_update_writes_in_place_at_the_slots(rng):

@@ -31,13 +31,22 @@ logger = init_logger(__name__)
 #: Head sizes of pagedc's CUDA kernels; the CPU backend takes any.
 CUDA_HEAD_SIZES = [64, 128, 256]
 
+#: vLLM's 8-bit KV cache dtypes (uint8 caches) -> pagedc's kv_dtype, torch's
+#: type and its largest finite value (writes saturate, as vLLM's kernels do).
+FP8_CACHE_DTYPES = {"fp8": ("float8_e4m3fn", torch.float8_e4m3fn, 448.0),
+                    "fp8_e4m3": ("float8_e4m3fn", torch.float8_e4m3fn, 448.0),
+                    "fp8_e5m2": ("float8_e5m2", torch.float8_e5m2, 57344.0)}
+
 
 class PagedcAttentionBackend(AttentionBackend):
     """pagedc's serving batch call as a vLLM attention backend."""
 
     # The CPU backend computes in f32 and reads f32 or bf16 (no f16).
     supported_dtypes: ClassVar[list[torch.dtype]] = [torch.float32, torch.bfloat16]
-    supported_kv_cache_dtypes: ClassVar[list] = ["auto", "bfloat16"]
+    # FP8: one scale per layer (vLLM's k_scale / v_scale); a code c means
+    # c * scale.
+    supported_kv_cache_dtypes: ClassVar[list] = ["auto", "bfloat16", "fp8", "fp8_e4m3",
+                                                 "fp8_e5m2"]
     # vLLM writes the step's K/V through do_kv_cache_update() before forward().
     forward_includes_kv_cache_update: bool = False
 
@@ -192,15 +201,16 @@ class _Engine:
         self.cascade = prefix > 0
         self.step = metadata.step
 
-    def run(self, q, k_cache, v_cache, out, buffers, params, scale) -> None:
+    def run(self, q, k_cache, v_cache, out, buffers, params, scale, **quantized) -> None:
         if not self.cascade:
             self.main.run(q, k_cache, v_cache, buffers=buffers, params=params, scale=scale,
-                          out=out)
+                          out=out, **quantized)
             return
         _, lse = self.main.run(q, k_cache, v_cache, buffers=buffers, params=params,
-                               scale=scale, out=out, return_lse=True)
+                               scale=scale, out=out, return_lse=True, **quantized)
         prefix_out, prefix_lse = self.prefix.run(q, k_cache, v_cache, buffers=buffers,
-                                                 params=params, scale=scale, return_lse=True)
+                                                 params=params, scale=scale, return_lse=True,
+                                                 **quantized)
         pagedc.merge_state_in_place(out, lse, prefix_out, prefix_lse)
 
 
@@ -315,14 +325,20 @@ class PagedcAttentionImpl(AttentionImpl):
         if self.kv_sharing_target_layer_name is not None:
             return
         k_cache, v_cache = _split_kv_cache(kv_cache, self.head_size)
+        fp8 = FP8_CACHE_DTYPES.get(self.kv_cache_dtype)
         block_size = k_cache.shape[1]
         slots = slot_mapping.to(torch.long)
         count = slots.shape[0]
         keep = slots >= 0
         slots = slots[keep]
         blocks, rows = slots // block_size, slots % block_size
-        k_cache[blocks, rows] = key[:count][keep].to(k_cache.dtype)
-        v_cache[blocks, rows] = value[:count][keep].to(v_cache.dtype)
+        key, value = key[:count][keep], value[:count][keep]
+        if fp8 is not None:
+            k_scale, v_scale = _scales(layer)
+            key, value = (_quantize(x, scale, fp8, cache.dtype) for x, scale, cache in
+                          ((key, k_scale, k_cache), (value, v_scale, v_cache)))
+        k_cache[blocks, rows] = key.to(k_cache.dtype)
+        v_cache[blocks, rows] = value.to(v_cache.dtype)
 
     def forward(self, layer, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
                 kv_cache: torch.Tensor, attn_metadata: Optional[PagedcAttentionMetadata],
@@ -351,5 +367,26 @@ class PagedcAttentionImpl(AttentionImpl):
         q = query if query.dim() == 3 else \
             query.view(query.shape[0], self.num_heads, self.head_size)
         q = q[:tokens]
-        engine.run(q, k_cache, v_cache, out[:tokens], self.buffers, self.params, self.scale)
+        fp8 = FP8_CACHE_DTYPES.get(self.kv_cache_dtype)
+        quantized = {}
+        if fp8 is not None:
+            k_scale, v_scale = _scales(layer)
+            quantized = dict(kv_dtype=fp8[0] if k_cache.dtype == torch.uint8 else None,
+                             k_scale=k_scale, v_scale=v_scale)
+        engine.run(q, k_cache, v_cache, out[:tokens], self.buffers, self.params, self.scale,
+                   **quantized)
         return output
+
+
+def _scales(layer):
+    """The layer's K and V cache scales (vLLM's _k_scale_float / _v_scale_float)."""
+    return (float(getattr(layer, "_k_scale_float", 1.0)),
+            float(getattr(layer, "_v_scale_float", 1.0)))
+
+
+def _quantize(x: torch.Tensor, scale: float, fp8, cache_dtype) -> torch.Tensor:
+    """x / scale as 8-bit float codes, saturated to the format's range, in the
+    cache's dtype (uint8 bytes or the float8 type itself)."""
+    _, torch_type, largest = fp8
+    codes = (x.float() / scale).clamp(-largest, largest).to(torch_type)
+    return codes.view(torch.uint8) if cache_dtype == torch.uint8 else codes
