@@ -17,7 +17,6 @@ vllm = pytest.importorskip(
                    "runs these tests")
 torch = pytest.importorskip("torch", reason="vLLM's tensors are torch tensors")
 
-import pagedc  # noqa: E402
 import pagedc.vllm as pagedc_vllm  # noqa: E402
 from conftest import SOURCE_DIR, reference_attention  # noqa: E402
 from pagedc.vllm.backend import (PagedcAttentionBackend, PagedcAttentionImpl,  # noqa: E402
@@ -33,7 +32,9 @@ PADDING = 3  # padded tokens after the step's own, as under vLLM's CUDA-graph pa
 
 
 @pytest.fixture(autouse=True)
-def _fresh_settings():
+def _fresh_settings(monkeypatch):
+    for name in ("MODS", "MASK", "SCORE", "DEVICE"):
+        monkeypatch.delenv(f"PAGEDC_VLLM_{name}", raising=False)
     pagedc_vllm.clear_mods()
     yield
     pagedc_vllm.clear_mods()
@@ -355,7 +356,7 @@ def test_mods_from_an_attn_file_by_set_mods(rng, tmp_path):
                                rtol=2e-5)
 
 
-def test_mods_from_vllms_additional_config(rng, tmp_path, monkeypatch):
+def test_mods_from_vllms_additional_config(rng, tmp_path):
     path = tmp_path / "model.attn"
     path.write_text(MODS)
     config = vllm_config()
