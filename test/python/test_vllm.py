@@ -184,6 +184,9 @@ def test_register_adds_the_backend_to_vllms_registry():
     pagedc_vllm.register()  # again: an override of the same member, no error
     assert AttentionBackendEnum["PAGEDC"].get_class() is PagedcAttentionBackend
     assert PagedcAttentionBackend.get_name() == "PAGEDC"
+    # What --attention-backend PAGEDC / LLM(attention_backend="PAGEDC") becomes.
+    from vllm.config import AttentionConfig
+    assert AttentionConfig(backend="PAGEDC").backend.get_class() is PagedcAttentionBackend
 
 
 def test_vllms_plugin_loader_finds_and_calls_register(tmp_path, monkeypatch):
@@ -222,6 +225,18 @@ def test_declared_support_is_what_runs():
     assert not backend.supports_kv_cache_dtype("int8_per_token_head")
     assert backend.get_supported_head_sizes() == []  # the CPU backend: any head size
     assert not backend.supports_device_cpu_query_lens_mismatch()
+
+    def reasons(dtype, **changes):
+        settings = dict(head_size=80, dtype=dtype, kv_cache_dtype="auto", block_size=BLOCK,
+                        use_mla=False, has_sink=False, use_sparse=False, use_mm_prefix=False,
+                        use_per_head_quant_scales=False, device_capability=None,
+                        attn_type="decoder", has_sliding_window=True)
+        settings.update(changes)
+        return backend.validate_configuration(**settings)
+    assert reasons(torch.bfloat16) == [] and reasons(torch.float32) == []
+    assert reasons(torch.float16) == ["dtype not supported"]
+    assert reasons(torch.bfloat16, has_sink=True) == ["attention sinks not supported"]
+    assert reasons(torch.bfloat16, use_mla=True) == ["MLA not supported"]
     spec = FullAttentionSpec(block_size=BLOCK, num_kv_heads=2, head_size=32,
                              dtype=torch.float32)
     assert PagedcMetadataBuilder.get_cudagraph_support(vllm_config(), spec) == \
