@@ -3,7 +3,8 @@ reference, driven through vLLM's own objects: its CommonAttentionMetadata for
 mixed prefill/decode steps, its KV-cache spec, its backend registry. The KV
 cache is a vLLM layer view [blocks, Hkv, block_size, 2 D] in two of vLLM's
 memory layouts, written by the impl's do_kv_cache_update and read in place.
-The batch call runs on pagedc's CPU backend. Needs vLLM:
+The batch call runs on pagedc's CPU backend, and at the end on pagedc's CUDA
+kernels on the SIMT emulator (device "emu"). Needs vLLM:
 scripts/vllm-tests.sh installs it in a venv and runs this file."""
 import math
 import os
@@ -17,6 +18,7 @@ vllm = pytest.importorskip(
                    "runs these tests")
 torch = pytest.importorskip("torch", reason="vLLM's tensors are torch tensors")
 
+import pagedc  # noqa: E402
 import pagedc.vllm as pagedc_vllm  # noqa: E402
 from conftest import SOURCE_DIR, reference_attention  # noqa: E402
 from pagedc.vllm.backend import (PagedcAttentionBackend, PagedcAttentionImpl,  # noqa: E402
@@ -471,3 +473,50 @@ def test_profiling_run_without_metadata_gives_zeros(rng):
     output = torch.ones(4, step.hq, step.d)
     impl.forward(None, step.q[:4], step.key[:4], step.value[:4], step.kv_cache, None, output)
     assert torch.all(output == 0)
+
+
+# pagedc's CUDA kernels on the SIMT emulator (device "emu"): vLLM's host
+# tensors are staged into emulated device memory. Small shapes: every kernel
+# runs with the emulator's checkers on.
+EMU_STEP = [(1, 37), (3, 20), (13, 50), (1, 130)]
+
+
+def emulator_or_skip():
+    if not pagedc.cuda_codegen_available():
+        pytest.skip("this build has no CUDA code generation (compile(..., cuda=True))")
+    try:
+        pagedc.empty((1,), "f32", device="emu")
+    except ValueError as error:
+        if "was not found" not in str(error):
+            raise
+        pytest.skip(f"the SIMT emulator's driver is not available: {error}")
+
+
+def test_emulated_device_runs_the_cuda_kernels_on_a_mixed_step(rng, tmp_path):
+    emulator_or_skip()
+    path = tmp_path / "model.attn"
+    path.write_text(MODS)
+    pagedc_vllm.set_mods(str(path), mask="sliding", score="capped", device="emu")
+    assert PagedcAttentionBackend.supports_dtype(torch.bfloat16)
+    assert not PagedcAttentionBackend.supports_dtype(torch.float32)
+    assert PagedcAttentionBackend.get_supported_head_sizes() == [64, 128, 256]
+    step = Step(rng, hq=4, hkv=2, d=64, dtype=torch.bfloat16, steps=EMU_STEP, layout="LBNHC")
+    impl = make_impl(step, 1.0)
+    step.write_context(impl)
+    out = run_step(step, impl)
+    assert impl._engine.on_cuda and impl._engine.main.device == "cuda:0"
+    np.testing.assert_allclose(out, sliding_capped_reference(step, 1.0), atol=2e-2, rtol=2e-2)
+
+
+def test_emulated_device_with_the_layers_own_window(rng, monkeypatch):
+    emulator_or_skip()
+    monkeypatch.setenv("PAGEDC_VLLM_DEVICE", "emu")
+    step = Step(rng, hq=4, hkv=2, d=64, dtype=torch.bfloat16, steps=EMU_STEP)
+    scale = 1 / math.sqrt(step.d)
+    impl = make_impl(step, scale, sliding_window=9)
+    step.write_context(impl)
+    out = run_step(step, impl)
+    assert impl._engine.on_cuda
+    np.testing.assert_allclose(
+        out, step.reference(scale, lambda b, h, q, kv: (q >= kv) & (q - kv < 9)),
+        atol=2e-2, rtol=2e-2)

@@ -9,7 +9,8 @@ mods of the model are chosen by configuration, in this order:
    Python mask/score functions (traced by ``pagedc.from_torch``);
 2. vLLM's ``--additional-config '{"pagedc": {"mods": "model.attn", "mask":
    "sliding", "score": "capped", "defines": {...}, "params": {...},
-   "device": "cpu"}}'``;
+   "device": "cpu"}}'`` (device "cpu", or "emu": pagedc's CUDA kernels on the
+   SIMT emulator);
 3. the variables ``PAGEDC_VLLM_MODS`` (an ``.attn`` file), ``PAGEDC_VLLM_MASK``,
    ``PAGEDC_VLLM_SCORE``, ``PAGEDC_VLLM_DEVICE``;
 4. none of these: the layer's own settings (causal, ``sliding_window``,

@@ -18,8 +18,10 @@ class ModsConfig:
     text; ``mask`` / ``score``: the mod names in it; or ``mask_mod`` /
     ``score_mod``: Python functions (``pagedc.from_torch``). ``buffers`` /
     ``params``: what the mods capture, bound on every call. ``device``: where
-    pagedc's batch call runs ("cpu"; "emu" once the Python batch call takes
-    it). ``origin`` says where the settings came from."""
+    pagedc's batch call runs: "cpu" (the CPU backend, on vLLM's host
+    tensors in place) or "emu" (pagedc's CUDA kernels on the SIMT emulator;
+    vLLM's host tensors are staged into emulated device memory, a copy per
+    call). ``origin`` says where the settings came from."""
 
     source: Optional[str] = None
     mask: Optional[str] = None
@@ -42,15 +44,22 @@ class ModsConfig:
         """Identifies the compiled mods (layers with equal keys share them)."""
         return (self.source, self.mask, self.score, tuple(sorted(self.defines.items())),
                 id(self.mask_mod) if self.mask_mod else None,
-                id(self.score_mod) if self.score_mod else None)
+                id(self.score_mod) if self.score_mod else None, self.on_cuda)
+
+    @property
+    def on_cuda(self) -> bool:
+        """Whether the batch call runs pagedc's CUDA kernels (on "emu")."""
+        return self.device != "cpu"
 
     def compile(self):
+        """The mods, with CUDA code when the device needs it."""
         import pagedc
 
         if self.mask_mod is not None or self.score_mod is not None:
-            return pagedc.from_torch(mask_mod=self.mask_mod, score_mod=self.score_mod)
+            return pagedc.from_torch(mask_mod=self.mask_mod, score_mod=self.score_mod,
+                                     cuda=self.on_cuda)
         return pagedc.compile(self.source, mask=self.mask, score=self.score,
-                              defines=dict(self.defines))
+                              defines=dict(self.defines), cuda=self.on_cuda)
 
 
 _override: Optional[ModsConfig] = None

@@ -64,7 +64,21 @@ class PagedcAttentionBackend(AttentionBackend):
 
     @classmethod
     def get_supported_head_sizes(cls) -> list[int]:
-        return [] if current_config().device == "cpu" else list(CUDA_HEAD_SIZES)
+        return list(CUDA_HEAD_SIZES) if current_config().on_cuda else []
+
+    @classmethod
+    def supports_dtype(cls, dtype: torch.dtype) -> bool:
+        # pagedc's CUDA kernels compute in bf16 or f16.
+        if current_config().on_cuda:
+            return dtype in (torch.bfloat16, torch.float16)
+        return dtype in cls.supported_dtypes
+
+    @classmethod
+    def supports_kv_cache_dtype(cls, kv_cache_dtype) -> bool:
+        # The CUDA kernels read no 8-bit caches yet.
+        if current_config().on_cuda and kv_cache_dtype in FP8_CACHE_DTYPES:
+            return False
+        return super().supports_kv_cache_dtype(kv_cache_dtype)
 
     @classmethod
     def supports_sliding_window(cls) -> bool:
@@ -163,10 +177,14 @@ class _Engine:
     second one attends to the prefix, merged by merge_state."""
 
     def __init__(self, mods, num_q_heads, num_kv_heads, head_size, value_head_size,
-                 block_size, device, threads, max_num_seqs, max_num_tokens):
+                 block_size, device, threads, max_num_seqs, max_num_tokens, dtype):
         self.args = dict(num_q_heads=num_q_heads, num_kv_heads=num_kv_heads,
                          head_dim=head_size, value_head_dim=value_head_size,
                          page_size=block_size, kv_layout="NHD", device=device, threads=threads)
+        self.shape = (block_size, dtype)
+        self.on_cuda = device != "cpu"
+        if self.on_cuda:
+            self.args["dtype"] = dtype
         self.mods = mods
         self.limits = [max_num_seqs, max_num_tokens, 1]  # seqs, tokens, blocks per seq
         self.main = self.prefix = None
@@ -188,6 +206,9 @@ class _Engine:
             self.main = self._make()
             self.prefix = None
         prefix = metadata.common_prefix_len
+        if prefix > 0 and self.on_cuda:
+            raise NotImplementedError("pagedc backend: a common prefix (cascade) needs "
+                                      "kv_start, which pagedc's CUDA batch call lacks")
         if prefix > 0:
             if self.prefix is None:
                 self.prefix = self._make()
@@ -202,6 +223,9 @@ class _Engine:
         self.step = metadata.step
 
     def run(self, q, k_cache, v_cache, out, buffers, params, scale, **quantized) -> None:
+        if self.on_cuda and q.device.type == "cpu":
+            self._run_staged(q, k_cache, v_cache, out, buffers, params, scale)
+            return
         if not self.cascade:
             self.main.run(q, k_cache, v_cache, buffers=buffers, params=params, scale=scale,
                           out=out, **quantized)
@@ -213,7 +237,21 @@ class _Engine:
                                                  **quantized)
         pagedc.merge_state_in_place(out, lse, prefix_out, prefix_lse)
 
+    def _run_staged(self, q, k_cache, v_cache, out, buffers, params, scale) -> None:
+        """Host tensors on the emulated device: q and the caches are copied
+        into its memory, the kernels run there, out is copied back. A GPU's
+        CUDA tensors take run() in place instead."""
+        device = self.args["device"]
+        staged = [pagedc.to_device(x.contiguous(), device=device) for x in (q, k_cache, v_cache)]
+        result = pagedc.empty(tuple(out.shape), self.args["dtype"], device=device)
+        staged_buffers = {name: pagedc.to_device(np.asarray(value), device=device)
+                          for name, value in buffers.items()}
+        self.main.run(*staged, buffers=staged_buffers, params=params, scale=scale,
+                      out=result)
+        out.copy_(torch.from_dlpack(pagedc.to_host(result)))
 
+
+_DTYPE_NAMES = {torch.bfloat16: "bf16", torch.float16: "f16", torch.float32: "f32"}
 _ENGINES: dict = {}
 _COMPILED: dict = {}
 _LOCK = threading.Lock()
@@ -290,15 +328,16 @@ class PagedcAttentionImpl(AttentionImpl):
             self.mods = _compiled(self.mods_key, config.compile)
         else:
             source = builtin_source(sliding_window, logits_soft_cap, alibi_slopes is not None)
-            self.mods_key = ("layer", source)
-            self.mods = _compiled(self.mods_key, lambda: pagedc.compile(source))
+            self.mods_key = ("layer", source, config.on_cuda)
+            self.mods = _compiled(self.mods_key,
+                                  lambda: pagedc.compile(source, cuda=config.on_cuda))
             if alibi_slopes is not None:
                 self.buffers["alibi_slopes"] = np.asarray(
                     torch.as_tensor(alibi_slopes, dtype=torch.float32).cpu().numpy())
         self._engine: Optional[_Engine] = None
 
-    def _engine_for(self, block_size: int) -> _Engine:
-        if self._engine is not None and self._engine.args["page_size"] == block_size:
+    def _engine_for(self, block_size: int, dtype: str) -> _Engine:
+        if self._engine is not None and self._engine.shape == (block_size, dtype):
             return self._engine
         seqs, tokens = 256, 8192
         scheduler = getattr(self._vllm_config, "scheduler_config", None)
@@ -306,13 +345,13 @@ class PagedcAttentionImpl(AttentionImpl):
             seqs = int(getattr(scheduler, "max_num_seqs", seqs) or seqs)
             tokens = int(getattr(scheduler, "max_num_batched_tokens", tokens) or tokens)
         key = (self.mods_key, block_size, self.num_kv_heads, self.head_size,
-               self.head_size_v, self.num_heads, self.config.device, self.config.threads)
+               self.head_size_v, self.num_heads, self.config.device, self.config.threads, dtype)
         with _LOCK:
             engine = _ENGINES.get(key)
             if engine is None:
                 engine = _Engine(self.mods, self.num_heads, self.num_kv_heads, self.head_size,
                                  self.head_size_v, block_size, self.config.device,
-                                 self.config.threads, seqs, tokens)
+                                 self.config.threads, seqs, tokens, dtype)
                 _ENGINES[key] = engine
         self._engine = engine
         return engine
@@ -362,11 +401,11 @@ class PagedcAttentionImpl(AttentionImpl):
         if tokens == 0:
             return output
         k_cache, v_cache = _split_kv_cache(kv_cache, self.head_size)
-        engine = self._engine_for(int(k_cache.shape[1]))
-        engine.plan(metadata)
         q = query if query.dim() == 3 else \
             query.view(query.shape[0], self.num_heads, self.head_size)
         q = q[:tokens]
+        engine = self._engine_for(int(k_cache.shape[1]), _DTYPE_NAMES.get(q.dtype, str(q.dtype)))
+        engine.plan(metadata)
         fp8 = FP8_CACHE_DTYPES.get(self.kv_cache_dtype)
         quantized = {}
         if fp8 is not None:
