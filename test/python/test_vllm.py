@@ -520,3 +520,21 @@ def test_emulated_device_with_the_layers_own_window(rng, monkeypatch):
     np.testing.assert_allclose(
         out, step.reference(scale, lambda b, h, q, kv: (q >= kv) & (q - kv < 9)),
         atol=2e-2, rtol=2e-2)
+
+
+def test_emulated_device_with_python_mods_and_their_captured_tensor(rng):
+    emulator_or_skip()
+    prefix = torch.tensor([0, 7, 40, 2], dtype=torch.int32)
+
+    def prefix_lm(b, h, q_idx, kv_idx):
+        return (kv_idx < prefix[b]) | (q_idx >= kv_idx)
+
+    pagedc_vllm.set_mods(mask_mod=prefix_lm, device="emu")
+    step = Step(rng, hq=4, hkv=2, d=64, dtype=torch.bfloat16, steps=EMU_STEP)
+    scale = 1 / math.sqrt(step.d)
+    impl = make_impl(step, scale)
+    step.write_context(impl)
+    out = run_step(step, impl)
+    p = prefix.numpy()
+    np.testing.assert_allclose(out, step.reference(scale, lambda b, h, q, kv: (kv < p[b]) |
+                                                   (q >= kv)), atol=2e-2, rtol=2e-2)

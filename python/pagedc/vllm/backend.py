@@ -244,8 +244,11 @@ class _Engine:
         device = self.args["device"]
         staged = [pagedc.to_device(x.contiguous(), device=device) for x in (q, k_cache, v_cache)]
         result = pagedc.empty(tuple(out.shape), self.args["dtype"], device=device)
+        # The tensors traced Python mods captured, and the call's own buffers.
+        bound = dict(getattr(self.mods, "bound_buffers", {}) or {})
+        bound.update(buffers)
         staged_buffers = {name: pagedc.to_device(np.asarray(value), device=device)
-                          for name, value in buffers.items()}
+                          for name, value in bound.items()}
         self.main.run(*staged, buffers=staged_buffers, params=params, scale=scale,
                       out=result)
         out.copy_(torch.from_dlpack(pagedc.to_host(result)))
