@@ -113,8 +113,10 @@ constexpr int kDecodeTmaPageRows = 16;
 /// 96 registers for 5 CTAs per SM, where the second copy path spilled 4-12
 /// bytes for some corpus selections (docs/kernels.md).
 constexpr int kDecodeTmaMinHeadDim = 128;
-constexpr bool kDecodeTma =
-    kDecodeBulkCopies && kPageSize >= kDecodeTmaPageRows && kHeadDim >= kDecodeTmaMinHeadDim;
+/// Boxes span 64 head dims (the 128-byte swizzle's row), so head dims that
+/// are not multiples of 64 take the gather.
+constexpr bool kDecodeTma = kDecodeBulkCopies && kPageSize >= kDecodeTmaPageRows &&
+                            kHeadDim >= kDecodeTmaMinHeadDim && kHeadDim % 64 == 0;
 constexpr int kDecodeBoxRows = kPageSize < kDecodeTileN ? kPageSize : kDecodeTileN;
 /// Boxes of one tensor (K or V) per tile: pages x atom columns (2 to 16).
 constexpr int kDecodeBoxes = kDecodeTileN / kDecodeBoxRows * (kHeadDim / 64);
@@ -128,15 +130,15 @@ constexpr bool kDecodeRunBoxes = kDecodeTma && kDecodeBoxRows < kDecodeTileN;
 constexpr int kDecodeRunReversed = kDecodeTileN - kDecodeBoxRows;
 /// The K/V tiles' layout: with tensor maps, 64 rows in 128-byte swizzled
 /// atoms, where their boxes land (and the gather writes alike); else rows
-/// of kRowBytes (tile_offset), whose addresses cost the gather fewer
+/// of kTileRowBytes (tile_offset), whose addresses cost the gather fewer
 /// instructions (about 15 SASS per copy-loop trip at head dim 128).
 template <bool kAtoms> struct DecodeLayout { using Type = SwizzledRows; };
 template <> struct DecodeLayout<true> { using Type = AtomTile<kDecodeTileN>; };
 using DecodeTile = DecodeLayout<kDecodeTma>::Type;
 
 /// Byte sizes of the decode CTA's shared-memory regions.
-constexpr int kDecodeQBytes = kPaddedRows * kRowBytes;
-constexpr int kDecodeStageBytes = kDecodeTileN * kRowBytes;
+constexpr int kDecodeQBytes = kPaddedRows * kTileRowBytes;
+constexpr int kDecodeStageBytes = kDecodeTileN * kTileRowBytes;
 constexpr int kDecodeClassBytes = kPaddedRows * kMaxSplitBlocks;
 
 /// Identifies decode row `row` (0..kPaddedRows): its query head and token,
@@ -302,9 +304,13 @@ extern "C" __global__ void __launch_bounds__(pagedc::kDecodeThreads, pagedc::kDe
   // Query rows: head-major, token-minor; gathered from q [B, Hq, Lq, D].
   // Issued first: their copy overlaps the block-list loads below.
   const Element *q_batch = static_cast<const Element *>(args.q) + b * args.q_stride[0];
+  constexpr int kQChunks = kPaddedRows * kChunksPerRow;
 #pragma unroll
-  for (int i = 0; i < kPaddedRows * kChunksPerRow / kDecodeThreads; ++i) {
+  for (int i = 0; i < (kQChunks + kDecodeThreads - 1) / kDecodeThreads; ++i) {
     int index = thread + i * kDecodeThreads;
+    // (A partial last trip at head dims that are not powers of two.)
+    if (kQChunks % kDecodeThreads != 0 && index >= kQChunks)
+      break;
     int row = index / kChunksPerRow, chunk = index % kChunksPerRow;
     DecodeRow info = decode_row(row, kv_head, head_chunk, q_rows());
     const Element *source = q_batch + info.head * args.q_stride[1] +

@@ -8,6 +8,9 @@
 // Shared-memory tiles hold rows of kHeadDim 16-bit elements as 16-byte
 // chunks; chunk c of row r lives at position c ^ (r & 7) of that row, so the
 // eight rows an ldmatrix phase reads fall in eight different bank groups.
+// A tile row is kTileHeadDim wide (kHeadDim rounded up to 64 elements) so
+// that the swizzle stays inside it; the chunks past kHeadDim are never
+// written nor read.
 //
 //===----------------------------------------------------------------------===//
 
@@ -22,13 +25,20 @@ using Element = pagedc_config::Element;
 
 constexpr float kLog2e = 1.4426950408889634f;
 constexpr float kLn2 = 0.6931471805599453f;
-/// 16-byte chunks per tile row.
+/// 16-byte chunks of a row that hold data.
 constexpr int kChunksPerRow = kHeadDim / 8;
-/// Bytes per tile row in shared memory.
+/// Bytes per row of q, K and V in global memory.
 constexpr int kRowBytes = kHeadDim * 2;
+/// Elements per tile row in shared memory: a multiple of 64, the span of
+/// the swizzle (8 chunks).
+constexpr int kTileHeadDim = (kHeadDim + 63) / 64 * 64;
+/// Bytes per tile row in shared memory.
+constexpr int kTileRowBytes = kTileHeadDim * 2;
 
-static_assert(kHeadDim == 64 || kHeadDim == 128 || kHeadDim == 256,
-              "head dim must be 64, 128 or 256");
+// mma.sync m16n8k16 takes 16 columns of D per k-step and ldmatrix.x4 16
+// output columns per V read.
+static_assert(kHeadDim % 16 == 0 && kHeadDim >= 32 && kHeadDim <= 256,
+              "head dim must be a multiple of 16 in [32, 256]");
 static_assert((kPageSize & (kPageSize - 1)) == 0 && kPageSize <= 1024,
               "page size must be a power of two in [1, 1024]");
 
@@ -131,20 +141,23 @@ PAGEDC_DEVICE float quad_sum(float value) {
 
 /// Byte offset of 16-byte chunk `chunk` of row `row` in a swizzled tile.
 PAGEDC_DEVICE uint32_t tile_offset(int row, int chunk) {
-  return row * kRowBytes + ((chunk ^ (row & 7)) << 4);
+  return row * kTileRowBytes + ((chunk ^ (row & 7)) << 4);
 }
 
 /// Loads `kRows` query rows into a swizzled tile; rows >= row_count are
-/// zero-filled.
+/// zero-filled. Where the tile's chunks are not a multiple of the threads
+/// (head dims that are not powers of two) the last trip is partial.
 template <int kRows, int kThreads>
 PAGEDC_DEVICE void load_query_tile(uint32_t tile, const Element *q_rows,
                                    // [rows, D] with row stride `row_stride`
                                    int64_t row_stride, int row_count,
                                    int thread) {
-  static_assert((kRows * kChunksPerRow) % kThreads == 0, "uneven Q tile load");
+  constexpr int kChunks = kRows * kChunksPerRow;
 #pragma unroll
-  for (int i = 0; i < kRows * kChunksPerRow / kThreads; ++i) {
+  for (int i = 0; i < (kChunks + kThreads - 1) / kThreads; ++i) {
     int index = thread + i * kThreads;
+    if (kChunks % kThreads != 0 && index >= kChunks)
+      break;
     int row = index / kChunksPerRow, chunk = index % kChunksPerRow;
     bool valid = row < row_count;
     const Element *source = q_rows + (valid ? row * row_stride : 0) + chunk * 8;
@@ -217,7 +230,7 @@ PAGEDC_DEVICE void copy_chunk16(void *to, const void *from) {
 #endif
 }
 
-/// The mma.sync kernels' tile layout: rows of kRowBytes, chunks swizzled.
+/// The mma.sync kernels' tile layout: rows of kTileRowBytes, chunks swizzled.
 struct SwizzledRows {
   PAGEDC_DEVICE uint32_t operator()(int row, int chunk) const { return tile_offset(row, chunk); }
 };
@@ -226,8 +239,9 @@ struct SwizzledRows {
 __host__ __device__ constexpr uint32_t atom_bytes(int rows) { return static_cast<uint32_t>(rows) * 128; }
 
 /// Byte offset of chunk `chunk` (16 bytes) of row `row` in a tile of `rows`
-/// rows laid out in 128-byte swizzled atoms: D / 64 atom columns of `rows`
-/// rows x 128 bytes, chunk c of row r at chunk c ^ (r % 8) of its row. This
+/// rows laid out in 128-byte swizzled atoms: kTileHeadDim / 64 atom columns
+/// of `rows` rows x 128 bytes, chunk c of row r at chunk c ^ (r % 8) of its
+/// row. This
 /// is where a tensor map's box with the 128-byte swizzle puts its rows (the
 /// tile 1,024-byte aligned), and what the wgmma descriptors describe; for
 /// ldmatrix it is as free of bank conflicts as tile_offset.
@@ -263,8 +277,15 @@ template <int kRows> struct AtomTile {
 /// (kv_row_bytes); with kPackedBatch each tensor's row offset comes from
 /// its own page and slot strides (the second constructor).
 template <int kRows, int kThreads, typename Layout = SwizzledRows> struct KvTileCopier {
-  static constexpr int kCopiesPerRow = kRows % (2 * kThreads / kChunksPerRow) == 0 ? 2 : 1;
-  static constexpr int kThreadsPerRow = kChunksPerRow / kCopiesPerRow;
+  /// A row's chunks rounded up to a power of two, so that threads divide
+  /// into whole rows; a thread whose chunk is past the row's data (head dims
+  /// that are not powers of two) copies nothing for it.
+  static constexpr int kCopyChunks = kChunksPerRow <= 4    ? 4
+                                     : kChunksPerRow <= 8  ? 8
+                                     : kChunksPerRow <= 16 ? 16
+                                                           : 32;
+  static constexpr int kCopiesPerRow = kRows % (2 * kThreads / kCopyChunks) == 0 ? 2 : 1;
+  static constexpr int kThreadsPerRow = kCopyChunks / kCopiesPerRow;
   static constexpr int kRowStep = kThreads / kThreadsPerRow;
   static_assert(kThreads % kThreadsPerRow == 0 && kRows % kRowStep == 0,
                 "uneven KV tile load");
@@ -330,6 +351,8 @@ template <int kRows, int kThreads, typename Layout = SwizzledRows> struct KvTile
 #pragma unroll
       for (int copy = 0; copy < kCopiesPerRow; ++copy) {
         const int at = copy * kThreadsPerRow;
+        if (kCopyChunks != kChunksPerRow && chunk + at >= kChunksPerRow)
+          continue;
         const uint32_t offset = Layout()(row, chunk + at);
         cp_async_16(k_tile + offset, k_source + 16 * at, valid ? 16 : 0);
         cp_async_16(v_tile + offset, v_source + 16 * at, valid ? 16 : 0);

@@ -19,7 +19,7 @@
 // sequences of their own lengths in one q) takes heads_q * num_work_tiles,
 // one per query head and entry of the plan's work list, and reads K/V
 // through the call's page and slot strides. Block: kBlockM / kWarpRows warps;
-// dynamic shared memory: (kBlockM + 4 * kBlockN) * kHeadDim * 2 bytes + 256
+// dynamic shared memory: (kBlockM + 4 * kBlockN) * kTileHeadDim * 2 bytes + 256
 // (the staged pages of the next KV tile).
 //
 //===----------------------------------------------------------------------===//
@@ -67,15 +67,15 @@ extern "C" __global__ void __launch_bounds__(pagedc::kPrefillThreads, 1)
   const int kv_head = tile.kv_head, kv_len = tile.kv_len, q_offset = tile.q_offset;
 
   const uint32_t q_tile = shared_address(shared);
-  const uint32_t k_tiles = q_tile + kBlockM * kRowBytes;
-  const uint32_t v_tiles = k_tiles + 2 * kBlockN * kRowBytes;
-  constexpr uint32_t kStageBytes = kBlockN * kRowBytes;
+  const uint32_t k_tiles = q_tile + kBlockM * kTileRowBytes;
+  const uint32_t v_tiles = k_tiles + 2 * kBlockN * kTileRowBytes;
+  constexpr uint32_t kStageBytes = kBlockN * kTileRowBytes;
   // The pages of the next KV tile to copy, after the K/V stages: loaded
   // into a register by the threads below kPrefillTilePages while a tile is
   // computed and stored after its math, so the copies of the next iteration
   // do not wait on page-table loads (Decode.cuh does the same).
   int32_t *page_slots =
-      reinterpret_cast<int32_t *>(shared + (kBlockM + 4 * kBlockN) * kRowBytes);
+      reinterpret_cast<int32_t *>(shared + (kBlockM + 4 * kBlockN) * kTileRowBytes);
 
   const Element *q_rows = static_cast<const Element *>(args.q) +
                           b * args.q_stride[0] + h * args.q_stride[1] +

@@ -39,13 +39,24 @@ const char *kernelKindName(KernelKind kind);
 /// calls the setting) and the forms it takes.
 void checkPrefillShape(const std::string &value, const std::string &label);
 
+/// Whether the CUDA kernels take head dim `headDim`: a multiple of 16 from
+/// 32 to 256 (mma.sync m16n8k16 takes 16 columns a step). The warpgroup
+/// prefill (sm_90a) takes 64, 128 and 256 alone (isWarpgroupHeadDim); other
+/// sizes run the mma.sync prefill on every target.
+bool isCudaHeadDim(int64_t headDim);
+/// Head dims the warpgroup prefill takes: its tiles are 64-element
+/// swizzled atoms and its PV wgmma has N = head dim (64, 128, 256).
+bool isWarpgroupHeadDim(int64_t headDim);
+/// The head dims the CUDA kernels take, for error messages.
+std::string cudaHeadDimsText();
+
 /// Compile-time configuration of one kernel. Every field becomes a constexpr
 /// in `namespace pagedc_config` of the TU.
 struct KernelConfig {
   KernelKind kind = KernelKind::Prefill;
   /// Element type of q, k, v and out: F16 or BF16.
   DType elementType = DType::BF16;
-  /// Head dim of q, k and v: 64, 128 or 256.
+  /// Head dim of q, k and v: a multiple of 16 in [32, 256] (isCudaHeadDim).
   int headDim = 128;
   /// Tokens per KV page: a power of two in [1, 1024].
   int pageSize = 16;

@@ -685,8 +685,9 @@ void checkCudaLayout(const cpu::PagedAttentionArgs &args) {
     throw Error(fmt::format("the CUDA kernels need the value head dim to equal the key head "
                             "dim, but Dv={} and D={}",
                             args.vCache.size(3), headDim));
-  if (headDim != 64 && headDim != 128 && headDim != 256)
-    throw Error(fmt::format("the CUDA kernels take head dims 64, 128 and 256, not {}", headDim));
+  if (!isCudaHeadDim(headDim))
+    throw Error(fmt::format("the CUDA kernels take head dims that are {}, not {}",
+                            cudaHeadDimsText(), headDim));
   // 16-byte loads of q rows.
   for (int d = 0; d < 3; ++d)
     if (q.size(d) > 1 && q.stride(d) % 8 != 0)

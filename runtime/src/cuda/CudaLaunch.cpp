@@ -548,6 +548,9 @@ std::string bindDecodeTensorMaps(const CudaDriver &driver, const KernelConfig &c
     return refuse(fmt::format("pages of {} rows, under {}", config.pageSize, kDecodeTmaPageRows));
   if (config.headDim < kDecodeTmaMinHeadDim)
     return refuse(fmt::format("head dim {}, under {}", config.headDim, kDecodeTmaMinHeadDim));
+  // As Decode.cuh's kDecodeTma: a box spans 64 head dims.
+  if (config.headDim % 64 != 0)
+    return refuse(fmt::format("head dim {}, not a multiple of 64", config.headDim));
   const unsigned boxRows = static_cast<unsigned>(std::min(config.pageSize, kDecodeTile));
   const std::string why = encodeCacheMaps(driver, config, plan.args, kPages, vPages, boxRows,
                                           maps.k_map, maps.v_map);

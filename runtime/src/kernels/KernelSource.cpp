@@ -181,6 +181,26 @@ void checkPrefillShape(const std::string &value, const std::string &label) {
       parsePrefillTile(entry.second, value, label);
 }
 
+bool isCudaHeadDim(int64_t headDim) {
+  return headDim >= 32 && headDim <= 256 && headDim % 16 == 0;
+}
+
+bool isWarpgroupHeadDim(int64_t headDim) {
+  return headDim == 64 || headDim == 128 || headDim == 256;
+}
+
+std::string cudaHeadDimsText() {
+  return "multiples of 16 from 32 to 256 (32, 48, 64, 80, ..., 256; the sm_90 warpgroup "
+         "prefill takes 64, 128 and 256, the others run the mma.sync prefill there)";
+}
+
+namespace {
+/// Bytes of a row of the mma.sync kernels' shared-memory tiles: the head
+/// dim rounded up to 64 elements, the span of their swizzle
+/// (KernelCommon.cuh, kTileRowBytes).
+int tileRowBytes(int headDim) { return (headDim + 63) / 64 * 64 * 2; }
+} // namespace
+
 void KernelConfig::choosePrefillShape(const KernelOptions &options) {
   const std::string value = options.prefillShape.value_or("");
   if (const std::string override = prefillShapeOverride(value, headDim, kPrefillShapeLabel);
@@ -211,7 +231,7 @@ void KernelConfig::choosePrefillShapeFor(const std::string &arch, const KernelOp
   choosePrefillShape(options);
   if (prefillShapeAsked)
     return;
-  if (arch == "sm_90a" || arch == "sm_90") {
+  if ((arch == "sm_90a" || arch == "sm_90") && isWarpgroupHeadDim(headDim)) {
     // D 64 and 128: 128-key tiles (fewer instructions per key besides the
     // wgmmas; FlashAttention-3's causal tiles are 128 keys wide; on an H200
     // 1.11-1.13x the 64-key tiles, causal S 4k-16k) where ptxas allocates
@@ -289,9 +309,13 @@ void KernelConfig::validate() const {
   if (elementType != DType::F16 && elementType != DType::BF16)
     throw Error(fmt::format("CUDA kernels take f16 or bf16 elements, not {}",
                             dtypeName(elementType)));
-  if (headDim != 64 && headDim != 128 && headDim != 256)
-    throw Error(fmt::format("head dim {} is not supported by the CUDA "
-                            "kernels (64, 128 or 256)",
+  if (!isCudaHeadDim(headDim))
+    throw Error(fmt::format("head dim {} is not supported by the CUDA kernels; they take {}",
+                            headDim, cudaHeadDimsText()));
+  if (warpRows == 64 && !isWarpgroupHeadDim(headDim))
+    throw Error(fmt::format("the warpgroup prefill (64 rows per warpgroup) takes head dims 64, "
+                            "128 and 256, not {}; the mma.sync tiles (16 or 32 rows per warp) "
+                            "take it",
                             headDim));
   if (!isPowerOfTwo(pageSize) || pageSize > 1024)
     throw Error(fmt::format(
@@ -403,7 +427,7 @@ int KernelConfig::prefillQBuffers() const {
 }
 
 int KernelConfig::sharedMemoryBytes() const {
-  const int rowBytes = headDim * 2;
+  const int rowBytes = tileRowBytes(headDim);
   switch (kind) {
   case KernelKind::Prefill:
     if (warpRows == 64)
