@@ -113,10 +113,12 @@ constexpr int kDecodeTmaPageRows = 16;
 /// 96 registers for 5 CTAs per SM, where the second copy path spilled 4-12
 /// bytes for some corpus selections (docs/kernels.md).
 constexpr int kDecodeTmaMinHeadDim = 128;
-/// Boxes span 64 head dims (the 128-byte swizzle's row), so head dims that
-/// are not multiples of 64 take the gather.
+/// Boxes span 64 head dims (the 128-byte swizzle's row) and K's and V's
+/// maps have the same box, so head dims that are not multiples of 64, and
+/// Dv other than D, take the gather.
 constexpr bool kDecodeTma = kDecodeBulkCopies && kPageSize >= kDecodeTmaPageRows &&
-                            kHeadDim >= kDecodeTmaMinHeadDim && kHeadDim % 64 == 0;
+                            kHeadDim >= kDecodeTmaMinHeadDim && kHeadDim % 64 == 0 &&
+                            kValueHeadDim == kHeadDim;
 constexpr int kDecodeBoxRows = kPageSize < kDecodeTileN ? kPageSize : kDecodeTileN;
 /// Boxes of one tensor (K or V) per tile: pages x atom columns (2 to 16).
 constexpr int kDecodeBoxes = kDecodeTileN / kDecodeBoxRows * (kHeadDim / 64);
@@ -428,7 +430,7 @@ extern "C" __global__ void __launch_bounds__(pagedc::kDecodeThreads, pagedc::kDe
   }
 
   RowState state;
-  float out[kHeadDim / 8][4];
+  float out[kValueHeadDim / 8][4];
   reset_rows(state, out);
 
   const int tiles = split_end > split_begin
@@ -732,9 +734,9 @@ extern "C" __global__ void __launch_bounds__(pagedc::kDecodeThreads, pagedc::kDe
     if (kv_warp == w) {
 #pragma unroll
       for (int half = 0; half < kRowHalves; ++half) {
-        float *merged_row = merged + local_row[half] * kHeadDim + 2 * (lane & 3);
+        float *merged_row = merged + local_row[half] * kValueHeadDim + 2 * (lane & 3);
 #pragma unroll
-        for (int d = 0; d < kHeadDim / 8; ++d) {
+        for (int d = 0; d < kValueHeadDim / 8; ++d) {
           float x = out[d][2 * half] * row_scale[half];
           float y = out[d][2 * half + 1] * row_scale[half];
           if (w == 0) {
@@ -773,12 +775,13 @@ extern "C" __global__ void __launch_bounds__(pagedc::kDecodeThreads, pagedc::kDe
     }
   }
   // Rows out: consecutive threads store consecutive column pairs.
-  for (int index = thread; index < kPaddedRows * kHeadDim / 2; index += kDecodeThreads) {
-    int row = index / (kHeadDim / 2), column = (index % (kHeadDim / 2)) * 2;
+  for (int index = thread; index < kPaddedRows * kValueHeadDim / 2; index += kDecodeThreads) {
+    int row = index / (kValueHeadDim / 2), column = (index % (kValueHeadDim / 2)) * 2;
     DecodeRow info = decode_row(row, kv_head, head_chunk, q_rows());
     if (!info.valid)
       continue;
-    float x = merged[row * kHeadDim + column], y = merged[row * kHeadDim + column + 1];
+    float x = merged[row * kValueHeadDim + column],
+          y = merged[row * kValueHeadDim + column + 1];
     if (single_split) {
       Element *out_row = static_cast<Element *>(args.out) + b * args.out_stride[0] +
                          info.head * args.out_stride[1] +
@@ -790,7 +793,8 @@ extern "C" __global__ void __launch_bounds__(pagedc::kDecodeThreads, pagedc::kDe
       if constexpr (kPackedBatch)
         row_index = (static_cast<int64_t>(blockIdx.z) * kQueryTokens + info.token) *
                         args.heads_q + info.head;
-      float *partial = args.partial_out + (row_index * args.num_splits + split) * kHeadDim;
+      float *partial =
+          args.partial_out + (row_index * args.num_splits + split) * kValueHeadDim;
       partial[column] = x;
       partial[column + 1] = y;
     }
@@ -819,7 +823,7 @@ extern "C" __global__ void __launch_bounds__(128)
   }
   // partial_lse: [splits] of this row; partial_out: [splits, D].
   const float *lse = args.partial_lse + row_index * splits;
-  const float *partial = args.partial_out + row_index * splits * kHeadDim;
+  const float *partial = args.partial_out + row_index * splits * kValueHeadDim;
   float row_max = -infinity();
   for (int i = 0; i < splits; ++i)
     row_max = fmaxf(row_max, lse[i]);
@@ -830,12 +834,12 @@ extern "C" __global__ void __launch_bounds__(128)
   const float inverse = total > 0.0f ? 1.0f / total : 0.0f;
   Element *out_row = static_cast<Element *>(args.out) + b * args.out_stride[0] +
                      h * args.out_stride[1] + (first_row + token) * args.out_stride[2];
-  for (int column = threadIdx.x * 2; column < kHeadDim; column += 256) {
+  for (int column = threadIdx.x * 2; column < kValueHeadDim; column += 256) {
     float x = 0.0f, y = 0.0f;
     for (int i = 0; i < splits; ++i) {
       float weight = exp2_approx((lse[i] - base) * kLog2e);
-      x += weight * partial[i * kHeadDim + column];
-      y += weight * partial[i * kHeadDim + column + 1];
+      x += weight * partial[i * kValueHeadDim + column];
+      y += weight * partial[i * kValueHeadDim + column + 1];
     }
     *reinterpret_cast<uint32_t *>(out_row + column) = pack_pair(x * inverse, y * inverse);
   }

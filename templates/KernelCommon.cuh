@@ -5,18 +5,19 @@
 // tiles, the paged K/V tile loader, and the per-row online softmax state.
 // Everything is parameterised by the constexprs of `pagedc_config`.
 //
-// Shared-memory tiles hold rows of kHeadDim 16-bit elements as 16-byte
-// chunks; chunk c of row r lives at position c ^ (r & 7) of that row, so the
-// eight rows an ldmatrix phase reads fall in eight different bank groups.
-// A tile row is kTileHeadDim wide (kHeadDim rounded up to 64 elements) so
-// that the swizzle stays inside it; the chunks past kHeadDim are never
-// written nor read.
+// Shared-memory tiles hold rows of 16-bit elements (kHeadDim of q and K,
+// kValueHeadDim of V) as 16-byte chunks; chunk c of row r lives at position
+// c ^ (r & 7) of that row, so the eight rows an ldmatrix phase reads fall in
+// eight different bank groups. A tile row is kTileHeadDim wide (the wider
+// head dim rounded up to 64 elements) so that the swizzle stays inside it;
+// the chunks past a tensor's head dim are never written nor read.
 //
 //===----------------------------------------------------------------------===//
 
 namespace pagedc {
 
 using pagedc_config::kHeadDim;
+using pagedc_config::kValueHeadDim;
 using pagedc_config::kIsBF16;
 using pagedc_config::kLog2PageSize;
 using pagedc_config::kPageSize;
@@ -25,13 +26,19 @@ using Element = pagedc_config::Element;
 
 constexpr float kLog2e = 1.4426950408889634f;
 constexpr float kLn2 = 0.6931471805599453f;
-/// 16-byte chunks of a row that hold data.
+/// 16-byte chunks of a q or K row.
 constexpr int kChunksPerRow = kHeadDim / 8;
-/// Bytes per row of q, K and V in global memory.
+/// Bytes per row of q and K in global memory.
 constexpr int kRowBytes = kHeadDim * 2;
-/// Elements per tile row in shared memory: a multiple of 64, the span of
-/// the swizzle (8 chunks).
-constexpr int kTileHeadDim = (kHeadDim + 63) / 64 * 64;
+/// The same for V and out rows, kValueHeadDim wide (Dv, which may differ
+/// from D).
+constexpr int kValueChunksPerRow = kValueHeadDim / 8;
+constexpr int kValueRowBytes = kValueHeadDim * 2;
+/// Elements per tile row in shared memory (Q, K and V tiles alike): the
+/// wider of D and Dv rounded up to a multiple of 64, the span of the
+/// swizzle (8 chunks).
+constexpr int kTileHeadDim =
+    ((kHeadDim > kValueHeadDim ? kHeadDim : kValueHeadDim) + 63) / 64 * 64;
 /// Bytes per tile row in shared memory.
 constexpr int kTileRowBytes = kTileHeadDim * 2;
 
@@ -39,6 +46,8 @@ constexpr int kTileRowBytes = kTileHeadDim * 2;
 // output columns per V read.
 static_assert(kHeadDim % 16 == 0 && kHeadDim >= 32 && kHeadDim <= 256,
               "head dim must be a multiple of 16 in [32, 256]");
+static_assert(kValueHeadDim % 16 == 0 && kValueHeadDim >= 32 && kValueHeadDim <= 256,
+              "value head dim must be a multiple of 16 in [32, 256]");
 static_assert((kPageSize & (kPageSize - 1)) == 0 && kPageSize <= 1024,
               "page size must be a power of two in [1, 1024]");
 
@@ -207,10 +216,15 @@ template <typename T> PAGEDC_DEVICE void opaque(T *&pointer) {
 /// place, whose pages and slots may be strided (NHD, HND, vLLM layouts):
 /// KvTileCopier then takes the strides of the call.
 constexpr int64_t kPageBytes = static_cast<int64_t>(kPageSize) * kRowBytes;
+constexpr int64_t kValuePageBytes = static_cast<int64_t>(kPageSize) * kValueRowBytes;
 
-/// Byte offset of KV row `kv` (column 0) on page `page` of a KV head.
+/// Byte offset of KV row `kv` (column 0) on page `page` of a KV head (of V
+/// where Dv differs from D: value_row_bytes).
 PAGEDC_DEVICE int64_t kv_row_bytes(int32_t page, int kv) {
   return page * kPageBytes + (kv & (kPageSize - 1)) * kRowBytes;
+}
+PAGEDC_DEVICE int64_t value_row_bytes(int32_t page, int kv) {
+  return page * kValuePageBytes + (kv & (kPageSize - 1)) * kValueRowBytes;
 }
 
 /// 16 bytes of a row (8 elements): what one thread moves per instruction
@@ -280,10 +294,12 @@ template <int kRows, int kThreads, typename Layout = SwizzledRows> struct KvTile
   /// A row's chunks rounded up to a power of two, so that threads divide
   /// into whole rows; a thread whose chunk is past the row's data (head dims
   /// that are not powers of two) copies nothing for it.
-  static constexpr int kCopyChunks = kChunksPerRow <= 4    ? 4
-                                     : kChunksPerRow <= 8  ? 8
-                                     : kChunksPerRow <= 16 ? 16
-                                                           : 32;
+  static constexpr int kRowChunks =
+      kChunksPerRow > kValueChunksPerRow ? kChunksPerRow : kValueChunksPerRow;
+  static constexpr int kCopyChunks = kRowChunks <= 4    ? 4
+                                     : kRowChunks <= 8  ? 8
+                                     : kRowChunks <= 16 ? 16
+                                                        : 32;
   static constexpr int kCopiesPerRow = kRows % (2 * kThreads / kCopyChunks) == 0 ? 2 : 1;
   static constexpr int kThreadsPerRow = kCopyChunks / kCopiesPerRow;
   static constexpr int kRowStep = kThreads / kThreadsPerRow;
@@ -341,6 +357,8 @@ template <int kRows, int kThreads, typename Layout = SwizzledRows> struct KvTile
       const int64_t row_bytes = valid ? kv_row_bytes(page, kv) : 0;
       const char *k_source = k_bytes + row_bytes;
       const char *v_source = v_bytes + row_bytes;
+      if constexpr (kValueHeadDim != kHeadDim)
+        v_source = v_bytes + (valid ? value_row_bytes(page, kv) : 0);
       if constexpr (kPackedBatch) {
         // Strided pages: each tensor's row from its own strides (the
         // compact offset above is then dead code).
@@ -351,11 +369,11 @@ template <int kRows, int kThreads, typename Layout = SwizzledRows> struct KvTile
 #pragma unroll
       for (int copy = 0; copy < kCopiesPerRow; ++copy) {
         const int at = copy * kThreadsPerRow;
-        if (kCopyChunks != kChunksPerRow && chunk + at >= kChunksPerRow)
-          continue;
         const uint32_t offset = Layout()(row, chunk + at);
-        cp_async_16(k_tile + offset, k_source + 16 * at, valid ? 16 : 0);
-        cp_async_16(v_tile + offset, v_source + 16 * at, valid ? 16 : 0);
+        if (kCopyChunks == kChunksPerRow || chunk + at < kChunksPerRow)
+          cp_async_16(k_tile + offset, k_source + 16 * at, valid ? 16 : 0);
+        if (kCopyChunks == kValueChunksPerRow || chunk + at < kValueChunksPerRow)
+          cp_async_16(v_tile + offset, v_source + 16 * at, valid ? 16 : 0);
       }
     }
   }
@@ -450,11 +468,11 @@ PAGEDC_DEVICE void warp_scores(float (&scores)[kNTiles][4],
       q_tile, q_row_base, k_tile, col_base, lane);
 }
 
-/// out[m][16 x D] += P[m][16 x 8*kNTiles] * V[kv rows col_base.., D] for the
+/// out[m][16 x Dv] += P[m][16 x 8*kNTiles] * V[kv rows col_base.., Dv] for the
 /// warp's kMTiles query tiles; P is the probability tile in the accumulator
 /// layout of warp_scores_rows. Each V fragment is read once for all tiles.
 template <int kMTiles, int kNTiles, typename Layout = SwizzledRows>
-PAGEDC_DEVICE void warp_accumulate_rows(float (&out)[kMTiles][kHeadDim / 8][4],
+PAGEDC_DEVICE void warp_accumulate_rows(float (&out)[kMTiles][kValueHeadDim / 8][4],
                                         const float (&probs)[kMTiles][kNTiles][4],
                                         uint32_t v_tile, int col_base,
                                         int lane) {
@@ -470,7 +488,7 @@ PAGEDC_DEVICE void warp_accumulate_rows(float (&out)[kMTiles][kHeadDim / 8][4],
     }
     int row = col_base + k_step * 16 + (lane & 15);
 #pragma unroll
-    for (int pair = 0; pair < kHeadDim / 16; ++pair) {
+    for (int pair = 0; pair < kValueHeadDim / 16; ++pair) {
       uint32_t b[4];
       ldmatrix_x4_trans(b, v_tile + Layout()(row, pair * 2 + (lane >> 4)));
 #pragma unroll
@@ -484,10 +502,10 @@ PAGEDC_DEVICE void warp_accumulate_rows(float (&out)[kMTiles][kHeadDim / 8][4],
 
 /// The single-tile form (16 query rows per warp), used by decode.
 template <int kNTiles, typename Layout = SwizzledRows>
-PAGEDC_DEVICE void warp_accumulate(float (&out)[kHeadDim / 8][4],
+PAGEDC_DEVICE void warp_accumulate(float (&out)[kValueHeadDim / 8][4],
                                    const float (&probs)[kNTiles][4],
                                    uint32_t v_tile, int col_base, int lane) {
-  using Out = float[1][kHeadDim / 8][4];
+  using Out = float[1][kValueHeadDim / 8][4];
   using Probs = const float[1][kNTiles][4];
   warp_accumulate_rows<1, kNTiles, Layout>(reinterpret_cast<Out &>(out),
                                    reinterpret_cast<Probs &>(probs), v_tile,
@@ -590,14 +608,14 @@ PAGEDC_DEVICE int next_counted_tile(int32_t *counter, int round, int count) {
 
 /// A fresh softmax state (nothing seen) and output accumulator of a
 /// thread's two rows.
-PAGEDC_DEVICE void reset_rows(RowState &state, float (&out)[kHeadDim / 8][4]) {
+PAGEDC_DEVICE void reset_rows(RowState &state, float (&out)[kValueHeadDim / 8][4]) {
 #pragma unroll
   for (int half = 0; half < 2; ++half) {
     state.max[half] = -infinity();
     state.sum[half] = 0.0f;
   }
 #pragma unroll
-  for (int d = 0; d < kHeadDim / 8; ++d)
+  for (int d = 0; d < kValueHeadDim / 8; ++d)
 #pragma unroll
     for (int e = 0; e < 4; ++e)
       out[d][e] = 0.0f;
@@ -821,11 +839,11 @@ PAGEDC_DEVICE void settle_fast_tile(RowState &state, float (&scores)[kNTiles][4]
 }
 
 template <int kHalves = 2>
-PAGEDC_DEVICE void rescale_rows(float (&out)[kHeadDim / 8][4], const float (&rescale)[2]) {
+PAGEDC_DEVICE void rescale_rows(float (&out)[kValueHeadDim / 8][4], const float (&rescale)[2]) {
 #pragma unroll
   for (int half = 0; half < kHalves; ++half)
 #pragma unroll
-    for (int d = 0; d < kHeadDim / 8; ++d) {
+    for (int d = 0; d < kValueHeadDim / 8; ++d) {
       out[d][2 * half] *= rescale[half];
       out[d][2 * half + 1] *= rescale[half];
     }
@@ -838,7 +856,7 @@ PAGEDC_DEVICE void rescale_rows(float (&out)[kHeadDim / 8][4], const float (&res
 /// Returns whether it rescaled.
 template <int kNTiles, int kHalves = 2>
 PAGEDC_DEVICE bool online_softmax(RowState &state, float (&scores)[kNTiles][4],
-                                  float (&out)[kHeadDim / 8][4]) {
+                                  float (&out)[kValueHeadDim / 8][4]) {
   float rescale[2];
   softmax_tile<kNTiles, kHalves>(state, scores, rescale);
   if (__ballot_sync(0xffffffffu, rescale[0] != 1.0f || rescale[1] != 1.0f)) {

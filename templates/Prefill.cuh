@@ -35,8 +35,8 @@ constexpr int kPrefillThreads = kBlockM / kWarpRows * 32;
 /// Q fragments stay in registers only at D = 64; at D >= 128 they are
 /// re-read from shared memory (ldmatrix) to stay clear of spills.
 constexpr bool kPrefillQInRegisters = kHeadDim <= 64;
-static_assert(kWarpRows == 16 || (kWarpRows == 32 && kHeadDim <= 128),
-              "32 rows per warp need head dim <= 128");
+static_assert(kWarpRows == 16 || (kWarpRows == 32 && kHeadDim <= 128 && kValueHeadDim <= 128),
+              "32 rows per warp need head dims <= 128");
 static_assert(kBlockM == 64 || kBlockM == 128, "kBlockM must be 64 or 128");
 static_assert(kBlockN == 32 || kBlockN == 64, "kBlockN must be 32 or 64");
 /// Pages one KV tile touches (tiles start at multiples of kBlockN keys).
@@ -107,7 +107,7 @@ extern "C" __global__ void __launch_bounds__(pagedc::kPrefillThreads, 1)
   pagedc_mods::MaskRow mask_rows[kMTiles][2];
   pagedc_mods::ScoreRow score_rows[kMTiles][2];
   RowState state[kMTiles];
-  float out[kMTiles][kHeadDim / 8][4];
+  float out[kMTiles][kValueHeadDim / 8][4];
 #pragma unroll
   for (int m = 0; m < kMTiles; ++m) {
 #pragma unroll
@@ -123,7 +123,7 @@ extern "C" __global__ void __launch_bounds__(pagedc::kPrefillThreads, 1)
       state[m].sum[half] = 0.0f;
     }
 #pragma unroll
-    for (int d = 0; d < kHeadDim / 8; ++d)
+    for (int d = 0; d < kValueHeadDim / 8; ++d)
 #pragma unroll
       for (int e = 0; e < 4; ++e)
         out[m][d][e] = 0.0f;
@@ -279,7 +279,7 @@ extern "C" __global__ void __launch_bounds__(pagedc::kPrefillThreads, 1)
       uint32_t *out_row = reinterpret_cast<uint32_t *>(
           out_base + (first_row + row) * args.out_stride[2] + 2 * (lane & 3));
 #pragma unroll
-      for (int d = 0; d < kHeadDim / 8; ++d)
+      for (int d = 0; d < kValueHeadDim / 8; ++d)
         out_row[d * 4] = pack_pair(out[m][d][2 * half] * inverse,
                                    out[m][d][2 * half + 1] * inverse);
       if constexpr (pagedc_config::kHasLse) {

@@ -97,6 +97,7 @@ constexpr unsigned kEpilogueBarrier = 4;
 // mma.sync prefill (KernelConfig::choosePrefillShapeFor).
 static_assert(kHeadDim == 64 || kHeadDim == 128 || kHeadDim == 256,
               "the warpgroup prefill takes head dims 64, 128 and 256");
+static_assert(kValueHeadDim == kHeadDim, "the warpgroup prefill takes Dv = D");
 // Dynamic shared memory (KernelConfig::sharedMemoryBytes), the page index
 // buffers, the stages' run XORs, the Q buffers' tile slots and the
 // producer's two round words must fit the 227 KiB a block may have.

@@ -333,13 +333,12 @@ PagedcParamSlot parseParam(const ParamDecl &decl, const std::string &text) {
 
 /// Why the CUDA kernels cannot run a call of this shape; empty when they can.
 std::string cudaShapeProblem(int64_t dim, int64_t vDim, int32_t kvBlock) {
-  if (vDim != dim)
-    return fmt::format("the CUDA kernels need the value head dim to equal "
-                       "the key head dim, but Dv={} and D={}",
-                       (long long)vDim, (long long)dim);
   if (!isCudaHeadDim(dim))
     return fmt::format("the CUDA kernels take head dims that are {}, not {}", cudaHeadDimsText(),
                        (long long)dim);
+  if (!isCudaHeadDim(vDim))
+    return fmt::format("the CUDA kernels take value head dims that are {}, not {}",
+                       cudaHeadDimsText(), (long long)vDim);
   if (kvBlock % 64 != 0)
     return fmt::format("the CUDA kernels need a kv block size that is a "
                        "multiple of 64 (--block), not {}",

@@ -130,12 +130,14 @@ std::shared_ptr<const CudaKernel> cudaKernelFor(const CompiledMods &mods,
 /// (KernelConfig::fitPrefillTileToBlocks; in a bundle, the prefill module
 /// with the widest tile that divides it, else the first). `options`: the
 /// call's kernel options (with mod code, prefillShape picks the prefill
-/// tile; a bundle's modules are what they are).
+/// tile; a bundle's modules are what they are). `valueHeadDim`: Dv, 0 for
+/// Dv = headDim.
 KernelConfig chooseCudaAttentionConfig(const CompiledMods &mods, DType elementType,
                                        int headDim, int pageSize, int groupSize,
                                        int queryLength, bool returnLse,
                                        const std::string &arch, int kvBlockSize = 0,
-                                       const KernelOptions &options = {});
+                                       const KernelOptions &options = {},
+                                       int valueHeadDim = 0);
 
 //===----------------------------------------------------------------------===//
 // Block masks on the device

@@ -56,8 +56,11 @@ struct KernelConfig {
   KernelKind kind = KernelKind::Prefill;
   /// Element type of q, k, v and out: F16 or BF16.
   DType elementType = DType::BF16;
-  /// Head dim of q, k and v: a multiple of 16 in [32, 256] (isCudaHeadDim).
+  /// Head dim of q and k: a multiple of 16 in [32, 256] (isCudaHeadDim).
   int headDim = 128;
+  /// Head dim of v and out (Dv), the same range; 0: headDim. The
+  /// warpgroup prefill and decode's tensor maps take Dv = D alone.
+  int valueHeadDim = 0;
   /// Tokens per KV page: a power of two in [1, 1024].
   int pageSize = 16;
   /// Prefill: query rows per CTA (64 or 128).
@@ -113,6 +116,7 @@ struct KernelConfig {
 
   bool operator==(const KernelConfig &other) const {
     return kind == other.kind && elementType == other.elementType && headDim == other.headDim &&
+           valueDim() == other.valueDim() &&
            pageSize == other.pageSize && blockM == other.blockM && warpRows == other.warpRows &&
            recomputeModRows == other.recomputeModRows &&
            prefillStageLimit == other.prefillStageLimit && blockN == other.blockN &&
@@ -121,6 +125,8 @@ struct KernelConfig {
            packedBatch == other.packedBatch;
   }
   bool operator!=(const KernelConfig &other) const { return !(*this == other); }
+  /// Dv: valueHeadDim, or headDim where it is 0.
+  int valueDim() const { return valueHeadDim ? valueHeadDim : headDim; }
 
   /// Sets blockM, blockN and warpRows to the mma.sync prefill tile shape
   /// that compiles without spills for every mod at this headDim (the

@@ -370,12 +370,14 @@ std::shared_ptr<const CudaKernel> cudaKernelFor(const CompiledMods &mods,
 KernelConfig chooseCudaAttentionConfig(const CompiledMods &mods, DType elementType, int headDim,
                                        int pageSize, int groupSize, int queryLength,
                                        bool returnLse, const std::string &arch,
-                                       int kvBlockSize, const KernelOptions &options) {
+                                       int kvBlockSize, const KernelOptions &options,
+                                       int valueHeadDim) {
   const int64_t paramsSize = ParamsLayout::forDeclarations(mods.params, mods.buffers).size;
   if (!mods.cuda.bundle) {
     KernelConfig config;
     config.elementType = elementType;
     config.headDim = headDim;
+    config.valueHeadDim = valueHeadDim == headDim ? 0 : valueHeadDim;
     config.pageSize = pageSize;
     config.groupSize = groupSize;
     config.returnLse = returnLse;
@@ -400,7 +402,8 @@ KernelConfig chooseCudaAttentionConfig(const CompiledMods &mods, DType elementTy
   for (const BundleModule &module : mods.cuda.bundle->modules) {
     const KernelConfig &c = module.config;
     if (module.mods != mods.cuda.bundleLabel || !bundleArchRuns(module.arch, arch) ||
-        c.elementType != elementType || c.headDim != headDim || c.pageSize != pageSize ||
+        c.elementType != elementType || c.headDim != headDim ||
+        c.valueDim() != (valueHeadDim ? valueHeadDim : headDim) || c.pageSize != pageSize ||
         c.returnLse != returnLse || (c.paramsSize >= 0 && c.paramsSize != paramsSize))
       continue;
     if (c.kind == KernelKind::Decode && c.groupSize == groupSize &&
@@ -681,13 +684,12 @@ bool isCompact(const TensorView &view) {
 void checkCudaLayout(const cpu::PagedAttentionArgs &args) {
   const TensorView &q = args.q, &out = args.out;
   const int64_t headDim = q.size(3);
-  if (args.vCache.size(3) != headDim)
-    throw Error(fmt::format("the CUDA kernels need the value head dim to equal the key head "
-                            "dim, but Dv={} and D={}",
-                            args.vCache.size(3), headDim));
   if (!isCudaHeadDim(headDim))
     throw Error(fmt::format("the CUDA kernels take head dims that are {}, not {}",
                             cudaHeadDimsText(), headDim));
+  if (!isCudaHeadDim(args.vCache.size(3)))
+    throw Error(fmt::format("the CUDA kernels take value head dims that are {}, not {}",
+                            cudaHeadDimsText(), args.vCache.size(3)));
   // 16-byte loads of q rows.
   for (int d = 0; d < 3; ++d)
     if (q.size(d) > 1 && q.stride(d) % 8 != 0)
@@ -738,7 +740,8 @@ void pagedAttention(const cpu::PagedAttentionArgs &args, Device device, void *st
   const KernelConfig config = chooseCudaAttentionConfig(
       mods, q.dtype(), headDim, args.pageSize, headsQ / headsKv, queryLength,
       args.lse.data() != nullptr, info.arch(),
-      args.blockMask ? static_cast<int>(args.blockMask->kvBlockSize) : 0, kernelOptions);
+      args.blockMask ? static_cast<int>(args.blockMask->kvBlockSize) : 0, kernelOptions,
+      static_cast<int>(args.vCache.size(3)));
   const BlockMask *mask = args.blockMask;
   if (mask) {
     const int tile = config.kind == KernelKind::Decode ? kDecodeTile : config.blockN;

@@ -216,13 +216,16 @@ void KernelConfig::choosePrefillShape(const KernelOptions &options) {
   }
   prefillShapeAsked = false;
   prefillStageLimit = 4;
-  if (headDim <= 64) {
+  // By the wider head dim: D sets the score k-steps and the Q tile, Dv the
+  // output accumulators, and shared memory holds rows of the wider.
+  const int widest = std::max(headDim, valueDim());
+  if (widest <= 64) {
     blockM = 128;
     blockN = 32;
     warpRows = 32;
   } else {
     blockM = 64;
-    blockN = headDim <= 128 ? 64 : 32;
+    blockN = widest <= 128 ? 64 : 32;
     warpRows = 16;
   }
 }
@@ -231,7 +234,8 @@ void KernelConfig::choosePrefillShapeFor(const std::string &arch, const KernelOp
   choosePrefillShape(options);
   if (prefillShapeAsked)
     return;
-  if ((arch == "sm_90a" || arch == "sm_90") && isWarpgroupHeadDim(headDim)) {
+  if ((arch == "sm_90a" || arch == "sm_90") && isWarpgroupHeadDim(headDim) &&
+      valueDim() == headDim) {
     // D 64 and 128: 128-key tiles (fewer instructions per key besides the
     // wgmmas; FlashAttention-3's causal tiles are 128 keys wide; on an H200
     // 1.11-1.13x the 64-key tiles, causal S 4k-16k) where ptxas allocates
@@ -244,7 +248,7 @@ void KernelConfig::choosePrefillShapeFor(const std::string &arch, const KernelOp
     blockM = 128;
     blockN = headDim <= 128 ? 128 : 64;
     warpRows = 64;
-  } else if (headDim == 128 && arch.rfind("sm_", 0) == 0) {
+  } else if (headDim == 128 && valueDim() == 128 && arch.rfind("sm_", 0) == 0) {
     // The FA2-shaped tile where ptxas allocates it without spills
     // (settlePrefillShape): 116 of the 313 corpus selections spill 4-32
     // bytes at sm_80 with their row values held across the KV loop, and
@@ -312,6 +316,13 @@ void KernelConfig::validate() const {
   if (!isCudaHeadDim(headDim))
     throw Error(fmt::format("head dim {} is not supported by the CUDA kernels; they take {}",
                             headDim, cudaHeadDimsText()));
+  if (!isCudaHeadDim(valueDim()))
+    throw Error(fmt::format("value head dim {} is not supported by the CUDA kernels; they take {}",
+                            valueDim(), cudaHeadDimsText()));
+  if (warpRows == 64 && valueDim() != headDim)
+    throw Error(fmt::format("the warpgroup prefill (64 rows per warpgroup) takes Dv = D, not Dv "
+                            "{} with D {}; the mma.sync tiles (16 or 32 rows per warp) take it",
+                            valueDim(), headDim));
   if (warpRows == 64 && !isWarpgroupHeadDim(headDim))
     throw Error(fmt::format("the warpgroup prefill (64 rows per warpgroup) takes head dims 64, "
                             "128 and 256, not {}; the mma.sync tiles (16 or 32 rows per warp) "
@@ -326,9 +337,9 @@ void KernelConfig::validate() const {
     throw Error(fmt::format("prefill warpRows {} must be 16, 32 (rows per warp, mma.sync) or "
                             "64 (rows per warpgroup, wgmma: sm_90a)",
                             warpRows));
-  if (warpRows == 32 && headDim > 128)
-    throw Error(fmt::format("32 query rows per warp need head dim <= 128, not {}",
-                            headDim));
+  if (warpRows == 32 && std::max(headDim, valueDim()) > 128)
+    throw Error(fmt::format("32 query rows per warp need head dims <= 128, not {}",
+                            std::max(headDim, valueDim())));
   if (kind != KernelKind::Prefill && warpRows != 16)
     throw Error("only the prefill kernel takes 32 query rows per warp or warpgroup tiles");
   if (prefillStageLimit < 2 || prefillStageLimit > 4)
@@ -366,8 +377,10 @@ std::string KernelConfig::describe() const {
   // The first design (16 rows per warp) keeps its historical description.
   // "r": the mods' row values recomputed per KV tile.
   // "sK": a stage limit under 4.
-  return fmt::format("{} {} d{} page{} m{}{}{}{} n{} group{} tokens{} lse{} params{}",
-                     kernelKindName(kind), dtypeName(elementType), headDim, pageSize, blockM,
+  return fmt::format("{} {} d{}{} page{} m{}{}{}{} n{} group{} tokens{} lse{} params{}",
+                     kernelKindName(kind), dtypeName(elementType), headDim,
+                     valueDim() == headDim ? std::string() : fmt::format(" dv{}", valueDim()),
+                     pageSize, blockM,
                      warpRows == 16 ? std::string() : fmt::format("w{}", warpRows),
                      recomputeModRows ? "r" : "",
                      prefillStageLimit == 4 ? std::string() : fmt::format("s{}", prefillStageLimit),
@@ -427,7 +440,7 @@ int KernelConfig::prefillQBuffers() const {
 }
 
 int KernelConfig::sharedMemoryBytes() const {
-  const int rowBytes = tileRowBytes(headDim);
+  const int rowBytes = tileRowBytes(std::max(headDim, valueDim()));
   switch (kind) {
   case KernelKind::Prefill:
     if (warpRows == 64)
@@ -528,6 +541,7 @@ KernelSource assembleKernel(const KernelConfig &config,
   code += fmt::format("constexpr bool kIsBF16 = {};\n",
                       config.elementType == DType::BF16 ? "true" : "false");
   code += fmt::format("constexpr int kHeadDim = {};\n", config.headDim);
+  code += fmt::format("constexpr int kValueHeadDim = {};\n", config.valueDim());
   code += fmt::format("constexpr int kPageSize = {};\n", config.pageSize);
   code += fmt::format("constexpr int kLog2PageSize = {};\n",
                       log2Exact(config.pageSize));

@@ -1,7 +1,7 @@
 //===- EmuHeadDimTest.cpp - CUDA kernels at every head dim, on the emulator -===//
 //
 // The CUDA kernels at head dims that are multiples of 16 from 32 to 256,
-// executed on the SIMT emulator (PAGEDC_CUDA_DRIVER=emu) with every checker
+// and value head dims (Dv) other than D (192 / 128, 64 / 160), executed on the SIMT emulator (PAGEDC_CUDA_DRIVER=emu) with every checker
 // on, through the runtime's CUDA path: prefill, split-KV decode and 3-token
 // decode, against the float64 reference (out and lse) on fresh random
 // inputs: batch 2 with lengths off the page and tile grid, GQA 1 and 4,
@@ -148,7 +148,8 @@ std::string dimsName(const ::testing::TestParamInfo<Dims> &info) {
 INSTANTIATE_TEST_SUITE_P(HeadDims, EmuHeadDimTest,
                          ::testing::Values(Dims{32, 32}, Dims{48, 48}, Dims{64, 64}, Dims{80, 80},
                                            Dims{96, 96}, Dims{112, 112}, Dims{128, 128},
-                                           Dims{160, 160}, Dims{192, 192}, Dims{256, 256}),
+                                           Dims{160, 160}, Dims{192, 192}, Dims{256, 256},
+                                           Dims{192, 128}, Dims{64, 160}),
                          dimsName);
 
 /// A head dim the kernels do not take is an error that lists those they do.
