@@ -80,9 +80,11 @@ constexpr bool kDecodeQInRegisters = kHeadDim <= 128;
 /// the all-kept path's second copy of the mod code would otherwise cost;
 /// elsewhere ptxas chooses. A packed batch's kernel (8 tokens: up to 64
 /// rows, and the strided copies' registers) spills under that cap, so ptxas
-/// chooses there too.
+/// chooses there too; and so it does for more than 16 rows (two or four
+/// row warps: a thread's rows take more registers than the cap leaves, and
+/// ptxas spills at head dims 32 to 64).
 #if !defined(PAGEDC_EMULATOR) && defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-constexpr int kDecodeMinBlocks = kHeadDim <= 64 && !kPackedBatch ? 5 : 1;
+constexpr int kDecodeMinBlocks = kHeadDim <= 64 && !kPackedBatch && kRowWarps == 1 ? 5 : 1;
 #else
 constexpr int kDecodeMinBlocks = 1;
 #endif

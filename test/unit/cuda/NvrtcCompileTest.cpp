@@ -201,15 +201,18 @@ TEST(NvrtcCompile, MainConfigurationsDoNotSpill) {
 /// Head dims other than 64, 128 and 256 (multiples of 16; tile rows wider
 /// than their data, partial copy trips) compile for sm_80 and sm_90 without
 /// spills at the tiles the runtime takes there (choosePrefillShapeFor: the
-/// mma.sync prefill on both; decode as flexAttention launches it, GQA 4 and
-/// one token, and 8 tokens of GQA 8), for every test mod.
+/// mma.sync prefill on both; decode as flexAttention launches it: one token
+/// of GQA 4, 8 tokens of GQA 8 and, at head dims up to 64, where sm_90 caps
+/// the registers of up to 16 rows, 4 tokens of GQA 4), for every test mod.
 TEST(NvrtcCompile, OtherHeadDimsCompileWithoutSpills) {
   REQUIRE_NVRTC();
   std::vector<Case> cases;
   for (const char *mod : kTestMods)
     for (int headDim : {32, 48, 80, 96, 112, 160, 192})
       for (const char *arch : {"sm_80", "sm_90"})
-        for (int decodeTokens : {0, 1, 8}) {
+        for (int decodeTokens : {0, 1, 4, 8}) {
+          if (decodeTokens == 4 && headDim > 64)
+            continue;
           Case c;
           c.mod = mod;
           c.config.kind = decodeTokens == 0 ? KernelKind::Prefill : KernelKind::Decode;
@@ -219,7 +222,7 @@ TEST(NvrtcCompile, OtherHeadDimsCompileWithoutSpills) {
           if (decodeTokens == 0) {
             c.config.choosePrefillShapeFor(arch);
           } else {
-            c.config.groupSize = decodeTokens == 1 ? 4 : 8;
+            c.config.groupSize = decodeTokens == 8 ? 8 : 4;
             c.config.queryTokens = decodeTokens;
           }
           c.arch = c.config.compileArchFor(arch);
@@ -246,10 +249,8 @@ TEST(NvrtcCompile, OtherHeadDimsCompileWithoutSpills) {
 /// BatchAttention's packed-batch kernels, as CudaBatchAttention.cpp builds
 /// them (64 x 64 prefill tiles, 32 keys above head dim 128; decode for up
 /// to 8 tokens), compile for sm_80 and sm_90 at head dims 64 to 256 without
-/// spills.
-/// (flexAttention's decode for 8 tokens of GQA 4 at head dim 64 spills on
-/// sm_90 under its 5-CTA register cap, which the packed kernel does not
-/// take.)
+/// spills (without the 5-CTA register cap flexAttention's decode takes on
+/// sm_90 for up to 16 rows at head dims up to 64).
 TEST(NvrtcCompile, PackedBatchKernelsCompileWithoutSpills) {
   REQUIRE_NVRTC();
   std::vector<Case> cases;
