@@ -142,7 +142,9 @@ struct KernelConfig {
   /// (prefillStageLimit K); entries "dD=MxNxW" after it, comma-separated, override it at head dim
   /// D alone ("128x128x64,d256=128x64x64": a tile that fits each; "dD="
   /// keeps the default there); a malformed value throws pagedc::Error
-  /// naming it. Sets prefillShapeAsked.
+  /// naming it. Sets prefillShapeAsked. A warpgroup tile (W 64) asked for at
+  /// a head dim the warpgroup prefill does not take (isWarpgroupHeadDim, Dv =
+  /// D) gives the default mma.sync tile, as if nothing were asked.
   void choosePrefillShape(const KernelOptions &options = {});
   /// choosePrefillShape for a target: on sm_90 and sm_90a (an H100 or
   /// H200) the warpgroup tiles (wgmma; sm_90a code, which compileArchFor

@@ -206,6 +206,12 @@ void KernelConfig::choosePrefillShape(const KernelOptions &options) {
   if (const std::string override = prefillShapeOverride(value, headDim, kPrefillShapeLabel);
       !override.empty()) {
     const PrefillTile tile = parsePrefillTile(override, value, kPrefillShapeLabel);
+    // A warpgroup tile where the warpgroup prefill cannot run (head dims
+    // other than 64, 128 and 256, or Dv other than D): the mma.sync tile
+    // below, as sm_90 takes there by default, so that one value serves
+    // calls of every head dim.
+    if (tile.warpRows == 64 && !(isWarpgroupHeadDim(headDim) && valueDim() == headDim))
+      return choosePrefillShape();
     blockM = tile.blockM;
     blockN = tile.blockN;
     warpRows = tile.warpRows;
