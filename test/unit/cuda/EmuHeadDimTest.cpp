@@ -11,9 +11,11 @@
 // kTileHeadDim) and partial copy trips, which the memory and
 // initialisation checkers watch.
 //
-// By default each head dim runs four variants that together take every
-// value of every setting; $PAGEDC_MATRIX_FULL=1 runs the product of the
-// settings (36 variants a head dim).
+// By default each head dim of 32, 48, 64, 80, 96, 112, 128, 160, 192, 256
+// (and the two Dv pairs) runs four variants that together take every value
+// of every setting; $PAGEDC_MATRIX_FULL=1 runs the product of the settings
+// (36 variants a head dim) and adds the other multiples of 16 and two more
+// Dv pairs.
 //
 //===----------------------------------------------------------------------===//
 
@@ -60,9 +62,13 @@ struct Variant {
   bool withBlockMask;
 };
 
-std::vector<Variant> variants() {
+bool fullMatrix() {
   const char *fullText = std::getenv("PAGEDC_MATRIX_FULL");
-  if (!(fullText && std::string(fullText) == "1"))
+  return fullText && std::string(fullText) == "1";
+}
+
+std::vector<Variant> variants() {
+  if (!fullMatrix())
     return {
         {&kPrefill, 16, 4, DType::BF16, "causal", "", false},
         {&kPrefill, 1, 1, DType::F16, "holes", "softcap", true},
@@ -86,12 +92,16 @@ std::vector<Variant> variants() {
 struct Dims {
   int64_t dim;
   int64_t vDim;
+  /// Run only with PAGEDC_MATRIX_FULL=1.
+  bool fullOnly = false;
 };
 
 class EmuHeadDimTest : public ::testing::TestWithParam<Dims> {};
 
 TEST_P(EmuHeadDimTest, KernelsMatchFloat64Reference) {
   const Dims dims = GetParam();
+  if (dims.fullOnly && !fullMatrix())
+    GTEST_SKIP() << "with PAGEDC_MATRIX_FULL=1 only";
   int64_t masked = 0;
   int variantIndex = 0;
   for (const Variant &v : variants()) {
@@ -149,7 +159,11 @@ INSTANTIATE_TEST_SUITE_P(HeadDims, EmuHeadDimTest,
                          ::testing::Values(Dims{32, 32}, Dims{48, 48}, Dims{64, 64}, Dims{80, 80},
                                            Dims{96, 96}, Dims{112, 112}, Dims{128, 128},
                                            Dims{160, 160}, Dims{192, 192}, Dims{256, 256},
-                                           Dims{192, 128}, Dims{64, 160}),
+                                           Dims{192, 128}, Dims{64, 160},
+                                           Dims{144, 144, true}, Dims{176, 176, true},
+                                           Dims{208, 208, true}, Dims{224, 224, true},
+                                           Dims{240, 240, true}, Dims{128, 64, true},
+                                           Dims{32, 256, true}),
                          dimsName);
 
 /// A head dim the kernels do not take is an error that lists those they do.
