@@ -1,8 +1,9 @@
 //===- EmuHeadDimTest.cpp - CUDA kernels at every head dim, on the emulator -===//
 //
 // The CUDA kernels at head dims that are multiples of 16 from 32 to 256,
-// and value head dims (Dv) other than D (192 / 128, 64 / 160), executed on the SIMT emulator (PAGEDC_CUDA_DRIVER=emu) with every checker
-// on, through the runtime's CUDA path: prefill, split-KV decode and 3-token
+// and value head dims (Dv) other than D (192 / 128, 64 / 160), executed on
+// the SIMT emulator (PAGEDC_CUDA_DRIVER=emu) with every checker on, through
+// the runtime's CUDA path: prefill, split-KV decode and 3-token
 // decode, against the float64 reference (out and lse) on fresh random
 // inputs: batch 2 with lengths off the page and tile grid, GQA 1 and 4,
 // page sizes 1, 16 and 128, bf16 and f16, the causal mask, a mask that
