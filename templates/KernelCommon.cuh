@@ -255,8 +255,7 @@ __host__ __device__ constexpr uint32_t atom_bytes(int rows) { return static_cast
 /// Byte offset of chunk `chunk` (16 bytes) of row `row` in a tile of `rows`
 /// rows laid out in 128-byte swizzled atoms: kTileHeadDim / 64 atom columns
 /// of `rows` rows x 128 bytes, chunk c of row r at chunk c ^ (r % 8) of its
-/// row. This
-/// is where a tensor map's box with the 128-byte swizzle puts its rows (the
+/// row. This is where a tensor map's box with the 128-byte swizzle puts its rows (the
 /// tile 1,024-byte aligned), and what the wgmma descriptors describe; for
 /// ldmatrix it is as free of bank conflicts as tile_offset.
 PAGEDC_DEVICE uint32_t atom_offset(int rows, int row, int chunk) {
