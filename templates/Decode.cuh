@@ -89,11 +89,14 @@ constexpr bool kDecodeQInRegisters = kHeadDim <= 128;
 /// the all-kept path's second copy of the mod code would otherwise cost;
 /// elsewhere ptxas chooses. A packed batch's kernel (8 tokens: up to 64
 /// rows, and the strided copies' registers) spills under that cap, so ptxas
-/// chooses there too; so does a kernel of an 8-bit cache, whose conversion
-/// pass (16 codes in, 16 elements out per step) spilled 8-12 bytes under it.
+/// chooses there too; and so it does for more than 16 rows (two or four
+/// row warps: a thread's rows take more registers than the cap leaves, and
+/// ptxas spills at head dims 32 to 64), and for a kernel of an 8-bit cache,
+/// whose conversion pass (16 codes in, 16 elements out per step) spilled
+/// 8-12 bytes under it.
 #if !defined(PAGEDC_EMULATOR) && defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
 constexpr int kDecodeMinBlocks =
-    kHeadDim <= 64 && !kPackedBatch && pagedc_config::kKvFloat8 == 0 ? 5 : 1;
+    kHeadDim <= 64 && !kPackedBatch && kRowWarps == 1 && pagedc_config::kKvFloat8 == 0 ? 5 : 1;
 #else
 constexpr int kDecodeMinBlocks = 1;
 #endif
@@ -125,8 +128,12 @@ constexpr int kDecodeTmaPageRows = 16;
 /// bytes for some corpus selections (docs/kernels.md).
 constexpr int kDecodeTmaMinHeadDim = 128;
 /// 8-bit codes come by cp.async into rows of their own (no tensor maps).
+/// Boxes span 64 head dims (the 128-byte swizzle's row) and K's and V's
+/// maps have the same box, so head dims that are not multiples of 64, and
+/// Dv other than D, take the gather.
 constexpr bool kDecodeTma = kDecodeBulkCopies && kPageSize >= kDecodeTmaPageRows &&
-                            kHeadDim >= kDecodeTmaMinHeadDim && kKvFloat8 == 0;
+                            kHeadDim >= kDecodeTmaMinHeadDim && kHeadDim % 64 == 0 &&
+                            kValueHeadDim == kHeadDim && kKvFloat8 == 0;
 constexpr int kDecodeBoxRows = kPageSize < kDecodeTileN ? kPageSize : kDecodeTileN;
 /// Boxes of one tensor (K or V) per tile: pages x atom columns (2 to 16).
 constexpr int kDecodeBoxes = kDecodeTileN / kDecodeBoxRows * (kHeadDim / 64);
@@ -140,19 +147,20 @@ constexpr bool kDecodeRunBoxes = kDecodeTma && kDecodeBoxRows < kDecodeTileN;
 constexpr int kDecodeRunReversed = kDecodeTileN - kDecodeBoxRows;
 /// The K/V tiles' layout: with tensor maps, 64 rows in 128-byte swizzled
 /// atoms, where their boxes land (and the gather writes alike); else rows
-/// of kRowBytes (tile_offset), whose addresses cost the gather fewer
+/// of kTileRowBytes (tile_offset), whose addresses cost the gather fewer
 /// instructions (about 15 SASS per copy-loop trip at head dim 128).
 template <bool kAtoms> struct DecodeLayout { using Type = SwizzledRows; };
 template <> struct DecodeLayout<true> { using Type = AtomTile<kDecodeTileN>; };
 using DecodeTile = DecodeLayout<kDecodeTma>::Type;
 
 /// Byte sizes of the decode CTA's shared-memory regions.
-constexpr int kDecodeQBytes = kPaddedRows * kRowBytes;
-constexpr int kDecodeStageBytes = kDecodeTileN * kRowBytes;
+constexpr int kDecodeQBytes = kPaddedRows * kTileRowBytes;
+constexpr int kDecodeStageBytes = kDecodeTileN * kTileRowBytes;
 constexpr int kDecodeClassBytes = kPaddedRows * kMaxSplitBlocks;
 /// One tile of 8-bit codes: rows of kHeadDim bytes.
 constexpr int kDecodeCodeBytes = kDecodeTileN * kHeadDim;
-static_assert(2 * kDecodeCodeBytes == kDecodeStageBytes, "two tiles of codes fill a stage");
+static_assert(kKvFloat8 == 0 || 2 * kDecodeCodeBytes == kDecodeStageBytes,
+              "two tiles of codes fill a stage");
 
 /// Identifies decode row `row` (0..kPaddedRows): its query head and token,
 /// and whether it exists.
@@ -317,9 +325,13 @@ extern "C" __global__ void __launch_bounds__(pagedc::kDecodeThreads, pagedc::kDe
   // Query rows: head-major, token-minor; gathered from q [B, Hq, Lq, D].
   // Issued first: their copy overlaps the block-list loads below.
   const Element *q_batch = static_cast<const Element *>(args.q) + b * args.q_stride[0];
+  constexpr int kQChunks = kPaddedRows * kChunksPerRow;
 #pragma unroll
-  for (int i = 0; i < kPaddedRows * kChunksPerRow / kDecodeThreads; ++i) {
+  for (int i = 0; i < (kQChunks + kDecodeThreads - 1) / kDecodeThreads; ++i) {
     int index = thread + i * kDecodeThreads;
+    // (A partial last trip at head dims that are not powers of two.)
+    if (kQChunks % kDecodeThreads != 0 && index >= kQChunks)
+      break;
     int row = index / kChunksPerRow, chunk = index % kChunksPerRow;
     DecodeRow info = decode_row(row, kv_head, head_chunk, q_rows());
     const Element *source = q_batch + info.head * args.q_stride[1] +
@@ -437,7 +449,7 @@ extern "C" __global__ void __launch_bounds__(pagedc::kDecodeThreads, pagedc::kDe
   }
 
   RowState state;
-  float out[kHeadDim / 8][4];
+  float out[kValueHeadDim / 8][4];
   reset_rows(state, out);
   // An 8-bit cache's K scale multiplies the scores (with args.scale).
   float k_scale = 1.0f;
@@ -772,9 +784,9 @@ extern "C" __global__ void __launch_bounds__(pagedc::kDecodeThreads, pagedc::kDe
     if (kv_warp == w) {
 #pragma unroll
       for (int half = 0; half < kRowHalves; ++half) {
-        float *merged_row = merged + local_row[half] * kHeadDim + 2 * (lane & 3);
+        float *merged_row = merged + local_row[half] * kValueHeadDim + 2 * (lane & 3);
 #pragma unroll
-        for (int d = 0; d < kHeadDim / 8; ++d) {
+        for (int d = 0; d < kValueHeadDim / 8; ++d) {
           float x = out[d][2 * half] * row_scale[half];
           float y = out[d][2 * half + 1] * row_scale[half];
           if (w == 0) {
@@ -813,12 +825,13 @@ extern "C" __global__ void __launch_bounds__(pagedc::kDecodeThreads, pagedc::kDe
     }
   }
   // Rows out: consecutive threads store consecutive column pairs.
-  for (int index = thread; index < kPaddedRows * kHeadDim / 2; index += kDecodeThreads) {
-    int row = index / (kHeadDim / 2), column = (index % (kHeadDim / 2)) * 2;
+  for (int index = thread; index < kPaddedRows * kValueHeadDim / 2; index += kDecodeThreads) {
+    int row = index / (kValueHeadDim / 2), column = (index % (kValueHeadDim / 2)) * 2;
     DecodeRow info = decode_row(row, kv_head, head_chunk, q_rows());
     if (!info.valid)
       continue;
-    float x = merged[row * kHeadDim + column], y = merged[row * kHeadDim + column + 1];
+    float x = merged[row * kValueHeadDim + column],
+          y = merged[row * kValueHeadDim + column + 1];
     if (single_split) {
       Element *out_row = static_cast<Element *>(args.out) + b * args.out_stride[0] +
                          info.head * args.out_stride[1] +
@@ -830,7 +843,8 @@ extern "C" __global__ void __launch_bounds__(pagedc::kDecodeThreads, pagedc::kDe
       if constexpr (kPackedBatch)
         row_index = (static_cast<int64_t>(blockIdx.z) * kQueryTokens + info.token) *
                         args.heads_q + info.head;
-      float *partial = args.partial_out + (row_index * args.num_splits + split) * kHeadDim;
+      float *partial =
+          args.partial_out + (row_index * args.num_splits + split) * kValueHeadDim;
       partial[column] = x;
       partial[column + 1] = y;
     }
@@ -859,7 +873,7 @@ extern "C" __global__ void __launch_bounds__(128)
   }
   // partial_lse: [splits] of this row; partial_out: [splits, D].
   const float *lse = args.partial_lse + row_index * splits;
-  const float *partial = args.partial_out + row_index * splits * kHeadDim;
+  const float *partial = args.partial_out + row_index * splits * kValueHeadDim;
   float row_max = -infinity();
   for (int i = 0; i < splits; ++i)
     row_max = fmaxf(row_max, lse[i]);
@@ -870,12 +884,12 @@ extern "C" __global__ void __launch_bounds__(128)
   const float inverse = total > 0.0f ? 1.0f / total : 0.0f;
   Element *out_row = static_cast<Element *>(args.out) + b * args.out_stride[0] +
                      h * args.out_stride[1] + (first_row + token) * args.out_stride[2];
-  for (int column = threadIdx.x * 2; column < kHeadDim; column += 256) {
+  for (int column = threadIdx.x * 2; column < kValueHeadDim; column += 256) {
     float x = 0.0f, y = 0.0f;
     for (int i = 0; i < splits; ++i) {
       float weight = exp2_approx((lse[i] - base) * kLog2e);
-      x += weight * partial[i * kHeadDim + column];
-      y += weight * partial[i * kHeadDim + column + 1];
+      x += weight * partial[i * kValueHeadDim + column];
+      y += weight * partial[i * kValueHeadDim + column + 1];
     }
     *reinterpret_cast<uint32_t *>(out_row + column) = pack_pair(x * inverse, y * inverse);
   }

@@ -5,15 +5,19 @@
 // tiles, the paged K/V tile loader, and the per-row online softmax state.
 // Everything is parameterised by the constexprs of `pagedc_config`.
 //
-// Shared-memory tiles hold rows of kHeadDim 16-bit elements as 16-byte
-// chunks; chunk c of row r lives at position c ^ (r & 7) of that row, so the
-// eight rows an ldmatrix phase reads fall in eight different bank groups.
+// Shared-memory tiles hold rows of 16-bit elements (kHeadDim of q and K,
+// kValueHeadDim of V) as 16-byte chunks; chunk c of row r lives at position
+// c ^ (r & 7) of that row, so the eight rows an ldmatrix phase reads fall in
+// eight different bank groups. A tile row is kTileHeadDim wide (the wider
+// head dim rounded up to 64 elements) so that the swizzle stays inside it;
+// the chunks past a tensor's head dim are never written nor read.
 //
 //===----------------------------------------------------------------------===//
 
 namespace pagedc {
 
 using pagedc_config::kHeadDim;
+using pagedc_config::kValueHeadDim;
 using pagedc_config::kIsBF16;
 using pagedc_config::kLog2PageSize;
 using pagedc_config::kPageSize;
@@ -22,13 +26,28 @@ using Element = pagedc_config::Element;
 
 constexpr float kLog2e = 1.4426950408889634f;
 constexpr float kLn2 = 0.6931471805599453f;
-/// 16-byte chunks per tile row.
+/// 16-byte chunks of a q or K row.
 constexpr int kChunksPerRow = kHeadDim / 8;
-/// Bytes per tile row in shared memory.
+/// Bytes per row of q and K in global memory.
 constexpr int kRowBytes = kHeadDim * 2;
+/// The same for V and out rows, kValueHeadDim wide (Dv, which may differ
+/// from D).
+constexpr int kValueChunksPerRow = kValueHeadDim / 8;
+constexpr int kValueRowBytes = kValueHeadDim * 2;
+/// Elements per tile row in shared memory (Q, K and V tiles alike): the
+/// wider of D and Dv rounded up to a multiple of 64, the span of the
+/// swizzle (8 chunks).
+constexpr int kTileHeadDim =
+    ((kHeadDim > kValueHeadDim ? kHeadDim : kValueHeadDim) + 63) / 64 * 64;
+/// Bytes per tile row in shared memory.
+constexpr int kTileRowBytes = kTileHeadDim * 2;
 
-static_assert(kHeadDim == 64 || kHeadDim == 128 || kHeadDim == 256,
-              "head dim must be 64, 128 or 256");
+// mma.sync m16n8k16 takes 16 columns of D per k-step and ldmatrix.x4 16
+// output columns per V read.
+static_assert(kHeadDim % 16 == 0 && kHeadDim >= 32 && kHeadDim <= 256,
+              "head dim must be a multiple of 16 in [32, 256]");
+static_assert(kValueHeadDim % 16 == 0 && kValueHeadDim >= 32 && kValueHeadDim <= 256,
+              "value head dim must be a multiple of 16 in [32, 256]");
 static_assert((kPageSize & (kPageSize - 1)) == 0 && kPageSize <= 1024,
               "page size must be a power of two in [1, 1024]");
 
@@ -131,20 +150,23 @@ PAGEDC_DEVICE float quad_sum(float value) {
 
 /// Byte offset of 16-byte chunk `chunk` of row `row` in a swizzled tile.
 PAGEDC_DEVICE uint32_t tile_offset(int row, int chunk) {
-  return row * kRowBytes + ((chunk ^ (row & 7)) << 4);
+  return row * kTileRowBytes + ((chunk ^ (row & 7)) << 4);
 }
 
 /// Loads `kRows` query rows into a swizzled tile; rows >= row_count are
-/// zero-filled.
+/// zero-filled. Where the tile's chunks are not a multiple of the threads
+/// (head dims that are not powers of two) the last trip is partial.
 template <int kRows, int kThreads>
 PAGEDC_DEVICE void load_query_tile(uint32_t tile, const Element *q_rows,
                                    // [rows, D] with row stride `row_stride`
                                    int64_t row_stride, int row_count,
                                    int thread) {
-  static_assert((kRows * kChunksPerRow) % kThreads == 0, "uneven Q tile load");
+  constexpr int kChunks = kRows * kChunksPerRow;
 #pragma unroll
-  for (int i = 0; i < kRows * kChunksPerRow / kThreads; ++i) {
+  for (int i = 0; i < (kChunks + kThreads - 1) / kThreads; ++i) {
     int index = thread + i * kThreads;
+    if (kChunks % kThreads != 0 && index >= kChunks)
+      break;
     int row = index / kChunksPerRow, chunk = index % kChunksPerRow;
     bool valid = row < row_count;
     const Element *source = q_rows + (valid ? row * row_stride : 0) + chunk * 8;
@@ -194,10 +216,15 @@ template <typename T> PAGEDC_DEVICE void opaque(T *&pointer) {
 /// place, whose pages and slots may be strided (NHD, HND, vLLM layouts):
 /// KvTileCopier then takes the strides of the call.
 constexpr int64_t kPageBytes = static_cast<int64_t>(kPageSize) * kRowBytes;
+constexpr int64_t kValuePageBytes = static_cast<int64_t>(kPageSize) * kValueRowBytes;
 
-/// Byte offset of KV row `kv` (column 0) on page `page` of a KV head.
+/// Byte offset of KV row `kv` (column 0) on page `page` of a KV head (of V
+/// where Dv differs from D: value_row_bytes).
 PAGEDC_DEVICE int64_t kv_row_bytes(int32_t page, int kv) {
   return page * kPageBytes + (kv & (kPageSize - 1)) * kRowBytes;
+}
+PAGEDC_DEVICE int64_t value_row_bytes(int32_t page, int kv) {
+  return page * kValuePageBytes + (kv & (kPageSize - 1)) * kValueRowBytes;
 }
 
 /// 16 bytes of a row (8 elements): what one thread moves per instruction
@@ -217,7 +244,7 @@ PAGEDC_DEVICE void copy_chunk16(void *to, const void *from) {
 #endif
 }
 
-/// The mma.sync kernels' tile layout: rows of kRowBytes, chunks swizzled.
+/// The mma.sync kernels' tile layout: rows of kTileRowBytes, chunks swizzled.
 struct SwizzledRows {
   PAGEDC_DEVICE uint32_t operator()(int row, int chunk) const { return tile_offset(row, chunk); }
 };
@@ -226,9 +253,9 @@ struct SwizzledRows {
 __host__ __device__ constexpr uint32_t atom_bytes(int rows) { return static_cast<uint32_t>(rows) * 128; }
 
 /// Byte offset of chunk `chunk` (16 bytes) of row `row` in a tile of `rows`
-/// rows laid out in 128-byte swizzled atoms: D / 64 atom columns of `rows`
-/// rows x 128 bytes, chunk c of row r at chunk c ^ (r % 8) of its row. This
-/// is where a tensor map's box with the 128-byte swizzle puts its rows (the
+/// rows laid out in 128-byte swizzled atoms: kTileHeadDim / 64 atom columns
+/// of `rows` rows x 128 bytes, chunk c of row r at chunk c ^ (r % 8) of its
+/// row. This is where a tensor map's box with the 128-byte swizzle puts its rows (the
 /// tile 1,024-byte aligned), and what the wgmma descriptors describe; for
 /// ldmatrix it is as free of bank conflicts as tile_offset.
 PAGEDC_DEVICE uint32_t atom_offset(int rows, int row, int chunk) {
@@ -263,8 +290,17 @@ template <int kRows> struct AtomTile {
 /// (kv_row_bytes); with kPackedBatch each tensor's row offset comes from
 /// its own page and slot strides (the second constructor).
 template <int kRows, int kThreads, typename Layout = SwizzledRows> struct KvTileCopier {
-  static constexpr int kCopiesPerRow = kRows % (2 * kThreads / kChunksPerRow) == 0 ? 2 : 1;
-  static constexpr int kThreadsPerRow = kChunksPerRow / kCopiesPerRow;
+  /// A row's chunks rounded up to a power of two, so that threads divide
+  /// into whole rows; a thread whose chunk is past the row's data (head dims
+  /// that are not powers of two) copies nothing for it.
+  static constexpr int kRowChunks =
+      kChunksPerRow > kValueChunksPerRow ? kChunksPerRow : kValueChunksPerRow;
+  static constexpr int kCopyChunks = kRowChunks <= 4    ? 4
+                                     : kRowChunks <= 8  ? 8
+                                     : kRowChunks <= 16 ? 16
+                                                        : 32;
+  static constexpr int kCopiesPerRow = kRows % (2 * kThreads / kCopyChunks) == 0 ? 2 : 1;
+  static constexpr int kThreadsPerRow = kCopyChunks / kCopiesPerRow;
   static constexpr int kRowStep = kThreads / kThreadsPerRow;
   static_assert(kThreads % kThreadsPerRow == 0 && kRows % kRowStep == 0,
                 "uneven KV tile load");
@@ -320,6 +356,8 @@ template <int kRows, int kThreads, typename Layout = SwizzledRows> struct KvTile
       const int64_t row_bytes = valid ? kv_row_bytes(page, kv) : 0;
       const char *k_source = k_bytes + row_bytes;
       const char *v_source = v_bytes + row_bytes;
+      if constexpr (kValueHeadDim != kHeadDim)
+        v_source = v_bytes + (valid ? value_row_bytes(page, kv) : 0);
       if constexpr (kPackedBatch) {
         // Strided pages: each tensor's row from its own strides (the
         // compact offset above is then dead code).
@@ -331,8 +369,10 @@ template <int kRows, int kThreads, typename Layout = SwizzledRows> struct KvTile
       for (int copy = 0; copy < kCopiesPerRow; ++copy) {
         const int at = copy * kThreadsPerRow;
         const uint32_t offset = Layout()(row, chunk + at);
-        cp_async_16(k_tile + offset, k_source + 16 * at, valid ? 16 : 0);
-        cp_async_16(v_tile + offset, v_source + 16 * at, valid ? 16 : 0);
+        if (kCopyChunks == kChunksPerRow || chunk + at < kChunksPerRow)
+          cp_async_16(k_tile + offset, k_source + 16 * at, valid ? 16 : 0);
+        if (kCopyChunks == kValueChunksPerRow || chunk + at < kValueChunksPerRow)
+          cp_async_16(v_tile + offset, v_source + 16 * at, valid ? 16 : 0);
       }
     }
   }
@@ -427,11 +467,11 @@ PAGEDC_DEVICE void warp_scores(float (&scores)[kNTiles][4],
       q_tile, q_row_base, k_tile, col_base, lane);
 }
 
-/// out[m][16 x D] += P[m][16 x 8*kNTiles] * V[kv rows col_base.., D] for the
+/// out[m][16 x Dv] += P[m][16 x 8*kNTiles] * V[kv rows col_base.., Dv] for the
 /// warp's kMTiles query tiles; P is the probability tile in the accumulator
 /// layout of warp_scores_rows. Each V fragment is read once for all tiles.
 template <int kMTiles, int kNTiles, typename Layout = SwizzledRows>
-PAGEDC_DEVICE void warp_accumulate_rows(float (&out)[kMTiles][kHeadDim / 8][4],
+PAGEDC_DEVICE void warp_accumulate_rows(float (&out)[kMTiles][kValueHeadDim / 8][4],
                                         const float (&probs)[kMTiles][kNTiles][4],
                                         uint32_t v_tile, int col_base,
                                         int lane) {
@@ -447,7 +487,7 @@ PAGEDC_DEVICE void warp_accumulate_rows(float (&out)[kMTiles][kHeadDim / 8][4],
     }
     int row = col_base + k_step * 16 + (lane & 15);
 #pragma unroll
-    for (int pair = 0; pair < kHeadDim / 16; ++pair) {
+    for (int pair = 0; pair < kValueHeadDim / 16; ++pair) {
       uint32_t b[4];
       ldmatrix_x4_trans(b, v_tile + Layout()(row, pair * 2 + (lane >> 4)));
 #pragma unroll
@@ -461,10 +501,10 @@ PAGEDC_DEVICE void warp_accumulate_rows(float (&out)[kMTiles][kHeadDim / 8][4],
 
 /// The single-tile form (16 query rows per warp), used by decode.
 template <int kNTiles, typename Layout = SwizzledRows>
-PAGEDC_DEVICE void warp_accumulate(float (&out)[kHeadDim / 8][4],
+PAGEDC_DEVICE void warp_accumulate(float (&out)[kValueHeadDim / 8][4],
                                    const float (&probs)[kNTiles][4],
                                    uint32_t v_tile, int col_base, int lane) {
-  using Out = float[1][kHeadDim / 8][4];
+  using Out = float[1][kValueHeadDim / 8][4];
   using Probs = const float[1][kNTiles][4];
   warp_accumulate_rows<1, kNTiles, Layout>(reinterpret_cast<Out &>(out),
                                    reinterpret_cast<Probs &>(probs), v_tile,
@@ -567,14 +607,14 @@ PAGEDC_DEVICE int next_counted_tile(int32_t *counter, int round, int count) {
 
 /// A fresh softmax state (nothing seen) and output accumulator of a
 /// thread's two rows.
-PAGEDC_DEVICE void reset_rows(RowState &state, float (&out)[kHeadDim / 8][4]) {
+PAGEDC_DEVICE void reset_rows(RowState &state, float (&out)[kValueHeadDim / 8][4]) {
 #pragma unroll
   for (int half = 0; half < 2; ++half) {
     state.max[half] = -infinity();
     state.sum[half] = 0.0f;
   }
 #pragma unroll
-  for (int d = 0; d < kHeadDim / 8; ++d)
+  for (int d = 0; d < kValueHeadDim / 8; ++d)
 #pragma unroll
     for (int e = 0; e < 4; ++e)
       out[d][e] = 0.0f;
@@ -798,11 +838,11 @@ PAGEDC_DEVICE void settle_fast_tile(RowState &state, float (&scores)[kNTiles][4]
 }
 
 template <int kHalves = 2>
-PAGEDC_DEVICE void rescale_rows(float (&out)[kHeadDim / 8][4], const float (&rescale)[2]) {
+PAGEDC_DEVICE void rescale_rows(float (&out)[kValueHeadDim / 8][4], const float (&rescale)[2]) {
 #pragma unroll
   for (int half = 0; half < kHalves; ++half)
 #pragma unroll
-    for (int d = 0; d < kHeadDim / 8; ++d) {
+    for (int d = 0; d < kValueHeadDim / 8; ++d) {
       out[d][2 * half] *= rescale[half];
       out[d][2 * half + 1] *= rescale[half];
     }
@@ -815,7 +855,7 @@ PAGEDC_DEVICE void rescale_rows(float (&out)[kHeadDim / 8][4], const float (&res
 /// Returns whether it rescaled.
 template <int kNTiles, int kHalves = 2>
 PAGEDC_DEVICE bool online_softmax(RowState &state, float (&scores)[kNTiles][4],
-                                  float (&out)[kHeadDim / 8][4]) {
+                                  float (&out)[kValueHeadDim / 8][4]) {
   float rescale[2];
   softmax_tile<kNTiles, kHalves>(state, scores, rescale);
   if (__ballot_sync(0xffffffffu, rescale[0] != 1.0f || rescale[1] != 1.0f)) {

@@ -19,7 +19,7 @@
 // sequences of their own lengths in one q) takes heads_q * num_work_tiles,
 // one per query head and entry of the plan's work list, and reads K/V
 // through the call's page and slot strides. Block: kBlockM / kWarpRows warps;
-// dynamic shared memory: (kBlockM + 4 * kBlockN) * kHeadDim * 2 bytes + 256
+// dynamic shared memory: (kBlockM + 4 * kBlockN) * kTileHeadDim * 2 bytes + 256
 // (the staged pages of the next KV tile).
 //
 // 8-bit float caches (kKvFloat8, Float8Tiles.cuh): both stages' codes land
@@ -40,8 +40,8 @@ constexpr int kPrefillThreads = kBlockM / kWarpRows * 32;
 /// Q fragments stay in registers only at D = 64; at D >= 128 they are
 /// re-read from shared memory (ldmatrix) to stay clear of spills.
 constexpr bool kPrefillQInRegisters = kHeadDim <= 64;
-static_assert(kWarpRows == 16 || (kWarpRows == 32 && kHeadDim <= 128),
-              "32 rows per warp need head dim <= 128");
+static_assert(kWarpRows == 16 || (kWarpRows == 32 && kHeadDim <= 128 && kValueHeadDim <= 128),
+              "32 rows per warp need head dims <= 128");
 static_assert(kBlockM == 64 || kBlockM == 128, "kBlockM must be 64 or 128");
 static_assert(kBlockN == 32 || kBlockN == 64, "kBlockN must be 32 or 64");
 /// Pages one KV tile touches (tiles start at multiples of kBlockN keys).
@@ -72,15 +72,15 @@ extern "C" __global__ void __launch_bounds__(pagedc::kPrefillThreads, 1)
   const int kv_head = tile.kv_head, kv_len = tile.kv_len, q_offset = tile.q_offset;
 
   const uint32_t q_tile = shared_address(shared);
-  const uint32_t k_tiles = q_tile + kBlockM * kRowBytes;
-  const uint32_t v_tiles = k_tiles + 2 * kBlockN * kRowBytes;
-  constexpr uint32_t kStageBytes = kBlockN * kRowBytes;
+  const uint32_t k_tiles = q_tile + kBlockM * kTileRowBytes;
+  const uint32_t v_tiles = k_tiles + 2 * kBlockN * kTileRowBytes;
+  constexpr uint32_t kStageBytes = kBlockN * kTileRowBytes;
   // The pages of the next KV tile to copy, after the K/V stages: loaded
   // into a register by the threads below kPrefillTilePages while a tile is
   // computed and stored after its math, so the copies of the next iteration
   // do not wait on page-table loads (Decode.cuh does the same).
   int32_t *page_slots =
-      reinterpret_cast<int32_t *>(shared + (kBlockM + 4 * kBlockN) * kRowBytes);
+      reinterpret_cast<int32_t *>(shared + (kBlockM + 4 * kBlockN) * kTileRowBytes);
 
   const Element *q_rows = static_cast<const Element *>(args.q) +
                           b * args.q_stride[0] + h * args.q_stride[1] +
@@ -122,7 +122,7 @@ extern "C" __global__ void __launch_bounds__(pagedc::kPrefillThreads, 1)
   pagedc_mods::MaskRow mask_rows[kMTiles][2];
   pagedc_mods::ScoreRow score_rows[kMTiles][2];
   RowState state[kMTiles];
-  float out[kMTiles][kHeadDim / 8][4];
+  float out[kMTiles][kValueHeadDim / 8][4];
 #pragma unroll
   for (int m = 0; m < kMTiles; ++m) {
 #pragma unroll
@@ -138,7 +138,7 @@ extern "C" __global__ void __launch_bounds__(pagedc::kPrefillThreads, 1)
       state[m].sum[half] = 0.0f;
     }
 #pragma unroll
-    for (int d = 0; d < kHeadDim / 8; ++d)
+    for (int d = 0; d < kValueHeadDim / 8; ++d)
 #pragma unroll
       for (int e = 0; e < 4; ++e)
         out[m][d][e] = 0.0f;
@@ -311,7 +311,7 @@ extern "C" __global__ void __launch_bounds__(pagedc::kPrefillThreads, 1)
       uint32_t *out_row = reinterpret_cast<uint32_t *>(
           out_base + (first_row + row) * args.out_stride[2] + 2 * (lane & 3));
 #pragma unroll
-      for (int d = 0; d < kHeadDim / 8; ++d)
+      for (int d = 0; d < kValueHeadDim / 8; ++d)
         out_row[d * 4] = pack_pair(out[m][d][2 * half] * inverse,
                                    out[m][d][2 * half + 1] * inverse);
       if constexpr (pagedc_config::kHasLse) {

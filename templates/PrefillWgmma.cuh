@@ -92,6 +92,12 @@ constexpr unsigned kProducerBarrier = 3;
 /// Named barriers kEpilogueBarrier + g: consumer warpgroup g's 128 threads
 /// between writing its O rows into shared memory and storing them.
 constexpr unsigned kEpilogueBarrier = 4;
+// The wgmma tiles are 64-element swizzled atoms, and the PV wgmma's N is
+// the head dim (wrappers for 64, 128 and 256): other head dims take the
+// mma.sync prefill (KernelConfig::choosePrefillShapeFor).
+static_assert(kHeadDim == 64 || kHeadDim == 128 || kHeadDim == 256,
+              "the warpgroup prefill takes head dims 64, 128 and 256");
+static_assert(kValueHeadDim == kHeadDim, "the warpgroup prefill takes Dv = D");
 // Dynamic shared memory (KernelConfig::sharedMemoryBytes), the page index
 // buffers, the stages' run XORs, the Q buffers' tile slots and the
 // producer's two round words must fit the 227 KiB a block may have.

@@ -553,8 +553,16 @@ int run(const Options &options) {
       const bool lse = (index / 2) % 2 == 0;
       // Head dims 64 and 128, and 256 for five selections (not in the
       // quick pack's first three): the sm_90 default there is its own
-      // kernel (two consumer warpgroups on 128 x 64 tiles).
-      const int headDim = index % 4 == 3 ? 64 : index % 5 == 1 && index > 1 ? 256 : 128;
+      // kernel (two consumer warpgroups on 128 x 64 tiles). Every fifth
+      // selection from the sixth on takes one of the other head dims the
+      // kernels take (tile rows wider than their data; the mma.sync prefill
+      // on sm_90).
+      static const int kOtherHeadDims[] = {80, 192, 96, 32, 112, 160, 48};
+      const int headDim = index > 0 && index % 5 == 0
+                              ? kOtherHeadDims[(index / 5 - 1) % 7]
+                          : index % 4 == 3                    ? 64
+                          : index % 5 == 1 && index > 1       ? 256
+                                                              : 128;
       specs.push_back({KernelKind::Prefill, dtype, page, group, headDim, 1, lse, block,
                        index % 2 == 1});
       specs.push_back({KernelKind::Decode, dtype, page, group, headDim,

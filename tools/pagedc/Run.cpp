@@ -34,6 +34,7 @@
 #include "pagedc/CudaDriver.h"
 #include "pagedc/Error.h"
 #include "pagedc/KernelOptions.h"
+#include "pagedc/KernelSource.h"
 #include "pagedc/Npy.h"
 #include "OutputFiles.h"
 
@@ -332,14 +333,12 @@ PagedcParamSlot parseParam(const ParamDecl &decl, const std::string &text) {
 
 /// Why the CUDA kernels cannot run a call of this shape; empty when they can.
 std::string cudaShapeProblem(int64_t dim, int64_t vDim, int32_t kvBlock) {
-  if (vDim != dim)
-    return fmt::format("the CUDA kernels need the value head dim to equal "
-                       "the key head dim, but Dv={} and D={}",
-                       (long long)vDim, (long long)dim);
-  if (dim != 64 && dim != 128 && dim != 256)
-    return fmt::format("the CUDA kernels take head dims 64, 128 and 256, "
-                       "not {}",
+  if (!isCudaHeadDim(dim))
+    return fmt::format("the CUDA kernels take head dims that are {}, not {}", cudaHeadDimsText(),
                        (long long)dim);
+  if (!isCudaHeadDim(vDim))
+    return fmt::format("the CUDA kernels take value head dims that are {}, not {}",
+                       cudaHeadDimsText(), (long long)vDim);
   if (kvBlock % 64 != 0)
     return fmt::format("the CUDA kernels need a kv block size that is a "
                        "multiple of 64 (--block), not {}",

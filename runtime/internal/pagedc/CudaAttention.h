@@ -131,14 +131,14 @@ std::shared_ptr<const CudaKernel> cudaKernelFor(const CompiledMods &mods,
 /// (KernelConfig::fitPrefillTileToBlocks; in a bundle, the prefill module
 /// with the widest tile that divides it, else the first). `options`: the
 /// call's kernel options (with mod code, prefillShape picks the prefill
-/// tile; a bundle's modules are what they are). `kvFloat8`: the cache's
-/// 8-bit float type (KernelConfig::kvFloat8), whose prefill takes the
-/// mma.sync tiles on every target (choosePrefillShape); bundles hold no
-/// such kernels (pagedc::Error).
+/// tile; a bundle's modules are what they are). `valueHeadDim`: Dv, 0 for
+/// Dv = headDim. `kvFloat8`: the cache's 8-bit float type
+/// (KernelConfig::kvFloat8), whose prefill takes the mma.sync tiles on every
+/// target (choosePrefillShape); bundles hold no such kernels (pagedc::Error).
 KernelConfig chooseCudaAttentionConfig(const CompiledMods &mods, DType elementType, int headDim,
                                        int pageSize, int groupSize, int queryLength, bool returnLse,
                                        const std::string &arch, int kvBlockSize = 0,
-                                       const KernelOptions &options = {},
+                                       const KernelOptions &options = {}, int valueHeadDim = 0,
                                        std::optional<DType> kvFloat8 = std::nullopt);
 
 //===----------------------------------------------------------------------===//

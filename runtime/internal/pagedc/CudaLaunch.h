@@ -49,9 +49,10 @@ struct AttentionLaunchPlan {
   /// when there is more than one split.
   std::vector<KernelLaunch> launches;
   PagedcAttentionKernelArgs args{};
+  /// Dv, the width of out and of the decode partials.
   int headDim = 0;
   /// f32 workspace the decode splits need (0 for prefill or one split):
-  /// partial_out [B, Hq, Lq, splits, D] then partial_lse [B, Hq, Lq, splits].
+  /// partial_out [B, Hq, Lq, splits, Dv] then partial_lse [B, Hq, Lq, splits].
   size_t workspaceBytes = 0;
   /// Points the decode partials at a workspace of workspaceBytes at `base`
   /// and repacks the launch arguments.

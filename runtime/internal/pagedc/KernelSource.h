@@ -40,6 +40,17 @@ const char *kernelKindName(KernelKind kind);
 /// calls the setting) and the forms it takes.
 void checkPrefillShape(const std::string &value, const std::string &label);
 
+/// Whether the CUDA kernels take head dim `headDim`: a multiple of 16 from
+/// 32 to 256 (mma.sync m16n8k16 takes 16 columns a step). The warpgroup
+/// prefill (sm_90a) takes 64, 128 and 256 alone (isWarpgroupHeadDim); other
+/// sizes run the mma.sync prefill on every target.
+bool isCudaHeadDim(int64_t headDim);
+/// Head dims the warpgroup prefill takes: its tiles are 64-element
+/// swizzled atoms and its PV wgmma has N = head dim (64, 128, 256).
+bool isWarpgroupHeadDim(int64_t headDim);
+/// The head dims the CUDA kernels take, for error messages.
+std::string cudaHeadDimsText();
+
 /// Compile-time configuration of one kernel. Every field becomes a constexpr
 /// in `namespace pagedc_config` of the TU.
 struct KernelConfig {
@@ -51,8 +62,11 @@ struct KernelConfig {
   /// per KV head, converted to elementType after the load
   /// (templates/Float8Tiles.cuh); unset: it holds elementType.
   std::optional<DType> kvFloat8;
-  /// Head dim of q, k and v: 64, 128 or 256.
+  /// Head dim of q and k: a multiple of 16 in [32, 256] (isCudaHeadDim).
   int headDim = 128;
+  /// Head dim of v and out (Dv), the same range; 0: headDim. The
+  /// warpgroup prefill and decode's tensor maps take Dv = D alone.
+  int valueHeadDim = 0;
   /// Tokens per KV page: a power of two in [1, 1024].
   int pageSize = 16;
   /// Prefill: query rows per CTA (64 or 128).
@@ -108,14 +122,17 @@ struct KernelConfig {
 
   bool operator==(const KernelConfig &other) const {
     return kind == other.kind && elementType == other.elementType && kvFloat8 == other.kvFloat8 &&
-           headDim == other.headDim && pageSize == other.pageSize && blockM == other.blockM &&
-           warpRows == other.warpRows && recomputeModRows == other.recomputeModRows &&
+           headDim == other.headDim && valueDim() == other.valueDim() &&
+           pageSize == other.pageSize && blockM == other.blockM && warpRows == other.warpRows &&
+           recomputeModRows == other.recomputeModRows &&
            prefillStageLimit == other.prefillStageLimit && blockN == other.blockN &&
            groupSize == other.groupSize && queryTokens == other.queryTokens &&
            returnLse == other.returnLse && paramsSize == other.paramsSize &&
            packedBatch == other.packedBatch;
   }
   bool operator!=(const KernelConfig &other) const { return !(*this == other); }
+  /// Dv: valueHeadDim, or headDim where it is 0.
+  int valueDim() const { return valueHeadDim ? valueHeadDim : headDim; }
 
   /// Sets blockM, blockN and warpRows to the mma.sync prefill tile shape
   /// that compiles without spills for every mod at this headDim (the
@@ -131,7 +148,9 @@ struct KernelConfig {
   /// (prefillStageLimit K); entries "dD=MxNxW" after it, comma-separated, override it at head dim
   /// D alone ("128x128x64,d256=128x64x64": a tile that fits each; "dD="
   /// keeps the default there); a malformed value throws pagedc::Error
-  /// naming it. Sets prefillShapeAsked.
+  /// naming it. Sets prefillShapeAsked. A warpgroup tile (W 64) asked for at
+  /// a head dim the warpgroup prefill does not take (isWarpgroupHeadDim, Dv =
+  /// D) gives the default mma.sync tile, as if nothing were asked.
   void choosePrefillShape(const KernelOptions &options = {});
   /// choosePrefillShape for a target: on sm_90 and sm_90a (an H100 or
   /// H200) the warpgroup tiles (wgmma; sm_90a code, which compileArchFor

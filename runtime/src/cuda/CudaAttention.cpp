@@ -378,7 +378,7 @@ std::shared_ptr<const CudaKernel> cudaKernelFor(const CompiledMods &mods,
 KernelConfig chooseCudaAttentionConfig(const CompiledMods &mods, DType elementType, int headDim,
                                        int pageSize, int groupSize, int queryLength, bool returnLse,
                                        const std::string &arch, int kvBlockSize,
-                                       const KernelOptions &options,
+                                       const KernelOptions &options, int valueHeadDim,
                                        std::optional<DType> kvFloat8) {
   const int64_t paramsSize = ParamsLayout::forDeclarations(mods.params, mods.buffers).size;
   if (kvFloat8 && mods.cuda.bundle)
@@ -390,6 +390,7 @@ KernelConfig chooseCudaAttentionConfig(const CompiledMods &mods, DType elementTy
     config.elementType = elementType;
     config.kvFloat8 = kvFloat8;
     config.headDim = headDim;
+    config.valueHeadDim = valueHeadDim == headDim ? 0 : valueHeadDim;
     config.pageSize = pageSize;
     config.groupSize = groupSize;
     config.returnLse = returnLse;
@@ -418,7 +419,8 @@ KernelConfig chooseCudaAttentionConfig(const CompiledMods &mods, DType elementTy
   for (const BundleModule &module : mods.cuda.bundle->modules) {
     const KernelConfig &c = module.config;
     if (module.mods != mods.cuda.bundleLabel || !bundleArchRuns(module.arch, arch) || c.kvFloat8 ||
-        c.elementType != elementType || c.headDim != headDim || c.pageSize != pageSize ||
+        c.elementType != elementType || c.headDim != headDim ||
+        c.valueDim() != (valueHeadDim ? valueHeadDim : headDim) || c.pageSize != pageSize ||
         c.returnLse != returnLse || (c.paramsSize >= 0 && c.paramsSize != paramsSize))
       continue;
     if (c.kind == KernelKind::Decode && c.groupSize == groupSize &&
@@ -699,12 +701,12 @@ bool isCompact(const TensorView &view) {
 void checkCudaLayout(const cpu::PagedAttentionArgs &args) {
   const TensorView &q = args.q, &out = args.out;
   const int64_t headDim = q.size(3);
-  if (args.vCache.size(3) != headDim)
-    throw Error(fmt::format("the CUDA kernels need the value head dim to equal the key head "
-                            "dim, but Dv={} and D={}",
-                            args.vCache.size(3), headDim));
-  if (headDim != 64 && headDim != 128 && headDim != 256)
-    throw Error(fmt::format("the CUDA kernels take head dims 64, 128 and 256, not {}", headDim));
+  if (!isCudaHeadDim(headDim))
+    throw Error(fmt::format("the CUDA kernels take head dims that are {}, not {}",
+                            cudaHeadDimsText(), headDim));
+  if (!isCudaHeadDim(args.vCache.size(3)))
+    throw Error(fmt::format("the CUDA kernels take value head dims that are {}, not {}",
+                            cudaHeadDimsText(), args.vCache.size(3)));
   // 16-byte loads of q rows.
   for (int d = 0; d < 3; ++d)
     if (q.size(d) > 1 && q.stride(d) % 8 != 0)
@@ -757,6 +759,7 @@ void pagedAttention(const cpu::PagedAttentionArgs &args, Device device, void *st
       mods, q.dtype(), headDim, args.pageSize, headsQ / headsKv, queryLength,
       args.lse.data() != nullptr, info.arch(),
       args.blockMask ? static_cast<int>(args.blockMask->kvBlockSize) : 0, kernelOptions,
+      static_cast<int>(args.vCache.size(3)),
       isFloat8(kvType) ? std::optional<DType>(kvType) : std::nullopt);
   const BlockMask *mask = args.blockMask;
   if (mask) {

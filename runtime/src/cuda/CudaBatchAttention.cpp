@@ -43,14 +43,14 @@ KernelConfig packedBatchConfig(const CompiledMods &mods, const BatchAttentionCon
   config.headDim = static_cast<int>(c.headDim);
   config.pageSize = static_cast<int>(c.pageSize);
   if (kind == KernelKind::Prefill) {
-    // 64-row query tiles with 16 rows per warp, 64 keys per KV tile (32 at
-    // head dim 256): choosePrefillShape's spill-free shapes at head dims
-    // 128 and 256; at 64 its 128-row tile would leave more of a short
+    // 64-row query tiles with 16 rows per warp, 64 keys per KV tile (32
+    // above head dim 128): choosePrefillShape's spill-free shapes above
+    // head dim 64; at 64 its 128-row tile would leave more of a short
     // chunk's tile empty. mma.sync tiles on every target: the warpgroup
     // prefill has no work-list path.
     config.blockM = 64;
     config.warpRows = 16;
-    config.blockN = c.headDim == 256 ? 32 : 64;
+    config.blockN = c.headDim > 128 ? 32 : 64;
     config.groupSize = 1; // prefill reads the GQA ratio at run time
   } else {
     config.blockN = 64;
@@ -75,8 +75,9 @@ CudaBatchBackend::CudaBatchBackend(const CompiledMods &mods, const BatchAttentio
   const BatchAttentionConfig &c = config_;
   if (c.dtype != DType::BF16 && c.dtype != DType::F16)
     throw Error(fmt::format("dtype must be bf16 or f16 on CUDA but is {}", dtypeName(c.dtype)));
-  if (c.headDim != 64 && c.headDim != 128 && c.headDim != 256)
-    throw Error(fmt::format("head_dim must be 64, 128 or 256 on CUDA but is {}", c.headDim));
+  if (!isCudaHeadDim(c.headDim))
+    throw Error(fmt::format("head_dim on CUDA must be one of the {} but is {}", cudaHeadDimsText(),
+                            c.headDim));
   if (c.valueHeadDim != c.headDim)
     throw Error(
         fmt::format("value_head_dim {} must equal head_dim {} on CUDA", c.valueHeadDim, c.headDim));

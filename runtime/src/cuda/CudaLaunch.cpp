@@ -13,6 +13,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <limits>
+#include <tuple>
 
 namespace pagedc {
 
@@ -75,10 +76,11 @@ void checkArgs(const KernelConfig &config, const PagedcAttentionKernelArgs &args
   // The kernels address compact [pages, page_size, D] pages per KV head
   // (KernelCommon.cuh's kv_row_bytes): page and row strides are fixed, and
   // the 16-byte copies need a head stride of whole 16-byte chunks.
-  // (V's head dim equals K's: KernelConfig has one.)
-  const int64_t dim = config.headDim, pageStride = int64_t(config.pageSize) * dim;
-  for (const auto &[name, stride] :
-       {std::pair{"k_cache", args.k_stride}, std::pair{"v_cache", args.v_stride}}) {
+  // (K's rows are D wide, V's Dv.)
+  for (const auto &[name, stride, dim] :
+       {std::tuple{"k_cache", args.k_stride, int64_t(config.headDim)},
+        std::tuple{"v_cache", args.v_stride, int64_t(config.valueDim())}}) {
+    const int64_t pageStride = int64_t(config.pageSize) * dim;
     if (stride[1] != pageStride || stride[2] != dim)
       throw Error(fmt::format("attention launch: {} has page stride {} and row stride {}; the "
                               "kernels read compact pages of {} rows x {} (strides {} and {})",
@@ -254,7 +256,7 @@ AttentionLaunchPlan planAttention(const KernelConfig &config,
                             "for {}",
                             params.size(), config.paramsSize));
   AttentionLaunchPlan plan;
-  plan.headDim = config.headDim;
+  plan.headDim = config.valueDim();
   plan.args = callArgs;
   PagedcAttentionKernelArgs &args = plan.args;
   args.partial_out = nullptr;
@@ -324,7 +326,7 @@ AttentionLaunchPlan planAttention(const KernelConfig &config,
   main.grid[2] = static_cast<unsigned>(args.batch);
   if (splits > 1) {
     size_t rows = size_t(args.batch) * args.heads_q * args.q_len * size_t(splits);
-    plan.workspaceBytes = rows * (config.headDim + 1) * sizeof(float);
+    plan.workspaceBytes = rows * (config.valueDim() + 1) * sizeof(float);
   }
   // The tensor maps: off until bound (bindDecodeTensorMaps).
   main.arguments = {bytesOf(args), params, bytesOf(PagedcDecodeMapArgs{})};
@@ -556,9 +558,14 @@ std::string bindDecodeTensorMaps(const CudaDriver &driver, const KernelConfig &c
   if (config.headDim < kDecodeTmaMinHeadDim)
     return refuse(fmt::format("head dim {}, under {}", config.headDim, kDecodeTmaMinHeadDim));
   // As Decode.cuh's kDecodeTma: 8-bit codes are gathered into their own
-  // rows and converted there.
+  // rows and converted there; a box spans 64 head dims, the same for K
+  // and V.
   if (config.kvFloat8)
     return refuse(fmt::format("{} cache", dtypeName(*config.kvFloat8)));
+  if (config.headDim % 64 != 0)
+    return refuse(fmt::format("head dim {}, not a multiple of 64", config.headDim));
+  if (config.valueDim() != config.headDim)
+    return refuse(fmt::format("value head dim {} other than the head dim", config.valueDim()));
   const unsigned boxRows = static_cast<unsigned>(std::min(config.pageSize, kDecodeTile));
   const std::string why = encodeCacheMaps(driver, config, plan.args, kPages, vPages, boxRows,
                                           maps.k_map, maps.v_map);

@@ -43,6 +43,10 @@ Value configToJson(const KernelConfig &config) {
   value.set("kind", kernelKindName(config.kind));
   value.set("dtype", dtypeTag(config.elementType));
   value.set("head_dim", config.headDim);
+  // Only where Dv differs from D (absent: Dv = D, as in manifests from
+  // before it).
+  if (config.valueDim() != config.headDim)
+    value.set("value_head_dim", config.valueDim());
   value.set("page_size", config.pageSize);
   value.set("block_m", config.blockM);
   value.set("warp_rows", config.warpRows);
@@ -81,6 +85,8 @@ KernelConfig configFromJson(const Value &value, const std::string &where) {
     throw Error(fmt::format("bundle manifest {}: dtype '{}' is not f16 or bf16", where, dtype));
   config.elementType = dtype == "f16" ? DType::F16 : DType::BF16;
   config.headDim = static_cast<int>(field("head_dim").asInt(name("head_dim")));
+  if (const Value *valueHeadDim = value.find("value_head_dim"))
+    config.valueHeadDim = static_cast<int>(valueHeadDim->asInt(name("value_head_dim")));
   config.pageSize = static_cast<int>(field("page_size").asInt(name("page_size")));
   config.blockM = static_cast<int>(field("block_m").asInt(name("block_m")));
   // Manifests written before warp_rows existed hold 16-row kernels.

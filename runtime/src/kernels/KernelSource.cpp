@@ -181,11 +181,37 @@ void checkPrefillShape(const std::string &value, const std::string &label) {
       parsePrefillTile(entry.second, value, label);
 }
 
+bool isCudaHeadDim(int64_t headDim) {
+  return headDim >= 32 && headDim <= 256 && headDim % 16 == 0;
+}
+
+bool isWarpgroupHeadDim(int64_t headDim) {
+  return headDim == 64 || headDim == 128 || headDim == 256;
+}
+
+std::string cudaHeadDimsText() {
+  return "multiples of 16 from 32 to 256 (32, 48, 64, 80, ..., 256; the sm_90 warpgroup "
+         "prefill takes 64, 128 and 256, the others run the mma.sync prefill there)";
+}
+
+namespace {
+/// Bytes of a row of the mma.sync kernels' shared-memory tiles: the head
+/// dim rounded up to 64 elements, the span of their swizzle
+/// (KernelCommon.cuh, kTileRowBytes).
+int tileRowBytes(int headDim) { return (headDim + 63) / 64 * 64 * 2; }
+} // namespace
+
 void KernelConfig::choosePrefillShape(const KernelOptions &options) {
   const std::string value = options.prefillShape.value_or("");
   if (const std::string override = prefillShapeOverride(value, headDim, kPrefillShapeLabel);
       !override.empty()) {
     const PrefillTile tile = parsePrefillTile(override, value, kPrefillShapeLabel);
+    // A warpgroup tile where the warpgroup prefill cannot run (head dims
+    // other than 64, 128 and 256, or Dv other than D): the mma.sync tile
+    // below, as sm_90 takes there by default, so that one value serves
+    // calls of every head dim.
+    if (tile.warpRows == 64 && !(isWarpgroupHeadDim(headDim) && valueDim() == headDim))
+      return choosePrefillShape();
     blockM = tile.blockM;
     blockN = tile.blockN;
     warpRows = tile.warpRows;
@@ -196,13 +222,16 @@ void KernelConfig::choosePrefillShape(const KernelOptions &options) {
   }
   prefillShapeAsked = false;
   prefillStageLimit = 4;
-  if (headDim <= 64) {
+  // By the wider head dim: D sets the score k-steps and the Q tile, Dv the
+  // output accumulators, and shared memory holds rows of the wider.
+  const int widest = std::max(headDim, valueDim());
+  if (widest <= 64) {
     blockM = 128;
     blockN = 32;
     warpRows = 32;
   } else {
     blockM = 64;
-    blockN = headDim <= 128 ? 64 : 32;
+    blockN = widest <= 128 ? 64 : 32;
     warpRows = 16;
   }
 }
@@ -211,7 +240,8 @@ void KernelConfig::choosePrefillShapeFor(const std::string &arch, const KernelOp
   choosePrefillShape(options);
   if (prefillShapeAsked)
     return;
-  if (arch == "sm_90a" || arch == "sm_90") {
+  if ((arch == "sm_90a" || arch == "sm_90") && isWarpgroupHeadDim(headDim) &&
+      valueDim() == headDim) {
     // D 64 and 128: 128-key tiles (fewer instructions per key besides the
     // wgmmas; FlashAttention-3's causal tiles are 128 keys wide; on an H200
     // 1.11-1.13x the 64-key tiles, causal S 4k-16k) where ptxas allocates
@@ -224,7 +254,7 @@ void KernelConfig::choosePrefillShapeFor(const std::string &arch, const KernelOp
     blockM = 128;
     blockN = headDim <= 128 ? 128 : 64;
     warpRows = 64;
-  } else if (headDim == 128 && arch.rfind("sm_", 0) == 0) {
+  } else if (headDim == 128 && valueDim() == 128 && arch.rfind("sm_", 0) == 0) {
     // The FA2-shaped tile where ptxas allocates it without spills
     // (settlePrefillShape): 116 of the 313 corpus selections spill 4-32
     // bytes at sm_80 with their row values held across the KV loop, and
@@ -300,9 +330,25 @@ void KernelConfig::validate() const {
                             packedBatch      ? "packed batches"
                             : warpRows == 64 ? "the warpgroup prefill tiles (...x64)"
                                              : "the block-mask builder"));
-  if (headDim != 64 && headDim != 128 && headDim != 256)
-    throw Error(fmt::format("head dim {} is not supported by the CUDA "
-                            "kernels (64, 128 or 256)",
+  // The code tiles (Float8Tiles.cuh) are rows of kHeadDim bytes for K and
+  // V alike, checked at the head dims below.
+  if (kvFloat8 && (valueDim() != headDim || (headDim != 64 && headDim != 128 && headDim != 256)))
+    throw Error(fmt::format("{} caches are read at D = Dv in 64, 128 and 256, not D {} Dv {}",
+                            dtypeName(*kvFloat8), headDim, valueDim()));
+  if (!isCudaHeadDim(headDim))
+    throw Error(fmt::format("head dim {} is not supported by the CUDA kernels; they take {}",
+                            headDim, cudaHeadDimsText()));
+  if (!isCudaHeadDim(valueDim()))
+    throw Error(fmt::format("value head dim {} is not supported by the CUDA kernels; they take {}",
+                            valueDim(), cudaHeadDimsText()));
+  if (warpRows == 64 && valueDim() != headDim)
+    throw Error(fmt::format("the warpgroup prefill (64 rows per warpgroup) takes Dv = D, not Dv "
+                            "{} with D {}; the mma.sync tiles (16 or 32 rows per warp) take it",
+                            valueDim(), headDim));
+  if (warpRows == 64 && !isWarpgroupHeadDim(headDim))
+    throw Error(fmt::format("the warpgroup prefill (64 rows per warpgroup) takes head dims 64, "
+                            "128 and 256, not {}; the mma.sync tiles (16 or 32 rows per warp) "
+                            "take it",
                             headDim));
   if (!isPowerOfTwo(pageSize) || pageSize > 1024)
     throw Error(fmt::format(
@@ -313,9 +359,9 @@ void KernelConfig::validate() const {
     throw Error(fmt::format("prefill warpRows {} must be 16, 32 (rows per warp, mma.sync) or "
                             "64 (rows per warpgroup, wgmma: sm_90a)",
                             warpRows));
-  if (warpRows == 32 && headDim > 128)
-    throw Error(fmt::format("32 query rows per warp need head dim <= 128, not {}",
-                            headDim));
+  if (warpRows == 32 && std::max(headDim, valueDim()) > 128)
+    throw Error(fmt::format("32 query rows per warp need head dims <= 128, not {}",
+                            std::max(headDim, valueDim())));
   if (kind != KernelKind::Prefill && warpRows != 16)
     throw Error("only the prefill kernel takes 32 query rows per warp or warpgroup tiles");
   if (prefillStageLimit < 2 || prefillStageLimit > 4)
@@ -353,8 +399,10 @@ std::string KernelConfig::describe() const {
   // The first design (16 rows per warp) keeps its historical description.
   // "r": the mods' row values recomputed per KV tile.
   // "sK": a stage limit under 4.
-  return fmt::format("{} {} d{} page{} m{}{}{}{} n{} group{} tokens{} lse{} params{}",
-                     kernelKindName(kind), dtypeName(elementType), headDim, pageSize, blockM,
+  return fmt::format("{} {} d{}{} page{} m{}{}{}{} n{} group{} tokens{} lse{} params{}",
+                     kernelKindName(kind), dtypeName(elementType), headDim,
+                     valueDim() == headDim ? std::string() : fmt::format(" dv{}", valueDim()),
+                     pageSize, blockM,
                      warpRows == 16 ? std::string() : fmt::format("w{}", warpRows),
                      recomputeModRows ? "r" : "",
                      prefillStageLimit == 4 ? std::string() : fmt::format("s{}", prefillStageLimit),
@@ -415,7 +463,7 @@ int KernelConfig::prefillQBuffers() const {
 }
 
 int KernelConfig::sharedMemoryBytes() const {
-  const int rowBytes = headDim * 2;
+  const int rowBytes = tileRowBytes(std::max(headDim, valueDim()));
   switch (kind) {
   case KernelKind::Prefill:
     if (warpRows == 64)
@@ -516,6 +564,7 @@ KernelSource assembleKernel(const KernelConfig &config,
   code += fmt::format("constexpr bool kIsBF16 = {};\n",
                       config.elementType == DType::BF16 ? "true" : "false");
   code += fmt::format("constexpr int kHeadDim = {};\n", config.headDim);
+  code += fmt::format("constexpr int kValueHeadDim = {};\n", config.valueDim());
   code += fmt::format("constexpr int kPageSize = {};\n", config.pageSize);
   code += fmt::format("constexpr int kLog2PageSize = {};\n",
                       log2Exact(config.pageSize));

@@ -429,7 +429,8 @@ TEST_F(BatchAttentionErrors, ConfigurationAndLayoutNames) {
   expectError([&] { BatchAttention(mods, c); }, "value_head_dim 8 must equal head_dim 16");
   c = config;
   c.device = Device::cuda(0);
-  expectError([&] { BatchAttention(mods, c); }, "head_dim must be 64, 128 or 256 on CUDA");
+  expectError([&] { BatchAttention(mods, c); },
+              "head_dim on CUDA must be one of the multiples of 16 from 32 to 256");
   EXPECT_EQ(parseKVLayout("nhd"), KVLayout::NHD);
   EXPECT_EQ(parseKVLayout("vLLM"), KVLayout::VLLM);
   expectError([] { parseKVLayout("NDH"); }, "valid layouts: NHD, HND, vllm, pagedc");

@@ -8,7 +8,7 @@
 // longer context, whole prompts, sequences with no new tokens), every
 // cache layout as views of one device allocation that the kernel reads in
 // place, shuffled pages of 1, 16 and 64 slots, GQA 1 and 4, head dims 64,
-// 128 and 256, bf16 and f16, a per-sequence document mask, fully masked
+// 96, 128, 192 and 256, bf16 and f16, a per-sequence document mask, fully masked
 // rows, lse, split-KV decode; and the CUDA path's refusals.
 //
 //===----------------------------------------------------------------------===//
@@ -235,6 +235,9 @@ TEST(CudaBatchAttention, PageSizesHeadDimsAndMaskedRows) {
       {1, 2, 2, 128, KVLayout::HND, DType::F16, "holes", "alibi"},
       {64, 4, 1, 64, KVLayout::VLLM, DType::BF16, "causal", "softcap"},
       {16, 4, 1, 256, KVLayout::Pagedc, DType::F16, "causal", ""},
+      // Head dims that are not powers of two: tile rows wider than the data.
+      {16, 4, 1, 96, KVLayout::NHD, DType::BF16, "holes", "softcap"},
+      {1, 2, 2, 192, KVLayout::HND, DType::F16, "causal", "alibi"},
   };
   uint64_t seed = 40;
   for (const Shape &shape : shapes) {

@@ -56,8 +56,52 @@ TEST(KernelSource, AssemblesInContractOrder) {
 
 TEST(KernelSource, RejectsUnsupportedConfigs) {
   KernelConfig config;
+  // Head dims and value head dims: multiples of 16 in [32, 256], and the
+  // message lists them.
+  for (int dim : {16, 72, 272}) {
+    config = {};
+    config.headDim = dim;
+    try {
+      assembleKernel(config, "");
+      FAIL() << "head dim " << dim << " accepted";
+    } catch (const Error &error) {
+      EXPECT_NE(std::string(error.what()).find("multiples of 16 from 32 to 256"),
+                std::string::npos)
+          << error.what();
+    }
+    config = {};
+    config.valueHeadDim = dim;
+    EXPECT_THROW(config.validate(), Error) << dim;
+  }
+  for (int dim : {32, 48, 80, 96, 112, 160, 192}) {
+    config = {};
+    config.headDim = dim;
+    EXPECT_NO_THROW(assembleKernel(config, "")) << dim;
+  }
+  config = {};
+  config.headDim = 192;
+  config.valueHeadDim = 128;
+  EXPECT_NE(assembleKernel(config, "").code.find("constexpr int kValueHeadDim = 128;"),
+            std::string::npos);
+  // The warpgroup prefill takes 64, 128 and 256 with Dv = D alone.
+  config.blockM = 128;
+  config.warpRows = 64;
+  EXPECT_THROW(config.validate(), Error);
+  config.headDim = 128;
+  config.valueHeadDim = 64;
+  EXPECT_THROW(config.validate(), Error);
+  config.valueHeadDim = 0;
+  EXPECT_NO_THROW(config.validate());
   config.headDim = 96;
-  EXPECT_THROW(assembleKernel(config, ""), Error);
+  EXPECT_THROW(config.validate(), Error);
+  // 32 rows per warp: both head dims up to 128.
+  config = {};
+  config.headDim = 96;
+  config.valueHeadDim = 160;
+  config.blockM = 128;
+  config.blockN = 32;
+  config.warpRows = 32;
+  EXPECT_THROW(config.validate(), Error);
   config = {};
   config.pageSize = 24;
   try {

@@ -198,18 +198,65 @@ TEST(NvrtcCompile, MainConfigurationsDoNotSpill) {
   }
 }
 
+/// Head dims other than 64, 128 and 256 (multiples of 16; tile rows wider
+/// than their data, partial copy trips) compile for sm_80 and sm_90 without
+/// spills at the tiles the runtime takes there (choosePrefillShapeFor: the
+/// mma.sync prefill on both; decode as flexAttention launches it: one token
+/// of GQA 4, 8 tokens of GQA 8 and, at head dims up to 64, where sm_90 caps
+/// the registers of up to 16 rows, 4 tokens of GQA 4), for every test mod.
+TEST(NvrtcCompile, OtherHeadDimsCompileWithoutSpills) {
+  REQUIRE_NVRTC();
+  std::vector<Case> cases;
+  for (const char *mod : kTestMods)
+    for (int headDim : {32, 48, 80, 96, 112, 160, 192})
+      for (const char *arch : {"sm_80", "sm_90"})
+        for (int decodeTokens : {0, 1, 4, 8}) {
+          if (decodeTokens == 4 && headDim > 64)
+            continue;
+          Case c;
+          c.mod = mod;
+          c.config.kind = decodeTokens == 0 ? KernelKind::Prefill : KernelKind::Decode;
+          c.config.elementType = DType::BF16;
+          c.config.headDim = headDim;
+          c.config.returnLse = true;
+          if (decodeTokens == 0) {
+            c.config.choosePrefillShapeFor(arch);
+          } else {
+            c.config.groupSize = decodeTokens == 8 ? 8 : 4;
+            c.config.queryTokens = decodeTokens;
+          }
+          c.arch = c.config.compileArchFor(arch);
+          cases.push_back(c);
+        }
+  auto start = std::chrono::steady_clock::now();
+  std::vector<Outcome> outcomes = compileAll(cases, workerCount());
+  double wall = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  for (size_t i = 0; i < cases.size(); ++i) {
+    ASSERT_EQ(outcomes[i].error, "") << cases[i].label();
+    ASSERT_FALSE(outcomes[i].reports.empty()) << cases[i].label();
+    for (const PtxasKernelReport &report : outcomes[i].reports) {
+      EXPECT_EQ(report.spillStoreBytes, 0) << cases[i].label() << " " << report.kernel;
+      EXPECT_EQ(report.spillLoadBytes, 0) << cases[i].label() << " " << report.kernel;
+      std::printf("[ ptxas ] %-8s %-40s %-5s %-20s %3d registers, %d/%d spill bytes\n",
+                  cases[i].mod.c_str(), cases[i].config.describe().c_str(),
+                  cases[i].arch.c_str(), report.kernel.c_str(), report.registers,
+                  report.spillStoreBytes, report.spillLoadBytes);
+    }
+  }
+  std::printf("[ sweep ] %zu kernels in %.1f s wall\n", cases.size(), wall);
+}
+
 /// BatchAttention's packed-batch kernels, as CudaBatchAttention.cpp builds
-/// them (64 x 64 prefill tiles, 32 keys at head dim 256; decode for up to 8
-/// tokens), compile for sm_80 and sm_90 at every head dim without spills.
-/// (flexAttention's decode for 8 tokens of GQA 4 at head dim 64 spills on
-/// sm_90 under its 5-CTA register cap, which the packed kernel does not
-/// take.)
+/// them (64 x 64 prefill tiles, 32 keys above head dim 128; decode for up
+/// to 8 tokens), compile for sm_80 and sm_90 at head dims 64 to 256 without
+/// spills (without the 5-CTA register cap flexAttention's decode takes on
+/// sm_90 for up to 16 rows at head dims up to 64).
 TEST(NvrtcCompile, PackedBatchKernelsCompileWithoutSpills) {
   REQUIRE_NVRTC();
   std::vector<Case> cases;
   for (const char *mod : {"none", "document", "softcap"})
     for (KernelKind kind : {KernelKind::Prefill, KernelKind::Decode})
-      for (int headDim : {64, 128, 256})
+      for (int headDim : {64, 96, 128, 192, 256})
         for (const char *arch : {"sm_80", "sm_90"}) {
           Case c;
           c.mod = mod;
@@ -218,7 +265,7 @@ TEST(NvrtcCompile, PackedBatchKernelsCompileWithoutSpills) {
           c.config.headDim = headDim;
           c.config.blockM = 64;
           c.config.warpRows = 16;
-          c.config.blockN = kind == KernelKind::Prefill && headDim == 256 ? 32 : 64;
+          c.config.blockN = kind == KernelKind::Prefill && headDim > 128 ? 32 : 64;
           c.config.groupSize = kind == KernelKind::Decode ? 4 : 1;
           c.config.queryTokens = kind == KernelKind::Decode ? 8 : 1;
           c.config.returnLse = true;

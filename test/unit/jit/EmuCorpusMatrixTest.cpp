@@ -165,14 +165,15 @@ TEST_P(EmuCorpusMatrixTest, CudaKernelsOnEmulatorMatchFloat64Reference) {
   // warpgroup prefill entry runs the prefill mode alone.
   const char *only = std::getenv("PAGEDC_MATRIX_MODES");
   // $PAGEDC_MATRIX_HEAD_DIMS (a comma list; 64 and 128 unless set): the
-  // warpgroup prefill at head dim 256 runs as its own entry.
+  // warpgroup prefill at head dim 256 and the head dims that are not powers
+  // of two run as their own entries.
   std::vector<int64_t> dims;
   const char *dimsText = std::getenv("PAGEDC_MATRIX_HEAD_DIMS");
   for (llvm::StringRef rest = dimsText && *dimsText ? dimsText : "64,128"; !rest.empty();) {
     auto [item, tail] = rest.split(',');
     int64_t dim = 0;
     ASSERT_FALSE(item.trim().getAsInteger(10, dim)) << "PAGEDC_MATRIX_HEAD_DIMS: " << dimsText;
-    ASSERT_TRUE(dim == 64 || dim == 128 || dim == 256) << "PAGEDC_MATRIX_HEAD_DIMS: " << dim;
+    ASSERT_TRUE(pagedc::isCudaHeadDim(dim)) << "PAGEDC_MATRIX_HEAD_DIMS: " << dim;
     dims.push_back(dim);
     rest = tail;
   }
