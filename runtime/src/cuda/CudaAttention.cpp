@@ -735,6 +735,50 @@ void checkCudaLayout(const cpu::PagedAttentionArgs &args) {
       throw Error("the KV cache storage must be compact on CUDA");
 }
 
+/// One staging upload of the call's page table, kv_len and q_offset (and
+/// an 8-bit cache's K and V scales, as bits), enqueued on `stream`; points
+/// kernelArgs at them. The buffer must outlive the launch.
+DeviceBuffer uploadCallData(const cpu::PagedAttentionArgs &args, const KernelConfig &config,
+                            Device device, cu::Stream stream,
+                            PagedcAttentionKernelArgs &kernelArgs) {
+  const int batch = static_cast<int>(args.q.size(0));
+  const int headsKv = static_cast<int>(args.kCache.size(0));
+  std::vector<int32_t> staging(args.pageTable, args.pageTable + batch * args.pageTableStride);
+  const size_t kvLenAt = staging.size();
+  staging.insert(staging.end(), args.kvLength, args.kvLength + batch);
+  const size_t qOffsetAt = staging.size();
+  if (args.qOffset)
+    staging.insert(staging.end(), args.qOffset, args.qOffset + batch);
+  else
+    staging.insert(staging.end(), static_cast<size_t>(batch), 0);
+  const size_t kScaleAt = staging.size();
+  if (config.kvFloat8) {
+    if (!args.kScale || !args.vScale)
+      throw Error(fmt::format("the KV cache stores {} but the call has no K and V scales",
+                              dtypeName(args.kCache.dtype())));
+    for (const float *scales : {args.kScale, args.vScale})
+      for (int h = 0; h < headsKv; ++h) {
+        int32_t bits;
+        std::memcpy(&bits, &scales[h], sizeof(bits));
+        staging.push_back(bits);
+      }
+  }
+  DeviceBuffer callData(staging.size() * sizeof(int32_t), device.index);
+  const CudaDriver &driver = CudaDriver::get();
+  driver.check(driver.api().memcpyHtoDAsync(callData.address(), staging.data(),
+                                            staging.size() * sizeof(int32_t), stream),
+               "cuMemcpyHtoDAsync (page table, kv_len, q_offset)");
+  auto *deviceInts = static_cast<int32_t *>(callData.data());
+  kernelArgs.page_table = deviceInts;
+  kernelArgs.kv_len = deviceInts + kvLenAt;
+  kernelArgs.q_offset = deviceInts + qOffsetAt;
+  if (config.kvFloat8) {
+    kernelArgs.k_scale = reinterpret_cast<const float *>(deviceInts + kScaleAt);
+    kernelArgs.v_scale = reinterpret_cast<const float *>(deviceInts + kScaleAt + headsKv);
+  }
+  return callData;
+}
+
 } // namespace
 
 void pagedAttention(const cpu::PagedAttentionArgs &args, Device device, void *streamHandle,
@@ -777,47 +821,14 @@ void pagedAttention(const cpu::PagedAttentionArgs &args, Device device, void *st
   std::vector<unsigned char> params =
       layout.pack(mods.params, mods.buffers, args.context ? *args.context : noContext);
 
-  // One staging upload: page table, kv_len, q_offset (and an 8-bit
-  // cache's K and V scales, as bits).
-  std::vector<int32_t> staging(args.pageTable, args.pageTable + batch * args.pageTableStride);
-  const size_t kvLenAt = staging.size();
-  staging.insert(staging.end(), args.kvLength, args.kvLength + batch);
-  const size_t qOffsetAt = staging.size();
-  if (args.qOffset)
-    staging.insert(staging.end(), args.qOffset, args.qOffset + batch);
-  else
-    staging.insert(staging.end(), static_cast<size_t>(batch), 0);
-  const size_t kScaleAt = staging.size();
-  if (config.kvFloat8) {
-    if (!args.kScale || !args.vScale)
-      throw Error(fmt::format("the KV cache stores {} but the call has no K and V scales",
-                              dtypeName(kvType)));
-    for (const float *scales : {args.kScale, args.vScale})
-      for (int h = 0; h < headsKv; ++h) {
-        int32_t bits;
-        std::memcpy(&bits, &scales[h], sizeof(bits));
-        staging.push_back(bits);
-      }
-  }
-  DeviceBuffer callData(staging.size() * sizeof(int32_t), device.index);
-  driver.check(driver.api().memcpyHtoDAsync(callData.address(), staging.data(),
-                                            staging.size() * sizeof(int32_t), stream),
-               "cuMemcpyHtoDAsync (page table, kv_len, q_offset)");
-  auto *deviceInts = static_cast<int32_t *>(callData.data());
-
   PagedcAttentionKernelArgs kernelArgs{};
   kernelArgs.q = q.data();
   kernelArgs.k_cache = args.kCache.data();
   kernelArgs.v_cache = args.vCache.data();
   kernelArgs.out = args.out.data();
   kernelArgs.lse = static_cast<float *>(args.lse.data());
-  kernelArgs.page_table = deviceInts;
-  kernelArgs.kv_len = deviceInts + kvLenAt;
-  kernelArgs.q_offset = deviceInts + qOffsetAt;
-  if (config.kvFloat8) {
-    kernelArgs.k_scale = reinterpret_cast<const float *>(deviceInts + kScaleAt);
-    kernelArgs.v_scale = reinterpret_cast<const float *>(deviceInts + kScaleAt + headsKv);
-  }
+  // The staging buffer dies with this call, after its synchronisation.
+  const DeviceBuffer callData = uploadCallData(args, config, device, stream, kernelArgs);
   for (int d = 0; d < 3; ++d) {
     kernelArgs.q_stride[d] = q.stride(d);
     kernelArgs.out_stride[d] = args.out.stride(d);
@@ -858,7 +869,6 @@ void pagedAttention(const cpu::PagedAttentionArgs &args, Device device, void *st
   launch.applyLaunchOptions(args.kCache.size(1), args.vCache.size(1),
                             !mask || blockMaskVisitsGrow(*mask));
   launch.enqueue(stream);
-  // The staging buffers die with this call.
   driver.check(driver.api().streamSynchronize(stream), "cuStreamSynchronize (attention)");
 }
 
