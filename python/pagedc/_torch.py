@@ -218,6 +218,31 @@ def _layout(handle: int) -> tuple:
             tuple(tuple(d) for d in mods.param_decls))
 
 
+def _op_inputs(handle, names, captured, param_decls, buffers, params):
+    """The custom ops' buffer tensors (given, else captured by the mods) in
+    declaration order, and their param values as floats (given, else the
+    declared default)."""
+    given = dict(buffers or {})
+    tensors = []
+    for name in names:
+        if name in given:
+            tensors.append(given[name])
+        elif name in captured:
+            tensors.append(_captured_tensor(handle, name))
+        else:
+            raise ValueError(f"buffers: no value for '{name}'")
+    values = []
+    params = dict(params or {})
+    for name, typ, default in param_decls:
+        if name in params:
+            values.append(float(params[name]))
+        elif default is not None:
+            values.append(float(default))
+        else:
+            raise ValueError(f"params: no value for '{name}' (no default)")
+    return tensors, values
+
+
 def compiled_flex_attention(q, k, v, block_mask, mods, buffers, params, scale, enable_gqa,
                             return_lse, score_mod, mask_mod, return_aux, others):
     """flex_attention while torch.compile traces: the key/value tensor form as
@@ -248,24 +273,7 @@ def compiled_flex_attention(q, k, v, block_mask, mods, buffers, params, scale, e
         # trace those once outside (pagedc.from_torch) and pass mods=.
         handle = _resolve(score_mod, mask_mod)
     names, captured, param_decls = _layout(handle)
-    given = dict(buffers or {})
-    tensors = []
-    for name in names:
-        if name in given:
-            tensors.append(given[name])
-        elif name in captured:
-            tensors.append(_captured_tensor(handle, name))
-        else:
-            raise ValueError(f"buffers: no value for '{name}'")
-    values = []
-    params = dict(params or {})
-    for name, typ, default in param_decls:
-        if name in params:
-            values.append(float(params[name]))
-        elif default is not None:
-            values.append(float(default))
-        else:
-            raise ValueError(f"params: no value for '{name}' (no default)")
+    tensors, values = _op_inputs(handle, names, captured, param_decls, buffers, params)
     import torch
     out, lse = torch.ops.pagedc.flex_attention(q, k, v, tensors, handle,
                                                None if scale is None else float(scale),
@@ -351,24 +359,7 @@ def compiled_batch_attention(handle: int, q, k_cache, v_cache, buffers, params, 
     import torch
     mods_handle, heads, value_dim = _batch_layout(handle)
     names, captured, param_decls = _layout(mods_handle)
-    given = dict(buffers or {})
-    tensors = []
-    for name in names:
-        if name in given:
-            tensors.append(given[name])
-        elif name in captured:
-            tensors.append(_captured_tensor(mods_handle, name))
-        else:
-            raise ValueError(f"buffers: no value for '{name}'")
-    values = []
-    params = dict(params or {})
-    for name, typ, default in param_decls:
-        if name in params:
-            values.append(float(params[name]))
-        elif default is not None:
-            values.append(float(default))
-        else:
-            raise ValueError(f"params: no value for '{name}' (no default)")
+    tensors, values = _op_inputs(mods_handle, names, captured, param_decls, buffers, params)
     if out is None:
         out = q.new_empty((q.shape[0], heads, value_dim))
     lse = torch.ops.pagedc.batch_attention(q, k_cache, v_cache, tensors, handle,
