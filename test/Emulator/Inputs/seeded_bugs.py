@@ -44,8 +44,8 @@ BUGS = {
         "prefill"),
     "wait-group-2": (
         "Prefill.cuh",
-        "      cp_async_wait<1>();\n      __syncthreads();\n\n      float scores",
-        "      cp_async_wait<2>();\n      __syncthreads();\n\n      float scores",
+        "      cp_async_wait<1>();\n      __syncthreads();\n      if constexpr (kKvFloat8 != 0) {",
+        "      cp_async_wait<2>();\n      __syncthreads();\n      if constexpr (kKvFloat8 != 0) {",
         "prefill"),
     "page-index-off-by-one": (
         "KernelCommon.cuh",
@@ -88,12 +88,13 @@ BUGS = {
         "prefill"),
     "no-zero-fill-past-kv-len": (
         "KernelCommon.cuh",
-        "        cp_async_16(k_tile + offset, k_source + 16 * at, valid ? 16 : 0);\n"
-        "        cp_async_16(v_tile + offset, v_source + 16 * at, valid ? 16 : 0);",
-        "        if (valid) {\n"
-        "          cp_async_16(k_tile + offset, k_source + 16 * at, 16);\n"
-        "          cp_async_16(v_tile + offset, v_source + 16 * at, 16);\n"
-        "        }",
+        [("          cp_async_16(k_tile + offset, k_source + 16 * at, valid ? 16 : 0);",
+          "          if (valid)\n"
+          "            cp_async_16(k_tile + offset, k_source + 16 * at, 16);"),
+         ("          cp_async_16(v_tile + offset, v_source + 16 * at, valid ? 16 : 0);",
+          "          if (valid)\n"
+          "            cp_async_16(v_tile + offset, v_source + 16 * at, 16);")],
+        None,
         "prefill"),
     "shuffle-in-lane-dependent-branch": (
         "KernelCommon.cuh",
@@ -164,8 +165,9 @@ BUGS = {
         "decode"),
     "decode-every-row-from-first-page-slot": (
         "Decode.cuh",
-        "StagedPages{page_slots, kv_begin}",
-        "[&](int) { return page_slots[0]; }",
+        "    copy_kv(k_tile, v_tile, StagedPages{page_slots, kv_begin}, kv_begin, split_end, keep_rows);",
+        "    copy_kv(k_tile, v_tile, [&](int) { return page_slots[0]; }, kv_begin, split_end,\n"
+        "            keep_rows);",
         "decode"),
     # A thread's second row (lane / 4 + 8) treated as padding although the
     # CTA has 16 rows (GQA 16): rows 8-15 get no softmax.

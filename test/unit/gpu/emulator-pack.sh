@@ -60,14 +60,18 @@ if [ -z "${PAGEDC_PREFILL_PERSISTENT:-}" ] && [ -n "${PAGEDC_EMU_MULTIPROCESSORS
   fi
 fi
 if [ "${PAGEDC_PREFILL_PERSISTENT:-0}" = 1 ] && [ -n "${PAGEDC_PREFILL_PERSISTENT_CTAS:-}" ]; then
-  # Persistent CTAs: no prefill grid over the CTA count, and some at it
-  # (those CTAs then take several query tiles each).
+  # Persistent CTAs: no warpgroup prefill grid over the CTA count, and
+  # some at it (those CTAs then take several query tiles each). The pack's
+  # head dims other than 64, 128 and 256 run the mma.sync prefill, which
+  # has no persistent CTAs (its launches do no wgmma).
   ctas=$PAGEDC_PREFILL_PERSISTENT_CTAS
-  grids=$(grep -o '"kernel": "pagedc_prefill", "grid": \[[0-9]*' "$work/counters.jsonl" |
+  grids=$(grep '"kernel": "pagedc_prefill"' "$work/counters.jsonl" |
+            grep -v '"wgmma_flop": 0[,}]' |
+            grep -o '"kernel": "pagedc_prefill", "grid": \[[0-9]*' |
             grep -o '[0-9]*$' || true)
   over=$(echo "$grids" | awk -v c="$ctas" '$1 > c' | wc -l)
   full=$(echo "$grids" | awk -v c="$ctas" '$1 == c' | wc -l)
-  echo "emulator pack: $full prefill launches ran $ctas persistent CTAs, $over more"
+  echo "emulator pack: $full warpgroup prefill launches ran $ctas persistent CTAs, $over more"
   if [ "$over" -ne 0 ] || [ "$full" -eq 0 ]; then
     echo "emulator pack: FAILED (PAGEDC_PREFILL_PERSISTENT_CTAS=$ctas not followed)"
     exit 1
