@@ -12,6 +12,7 @@
 // rows, lse, split-KV decode; and the CUDA path's refusals.
 //
 //===----------------------------------------------------------------------===//
+#include "EmulatorEnvironment.h"
 #include "BatchStep.h"
 
 #include "pagedc/BatchAttention.h"
@@ -411,16 +412,5 @@ TEST(CudaBatchAttention, CapturedStepReplaysWithNewMetadata) {
   EXPECT_EQ(streamCaptureStatus(driver, stream), cu::kStreamCaptureStatusNone);
   driver.check(driver.api().streamDestroy(stream), "cuStreamDestroy");
 }
-
-/// Runs on the emulator's driver with every checker on.
-class EmulatorEnvironment : public ::testing::Environment {
-public:
-  void SetUp() override {
-    ::setenv("PAGEDC_CUDA_DRIVER", "emu", 1);
-    ::setenv("PAGEDC_EMU_CHECKS", "all", 1);
-    ::setenv("PAGEDC_EMU_QUIET", "1", 0);
-  }
-};
-const auto *const gEnvironment = ::testing::AddGlobalTestEnvironment(new EmulatorEnvironment);
 
 } // namespace

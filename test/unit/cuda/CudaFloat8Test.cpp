@@ -14,6 +14,7 @@
 // the device, missing or bad scales), which leave out as it was.
 //
 //===----------------------------------------------------------------------===//
+#include "EmulatorEnvironment.h"
 #include "AttentionCheck.h"
 #include "TestMods.h"
 #include "cpu/Reference.h"
@@ -376,16 +377,5 @@ TEST(CudaFloat8, RefusalsNameTheProblemAndWriteNothing) {
   EXPECT_NE(withScales({INFINITY}, {1.0f}).find("k_scale[0] = inf"), std::string::npos);
   EXPECT_NE(withScales({1.0f}, {NAN}).find("v_scale[0] = nan"), std::string::npos);
 }
-
-/// The emulated driver with every checker on: a report fails the launch.
-class EmulatorEnvironment : public ::testing::Environment {
-public:
-  void SetUp() override {
-    ::setenv("PAGEDC_CUDA_DRIVER", "emu", 1);
-    ::setenv("PAGEDC_EMU_CHECKS", "all", 1);
-    ::setenv("PAGEDC_EMU_QUIET", "1", 0);
-  }
-};
-const auto *const gEnvironment = ::testing::AddGlobalTestEnvironment(new EmulatorEnvironment);
 
 } // namespace

@@ -20,6 +20,7 @@
 //
 //===----------------------------------------------------------------------===//
 
+#include "EmulatorEnvironment.h"
 #include "AttentionCheck.h"
 #include "TestMods.h"
 
@@ -217,15 +218,5 @@ TEST(EmuHeadDimErrors, WarpgroupTilesTakeTheirOwnHeadDims) {
     EXPECT_EQ(chosen.warpRows, 64) << dim;
   }
 }
-
-class EmulatorEnvironment : public ::testing::Environment {
-public:
-  void SetUp() override {
-    ::setenv("PAGEDC_CUDA_DRIVER", "emu", 1);
-    ::setenv("PAGEDC_EMU_CHECKS", "all", 1);
-    ::setenv("PAGEDC_EMU_QUIET", "1", 0);
-  }
-};
-const auto *const gEnvironment = ::testing::AddGlobalTestEnvironment(new EmulatorEnvironment);
 
 } // namespace
