@@ -45,6 +45,12 @@ struct AttentionOptions {
   /// Optional lse output [B, Hq, Lq] f32 (default-constructed: none);
   /// giving one implies returnLse.
   TensorView lse;
+  /// Attention sinks (default-constructed: none): an f32 tensor [Hq] on the
+  /// call's device. Query head h's softmax gains one extra key whose logit is
+  /// sinks[h] (in the units of the scores after scale and score mod) and
+  /// whose value is zero: the weights of a row sum to less than 1, lse
+  /// includes the sink, and a fully masked row gives out 0 and lse sinks[h].
+  TensorView sinks;
   /// CPU worker threads; 0 = every core, or the calling thread alone when
   /// the call is too small to gain from more.
   int threads = 0;

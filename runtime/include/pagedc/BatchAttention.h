@@ -105,6 +105,12 @@ struct BatchRunOptions {
   TensorView out;
   /// Optional lse output [T, Hq] f32; giving one implies returnLse.
   TensorView lse;
+  /// Attention sinks (default-constructed: none): an f32 tensor [Hq] on the
+  /// call's device. Query head h's softmax gains one extra key whose logit is
+  /// sinks[h] (in the units of the scores after scale and score mod) and
+  /// whose value is zero: the weights of a row sum to less than 1, lse
+  /// includes the sink, and a fully masked row gives out 0 and lse sinks[h].
+  TensorView sinks;
   /// Caches of 8-bit floats (F8E4M3, F8E5M2): the scale of K and of V, one
   /// value or one per KV head (finite, > 0); a code c of head h means
   /// c * kScale[h]. Required for such caches, refused for others.
