@@ -25,6 +25,8 @@
 #include "pagedc-emu/Emulator.h"
 #include "pagedc-emu/Settings.h"
 
+#include <nlohmann/json.hpp>
+
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -91,21 +93,10 @@ int fail(int code, std::string detail) {
   return code;
 }
 
-std::string jsonString(const std::string &text) {
-  std::string out = "\"";
-  for (char c : text) {
-    if (c == '"' || c == '\\') {
-      out += '\\';
-      out += c;
-    } else if (static_cast<unsigned char>(c) < 0x20) {
-      char buffer[8];
-      std::snprintf(buffer, sizeof(buffer), "\\u%04x", c);
-      out += buffer;
-    } else {
-      out += c;
-    }
-  }
-  return out + "\"";
+/// One line of a JSON-lines log; text that is not UTF-8 (a kernel name
+/// from a damaged image) is replaced, not thrown on.
+std::string jsonLine(const nlohmann::ordered_json &object) {
+  return object.dump(-1, ' ', false, nlohmann::ordered_json::error_handler_t::replace);
 }
 
 void appendLine(const std::string &path, const std::string &line) {
@@ -678,16 +669,17 @@ static int runLaunch(const KernelLaunch &launch) {
   emu::LaunchResult result = emu::launch(*launch.kernel, config, params.data(), settings.checks);
 
   const std::string name = launch.kernel->name;
+  nlohmann::ordered_json counters = nlohmann::ordered_json::object();
+  result.counters.forEach([&](const char *field, uint64_t value) { counters[field] = value; });
   appendLine(settings.countersPath,
-             "{\"kernel\": " + jsonString(name) + ", \"grid\": [" + std::to_string(gridX) + ", " +
-                 std::to_string(gridY) + ", " + std::to_string(gridZ) + "], \"block\": [" +
-                 std::to_string(blockX) + ", " + std::to_string(blockY) + ", " +
-                 std::to_string(blockZ) + "], \"dynamic_shared_bytes\": " +
-                 std::to_string(sharedBytes) + ", \"programmatic_dependent\": " +
-                 (programmatic ? "true" : "false") + ", \"seconds\": " +
-                 std::to_string(result.seconds) + ", \"reports\": " +
-                 std::to_string(result.reports.size()) + ", \"counters\": " +
-                 result.counters.json() + "}");
+             jsonLine({{"kernel", name},
+                       {"grid", {gridX, gridY, gridZ}},
+                       {"block", {blockX, blockY, blockZ}},
+                       {"dynamic_shared_bytes", sharedBytes},
+                       {"programmatic_dependent", programmatic},
+                       {"seconds", result.seconds},
+                       {"reports", result.reports.size()},
+                       {"counters", counters}}));
   if (result.ok)
     return kSuccess;
   const bool quiet = settings.quiet;
@@ -698,11 +690,11 @@ static int runLaunch(const KernelLaunch &launch) {
     const std::string text = entry.format();
     if (!quiet)
       std::fprintf(stderr, "%s\n", text.c_str());
-    appendLine(settings.reportPath,
-               "{\"checker\": " + jsonString(entry.checker) + ", \"kernel\": " +
-                   jsonString(entry.kernel) + ", \"location\": " + jsonString(entry.location) +
-                   ", \"message\": " + jsonString(entry.message) +
-                   ", \"count\": " + std::to_string(entry.count) + "}");
+    appendLine(settings.reportPath, jsonLine({{"checker", entry.checker},
+                                              {"kernel", entry.kernel},
+                                              {"location", entry.location},
+                                              {"message", entry.message},
+                                              {"count", entry.count}}));
     if (detail.empty())
       detail = text;
   }

@@ -11,6 +11,8 @@
 
 #include "EmulatorInternal.h"
 
+#include <nlohmann/json.hpp>
+
 #include <cstdio>
 
 namespace pagedc::emu::detail {
@@ -252,83 +254,67 @@ std::string Report::format() const {
   return text;
 }
 
+namespace {
+/// Every counter with its JSON name: add() and json() walk this one list, so
+/// a new counter is summed and written once it is listed here.
+struct CounterField {
+  const char *name;
+  uint64_t Counters::*member;
+};
+constexpr CounterField kCounterFields[] = {
+    {"grid_blocks", &Counters::gridBlocks},
+    {"blocks", &Counters::blocks},
+    {"threads", &Counters::threads},
+    {"mma", &Counters::mma},
+    {"ldmatrix", &Counters::ldmatrix},
+    {"ldmatrix_wavefronts", &Counters::ldmatrixWavefronts},
+    {"ldmatrix_ideal_wavefronts", &Counters::ldmatrixIdealWavefronts},
+    {"shared_load_bytes", &Counters::sharedLoadBytes},
+    {"shared_store_bytes", &Counters::sharedStoreBytes},
+    {"shared_requests", &Counters::sharedRequests},
+    {"shared_wavefronts", &Counters::sharedWavefronts},
+    {"shared_ideal_wavefronts", &Counters::sharedIdealWavefronts},
+    {"global_load_bytes", &Counters::globalLoadBytes},
+    {"global_store_bytes", &Counters::globalStoreBytes},
+    {"global_requests", &Counters::globalRequests},
+    {"global_sectors_requested", &Counters::globalSectorsRequested},
+    {"global_sectors_unique", &Counters::globalSectorsUnique},
+    {"cp_async", &Counters::cpAsync},
+    {"cp_async_bytes", &Counters::cpAsyncBytes},
+    {"cp_async_zero_fill_bytes", &Counters::cpAsyncZeroFillBytes},
+    {"wgmma", &Counters::wgmma},
+    {"wgmma_flop", &Counters::wgmmaFlop},
+    {"wgmma_shared_bytes", &Counters::wgmmaSharedBytes},
+    {"bulk_copies", &Counters::bulkCopies},
+    {"bulk_copy_bytes", &Counters::bulkCopyBytes},
+    {"barriers", &Counters::barriers},
+    {"shuffles", &Counters::shuffles},
+    {"ballots", &Counters::ballots},
+    {"atomics", &Counters::atomics},
+    {"transcendentals", &Counters::transcendentals},
+    {"tiles_kept", &Counters::tilesKept},
+    {"tiles_masked", &Counters::tilesMasked},
+    {"row_groups_rescaled", &Counters::rowGroupsRescaled},
+};
+} // namespace
+
 void Counters::add(const Counters &o) {
-  gridBlocks = std::max(gridBlocks, o.gridBlocks);
-  blocks += o.blocks;
-  threads += o.threads;
-  mma += o.mma;
-  ldmatrix += o.ldmatrix;
-  ldmatrixWavefronts += o.ldmatrixWavefronts;
-  ldmatrixIdealWavefronts += o.ldmatrixIdealWavefronts;
-  sharedLoadBytes += o.sharedLoadBytes;
-  sharedStoreBytes += o.sharedStoreBytes;
-  sharedRequests += o.sharedRequests;
-  sharedWavefronts += o.sharedWavefronts;
-  sharedIdealWavefronts += o.sharedIdealWavefronts;
-  globalLoadBytes += o.globalLoadBytes;
-  globalStoreBytes += o.globalStoreBytes;
-  globalRequests += o.globalRequests;
-  globalSectorsRequested += o.globalSectorsRequested;
-  globalSectorsUnique += o.globalSectorsUnique;
-  cpAsync += o.cpAsync;
-  cpAsyncBytes += o.cpAsyncBytes;
-  cpAsyncZeroFillBytes += o.cpAsyncZeroFillBytes;
-  wgmma += o.wgmma;
-  wgmmaFlop += o.wgmmaFlop;
-  wgmmaSharedBytes += o.wgmmaSharedBytes;
-  bulkCopies += o.bulkCopies;
-  bulkCopyBytes += o.bulkCopyBytes;
-  barriers += o.barriers;
-  shuffles += o.shuffles;
-  ballots += o.ballots;
-  atomics += o.atomics;
-  transcendentals += o.transcendentals;
-  tilesKept += o.tilesKept;
-  tilesMasked += o.tilesMasked;
-  rowGroupsRescaled += o.rowGroupsRescaled;
+  // The grid is the same launch's, not a sum of its sampled parts.
+  const uint64_t grid = std::max(gridBlocks, o.gridBlocks);
+  for (const CounterField &field : kCounterFields)
+    this->*field.member += o.*field.member;
+  gridBlocks = grid;
+}
+
+void Counters::forEach(const std::function<void(const char *, uint64_t)> &visit) const {
+  for (const CounterField &field : kCounterFields)
+    visit(field.name, this->*field.member);
 }
 
 std::string Counters::json() const {
-  std::string text = "{";
-  auto field = [&](const char *name, uint64_t value) {
-    if (text.size() > 1)
-      text += ", ";
-    text += "\"" + std::string(name) + "\": " + std::to_string(value);
-  };
-  field("grid_blocks", gridBlocks);
-  field("blocks", blocks);
-  field("threads", threads);
-  field("mma", mma);
-  field("ldmatrix", ldmatrix);
-  field("ldmatrix_wavefronts", ldmatrixWavefronts);
-  field("ldmatrix_ideal_wavefronts", ldmatrixIdealWavefronts);
-  field("shared_load_bytes", sharedLoadBytes);
-  field("shared_store_bytes", sharedStoreBytes);
-  field("shared_requests", sharedRequests);
-  field("shared_wavefronts", sharedWavefronts);
-  field("shared_ideal_wavefronts", sharedIdealWavefronts);
-  field("global_load_bytes", globalLoadBytes);
-  field("global_store_bytes", globalStoreBytes);
-  field("global_requests", globalRequests);
-  field("global_sectors_requested", globalSectorsRequested);
-  field("global_sectors_unique", globalSectorsUnique);
-  field("cp_async", cpAsync);
-  field("cp_async_bytes", cpAsyncBytes);
-  field("cp_async_zero_fill_bytes", cpAsyncZeroFillBytes);
-  field("wgmma", wgmma);
-  field("wgmma_flop", wgmmaFlop);
-  field("wgmma_shared_bytes", wgmmaSharedBytes);
-  field("bulk_copies", bulkCopies);
-  field("bulk_copy_bytes", bulkCopyBytes);
-  field("barriers", barriers);
-  field("shuffles", shuffles);
-  field("ballots", ballots);
-  field("atomics", atomics);
-  field("transcendentals", transcendentals);
-  field("tiles_kept", tilesKept);
-  field("tiles_masked", tilesMasked);
-  field("row_groups_rescaled", rowGroupsRescaled);
-  return text + "}";
+  nlohmann::ordered_json object = nlohmann::ordered_json::object();
+  forEach([&](const char *name, uint64_t value) { object[name] = value; });
+  return object.dump();
 }
 
 } // namespace pagedc::emu

@@ -19,6 +19,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -89,6 +90,9 @@ struct Counters {
   /// (PAGEDC_EMU_TALLY_*; the issue term of bench/gpu/issue_model.py).
   uint64_t tilesKept = 0, tilesMasked = 0, rowGroupsRescaled = 0;
   void add(const Counters &other);
+  /// Calls visit(name, value) for every counter, in json()'s order.
+  void forEach(const std::function<void(const char *, uint64_t)> &visit) const;
+  /// One JSON object of every counter (snake_case names).
   std::string json() const;
 };
 

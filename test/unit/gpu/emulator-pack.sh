@@ -32,9 +32,9 @@ if [ -z "$summary" ]; then
   exit 1
 fi
 if [ "$tma" = 1 ]; then
-  prefill=$(grep -c '"kernel": "pagedc_prefill"' "$work/counters.jsonl" || true)
-  bulk=$(grep '"kernel": "pagedc_prefill"' "$work/counters.jsonl" |
-           grep -c '"bulk_copies": [1-9]' || true)
+  prefill=$(grep -c '"kernel":"pagedc_prefill"' "$work/counters.jsonl" || true)
+  bulk=$(grep '"kernel":"pagedc_prefill"' "$work/counters.jsonl" |
+           grep -c '"bulk_copies":[1-9]' || true)
   echo "emulator pack: $bulk of $prefill prefill launches copied K/V with tensor maps"
   if [ "$bulk" -eq 0 ]; then
     echo "emulator pack: FAILED (PAGEDC_PREFILL_TMA=1 but no prefill launch used tensor maps)"
@@ -48,9 +48,9 @@ if [ -z "${PAGEDC_PREFILL_PERSISTENT:-}" ] && [ -n "${PAGEDC_EMU_MULTIPROCESSORS
   # sliding window, no block mask), and a CTA per tile where they do not
   # (a document mask's, inverse causal's): both must occur.
   sms=$PAGEDC_EMU_MULTIPROCESSORS
-  persistent=$(grep "\"kernel\": \"pagedc_prefill\", \"grid\": \[$sms," "$work/counters.jsonl" |
-                 grep -c '"atomics": [1-9]' || true)
-  over=$(grep -o '"kernel": "pagedc_prefill", "grid": \[[0-9]*' "$work/counters.jsonl" |
+  persistent=$(grep "\"kernel\":\"pagedc_prefill\",\"grid\":\[$sms," "$work/counters.jsonl" |
+                 grep -c '"atomics":[1-9]' || true)
+  over=$(grep -o '"kernel":"pagedc_prefill","grid":\[[0-9]*' "$work/counters.jsonl" |
            grep -o '[0-9]*$' | awk -v c="$sms" '$1 > c' | wc -l)
   echo "emulator pack: $persistent prefill launches ran $sms persistent CTAs by default," \
     "$over a CTA per tile over $sms"
@@ -65,9 +65,9 @@ if [ "${PAGEDC_PREFILL_PERSISTENT:-0}" = 1 ] && [ -n "${PAGEDC_PREFILL_PERSISTEN
   # head dims other than 64, 128 and 256 run the mma.sync prefill, which
   # has no persistent CTAs (its launches do no wgmma).
   ctas=$PAGEDC_PREFILL_PERSISTENT_CTAS
-  grids=$(grep '"kernel": "pagedc_prefill"' "$work/counters.jsonl" |
-            grep -v '"wgmma_flop": 0[,}]' |
-            grep -o '"kernel": "pagedc_prefill", "grid": \[[0-9]*' |
+  grids=$(grep '"kernel":"pagedc_prefill"' "$work/counters.jsonl" |
+            grep -v '"wgmma_flop":0[,}]' |
+            grep -o '"kernel":"pagedc_prefill","grid":\[[0-9]*' |
             grep -o '[0-9]*$' || true)
   over=$(echo "$grids" | awk -v c="$ctas" '$1 > c' | wc -l)
   full=$(echo "$grids" | awk -v c="$ctas" '$1 == c' | wc -l)
@@ -78,8 +78,8 @@ if [ "${PAGEDC_PREFILL_PERSISTENT:-0}" = 1 ] && [ -n "${PAGEDC_PREFILL_PERSISTEN
   fi
   # With the work counter (the default): every launch at the CTA count took
   # its tiles from it (atomics in its counters); in fixed rounds, none.
-  counted=$(grep "\"kernel\": \"pagedc_prefill\", \"grid\": \[$ctas," "$work/counters.jsonl" |
-              grep -c '"atomics": [1-9]' || true)
+  counted=$(grep "\"kernel\":\"pagedc_prefill\",\"grid\":\[$ctas," "$work/counters.jsonl" |
+              grep -c '"atomics":[1-9]' || true)
   echo "emulator pack: $counted of those took their tiles from the work counter"
   if [ "${PAGEDC_PREFILL_TILE_COUNTER:-1}" = 1 ] && [ "$counted" -ne "$full" ]; then
     echo "emulator pack: FAILED (persistent launches without the work counter)"
@@ -90,9 +90,9 @@ if [ "${PAGEDC_PREFILL_PERSISTENT:-0}" = 1 ] && [ -n "${PAGEDC_PREFILL_PERSISTEN
     exit 1
   fi
 fi
-decode=$(grep -c '"kernel": "pagedc_decode"' "$work/counters.jsonl" || true)
-decode_bulk=$(grep '"kernel": "pagedc_decode"' "$work/counters.jsonl" |
-                grep -c '"bulk_copies": [1-9]' || true)
+decode=$(grep -c '"kernel":"pagedc_decode"' "$work/counters.jsonl" || true)
+decode_bulk=$(grep '"kernel":"pagedc_decode"' "$work/counters.jsonl" |
+                grep -c '"bulk_copies":[1-9]' || true)
 echo "emulator pack: $decode_bulk of $decode decode launches copied K/V with tensor maps"
 if [ "$decode_tma" = 0 ] && [ "$decode_bulk" -ne 0 ]; then
   echo "emulator pack: FAILED (PAGEDC_DECODE_TMA=0 but a decode launch used tensor maps)"
