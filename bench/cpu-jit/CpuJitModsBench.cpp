@@ -10,11 +10,13 @@
 //
 //===----------------------------------------------------------------------===//
 
+#include "BenchJson.h"
 #include "JIT/CompileSource.h"
 
 #include "cpu/CpuAttention.h"
 #include "cpu/Reference.h"
 #include "pagedc/BlockMask.h"
+#include "pagedc/Error.h"
 
 #include <fmt/format.h>
 
@@ -120,7 +122,7 @@ struct Options {
   std::string json;
 };
 
-std::string runCase(const Case &c, const Options &options) {
+bench::Json runCase(const Case &c, const Options &options) {
   std::mt19937 rng(42);
   std::uniform_real_distribution<float> uniform(-1.0f, 1.0f);
   auto random = [&](std::vector<int64_t> shape) {
@@ -184,18 +186,23 @@ std::string runCase(const Case &c, const Options &options) {
              c.name, handSeconds * 1e3, jitSeconds * 1e3,
              jitSeconds / handSeconds, tokens / handSeconds,
              tokens / jitSeconds, maxDifference);
-  return fmt::format(
-      "    {{\"name\": \"{}\", \"batch\": {}, \"q_heads\": {}, \"kv_heads\": {}, "
-      "\"q_len\": {}, \"kv_len\": {}, \"head_dim\": {}, \"page_size\": {}, "
-      "\"hand_median_ms\": {:.4f}, \"jit_median_ms\": {:.4f}, "
-      "\"jit_over_hand\": {:.4f}, \"max_abs_diff\": {:.3g}}}",
-      c.name, c.batch, c.qHeads, c.kvHeads, c.qLength, c.kvLength, c.dim,
-      c.pageSize, handSeconds * 1e3, jitSeconds * 1e3, jitSeconds / handSeconds,
-      maxDifference);
+  using bench::rounded;
+  return {{"name", c.name},
+          {"batch", c.batch},
+          {"q_heads", c.qHeads},
+          {"kv_heads", c.kvHeads},
+          {"q_len", c.qLength},
+          {"kv_len", c.kvLength},
+          {"head_dim", c.dim},
+          {"page_size", c.pageSize},
+          {"hand_median_ms", rounded(handSeconds * 1e3, 4)},
+          {"jit_median_ms", rounded(jitSeconds * 1e3, 4)},
+          {"jit_over_hand", rounded(jitSeconds / handSeconds, 4)},
+          {"max_abs_diff", bench::significant(maxDifference, 3)}};
 }
 
 /// ns per element of the row functions alone.
-std::string runRowFunctions(const Options &options) {
+bench::Json runRowFunctions(const Options &options) {
   constexpr int32_t kWidth = 4096, kRows = 2048;
   std::vector<float> slopes(32, 0.25f);
   PagedcBufferRef slopesRef{slopes.data(), {32, 0, 0, 0}, {1, 0, 0, 0}};
@@ -230,11 +237,11 @@ std::string runRowFunctions(const Options &options) {
   fmt::print("{:<16} {:>10.3f} {:>10.3f} {:>7.3f}\n", "alibi score",
              scoreHand / elements * 1e9, scoreJit / elements * 1e9,
              scoreJit / scoreHand);
-  return fmt::format(
-      "  \"row_functions_ns_per_element\": {{\"causal_hand\": {:.4f}, "
-      "\"causal_jit\": {:.4f}, \"alibi_hand\": {:.4f}, \"alibi_jit\": {:.4f}}}",
-      maskHand / elements * 1e9, maskJit / elements * 1e9,
-      scoreHand / elements * 1e9, scoreJit / elements * 1e9);
+  using bench::rounded;
+  return {{"causal_hand", rounded(maskHand / elements * 1e9, 4)},
+          {"causal_jit", rounded(maskJit / elements * 1e9, 4)},
+          {"alibi_hand", rounded(scoreHand / elements * 1e9, 4)},
+          {"alibi_jit", rounded(scoreJit / elements * 1e9, 4)}};
 }
 
 } // namespace
@@ -282,23 +289,23 @@ int main(int argc, char **argv) {
   fmt::print("{:<16} {:>10} {:>10} {:>7} {:>12} {:>12}  {}\n", "case",
              "hand ms", "jit ms", "ratio", "hand tok/s", "jit tok/s",
              "max|diff|");
-  std::string entries;
+  bench::Json entries = bench::Json::array();
   for (const Case &c : cases)
-    entries += (entries.empty() ? "" : ",\n") + runCase(c, options);
-  std::string rows = runRowFunctions(options);
+    entries.push_back(runCase(c, options));
+  bench::Json rows = runRowFunctions(options);
   if (!options.json.empty()) {
-    std::FILE *file = std::fopen(options.json.c_str(), "w");
-    if (!file) {
-      fmt::print(stderr, "cannot write {}\n", options.json);
+    try {
+      bench::writeJson("--json", options.json,
+                       {{"benchmark", "cpu_jit_mods_vs_hand_written"},
+                        {"threads", threads},
+                        {"reps", options.reps},
+                        {"quick", options.quick},
+                        {"cases", entries},
+                        {"row_functions_ns_per_element", rows}});
+    } catch (const Error &error) {
+      fmt::print(stderr, "{}\n", error.what());
       return 1;
     }
-    fmt::print(file,
-               "{{\n  \"benchmark\": \"cpu_jit_mods_vs_hand_written\",\n  "
-               "\"threads\": {},\n  \"reps\": {},\n  \"quick\": {},\n  "
-               "\"cases\": [\n{}\n  ],\n{}\n}}\n",
-               threads, options.reps, options.quick ? "true" : "false",
-               entries, rows);
-    std::fclose(file);
   }
   return 0;
 }

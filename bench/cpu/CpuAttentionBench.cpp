@@ -11,8 +11,10 @@
 //          [--json FILE]
 //
 //===----------------------------------------------------------------------===//
+#include "BenchJson.h"
 #include "cpu/CpuAttention.h"
 #include "cpu/Reference.h"
+#include "pagedc/Error.h"
 
 #include <fmt/format.h>
 
@@ -169,7 +171,7 @@ struct Options {
   std::string only; // run just the case of this name
 };
 
-std::string runCase(const Case &c, const Options &options) {
+bench::Json runCase(const Case &c, const Options &options) {
   std::mt19937 rng(42);
   std::uniform_real_distribution<float> uniform(-1.0f, 1.0f);
   auto random = [&](std::vector<int64_t> shape) {
@@ -244,17 +246,24 @@ std::string runCase(const Case &c, const Options &options) {
              tokens / tiled.medianSeconds, flops / tiled.medianSeconds * 1e-9,
              naive.medianSeconds * 1e3, flops / naive.medianSeconds * 1e-9, ratio,
              maxDifference);
-  return fmt::format(
-      "    {{\"name\": \"{}\", \"batch\": {}, \"q_heads\": {}, \"kv_heads\": {}, \"q_len\": {}, "
-      "\"kv_len\": {}, \"head_dim\": {}, \"page_size\": {}, \"median_ms\": {:.4f}, "
-      "\"min_ms\": {:.4f}, \"cpu_ms\": {:.4f}, \"tokens_per_s\": {:.1f}, \"gflops\": {:.2f}, \"naive_median_ms\": "
-      "{:.4f}, \"naive_gflops\": {:.3f}, \"speedup_vs_naive\": {:.2f}, "
-      "\"max_abs_diff_vs_naive\": {:.3g}}}",
-      c.name, c.batch, c.qHeads, c.kvHeads, c.qLength, c.kvLength, c.dim, c.pageSize,
-      tiled.medianSeconds * 1e3, tiled.minSeconds * 1e3, tiled.medianCpuSeconds * 1e3,
-      tokens / tiled.medianSeconds,
-      flops / tiled.medianSeconds * 1e-9, naive.medianSeconds * 1e3,
-      flops / naive.medianSeconds * 1e-9, ratio, maxDifference);
+  using bench::rounded;
+  return {{"name", c.name},
+          {"batch", c.batch},
+          {"q_heads", c.qHeads},
+          {"kv_heads", c.kvHeads},
+          {"q_len", c.qLength},
+          {"kv_len", c.kvLength},
+          {"head_dim", c.dim},
+          {"page_size", c.pageSize},
+          {"median_ms", rounded(tiled.medianSeconds * 1e3, 4)},
+          {"min_ms", rounded(tiled.minSeconds * 1e3, 4)},
+          {"cpu_ms", rounded(tiled.medianCpuSeconds * 1e3, 4)},
+          {"tokens_per_s", rounded(tokens / tiled.medianSeconds, 1)},
+          {"gflops", rounded(flops / tiled.medianSeconds * 1e-9, 2)},
+          {"naive_median_ms", rounded(naive.medianSeconds * 1e3, 4)},
+          {"naive_gflops", rounded(flops / naive.medianSeconds * 1e-9, 3)},
+          {"speedup_vs_naive", rounded(ratio, 2)},
+          {"max_abs_diff_vs_naive", bench::significant(maxDifference, 3)}};
 }
 
 } // namespace
@@ -316,20 +325,22 @@ int main(int argc, char **argv) {
              threads, cpu::kernelVariantName(variant), options.reps, options.naiveReps);
   fmt::print("{:<16} {:>9} {:>9} {:>11} {:>8} {:>10} {:>8} {:>8}  {}\n", "case", "ms", "cpu ms",
              "tokens/s", "GFLOP/s", "naive ms", "GFLOP/s", "speedup", "max|diff|");
-  std::string entries;
+  bench::Json entries = bench::Json::array();
   for (const Case &c : cases)
     if (options.only.empty() || options.only == c.name)
-      entries += (entries.empty() ? "" : ",\n") + runCase(c, options);
+      entries.push_back(runCase(c, options));
   if (!options.json.empty()) {
-    std::FILE *file = std::fopen(options.json.c_str(), "w");
-    if (!file) {
-      fmt::print(stderr, "cannot write {}\n", options.json);
+    try {
+      bench::writeJson("--json", options.json,
+                       {{"benchmark", "cpu_paged_attention"},
+                        {"threads", threads},
+                        {"variant", cpu::kernelVariantName(variant)},
+                        {"reps", options.reps},
+                        {"cases", entries}});
+    } catch (const Error &error) {
+      fmt::print(stderr, "{}\n", error.what());
       return 1;
     }
-    fmt::print(file, "{{\n  \"benchmark\": \"cpu_paged_attention\",\n  \"threads\": {},\n  "
-                     "\"variant\": \"{}\",\n  \"reps\": {},\n  \"cases\": [\n{}\n  ]\n}}\n",
-               threads, cpu::kernelVariantName(variant), options.reps, entries);
-    std::fclose(file);
   }
   return 0;
 }

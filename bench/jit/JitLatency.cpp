@@ -12,6 +12,7 @@
 //
 //===----------------------------------------------------------------------===//
 
+#include "BenchJson.h"
 #include "pagedc/KernelCache.h"
 
 #include <benchmark/benchmark.h>
@@ -224,11 +225,7 @@ int main(int argc, char **argv) {
     auto [lo, hi] = std::minmax_element(v.begin(), v.end());
     return fmt::format("{:.3f} ({:.3f}..{:.3f})", median(v) * scale, *lo * scale, *hi * scale);
   };
-  std::string json = "{\n  \"benchmark\": \"jit-latency\",\n";
-  json += fmt::format("  \"nvrtc\": \"{}.{}\",\n  \"arch\": \"sm_90\",\n  \"repetitions\": {},\n",
-                      Nvrtc::get().majorVersion(), Nvrtc::get().minorVersion(), kRepetitions);
-  json += fmt::format("  \"load_average\": \"{}\",\n", loadAverage());
-  json += "  \"kernels\": [\n";
+  bench::Json kernels = bench::Json::array();
   for (size_t i = 0; i < results.size(); ++i) {
     const KindResult &r = results[i];
     double ratio = median(r.cold) / median(r.nvcc);
@@ -238,24 +235,37 @@ int main(int argc, char **argv) {
                median(r.nvccCpu), cpuRatio, range(r.warmProcess, 1e3), range(r.warmLookup, 1e3),
                median(r.inProcess) * 1e6);
     auto list = [](const std::vector<double> &v) {
-      std::string s;
+      bench::Json values = bench::Json::array();
       for (double x : v)
-        s += (s.empty() ? "" : ", ") + fmt::format("{:.9f}", x);
-      return "[" + s + "]";
+        values.push_back(bench::rounded(x, 9));
+      return values;
     };
-    json += fmt::format(
-        "    {{\"kernel\": \"{}\", \"cold_nvrtc_s\": {}, \"nvcc_s\": {}, \"cold_over_nvcc\": "
-        "{:.3f},\n     \"cold_nvrtc_cpu_s\": {}, \"nvcc_cpu_s\": {}, \"cold_over_nvcc_cpu\": {:.3f},\n"
-        "     \"warm_process_s\": {}, \"warm_lookup_s\": {}, \"in_process_hit_s\": {}}}{}\n",
-        r.kind, list(r.cold), list(r.nvcc), ratio, list(r.coldCpu), list(r.nvccCpu), cpuRatio,
-        list(r.warmProcess), list(r.warmLookup), list(r.inProcess),
-        i + 1 < results.size() ? "," : "");
+    kernels.push_back({{"kernel", r.kind},
+                       {"cold_nvrtc_s", list(r.cold)},
+                       {"nvcc_s", list(r.nvcc)},
+                       {"cold_over_nvcc", bench::rounded(ratio, 3)},
+                       {"cold_nvrtc_cpu_s", list(r.coldCpu)},
+                       {"nvcc_cpu_s", list(r.nvccCpu)},
+                       {"cold_over_nvcc_cpu", bench::rounded(cpuRatio, 3)},
+                       {"warm_process_s", list(r.warmProcess)},
+                       {"warm_lookup_s", list(r.warmLookup)},
+                       {"in_process_hit_s", list(r.inProcess)}});
   }
-  json += "  ],\n  \"targets\": {\"cold_nvrtc_s\": 1.0, \"cold_over_nvcc\": 0.8, "
-          "\"warm_process_s\": 0.020, \"in_process_hit_s\": 5e-6}\n}\n";
   std::string out = std::string(PAGEDC_BENCH_RESULTS_DIR) + "/jit.json";
   fs::create_directories(PAGEDC_BENCH_RESULTS_DIR);
-  std::ofstream(out) << json;
+  bench::writeJson("results", out,
+                   {{"benchmark", "jit-latency"},
+                    {"nvrtc", fmt::format("{}.{}", Nvrtc::get().majorVersion(),
+                                          Nvrtc::get().minorVersion())},
+                    {"arch", "sm_90"},
+                    {"repetitions", kRepetitions},
+                    {"load_average", loadAverage()},
+                    {"kernels", kernels},
+                    {"targets",
+                     {{"cold_nvrtc_s", 1.0},
+                      {"cold_over_nvcc", 0.8},
+                      {"warm_process_s", 0.020},
+                      {"in_process_hit_s", 5e-6}}}});
   fmt::print("wrote {}\n\n", out);
 
   benchmark::Initialize(&argc, argv);

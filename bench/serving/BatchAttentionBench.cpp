@@ -12,8 +12,10 @@
 // Usage: pagedc-bench-serving [--reps N] [--threads T] [--json FILE]
 //
 //===----------------------------------------------------------------------===//
+#include "BenchJson.h"
 #include "pagedc/Attention.h"
 #include "pagedc/BatchAttention.h"
+#include "pagedc/Error.h"
 #include "pagedc/KVCache.h"
 
 #include <fmt/format.h>
@@ -74,7 +76,7 @@ struct Options {
   std::string json;
 };
 
-std::string planStudy(const Options &options) {
+bench::Json planStudy(const Options &options) {
   const int64_t seqs = 256, pageSize = 16, columns = 256;
   std::vector<int32_t> qsl{0}, lens, table(seqs * columns);
   std::mt19937 rng(1);
@@ -102,12 +104,13 @@ std::string planStudy(const Options &options) {
                                 [&] { attention.plan(qslView, lensView, tableView); });
   fmt::print("plan   256 sequences, {} tokens, block table [256, 256]: {:.1f} us (median)\n",
              attention.numTokens(), seconds * 1e6);
-  return fmt::format("{{\"study\": \"plan\", \"sequences\": 256, \"tokens\": {}, "
-                     "\"median_us\": {:.2f}}}",
-                     attention.numTokens(), seconds * 1e6);
+  return {{"study", "plan"},
+          {"sequences", 256},
+          {"tokens", attention.numTokens()},
+          {"median_us", bench::rounded(seconds * 1e6, 2)}};
 }
 
-std::string mixedStudy(const Options &options, int64_t decodes, int64_t decodeContext,
+bench::Json mixedStudy(const Options &options, int64_t decodes, int64_t decodeContext,
                        int64_t chunks, int64_t chunkTokens, int64_t chunkContext) {
   const int64_t qHeads = 32, kvHeads = 8, dim = 128, pageSize = 16;
   const int64_t seqs = decodes + chunks;
@@ -196,9 +199,11 @@ std::string mixedStudy(const Options &options, int64_t decodes, int64_t decodeCo
                                        chunks, chunkTokens, chunkContext);
   fmt::print("mixed  {:<36} mixed {:8.2f} ms  separate {:8.2f} ms  separate/mixed {:.3f}\n",
              name, mixed * 1e3, separate * 1e3, separate / mixed);
-  return fmt::format("{{\"study\": \"mixed\", \"case\": \"{}\", \"mixed_ms\": {:.4f}, "
-                     "\"separate_ms\": {:.4f}, \"ratio\": {:.4f}}}",
-                     name, mixed * 1e3, separate * 1e3, separate / mixed);
+  return {{"study", "mixed"},
+          {"case", name},
+          {"mixed_ms", bench::rounded(mixed * 1e3, 4)},
+          {"separate_ms", bench::rounded(separate * 1e3, 4)},
+          {"ratio", bench::rounded(separate / mixed, 4)}};
 }
 
 } // namespace
@@ -229,24 +234,16 @@ int main(int argc, char **argv) {
       return arg == "--help" ? 0 : 1;
     }
   }
-  std::vector<std::string> rows;
+  bench::Json rows = bench::Json::array();
   rows.push_back(planStudy(options));
   rows.push_back(mixedStudy(options, 64, 2048, 2, 256, 1024));
   rows.push_back(mixedStudy(options, 16, 4096, 1, 512, 2048));
   rows.push_back(mixedStudy(options, 120, 1024, 0, 0, 0));
   if (!options.json.empty()) {
-    std::FILE *file = std::fopen(options.json.c_str(), "w");
-    if (!file) {
-      std::perror(options.json.c_str());
-      return 1;
-    }
-    std::string text = "[\n";
-    for (size_t i = 0; i < rows.size(); ++i)
-      text += "  " + rows[i] + (i + 1 < rows.size() ? ",\n" : "\n");
-    text += "]\n";
-    const bool ok = std::fwrite(text.data(), 1, text.size(), file) == text.size();
-    if (std::fclose(file) != 0 || !ok) {
-      std::fprintf(stderr, "%s: write failed\n", options.json.c_str());
+    try {
+      bench::writeJson("--json", options.json, rows);
+    } catch (const Error &error) {
+      std::fprintf(stderr, "%s\n", error.what());
       return 1;
     }
   }
