@@ -10,7 +10,7 @@
 //
 //===----------------------------------------------------------------------===//
 
-#include "BenchJson.h"
+#include "AttentionCase.h"
 #include "JIT/CompileSource.h"
 
 #include "cpu/CpuAttention.h"
@@ -108,12 +108,7 @@ std::pair<double, double> alternate(int reps, const std::function<void()> &hand,
   return {median(handTimes), median(jitTimes)};
 }
 
-struct Case {
-  std::string name;
-  int64_t batch, qHeads, kvHeads, qLength, kvLength, dim;
-  int32_t pageSize;
-  bool causal, alibi;
-};
+using Case = bench::AttentionCase;
 
 struct Options {
   int reps = 5;
@@ -123,17 +118,7 @@ struct Options {
 };
 
 bench::Json runCase(const Case &c, const Options &options) {
-  std::mt19937 rng(42);
-  std::uniform_real_distribution<float> uniform(-1.0f, 1.0f);
-  auto random = [&](std::vector<int64_t> shape) {
-    HostTensor t(DType::F32, std::move(shape));
-    for (int64_t i = 0; i < t.numel(); ++i)
-      t.dataAs<float>()[i] = uniform(rng);
-    return t;
-  };
-  HostTensor q = random({c.batch, c.qHeads, c.qLength, c.dim});
-  HostTensor k = random({c.batch, c.kvHeads, c.kvLength, c.dim});
-  HostTensor v = random({c.batch, c.kvHeads, c.kvLength, c.dim});
+  auto [q, k, v] = bench::randomInputs(c);
   std::vector<int32_t> kvLength(c.batch, static_cast<int32_t>(c.kvLength));
   std::vector<int32_t> qOffset(c.batch,
                                static_cast<int32_t>(c.kvLength - c.qLength));
@@ -187,18 +172,12 @@ bench::Json runCase(const Case &c, const Options &options) {
              jitSeconds / handSeconds, tokens / handSeconds,
              tokens / jitSeconds, maxDifference);
   using bench::rounded;
-  return {{"name", c.name},
-          {"batch", c.batch},
-          {"q_heads", c.qHeads},
-          {"kv_heads", c.kvHeads},
-          {"q_len", c.qLength},
-          {"kv_len", c.kvLength},
-          {"head_dim", c.dim},
-          {"page_size", c.pageSize},
-          {"hand_median_ms", rounded(handSeconds * 1e3, 4)},
-          {"jit_median_ms", rounded(jitSeconds * 1e3, 4)},
-          {"jit_over_hand", rounded(jitSeconds / handSeconds, 4)},
-          {"max_abs_diff", bench::significant(maxDifference, 3)}};
+  bench::Json row = bench::caseJson(c);
+  row.update(bench::Json{{"hand_median_ms", rounded(handSeconds * 1e3, 4)},
+                          {"jit_median_ms", rounded(jitSeconds * 1e3, 4)},
+                          {"jit_over_hand", rounded(jitSeconds / handSeconds, 4)},
+                          {"max_abs_diff", bench::significant(maxDifference, 3)}});
+  return row;
 }
 
 /// ns per element of the row functions alone.

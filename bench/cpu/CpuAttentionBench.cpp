@@ -11,7 +11,7 @@
 //          [--json FILE]
 //
 //===----------------------------------------------------------------------===//
-#include "BenchJson.h"
+#include "AttentionCase.h"
 #include "cpu/CpuAttention.h"
 #include "cpu/Reference.h"
 #include "pagedc/Error.h"
@@ -126,12 +126,7 @@ void naiveAttention(const cpu::PagedAttentionArgs &args) {
 
 //===- Cases --------------------------------------------------------------===//
 
-struct Case {
-  std::string name;
-  int64_t batch, qHeads, kvHeads, qLength, kvLength, dim;
-  int32_t pageSize;
-  bool causal, alibi;
-};
+using Case = bench::AttentionCase;
 
 struct Measurement {
   double medianSeconds = 0, minSeconds = 0;
@@ -172,17 +167,7 @@ struct Options {
 };
 
 bench::Json runCase(const Case &c, const Options &options) {
-  std::mt19937 rng(42);
-  std::uniform_real_distribution<float> uniform(-1.0f, 1.0f);
-  auto random = [&](std::vector<int64_t> shape) {
-    HostTensor t(DType::F32, std::move(shape));
-    for (int64_t i = 0; i < t.numel(); ++i)
-      t.dataAs<float>()[i] = uniform(rng);
-    return t;
-  };
-  HostTensor q = random({c.batch, c.qHeads, c.qLength, c.dim});
-  HostTensor k = random({c.batch, c.kvHeads, c.kvLength, c.dim});
-  HostTensor v = random({c.batch, c.kvHeads, c.kvLength, c.dim});
+  auto [q, k, v] = bench::randomInputs(c);
   std::vector<int32_t> kvLength(c.batch, static_cast<int32_t>(c.kvLength));
   std::vector<int32_t> qOffset(c.batch, static_cast<int32_t>(c.kvLength - c.qLength));
   cpu::PagedCache cache =
@@ -247,23 +232,17 @@ bench::Json runCase(const Case &c, const Options &options) {
              naive.medianSeconds * 1e3, flops / naive.medianSeconds * 1e-9, ratio,
              maxDifference);
   using bench::rounded;
-  return {{"name", c.name},
-          {"batch", c.batch},
-          {"q_heads", c.qHeads},
-          {"kv_heads", c.kvHeads},
-          {"q_len", c.qLength},
-          {"kv_len", c.kvLength},
-          {"head_dim", c.dim},
-          {"page_size", c.pageSize},
-          {"median_ms", rounded(tiled.medianSeconds * 1e3, 4)},
-          {"min_ms", rounded(tiled.minSeconds * 1e3, 4)},
-          {"cpu_ms", rounded(tiled.medianCpuSeconds * 1e3, 4)},
-          {"tokens_per_s", rounded(tokens / tiled.medianSeconds, 1)},
-          {"gflops", rounded(flops / tiled.medianSeconds * 1e-9, 2)},
-          {"naive_median_ms", rounded(naive.medianSeconds * 1e3, 4)},
-          {"naive_gflops", rounded(flops / naive.medianSeconds * 1e-9, 3)},
-          {"speedup_vs_naive", rounded(ratio, 2)},
-          {"max_abs_diff_vs_naive", bench::significant(maxDifference, 3)}};
+  bench::Json row = bench::caseJson(c);
+  row.update(bench::Json{{"median_ms", rounded(tiled.medianSeconds * 1e3, 4)},
+                          {"min_ms", rounded(tiled.minSeconds * 1e3, 4)},
+                          {"cpu_ms", rounded(tiled.medianCpuSeconds * 1e3, 4)},
+                          {"tokens_per_s", rounded(tokens / tiled.medianSeconds, 1)},
+                          {"gflops", rounded(flops / tiled.medianSeconds * 1e-9, 2)},
+                          {"naive_median_ms", rounded(naive.medianSeconds * 1e3, 4)},
+                          {"naive_gflops", rounded(flops / naive.medianSeconds * 1e-9, 3)},
+                          {"speedup_vs_naive", rounded(ratio, 2)},
+                          {"max_abs_diff_vs_naive", bench::significant(maxDifference, 3)}});
+  return row;
 }
 
 } // namespace
