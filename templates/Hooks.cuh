@@ -4,7 +4,7 @@
 //
 //   1. Prelude.cuh + KernelArgs.h        fixed: integer types, pagedc_f16 /
 //                                        pagedc_bf16, pagedc::tanh_approx,
-//                                        floor_div / floor_mod, to_float,
+//                                        to_float,
 //                                        the kernels' argument structs
 //   2. generated mod code                from the compiler (below)
 //   3. Hooks.cuh (this file)             checks the hooks' exact signatures

@@ -6,8 +6,6 @@
 // mods use, and the helpers generated mod code may call:
 //
 //   pagedc::tanh_approx(x)      tanh.approx.f32 (max rel. error ~2^-11)
-//   pagedc::floor_div(a, b)     integer division rounding toward -infinity
-//   pagedc::floor_mod(a, b)     the matching modulo (sign of b)
 //   pagedc::to_float(v)         f16 / bf16 / float / int32 / bool -> float
 //   pagedc::infinity()          +infinity
 //
@@ -168,18 +166,6 @@ PAGEDC_DEVICE float exp2_approx(float x) {
 PAGEDC_DEVICE int32_t imin(int32_t a, int32_t b) { return a < b ? a : b; }
 PAGEDC_DEVICE int32_t imax(int32_t a, int32_t b) { return a > b ? a : b; }
 PAGEDC_DEVICE int64_t imin64(int64_t a, int64_t b) { return a < b ? a : b; }
-
-/// Integer division rounding toward negative infinity (Python's //).
-PAGEDC_DEVICE int32_t floor_div(int32_t a, int32_t b) {
-  int32_t quotient = a / b;
-  return (a % b != 0 && ((a < 0) != (b < 0))) ? quotient - 1 : quotient;
-}
-/// The modulo matching floor_div (Python's %): the result has b's sign.
-PAGEDC_DEVICE int32_t floor_mod(int32_t a, int32_t b) {
-  int32_t remainder = a % b;
-  return (remainder != 0 && ((remainder < 0) != (b < 0))) ? remainder + b
-                                                          : remainder;
-}
 
 /// Type equality for compile-time checks (no <type_traits> in NVRTC).
 template <typename A, typename B> struct is_same {

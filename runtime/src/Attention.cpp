@@ -2,7 +2,6 @@
 #include "pagedc/Attention.h"
 #include "pagedc/Error.h"
 
-#include "AttentionDispatch.h"
 #include "TensorChecks.h"
 #include "cpu/CpuAttention.h"
 #include "cuda/CudaAttention.h"
@@ -13,39 +12,8 @@
 #include <algorithm>
 #include <cmath>
 #include <limits>
-#include <map>
-#include <mutex>
 
 namespace pagedc {
-
-//===----------------------------------------------------------------------===//
-// Backend registry
-//===----------------------------------------------------------------------===//
-
-namespace {
-
-std::mutex backendMutex;
-std::map<DeviceKind, detail::DeviceAttentionFn> &deviceBackends() {
-  static std::map<DeviceKind, detail::DeviceAttentionFn> backends;
-  return backends;
-}
-
-detail::DeviceAttentionFn backendFor(Device device) {
-  std::lock_guard<std::mutex> lock(backendMutex);
-  auto it = deviceBackends().find(device.kind);
-  return it == deviceBackends().end() ? nullptr : it->second;
-}
-
-const char *deviceKindName(DeviceKind kind) {
-  return kind == DeviceKind::CUDA ? "CUDA" : "CPU";
-}
-
-} // namespace
-
-void detail::setAttentionBackend(DeviceKind kind, DeviceAttentionFn backend) {
-  std::lock_guard<std::mutex> lock(backendMutex);
-  deviceBackends()[kind] = std::move(backend);
-}
 
 //===----------------------------------------------------------------------===//
 // Validation
@@ -288,19 +256,11 @@ AttentionResult flexAttention(const TensorView &q, const PagedKVCache &cache,
                               const BlockMask *blockMask, const CompiledMods &mods,
                               const Bindings &bindings, const AttentionOptions &options) {
   const Device device = options.device.value_or(q.device());
-  detail::DeviceAttentionFn deviceBackend;
-  if (device.kind != DeviceKind::CPU) {
-    deviceBackend = backendFor(device);
-    if (!deviceBackend && device.kind == DeviceKind::CUDA) {
-      // The built-in CUDA backend; without a driver, say why before anything.
-      std::string reason;
-      if (!CudaDriver::available(&reason))
-        throw Error(fmt::format("CUDA execution is not available: {}", reason));
-      deviceBackend = cuda::pagedAttention;
-    }
-    if (!deviceBackend)
-      throw Error(fmt::format("{} execution is not available in this build",
-                              deviceKindName(device.kind)));
+  if (device.kind == DeviceKind::CUDA) {
+    // Without a driver, say why before checking anything else.
+    std::string reason;
+    if (!CudaDriver::available(&reason))
+      throw Error(fmt::format("CUDA execution is not available: {}", reason));
   }
   const CheckedCall call = checkCall(q, cache, blockMask, mods, options);
   checkKernelOptions(options.kernel);
@@ -362,7 +322,7 @@ AttentionResult flexAttention(const TensorView &q, const PagedKVCache &cache,
   if (device.kind == DeviceKind::CPU)
     cpu::pagedAttention(args);
   else
-    deviceBackend(args, device, options.stream, options.kernel);
+    cuda::pagedAttention(args, device, options.stream, options.kernel);
   return result;
 }
 
