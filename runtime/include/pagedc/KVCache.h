@@ -26,8 +26,9 @@ namespace pagedc {
 //===----------------------------------------------------------------------===//
 
 /// The memory operations the cache needs from the device its pages live on.
-/// The CPU implementation is built in (hostKVMemory()); a device backend
-/// provides its own and registers a factory with setKVMemoryFactory().
+/// The CPU implementation is built in (hostKVMemory()) and so is CUDA's; an
+/// application can place the caches of a device kind in memory of its own by
+/// registering a factory with setKVMemoryFactory().
 class KVMemory {
 public:
   virtual ~KVMemory() = default;
@@ -68,8 +69,9 @@ std::shared_ptr<KVMemory> hostKVMemory();
 /// Creates the memory of a device of one kind, for caches constructed
 /// without explicit memory.
 using KVMemoryFactory = std::function<std::shared_ptr<KVMemory>(Device)>;
-/// Registers the factory for a device kind (the CUDA backend calls this when
-/// it initialises). Not thread-safe with cache construction.
+/// Registers the factory for a device kind, used in place of the built-in
+/// memory by caches constructed afterwards without explicit memory. Not
+/// thread-safe with cache construction.
 void setKVMemoryFactory(DeviceKind kind, KVMemoryFactory factory);
 
 //===----------------------------------------------------------------------===//
