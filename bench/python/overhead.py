@@ -77,7 +77,7 @@ def main():
 
         def native():
             _pagedc.flex_attention(q, cache._native, None, mods._native, {}, {}, slots,
-                                   lengths, offsets, None, False, out, None, 1, {}, -1, 0)
+                                   lengths, offsets, None, False, out, None, 1, {}, -1, 0, None)
 
         def torch_default():
             # What a torch user writes: torch tensors in, a new output

@@ -720,7 +720,7 @@ def flex_attention(q, cache_or_k, v=None, block_mask: Optional[BlockMask] = None
                    scale: Optional[float] = None, enable_gqa: bool = False,
                    return_lse: bool = False, q_offset=None, *, kv_length=None, batch_idx=None,
                    out=None, threads: int = 0, kernel_options: Optional[Mapping] = None,
-                   score_mod=None, mask_mod=None, return_aux=None, stream=None):
+                   score_mod=None, mask_mod=None, return_aux=None, stream=None, sinks=None):
     """softmax(score_mod(scale * q.k) masked) . v, as torch's flex_attention.
 
     ``q`` [B, Hq, L, D]. ``cache_or_k`` is a ``PagedKVCache`` (``v`` None;
@@ -736,6 +736,14 @@ def flex_attention(q, cache_or_k, v=None, block_mask: Optional[BlockMask] = None
     torch tensors for torch input, zero-copy. The GIL is released while the
     attention runs. Bad input raises ``ValueError`` (``pagedc.Error``) and
     writes nothing.
+
+    ``sinks`` (gpt-oss's attention sinks): a float32 tensor [Hq] on q's
+    device. Query head h's softmax gains one key of logit ``sinks[h]`` (in
+    the units of the scores after scale and score mod) whose value is zero:
+    out = sum_j p_j v_j / (sum_j exp(s_j) + exp(sinks[h])) and lse includes
+    it; a fully masked row gives out 0 and lse ``sinks[h]``; -inf means no
+    sink for that head and NaN gives NaN rows. The CPU backend computes it;
+    CUDA refuses it for now.
 
     ``kernel_options`` (CUDA) picks the kernel and its launch: a dict of
     ``KERNEL_OPTIONS`` names to values (``prefill_shape``: a str such as
@@ -768,7 +776,7 @@ def flex_attention(q, cache_or_k, v=None, block_mask: Optional[BlockMask] = None
             q, cache_or_k, v, block_mask, mods, buffers, params, scale, enable_gqa, return_lse,
             score_mod, mask_mod, return_aux,
             dict(q_offset=q_offset, kv_length=kv_length, batch_idx=batch_idx, out=out,
-                 kernel_options=kernel_options))
+                 kernel_options=kernel_options), sinks)
     if block_mask is not None and callable(block_mask) and \
             not isinstance(block_mask, BlockMask) and not _T.is_torch_block_mask(block_mask):
         # torch's positional order: (q, k, v, score_mod, block_mask, scale,
@@ -807,7 +815,7 @@ def flex_attention(q, cache_or_k, v=None, block_mask: Optional[BlockMask] = None
         result, lse = flex_attention(q, cache_or_k, v, block_mask, mods, buffers, params, scale,
                                      enable_gqa, True, q_offset, kv_length=kv_length,
                                      batch_idx=batch_idx, out=out, threads=threads,
-                                     kernel_options=kernel_options, stream=stream)
+                                     kernel_options=kernel_options, stream=stream, sinks=sinks)
         return result, _T.aux_output(lse, return_aux)
     framework = _framework_of(q)
     kernel_texts = _kernel_option_texts(kernel_options)
@@ -869,12 +877,12 @@ def flex_attention(q, cache_or_k, v=None, block_mask: Optional[BlockMask] = None
     merged, params = mods._bindings(buffers, params)
     if framework == "torch" and device < 0:
         return _torch_host_call(q, cache, block_mask, mods, merged, params, slots, lengths,
-                                offsets, scale, return_lse, out, threads, kernel_texts)
+                                offsets, scale, return_lse, out, threads, kernel_texts, sinks)
     result, lse = _C.flex_attention(q, cache._native,
                                     None if block_mask is None else block_mask._native,
                                     mods._native, merged, params, slots, lengths, offsets,
                                     None if scale is None else float(scale), bool(return_lse),
-                                    out, None, int(threads), kernel_texts, device, stream)
+                                    out, None, int(threads), kernel_texts, device, stream, sinks)
     result = _to_framework(result, framework)
     if return_lse:
         return result, _to_framework(lse, framework)
@@ -882,7 +890,7 @@ def flex_attention(q, cache_or_k, v=None, block_mask: Optional[BlockMask] = None
 
 
 def _torch_host_call(q, cache, block_mask, mods, merged, params, slots, lengths, offsets,
-                     scale, return_lse, out, threads, kernel_texts):
+                     scale, return_lse, out, threads, kernel_texts, sinks):
     """The native call for torch tensors in host memory. torch's own
     ``Tensor.__dlpack__`` costs several microseconds in Python (it negotiates
     streams and versions), ``to_dlpack`` a fraction of one, and for a small
@@ -905,7 +913,8 @@ def _torch_host_call(q, cache, block_mask, mods, merged, params, slots, lengths,
         exported(q), cache._native, None if block_mask is None else block_mask._native,
         mods._native, merged, params, slots, lengths, offsets,
         None if scale is None else float(scale), bool(return_lse), exported(out),
-        None if lse is None else to_dlpack(lse), int(threads), kernel_texts, -1, 0)
+        None if lse is None else to_dlpack(lse), int(threads), kernel_texts, -1, 0,
+        None if sinks is None else exported(sinks))
     result = given_out if given_out is not None else _to_framework(result, "torch")
     return (result, lse) if return_lse else result
 

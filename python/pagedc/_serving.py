@@ -153,12 +153,16 @@ class BatchAttention:
     def run(self, q, k_cache, v_cache=None, buffers: Optional[Mapping] = None,
             params: Optional[Mapping] = None, scale: Optional[float] = None,
             return_lse: bool = False, out=None, *, kv_dtype: Optional[str] = None,
-            k_scale=None, v_scale=None, stream=None):
+            k_scale=None, v_scale=None, stream=None, sinks=None):
         """Attention of the planned step: ``q`` [T, Hq, D] packed as
         ``query_start_loc`` says, the caches in the configured layout (read
         in place). Returns ``out`` [T, Hq, Dv], or ``(out, lse)`` with
         ``return_lse`` (lse [T, Hq] float32, natural log), in q's framework
         (NumPy or torch). Writes into ``out`` when given.
+
+        ``sinks``: attention sinks, a float32 tensor [Hq] on the call's
+        device, as in ``flex_attention`` (a fully masked row gives out 0 and
+        lse ``sinks[h]``). CPU backend; CUDA refuses them for now.
 
         8-bit caches: torch ``float8_e4m3fn`` / ``float8_e5m2`` tensors, or
         uint8 arrays with ``kv_dtype="float8_e4m3fn"`` / ``"float8_e5m2"``;
@@ -180,11 +184,11 @@ class BatchAttention:
             if kv_dtype is not None or k_scale is not None or v_scale is not None or \
                     stream is not None:
                 raise ValueError("under torch.compile BatchAttention.run takes q, the caches, "
-                                 "buffers, params, scale, return_lse and out; not kv_dtype, "
-                                 "k_scale, v_scale or stream (call it outside the compiled "
-                                 "region)")
+                                 "buffers, params, scale, return_lse, out and sinks; not "
+                                 "kv_dtype, k_scale, v_scale or stream (call it outside the "
+                                 "compiled region)")
             return _T.compiled_batch_attention(self._op_handle, q, k_cache, v_cache, buffers,
-                                               params, scale, return_lse, out)
+                                               params, scale, return_lse, out, sinks)
         if self._native is None:
             raise ValueError("run() needs a plan: call plan(query_start_loc, seq_lens, "
                              "block_table) first")
@@ -197,7 +201,7 @@ class BatchAttention:
                                        None if scale is None else float(scale),
                                        bool(return_lse), out, None, str(kv_dtype or ""),
                                        _scales(k_scale, "k_scale"), _scales(v_scale, "v_scale"),
-                                       stream)
+                                       stream, sinks)
         result = _to_framework(result, framework)
         if return_lse:
             return result, _to_framework(lse, framework)
@@ -316,6 +320,8 @@ class CascadeAttention:
         call = dict(buffers=buffers, params=params, scale=scale, return_lse=True, **options)
         out, lse = self._suffix.run(q, k_cache, v_cache, **call)
         call.pop("out", None)  # the caller's out receives the merged result
+        # A sink is one key of the row's softmax: it joins one level only.
+        call.pop("sinks", None)
         prefix_out, prefix_lse = self._prefix.run(q, k_cache, v_cache, **call)
         merge_state_in_place(out, lse, prefix_out, prefix_lse)
         return (out, lse) if return_lse else out

@@ -163,8 +163,8 @@ def ensure_op():
         @torch.library.custom_op(
             "pagedc::flex_attention", mutates_args=(),
             schema="(Tensor q, Tensor k, Tensor v, Tensor[] buffers, int mods, float? scale, "
-                   "bool enable_gqa, float[] params) -> (Tensor, Tensor)")
-        def flex_attention_op(q, k, v, buffers, mods, scale, enable_gqa, params):
+                   "bool enable_gqa, float[] params, Tensor? sinks=None) -> (Tensor, Tensor)")
+        def flex_attention_op(q, k, v, buffers, mods, scale, enable_gqa, params, sinks=None):
             from ._api import flex_attention
             compiled = _mods_of(mods)
             names = [d[0] for d in compiled.buffer_decls]
@@ -174,11 +174,11 @@ def ensure_op():
                     int(value) if typ == "i32" else float(value))
             out, lse = flex_attention(q, k, v, mods=compiled, buffers=dict(zip(names, buffers)),
                                       params=values, scale=scale, enable_gqa=enable_gqa,
-                                      return_lse=True)
+                                      return_lse=True, sinks=sinks)
             return out, lse
 
         @flex_attention_op.register_fake
-        def _(q, k, v, buffers, mods, scale, enable_gqa, params):
+        def _(q, k, v, buffers, mods, scale, enable_gqa, params, sinks=None):
             batch, heads, length = q.shape[0], q.shape[1], q.shape[2]
             out = q.new_empty((batch, heads, length, v.shape[3]))
             lse = q.new_empty((batch, heads, length), dtype=torch.float32)
@@ -244,7 +244,7 @@ def _op_inputs(handle, names, captured, param_decls, buffers, params):
 
 
 def compiled_flex_attention(q, k, v, block_mask, mods, buffers, params, scale, enable_gqa,
-                            return_lse, score_mod, mask_mod, return_aux, others):
+                            return_lse, score_mod, mask_mod, return_aux, others, sinks=None):
     """flex_attention while torch.compile traces: the key/value tensor form as
     the pagedc::flex_attention custom op. Everything that is not a tensor is
     settled at trace time (the mods traced and compiled, the layout of their
@@ -259,7 +259,7 @@ def compiled_flex_attention(q, k, v, block_mask, mods, buffers, params, scale, e
     if unsupported:
         raise ValueError("under torch.compile pagedc.flex_attention takes key/value tensors, "
                          "mods or score_mod/mask_mod functions, buffers, params, scale, "
-                         "enable_gqa and return_lse/return_aux; not " + ", ".join(unsupported)
+                         "enable_gqa, sinks and return_lse/return_aux; not " + ", ".join(unsupported)
                          + " (call it outside the compiled region)")
     if mods is not None:
         if score_mod is not None or mask_mod is not None:
@@ -277,7 +277,7 @@ def compiled_flex_attention(q, k, v, block_mask, mods, buffers, params, scale, e
     import torch
     out, lse = torch.ops.pagedc.flex_attention(q, k, v, tensors, handle,
                                                None if scale is None else float(scale),
-                                               bool(enable_gqa), values)
+                                               bool(enable_gqa), values, sinks)
     if return_aux is not None:
         return out, aux_output(lse, return_aux)
     return (out, lse) if return_lse else out
@@ -311,8 +311,10 @@ def ensure_batch_op():
         @torch.library.custom_op(
             "pagedc::batch_attention", mutates_args=("out",),
             schema="(Tensor q, Tensor k_cache, Tensor? v_cache, Tensor[] buffers, "
-                   "int attention, float? scale, float[] params, Tensor(a!) out) -> Tensor")
-        def batch_attention_op(q, k_cache, v_cache, buffers, attention, scale, params, out):
+                   "int attention, float? scale, float[] params, Tensor(a!) out, "
+                   "Tensor? sinks=None) -> Tensor")
+        def batch_attention_op(q, k_cache, v_cache, buffers, attention, scale, params, out,
+                               sinks=None):
             attn = _batch_of(attention)
             compiled = attn._mods
             names = [d[0] for d in compiled.buffer_decls]
@@ -321,11 +323,11 @@ def ensure_batch_op():
                 values[name] = bool(value) if typ == "bool" else (
                     int(value) if typ == "i32" else float(value))
             _, lse = attn.run(q, k_cache, v_cache, buffers=dict(zip(names, buffers)),
-                              params=values, scale=scale, return_lse=True, out=out)
+                              params=values, scale=scale, return_lse=True, out=out, sinks=sinks)
             return lse
 
         @batch_attention_op.register_fake
-        def _(q, k_cache, v_cache, buffers, attention, scale, params, out):
+        def _(q, k_cache, v_cache, buffers, attention, scale, params, out, sinks=None):
             return q.new_empty((q.shape[0], q.shape[1]), dtype=torch.float32)
 
         _BATCH_OP = batch_attention_op
@@ -352,7 +354,7 @@ def _batch_layout(handle: int) -> tuple:
 
 
 def compiled_batch_attention(handle: int, q, k_cache, v_cache, buffers, params, scale,
-                             return_lse, out):
+                             return_lse, out, sinks=None):
     """BatchAttention.run while torch.compile traces: one
     torch.ops.pagedc.batch_attention call on the current plan (made outside
     the compiled region); out is allocated in the graph when not given."""
@@ -363,5 +365,6 @@ def compiled_batch_attention(handle: int, q, k_cache, v_cache, buffers, params, 
     if out is None:
         out = q.new_empty((q.shape[0], heads, value_dim))
     lse = torch.ops.pagedc.batch_attention(q, k_cache, v_cache, tensors, handle,
-                                           None if scale is None else float(scale), values, out)
+                                           None if scale is None else float(scale), values, out,
+                                           sinks)
     return (out, lse) if return_lse else out

@@ -794,7 +794,7 @@ py::tuple attention(const py::handle &qObj, std::shared_ptr<PagedKVCache> cache,
                     std::vector<int64_t> qOffset, std::optional<float> scale, bool returnLse,
                     py::object outObj, py::object lseObj, int threads,
                     const std::map<std::string, std::string> &kernelOptions, int deviceIndex,
-                    uintptr_t stream) {
+                    uintptr_t stream, const py::handle &sinksObj) {
   const std::optional<CallDevice> device = callDevice(deviceIndex, stream);
   const CallDevice *onDevice = device ? &*device : nullptr;
   PreparedCall call(qObj, mods, buffers, params, batchIdx, kvLength, qOffset, threads,
@@ -821,6 +821,10 @@ py::tuple attention(const py::handle &qObj, std::shared_ptr<PagedKVCache> cache,
   CallOutputs outputs(outObj, lseObj, onDevice);
   options.out = outputs.out.view;
   options.lse = outputs.lse.view;
+  BorrowedTensor sinks;
+  if (!sinksObj.is_none())
+    sinks = borrowTensor(sinksObj, "sinks", onDevice);
+  options.sinks = sinks.view;
   auto result = std::make_shared<AttentionResult>();
   {
     py::gil_scoped_release release;
@@ -919,7 +923,7 @@ py::tuple runBatch(const Batch &batch, const py::handle &qObj, const py::handle 
                    const py::handle &vObj, const py::dict &buffers, const py::dict &params,
                    std::optional<float> scale, bool returnLse, py::object outObj,
                    py::object lseObj, const std::string &kvDtype, std::vector<float> kScale,
-                   std::vector<float> vScale, uintptr_t stream) {
+                   std::vector<float> vScale, uintptr_t stream, const py::handle &sinksObj) {
   const BatchAttentionConfig &config = batch.attention->config();
   std::optional<CallDevice> device;
   if (config.device.kind == DeviceKind::CUDA)
@@ -952,6 +956,10 @@ py::tuple runBatch(const Batch &batch, const py::handle &qObj, const py::handle 
   CallOutputs outputs(outObj, lseObj, onDevice);
   options.out = outputs.out.view;
   options.lse = outputs.lse.view;
+  BorrowedTensor sinks;
+  if (!sinksObj.is_none())
+    sinks = borrowTensor(sinksObj, "sinks", onDevice);
+  options.sinks = sinks.view;
   auto result = std::make_shared<AttentionResult>();
   {
     py::gil_scoped_release release;

@@ -241,6 +241,7 @@ CheckedCall checkCall(const TensorView &q, const PagedKVCache &cache, const Bloc
   if (onCpu && mods.hasScore() && !mods.scoreRow)
     throw Error(fmt::format("score mod '{}' has no CPU function", mods.scoreName));
 
+  detail::checkSinks(options.sinks, call.queryHeads, call.device, "options.sinks");
   call.returnLse = options.returnLse || isProvided(options.lse);
   checkCallOutputs(q, options, call);
   return call;
@@ -316,6 +317,8 @@ AttentionResult flexAttention(const TensorView &q, const PagedKVCache &cache,
   args.mods = &mods;
   args.context = &resolved.context();
   args.scale = call.scale;
+  if (isProvided(options.sinks))
+    args.sinks = options.sinks.dataAs<const float>();
   args.out = result.out;
   args.lse = result.lse;
   args.threads = options.threads;

@@ -570,6 +570,7 @@ AttentionResult BatchAttention::run(const TensorView &q, const TensorView &kCach
       options.scale.value_or(1.0f / std::sqrt(static_cast<float>(c.headDim)));
   if (!std::isfinite(scale))
     throw Error(fmt::format("scale must be finite but is {}", scale));
+  detail::checkSinks(options.sinks, c.numQHeads, device, "sinks");
   const bool returnLse = options.returnLse || isProvided(options.lse);
   checkRunOutputs(options, c, rowsT, onCuda, returnLse);
   const std::vector<int64_t> outShape = {rowsT, c.numQHeads, c.valueHeadDim};
@@ -612,6 +613,7 @@ AttentionResult BatchAttention::run(const TensorView &q, const TensorView &kCach
     call.params = ParamsLayout::forDeclarations(mods_.params, mods_.buffers)
                       .pack(mods_.params, mods_.buffers, resolved.context());
     call.scale = scale;
+    call.sinks = options.sinks;
     call.stream = options.stream;
     cuda_->run(call);
     return result;
@@ -649,6 +651,8 @@ AttentionResult BatchAttention::run(const TensorView &q, const TensorView &kCach
   args.mods = &mods_;
   args.context = &resolved.context();
   args.scale = scale;
+  if (isProvided(options.sinks))
+    args.sinks = options.sinks.dataAs<const float>();
   args.out = packed(result.out, c.valueHeadDim);
   if (returnLse)
     args.lse = packed(result.lse, -1);

@@ -50,6 +50,26 @@ inline void checkWritable(const TensorView &view, const char *name) {
                               name, view.stride(d), d));
 }
 
+/// Attention sinks, when given: f32 [heads], contiguous, on `device`, with
+/// data. The values are not read here (on a GPU they are in device memory):
+/// -inf is "no sink" for that head and NaN gives NaN rows.
+inline void checkSinks(const TensorView &sinks, int64_t heads, Device device, const char *name) {
+  if (!isProvided(sinks))
+    return;
+  if (sinks.rank() != 1 || sinks.size(0) != heads)
+    throw Error(fmt::format("{} must be [Hq] = [{}] (one logit per query head) but has shape {}",
+                            name, heads, sinks.shapeString()));
+  if (sinks.dtype() != DType::F32)
+    throw Error(fmt::format("{} is {} but must be f32", name, dtypeName(sinks.dtype())));
+  if (sinks.device() != device)
+    throw Error(fmt::format("{} is on {} but the call runs on {}", name, deviceName(sinks.device()),
+                            deviceName(device)));
+  if (heads > 1 && sinks.stride(0) != 1)
+    throw Error(fmt::format("{} must be contiguous but has stride {}", name, sinks.stride(0)));
+  if (sinks.data() == nullptr && heads != 0)
+    throw Error(fmt::format("{} has no data", name));
+}
+
 /// The scales of a cache of `stored` type, one per head: required (one
 /// value, or one per head; finite, > 0) for 8-bit floats, refused for the
 /// others (then empty).

@@ -11,10 +11,11 @@ SOURCE_DIR = os.environ.get("PAGEDC_SOURCE_DIR",
 
 
 def reference_attention(q, k, v, mask_fn=None, score_fn=None, scale=None, q_offset=0,
-                        kv_length=None):
+                        kv_length=None, sinks=None):
     """float64 flex attention: q [B, Hq, L, D], k/v [B, Hkv, S, D(v)].
     mask_fn(b, h, q, kv) / score_fn(s, b, h, q, kv) take broadcasting NumPy
-    index arrays. q_offset: int or one per batch entry. Returns (out, lse)."""
+    index arrays. q_offset: int or one per batch entry. sinks [Hq]: one more
+    key per head, of that logit and value zero. Returns (out, lse)."""
     q, k, v = (np.asarray(x, dtype=np.float64) for x in (q, k, v))
     B, Hq, L, D = q.shape
     S = k.shape[2]
@@ -37,9 +38,12 @@ def reference_attention(q, k, v, mask_fn=None, score_fn=None, scale=None, q_offs
         keep &= kv < np.broadcast_to(np.asarray(kv_length), (B,)).reshape(B, 1, 1, 1)
     s = np.where(keep, s, -np.inf)
     m = s.max(axis=-1, keepdims=True)
+    sink = np.full((1, Hq, 1, 1), -np.inf) if sinks is None else \
+        np.asarray(sinks, dtype=np.float64).reshape(1, Hq, 1, 1)
+    m = np.maximum(m, sink)
     m_safe = np.where(np.isfinite(m), m, 0.0)
     p = np.exp(s - m_safe)
-    total = p.sum(axis=-1, keepdims=True)
+    total = p.sum(axis=-1, keepdims=True) + np.exp(sink - m_safe)
     with np.errstate(divide="ignore", invalid="ignore"):
         lse = np.where(total[..., 0] > 0, np.log(total[..., 0]) + m_safe[..., 0], -np.inf)
         out = np.where(total > 0, (p / np.where(total > 0, total, 1)) @ v, 0.0)

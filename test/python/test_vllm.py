@@ -137,7 +137,7 @@ class Step:
         impl.do_kv_cache_update(None, torch.cat(keys), torch.cat(values), self.kv_cache,
                                 torch.tensor(slots, dtype=torch.int64))
 
-    def reference(self, scale, mask_fn=None, score_fn=None):
+    def reference(self, scale, mask_fn=None, score_fn=None, sinks=None):
         out = np.zeros((self.tokens, self.hq, self.d))
         for b, (n, s) in enumerate(self.steps):
             rows = slice(int(self.qsl[b]), int(self.qsl[b + 1]))
@@ -146,7 +146,7 @@ class Step:
             v = self.v[b].double().numpy().transpose(1, 0, 2)[None]
             fn = None if mask_fn is None else (lambda _b, h, qi, kv, b=b: mask_fn(b, h, qi, kv))
             o, _ = reference_attention(q, k, v, mask_fn=fn, score_fn=score_fn, scale=scale,
-                                       q_offset=s - n)
+                                       q_offset=s - n, sinks=sinks)
             out[rows] = o[0].transpose(1, 0, 2)
         return out
 
@@ -237,7 +237,7 @@ def test_declared_support_is_what_runs():
         return backend.validate_configuration(**settings)
     assert reasons(torch.bfloat16) == [] and reasons(torch.float32) == []
     assert reasons(torch.float16) == ["dtype not supported"]
-    assert reasons(torch.bfloat16, has_sink=True) == ["attention sinks not supported"]
+    assert reasons(torch.bfloat16, has_sink=True) == []  # the CPU backend computes them
     assert reasons(torch.bfloat16, use_mla=True) == ["MLA not supported"]
     spec = FullAttentionSpec(block_size=BLOCK, num_kv_heads=2, head_size=32,
                              dtype=torch.float32)
@@ -443,6 +443,55 @@ def test_common_prefix_cascade_merges_to_the_whole(rng):
     out = run_step(step, impl, common_prefix_len=2 * BLOCK)
     assert impl._engine.cascade and impl._engine.prefix is not None
     np.testing.assert_allclose(out, step.reference(scale, causal), atol=2e-5, rtol=2e-5)
+
+
+def gpt_oss_sinks(step, rng):
+    """A layer's sinks as gpt-oss holds them (a bf16 parameter [Hq]) and
+    their values: near the rows' lse, above every score, far below, none."""
+    values = [float(rng.uniform(0.5, 3.0)), 20.0, -30.0, float("-inf"),
+              float(rng.uniform(-1.0, 1.0)), 4.0][:step.hq]
+    return torch.nn.Parameter(torch.empty(step.hq, dtype=torch.bfloat16),
+                              requires_grad=False), values
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["f32", "bf16"])
+def test_gpt_oss_sinks_match_reference(rng, dtype):
+    step = Step(rng, dtype=dtype)
+    scale = 1 / math.sqrt(step.d)
+    sinks, values = gpt_oss_sinks(step, rng)
+    impl = make_impl(step, scale, sinks=sinks)
+    # vLLM loads the weights after the impl is made: the values are read at
+    # forward, not copied at construction.
+    with torch.no_grad():
+        sinks.copy_(torch.tensor(values))
+    step.write_context(impl)
+    out = run_step(step, impl)
+    rounded = sinks.float().numpy()
+    np.testing.assert_allclose(out, step.reference(scale, causal, sinks=rounded),
+                               **tolerance(dtype))
+    # Without them the step differs: the check above can fail.
+    assert not np.allclose(out, step.reference(scale, causal), atol=1e-2)
+
+
+def test_gpt_oss_sinks_with_a_common_prefix(rng):
+    steps = [(1, 40), (3, 35), (13, 50), (1, 33), (5, 64)]
+    step = Step(rng, steps=steps, shared_prefix=2 * BLOCK)
+    scale = 1 / math.sqrt(step.d)
+    sinks, values = gpt_oss_sinks(step, rng)
+    with torch.no_grad():
+        sinks.copy_(torch.tensor(values))
+    impl = make_impl(step, scale, sinks=sinks)
+    step.write_context(impl)
+    out = run_step(step, impl, common_prefix_len=2 * BLOCK)
+    assert impl._engine.cascade
+    np.testing.assert_allclose(out, step.reference(scale, causal, sinks=sinks.float().numpy()),
+                               atol=2e-5, rtol=2e-5)
+
+
+def test_sinks_of_the_wrong_shape_are_refused(rng):
+    step = Step(rng)
+    with pytest.raises(ValueError, match=r"sinks must be \[num_heads\] = \[6\]"):
+        make_impl(step, 0.1, sinks=torch.zeros(step.hq + 1))
 
 
 def test_one_plan_per_step_for_all_layers(rng):

@@ -4,7 +4,7 @@
 //       --v v.npy -o out.npy [--lse lse.npy] [--buffer NAME=file.npy]...
 //       [--param NAME=VALUE]... [-D NAME=VALUE]... [--scale F] [--block=QxKV]
 //       [--page-size N] [--shuffle-pages SEED | --ascending-pages | --pages-per-reserve N]
-//       [--q-offset N|end]
+//       [--q-offset N|end] [--sinks SINKS.npy]
 //       [--device cpu|cuda|emu|auto] [--dtype f16|bf16] [--reference] [--threads N]
 //
 // The mods are compiled by the CPU JIT; K/V go into a PagedKVCache (reserve +
@@ -61,10 +61,12 @@ constexpr const char *kRunUsage =
     "NAME=VALUE]... [-D NAME=VALUE]...\n"
     "           [--scale F] [--block=QxKV] [--page-size N] [--shuffle-pages "
     "SEED | --ascending-pages | --pages-per-reserve N]\n"
-    "           [--q-offset N|end]\n"
+    "           [--q-offset N|end] [--sinks SINKS.npy]\n"
     "           [--device cpu|cuda|emu|auto] [--dtype f16|bf16] [--reference] "
     "[--threads N]\n"
     "           [--kernel-option NAME=VALUE]...\n"
+    "  --sinks: attention sinks, f32 [Hq] (one logit per query head, a key of value\n"
+    "  zero; CPU backend and --reference).\n"
     "  FILE.attn is at most 16 MiB. -o and --lse: '-' or /dev/stdout is "
     "standard output,\n"
     "  devices and FIFOs are written in place, an input is never "
@@ -92,7 +94,7 @@ struct UsageError {
 struct RunOptions {
   std::string program;
   std::string mask, score;
-  std::string qPath, kPath, vPath, outPath, lsePath;
+  std::string qPath, kPath, vPath, outPath, lsePath, sinksPath;
   std::vector<std::pair<std::string, std::string>> buffers; // NAME, file
   std::vector<std::pair<std::string, std::string>> params;  // NAME, value
   std::vector<ConstOverride> constOverrides;
@@ -170,6 +172,7 @@ RunOptions parseRunOptions(llvm::ArrayRef<const char *> args) {
     else if (name == "--v") options.vPath = value().str();
     else if (name == "-o" || name == "--output") options.outPath = value().str();
     else if (name == "--lse") options.lsePath = value().str();
+    else if (name == "--sinks") options.sinksPath = value().str();
     else if (name == "--buffer")
       options.buffers.push_back(splitAssignment(name, value()));
     else if (name == "--param")
@@ -357,6 +360,8 @@ void checkOutputPaths(const RunOptions &options) {
                                           {"--v", options.vPath}};
   for (const auto &[name, path] : options.buffers)
     inputs.push_back({"--buffer " + name, path});
+  if (!options.sinksPath.empty())
+    inputs.push_back({"--sinks", options.sinksPath});
   files::checkOutputs(outputs, inputs);
 }
 
@@ -450,6 +455,16 @@ int runChecked(const RunOptions &options) {
       useCuda = false; // auto: the CPU runs every shape
   }
 
+  // Sinks: f32 [Hq]; the runtime checks them again on the call's device.
+  HostTensor sinks;
+  if (!options.sinksPath.empty()) {
+    sinks = readNpy(options.sinksPath, NpyReadOptions());
+    if (sinks.dtype() != DType::F32 || sinks.shape() != std::vector<int64_t>{qHeads})
+      throw Error(fmt::format("npy file '{}': --sinks must be f32 [Hq] = [{}] but holds {} {}",
+                              options.sinksPath, qHeads, dtypeName(sinks.dtype()),
+                              shapeToString(sinks.shape())));
+  }
+
   // 4. Bindings: every given buffer and param must be declared by the mods.
   std::vector<HostTensor> bufferStorage;
   Bindings bindings;
@@ -524,6 +539,8 @@ int runChecked(const RunOptions &options) {
     args.mods = &mods;
     args.context = &resolved.context();
     args.scale = scale;
+    if (!options.sinksPath.empty())
+      args.sinks = sinks.dataAs<float>();
     cpu::ReferenceResult result = cpu::referenceAttention(args);
     for (size_t i = 0; i < result.out.size(); ++i)
       out.dataAs<float>()[i] = static_cast<float>(result.out[i]);
@@ -552,6 +569,8 @@ int runChecked(const RunOptions &options) {
     attention.threads = options.threads;
     attention.kernel = kernelOptions;
     if (!useCuda) {
+      if (!options.sinksPath.empty())
+        attention.sinks = sinks.view();
       attention.out = out.view();
       attention.lse = lse.view();
       flexAttention(q.view(), *cache, &blockMask, mods, bindings, attention);
@@ -575,6 +594,11 @@ int runChecked(const RunOptions &options) {
           TensorView(outDevice.data(), elementType, out.shape(), device);
       attention.lse = TensorView(lseDevice.data(), DType::F32, lse.shape(),
                                  device);
+      std::optional<DeviceTensor> sinksDevice;
+      if (!options.sinksPath.empty()) {
+        sinksDevice.emplace(uploadTensor(sinks, 0));
+        attention.sinks = sinksDevice->view;
+      }
       flexAttention(qDevice.view, *cache, &blockMask, mods, deviceBindings,
                     attention);
       outDevice.download(out16.data(), outDevice.size());

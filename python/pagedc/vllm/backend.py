@@ -85,6 +85,12 @@ class PagedcAttentionBackend(AttentionBackend):
         return True
 
     @classmethod
+    def supports_sink(cls) -> bool:
+        # gpt-oss's per-head sinks: the CPU backend computes them; the CUDA
+        # kernels do not take them yet.
+        return not current_config().on_cuda
+
+    @classmethod
     def supports_device_cpu_query_lens_mismatch(cls) -> bool:
         # The plan is made from the host query_start_loc.
         return False
@@ -222,22 +228,24 @@ class _Engine:
         self.cascade = prefix > 0
         self.step = metadata.step
 
-    def run(self, q, k_cache, v_cache, out, buffers, params, scale, **quantized) -> None:
+    def run(self, q, k_cache, v_cache, out, buffers, params, scale, sinks=None,
+            **quantized) -> None:
         if self.on_cuda and q.device.type == "cpu":
-            self._run_staged(q, k_cache, v_cache, out, buffers, params, scale)
+            self._run_staged(q, k_cache, v_cache, out, buffers, params, scale, sinks)
             return
         if not self.cascade:
             self.main.run(q, k_cache, v_cache, buffers=buffers, params=params, scale=scale,
-                          out=out, **quantized)
+                          out=out, sinks=sinks, **quantized)
             return
+        # The sinks join the softmax once: with the keys after the prefix.
         _, lse = self.main.run(q, k_cache, v_cache, buffers=buffers, params=params,
-                               scale=scale, out=out, return_lse=True, **quantized)
+                               scale=scale, out=out, return_lse=True, sinks=sinks, **quantized)
         prefix_out, prefix_lse = self.prefix.run(q, k_cache, v_cache, buffers=buffers,
                                                  params=params, scale=scale, return_lse=True,
                                                  **quantized)
         pagedc.merge_state_in_place(out, lse, prefix_out, prefix_lse)
 
-    def _run_staged(self, q, k_cache, v_cache, out, buffers, params, scale) -> None:
+    def _run_staged(self, q, k_cache, v_cache, out, buffers, params, scale, sinks) -> None:
         """Host tensors on the emulated device: q and the caches are copied
         into its memory, the kernels run there, out is copied back. A GPU's
         CUDA tensors take run() in place instead."""
@@ -250,7 +258,8 @@ class _Engine:
         staged_buffers = {name: pagedc.to_device(np.asarray(value), device=device)
                           for name, value in bound.items()}
         self.main.run(*staged, buffers=staged_buffers, params=params, scale=scale,
-                      out=result)
+                      out=result,
+                      sinks=None if sinks is None else pagedc.to_device(sinks, device=device))
         out.copy_(torch.from_dlpack(pagedc.to_host(result)))
 
 
@@ -294,8 +303,6 @@ class PagedcAttentionImpl(AttentionImpl):
             raise NotImplementedError(f"pagedc backend: kv_cache_dtype {kv_cache_dtype!r} is "
                                       "not supported; supported: "
                                       + ", ".join(PagedcAttentionBackend.supported_kv_cache_dtypes))
-        if sinks is not None:
-            raise NotImplementedError("pagedc backend: attention sinks are not supported")
         self.num_heads = int(num_heads)
         self.head_size = int(head_size)
         self.head_size_v = int(kwargs.get("head_size_v") or head_size)
@@ -337,6 +344,17 @@ class PagedcAttentionImpl(AttentionImpl):
             if alibi_slopes is not None:
                 self.buffers["alibi_slopes"] = np.asarray(
                     torch.as_tensor(alibi_slopes, dtype=torch.float32).cpu().numpy())
+        # The layer's sinks parameter (gpt-oss), [Hq]: kept by reference, as
+        # vLLM loads its values after the impl is made; made f32 per call.
+        self.sinks = sinks
+        if sinks is not None:
+            if config.on_cuda:
+                raise NotImplementedError("pagedc backend: attention sinks run on the CPU "
+                                          "backend only (pagedc's CUDA kernels do not take "
+                                          "them yet)")
+            if tuple(sinks.shape) != (self.num_heads,):
+                raise ValueError(f"pagedc backend: sinks must be [num_heads] = "
+                                 f"[{self.num_heads}] but have shape {list(sinks.shape)}")
         self._engine: Optional[_Engine] = None
 
     def _engine_for(self, block_size: int, dtype: str) -> _Engine:
@@ -415,8 +433,11 @@ class PagedcAttentionImpl(AttentionImpl):
             k_scale, v_scale = _scales(layer)
             quantized = dict(kv_dtype=fp8[0] if k_cache.dtype == torch.uint8 else None,
                              k_scale=k_scale, v_scale=v_scale)
+        sinks = None
+        if self.sinks is not None:
+            sinks = self.sinks.detach().to(device=q.device, dtype=torch.float32).contiguous()
         engine.run(q, k_cache, v_cache, out[:tokens], self.buffers, self.params, self.scale,
-                   **quantized)
+                   sinks=sinks, **quantized)
         return output
 
 

@@ -656,8 +656,22 @@ void Kernel::writeRow(int64_t b, int64_t h, int64_t i, const float *acc, float m
                       float sum) {
   const TensorView &out = args_.out;
   int64_t base = rowOffset(args_, out, b, h, i);
+  // The sink is one more key of the row's softmax with a zero value: it
+  // joins the running (max, sum) here, once per row after every split is
+  // merged, and adds nothing to acc. A NaN sink must reach out and lse, so
+  // it wins the max (std::max would drop it).
+  float keep = 1.0f;
+  if (args_.sinks) {
+    const float sink = args_.sinks[h];
+    const float top = std::isnan(sink) || sink > maxScore ? sink : maxScore;
+    if (top != kNegInf) {
+      keep = maxScore == kNegInf ? 0.0f : std::exp(maxScore - top);
+      sum = sum * keep + std::exp(sink - top);
+      maxScore = top;
+    }
+  }
   bool empty = maxScore == kNegInf;
-  float inverse = empty ? 0.0f : 1.0f / sum;
+  float inverse = empty ? 0.0f : keep / sum;
   for (int64_t d = 0; d < plan_.vDim; ++d)
     storeElement(out.data(), out.dtype(), base + d * out.stride(3),
                  empty ? 0.0f : acc[d] * inverse);

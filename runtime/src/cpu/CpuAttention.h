@@ -82,6 +82,10 @@ struct PagedAttentionArgs {
   const PagedcModContext *context = nullptr;
   /// Multiplies q.k before the score mod.
   float scale = 1.0f;
+  /// [Hq] or null (no sinks): query head h's softmax has one more key, of
+  /// logit sinks[h] (after scale and score mod) and value zero. On the CPU
+  /// it is folded into each row's final normalisation; -inf adds nothing.
+  const float *sinks = nullptr;
   /// [B, Hq, Lq, Dv], f32 or bf16. Every element is written.
   TensorView out;
   /// [B, Hq, Lq] f32 natural-log logsumexp of the modded scores, or empty.
@@ -96,7 +100,8 @@ struct PagedAttentionArgs {
 /// Computes softmax(score_mod(scale * q.k) masked) . v for every query row.
 /// Query head h reads KV head h / (Hq / Hkv). Full blocks of the block mask
 /// skip the mask mod, partial blocks apply it and blocks in neither list are
-/// skipped. A fully masked row gives out = 0 and lse = -inf.
+/// skipped. A fully masked row gives out = 0 and lse = -inf, or with sinks
+/// lse = sinks[h].
 void pagedAttention(const PagedAttentionArgs &args);
 
 } // namespace pagedc::cpu

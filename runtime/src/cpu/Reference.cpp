@@ -107,10 +107,20 @@ ReferenceResult referenceAttention(const ReferenceArgs &args) {
           scores[j] = score;
           maxScore = std::max(maxScore, score);
         }
-        if (maxScore == -std::numeric_limits<double>::infinity())
-          continue; // fully masked: out stays 0, lse -inf
-        double sum = 0.0;
+        // The sink is a key of value zero: it raises the max and the sum
+        // only.
+        const double sink = args.sinks ? static_cast<double>(args.sinks[h])
+                                       : -std::numeric_limits<double>::infinity();
         double *outRow = &result.out[((b * qHeads + h) * qLength + i) * vDim];
+        if (std::isnan(sink)) {
+          std::fill(outRow, outRow + vDim, sink);
+          result.lse[(b * qHeads + h) * qLength + i] = sink;
+          continue;
+        }
+        maxScore = std::max(maxScore, sink);
+        if (maxScore == -std::numeric_limits<double>::infinity())
+          continue; // fully masked, no sink: out stays 0, lse -inf
+        double sum = std::exp(sink - maxScore);
         for (int64_t j = 0; j < kvLength; ++j) {
           if (!kept[j])
             continue;

@@ -34,13 +34,17 @@ struct ReferenceArgs {
   const CompiledMods *mods = nullptr;
   const PagedcModContext *context = nullptr;
   double scale = 1.0;
+  /// [Hq] or null: query head h's softmax has one more key, of logit
+  /// sinks[h] and value zero (-inf: none; NaN gives NaN rows).
+  const float *sinks = nullptr;
 };
 
 /// Outputs of referenceAttention(), row-major.
 struct ReferenceResult {
   int64_t batch = 0, heads = 0, qLength = 0, vDim = 0;
   std::vector<double> out; ///< [B, Hq, Lq, Dv]; 0 for fully masked rows.
-  std::vector<double> lse; ///< [B, Hq, Lq]; -inf for fully masked rows.
+  /// [B, Hq, Lq]; -inf for fully masked rows (with sinks: sinks[h]).
+  std::vector<double> lse;
 
   double outAt(int64_t b, int64_t h, int64_t i, int64_t d) const {
     return out[((b * heads + h) * qLength + i) * vDim + d];
@@ -51,7 +55,8 @@ struct ReferenceResult {
 };
 
 /// out = softmax over kv of score_mod(scale * q.k) where the mask mod holds
-/// and kv < kvLength[b]; query head h reads KV head h / (Hq / Hkv). Two
+/// and kv < kvLength[b], the sink (if any) taking part in the softmax as a
+/// key of value zero; query head h reads KV head h / (Hq / Hkv). Two
 /// passes per row, every intermediate in double.
 ReferenceResult referenceAttention(const ReferenceArgs &args);
 

@@ -783,6 +783,8 @@ DeviceBuffer uploadCallData(const cpu::PagedAttentionArgs &args, const KernelCon
 
 void pagedAttention(const cpu::PagedAttentionArgs &args, Device device, void *streamHandle,
                     const KernelOptions &kernelOptions) {
+  if (args.sinks) // until the kernels take sinks
+    throw Error("options.sinks is not supported on CUDA yet; the CPU backend computes it");
   checkKernelOptions(kernelOptions);
   std::string reason;
   if (!CudaDriver::available(&reason))

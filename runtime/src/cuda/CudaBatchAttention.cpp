@@ -193,6 +193,8 @@ void CudaBatchBackend::plan(const int32_t *queryStart, const int32_t *kvLength,
 }
 
 void CudaBatchBackend::run(const CudaBatchCall &call) const {
+  if (call.sinks.data()) // until the kernels take sinks
+    throw Error("sinks are not supported on CUDA yet; the CPU backend computes them");
   const BatchAttentionConfig &c = config_;
   {
     std::lock_guard<std::mutex> lock(lastMutex_);

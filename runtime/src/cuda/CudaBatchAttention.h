@@ -40,6 +40,8 @@ struct CudaBatchCall {
   /// pagedc_mods::Params bytes (ParamsLayout::pack).
   std::vector<unsigned char> params;
   float scale = 1.0f;
+  /// [Hq] f32 on the device, or empty (no sinks).
+  TensorView sinks;
   /// A CUstream; null: the legacy default stream.
   void *stream = nullptr;
 };

@@ -126,6 +126,10 @@ void runOnCuda(const cpu::PagedAttentionArgs &hostArgs, const CompiledMods &mods
   args.out = upload(hostArgs.out);
   if (hostArgs.lse.data())
     args.lse = upload(hostArgs.lse);
+  if (hostArgs.sinks)
+    args.sinks =
+        upload(TensorView(const_cast<float *>(hostArgs.sinks), DType::F32, {hostArgs.q.size(1)}))
+            .dataAs<const float>();
   // Mod buffers live in device memory too.
   std::vector<PagedcBufferRef> deviceRefs;
   PagedcModContext deviceContext{nullptr, nullptr};
@@ -231,6 +235,11 @@ AttentionCheckResult checkPagedAttention(const CompiledMods &mods,
   args.out = logicalView(out, c.vDim);
   if (c.withLse)
     args.lse = lse.view();
+  if (!c.sinks.empty()) {
+    if (static_cast<int64_t>(c.sinks.size()) != c.qHeads)
+      throw Error("checkPagedAttention: sinks must hold one value per query head");
+    args.sinks = c.sinks.data();
+  }
   args.threads = c.threads;
   args.variant = c.variant;
   if (onCuda)
@@ -247,6 +256,7 @@ AttentionCheckResult checkPagedAttention(const CompiledMods &mods,
   referenceArgs.mods = &mods;
   referenceArgs.context = context;
   referenceArgs.scale = scale;
+  referenceArgs.sinks = c.sinks.empty() ? nullptr : c.sinks.data();
   cpu::ReferenceResult reference = cpu::referenceAttention(referenceArgs);
 
   AttentionCheckResult result;
@@ -257,7 +267,9 @@ AttentionCheckResult checkPagedAttention(const CompiledMods &mods,
       for (int64_t i = 0; i < c.qLength; ++i) {
         ++result.rows;
         double expectedLse = reference.lseAt(b, h, i);
-        bool masked = std::isinf(expectedLse);
+        // Every key masked: lse -inf, or exactly the sink.
+        bool masked = std::isinf(expectedLse) ||
+                      (!c.sinks.empty() && expectedLse == static_cast<double>(c.sinks[h]));
         result.maskedRows += masked;
         for (int64_t d = 0; d < c.vDim; ++d) {
           double expected = reference.outAt(b, h, i, d);
@@ -283,8 +295,9 @@ AttentionCheckResult checkPagedAttention(const CompiledMods &mods,
         double actualLse = lse.dataAs<float>()[(b * c.qHeads + h) * c.qLength + i];
         if (std::isnan(actualLse)) {
           ++result.nonFinite;
-        } else if (masked || std::isinf(actualLse)) {
-          result.lseViolations += !(masked && actualLse < 0 && std::isinf(actualLse));
+        } else if (std::isinf(expectedLse) || std::isinf(actualLse)) {
+          result.lseViolations +=
+              !(std::isinf(expectedLse) && actualLse < 0 && std::isinf(actualLse));
         } else {
           double error = std::abs(actualLse - expectedLse);
           result.maxLseError = std::max(result.maxLseError, error);

@@ -53,6 +53,8 @@ struct AttentionConfig {
   bool broadcastMaskHeads = false;
   /// 0 = 1 / sqrt(dim).
   float scale = 0.0f;
+  /// Attention sinks [qHeads]; empty = none.
+  std::vector<float> sinks;
   /// Inputs are uniform in [-range, range].
   float range = 1.0f;
   /// Hand q and out to the kernel as strided [B, Lq, Hq, D] buffers.

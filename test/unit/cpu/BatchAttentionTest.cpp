@@ -50,6 +50,7 @@ StepCheck checkStep(const StepCase &c) {
   BatchRunOptions options;
   options.out = out.view();
   options.lse = lse.view();
+  options.sinks = step.sinksView();
   TensorView kView = step.cache->kView(), vView = step.cache->vView();
   if (c.kvFloat8) {
     options.kScale = c.perHeadScale ? step.kScale : std::vector<float>{step.kScale[0]};
@@ -100,6 +101,40 @@ TEST(BatchAttention, MixedStepEveryLayoutMatchesFloat64) {
       }
     }
   }
+}
+
+TEST(BatchAttention, MixedStepWithSinksMatchesFloat64) {
+  // Per query head a sink near the rows' lse, one above every score, one
+  // far below and none (-inf); fully masked rows give out 0 and lse sinks[h].
+  uint64_t seed = 41;
+  for (KVLayout layout : {KVLayout::NHD, KVLayout::VLLM}) {
+    for (const char *mask : {"", "document", "holes"}) {
+      StepCase c;
+      c.seqs = mixedStep();
+      c.layout = layout;
+      c.mask = mask;
+      c.score = std::string(mask) == "document" ? "alibi" : "";
+      c.sinks = true;
+      c.seed = ++seed;
+      StepCheck check = checkStep(c);
+      SCOPED_TRACE(std::string(kvLayoutName(layout)) + " mask '" + mask + "'");
+      EXPECT_EQ(check.outViolations + check.lseViolations + check.nonFinite, 0) << check.describe();
+      if (std::string(mask) == "holes") {
+        EXPECT_GT(check.maskedRows, 0) << check.describe();
+      }
+    }
+  }
+  // bf16 output and more query heads than the sink cycle, one thread.
+  StepCase c;
+  c.seqs = {{1, 900}, {17, 40}, {2, 2}};
+  c.qHeads = 12;
+  c.kvHeads = 4;
+  c.outType = DType::BF16;
+  c.threads = 1;
+  c.sinks = true;
+  c.seed = 60;
+  StepCheck check = checkStep(c);
+  EXPECT_EQ(check.outViolations + check.lseViolations + check.nonFinite, 0) << check.describe();
 }
 
 TEST(BatchAttention, PageSizesGroupsAndHeadDims) {
@@ -268,22 +303,46 @@ TEST(BatchAttention, SharedPrefixAndSuffixPlansMergeToTheWhole) {
   whole.plan(qslView, lensView, tableView);
   shared.plan(qslView, lensView, tableView, {}, prefixView);
   own.plan(qslView, lensView, tableView, prefixView, {});
-  AttentionResult all = whole.run(q.view(), cache.kView(), cache.vView(), modBindings.bindings,
-                                  withLse);
-  AttentionResult a = shared.run(q.view(), cache.kView(), cache.vView(), modBindings.bindings,
-                                 withLse);
-  AttentionResult b = own.run(q.view(), cache.kView(), cache.vView(), modBindings.bindings,
-                              withLse);
-  mergeStateInPlace(a.out, a.lse, b.out, b.lse);
-  double maxError = 0, maxLseError = 0;
-  for (int64_t i = 0; i < all.out.numel(); ++i)
-    maxError = std::max(maxError, double(std::abs(a.out.dataAs<float>()[i] -
-                                                  all.out.dataAs<float>()[i])));
-  for (int64_t i = 0; i < all.lse.numel(); ++i)
-    maxLseError = std::max(maxLseError, double(std::abs(a.lse.dataAs<float>()[i] -
-                                                        all.lse.dataAs<float>()[i])));
-  EXPECT_LE(maxError, 1e-5);
-  EXPECT_LE(maxLseError, 1e-5);
+  // With sinks, one part of the keys (here the sequence's own) carries them
+  // and the merge equals the whole with them.
+  std::vector<float> sinks = {2.0f, 9.0f, -std::numeric_limits<float>::infinity(), -1.0f};
+  std::vector<float> plainLse;
+  for (bool withSinks : {false, true}) {
+    SCOPED_TRACE(withSinks ? "with sinks" : "without sinks");
+    BatchRunOptions sunk = withLse;
+    if (withSinks)
+      sunk.sinks = TensorView(sinks.data(), DType::F32, {heads});
+    AttentionResult all =
+        whole.run(q.view(), cache.kView(), cache.vView(), modBindings.bindings, sunk);
+    AttentionResult a =
+        shared.run(q.view(), cache.kView(), cache.vView(), modBindings.bindings, withLse);
+    AttentionResult b = own.run(q.view(), cache.kView(), cache.vView(), modBindings.bindings, sunk);
+    mergeStateInPlace(a.out, a.lse, b.out, b.lse);
+    double maxError = 0, maxLseError = 0;
+    for (int64_t i = 0; i < all.out.numel(); ++i)
+      maxError = std::max(maxError,
+                          double(std::abs(a.out.dataAs<float>()[i] - all.out.dataAs<float>()[i])));
+    for (int64_t i = 0; i < all.lse.numel(); ++i)
+      maxLseError = std::max(
+          maxLseError, double(std::abs(a.lse.dataAs<float>()[i] - all.lse.dataAs<float>()[i])));
+    EXPECT_LE(maxError, 1e-5);
+    EXPECT_LE(maxLseError, 1e-5);
+    // The sinks count once: lse is the plain one merged with sinks[h].
+    const float *lse = all.lse.dataAs<float>();
+    if (!withSinks) {
+      plainLse.assign(lse, lse + all.lse.numel());
+      continue;
+    }
+    double maxSinkError = 0;
+    for (int64_t i = 0; i < all.lse.numel(); ++i) {
+      const double plain = plainLse[i], sink = sinks[i % heads];
+      const double expected =
+          std::isinf(sink) ? plain
+                           : std::max(plain, sink) + std::log1p(std::exp(-std::abs(plain - sink)));
+      maxSinkError = std::max(maxSinkError, std::abs(lse[i] - expected));
+    }
+    EXPECT_LE(maxSinkError, 1e-5);
+  }
 
   // Key ranges outside [0, seq_len] are refused, naming the sequence.
   std::vector<int32_t> tooFar(seqs, lens[0] + 1);
@@ -413,6 +472,21 @@ TEST_F(BatchAttentionErrors, RunRefusesBadTensorsAndWritesNothing) {
   HostTensor fewerPages(DType::F32, {9, 4, 2, 16});
   expectError([&] { attention.run(q.view(), k.view(), fewerPages.view(), {}, options); },
               "k_cache has 8 pages but v_cache has 9");
+  std::vector<float> sinkValues(8, 1.0f);
+  std::vector<uint16_t> sinkHalves(4, 0);
+  const std::pair<TensorView, const char *> badSinks[] = {
+      {TensorView(sinkValues.data(), DType::F32, {5}), "sinks must be [Hq] = [4]"},
+      {TensorView(sinkHalves.data(), DType::BF16, {4}), "sinks is bf16 but must be f32"},
+      {TensorView(sinkValues.data(), DType::F32, {4}, {2}, Device::cpu()),
+       "sinks must be contiguous"},
+      {TensorView(sinkValues.data(), DType::F32, {4}, {1}, Device::cuda(0)),
+       "sinks is on cuda:0 but the call runs on cpu"},
+  };
+  for (const auto &[sinks, message] : badSinks) {
+    bad = options;
+    bad.sinks = sinks;
+    expectError([&] { attention.run(q.view(), k.view(), v.view(), {}, bad); }, message);
+  }
   EXPECT_TRUE(untouched());
 }
 

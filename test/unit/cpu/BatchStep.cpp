@@ -192,6 +192,21 @@ BatchStep::BatchStep(const BatchStepCase &stepCase) : c(stepCase) {
   }
   mods = makeTestMods(c.mask, c.score);
   bindings = std::make_unique<StepBindings>(batch, c.qHeads, maxKv, rng);
+  if (c.sinks) {
+    // An engine of its own keeps the other inputs what they are without
+    // sinks.
+    std::mt19937 sinkRng(static_cast<uint32_t>(c.seed) + 17);
+    std::uniform_real_distribution<float> nearLse(0.5f, 3.0f);
+    const float fixed[] = {9.0f, -9.0f, -std::numeric_limits<float>::infinity()};
+    for (int64_t h = 0; h < c.qHeads; ++h)
+      sinks.push_back(h % 4 == 0 ? nearLse(sinkRng) : fixed[h % 4 - 1]);
+  }
+}
+
+TensorView BatchStep::sinksView() const {
+  if (sinks.empty())
+    return {};
+  return TensorView(const_cast<float *>(sinks.data()), DType::F32, {c.qHeads});
 }
 
 BatchAttentionConfig BatchStep::config() const {
@@ -242,6 +257,7 @@ BatchStepCheck BatchStep::compare(const TensorView &out, const TensorView &lse,
     ref.mods = &mods;
     ref.context = &resolved.context();
     ref.scale = 1.0 / std::sqrt(static_cast<double>(c.dim));
+    ref.sinks = sinks.empty() ? nullptr : sinks.data();
     references.push_back(qLen > 0 ? cpu::referenceAttention(ref) : cpu::ReferenceResult{});
   }
 
@@ -254,7 +270,9 @@ BatchStepCheck BatchStep::compare(const TensorView &out, const TensorView &lse,
         ++check.rows;
         const cpu::ReferenceResult &reference = references[b];
         const double expectedLse = reference.lseAt(0, h, i);
-        const bool masked = std::isinf(expectedLse);
+        // Every key masked: lse -inf, or exactly the sink.
+        const bool masked = std::isinf(expectedLse) ||
+                            (!sinks.empty() && expectedLse == static_cast<double>(sinks[h]));
         check.maskedRows += masked;
         for (int64_t d = 0; d < c.vDim; ++d) {
           const double expected = reference.outAt(0, h, i, d);
@@ -275,8 +293,9 @@ BatchStepCheck BatchStep::compare(const TensorView &out, const TensorView &lse,
         const double actualLse = lse.dataAs<float>()[row * lse.stride(0) + h * lse.stride(1)];
         if (std::isnan(actualLse)) {
           ++check.nonFinite;
-        } else if (masked || std::isinf(actualLse)) {
-          check.lseViolations += !(masked && std::isinf(actualLse) && actualLse < 0);
+        } else if (std::isinf(expectedLse) || std::isinf(actualLse)) {
+          check.lseViolations +=
+              !(std::isinf(expectedLse) && std::isinf(actualLse) && actualLse < 0);
         } else {
           const double error = std::abs(actualLse - expectedLse);
           check.maxLseError = std::max(check.maxLseError, error);

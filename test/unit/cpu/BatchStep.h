@@ -44,6 +44,10 @@ struct BatchStepCase {
   bool perHeadScale = true;
   bool asU8 = false;
   std::string mask, score;
+  /// Attention sinks, one per query head, cycling through a logit near the
+  /// rows' lse, 9 (above every score for D <= 64: |q.k| / sqrt(D) <= 8 with
+  /// inputs in [-1, 1]), -9 and -inf (none).
+  bool sinks = false;
   int threads = 2;
   uint64_t seed = 1;
 };
@@ -102,6 +106,8 @@ struct BatchStep {
   /// The packed q [max(T, 1), Hq, D] of c.storage.
   HostTensor q;
   std::vector<float> kScale, vScale;
+  /// [Hq] when c.sinks, else empty.
+  std::vector<float> sinks;
   std::unique_ptr<EngineCache> cache;
   std::vector<int32_t> blockTable; // [B, columns]
   std::vector<int32_t> queryStartLoc, seqLens, kvLength, qOffset;
@@ -113,6 +119,8 @@ struct BatchStep {
   BatchAttentionConfig config() const;
   /// attention.plan() of the step's metadata.
   void plan(BatchAttention &attention) const;
+  /// The sinks as a host f32 [Hq] view, or an empty view without them.
+  TensorView sinksView() const;
   /// Compares out [T', Hq, Dv] and lse [T', Hq] (host tensors; lse rows past
   /// the plan's tokens must still be NaN) with the float64 reference,
   /// within the CPU kernels' tolerance or, with `cudaTolerance`, the CUDA

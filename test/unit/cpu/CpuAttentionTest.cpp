@@ -9,6 +9,7 @@
 #include "TestMods.h"
 
 #include "cpu/Reference.h"
+#include "pagedc/Attention.h"
 #include "pagedc/Error.h"
 
 #include <gtest/gtest.h>
@@ -435,6 +436,227 @@ TEST(CpuAttention, NoModsOnOneAndTwoThreads) {
   expectMatch("", "", config);
   config.threads = 1;
   expectMatch("", "", config);
+}
+
+//===----------------------------------------------------------------------===//
+// Attention sinks
+//===----------------------------------------------------------------------===//
+
+/// Per query head, in turn: a logit near the rows' lse (it shifts both out
+/// and lse), one above every score (|q.k| scale <= D / sqrt(D) = 8 for
+/// D = 64 and inputs in [-1, 1]; 11.3 for D = 128), one far below them (its
+/// weight is under f32 resolution) and -inf (no sink).
+std::vector<float> mixedSinks(int64_t heads, uint64_t seed) {
+  std::mt19937 rng(static_cast<uint32_t>(seed));
+  std::uniform_real_distribution<float> nearLse(0.5f, 4.0f);
+  std::vector<float> sinks;
+  for (int64_t h = 0; h < heads; ++h) {
+    const float fixed[] = {12.0f, -30.0f, -std::numeric_limits<float>::infinity()};
+    sinks.push_back(h % 4 == 0 ? nearLse(rng) : fixed[h % 4 - 1]);
+  }
+  return sinks;
+}
+
+TEST(CpuAttentionSinks, PrefillGqaBatchMatchesReference) {
+  AttentionConfig config;
+  config.batch = 3;
+  config.qHeads = 8;
+  config.kvHeads = 2;
+  config.qLength = 37;
+  config.kvLengths = {45, 100, 37};
+  config.qOffsetAtEnd = true;
+  config.sinks = mixedSinks(config.qHeads, 1);
+  config.seed = 501;
+  expectMatch("causal", "alibi", config);
+  config.withBlockMask = true;
+  config.seed = 502;
+  expectMatch("document", "softcap", config);
+  // Rows of 64 and more take the GEMM path.
+  config.withBlockMask = false;
+  config.qLength = 130;
+  config.kvLengths = {130, 200, 131};
+  config.seed = 503;
+  expectMatch("sliding", "", config);
+  config.outType = DType::BF16;
+  config.storage = DType::BF16;
+  config.seed = 504;
+  expectMatch("causal", "", config);
+}
+
+TEST(CpuAttentionSinks, DecodeAndSplitKeysMatchReference) {
+  AttentionConfig config;
+  config.batch = 3;
+  config.qHeads = 8;
+  config.kvHeads = 2;
+  config.qLength = 1;
+  config.dim = config.vDim = 128;
+  config.kvLengths = {1, 700, 1299};
+  config.qOffsetAtEnd = true;
+  config.sinks = mixedSinks(config.qHeads, 2);
+  config.seed = 511;
+  expectMatch("causal", "", config);
+  config.qLength = 3;
+  config.seed = 512;
+  expectMatch("sliding", "alibi", config);
+  // One sequence and one KV head: the keys are split over the threads and
+  // the sink joins once, after the parts are merged.
+  config.batch = 1;
+  config.qHeads = 4;
+  config.kvHeads = 1;
+  config.qLength = 1;
+  config.kvLengths = {5000};
+  config.threads = 4;
+  config.sinks = mixedSinks(config.qHeads, 3);
+  config.seed = 513;
+  expectMatch("", "alibi", config);
+}
+
+TEST(CpuAttentionSinks, FullyMaskedRowsGiveZeroAndTheSink) {
+  AttentionConfig config;
+  config.qHeads = 8;
+  config.qLength = 40;
+  config.kvLengths = {40, 0}; // the second sequence has no keys at all
+  config.sinks = mixedSinks(config.qHeads, 4);
+  config.seed = 521;
+  AttentionCheckResult holes = expectMatch("holes", "", config);
+  EXPECT_GE(holes.maskedRows, config.qLength * config.qHeads);
+  config.withBlockMask = true;
+  config.seed = 522;
+  AttentionCheckResult never = expectMatch("never", "softcap", config);
+  EXPECT_EQ(never.maskedRows, never.rows);
+}
+
+TEST(CpuAttentionSinks, SinkAboveEveryScoreTakesNearlyAllTheWeight) {
+  // Every score is at most 8 here: a sink of 20 leaves the keys a weight of
+  // at most n e^-12, so out is near 0 and lse near 20.
+  AttentionConfig config;
+  config.qHeads = 4;
+  config.qLength = 33;
+  config.kvLengths = {50, 90};
+  config.qOffsetAtEnd = true;
+  config.sinks.assign(config.qHeads, 20.0f);
+  config.seed = 531;
+  expectMatch("causal", "", config);
+  config.qLength = 1;
+  config.seed = 532;
+  expectMatch("", "alibi", config);
+}
+
+/// A random f32 cache of 2 slots (kvLength 70 and 33) and q [2, 4, Lq, 32].
+struct SmallCall {
+  PagedKVCache cache;
+  HostTensor q;
+  AttentionOptions options;
+  explicit SmallCall(int64_t qLength) : cache(config()), q(DType::F32, {2, 4, qLength, 32}) {
+    std::mt19937 rng(7);
+    std::uniform_real_distribution<float> uniform(-1.0f, 1.0f);
+    cache.reserve(0, 70);
+    cache.reserve(1, 33);
+    for (const TensorView &t : {cache.kCache(), cache.vCache()})
+      for (int64_t i = 0; i < t.numel(); ++i)
+        t.dataAs<float>()[i] = uniform(rng);
+    for (int64_t i = 0; i < q.numel(); ++i)
+      q.dataAs<float>()[i] = uniform(rng);
+    options.kvLength = {70, 33};
+    options.qOffset = {static_cast<int32_t>(70 - qLength), static_cast<int32_t>(33 - qLength)};
+    options.returnLse = true;
+    options.threads = 2;
+  }
+  static KVCacheConfig config() {
+    KVCacheConfig c;
+    c.numPages = 16;
+    c.pageSize = 8;
+    c.maxBatch = 2;
+    c.heads = 2;
+    c.headDim = c.valueHeadDim = 32;
+    return c;
+  }
+  AttentionResult run(const AttentionOptions &with) {
+    return flexAttention(q.view(), cache, nullptr, CompiledMods(), {}, with);
+  }
+};
+
+TEST(CpuAttentionSinks, FlexAttentionMergesTheSinkAsAKeyOfValueZero) {
+  // Through the public call: out and lse with sinks are the call's without
+  // them merged with (0, sinks[h]); -inf changes nothing and NaN gives NaN.
+  for (int64_t qLength : {1, 9}) {
+    SCOPED_TRACE(qLength);
+    SmallCall call(qLength);
+    AttentionResult plain = call.run(call.options);
+    std::vector<float> sinks = {1.5f, -std::numeric_limits<float>::infinity(), 25.0f,
+                                std::numeric_limits<float>::quiet_NaN()};
+    AttentionOptions with = call.options;
+    with.sinks = TensorView(sinks.data(), DType::F32, {4});
+    AttentionResult sunk = call.run(with);
+    for (int64_t b = 0; b < 2; ++b)
+      for (int64_t h = 0; h < 4; ++h)
+        for (int64_t i = 0; i < qLength; ++i) {
+          const int64_t row = (b * 4 + h) * qLength + i;
+          const double lse = plain.lse.dataAs<float>()[row];
+          const double sink = sinks[h];
+          const double expectedLse =
+              std::isnan(sink) ? sink
+                               : std::max(lse, sink) + std::log1p(std::exp(-std::abs(lse - sink)));
+          const float actualLse = sunk.lse.dataAs<float>()[row];
+          if (std::isnan(sink)) {
+            EXPECT_TRUE(std::isnan(actualLse));
+          } else if (std::isinf(sink)) {
+            EXPECT_EQ(actualLse, plain.lse.dataAs<float>()[row]);
+          } else {
+            EXPECT_NEAR(actualLse, expectedLse, 1e-5 * std::abs(expectedLse));
+          }
+          const double weight = std::exp(lse - expectedLse);
+          for (int64_t d = 0; d < 32; ++d) {
+            const float actual = sunk.out.dataAs<float>()[row * 32 + d];
+            const double plainOut = plain.out.dataAs<float>()[row * 32 + d];
+            if (std::isnan(sink))
+              EXPECT_TRUE(std::isnan(actual));
+            else if (std::isinf(sink))
+              EXPECT_EQ(actual, static_cast<float>(plainOut));
+            else
+              EXPECT_NEAR(actual, plainOut * weight, 1e-6 + 1e-5 * std::abs(plainOut * weight));
+          }
+        }
+  }
+}
+
+TEST(CpuAttentionSinks, BadSinksAreRefusedAndNothingIsWritten) {
+  SmallCall call(5);
+  HostTensor out(DType::F32, {2, 4, 5, 32}), lse(DType::F32, {2, 4, 5});
+  for (HostTensor *t : {&out, &lse})
+    std::fill(t->dataAs<float>(), t->dataAs<float>() + t->numel(),
+              std::numeric_limits<float>::quiet_NaN());
+  std::vector<float> values(8, 1.0f);
+  std::vector<uint16_t> halves(4, 0);
+  struct Bad {
+    TensorView sinks;
+    const char *message;
+  };
+  const Bad cases[] = {
+      {TensorView(values.data(), DType::F32, {3}), "options.sinks must be [Hq] = [4]"},
+      {TensorView(values.data(), DType::F32, {1, 4}), "options.sinks must be [Hq] = [4]"},
+      {TensorView(halves.data(), DType::BF16, {4}), "options.sinks is bf16 but must be f32"},
+      {TensorView(values.data(), DType::F32, {4}, {2}, Device::cpu()),
+       "options.sinks must be contiguous but has stride 2"},
+      {TensorView(values.data(), DType::F32, {4}, {1}, Device::cuda(0)),
+       "options.sinks is on cuda:0 but the call runs on cpu"},
+      {TensorView(nullptr, DType::F32, {4}), "options.sinks has no data"},
+  };
+  for (const Bad &bad : cases) {
+    AttentionOptions options = call.options;
+    options.out = out.view();
+    options.lse = lse.view();
+    options.sinks = bad.sinks;
+    try {
+      call.run(options);
+      ADD_FAILURE() << "no error; expected '" << bad.message << "'";
+    } catch (const Error &error) {
+      EXPECT_NE(std::string(error.what()).find(bad.message), std::string::npos) << error.what();
+    }
+  }
+  for (HostTensor *t : {&out, &lse})
+    for (int64_t i = 0; i < t->numel(); ++i)
+      ASSERT_TRUE(std::isnan(t->dataAs<float>()[i])) << "element " << i << " was written";
 }
 
 } // namespace
