@@ -6,7 +6,9 @@
 //   cold     .attn text -> front end -> MLIRGen -> pipeline -> EmitC -> C++
 //            -> assembleKernel -> NVRTC cubin, empty on-disk cache, fresh
 //            MLIRContext, median of 5 (the DSL part is also reported alone)
-//   nvcc     `nvcc -cubin -arch=sm_90` on the identical generated source
+//   nvcc     `nvcc -cubin -arch=sm_90` on the identical generated source;
+//            also its CPU seconds (it and its tools, RUSAGE_CHILDREN), so
+//            cold/nvcc can be read on CPU seconds on a loaded machine
 //   first    a new process of the runtime-only tool pagedc-jit on an empty
 //            cache directory: variant miss, the code generator plugin
 //            (libpagedc-codegen.so) is loaded, generates the mod code, NVRTC
@@ -23,6 +25,14 @@
 //            know the kernel key, then hits the on-disk kernel cache
 //   hit      in-process KernelCache hit for already generated mod code
 //            (Google Benchmark; the table shows a median of 5 batches)
+//   stages   where a cold compile goes: .attn -> mod code, source assembly,
+//            and NVRTC's own times (--time: C++ front end, NVVM optimizer,
+//            PTX -> SASS), each a median of 5 plain compiles
+//   pch      a new process of this binary with CompileOptions::
+//            precompiledPrefix: the cold compile that creates the PCH of
+//            the invariant prefix (empty cache), then a second variant
+//            (`sliding` + `capped`: .attn -> cubin) reusing it, and the same
+//            second variant compiled without it; median of 5 processes
 // Prints a table and writes bench/results/jit-e2e.json (in the source tree).
 //
 //===----------------------------------------------------------------------===//
@@ -45,6 +55,7 @@
 #include <fmt/format.h>
 
 #include <spawn.h>
+#include <sys/resource.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -70,6 +81,9 @@ constexpr int kRepetitions = 5;
 constexpr const char *kProgram = PAGEDC_BENCH_EXAMPLES_DIR "/mods.attn";
 constexpr const char *kMask = "causal";
 constexpr const char *kScore = "alibi";
+/// The second variant of a warm process.
+constexpr const char *kSecondMask = "sliding";
+constexpr const char *kSecondScore = "capped";
 
 double seconds(Clock::time_point start) {
   return std::chrono::duration<double>(Clock::now() - start).count();
@@ -99,7 +113,7 @@ CompileOptions benchOptions() {
 
 /// The whole compiler front: .attn file -> generated mod code, in a fresh
 /// MLIRContext (what a new variant costs before NVRTC).
-std::string generateFromSource() {
+std::string generateFromSource(const char *mask = kMask, const char *score = kScore) {
   auto buffer = llvm::MemoryBuffer::getFile(kProgram, /*IsText=*/true);
   if (!buffer)
     throw std::runtime_error(std::string("cannot read ") + kProgram);
@@ -117,15 +131,23 @@ std::string generateFromSource() {
   if (!module)
     throw std::runtime_error("MLIRGen failed");
   PipelineOptions options;
-  options.keepMods = {kMask, kScore};
+  options.keepMods = {mask, score};
   mlir::PassManager pm(&context);
   buildPipeline(pm, options);
   if (mlir::failed(pm.run(*module)))
     throw std::runtime_error("pipeline failed");
-  llvm::Expected<std::string> code = generateModCode(*module, kMask, kScore);
+  llvm::Expected<std::string> code = generateModCode(*module, mask, score);
   if (!code)
     throw std::runtime_error(llvm::toString(code.takeError()));
   return *code;
+}
+
+/// CPU seconds of the waited-for children (nvcc and the tools it runs).
+double childrenCpu() {
+  rusage usage;
+  getrusage(RUSAGE_CHILDREN, &usage);
+  return usage.ru_utime.tv_sec + usage.ru_stime.tv_sec +
+         (usage.ru_utime.tv_usec + usage.ru_stime.tv_usec) * 1e-6;
 }
 
 /// CPU seconds of this process, all threads (NVRTC included).
@@ -156,6 +178,56 @@ int warmChild(const std::string &kind, const std::string &dir) {
     return 2;
   std::ofstream(dir + "/lookup.txt") << elapsed;
   return 0;
+}
+
+/// The child of the PCH measurement: a cold compile with the prefix
+/// precompiled (the PCH is created), then a second variant with it (reused)
+/// and without it. Writes the three times to DIR/pch.txt.
+int pchChild(const std::string &kind, const std::string &dir) {
+  const KernelConfig config =
+      benchConfig(kind == "decode" ? KernelKind::Decode : KernelKind::Prefill);
+  CompileOptions options = benchOptions();
+  options.precompiledPrefix = true;
+  auto start = Clock::now();
+  KernelCache cache(dir);
+  auto kernel = cache.getOrCompile(config, generateFromSource(), options);
+  double cold = seconds(start);
+  if (cache.stats().compiles != 1 || kernel->image.empty())
+    return 2;
+
+  start = Clock::now();
+  KernelSource second = assembleKernel(config, generateFromSource(kSecondMask, kSecondScore));
+  double front = seconds(start);
+  CompileResult withPrefix = Nvrtc::get().compile(second.code, "second.cu", options, &second);
+  double secondPch = front + withPrefix.seconds;
+  options.precompiledPrefix = false;
+  CompileResult plain = Nvrtc::get().compile(second.code, "second.cu", options, &second);
+  double secondPlain = front + plain.seconds;
+  if (withPrefix.precompiledPrefix != CompileResult::PrecompiledPrefix::Reused ||
+      withPrefix.image != plain.image)
+    return 3;
+  std::ofstream(dir + "/pch.txt") << cold << ' ' << secondPch << ' ' << secondPlain;
+  return 0;
+}
+
+void runPchChild(const std::string &self, const std::string &kind, double &cold, double &secondPch,
+                 double &secondPlain) {
+  std::string dir = freshDirectory("pch");
+  std::string flag = "--pch-child";
+  char *argv[] = {const_cast<char *>(self.c_str()), flag.data(), const_cast<char *>(kind.c_str()),
+                  dir.data(), nullptr};
+  pid_t child;
+  if (posix_spawn(&child, self.c_str(), nullptr, nullptr, argv, environ) != 0)
+    throw std::runtime_error("posix_spawn failed");
+  int status = 0;
+  waitpid(child, &status, 0);
+  if (!WIFEXITED(status) || WEXITSTATUS(status) != 0)
+    throw std::runtime_error(
+        fmt::format("pch child failed (exit {}; 3: the second variant did not reuse the PCH or "
+                    "its cubin differed)",
+                    WIFEXITED(status) ? WEXITSTATUS(status) : -1));
+  std::ifstream(dir + "/pch.txt") >> cold >> secondPch >> secondPlain;
+  fs::remove_all(dir);
 }
 
 double runWarmChild(const std::string &self, const std::string &kind,
@@ -216,8 +288,9 @@ double runJitTool(const std::string &kind, const std::string &dir,
 
 struct KindResult {
   std::string kind;
-  std::vector<double> cold, coldCpu, dsl, nvcc, firstProcess, firstInProcess,
-      warmProcess, warmInProcess, warmCompilerProcess, warmCompilerInChild, hit;
+  std::vector<double> cold, coldCpu, dsl, nvcc, firstProcess, firstInProcess, nvccCpu, warmProcess,
+      warmInProcess, warmCompilerProcess, warmCompilerInChild, hit, assemble, frontEnd, optimizer,
+      ptxToSass, nvrtc, coldPch, secondPch, secondPlain;
 };
 
 KindResult measure(KernelKind kind, const std::string &self) {
@@ -243,6 +316,28 @@ KindResult measure(KernelKind kind, const std::string &self) {
       fs::remove_all(dir);
   }
 
+  // Where the cold time goes: NVRTC's own stage times on plain compiles.
+  for (int i = 0; i < kRepetitions; ++i) {
+    auto start = Clock::now();
+    KernelSource source = assembleKernel(config, mods);
+    result.assemble.push_back(seconds(start));
+    CompileOptions options = benchOptions();
+    options.timeStages = true;
+    CompileResult compiled = Nvrtc::get().compile(source.code, "stages.cu", options, &source);
+    result.frontEnd.push_back(compiled.stages.frontEnd);
+    result.optimizer.push_back(compiled.stages.optimizer);
+    result.ptxToSass.push_back(compiled.stages.ptxToSass);
+    result.nvrtc.push_back(compiled.seconds);
+  }
+
+  for (int i = 0; i < kRepetitions; ++i) {
+    double cold = 0, secondPch = 0, secondPlain = 0;
+    runPchChild(self, result.kind, cold, secondPch, secondPlain);
+    result.coldPch.push_back(cold);
+    result.secondPch.push_back(secondPch);
+    result.secondPlain.push_back(secondPlain);
+  }
+
   std::string work = freshDirectory("nvcc");
   std::string path = work + "/kernel.cu";
   std::ofstream(path) << assembleKernel(config, mods).code;
@@ -251,9 +346,11 @@ KindResult measure(KernelKind kind, const std::string &self) {
                   PAGEDC_BENCH_NVCC, path, work);
   for (int i = 0; i < kRepetitions; ++i) {
     auto start = Clock::now();
+    double cpu = childrenCpu();
     if (std::system(command.c_str()) != 0)
       throw std::runtime_error("nvcc failed: " + command);
     result.nvcc.push_back(seconds(start));
+    result.nvccCpu.push_back(childrenCpu() - cpu);
   }
   fs::remove_all(work);
 
@@ -333,6 +430,8 @@ std::string list(const std::vector<double> &values) {
 int main(int argc, char **argv) {
   if (argc == 4 && std::string(argv[1]) == "--warm-child")
     return warmChild(argv[2], argv[3]);
+  if (argc == 4 && std::string(argv[1]) == "--pch-child")
+    return pchChild(argv[2], argv[3]);
   std::string reason;
   if (!Nvrtc::available(&reason)) {
     fmt::print(stderr, "pagedc-bench-jit-e2e: NVRTC unavailable: {}\n", reason);
@@ -371,20 +470,44 @@ int main(int argc, char **argv) {
     json += fmt::format(
         "    {{\"kernel\": \"{}\", \"cold_s\": {}, \"cold_cpu_s\": {}, "
         "\"dsl_to_mod_code_s\": {}, "
-        "\"nvcc_s\": {}, \"cold_over_nvcc\": {:.3f}, "
+        "\"nvcc_s\": {}, \"cold_over_nvcc\": {:.3f}, \"nvcc_cpu_s\": {}, "
+        "\"cold_cpu_over_nvcc_cpu\": {:.3f}, "
         "\"first_process_s\": {}, \"first_in_process_s\": {}, "
         "\"warm_process_s\": {}, \"warm_in_process_s\": {}, "
         "\"warm_process_median_s\": {:.6g}, "
         "\"warm_via_compiler_process_s\": {}, "
         "\"warm_via_compiler_in_process_s\": {}, "
-        "\"in_process_hit_s\": {}}}{}\n",
-        r.kind, list(r.cold), list(r.coldCpu), list(r.dsl), list(r.nvcc), ratio,
-        list(r.firstProcess), list(r.firstInProcess), list(r.warmProcess),
-        list(r.warmInProcess), median(r.warmProcess),
-        list(r.warmCompilerProcess), list(r.warmCompilerInChild), list(r.hit),
+        "\"in_process_hit_s\": {}, "
+        "\"stages\": {{\"assemble_s\": {}, \"nvrtc_front_end_s\": {}, "
+        "\"nvrtc_optimizer_s\": {}, \"nvrtc_ptx_to_sass_s\": {}, \"nvrtc_s\": {}}}, "
+        "\"cold_pch_s\": {}, \"cold_pch_over_nvcc\": {:.3f}, "
+        "\"second_variant_pch_s\": {}, \"second_variant_plain_s\": {}}}{}\n",
+        r.kind, list(r.cold), list(r.coldCpu), list(r.dsl), list(r.nvcc), ratio, list(r.nvccCpu),
+        median(r.coldCpu) / median(r.nvccCpu), list(r.firstProcess), list(r.firstInProcess),
+        list(r.warmProcess), list(r.warmInProcess), median(r.warmProcess),
+        list(r.warmCompilerProcess), list(r.warmCompilerInChild), list(r.hit), list(r.assemble),
+        list(r.frontEnd), list(r.optimizer), list(r.ptxToSass), list(r.nvrtc), list(r.coldPch),
+        median(r.coldPch) / median(r.nvcc), list(r.secondPch), list(r.secondPlain),
         i + 1 < results.size() ? "," : "");
   }
-  json += "  ],\n  \"targets\": {\"cold_s\": 1.0, \"cold_over_nvcc\": 0.8, "
+  fmt::print("\nwhere the cold compile goes (s, medians of {}; NVRTC's --time), and the "
+             "precompiled prefix (new process each)\n",
+             kRepetitions);
+  fmt::print("{:<8} {:>7} {:>8} {:>9} {:>9} {:>9} {:>8} | {:>10} {:>10} {:>12} {:>13} | "
+             "{:>10} {:>14}\n",
+             "kernel", "dsl", "assemble", "front end", "optimizer", "ptx->sass", "nvrtc",
+             "cold pch", "pch/nvcc", "2nd var pch", "2nd var plain", "nvcc cpu", "cold/nvcc cpu");
+  for (const KindResult &r : results)
+    fmt::print("{:<8} {:>7.3f} {:>8.4f} {:>9.3f} {:>9.3f} {:>9.3f} {:>8.3f} | {:>10.3f} "
+               "{:>10.2f} {:>12.3f} {:>13.3f} | {:>10.3f} {:>14.2f}\n",
+               r.kind, median(r.dsl), median(r.assemble), median(r.frontEnd), median(r.optimizer),
+               median(r.ptxToSass), median(r.nvrtc), median(r.coldPch),
+               median(r.coldPch) / median(r.nvcc), median(r.secondPch), median(r.secondPlain),
+               median(r.nvccCpu), median(r.coldCpu) / median(r.nvccCpu));
+  std::ifstream("/proc/loadavg") >> load;
+  fmt::print("load average at the end {}\n", load);
+  json += "  ],\n  \"load_at_end\": " + load +
+          ",\n  \"targets\": {\"cold_s\": 1.0, \"cold_over_nvcc\": 0.8, "
           "\"warm_process_s\": 0.020, \"in_process_hit_s\": 5e-6}\n}\n";
   fs::create_directories(PAGEDC_BENCH_RESULTS_DIR);
   std::ofstream(std::string(PAGEDC_BENCH_RESULTS_DIR) + "/jit-e2e.json")

@@ -4,6 +4,7 @@
 //              [--kernel=prefill,decode] [--arch=sm_90] [--dtype=bf16]
 //              [--head-dim=128] [--page-size=16] [--gqa=N]
 //              [--cache-dir=DIR] [--require-hit] [--stats=FILE|-]
+//              [--time-stages]
 //
 // Makes sure the on-disk cache holds the kernels of one variant and says how
 // they were found: through the variant index (no compiler loaded), rebuilt
@@ -13,7 +14,10 @@
 // plugin and LLVM are mapped, seconds inside the process) through the
 // runtime's one output writer (OutputFiles.h: '-' is standard output, an
 // input is never overwritten, every write is checked). The program is at most
-// kMaxProgramBytes (ProgramFile.h). Exit status: 0 success, 1 error, 2 usage
+// kMaxProgramBytes (ProgramFile.h). --time-stages adds to that line the
+// seconds spent inside NVRTC and NVRTC's own split of them (C++ front end,
+// NVVM optimizer, PTX to SASS); the rest of `seconds` is pagedc's (reading
+// the cache, the code generator plugin, writing entries). Exit status: 0 success, 1 error, 2 usage
 // error, 3 --require-hit and the variant missed.
 //
 //===----------------------------------------------------------------------===//
@@ -46,7 +50,7 @@ int usage(const std::string &message) {
              "[--score=S] [-D NAME=VALUE ...] [--kernel=prefill,decode] "
              "[--arch=sm_90] [--dtype=f16|bf16] [--head-dim=N] "
              "[--page-size=N] [--gqa=N] [--cache-dir=DIR] [--require-hit] "
-             "[--stats=FILE|-]\n",
+             "[--stats=FILE|-] [--time-stages]\n",
              message);
   return 2;
 }
@@ -104,6 +108,8 @@ static int runJit(int argc, char **argv) {
         return usage("bad --gqa " + text);
     } else if (arg == "--require-hit") {
       requireHit = true;
+    } else if (arg == "--time-stages") {
+      request.options.timeStages = true;
     } else if (arg == "-D" || arg.compare(0, 2, "-D") == 0) {
       std::string define = arg.size() > 2 ? arg.substr(2) : "";
       if (define.empty()) {
@@ -205,6 +211,12 @@ static int runJit(int argc, char **argv) {
       stats.memoryHits, stats.compiles, stats.corruptEntries,
       codegenPluginLoaded() ? 1 : 0, mapped("libLLVM") ? 1 : 0,
       result.kernels.size(), seconds);
+  if (request.options.timeStages)
+    line.insert(line.size() - 1,
+                fmt::format(" nvrtc_s={:.6f} nvrtc_front_end_s={:.6f} nvrtc_optimizer_s={:.6f} "
+                            "nvrtc_ptx_to_sass_s={:.6f}",
+                            stats.nvrtcSeconds, stats.frontEndSeconds, stats.optimizerSeconds,
+                            stats.ptxToSassSeconds));
   if (!statsPath.empty()) {
     try {
       std::fflush(stdout);

@@ -328,7 +328,10 @@ std::optional<CompileResult> compileSource(const KernelSource &source,
       if (!cached->log.empty()) {
         if (ptxasReport)
           llvm::errs() << cached->log;
-        return CompileResult{cached->image, cached->log};
+        CompileResult result;
+        result.image = cached->image;
+        result.log = cached->log;
+        return result;
       }
     } catch (const Error &) {
       // The compile below reports the error.

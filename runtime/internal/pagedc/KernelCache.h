@@ -112,6 +112,16 @@ public:
     uint64_t diskHits = 0;
     uint64_t compiles = 0;
     uint64_t corruptEntries = 0;
+    /// Seconds inside NVRTC over this cache's compiles, and NVRTC's own
+    /// split of them over the compiles that asked for it
+    /// (CompileOptions::timeStages; CompileResult::Stages).
+    double nvrtcSeconds = 0;
+    double frontEndSeconds = 0;
+    double optimizerSeconds = 0;
+    double ptxToSassSeconds = 0;
+    /// Compiles that loaded the precompiled prefix made by an earlier one
+    /// (CompileOptions::precompiledPrefix).
+    uint64_t precompiledPrefixReuses = 0;
   };
   Stats stats() const;
   /// Forgets the in-process entries (the disk is untouched).
@@ -137,6 +147,8 @@ private:
   std::unordered_map<std::string, Future> byKey_;
   std::atomic<uint64_t> memoryHits_{0}, diskHits_{0}, compiles_{0},
       corruptEntries_{0};
+  mutable std::mutex timesMutex_;
+  Stats times_; // the NVRTC times and reuses only
 };
 
 /// The prefill tile to compile for `config` (choosePrefillShapeFor(arch)

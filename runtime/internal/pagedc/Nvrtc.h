@@ -11,6 +11,7 @@
 
 #include "pagedc/KernelSource.h"
 
+#include <cstdint>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -29,6 +30,21 @@ struct CompileOptions {
   bool ptxasVerbose = false;
   /// Appended verbatim after the standard options.
   std::vector<std::string> extraOptions;
+  /// Compile a kernel unit's invariant prefix (KernelSource::invariantBegin
+  /// to invariantEnd) through NVRTC's automatic precompiled header (NVRTC
+  /// 12.8 and later): the first such compile in the process parses it and
+  /// keeps the result in NVRTC's PCH heap, later ones with the same options
+  /// load it instead. The heap belongs to the loaded library instance (a PCH
+  /// file records the heap's address), so it cannot be kept in the on-disk
+  /// cache for another process. The cubin and the log are the same either
+  /// way, so this is not part of key(). Ignored for a unit without such a
+  /// prefix, and while another thread's compile holds the heap.
+  bool precompiledPrefix = false;
+  /// Ask NVRTC for the time it spends in each of its stages
+  /// (CompileResult::stages; NVRTC writes them to a temporary file, removed
+  /// after reading). Changes neither the output nor the log, so it is not
+  /// part of key().
+  bool timeStages = false;
 
   /// The complete NVRTC option list for this configuration.
   std::vector<std::string> nvrtcOptions() const;
@@ -43,6 +59,18 @@ struct CompileResult {
   /// NVRTC's log (warnings; the ptxas report when asked for).
   std::string log;
   double seconds = 0.0;
+  /// NVRTC's own times in seconds (CompileOptions::timeStages; -1 when not
+  /// asked for or not reported): the C++ front end, the NVVM optimizer
+  /// (with code generation to PTX) and the PTX to SASS translation (ptxas;
+  /// a PTX output has none).
+  struct Stages {
+    double frontEnd = -1;
+    double optimizer = -1;
+    double ptxToSass = -1;
+  } stages;
+  /// What became of CompileOptions::precompiledPrefix.
+  enum class PrecompiledPrefix : uint8_t { NotUsed, Created, Reused };
+  PrecompiledPrefix precompiledPrefix = PrecompiledPrefix::NotUsed;
 };
 
 /// One kernel's line of the ptxas resource report.

@@ -17,6 +17,7 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -155,6 +156,10 @@ std::string KernelCache::entryPath(const std::string &key) const {
 
 KernelCache::Stats KernelCache::stats() const {
   Stats stats;
+  {
+    std::lock_guard<std::mutex> lock(timesMutex_);
+    stats = times_;
+  }
   stats.memoryHits = memoryHits_;
   stats.diskHits = diskHits_;
   stats.compiles = compiles_;
@@ -210,6 +215,15 @@ KernelCache::loadOrBuild(const KernelSource &source, const CompileOptions &optio
                      source.code, fmt::format("pagedc_{}.cu", kernelKindName(source.config.kind)),
                      options, &source);
   ++compiles_;
+  if (!emulator) {
+    std::lock_guard<std::mutex> lock(timesMutex_);
+    times_.nvrtcSeconds += compiled.seconds;
+    times_.frontEndSeconds += std::max(0.0, compiled.stages.frontEnd);
+    times_.optimizerSeconds += std::max(0.0, compiled.stages.optimizer);
+    times_.ptxToSassSeconds += std::max(0.0, compiled.stages.ptxToSass);
+    times_.precompiledPrefixReuses +=
+        compiled.precompiledPrefix == CompileResult::PrecompiledPrefix::Reused;
+  }
   kernel->config = source.config;
   kernel->arch = options.arch;
   kernel->kernelNames = source.kernelNames;

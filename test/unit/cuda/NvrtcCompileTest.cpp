@@ -20,6 +20,7 @@
 #include <cstdlib>
 #include <future>
 #include <mutex>
+#include <sstream>
 #include <thread>
 
 using namespace pagedc;
@@ -353,7 +354,10 @@ TEST(NvrtcCompile, PrefillPtxUsesTensorCoreMma) {
   }
 }
 
-TEST(NvrtcCompile, ErrorsQuoteTheGeneratedLine) {
+// With the prefix precompiled too: the report quotes the unit as assembled.
+class NvrtcErrors : public testing::TestWithParam<bool> {};
+
+TEST_P(NvrtcErrors, QuoteTheGeneratedLine) {
   REQUIRE_NVRTC();
   std::string mods = testMod("causal");
   // Break the mask's body: an undeclared name on a known line of the mod.
@@ -362,8 +366,10 @@ TEST(NvrtcCompile, ErrorsQuoteTheGeneratedLine) {
   mods.replace(at, 19, "return row.q >= kv_undeclared;");
   int modLine = static_cast<int>(std::count(mods.begin(), mods.begin() + at, '\n')) + 1;
   KernelSource source = assembleKernel(KernelConfig{}, mods);
+  CompileOptions options;
+  options.precompiledPrefix = GetParam();
   try {
-    Nvrtc::get().compile(source.code, "pagedc_kernel.cu", CompileOptions{}, &source);
+    Nvrtc::get().compile(source.code, "pagedc_kernel.cu", options, &source);
     FAIL() << "broken mod compiled";
   } catch (const Error &error) {
     std::string message = error.what();
@@ -377,7 +383,62 @@ TEST(NvrtcCompile, ErrorsQuoteTheGeneratedLine) {
               std::string::npos)
         << message;
     EXPECT_NE(message.find("full log:"), std::string::npos);
+    EXPECT_EQ(message.find("pagedc-invariant-prefix"), std::string::npos) << message;
   }
+}
+INSTANTIATE_TEST_SUITE_P(NvrtcCompile, NvrtcErrors, testing::Bool(),
+                         [](const testing::TestParamInfo<bool> &info) {
+                           return info.param ? "PrecompiledPrefix" : "Plain";
+                         });
+
+/// `log` without ptxas's "Compile time = N ms" lines, which differ from run
+/// to run.
+std::string withoutCompileTimes(const std::string &log) {
+  std::string kept;
+  std::istringstream lines(log);
+  for (std::string line; std::getline(lines, line);)
+    if (line.find("Compile time =") == std::string::npos)
+      kept += line + "\n";
+  return kept;
+}
+
+// The precompiled prefix and the stage times change nothing NVRTC returns:
+// the same cubin bytes and the same log (ptxas report included) as a plain
+// compile, for each kernel kind and test mod, the prefix made once and
+// reused by the units after it.
+TEST(NvrtcCompile, PrecompiledPrefixAndStageTimesKeepCubinAndLog) {
+  REQUIRE_NVRTC();
+  if (Nvrtc::get().majorVersion() * 100 + Nvrtc::get().minorVersion() < 1208)
+    GTEST_SKIP() << "NVRTC before 12.8 has no precompiled headers";
+  int reused = 0;
+  for (KernelKind kind : {KernelKind::Decode, KernelKind::Prefill})
+    for (const char *mod : {"causal", "alibi", "document"}) {
+      KernelConfig config;
+      config.kind = kind;
+      config.elementType = DType::BF16;
+      config.groupSize = kind == KernelKind::Decode ? 4 : 1;
+      KernelSource source = assembleKernel(config, testMod(mod));
+      ASSERT_LT(source.invariantBegin, source.invariantEnd);
+      CompileOptions plain;
+      plain.ptxasVerbose = true;
+      CompileOptions fast = plain;
+      fast.precompiledPrefix = true;
+      fast.timeStages = true;
+      CompileResult expected = Nvrtc::get().compile(source.code, "k.cu", plain, &source);
+      CompileResult result = Nvrtc::get().compile(source.code, "k.cu", fast, &source);
+      const std::string label = fmt::format("{} {}", mod, config.describe());
+      EXPECT_EQ(expected.precompiledPrefix, CompileResult::PrecompiledPrefix::NotUsed);
+      EXPECT_NE(result.precompiledPrefix, CompileResult::PrecompiledPrefix::NotUsed) << label;
+      reused += result.precompiledPrefix == CompileResult::PrecompiledPrefix::Reused;
+      EXPECT_TRUE(result.image == expected.image) << label;
+      EXPECT_EQ(withoutCompileTimes(result.log), withoutCompileTimes(expected.log)) << label;
+      EXPECT_FALSE(parsePtxasReport(result.log).empty()) << label;
+      EXPECT_GT(result.stages.frontEnd, 0) << label;
+      EXPECT_GT(result.stages.optimizer, 0) << label;
+      EXPECT_GT(result.stages.ptxToSass, 0) << label;
+      EXPECT_LT(expected.stages.frontEnd, 0) << label;
+    }
+  EXPECT_GE(reused, 5);
 }
 
 TEST(NvrtcCompile, HookSignatureMismatchIsNamed) {
