@@ -303,8 +303,8 @@ struct Segment {
 /// Per-thread scratch, kept between calls.
 struct Workspace {
   int64_t padded = 0;        // the item's rows rounded up to whole vectors
-  std::vector<float> qT;     // [dim][padded], scale folded in
-  std::vector<float> qRows;  // [tileRows][dim], the same values row-major
+  std::vector<float> qT;     // [dim][padded], scale folded in (gemm tiles)
+  std::vector<float> qRows;  // [rows rounded up to 4][dim] (decode tiles)
   std::vector<float> scores; // [kKvTile][padded]
   std::vector<float> acc;    // [tileRows][vDim]
   std::vector<float> rowMax, rowSum, alpha; // [padded]
@@ -404,19 +404,27 @@ void Kernel::prepareRows(Workspace &ws, int64_t b, int64_t kvHead, int64_t rowTi
     ws.rowBatch[r] = args_.tokenBatch ? args_.tokenBatch[token] : static_cast<int32_t>(b);
   }
 
-  // Q^T with the scale folded in; padding columns stay zero.
-  ws.qT.assign(plan.dim * padded, 0.0f);
-  ensureSize(ws.qTRows, plan.dim);
-  for (int64_t d = 0; d < plan.dim; ++d)
-    ws.qTRows[d] = ws.qT.data() + d * padded;
-  // Rounded up to whole blocks of 4 rows for scoresDecode, padding zero.
-  ws.qRows.assign((rows + 3) / 4 * 4 * plan.dim, 0.0f);
+  // Decode tiles (scoresDecode) read q row-major, rounded up to whole
+  // blocks of 4 rows; the others (gemm) read Q^T. Only the layout the tile
+  // reads is built: on a tiny decode step, filling both costs more than the
+  // scores. The scale is folded in and padding stays zero.
+  const bool decodeTile = rows <= kMaxDotRows;
+  if (decodeTile) {
+    ws.qRows.assign((rows + 3) / 4 * 4 * plan.dim, 0.0f);
+  } else {
+    ws.qT.assign(plan.dim * padded, 0.0f);
+    ensureSize(ws.qTRows, plan.dim);
+    for (int64_t d = 0; d < plan.dim; ++d)
+      ws.qTRows[d] = ws.qT.data() + d * padded;
+  }
   for (int64_t r = 0; r < rows; ++r) {
     int64_t base = rowOffset(args_, q, b, ws.rowHead[r], ws.rowQuery[r]);
     for (int64_t d = 0; d < plan.dim; ++d) {
       float value = args_.scale * loadElement(q.data(), q.dtype(), base + d * q.stride(3));
-      ws.qT[d * padded + r] = value;
-      ws.qRows[r * plan.dim + d] = value;
+      if (decodeTile)
+        ws.qRows[r * plan.dim + d] = value;
+      else
+        ws.qT[d * padded + r] = value;
     }
   }
 
