@@ -210,25 +210,38 @@ class BatchAttention:
                 f"page_size={a['page_size']}, kv_layout={a['kv_layout']!r})")
 
 
-def merge_state(v_a, s_a, v_b, s_b):
+def _merge_device(v, stream):
+    """(device index, stream) of a merge: where `v` is (-1: the CPU), and on a
+    CUDA device the call's stream (call_stream)."""
+    from ._device import call_stream, tensor_device_index
+    index = tensor_device_index(v)
+    return index, (call_stream(stream, v) if index >= 0 else 0)
+
+
+def merge_state(v_a, s_a, v_b, s_b, stream=None):
     """Merges two attention results over disjoint key sets of the same rows:
-    ``v_*`` [T, H, D], ``s_*`` [T, H] float32 natural-log logsumexps. Returns
-    ``(v, s)`` in v_a's framework."""
+    ``v_*`` [T, H, D] (f32, bf16 or f16), ``s_*`` [T, H] float32 natural-log
+    logsumexps. Returns ``(v, s)`` in v_a's framework. Device tensors (all
+    on v_a's device) are merged there, enqueued on ``stream`` (as
+    BatchAttention.run takes it), into new device tensors."""
     framework = _framework_of(v_a)
-    v, s = _C.merge_state(v_a, s_a, v_b, s_b)
+    device, stream = _merge_device(v_a, stream)
+    v, s = _C.merge_state(v_a, s_a, v_b, s_b, device, stream)
     return _to_framework(v, framework), _to_framework(s, framework)
 
 
-def merge_state_in_place(v, s, v_other, s_other) -> None:
+def merge_state_in_place(v, s, v_other, s_other, stream=None) -> None:
     """merge_state of (v, s) with (v_other, s_other), written into v and s."""
-    _C.merge_state_in_place(v, s, v_other, s_other)
+    device, stream = _merge_device(v, stream)
+    _C.merge_state_in_place(v, s, v_other, s_other, device, stream)
 
 
-def merge_states(v, s):
+def merge_states(v, s, stream=None):
     """N-way merge: ``v`` [T, N, H, D] and ``s`` [T, N, H] -> ``(v, s)``
-    [T, H, D] and [T, H]."""
+    [T, H, D] and [T, H], on v's device as merge_state."""
     framework = _framework_of(v)
-    out, lse = _C.merge_states(v, s)
+    device, stream = _merge_device(v, stream)
+    out, lse = _C.merge_states(v, s, device, stream)
     return _to_framework(out, framework), _to_framework(lse, framework)
 
 

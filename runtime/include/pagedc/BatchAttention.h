@@ -242,29 +242,42 @@ private:
 // Merging partial results
 //===----------------------------------------------------------------------===//
 
-/// Combines two attention results over disjoint key sets of the same query
-/// rows: vA, vB [T, H, D] (f32 or bf16) and their natural-log logsumexps
-/// sA, sB [T, H] (f32) give s = log(exp(sA) + exp(sB)) and
-/// v = exp(sA - s) vA + exp(sB - s) vB; rows where both are -inf give
-/// v 0 and s -inf. Writes vOut [T, H, D] (f32 or bf16) and sOut [T, H] f32,
-/// which may alias vA / sA exactly. Inputs are checked first (shapes,
-/// dtypes, CPU device, strides); a mismatch throws pagedc::Error naming
-/// the argument and nothing is written.
-void mergeState(const TensorView &vA, const TensorView &sA, const TensorView &vB,
-                const TensorView &sB, const TensorView &vOut, const TensorView &sOut);
+/// Where and how the merge calls run on a CUDA device.
+struct MergeStateOptions {
+  /// CUDA: the CUstream the merge is enqueued on; the call returns without
+  /// waiting for it. Null: the legacy default stream, and the call waits
+  /// for the merge to end. The CPU ignores it.
+  void *stream = nullptr;
+};
 
-/// mergeState() into new tensors (v of vA's dtype, s f32).
+/// Combines two attention results over disjoint key sets of the same query
+/// rows: vA, vB [T, H, D] (f32, bf16 or f16) and their natural-log
+/// logsumexps sA, sB [T, H] (f32) give s = log(exp(sA) + exp(sB)) and
+/// v = exp(sA - s) vA + exp(sB - s) vB; rows where both are -inf give
+/// v 0 and s -inf. Writes vOut [T, H, D] (f32, bf16 or f16) and sOut
+/// [T, H] f32, which may alias vA / sA exactly. It runs where vA is: on the
+/// CPU, or on a CUDA device (the SIMT emulator included) when every tensor
+/// is in that device's memory, enqueued on options.stream. Inputs are
+/// checked first (shapes, dtypes, one device, strides); a mismatch throws
+/// pagedc::Error naming the argument and nothing is written.
+void mergeState(const TensorView &vA, const TensorView &sA, const TensorView &vB,
+                const TensorView &sB, const TensorView &vOut, const TensorView &sOut,
+                const MergeStateOptions &options = {});
+
+/// mergeState() into new tensors (v of vA's dtype, s f32); CPU tensors
+/// only (a device merge writes into the caller's vOut and sOut).
 AttentionResult mergeState(const TensorView &vA, const TensorView &sA, const TensorView &vB,
                            const TensorView &sB);
 
 /// mergeState() of (v, s) with (vOther, sOther), written into v and s.
 void mergeStateInPlace(const TensorView &v, const TensorView &s, const TensorView &vOther,
-                       const TensorView &sOther);
+                       const TensorView &sOther, const MergeStateOptions &options = {});
 
 /// N-way merge: v [T, N, H, D] and s [T, N, H] hold N partial results per
-/// row; writes their merge to vOut [T, H, D] and sOut [T, H].
+/// row; writes their merge to vOut [T, H, D] and sOut [T, H], on the CPU or
+/// the device that holds v (as mergeState()).
 void mergeStates(const TensorView &v, const TensorView &s, const TensorView &vOut,
-                 const TensorView &sOut);
+                 const TensorView &sOut, const MergeStateOptions &options = {});
 
 } // namespace pagedc
 
