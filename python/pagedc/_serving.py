@@ -253,7 +253,9 @@ class CascadeAttention:
     index for the mods), every sequence attends to the rest of its keys in a
     second BatchAttention, and the two results are merged (merge_state).
 
-    Takes BatchAttention's arguments (CPU backend). ``plan`` takes the
+    Takes BatchAttention's arguments (``device="emu"`` or ``"cuda:N"`` with
+    ``dtype``: both levels and the merge run on the device, enqueued on the
+    call's ``stream``). ``plan`` takes the
     step's metadata and ``groups``: ``(first, end, prefix_len)`` triples,
     sequences ``first .. end - 1`` (contiguous, disjoint) sharing their first
     ``prefix_len`` keys, which must sit in the same pages of each member's
@@ -263,8 +265,6 @@ class CascadeAttention:
     def __init__(self, mods, num_q_heads: int, num_kv_heads: int, head_dim: int,
                  page_size: int, kv_layout: str = "NHD", max_num_seqs: int = 256,
                  max_num_tokens: int = 8192, device: str = "cpu", **options):
-        if str(device) != "cpu":
-            raise ValueError(f"device: cascade runs on the CPU backend, got {device!r}")
         args = (mods, num_q_heads, num_kv_heads, head_dim, page_size, kv_layout, max_num_seqs,
                 max_num_tokens, device)
         self._prefix = BatchAttention(*args, **options)
@@ -330,5 +330,5 @@ class CascadeAttention:
         out, lse = self._suffix.run(q, k_cache, v_cache, **call)
         call.pop("out", None)  # the caller's out receives the merged result
         prefix_out, prefix_lse = self._prefix.run(q, k_cache, v_cache, **call)
-        merge_state_in_place(out, lse, prefix_out, prefix_lse)
+        merge_state_in_place(out, lse, prefix_out, prefix_lse, stream=options.get("stream"))
         return (out, lse) if return_lse else out

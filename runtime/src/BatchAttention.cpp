@@ -293,16 +293,12 @@ std::pair<const void *, const void *> BatchAttention::kernelCacheAddresses() con
 namespace {
 
 /// plan()'s checks of the optional per-token positions and batch indices:
-/// [T] int32 on the host, every value >= 0, CPU only.
-void checkTokenMaps(const TensorView &positions, const TensorView &batches, int64_t tokens,
-                    bool onCuda, Device device) {
+/// [T] int32 on the host, every value >= 0.
+void checkTokenMaps(const TensorView &positions, const TensorView &batches, int64_t tokens) {
   for (auto [view, name] :
        {std::pair{&positions, "token_positions"}, std::pair{&batches, "token_batch"}}) {
     if (!isProvided(*view))
       continue;
-    if (onCuda)
-      throw Error(fmt::format("{} is taken by the CPU backend only, not on {}", name,
-                              deviceName(device)));
     checkHostIndexTensor(*view, name, 1);
     if (view->size(0) != tokens)
       throw Error(fmt::format("{} has {} entries but the step has {} tokens "
@@ -366,7 +362,7 @@ void BatchAttention::plan(const TensorView &queryStartLoc, const TensorView &seq
   if (tokens > c.maxNumTokens)
     throw Error(fmt::format("query_start_loc[{}] = {} tokens exceeds max_num_tokens {}", batch,
                             tokens, c.maxNumTokens));
-  checkTokenMaps(tokenPositions, tokenBatch, tokens, cuda_ != nullptr, c.device);
+  checkTokenMaps(tokenPositions, tokenBatch, tokens);
   const bool positioned = isProvided(tokenPositions);
   int32_t maxEntry = -1;
   for (int64_t b = 0; b < batch; ++b) {
@@ -398,10 +394,6 @@ void BatchAttention::plan(const TensorView &queryStartLoc, const TensorView &seq
                                 b, j, entry(b, j), pages, b));
       maxEntry = std::max(maxEntry, entry(b, j));
     }
-    if (cuda_ && start(b) != 0)
-      throw Error(fmt::format("kv_start[{}] = {}, but the CUDA backend reads every sequence's "
-                              "keys from 0 (kv_start must be 0 on {})",
-                              b, start(b), deviceName(c.device)));
   }
 
   // Valid: replace the plan.
@@ -427,7 +419,9 @@ void BatchAttention::plan(const TensorView &queryStartLoc, const TensorView &seq
       (*target)[i] = view->dataAs<const int32_t>()[i * view->stride(0)];
   }
   if (cuda_)
-    cuda_->plan(queryStart_.data(), kvLength_.data(), qOffset_.data(), pageTable_.data(), batch);
+    cuda_->plan(queryStart_.data(), kvLength_.data(), qOffset_.data(), pageTable_.data(), batch,
+                kvBegin_.data(), positioned ? tokenPosition_.data() : nullptr,
+                tokenBatches_ ? tokenBatch_.data() : nullptr);
   numSeqs_ = batch;
   numTokens_ = tokens;
   maxPageEntry_ = maxEntry;

@@ -10,7 +10,7 @@ import pytest
 
 import pagedc
 from conftest import assert_close, reference_attention
-from test_serving import make_step, reference_step
+from test_serving import CASCADE_SOURCE, make_cascade_step, make_step, reference_step
 
 # Every case runs CUDA kernels on the emulator: small shapes, the emulator's
 # driver chosen by device="emu" (PAGEDC_CUDA_DRIVER=emu) at the first use.
@@ -366,3 +366,47 @@ def test_merge_state_device_refusals_name_the_argument(rng):
         pagedc.merge_state(va, sa, pagedc.to_device(np.ones((2, 2, 16), np.float16),
                                                     device="emu"), sa)
     assert np.all(pagedc.to_host(va) == 1) and np.all(pagedc.to_host(sa) == 0)
+
+
+@pytest.mark.parametrize("page_size", [1, 16])
+def test_cascade_on_device_matches_reference(rng, page_size):
+    """CascadeAttention on the emulated device: each group's prefix read by
+    one entry of the prefix level (token maps: the rows' own positions and
+    sequence indices), the suffixes from kv_start, merged on the device;
+    against float64 under a per-sequence window and a relative score."""
+    if not pagedc.cuda_codegen_available():
+        pytest.skip("this build has no CUDA code generation (compile(..., cuda=True))")
+    step, groups = make_cascade_step(rng, page_size)
+    mods = pagedc.compile(CASCADE_SOURCE, cuda=True)
+    window = rng.integers(3, 40, size=len(step["seq_lens"])).astype(np.int32)
+    cascade = pagedc.CascadeAttention(mods, step["hq"], step["hkv"], step["d"], page_size,
+                                      max_num_seqs=16, max_num_tokens=64, device="emu",
+                                      dtype="f16")
+    cascade.plan(step["qsl"], step["seq_lens"], step["table"], groups)
+    q16 = step["q"].astype(np.float16)
+    k16, v16 = (c.astype(np.float16) for c in step["caches"])
+    stream = pagedc.Stream("emu")
+    out, lse = cascade.run(pagedc.to_device(q16, device="emu"),
+                           pagedc.to_device(k16, device="emu"),
+                           pagedc.to_device(v16, device="emu"),
+                           buffers={"window": pagedc.to_device(window, device="emu")},
+                           return_lse=True, stream=stream)
+    stream.synchronize()
+    ref_out, ref_lse = [], []
+    for b in range(len(step["seq_lens"])):
+        start, end = step["qsl"][b], step["qsl"][b + 1]
+        if end == start:
+            continue
+        k, v = (x[b].astype(np.float16) for x in (step["dense_k"], step["dense_v"]))
+        o, s = reference_attention(
+            q16[start:end].transpose(1, 0, 2)[None], k[None], v[None],
+            mask_fn=lambda _b, h, qi, kv, b=b: (qi >= kv) & (qi - kv <= window[b]),
+            score_fn=lambda s_, _b, h, qi, kv: s_ - 0.01 * (qi - kv),
+            q_offset=int(step["seq_lens"][b]) - (end - start))
+        ref_out.append(o[0].transpose(1, 0, 2))
+        ref_lse.append(s[0].T)
+    assert_close(pagedc.to_host(out).astype(np.float64), np.concatenate(ref_out), atol=2e-3,
+                 rtol=2e-3)
+    assert_close(pagedc.to_host(lse), np.concatenate(ref_lse), atol=1e-3, rtol=1e-3)
+    # The prefix level: one entry per group and per lone sequence.
+    assert cascade._prefix.num_seqs == len(groups) + 2

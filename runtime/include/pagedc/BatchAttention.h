@@ -25,8 +25,10 @@
 // K/V are read in place through the layout's (head, page, slot) strides
 // with cp.async gathers (the tensor-map copies need flexAttention's compact
 // pages). The mask is evaluated per element over every key tile below
-// kv_len (no block classifier yet); kv_start, 8-bit caches and an f32
-// output stay on the CPU backend.
+// kv_len (no block classifier yet); a sequence's keys start at the tile
+// that holds its kv_start, whose rows below it are neither read nor kept,
+// and the token maps give each packed row its own position and batch index
+// (cascade levels). 8-bit caches and an f32 output stay on the CPU backend.
 //
 // mergeState() and its in-place and N-way forms combine attention results
 // over disjoint key ranges by their logsumexp (cascade and shared-prefix
@@ -174,7 +176,7 @@ public:
   ///     kvEnd[b] <= seqLens[b]; query positions still come from seqLens.
   ///     Two plans over a shared prefix [0, P) and the rest [P, seqLens[b])
   ///     give results whose mergeState() is attention over all the keys.
-  ///   tokenPositions, tokenBatch [T] (optional, CPU backend): the query
+  ///   tokenPositions, tokenBatch [T] (optional): the query
   ///     position and the batch index the mods see for each packed token,
   ///     in place of seqLens[b] - q_len_b + i and b; positions >= 0, batch
   ///     indices >= 0. With positions given, seqLens[b] need not cover the
@@ -185,8 +187,7 @@ public:
   ///     (docs/serving.md, "Cascade").
   /// Every check comes first: a bad argument throws pagedc::Error naming it
   /// and the previous plan stays in force. On CUDA plan() uploads the step
-  /// (synchronously, so the host arguments may change once it returns);
-  /// kv_start must be 0 there.
+  /// (synchronously, so the host arguments may change once it returns).
   void plan(const TensorView &queryStartLoc, const TensorView &seqLens,
             const TensorView &blockTable, const TensorView &kvStart = {},
             const TensorView &kvEnd = {}, const TensorView &tokenPositions = {},

@@ -100,6 +100,14 @@ typedef struct PagedcAttentionKernelArgs {
   /// c * k_scale[h]).
   const float *k_scale;
   const float *v_scale;
+  /// Packed batches (null for the others, which never read them; appended
+  /// as q_start): [batch] the first key sequence b attends to (keys below
+  /// it are masked out and never read; null: 0), and [T] the query
+  /// position and batch index the mods see for each packed row (null:
+  /// q_offset[b] + row and b; cascade levels, BatchAttention::plan).
+  const int32_t *kv_start;
+  const int32_t *token_position;
+  const int32_t *token_batch;
 } PagedcAttentionKernelArgs;
 
 /// The warpgroup prefill's third parameter (templates/PrefillWgmma.cuh):

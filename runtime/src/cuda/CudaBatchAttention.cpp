@@ -108,8 +108,11 @@ CudaBatchBackend::CudaBatchBackend(const CompiledMods &mods, const BatchAttentio
   qStartAt_ = qOffsetAt_ + ints(c.maxNumSeqs);
   prefillAt_ = qStartAt_ + ints(c.maxNumSeqs + 1);
   decodeAt_ = prefillAt_ + ints(2 * maxPrefillTiles_);
+  kvStartAt_ = decodeAt_ + ints(2 * c.maxNumSeqs);
+  tokenPositionAt_ = kvStartAt_ + ints(c.maxNumSeqs);
+  tokenBatchAt_ = tokenPositionAt_ + ints(c.maxNumTokens);
   // (f32 after int32: 4-byte aligned.)
-  lseAt_ = decodeAt_ + ints(2 * c.maxNumSeqs);
+  lseAt_ = tokenBatchAt_ + ints(c.maxNumTokens);
   const int64_t partialRows = c.maxNumSeqs * kBatchDecodeTokens * c.numQHeads * maxSplits_;
   partialLseAt_ = lseAt_ + ints(c.maxNumTokens * c.numQHeads);
   partialOutAt_ = partialLseAt_ + ints(partialRows);
@@ -122,7 +125,9 @@ CudaBatchBackend::CudaBatchBackend(const CompiledMods &mods, const BatchAttentio
 }
 
 void CudaBatchBackend::plan(const int32_t *queryStart, const int32_t *kvLength,
-                            const int32_t *qOffset, const int32_t *pageTable, int64_t batch) {
+                            const int32_t *qOffset, const int32_t *pageTable, int64_t batch,
+                            const int32_t *kvStart, const int32_t *tokenPosition,
+                            const int32_t *tokenBatch) {
   const BatchAttentionConfig &c = config_;
   const int rows = prefill_->config.blockM;
   // The prefill tiles, heaviest first (the keys a tile's last row may see:
@@ -135,16 +140,19 @@ void CudaBatchBackend::plan(const int32_t *queryStart, const int32_t *kvLength,
     maxKv = std::max(maxKv, kvLength[b]);
     if (qLength == 0)
       continue;
+    // The keys the kernels visit: from the tile that holds kv_start.
+    const int32_t firstKey = kvStart[b] / kDecodeTile * kDecodeTile;
     if (qLength <= kBatchDecodeTokens) {
       decodeList_[2 * decodeSeqs] = static_cast<int32_t>(b);
       decodeList_[2 * decodeSeqs + 1] = 0;
       ++decodeSeqs;
-      maxDecodeKv = std::max(maxDecodeKv, kvLength[b]);
+      maxDecodeKv = std::max(maxDecodeKv, kvLength[b] - firstKey);
       continue;
     }
     for (int32_t row = 0; row < qLength; row += rows) {
-      weight_[tiles] =
-          std::min<int64_t>(kvLength[b], int64_t(qOffset[b]) + row + std::min(rows, qLength - row));
+      weight_[tiles] = std::min<int64_t>(kvLength[b], int64_t(qOffset[b]) + row +
+                                                          std::min(rows, qLength - row)) -
+                       firstKey;
       tiles_[2 * tiles] = static_cast<int32_t>(b);
       tiles_[2 * tiles + 1] = row;
       ++tiles;
@@ -185,6 +193,14 @@ void CudaBatchBackend::plan(const int32_t *queryStart, const int32_t *kvLength,
   storage_.upload(queryStart, ints(batch + 1) * 4, qStartAt_ * 4);
   storage_.upload(ordered_.data(), ints(2 * tiles) * 4, prefillAt_ * 4);
   storage_.upload(decodeList_.data(), ints(2 * decodeSeqs) * 4, decodeAt_ * 4);
+  storage_.upload(kvStart, ints(batch) * 4, kvStartAt_ * 4);
+  const int64_t tokens = queryStart[batch];
+  if (tokenPosition)
+    storage_.upload(tokenPosition, ints(tokens) * 4, tokenPositionAt_ * 4);
+  if (tokenBatch)
+    storage_.upload(tokenBatch, ints(tokens) * 4, tokenBatchAt_ * 4);
+  tokenPositions_ = tokenPosition != nullptr;
+  tokenBatches_ = tokenBatch != nullptr;
   batch_ = batch;
   prefillTiles_ = tiles;
   decodeSeqs_ = decodeSeqs;
@@ -211,6 +227,9 @@ void CudaBatchBackend::run(const CudaBatchCall &call) const {
   args.kv_len = words + kvLenAt_;
   args.q_offset = words + qOffsetAt_;
   args.q_start = words + qStartAt_;
+  args.kv_start = words + kvStartAt_;
+  args.token_position = tokenPositions_ ? words + tokenPositionAt_ : nullptr;
+  args.token_batch = tokenBatches_ ? words + tokenBatchAt_ : nullptr;
   // Rows are packed: no batch stride; (b, h, row).
   args.q_stride[0] = 0;
   args.q_stride[1] = call.q.stride(1);

@@ -340,17 +340,143 @@ TEST(CudaBatchAttention, EmptyStepAndRefusals) {
   auto [out, lse] = device.results();
   for (int64_t i = 0; i < lse.numel(); ++i)
     EXPECT_TRUE(std::isnan(lse.dataAs<float>()[i])) << i;
-  // kv_start is CPU only.
-  std::vector<int32_t> start = {1, 0};
+}
+
+/// Runs `attention` (planned) on `device`'s inputs into out [T, Hq, Dv]
+/// and lse [T, Hq] of its own, which it returns.
+std::pair<DeviceBuffer, DeviceBuffer> runInto(const BatchAttention &attention,
+                                              const DeviceStep &device, TensorView &out,
+                                              TensorView &lse) {
+  const int64_t rows = device.outView.size(0), heads = device.outView.size(1);
+  DeviceBuffer outBuffer(device.out.size(), 0), lseBuffer(device.lse.size(), 0);
+  outBuffer.fill(0xff);
+  lseBuffer.fill(0xff);
+  out =
+      TensorView(outBuffer.data(), device.outView.dtype(), device.outView.shape(), Device::cuda(0));
+  lse = TensorView(lseBuffer.data(), DType::F32, {rows, heads}, Device::cuda(0));
+  BatchRunOptions options;
+  options.out = out;
+  options.lse = lse;
+  attention.run(device.qView, device.kView, device.vView, device.bindings, options);
+  return {std::move(outBuffer), std::move(lseBuffer)};
+}
+
+/// Keys [0, split) and [split, seq_len) of each sequence of the mixed step
+/// as two plans (kv_end, kv_start; splits off the page and tile grids,
+/// inside the first tile and past a sequence's end), merged on the device:
+/// the float64 attention over all keys, through the decode kernel (and its
+/// splits) and the prefill tiles.
+TEST(CudaBatchAttention, KvStartAndKvEndHalvesMergeToTheWhole) {
+  for (int variant = 0; variant < 2; ++variant) {
+    // Long decode contexts (split keys), GQA 4, HND f16 under a document
+    // mask and soft-cap; the mixed step, NHD bf16 under "holes" (every row
+    // with (q + h) % 3 == 0 masked).
+    BatchStepCase c = mixedDocumentCase(120 + variant);
+    if (variant == 0) {
+      c.seqs = {{1, 1900}, {6, 1337}, {0, 500}, {3, 30}, {40, 900}};
+      c.dim = c.vDim = 128;
+      c.layout = KVLayout::HND;
+      c.storage = DType::F16;
+      c.score = "softcap";
+    } else {
+      c.qHeads = c.kvHeads = 2;
+      c.mask = "holes";
+      c.score = "alibi";
+    }
+    BatchStep step(c);
+    std::vector<int32_t> split;
+    for (const BatchSeq &s : c.seqs)
+      split.push_back(std::min(s.seqLen, s.seqLen % 3 == 0 ? 37 : s.seqLen / 2 + 5));
+    const int32_t batch = static_cast<int32_t>(step.batch);
+    std::vector<int32_t> qsl = step.queryStartLoc, lens = step.seqLens, table = step.blockTable;
+    auto planWith = [&](BatchAttention &attention, bool first) {
+      TensorView range(split.data(), DType::I32, {batch});
+      attention.plan(TensorView(qsl.data(), DType::I32, {batch + 1}),
+                     TensorView(lens.data(), DType::I32, {batch}),
+                     TensorView(table.data(), DType::I32, {batch, step.columns}),
+                     first ? TensorView() : range, first ? range : TensorView());
+    };
+    BatchAttention head(step.mods, cudaConfig(step)), tail(step.mods, cudaConfig(step));
+    planWith(head, true);
+    planWith(tail, false);
+    if (variant == 0)
+      EXPECT_GT(tail.planShape().decodeSplits, 1);
+    EXPECT_GT(tail.planShape().prefillTiles, 0);
+    DeviceStep device(step);
+    TensorView headOut, headLse, tailOut, tailLse;
+    auto headBuffers = runInto(head, device, headOut, headLse);
+    auto tailBuffers = runInto(tail, device, tailOut, tailLse);
+    mergeState(headOut, headLse, tailOut, tailLse, device.outView, device.lseView);
+    auto [out, lse] = device.results();
+    BatchStepCheck check = step.compare(out.view(), lse.view(), /*cudaTolerance=*/true);
+    EXPECT_STEP_MATCHES(check);
+    if (variant == 1)
+      EXPECT_GT(check.maskedRows, 0) << check.describe();
+  }
+}
+
+/// A cascade step on the device: every sequence shares sequence 0's first
+/// 100 keys (its six whole pages, each sequence its own copy of the
+/// partial seventh). The prefix level packs each group's queries as one
+/// entry over the prefix pages (kv_end 100) with each token's own position
+/// and sequence index (token maps): a group of 7 tokens goes to the decode
+/// kernel, one of 22 to prefill tiles. The suffix level is the flat step
+/// from kv_start 100. Merged on the device they match the float64 step,
+/// under a document mask whose per-sequence ids (indexed by the token's b)
+/// decide which prefix keys each row sees, and ALiBi (its position).
+TEST(CudaBatchAttention, CascadeLevelsMergeToTheFlatStep) {
+  BatchStepCase c = mixedDocumentCase(140);
+  c.seqs = {{1, 150}, {2, 140}, {1, 200}, {3, 133}, {12, 170}, {1, 161}, {9, 300}};
+  c.sharedPrefix = 100;
+  c.score = "alibi"; // relative positions: each row's own matters
+  BatchStep step(c);
+  const int32_t prefix = c.sharedPrefix, batch = static_cast<int32_t>(step.batch);
+  // Documents: sequence b's first 30 + 9 b positions, then one to its end,
+  // so each row sees the prefix keys from its own sequence's cut on.
+  for (int64_t b = 0; b < step.batch; ++b)
+    for (int64_t position = 0; position < step.maxKv; ++position)
+      step.bindings->documents[b * step.maxKv + position] = position < 30 + 9 * b ? 0 : 1;
+  // Groups: sequences [0, 4) and [4, 7).
+  const std::vector<std::pair<int32_t, int32_t>> groups = {{0, 4}, {4, 7}};
+  std::vector<int32_t> groupStart = {0}, groupLens, groupEnd, groupTable, positions, batches;
+  for (auto [first, end] : groups) {
+    for (int32_t b = first; b < end; ++b)
+      for (int32_t i = 0; i < c.seqs[b].qLen; ++i) {
+        positions.push_back(c.seqs[b].seqLen - c.seqs[b].qLen + i);
+        batches.push_back(b);
+      }
+    groupStart.push_back(step.queryStartLoc[end]);
+    groupLens.push_back(prefix);
+    groupEnd.push_back(prefix);
+    // Sequence 0's row: the prefix's pages and sequence 0's partial page.
+    groupTable.insert(groupTable.end(), step.blockTable.begin(),
+                      step.blockTable.begin() + step.columns);
+  }
+  const int32_t entries = static_cast<int32_t>(groups.size());
+  const int64_t tokens = step.tokens;
+  BatchAttention prefixLevel(step.mods, cudaConfig(step)), suffixLevel(step.mods, cudaConfig(step));
+  prefixLevel.plan(TensorView(groupStart.data(), DType::I32, {entries + 1}),
+                   TensorView(groupLens.data(), DType::I32, {entries}),
+                   TensorView(groupTable.data(), DType::I32, {entries, step.columns}), TensorView(),
+                   TensorView(groupEnd.data(), DType::I32, {entries}),
+                   TensorView(positions.data(), DType::I32, {tokens}),
+                   TensorView(batches.data(), DType::I32, {tokens}));
+  EXPECT_EQ(prefixLevel.planShape().decodeSequences, 1);
+  EXPECT_EQ(prefixLevel.planShape().prefillTiles, 1);
   std::vector<int32_t> qsl = step.queryStartLoc, lens = step.seqLens, table = step.blockTable;
-  expectError(
-      [&] {
-        attention.plan(TensorView(qsl.data(), DType::I32, {3}),
-                       TensorView(lens.data(), DType::I32, {2}),
-                       TensorView(table.data(), DType::I32, {2, step.columns}),
-                       TensorView(start.data(), DType::I32, {2}));
-      },
-      "kv_start[0] = 1, but the CUDA backend reads every sequence's keys from 0");
+  std::vector<int32_t> start(static_cast<size_t>(batch), prefix);
+  suffixLevel.plan(TensorView(qsl.data(), DType::I32, {batch + 1}),
+                   TensorView(lens.data(), DType::I32, {batch}),
+                   TensorView(table.data(), DType::I32, {batch, step.columns}),
+                   TensorView(start.data(), DType::I32, {batch}));
+  DeviceStep device(step);
+  TensorView prefixOut, prefixLse, suffixOut, suffixLse;
+  auto prefixBuffers = runInto(prefixLevel, device, prefixOut, prefixLse);
+  auto suffixBuffers = runInto(suffixLevel, device, suffixOut, suffixLse);
+  mergeState(prefixOut, prefixLse, suffixOut, suffixLse, device.outView, device.lseView);
+  auto [out, lse] = device.results();
+  BatchStepCheck check = step.compare(out.view(), lse.view(), /*cudaTolerance=*/true);
+  EXPECT_STEP_MATCHES(check);
 }
 
 /// A mixed step captured once into a CUDA graph (the emulated driver's
