@@ -9,7 +9,9 @@
 // cache layout as views of one device allocation that the kernel reads in
 // place, shuffled pages of 1, 16 and 64 slots, GQA 1 and 4, head dims 64,
 // 96, 128, 192 and 256, bf16 and f16, a per-sequence document mask, fully masked
-// rows, lse, split-KV decode; and the CUDA path's refusals.
+// rows, lse, split-KV decode; key ranges (kv_start, kv_end) and cascade
+// levels (token maps) merged on the device, and the global bytes a cascade
+// reads (the emulator's counters); and the CUDA path's refusals.
 //
 //===----------------------------------------------------------------------===//
 #include "EmulatorEnvironment.h"
@@ -24,8 +26,11 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <fstream>
+#include <functional>
 #include <random>
 #include <string>
 
@@ -477,6 +482,115 @@ TEST(CudaBatchAttention, CascadeLevelsMergeToTheFlatStep) {
   auto [out, lse] = device.results();
   BatchStepCheck check = step.compare(out.view(), lse.view(), /*cudaTolerance=*/true);
   EXPECT_STEP_MATCHES(check);
+}
+
+/// The bytes the attention kernels' cp.async copies read from global
+/// memory (K/V rows and q; zero-filled rows excluded), from the emulator's
+/// counter lines of the launches that `run` makes.
+int64_t attentionCopyBytes(const std::function<void()> &run) {
+  const std::string path = ::testing::TempDir() + "cascade-counters.jsonl";
+  std::remove(path.c_str());
+  ::setenv("PAGEDC_EMU_COUNTERS", path.c_str(), 1);
+  run();
+  ::unsetenv("PAGEDC_EMU_COUNTERS");
+  std::ifstream in(path);
+  int64_t bytes = 0;
+  const std::string field = "\"cp_async_bytes\": ";
+  for (std::string line; std::getline(in, line);) {
+    if (line.find("\"kernel\": \"pagedc_decode\"") == std::string::npos &&
+        line.find("\"kernel\": \"pagedc_prefill\"") == std::string::npos)
+      continue;
+    const size_t at = line.find(field);
+    EXPECT_NE(at, std::string::npos) << line;
+    if (at != std::string::npos)
+      bytes += std::stoll(line.substr(at + field.size()));
+  }
+  std::remove(path.c_str());
+  return bytes;
+}
+
+/// The acceptance check of cascade, at CI size: 8 decoding sequences
+/// sharing a 500-key prefix (GQA 2, D 64, bf16; the suffixes start inside
+/// a 64-key tile, whose rows below kv_start must not be read). The emulator's counters
+/// show the flat step reading every sequence's prefix (8 times the
+/// prefix's K/V per KV head) and the cascade reading it once per KV head
+/// (the prefix level's one entry of 8 tokens, on the decode kernel) plus
+/// each sequence's own keys from kv_start; q is read once per KV split.
+/// Both match float64.
+TEST(CudaBatchAttention, CascadeReadsTheSharedPrefixOncePerKvHead) {
+  BatchStepCase c;
+  const int32_t prefix = 500, sequences = 8;
+  for (int32_t b = 0; b < sequences; ++b)
+    c.seqs.push_back({1, prefix + 13 + 11 * b});
+  c.qHeads = 4;
+  c.kvHeads = 2;
+  c.dim = c.vDim = 64;
+  c.pageSize = 16;
+  c.layout = KVLayout::NHD;
+  c.storage = DType::BF16;
+  c.mask = "causal";
+  c.sharedPrefix = prefix;
+  c.seed = 160;
+  BatchStep step(c);
+  const int64_t rowBytes = c.kvHeads * (c.dim + c.vDim) * 2; // K and V of a key
+  const int64_t qBytes = step.tokens * c.qHeads * c.dim * 2;
+  int64_t suffixKeys = 0;
+  for (const BatchSeq &s : c.seqs)
+    suffixKeys += s.seqLen - prefix;
+  DeviceStep device(step);
+
+  BatchAttention flat(step.mods, cudaConfig(step));
+  step.plan(flat);
+  TensorView flatOut, flatLse;
+  std::pair<DeviceBuffer, DeviceBuffer> flatBuffers;
+  const int64_t flatBytes =
+      attentionCopyBytes([&] { flatBuffers = runInto(flat, device, flatOut, flatLse); });
+  EXPECT_EQ(flatBytes,
+            (sequences * prefix + suffixKeys) * rowBytes + flat.planShape().decodeSplits * qBytes);
+
+  std::vector<int32_t> groupStart = {0, static_cast<int32_t>(step.tokens)}, groupLen = {prefix};
+  std::vector<int32_t> groupTable(step.blockTable.begin(), step.blockTable.begin() + step.columns);
+  std::vector<int32_t> positions, batches;
+  for (int32_t b = 0; b < sequences; ++b) {
+    positions.push_back(c.seqs[b].seqLen - 1);
+    batches.push_back(b);
+  }
+  BatchAttention prefixLevel(step.mods, cudaConfig(step)), suffixLevel(step.mods, cudaConfig(step));
+  prefixLevel.plan(TensorView(groupStart.data(), DType::I32, {2}),
+                   TensorView(groupLen.data(), DType::I32, {1}),
+                   TensorView(groupTable.data(), DType::I32, {1, step.columns}), TensorView(),
+                   TensorView(), TensorView(positions.data(), DType::I32, {sequences}),
+                   TensorView(batches.data(), DType::I32, {sequences}));
+  std::vector<int32_t> qsl = step.queryStartLoc, lens = step.seqLens, table = step.blockTable;
+  std::vector<int32_t> start(sequences, prefix);
+  suffixLevel.plan(TensorView(qsl.data(), DType::I32, {sequences + 1}),
+                   TensorView(lens.data(), DType::I32, {sequences}),
+                   TensorView(table.data(), DType::I32, {sequences, step.columns}),
+                   TensorView(start.data(), DType::I32, {sequences}));
+  EXPECT_EQ(prefixLevel.planShape().decodeSequences, 1);
+  TensorView prefixOut, prefixLse, suffixOut, suffixLse;
+  std::pair<DeviceBuffer, DeviceBuffer> prefixBuffers, suffixBuffers;
+  const int64_t prefixBytes = attentionCopyBytes(
+      [&] { prefixBuffers = runInto(prefixLevel, device, prefixOut, prefixLse); });
+  const int64_t suffixBytes = attentionCopyBytes(
+      [&] { suffixBuffers = runInto(suffixLevel, device, suffixOut, suffixLse); });
+  EXPECT_EQ(prefixBytes, prefix * rowBytes + prefixLevel.planShape().decodeSplits * qBytes);
+  EXPECT_EQ(suffixBytes, suffixKeys * rowBytes + suffixLevel.planShape().decodeSplits * qBytes);
+  // The prefix's share: 8 times in the flat step, once in the cascade.
+  const int64_t flatPrefix =
+      flatBytes - suffixKeys * rowBytes - flat.planShape().decodeSplits * qBytes;
+  EXPECT_EQ(flatPrefix, sequences * prefix * rowBytes);
+  std::printf("cascade bytes: flat %lld, cascade %lld (prefix level %lld, suffix level %lld)\n",
+              static_cast<long long>(flatBytes), static_cast<long long>(prefixBytes + suffixBytes),
+              static_cast<long long>(prefixBytes), static_cast<long long>(suffixBytes));
+
+  HostTensor hostOut(flatOut.dtype(), flatOut.shape()), hostLse(DType::F32, flatLse.shape());
+  flatBuffers.first.download(hostOut.data(), flatBuffers.first.size());
+  flatBuffers.second.download(hostLse.data(), flatBuffers.second.size());
+  EXPECT_STEP_MATCHES(step.compare(hostOut.view(), hostLse.view(), /*cudaTolerance=*/true));
+  mergeState(prefixOut, prefixLse, suffixOut, suffixLse, device.outView, device.lseView);
+  auto [out, lse] = device.results();
+  EXPECT_STEP_MATCHES(step.compare(out.view(), lse.view(), /*cudaTolerance=*/true));
 }
 
 /// A mixed step captured once into a CUDA graph (the emulated driver's
