@@ -604,8 +604,9 @@ extern "C" __global__ void __launch_bounds__(pagedc::kDecodeThreads, pagedc::kDe
   // group).
   auto copy_tile = [&](int into_stage, int which, uint64_t keep_rows) {
     const int kv_begin = split_begin + which * kDecodeTileN;
-    if (kv_begin < kv_from)
-      keep_rows &= ~static_cast<uint64_t>(0) << (kv_from - kv_begin);
+    if constexpr (kPackedBatch)
+      if (kv_begin < kv_from)
+        keep_rows &= ~static_cast<uint64_t>(0) << (kv_from - kv_begin);
     const uint32_t k_tile = k_tiles + into_stage * kDecodeStageBytes;
     const uint32_t v_tile = v_tiles + into_stage * kDecodeStageBytes;
     if constexpr (kKvFloat8 != 0) {

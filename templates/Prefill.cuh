@@ -185,14 +185,17 @@ extern "C" __global__ void __launch_bounds__(pagedc::kPrefillThreads, 1)
       return tile_page<kBlockN>(page_row, kv_first, kv_len, thread);
     };
     auto copy_tile = [&](int into_stage, int kv_first) {
+      // A packed batch's tile that holds kv_start: its rows below it.
+      uint64_t keep_rows = ~static_cast<uint64_t>(0);
+      if constexpr (kPackedBatch)
+        if (kv_first < kv_from)
+          keep_rows <<= kv_from - kv_first;
       if constexpr (kKvFloat8 != 0)
         copy_codes(k_tiles + code_offset(into_stage), v_tiles + code_offset(into_stage),
                    StagedPages{page_slots, kv_first}, kv_first, kv_len);
       else
         copy_kv(k_tiles + into_stage * kStageBytes, v_tiles + into_stage * kStageBytes,
-                StagedPages{page_slots, kv_first}, kv_first, kv_len,
-                kv_first >= kv_from ? ~static_cast<uint64_t>(0)
-                                    : ~static_cast<uint64_t>(0) << (kv_from - kv_first));
+                StagedPages{page_slots, kv_first}, kv_first, kv_len, keep_rows);
     };
     // (A packed batch has no block mask: visit `list` is tile `list`.)
     int list = kv_from / kBlockN, sub = 0, stage = 0;

@@ -122,6 +122,8 @@ CudaBatchBackend::CudaBatchBackend(const CompiledMods &mods, const BatchAttentio
   order_.assign(ints(maxPrefillTiles_), 0);
   weight_.assign(ints(maxPrefillTiles_), 0);
   decodeList_.assign(ints(2 * c.maxNumSeqs), 0);
+  defaultPosition_.assign(ints(c.maxNumTokens), 0);
+  defaultBatch_.assign(ints(c.maxNumTokens), 0);
 }
 
 void CudaBatchBackend::plan(const int32_t *queryStart, const int32_t *kvLength,
@@ -194,13 +196,21 @@ void CudaBatchBackend::plan(const int32_t *queryStart, const int32_t *kvLength,
   storage_.upload(ordered_.data(), ints(2 * tiles) * 4, prefillAt_ * 4);
   storage_.upload(decodeList_.data(), ints(2 * decodeSeqs) * 4, decodeAt_ * 4);
   storage_.upload(kvStart, ints(batch) * 4, kvStartAt_ * 4);
+  // The token maps, each plan's own or the flat step's (q_offset[b] + i,
+  // b): the kernels always read them, so a graph captured on one plan
+  // stays right for a plan of the same shape with or without maps.
   const int64_t tokens = queryStart[batch];
-  if (tokenPosition)
-    storage_.upload(tokenPosition, ints(tokens) * 4, tokenPositionAt_ * 4);
-  if (tokenBatch)
-    storage_.upload(tokenBatch, ints(tokens) * 4, tokenBatchAt_ * 4);
-  tokenPositions_ = tokenPosition != nullptr;
-  tokenBatches_ = tokenBatch != nullptr;
+  if (!tokenPosition || !tokenBatch) {
+    for (int64_t b = 0; b < batch; ++b)
+      for (int32_t row = queryStart[b]; row < queryStart[b + 1]; ++row) {
+        defaultPosition_[row] = qOffset[b] + (row - queryStart[b]);
+        defaultBatch_[row] = static_cast<int32_t>(b);
+      }
+  }
+  storage_.upload(tokenPosition ? tokenPosition : defaultPosition_.data(), ints(tokens) * 4,
+                  tokenPositionAt_ * 4);
+  storage_.upload(tokenBatch ? tokenBatch : defaultBatch_.data(), ints(tokens) * 4,
+                  tokenBatchAt_ * 4);
   batch_ = batch;
   prefillTiles_ = tiles;
   decodeSeqs_ = decodeSeqs;
@@ -228,8 +238,8 @@ void CudaBatchBackend::run(const CudaBatchCall &call) const {
   args.q_offset = words + qOffsetAt_;
   args.q_start = words + qStartAt_;
   args.kv_start = words + kvStartAt_;
-  args.token_position = tokenPositions_ ? words + tokenPositionAt_ : nullptr;
-  args.token_batch = tokenBatches_ ? words + tokenBatchAt_ : nullptr;
+  args.token_position = words + tokenPositionAt_;
+  args.token_batch = words + tokenBatchAt_;
   // Rows are packed: no batch stride; (b, h, row).
   args.q_stride[0] = 0;
   args.q_stride[1] = call.q.stride(1);

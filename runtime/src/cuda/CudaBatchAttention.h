@@ -55,8 +55,8 @@ public:
   /// Uploads a validated plan of `batch` sequences: queryStart [B + 1],
   /// kvLength, qOffset [B], pageTable [B, maxBlocksPerSeq], kvStart [B],
   /// the token maps tokenPosition and tokenBatch [T] (each null when not
-  /// given: the kernels then take q_offset[b] + row and b), and the work
-  /// lists built from them.
+  /// given: q_offset[b] + row and b are uploaded in their place), and the
+  /// work lists built from them.
   void plan(const int32_t *queryStart, const int32_t *kvLength, const int32_t *qOffset,
             const int32_t *pageTable, int64_t batch, const int32_t *kvStart,
             const int32_t *tokenPosition, const int32_t *tokenBatch);
@@ -87,12 +87,12 @@ private:
   // The plan.
   int64_t batch_ = 0, prefillTiles_ = 0, decodeSeqs_ = 0, splits_ = 1;
   int32_t maxKvLength_ = 1;
-  // Whether the plan has token positions and batch indices.
-  bool tokenPositions_ = false, tokenBatches_ = false;
   // Sized at construction: the prefill tiles in step order, their weights,
   // the heaviest-first order and the tiles in that order (uploaded); the
   // decode list.
   std::vector<int32_t> tiles_, ordered_, order_, decodeList_;
+  // [maxNumTokens]: the token maps of a plan given none.
+  std::vector<int32_t> defaultPosition_, defaultBatch_;
   std::vector<int64_t> weight_;
   mutable std::mutex lastMutex_;
   mutable const void *lastK_ = nullptr, *lastV_ = nullptr;

@@ -470,6 +470,11 @@ TEST(CudaBatchAttention, CascadeLevelsMergeToTheFlatStep) {
   EXPECT_EQ(prefixLevel.planShape().prefillTiles, 1);
   std::vector<int32_t> qsl = step.queryStartLoc, lens = step.seqLens, table = step.blockTable;
   std::vector<int32_t> start(static_cast<size_t>(batch), prefix);
+  // The suffix level needs no page below kv_start's: -1 there, which the
+  // kernels must not read (memcheck) though the first tile covers them.
+  for (int32_t b = 0; b < batch; ++b)
+    for (int32_t j = 0; j < prefix / c.pageSize; ++j)
+      table[b * step.columns + j] = -1;
   suffixLevel.plan(TensorView(qsl.data(), DType::I32, {batch + 1}),
                    TensorView(lens.data(), DType::I32, {batch}),
                    TensorView(table.data(), DType::I32, {batch, step.columns}),
@@ -482,6 +487,78 @@ TEST(CudaBatchAttention, CascadeLevelsMergeToTheFlatStep) {
   auto [out, lse] = device.results();
   BatchStepCheck check = step.compare(out.view(), lse.view(), /*cudaTolerance=*/true);
   EXPECT_STEP_MATCHES(check);
+}
+
+/// A prefix level captured into a CUDA graph after a plan without token
+/// maps, replayed after a plan of the same shape with them: the replay
+/// takes the later plan's maps (plan() uploads maps for every plan, the
+/// flat step's when none are given), so the merged cascade still matches
+/// the float64 flat step.
+TEST(CudaBatchAttention, CapturedPrefixLevelTakesALaterPlansTokenMaps) {
+  BatchStepCase c = mixedDocumentCase(170);
+  c.seqs = {{1, 150}, {2, 140}, {3, 200}};
+  c.sharedPrefix = 100;
+  c.score = "alibi";
+  BatchStep step(c);
+  const int32_t prefix = c.sharedPrefix, batch = static_cast<int32_t>(step.batch);
+  for (int64_t b = 0; b < step.batch; ++b)
+    for (int64_t position = 0; position < step.maxKv; ++position)
+      step.bindings->documents[b * step.maxKv + position] = position < 30 + 9 * b ? 0 : 1;
+  std::vector<int32_t> groupStart = {0, static_cast<int32_t>(step.tokens)}, groupLen = {prefix};
+  std::vector<int32_t> groupTable(step.blockTable.begin(), step.blockTable.begin() + step.columns);
+  std::vector<int32_t> positions, batches;
+  for (int32_t b = 0; b < batch; ++b)
+    for (int32_t i = 0; i < c.seqs[b].qLen; ++i) {
+      positions.push_back(c.seqs[b].seqLen - c.seqs[b].qLen + i);
+      batches.push_back(b);
+    }
+  const int64_t tokens = step.tokens;
+  BatchAttention prefixLevel(step.mods, cudaConfig(step)), suffixLevel(step.mods, cudaConfig(step));
+  auto planPrefix = [&](bool maps) {
+    prefixLevel.plan(TensorView(groupStart.data(), DType::I32, {2}),
+                     TensorView(groupLen.data(), DType::I32, {1}),
+                     TensorView(groupTable.data(), DType::I32, {1, step.columns}), TensorView(),
+                     TensorView(),
+                     maps ? TensorView(positions.data(), DType::I32, {tokens}) : TensorView(),
+                     maps ? TensorView(batches.data(), DType::I32, {tokens}) : TensorView());
+  };
+  planPrefix(false);
+  const BatchPlanShape captured = prefixLevel.planShape();
+  std::vector<int32_t> qsl = step.queryStartLoc, lens = step.seqLens, table = step.blockTable;
+  std::vector<int32_t> start(static_cast<size_t>(batch), prefix);
+  suffixLevel.plan(TensorView(qsl.data(), DType::I32, {batch + 1}),
+                   TensorView(lens.data(), DType::I32, {batch}),
+                   TensorView(table.data(), DType::I32, {batch, step.columns}),
+                   TensorView(start.data(), DType::I32, {batch}));
+  DeviceStep device(step);
+  const CudaDriver &driver = CudaDriver::get();
+  cu::Stream stream = nullptr;
+  driver.check(driver.api().streamCreate(&stream, 0), "cuStreamCreate");
+  DeviceBuffer prefixOut(device.out.size(), 0), prefixLse(device.lse.size(), 0);
+  BatchRunOptions options;
+  options.out =
+      TensorView(prefixOut.data(), device.outView.dtype(), device.outView.shape(), Device::cuda(0));
+  options.lse = TensorView(prefixLse.data(), DType::F32, device.lseView.shape(), Device::cuda(0));
+  options.stream = stream;
+  CudaGraphExec graph = captureGraph(driver, stream, [&] {
+    prefixLevel.run(device.qView, device.kView, device.vView, device.bindings, options);
+  });
+  planPrefix(true);
+  ASSERT_EQ(prefixLevel.planShape().decodeSplits, captured.decodeSplits);
+  ASSERT_EQ(prefixLevel.planShape().decodeSequences, captured.decodeSequences);
+  graph.launch(stream);
+  BatchRunOptions suffixOptions;
+  suffixOptions.out = device.outView;
+  suffixOptions.lse = device.lseView;
+  suffixOptions.stream = stream;
+  suffixLevel.run(device.qView, device.kView, device.vView, device.bindings, suffixOptions);
+  MergeStateOptions mergeOptions;
+  mergeOptions.stream = stream;
+  mergeStateInPlace(device.outView, device.lseView, options.out, options.lse, mergeOptions);
+  driver.check(driver.api().streamSynchronize(stream), "cuStreamSynchronize");
+  driver.check(driver.api().streamDestroy(stream), "cuStreamDestroy");
+  auto [out, lse] = device.results();
+  EXPECT_STEP_MATCHES(step.compare(out.view(), lse.view(), /*cudaTolerance=*/true));
 }
 
 /// The bytes the attention kernels' cp.async copies read from global
