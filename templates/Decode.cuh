@@ -343,6 +343,13 @@ extern "C" __global__ void __launch_bounds__(pagedc::kDecodeThreads, pagedc::kDe
   // The kv range this CTA's rows see: [0, kv_len) without a block mask,
   // else the kv blocks from the lowest to the highest any row lists.
   int range_begin = 0, range_end = kv_len, granule = kDecodeTileN;
+  // A packed batch's first key (kv_start): the range starts at the tile
+  // that holds it, whose rows below it are neither copied nor kept.
+  int kv_from = 0;
+  if constexpr (kPackedBatch) {
+    kv_from = args.kv_start ? args.kv_start[b] : 0;
+    range_begin = imin(kv_from / kDecodeTileN * kDecodeTileN, kv_len);
+  }
   if (has_block_mask) {
     granule = args.kv_block_size;
     load_list_counts(args, kv_head, head_chunk, b, q_offset, thread, list_counts);
@@ -410,8 +417,17 @@ extern "C" __global__ void __launch_bounds__(pagedc::kDecodeThreads, pagedc::kDe
     b_of[half] = b;
     h_of[half] = info.head;
     q_of[half] = q_offset + info.token;
-    mask_rows[half] = pagedc_mods::mask_row(params, b, info.head, q_of[half]);
-    score_rows[half] = pagedc_mods::score_row(params, b, info.head, q_of[half]);
+    if constexpr (kPackedBatch) {
+      // A cascade level's rows: each its own position and batch index
+      // (padding rows take the last token's).
+      const int token = first_row + imin(info.token, q_rows() - 1);
+      if (args.token_position)
+        q_of[half] = args.token_position[token];
+      if (args.token_batch)
+        b_of[half] = args.token_batch[token];
+    }
+    mask_rows[half] = pagedc_mods::mask_row(params, b_of[half], info.head, q_of[half]);
+    score_rows[half] = pagedc_mods::score_row(params, b_of[half], info.head, q_of[half]);
   }
 
   // Block classes of every row over this split's kv blocks.
@@ -588,6 +604,9 @@ extern "C" __global__ void __launch_bounds__(pagedc::kDecodeThreads, pagedc::kDe
   // group).
   auto copy_tile = [&](int into_stage, int which, uint64_t keep_rows) {
     const int kv_begin = split_begin + which * kDecodeTileN;
+    if constexpr (kPackedBatch)
+      if (kv_begin < kv_from)
+        keep_rows &= ~static_cast<uint64_t>(0) << (kv_from - kv_begin);
     const uint32_t k_tile = k_tiles + into_stage * kDecodeStageBytes;
     const uint32_t v_tile = v_tiles + into_stage * kDecodeStageBytes;
     if constexpr (kKvFloat8 != 0) {
@@ -729,6 +748,10 @@ extern "C" __global__ void __launch_bounds__(pagedc::kDecodeThreads, pagedc::kDe
         kv_begin + ((kv_warp * kColumnsPerWarp) ^ (tile_xor & ~(kColumnsPerWarp - 1))),
         split_end, kKvFloat8 != 0 ? args.scale * k_scale : args.scale, lane, all_kept, false,
         tile_xor & (kColumnsPerWarp - 1));
+    if constexpr (kPackedBatch)
+      if (kv_begin < kv_from)
+        mask_keys_below<kNTiles, kRowHalves>(scores, kv_begin + kv_warp * kColumnsPerWarp,
+                                             kv_from, lane);
     online_softmax<kNTiles, kRowHalves>(state, scores, out);
     warp_accumulate<kNTiles, DecodeTile>(out, scores, v_tiles + math_stage * kDecodeStageBytes,
                              kv_warp * kColumnsPerWarp, lane);

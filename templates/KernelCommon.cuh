@@ -966,4 +966,18 @@ PAGEDC_DEVICE void apply_mods(float (&scores)[kNTiles][4],
   }
 }
 
+/// Masks the keys of a warp's tile (apply_mods' columns from kv_base)
+/// below kv_from: a packed batch's first tile of a key range [kv_start,
+/// kv_len) that starts inside it (cascade suffixes).
+template <int kNTiles, int kHalves = 2>
+PAGEDC_DEVICE void mask_keys_below(float (&scores)[kNTiles][4], int kv_base, int kv_from,
+                                   int lane) {
+#pragma unroll
+  for (int j = 0; j < kNTiles; ++j)
+#pragma unroll
+    for (int e = 0; e < 2 * kHalves; ++e)
+      if (kv_base + j * 8 + 2 * (lane & 3) + (e & 1) < kv_from)
+        scores[j][e] = -infinity();
+}
+
 } // namespace pagedc

@@ -70,6 +70,11 @@ extern "C" __global__ void __launch_bounds__(pagedc::kPrefillThreads, 1)
     tile = prefill_tile<kBlockM>(args);
   const int h = tile.h, b = tile.b, row_begin = tile.row_begin, row_count = tile.row_count;
   const int kv_head = tile.kv_head, kv_len = tile.kv_len, q_offset = tile.q_offset;
+  // A packed batch's first key (kv_start): the tiles start at the one that
+  // holds it, whose rows below it are neither copied nor kept.
+  int kv_from = 0;
+  if constexpr (kPackedBatch)
+    kv_from = args.kv_start ? args.kv_start[b] : 0;
 
   const uint32_t q_tile = shared_address(shared);
   const uint32_t k_tiles = q_tile + kBlockM * kTileRowBytes;
@@ -117,8 +122,8 @@ extern "C" __global__ void __launch_bounds__(pagedc::kPrefillThreads, 1)
   // of each 16-row tile), and their kv-independent mod values (computed
   // again for each KV tile with kRecomputeModRows, which holds only q).
   const int warp_row = warp * kWarpRows;
-  int q_of[kMTiles][2];
-  const int b_of[2] = {b, b}, h_of[2] = {h, h};
+  int q_of[kMTiles][2], b_of[kMTiles][2];
+  const int h_of[2] = {h, h};
   pagedc_mods::MaskRow mask_rows[kMTiles][2];
   pagedc_mods::ScoreRow score_rows[kMTiles][2];
   RowState state[kMTiles];
@@ -130,9 +135,18 @@ extern "C" __global__ void __launch_bounds__(pagedc::kPrefillThreads, 1)
       const int row = row_begin + warp_row + 16 * m + (lane >> 2) + 8 * half;
       // Padding rows evaluate the last real row's mods and are never stored.
       q_of[m][half] = q_offset + imin(row, q_len - 1);
+      b_of[m][half] = b;
+      if constexpr (kPackedBatch) {
+        // A cascade level's rows: each its own position and batch index.
+        const int token = first_row + imin(row, q_len - 1);
+        if (args.token_position)
+          q_of[m][half] = args.token_position[token];
+        if (args.token_batch)
+          b_of[m][half] = args.token_batch[token];
+      }
       if constexpr (!kRecomputeModRows) {
-        mask_rows[m][half] = pagedc_mods::mask_row(params, b, h, q_of[m][half]);
-        score_rows[m][half] = pagedc_mods::score_row(params, b, h, q_of[m][half]);
+        mask_rows[m][half] = pagedc_mods::mask_row(params, b_of[m][half], h, q_of[m][half]);
+        score_rows[m][half] = pagedc_mods::score_row(params, b_of[m][half], h, q_of[m][half]);
       }
       state[m].max[half] = -infinity();
       state[m].sum[half] = 0.0f;
@@ -171,14 +185,20 @@ extern "C" __global__ void __launch_bounds__(pagedc::kPrefillThreads, 1)
       return tile_page<kBlockN>(page_row, kv_first, kv_len, thread);
     };
     auto copy_tile = [&](int into_stage, int kv_first) {
+      // A packed batch's tile that holds kv_start: its rows below it.
+      uint64_t keep_rows = ~static_cast<uint64_t>(0);
+      if constexpr (kPackedBatch)
+        if (kv_first < kv_from)
+          keep_rows <<= kv_from - kv_first;
       if constexpr (kKvFloat8 != 0)
         copy_codes(k_tiles + code_offset(into_stage), v_tiles + code_offset(into_stage),
                    StagedPages{page_slots, kv_first}, kv_first, kv_len);
       else
         copy_kv(k_tiles + into_stage * kStageBytes, v_tiles + into_stage * kStageBytes,
-                StagedPages{page_slots, kv_first}, kv_first, kv_len);
+                StagedPages{page_slots, kv_first}, kv_first, kv_len, keep_rows);
     };
-    int list = 0, sub = 0, stage = 0;
+    // (A packed batch has no block mask: visit `list` is tile `list`.)
+    int list = kv_from / kBlockN, sub = 0, stage = 0;
     int kv_begin = visits.seek(args, kv_len, list, sub);
     // (The previous pass's last reads of the slots are behind its last
     // barrier.)
@@ -263,18 +283,21 @@ extern "C" __global__ void __launch_bounds__(pagedc::kPrefillThreads, 1)
         for (int half = 0; half < 2; ++half) {
           if constexpr (kRecomputeModRows) {
             q_now[half] = recompute_here(q_of[m][half]);
-            mask_now[half] = pagedc_mods::mask_row(params, b, h, q_now[half]);
-            score_now[half] = pagedc_mods::score_row(params, b, h, q_now[half]);
+            mask_now[half] = pagedc_mods::mask_row(params, b_of[m][half], h, q_now[half]);
+            score_now[half] = pagedc_mods::score_row(params, b_of[m][half], h, q_now[half]);
           } else {
             q_now[half] = q_of[m][half];
             mask_now[half] = mask_rows[m][half];
             score_now[half] = score_rows[m][half];
           }
         }
-        apply_mods<kBlockN / 8>(scores[m], params, mask_now, score_now, b_of, h_of, q_now,
+        apply_mods<kBlockN / 8>(scores[m], params, mask_now, score_now, b_of[m], h_of, q_now,
                                 visible, check_mask, kv_begin, kv_len,
                                 kKvFloat8 != 0 ? args.scale * k_scale : args.scale, lane,
                                 all_kept);
+        if constexpr (kPackedBatch)
+          if (kv_begin < kv_from)
+            mask_keys_below<kBlockN / 8>(scores[m], kv_begin, kv_from, lane);
         tally_rescale(online_softmax<kBlockN / 8>(state[m], scores[m], out[m]), lane);
       }
       warp_accumulate_rows<kMTiles, kBlockN / 8>(

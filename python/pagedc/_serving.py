@@ -214,25 +214,38 @@ class BatchAttention:
                 f"page_size={a['page_size']}, kv_layout={a['kv_layout']!r})")
 
 
-def merge_state(v_a, s_a, v_b, s_b):
+def _merge_device(v, stream):
+    """(device index, stream) of a merge: where `v` is (-1: the CPU), and on a
+    CUDA device the call's stream (call_stream)."""
+    from ._device import call_stream, tensor_device_index
+    index = tensor_device_index(v)
+    return index, (call_stream(stream, v) if index >= 0 else 0)
+
+
+def merge_state(v_a, s_a, v_b, s_b, stream=None):
     """Merges two attention results over disjoint key sets of the same rows:
-    ``v_*`` [T, H, D], ``s_*`` [T, H] float32 natural-log logsumexps. Returns
-    ``(v, s)`` in v_a's framework."""
+    ``v_*`` [T, H, D] (f32, bf16 or f16), ``s_*`` [T, H] float32 natural-log
+    logsumexps. Returns ``(v, s)`` in v_a's framework. Device tensors (all
+    on v_a's device) are merged there, enqueued on ``stream`` (as
+    BatchAttention.run takes it), into new device tensors."""
     framework = _framework_of(v_a)
-    v, s = _C.merge_state(v_a, s_a, v_b, s_b)
+    device, stream = _merge_device(v_a, stream)
+    v, s = _C.merge_state(v_a, s_a, v_b, s_b, device, stream)
     return _to_framework(v, framework), _to_framework(s, framework)
 
 
-def merge_state_in_place(v, s, v_other, s_other) -> None:
+def merge_state_in_place(v, s, v_other, s_other, stream=None) -> None:
     """merge_state of (v, s) with (v_other, s_other), written into v and s."""
-    _C.merge_state_in_place(v, s, v_other, s_other)
+    device, stream = _merge_device(v, stream)
+    _C.merge_state_in_place(v, s, v_other, s_other, device, stream)
 
 
-def merge_states(v, s):
+def merge_states(v, s, stream=None):
     """N-way merge: ``v`` [T, N, H, D] and ``s`` [T, N, H] -> ``(v, s)``
-    [T, H, D] and [T, H]."""
+    [T, H, D] and [T, H], on v's device as merge_state."""
     framework = _framework_of(v)
-    out, lse = _C.merge_states(v, s)
+    device, stream = _merge_device(v, stream)
+    out, lse = _C.merge_states(v, s, device, stream)
     return _to_framework(out, framework), _to_framework(lse, framework)
 
 
@@ -244,7 +257,9 @@ class CascadeAttention:
     index for the mods), every sequence attends to the rest of its keys in a
     second BatchAttention, and the two results are merged (merge_state).
 
-    Takes BatchAttention's arguments (CPU backend). ``plan`` takes the
+    Takes BatchAttention's arguments (``device="emu"`` or ``"cuda:N"`` with
+    ``dtype``: both levels and the merge run on the device, enqueued on the
+    call's ``stream``). ``plan`` takes the
     step's metadata and ``groups``: ``(first, end, prefix_len)`` triples,
     sequences ``first .. end - 1`` (contiguous, disjoint) sharing their first
     ``prefix_len`` keys, which must sit in the same pages of each member's
@@ -254,8 +269,6 @@ class CascadeAttention:
     def __init__(self, mods, num_q_heads: int, num_kv_heads: int, head_dim: int,
                  page_size: int, kv_layout: str = "NHD", max_num_seqs: int = 256,
                  max_num_tokens: int = 8192, device: str = "cpu", **options):
-        if str(device) != "cpu":
-            raise ValueError(f"device: cascade runs on the CPU backend, got {device!r}")
         args = (mods, num_q_heads, num_kv_heads, head_dim, page_size, kv_layout, max_num_seqs,
                 max_num_tokens, device)
         self._prefix = BatchAttention(*args, **options)
@@ -323,5 +336,5 @@ class CascadeAttention:
         # A sink is one key of the row's softmax: it joins one level only.
         call.pop("sinks", None)
         prefix_out, prefix_lse = self._prefix.run(q, k_cache, v_cache, **call)
-        merge_state_in_place(out, lse, prefix_out, prefix_lse)
+        merge_state_in_place(out, lse, prefix_out, prefix_lse, stream=options.get("stream"))
         return (out, lse) if return_lse else out

@@ -968,10 +968,29 @@ py::tuple runBatch(const Batch &batch, const py::handle &qObj, const py::handle 
   return outputs.results(result, outObj, lseObj, returnLse);
 }
 
+// The merges run where v_a (v) is: `deviceIndex` (>= 0) is its CUDA device,
+// whose tensors are borrowed on `stream` and whose results are new device
+// tensors written on it; -1 is the CPU.
 py::tuple mergeStatePy(const py::handle &va, const py::handle &sa, const py::handle &vb,
-                       const py::handle &sb) {
-  BorrowedTensor a = borrowTensor(va, "v_a"), as = borrowTensor(sa, "s_a");
-  BorrowedTensor b = borrowTensor(vb, "v_b"), bs = borrowTensor(sb, "s_b");
+                       const py::handle &sb, int deviceIndex, uintptr_t stream) {
+  const std::optional<CallDevice> device = callDevice(deviceIndex, stream);
+  const CallDevice *onDevice = device ? &*device : nullptr;
+  BorrowedTensor a = borrowTensor(va, "v_a", onDevice), as = borrowTensor(sa, "s_a", onDevice);
+  BorrowedTensor b = borrowTensor(vb, "v_b", onDevice), bs = borrowTensor(sb, "s_b", onDevice);
+  if (onDevice) {
+    if (a.view.rank() != 3)
+      throw py::value_error("v_a: expected [T, H, D], got shape " + a.view.shapeString());
+    Tensor v = deviceTensor(a.view.dtype(), a.view.shape(), device->device, device->cuStream());
+    Tensor s = deviceTensor(DType::F32, {a.view.size(0), a.view.size(1)}, device->device,
+                            device->cuStream());
+    MergeStateOptions options;
+    options.stream = device->cuStream();
+    {
+      py::gil_scoped_release release;
+      mergeState(a.view, as.view, b.view, bs.view, v.view(), s.view(), options);
+    }
+    return py::make_tuple(v, s);
+  }
   auto result = std::make_shared<AttentionResult>();
   {
     py::gil_scoped_release release;
@@ -981,21 +1000,43 @@ py::tuple mergeStatePy(const py::handle &va, const py::handle &sa, const py::han
 }
 
 void mergeStateInPlacePy(const py::handle &v, const py::handle &s, const py::handle &vOther,
-                         const py::handle &sOther) {
-  BorrowedTensor a = borrowTensor(v, "v"), as = borrowTensor(s, "s");
-  BorrowedTensor b = borrowTensor(vOther, "v_other"), bs = borrowTensor(sOther, "s_other");
+                         const py::handle &sOther, int deviceIndex, uintptr_t stream) {
+  const std::optional<CallDevice> device = callDevice(deviceIndex, stream);
+  const CallDevice *onDevice = device ? &*device : nullptr;
+  BorrowedTensor a = borrowTensor(v, "v", onDevice), as = borrowTensor(s, "s", onDevice);
+  BorrowedTensor b = borrowTensor(vOther, "v_other", onDevice);
+  BorrowedTensor bs = borrowTensor(sOther, "s_other", onDevice);
+  MergeStateOptions options;
+  if (onDevice)
+    options.stream = device->cuStream();
   py::gil_scoped_release release;
-  mergeStateInPlace(a.view, as.view, b.view, bs.view);
+  mergeStateInPlace(a.view, as.view, b.view, bs.view, options);
 }
 
-py::tuple mergeStatesPy(const py::handle &v, const py::handle &s) {
-  BorrowedTensor parts = borrowTensor(v, "v"), lses = borrowTensor(s, "s");
+py::tuple mergeStatesPy(const py::handle &v, const py::handle &s, int deviceIndex,
+                        uintptr_t stream) {
+  const std::optional<CallDevice> device = callDevice(deviceIndex, stream);
+  const CallDevice *onDevice = device ? &*device : nullptr;
+  BorrowedTensor parts = borrowTensor(v, "v", onDevice), lses = borrowTensor(s, "s", onDevice);
   const TensorView &pv = parts.view;
   if (pv.rank() != 4)
     throw Error("v must be [T, N, H, D] but has shape " + pv.shapeString());
+  const std::vector<int64_t> outShape = {pv.size(0), pv.size(2), pv.size(3)};
+  const std::vector<int64_t> lseShape = {pv.size(0), pv.size(2)};
+  if (onDevice) {
+    Tensor out = deviceTensor(pv.dtype(), outShape, device->device, device->cuStream());
+    Tensor lse = deviceTensor(DType::F32, lseShape, device->device, device->cuStream());
+    MergeStateOptions options;
+    options.stream = device->cuStream();
+    {
+      py::gil_scoped_release release;
+      mergeStates(pv, lses.view, out.view(), lse.view(), options);
+    }
+    return py::make_tuple(out, lse);
+  }
   auto result = std::make_shared<AttentionResult>();
-  result->ownedOut = HostTensor(pv.dtype(), {pv.size(0), pv.size(2), pv.size(3)});
-  result->ownedLse = HostTensor(DType::F32, {pv.size(0), pv.size(2)});
+  result->ownedOut = HostTensor(pv.dtype(), outShape);
+  result->ownedLse = HostTensor(DType::F32, lseShape);
   result->out = result->ownedOut.view();
   result->lse = result->ownedLse.view();
   {
@@ -1268,9 +1309,12 @@ PYBIND11_MODULE(_pagedc, m) {
         auto [k, v] = b.attention->kernelCacheAddresses();
         return py::make_tuple(reinterpret_cast<uintptr_t>(k), reinterpret_cast<uintptr_t>(v));
       });
-  m.def("merge_state", &mergeStatePy);
-  m.def("merge_state_in_place", &mergeStateInPlacePy);
-  m.def("merge_states", &mergeStatesPy);
+  m.def("merge_state", &mergeStatePy, py::arg("v_a"), py::arg("s_a"), py::arg("v_b"),
+        py::arg("s_b"), py::arg("device") = -1, py::arg("stream") = 0);
+  m.def("merge_state_in_place", &mergeStateInPlacePy, py::arg("v"), py::arg("s"),
+        py::arg("v_other"), py::arg("s_other"), py::arg("device") = -1, py::arg("stream") = 0);
+  m.def("merge_states", &mergeStatesPy, py::arg("v"), py::arg("s"), py::arg("device") = -1,
+        py::arg("stream") = 0);
   m.def("_time_cpp_calls", &timeCppCalls,
         "Benchmark support: times flexAttention() in a C++ loop (ns per call).");
 }

@@ -12,6 +12,7 @@
 #include "TensorChecks.h"
 #include "cpu/CpuAttention.h"
 #include "cuda/CudaBatchAttention.h"
+#include "cuda/CudaMergeState.h"
 #include "pagedc/Error.h"
 #include "pagedc/KernelSource.h"
 
@@ -292,16 +293,12 @@ std::pair<const void *, const void *> BatchAttention::kernelCacheAddresses() con
 namespace {
 
 /// plan()'s checks of the optional per-token positions and batch indices:
-/// [T] int32 on the host, every value >= 0, CPU only.
-void checkTokenMaps(const TensorView &positions, const TensorView &batches, int64_t tokens,
-                    bool onCuda, Device device) {
+/// [T] int32 on the host, every value >= 0.
+void checkTokenMaps(const TensorView &positions, const TensorView &batches, int64_t tokens) {
   for (auto [view, name] :
        {std::pair{&positions, "token_positions"}, std::pair{&batches, "token_batch"}}) {
     if (!isProvided(*view))
       continue;
-    if (onCuda)
-      throw Error(fmt::format("{} is taken by the CPU backend only, not on {}", name,
-                              deviceName(device)));
     checkHostIndexTensor(*view, name, 1);
     if (view->size(0) != tokens)
       throw Error(fmt::format("{} has {} entries but the step has {} tokens "
@@ -365,7 +362,7 @@ void BatchAttention::plan(const TensorView &queryStartLoc, const TensorView &seq
   if (tokens > c.maxNumTokens)
     throw Error(fmt::format("query_start_loc[{}] = {} tokens exceeds max_num_tokens {}", batch,
                             tokens, c.maxNumTokens));
-  checkTokenMaps(tokenPositions, tokenBatch, tokens, cuda_ != nullptr, c.device);
+  checkTokenMaps(tokenPositions, tokenBatch, tokens);
   const bool positioned = isProvided(tokenPositions);
   int32_t maxEntry = -1;
   for (int64_t b = 0; b < batch; ++b) {
@@ -397,10 +394,6 @@ void BatchAttention::plan(const TensorView &queryStartLoc, const TensorView &seq
                                 b, j, entry(b, j), pages, b));
       maxEntry = std::max(maxEntry, entry(b, j));
     }
-    if (cuda_ && start(b) != 0)
-      throw Error(fmt::format("kv_start[{}] = {}, but the CUDA backend reads every sequence's "
-                              "keys from 0 (kv_start must be 0 on {})",
-                              b, start(b), deviceName(c.device)));
   }
 
   // Valid: replace the plan.
@@ -426,7 +419,9 @@ void BatchAttention::plan(const TensorView &queryStartLoc, const TensorView &seq
       (*target)[i] = view->dataAs<const int32_t>()[i * view->stride(0)];
   }
   if (cuda_)
-    cuda_->plan(queryStart_.data(), kvLength_.data(), qOffset_.data(), pageTable_.data(), batch);
+    cuda_->plan(queryStart_.data(), kvLength_.data(), qOffset_.data(), pageTable_.data(), batch,
+                kvBegin_.data(), positioned ? tokenPosition_.data() : nullptr,
+                tokenBatches_ ? tokenBatch_.data() : nullptr);
   numSeqs_ = batch;
   numTokens_ = tokens;
   maxPageEntry_ = maxEntry;
@@ -670,38 +665,89 @@ namespace {
 float loadValue(const TensorView &view, int64_t offset) {
   if (view.dtype() == DType::BF16)
     return bf16ToFloat(view.dataAs<const uint16_t>()[offset]);
+  if (view.dtype() == DType::F16)
+    return halfToFloat(view.dataAs<const uint16_t>()[offset]);
   return view.dataAs<const float>()[offset];
 }
 
 void storeValue(const TensorView &view, int64_t offset, float value) {
   if (view.dtype() == DType::BF16)
     view.dataAs<uint16_t>()[offset] = floatToBF16(value);
+  else if (view.dtype() == DType::F16)
+    view.dataAs<uint16_t>()[offset] = floatToHalf(value);
   else
     view.dataAs<float>()[offset] = value;
 }
 
-void checkMergeValue(const TensorView &v, const char *name, int rank) {
-  if (v.device().kind != DeviceKind::CPU)
-    throw Error(fmt::format("{} is on {}; merge_state runs on the CPU", name,
-                            deviceName(v.device())));
+/// A merge runs where its first value tensor is (`device`); every other
+/// tensor must be there too.
+void checkMergeDevice(const TensorView &view, const char *name, Device device) {
+  if (view.device() != device)
+    throw Error(fmt::format("{} is on {} but the merge runs on {} (where v_a, or v, is)", name,
+                            deviceName(view.device()), deviceName(device)));
+}
+
+void checkMergeValue(const TensorView &v, const char *name, int rank, Device device) {
+  checkMergeDevice(v, name, device);
   if (v.rank() != rank)
     throw Error(fmt::format("{} must have rank {} but has shape {}", name, rank,
                             v.shapeString()));
-  if (!isCpuFloat(v.dtype()))
-    throw Error(fmt::format("{} must be f32 or bf16 but is {}", name, dtypeName(v.dtype())));
+  if (v.dtype() != DType::F32 && v.dtype() != DType::BF16 && v.dtype() != DType::F16)
+    throw Error(fmt::format("{} must be f32, bf16 or f16 but is {}", name, dtypeName(v.dtype())));
   checkReadable(v, name);
 }
 
-void checkMergeLse(const TensorView &s, const char *name, const std::vector<int64_t> &shape) {
-  if (s.device().kind != DeviceKind::CPU)
-    throw Error(fmt::format("{} is on {}; merge_state runs on the CPU", name,
-                            deviceName(s.device())));
+void checkMergeLse(const TensorView &s, const char *name, const std::vector<int64_t> &shape,
+                   Device device) {
+  checkMergeDevice(s, name, device);
   if (s.dtype() != DType::F32)
     throw Error(fmt::format("{} must be f32 but is {}", name, dtypeName(s.dtype())));
   if (s.shape() != shape)
     throw Error(fmt::format("{} must be {} but has shape {}", name, shapeText(shape),
                             s.shapeString()));
   checkReadable(s, name);
+}
+
+/// The merge kernel's code of an element type (templates/MergeState.cuh).
+int32_t mergeElementCode(DType type) {
+  return type == DType::F16 ? 1 : type == DType::BF16 ? 2 : 0;
+}
+
+/// The bounds of the merge kernel's grid (tokens, heads) and int32 sizes.
+void checkMergeGrid(int64_t tokens, int64_t heads, int64_t dim) {
+  if (tokens > std::numeric_limits<int32_t>::max() || heads > 65535 ||
+      dim > std::numeric_limits<int32_t>::max())
+    throw Error(fmt::format("a merge on CUDA takes at most 2^31 - 1 tokens and 65535 heads "
+                            "(its grid) but has {} tokens and {} heads",
+                            tokens, heads));
+}
+
+/// Points source `index` of a merge launch at [T, parts, H, D] values and
+/// [T, parts, H] lse given as strides (t, part, h, d) and (t, part, h).
+void setMergeSource(PagedcMergeStateArgs &args, int index, const TensorView &v,
+                    const int64_t (&vStrides)[4], const TensorView &s, const int64_t (&sStrides)[3],
+                    int64_t parts) {
+  args.v[index] = v.data();
+  args.s[index] = s.dataAs<const float>();
+  for (int d = 0; d < 4; ++d)
+    args.v_stride[index][d] = vStrides[d];
+  for (int d = 0; d < 3; ++d)
+    args.s_stride[index][d] = sStrides[d];
+  args.parts[index] = static_cast<int32_t>(parts);
+  args.value_type[index] = mergeElementCode(v.dtype());
+}
+
+void setMergeOutput(PagedcMergeStateArgs &args, const TensorView &vOut, const TensorView &sOut) {
+  args.v_out = vOut.data();
+  for (int d = 0; d < 3; ++d)
+    args.v_out_stride[d] = vOut.stride(d);
+  args.s_out = sOut.dataAs<float>();
+  args.s_out_stride[0] = sOut.stride(0);
+  args.s_out_stride[1] = sOut.stride(1);
+  args.out_type = mergeElementCode(vOut.dtype());
+  args.tokens = static_cast<int32_t>(vOut.size(0));
+  args.heads = static_cast<int32_t>(vOut.size(1));
+  args.dim = static_cast<int32_t>(vOut.size(2));
 }
 
 /// Merges the `parts` partial results of every row (t, h): lseOf(t, p, h)
@@ -746,23 +792,37 @@ void mergeRows(int64_t tokens, int64_t heads, int64_t dim, int64_t parts, Lse ls
 } // namespace
 
 void mergeState(const TensorView &vA, const TensorView &sA, const TensorView &vB,
-                const TensorView &sB, const TensorView &vOut, const TensorView &sOut) {
-  checkMergeValue(vA, "v_a", 3);
-  checkMergeValue(vB, "v_b", 3);
+                const TensorView &sB, const TensorView &vOut, const TensorView &sOut,
+                const MergeStateOptions &options) {
+  const Device device = vA.device();
+  checkMergeValue(vA, "v_a", 3, device);
+  checkMergeValue(vB, "v_b", 3, device);
   if (vB.shape() != vA.shape())
     throw Error(fmt::format("v_b must have v_a's shape {} but has shape {}", vA.shapeString(),
                             vB.shapeString()));
   const std::vector<int64_t> lseShape = {vA.size(0), vA.size(1)};
-  checkMergeLse(sA, "s_a", lseShape);
-  checkMergeLse(sB, "s_b", lseShape);
-  checkMergeValue(vOut, "v_out", 3);
+  checkMergeLse(sA, "s_a", lseShape, device);
+  checkMergeLse(sB, "s_b", lseShape, device);
+  checkMergeValue(vOut, "v_out", 3, device);
   if (vOut.shape() != vA.shape())
     throw Error(fmt::format("v_out must have v_a's shape {} but has shape {}",
                             vA.shapeString(), vOut.shapeString()));
   checkWritable(vOut, "v_out");
-  checkMergeLse(sOut, "s_out", lseShape);
+  checkMergeLse(sOut, "s_out", lseShape, device);
   checkWritable(sOut, "s_out");
 
+  if (device.kind == DeviceKind::CUDA) {
+    checkMergeGrid(vA.size(0), vA.size(1), vA.size(2));
+    // Each source as one part: [T, 1, H, D] and [T, 1, H].
+    PagedcMergeStateArgs args{};
+    setMergeSource(args, 0, vA, {vA.stride(0), 0, vA.stride(1), vA.stride(2)}, sA,
+                   {sA.stride(0), 0, sA.stride(1)}, 1);
+    setMergeSource(args, 1, vB, {vB.stride(0), 0, vB.stride(1), vB.stride(2)}, sB,
+                   {sB.stride(0), 0, sB.stride(1)}, 1);
+    setMergeOutput(args, vOut, sOut);
+    detail::cudaMergeStates(args, device.index, options.stream);
+    return;
+  }
   const TensorView *values[2] = {&vA, &vB};
   const TensorView *lses[2] = {&sA, &sB};
   mergeRows(
@@ -780,7 +840,11 @@ void mergeState(const TensorView &vA, const TensorView &sA, const TensorView &vB
 
 AttentionResult mergeState(const TensorView &vA, const TensorView &sA, const TensorView &vB,
                            const TensorView &sB) {
-  checkMergeValue(vA, "v_a", 3);
+  checkMergeValue(vA, "v_a", 3, vA.device());
+  if (vA.device().kind != DeviceKind::CPU)
+    throw Error(fmt::format("v_a is on {}: merge_state into new tensors runs on the CPU; on a "
+                            "device pass v_out and s_out",
+                            deviceName(vA.device())));
   AttentionResult result;
   result.ownedOut = HostTensor(vA.dtype(), vA.shape());
   result.ownedLse = HostTensor(DType::F32, {vA.size(0), vA.size(1)});
@@ -791,22 +855,35 @@ AttentionResult mergeState(const TensorView &vA, const TensorView &sA, const Ten
 }
 
 void mergeStateInPlace(const TensorView &v, const TensorView &s, const TensorView &vOther,
-                       const TensorView &sOther) {
-  mergeState(v, s, vOther, sOther, v, s);
+                       const TensorView &sOther, const MergeStateOptions &options) {
+  mergeState(v, s, vOther, sOther, v, s, options);
 }
 
 void mergeStates(const TensorView &v, const TensorView &s, const TensorView &vOut,
-                 const TensorView &sOut) {
-  checkMergeValue(v, "v", 4);
+                 const TensorView &sOut, const MergeStateOptions &options) {
+  const Device device = v.device();
+  checkMergeValue(v, "v", 4, device);
   const int64_t tokens = v.size(0), parts = v.size(1), heads = v.size(2), dim = v.size(3);
-  checkMergeLse(s, "s", {tokens, parts, heads});
-  checkMergeValue(vOut, "v_out", 3);
+  checkMergeLse(s, "s", {tokens, parts, heads}, device);
+  checkMergeValue(vOut, "v_out", 3, device);
   if (vOut.shape() != std::vector<int64_t>{tokens, heads, dim})
     throw Error(fmt::format("v_out must be {} but has shape {}",
                             shapeText({tokens, heads, dim}), vOut.shapeString()));
   checkWritable(vOut, "v_out");
-  checkMergeLse(sOut, "s_out", {tokens, heads});
+  checkMergeLse(sOut, "s_out", {tokens, heads}, device);
   checkWritable(sOut, "s_out");
+  if (device.kind == DeviceKind::CUDA) {
+    checkMergeGrid(tokens, heads, dim);
+    if (parts > std::numeric_limits<int32_t>::max())
+      throw Error(fmt::format("v has {} parts, more than a merge on CUDA takes (2^31 - 1)", parts));
+    PagedcMergeStateArgs args{};
+    setMergeSource(args, 0, v, {v.stride(0), v.stride(1), v.stride(2), v.stride(3)}, s,
+                   {s.stride(0), s.stride(1), s.stride(2)}, parts);
+    // The second source is unused (no parts); its pointers stay null.
+    setMergeOutput(args, vOut, sOut);
+    detail::cudaMergeStates(args, device.index, options.stream);
+    return;
+  }
   mergeRows(
       tokens, heads, dim, parts,
       [&](int64_t t, int64_t p, int64_t h) {

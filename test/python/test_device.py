@@ -10,7 +10,7 @@ import pytest
 
 import pagedc
 from conftest import assert_close, reference_attention
-from test_serving import make_step, reference_step
+from test_serving import CASCADE_SOURCE, make_cascade_step, make_step, reference_step
 
 # Every case runs CUDA kernels on the emulator: small shapes, the emulator's
 # driver chosen by device="emu" (PAGEDC_CUDA_DRIVER=emu) at the first use.
@@ -311,3 +311,102 @@ def test_torch_cpu_tensors_move_to_the_device_and_back(rng, mods):
     # A host torch query with device keys is refused, naming k.
     with pytest.raises(ValueError, match="^k: is on cuda:0 but q is on cpu"):
         pagedc.flex_attention(q.float(), kd, vd, mods=mods, enable_gqa=True)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float16])
+def test_merge_state_on_device_equals_the_whole_range(rng, dtype):
+    # Keys [0, 37) and [37, 100) of random attention, merged on the device;
+    # rows 1 and 4 see no key of the first range (its lse -inf, its values
+    # NaN: never read), row 3 none at all (out 0, lse -inf).
+    t, h, d, s = 6, 4, 32, 100
+    q = rng.standard_normal((1, h, t, d))
+    k, v = rng.standard_normal((1, h, s, d)), rng.standard_normal((1, h, s, d))
+
+    def mask(b, hh, qi, kv):
+        return ~(((qi == 1) | (qi == 4)) & (kv < 37)) & (qi != 3)
+
+    whole, whole_lse = reference_attention(q, k, v, mask_fn=mask)
+    parts = []
+    for a, e in ((0, 37), (37, s)):
+        o, l = reference_attention(q, k[:, :, a:e], v[:, :, a:e],
+                                   mask_fn=lambda b, hh, qi, kv, a=a: mask(b, hh, qi, kv + a))
+        o = np.where(np.isneginf(l)[..., None], np.nan, o)
+        parts.append((o[0].transpose(1, 0, 2).astype(dtype), l[0].T.astype(np.float32)))
+    (va, sa), (vb, sb) = [(pagedc.to_device(o, device="emu"), pagedc.to_device(l, device="emu"))
+                          for o, l in parts]
+    want = np.nan_to_num(whole[0].transpose(1, 0, 2))
+    tol = 1e-5 if dtype == np.float32 else 3e-3
+    merged, lse = pagedc.merge_state(va, sa, vb, sb)
+    assert merged.device == "cuda:0" and merged.dtype == np.dtype(dtype).name.replace(
+        "float", "f")
+    assert_close(pagedc.to_host(merged).astype(np.float64), want, atol=tol, rtol=tol)
+    assert_close(pagedc.to_host(lse), whole_lse[0].T, atol=1e-5, rtol=1e-5)
+    assert np.all(pagedc.to_host(merged)[3] == 0) and np.all(np.isneginf(pagedc.to_host(lse)[3]))
+    stacked_v = pagedc.to_device(np.stack([o for o, _ in parts], axis=1), device="emu")
+    stacked_s = pagedc.to_device(np.stack([l for _, l in parts], axis=1), device="emu")
+    merged_n, lse_n = pagedc.merge_states(stacked_v, stacked_s)
+    assert_close(pagedc.to_host(merged_n), pagedc.to_host(merged), atol=0, rtol=0)
+    stream = pagedc.Stream()
+    pagedc.merge_state_in_place(va, sa, vb, sb, stream=stream)
+    stream.synchronize()
+    assert_close(pagedc.to_host(va), pagedc.to_host(merged), atol=0, rtol=0)
+    assert_close(pagedc.to_host(sa), pagedc.to_host(lse), atol=0, rtol=0)
+
+
+def test_merge_state_device_refusals_name_the_argument(rng):
+    va = pagedc.to_device(np.ones((3, 2, 16), np.float16), device="emu")
+    sa = pagedc.to_device(np.zeros((3, 2), np.float32), device="emu")
+    host_v = np.ones((3, 2, 16), np.float16)
+    with pytest.raises(ValueError, match="v_b"):
+        pagedc.merge_state(va, sa, host_v, sa)
+    with pytest.raises(ValueError, match="s_b must be f32"):
+        pagedc.merge_state(va, sa, va, pagedc.to_device(np.zeros((3, 2), np.float16),
+                                                        device="emu"))
+    with pytest.raises(ValueError, match="v_b must have v_a's shape"):
+        pagedc.merge_state(va, sa, pagedc.to_device(np.ones((2, 2, 16), np.float16),
+                                                    device="emu"), sa)
+    assert np.all(pagedc.to_host(va) == 1) and np.all(pagedc.to_host(sa) == 0)
+
+
+@pytest.mark.parametrize("page_size", [1, 16])
+def test_cascade_on_device_matches_reference(rng, page_size):
+    """CascadeAttention on the emulated device: each group's prefix read by
+    one entry of the prefix level (token maps: the rows' own positions and
+    sequence indices), the suffixes from kv_start, merged on the device;
+    against float64 under a per-sequence window and a relative score."""
+    if not pagedc.cuda_codegen_available():
+        pytest.skip("this build has no CUDA code generation (compile(..., cuda=True))")
+    step, groups = make_cascade_step(rng, page_size)
+    mods = pagedc.compile(CASCADE_SOURCE, cuda=True)
+    window = rng.integers(3, 40, size=len(step["seq_lens"])).astype(np.int32)
+    cascade = pagedc.CascadeAttention(mods, step["hq"], step["hkv"], step["d"], page_size,
+                                      max_num_seqs=16, max_num_tokens=64, device="emu",
+                                      dtype="f16")
+    cascade.plan(step["qsl"], step["seq_lens"], step["table"], groups)
+    q16 = step["q"].astype(np.float16)
+    k16, v16 = (c.astype(np.float16) for c in step["caches"])
+    stream = pagedc.Stream("emu")
+    out, lse = cascade.run(pagedc.to_device(q16, device="emu"),
+                           pagedc.to_device(k16, device="emu"),
+                           pagedc.to_device(v16, device="emu"),
+                           buffers={"window": pagedc.to_device(window, device="emu")},
+                           return_lse=True, stream=stream)
+    stream.synchronize()
+    ref_out, ref_lse = [], []
+    for b in range(len(step["seq_lens"])):
+        start, end = step["qsl"][b], step["qsl"][b + 1]
+        if end == start:
+            continue
+        k, v = (x[b].astype(np.float16) for x in (step["dense_k"], step["dense_v"]))
+        o, s = reference_attention(
+            q16[start:end].transpose(1, 0, 2)[None], k[None], v[None],
+            mask_fn=lambda _b, h, qi, kv, b=b: (qi >= kv) & (qi - kv <= window[b]),
+            score_fn=lambda s_, _b, h, qi, kv: s_ - 0.01 * (qi - kv),
+            q_offset=int(step["seq_lens"][b]) - (end - start))
+        ref_out.append(o[0].transpose(1, 0, 2))
+        ref_lse.append(s[0].T)
+    assert_close(pagedc.to_host(out).astype(np.float64), np.concatenate(ref_out), atol=2e-3,
+                 rtol=2e-3)
+    assert_close(pagedc.to_host(lse), np.concatenate(ref_lse), atol=1e-3, rtol=1e-3)
+    # The prefix level: one entry per group and per lone sequence.
+    assert cascade._prefix.num_seqs == len(groups) + 2

@@ -327,4 +327,4 @@ def test_cascade_and_token_map_errors_name_the_argument(rng):
         bad[2] = -1
         attn.plan(step["qsl"], step["seq_lens"], step["table"], token_batch=bad)
     with pytest.raises(ValueError, match="device"):
-        pagedc.CascadeAttention(None, 4, 2, 32, 16, device="emu")
+        pagedc.CascadeAttention(None, 4, 2, 32, 16, device="tpu")

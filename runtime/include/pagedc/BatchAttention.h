@@ -25,8 +25,10 @@
 // K/V are read in place through the layout's (head, page, slot) strides
 // with cp.async gathers (the tensor-map copies need flexAttention's compact
 // pages). The mask is evaluated per element over every key tile below
-// kv_len (no block classifier yet); kv_start, 8-bit caches and an f32
-// output stay on the CPU backend.
+// kv_len (no block classifier yet); a sequence's keys start at the tile
+// that holds its kv_start, whose rows below it are neither read nor kept,
+// and the token maps give each packed row its own position and batch index
+// (cascade levels). 8-bit caches and an f32 output stay on the CPU backend.
 //
 // mergeState() and its in-place and N-way forms combine attention results
 // over disjoint key ranges by their logsumexp (cascade and shared-prefix
@@ -174,7 +176,7 @@ public:
   ///     kvEnd[b] <= seqLens[b]; query positions still come from seqLens.
   ///     Two plans over a shared prefix [0, P) and the rest [P, seqLens[b])
   ///     give results whose mergeState() is attention over all the keys.
-  ///   tokenPositions, tokenBatch [T] (optional, CPU backend): the query
+  ///   tokenPositions, tokenBatch [T] (optional): the query
   ///     position and the batch index the mods see for each packed token,
   ///     in place of seqLens[b] - q_len_b + i and b; positions >= 0, batch
   ///     indices >= 0. With positions given, seqLens[b] need not cover the
@@ -185,8 +187,7 @@ public:
   ///     (docs/serving.md, "Cascade").
   /// Every check comes first: a bad argument throws pagedc::Error naming it
   /// and the previous plan stays in force. On CUDA plan() uploads the step
-  /// (synchronously, so the host arguments may change once it returns);
-  /// kv_start must be 0 there.
+  /// (synchronously, so the host arguments may change once it returns).
   void plan(const TensorView &queryStartLoc, const TensorView &seqLens,
             const TensorView &blockTable, const TensorView &kvStart = {},
             const TensorView &kvEnd = {}, const TensorView &tokenPositions = {},
@@ -242,29 +243,42 @@ private:
 // Merging partial results
 //===----------------------------------------------------------------------===//
 
-/// Combines two attention results over disjoint key sets of the same query
-/// rows: vA, vB [T, H, D] (f32 or bf16) and their natural-log logsumexps
-/// sA, sB [T, H] (f32) give s = log(exp(sA) + exp(sB)) and
-/// v = exp(sA - s) vA + exp(sB - s) vB; rows where both are -inf give
-/// v 0 and s -inf. Writes vOut [T, H, D] (f32 or bf16) and sOut [T, H] f32,
-/// which may alias vA / sA exactly. Inputs are checked first (shapes,
-/// dtypes, CPU device, strides); a mismatch throws pagedc::Error naming
-/// the argument and nothing is written.
-void mergeState(const TensorView &vA, const TensorView &sA, const TensorView &vB,
-                const TensorView &sB, const TensorView &vOut, const TensorView &sOut);
+/// Where and how the merge calls run on a CUDA device.
+struct MergeStateOptions {
+  /// CUDA: the CUstream the merge is enqueued on; the call returns without
+  /// waiting for it. Null: the legacy default stream, and the call waits
+  /// for the merge to end. The CPU ignores it.
+  void *stream = nullptr;
+};
 
-/// mergeState() into new tensors (v of vA's dtype, s f32).
+/// Combines two attention results over disjoint key sets of the same query
+/// rows: vA, vB [T, H, D] (f32, bf16 or f16) and their natural-log
+/// logsumexps sA, sB [T, H] (f32) give s = log(exp(sA) + exp(sB)) and
+/// v = exp(sA - s) vA + exp(sB - s) vB; rows where both are -inf give
+/// v 0 and s -inf. Writes vOut [T, H, D] (f32, bf16 or f16) and sOut
+/// [T, H] f32, which may alias vA / sA exactly. It runs where vA is: on the
+/// CPU, or on a CUDA device (the SIMT emulator included) when every tensor
+/// is in that device's memory, enqueued on options.stream. Inputs are
+/// checked first (shapes, dtypes, one device, strides); a mismatch throws
+/// pagedc::Error naming the argument and nothing is written.
+void mergeState(const TensorView &vA, const TensorView &sA, const TensorView &vB,
+                const TensorView &sB, const TensorView &vOut, const TensorView &sOut,
+                const MergeStateOptions &options = {});
+
+/// mergeState() into new tensors (v of vA's dtype, s f32); CPU tensors
+/// only (a device merge writes into the caller's vOut and sOut).
 AttentionResult mergeState(const TensorView &vA, const TensorView &sA, const TensorView &vB,
                            const TensorView &sB);
 
 /// mergeState() of (v, s) with (vOther, sOther), written into v and s.
 void mergeStateInPlace(const TensorView &v, const TensorView &s, const TensorView &vOther,
-                       const TensorView &sOther);
+                       const TensorView &sOther, const MergeStateOptions &options = {});
 
 /// N-way merge: v [T, N, H, D] and s [T, N, H] hold N partial results per
-/// row; writes their merge to vOut [T, H, D] and sOut [T, H].
+/// row; writes their merge to vOut [T, H, D] and sOut [T, H], on the CPU or
+/// the device that holds v (as mergeState()).
 void mergeStates(const TensorView &v, const TensorView &s, const TensorView &vOut,
-                 const TensorView &sOut);
+                 const TensorView &sOut, const MergeStateOptions &options = {});
 
 } // namespace pagedc
 

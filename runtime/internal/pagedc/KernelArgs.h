@@ -100,6 +100,14 @@ typedef struct PagedcAttentionKernelArgs {
   /// c * k_scale[h]).
   const float *k_scale;
   const float *v_scale;
+  /// Packed batches (null for the others, which never read them; appended
+  /// as q_start): [batch] the first key sequence b attends to (keys below
+  /// it are masked out and never read; null: 0), and [T] the query
+  /// position and batch index the mods see for each packed row (null:
+  /// q_offset[b] + row and b; cascade levels, BatchAttention::plan).
+  const int32_t *kv_start;
+  const int32_t *token_position;
+  const int32_t *token_batch;
 } PagedcAttentionKernelArgs;
 
 /// The warpgroup prefill's third parameter (templates/PrefillWgmma.cuh):
@@ -198,6 +206,31 @@ typedef struct PagedcBlockMaskKernelArgs {
   int32_t num_q_blocks;
   int32_t max_kv_blocks;
 } PagedcBlockMaskKernelArgs;
+
+/// Arguments of pagedc_merge_state (templates/MergeState.cuh): the rows
+/// (t, h) of `tokens` x `heads` merge the parts of two sources by their
+/// natural-log lse. Source i holds parts[i] parts (0 for an unused source).
+/// Element types: 0 f32, 1 f16, 2 bf16.
+typedef struct PagedcMergeStateArgs {
+  /// [tokens, parts, heads, dim] of value_type[i], strides (t, part, h, d).
+  const void *v[2];
+  int64_t v_stride[2][4];
+  /// [tokens, parts, heads] f32, strides (t, part, h).
+  const float *s[2];
+  int64_t s_stride[2][3];
+  int32_t parts[2];
+  int32_t value_type[2];
+  /// [tokens, heads, dim] of out_type, strides (t, h, d); may alias a part.
+  void *v_out;
+  int64_t v_out_stride[3];
+  /// [tokens, heads] f32, strides (t, h); may alias a part's lse.
+  float *s_out;
+  int64_t s_out_stride[2];
+  int32_t out_type;
+  int32_t tokens;
+  int32_t heads;
+  int32_t dim;
+} PagedcMergeStateArgs;
 
 #ifdef __cplusplus
 }

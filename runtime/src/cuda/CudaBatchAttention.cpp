@@ -108,8 +108,11 @@ CudaBatchBackend::CudaBatchBackend(const CompiledMods &mods, const BatchAttentio
   qStartAt_ = qOffsetAt_ + ints(c.maxNumSeqs);
   prefillAt_ = qStartAt_ + ints(c.maxNumSeqs + 1);
   decodeAt_ = prefillAt_ + ints(2 * maxPrefillTiles_);
+  kvStartAt_ = decodeAt_ + ints(2 * c.maxNumSeqs);
+  tokenPositionAt_ = kvStartAt_ + ints(c.maxNumSeqs);
+  tokenBatchAt_ = tokenPositionAt_ + ints(c.maxNumTokens);
   // (f32 after int32: 4-byte aligned.)
-  lseAt_ = decodeAt_ + ints(2 * c.maxNumSeqs);
+  lseAt_ = tokenBatchAt_ + ints(c.maxNumTokens);
   const int64_t partialRows = c.maxNumSeqs * kBatchDecodeTokens * c.numQHeads * maxSplits_;
   partialLseAt_ = lseAt_ + ints(c.maxNumTokens * c.numQHeads);
   partialOutAt_ = partialLseAt_ + ints(partialRows);
@@ -119,10 +122,14 @@ CudaBatchBackend::CudaBatchBackend(const CompiledMods &mods, const BatchAttentio
   order_.assign(ints(maxPrefillTiles_), 0);
   weight_.assign(ints(maxPrefillTiles_), 0);
   decodeList_.assign(ints(2 * c.maxNumSeqs), 0);
+  defaultPosition_.assign(ints(c.maxNumTokens), 0);
+  defaultBatch_.assign(ints(c.maxNumTokens), 0);
 }
 
 void CudaBatchBackend::plan(const int32_t *queryStart, const int32_t *kvLength,
-                            const int32_t *qOffset, const int32_t *pageTable, int64_t batch) {
+                            const int32_t *qOffset, const int32_t *pageTable, int64_t batch,
+                            const int32_t *kvStart, const int32_t *tokenPosition,
+                            const int32_t *tokenBatch) {
   const BatchAttentionConfig &c = config_;
   const int rows = prefill_->config.blockM;
   // The prefill tiles, heaviest first (the keys a tile's last row may see:
@@ -135,16 +142,19 @@ void CudaBatchBackend::plan(const int32_t *queryStart, const int32_t *kvLength,
     maxKv = std::max(maxKv, kvLength[b]);
     if (qLength == 0)
       continue;
+    // The keys the kernels visit: from the tile that holds kv_start.
+    const int32_t firstKey = kvStart[b] / kDecodeTile * kDecodeTile;
     if (qLength <= kBatchDecodeTokens) {
       decodeList_[2 * decodeSeqs] = static_cast<int32_t>(b);
       decodeList_[2 * decodeSeqs + 1] = 0;
       ++decodeSeqs;
-      maxDecodeKv = std::max(maxDecodeKv, kvLength[b]);
+      maxDecodeKv = std::max(maxDecodeKv, kvLength[b] - firstKey);
       continue;
     }
     for (int32_t row = 0; row < qLength; row += rows) {
-      weight_[tiles] =
-          std::min<int64_t>(kvLength[b], int64_t(qOffset[b]) + row + std::min(rows, qLength - row));
+      weight_[tiles] = std::min<int64_t>(kvLength[b], int64_t(qOffset[b]) + row +
+                                                          std::min(rows, qLength - row)) -
+                       firstKey;
       tiles_[2 * tiles] = static_cast<int32_t>(b);
       tiles_[2 * tiles + 1] = row;
       ++tiles;
@@ -185,6 +195,22 @@ void CudaBatchBackend::plan(const int32_t *queryStart, const int32_t *kvLength,
   storage_.upload(queryStart, ints(batch + 1) * 4, qStartAt_ * 4);
   storage_.upload(ordered_.data(), ints(2 * tiles) * 4, prefillAt_ * 4);
   storage_.upload(decodeList_.data(), ints(2 * decodeSeqs) * 4, decodeAt_ * 4);
+  storage_.upload(kvStart, ints(batch) * 4, kvStartAt_ * 4);
+  // The token maps, each plan's own or the flat step's (q_offset[b] + i,
+  // b): the kernels always read them, so a graph captured on one plan
+  // stays right for a plan of the same shape with or without maps.
+  const int64_t tokens = queryStart[batch];
+  if (!tokenPosition || !tokenBatch) {
+    for (int64_t b = 0; b < batch; ++b)
+      for (int32_t row = queryStart[b]; row < queryStart[b + 1]; ++row) {
+        defaultPosition_[row] = qOffset[b] + (row - queryStart[b]);
+        defaultBatch_[row] = static_cast<int32_t>(b);
+      }
+  }
+  storage_.upload(tokenPosition ? tokenPosition : defaultPosition_.data(), ints(tokens) * 4,
+                  tokenPositionAt_ * 4);
+  storage_.upload(tokenBatch ? tokenBatch : defaultBatch_.data(), ints(tokens) * 4,
+                  tokenBatchAt_ * 4);
   batch_ = batch;
   prefillTiles_ = tiles;
   decodeSeqs_ = decodeSeqs;
@@ -213,6 +239,9 @@ void CudaBatchBackend::run(const CudaBatchCall &call) const {
   args.kv_len = words + kvLenAt_;
   args.q_offset = words + qOffsetAt_;
   args.q_start = words + qStartAt_;
+  args.kv_start = words + kvStartAt_;
+  args.token_position = words + tokenPositionAt_;
+  args.token_batch = words + tokenBatchAt_;
   // Rows are packed: no batch stride; (b, h, row).
   args.q_stride[0] = 0;
   args.q_stride[1] = call.q.stride(1);

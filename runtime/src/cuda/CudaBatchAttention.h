@@ -55,10 +55,13 @@ public:
   CudaBatchBackend(const CompiledMods &mods, const BatchAttentionConfig &config);
 
   /// Uploads a validated plan of `batch` sequences: queryStart [B + 1],
-  /// kvLength, qOffset [B], pageTable [B, maxBlocksPerSeq], and the work
-  /// lists built from them.
+  /// kvLength, qOffset [B], pageTable [B, maxBlocksPerSeq], kvStart [B],
+  /// the token maps tokenPosition and tokenBatch [T] (each null when not
+  /// given: q_offset[b] + row and b are uploaded in their place), and the
+  /// work lists built from them.
   void plan(const int32_t *queryStart, const int32_t *kvLength, const int32_t *qOffset,
-            const int32_t *pageTable, int64_t batch);
+            const int32_t *pageTable, int64_t batch, const int32_t *kvStart,
+            const int32_t *tokenPosition, const int32_t *tokenBatch);
 
   /// Enqueues the planned step's kernels on call.stream: the prefill
   /// tiles, the decode splits and their merge (each only when it has work).
@@ -75,11 +78,13 @@ private:
   // One allocation of int32 words: page table [maxNumSeqs,
   // maxBlocksPerSeq], kv_len and q_offset [maxNumSeqs], q_start
   // [maxNumSeqs + 1], the prefill tiles [maxPrefillTiles, 2], the decode
-  // list [maxNumSeqs, 2]; then f32: the lse the kernels write when the
+  // list [maxNumSeqs, 2], kv_start [maxNumSeqs], the token positions and
+  // batch indices [maxNumTokens] each; then f32: the lse the kernels write when the
   // caller wants none [maxNumTokens, Hq], the decode splits' partial lse
   // [maxNumSeqs, kBatchDecodeTokens, Hq, maxSplits] and outputs [..., D].
   DeviceBuffer storage_;
   size_t kvLenAt_ = 0, qOffsetAt_ = 0, qStartAt_ = 0, prefillAt_ = 0, decodeAt_ = 0;
+  size_t kvStartAt_ = 0, tokenPositionAt_ = 0, tokenBatchAt_ = 0;
   size_t lseAt_ = 0, partialLseAt_ = 0, partialOutAt_ = 0;
   // The plan.
   int64_t batch_ = 0, prefillTiles_ = 0, decodeSeqs_ = 0, splits_ = 1;
@@ -88,6 +93,8 @@ private:
   // the heaviest-first order and the tiles in that order (uploaded); the
   // decode list.
   std::vector<int32_t> tiles_, ordered_, order_, decodeList_;
+  // [maxNumTokens]: the token maps of a plan given none.
+  std::vector<int32_t> defaultPosition_, defaultBatch_;
   std::vector<int64_t> weight_;
   mutable std::mutex lastMutex_;
   mutable const void *lastK_ = nullptr, *lastV_ = nullptr;

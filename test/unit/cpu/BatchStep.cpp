@@ -149,6 +149,15 @@ BatchStep::BatchStep(const BatchStepCase &stepCase) : c(stepCase) {
       }
     }
   }
+  // A shared prefix: sequence 0's keys and values.
+  for (int64_t b = 1; b < batch && c.sharedPrefix > 0; ++b)
+    for (HostTensor *t : {&k4, &v4}) {
+      const int64_t width = t == &k4 ? c.dim : c.vDim;
+      for (int64_t h = 0; h < c.kvHeads; ++h)
+        for (int64_t i = 0; i < c.sharedPrefix * width; ++i)
+          t->dataAs<double>()[(b * c.kvHeads + h) * maxKv * width + i] =
+              t->dataAs<double>()[h * maxKv * width + i];
+    }
   const DType cacheType = c.kvFloat8 ? *c.kvFloat8 : c.storage;
   std::vector<int32_t> pageOrder(static_cast<size_t>(totalPages));
   std::iota(pageOrder.begin(), pageOrder.end(), 0);
@@ -164,7 +173,8 @@ BatchStep::BatchStep(const BatchStepCase &stepCase) : c(stepCase) {
   for (int64_t b = 0; b < batch; ++b) {
     const BatchSeq &s = c.seqs[b];
     for (int64_t j = 0; j < (s.seqLen + c.pageSize - 1) / c.pageSize; ++j)
-      blockTable[b * columns + j] = pageOrder[nextPage++];
+      blockTable[b * columns + j] =
+          b > 0 && j < c.sharedPrefix / c.pageSize ? blockTable[j] : pageOrder[nextPage++];
     for (int64_t pos = 0; pos < s.seqLen; ++pos)
       for (int64_t h = 0; h < c.kvHeads; ++h) {
         int64_t page = blockTable[b * columns + pos / c.pageSize], slot = pos % c.pageSize;

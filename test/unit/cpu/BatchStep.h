@@ -50,6 +50,11 @@ struct BatchStepCase {
   bool sinks = false;
   int threads = 2;
   uint64_t seed = 1;
+  /// Keys [0, sharedPrefix) of every sequence are sequence 0's, and their
+  /// whole pages are sequence 0's pages (as fork() leaves a shared prefix;
+  /// a partial last page is each sequence's own copy). Every sequence must
+  /// have at least this many keys.
+  int32_t sharedPrefix = 0;
 };
 
 /// A value in [-1, 1], never 0.

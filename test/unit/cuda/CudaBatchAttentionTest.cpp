@@ -9,7 +9,9 @@
 // cache layout as views of one device allocation that the kernel reads in
 // place, shuffled pages of 1, 16 and 64 slots, GQA 1 and 4, head dims 64,
 // 96, 128, 192 and 256, bf16 and f16, a per-sequence document mask, fully masked
-// rows, lse, split-KV decode; and the CUDA path's refusals.
+// rows, lse, split-KV decode; key ranges (kv_start, kv_end) and cascade
+// levels (token maps) merged on the device, and the global bytes a cascade
+// reads (the emulator's counters); and the CUDA path's refusals.
 //
 //===----------------------------------------------------------------------===//
 #include "EmulatorEnvironment.h"
@@ -24,8 +26,11 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <fstream>
+#include <functional>
 #include <random>
 #include <string>
 
@@ -340,17 +345,329 @@ TEST(CudaBatchAttention, EmptyStepAndRefusals) {
   auto [out, lse] = device.results();
   for (int64_t i = 0; i < lse.numel(); ++i)
     EXPECT_TRUE(std::isnan(lse.dataAs<float>()[i])) << i;
-  // kv_start is CPU only.
-  std::vector<int32_t> start = {1, 0};
+}
+
+/// Runs `attention` (planned) on `device`'s inputs into out [T, Hq, Dv]
+/// and lse [T, Hq] of its own, which it returns.
+std::pair<DeviceBuffer, DeviceBuffer> runInto(const BatchAttention &attention,
+                                              const DeviceStep &device, TensorView &out,
+                                              TensorView &lse) {
+  const int64_t rows = device.outView.size(0), heads = device.outView.size(1);
+  DeviceBuffer outBuffer(device.out.size(), 0), lseBuffer(device.lse.size(), 0);
+  outBuffer.fill(0xff);
+  lseBuffer.fill(0xff);
+  out =
+      TensorView(outBuffer.data(), device.outView.dtype(), device.outView.shape(), Device::cuda(0));
+  lse = TensorView(lseBuffer.data(), DType::F32, {rows, heads}, Device::cuda(0));
+  BatchRunOptions options;
+  options.out = out;
+  options.lse = lse;
+  attention.run(device.qView, device.kView, device.vView, device.bindings, options);
+  return {std::move(outBuffer), std::move(lseBuffer)};
+}
+
+/// Keys [0, split) and [split, seq_len) of each sequence of the mixed step
+/// as two plans (kv_end, kv_start; splits off the page and tile grids,
+/// inside the first tile and past a sequence's end), merged on the device:
+/// the float64 attention over all keys, through the decode kernel (and its
+/// splits) and the prefill tiles.
+TEST(CudaBatchAttention, KvStartAndKvEndHalvesMergeToTheWhole) {
+  for (int variant = 0; variant < 2; ++variant) {
+    // Long decode contexts (split keys), GQA 4, HND f16 under a document
+    // mask and soft-cap; the mixed step, NHD bf16 under "holes" (every row
+    // with (q + h) % 3 == 0 masked).
+    BatchStepCase c = mixedDocumentCase(120 + variant);
+    if (variant == 0) {
+      c.seqs = {{1, 1900}, {6, 1337}, {0, 500}, {3, 30}, {40, 900}};
+      c.dim = c.vDim = 128;
+      c.layout = KVLayout::HND;
+      c.storage = DType::F16;
+      c.score = "softcap";
+    } else {
+      c.qHeads = c.kvHeads = 2;
+      c.mask = "holes";
+      c.score = "alibi";
+    }
+    BatchStep step(c);
+    std::vector<int32_t> split;
+    for (const BatchSeq &s : c.seqs)
+      split.push_back(std::min(s.seqLen, s.seqLen % 3 == 0 ? 37 : s.seqLen / 2 + 5));
+    const int32_t batch = static_cast<int32_t>(step.batch);
+    std::vector<int32_t> qsl = step.queryStartLoc, lens = step.seqLens, table = step.blockTable;
+    auto planWith = [&](BatchAttention &attention, bool first) {
+      TensorView range(split.data(), DType::I32, {batch});
+      attention.plan(TensorView(qsl.data(), DType::I32, {batch + 1}),
+                     TensorView(lens.data(), DType::I32, {batch}),
+                     TensorView(table.data(), DType::I32, {batch, step.columns}),
+                     first ? TensorView() : range, first ? range : TensorView());
+    };
+    BatchAttention head(step.mods, cudaConfig(step)), tail(step.mods, cudaConfig(step));
+    planWith(head, true);
+    planWith(tail, false);
+    if (variant == 0)
+      EXPECT_GT(tail.planShape().decodeSplits, 1);
+    EXPECT_GT(tail.planShape().prefillTiles, 0);
+    DeviceStep device(step);
+    TensorView headOut, headLse, tailOut, tailLse;
+    auto headBuffers = runInto(head, device, headOut, headLse);
+    auto tailBuffers = runInto(tail, device, tailOut, tailLse);
+    mergeState(headOut, headLse, tailOut, tailLse, device.outView, device.lseView);
+    auto [out, lse] = device.results();
+    BatchStepCheck check = step.compare(out.view(), lse.view(), /*cudaTolerance=*/true);
+    EXPECT_STEP_MATCHES(check);
+    if (variant == 1)
+      EXPECT_GT(check.maskedRows, 0) << check.describe();
+  }
+}
+
+/// A cascade step on the device: every sequence shares sequence 0's first
+/// 100 keys (its six whole pages, each sequence its own copy of the
+/// partial seventh). The prefix level packs each group's queries as one
+/// entry over the prefix pages (kv_end 100) with each token's own position
+/// and sequence index (token maps): a group of 7 tokens goes to the decode
+/// kernel, one of 22 to prefill tiles. The suffix level is the flat step
+/// from kv_start 100. Merged on the device they match the float64 step,
+/// under a document mask whose per-sequence ids (indexed by the token's b)
+/// decide which prefix keys each row sees, and ALiBi (its position).
+TEST(CudaBatchAttention, CascadeLevelsMergeToTheFlatStep) {
+  BatchStepCase c = mixedDocumentCase(140);
+  c.seqs = {{1, 150}, {2, 140}, {1, 200}, {3, 133}, {12, 170}, {1, 161}, {9, 300}};
+  c.sharedPrefix = 100;
+  c.score = "alibi"; // relative positions: each row's own matters
+  BatchStep step(c);
+  const int32_t prefix = c.sharedPrefix, batch = static_cast<int32_t>(step.batch);
+  // Documents: sequence b's first 30 + 9 b positions, then one to its end,
+  // so each row sees the prefix keys from its own sequence's cut on.
+  for (int64_t b = 0; b < step.batch; ++b)
+    for (int64_t position = 0; position < step.maxKv; ++position)
+      step.bindings->documents[b * step.maxKv + position] = position < 30 + 9 * b ? 0 : 1;
+  // Groups: sequences [0, 4) and [4, 7).
+  const std::vector<std::pair<int32_t, int32_t>> groups = {{0, 4}, {4, 7}};
+  std::vector<int32_t> groupStart = {0}, groupLens, groupEnd, groupTable, positions, batches;
+  for (auto [first, end] : groups) {
+    for (int32_t b = first; b < end; ++b)
+      for (int32_t i = 0; i < c.seqs[b].qLen; ++i) {
+        positions.push_back(c.seqs[b].seqLen - c.seqs[b].qLen + i);
+        batches.push_back(b);
+      }
+    groupStart.push_back(step.queryStartLoc[end]);
+    groupLens.push_back(prefix);
+    groupEnd.push_back(prefix);
+    // Sequence 0's row: the prefix's pages and sequence 0's partial page.
+    groupTable.insert(groupTable.end(), step.blockTable.begin(),
+                      step.blockTable.begin() + step.columns);
+  }
+  const int32_t entries = static_cast<int32_t>(groups.size());
+  const int64_t tokens = step.tokens;
+  BatchAttention prefixLevel(step.mods, cudaConfig(step)), suffixLevel(step.mods, cudaConfig(step));
+  prefixLevel.plan(TensorView(groupStart.data(), DType::I32, {entries + 1}),
+                   TensorView(groupLens.data(), DType::I32, {entries}),
+                   TensorView(groupTable.data(), DType::I32, {entries, step.columns}), TensorView(),
+                   TensorView(groupEnd.data(), DType::I32, {entries}),
+                   TensorView(positions.data(), DType::I32, {tokens}),
+                   TensorView(batches.data(), DType::I32, {tokens}));
+  EXPECT_EQ(prefixLevel.planShape().decodeSequences, 1);
+  EXPECT_EQ(prefixLevel.planShape().prefillTiles, 1);
   std::vector<int32_t> qsl = step.queryStartLoc, lens = step.seqLens, table = step.blockTable;
-  expectError(
-      [&] {
-        attention.plan(TensorView(qsl.data(), DType::I32, {3}),
-                       TensorView(lens.data(), DType::I32, {2}),
-                       TensorView(table.data(), DType::I32, {2, step.columns}),
-                       TensorView(start.data(), DType::I32, {2}));
-      },
-      "kv_start[0] = 1, but the CUDA backend reads every sequence's keys from 0");
+  std::vector<int32_t> start(static_cast<size_t>(batch), prefix);
+  // The suffix level needs no page below kv_start's: -1 there, which the
+  // kernels must not read (memcheck) though the first tile covers them.
+  for (int32_t b = 0; b < batch; ++b)
+    for (int32_t j = 0; j < prefix / c.pageSize; ++j)
+      table[b * step.columns + j] = -1;
+  suffixLevel.plan(TensorView(qsl.data(), DType::I32, {batch + 1}),
+                   TensorView(lens.data(), DType::I32, {batch}),
+                   TensorView(table.data(), DType::I32, {batch, step.columns}),
+                   TensorView(start.data(), DType::I32, {batch}));
+  DeviceStep device(step);
+  TensorView prefixOut, prefixLse, suffixOut, suffixLse;
+  auto prefixBuffers = runInto(prefixLevel, device, prefixOut, prefixLse);
+  auto suffixBuffers = runInto(suffixLevel, device, suffixOut, suffixLse);
+  mergeState(prefixOut, prefixLse, suffixOut, suffixLse, device.outView, device.lseView);
+  auto [out, lse] = device.results();
+  BatchStepCheck check = step.compare(out.view(), lse.view(), /*cudaTolerance=*/true);
+  EXPECT_STEP_MATCHES(check);
+}
+
+/// A prefix level captured into a CUDA graph after a plan without token
+/// maps, replayed after a plan of the same shape with them: the replay
+/// takes the later plan's maps (plan() uploads maps for every plan, the
+/// flat step's when none are given), so the merged cascade still matches
+/// the float64 flat step.
+TEST(CudaBatchAttention, CapturedPrefixLevelTakesALaterPlansTokenMaps) {
+  BatchStepCase c = mixedDocumentCase(170);
+  c.seqs = {{1, 150}, {2, 140}, {3, 200}};
+  c.sharedPrefix = 100;
+  c.score = "alibi";
+  BatchStep step(c);
+  const int32_t prefix = c.sharedPrefix, batch = static_cast<int32_t>(step.batch);
+  for (int64_t b = 0; b < step.batch; ++b)
+    for (int64_t position = 0; position < step.maxKv; ++position)
+      step.bindings->documents[b * step.maxKv + position] = position < 30 + 9 * b ? 0 : 1;
+  std::vector<int32_t> groupStart = {0, static_cast<int32_t>(step.tokens)}, groupLen = {prefix};
+  std::vector<int32_t> groupTable(step.blockTable.begin(), step.blockTable.begin() + step.columns);
+  std::vector<int32_t> positions, batches;
+  for (int32_t b = 0; b < batch; ++b)
+    for (int32_t i = 0; i < c.seqs[b].qLen; ++i) {
+      positions.push_back(c.seqs[b].seqLen - c.seqs[b].qLen + i);
+      batches.push_back(b);
+    }
+  const int64_t tokens = step.tokens;
+  BatchAttention prefixLevel(step.mods, cudaConfig(step)), suffixLevel(step.mods, cudaConfig(step));
+  auto planPrefix = [&](bool maps) {
+    prefixLevel.plan(TensorView(groupStart.data(), DType::I32, {2}),
+                     TensorView(groupLen.data(), DType::I32, {1}),
+                     TensorView(groupTable.data(), DType::I32, {1, step.columns}), TensorView(),
+                     TensorView(),
+                     maps ? TensorView(positions.data(), DType::I32, {tokens}) : TensorView(),
+                     maps ? TensorView(batches.data(), DType::I32, {tokens}) : TensorView());
+  };
+  planPrefix(false);
+  const BatchPlanShape captured = prefixLevel.planShape();
+  std::vector<int32_t> qsl = step.queryStartLoc, lens = step.seqLens, table = step.blockTable;
+  std::vector<int32_t> start(static_cast<size_t>(batch), prefix);
+  suffixLevel.plan(TensorView(qsl.data(), DType::I32, {batch + 1}),
+                   TensorView(lens.data(), DType::I32, {batch}),
+                   TensorView(table.data(), DType::I32, {batch, step.columns}),
+                   TensorView(start.data(), DType::I32, {batch}));
+  DeviceStep device(step);
+  const CudaDriver &driver = CudaDriver::get();
+  cu::Stream stream = nullptr;
+  driver.check(driver.api().streamCreate(&stream, 0), "cuStreamCreate");
+  DeviceBuffer prefixOut(device.out.size(), 0), prefixLse(device.lse.size(), 0);
+  BatchRunOptions options;
+  options.out =
+      TensorView(prefixOut.data(), device.outView.dtype(), device.outView.shape(), Device::cuda(0));
+  options.lse = TensorView(prefixLse.data(), DType::F32, device.lseView.shape(), Device::cuda(0));
+  options.stream = stream;
+  CudaGraphExec graph = captureGraph(driver, stream, [&] {
+    prefixLevel.run(device.qView, device.kView, device.vView, device.bindings, options);
+  });
+  planPrefix(true);
+  ASSERT_EQ(prefixLevel.planShape().decodeSplits, captured.decodeSplits);
+  ASSERT_EQ(prefixLevel.planShape().decodeSequences, captured.decodeSequences);
+  graph.launch(stream);
+  BatchRunOptions suffixOptions;
+  suffixOptions.out = device.outView;
+  suffixOptions.lse = device.lseView;
+  suffixOptions.stream = stream;
+  suffixLevel.run(device.qView, device.kView, device.vView, device.bindings, suffixOptions);
+  MergeStateOptions mergeOptions;
+  mergeOptions.stream = stream;
+  mergeStateInPlace(device.outView, device.lseView, options.out, options.lse, mergeOptions);
+  driver.check(driver.api().streamSynchronize(stream), "cuStreamSynchronize");
+  driver.check(driver.api().streamDestroy(stream), "cuStreamDestroy");
+  auto [out, lse] = device.results();
+  EXPECT_STEP_MATCHES(step.compare(out.view(), lse.view(), /*cudaTolerance=*/true));
+}
+
+/// The bytes the attention kernels' cp.async copies read from global
+/// memory (K/V rows and q; zero-filled rows excluded), from the emulator's
+/// counter lines of the launches that `run` makes.
+int64_t attentionCopyBytes(const std::function<void()> &run) {
+  const std::string path = ::testing::TempDir() + "cascade-counters.jsonl";
+  std::remove(path.c_str());
+  ::setenv("PAGEDC_EMU_COUNTERS", path.c_str(), 1);
+  run();
+  ::unsetenv("PAGEDC_EMU_COUNTERS");
+  std::ifstream in(path);
+  int64_t bytes = 0;
+  const std::string field = "\"cp_async_bytes\": ";
+  for (std::string line; std::getline(in, line);) {
+    if (line.find("\"kernel\": \"pagedc_decode\"") == std::string::npos &&
+        line.find("\"kernel\": \"pagedc_prefill\"") == std::string::npos)
+      continue;
+    const size_t at = line.find(field);
+    EXPECT_NE(at, std::string::npos) << line;
+    if (at != std::string::npos)
+      bytes += std::stoll(line.substr(at + field.size()));
+  }
+  std::remove(path.c_str());
+  return bytes;
+}
+
+/// The acceptance check of cascade, at CI size: 8 decoding sequences
+/// sharing a 500-key prefix (GQA 2, D 64, bf16; the suffixes start inside
+/// a 64-key tile, whose rows below kv_start must not be read). The emulator's counters
+/// show the flat step reading every sequence's prefix (8 times the
+/// prefix's K/V per KV head) and the cascade reading it once per KV head
+/// (the prefix level's one entry of 8 tokens, on the decode kernel) plus
+/// each sequence's own keys from kv_start; q is read once per KV split.
+/// Both match float64.
+TEST(CudaBatchAttention, CascadeReadsTheSharedPrefixOncePerKvHead) {
+  BatchStepCase c;
+  const int32_t prefix = 500, sequences = 8;
+  for (int32_t b = 0; b < sequences; ++b)
+    c.seqs.push_back({1, prefix + 13 + 11 * b});
+  c.qHeads = 4;
+  c.kvHeads = 2;
+  c.dim = c.vDim = 64;
+  c.pageSize = 16;
+  c.layout = KVLayout::NHD;
+  c.storage = DType::BF16;
+  c.mask = "causal";
+  c.sharedPrefix = prefix;
+  c.seed = 160;
+  BatchStep step(c);
+  const int64_t rowBytes = c.kvHeads * (c.dim + c.vDim) * 2; // K and V of a key
+  const int64_t qBytes = step.tokens * c.qHeads * c.dim * 2;
+  int64_t suffixKeys = 0;
+  for (const BatchSeq &s : c.seqs)
+    suffixKeys += s.seqLen - prefix;
+  DeviceStep device(step);
+
+  BatchAttention flat(step.mods, cudaConfig(step));
+  step.plan(flat);
+  TensorView flatOut, flatLse;
+  std::pair<DeviceBuffer, DeviceBuffer> flatBuffers;
+  const int64_t flatBytes =
+      attentionCopyBytes([&] { flatBuffers = runInto(flat, device, flatOut, flatLse); });
+  EXPECT_EQ(flatBytes,
+            (sequences * prefix + suffixKeys) * rowBytes + flat.planShape().decodeSplits * qBytes);
+
+  std::vector<int32_t> groupStart = {0, static_cast<int32_t>(step.tokens)}, groupLen = {prefix};
+  std::vector<int32_t> groupTable(step.blockTable.begin(), step.blockTable.begin() + step.columns);
+  std::vector<int32_t> positions, batches;
+  for (int32_t b = 0; b < sequences; ++b) {
+    positions.push_back(c.seqs[b].seqLen - 1);
+    batches.push_back(b);
+  }
+  BatchAttention prefixLevel(step.mods, cudaConfig(step)), suffixLevel(step.mods, cudaConfig(step));
+  prefixLevel.plan(TensorView(groupStart.data(), DType::I32, {2}),
+                   TensorView(groupLen.data(), DType::I32, {1}),
+                   TensorView(groupTable.data(), DType::I32, {1, step.columns}), TensorView(),
+                   TensorView(), TensorView(positions.data(), DType::I32, {sequences}),
+                   TensorView(batches.data(), DType::I32, {sequences}));
+  std::vector<int32_t> qsl = step.queryStartLoc, lens = step.seqLens, table = step.blockTable;
+  std::vector<int32_t> start(sequences, prefix);
+  suffixLevel.plan(TensorView(qsl.data(), DType::I32, {sequences + 1}),
+                   TensorView(lens.data(), DType::I32, {sequences}),
+                   TensorView(table.data(), DType::I32, {sequences, step.columns}),
+                   TensorView(start.data(), DType::I32, {sequences}));
+  EXPECT_EQ(prefixLevel.planShape().decodeSequences, 1);
+  TensorView prefixOut, prefixLse, suffixOut, suffixLse;
+  std::pair<DeviceBuffer, DeviceBuffer> prefixBuffers, suffixBuffers;
+  const int64_t prefixBytes = attentionCopyBytes(
+      [&] { prefixBuffers = runInto(prefixLevel, device, prefixOut, prefixLse); });
+  const int64_t suffixBytes = attentionCopyBytes(
+      [&] { suffixBuffers = runInto(suffixLevel, device, suffixOut, suffixLse); });
+  EXPECT_EQ(prefixBytes, prefix * rowBytes + prefixLevel.planShape().decodeSplits * qBytes);
+  EXPECT_EQ(suffixBytes, suffixKeys * rowBytes + suffixLevel.planShape().decodeSplits * qBytes);
+  // The prefix's share: 8 times in the flat step, once in the cascade.
+  const int64_t flatPrefix =
+      flatBytes - suffixKeys * rowBytes - flat.planShape().decodeSplits * qBytes;
+  EXPECT_EQ(flatPrefix, sequences * prefix * rowBytes);
+  std::printf("cascade bytes: flat %lld, cascade %lld (prefix level %lld, suffix level %lld)\n",
+              static_cast<long long>(flatBytes), static_cast<long long>(prefixBytes + suffixBytes),
+              static_cast<long long>(prefixBytes), static_cast<long long>(suffixBytes));
+
+  HostTensor hostOut(flatOut.dtype(), flatOut.shape()), hostLse(DType::F32, flatLse.shape());
+  flatBuffers.first.download(hostOut.data(), flatBuffers.first.size());
+  flatBuffers.second.download(hostLse.data(), flatBuffers.second.size());
+  EXPECT_STEP_MATCHES(step.compare(hostOut.view(), hostLse.view(), /*cudaTolerance=*/true));
+  mergeState(prefixOut, prefixLse, suffixOut, suffixLse, device.outView, device.lseView);
+  auto [out, lse] = device.results();
+  EXPECT_STEP_MATCHES(step.compare(out.view(), lse.view(), /*cudaTolerance=*/true));
 }
 
 /// A mixed step captured once into a CUDA graph (the emulated driver's
