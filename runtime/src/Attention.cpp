@@ -358,7 +358,10 @@ AttentionResult flexAttention(const TensorView &q, const PagedKVCache &cache,
   args.scale = call.scale;
   args.out = result.out;
   args.lse = result.lse;
+  args.sinks = options.sinks;
   args.threads = options.threads;
+  if (device.kind == DeviceKind::CPU && args.sinks.data())
+    throw Error("attention sinks are not supported on the CPU backend yet");
   if (device.kind == DeviceKind::CPU)
     cpu::pagedAttention(args);
   else

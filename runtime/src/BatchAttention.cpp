@@ -609,6 +609,7 @@ AttentionResult BatchAttention::run(const TensorView &q, const TensorView &kCach
     call.out = result.out;
     if (returnLse)
       call.lse = result.lse;
+    call.sinks = options.sinks;
     call.params = ParamsLayout::forDeclarations(mods_.params, mods_.buffers)
                       .pack(mods_.params, mods_.buffers, resolved.context());
     call.scale = scale;
@@ -617,6 +618,8 @@ AttentionResult BatchAttention::run(const TensorView &q, const TensorView &kCach
     return result;
   }
 
+  if (options.sinks.data())
+    throw Error("attention sinks are not supported on the CPU backend yet");
   // The packed rows as the kernel's [1, Hq, T, *] views.
   auto packed = [&](const TensorView &view, int64_t width) {
     if (width < 0)

@@ -100,6 +100,10 @@ typedef struct PagedcAttentionKernelArgs {
   /// c * k_scale[h]).
   const float *k_scale;
   const float *v_scale;
+  /// [heads_q] f32 attention sinks, or null (none): query head h's softmax
+  /// has one more key of logit sinks[h] (natural log, the units of the
+  /// scores after scale and score mod) and value zero. Appended as q_start.
+  const float *sinks;
 } PagedcAttentionKernelArgs;
 
 /// The warpgroup prefill's third parameter (templates/PrefillWgmma.cuh):

@@ -86,6 +86,9 @@ struct PagedAttentionArgs {
   TensorView out;
   /// [B, Hq, Lq] f32 natural-log logsumexp of the modded scores, or empty.
   TensorView lse;
+  /// [Hq] f32 attention sinks (AttentionOptions::sinks) on the call's
+  /// device, or empty (none).
+  TensorView sinks;
   /// Worker threads; 0 = hardware concurrency, or the calling thread alone
   /// for calls too small to gain from more.
   int threads = 0;
