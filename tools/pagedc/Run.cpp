@@ -4,7 +4,7 @@
 //       --v v.npy -o out.npy [--lse lse.npy] [--buffer NAME=file.npy]...
 //       [--param NAME=VALUE]... [-D NAME=VALUE]... [--scale F] [--block=QxKV]
 //       [--page-size N] [--shuffle-pages SEED | --ascending-pages | --pages-per-reserve N]
-//       [--q-offset N|end]
+//       [--q-offset N|end] [--sinks S[,S...]]
 //       [--device cpu|cuda|emu|auto] [--dtype f16|bf16] [--reference] [--threads N]
 //
 // The mods are compiled by the CPU JIT; K/V go into a PagedKVCache (reserve +
@@ -38,12 +38,14 @@
 #include "pagedc/Npy.h"
 #include "OutputFiles.h"
 
+#include "llvm/ADT/SmallVector.h"
 #include "llvm/Support/FileSystem.h"
 #include "llvm/Support/Path.h"
 #include "llvm/Support/raw_ostream.h"
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <optional>
@@ -61,7 +63,7 @@ constexpr const char *kRunUsage =
     "NAME=VALUE]... [-D NAME=VALUE]...\n"
     "           [--scale F] [--block=QxKV] [--page-size N] [--shuffle-pages "
     "SEED | --ascending-pages | --pages-per-reserve N]\n"
-    "           [--q-offset N|end]\n"
+    "           [--q-offset N|end] [--sinks S[,S...]]\n"
     "           [--device cpu|cuda|emu|auto] [--dtype f16|bf16] [--reference] "
     "[--threads N]\n"
     "           [--kernel-option NAME=VALUE]...\n"
@@ -69,6 +71,7 @@ constexpr const char *kRunUsage =
     "standard output,\n"
     "  devices and FIFOs are written in place, an input is never "
     "overwritten.\n"
+    "  --sinks: attention sinks, one logit per query head (or one for all).\n"
     "\n"
     "--kernel-option NAME=VALUE sets a CUDA kernel option of the call (repeatable;\n"
     "the last of a name wins; VALUE empty: the runtime decides). Unset, each\n"
@@ -106,6 +109,8 @@ struct RunOptions {
   std::string pagesPerReserveFlag; // the flag that set it
   std::optional<int64_t> qOffset; // nullopt with qOffsetAtEnd
   bool qOffsetAtEnd = false;
+  /// --sinks: one logit per query head, or one for every head; empty: none.
+  std::vector<float> sinks;
   std::string device = "auto";
   DType gpuType = DType::BF16; // --dtype: the element type on CUDA
   bool reference = false;
@@ -224,6 +229,17 @@ RunOptions parseRunOptions(llvm::ArrayRef<const char *> args) {
         options.qOffsetAtEnd = true;
       else
         options.qOffset = parseInteger(name, text, 0, INT32_MAX);
+    } else if (name == "--sinks") {
+      llvm::SmallVector<llvm::StringRef> items;
+      value().split(items, ',');
+      options.sinks.clear();
+      for (llvm::StringRef item : items) {
+        double sink = 0;
+        if (item.trim().getAsDouble(sink) || !std::isfinite(sink))
+          throw UsageError{"--sinks expects finite numbers separated by commas, got '" +
+                           item.str() + "'"};
+        options.sinks.push_back(static_cast<float>(sink));
+      }
     } else if (name == "--device") {
       options.device = value().str();
       if (options.device != "cpu" && options.device != "cuda" &&
@@ -436,6 +452,13 @@ int runChecked(const RunOptions &options) {
   if (kvLength > INT32_MAX / 2)
     throw mismatch(options.kPath, "sequence too long");
 
+  std::vector<float> sinks = options.sinks;
+  if (sinks.size() == 1)
+    sinks.assign(static_cast<size_t>(qHeads), sinks[0]);
+  if (!sinks.empty() && static_cast<int64_t>(sinks.size()) != qHeads)
+    throw Error(
+        fmt::format("--sinks gives {} values but q has {} heads", sinks.size(), (long long)qHeads));
+
   int64_t qOffset = options.qOffsetAtEnd ? kvLength - qLength
                                          : options.qOffset.value_or(0);
   if (qOffset < 0)
@@ -525,6 +548,19 @@ int runChecked(const RunOptions &options) {
     args.context = &resolved.context();
     args.scale = scale;
     cpu::ReferenceResult result = cpu::referenceAttention(args);
+    // A sink is one more key of logit sinks[h] and value zero: each row's
+    // state merges with (out 0, lse sinks[h]), in float64.
+    if (!sinks.empty())
+      for (int64_t row = 0; row < batch * qHeads * qLength; ++row) {
+        const double sink = sinks[(row / qLength) % qHeads];
+        double &rowLse = result.lse[row];
+        const double top = std::max(rowLse, sink);
+        const double merged = top + std::log(std::exp(rowLse - top) + std::exp(sink - top));
+        const double weight = std::isinf(rowLse) ? 0.0 : std::exp(rowLse - merged);
+        for (int64_t d = 0; d < vDim; ++d)
+          result.out[row * vDim + d] *= weight;
+        rowLse = merged;
+      }
     for (size_t i = 0; i < result.out.size(); ++i)
       out.dataAs<float>()[i] = static_cast<float>(result.out[i]);
     for (size_t i = 0; i < result.lse.size(); ++i)
@@ -554,6 +590,8 @@ int runChecked(const RunOptions &options) {
     if (!useCuda) {
       attention.out = out.view();
       attention.lse = lse.view();
+      if (!sinks.empty())
+        attention.sinks = TensorView(sinks.data(), DType::F32, {qHeads});
       flexAttention(q.view(), *cache, &blockMask, mods, bindings, attention);
     } else {
       // q and the buffers uploaded, outputs downloaded; out converted to f32.
@@ -575,6 +613,11 @@ int runChecked(const RunOptions &options) {
           TensorView(outDevice.data(), elementType, out.shape(), device);
       attention.lse = TensorView(lseDevice.data(), DType::F32, lse.shape(),
                                  device);
+      DeviceBuffer sinksDevice(std::max<size_t>(sinks.size(), 1) * sizeof(float), 0);
+      if (!sinks.empty()) {
+        sinksDevice.upload(sinks.data(), sinks.size() * sizeof(float));
+        attention.sinks = TensorView(sinksDevice.data(), DType::F32, {qHeads}, device);
+      }
       flexAttention(qDevice.view, *cache, &blockMask, mods, deviceBindings,
                     attention);
       outDevice.download(out16.data(), outDevice.size());

@@ -582,6 +582,22 @@ BUGS = {
         "      args.lse[lse_index] = total > 0.0f ? row_max + logf(total) : -infinity();",
         "      args.lse[lse_index] = lse[0];",
         "decode"),
+    # Attention sinks applied by every split as well as by the merge: the
+    # split partials' lse then hold the sink, which the merge counts once
+    # per split more (numerically: out and lse off the reference).
+    "decode-sink-per-split": (
+        "Decode.cuh",
+        "  const bool sinks_here = args.sinks != nullptr && args.num_splits == 1;",
+        "  const bool sinks_here = args.sinks != nullptr;",
+        "decode-sinks"),
+    # The sink taken as a log2-domain logit (its natural-log value not
+    # multiplied by log2(e)) where a row is finished: a sink of the scores'
+    # size then weighs too little (numerically, out and lse).
+    "sink-without-log2e": (
+        "KernelCommon.cuh",
+        "    const float sink_log2 = *sink * kLog2e;",
+        "    const float sink_log2 = *sink;",
+        "prefill-sinks"),
 }
 
 
@@ -751,6 +767,15 @@ def main():
         "decode-runs": dict(q=(1, 8, 1, 128), k=(1, 2, 1100, 128), extra=["--q-offset", "end"],
                             attn=os.path.join(work, "alibi_causal.attn"), score="alibi",
                             pages=["--page-size", "16"]),
+        # Attention sinks of the rows' own lse size (about log 1100 after the
+        # splits' merge), one per query head, the first far above every
+        # score; the decode's splits leave them to the merge.
+        "decode-sinks": dict(q=(1, 4, 1, 64), k=(1, 2, 1100, 64),
+                             extra=["--q-offset", "end", "--sinks", "6.5,7.5,20,-30"]),
+        # The mma.sync prefill with sinks (rows under the causal mask see
+        # 151 to 300 keys: lse about 5 to 6).
+        "prefill-sinks": dict(q=(1, 4, 150, 64), k=(1, 2, 300, 64),
+                              extra=["--q-offset", "end", "--sinks", "5,6,20,-30"]),
         # Persistent CTAs: 3 for 32 query tiles (batch 4 x 4 heads x 2 tiles
         # of 128 rows), each taking the next from the work counter when it
         # is free (below: 10 or 11 each in fixed rounds), with tensor-map
