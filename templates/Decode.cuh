@@ -775,6 +775,9 @@ extern "C" __global__ void __launch_bounds__(pagedc::kDecodeThreads, pagedc::kDe
   float *part_sum = part_max + kKvWarps * kPaddedRows;
   float *merged = reinterpret_cast<float *>(shared + kDecodeQBytes);
   float row_scale[2], row_lse[2];
+  // The sinks join a row's softmax once: here with one split, else in the
+  // merge (each split's partial lse leaves them out).
+  const bool sinks_here = args.sinks != nullptr && args.num_splits == 1;
 #pragma unroll
   for (int half = 0; half < kRowHalves; ++half) {
     float sum = quad_sum(state.sum[half]);
@@ -796,8 +799,9 @@ extern "C" __global__ void __launch_bounds__(pagedc::kDecodeThreads, pagedc::kDe
     for (int w = 0; w < kKvWarps; ++w)
       total += part_sum[w * kPaddedRows + local_row[half]] *
                exp2_approx(part_max[w * kPaddedRows + local_row[half]] - base);
-    row_scale[half] = total > 0.0f ? exp2_approx(state.max[half] - base) / total : 0.0f;
-    row_lse[half] = total > 0.0f ? (row_max + log2f(total)) * kLn2 : -infinity();
+    row_scale[half] =
+        exp2_approx(state.max[half] - base) *
+        finish_row(row_max, total, sinks_here ? args.sinks + h_of[half] : nullptr, row_lse[half]);
     // An 8-bit cache's V scale multiplies the output rows.
     if constexpr (kKvFloat8 != 0)
       row_scale[half] *= args.v_scale[kv_head];
@@ -897,11 +901,14 @@ extern "C" __global__ void __launch_bounds__(128)
   // partial_lse: [splits] of this row; partial_out: [splits, D].
   const float *lse = args.partial_lse + row_index * splits;
   const float *partial = args.partial_out + row_index * splits * kValueHeadDim;
-  float row_max = -infinity();
+  // The sink (a logit with a zero value) joins the splits' states here,
+  // once: as one more state of lse sinks[h] and output 0.
+  const float sink = args.sinks != nullptr ? args.sinks[h] : -infinity();
+  float row_max = sink;
   for (int i = 0; i < splits; ++i)
     row_max = fmaxf(row_max, lse[i]);
   const float base = row_max == -infinity() ? 0.0f : row_max;
-  float total = 0.0f;
+  float total = exp2_approx((sink - base) * kLog2e);
   for (int i = 0; i < splits; ++i)
     total += exp2_approx((lse[i] - base) * kLog2e);
   const float inverse = total > 0.0f ? 1.0f / total : 0.0f;

@@ -519,6 +519,34 @@ struct RowState {
   float sum[2];
 };
 
+/// A finished row's normalisation: `max` is its reference (log2 domain,
+/// -inf when it saw no key) and `sum` the sum of 2^(s - max) over its keys.
+/// `sink` (null: none) points at its query head's attention sink, a logit
+/// in natural-log units: the sink is one more key with a zero value, so it
+/// adds 2^(sink log2(e) - max) to the sum and nothing to the output. The
+/// reference moves to the sink where that is larger, so that neither term
+/// overflows: a sink far above every score gives weights near 0, and a
+/// fully masked row (sum 0) gives out 0 and lse = sink. Returns the factor
+/// that turns the row's output, accumulated against `max`, into the
+/// normalised one, and sets `lse` (natural log; -inf for a fully masked row
+/// without a sink). Called once per row after the KV loop, so a kernel
+/// without sinks pays one predicated test there and nothing in the loop.
+PAGEDC_DEVICE float finish_row(float max, float sum, const float *sink, float &lse) {
+  float base = max;
+  float factor = 1.0f;
+  if (sink != nullptr) {
+    const float sink_log2 = *sink * kLog2e;
+    // A sink of -inf on a fully masked row: subtract 0 (exp2 of -inf is 0,
+    // of NaN is not).
+    const float top = fmaxf(max, sink_log2);
+    base = top == -infinity() ? 0.0f : top;
+    factor = exp2_approx(max - base);
+    sum = sum * factor + exp2_approx(sink_log2 - base);
+  }
+  lse = sum > 0.0f ? (base + log2f(sum)) * kLn2 : -infinity();
+  return sum > 0.0f ? factor / sum : 0.0f;
+}
+
 /// What a prefill CTA computes: query rows [row_begin, row_begin +
 /// row_count) of query head h of sequence b. The tiles are numbered
 /// heaviest first: tile x (a CTA's block x, or one of a persistent CTA's,

@@ -320,12 +320,13 @@ extern "C" __global__ void __launch_bounds__(pagedc::kPrefillThreads, 1)
   // Epilogue: normalise, store out rows and lse.
   Element *out_base = static_cast<Element *>(args.out) + b * args.out_stride[0] +
                       h * args.out_stride[1];
+  const float *sink = args.sinks != nullptr ? args.sinks + h : nullptr;
 #pragma unroll
   for (int m = 0; m < kMTiles; ++m) {
 #pragma unroll
     for (int half = 0; half < 2; ++half) {
-      const float sum = quad_sum(state[m].sum[half]);
-      float inverse = sum > 0.0f ? 1.0f / sum : 0.0f;
+      float row_lse;
+      float inverse = finish_row(state[m].max[half], quad_sum(state[m].sum[half]), sink, row_lse);
       if constexpr (kKvFloat8 != 0)
         inverse *= args.v_scale[kv_head];
       const int row = row_begin + warp_row + 16 * m + (lane >> 2) + 8 * half;
@@ -343,8 +344,7 @@ extern "C" __global__ void __launch_bounds__(pagedc::kPrefillThreads, 1)
         if constexpr (kPackedBatch)
           lse_at = static_cast<int64_t>(first_row + row) * args.heads_q + h;
         if ((lane & 3) == 0)
-          args.lse[lse_at] = sum > 0.0f ? (state[m].max[half] + log2f(sum)) * kLn2
-                                        : -infinity();
+          args.lse[lse_at] = row_lse;
       }
     }
   }

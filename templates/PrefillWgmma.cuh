@@ -859,10 +859,11 @@ extern "C" __global__ void __launch_bounds__(pagedc::kPrefillThreads, 1)
 
     // Epilogue: normalise, store out rows and lse.
     unsigned char *const o_rows = shared + (q_group - shared_address(shared));
+    const float *sink = args.sinks != nullptr ? args.sinks + h : nullptr;
 #pragma unroll
     for (int half = 0; half < 2; ++half) {
-      const float sum = quad_sum(state.sum[half]);
-      const float inverse = sum > 0.0f ? 1.0f / sum : 0.0f;
+      float row_lse;
+      const float inverse = finish_row(state.max[half], quad_sum(state.sum[half]), sink, row_lse);
       const int group_local = 16 * warp + (lane >> 2) + 8 * half;
       const int row = row_begin + group_row + group_local;
       if (staged_out) {
@@ -886,8 +887,7 @@ extern "C" __global__ void __launch_bounds__(pagedc::kPrefillThreads, 1)
       }
       if constexpr (pagedc_config::kHasLse) {
         if ((lane & 3) == 0)
-          args.lse[(static_cast<int64_t>(b) * args.heads_q + h) * args.q_len + row] =
-              sum > 0.0f ? (state.max[half] + log2f(sum)) * kLn2 : -infinity();
+          args.lse[(static_cast<int64_t>(b) * args.heads_q + h) * args.q_len + row] = row_lse;
       }
     }
     if (staged_out) {

@@ -317,10 +317,9 @@ AttentionResult flexAttention(const TensorView &q, const PagedKVCache &cache,
   args.mods = &mods;
   args.context = &resolved.context();
   args.scale = call.scale;
-  if (isProvided(options.sinks))
-    args.sinks = options.sinks.dataAs<const float>();
   args.out = result.out;
   args.lse = result.lse;
+  args.sinks = options.sinks;
   args.threads = options.threads;
   if (device.kind == DeviceKind::CPU)
     cpu::pagedAttention(args);

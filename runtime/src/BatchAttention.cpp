@@ -646,8 +646,7 @@ AttentionResult BatchAttention::run(const TensorView &q, const TensorView &kCach
   args.mods = &mods_;
   args.context = &resolved.context();
   args.scale = scale;
-  if (isProvided(options.sinks))
-    args.sinks = options.sinks.dataAs<const float>();
+  args.sinks = options.sinks;
   args.out = packed(result.out, c.valueHeadDim);
   if (returnLse)
     args.lse = packed(result.lse, -1);

@@ -4,7 +4,7 @@
 //       --v v.npy -o out.npy [--lse lse.npy] [--buffer NAME=file.npy]...
 //       [--param NAME=VALUE]... [-D NAME=VALUE]... [--scale F] [--block=QxKV]
 //       [--page-size N] [--shuffle-pages SEED | --ascending-pages | --pages-per-reserve N]
-//       [--q-offset N|end] [--sinks SINKS.npy]
+//       [--q-offset N|end] [--sinks S[,S...] | --sinks SINKS.npy]
 //       [--device cpu|cuda|emu|auto] [--dtype f16|bf16] [--reference] [--threads N]
 //
 // The mods are compiled by the CPU JIT; K/V go into a PagedKVCache (reserve +
@@ -38,12 +38,14 @@
 #include "pagedc/Npy.h"
 #include "OutputFiles.h"
 
+#include "llvm/ADT/SmallVector.h"
 #include "llvm/Support/FileSystem.h"
 #include "llvm/Support/Path.h"
 #include "llvm/Support/raw_ostream.h"
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <optional>
@@ -61,12 +63,13 @@ constexpr const char *kRunUsage =
     "NAME=VALUE]... [-D NAME=VALUE]...\n"
     "           [--scale F] [--block=QxKV] [--page-size N] [--shuffle-pages "
     "SEED | --ascending-pages | --pages-per-reserve N]\n"
-    "           [--q-offset N|end] [--sinks SINKS.npy]\n"
+    "           [--q-offset N|end] [--sinks S[,S...] | --sinks SINKS.npy]\n"
     "           [--device cpu|cuda|emu|auto] [--dtype f16|bf16] [--reference] "
     "[--threads N]\n"
     "           [--kernel-option NAME=VALUE]...\n"
-    "  --sinks: attention sinks, f32 [Hq] (one logit per query head, a key of value\n"
-    "  zero; CPU backend and --reference).\n"
+    "  --sinks: attention sinks, one logit per query head (or one for all) as\n"
+    "  numbers separated by commas, or an f32 [Hq] .npy file: each is one more\n"
+    "  key of value zero in its head's softmax.\n"
     "  FILE.attn is at most 16 MiB. -o and --lse: '-' or /dev/stdout is "
     "standard output,\n"
     "  devices and FIFOs are written in place, an input is never "
@@ -108,6 +111,8 @@ struct RunOptions {
   std::string pagesPerReserveFlag; // the flag that set it
   std::optional<int64_t> qOffset; // nullopt with qOffsetAtEnd
   bool qOffsetAtEnd = false;
+  /// --sinks: one logit per query head, or one for every head; empty: none.
+  std::vector<float> sinks;
   std::string device = "auto";
   DType gpuType = DType::BF16; // --dtype: the element type on CUDA
   bool reference = false;
@@ -172,7 +177,6 @@ RunOptions parseRunOptions(llvm::ArrayRef<const char *> args) {
     else if (name == "--v") options.vPath = value().str();
     else if (name == "-o" || name == "--output") options.outPath = value().str();
     else if (name == "--lse") options.lsePath = value().str();
-    else if (name == "--sinks") options.sinksPath = value().str();
     else if (name == "--buffer")
       options.buffers.push_back(splitAssignment(name, value()));
     else if (name == "--param")
@@ -227,6 +231,23 @@ RunOptions parseRunOptions(llvm::ArrayRef<const char *> args) {
         options.qOffsetAtEnd = true;
       else
         options.qOffset = parseInteger(name, text, 0, INT32_MAX);
+    } else if (name == "--sinks") {
+      llvm::StringRef text = value();
+      options.sinks.clear();
+      options.sinksPath.clear();
+      if (text.ends_with(".npy")) {
+        options.sinksPath = text.str();
+        continue;
+      }
+      llvm::SmallVector<llvm::StringRef> items;
+      text.split(items, ',');
+      for (llvm::StringRef item : items) {
+        double sink = 0;
+        if (item.trim().getAsDouble(sink) || !std::isfinite(sink))
+          throw UsageError{"--sinks expects finite numbers separated by commas, got '" +
+                           item.str() + "'"};
+        options.sinks.push_back(static_cast<float>(sink));
+      }
     } else if (name == "--device") {
       options.device = value().str();
       if (options.device != "cpu" && options.device != "cuda" &&
@@ -441,6 +462,13 @@ int runChecked(const RunOptions &options) {
   if (kvLength > INT32_MAX / 2)
     throw mismatch(options.kPath, "sequence too long");
 
+  std::vector<float> sinkValues = options.sinks;
+  if (sinkValues.size() == 1)
+    sinkValues.assign(static_cast<size_t>(qHeads), sinkValues[0]);
+  if (!sinkValues.empty() && static_cast<int64_t>(sinkValues.size()) != qHeads)
+    throw Error(fmt::format("--sinks gives {} values but q has {} heads", sinkValues.size(),
+                            (long long)qHeads));
+
   int64_t qOffset = options.qOffsetAtEnd ? kvLength - qLength
                                          : options.qOffset.value_or(0);
   if (qOffset < 0)
@@ -457,7 +485,11 @@ int runChecked(const RunOptions &options) {
 
   // Sinks: f32 [Hq]; the runtime checks them again on the call's device.
   HostTensor sinks;
-  if (!options.sinksPath.empty()) {
+  const bool haveSinks = !options.sinksPath.empty() || !sinkValues.empty();
+  if (!sinkValues.empty()) {
+    sinks = HostTensor(DType::F32, {qHeads});
+    std::copy(sinkValues.begin(), sinkValues.end(), sinks.dataAs<float>());
+  } else if (!options.sinksPath.empty()) {
     sinks = readNpy(options.sinksPath, NpyReadOptions());
     if (sinks.dtype() != DType::F32 || sinks.shape() != std::vector<int64_t>{qHeads})
       throw Error(fmt::format("npy file '{}': --sinks must be f32 [Hq] = [{}] but holds {} {}",
@@ -539,7 +571,7 @@ int runChecked(const RunOptions &options) {
     args.mods = &mods;
     args.context = &resolved.context();
     args.scale = scale;
-    if (!options.sinksPath.empty())
+    if (haveSinks)
       args.sinks = sinks.dataAs<float>();
     cpu::ReferenceResult result = cpu::referenceAttention(args);
     for (size_t i = 0; i < result.out.size(); ++i)
@@ -569,7 +601,7 @@ int runChecked(const RunOptions &options) {
     attention.threads = options.threads;
     attention.kernel = kernelOptions;
     if (!useCuda) {
-      if (!options.sinksPath.empty())
+      if (haveSinks)
         attention.sinks = sinks.view();
       attention.out = out.view();
       attention.lse = lse.view();
@@ -595,7 +627,7 @@ int runChecked(const RunOptions &options) {
       attention.lse = TensorView(lseDevice.data(), DType::F32, lse.shape(),
                                  device);
       std::optional<DeviceTensor> sinksDevice;
-      if (!options.sinksPath.empty()) {
+      if (haveSinks) {
         sinksDevice.emplace(uploadTensor(sinks, 0));
         attention.sinks = sinksDevice->view;
       }

@@ -108,6 +108,10 @@ typedef struct PagedcAttentionKernelArgs {
   const int32_t *kv_start;
   const int32_t *token_position;
   const int32_t *token_batch;
+  /// [heads_q] f32 attention sinks, or null (none): query head h's softmax
+  /// has one more key of logit sinks[h] (natural log, the units of the
+  /// scores after scale and score mod) and value zero. Appended as q_start.
+  const float *sinks;
 } PagedcAttentionKernelArgs;
 
 /// The warpgroup prefill's third parameter (templates/PrefillWgmma.cuh):

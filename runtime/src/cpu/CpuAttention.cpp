@@ -669,8 +669,8 @@ void Kernel::writeRow(int64_t b, int64_t h, int64_t i, const float *acc, float m
   // merged, and adds nothing to acc. A NaN sink must reach out and lse, so
   // it wins the max (std::max would drop it).
   float keep = 1.0f;
-  if (args_.sinks) {
-    const float sink = args_.sinks[h];
+  if (args_.sinks.data()) {
+    const float sink = args_.sinks.dataAs<const float>()[h];
     const float top = std::isnan(sink) || sink > maxScore ? sink : maxScore;
     if (top != kNegInf) {
       keep = maxScore == kNegInf ? 0.0f : std::exp(maxScore - top);

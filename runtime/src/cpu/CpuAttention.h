@@ -82,14 +82,15 @@ struct PagedAttentionArgs {
   const PagedcModContext *context = nullptr;
   /// Multiplies q.k before the score mod.
   float scale = 1.0f;
-  /// [Hq] or null (no sinks): query head h's softmax has one more key, of
-  /// logit sinks[h] (after scale and score mod) and value zero. On the CPU
-  /// it is folded into each row's final normalisation; -inf adds nothing.
-  const float *sinks = nullptr;
   /// [B, Hq, Lq, Dv], f32 or bf16. Every element is written.
   TensorView out;
   /// [B, Hq, Lq] f32 natural-log logsumexp of the modded scores, or empty.
   TensorView lse;
+  /// [Hq] f32 attention sinks (AttentionOptions::sinks) on the call's
+  /// device, or empty (none): query head h's softmax has one more key, of
+  /// logit sinks[h] (after scale and score mod) and value zero. On the CPU
+  /// it is folded into each row's final normalisation; -inf adds nothing.
+  TensorView sinks;
   /// Worker threads; 0 = hardware concurrency, or the calling thread alone
   /// for calls too small to gain from more.
   int threads = 0;

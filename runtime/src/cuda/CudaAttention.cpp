@@ -735,6 +735,27 @@ void checkCudaLayout(const cpu::PagedAttentionArgs &args) {
       throw Error("the KV cache storage must be compact on CUDA");
 }
 
+} // namespace
+
+void checkSinks(const TensorView &sinks, int64_t headsQ, Device device) {
+  if (!sinks.data())
+    return;
+  if (sinks.dtype() != DType::F32)
+    throw Error(fmt::format("sinks is {} but must be f32", dtypeName(sinks.dtype())));
+  if (sinks.rank() != 1 || sinks.size(0) != headsQ)
+    throw Error(fmt::format("sinks must be [{}] (one per query head) but has shape {}", headsQ,
+                            sinks.shapeString()));
+  if (headsQ > 1 && sinks.stride(0) != 1)
+    throw Error(fmt::format("sinks must be contiguous on CUDA but has stride {}", sinks.stride(0)));
+  if (!(sinks.device() == device))
+    throw Error(fmt::format("sinks is on {} but the call runs on {}", deviceName(sinks.device()),
+                            deviceName(device)));
+  if (reinterpret_cast<uintptr_t>(sinks.data()) % 4 != 0)
+    throw Error("sinks' data is not 4-byte aligned");
+}
+
+namespace {
+
 /// One staging upload of the call's page table, kv_len and q_offset (and
 /// an 8-bit cache's K and V scales, as bits), enqueued on `stream`; points
 /// kernelArgs at them. The buffer must outlive the launch.
@@ -783,8 +804,6 @@ DeviceBuffer uploadCallData(const cpu::PagedAttentionArgs &args, const KernelCon
 
 void pagedAttention(const cpu::PagedAttentionArgs &args, Device device, void *streamHandle,
                     const KernelOptions &kernelOptions) {
-  if (args.sinks) // until the kernels take sinks
-    throw Error("options.sinks is not supported on CUDA yet; the CPU backend computes it");
   checkKernelOptions(kernelOptions);
   std::string reason;
   if (!CudaDriver::available(&reason))
@@ -795,6 +814,7 @@ void pagedAttention(const cpu::PagedAttentionArgs &args, Device device, void *st
   const CompiledMods emptyMods;
   const CompiledMods &mods = args.mods ? *args.mods : emptyMods;
   checkCudaLayout(args);
+  checkSinks(args.sinks, args.q.size(1), device);
 
   const TensorView &q = args.q;
   const int batch = static_cast<int>(q.size(0)), headsQ = static_cast<int>(q.size(1)),
@@ -829,6 +849,8 @@ void pagedAttention(const cpu::PagedAttentionArgs &args, Device device, void *st
   kernelArgs.v_cache = args.vCache.data();
   kernelArgs.out = args.out.data();
   kernelArgs.lse = static_cast<float *>(args.lse.data());
+  // Read in place on the device (null: no sinks); nothing to upload.
+  kernelArgs.sinks = static_cast<const float *>(args.sinks.data());
   // The staging buffer dies with this call, after its synchronisation.
   const DeviceBuffer callData = uploadCallData(args, config, device, stream, kernelArgs);
   for (int d = 0; d < 3; ++d) {

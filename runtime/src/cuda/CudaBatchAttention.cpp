@@ -11,6 +11,7 @@
 //
 //===----------------------------------------------------------------------===//
 #include "cuda/CudaBatchAttention.h"
+#include "cuda/CudaAttention.h"
 
 #include "pagedc/CudaLaunch.h"
 #include "pagedc/EmulatorBuild.h"
@@ -219,8 +220,6 @@ void CudaBatchBackend::plan(const int32_t *queryStart, const int32_t *kvLength,
 }
 
 void CudaBatchBackend::run(const CudaBatchCall &call) const {
-  if (call.sinks.data()) // until the kernels take sinks
-    throw Error("sinks are not supported on CUDA yet; the CPU backend computes them");
   const BatchAttentionConfig &c = config_;
   {
     std::lock_guard<std::mutex> lock(lastMutex_);
@@ -235,6 +234,10 @@ void CudaBatchBackend::run(const CudaBatchCall &call) const {
   args.v_cache = call.vCache.data();
   args.out = call.out.data();
   args.lse = call.lse.data() ? static_cast<float *>(call.lse.data()) : floats + lseAt_;
+  // The sinks' address is an argument of the kernels (null: none), so a
+  // captured graph replays with whatever the tensor holds then.
+  cuda::checkSinks(call.sinks, c.numQHeads, Device::cuda(prefill_->device));
+  args.sinks = static_cast<const float *>(call.sinks.data());
   args.page_table = words;
   args.kv_len = words + kvLenAt_;
   args.q_offset = words + qOffsetAt_;

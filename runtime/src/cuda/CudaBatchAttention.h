@@ -37,11 +37,11 @@ struct CudaBatchCall {
   TensorView kCache, vCache;
   /// [T', Hq, D]; lse [T', Hq] contiguous, or empty (the backend's own).
   TensorView out, lse;
+  /// [Hq] f32 attention sinks on the device, or empty (none).
+  TensorView sinks;
   /// pagedc_mods::Params bytes (ParamsLayout::pack).
   std::vector<unsigned char> params;
   float scale = 1.0f;
-  /// [Hq] f32 on the device, or empty (no sinks).
-  TensorView sinks;
   /// A CUstream; null: the legacy default stream.
   void *stream = nullptr;
 };

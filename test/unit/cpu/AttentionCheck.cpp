@@ -126,10 +126,8 @@ void runOnCuda(const cpu::PagedAttentionArgs &hostArgs, const CompiledMods &mods
   args.out = upload(hostArgs.out);
   if (hostArgs.lse.data())
     args.lse = upload(hostArgs.lse);
-  if (hostArgs.sinks)
-    args.sinks =
-        upload(TensorView(const_cast<float *>(hostArgs.sinks), DType::F32, {hostArgs.q.size(1)}))
-            .dataAs<const float>();
+  if (hostArgs.sinks.data())
+    args.sinks = upload(hostArgs.sinks);
   // Mod buffers live in device memory too.
   std::vector<PagedcBufferRef> deviceRefs;
   PagedcModContext deviceContext{nullptr, nullptr};
@@ -238,7 +236,7 @@ AttentionCheckResult checkPagedAttention(const CompiledMods &mods,
   if (!c.sinks.empty()) {
     if (static_cast<int64_t>(c.sinks.size()) != c.qHeads)
       throw Error("checkPagedAttention: sinks must hold one value per query head");
-    args.sinks = c.sinks.data();
+    args.sinks = TensorView(const_cast<float *>(c.sinks.data()), DType::F32, {c.qHeads});
   }
   args.threads = c.threads;
   args.variant = c.variant;
