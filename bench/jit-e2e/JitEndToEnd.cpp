@@ -28,11 +28,10 @@
 //   stages   where a cold compile goes: .attn -> mod code, source assembly,
 //            and NVRTC's own times (--time: C++ front end, NVVM optimizer,
 //            PTX -> SASS), each a median of 5 plain compiles
-//   pch      a new process of this binary with CompileOptions::
-//            precompiledPrefix: the cold compile that creates the PCH of
-//            the invariant prefix (empty cache), then a second variant
-//            (`sliding` + `capped`: .attn -> cubin) reusing it, and the same
-//            second variant compiled without it; median of 5 processes
+//   second   a new process of this binary: a cold compile (empty cache),
+//            then a second variant (`sliding` + `capped`: .attn -> mod code
+//            -> assembleKernel -> NVRTC cubin) timed in that warm process;
+//            median of 5 processes
 // Prints a table and writes bench/results/jit-e2e.json (in the source tree).
 //
 //===----------------------------------------------------------------------===//
@@ -180,40 +179,31 @@ int warmChild(const std::string &kind, const std::string &dir) {
   return 0;
 }
 
-/// The child of the PCH measurement: a cold compile with the prefix
-/// precompiled (the PCH is created), then a second variant with it (reused)
-/// and without it. Writes the three times to DIR/pch.txt.
-int pchChild(const std::string &kind, const std::string &dir) {
+/// The child of the second-variant measurement: a cold compile, then a
+/// second variant in the same (now warm) process. Writes the second
+/// variant's time to DIR/second.txt.
+int secondChild(const std::string &kind, const std::string &dir) {
   const KernelConfig config =
       benchConfig(kind == "decode" ? KernelKind::Decode : KernelKind::Prefill);
   CompileOptions options = benchOptions();
-  options.precompiledPrefix = true;
-  auto start = Clock::now();
   KernelCache cache(dir);
   auto kernel = cache.getOrCompile(config, generateFromSource(), options);
-  double cold = seconds(start);
   if (cache.stats().compiles != 1 || kernel->image.empty())
     return 2;
 
-  start = Clock::now();
+  auto start = Clock::now();
   KernelSource second = assembleKernel(config, generateFromSource(kSecondMask, kSecondScore));
-  double front = seconds(start);
-  CompileResult withPrefix = Nvrtc::get().compile(second.code, "second.cu", options, &second);
-  double secondPch = front + withPrefix.seconds;
-  options.precompiledPrefix = false;
-  CompileResult plain = Nvrtc::get().compile(second.code, "second.cu", options, &second);
-  double secondPlain = front + plain.seconds;
-  if (withPrefix.precompiledPrefix != CompileResult::PrecompiledPrefix::Reused ||
-      withPrefix.image != plain.image)
+  CompileResult compiled = Nvrtc::get().compile(second.code, "second.cu", options, &second);
+  double elapsed = seconds(start);
+  if (compiled.image.empty() || compiled.image == kernel->image)
     return 3;
-  std::ofstream(dir + "/pch.txt") << cold << ' ' << secondPch << ' ' << secondPlain;
+  std::ofstream(dir + "/second.txt") << elapsed;
   return 0;
 }
 
-void runPchChild(const std::string &self, const std::string &kind, double &cold, double &secondPch,
-                 double &secondPlain) {
-  std::string dir = freshDirectory("pch");
-  std::string flag = "--pch-child";
+double runSecondChild(const std::string &self, const std::string &kind) {
+  std::string dir = freshDirectory("second");
+  std::string flag = "--second-child";
   char *argv[] = {const_cast<char *>(self.c_str()), flag.data(), const_cast<char *>(kind.c_str()),
                   dir.data(), nullptr};
   pid_t child;
@@ -223,11 +213,13 @@ void runPchChild(const std::string &self, const std::string &kind, double &cold,
   waitpid(child, &status, 0);
   if (!WIFEXITED(status) || WEXITSTATUS(status) != 0)
     throw std::runtime_error(
-        fmt::format("pch child failed (exit {}; 3: the second variant did not reuse the PCH or "
-                    "its cubin differed)",
+        fmt::format("second-variant child failed (exit {}; 2: the cold compile did not "
+                    "compile, 3: the second variant gave no cubin or the first one's)",
                     WIFEXITED(status) ? WEXITSTATUS(status) : -1));
-  std::ifstream(dir + "/pch.txt") >> cold >> secondPch >> secondPlain;
+  double elapsed = 0;
+  std::ifstream(dir + "/second.txt") >> elapsed;
   fs::remove_all(dir);
+  return elapsed;
 }
 
 double runWarmChild(const std::string &self, const std::string &kind,
@@ -290,7 +282,7 @@ struct KindResult {
   std::string kind;
   std::vector<double> cold, coldCpu, dsl, nvcc, firstProcess, firstInProcess, nvccCpu, warmProcess,
       warmInProcess, warmCompilerProcess, warmCompilerInChild, hit, assemble, frontEnd, optimizer,
-      ptxToSass, nvrtc, coldPch, secondPch, secondPlain;
+      ptxToSass, nvrtc, secondVariant;
 };
 
 KindResult measure(KernelKind kind, const std::string &self) {
@@ -330,13 +322,8 @@ KindResult measure(KernelKind kind, const std::string &self) {
     result.nvrtc.push_back(compiled.seconds);
   }
 
-  for (int i = 0; i < kRepetitions; ++i) {
-    double cold = 0, secondPch = 0, secondPlain = 0;
-    runPchChild(self, result.kind, cold, secondPch, secondPlain);
-    result.coldPch.push_back(cold);
-    result.secondPch.push_back(secondPch);
-    result.secondPlain.push_back(secondPlain);
-  }
+  for (int i = 0; i < kRepetitions; ++i)
+    result.secondVariant.push_back(runSecondChild(self, result.kind));
 
   std::string work = freshDirectory("nvcc");
   std::string path = work + "/kernel.cu";
@@ -430,8 +417,8 @@ std::string list(const std::vector<double> &values) {
 int main(int argc, char **argv) {
   if (argc == 4 && std::string(argv[1]) == "--warm-child")
     return warmChild(argv[2], argv[3]);
-  if (argc == 4 && std::string(argv[1]) == "--pch-child")
-    return pchChild(argv[2], argv[3]);
+  if (argc == 4 && std::string(argv[1]) == "--second-child")
+    return secondChild(argv[2], argv[3]);
   std::string reason;
   if (!Nvrtc::available(&reason)) {
     fmt::print(stderr, "pagedc-bench-jit-e2e: NVRTC unavailable: {}\n", reason);
@@ -480,30 +467,26 @@ int main(int argc, char **argv) {
         "\"in_process_hit_s\": {}, "
         "\"stages\": {{\"assemble_s\": {}, \"nvrtc_front_end_s\": {}, "
         "\"nvrtc_optimizer_s\": {}, \"nvrtc_ptx_to_sass_s\": {}, \"nvrtc_s\": {}}}, "
-        "\"cold_pch_s\": {}, \"cold_pch_over_nvcc\": {:.3f}, "
-        "\"second_variant_pch_s\": {}, \"second_variant_plain_s\": {}}}{}\n",
+        "\"second_variant_s\": {}}}{}\n",
         r.kind, list(r.cold), list(r.coldCpu), list(r.dsl), list(r.nvcc), ratio, list(r.nvccCpu),
         median(r.coldCpu) / median(r.nvccCpu), list(r.firstProcess), list(r.firstInProcess),
         list(r.warmProcess), list(r.warmInProcess), median(r.warmProcess),
         list(r.warmCompilerProcess), list(r.warmCompilerInChild), list(r.hit), list(r.assemble),
-        list(r.frontEnd), list(r.optimizer), list(r.ptxToSass), list(r.nvrtc), list(r.coldPch),
-        median(r.coldPch) / median(r.nvcc), list(r.secondPch), list(r.secondPlain),
-        i + 1 < results.size() ? "," : "");
+        list(r.frontEnd), list(r.optimizer), list(r.ptxToSass), list(r.nvrtc),
+        list(r.secondVariant), i + 1 < results.size() ? "," : "");
   }
-  fmt::print("\nwhere the cold compile goes (s, medians of {}; NVRTC's --time), and the "
-             "precompiled prefix (new process each)\n",
+  fmt::print("\nwhere the cold compile goes (s, medians of {}; NVRTC's --time), a second "
+             "variant in a warm process (new process each)\n",
              kRepetitions);
-  fmt::print("{:<8} {:>7} {:>8} {:>9} {:>9} {:>9} {:>8} | {:>10} {:>10} {:>12} {:>13} | "
-             "{:>10} {:>14}\n",
-             "kernel", "dsl", "assemble", "front end", "optimizer", "ptx->sass", "nvrtc",
-             "cold pch", "pch/nvcc", "2nd var pch", "2nd var plain", "nvcc cpu", "cold/nvcc cpu");
+  fmt::print("{:<8} {:>7} {:>8} {:>9} {:>9} {:>9} {:>8} | {:>11} | {:>10} {:>14}\n", "kernel",
+             "dsl", "assemble", "front end", "optimizer", "ptx->sass", "nvrtc", "2nd variant",
+             "nvcc cpu", "cold/nvcc cpu");
   for (const KindResult &r : results)
-    fmt::print("{:<8} {:>7.3f} {:>8.4f} {:>9.3f} {:>9.3f} {:>9.3f} {:>8.3f} | {:>10.3f} "
-               "{:>10.2f} {:>12.3f} {:>13.3f} | {:>10.3f} {:>14.2f}\n",
+    fmt::print("{:<8} {:>7.3f} {:>8.4f} {:>9.3f} {:>9.3f} {:>9.3f} {:>8.3f} | {:>11.3f} | "
+               "{:>10.3f} {:>14.2f}\n",
                r.kind, median(r.dsl), median(r.assemble), median(r.frontEnd), median(r.optimizer),
-               median(r.ptxToSass), median(r.nvrtc), median(r.coldPch),
-               median(r.coldPch) / median(r.nvcc), median(r.secondPch), median(r.secondPlain),
-               median(r.nvccCpu), median(r.coldCpu) / median(r.nvccCpu));
+               median(r.ptxToSass), median(r.nvrtc), median(r.secondVariant), median(r.nvccCpu),
+               median(r.coldCpu) / median(r.nvccCpu));
   std::ifstream("/proc/loadavg") >> load;
   fmt::print("load average at the end {}\n", load);
   json += "  ],\n  \"load_at_end\": " + load +

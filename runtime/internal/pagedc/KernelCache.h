@@ -119,9 +119,6 @@ public:
     double frontEndSeconds = 0;
     double optimizerSeconds = 0;
     double ptxToSassSeconds = 0;
-    /// Compiles that loaded the precompiled prefix made by an earlier one
-    /// (CompileOptions::precompiledPrefix).
-    uint64_t precompiledPrefixReuses = 0;
   };
   Stats stats() const;
   /// Forgets the in-process entries (the disk is untouched).
@@ -148,7 +145,7 @@ private:
   std::atomic<uint64_t> memoryHits_{0}, diskHits_{0}, compiles_{0},
       corruptEntries_{0};
   mutable std::mutex timesMutex_;
-  Stats times_; // the NVRTC times and reuses only
+  Stats times_; // the NVRTC times only
 };
 
 /// The prefill tile to compile for `config` (choosePrefillShapeFor(arch)

@@ -228,12 +228,6 @@ struct KernelSource {
   /// line count (for mapping compile errors back to the generator's output).
   int modFirstLine = 0;
   int modLineCount = 0;
-  /// Bytes [invariantBegin, invariantEnd) of `code`: the templates every
-  /// kernel unit starts with, identical across configs and mods (NVRTC can
-  /// precompile them, CompileOptions::precompiledPrefix). Whole lines; empty
-  /// when the unit has none.
-  size_t invariantBegin = 0;
-  size_t invariantEnd = 0;
 };
 
 /// Builds the TU for `config` around `generatedModCode` (the hooks of

@@ -30,16 +30,6 @@ struct CompileOptions {
   bool ptxasVerbose = false;
   /// Appended verbatim after the standard options.
   std::vector<std::string> extraOptions;
-  /// Compile a kernel unit's invariant prefix (KernelSource::invariantBegin
-  /// to invariantEnd) through NVRTC's automatic precompiled header (NVRTC
-  /// 12.8 and later): the first such compile in the process parses it and
-  /// keeps the result in NVRTC's PCH heap, later ones with the same options
-  /// load it instead. The heap belongs to the loaded library instance (a PCH
-  /// file records the heap's address), so it cannot be kept in the on-disk
-  /// cache for another process. The cubin and the log are the same either
-  /// way, so this is not part of key(). Ignored for a unit without such a
-  /// prefix, and while another thread's compile holds the heap.
-  bool precompiledPrefix = false;
   /// Ask NVRTC for the time it spends in each of its stages
   /// (CompileResult::stages; NVRTC writes them to a temporary file, removed
   /// after reading). Changes neither the output nor the log, so it is not
@@ -68,9 +58,6 @@ struct CompileResult {
     double optimizer = -1;
     double ptxToSass = -1;
   } stages;
-  /// What became of CompileOptions::precompiledPrefix.
-  enum class PrecompiledPrefix : uint8_t { NotUsed, Created, Reused };
-  PrecompiledPrefix precompiledPrefix = PrecompiledPrefix::NotUsed;
 };
 
 /// One kernel's line of the ptxas resource report.

@@ -221,8 +221,6 @@ KernelCache::loadOrBuild(const KernelSource &source, const CompileOptions &optio
     times_.frontEndSeconds += std::max(0.0, compiled.stages.frontEnd);
     times_.optimizerSeconds += std::max(0.0, compiled.stages.optimizer);
     times_.ptxToSassSeconds += std::max(0.0, compiled.stages.ptxToSass);
-    times_.precompiledPrefixReuses +=
-        compiled.precompiledPrefix == CompileResult::PrecompiledPrefix::Reused;
   }
   kernel->config = source.config;
   kernel->arch = options.arch;

@@ -541,14 +541,8 @@ KernelSource assembleKernel(const KernelConfig &config,
     if (!code.empty() && code.back() != '\n')
       code += '\n';
   };
-  // The part before the generated mod code depends on nothing variable, so
-  // NVRTC can parse it once per process (CompileOptions::precompiledPrefix).
-  // The templates after it read pagedc_config and the mods at namespace
-  // scope and cannot join it.
-  source.invariantBegin = code.size();
   append("Prelude.cuh");
   append("KernelArgs.h");
-  source.invariantEnd = code.size();
 
   code += "// ---- generated mod code ----\n";
   source.modFirstLine = countLines(code) + 1;

@@ -366,27 +366,6 @@ std::vector<int> Nvrtc::supportedArchitectures() const {
 
 namespace {
 
-/// The name the invariant prefix is included under.
-constexpr const char *kPrefixHeaderName = "pagedc-invariant-prefix.cuh";
-
-/// One thread at a time may use NVRTC's PCH heap: NVRTC does not document
-/// concurrent automatic-PCH compiles as safe, and a compile that finds the
-/// heap busy simply parses the prefix itself.
-std::mutex precompiledHeapMutex;
-
-/// `code` with its invariant prefix replaced by an #include of it, padded
-/// with empty lines so every later line keeps its number (NVRTC's automatic
-/// PCH stops at a #line directive, which would otherwise do this).
-std::string withPrefixIncluded(std::string_view code, size_t begin, size_t end) {
-  const size_t prefixLines =
-      static_cast<size_t>(std::count(code.begin() + begin, code.begin() + end, '\n'));
-  std::string text(code.substr(0, begin));
-  text += fmt::format("#include \"{}\"\n", kPrefixHeaderName);
-  text.append(prefixLines - 1, '\n');
-  text += code.substr(end);
-  return text;
-}
-
 /// Reads the rows of NVRTC's --time table ("NAME, CUDA C++ Frontend, 406,
 /// ms") into result.stages.
 void readStageTimes(const std::string &table, std::string_view name, CompileResult &result) {
@@ -411,32 +390,6 @@ void readStageTimes(const std::string &table, std::string_view name, CompileResu
   }
 }
 
-/// Removes from `log` the lines --pch-messages adds, recording what they
-/// say in `result`, so the log reads as without a precompiled prefix.
-void takePchMessages(std::string &log, std::string_view name, CompileResult &result) {
-  const std::string prefix = "\"" + std::string(name) + "\": ";
-  std::string kept;
-  std::istringstream lines(log);
-  for (std::string line; std::getline(lines, line);) {
-    if (line.rfind(prefix, 0) == 0) {
-      std::string_view message = std::string_view(line).substr(prefix.size());
-      if (message.rfind("creating precompiled header file", 0) == 0) {
-        result.precompiledPrefix = CompileResult::PrecompiledPrefix::Created;
-        continue;
-      }
-      if (message.rfind("using precompiled header file", 0) == 0) {
-        result.precompiledPrefix = CompileResult::PrecompiledPrefix::Reused;
-        continue;
-      }
-    }
-    kept += line;
-    kept += '\n';
-  }
-  if (!log.empty() && log.back() != '\n' && !kept.empty())
-    kept.pop_back();
-  log = std::move(kept);
-}
-
 /// A new empty file for NVRTC's --time table: "--time=-" would put it in
 /// the log, but NVRTC leaves it out there when ptxas reports (-v) too.
 std::string stageTimesFile() {
@@ -456,112 +409,69 @@ CompileResult Nvrtc::compile(std::string_view code, std::string_view name,
                              const CompileOptions &options,
                              const KernelSource *kernel) const {
   auto start = std::chrono::steady_clock::now();
-  std::string nameText(name);
+  std::string codeText(code), nameText(name);
+  Api::Program program = nullptr;
+  int status = api_->createProgram(&program, codeText.c_str(), nameText.c_str(),
+                                   0, nullptr, nullptr);
+  if (status != 0)
+    throw Error(fmt::format("nvrtcCreateProgram failed: {}",
+                            api_->getErrorString(status)));
+  struct Destroy {
+    const Api *api;
+    Api::Program *program;
+    ~Destroy() { api->destroyProgram(program); }
+  } destroy{api_, &program};
+
   std::vector<std::string> optionList = options.nvrtcOptions();
-
-  std::unique_lock<std::mutex> heap(precompiledHeapMutex, std::defer_lock);
-  bool precompile = options.precompiledPrefix && kernel && major_ * 100 + minor_ >= 1208 &&
-                    kernel->invariantEnd > kernel->invariantBegin &&
-                    kernel->invariantEnd <= code.size() && code == kernel->code &&
-                    code[kernel->invariantEnd - 1] == '\n' && heap.try_lock();
-
-  // One nvrtcCompileProgram call; throws only when the program cannot be
-  // created. Returns NVRTC's status.
+  std::vector<std::string> compileOptions = optionList;
+  std::string timesPath;
+  if (options.timeStages) {
+    timesPath = stageTimesFile();
+    compileOptions.push_back("--time=" + timesPath);
+  }
+  std::vector<const char *> optionPointers;
+  for (const std::string &option : compileOptions)
+    optionPointers.push_back(option.c_str());
+  status = api_->compileProgram(program, static_cast<int>(optionPointers.size()),
+                                optionPointers.data());
   CompileResult result;
-  auto attempt = [&](bool withPrefixHeader) {
-    result = CompileResult();
-    std::string codeText =
-        withPrefixHeader ? withPrefixIncluded(code, kernel->invariantBegin, kernel->invariantEnd)
-                         : std::string(code);
-    std::string headerText;
-    const char *headerName = kPrefixHeaderName;
-    const char *headerPointer = nullptr;
-    if (withPrefixHeader) {
-      headerText = std::string(
-          code.substr(kernel->invariantBegin, kernel->invariantEnd - kernel->invariantBegin));
-      headerPointer = headerText.c_str();
-    }
-    Api::Program program = nullptr;
-    int status = api_->createProgram(
-        &program, codeText.c_str(), nameText.c_str(), withPrefixHeader ? 1 : 0,
-        withPrefixHeader ? &headerPointer : nullptr, withPrefixHeader ? &headerName : nullptr);
-    if (status != 0)
-      throw Error(fmt::format("nvrtcCreateProgram failed: {}", api_->getErrorString(status)));
-    struct Destroy {
-      const Api *api;
-      Api::Program *program;
-      ~Destroy() { api->destroyProgram(program); }
-    } destroy{api_, &program};
-
-    std::vector<std::string> attemptOptions = optionList;
-    if (withPrefixHeader) {
-      // Messages on: they say whether the PCH was made or reused (and are
-      // taken out of the log). Reasons a PCH does not fit are not
-      // warnings of the user's code: off.
-      attemptOptions.push_back("--pch");
-      attemptOptions.push_back("--pch-messages=true");
-      attemptOptions.push_back("--pch-verbose=false");
-    }
-    std::string timesPath;
-    if (options.timeStages) {
-      timesPath = stageTimesFile();
-      attemptOptions.push_back("--time=" + timesPath);
-    }
-    std::vector<const char *> optionPointers;
-    for (const std::string &option : attemptOptions)
-      optionPointers.push_back(option.c_str());
-    status = api_->compileProgram(program, static_cast<int>(optionPointers.size()),
-                                  optionPointers.data());
-    size_t logSize = 0;
-    api_->getProgramLogSize(program, &logSize);
-    if (logSize > 1) {
-      result.log.resize(logSize);
-      api_->getProgramLog(program, result.log.data());
-      // Up to the first NUL: NVRTC 13's size counts more than its terminator
-      // (a stray NUL reached stderr after --ptxas-report's text).
-      result.log.resize(std::strlen(result.log.c_str()));
-    }
-    if (withPrefixHeader)
-      takePchMessages(result.log, nameText, result);
-    if (!timesPath.empty()) {
-      std::ifstream times(timesPath);
-      std::stringstream table;
-      table << times.rdbuf();
-      readStageTimes(table.str(), nameText, result);
-      std::remove(timesPath.c_str());
-    }
-    if (status != 0)
-      return status;
-    size_t size = 0;
-    if (options.output == CompileOptions::Output::Cubin) {
-      api_->getCUBINSize(program, &size);
-      result.image.resize(size);
-      api_->getCUBIN(program, result.image.data());
-    } else {
-      api_->getPTXSize(program, &size);
-      result.image.resize(size);
-      api_->getPTX(program, result.image.data());
-      if (!result.image.empty() && result.image.back() == '\0')
-        result.image.pop_back();
-    }
-    return status;
-  };
-
-  int status = attempt(precompile);
-  if (status != 0 && precompile) {
-    // Diagnostics name the prefix header and quote the unit without it:
-    // compile the unit as it is for the error report.
-    heap.unlock();
-    status = attempt(false);
+  size_t logSize = 0;
+  api_->getProgramLogSize(program, &logSize);
+  if (logSize > 1) {
+    result.log.resize(logSize);
+    api_->getProgramLog(program, result.log.data());
+    // Up to the first NUL: NVRTC 13's size counts more than its terminator
+    // (a stray NUL reached stderr after --ptxas-report's text).
+    result.log.resize(std::strlen(result.log.c_str()));
+  }
+  if (!timesPath.empty()) {
+    std::ifstream times(timesPath);
+    std::stringstream table;
+    table << times.rdbuf();
+    readStageTimes(table.str(), nameText, result);
+    std::remove(timesPath.c_str());
   }
   if (status != 0) {
     std::string optionText;
     for (const std::string &option : optionList)
       optionText += " " + option;
-    throw Error(fmt::format("NVRTC failed to compile {} ({}; options:{}):\n{}{}{}", nameText,
-                            api_->getErrorString(status), optionText,
-                            quoteErrorLines(result.log, nameText, code, kernel),
-                            result.log.empty() ? "" : "full log:\n", result.log));
+    throw Error(fmt::format(
+        "NVRTC failed to compile {} ({}; options:{}):\n{}{}{}", nameText,
+        api_->getErrorString(status), optionText,
+        quoteErrorLines(result.log, nameText, code, kernel),
+        result.log.empty() ? "" : "full log:\n", result.log));
+  }
+  size_t size = 0;
+  if (options.output == CompileOptions::Output::Cubin) {
+    api_->getCUBINSize(program, &size);
+    result.image.resize(size);
+    api_->getCUBIN(program, result.image.data());
+  } else {
+    api_->getPTXSize(program, &size);
+    result.image.resize(size);
+    api_->getPTX(program, result.image.data());
+    if (!result.image.empty() && result.image.back() == '\0')
+      result.image.pop_back();
   }
   result.seconds = std::chrono::duration<double>(
                        std::chrono::steady_clock::now() - start)

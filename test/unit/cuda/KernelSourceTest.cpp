@@ -5,8 +5,6 @@
 
 #include <gtest/gtest.h>
 
-#include <algorithm>
-
 using namespace pagedc;
 
 TEST(KernelSource, EmbedsEveryTemplate) {
@@ -54,38 +52,6 @@ TEST(KernelSource, AssemblesInContractOrder) {
   EXPECT_EQ(code.compare(at, mods.find('\n'), mods, 0, mods.find('\n')), 0);
   EXPECT_EQ(source.modLineCount,
             static_cast<int>(std::count(mods.begin(), mods.end(), '\n')));
-}
-
-// NVRTC precompiles the prefix once per process for every later unit, so it
-// must be the same text in every unit: whole lines, before the mod code,
-// independent of the kind, the config and the mods.
-TEST(KernelSource, InvariantPrefixIsSharedByEveryUnit) {
-  std::string prefix;
-  for (KernelKind kind : {KernelKind::Prefill, KernelKind::Decode, KernelKind::BlockMaskBuilder})
-    for (const char *mod : {"testing/causal.cuh", "testing/softcap.cuh"})
-      for (DType type : {DType::F16, DType::BF16}) {
-        KernelConfig config;
-        config.kind = kind;
-        config.elementType = type;
-        config.headDim = type == DType::F16 ? 64 : 128;
-        config.groupSize = kind == KernelKind::Decode ? 4 : 1;
-        KernelSource source = assembleKernel(config, embeddedTemplate(mod));
-        const std::string &code = source.code;
-        ASSERT_LT(source.invariantBegin, source.invariantEnd);
-        ASSERT_LE(source.invariantEnd, code.size());
-        EXPECT_EQ(code[source.invariantBegin - 1], '\n');
-        EXPECT_EQ(code[source.invariantEnd - 1], '\n');
-        int prefixEndLine =
-            static_cast<int>(std::count(code.begin(), code.begin() + source.invariantEnd, '\n'));
-        EXPECT_LT(prefixEndLine, source.modFirstLine);
-        std::string text =
-            code.substr(source.invariantBegin, source.invariantEnd - source.invariantBegin);
-        EXPECT_EQ(text.find("pagedc_config"), std::string::npos);
-        if (prefix.empty())
-          prefix = text;
-        EXPECT_EQ(text, prefix) << config.describe() << " " << mod;
-      }
-  EXPECT_NE(prefix.find("typedef struct PagedcAttentionKernelArgs"), std::string::npos);
 }
 
 TEST(KernelSource, RejectsUnsupportedConfigs) {

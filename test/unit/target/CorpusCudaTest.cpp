@@ -108,9 +108,13 @@ compileProgram(mlir::MLIRContext &context, const std::string &path,
   return module;
 }
 
-/// Every mask and score mod of examples/*.attn for each of `configs`.
-void corpusJobs(const std::vector<Configuration> &configs, std::vector<Job> &jobs,
-                size_t &fileCount, size_t &modCount) {
+TEST(CorpusCuda, EveryModCompilesWithoutSpills) {
+  std::string reason;
+  if (!pagedc::Nvrtc::available(&reason))
+    GTEST_SKIP() << "NVRTC not available: " << reason;
+  const char *matrix = std::getenv("PAGEDC_CUDA_MATRIX");
+  bool full = !(matrix && std::string(matrix) == "quick");
+
   mlir::DialectRegistry registry;
   pagedc::registerFlexDialects(registry);
   pagedc::registerCudaLoweringDialects(registry);
@@ -127,6 +131,8 @@ void corpusJobs(const std::vector<Configuration> &configs, std::vector<Job> &job
   ASSERT_FALSE(files.empty()) << "no examples in " << PAGEDC_EXAMPLES_DIR;
 
   // Generate every translation unit first (MLIR is single-threaded here).
+  std::vector<Job> jobs;
+  size_t modCount = 0;
   for (const std::string &path : files) {
     std::string error;
     mlir::OwningOpRef<mlir::ModuleOp> all =
@@ -140,7 +146,7 @@ void corpusJobs(const std::vector<Configuration> &configs, std::vector<Job> &job
       mlir::OwningOpRef<mlir::ModuleOp> module =
           compileProgram(context, path, {name}, error);
       ASSERT_TRUE(module) << error;
-      for (const Configuration &c : configs) {
+      for (const Configuration &c : configurations(full)) {
         pagedc::KernelConfig config;
         config.kind = c.kind;
         config.elementType = c.dtype;
@@ -159,21 +165,6 @@ void corpusJobs(const std::vector<Configuration> &configs, std::vector<Job> &job
       }
     }
   }
-  fileCount = files.size();
-}
-
-TEST(CorpusCuda, EveryModCompilesWithoutSpills) {
-  std::string reason;
-  if (!pagedc::Nvrtc::available(&reason))
-    GTEST_SKIP() << "NVRTC not available: " << reason;
-  const char *matrix = std::getenv("PAGEDC_CUDA_MATRIX");
-  bool full = !(matrix && std::string(matrix) == "quick");
-
-  std::vector<Job> jobs;
-  size_t fileCount = 0, modCount = 0;
-  corpusJobs(configurations(full), jobs, fileCount, modCount);
-  if (HasFatalFailure())
-    return;
 
   // Compile in parallel.
   auto start = std::chrono::steady_clock::now();
@@ -218,62 +209,8 @@ TEST(CorpusCuda, EveryModCompilesWithoutSpills) {
 
   std::printf("corpus: %zu files, %zu mods, %zu kernels (%s matrix) compiled "
               "in %.1f s on %u threads\n",
-              fileCount, modCount, jobs.size(), full ? "full" : "quick", seconds, threads);
-  for (const std::string &failure : failures)
-    ADD_FAILURE() << failure;
-}
-
-// NVRTC's precompiled prefix (CompileOptions::precompiledPrefix) must not
-// change a byte of any corpus kernel: each mod's decode unit (bf16, d128,
-// sm_90, GQA 4) compiled plainly and with the prefix precompiled gives the
-// same cubin. Two threads, so some units find the PCH heap busy and parse
-// the prefix themselves; most reuse the one PCH of the process.
-TEST(CorpusCuda, PrecompiledPrefixKeepsEveryCubin) {
-  std::string reason;
-  if (!pagedc::Nvrtc::available(&reason))
-    GTEST_SKIP() << "NVRTC not available: " << reason;
-  const pagedc::Nvrtc &nvrtc = pagedc::Nvrtc::get();
-  if (nvrtc.majorVersion() * 100 + nvrtc.minorVersion() < 1208)
-    GTEST_SKIP() << "NVRTC before 12.8 has no precompiled headers";
-  std::vector<Job> jobs;
-  size_t fileCount = 0, modCount = 0;
-  corpusJobs({{pagedc::KernelKind::Decode, pagedc::DType::BF16, 128, "sm_90"}}, jobs, fileCount,
-             modCount);
-  if (HasFatalFailure())
-    return;
-  std::atomic<size_t> next{0}, reused{0};
-  std::mutex failuresMutex;
-  std::vector<std::string> failures;
-  auto worker = [&] {
-    for (size_t i = next++; i < jobs.size(); i = next++) {
-      const Job &job = jobs[i];
-      pagedc::CompileOptions options;
-      options.arch = job.arch;
-      std::string failure;
-      try {
-        pagedc::CompileResult plain =
-            nvrtc.compile(job.source.code, "corpus.cu", options, &job.source);
-        options.precompiledPrefix = true;
-        pagedc::CompileResult fast =
-            nvrtc.compile(job.source.code, "corpus.cu", options, &job.source);
-        reused += fast.precompiledPrefix == pagedc::CompileResult::PrecompiledPrefix::Reused;
-        if (plain.image.empty() || fast.image != plain.image)
-          failure = job.label + ": the cubin differs with the precompiled prefix";
-      } catch (const pagedc::Error &error) {
-        failure = job.label + ": " + error.what();
-      }
-      if (!failure.empty()) {
-        std::lock_guard<std::mutex> lock(failuresMutex);
-        failures.push_back(failure);
-      }
-    }
-  };
-  std::thread first(worker), second(worker);
-  first.join();
-  second.join();
-  std::printf("corpus: %zu decode kernels, %zu reused the precompiled prefix\n", jobs.size(),
-              reused.load());
-  EXPECT_GE(reused.load(), jobs.size() / 4);
+              files.size(), modCount, jobs.size(), full ? "full" : "quick",
+              seconds, threads);
   for (const std::string &failure : failures)
     ADD_FAILURE() << failure;
 }
