@@ -14,6 +14,7 @@
 #include <fmt/format.h>
 
 #include <cmath>
+#include <cstdint>
 #include <string>
 #include <vector>
 
@@ -68,6 +69,9 @@ inline void checkSinks(const TensorView &sinks, int64_t heads, Device device, co
     throw Error(fmt::format("{} must be contiguous but has stride {}", name, sinks.stride(0)));
   if (sinks.data() == nullptr && heads != 0)
     throw Error(fmt::format("{} has no data", name));
+  // The kernels load them as floats where they lie.
+  if (reinterpret_cast<uintptr_t>(sinks.data()) % alignof(float) != 0)
+    throw Error(fmt::format("{}' data is not {}-byte aligned", name, alignof(float)));
 }
 
 /// The scales of a cache of `stored` type, one per head: required (one

@@ -737,23 +737,6 @@ void checkCudaLayout(const cpu::PagedAttentionArgs &args) {
 
 } // namespace
 
-void checkSinks(const TensorView &sinks, int64_t headsQ, Device device) {
-  if (!sinks.data())
-    return;
-  if (sinks.dtype() != DType::F32)
-    throw Error(fmt::format("sinks is {} but must be f32", dtypeName(sinks.dtype())));
-  if (sinks.rank() != 1 || sinks.size(0) != headsQ)
-    throw Error(fmt::format("sinks must be [{}] (one per query head) but has shape {}", headsQ,
-                            sinks.shapeString()));
-  if (headsQ > 1 && sinks.stride(0) != 1)
-    throw Error(fmt::format("sinks must be contiguous on CUDA but has stride {}", sinks.stride(0)));
-  if (!(sinks.device() == device))
-    throw Error(fmt::format("sinks is on {} but the call runs on {}", deviceName(sinks.device()),
-                            deviceName(device)));
-  if (reinterpret_cast<uintptr_t>(sinks.data()) % 4 != 0)
-    throw Error("sinks' data is not 4-byte aligned");
-}
-
 namespace {
 
 /// One staging upload of the call's page table, kv_len and q_offset (and
@@ -814,7 +797,6 @@ void pagedAttention(const cpu::PagedAttentionArgs &args, Device device, void *st
   const CompiledMods emptyMods;
   const CompiledMods &mods = args.mods ? *args.mods : emptyMods;
   checkCudaLayout(args);
-  checkSinks(args.sinks, args.q.size(1), device);
 
   const TensorView &q = args.q;
   const int batch = static_cast<int>(q.size(0)), headsQ = static_cast<int>(q.size(1)),

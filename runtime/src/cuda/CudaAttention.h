@@ -28,11 +28,6 @@ namespace pagedc::cuda {
 void pagedAttention(const cpu::PagedAttentionArgs &args, Device device, void *stream,
                     const KernelOptions &kernel);
 
-/// Checks that `sinks` (empty: none) is what the kernels read in place: f32
-/// [headsQ], contiguous, 4-byte aligned, in the memory of `device`; throws
-/// pagedc::Error naming the problem.
-void checkSinks(const TensorView &sinks, int64_t headsQ, Device device);
-
 /// The KV memory of `device` (a CUDA device); throws pagedc::Error with the
 /// driver's reason when there is none.
 std::shared_ptr<KVMemory> kvMemory(Device device);

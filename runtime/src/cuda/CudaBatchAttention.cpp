@@ -236,7 +236,6 @@ void CudaBatchBackend::run(const CudaBatchCall &call) const {
   args.lse = call.lse.data() ? static_cast<float *>(call.lse.data()) : floats + lseAt_;
   // The sinks' address is an argument of the kernels (null: none), so a
   // captured graph replays with whatever the tensor holds then.
-  cuda::checkSinks(call.sinks, c.numQHeads, Device::cuda(prefill_->device));
   args.sinks = static_cast<const float *>(call.sinks.data());
   args.page_table = words;
   args.kv_len = words + kvLenAt_;

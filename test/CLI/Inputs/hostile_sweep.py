@@ -459,7 +459,7 @@ PY_CASES = [
      "lists partial kv block 99, outside [0, 2)"),
     ("merge-state-f64",
      "x = np.zeros((2, 2, 8)); s = np.zeros((2, 2))\npagedc.merge_state(x, s, x, s)",
-     "v_a must be f32 or bf16 but is f64"),
+     "v_a must be f32, bf16 or f16 but is f64"),
     ("flex-negative-threads", "pagedc.flex_attention(q, k, v, mods=mods, threads=-1)",
      "threads must not be negative but is -1"),
     ("flex-kv-length-past-keys", "pagedc.flex_attention(q, k, v, mods=mods, kv_length=[2**40])",

@@ -513,9 +513,9 @@ TEST(CudaSinks, Refusals) {
     TensorView sinks;
     const char *message;
   } refusals[] = {
-      {TensorView(device.sinks.data(), DType::F32, {2}, Device::cuda(0)), "must be [4]"},
-      {TensorView(device.sinks.data(), DType::BF16, {4}, Device::cuda(0)), "must be f32"},
-      {TensorView(hostSinks.data(), DType::F32, {4}), "is on cpu"},
+      {TensorView(device.sinks.data(), DType::F32, {2}, Device::cuda(0)), "must be [Hq] = [4]"},
+      {TensorView(device.sinks.data(), DType::BF16, {4}, Device::cuda(0)), "but must be f32"},
+      {TensorView(hostSinks.data(), DType::F32, {4}), "is on cpu but the call runs on"},
   };
   for (const auto &refusal : refusals) {
     BatchRunOptions options;
