@@ -12,7 +12,8 @@
 // it, a missing wgmma.wait_group, a missing wgmma.fence, a missing
 // fence.proxy.async (before a wgmma, and before a bulk copy over generic
 // stores), a missing named barrier, setmaxnreg counts that go the wrong way
-// or past the CTA's pool. The same kernels are compiled for sm_90a with
+// or past the CTA's pool (counting an exited warp's registers as in use).
+// The same kernels are compiled for sm_90a with
 // NVRTC, so the PTX side of every wrapper assembles.
 //
 //===----------------------------------------------------------------------===//
@@ -258,9 +259,23 @@ __device__ void many_readers(float *data, int bug) {
 /// 1: the counts swapped (a .dec above the warps' count, an .inc below it);
 /// 2: .inc to 232 (past the pool: it waits for registers no warp frees);
 /// 3: warpgroup 0's .dec only after a named barrier that warpgroup 1
-/// passes before its .inc, which waits for the .dec.
+/// passes before its .inc, which waits for the .dec; 4: warpgroup 0 exits
+/// without a .dec (after a named barrier, so it has exited before the .inc):
+/// its registers stay out of the pool; 5: as 4 with the .dec before the exit.
 __device__ void register_handoff(float *data, int mode) {
   const int tid = threadIdx.x;
+  if (mode >= 4) {
+    data[tid] = static_cast<float>(tid);
+    if (tid < 128) {
+      if (mode == 5)
+        setmaxnreg_dec<40>();
+      named_barrier_arrive(1, 256);
+      return;
+    }
+    named_barrier_sync(1, 256);
+    setmaxnreg_inc<216>();
+    return;
+  }
   if (tid < 128) {
     if (mode == 3)
       named_barrier_sync(1, 256);
@@ -782,6 +797,23 @@ TEST(Hopper, SetmaxnregAccountsForRegisters) {
   emu::LaunchResult greedy = launch("register_handoff", {&pointer, &mode}, 256, 0, 128);
   EXPECT_TRUE(hasReport(greedy, "synccheck", "deadlock: setmaxnreg.inc 232 of warpgroup 1"))
       << describe(greedy);
+  // An exited warp's registers do not return to the pool (only .dec
+  // returns them): the .inc that fits only with them never completes, and
+  // the report names them; with the .dec before the exit it completes.
+  mode = 4;
+  emu::LaunchResult exited = launch("register_handoff", {&pointer, &mode}, 256, 0, 128);
+  EXPECT_TRUE(hasReport(exited, "synccheck",
+                        "deadlock: setmaxnreg.inc 216 of warpgroup 1 waits for registers no "
+                        "other warp frees"))
+      << describe(exited);
+  EXPECT_TRUE(
+      hasReport(exited, "synccheck", "16384 of those in use are held by warps that have exited"))
+      << describe(exited);
+  mode = 5;
+  emu::LaunchResult released = launch("register_handoff", {&pointer, &mode}, 256, 0, 128);
+  ASSERT_TRUE(released.ok) << describe(released);
+  EXPECT_TRUE(released.reports.empty()) << describe(released);
+  EXPECT_EQ(data[255], 255.0f);
   // Unset, the launch count is one CTA per SM's: 65536 / 256 threads, at
   // most 255, which the .inc to 216 would lower.
   mode = 0;
