@@ -400,6 +400,15 @@ for name, path, keyword in [
          lambda d, prefix=prefix: prefix + run_args(d, Q64, K64, K64)[:-2] + ["--device", "emu"],
          1,
          ["kernel cache directory '%s'" % path, keyword], env={"PAGEDC_CACHE_DIR": path})
+if HAS_CUDA_STAGES:
+    # pagedc --emit=cubin reads the cache where it checks a prefill tile
+    # for spills (sm_80's default tile): an error there, not a silent
+    # change of tile.
+    case("cache-env-file-cubin",
+         lambda d: ["pagedc", "--emit=cubin", "--kernel=prefill", "--arch=sm_80", "--mask=causal",
+                    PROGRAM, "-o", os.path.join(d, "out.cubin")], 1,
+         ["kernel cache directory '%s'" % PLAIN, "it is a regular file, not a directory"],
+         env={"PAGEDC_CACHE_DIR": PLAIN})
 case("cache-dir-empty", lambda d: ["pagedc-jit", PROGRAM, "--mask=causal", "--cache-dir="], 1,
      "--cache-dir is empty")
 case("cache-env-empty", lambda d: run_args(d, Q64, K64, K64)[:-2] + ["--device", "emu"], 1,
