@@ -11,7 +11,7 @@
 // expect-tx byte count, a ring stage reused before its consumer released
 // it, a missing wgmma.wait_group, a missing wgmma.fence, a missing
 // fence.proxy.async (before a wgmma, and before a bulk copy over generic
-// stores), a missing named barrier, setmaxnreg counts that go the wrong way
+// stores or generic reads), a missing named barrier, setmaxnreg counts that go the wrong way
 // or past the CTA's pool (counting an exited warp's registers as in use).
 // The same kernels are compiled for sm_90a with
 // NVRTC, so the PTX side of every wrapper assembles.
@@ -302,6 +302,10 @@ __device__ void register_handoff(float *data, int mode) {
 /// acquired the stores; 1: each writer fences after its store; 2: no fence
 /// (the stores and the copy's writes are unordered); 3: warp 1 fences
 /// after the __syncthreads and releases to warp 0 by a named barrier.
+/// Modes 4-6: each writer fences, then every thread reads its neighbour's
+/// word (the generic proxy) before the copy overwrites it, ordered by a
+/// __syncthreads: 4: no fence after the reads; 5: thread 0 fences after
+/// that __syncthreads; 6: each reader fences after its read.
 __device__ void bulk_over_generic(float *data, const float *source, int mode) {
   PAGEDC_EXTERN_SHARED(unsigned char, shared);
   const uint32_t base = aligned_base(shared);
@@ -313,9 +317,16 @@ __device__ void bulk_over_generic(float *data, const float *source, int mode) {
     fence_mbarrier_init();
   }
   words[tid] = -1.0f;
-  if (mode == 1)
+  if (mode == 1 || mode >= 4)
     fence_proxy_async();
   __syncthreads();
+  if (mode >= 4) {
+    if (words[(tid + 1) % 128] != -1.0f)
+      data[tid] = 0.0f;
+    if (mode == 6)
+      fence_proxy_async();
+    __syncthreads();
+  }
   if (mode == 3 && tid >= 32 && tid < 64) {
     fence_proxy_async();
     named_barrier_arrive(1, 64);
@@ -323,7 +334,7 @@ __device__ void bulk_over_generic(float *data, const float *source, int mode) {
   if (mode == 3 && tid < 32)
     named_barrier_sync(1, 64);
   if (tid == 0) {
-    if (mode == 0)
+    if (mode == 0 || mode == 5)
       fence_proxy_async();
     mbarrier_arrive_expect_tx(bar, 512);
     bulk_copy_g2s(base, source, 512, bar);
@@ -826,7 +837,8 @@ TEST(Hopper, SetmaxnregAccountsForRegisters) {
 // A bulk copy's writes (the async proxy) over shared bytes that generic
 // stores wrote need a fence.proxy.async between: by the writers, by the
 // issuing thread after it acquired the stores, or by a thread whose
-// release the issuer acquired after that thread's fence.
+// release the issuer acquired after that thread's fence. So do bytes that
+// generic loads read (docs/emulator.md states the rule and its source).
 TEST(Hopper, BulkCopyOverGenericStoresNeedsAProxyFence) {
   float *source = rampFloats(128, 3.0f);
   float *data = rampFloats(128, 0.0f);
@@ -844,6 +856,21 @@ TEST(Hopper, BulkCopyOverGenericStoresNeedsAProxyFence) {
   EXPECT_TRUE(hasReport(unfenced, "racecheck",
                         "async-proxy write over a generic store with no proxy fence"))
       << describe(unfenced);
+  // Generic reads before the copy's writes, ordered by a __syncthreads: the
+  // proxies still need a fence after the reads (by the readers, or by the
+  // issuer once it acquired them).
+  for (int fenced : {5, 6}) {
+    emu::LaunchResult ok = launch("bulk_over_generic", {&pointer, &from, &fenced}, 128, 4096);
+    ASSERT_TRUE(ok.ok) << "mode " << fenced << describe(ok);
+    EXPECT_TRUE(ok.reports.empty()) << "mode " << fenced << describe(ok);
+    for (int i = 0; i < 128; ++i)
+      EXPECT_EQ(data[i], 3.0f + i) << "mode " << fenced;
+  }
+  mode = 4;
+  emu::LaunchResult readUnfenced = launch("bulk_over_generic", {&pointer, &from, &mode}, 128, 4096);
+  EXPECT_TRUE(hasReport(readUnfenced, "racecheck",
+                        "async-proxy write over a generic read with no proxy fence"))
+      << describe(readUnfenced);
   emu::release(data);
   emu::release(source);
 }
