@@ -21,6 +21,7 @@
 #include "mlir/IR/Diagnostics.h"
 #include "mlir/IR/MLIRContext.h"
 #include "mlir/Pass/PassManager.h"
+#include "llvm/Support/ErrorHandling.h"
 #include "llvm/Support/raw_ostream.h"
 
 #include <cstdlib>
@@ -136,6 +137,41 @@ PagedcCodegenOutput *generate(const PagedcCodegenInput &input) {
                 "");
 }
 
+/// An allocation LLVM could not make, with LLVM's reason.
+class LLVMOutOfMemory : public std::bad_alloc {
+public:
+  explicit LLVMOutOfMemory(const char *reason)
+      : reason_(reason ? reason : "") {}
+  const char *what() const noexcept override { return reason_; }
+
+private:
+  const char *reason_; // a string literal of LLVM's
+};
+
+[[noreturn]] void throwOutOfMemory(void *, const char *reason, bool) {
+  throw LLVMOutOfMemory(reason);
+}
+
+/// While generate() runs, LLVM's allocation failures (safe_malloc,
+/// SmallVector growth, its new-handler if the host installed it) throw
+/// instead of printing "LLVM ERROR: out of memory" and aborting the host
+/// process: libLLVM is built without exceptions, so without a handler it
+/// can only abort. The exception unwinds through LLVM's frames without
+/// running their cleanups (they have unwind tables but no landing pads),
+/// so what they held leaks; the host gets an error instead of SIGABRT.
+/// The handler is process-wide: the runtime calls the plugin under one
+/// lock, so it is never installed twice, but another thread using the same
+/// libLLVM meanwhile would get the exception too.
+class BadAllocHandlerScope {
+public:
+  BadAllocHandlerScope() {
+    llvm::install_bad_alloc_error_handler(throwOutOfMemory);
+  }
+  ~BadAllocHandlerScope() { llvm::remove_bad_alloc_error_handler(); }
+  BadAllocHandlerScope(const BadAllocHandlerScope &) = delete;
+  BadAllocHandlerScope &operator=(const BadAllocHandlerScope &) = delete;
+};
+
 } // namespace
 
 extern "C" {
@@ -156,7 +192,20 @@ PagedcCodegenOutput *pagedc_codegen_generate(const PagedcCodegenInput *input) {
                        std::to_string(input->abiVersion) + ", the plugin has " +
                        std::to_string(PAGEDC_CODEGEN_ABI_VERSION));
   try {
+    BadAllocHandlerScope outOfMemory;
     return generate(*input);
+  } catch (const std::bad_alloc &error) {
+    // Unwinding freed what generate()'s own frames held (the MLIR context
+    // and its module), so the answer below can usually be allocated; if
+    // not, the runtime reports the null answer as out of memory too.
+    std::string what = error.what();
+    return fail(2, std::string(input->fileName ? input->fileName : "<input>") +
+                       ": out of memory during code generation" +
+                       (what.empty() || what == "std::bad_alloc"
+                            ? ""
+                            : " (LLVM: " + what + ")") +
+                       "; the program's mods may expand too much when "
+                       "inlined, or the process's memory is limited");
   } catch (const std::exception &error) {
     return fail(2, std::string("code generation failed: ") + error.what());
   } catch (...) {

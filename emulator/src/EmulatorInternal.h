@@ -300,6 +300,9 @@ struct SharedShadow {
   uint16_t writer = 0, reader = 0, reader2 = 0;
   uint16_t asyncBy = 0;
   uint8_t manyReaders = 0;
+  /// Which of readEpoch's reads were the generic proxy's (not wgmma's):
+  /// 1 reader, 2 reader2, 4 one of the readers past those two.
+  uint8_t genericReads = 0;
 };
 
 /// Where an access comes from: a source site, or a return address in the

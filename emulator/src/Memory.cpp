@@ -260,6 +260,7 @@ private:
   /// Adds this thread to the byte's readers (two kept inline, more in
   /// worker.manyReaders when ordering is tracked).
   void recordRead(SharedShadow &shadow, uint64_t offset) {
+    const uint8_t generic = how.asyncProxy ? 0 : 1;
     if (shadow.readEpoch != worker.epoch) {
       if (shadow.manyReaders)
         worker.manyReaders.erase(offset);
@@ -268,14 +269,19 @@ private:
       shadow.readerClock = clock;
       shadow.reader2 = 0;
       shadow.manyReaders = 0;
+      shadow.genericReads = generic;
     } else if (shadow.reader == self) {
       shadow.readerClock = std::max(shadow.readerClock, clock);
+      shadow.genericReads |= generic;
     } else if (shadow.reader2 == self) {
       shadow.reader2Clock = std::max(shadow.reader2Clock, clock);
+      shadow.genericReads |= generic << 1;
     } else if (!shadow.reader2) {
       shadow.reader2 = self;
       shadow.reader2Clock = clock;
+      shadow.genericReads |= generic << 1;
     } else {
+      shadow.genericReads |= generic << 2;
       // Every reader's clock, for the ordering check of a later write;
       // only from the third reader on (a byte that had many readers
       // before the block began ordering stays conservative: the
@@ -366,7 +372,49 @@ private:
              siteText(where), offset, false);
       return true;
     }
+    if (use == SharedUse::BulkWrite) {
+      if (const uint16_t reader = unfencedGenericReader(shadow, offset)) {
+        report("racecheck",
+               "async-proxy write over a generic read with no proxy fence: a bulk copy writes " +
+                   sharedDescription(worker, offset) + ", which thread " +
+                   std::to_string(reader - 1) +
+                   " read (ld.shared, the generic proxy), with no "
+                   "fence.proxy.async.shared::cta after the read by that thread, nor by the "
+                   "issuing thread (or one whose release it acquired) after it acquired the "
+                   "read",
+               siteText(where), offset, false);
+        return true;
+      }
+    }
     return false;
+  }
+
+  /// A generic-proxy reader of the byte, ordered before the bulk copy now
+  /// issued, that no fence.proxy.async orders before the copy's writes (the
+  /// PTX memory model orders accesses of two proxies to one address only
+  /// through a proxy fence in the causality order between them), or 0.
+  /// Readers of this block's latest read epoch are known: two inline, more
+  /// through worker.manyReaders' clocks; past two without those clocks
+  /// (read before the block ordered), the third and later are not checked.
+  uint16_t unfencedGenericReader(const SharedShadow &shadow, uint64_t offset) {
+    if (!shadow.genericReads || shadow.readEpoch < worker.blockEpoch)
+      return 0;
+    auto unfenced = [&](uint16_t reader, uint32_t readClock) {
+      return reader && reader <= worker.threadCount &&
+             !fencedForBulkWrite(reader - 1u, readClock, shadow.readEpoch);
+    };
+    if ((shadow.genericReads & 1) && unfenced(shadow.reader, shadow.readerClock))
+      return shadow.reader;
+    if ((shadow.genericReads & 2) && unfenced(shadow.reader2, shadow.reader2Clock))
+      return shadow.reader2;
+    if (shadow.genericReads & 4) {
+      auto found = worker.manyReaders.find(offset);
+      if (found != worker.manyReaders.end())
+        for (size_t t = 0; t < found->second.size(); ++t)
+          if (found->second[t] && unfenced(static_cast<uint16_t>(t + 1), found->second[t]))
+            return static_cast<uint16_t>(t + 1);
+    }
+    return 0;
   }
 
   void recordWrite(SharedShadow &shadow) const {

@@ -129,9 +129,20 @@ void reportDeadlock(Worker &worker) {
       continue;
     if (group.kind == Collective::Setmaxnreg && worker.registerWaiter[g] >= 0) {
       Thread &waiter = worker.threads[worker.registerWaiter[g]];
-      uint64_t inUse = 0;
-      for (unsigned w = 0; w < worker.warpRegisters.size(); ++w)
+      // The PTX ISA returns registers to the CTA's pool only through
+      // setmaxnreg.dec: a warp that exits keeps its count until the CTA ends,
+      // so an .inc that would fit only with an exited warp's registers may
+      // wait forever on hardware. They stay in use here, and the report says
+      // how many such registers the .inc waits behind.
+      uint64_t inUse = 0, heldByExited = 0;
+      for (unsigned w = 0; w < worker.warpRegisters.size(); ++w) {
         inUse += uint64_t(worker.warpRegisters[w]) * 32;
+        bool exited = true;
+        for (unsigned t = 32 * w; t < std::min(worker.threadCount, 32 * w + 32); ++t)
+          exited = exited && worker.threads[t].state == State::Finished;
+        if (exited)
+          heldByExited += uint64_t(worker.warpRegisters[w]) * 32;
+      }
       reportedThread = &waiter;
       report("synccheck",
              "deadlock: setmaxnreg.inc " + std::to_string(waiter.maskArgument & 0xffffu) +
@@ -143,7 +154,12 @@ void reportDeadlock(Worker &worker) {
                  std::to_string(inUse) + " in use, and the .inc needs " +
                  std::to_string(4 * 32 *
                                 ((waiter.maskArgument & 0xffffu) - worker.warpRegisters[4 * g])) +
-                 " more",
+                 " more" +
+                 (heldByExited ? "; " + std::to_string(heldByExited) +
+                                     " of those in use are held by warps that have exited, "
+                                     "which setmaxnreg never returns to the pool (only a "
+                                     ".dec does: .dec them before the warps exit)"
+                               : std::string()),
              siteString(group.file, group.line), 0, false);
       continue;
     }

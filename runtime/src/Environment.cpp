@@ -46,6 +46,11 @@ const char *variableName(Setting setting) {
 
 const char *get(Setting setting) { return nonEmpty(std::getenv(variableName(setting))); }
 
+bool isSetButEmpty(Setting setting) {
+  const char *value = std::getenv(variableName(setting));
+  return value && !*value;
+}
+
 const char *kernelOptionVariable(const char *variable) {
   return nonEmpty(std::getenv(variable));
 }

@@ -8,7 +8,9 @@
 //
 //   variable               read by                 meaning (unset or empty)
 //   PAGEDC_CACHE_DIR       KernelCache             kernel cache directory
-//                                                  ($HOME/.cache/pagedc)
+//                                                  ($HOME/.cache/pagedc when
+//                                                  unset; set but empty is an
+//                                                  error, not the default)
 //   PAGEDC_CUDA_DRIVER     CudaDriver              "emu": the SIMT emulator's
 //                                                  driver instead of libcuda
 //   PAGEDC_EMU_DRIVER      CudaDriver              the emulator driver library
@@ -63,6 +65,10 @@ const char *variableName(Setting setting);
 
 /// The setting's value, or null when it is unset or empty.
 const char *get(Setting setting);
+
+/// Whether the setting's variable is set to the empty string (which get()
+/// does not tell from unset).
+bool isSetButEmpty(Setting setting);
 
 /// The value of a kernel option's PAGEDC_* variable (KernelOptions.cpp's
 /// table names them), or null when unset or empty; only

@@ -37,6 +37,7 @@
 #include <cstdio>
 #include <fstream>
 #include <new>
+#include <optional>
 #include <sstream>
 #include <string>
 
@@ -79,7 +80,8 @@ bool mapped(const char *name) {
 static int runJit(int argc, char **argv) {
   auto start = std::chrono::steady_clock::now();
   CudaJitRequest request;
-  std::string file, cacheDir = KernelCache::defaultDirectory(), statsPath;
+  std::string file, statsPath;
+  std::optional<std::string> cacheDir;
   std::string kernels = "prefill", dtype = "bf16";
   int headDim = 128, pageSize = 16, gqa = 1;
   bool requireHit = false;
@@ -95,8 +97,9 @@ static int runJit(int argc, char **argv) {
     std::string text;
     if (value("--mask=", request.mask) || value("--score=", request.score) ||
         value("--kernel=", kernels) || value("--arch=", request.options.arch) ||
-        value("--dtype=", dtype) || value("--cache-dir=", cacheDir) ||
-        value("--stats=", statsPath)) {
+        value("--dtype=", dtype) || value("--stats=", statsPath)) {
+    } else if (value("--cache-dir=", text)) {
+      cacheDir = text;
     } else if (value("--head-dim=", text)) {
       if (!parseInt(text, headDim))
         return usage("bad --head-dim " + text);
@@ -191,10 +194,17 @@ static int runJit(int argc, char **argv) {
   }
   request.fileName = file;
 
-  KernelCache cache(cacheDir);
+  // An empty --cache-dir= would be a memory-only cache: nothing this run
+  // compiles would be kept, and --require-hit could never hold.
+  if (cacheDir && cacheDir->empty()) {
+    fmt::print(stderr, "pagedc-jit: --cache-dir is empty: name the kernel cache directory\n");
+    return 1;
+  }
+  std::optional<KernelCache> cache;
   CudaJitResult result;
   try {
-    result = loadCudaMods(request, cache);
+    cache.emplace(cacheDir ? *cacheDir : KernelCache::defaultDirectory());
+    result = loadCudaMods(request, *cache);
   } catch (const Error &error) {
     fmt::print(stderr, "pagedc-jit: {}\n", error.what());
     return 1;
@@ -202,7 +212,7 @@ static int runJit(int argc, char **argv) {
   double seconds = std::chrono::duration<double>(
                        std::chrono::steady_clock::now() - start)
                        .count();
-  KernelCache::Stats stats = cache.stats();
+  KernelCache::Stats stats = cache->stats();
   std::string line = fmt::format(
       "outcome={} variant={} disk_hits={} memory_hits={} compiles={} "
       "corrupt_entries={} plugin_loaded={} llvm_mapped={} kernels={} "

@@ -228,13 +228,14 @@ std::string describeTile(const KernelConfig &config) {
 /// the runtime's settlePrefillShape does. Compiled through the kernel cache
 /// with ptxas's report.
 /// `spills`: the bytes ptxas reported (-1 when it could not be asked).
+/// Throws pagedc::Error when the kernel cache directory cannot be used: that
+/// is not a compile failure, and must not silently change the tile.
 bool settleSource(const KernelSource &source, const std::string &arch, int &spills) {
   if (!source.config.prefillFallsBackOnSpills())
     return false;
+  KernelCache &cache = KernelCache::global();
   try {
-    spills = KernelCache::global()
-                 .getOrCompile(source, cudaCompileOptions(source.config, arch))
-                 ->spillBytes;
+    spills = cache.getOrCompile(source, cudaCompileOptions(source.config, arch))->spillBytes;
   } catch (const Error &) {
     spills = -1;
   }
@@ -290,8 +291,13 @@ int withKernelSources(
     // then the next one where it spills: 128x128 warpgroups -> 128x64;
     // 128x32 -> the same tile with its mod rows recomputed -> 64x64.
     int spills = 0;
-    while (!target.blockM && !target.warpRows &&
-           settleSource(*source, target.archs.front(), spills)) {
+    while (!target.blockM && !target.warpRows) {
+      try {
+        if (!settleSource(*source, target.archs.front(), spills))
+          break;
+      } catch (const Error &error) {
+        return inputError(error.what());
+      }
       const KernelConfig spilled = source->config;
       config.usePrefillSpillFallback();
       if (target.ptxasReport)
@@ -321,10 +327,19 @@ std::optional<CompileResult> compileSource(const KernelSource &source,
   // A cubin of a tile that settleSource compiled in this process (through
   // the kernel cache, with ptxas's report): that compile's image and log,
   // not a second compile. A disk hit has no log, so it is compiled again.
+  // A cache directory that cannot be used is an error, not a reason to skip
+  // the cache.
   if (output == CompileOptions::Output::Cubin && source.config.prefillFallsBackOnSpills()) {
+    KernelCache *cache = nullptr;
     try {
-      std::shared_ptr<const CompiledKernel> cached = KernelCache::global().getOrCompile(
-          source, cudaCompileOptions(source.config, arch));
+      cache = &KernelCache::global();
+    } catch (const Error &error) {
+      inputError(error.what());
+      return std::nullopt;
+    }
+    try {
+      std::shared_ptr<const CompiledKernel> cached =
+          cache->getOrCompile(source, cudaCompileOptions(source.config, arch));
       if (!cached->log.empty()) {
         if (ptxasReport)
           llvm::errs() << cached->log;

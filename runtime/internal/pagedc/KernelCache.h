@@ -65,12 +65,26 @@ public:
   /// it.
   static constexpr uint64_t kMaxEntryBytes = uint64_t(64) << 20;
 
-  /// `directory` empty: memory only.
+  /// `directory` empty: memory only. Otherwise it must be a directory (a
+  /// symlink to one) this process can read, created with its parents when
+  /// missing; anything else (a regular file, a FIFO, a dangling symlink, a
+  /// path under a file, a directory it cannot search or create) throws
+  /// pagedc::Error naming the path and why: a cache silently not used would
+  /// compile every kernel again in every process. A directory it can read but
+  /// not write is used read-only (a cache filled elsewhere and shipped
+  /// read-only): its entries are used, new kernels stay in memory, and one
+  /// warning goes to stderr.
   explicit KernelCache(std::string directory);
   /// $PAGEDC_CACHE_DIR, else $HOME/.cache/pagedc (else /tmp/pagedc-cache).
+  /// Throws pagedc::Error when PAGEDC_CACHE_DIR is set but empty (likely an
+  /// unset shell variable): the default directory is not a fallback.
   static std::string defaultDirectory();
-  /// A process-wide cache in defaultDirectory().
+  /// A process-wide cache in defaultDirectory(); throws as the constructor
+  /// does, again at each call until the directory is usable.
   static KernelCache &global();
+  /// Whether new entries (and variant files, CudaJit.h) are written to the
+  /// directory: false for memory only and for a read-only directory.
+  bool writable() const { return writable_; }
 
   /// The fast path: assembles the source only on an in-process miss.
   std::shared_ptr<const CompiledKernel>
@@ -139,6 +153,7 @@ private:
   void writeEntry(const CompiledKernel &kernel);
 
   std::string directory_;
+  bool writable_ = false;
   mutable std::mutex mutex_;
   std::unordered_map<uint64_t, std::vector<FastEntry>> fast_;
   std::unordered_map<std::string, Future> byKey_;

@@ -579,7 +579,8 @@ CudaJitResult loadCudaMods(const CudaJitRequest &request, KernelCache &cache) {
       }
       result.outcome = CudaJitOutcome::KernelsRebuilt;
       variant.modCode = result.mods.cuda.modCode;
-      writeVariant(result.variantPath, variant);
+      if (cache.writable())
+        writeVariant(result.variantPath, variant);
       return result;
     }
   }
@@ -601,7 +602,7 @@ CudaJitResult loadCudaMods(const CudaJitRequest &request, KernelCache &cache) {
       requests.push_back({config, result.mods.cuda.modCode, request.options});
     result.kernels = cache.getOrCompileAll(requests);
   }
-  if (!result.variantPath.empty()) {
+  if (!result.variantPath.empty() && cache.writable()) {
     Variant fresh;
     fresh.key = result.variantKey;
     {

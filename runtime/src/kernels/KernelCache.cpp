@@ -15,9 +15,12 @@
 #define XXH_INLINE_ALL
 #include <xxhash.h>
 
+#include <fcntl.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -118,12 +121,93 @@ bool parseEntry(const std::string &bytes, const std::string &key,
   return !kernel.kernelNames.empty();
 }
 
+/// What a file that is not a directory is, for messages.
+const char *fileKind(mode_t mode) {
+  if (S_ISREG(mode))
+    return "a regular file";
+  if (S_ISFIFO(mode))
+    return "a FIFO";
+  if (S_ISSOCK(mode))
+    return "a socket";
+  if (S_ISCHR(mode) || S_ISBLK(mode))
+    return "a device";
+  return "not a directory";
+}
+
+/// Why `path`, which stat() cannot reach, cannot be a directory: the first
+/// of it and its ancestors that is a dangling symlink or not a directory,
+/// or empty when nothing stands in the way (then it is only missing).
+std::string obstacle(const fs::path &path) {
+  for (fs::path at = path; !at.empty(); at = at.parent_path()) {
+    struct stat info;
+    if (::lstat(at.c_str(), &info) == 0) {
+      std::string named = at == path ? "it" : fmt::format("'{}'", at.string());
+      if (S_ISLNK(info.st_mode) && ::stat(at.c_str(), &info) != 0) {
+        std::error_code ignored;
+        return fmt::format("{} is a dangling symbolic link (to '{}')", named,
+                           fs::read_symlink(at, ignored).string());
+      }
+      if (!S_ISDIR(info.st_mode) && ::stat(at.c_str(), &info) == 0 && !S_ISDIR(info.st_mode))
+        return fmt::format("{} is {}, not a directory", named, fileKind(info.st_mode));
+      return "";
+    }
+    if (at == at.parent_path())
+      break;
+  }
+  return "";
+}
+
+/// Checks `directory` as a kernel cache directory, creating it when missing;
+/// returns why this process may not write it (empty when it may). Throws
+/// pagedc::Error naming the path and what stands in the way; nothing is
+/// written anywhere else instead.
+std::string prepareCacheDirectory(const std::string &directory) {
+  auto refuse = [&](const std::string &why) {
+    return Error(fmt::format("kernel cache directory '{}': {}", directory, why));
+  };
+  struct stat info;
+  if (::stat(directory.c_str(), &info) != 0) {
+    const int error = errno;
+    std::string why = obstacle(directory);
+    if (!why.empty())
+      throw refuse(why);
+    if (error != ENOENT)
+      throw refuse(std::strerror(error));
+    std::error_code created;
+    fs::create_directories(directory, created);
+    if (created || ::stat(directory.c_str(), &info) != 0)
+      throw refuse("it does not exist and cannot be created: " +
+                   (created ? created.message() : std::string(std::strerror(errno))));
+  }
+  if (!S_ISDIR(info.st_mode))
+    throw refuse(fmt::format("it is {}, not a directory", fileKind(info.st_mode)));
+  // Effective ids, as open() checks them; a read-only file system is EROFS.
+  if (::faccessat(AT_FDCWD, directory.c_str(), R_OK | X_OK, AT_EACCESS) != 0)
+    throw refuse(fmt::format("it cannot be read: {}", std::strerror(errno)));
+  if (::faccessat(AT_FDCWD, directory.c_str(), W_OK, AT_EACCESS) != 0)
+    return std::strerror(errno);
+  return "";
+}
+
 } // namespace
 
-KernelCache::KernelCache(std::string directory)
-    : directory_(std::move(directory)) {}
+KernelCache::KernelCache(std::string directory) : directory_(std::move(directory)) {
+  if (directory_.empty())
+    return;
+  const std::string readOnly = prepareCacheDirectory(directory_);
+  writable_ = readOnly.empty();
+  if (!writable_)
+    fmt::print(stderr,
+               "pagedc: warning: kernel cache directory '{}' is not writable ({}): its "
+               "entries are used, kernels compiled by this process are not saved\n",
+               directory_, readOnly);
+}
 
 std::string KernelCache::defaultDirectory() {
+  if (env::isSetButEmpty(env::Setting::CacheDir))
+    throw Error(fmt::format("{} is set but empty: name the kernel cache directory, or unset "
+                            "it for $HOME/.cache/pagedc",
+                            env::variableName(env::Setting::CacheDir)));
   if (const char *dir = env::get(env::Setting::CacheDir))
     return dir;
   if (const char *home = env::get(env::Setting::Home))
@@ -194,7 +278,7 @@ std::shared_ptr<const CompiledKernel> KernelCache::readEntry(const std::string &
 }
 
 void KernelCache::writeEntry(const CompiledKernel &kernel) {
-  if (!directory_.empty()) // a cache that cannot be written is only slower
+  if (writable_) // a failed write (a full disk) only makes a later process slower
     sealed::writeAtomically(entryPath(kernel.key), serializeEntry(kernel));
 }
 

@@ -355,6 +355,71 @@ for name, extra, keyword in [
                                                  "--cache-dir=" + os.path.join(d, "cache")]
          + extra, 2, keyword)
 
+# The kernel cache directory, as pagedc-jit's --cache-dir and as
+# PAGEDC_CACHE_DIR (pagedc run --device emu, pagedc-jit): what cannot be a
+# directory the tool may read is refused by name before any compile, and
+# nothing is written in its place or elsewhere. A read-only directory is
+# used with a warning (here the run then fails on its head dim, after the
+# warning). As root, the permission cases drop the capabilities that ignore
+# permissions.
+FIFO = os.path.join(inputs, "fifo")
+os.mkfifo(FIFO)
+DANGLING = os.path.join(inputs, "dangling")
+os.symlink(os.path.join(inputs, "no-such-target"), DANGLING)
+READ_ONLY = os.path.join(inputs, "read-only-cache")
+UNREADABLE = os.path.join(inputs, "unreadable-cache")
+os.makedirs(READ_ONLY)
+os.makedirs(UNREADABLE)
+os.chmod(READ_ONLY, 0o555)
+os.chmod(UNREADABLE, 0o311)
+# Head dim 64: --device emu refuses 8 before it needs a kernel.
+Q64, K64 = npy("q64.npy", (1, 2, 3, 64)), npy("k64.npy", (1, 1, 5, 64))
+UNPRIVILEGED = []
+if os.geteuid() == 0:
+    UNPRIVILEGED = [tool("setpriv") or "/usr/bin/setpriv",
+                    "--bounding-set=-dac_override,-dac_read_search,-fowner", "--"]
+if os.geteuid() != 0 or os.path.exists(UNPRIVILEGED[0]):
+    permission_cases = [
+        ("unreadable", UNREADABLE, "it cannot be read: Permission denied"),
+        ("not-creatable", os.path.join(READ_ONLY, "cache"),
+         "it does not exist and cannot be created: Permission denied")]
+else:
+    permission_cases = []
+for name, path, keyword in [
+        ("file", PLAIN, "it is a regular file, not a directory"),
+        ("fifo", FIFO, "it is a FIFO, not a directory"),
+        ("dangling-symlink", DANGLING, "it is a dangling symbolic link"),
+        ("under-a-file", os.path.join(PLAIN, "cache"),
+         "'%s' is a regular file, not a directory" % PLAIN)] + permission_cases:
+    prefix = UNPRIVILEGED if (name, path, keyword) in permission_cases else []
+    case("cache-dir-" + name,
+         lambda d, path=path, prefix=prefix: prefix + [
+             "pagedc-jit", PROGRAM, "--mask=causal", "--kernel=decode", "--cache-dir=" + path],
+         1, ["kernel cache directory '%s'" % path, keyword])
+    case("cache-env-" + name,
+         lambda d, prefix=prefix: prefix + run_args(d, Q64, K64, K64)[:-2] + ["--device", "emu"],
+         1,
+         ["kernel cache directory '%s'" % path, keyword], env={"PAGEDC_CACHE_DIR": path})
+if HAS_CUDA_STAGES:
+    # pagedc --emit=cubin reads the cache where it checks a prefill tile
+    # for spills (sm_80's default tile): an error there, not a silent
+    # change of tile.
+    case("cache-env-file-cubin",
+         lambda d: ["pagedc", "--emit=cubin", "--kernel=prefill", "--arch=sm_80", "--mask=causal",
+                    PROGRAM, "-o", os.path.join(d, "out.cubin")], 1,
+         ["kernel cache directory '%s'" % PLAIN, "it is a regular file, not a directory"],
+         env={"PAGEDC_CACHE_DIR": PLAIN})
+case("cache-dir-empty", lambda d: ["pagedc-jit", PROGRAM, "--mask=causal", "--cache-dir="], 1,
+     "--cache-dir is empty")
+case("cache-env-empty", lambda d: run_args(d, Q64, K64, K64)[:-2] + ["--device", "emu"], 1,
+     "PAGEDC_CACHE_DIR is set but empty", env={"PAGEDC_CACHE_DIR": ""})
+if permission_cases:
+    case("cache-dir-read-only",
+         lambda d: UNPRIVILEGED + ["pagedc-jit", PROGRAM, "--mask=causal", "--head-dim=100000",
+                                   "--cache-dir=" + READ_ONLY], 1,
+         ["kernel cache directory '%s' is not writable (Permission denied)" % READ_ONLY,
+          "head dim 100000"])
+
 # Packs (pagedc-gpu's input, holding kernel bundles) that are garbage.
 if tool("pagedc-gpu"):
     def pack(text):
@@ -487,6 +552,21 @@ if module_python and module_dir:
     for name, body, keyword in PY_CASES:
         case("python-" + name, [module_python, "-c", PY_PRELUDE + body], 1, keyword,
              env={"PYTHONPATH": module_dir, "PYTHONDONTWRITEBYTECODE": "1"})
+    # PAGEDC_CACHE_DIR in Python: pagedc.Error when the first kernel is
+    # needed, before it is built.
+    PY_EMU_CALL = ("m = pagedc.compile('mask causal(b, h, q, kv) = q >= kv\\n', cuda=True)\n"
+                   "d = lambda x: pagedc.to_device(x.astype(np.float16), device='emu')\n"
+                   "pagedc.flex_attention(d(randn(1, 2, 3, 64)), d(randn(1, 2, 5, 64)), "
+                   "d(randn(1, 2, 5, 64)), mods=m)")
+    for name, path, keyword in [
+            ("file", PLAIN, "it is a regular file, not a directory"),
+            ("fifo", FIFO, "it is a FIFO, not a directory"),
+            ("dangling-symlink", DANGLING, "it is a dangling symbolic link"),
+            ("empty", "", "PAGEDC_CACHE_DIR is set but empty")]:
+        case("python-cache-env-" + name, [module_python, "-c", PY_PRELUDE + PY_EMU_CALL], 1,
+             ["pagedc.Error", keyword],
+             env={"PYTHONPATH": module_dir, "PYTHONDONTWRITEBYTECODE": "1",
+                  "PAGEDC_CACHE_DIR": path})
 
 # ---------------------------------------------------------------------------
 # Running
@@ -566,6 +646,8 @@ inputs_intact = snapshot(inputs) == inputs_before
 # The sparse files claim 21 GB between them; leave none of that behind.
 for path in (huge_header, long_kv):
     os.unlink(path)
+for path in (READ_ONLY, UNREADABLE):
+    os.chmod(path, 0o755)
 
 failures = 0
 slowest, largest = 0.0, 0

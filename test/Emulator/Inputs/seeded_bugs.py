@@ -551,6 +551,19 @@ BUGS = {
         "            fence_proxy_async();\n",
         "",
         "decode-d128"),
+    # The same copy into a stage that an earlier tile's tensor-map copy
+    # wrote and whose math then read it (ld.shared and ldmatrix, the generic
+    # proxy), the __syncthreads after the math ordering the reads before
+    # the copy but no proxy fence after them: the fence kept only for each
+    # stage's first fill (racecheck: the async proxy's write over a generic
+    # read).
+    "decode-tma-copy-after-reads-unfenced": (
+        "Decode.cuh",
+        "            // gather, the list counts): ordered before the copy engine's.\n"
+        "            fence_proxy_async();\n",
+        "            // gather, the list counts): ordered before the copy engine's.\n"
+        "            if (which < 2)\n              fence_proxy_async();\n",
+        "decode-d128"),
     # Bugs only the lse comparison, batch 2 and moving row maxima show
     # (each ran clean, undetected, on the runs without them). The lse of a
     # finished row (finish_row, the mma.sync prefill's epilogue on this

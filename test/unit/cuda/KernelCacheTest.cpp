@@ -9,6 +9,7 @@
 
 #include <signal.h>
 #include <spawn.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -292,6 +293,64 @@ TEST(KernelCache, DefaultDirectoryHonoursEnvironment) {
     EXPECT_EQ(KernelCache::defaultDirectory(), std::string(home) + "/.cache/pagedc");
   if (saved)
     setenv("PAGEDC_CACHE_DIR", savedValue.c_str(), 1);
+}
+
+// PAGEDC_CACHE_DIR set but empty is not the default directory (a script's
+// unset variable would otherwise fill ~/.cache/pagedc): an error.
+TEST(KernelCache, EmptyCacheDirVariableIsAnError) {
+  const char *saved = std::getenv("PAGEDC_CACHE_DIR");
+  std::string savedValue = saved ? saved : "";
+  setenv("PAGEDC_CACHE_DIR", "", 1);
+  try {
+    KernelCache::defaultDirectory();
+    ADD_FAILURE() << "an empty PAGEDC_CACHE_DIR was accepted";
+  } catch (const Error &error) {
+    EXPECT_NE(std::string(error.what()).find("PAGEDC_CACHE_DIR is set but empty"),
+              std::string::npos)
+        << error.what();
+  }
+  if (saved)
+    setenv("PAGEDC_CACHE_DIR", savedValue.c_str(), 1);
+  else
+    unsetenv("PAGEDC_CACHE_DIR");
+}
+
+// A directory that cannot hold the cache is refused by name when the cache
+// is made, and nothing is created in its place; a missing one is created.
+TEST(KernelCache, DirectoryThatIsNotOneIsRefused) {
+  TempDir dir("pagedc-cache-dir");
+  const fs::path file = fs::path(dir.path()) / "file";
+  std::ofstream(file) << "not a directory\n";
+  const fs::path fifo = fs::path(dir.path()) / "fifo";
+  ASSERT_EQ(mkfifo(fifo.c_str(), 0600), 0);
+  const fs::path dangling = fs::path(dir.path()) / "dangling";
+  fs::create_symlink(fs::path(dir.path()) / "no-such-target", dangling);
+  struct Case {
+    fs::path path;
+    std::string why;
+  };
+  for (const Case &c : {Case{file, "it is a regular file, not a directory"},
+                        Case{fifo, "it is a FIFO, not a directory"},
+                        Case{dangling, "it is a dangling symbolic link"},
+                        Case{file / "cache", "'" + file.string() + "' is a regular file"},
+                        Case{dangling / "cache", "'" + dangling.string() + "' is a dangling"}}) {
+    try {
+      KernelCache cache(c.path.string());
+      ADD_FAILURE() << c.path << " was accepted";
+    } catch (const Error &error) {
+      const std::string message = error.what();
+      EXPECT_NE(message.find("kernel cache directory '" + c.path.string() + "': "),
+                std::string::npos)
+          << message;
+      EXPECT_NE(message.find(c.why), std::string::npos) << message;
+    }
+  }
+  EXPECT_FALSE(fs::exists(fs::path(dir.path()) / "no-such-target"));
+  const fs::path created = fs::path(dir.path()) / "a" / "b";
+  KernelCache cache(created.string());
+  EXPECT_TRUE(fs::is_directory(created));
+  EXPECT_TRUE(cache.writable());
+  EXPECT_FALSE(KernelCache("").writable());
 }
 
 // The spill bytes of a cubin compiled with ptxas's report travel with the

@@ -7,6 +7,10 @@
 #include <fmt/format.h>
 #include <gtest/gtest.h>
 
+#include <dlfcn.h>
+#include <signal.h>
+#include <sys/resource.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <cstdlib>
@@ -421,6 +425,104 @@ TEST_F(CudaJit, VariantOfAnotherPluginFileIsRegenerated) {
   ASSERT_EQ(runTool(args, stats, errors, dir.path(), other), 0) << errors;
   EXPECT_EQ(stats["outcome"], "variant-hit");
   EXPECT_EQ(stats["plugin_loaded"], "0");
+}
+
+/// The address space this process has mapped now (/proc/self/status).
+uint64_t mappedBytes() {
+  std::ifstream status("/proc/self/status");
+  for (std::string line; std::getline(status, line);)
+    if (line.compare(0, 7, "VmSize:") == 0)
+      return std::strtoull(line.c_str() + 7, nullptr, 10) * 1024;
+  return 0;
+}
+
+/// The file of the libLLVM this process has mapped, or "" if none.
+std::string mappedLlvm() {
+  std::ifstream maps("/proc/self/maps");
+  for (std::string line; std::getline(maps, line);) {
+    size_t at = line.find('/');
+    if (at != std::string::npos && line.find("/libLLVM", at) != std::string::npos)
+      return line.substr(at);
+  }
+  return "";
+}
+
+// Out of memory inside the plugin's code generation is a pagedc::Error, not
+// an abort of the host. The child runs with LLVM's new-handler installed (a
+// host that ran InitLLVM does so), which sends every failed allocation, like
+// LLVM's own safe_malloc, to llvm::report_bad_alloc_error: without a handler
+// from the plugin it prints "LLVM ERROR: out of memory" and aborts. The
+// program's mods double at each level when inlined, so code generation runs
+// into any address-space limit, here 128 MiB above what is mapped.
+TEST_F(CudaJit, OutOfMemoryInCodeGenerationIsAnError) {
+#if defined(__SANITIZE_ADDRESS__)
+  GTEST_SKIP() << "AddressSanitizer's shadow memory does not fit an address-space limit";
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer)
+  GTEST_SKIP() << "AddressSanitizer's shadow memory does not fit an address-space limit";
+#endif
+#endif
+  TempDir dir("pagedc-cudajit-oom");
+  // Load the plugin, and libLLVM with it, on a program that fails at once.
+  CudaJitRequest broken = cheapRequest();
+  broken.source = "mask m(b, h, q, kv) = (\n";
+  broken.mask = "m";
+  broken.score = "";
+  KernelCache memoryOnly("");
+  EXPECT_THROW(loadCudaMods(broken, memoryOnly), Error);
+  const std::string llvm = mappedLlvm();
+  ASSERT_FALSE(llvm.empty()) << "the plugin did not map libLLVM";
+  std::string program = "mask m0(b, h, q, kv) = q >= kv\n";
+  for (int i = 1; i <= 40; ++i)
+    program += fmt::format("mask m{}(b, h, q, kv) = m{}(b, h, q + 1, kv) & m{}(b, h, q * 3, kv)\n",
+                           i, i - 1, i - 1);
+  const std::string messagePath = dir.path() + "/message.txt";
+  pid_t child = fork();
+  ASSERT_GE(child, 0);
+  if (child == 0) {
+    void *library = dlopen(llvm.c_str(), RTLD_NOW | RTLD_NOLOAD);
+    auto install = library ? reinterpret_cast<void (*)()>(
+                                 dlsym(library, "_ZN4llvm33install_out_of_memory_new_handlerEv"))
+                           : nullptr;
+    if (!install)
+      _exit(10);
+    install();
+    const rlim_t bytes = mappedBytes() + (rlim_t(128) << 20);
+    struct rlimit limit = {bytes, bytes};
+    if (setrlimit(RLIMIT_AS, &limit) != 0)
+      _exit(11);
+    CudaJitRequest request = cheapRequest();
+    request.source = program;
+    request.mask = "m40";
+    request.score = "";
+    try {
+      loadCudaMods(request, memoryOnly);
+      _exit(12);
+    } catch (const Error &error) {
+      std::ofstream(messagePath) << error.what();
+      _exit(0);
+    } catch (...) {
+      _exit(13);
+    }
+  }
+  int status = 0;
+  bool done = false;
+  for (int tenths = 0; tenths < 1200 && !done; ++tenths) {
+    done = waitpid(child, &status, WNOHANG) == child;
+    if (!done)
+      usleep(100000);
+  }
+  if (!done) {
+    kill(child, SIGKILL);
+    waitpid(child, &status, 0);
+  }
+  ASSERT_TRUE(done) << "still generating after 120 s";
+  ASSERT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0)
+      << (WIFSIGNALED(status) ? fmt::format("killed by signal {}", WTERMSIG(status))
+                              : fmt::format("exit {}", WEXITSTATUS(status)));
+  const std::string message = readFile(messagePath);
+  EXPECT_NE(message.find("test.attn: out of memory during code generation"), std::string::npos)
+      << message;
 }
 
 } // namespace

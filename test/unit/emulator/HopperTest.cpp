@@ -11,8 +11,9 @@
 // expect-tx byte count, a ring stage reused before its consumer released
 // it, a missing wgmma.wait_group, a missing wgmma.fence, a missing
 // fence.proxy.async (before a wgmma, and before a bulk copy over generic
-// stores), a missing named barrier, setmaxnreg counts that go the wrong way
-// or past the CTA's pool. The same kernels are compiled for sm_90a with
+// stores or generic reads), a missing named barrier, setmaxnreg counts that go the wrong way
+// or past the CTA's pool (counting an exited warp's registers as in use).
+// The same kernels are compiled for sm_90a with
 // NVRTC, so the PTX side of every wrapper assembles.
 //
 //===----------------------------------------------------------------------===//
@@ -258,9 +259,23 @@ __device__ void many_readers(float *data, int bug) {
 /// 1: the counts swapped (a .dec above the warps' count, an .inc below it);
 /// 2: .inc to 232 (past the pool: it waits for registers no warp frees);
 /// 3: warpgroup 0's .dec only after a named barrier that warpgroup 1
-/// passes before its .inc, which waits for the .dec.
+/// passes before its .inc, which waits for the .dec; 4: warpgroup 0 exits
+/// without a .dec (after a named barrier, so it has exited before the .inc):
+/// its registers stay out of the pool; 5: as 4 with the .dec before the exit.
 __device__ void register_handoff(float *data, int mode) {
   const int tid = threadIdx.x;
+  if (mode >= 4) {
+    data[tid] = static_cast<float>(tid);
+    if (tid < 128) {
+      if (mode == 5)
+        setmaxnreg_dec<40>();
+      named_barrier_arrive(1, 256);
+      return;
+    }
+    named_barrier_sync(1, 256);
+    setmaxnreg_inc<216>();
+    return;
+  }
   if (tid < 128) {
     if (mode == 3)
       named_barrier_sync(1, 256);
@@ -287,6 +302,10 @@ __device__ void register_handoff(float *data, int mode) {
 /// acquired the stores; 1: each writer fences after its store; 2: no fence
 /// (the stores and the copy's writes are unordered); 3: warp 1 fences
 /// after the __syncthreads and releases to warp 0 by a named barrier.
+/// Modes 4-6: each writer fences, then every thread reads its neighbour's
+/// word (the generic proxy) before the copy overwrites it, ordered by a
+/// __syncthreads: 4: no fence after the reads; 5: thread 0 fences after
+/// that __syncthreads; 6: each reader fences after its read.
 __device__ void bulk_over_generic(float *data, const float *source, int mode) {
   PAGEDC_EXTERN_SHARED(unsigned char, shared);
   const uint32_t base = aligned_base(shared);
@@ -298,9 +317,16 @@ __device__ void bulk_over_generic(float *data, const float *source, int mode) {
     fence_mbarrier_init();
   }
   words[tid] = -1.0f;
-  if (mode == 1)
+  if (mode == 1 || mode >= 4)
     fence_proxy_async();
   __syncthreads();
+  if (mode >= 4) {
+    if (words[(tid + 1) % 128] != -1.0f)
+      data[tid] = 0.0f;
+    if (mode == 6)
+      fence_proxy_async();
+    __syncthreads();
+  }
   if (mode == 3 && tid >= 32 && tid < 64) {
     fence_proxy_async();
     named_barrier_arrive(1, 64);
@@ -308,7 +334,7 @@ __device__ void bulk_over_generic(float *data, const float *source, int mode) {
   if (mode == 3 && tid < 32)
     named_barrier_sync(1, 64);
   if (tid == 0) {
-    if (mode == 0)
+    if (mode == 0 || mode == 5)
       fence_proxy_async();
     mbarrier_arrive_expect_tx(bar, 512);
     bulk_copy_g2s(base, source, 512, bar);
@@ -782,6 +808,23 @@ TEST(Hopper, SetmaxnregAccountsForRegisters) {
   emu::LaunchResult greedy = launch("register_handoff", {&pointer, &mode}, 256, 0, 128);
   EXPECT_TRUE(hasReport(greedy, "synccheck", "deadlock: setmaxnreg.inc 232 of warpgroup 1"))
       << describe(greedy);
+  // An exited warp's registers do not return to the pool (only .dec
+  // returns them): the .inc that fits only with them never completes, and
+  // the report names them; with the .dec before the exit it completes.
+  mode = 4;
+  emu::LaunchResult exited = launch("register_handoff", {&pointer, &mode}, 256, 0, 128);
+  EXPECT_TRUE(hasReport(exited, "synccheck",
+                        "deadlock: setmaxnreg.inc 216 of warpgroup 1 waits for registers no "
+                        "other warp frees"))
+      << describe(exited);
+  EXPECT_TRUE(
+      hasReport(exited, "synccheck", "16384 of those in use are held by warps that have exited"))
+      << describe(exited);
+  mode = 5;
+  emu::LaunchResult released = launch("register_handoff", {&pointer, &mode}, 256, 0, 128);
+  ASSERT_TRUE(released.ok) << describe(released);
+  EXPECT_TRUE(released.reports.empty()) << describe(released);
+  EXPECT_EQ(data[255], 255.0f);
   // Unset, the launch count is one CTA per SM's: 65536 / 256 threads, at
   // most 255, which the .inc to 216 would lower.
   mode = 0;
@@ -794,7 +837,8 @@ TEST(Hopper, SetmaxnregAccountsForRegisters) {
 // A bulk copy's writes (the async proxy) over shared bytes that generic
 // stores wrote need a fence.proxy.async between: by the writers, by the
 // issuing thread after it acquired the stores, or by a thread whose
-// release the issuer acquired after that thread's fence.
+// release the issuer acquired after that thread's fence. So do bytes that
+// generic loads read (docs/emulator.md states the rule and its source).
 TEST(Hopper, BulkCopyOverGenericStoresNeedsAProxyFence) {
   float *source = rampFloats(128, 3.0f);
   float *data = rampFloats(128, 0.0f);
@@ -812,6 +856,21 @@ TEST(Hopper, BulkCopyOverGenericStoresNeedsAProxyFence) {
   EXPECT_TRUE(hasReport(unfenced, "racecheck",
                         "async-proxy write over a generic store with no proxy fence"))
       << describe(unfenced);
+  // Generic reads before the copy's writes, ordered by a __syncthreads: the
+  // proxies still need a fence after the reads (by the readers, or by the
+  // issuer once it acquired them).
+  for (int fenced : {5, 6}) {
+    emu::LaunchResult ok = launch("bulk_over_generic", {&pointer, &from, &fenced}, 128, 4096);
+    ASSERT_TRUE(ok.ok) << "mode " << fenced << describe(ok);
+    EXPECT_TRUE(ok.reports.empty()) << "mode " << fenced << describe(ok);
+    for (int i = 0; i < 128; ++i)
+      EXPECT_EQ(data[i], 3.0f + i) << "mode " << fenced;
+  }
+  mode = 4;
+  emu::LaunchResult readUnfenced = launch("bulk_over_generic", {&pointer, &from, &mode}, 128, 4096);
+  EXPECT_TRUE(hasReport(readUnfenced, "racecheck",
+                        "async-proxy write over a generic read with no proxy fence"))
+      << describe(readUnfenced);
   emu::release(data);
   emu::release(source);
 }
