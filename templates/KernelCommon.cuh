@@ -12,6 +12,12 @@
 // head dim rounded up to 64 elements) so that the swizzle stays inside it;
 // the chunks past a tensor's head dim are never written nor read.
 //
+// Why one file of over 1,000 lines: every kernel translation unit includes
+// these pieces in this order after the generated mods, and the loaders, the
+// softmax state and the packed-batch row maps share the configuration's
+// constexprs; split files would each need the same preamble of `using`s and
+// the assembler (KernelSource) a longer fixed list, for no reader's gain.
+//
 //===----------------------------------------------------------------------===//
 
 namespace pagedc {
