@@ -72,9 +72,13 @@ extern "C" __global__ void __launch_bounds__(pagedc::kPrefillThreads, 1)
   const int kv_head = tile.kv_head, kv_len = tile.kv_len, q_offset = tile.q_offset;
   // A packed batch's first key (kv_start): the tiles start at the one that
   // holds it, whose rows below it are neither copied nor kept.
-  int kv_from = 0;
-  if constexpr (kPackedBatch)
-    kv_from = args.kv_start ? args.kv_start[b] : 0;
+  // (Read where it is used rather than held through the KV loop: the
+  // packed tiles at head dim 256 have no registers to spare for it.)
+  auto kv_from = [&]() -> int {
+    if constexpr (kPackedBatch)
+      return args.kv_start ? args.kv_start[recompute_here(b)] : 0;
+    return 0;
+  };
 
   const uint32_t q_tile = shared_address(shared);
   const uint32_t k_tiles = q_tile + kBlockM * kTileRowBytes;
@@ -122,8 +126,20 @@ extern "C" __global__ void __launch_bounds__(pagedc::kPrefillThreads, 1)
   // of each 16-row tile), and their kv-independent mod values (computed
   // again for each KV tile with kRecomputeModRows, which holds only q).
   const int warp_row = warp * kWarpRows;
-  int q_of[kMTiles][2], b_of[kMTiles][2];
+  int q_of[kMTiles][2];
   const int h_of[2] = {h, h};
+  // A row's batch index for the mods: b, or a cascade level's own (the
+  // token map). Read where it is used rather than held through the KV loop:
+  // the packed tiles at head dim 256 have no registers to spare for it.
+  auto row_batch = [&](int m, int half) -> int {
+    if constexpr (kPackedBatch) {
+      if (args.token_batch != nullptr) {
+        const int row = row_begin + warp_row + 16 * m + (lane >> 2) + 8 * half;
+        return args.token_batch[recompute_here(first_row + imin(row, q_len - 1))];
+      }
+    }
+    return b;
+  };
   pagedc_mods::MaskRow mask_rows[kMTiles][2];
   pagedc_mods::ScoreRow score_rows[kMTiles][2];
   RowState state[kMTiles];
@@ -135,18 +151,15 @@ extern "C" __global__ void __launch_bounds__(pagedc::kPrefillThreads, 1)
       const int row = row_begin + warp_row + 16 * m + (lane >> 2) + 8 * half;
       // Padding rows evaluate the last real row's mods and are never stored.
       q_of[m][half] = q_offset + imin(row, q_len - 1);
-      b_of[m][half] = b;
       if constexpr (kPackedBatch) {
-        // A cascade level's rows: each its own position and batch index.
-        const int token = first_row + imin(row, q_len - 1);
+        // A cascade level's rows: each its own position.
         if (args.token_position)
-          q_of[m][half] = args.token_position[token];
-        if (args.token_batch)
-          b_of[m][half] = args.token_batch[token];
+          q_of[m][half] = args.token_position[first_row + imin(row, q_len - 1)];
       }
       if constexpr (!kRecomputeModRows) {
-        mask_rows[m][half] = pagedc_mods::mask_row(params, b_of[m][half], h, q_of[m][half]);
-        score_rows[m][half] = pagedc_mods::score_row(params, b_of[m][half], h, q_of[m][half]);
+        const int row_b = row_batch(m, half);
+        mask_rows[m][half] = pagedc_mods::mask_row(params, row_b, h, q_of[m][half]);
+        score_rows[m][half] = pagedc_mods::score_row(params, row_b, h, q_of[m][half]);
       }
       state[m].max[half] = -infinity();
       state[m].sum[half] = 0.0f;
@@ -184,12 +197,10 @@ extern "C" __global__ void __launch_bounds__(pagedc::kPrefillThreads, 1)
     auto stage_page = [&](int kv_first) {
       return tile_page<kBlockN>(page_row, kv_first, kv_len, thread);
     };
-    auto copy_tile = [&](int into_stage, int kv_first) {
-      // A packed batch's tile that holds kv_start: its rows below it.
-      uint64_t keep_rows = ~static_cast<uint64_t>(0);
-      if constexpr (kPackedBatch)
-        if (kv_first < kv_from)
-          keep_rows <<= kv_from - kv_first;
+    // keep_rows: the rows of the tile to copy (a packed batch's first tile
+    // holds kv_start and skips the rows below it; the loop's later tiles are
+    // past it, so they pass a constant and hold no mask through the loop).
+    auto copy_tile = [&](int into_stage, int kv_first, uint64_t keep_rows) {
       if constexpr (kKvFloat8 != 0)
         copy_codes(k_tiles + code_offset(into_stage), v_tiles + code_offset(into_stage),
                    StagedPages{page_slots, kv_first}, kv_first, kv_len);
@@ -198,7 +209,7 @@ extern "C" __global__ void __launch_bounds__(pagedc::kPrefillThreads, 1)
                 StagedPages{page_slots, kv_first}, kv_first, kv_len, keep_rows);
     };
     // (A packed batch has no block mask: visit `list` is tile `list`.)
-    int list = kv_from / kBlockN, sub = 0, stage = 0;
+    int list = kv_from() / kBlockN, sub = 0, stage = 0;
     int kv_begin = visits.seek(args, kv_len, list, sub);
     // (The previous pass's last reads of the slots are behind its last
     // barrier.)
@@ -206,8 +217,13 @@ extern "C" __global__ void __launch_bounds__(pagedc::kPrefillThreads, 1)
     if (thread < kPrefillTilePages)
       page_slots[thread] = staged;
     __syncthreads();
-    if (list < visits.list_count)
-      copy_tile(0, kv_begin);
+    if (list < visits.list_count) {
+      uint64_t keep_rows = ~static_cast<uint64_t>(0);
+      if constexpr (kPackedBatch)
+        if (kv_begin < kv_from())
+          keep_rows <<= kv_from() - kv_begin;
+      copy_tile(0, kv_begin, keep_rows);
+    }
     cp_async_commit();
     int next_list = list, next_sub = sub;
     visits.advance(next_list, next_sub);
@@ -235,7 +251,7 @@ extern "C" __global__ void __launch_bounds__(pagedc::kPrefillThreads, 1)
     while (list < visits.list_count) {
       const bool is_full = visits.is_full(list);
       if (next_list < visits.list_count)
-        copy_tile(stage ^ 1, kv_next);
+        copy_tile(stage ^ 1, kv_next, ~static_cast<uint64_t>(0));
       cp_async_commit();
       int after_list = next_list, after_sub = next_sub, kv_after = 0;
       if (next_list < visits.list_count) {
@@ -267,6 +283,8 @@ extern "C" __global__ void __launch_bounds__(pagedc::kPrefillThreads, 1)
                             kv_begin + kBlockN <= kv_len &&
                             visible_bits == (1u << (2 * kMTiles)) - 1;
       tally_tile(all_kept, lane);
+      // A packed batch's keys below kv_start in this tile (none past it).
+      const int kv_start_here = kv_from();
 #pragma unroll
       for (int m = 0; m < kMTiles; ++m) {
         const bool visible[2] = {((visible_bits >> (2 * m)) & 1) != 0,
@@ -277,27 +295,28 @@ extern "C" __global__ void __launch_bounds__(pagedc::kPrefillThreads, 1)
         // loop by the compiler. (Passing b and h through as well changed
         // nothing in the corpus.)
         int q_now[2];
+        const int b_now[2] = {row_batch(m, 0), row_batch(m, 1)};
         pagedc_mods::MaskRow mask_now[2];
         pagedc_mods::ScoreRow score_now[2];
 #pragma unroll
         for (int half = 0; half < 2; ++half) {
           if constexpr (kRecomputeModRows) {
             q_now[half] = recompute_here(q_of[m][half]);
-            mask_now[half] = pagedc_mods::mask_row(params, b_of[m][half], h, q_now[half]);
-            score_now[half] = pagedc_mods::score_row(params, b_of[m][half], h, q_now[half]);
+            mask_now[half] = pagedc_mods::mask_row(params, b_now[half], h, q_now[half]);
+            score_now[half] = pagedc_mods::score_row(params, b_now[half], h, q_now[half]);
           } else {
             q_now[half] = q_of[m][half];
             mask_now[half] = mask_rows[m][half];
             score_now[half] = score_rows[m][half];
           }
         }
-        apply_mods<kBlockN / 8>(scores[m], params, mask_now, score_now, b_of[m], h_of, q_now,
+        apply_mods<kBlockN / 8>(scores[m], params, mask_now, score_now, b_now, h_of, q_now,
                                 visible, check_mask, kv_begin, kv_len,
                                 kKvFloat8 != 0 ? args.scale * k_scale : args.scale, lane,
                                 all_kept);
         if constexpr (kPackedBatch)
-          if (kv_begin < kv_from)
-            mask_keys_below<kBlockN / 8>(scores[m], kv_begin, kv_from, lane);
+          if (kv_begin < kv_start_here)
+            mask_keys_below<kBlockN / 8>(scores[m], kv_begin, kv_start_here, lane);
         tally_rescale(online_softmax<kBlockN / 8>(state[m], scores[m], out[m]), lane);
       }
       warp_accumulate_rows<kMTiles, kBlockN / 8>(
@@ -320,13 +339,13 @@ extern "C" __global__ void __launch_bounds__(pagedc::kPrefillThreads, 1)
   // Epilogue: normalise, store out rows and lse.
   Element *out_base = static_cast<Element *>(args.out) + b * args.out_stride[0] +
                       h * args.out_stride[1];
-  const float *sink = args.sinks != nullptr ? args.sinks + h : nullptr;
 #pragma unroll
   for (int m = 0; m < kMTiles; ++m) {
 #pragma unroll
     for (int half = 0; half < 2; ++half) {
       float row_lse;
-      float inverse = finish_row(state[m].max[half], quad_sum(state[m].sum[half]), sink, row_lse);
+      float inverse = finish_row(state[m].max[half], quad_sum(state[m].sum[half]),
+                                 args.sinks != nullptr ? args.sinks + h : nullptr, row_lse);
       if constexpr (kKvFloat8 != 0)
         inverse *= args.v_scale[kv_head];
       const int row = row_begin + warp_row + 16 * m + (lane >> 2) + 8 * half;

@@ -52,6 +52,10 @@ KernelConfig packedBatchConfig(const CompiledMods &mods, const BatchAttentionCon
     config.blockM = 64;
     config.warpRows = 16;
     config.blockN = c.headDim > 128 ? 32 : 64;
+    // Above head dim 128 the mods' row values are computed again for each
+    // KV tile rather than held: the per-row batch index of a cascade level
+    // leaves no registers for them (ptxas spilled otherwise).
+    config.recomputeModRows = c.headDim > 128;
     config.groupSize = 1; // prefill reads the GQA ratio at run time
   } else {
     config.blockN = 64;

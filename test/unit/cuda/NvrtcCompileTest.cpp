@@ -267,6 +267,8 @@ TEST(NvrtcCompile, PackedBatchKernelsCompileWithoutSpills) {
           c.config.blockM = 64;
           c.config.warpRows = 16;
           c.config.blockN = kind == KernelKind::Prefill && headDim > 128 ? 32 : 64;
+          // As CudaBatchAttention's prefill config.
+          c.config.recomputeModRows = kind == KernelKind::Prefill && headDim > 128;
           c.config.groupSize = kind == KernelKind::Decode ? 4 : 1;
           c.config.queryTokens = kind == KernelKind::Decode ? 8 : 1;
           c.config.returnLse = true;
