@@ -85,7 +85,7 @@ const KVLayout kLayouts[] = {KVLayout::Pagedc, KVLayout::NHD, KVLayout::HND, KVL
 TEST(BatchAttention, MixedStepEveryLayoutMatchesFloat64) {
   uint64_t seed = 11;
   for (KVLayout layout : kLayouts) {
-    for (const char *mask : {"", "document", "holes"}) {
+    for (const char *mask : {"", "document", "holes", "prefix_lm"}) {
       StepCase c;
       c.seqs = mixedStep();
       c.layout = layout;
@@ -108,7 +108,7 @@ TEST(BatchAttention, MixedStepWithSinksMatchesFloat64) {
   // far below and none (-inf); fully masked rows give out 0 and lse sinks[h].
   uint64_t seed = 41;
   for (KVLayout layout : {KVLayout::NHD, KVLayout::VLLM}) {
-    for (const char *mask : {"", "document", "holes"}) {
+    for (const char *mask : {"", "document", "holes", "prefix_lm"}) {
       StepCase c;
       c.seqs = mixedStep();
       c.layout = layout;

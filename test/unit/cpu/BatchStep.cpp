@@ -202,6 +202,16 @@ BatchStep::BatchStep(const BatchStepCase &stepCase) : c(stepCase) {
   }
   mods = makeTestMods(c.mask, c.score);
   bindings = std::make_unique<StepBindings>(batch, c.qHeads, maxKv, rng);
+  if (c.mask == "prefix_lm") {
+    // Each prefix ends among the sequence's new tokens or right after them:
+    // rows before its end see keys past their own position, rows after it
+    // do not, and the ends differ between sequences (drawn after the
+    // other inputs, which stay what they are for the other masks).
+    for (const BatchSeq &s : c.seqs)
+      bindings->prefix.push_back(s.seqLen - s.qLen +
+                                 std::uniform_int_distribution<int32_t>(0, s.qLen)(rng));
+    bindings->bindings.buffers["prefix"] = TensorView(bindings->prefix.data(), DType::I32, {batch});
+  }
   if (c.sinks) {
     // An engine of its own keeps the other inputs what they are without
     // sinks.
@@ -252,6 +262,8 @@ BatchStepCheck BatchStep::compare(const TensorView &out, const TensorView &lse,
     const int64_t qLen = c.seqs[b].qLen;
     Bindings one = bindings->bindings;
     one.buffers["doc"] = TensorView(bindings->documents.data() + b * maxKv, DType::I32, {1, maxKv});
+    if (one.buffers.count("prefix"))
+      one.buffers["prefix"] = TensorView(bindings->prefix.data() + b, DType::I32, {1});
     ResolvedBindings resolved = resolveBindings(mods, one, Device::cpu());
     auto rows = [&](const HostTensor &t, int64_t heads, int64_t length, int64_t width) {
       return TensorView(const_cast<double *>(t.dataAs<double>()) + b * heads * length * width,

@@ -87,6 +87,9 @@ struct EngineCache {
 struct StepBindings {
   std::vector<int32_t> documents; // [B, S]
   std::vector<float> slopes;      // [Hq]
+  /// [B]: each sequence's prefix of the "prefix_lm" mask (bound as
+  /// "prefix" by BatchStep for that mask only, which alone declares it).
+  std::vector<int32_t> prefix;
   Bindings bindings;
   StepBindings(int64_t batch, int64_t heads, int64_t length, std::mt19937 &rng);
 };

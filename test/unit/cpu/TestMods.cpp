@@ -11,7 +11,8 @@ namespace pagedc::testutil {
 namespace {
 
 // Declaration order of the test program's buffers and params.
-enum BufferSlot { DocBuffer = 0, SlopesBuffer = 1 };
+// (prefix_lm declares a third buffer, prefix, after these two.)
+enum BufferSlot { DocBuffer = 0, SlopesBuffer = 1, PrefixBuffer = 2 };
 enum ParamSlot { WindowParam = 0, TemperatureParam = 1, SoftcapParam = 2 };
 
 int32_t documentAt(const PagedcModContext *ctx, int32_t b, int32_t position) {
@@ -33,6 +34,10 @@ bool document(const PagedcModContext &ctx, int32_t b, int32_t q, int32_t kv) {
   return q >= kv && documentAt(&ctx, b, q) == documentAt(&ctx, b, kv);
 }
 bool holes(int32_t h, int32_t q, int32_t kv) { return (q + h) % 3 != 0 && q >= kv; }
+bool prefixLm(const PagedcModContext &ctx, int32_t b, int32_t q, int32_t kv) {
+  const PagedcBufferRef &prefix = ctx.buffers[PrefixBuffer];
+  return kv < static_cast<const int32_t *>(prefix.data)[b * prefix.strides[0]] || q >= kv;
+}
 
 void causalRow(const PagedcModContext *, int32_t, int32_t, int32_t q, int32_t kv,
                int32_t count, uint8_t *out) {
@@ -53,6 +58,11 @@ void holesRow(const PagedcModContext *, int32_t, int32_t h, int32_t q, int32_t k
               int32_t count, uint8_t *out) {
   for (int32_t i = 0; i < count; ++i)
     out[i] = holes(h, q, kv + i);
+}
+void prefixLmRow(const PagedcModContext *ctx, int32_t b, int32_t, int32_t q, int32_t kv,
+                 int32_t count, uint8_t *out) {
+  for (int32_t i = 0; i < count; ++i)
+    out[i] = prefixLm(*ctx, b, q, kv + i);
 }
 void neverRow(const PagedcModContext *, int32_t, int32_t, int32_t, int32_t, int32_t count,
               uint8_t *out) {
@@ -109,6 +119,11 @@ __device__ __forceinline__ int32_t document_at(const Params &p, int b, int posit
   return p.doc[b * p.doc_stride[0] + position * p.doc_stride[1]];
 }
 )";
+  // prefix_lm's third buffer, laid out as ParamsLayout lays out a buffer.
+  if (mask == "prefix_lm")
+    code.insert(code.find("};\nstruct MaskRow"),
+                "  const int32_t *prefix;\n  int64_t prefix_stride[1];\n"
+                "  int64_t prefix_size[1];\n");
   std::string keep = "true";
   if (mask == "causal")
     keep = "q >= kv";
@@ -118,6 +133,8 @@ __device__ __forceinline__ int32_t document_at(const Params &p, int b, int posit
     keep = "q >= kv && document_at(p, b, q) == document_at(p, b, kv)";
   else if (mask == "holes")
     keep = "(q + h) % 3 != 0 && q >= kv";
+  else if (mask == "prefix_lm")
+    keep = "kv < p.prefix[b * p.prefix_stride[0]] || q >= kv";
   else if (mask == "never")
     keep = "false";
   std::string modded = "s";
@@ -178,6 +195,16 @@ CompiledMods makeTestMods(const std::string &mask, const std::string &score) {
     mods.maskReference = [](const PagedcModContext &, int32_t, int32_t h, int32_t q,
                             int32_t kv) { return holes(h, q, kv); };
     mods.maskDependence = {false, true, true, true, false, {}, {}};
+  } else if (mask == "prefix_lm") {
+    BufferDecl prefix;
+    prefix.name = "prefix";
+    prefix.elementType = DType::I32;
+    prefix.dims = {BufferDim{BufferDim::Named, 0, "B"}};
+    mods.buffers.push_back(prefix);
+    mods.maskRow = prefixLmRow;
+    mods.maskReference = [](const PagedcModContext &ctx, int32_t b, int32_t, int32_t q,
+                            int32_t kv) { return prefixLm(ctx, b, q, kv); };
+    mods.maskDependence = {true, false, true, true, false, {"prefix"}, {}};
   } else if (mask == "never") {
     mods.maskRow = neverRow;
     mods.maskReference = [](const PagedcModContext &, int32_t, int32_t, int32_t,
