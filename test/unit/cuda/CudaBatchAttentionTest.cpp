@@ -4,14 +4,16 @@
 // (PAGEDC_CUDA_DRIVER=emu) with every checker on (memcheck, racecheck,
 // initcheck, synccheck: a report fails the launch and so the case), against
 // the float64 reference of the CPU tests (cpu/BatchStep.h): mixed steps
-// (decode, speculative verification, a 37-token chunk at the end of a
-// longer context, whole prompts, sequences with no new tokens), every
-// cache layout as views of one device allocation that the kernel reads in
-// place, shuffled pages of 1, 16 and 64 slots, GQA 1 and 4, head dims 64,
-// 96, 128, 192 and 256, bf16 and f16, a per-sequence document mask, fully masked
-// rows, lse, split-KV decode; key ranges (kv_start, kv_end) and cascade
-// levels (token maps) merged on the device, and the global bytes a cascade
-// reads (the emulator's counters); and the CUDA path's refusals.
+// (decode, speculative verification, chunks of 37 and 300 tokens at the
+// end of longer contexts, whole prompts, sequences with no new tokens),
+// every cache layout as views of one device allocation that the kernel
+// reads in place, shuffled pages of 1, 16, 64 and 128 slots, GQA 1, 4 and
+// 8, head dims 64, 96, 128, 192 and 256, bf16 and f16, per-sequence
+// document and prefix-LM masks (their data in buffers), fully masked rows,
+// lse, split-KV decode; key ranges (kv_start, kv_end) and cascade levels
+// (token maps) merged on the device, and the global bytes a cascade reads
+// (the emulator's counters); and the CUDA path's refusals. The extended
+// tier adds a 1000-token chunk and head dim 256 on pages of 128.
 //
 //===----------------------------------------------------------------------===//
 #include "EmulatorEnvironment.h"
@@ -46,7 +48,7 @@ using testutil::BatchStepCheck;
 /// Tensors of a step on the device, the cache's K and V in one allocation
 /// as the engine holds them.
 struct DeviceStep {
-  DeviceBuffer q, cache, out, lse, doc, slopes;
+  DeviceBuffer q, cache, out, lse, doc, slopes, prefix;
   TensorView qView, kView, vView, outView, lseView;
   Bindings bindings;
   const void *kernelK = nullptr, *kernelV = nullptr; // what the kernel must read
@@ -95,6 +97,13 @@ struct DeviceStep {
     bindings = step.bindings->bindings;
     bindings.buffers["doc"] = TensorView(doc.data(), DType::I32, {step.batch, step.maxKv}, device);
     bindings.buffers["slopes"] = TensorView(slopes.data(), DType::F32, {c.qHeads}, device);
+    // The prefix_lm mask's per-sequence prefix ends.
+    if (bindings.buffers.count("prefix")) {
+      const std::vector<int32_t> &ends = step.bindings->prefix;
+      prefix = DeviceBuffer(ends.size() * 4, 0);
+      prefix.upload(ends.data(), ends.size() * 4);
+      bindings.buffers["prefix"] = TensorView(prefix.data(), DType::I32, {step.batch}, device);
+    }
   }
 
   /// out and lse, downloaded.
@@ -124,6 +133,10 @@ struct DeviceStep {
       cache.upload(step.cache->v.data(), vBytes, kBytes);
     doc.upload(step.bindings->documents.data(), doc.size());
     slopes.upload(step.bindings->slopes.data(), slopes.size());
+    if (prefix.size()) {
+      ASSERT_EQ(step.bindings->prefix.size() * 4, prefix.size());
+      prefix.upload(step.bindings->prefix.data(), prefix.size());
+    }
     out.fill(0xff);
     lse.fill(0xff);
   }
@@ -725,6 +738,76 @@ TEST(CudaBatchAttention, CapturedStepReplaysWithNewMetadata) {
   }
   EXPECT_EQ(streamCaptureStatus(driver, stream), cu::kStreamCaptureStatusNone);
   driver.check(driver.api().streamDestroy(stream), "cuStreamDestroy");
+}
+
+/// A prefix-LM mask (kv < prefix[b] or causal) whose per-sequence prefix
+/// ends the kernels read from a buffer by the row's sequence: each ends
+/// among its sequence's new tokens, so rows before it see later keys and
+/// rows after it are causal, at a different place in every sequence. GQA 8
+/// (the decode kernel's 8 heads x 8 speculative tokens fill its 64 rows),
+/// shuffled pages of 128 (a 64-key tile is half a page), a 300-token chunk
+/// at the end of a 421-key context, whole prompts (seq_len == q_len) and
+/// sequences with no new tokens; D 64, bf16, NHD.
+TEST(CudaBatchAttention, PrefixLmMaskGqa8PagesOf128) {
+  BatchStepCase c;
+  c.seqs = {{1, 150}, {8, 77}, {0, 40}, {300, 421}, {1, 1}, {61, 61}, {3, 260}, {0, 0}};
+  c.qHeads = 8;
+  c.kvHeads = 1;
+  c.dim = c.vDim = 64;
+  c.pageSize = 128;
+  c.layout = KVLayout::NHD;
+  c.storage = DType::BF16;
+  c.mask = "prefix_lm";
+  c.seed = 180;
+  BatchStepCheck check = checkOnDevice(c);
+  EXPECT_STEP_MATCHES(check);
+}
+
+// Issue 44's costly cases, which the extended tier's entry runs
+// (unit.cuda-batch-attention-test.extended; the default entry filters
+// them out).
+
+/// A 1000-token chunk at the end of a 1337-key context beside a 300-token
+/// one at the end of 700 keys, with decode and speculative rows around
+/// them: GQA 8, shuffled pages of 128, D 128, f16, HND, the prefix-LM mask
+/// and ALiBi (each row's own position counts).
+TEST(CudaBatchAttentionExtended, ChunksOf1000And300AtTheEndOfLongerContexts) {
+  BatchStepCase c;
+  c.seqs = {{1, 900}, {1000, 1337}, {5, 333}, {300, 700}, {0, 90}, {45, 45}};
+  c.qHeads = 8;
+  c.kvHeads = 1;
+  c.dim = c.vDim = 128;
+  c.pageSize = 128;
+  c.layout = KVLayout::HND;
+  c.storage = DType::F16;
+  c.mask = "prefix_lm";
+  c.score = "alibi";
+  c.seed = 181;
+  BatchStepCheck check = checkOnDevice(c);
+  EXPECT_STEP_MATCHES(check);
+}
+
+/// Head dim 256 on shuffled pages of 128 (vLLM's one-tensor layout, bf16),
+/// GQA 8: a 300-token chunk at the end of a 700-key context, long decode
+/// contexts (split keys and the merge), a whole prompt and a sequence with
+/// no new tokens, under the document mask (its per-sequence ids) and
+/// soft-capping.
+TEST(CudaBatchAttentionExtended, HeadDim256OnPagesOf128) {
+  BatchStepCase c;
+  c.seqs = {{1, 1300}, {300, 700}, {4, 1100}, {0, 129}, {70, 70}};
+  c.qHeads = 8;
+  c.kvHeads = 1;
+  c.dim = c.vDim = 256;
+  c.pageSize = 128;
+  c.layout = KVLayout::VLLM;
+  c.storage = DType::BF16;
+  c.mask = "document";
+  c.score = "softcap";
+  c.seed = 182;
+  BatchPlanShape shape;
+  BatchStepCheck check = checkOnDevice(c, &shape);
+  EXPECT_STEP_MATCHES(check);
+  EXPECT_GT(shape.decodeSplits, 1);
 }
 
 } // namespace
