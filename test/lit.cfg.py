@@ -30,6 +30,8 @@ if not (module_python and os.path.isdir(os.path.join(module_dir, "pagedc"))):
     module_python, module_dir = "", ""
 config.substitutions.append(("%module_python", '"%s"' % module_python))
 config.substitutions.append(("%module_dir", '"%s"' % module_dir))
+if module_python:
+    config.available_features.add("pagedc-python")
 
 if config.have_nvrtc:
     config.available_features.add("nvrtc")

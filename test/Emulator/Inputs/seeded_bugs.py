@@ -1,13 +1,15 @@
 #!/usr/bin/env python3
 """Seeded kernel bugs, each of which the SIMT emulator must detect.
 
-  seeded_bugs.py TEMPLATES WORKDIR EXAMPLES [BUG...]
+  seeded_bugs.py TEMPLATES WORKDIR EXAMPLES [BUG... | --group=GROUP]
+                 [--module-python=PYTHON --module-dir=DIR]
 
 For each bug: copies one template from TEMPLATES with a small patch applied
 (the patch must match exactly once, so a template change cannot silently
 turn a bug into a no-op), runs `pagedc run --device emu` with
 PAGEDC_TEMPLATE_DIR pointing at the patched copy (the documented test seam),
-and classifies the outcome:
+or, for BatchAttention's packed kernels, packed_step.py through the Python
+package (--module-python, --module-dir), and classifies the outcome:
 
   detected by CHECKER   the run failed with a "pagedc-emu: CHECKER:" report
   detected numerically  the run succeeded but its output is off the float64
@@ -611,6 +613,40 @@ BUGS = {
         "    const float sink_log2 = *sink * kLog2e;",
         "    const float sink_log2 = *sink;",
         "prefill-sinks"),
+    # BatchAttention's packed kernels on a cascade step (packed_step.py):
+    # the prefix level's token maps, the suffix level's kv_start. The packed
+    # prefill starting every sequence at key 0 (kv_start ignored): the
+    # suffix level's 12-token sequence reads the pages below kv_start,
+    # which its page table holds as -1 (memcheck; numerically, the prefix
+    # counted twice).
+    "packed-prefill-ignores-kv-start": (
+        "Prefill.cuh",
+        "      return args.kv_start ? args.kv_start[recompute_here(b)] : 0;",
+        "      return 0;",
+        "packed-cascade"),
+    # The packed prefill reading the token batch map one row late: the last
+    # row of each sequence in a prefix-level entry takes the next sequence's
+    # window (numerically).
+    "packed-prefill-token-batch-off-by-one": (
+        "Prefill.cuh",
+        "        return args.token_batch[recompute_here(first_row + imin(row, q_len - 1))];",
+        "        return args.token_batch[recompute_here(first_row + imin(row + 1, q_len - 1))];",
+        "packed-cascade"),
+    # The same in the packed decode (the suffix level's decode rows; -1
+    # pages: memcheck).
+    "packed-decode-ignores-kv-start": (
+        "Decode.cuh",
+        "    kv_from = args.kv_start ? args.kv_start[b] : 0;",
+        "    kv_from = 0;",
+        "packed-cascade"),
+    # The packed decode giving every row of an entry its first token's
+    # batch index: the prefix level's decode entry packs three sequences,
+    # whose windows differ (numerically).
+    "packed-decode-token-batch-of-entry": (
+        "Decode.cuh",
+        "        b_of[half] = args.token_batch[token];",
+        "        b_of[half] = args.token_batch[first_row];",
+        "packed-cascade"),
 }
 
 
@@ -674,16 +710,27 @@ WGMMA_GROUPS = {
 
 
 def group_of(run):
+    if run.startswith("packed"):
+        return "packed"
     return WGMMA_GROUPS[run] if run.startswith("wgmma") else "mma"
 
 
 def main():
     templates, work, examples = sys.argv[1:4]
-    chosen = sys.argv[4:] or list(BUGS)
+    chosen = sys.argv[4:]
+    # The Python package's interpreter and directory (the packed runs'
+    # driver, packed_step.py, runs BatchAttention through it).
+    module = {}
+    for option in ("--module-python=", "--module-dir="):
+        for argument in list(chosen):
+            if argument.startswith(option):
+                module[option] = argument[len(option):]
+                chosen.remove(argument)
+    chosen = chosen or list(BUGS)
     group = None
     if len(chosen) == 1 and chosen[0].startswith("--group="):
         group = chosen[0][len("--group="):]
-        if group not in set(WGMMA_GROUPS.values()) | {"mma"}:
+        if group not in set(WGMMA_GROUPS.values()) | {"mma", "packed"}:
             raise SystemExit("unknown group " + group)
         chosen = [bug for bug, (_, _, _, run) in BUGS.items() if group_of(run) == group]
     os.makedirs(work, exist_ok=True)
@@ -810,6 +857,9 @@ def main():
                                             "PAGEDC_PREFILL_PERSISTENT_CTAS": "3",
                                             "PAGEDC_PREFILL_TILE_COUNTER": "0",
                                             "PAGEDC_PREFILL_PINGPONG": "1"}),
+        # BatchAttention's packed prefill and decode on a cascade step (see
+        # packed_step.py): token maps, kv_start, the merge.
+        "packed-cascade": dict(script="packed_step.py"),
         # And with its consumer warpgroups taking turns (gathered tiles).
         "wgmma-pingpong": dict(q=(1, 4, 150, 128), k=(1, 2, 300, 128),
                                extra=["--q-offset", "end"],
@@ -828,6 +878,18 @@ def main():
     env = dict(os.environ)
     env.setdefault("PAGEDC_CACHE_DIR", os.path.join(work, "cache"))
     for name, run in runs.items():
+        if "script" in run:
+            python, directory = module.get("--module-python="), module.get("--module-dir=")
+            if not python or not directory:
+                raise SystemExit("run %s needs the pagedc Python package: pass "
+                                 "--module-python= and --module-dir=" % name)
+            run["args"] = [python, os.path.join(os.path.dirname(__file__), run["script"])]
+            run["env"] = {"PYTHONPATH": directory, "PYTHONDONTWRITEBYTECODE": "1"}
+            reference = os.path.join(work, name + "-ref.npy")
+            subprocess.run(run["args"] + ["-o", reference, "--lse", lse_path(reference),
+                                          "--reference"], check=True, env={**env, **run["env"]})
+            run["reference"] = reference
+            continue
         make_npy(os.path.join(work, name + "-q.npy"), run["q"], 11, run.get("q_climb"))
         make_npy(os.path.join(work, name + "-k.npy"), run["k"], 12, run.get("k_climb"))
         make_npy(os.path.join(work, name + "-v.npy"), run["k"], 13)
