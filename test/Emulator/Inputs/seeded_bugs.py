@@ -875,14 +875,20 @@ def main():
     # A group runs its own runs' clean checks (and its bugs use no others).
     if group:
         runs = {name: run for name, run in runs.items() if group_of(name) == group}
+    # Without the Python package the packed runs are left out, unless a
+    # chosen bug needs one.
+    python, directory = module.get("--module-python="), module.get("--module-dir=")
+    if not python or not directory:
+        needed = {BUGS[bug][3] for bug in chosen if bug in BUGS}
+        for name in [name for name, run in runs.items() if "script" in run]:
+            if name in needed:
+                raise SystemExit("run %s needs the pagedc Python package: pass "
+                                 "--module-python= and --module-dir=" % name)
+            del runs[name]
     env = dict(os.environ)
     env.setdefault("PAGEDC_CACHE_DIR", os.path.join(work, "cache"))
     for name, run in runs.items():
         if "script" in run:
-            python, directory = module.get("--module-python="), module.get("--module-dir=")
-            if not python or not directory:
-                raise SystemExit("run %s needs the pagedc Python package: pass "
-                                 "--module-python= and --module-dir=" % name)
             run["args"] = [python, os.path.join(os.path.dirname(__file__), run["script"])]
             run["env"] = {"PYTHONPATH": directory, "PYTHONDONTWRITEBYTECODE": "1"}
             reference = os.path.join(work, name + "-ref.npy")
