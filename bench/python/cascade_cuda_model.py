@@ -99,8 +99,8 @@ def counted(path, call):
                 modelled_us=round(sum(x["modelled_us"] for x in launches), 3))
 
 
-def write_entry(path, key, result):
-    """Puts `result` under "cascade_cuda"/`key` of the JSON object in `path`
+def write_entry(path, key, result, section="cascade_cuda"):
+    """Puts `result` under `section`/`key` of the JSON object in `path`
     (bench/results/model-decode.json holds them beside pagedc-gpu model's
     decode figures): the file's other text stays as it is when the section
     is new, so a diff shows only the entry."""
@@ -110,13 +110,13 @@ def write_entry(path, key, result):
         document = json.loads(text)
     except FileNotFoundError:
         text, document = "", {}
-    section = document.get("cascade_cuda", {})
-    section[key] = result
-    if text and "cascade_cuda" not in document:
-        body = json.dumps(section, indent=1).replace("\n", "\n ")
-        text = text.rstrip()[:-1].rstrip() + ',\n "cascade_cuda": ' + body + "\n}\n"
+    entries = document.get(section, {})
+    entries[key] = result
+    if text and section not in document:
+        body = json.dumps(entries, indent=1).replace("\n", "\n ")
+        text = text.rstrip()[:-1].rstrip() + ',\n "%s": ' % section + body + "\n}\n"
     else:
-        document["cascade_cuda"] = section
+        document[section] = entries
         text = json.dumps(document, indent=1) + "\n"
     with open(path, "w") as f:
         f.write(text)
