@@ -11,7 +11,8 @@
 #
 # Without --quick: the full suite, which CI runs (.ci/run). It leaves out
 # the ctest entries labelled `extended` (the emulator's corpus matrix at the
-# head dims other than 64 / 128 / 256, and the head-dim test's full matrix:
+# head dims other than 64 / 128 / 256, the head-dim test's full matrix, and
+# the CUDA batch call's 1000-token chunk and head dim 256 on pages of 128:
 # about 40 minutes more on two cores); --extended runs those too.
 #
 # Builds pagedc and runs every test, in two trees:
