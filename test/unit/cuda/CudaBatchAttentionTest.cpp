@@ -790,7 +790,8 @@ TEST(CudaBatchAttentionExtended, ChunksOf1000And300AtTheEndOfLongerContexts) {
 /// Head dim 256 on shuffled pages of 128 (vLLM's one-tensor layout, bf16),
 /// GQA 8: a 300-token chunk at the end of a 700-key context, long decode
 /// contexts (split keys and the merge), a whole prompt and a sequence with
-/// no new tokens, under the document mask (its per-sequence ids) and
+/// no new tokens, under "holes" (every row with (q + h) % 3 == 0 fully
+/// masked; the tiles above head dim 128 recompute their mod rows) and
 /// soft-capping.
 TEST(CudaBatchAttentionExtended, HeadDim256OnPagesOf128) {
   BatchStepCase c;
@@ -801,12 +802,13 @@ TEST(CudaBatchAttentionExtended, HeadDim256OnPagesOf128) {
   c.pageSize = 128;
   c.layout = KVLayout::VLLM;
   c.storage = DType::BF16;
-  c.mask = "document";
+  c.mask = "holes";
   c.score = "softcap";
   c.seed = 182;
   BatchPlanShape shape;
   BatchStepCheck check = checkOnDevice(c, &shape);
   EXPECT_STEP_MATCHES(check);
+  EXPECT_GT(check.maskedRows, 0) << check.describe();
   EXPECT_GT(shape.decodeSplits, 1);
 }
 
