@@ -203,7 +203,7 @@ extern "C" __global__ void __launch_bounds__(pagedc::kPrefillThreads, 1)
     auto copy_tile = [&](int into_stage, int kv_first, uint64_t keep_rows) {
       if constexpr (kKvFloat8 != 0)
         copy_codes(k_tiles + code_offset(into_stage), v_tiles + code_offset(into_stage),
-                   StagedPages{page_slots, kv_first}, kv_first, kv_len);
+                   StagedPages{page_slots, kv_first}, kv_first, kv_len, keep_rows);
       else
         copy_kv(k_tiles + into_stage * kStageBytes, v_tiles + into_stage * kStageBytes,
                 StagedPages{page_slots, kv_first}, kv_first, kv_len, keep_rows);

@@ -57,7 +57,7 @@ struct KernelConfig {
   KernelKind kind = KernelKind::Prefill;
   /// Element type of q, k, v and out: F16 or BF16.
   DType elementType = DType::BF16;
-  /// Decode and the mma.sync prefill tiles (not packed batches): the K/V
+  /// Decode and the mma.sync prefill tiles (packed batches too): the K/V
   /// cache holds 8-bit floats of this type (F8E4M3 or F8E5M2) with a scale
   /// per KV head, converted to elementType after the load
   /// (templates/Float8Tiles.cuh); unset: it holds elementType.

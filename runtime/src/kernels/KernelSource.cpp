@@ -322,14 +322,12 @@ void KernelConfig::validate() const {
   if (kvFloat8 && !isFloat8(*kvFloat8))
     throw Error(
         fmt::format("8-bit float K/V elements are f8e4m3 or f8e5m2, not {}", dtypeName(*kvFloat8)));
-  if (kvFloat8 && (kind == KernelKind::BlockMaskBuilder || packedBatch || warpRows == 64))
-    throw Error(fmt::format("{} caches are read by flexAttention's decode kernel and its "
-                            "prefill's mma.sync tiles (16 or 32 query rows per warp), not by "
-                            "{}",
+  if (kvFloat8 && (kind == KernelKind::BlockMaskBuilder || warpRows == 64))
+    throw Error(fmt::format("{} caches are read by the decode kernel and the prefill's mma.sync "
+                            "tiles (16 or 32 query rows per warp), not by {}",
                             dtypeName(*kvFloat8),
-                            packedBatch      ? "packed batches"
-                            : warpRows == 64 ? "the warpgroup prefill tiles (...x64)"
-                                             : "the block-mask builder"));
+                            warpRows == 64 ? "the warpgroup prefill tiles (...x64)"
+                                           : "the block-mask builder"));
   // The code tiles (Float8Tiles.cuh) are rows of kHeadDim bytes for K and
   // V alike, checked at the head dims below.
   if (kvFloat8 && (valueDim() != headDim || (headDim != 64 && headDim != 128 && headDim != 256)))

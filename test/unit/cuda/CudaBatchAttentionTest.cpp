@@ -9,7 +9,9 @@
 // cache layout as views of one device allocation that the kernel reads in
 // place, shuffled pages of 1, 16 and 64 slots, GQA 1 and 4, head dims 64,
 // 96, 128, 192 and 256, bf16 and f16, a per-sequence document mask, fully masked
-// rows, lse, split-KV decode; key ranges (kv_start, kv_end) and cascade
+// rows, lse, split-KV decode; 8-bit float caches (f8e4m3, f8e5m2, as such
+// or u8 through kv_dtype) against the reference on the dequantized values,
+// and each run's own scales; key ranges (kv_start, kv_end) and cascade
 // levels (token maps) merged on the device, and the global bytes a cascade
 // reads (the emulator's counters); and the CUDA path's refusals.
 //
@@ -17,12 +19,14 @@
 #include "EmulatorEnvironment.h"
 #include "BatchStep.h"
 
+#include "cpu/Reference.h"
 #include "pagedc/BatchAttention.h"
 #include "pagedc/CudaAttention.h"
 #include "pagedc/Error.h"
 #include "cuda/CudaGraph.h"
 #include "pagedc/CudaDriver.h"
 
+#include <fmt/format.h>
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
@@ -32,8 +36,10 @@
 #include <cstring>
 #include <fstream>
 #include <functional>
+#include <optional>
 #include <random>
 #include <string>
+#include <vector>
 
 namespace {
 
@@ -44,16 +50,28 @@ using testutil::BatchStepCase;
 using testutil::BatchStepCheck;
 
 /// Tensors of a step on the device, the cache's K and V in one allocation
-/// as the engine holds them.
+/// as the engine holds them (an 8-bit cache as its codes, u8 with
+/// kv_dtype when the case says so, and its scales).
 struct DeviceStep {
   DeviceBuffer q, cache, out, lse, doc, slopes;
   TensorView qView, kView, vView, outView, lseView;
   Bindings bindings;
   const void *kernelK = nullptr, *kernelV = nullptr; // what the kernel must read
+  std::vector<float> kScale, vScale;
+  std::optional<DType> kvDtype;
 
   explicit DeviceStep(BatchStep &step) {
     const Device device = Device::cuda(0);
     const BatchStepCase &c = step.c;
+    const DType cacheType = c.kvFloat8 ? (c.asU8 ? DType::U8 : *c.kvFloat8) : c.storage;
+    kScale = step.kScale;
+    vScale = step.vScale;
+    if (c.kvFloat8 && !c.perHeadScale) {
+      kScale.resize(1);
+      vScale.resize(1);
+    }
+    if (c.asU8)
+      kvDtype = c.kvFloat8;
     auto bytesOf = [](const HostTensor &t) {
       return static_cast<size_t>(t.numel()) * dtypeSize(t.dtype());
     };
@@ -69,12 +87,12 @@ struct DeviceStep {
       cache.upload(step.cache->v.data(), vBytes, kBytes);
     auto *base = static_cast<char *>(cache.data());
     kView =
-        TensorView(base, c.storage, step.cache->k.shape(), step.cache->k.view().strides(), device);
+        TensorView(base, cacheType, step.cache->k.shape(), step.cache->k.view().strides(), device);
     kernelK = base;
     if (c.layout == KVLayout::VLLM) {
       kernelV = base + kBytes / 2;
     } else {
-      vView = TensorView(base + kBytes, c.storage, step.cache->v.shape(),
+      vView = TensorView(base + kBytes, cacheType, step.cache->v.shape(),
                          step.cache->v.view().strides(), device);
       kernelV = base + kBytes;
     }
@@ -96,6 +114,18 @@ struct DeviceStep {
     bindings.buffers["doc"] = TensorView(doc.data(), DType::I32, {step.batch, step.maxKv}, device);
     bindings.buffers["slopes"] = TensorView(slopes.data(), DType::F32, {c.qHeads}, device);
   }
+
+  /// run()'s options: out and lse into `out` and `lse`, the cache's scales.
+  BatchRunOptions options(const TensorView &outInto, const TensorView &lseInto) const {
+    BatchRunOptions options;
+    options.out = outInto;
+    options.lse = lseInto;
+    options.kScale = kScale;
+    options.vScale = vScale;
+    options.kvDtype = kvDtype;
+    return options;
+  }
+  BatchRunOptions options() const { return options(outView, lseView); }
 
   /// out and lse, downloaded.
   std::pair<HostTensor, HostTensor> results() const {
@@ -133,6 +163,7 @@ BatchAttentionConfig cudaConfig(const BatchStep &step) {
   BatchAttentionConfig config = step.config();
   config.device = Device::cuda(0);
   config.dtype = step.c.storage;
+  config.kvDtype = step.c.kvFloat8;
   return config;
 }
 
@@ -157,11 +188,8 @@ BatchStepCheck checkOnDevice(const BatchStepCase &c, BatchPlanShape *shape = nul
   if (shape)
     *shape = planned;
   DeviceStep device(step);
-  BatchRunOptions options;
-  options.out = device.outView;
-  options.lse = device.lseView;
   AttentionResult result =
-      attention.run(device.qView, device.kView, device.vView, device.bindings, options);
+      attention.run(device.qView, device.kView, device.vView, device.bindings, device.options());
   EXPECT_EQ(result.out.data(), device.outView.data());
   if (step.tokens > 0) {
     EXPECT_EQ(attention.kernelCacheAddresses().first, device.kernelK);
@@ -289,6 +317,177 @@ TEST(CudaBatchAttention, SplitKvDecodeAndMerge) {
   EXPECT_GT(shape.decodeSplits, 1);
 }
 
+/// 8-bit float caches (f8e4m3, f8e5m2) read by both packed kernels,
+/// against the float64 reference on the dequantized values (code x scale):
+/// the mixed step with fully masked rows, per-head scales that differ, bf16
+/// and f16 q; a u8 cache of vLLM's layout read through kv_dtype with one
+/// scale for every head, long decode contexts (split keys and the merge);
+/// head dim 256 (the prefill's 32-key tiles) on pages of one slot.
+TEST(CudaBatchAttention, Float8CachesMixedStep) {
+  struct Float8Case {
+    DType kvType, qType;
+    KVLayout layout;
+    int32_t pageSize;
+    int64_t qHeads, kvHeads, dim;
+    bool perHead, asU8;
+    const char *mask, *score;
+    std::vector<BatchSeq> seqs;
+  };
+  const Float8Case cases[] = {
+      {DType::F8E4M3, DType::BF16, KVLayout::NHD, 16, 8, 2, 64, true, false, "holes", "alibi",
+       {{1, 150}, {3, 77}, {0, 40}, {37, 300}, {61, 61}, {5, 33}, {1, 17}}},
+      {DType::F8E5M2, DType::F16, KVLayout::VLLM, 16, 4, 1, 128, false, true, "causal",
+       "softcap", {{1, 1900}, {3, 1337}, {37, 300}, {40, 40}, {0, 9}}},
+      {DType::F8E5M2, DType::BF16, KVLayout::Pagedc, 1, 4, 1, 256, true, false, "holes", "",
+       {{1, 70}, {3, 66}, {37, 130}, {20, 20}}},
+  };
+  uint64_t seed = 300;
+  for (const Float8Case &f : cases) {
+    BatchStepCase c;
+    c.seqs = f.seqs;
+    c.kvFloat8 = f.kvType;
+    c.storage = f.qType;
+    c.layout = f.layout;
+    c.pageSize = f.pageSize;
+    c.qHeads = f.qHeads;
+    c.kvHeads = f.kvHeads;
+    c.dim = c.vDim = f.dim;
+    c.perHeadScale = f.perHead;
+    c.asU8 = f.asU8;
+    c.mask = f.mask;
+    c.score = f.score;
+    c.seed = ++seed;
+    SCOPED_TRACE(fmt::format("{} q {} {} page {} D {} GQA {}{}", dtypeName(f.kvType),
+                             dtypeName(f.qType), kvLayoutName(f.layout), f.pageSize, f.dim,
+                             f.qHeads / f.kvHeads, f.asU8 ? " u8" : ""));
+    BatchPlanShape shape;
+    BatchStepCheck check = checkOnDevice(c, &shape);
+    EXPECT_STEP_MATCHES(check);
+    if (std::string(f.mask) == "holes") {
+      EXPECT_GT(check.maskedRows, 0) << check.describe();
+    }
+    if (f.seqs[0].seqLen > 1000)
+      EXPECT_GT(shape.decodeSplits, 1);
+  }
+}
+
+/// The kernels read the scales run() is given, each call its own: one
+/// BatchAttention run with V's scales doubled gives twice the output (the
+/// same codes), and run again with the first scales gives the first
+/// result bit for bit.
+TEST(CudaBatchAttention, Float8ScalesAreEachRunsOwn) {
+  BatchStepCase c = mixedDocumentCase(330);
+  c.seqs = {{1, 150}, {5, 77}, {37, 100}};
+  c.kvFloat8 = DType::F8E4M3;
+  c.qHeads = 8;
+  c.kvHeads = 2;
+  BatchStep step(c);
+  BatchAttention attention(step.mods, cudaConfig(step));
+  step.plan(attention);
+  DeviceStep device(step);
+  auto runWith = [&](const std::vector<float> &vScale) {
+    BatchRunOptions options = device.options();
+    options.vScale = vScale;
+    device.out.fill(0xff);
+    device.lse.fill(0xff);
+    attention.run(device.qView, device.kView, device.vView, device.bindings, options);
+    return device.results();
+  };
+  std::vector<float> doubled = device.vScale;
+  for (float &scale : doubled)
+    scale *= 2.0f;
+  auto [firstOut, firstLse] = runWith(device.vScale);
+  auto [doubledOut, doubledLse] = runWith(doubled);
+  auto [againOut, againLse] = runWith(device.vScale);
+  EXPECT_STEP_MATCHES(step.compare(firstOut.view(), firstLse.view(), /*cudaTolerance=*/true));
+  int64_t changed = 0;
+  for (int64_t i = 0; i < step.tokens * c.qHeads * c.vDim; ++i) {
+    const double first = cpu::readAsDouble(firstOut.view(), i);
+    const double twice = cpu::readAsDouble(doubledOut.view(), i);
+    // (A power of two: the rounded output doubles exactly.)
+    EXPECT_EQ(twice, 2.0 * first) << i;
+    changed += twice != first;
+    EXPECT_EQ(cpu::readAsDouble(againOut.view(), i), first) << i;
+  }
+  EXPECT_GT(changed, 0);
+  EXPECT_EQ(std::memcmp(firstLse.data(), doubledLse.data(), step.tokens * c.qHeads * 4), 0);
+}
+
+/// The 8-bit configuration's refusals, each naming the argument; nothing
+/// is written.
+TEST(CudaBatchAttention, Float8Refusals) {
+  BatchStepCase c = mixedDocumentCase(340);
+  c.seqs = {{3, 20}, {1, 9}, {12, 40}};
+  c.kvFloat8 = DType::F8E4M3;
+  BatchStep step(c);
+  auto errorOf = [](auto call) {
+    try {
+      call();
+    } catch (const Error &error) {
+      return std::string(error.what());
+    }
+    return std::string("(no error)");
+  };
+  auto expectError = [&](auto call, const std::string &needle) {
+    const std::string message = errorOf(call);
+    EXPECT_NE(message.find(needle), std::string::npos)
+        << "message: " << message << "\nexpected: " << needle;
+  };
+  BatchAttentionConfig config = cudaConfig(step);
+  config.kvDtype = DType::BF16;
+  expectError([&] { BatchAttention refused(step.mods, config); },
+              "kv_dtype must be an 8-bit float type (f8e4m3, f8e5m2) or unset");
+  config.kvDtype = DType::F8E4M3;
+  config.headDim = config.valueHeadDim = 96;
+  expectError([&] { BatchAttention refused(step.mods, config); },
+              "kv_dtype f8e4m3 on CUDA takes head_dim 64, 128 or 256, not 96");
+
+  BatchAttention float8(step.mods, cudaConfig(step));
+  step.plan(float8);
+  DeviceStep device(step);
+  const Device cuda = Device::cuda(0);
+  BatchRunOptions options = device.options();
+  // Caches of the other format, of 16-bit values, u8 without kv_dtype.
+  TensorView e5m2K(device.kView.data(), DType::F8E5M2, device.kView.shape(),
+                   device.kView.strides(), cuda);
+  TensorView e5m2V(device.vView.data(), DType::F8E5M2, device.vView.shape(),
+                   device.vView.strides(), cuda);
+  expectError([&] { float8.run(device.qView, e5m2K, e5m2V, device.bindings, options); },
+              "k_cache stores f8e5m2, but the CUDA kernels were built for f8e4m3 caches "
+              "(kv_dtype)");
+  TensorView u8K(device.kView.data(), DType::U8, device.kView.shape(), device.kView.strides(),
+                 cuda);
+  TensorView u8V(device.vView.data(), DType::U8, device.vView.shape(), device.vView.strides(),
+                 cuda);
+  BatchRunOptions noScales = options;
+  noScales.kScale.clear();
+  noScales.vScale.clear();
+  expectError([&] { float8.run(device.qView, u8K, u8V, device.bindings, noScales); },
+              "k_cache stores u8, but the CUDA kernels were built for f8e4m3 caches");
+  expectError([&] { float8.run(device.qView, device.kView, device.vView, device.bindings,
+                               noScales); },
+              "an f8e4m3 cache needs k_scale");
+  // Slots 8 codes apart: a 16-byte copy holds 16.
+  std::vector<int64_t> oddStrides = device.kView.strides();
+  oddStrides[1] = 8;
+  TensorView oddK(device.kView.data(), DType::F8E4M3, device.kView.shape(), oddStrides, cuda);
+  expectError([&] { float8.run(device.qView, oddK, device.vView, device.bindings, options); },
+              "k_cache's stride 8 in dimension 1 is not a multiple of 16 elements");
+  // A 16-bit BatchAttention given the 8-bit cache.
+  BatchStepCase plain = c;
+  plain.kvFloat8.reset();
+  BatchStep plainStep(plain);
+  BatchAttention sixteen(plainStep.mods, cudaConfig(plainStep));
+  plainStep.plan(sixteen);
+  expectError([&] { sixteen.run(device.qView, device.kView, device.vView, device.bindings,
+                                options); },
+              "k_cache stores f8e4m3, but the CUDA kernels were built for bf16 caches (dtype; "
+              "kv_dtype f8e4m3 or f8e5m2 in the configuration builds them for 8-bit caches)");
+  auto [out, lse] = device.results();
+  for (int64_t i = 0; i < lse.numel(); ++i)
+    EXPECT_TRUE(std::isnan(lse.dataAs<float>()[i])) << i;
+}
+
 /// A step of no tokens launches nothing and writes nothing.
 TEST(CudaBatchAttention, EmptyStepAndRefusals) {
   BatchStepCase c;
@@ -360,10 +559,8 @@ std::pair<DeviceBuffer, DeviceBuffer> runInto(const BatchAttention &attention,
   out =
       TensorView(outBuffer.data(), device.outView.dtype(), device.outView.shape(), Device::cuda(0));
   lse = TensorView(lseBuffer.data(), DType::F32, {rows, heads}, Device::cuda(0));
-  BatchRunOptions options;
-  options.out = out;
-  options.lse = lse;
-  attention.run(device.qView, device.kView, device.vView, device.bindings, options);
+  attention.run(device.qView, device.kView, device.vView, device.bindings,
+                device.options(out, lse));
   return {std::move(outBuffer), std::move(lseBuffer)};
 }
 
@@ -430,8 +627,9 @@ TEST(CudaBatchAttention, KvStartAndKvEndHalvesMergeToTheWhole) {
 /// from kv_start 100. Merged on the device they match the float64 step,
 /// under a document mask whose per-sequence ids (indexed by the token's b)
 /// decide which prefix keys each row sees, and ALiBi (its position).
-TEST(CudaBatchAttention, CascadeLevelsMergeToTheFlatStep) {
-  BatchStepCase c = mixedDocumentCase(140);
+/// `c`: the storage (element types, an 8-bit cache) of the mixed
+/// document case.
+void checkCascadeLevels(BatchStepCase c) {
   c.seqs = {{1, 150}, {2, 140}, {1, 200}, {3, 133}, {12, 170}, {1, 161}, {9, 300}};
   c.sharedPrefix = 100;
   c.score = "alibi"; // relative positions: each row's own matters
@@ -488,6 +686,19 @@ TEST(CudaBatchAttention, CascadeLevelsMergeToTheFlatStep) {
   auto [out, lse] = device.results();
   BatchStepCheck check = step.compare(out.view(), lse.view(), /*cudaTolerance=*/true);
   EXPECT_STEP_MATCHES(check);
+}
+
+TEST(CudaBatchAttention, CascadeLevelsMergeToTheFlatStep) {
+  checkCascadeLevels(mixedDocumentCase(140));
+}
+
+/// The cascade over an 8-bit cache: the suffix level's first tiles hold
+/// keys below kv_start on pages of -1, whose codes (like 16-bit rows) must
+/// be neither copied nor kept, in the prefill tiles as in the decode CTAs.
+TEST(CudaBatchAttention, CascadeLevelsOverAFloat8Cache) {
+  BatchStepCase c = mixedDocumentCase(145);
+  c.kvFloat8 = DType::F8E5M2;
+  checkCascadeLevels(c);
 }
 
 /// A prefix level captured into a CUDA graph after a plan without token

@@ -339,9 +339,9 @@ TEST(CudaFloat8, RefusalsNameTheProblemAndWriteNothing) {
     flexAttention(TensorView(q.data(), DType::BF16, {1, 2, 9, 64}, device), *made.cache, nullptr,
                   mods, bindings.device, options);
   });
-  EXPECT_NE(prefill.find("f8e4m3 caches are read by flexAttention's decode kernel and its "
-                         "prefill's mma.sync tiles (16 or 32 query rows per warp), not by the "
-                         "warpgroup prefill tiles"),
+  EXPECT_NE(prefill.find("f8e4m3 caches are read by the decode kernel and the prefill's "
+                         "mma.sync tiles (16 or 32 query rows per warp), not by the warpgroup "
+                         "prefill tiles"),
             std::string::npos)
       << prefill;
   std::vector<uint16_t> after(zeros.size());
