@@ -572,7 +572,15 @@ extern "C" __global__ void __launch_bounds__(pagedc::kDecodeThreads, pagedc::kDe
   // iteration and stored after the tile's math, so its latency hides behind
   // that math; the copies of the next iteration read it from shared memory.
   auto stage_page = [&](int which) {
-    return tile_page<kDecodeTileN>(page_row, split_begin + which * kDecodeTileN, split_end,
+    // A packed batch's kernel above head dim 128 forms the row's address
+    // again for each tile rather than holding it through the tile loop:
+    // held, the kernel of an 8-bit cache (whose codes are always gathered)
+    // spilled on sm_90 (8 bytes stored, 64 loaded, at head dim 256 under a
+    // document mask); formed here, it does not.
+    const int32_t *row = page_row;
+    if constexpr (kPackedBatch && kHeadDim > 128)
+      row = args.page_table + recompute_here(b) * args.page_table_stride;
+    return tile_page<kDecodeTileN>(row, split_begin + which * kDecodeTileN, split_end,
                                    thread);
   };
   // An 8-bit cache's codes: tiles of stage s at k_codes(s), v_codes(s), in
