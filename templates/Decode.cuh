@@ -58,7 +58,8 @@
 // q and out from row q_start[b] (rows past them do not exist); lse is
 // [T, Hq], the split partials are indexed by list entry, and K/V are
 // gathered through the call's page and slot strides (the tensor maps stay
-// unbound: they describe compact pages).
+// unbound: they describe compact pages). Their out may be f32 (kOutputF32,
+// store_out_pair: here and in the merge) instead of Element.
 //
 //===----------------------------------------------------------------------===//
 
@@ -868,10 +869,10 @@ extern "C" __global__ void __launch_bounds__(pagedc::kDecodeThreads, pagedc::kDe
     float x = merged[row * kValueHeadDim + column],
           y = merged[row * kValueHeadDim + column + 1];
     if (single_split) {
-      Element *out_row = static_cast<Element *>(args.out) + b * args.out_stride[0] +
-                         info.head * args.out_stride[1] +
-                         (first_row + info.token) * args.out_stride[2];
-      *reinterpret_cast<uint32_t *>(out_row + column) = pack_pair(x, y);
+      store_out_pair(args.out,
+                     b * args.out_stride[0] + info.head * args.out_stride[1] +
+                         (first_row + info.token) * args.out_stride[2] + column,
+                     x, y);
     } else {
       int64_t row_index =
           (static_cast<int64_t>(b) * args.heads_q + info.head) * args.q_len + info.token;
@@ -920,8 +921,8 @@ extern "C" __global__ void __launch_bounds__(128)
   for (int i = 0; i < splits; ++i)
     total += exp2_approx((lse[i] - base) * kLog2e);
   const float inverse = total > 0.0f ? 1.0f / total : 0.0f;
-  Element *out_row = static_cast<Element *>(args.out) + b * args.out_stride[0] +
-                     h * args.out_stride[1] + (first_row + token) * args.out_stride[2];
+  const int64_t out_row =
+      b * args.out_stride[0] + h * args.out_stride[1] + (first_row + token) * args.out_stride[2];
   for (int column = threadIdx.x * 2; column < kValueHeadDim; column += 256) {
     float x = 0.0f, y = 0.0f;
     for (int i = 0; i < splits; ++i) {
@@ -929,7 +930,7 @@ extern "C" __global__ void __launch_bounds__(128)
       x += weight * partial[i * kValueHeadDim + column];
       y += weight * partial[i * kValueHeadDim + column + 1];
     }
-    *reinterpret_cast<uint32_t *>(out_row + column) = pack_pair(x * inverse, y * inverse);
+    store_out_pair(args.out, out_row + column, x * inverse, y * inverse);
   }
   if constexpr (pagedc_config::kHasLse) {
     if (threadIdx.x == 0)

@@ -519,14 +519,17 @@ void checkRunOutputs(const BatchRunOptions &options, const BatchAttentionConfig 
     if (out.device() != device)
       throw Error(fmt::format("out is on {} but the call runs on {}", deviceName(out.device()),
                               deviceName(device)));
-    if (onCuda && out.dtype() != c.dtype)
-      throw Error(fmt::format("out is {} but must be {} (the configured dtype) on CUDA",
-                              dtypeName(out.dtype()), dtypeName(c.dtype)));
+    const DType cudaOut = c.outDtype.value_or(c.dtype);
+    if (onCuda && out.dtype() != cudaOut)
+      throw Error(fmt::format("out is {} but must be {} (the configured {}) on CUDA",
+                              dtypeName(out.dtype()), dtypeName(cudaOut),
+                              c.outDtype ? "out_dtype" : "dtype"));
     if (!onCuda && !isCpuFloat(out.dtype()))
       throw Error(fmt::format("out is {} but must be f32 or bf16", dtypeName(out.dtype())));
     checkWritable(out, "out");
+    // Pairs of elements stored at once: 4 bytes, or 8 of f32.
     if (onCuda)
-      checkCudaStrides(out, "out", 2, 4);
+      checkCudaStrides(out, "out", 2, cudaOut == DType::F32 ? 8 : 4);
   } else if (onCuda) {
     throw Error("out is required on CUDA: run() allocates no device memory (pass "
                 "options.out [T, Hq, Dv])");

@@ -30,8 +30,9 @@
 // and the token maps give each packed row its own position and batch index
 // (cascade levels). Caches of 8-bit floats (BatchAttentionConfig::kvDtype)
 // are gathered as codes and converted to dtype in shared memory after each
-// tile's copy, their scales applied in f32; an f32 output stays on the CPU
-// backend.
+// tile's copy, their scales applied in f32. The output is dtype or, with
+// BatchAttentionConfig::outDtype F32, f32 (the epilogues store the f32
+// values they hold).
 //
 // mergeState() and its in-place and N-way forms combine attention results
 // over disjoint key ranges by their logsumexp (cascade and shared-prefix
@@ -100,6 +101,10 @@ struct BatchAttentionConfig {
   /// construction. The CPU backend ignores it and takes the caches' types
   /// (and BatchRunOptions::kvDtype) at run().
   std::optional<DType> kvDtype;
+  /// CUDA: out's element type, F32 or unset (dtype); the kernels are built
+  /// for it at construction. The CPU backend ignores it and takes out's
+  /// type at run().
+  std::optional<DType> outDtype;
   /// CPU worker threads; 0 = every core, or the calling thread alone when
   /// the call is too small to gain from more.
   int threads = 0;
@@ -112,7 +117,8 @@ struct BatchRunOptions {
   /// Also return the natural-log logsumexp [T, Hq] (f32).
   bool returnLse = false;
   /// Optional output [T, Hq, Dv]; default-constructed: the result owns a new
-  /// tensor of q's dtype.
+  /// tensor of q's dtype. CUDA: required, of the configured outDtype (or
+  /// dtype).
   TensorView out;
   /// Optional lse output [T, Hq] f32; giving one implies returnLse.
   TensorView lse;

@@ -48,6 +48,7 @@ KernelConfig packedBatchConfig(const CompiledMods &mods, const BatchAttentionCon
   // 8-bit codes: converted to elementType in shared memory after each
   // tile's copy (Float8Tiles.cuh), as flexAttention's kernels do.
   config.kvFloat8 = c.kvDtype;
+  config.outputF32 = c.outDtype == DType::F32;
   config.headDim = static_cast<int>(c.headDim);
   config.pageSize = static_cast<int>(c.pageSize);
   if (kind == KernelKind::Prefill) {
@@ -96,6 +97,9 @@ CudaBatchBackend::CudaBatchBackend(const CompiledMods &mods, const BatchAttentio
   if ((c.pageSize & (c.pageSize - 1)) != 0 || c.pageSize > 1024)
     throw Error(
         fmt::format("page_size must be a power of two in [1, 1024] on CUDA but is {}", c.pageSize));
+  if (c.outDtype && *c.outDtype != DType::F32 && *c.outDtype != c.dtype)
+    throw Error(fmt::format("out_dtype on CUDA must be f32, {} (dtype) or unset but is {}",
+                            dtypeName(c.dtype), dtypeName(*c.outDtype)));
   if (c.kvDtype && !isFloat8(*c.kvDtype))
     throw Error(fmt::format("kv_dtype must be an 8-bit float type (f8e4m3, f8e5m2) or unset "
                             "(the caches hold dtype) but is {}",

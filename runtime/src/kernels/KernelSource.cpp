@@ -376,6 +376,8 @@ void KernelConfig::validate() const {
                             warpRows == 64 ? "32, 64 or 128 with warpgroup tiles" : "32 or 64"));
   if (kind == KernelKind::Decode && blockN != 64)
     throw Error("the decode kernel uses KV tiles of 64 rows (blockN = 64)");
+  if (outputF32 && !packedBatch)
+    throw Error("only packed batches (BatchAttention's kernels) write an f32 out");
   if (packedBatch && (kind == KernelKind::BlockMaskBuilder || warpRows == 64))
     throw Error("only the decode kernel and the prefill kernel's mma.sync tiles (16 or 32 query "
                 "rows per warp) take packed batches");
@@ -406,7 +408,8 @@ std::string KernelConfig::describe() const {
                      prefillStageLimit == 4 ? std::string() : fmt::format("s{}", prefillStageLimit),
                      blockN, groupSize, queryTokens, returnLse ? 1 : 0, paramsSize) +
          (packedBatch ? " packed" : "") +
-         (kvFloat8 ? fmt::format(" kv {}", dtypeName(*kvFloat8)) : std::string());
+         (kvFloat8 ? fmt::format(" kv {}", dtypeName(*kvFloat8)) : std::string()) +
+         (outputF32 ? " out f32" : "");
 }
 
 int KernelConfig::decodeHeadsPerCta() const {
@@ -586,6 +589,7 @@ KernelSource assembleKernel(const KernelConfig &config,
   if (config.kvFloat8)
     kvFloat8 = *config.kvFloat8 == DType::F8E4M3 ? 1 : 2;
   code += fmt::format("constexpr int kKvFloat8 = {};\n", kvFloat8);
+  code += fmt::format("constexpr bool kOutputF32 = {};\n", config.outputF32 ? "true" : "false");
   code += "} // namespace pagedc_config\n";
   if (config.paramsSize >= 0)
     code += fmt::format(

@@ -60,9 +60,11 @@ struct DeviceStep {
   std::vector<float> kScale, vScale;
   std::optional<DType> kvDtype;
 
-  explicit DeviceStep(BatchStep &step) {
+  /// `outType`: out's element type (default: q's).
+  explicit DeviceStep(BatchStep &step, std::optional<DType> outType = std::nullopt) {
     const Device device = Device::cuda(0);
     const BatchStepCase &c = step.c;
+    const DType outElement = outType.value_or(c.storage);
     const DType cacheType = c.kvFloat8 ? (c.asU8 ? DType::U8 : *c.kvFloat8) : c.storage;
     kScale = step.kScale;
     vScale = step.vScale;
@@ -97,9 +99,9 @@ struct DeviceStep {
       kernelV = base + kBytes;
     }
     const int64_t rows = step.q.shape()[0];
-    out = DeviceBuffer(static_cast<size_t>(rows * c.qHeads * c.vDim) * dtypeSize(c.storage), 0);
+    out = DeviceBuffer(static_cast<size_t>(rows * c.qHeads * c.vDim) * dtypeSize(outElement), 0);
     out.fill(0xff); // NaN
-    outView = TensorView(out.data(), c.storage, {rows, c.qHeads, c.vDim}, device);
+    outView = TensorView(out.data(), outElement, {rows, c.qHeads, c.vDim}, device);
     lse = DeviceBuffer(static_cast<size_t>(rows * c.qHeads) * 4, 0);
     lse.fill(0xff);
     lseView = TensorView(lse.data(), DType::F32, {rows, c.qHeads}, device);
@@ -159,11 +161,14 @@ struct DeviceStep {
   }
 };
 
-BatchAttentionConfig cudaConfig(const BatchStep &step) {
+/// `outType`: out's element type (default: q's).
+BatchAttentionConfig cudaConfig(const BatchStep &step,
+                                std::optional<DType> outType = std::nullopt) {
   BatchAttentionConfig config = step.config();
   config.device = Device::cuda(0);
   config.dtype = step.c.storage;
   config.kvDtype = step.c.kvFloat8;
+  config.outDtype = outType;
   return config;
 }
 
@@ -172,9 +177,11 @@ BatchAttentionConfig cudaConfig(const BatchStep &step) {
 /// place and that the plan sent sequences of 1 to 8 new tokens to the
 /// decode kernel and longer ones to 64-row prefill tiles. `shape` receives
 /// the plan's shape.
-BatchStepCheck checkOnDevice(const BatchStepCase &c, BatchPlanShape *shape = nullptr) {
+BatchStepCheck checkOnDevice(const BatchStepCase &c, BatchPlanShape *shape = nullptr,
+                             std::optional<DType> outType = std::nullopt,
+                             HostTensor *outCopy = nullptr) {
   BatchStep step(c);
-  BatchAttention attention(step.mods, cudaConfig(step));
+  BatchAttention attention(step.mods, cudaConfig(step, outType));
   step.plan(attention);
   int64_t decodeSequences = 0, prefillTiles = 0;
   for (const BatchSeq &s : c.seqs) {
@@ -187,7 +194,7 @@ BatchStepCheck checkOnDevice(const BatchStepCase &c, BatchPlanShape *shape = nul
   EXPECT_EQ(planned.decodeSplits > 0, decodeSequences > 0);
   if (shape)
     *shape = planned;
-  DeviceStep device(step);
+  DeviceStep device(step, outType);
   AttentionResult result =
       attention.run(device.qView, device.kView, device.vView, device.bindings, device.options());
   EXPECT_EQ(result.out.data(), device.outView.data());
@@ -198,6 +205,8 @@ BatchStepCheck checkOnDevice(const BatchStepCase &c, BatchPlanShape *shape = nul
   auto [out, lse] = device.results();
   BatchStepCheck check = step.compare(out.view(), lse.view(), /*cudaTolerance=*/true);
   EXPECT_EQ(check.rowsPastWritten, 0) << check.describe();
+  if (outCopy)
+    *outCopy = std::move(out);
   return check;
 }
 
@@ -413,6 +422,44 @@ TEST(CudaBatchAttention, Float8ScalesAreEachRunsOwn) {
   EXPECT_EQ(std::memcmp(firstLse.data(), doubledLse.data(), step.tokens * c.qHeads * 4), 0);
 }
 
+/// An f32 out (BatchAttentionConfig::outDtype): the prefill tiles, the
+/// decode CTAs, and the split decode's merge store the f32 values they
+/// hold, not values rounded to q's type (some differ from their bf16 or
+/// f16 rounding); with a 16-bit cache (bf16 q, split decode at head dim
+/// 128) and an 8-bit one (f16 q, head dim 64, fully masked rows).
+TEST(CudaBatchAttention, F32Output) {
+  BatchStepCase split = mixedDocumentCase(350);
+  split.seqs = {{1, 1900}, {6, 1337}, {0, 500}, {3, 30}, {40, 900}};
+  split.dim = split.vDim = 128;
+  split.layout = KVLayout::HND;
+  BatchStepCase float8 = mixedDocumentCase(351);
+  float8.kvFloat8 = DType::F8E4M3;
+  float8.storage = DType::F16;
+  float8.qHeads = 8;
+  float8.kvHeads = 2;
+  float8.mask = "holes";
+  for (const BatchStepCase &c : {split, float8}) {
+    SCOPED_TRACE(
+        fmt::format("q {} D {}{}", dtypeName(c.storage), c.dim, c.kvFloat8 ? " f8e4m3 cache" : ""));
+    BatchPlanShape shape;
+    HostTensor out;
+    BatchStepCheck check = checkOnDevice(c, &shape, DType::F32, &out);
+    EXPECT_STEP_MATCHES(check);
+    ASSERT_EQ(out.dtype(), DType::F32);
+    int64_t unrounded = 0;
+    for (int64_t i = 0; i < out.numel(); ++i) {
+      const float value = out.dataAs<float>()[i];
+      unrounded += std::isfinite(value) && testutil::roundTo(c.storage, value) != value;
+    }
+    EXPECT_GT(unrounded, out.numel() / 2);
+    if (c.mask == "holes") {
+      EXPECT_GT(check.maskedRows, 0) << check.describe();
+    } else {
+      EXPECT_GT(shape.decodeSplits, 1);
+    }
+  }
+}
+
 /// The 8-bit configuration's refusals, each naming the argument; nothing
 /// is written.
 TEST(CudaBatchAttention, Float8Refusals) {
@@ -441,6 +488,9 @@ TEST(CudaBatchAttention, Float8Refusals) {
   config.headDim = config.valueHeadDim = 96;
   expectError([&] { BatchAttention refused(step.mods, config); },
               "kv_dtype f8e4m3 on CUDA takes head_dim 64, 128 or 256, not 96");
+  config = cudaConfig(step, DType::F16);
+  expectError([&] { BatchAttention refused(step.mods, config); },
+              "out_dtype on CUDA must be f32, bf16 (dtype) or unset but is f16");
 
   BatchAttention float8(step.mods, cudaConfig(step));
   step.plan(float8);
@@ -483,6 +533,12 @@ TEST(CudaBatchAttention, Float8Refusals) {
                                 options); },
               "k_cache stores f8e4m3, but the CUDA kernels were built for bf16 caches (dtype; "
               "kv_dtype f8e4m3 or f8e5m2 in the configuration builds them for 8-bit caches)");
+  // An f32-out BatchAttention given a bf16 out.
+  BatchAttention f32Out(step.mods, cudaConfig(step, DType::F32));
+  step.plan(f32Out);
+  expectError(
+      [&] { f32Out.run(device.qView, device.kView, device.vView, device.bindings, options); },
+      "out is bf16 but must be f32 (the configured out_dtype) on CUDA");
   auto [out, lse] = device.results();
   for (int64_t i = 0; i < lse.numel(); ++i)
     EXPECT_TRUE(std::isnan(lse.dataAs<float>()[i])) << i;
