@@ -58,7 +58,8 @@
 // q and out from row q_start[b] (rows past them do not exist); lse is
 // [T, Hq], the split partials are indexed by list entry, and K/V are
 // gathered through the call's page and slot strides (the tensor maps stay
-// unbound: they describe compact pages).
+// unbound: they describe compact pages). Their out may be f32 (kOutputF32,
+// store_out_pair: here and in the merge) instead of Element.
 //
 //===----------------------------------------------------------------------===//
 
@@ -572,7 +573,15 @@ extern "C" __global__ void __launch_bounds__(pagedc::kDecodeThreads, pagedc::kDe
   // iteration and stored after the tile's math, so its latency hides behind
   // that math; the copies of the next iteration read it from shared memory.
   auto stage_page = [&](int which) {
-    return tile_page<kDecodeTileN>(page_row, split_begin + which * kDecodeTileN, split_end,
+    // A packed batch's kernel above head dim 128 forms the row's address
+    // again for each tile rather than holding it through the tile loop:
+    // held, the kernel of an 8-bit cache (whose codes are always gathered)
+    // spilled on sm_90 (8 bytes stored, 64 loaded, at head dim 256 under a
+    // document mask); formed here, it does not.
+    const int32_t *row = page_row;
+    if constexpr (kPackedBatch && kHeadDim > 128)
+      row = args.page_table + recompute_here(b) * args.page_table_stride;
+    return tile_page<kDecodeTileN>(row, split_begin + which * kDecodeTileN, split_end,
                                    thread);
   };
   // An 8-bit cache's codes: tiles of stage s at k_codes(s), v_codes(s), in
@@ -860,10 +869,10 @@ extern "C" __global__ void __launch_bounds__(pagedc::kDecodeThreads, pagedc::kDe
     float x = merged[row * kValueHeadDim + column],
           y = merged[row * kValueHeadDim + column + 1];
     if (single_split) {
-      Element *out_row = static_cast<Element *>(args.out) + b * args.out_stride[0] +
-                         info.head * args.out_stride[1] +
-                         (first_row + info.token) * args.out_stride[2];
-      *reinterpret_cast<uint32_t *>(out_row + column) = pack_pair(x, y);
+      store_out_pair(args.out,
+                     b * args.out_stride[0] + info.head * args.out_stride[1] +
+                         (first_row + info.token) * args.out_stride[2] + column,
+                     x, y);
     } else {
       int64_t row_index =
           (static_cast<int64_t>(b) * args.heads_q + info.head) * args.q_len + info.token;
@@ -912,8 +921,8 @@ extern "C" __global__ void __launch_bounds__(128)
   for (int i = 0; i < splits; ++i)
     total += exp2_approx((lse[i] - base) * kLog2e);
   const float inverse = total > 0.0f ? 1.0f / total : 0.0f;
-  Element *out_row = static_cast<Element *>(args.out) + b * args.out_stride[0] +
-                     h * args.out_stride[1] + (first_row + token) * args.out_stride[2];
+  const int64_t out_row =
+      b * args.out_stride[0] + h * args.out_stride[1] + (first_row + token) * args.out_stride[2];
   for (int column = threadIdx.x * 2; column < kValueHeadDim; column += 256) {
     float x = 0.0f, y = 0.0f;
     for (int i = 0; i < splits; ++i) {
@@ -921,7 +930,7 @@ extern "C" __global__ void __launch_bounds__(128)
       x += weight * partial[i * kValueHeadDim + column];
       y += weight * partial[i * kValueHeadDim + column + 1];
     }
-    *reinterpret_cast<uint32_t *>(out_row + column) = pack_pair(x * inverse, y * inverse);
+    store_out_pair(args.out, out_row + column, x * inverse, y * inverse);
   }
   if constexpr (pagedc_config::kHasLse) {
     if (threadIdx.x == 0)

@@ -28,6 +28,7 @@ using pagedc_config::kIsBF16;
 using pagedc_config::kLog2PageSize;
 using pagedc_config::kPageSize;
 using pagedc_config::kPackedBatch;
+using pagedc_config::kOutputF32;
 using Element = pagedc_config::Element;
 
 constexpr float kLog2e = 1.4426950408889634f;
@@ -119,6 +120,19 @@ PAGEDC_DEVICE uint32_t pack_pair(float lo, float hi) {
     asm("cvt.rn.f16x2.f32 %0, %1, %2;" : "=r"(packed) : "f"(hi), "f"(lo));
   return packed;
 #endif
+}
+
+/// Stores out[at] and out[at + 1] (element offsets): a pair of Element, or
+/// of f32 in the kernels of an f32 output (kOutputF32, packed batches).
+PAGEDC_DEVICE void store_out_pair(void *out, int64_t at, float x, float y) {
+  if constexpr (kOutputF32) {
+    struct alignas(8) FloatPair {
+      float x, y;
+    };
+    *reinterpret_cast<FloatPair *>(static_cast<float *>(out) + at) = FloatPair{x, y};
+  } else {
+    *reinterpret_cast<uint32_t *>(static_cast<Element *>(out) + at) = pack_pair(x, y);
+  }
 }
 
 /// Programmatic dependent launch (sm_90): lets the next grid of the stream

@@ -25,7 +25,8 @@
 // 8-bit float caches (kKvFloat8, Float8Tiles.cuh): both stages' codes land
 // in the second K and V stage and each tile is converted into the first
 // before its math; the KV head's K scale multiplies the scores with
-// args.scale, its V scale the output rows (f32).
+// args.scale, its V scale the output rows (f32). A packed batch's out may
+// be f32 (kOutputF32, store_out_pair) instead of Element.
 //
 //===----------------------------------------------------------------------===//
 
@@ -203,7 +204,7 @@ extern "C" __global__ void __launch_bounds__(pagedc::kPrefillThreads, 1)
     auto copy_tile = [&](int into_stage, int kv_first, uint64_t keep_rows) {
       if constexpr (kKvFloat8 != 0)
         copy_codes(k_tiles + code_offset(into_stage), v_tiles + code_offset(into_stage),
-                   StagedPages{page_slots, kv_first}, kv_first, kv_len);
+                   StagedPages{page_slots, kv_first}, kv_first, kv_len, keep_rows);
       else
         copy_kv(k_tiles + into_stage * kStageBytes, v_tiles + into_stage * kStageBytes,
                 StagedPages{page_slots, kv_first}, kv_first, kv_len, keep_rows);
@@ -336,9 +337,8 @@ extern "C" __global__ void __launch_bounds__(pagedc::kPrefillThreads, 1)
   }
   cp_async_wait<0>();
 
-  // Epilogue: normalise, store out rows and lse.
-  Element *out_base = static_cast<Element *>(args.out) + b * args.out_stride[0] +
-                      h * args.out_stride[1];
+  // Epilogue: normalise, store out rows (of Element, or f32) and lse.
+  const int64_t out_base = b * args.out_stride[0] + h * args.out_stride[1];
 #pragma unroll
   for (int m = 0; m < kMTiles; ++m) {
 #pragma unroll
@@ -351,12 +351,11 @@ extern "C" __global__ void __launch_bounds__(pagedc::kPrefillThreads, 1)
       const int row = row_begin + warp_row + 16 * m + (lane >> 2) + 8 * half;
       if (row >= q_len)
         continue;
-      uint32_t *out_row = reinterpret_cast<uint32_t *>(
-          out_base + (first_row + row) * args.out_stride[2] + 2 * (lane & 3));
+      const int64_t out_row = out_base + (first_row + row) * args.out_stride[2] + 2 * (lane & 3);
 #pragma unroll
       for (int d = 0; d < kValueHeadDim / 8; ++d)
-        out_row[d * 4] = pack_pair(out[m][d][2 * half] * inverse,
-                                   out[m][d][2 * half + 1] * inverse);
+        store_out_pair(args.out, out_row + d * 8, out[m][d][2 * half] * inverse,
+                       out[m][d][2 * half + 1] * inverse);
       if constexpr (pagedc_config::kHasLse) {
         // [B, Hq, Lq], or a packed batch's [T, Hq].
         int64_t lse_at = (static_cast<int64_t>(b) * args.heads_q + h) * args.q_len + row;

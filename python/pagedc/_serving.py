@@ -67,10 +67,15 @@ class BatchAttention:
     every plan; ``max_blocks_per_seq`` (default: the first plan's block
     table's columns) bounds the pages one sequence may use. ``device``:
     "cpu", or a CUDA device ("cuda:N", or "emu": the SIMT emulator's), where
-    ``dtype`` ("bf16" or "f16") is the element type of q, the caches and out,
-    the mods need CUDA code (``compile(..., cuda=True)``), every tensor is in
-    that device's memory (read in place) and ``run`` enqueues on the call's
-    stream and returns without waiting (docs/python.md, "CUDA memory").
+    ``dtype`` ("bf16" or "f16") is the element type of q, the caches and out
+    (``kv_dtype`` "float8_e4m3fn" / "float8_e5m2": the caches hold 8-bit
+    floats instead, read with ``run``'s ``k_scale`` / ``v_scale``; head dims
+    64, 128, 256; ``out_dtype`` "f32": out is float32), the mods need CUDA
+    code (``compile(..., cuda=True)``), every tensor is in that device's
+    memory (read in place) and ``run`` enqueues on the call's stream and
+    returns without waiting (docs/python.md, "CUDA memory"). The CPU
+    backend takes the caches' and out's types at ``run`` and ignores
+    ``dtype``, ``kv_dtype`` and ``out_dtype``.
     ``threads``: CPU worker threads, 0 = all cores.
     """
 
@@ -79,7 +84,8 @@ class BatchAttention:
                  max_num_tokens: int = 8192, device: str = "cpu", *,
                  value_head_dim: Optional[int] = None,
                  max_blocks_per_seq: Optional[int] = None, threads: int = 0,
-                 dtype: str = "bf16"):
+                 dtype: str = "bf16", kv_dtype: Optional[str] = None,
+                 out_dtype: Optional[str] = None):
         from ._device import device_index
         self._device = device_index(device)
         if self._device >= 0 and (mods is None or not _native_mods(mods).has_cuda):
@@ -90,6 +96,17 @@ class BatchAttention:
         if self._device >= 0 and dtype not in ("f16", "bf16"):
             raise ValueError(f"dtype: a CUDA BatchAttention computes in 'bf16' or 'f16', "
                              f"got {dtype!r}")
+        kv_dtype = "" if kv_dtype is None else str(kv_dtype).replace("torch.", "")
+        if self._device >= 0 and kv_dtype not in ("", "float8_e4m3fn", "float8_e5m2",
+                                                  "f8e4m3", "f8e5m2"):
+            raise ValueError(f"kv_dtype: a CUDA BatchAttention reads 8-bit caches of "
+                             f"'float8_e4m3fn' or 'float8_e5m2' (None: dtype's), got "
+                             f"{kv_dtype!r}")
+        out_dtype = "" if out_dtype is None else \
+            {"float32": "f32"}.get(str(out_dtype).replace("torch.", ""), str(out_dtype))
+        if self._device >= 0 and out_dtype not in ("", "f32", dtype):
+            raise ValueError(f"out_dtype: a CUDA BatchAttention writes 'f32' or {dtype!r} "
+                             f"(dtype; None), got {out_dtype!r}")
         if not isinstance(kv_layout, str) or kv_layout.lower() not in \
                 [name.lower() for name in _LAYOUTS]:
             raise ValueError(f"kv_layout: unknown layout {kv_layout!r}; valid layouts: "
@@ -100,7 +117,8 @@ class BatchAttention:
                           value_head_dim=int(value_head_dim or 0),
                           page_size=int(page_size), kv_layout=kv_layout,
                           max_num_seqs=int(max_num_seqs), max_num_tokens=int(max_num_tokens),
-                          threads=int(threads), dtype=dtype)
+                          threads=int(threads), dtype=dtype, kv_dtype=kv_dtype,
+                          out_dtype=out_dtype)
         # Built now, so that a bad setting raises here; without
         # max_blocks_per_seq it is built again at the first plan, sized by
         # that block table.
@@ -117,7 +135,7 @@ class BatchAttention:
                                          a["value_head_dim"], a["page_size"], a["kv_layout"],
                                          a["max_num_seqs"], a["max_num_tokens"],
                                          max_blocks_per_seq, a["threads"], self._device,
-                                         a["dtype"])
+                                         a["dtype"], a["kv_dtype"], a["out_dtype"])
 
     kv_layout = property(lambda self: self._args["kv_layout"])
     device = property(lambda self: "cpu" if self._device < 0 else f"cuda:{self._device}")
@@ -162,12 +180,16 @@ class BatchAttention:
 
         ``sinks``: attention sinks, a float32 tensor [Hq] on the call's
         device, as in ``flex_attention`` (a fully masked row gives out 0 and
-        lse ``sinks[h]``). CPU backend; CUDA refuses them for now.
+        lse ``sinks[h]``).
 
         8-bit caches: torch ``float8_e4m3fn`` / ``float8_e5m2`` tensors, or
         uint8 arrays with ``kv_dtype="float8_e4m3fn"`` / ``"float8_e5m2"``;
         ``k_scale`` / ``v_scale`` (a number, or one per KV head) are then
-        required: a code c means c * scale.
+        required: a code c means c * scale. On a CUDA device the
+        BatchAttention must have been made with that ``kv_dtype``; each
+        distinct pair of scales is copied to the device once, by the first
+        run that passes it (so a run captured into a CUDA graph passes
+        scales an earlier run passed).
 
         On a CUDA device the kernels are enqueued on ``stream`` (a CUstream
         handle or an object with ``cuda_stream``; default: torch's current

@@ -875,12 +875,12 @@ struct Batch {
   std::unique_ptr<BatchAttention> attention;
 };
 
-std::shared_ptr<Batch> makeBatch(std::shared_ptr<Mods> mods, int64_t numQHeads,
-                                 int64_t numKVHeads, int64_t headDim, int64_t valueHeadDim,
-                                 int64_t pageSize, const std::string &layout,
-                                 int64_t maxNumSeqs, int64_t maxNumTokens,
-                                 int64_t maxBlocksPerSeq, int threads, int deviceIndex,
-                                 const std::string &dtype) {
+std::shared_ptr<Batch> makeBatch(std::shared_ptr<Mods> mods, int64_t numQHeads, int64_t numKVHeads,
+                                 int64_t headDim, int64_t valueHeadDim, int64_t pageSize,
+                                 const std::string &layout, int64_t maxNumSeqs,
+                                 int64_t maxNumTokens, int64_t maxBlocksPerSeq, int threads,
+                                 int deviceIndex, const std::string &dtype,
+                                 const std::string &kvDtype, const std::string &outDtype) {
   BatchAttentionConfig config;
   config.numQHeads = numQHeads;
   config.numKVHeads = numKVHeads;
@@ -895,6 +895,10 @@ std::shared_ptr<Batch> makeBatch(std::shared_ptr<Mods> mods, int64_t numQHeads,
   if (deviceIndex >= 0) {
     config.device = cudaDevice(deviceIndex);
     config.dtype = parseDType(dtype);
+    if (!kvDtype.empty())
+      config.kvDtype = parseDType(kvDtype);
+    if (!outDtype.empty())
+      config.outDtype = parseDType(outDtype);
   }
   auto batch = std::make_shared<Batch>();
   batch->mods = std::move(mods);
@@ -943,8 +947,8 @@ py::tuple runBatch(const Batch &batch, const py::handle &qObj, const py::handle 
     if (q.view.rank() != 3)
       throw py::value_error("q: expected [T, Hq, D], got shape " + q.view.shapeString());
     const int64_t valueDim = config.valueHeadDim ? config.valueHeadDim : config.headDim;
-    allocateDeviceOutputs(*onDevice, config.dtype, {q.view.size(0), config.numQHeads, valueDim},
-                          returnLse, outObj, lseObj);
+    allocateDeviceOutputs(*onDevice, config.outDtype.value_or(config.dtype),
+                          {q.view.size(0), config.numQHeads, valueDim}, returnLse, outObj, lseObj);
     options.stream = onDevice->cuStream();
   }
   options.scale = scale;
@@ -1294,11 +1298,11 @@ PYBIND11_MODULE(_pagedc, m) {
       .def("replay", &Graph::replay);
 
   py::class_<Batch, std::shared_ptr<Batch>>(m, "BatchAttention")
-      .def(py::init(&makeBatch), py::arg("mods"), py::arg("num_q_heads"),
-           py::arg("num_kv_heads"), py::arg("head_dim"), py::arg("value_head_dim"),
-           py::arg("page_size"), py::arg("kv_layout"), py::arg("max_num_seqs"),
-           py::arg("max_num_tokens"), py::arg("max_blocks_per_seq"), py::arg("threads"),
-           py::arg("device_index"), py::arg("dtype"))
+      .def(py::init(&makeBatch), py::arg("mods"), py::arg("num_q_heads"), py::arg("num_kv_heads"),
+           py::arg("head_dim"), py::arg("value_head_dim"), py::arg("page_size"),
+           py::arg("kv_layout"), py::arg("max_num_seqs"), py::arg("max_num_tokens"),
+           py::arg("max_blocks_per_seq"), py::arg("threads"), py::arg("device_index"),
+           py::arg("dtype"), py::arg("kv_dtype") = "", py::arg("out_dtype") = "")
       .def("plan", &planBatch)
       .def("run", &runBatch)
       .def_property_readonly("num_seqs", [](const Batch &b) { return b.attention->numSeqs(); })

@@ -120,7 +120,8 @@ DType storedType(const TensorView &cache, const char *name, const BatchRunOption
 }
 
 /// Checks one cache tensor against its layout; returns its page count.
-/// `cudaType`: the CUDA kernel's element type (CPU: nullopt).
+/// `cudaType`: the element type the CUDA kernels were built to read (CPU:
+/// nullopt).
 int64_t checkCacheTensor(const TensorView &cache, const char *name, KVLayout layout, int64_t heads,
                          int64_t pageSize, int64_t width, Device device, DType stored,
                          std::optional<DType> cudaType) {
@@ -131,8 +132,11 @@ int64_t checkCacheTensor(const TensorView &cache, const char *name, KVLayout lay
                             deviceName(cache.device()), deviceName(device)));
   if (cudaType) {
     if (stored != *cudaType)
-      throw Error(fmt::format("{} stores {}, but the CUDA kernel was built for {} (dtype)", name,
-                              dtypeName(stored), dtypeName(*cudaType)));
+      throw Error(fmt::format("{} stores {}, but the CUDA kernels were built for {} caches ({})",
+                              name, dtypeName(stored), dtypeName(*cudaType),
+                              isFloat8(*cudaType) ? "kv_dtype"
+                                                  : "dtype; kv_dtype f8e4m3 or f8e5m2 in the "
+                                                    "configuration builds them for 8-bit caches"));
   } else if (!isCpuFloat(stored) && !isFloat8(stored))
     throw Error(fmt::format("{} stores {}, which the CPU backend does not read (f32, bf16, "
                             "f8e4m3 or f8e5m2; u8 with kv_dtype)",
@@ -466,7 +470,7 @@ CheckedCaches checkRunCaches(const TensorView &kCache, const TensorView &vCache,
                              const BatchAttentionConfig &c, const BatchRunOptions &options,
                              bool onCuda, int32_t maxPageEntry) {
   const std::optional<DType> cudaType =
-      onCuda ? std::optional<DType>(c.dtype) : std::optional<DType>();
+      onCuda ? std::optional<DType>(c.kvDtype.value_or(c.dtype)) : std::optional<DType>();
   int64_t pages;
   CheckedCaches caches;
   caches.kStored = caches.vStored = storedType(kCache, "k_cache", options);
@@ -491,9 +495,11 @@ CheckedCaches checkRunCaches(const TensorView &kCache, const TensorView &vCache,
     throw Error(fmt::format("block_table holds page {} but the cache has {} pages",
                             maxPageEntry, pages));
   if (onCuda) {
-    checkCudaStrides(kCache, "k_cache", 8, 16);
+    // 16-byte copies: 8 elements, or 16 codes of an 8-bit cache.
+    const int64_t perCopy = c.kvDtype ? 16 : 8;
+    checkCudaStrides(kCache, "k_cache", perCopy, 16);
     if (isProvided(vCache))
-      checkCudaStrides(vCache, "v_cache", 8, 16);
+      checkCudaStrides(vCache, "v_cache", perCopy, 16);
   }
   return caches;
 }
@@ -513,14 +519,17 @@ void checkRunOutputs(const BatchRunOptions &options, const BatchAttentionConfig 
     if (out.device() != device)
       throw Error(fmt::format("out is on {} but the call runs on {}", deviceName(out.device()),
                               deviceName(device)));
-    if (onCuda && out.dtype() != c.dtype)
-      throw Error(fmt::format("out is {} but must be {} (the configured dtype) on CUDA",
-                              dtypeName(out.dtype()), dtypeName(c.dtype)));
+    const DType cudaOut = c.outDtype.value_or(c.dtype);
+    if (onCuda && out.dtype() != cudaOut)
+      throw Error(fmt::format("out is {} but must be {} (the configured {}) on CUDA",
+                              dtypeName(out.dtype()), dtypeName(cudaOut),
+                              c.outDtype ? "out_dtype" : "dtype"));
     if (!onCuda && !isCpuFloat(out.dtype()))
       throw Error(fmt::format("out is {} but must be f32 or bf16", dtypeName(out.dtype())));
     checkWritable(out, "out");
+    // Pairs of elements stored at once: 4 bytes, or 8 of f32.
     if (onCuda)
-      checkCudaStrides(out, "out", 2, 4);
+      checkCudaStrides(out, "out", 2, cudaOut == DType::F32 ? 8 : 4);
   } else if (onCuda) {
     throw Error("out is required on CUDA: run() allocates no device memory (pass "
                 "options.out [T, Hq, Dv])");
@@ -609,6 +618,8 @@ AttentionResult BatchAttention::run(const TensorView &q, const TensorView &kCach
                       .pack(mods_.params, mods_.buffers, resolved.context());
     call.scale = scale;
     call.sinks = options.sinks;
+    call.kScale = &kScale;
+    call.vScale = &vScale;
     call.stream = options.stream;
     cuda_->run(call);
     return result;

@@ -10,6 +10,7 @@ import pytest
 
 import pagedc
 from conftest import assert_close, reference_attention
+from test_float8 import FORMATS, decode
 from test_serving import CASCADE_SOURCE, make_cascade_step, make_step, reference_step
 
 # Every case runs CUDA kernels on the emulator: small shapes, the emulator's
@@ -237,6 +238,75 @@ def test_batch_attention_on_device_matches_reference(rng, mods):
                            for b in range(len(DEVICE_STEP))])
     assert_close(pagedc.to_host(out)[rows], ref_out, atol=2e-3, rtol=2e-3)
     assert_close(pagedc.to_host(lse)[rows], ref_lse, atol=1e-3, rtol=1e-3)
+
+
+def quantize(x, name):
+    """The codes of `name` nearest to x (NaN: the canonical NaN 0x7f)."""
+    _, _, max_code = FORMATS[name]
+    codes = np.array([c for c in range(256) if (c & 0x7f) <= max_code])
+    values = decode(codes, name)
+    order = np.argsort(values, kind="stable")
+    ordered = values[order]
+    at = np.clip(np.searchsorted(ordered, x), 1, len(ordered) - 1)
+    lower = np.abs(x - ordered[at - 1]) <= np.abs(ordered[at] - x)
+    picked = codes[order][np.where(lower, at - 1, at)]
+    return np.where(np.isnan(x), 0x7f, picked).astype(np.uint8)
+
+
+@pytest.mark.parametrize("name", ["float8_e4m3fn", "float8_e5m2"])
+def test_batch_attention_on_device_reads_float8_caches(rng, mods, name):
+    # uint8 caches read as `name` (kv_dtype) with one scale for K and one
+    # for V: the reference takes the values the codes mean.
+    page_size, k_scale, v_scale = 16, 0.02, 0.015
+    step = make_step(rng, "NHD", page_size, hq=4, hkv=2, d=64, steps=DEVICE_STEP)
+    step["q"] = step["q"].astype(np.float16)
+    k_codes, v_codes = (quantize(c / s, name) for c, s in zip(step["caches"], (k_scale, v_scale)))
+    step["dense_k"] = [decode(quantize(k / k_scale, name), name) * k_scale
+                       for k in step["dense_k"]]
+    step["dense_v"] = [decode(quantize(v / v_scale, name), name) * v_scale
+                       for v in step["dense_v"]]
+    attn = pagedc.BatchAttention(mods, 4, 2, 64, page_size, kv_layout="NHD", max_num_seqs=8,
+                                 max_num_tokens=64, device="emu", dtype="f16", kv_dtype=name,
+                                 max_blocks_per_seq=step["table"].shape[1])
+    attn.plan(step["qsl"], step["seq_lens"], step["table"])
+    qd = pagedc.to_device(step["q"], device="emu")
+    kd, vd = (pagedc.to_device(c, device="emu") for c in (k_codes, v_codes))
+    out, lse = attn.run(qd, kd, vd, return_lse=True, kv_dtype=name, k_scale=k_scale,
+                        v_scale=v_scale)
+    ref_out, ref_lse = reference_step(step, lambda b, h, qi, kv: qi >= kv)
+    rows = np.concatenate([np.arange(step["qsl"][b], step["qsl"][b + 1])
+                           for b in range(len(DEVICE_STEP))])
+    assert_close(pagedc.to_host(out)[rows], ref_out, atol=2e-3, rtol=2e-3)
+    assert_close(pagedc.to_host(lse)[rows], ref_lse, atol=1e-3, rtol=1e-3)
+    with pytest.raises(ValueError, match="needs k_scale"):
+        attn.run(qd, kd, vd, kv_dtype=name, v_scale=v_scale)
+    with pytest.raises(ValueError, match="^kv_dtype: a CUDA BatchAttention reads 8-bit caches"):
+        pagedc.BatchAttention(mods, 4, 2, 64, 16, device="emu", kv_dtype="f16")
+
+
+def test_batch_attention_on_device_writes_f32_out(rng, mods):
+    # out_dtype="f32": the kernels store the f32 values they hold (most are
+    # not f16 values), and a given out must be float32.
+    step, _, (k_cache, v_cache) = device_step(rng, mods)
+    attn = pagedc.BatchAttention(mods, 4, 2, 64, 16, kv_layout="NHD", max_num_seqs=8,
+                                 max_num_tokens=64, device="emu", dtype="f16", out_dtype="f32",
+                                 max_blocks_per_seq=step["table"].shape[1])
+    attn.plan(step["qsl"], step["seq_lens"], step["table"])
+    qd = pagedc.to_device(step["q"], device="emu")
+    kd, vd = (pagedc.to_device(c, device="emu") for c in (k_cache, v_cache))
+    out, lse = attn.run(qd, kd, vd, return_lse=True)
+    host = pagedc.to_host(out)
+    assert host.dtype == np.float32
+    ref_out, ref_lse = reference_step(step, lambda b, h, qi, kv: qi >= kv)
+    rows = np.concatenate([np.arange(step["qsl"][b], step["qsl"][b + 1])
+                           for b in range(len(DEVICE_STEP))])
+    assert_close(host[rows], ref_out, atol=2e-3, rtol=2e-3)
+    assert_close(pagedc.to_host(lse)[rows], ref_lse, atol=1e-3, rtol=1e-3)
+    assert np.mean(host[rows].astype(np.float16).astype(np.float32) != host[rows]) > 0.5
+    with pytest.raises(ValueError, match="^out is f16 but must be f32"):
+        attn.run(qd, kd, vd, out=pagedc.empty(step["q"].shape, "f16", device="emu"))
+    with pytest.raises(ValueError, match="^out_dtype: a CUDA BatchAttention writes 'f32'"):
+        pagedc.BatchAttention(mods, 4, 2, 64, 16, device="emu", dtype="f16", out_dtype="bf16")
 
 
 def test_batch_attention_device_out_and_refusals(rng, mods):

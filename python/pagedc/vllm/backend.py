@@ -75,7 +75,8 @@ class PagedcAttentionBackend(AttentionBackend):
 
     @classmethod
     def supports_kv_cache_dtype(cls, kv_cache_dtype) -> bool:
-        # The CUDA kernels read no 8-bit caches yet.
+        # The plugin builds its CUDA BatchAttention for 16-bit caches only
+        # (BatchAttention(..., kv_dtype=) would read 8-bit ones).
         if current_config().on_cuda and kv_cache_dtype in FP8_CACHE_DTYPES:
             return False
         return super().supports_kv_cache_dtype(kv_cache_dtype)

@@ -28,7 +28,11 @@
 // kv_len (no block classifier yet); a sequence's keys start at the tile
 // that holds its kv_start, whose rows below it are neither read nor kept,
 // and the token maps give each packed row its own position and batch index
-// (cascade levels). 8-bit caches and an f32 output stay on the CPU backend.
+// (cascade levels). Caches of 8-bit floats (BatchAttentionConfig::kvDtype)
+// are gathered as codes and converted to dtype in shared memory after each
+// tile's copy, their scales applied in f32. The output is dtype or, with
+// BatchAttentionConfig::outDtype F32, f32 (the epilogues store the f32
+// values they hold).
 //
 // mergeState() and its in-place and N-way forms combine attention results
 // over disjoint key ranges by their logsumexp (cascade and shared-prefix
@@ -91,6 +95,16 @@ struct BatchAttentionConfig {
   /// kernels are built for it at construction). The CPU backend ignores it
   /// and takes q's type at run().
   DType dtype = DType::BF16;
+  /// CUDA: the caches hold 8-bit floats of this type (F8E4M3, F8E5M2; head
+  /// dims 64, 128, 256), read with run()'s kScale and vScale and computed
+  /// on as dtype; unset: they hold dtype. The kernels are built for it at
+  /// construction. The CPU backend ignores it and takes the caches' types
+  /// (and BatchRunOptions::kvDtype) at run().
+  std::optional<DType> kvDtype;
+  /// CUDA: out's element type, F32 or unset (dtype); the kernels are built
+  /// for it at construction. The CPU backend ignores it and takes out's
+  /// type at run().
+  std::optional<DType> outDtype;
   /// CPU worker threads; 0 = every core, or the calling thread alone when
   /// the call is too small to gain from more.
   int threads = 0;
@@ -103,7 +117,8 @@ struct BatchRunOptions {
   /// Also return the natural-log logsumexp [T, Hq] (f32).
   bool returnLse = false;
   /// Optional output [T, Hq, Dv]; default-constructed: the result owns a new
-  /// tensor of q's dtype.
+  /// tensor of q's dtype. CUDA: required, of the configured outDtype (or
+  /// dtype).
   TensorView out;
   /// Optional lse output [T, Hq] f32; giving one implies returnLse.
   TensorView lse;
@@ -115,7 +130,11 @@ struct BatchRunOptions {
   TensorView sinks;
   /// Caches of 8-bit floats (F8E4M3, F8E5M2): the scale of K and of V, one
   /// value or one per KV head (finite, > 0); a code c of head h means
-  /// c * kScale[h]. Required for such caches, refused for others.
+  /// c * kScale[h]. Required for such caches, refused for others. CUDA:
+  /// each distinct pair is copied to the device once, by the first run()
+  /// given it (synchronously), into storage of 256 pairs allocated at
+  /// construction, and never changed after; a run() captured into a CUDA
+  /// graph must be given a pair an earlier run() was given.
   std::vector<float> kScale, vScale;
   /// Reads caches held as u8 tensors as this 8-bit float type.
   std::optional<DType> kvDtype;

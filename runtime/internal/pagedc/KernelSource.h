@@ -57,7 +57,7 @@ struct KernelConfig {
   KernelKind kind = KernelKind::Prefill;
   /// Element type of q, k, v and out: F16 or BF16.
   DType elementType = DType::BF16;
-  /// Decode and the mma.sync prefill tiles (not packed batches): the K/V
+  /// Decode and the mma.sync prefill tiles (packed batches too): the K/V
   /// cache holds 8-bit floats of this type (F8E4M3 or F8E5M2) with a scale
   /// per KV head, converted to elementType after the load
   /// (templates/Float8Tiles.cuh); unset: it holds elementType.
@@ -119,6 +119,9 @@ struct KernelConfig {
   /// call's page and slot strides (the engine's layout, in place). Decode,
   /// and prefill with mma.sync tiles (warpRows 16 or 32).
   bool packedBatch = false;
+  /// Packed batches: out holds f32 instead of elementType (the epilogues,
+  /// and the split decode's merge, store pairs of floats).
+  bool outputF32 = false;
 
   bool operator==(const KernelConfig &other) const {
     return kind == other.kind && elementType == other.elementType && kvFloat8 == other.kvFloat8 &&
@@ -128,7 +131,7 @@ struct KernelConfig {
            prefillStageLimit == other.prefillStageLimit && blockN == other.blockN &&
            groupSize == other.groupSize && queryTokens == other.queryTokens &&
            returnLse == other.returnLse && paramsSize == other.paramsSize &&
-           packedBatch == other.packedBatch;
+           packedBatch == other.packedBatch && outputF32 == other.outputF32;
   }
   bool operator!=(const KernelConfig &other) const { return !(*this == other); }
   /// Dv: valueHeadDim, or headDim where it is 0.

@@ -35,12 +35,20 @@ constexpr int64_t kDecodeTile = 64;
 /// planAttention's splits): shorter ones cost more in merging than they
 /// gain in parallelism.
 constexpr int64_t kMinSplitKeys = 256;
+/// Distinct pairs of K and V scales of an 8-bit cache one BatchAttention
+/// takes (scalesFor): more than the layers of any model, each of which
+/// keeps its own pair.
+constexpr size_t kMaxScaleSets = 256;
 
 KernelConfig packedBatchConfig(const CompiledMods &mods, const BatchAttentionConfig &c,
                                KernelKind kind) {
   KernelConfig config;
   config.kind = kind;
   config.elementType = c.dtype;
+  // 8-bit codes: converted to elementType in shared memory after each
+  // tile's copy (Float8Tiles.cuh), as flexAttention's kernels do.
+  config.kvFloat8 = c.kvDtype;
+  config.outputF32 = c.outDtype == DType::F32;
   config.headDim = static_cast<int>(c.headDim);
   config.pageSize = static_cast<int>(c.pageSize);
   if (kind == KernelKind::Prefill) {
@@ -89,6 +97,18 @@ CudaBatchBackend::CudaBatchBackend(const CompiledMods &mods, const BatchAttentio
   if ((c.pageSize & (c.pageSize - 1)) != 0 || c.pageSize > 1024)
     throw Error(
         fmt::format("page_size must be a power of two in [1, 1024] on CUDA but is {}", c.pageSize));
+  if (c.outDtype && *c.outDtype != DType::F32 && *c.outDtype != c.dtype)
+    throw Error(fmt::format("out_dtype on CUDA must be f32, {} (dtype) or unset but is {}",
+                            dtypeName(c.dtype), dtypeName(*c.outDtype)));
+  if (c.kvDtype && !isFloat8(*c.kvDtype))
+    throw Error(fmt::format("kv_dtype must be an 8-bit float type (f8e4m3, f8e5m2) or unset "
+                            "(the caches hold dtype) but is {}",
+                            dtypeName(*c.kvDtype)));
+  // The code tiles are rows of head_dim bytes, 16 codes a copy
+  // (Float8Tiles.cuh), checked at these head dims.
+  if (c.kvDtype && c.headDim != 64 && c.headDim != 128 && c.headDim != 256)
+    throw Error(fmt::format("kv_dtype {} on CUDA takes head_dim 64, 128 or 256, not {}",
+                            dtypeName(*c.kvDtype), c.headDim));
   std::string reason;
   if (!CudaDriver::available(&reason))
     throw Error(
@@ -122,6 +142,8 @@ CudaBatchBackend::CudaBatchBackend(const CompiledMods &mods, const BatchAttentio
   partialLseAt_ = lseAt_ + ints(c.maxNumTokens * c.numQHeads);
   partialOutAt_ = partialLseAt_ + ints(partialRows);
   storage_ = DeviceBuffer((partialOutAt_ + ints(partialRows * c.headDim)) * 4, c.device.index);
+  if (c.kvDtype)
+    scaleStorage_ = DeviceBuffer(kMaxScaleSets * ints(2 * c.numKVHeads) * 4, c.device.index);
   tiles_.assign(ints(2 * maxPrefillTiles_), 0);
   ordered_.assign(ints(2 * maxPrefillTiles_), 0);
   order_.assign(ints(maxPrefillTiles_), 0);
@@ -223,8 +245,37 @@ void CudaBatchBackend::plan(const int32_t *queryStart, const int32_t *kvLength,
   maxKvLength_ = maxKv;
 }
 
+const float *CudaBatchBackend::scalesFor(const std::vector<float> &kScale,
+                                         const std::vector<float> &vScale) const {
+  std::vector<float> pair(kScale);
+  pair.insert(pair.end(), vScale.begin(), vScale.end());
+  std::lock_guard<std::mutex> lock(scaleMutex_);
+  auto *slots = static_cast<const float *>(scaleStorage_.data());
+  for (size_t i = 0; i < scaleSets_.size(); ++i)
+    if (scaleSets_[i] == pair)
+      return slots + i * pair.size();
+  if (scaleSets_.size() == kMaxScaleSets)
+    throw Error(fmt::format("k_scale and v_scale: run() has been given {} distinct pairs of "
+                            "scales, the most one BatchAttention keeps on the device",
+                            kMaxScaleSets));
+  // A slot no kernel has been given yet: the upload cannot race a launch.
+  const size_t bytes = pair.size() * 4;
+  scaleStorage_.upload(pair.data(), bytes, scaleSets_.size() * bytes);
+  scaleSets_.push_back(std::move(pair));
+  return slots + (scaleSets_.size() - 1) * scaleSets_.back().size();
+}
+
 void CudaBatchBackend::run(const CudaBatchCall &call) const {
   const BatchAttentionConfig &c = config_;
+  const float *scales = nullptr;
+  if (c.kvDtype) {
+    if (!call.kScale || !call.vScale || call.kScale->size() != ints(c.numKVHeads) ||
+        call.vScale->size() != ints(c.numKVHeads))
+      throw Error(fmt::format("the {} caches need k_scale and v_scale, one per KV head ({})",
+                              dtypeName(*c.kvDtype), c.numKVHeads));
+    // Before anything is enqueued: a refused pair leaves nothing half-run.
+    scales = scalesFor(*call.kScale, *call.vScale);
+  }
   {
     std::lock_guard<std::mutex> lock(lastMutex_);
     lastK_ = call.kCache.data();
@@ -241,6 +292,10 @@ void CudaBatchBackend::run(const CudaBatchCall &call) const {
   // The sinks' address is an argument of the kernels (null: none), so a
   // captured graph replays with whatever the tensor holds then.
   args.sinks = static_cast<const float *>(call.sinks.data());
+  if (scales) {
+    args.k_scale = scales;
+    args.v_scale = scales + c.numKVHeads;
+  }
   args.page_table = words;
   args.kv_len = words + kvLenAt_;
   args.q_offset = words + qOffsetAt_;

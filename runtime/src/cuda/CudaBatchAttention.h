@@ -39,6 +39,9 @@ struct CudaBatchCall {
   TensorView out, lse;
   /// [Hq] f32 attention sinks on the device, or empty (none).
   TensorView sinks;
+  /// An 8-bit float cache's scales, [Hkv] each (checkedScales); empty for
+  /// a 16-bit cache.
+  const std::vector<float> *kScale = nullptr, *vScale = nullptr;
   /// pagedc_mods::Params bytes (ParamsLayout::pack).
   std::vector<unsigned char> params;
   float scale = 1.0f;
@@ -98,6 +101,16 @@ private:
   std::vector<int64_t> weight_;
   mutable std::mutex lastMutex_;
   mutable const void *lastK_ = nullptr, *lastV_ = nullptr;
+  /// An 8-bit cache's K and V scales as the kernels read them ([Hkv] f32
+  /// each, K's then V's): each distinct pair a run() passes is uploaded
+  /// once into the next free slot of scaleStorage_ (kMaxScaleSets slots,
+  /// allocated at construction) and never changed after, so a kernel still
+  /// in flight, or a captured graph, keeps reading the scales it was given.
+  /// The slot of a pair is found again by its bits.
+  const float *scalesFor(const std::vector<float> &kScale, const std::vector<float> &vScale) const;
+  mutable DeviceBuffer scaleStorage_;
+  mutable std::mutex scaleMutex_;
+  mutable std::vector<std::vector<float>> scaleSets_;
 };
 
 } // namespace pagedc::detail

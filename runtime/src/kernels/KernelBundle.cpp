@@ -66,6 +66,9 @@ Value configToJson(const KernelConfig &config) {
   // Only for decode kernels of 8-bit float caches (absent: a cache of dtype).
   if (config.kvFloat8)
     value.set("kv_dtype", dtypeName(*config.kvFloat8));
+  // Only for BatchAttention's kernels of an f32 out (absent: out of dtype).
+  if (config.outputF32)
+    value.set("out_dtype", "f32");
   return value;
 }
 
@@ -111,6 +114,12 @@ KernelConfig configFromJson(const Value &value, const std::string &where) {
       throw Error(
           fmt::format("bundle manifest {}: kv_dtype '{}' is not f8e4m3 or f8e5m2", where, kvDtype));
     config.kvFloat8 = kvDtype == "f8e4m3" ? DType::F8E4M3 : DType::F8E5M2;
+  }
+  if (const Value *out = value.find("out_dtype")) {
+    const std::string outDtype = out->asString(name("out_dtype"));
+    if (outDtype != "f32")
+      throw Error(fmt::format("bundle manifest {}: out_dtype '{}' is not f32", where, outDtype));
+    config.outputF32 = true;
   }
   config.validate();
   return config;

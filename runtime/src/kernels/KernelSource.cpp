@@ -322,14 +322,12 @@ void KernelConfig::validate() const {
   if (kvFloat8 && !isFloat8(*kvFloat8))
     throw Error(
         fmt::format("8-bit float K/V elements are f8e4m3 or f8e5m2, not {}", dtypeName(*kvFloat8)));
-  if (kvFloat8 && (kind == KernelKind::BlockMaskBuilder || packedBatch || warpRows == 64))
-    throw Error(fmt::format("{} caches are read by flexAttention's decode kernel and its "
-                            "prefill's mma.sync tiles (16 or 32 query rows per warp), not by "
-                            "{}",
+  if (kvFloat8 && (kind == KernelKind::BlockMaskBuilder || warpRows == 64))
+    throw Error(fmt::format("{} caches are read by the decode kernel and the prefill's mma.sync "
+                            "tiles (16 or 32 query rows per warp), not by {}",
                             dtypeName(*kvFloat8),
-                            packedBatch      ? "packed batches"
-                            : warpRows == 64 ? "the warpgroup prefill tiles (...x64)"
-                                             : "the block-mask builder"));
+                            warpRows == 64 ? "the warpgroup prefill tiles (...x64)"
+                                           : "the block-mask builder"));
   // The code tiles (Float8Tiles.cuh) are rows of kHeadDim bytes for K and
   // V alike, checked at the head dims below.
   if (kvFloat8 && (valueDim() != headDim || (headDim != 64 && headDim != 128 && headDim != 256)))
@@ -378,6 +376,8 @@ void KernelConfig::validate() const {
                             warpRows == 64 ? "32, 64 or 128 with warpgroup tiles" : "32 or 64"));
   if (kind == KernelKind::Decode && blockN != 64)
     throw Error("the decode kernel uses KV tiles of 64 rows (blockN = 64)");
+  if (outputF32 && !packedBatch)
+    throw Error("only packed batches (BatchAttention's kernels) write an f32 out");
   if (packedBatch && (kind == KernelKind::BlockMaskBuilder || warpRows == 64))
     throw Error("only the decode kernel and the prefill kernel's mma.sync tiles (16 or 32 query "
                 "rows per warp) take packed batches");
@@ -408,7 +408,8 @@ std::string KernelConfig::describe() const {
                      prefillStageLimit == 4 ? std::string() : fmt::format("s{}", prefillStageLimit),
                      blockN, groupSize, queryTokens, returnLse ? 1 : 0, paramsSize) +
          (packedBatch ? " packed" : "") +
-         (kvFloat8 ? fmt::format(" kv {}", dtypeName(*kvFloat8)) : std::string());
+         (kvFloat8 ? fmt::format(" kv {}", dtypeName(*kvFloat8)) : std::string()) +
+         (outputF32 ? " out f32" : "");
 }
 
 int KernelConfig::decodeHeadsPerCta() const {
@@ -588,6 +589,7 @@ KernelSource assembleKernel(const KernelConfig &config,
   if (config.kvFloat8)
     kvFloat8 = *config.kvFloat8 == DType::F8E4M3 ? 1 : 2;
   code += fmt::format("constexpr int kKvFloat8 = {};\n", kvFloat8);
+  code += fmt::format("constexpr bool kOutputF32 = {};\n", config.outputF32 ? "true" : "false");
   code += "} // namespace pagedc_config\n";
   if (config.paramsSize >= 0)
     code += fmt::format(

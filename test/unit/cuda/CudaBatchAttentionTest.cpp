@@ -10,7 +10,9 @@
 // reads in place, shuffled pages of 1, 16, 64 and 128 slots, GQA 1, 4 and
 // 8, head dims 64, 96, 128, 192 and 256, bf16 and f16, per-sequence
 // document and prefix-LM masks (their data in buffers), fully masked rows,
-// lse, split-KV decode; key ranges (kv_start, kv_end) and cascade levels
+// lse, split-KV decode; 8-bit float caches (f8e4m3, f8e5m2, as such or u8
+// through kv_dtype) against the reference on the dequantized values, and
+// each run's own scales; key ranges (kv_start, kv_end) and cascade levels
 // (token maps) merged on the device, and the global bytes a cascade reads
 // (the emulator's counters); and the CUDA path's refusals. The extended
 // tier adds a 1000-token chunk and head dim 256 on pages of 128.
@@ -19,12 +21,14 @@
 #include "EmulatorEnvironment.h"
 #include "BatchStep.h"
 
+#include "cpu/Reference.h"
 #include "pagedc/BatchAttention.h"
 #include "pagedc/CudaAttention.h"
 #include "pagedc/Error.h"
 #include "cuda/CudaGraph.h"
 #include "pagedc/CudaDriver.h"
 
+#include <fmt/format.h>
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
@@ -34,8 +38,10 @@
 #include <cstring>
 #include <fstream>
 #include <functional>
+#include <optional>
 #include <random>
 #include <string>
+#include <vector>
 
 namespace {
 
@@ -46,16 +52,30 @@ using testutil::BatchStepCase;
 using testutil::BatchStepCheck;
 
 /// Tensors of a step on the device, the cache's K and V in one allocation
-/// as the engine holds them.
+/// as the engine holds them (an 8-bit cache as its codes, u8 with
+/// kv_dtype when the case says so, and its scales).
 struct DeviceStep {
   DeviceBuffer q, cache, out, lse, doc, slopes, prefix;
   TensorView qView, kView, vView, outView, lseView;
   Bindings bindings;
   const void *kernelK = nullptr, *kernelV = nullptr; // what the kernel must read
+  std::vector<float> kScale, vScale;
+  std::optional<DType> kvDtype;
 
-  explicit DeviceStep(BatchStep &step) {
+  /// `outType`: out's element type (default: q's).
+  explicit DeviceStep(BatchStep &step, std::optional<DType> outType = std::nullopt) {
     const Device device = Device::cuda(0);
     const BatchStepCase &c = step.c;
+    const DType outElement = outType.value_or(c.storage);
+    const DType cacheType = c.kvFloat8 ? (c.asU8 ? DType::U8 : *c.kvFloat8) : c.storage;
+    kScale = step.kScale;
+    vScale = step.vScale;
+    if (c.kvFloat8 && !c.perHeadScale) {
+      kScale.resize(1);
+      vScale.resize(1);
+    }
+    if (c.asU8)
+      kvDtype = c.kvFloat8;
     auto bytesOf = [](const HostTensor &t) {
       return static_cast<size_t>(t.numel()) * dtypeSize(t.dtype());
     };
@@ -71,19 +91,19 @@ struct DeviceStep {
       cache.upload(step.cache->v.data(), vBytes, kBytes);
     auto *base = static_cast<char *>(cache.data());
     kView =
-        TensorView(base, c.storage, step.cache->k.shape(), step.cache->k.view().strides(), device);
+        TensorView(base, cacheType, step.cache->k.shape(), step.cache->k.view().strides(), device);
     kernelK = base;
     if (c.layout == KVLayout::VLLM) {
       kernelV = base + kBytes / 2;
     } else {
-      vView = TensorView(base + kBytes, c.storage, step.cache->v.shape(),
+      vView = TensorView(base + kBytes, cacheType, step.cache->v.shape(),
                          step.cache->v.view().strides(), device);
       kernelV = base + kBytes;
     }
     const int64_t rows = step.q.shape()[0];
-    out = DeviceBuffer(static_cast<size_t>(rows * c.qHeads * c.vDim) * dtypeSize(c.storage), 0);
+    out = DeviceBuffer(static_cast<size_t>(rows * c.qHeads * c.vDim) * dtypeSize(outElement), 0);
     out.fill(0xff); // NaN
-    outView = TensorView(out.data(), c.storage, {rows, c.qHeads, c.vDim}, device);
+    outView = TensorView(out.data(), outElement, {rows, c.qHeads, c.vDim}, device);
     lse = DeviceBuffer(static_cast<size_t>(rows * c.qHeads) * 4, 0);
     lse.fill(0xff);
     lseView = TensorView(lse.data(), DType::F32, {rows, c.qHeads}, device);
@@ -105,6 +125,18 @@ struct DeviceStep {
       bindings.buffers["prefix"] = TensorView(prefix.data(), DType::I32, {step.batch}, device);
     }
   }
+
+  /// run()'s options: out and lse into `out` and `lse`, the cache's scales.
+  BatchRunOptions options(const TensorView &outInto, const TensorView &lseInto) const {
+    BatchRunOptions options;
+    options.out = outInto;
+    options.lse = lseInto;
+    options.kScale = kScale;
+    options.vScale = vScale;
+    options.kvDtype = kvDtype;
+    return options;
+  }
+  BatchRunOptions options() const { return options(outView, lseView); }
 
   /// out and lse, downloaded.
   std::pair<HostTensor, HostTensor> results() const {
@@ -142,10 +174,14 @@ struct DeviceStep {
   }
 };
 
-BatchAttentionConfig cudaConfig(const BatchStep &step) {
+/// `outType`: out's element type (default: q's).
+BatchAttentionConfig cudaConfig(const BatchStep &step,
+                                std::optional<DType> outType = std::nullopt) {
   BatchAttentionConfig config = step.config();
   config.device = Device::cuda(0);
   config.dtype = step.c.storage;
+  config.kvDtype = step.c.kvFloat8;
+  config.outDtype = outType;
   return config;
 }
 
@@ -154,9 +190,11 @@ BatchAttentionConfig cudaConfig(const BatchStep &step) {
 /// place and that the plan sent sequences of 1 to 8 new tokens to the
 /// decode kernel and longer ones to 64-row prefill tiles. `shape` receives
 /// the plan's shape.
-BatchStepCheck checkOnDevice(const BatchStepCase &c, BatchPlanShape *shape = nullptr) {
+BatchStepCheck checkOnDevice(const BatchStepCase &c, BatchPlanShape *shape = nullptr,
+                             std::optional<DType> outType = std::nullopt,
+                             HostTensor *outCopy = nullptr) {
   BatchStep step(c);
-  BatchAttention attention(step.mods, cudaConfig(step));
+  BatchAttention attention(step.mods, cudaConfig(step, outType));
   step.plan(attention);
   int64_t decodeSequences = 0, prefillTiles = 0;
   for (const BatchSeq &s : c.seqs) {
@@ -169,12 +207,9 @@ BatchStepCheck checkOnDevice(const BatchStepCase &c, BatchPlanShape *shape = nul
   EXPECT_EQ(planned.decodeSplits > 0, decodeSequences > 0);
   if (shape)
     *shape = planned;
-  DeviceStep device(step);
-  BatchRunOptions options;
-  options.out = device.outView;
-  options.lse = device.lseView;
+  DeviceStep device(step, outType);
   AttentionResult result =
-      attention.run(device.qView, device.kView, device.vView, device.bindings, options);
+      attention.run(device.qView, device.kView, device.vView, device.bindings, device.options());
   EXPECT_EQ(result.out.data(), device.outView.data());
   if (step.tokens > 0) {
     EXPECT_EQ(attention.kernelCacheAddresses().first, device.kernelK);
@@ -183,6 +218,8 @@ BatchStepCheck checkOnDevice(const BatchStepCase &c, BatchPlanShape *shape = nul
   auto [out, lse] = device.results();
   BatchStepCheck check = step.compare(out.view(), lse.view(), /*cudaTolerance=*/true);
   EXPECT_EQ(check.rowsPastWritten, 0) << check.describe();
+  if (outCopy)
+    *outCopy = std::move(out);
   return check;
 }
 
@@ -302,6 +339,224 @@ TEST(CudaBatchAttention, SplitKvDecodeAndMerge) {
   EXPECT_GT(shape.decodeSplits, 1);
 }
 
+/// 8-bit float caches (f8e4m3, f8e5m2) read by both packed kernels,
+/// against the float64 reference on the dequantized values (code x scale):
+/// the mixed step with fully masked rows, per-head scales that differ, bf16
+/// and f16 q; a u8 cache of vLLM's layout read through kv_dtype with one
+/// scale for every head, long decode contexts (split keys and the merge);
+/// head dim 256 (the prefill's 32-key tiles) on pages of one slot.
+TEST(CudaBatchAttention, Float8CachesMixedStep) {
+  struct Float8Case {
+    DType kvType, qType;
+    KVLayout layout;
+    int32_t pageSize;
+    int64_t qHeads, kvHeads, dim;
+    bool perHead, asU8;
+    const char *mask, *score;
+    std::vector<BatchSeq> seqs;
+  };
+  const Float8Case cases[] = {
+      {DType::F8E4M3, DType::BF16, KVLayout::NHD, 16, 8, 2, 64, true, false, "holes", "alibi",
+       {{1, 150}, {3, 77}, {0, 40}, {37, 300}, {61, 61}, {5, 33}, {1, 17}}},
+      {DType::F8E5M2, DType::F16, KVLayout::VLLM, 16, 4, 1, 128, false, true, "causal",
+       "softcap", {{1, 1900}, {3, 1337}, {37, 300}, {40, 40}, {0, 9}}},
+      {DType::F8E5M2, DType::BF16, KVLayout::Pagedc, 1, 4, 1, 256, true, false, "holes", "",
+       {{1, 70}, {3, 66}, {37, 130}, {20, 20}}},
+  };
+  uint64_t seed = 300;
+  for (const Float8Case &f : cases) {
+    BatchStepCase c;
+    c.seqs = f.seqs;
+    c.kvFloat8 = f.kvType;
+    c.storage = f.qType;
+    c.layout = f.layout;
+    c.pageSize = f.pageSize;
+    c.qHeads = f.qHeads;
+    c.kvHeads = f.kvHeads;
+    c.dim = c.vDim = f.dim;
+    c.perHeadScale = f.perHead;
+    c.asU8 = f.asU8;
+    c.mask = f.mask;
+    c.score = f.score;
+    c.seed = ++seed;
+    SCOPED_TRACE(fmt::format("{} q {} {} page {} D {} GQA {}{}", dtypeName(f.kvType),
+                             dtypeName(f.qType), kvLayoutName(f.layout), f.pageSize, f.dim,
+                             f.qHeads / f.kvHeads, f.asU8 ? " u8" : ""));
+    BatchPlanShape shape;
+    BatchStepCheck check = checkOnDevice(c, &shape);
+    EXPECT_STEP_MATCHES(check);
+    if (std::string(f.mask) == "holes") {
+      EXPECT_GT(check.maskedRows, 0) << check.describe();
+    }
+    if (f.seqs[0].seqLen > 1000)
+      EXPECT_GT(shape.decodeSplits, 1);
+  }
+}
+
+/// The kernels read the scales run() is given, each call its own: one
+/// BatchAttention run with V's scales doubled gives twice the output (the
+/// same codes), and run again with the first scales gives the first
+/// result bit for bit.
+TEST(CudaBatchAttention, Float8ScalesAreEachRunsOwn) {
+  BatchStepCase c = mixedDocumentCase(330);
+  c.seqs = {{1, 150}, {5, 77}, {37, 100}};
+  c.kvFloat8 = DType::F8E4M3;
+  c.qHeads = 8;
+  c.kvHeads = 2;
+  BatchStep step(c);
+  BatchAttention attention(step.mods, cudaConfig(step));
+  step.plan(attention);
+  DeviceStep device(step);
+  auto runWith = [&](const std::vector<float> &vScale) {
+    BatchRunOptions options = device.options();
+    options.vScale = vScale;
+    device.out.fill(0xff);
+    device.lse.fill(0xff);
+    attention.run(device.qView, device.kView, device.vView, device.bindings, options);
+    return device.results();
+  };
+  std::vector<float> doubled = device.vScale;
+  for (float &scale : doubled)
+    scale *= 2.0f;
+  auto [firstOut, firstLse] = runWith(device.vScale);
+  auto [doubledOut, doubledLse] = runWith(doubled);
+  auto [againOut, againLse] = runWith(device.vScale);
+  EXPECT_STEP_MATCHES(step.compare(firstOut.view(), firstLse.view(), /*cudaTolerance=*/true));
+  int64_t changed = 0;
+  for (int64_t i = 0; i < step.tokens * c.qHeads * c.vDim; ++i) {
+    const double first = cpu::readAsDouble(firstOut.view(), i);
+    const double twice = cpu::readAsDouble(doubledOut.view(), i);
+    // (A power of two: the rounded output doubles exactly.)
+    EXPECT_EQ(twice, 2.0 * first) << i;
+    changed += twice != first;
+    EXPECT_EQ(cpu::readAsDouble(againOut.view(), i), first) << i;
+  }
+  EXPECT_GT(changed, 0);
+  EXPECT_EQ(std::memcmp(firstLse.data(), doubledLse.data(), step.tokens * c.qHeads * 4), 0);
+}
+
+/// An f32 out (BatchAttentionConfig::outDtype): the prefill tiles, the
+/// decode CTAs, and the split decode's merge store the f32 values they
+/// hold, not values rounded to q's type (some differ from their bf16 or
+/// f16 rounding); with a 16-bit cache (bf16 q, split decode at head dim
+/// 128) and an 8-bit one (f16 q, head dim 64, fully masked rows).
+TEST(CudaBatchAttention, F32Output) {
+  BatchStepCase split = mixedDocumentCase(350);
+  split.seqs = {{1, 1900}, {6, 1337}, {0, 500}, {3, 30}, {40, 900}};
+  split.dim = split.vDim = 128;
+  split.layout = KVLayout::HND;
+  BatchStepCase float8 = mixedDocumentCase(351);
+  float8.kvFloat8 = DType::F8E4M3;
+  float8.storage = DType::F16;
+  float8.qHeads = 8;
+  float8.kvHeads = 2;
+  float8.mask = "holes";
+  for (const BatchStepCase &c : {split, float8}) {
+    SCOPED_TRACE(
+        fmt::format("q {} D {}{}", dtypeName(c.storage), c.dim, c.kvFloat8 ? " f8e4m3 cache" : ""));
+    BatchPlanShape shape;
+    HostTensor out;
+    BatchStepCheck check = checkOnDevice(c, &shape, DType::F32, &out);
+    EXPECT_STEP_MATCHES(check);
+    ASSERT_EQ(out.dtype(), DType::F32);
+    int64_t unrounded = 0;
+    for (int64_t i = 0; i < out.numel(); ++i) {
+      const float value = out.dataAs<float>()[i];
+      unrounded += std::isfinite(value) && testutil::roundTo(c.storage, value) != value;
+    }
+    EXPECT_GT(unrounded, out.numel() / 2);
+    if (c.mask == "holes") {
+      EXPECT_GT(check.maskedRows, 0) << check.describe();
+    } else {
+      EXPECT_GT(shape.decodeSplits, 1);
+    }
+  }
+}
+
+/// The 8-bit configuration's refusals, each naming the argument; nothing
+/// is written.
+TEST(CudaBatchAttention, Float8Refusals) {
+  BatchStepCase c = mixedDocumentCase(340);
+  c.seqs = {{3, 20}, {1, 9}, {12, 40}};
+  c.kvFloat8 = DType::F8E4M3;
+  BatchStep step(c);
+  auto errorOf = [](auto call) {
+    try {
+      call();
+    } catch (const Error &error) {
+      return std::string(error.what());
+    }
+    return std::string("(no error)");
+  };
+  auto expectError = [&](auto call, const std::string &needle) {
+    const std::string message = errorOf(call);
+    EXPECT_NE(message.find(needle), std::string::npos)
+        << "message: " << message << "\nexpected: " << needle;
+  };
+  BatchAttentionConfig config = cudaConfig(step);
+  config.kvDtype = DType::BF16;
+  expectError([&] { BatchAttention refused(step.mods, config); },
+              "kv_dtype must be an 8-bit float type (f8e4m3, f8e5m2) or unset");
+  config.kvDtype = DType::F8E4M3;
+  config.headDim = config.valueHeadDim = 96;
+  expectError([&] { BatchAttention refused(step.mods, config); },
+              "kv_dtype f8e4m3 on CUDA takes head_dim 64, 128 or 256, not 96");
+  config = cudaConfig(step, DType::F16);
+  expectError([&] { BatchAttention refused(step.mods, config); },
+              "out_dtype on CUDA must be f32, bf16 (dtype) or unset but is f16");
+
+  BatchAttention float8(step.mods, cudaConfig(step));
+  step.plan(float8);
+  DeviceStep device(step);
+  const Device cuda = Device::cuda(0);
+  BatchRunOptions options = device.options();
+  // Caches of the other format, of 16-bit values, u8 without kv_dtype.
+  TensorView e5m2K(device.kView.data(), DType::F8E5M2, device.kView.shape(),
+                   device.kView.strides(), cuda);
+  TensorView e5m2V(device.vView.data(), DType::F8E5M2, device.vView.shape(),
+                   device.vView.strides(), cuda);
+  expectError([&] { float8.run(device.qView, e5m2K, e5m2V, device.bindings, options); },
+              "k_cache stores f8e5m2, but the CUDA kernels were built for f8e4m3 caches "
+              "(kv_dtype)");
+  TensorView u8K(device.kView.data(), DType::U8, device.kView.shape(), device.kView.strides(),
+                 cuda);
+  TensorView u8V(device.vView.data(), DType::U8, device.vView.shape(), device.vView.strides(),
+                 cuda);
+  BatchRunOptions noScales = options;
+  noScales.kScale.clear();
+  noScales.vScale.clear();
+  expectError([&] { float8.run(device.qView, u8K, u8V, device.bindings, noScales); },
+              "k_cache stores u8, but the CUDA kernels were built for f8e4m3 caches");
+  expectError([&] { float8.run(device.qView, device.kView, device.vView, device.bindings,
+                               noScales); },
+              "an f8e4m3 cache needs k_scale");
+  // Slots 8 codes apart: a 16-byte copy holds 16.
+  std::vector<int64_t> oddStrides = device.kView.strides();
+  oddStrides[1] = 8;
+  TensorView oddK(device.kView.data(), DType::F8E4M3, device.kView.shape(), oddStrides, cuda);
+  expectError([&] { float8.run(device.qView, oddK, device.vView, device.bindings, options); },
+              "k_cache's stride 8 in dimension 1 is not a multiple of 16 elements");
+  // A 16-bit BatchAttention given the 8-bit cache.
+  BatchStepCase plain = c;
+  plain.kvFloat8.reset();
+  BatchStep plainStep(plain);
+  BatchAttention sixteen(plainStep.mods, cudaConfig(plainStep));
+  plainStep.plan(sixteen);
+  expectError([&] { sixteen.run(device.qView, device.kView, device.vView, device.bindings,
+                                options); },
+              "k_cache stores f8e4m3, but the CUDA kernels were built for bf16 caches (dtype; "
+              "kv_dtype f8e4m3 or f8e5m2 in the configuration builds them for 8-bit caches)");
+  // An f32-out BatchAttention given a bf16 out.
+  BatchAttention f32Out(step.mods, cudaConfig(step, DType::F32));
+  step.plan(f32Out);
+  expectError(
+      [&] { f32Out.run(device.qView, device.kView, device.vView, device.bindings, options); },
+      "out is bf16 but must be f32 (the configured out_dtype) on CUDA");
+  auto [out, lse] = device.results();
+  for (int64_t i = 0; i < lse.numel(); ++i)
+    EXPECT_TRUE(std::isnan(lse.dataAs<float>()[i])) << i;
+}
+
 /// A step of no tokens launches nothing and writes nothing.
 TEST(CudaBatchAttention, EmptyStepAndRefusals) {
   BatchStepCase c;
@@ -373,10 +628,8 @@ std::pair<DeviceBuffer, DeviceBuffer> runInto(const BatchAttention &attention,
   out =
       TensorView(outBuffer.data(), device.outView.dtype(), device.outView.shape(), Device::cuda(0));
   lse = TensorView(lseBuffer.data(), DType::F32, {rows, heads}, Device::cuda(0));
-  BatchRunOptions options;
-  options.out = out;
-  options.lse = lse;
-  attention.run(device.qView, device.kView, device.vView, device.bindings, options);
+  attention.run(device.qView, device.kView, device.vView, device.bindings,
+                device.options(out, lse));
   return {std::move(outBuffer), std::move(lseBuffer)};
 }
 
@@ -443,8 +696,9 @@ TEST(CudaBatchAttention, KvStartAndKvEndHalvesMergeToTheWhole) {
 /// from kv_start 100. Merged on the device they match the float64 step,
 /// under a document mask whose per-sequence ids (indexed by the token's b)
 /// decide which prefix keys each row sees, and ALiBi (its position).
-TEST(CudaBatchAttention, CascadeLevelsMergeToTheFlatStep) {
-  BatchStepCase c = mixedDocumentCase(140);
+/// `c`: the storage (element types, an 8-bit cache) of the mixed
+/// document case.
+void checkCascadeLevels(BatchStepCase c) {
   c.seqs = {{1, 150}, {2, 140}, {1, 200}, {3, 133}, {12, 170}, {1, 161}, {9, 300}};
   c.sharedPrefix = 100;
   c.score = "alibi"; // relative positions: each row's own matters
@@ -501,6 +755,19 @@ TEST(CudaBatchAttention, CascadeLevelsMergeToTheFlatStep) {
   auto [out, lse] = device.results();
   BatchStepCheck check = step.compare(out.view(), lse.view(), /*cudaTolerance=*/true);
   EXPECT_STEP_MATCHES(check);
+}
+
+TEST(CudaBatchAttention, CascadeLevelsMergeToTheFlatStep) {
+  checkCascadeLevels(mixedDocumentCase(140));
+}
+
+/// The cascade over an 8-bit cache: the suffix level's first tiles hold
+/// keys below kv_start on pages of -1, whose codes (like 16-bit rows) must
+/// be neither copied nor kept, in the prefill tiles as in the decode CTAs.
+TEST(CudaBatchAttention, CascadeLevelsOverAFloat8Cache) {
+  BatchStepCase c = mixedDocumentCase(145);
+  c.kvFloat8 = DType::F8E5M2;
+  checkCascadeLevels(c);
 }
 
 /// A prefix level captured into a CUDA graph after a plan without token

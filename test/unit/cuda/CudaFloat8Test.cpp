@@ -10,12 +10,14 @@
 // raised), pages of 1, 16 and
 // 128 slots in shuffled order, GQA 1 and 4, head dims 64 and 128, lengths
 // that are not multiples of the page or the tile, mask and score mods, out
-// and lse; and the refusals (a warpgroup prefill tile asked for, values on
+// and lse; attention sinks with 8-bit caches (decode with one split and
+// several, 3-token decode, prefill); and the refusals (a warpgroup prefill tile asked for, values on
 // the device, missing or bad scales), which leave out as it was.
 //
 //===----------------------------------------------------------------------===//
 #include "EmulatorEnvironment.h"
 #include "AttentionCheck.h"
+#include "SinkReference.h"
 #include "TestMods.h"
 #include "cpu/Reference.h"
 
@@ -54,14 +56,26 @@ struct Case {
   /// blocks of 16): tiles no row sees are skipped, and in partial ones the
   /// kv rows no row keeps are zero-filled instead of read.
   int32_t kvBlock = 0;
+  /// Attention sinks on the device, one per query head (sinkValues).
+  bool sinks = false;
 };
+
+/// Per query head, in turn: far above every score (a fully masked row's
+/// lse is the sink), negligible, and two of the scores' own size.
+std::vector<float> sinkValues(int64_t heads) {
+  const float pattern[] = {16.0f, -40.0f, 3.0f, 0.5f};
+  std::vector<float> sinks(static_cast<size_t>(heads));
+  for (int64_t h = 0; h < heads; ++h)
+    sinks[h] = pattern[h % 4];
+  return sinks;
+}
 
 std::string label(const Case &c) {
   return fmt::format("{} {} scales, q {}, D {}, pages of {}, Hq {}, Lq {}, mods '{}' '{}', split "
-                     "factor {}, kv blocks {}",
+                     "factor {}, kv blocks {}{}",
                      dtypeName(c.kvType), c.perHead ? "per-head" : "per-tensor", dtypeName(c.qType),
                      c.headDim, c.pageSize, c.qHeads, c.qLength, c.mask, c.score, c.splitFactor,
-                     c.kvBlock);
+                     c.kvBlock, c.sinks ? ", sinks" : "");
 }
 
 template <typename F> std::string errorOf(F call) {
@@ -218,6 +232,12 @@ void checkCase(const Case &c, uint32_t seed) {
   options.lse = TensorView(lse.data(), DType::F32, {batch, c.qHeads, c.qLength}, device);
   if (c.splitFactor)
     options.kernel.decodeSplitFactor = c.splitFactor;
+  const std::vector<float> sinks = c.sinks ? sinkValues(c.qHeads) : std::vector<float>();
+  DeviceBuffer sinksOnDevice(std::max<size_t>(sinks.size(), 1) * 4, 0);
+  if (c.sinks) {
+    sinksOnDevice.upload(sinks.data(), sinks.size() * 4);
+    options.sinks = TensorView(sinksOnDevice.data(), DType::F32, {c.qHeads}, device);
+  }
   ResolvedBindings resolved = resolveBindings(mods, bindings.host, Device::cpu());
   BlockMask blockMask;
   if (c.kvBlock > 0) {
@@ -251,19 +271,26 @@ void checkCase(const Case &c, uint32_t seed) {
   // in it (2^-8 relative for bf16, 2^-11 for f16); lse is f32 throughout.
   const double outTolerance = c.qType == DType::BF16 ? 1.5e-2 : 3e-3;
   double maxOut = 0, maxLse = 0, largest = 0;
-  int nonFinite = 0;
+  int nonFinite = 0, masked = 0;
   for (int64_t b = 0; b < batch; ++b)
     for (int64_t h = 0; h < c.qHeads; ++h)
       for (int64_t i = 0; i < c.qLength; ++i) {
         const int64_t row = (b * c.qHeads + h) * c.qLength + i;
-        const double lseExpected = expected.lseAt(b, h, i);
+        double lseExpected = expected.lseAt(b, h, i);
+        std::vector<double> wanted(static_cast<size_t>(dim));
+        for (int64_t d = 0; d < dim; ++d)
+          wanted[d] = expected.outAt(b, h, i, d);
+        if (c.sinks) {
+          masked += std::isinf(lseExpected);
+          testutil::applySink(sinks[h], lseExpected, wanted.data(), dim);
+        }
         if (std::isinf(lseExpected))
           nonFinite += !(std::isinf(lseValues[row]) && lseValues[row] < 0);
         else
           maxLse = std::max(maxLse, std::abs(lseValues[row] - lseExpected));
         for (int64_t d = 0; d < dim; ++d) {
           const double value = fromElement(outBits[row * dim + d], c.qType);
-          const double want = expected.outAt(b, h, i, d);
+          const double want = wanted[d];
           if (!std::isfinite(value))
             ++nonFinite;
           maxOut = std::max(maxOut, std::abs(value - want) / std::max(1.0, std::abs(want)));
@@ -274,6 +301,9 @@ void checkCase(const Case &c, uint32_t seed) {
   EXPECT_LE(maxOut, outTolerance);
   EXPECT_LE(maxLse, 2e-3);
   EXPECT_GT(largest, 0.05); // the outputs are not all near zero
+  if (c.sinks && c.mask == "holes") {
+    EXPECT_GT(masked, 0); // rows whose lse is the sink alone
+  }
   std::printf("[ fp8 ] %s: out error %.2e, lse error %.2e\n", label(c).c_str(), maxOut, maxLse);
 }
 
@@ -313,6 +343,21 @@ TEST(CudaFloat8, PrefillMatchesFloat64OnDequantizedValues) {
     checkCase(c, seed++);
 }
 
+/// Attention sinks with 8-bit caches: the decode kernel's epilogue (one
+/// split) and its merge (several), 3-token decode, and the prefill's
+/// mma.sync tiles fold each head's sink into rows of dequantized values;
+/// fully masked rows ("holes") give out 0 and lse the sink.
+TEST(CudaFloat8, SinksWithFloat8Caches) {
+  const Case cases[] = {
+      {DType::F8E4M3, true, DType::BF16, 64, 16, 8, 1, {45, 83}, "holes", "", 1, 0, true},
+      {DType::F8E5M2, false, DType::F16, 128, 16, 8, 3, {700, 333}, "holes", "alibi", 4, 0, true},
+      {DType::F8E5M2, true, DType::BF16, 64, 1, 8, 45, {45, 161}, "holes", "softcap", 0, 0, true},
+  };
+  uint32_t seed = 90;
+  for (const Case &c : cases)
+    checkCase(c, seed++);
+}
+
 TEST(CudaFloat8, RefusalsNameTheProblemAndWriteNothing) {
   Case c{DType::F8E4M3, true, DType::BF16, 64, 16, 2, 9, {40}, "causal", "", 0};
   std::mt19937 rng(3);
@@ -339,9 +384,9 @@ TEST(CudaFloat8, RefusalsNameTheProblemAndWriteNothing) {
     flexAttention(TensorView(q.data(), DType::BF16, {1, 2, 9, 64}, device), *made.cache, nullptr,
                   mods, bindings.device, options);
   });
-  EXPECT_NE(prefill.find("f8e4m3 caches are read by flexAttention's decode kernel and its "
-                         "prefill's mma.sync tiles (16 or 32 query rows per warp), not by the "
-                         "warpgroup prefill tiles"),
+  EXPECT_NE(prefill.find("f8e4m3 caches are read by the decode kernel and the prefill's "
+                         "mma.sync tiles (16 or 32 query rows per warp), not by the warpgroup "
+                         "prefill tiles"),
             std::string::npos)
       << prefill;
   std::vector<uint16_t> after(zeros.size());

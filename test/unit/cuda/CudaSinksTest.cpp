@@ -9,8 +9,9 @@
 // float64 reference with the sinks applied in float64 (SinkReference.h):
 // f16 and bf16, GQA 1 and 4, batch 2, shuffled pages, lengths off the page
 // and tile grids, fully masked rows ("holes"), sinks above every score,
-// negligible ones and ones of the scores' size, out and lse compared. And a
-// captured step replayed after the sinks' values change in place.
+// negligible ones and ones of the scores' size, out and lse compared; the
+// packed kernels over 8-bit caches. And a captured step replayed after the
+// sinks' values change in place.
 //
 //===----------------------------------------------------------------------===//
 #include "EmulatorEnvironment.h"
@@ -294,6 +295,7 @@ BatchAttentionConfig cudaConfig(const BatchStep &step) {
   BatchAttentionConfig config = step.config();
   config.device = Device::cuda(0);
   config.dtype = step.c.storage;
+  config.kvDtype = step.c.kvFloat8;
   return config;
 }
 
@@ -368,9 +370,11 @@ struct DeviceStep {
     cache.upload(step.cache->k.data(), kBytes);
     cache.upload(step.cache->v.data(), vBytes, kBytes);
     auto *base = static_cast<char *>(cache.data());
+    // (An 8-bit cache holds its codes.)
+    const DType cacheType = step.cache->k.dtype();
     kView =
-        TensorView(base, c.storage, step.cache->k.shape(), step.cache->k.view().strides(), device);
-    vView = TensorView(base + kBytes, c.storage, step.cache->v.shape(),
+        TensorView(base, cacheType, step.cache->k.shape(), step.cache->k.view().strides(), device);
+    vView = TensorView(base + kBytes, cacheType, step.cache->v.shape(),
                        step.cache->v.view().strides(), device);
     const int64_t rows = step.q.shape()[0];
     out = DeviceBuffer(static_cast<size_t>(rows * c.qHeads * c.vDim) * dtypeSize(c.storage), 0);
@@ -431,6 +435,8 @@ Counts runStep(const BatchStepCase &c, BatchPlanShape *shape = nullptr) {
   options.out = device.outView;
   options.lse = device.lseView;
   options.sinks = device.sinksView;
+  options.kScale = step.kScale;
+  options.vScale = step.vScale;
   attention.run(device.qView, device.kView, device.vView, device.bindings, options);
   auto [out, lse] = device.results();
   return compareStep(step, out.view(), lse.view(), sinks);
@@ -460,6 +466,28 @@ TEST(CudaSinks, BatchAttentionSplitDecode) {
   EXPECT_TRUE(counts.ok()) << counts.describe();
   EXPECT_GT(counts.maskedRows, 0);
   EXPECT_GT(shape.decodeSplits, 1);
+}
+
+/// An 8-bit cache (f8e4m3 with bf16 q, f8e5m2 with f16 q, per-head
+/// scales): the packed prefill tiles, the decode CTAs and, over long
+/// contexts, the split decode's merge fold the sinks into rows of
+/// dequantized values.
+TEST(CudaSinks, BatchAttentionFloat8Cache) {
+  uint64_t seed = 680;
+  for (const auto &[kvType, storage, splits] : {std::tuple{DType::F8E4M3, DType::BF16, false},
+                                                std::tuple{DType::F8E5M2, DType::F16, true}}) {
+    BatchStepCase c = mixedCase(8, 2, storage, 16, ++seed);
+    c.kvFloat8 = kvType;
+    if (splits)
+      c.seqs = {{1, 1900}, {6, 1337}, {0, 500}, {3, 30}, {40, 900}};
+    SCOPED_TRACE(fmt::format("{} q {}", dtypeName(kvType), dtypeName(storage)));
+    BatchPlanShape shape;
+    const Counts counts = runStep(c, &shape);
+    EXPECT_TRUE(counts.ok()) << counts.describe();
+    EXPECT_GT(counts.maskedRows, 0);
+    EXPECT_GT(shape.prefillTiles, 0);
+    EXPECT_EQ(shape.decodeSplits > 1, splits);
+  }
 }
 
 /// A step captured into a CUDA graph reads the sinks where they are at

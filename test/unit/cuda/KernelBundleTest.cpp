@@ -43,10 +43,12 @@ TEST(KernelBundle, WritesAndReadsBack) {
   TempDir dir("pagedc-bundle");
   KernelBundle bundle;
   bundle.add(fakeKernel(KernelKind::Prefill, std::string("\x7f" "ELF\0prefill", 12)), "causal \"v2\"");
-  // A packed-batch decode (BatchAttention's): its flag comes back too.
+  // A packed-batch decode (BatchAttention's) of an f32 out: its flags come
+  // back too.
   CompiledKernel packedDecode = fakeKernel(KernelKind::Decode, "\x7f"
                                                                "ELFdecode bytes");
   packedDecode.config.packedBatch = true;
+  packedDecode.config.outputF32 = true;
   bundle.add(packedDecode, "causal \"v2\"");
   // A warpgroup prefill with a 2-stage ring: its limit comes back too.
   CompiledKernel ring = fakeKernel(KernelKind::Prefill, "\x7f" "ELFring");
@@ -70,7 +72,9 @@ TEST(KernelBundle, WritesAndReadsBack) {
   EXPECT_EQ(loaded.modules[3].config.kvFloat8, std::optional<DType>(DType::F8E5M2));
   EXPECT_FALSE(loaded.modules[1].config.kvFloat8);
   EXPECT_TRUE(loaded.modules[1].config.packedBatch);
+  EXPECT_TRUE(loaded.modules[1].config.outputF32);
   EXPECT_FALSE(loaded.modules[0].config.packedBatch);
+  EXPECT_FALSE(loaded.modules[0].config.outputF32);
   EXPECT_EQ(loaded.modules[2].config.prefillStageLimit, 2);
   EXPECT_EQ(loaded.modules[2].sharedMemoryBytes, ring.config.sharedMemoryBytes());
   for (size_t i = 0; i < 4; ++i) {

@@ -210,9 +210,24 @@ TEST(KernelSource, Float8Kernels) {
     }
     return std::string("(accepted)");
   };
+  // Packed batches (BatchAttention) read them through the same tiles.
   KernelConfig packed = e4m3;
   packed.packedBatch = true;
-  EXPECT_NE(refusal(packed).find("not by packed batches"), std::string::npos);
+  packed.queryTokens = 8;
+  EXPECT_EQ(refusal(packed), "(accepted)");
+  EXPECT_EQ(packed.describe().substr(packed.describe().size() - 17), " packed kv f8e4m3");
+  // An f32 out: packed batches only.
+  KernelConfig f32Out = packed;
+  f32Out.outputF32 = true;
+  EXPECT_EQ(refusal(f32Out), "(accepted)");
+  EXPECT_EQ(f32Out.describe(), packed.describe() + " out f32");
+  EXPECT_NE(f32Out, packed);
+  EXPECT_NE(assembleKernel(f32Out, mods).code.find("constexpr bool kOutputF32 = true;"),
+            std::string::npos);
+  EXPECT_NE(assembleKernel(packed, mods).code.find("constexpr bool kOutputF32 = false;"),
+            std::string::npos);
+  f32Out.packedBatch = false;
+  EXPECT_EQ(refusal(f32Out), "only packed batches (BatchAttention's kernels) write an f32 out");
   KernelConfig warpgroup = prefill;
   warpgroup.warpRows = 64;
   warpgroup.blockM = 128;

@@ -251,31 +251,47 @@ TEST(NvrtcCompile, OtherHeadDimsCompileWithoutSpills) {
 /// them (64 x 64 prefill tiles, 32 keys above head dim 128; decode for up
 /// to 8 tokens), compile for sm_80 and sm_90 at head dims 64 to 256 without
 /// spills (without the 5-CTA register cap flexAttention's decode takes on
-/// sm_90 for up to 16 rows at head dims up to 64).
+/// sm_90 for up to 16 rows at head dims up to 64); so do those of 8-bit
+/// caches at head dims 64, 128 and 256 (the formats and element types in
+/// turn), and those of an f32 out.
 TEST(NvrtcCompile, PackedBatchKernelsCompileWithoutSpills) {
   REQUIRE_NVRTC();
   std::vector<Case> cases;
+  int variant = 0;
   for (const char *mod : {"none", "document", "softcap"})
     for (KernelKind kind : {KernelKind::Prefill, KernelKind::Decode})
       for (int headDim : {64, 96, 128, 192, 256})
-        for (const char *arch : {"sm_80", "sm_90"}) {
-          Case c;
-          c.mod = mod;
-          c.config.kind = kind;
-          c.config.elementType = DType::BF16;
-          c.config.headDim = headDim;
-          c.config.blockM = 64;
-          c.config.warpRows = 16;
-          c.config.blockN = kind == KernelKind::Prefill && headDim > 128 ? 32 : 64;
-          // As CudaBatchAttention's prefill config.
-          c.config.recomputeModRows = kind == KernelKind::Prefill && headDim > 128;
-          c.config.groupSize = kind == KernelKind::Decode ? 4 : 1;
-          c.config.queryTokens = kind == KernelKind::Decode ? 8 : 1;
-          c.config.returnLse = true;
-          c.config.packedBatch = true;
-          c.arch = arch;
-          cases.push_back(c);
-        }
+        for (const char *arch : {"sm_80", "sm_90"})
+          for (bool float8 : {false, true}) {
+            if (float8 && headDim != 64 && headDim != 128 && headDim != 256)
+              continue;
+            const int v = float8 ? variant++ : 0;
+            Case c;
+            if (float8)
+              c.config.kvFloat8 = v % 2 ? DType::F8E5M2 : DType::F8E4M3;
+            c.mod = mod;
+            c.config.kind = kind;
+            c.config.elementType = (v / 2) % 2 ? DType::F16 : DType::BF16;
+            c.config.headDim = headDim;
+            c.config.blockM = 64;
+            c.config.warpRows = 16;
+            c.config.blockN = kind == KernelKind::Prefill && headDim > 128 ? 32 : 64;
+            // As CudaBatchAttention's prefill config.
+            c.config.recomputeModRows = kind == KernelKind::Prefill && headDim > 128;
+            c.config.groupSize = kind == KernelKind::Decode ? 4 : 1;
+            c.config.queryTokens = kind == KernelKind::Decode ? 8 : 1;
+            c.config.returnLse = true;
+            c.config.packedBatch = true;
+            c.arch = arch;
+            cases.push_back(c);
+            // An f32 out (its epilogues store pairs of floats): under the
+            // document mask, the mod of most registers, at head dims 64,
+            // 128 and 256.
+            if (std::string(mod) == "document" && headDim % 64 == 0 && headDim != 192) {
+              c.config.outputF32 = true;
+              cases.push_back(c);
+            }
+          }
   std::vector<Outcome> outcomes = compileAll(cases, workerCount());
   for (size_t i = 0; i < cases.size(); ++i) {
     ASSERT_EQ(outcomes[i].error, "") << cases[i].label();
