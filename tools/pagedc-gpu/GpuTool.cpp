@@ -44,8 +44,6 @@
 
 #include <fmt/format.h>
 
-#include <ctime>
-#include <fstream>
 #include <iostream>
 
 using namespace pagedc;
@@ -90,10 +88,7 @@ struct ToolOptions {
 /// The run's header: date, device, driver (or why there is none).
 Value environment(const ToolOptions &options, const Pack &pack) {
   Value env = Value::object();
-  std::time_t now = std::time(nullptr);
-  char date[64];
-  std::strftime(date, sizeof(date), "%Y-%m-%dT%H:%M:%SZ", std::gmtime(&now));
-  env.set("date", date);
+  env.set("date", utcNow());
   env.set("pack", options.pack);
   env.set("pack_created", pack.created);
   env.set("pack_arch", pack.arch);
@@ -118,10 +113,7 @@ Value environment(const ToolOptions &options, const Pack &pack) {
 void writeJson(const std::string &path, const Value &value) {
   if (path.empty())
     return;
-  std::ofstream out(path);
-  out << value.dump() << "\n";
-  if (!out)
-    throw Error("cannot write " + path);
+  writeJsonFile(path, value, 2);
   std::cout << "wrote " << path << "\n";
 }
 

@@ -25,7 +25,6 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
-#include <ctime>
 #include <filesystem>
 #include <fstream>
 #include <iostream>
@@ -628,10 +627,7 @@ int runModel(const Pack &pack, const ModelOptions &options, std::ostream &out,
   root.set("modelled", true);
   root.set("measured", false);
   root.set("tool", "pagedc-gpu model");
-  std::time_t now = std::time(nullptr);
-  char date[64];
-  std::strftime(date, sizeof(date), "%Y-%m-%dT%H:%M:%SZ", std::gmtime(&now));
-  root.set("date", date);
+  root.set("date", utcNow());
   root.set("pack", pack.directory);
   root.set("pack_created", pack.created);
   root.set("sample_blocks", options.sampleBlocks);
@@ -642,10 +638,7 @@ int runModel(const Pack &pack, const ModelOptions &options, std::ostream &out,
   root.set("constants", constantsJson());
   root.set("configurations", std::move(configurations));
   if (!options.jsonPath.empty()) {
-    std::ofstream file(options.jsonPath);
-    file << root.dump(1) << "\n";
-    if (!file)
-      throw Error("cannot write " + options.jsonPath);
+    writeJsonFile(options.jsonPath, root, 1);
     out << "wrote " << options.jsonPath << " (MODELLED)\n";
   }
   if (missingPtxas)
@@ -785,12 +778,8 @@ int runLaunches(const LaunchesOptions &options, std::ostream &out) {
   root.set("requested_global_bytes", requested);
   out << fmt::format("call (every launch but the block-mask builder's): {:.3f} us MODELLED\n",
                      callSeconds * 1e6);
-  if (!options.jsonPath.empty()) {
-    std::ofstream file(options.jsonPath);
-    file << root.dump(1) << "\n";
-    if (!file)
-      throw Error("cannot write " + options.jsonPath);
-  }
+  if (!options.jsonPath.empty())
+    writeJsonFile(options.jsonPath, root, 1);
   return 0;
 }
 
@@ -838,10 +827,7 @@ int explainModel(const std::string &jsonPath, std::ostream &out) {
     root.set("label", kLabel);
     root.set("devices", devicesJson());
     root.set("constants", constantsJson());
-    std::ofstream file(jsonPath);
-    file << root.dump(1) << "\n";
-    if (!file)
-      throw Error("cannot write " + jsonPath);
+    writeJsonFile(jsonPath, root, 1);
   }
   return 0;
 }
