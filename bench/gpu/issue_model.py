@@ -1,19 +1,24 @@
 #!/usr/bin/env python3
 """An instruction-issue term for the prefill model (MODELLED, not measured).
 
-`pagedc-gpu model` has no term for the instructions a kernel issues besides
-its MMAs (softmax, mods, address arithmetic, barriers). On the H100 runs of
-2026-11-25 Nsight Compute counted them, and the elapsed time of the two
-designs that kept their pipelines full matched
+The emulator's counters have no term for the instructions a kernel issues
+besides its MMAs (softmax, mods, address arithmetic, barriers). On the H100
+runs of 2026-11-25 Nsight Compute counted them, and the elapsed time of the
+two designs that kept their pipelines full matched the model's issue rule
 
     t = max(max(tensor, shared) + issue, L2, DRAM, MUFU) + launch
 
     issue = warp instructions executed / (SMs x 4 schedulers x clock) / e
 
 (e: the model's wave efficiency) to within a few per cent (`fit`, below).
-The tensor / shared / L2 / DRAM / MUFU terms and e are the model's
-(docs/emulator.md). The additive form says the consumers' non-MMA work did
-not overlap the tensor (or shared-memory) time in those kernels.
+The rule, the terms, e and the devices' figures are the performance
+model's, tools/pagedc-gpu/Model.cpp (`pagedc-gpu model --explain`): this
+script produces the instruction counts (Nsight Compute's, or SASS counted
+by `static` and weighed by `predict`) and hands them with the model's
+terms to `pagedc-gpu model --launches` (PAGEDC_GPU or --pagedc-gpu names
+the binary; build/bin/pagedc-gpu by default). The additive form says the
+consumers' non-MMA work did not overlap the tensor (or shared-memory) time
+in those kernels.
 
 For a kernel no GPU has run, `static` estimates the instructions from SASS
 (cuobjdump; optional, not in the toolkit subset pagedc builds against): it
@@ -28,7 +33,7 @@ producer's loop likewise. A loop nested in the KV-tile loop counts once
 there; the mma.sync kernel's two (the K/V copy loop, the Q K^T loop over
 the head dim) add their further trips (`copy_extra`). `predict` turns those
 into a range of issue terms for the model's prefill configurations on an
-H100 or an A100 (108 SMs at 1.41 GHz). Where the model's counters carry the
+H100 or an A100 (the model's devices). Where the model's counters carry the
 emulator's tallies (tiles_kept, tiles_masked, row_groups_rescaled: each
 warp's KV-tile visits by path and the 16-row groups a visit rescaled) they
 weigh the paths, for any mask (tallied_instructions). Model files from
@@ -52,7 +57,7 @@ H100 runs Nsight Compute counted 1.01-1.19x the counted range's instructions,
 so the issue term is low by that. Out of sample (the H200's tensor-map run)
 the measured figure was 12-18% below the modelled range.
 
-  issue_model.py fit --point NCU.txt MODEL.json[:KEY] BENCH.json NAME [...]
+  issue_model.py [--pagedc-gpu PATH] fit --point NCU.txt MODEL.json[:KEY] BENCH.json NAME [...]
   issue_model.py static --pagedc build/bin/pagedc --cuobjdump PATH
         [--kernel warpgroup|mma] [--arch ARCH] [--templates DIR]
         [--shape 128x64x64] [--head-dim 128] [--json OUT]
@@ -77,6 +82,7 @@ at the fitted clock and at 1.83 GHz. MODELLED, and only as good as the
 points: a CTA's cost is taken as the same at every sequence length.
 """
 import argparse
+import functools
 import json
 import math
 import os
@@ -88,10 +94,6 @@ import tempfile
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import ptxas_shapes  # noqa: E402
 
-H100_SMS = 132
-SCHEDULERS = 4
-H100_CLOCK_HZ = 1.83e9  # the model's tensor peak is taken at this clock
-LAUNCH_US = 3.0
 ROWS_PER_WARP = 16
 PRODUCER_WARPS = 4
 MASK_BLOCK = 128
@@ -173,8 +175,10 @@ KERNELS = {
 FORCED_VALUES = {"warpgroup": {"scale_folded": "true", "tensor_maps": "true"},
                  "mma": {"next_tile": "true"}}
 
-# (SMs, clock) of the devices the model describes
-DEVICES = {"H100": (H100_SMS, H100_CLOCK_HZ), "A100": (108, 1.41e9)}
+# The devices the model describes (tools/pagedc-gpu/Model.cpp).
+DEVICES = ("A100", "H100")
+# The pagedc-gpu that holds the model; --pagedc-gpu sets it.
+PAGEDC_GPU = None
 
 
 def ncu_figures(text):
@@ -198,14 +202,49 @@ def ncu_figures(text):
             "duration_us": duration_us}
 
 
-def issue_us(instructions, wave_efficiency, sms=H100_SMS, clock_hz=H100_CLOCK_HZ):
-    return instructions / (sms * SCHEDULERS * clock_hz) / wave_efficiency * 1e6
+def pagedc_gpu():
+    """The pagedc-gpu binary: --pagedc-gpu, $PAGEDC_GPU, or this checkout's
+    build/bin/pagedc-gpu."""
+    path = PAGEDC_GPU or os.environ.get("PAGEDC_GPU") or os.path.join(
+        os.path.dirname(os.path.abspath(__file__)), "..", "..", "build", "bin", "pagedc-gpu")
+    if not os.access(path, os.X_OK):
+        raise OSError(f"no pagedc-gpu at {path} (build the pagedc-gpu target, or name it with "
+                      "--pagedc-gpu or PAGEDC_GPU): the model's formulas live there")
+    return path
 
 
-def rule_us(terms, issue):
-    """The additive rule: max(max(tensor, shared) + issue, the rest) + launch."""
-    rest = [v for k, v in terms.items() if k not in ("tensor", "shared")]
-    return max([max(terms.get("tensor", 0.0), terms.get("shared", 0.0)) + issue] + rest) + LAUNCH_US
+def run_model(args):
+    """`pagedc-gpu model ARGS`; a failure raises ValueError with its message."""
+    run = subprocess.run([pagedc_gpu(), "model", *args], capture_output=True, text=True)
+    if run.returncode != 0:
+        raise ValueError(f"pagedc-gpu model {' '.join(args)}: {run.stderr.strip()}")
+    return run.stdout
+
+
+@functools.lru_cache(maxsize=None)
+def model_device(name="H100"):
+    """The model's figures of a device (sms, clock_hz, ...), from
+    `pagedc-gpu model --explain --json`."""
+    with tempfile.TemporaryDirectory() as directory:
+        path = os.path.join(directory, "explain.json")
+        run_model(["--explain", "--json", path])
+        with open(path) as handle:
+            return json.load(handle)["devices"][name]
+
+
+def with_issue(launches, device="H100"):
+    """The issue rule on each of `launches` (dicts with a model JSON's
+    terms_us and wave_efficiency, and warp_instructions: a count or a list
+    of them) on `device`, by `pagedc-gpu model --launches`: per launch its
+    issue_us and modelled_us_with_issue, one per count."""
+    with tempfile.TemporaryDirectory() as directory:
+        lines, out = os.path.join(directory, "launches.jsonl"), os.path.join(directory, "out.json")
+        with open(lines, "w") as handle:
+            for launch in launches:
+                handle.write(json.dumps(launch) + "\n")
+        run_model(["--launches", lines, "--device", device, "--json", out])
+        with open(out) as handle:
+            return json.load(handle)["launches"]
 
 
 def load_model(spec):
@@ -236,20 +275,25 @@ def configuration(model, name):
 
 
 def fit(points):
+    """Per point (Nsight Compute listing, model JSON, bench JSON,
+    configuration): the measured time beside the issue rule's with the
+    instructions Nsight Compute counted (on the H100, as the runs were)."""
     rows = []
     for ncu_path, model_spec, bench_path, name in points:
         figures = ncu_figures(open(ncu_path).read())
-        c = configuration(load_model(model_spec), name)
-        launch = prefill_launch(c)
-        e = launch["wave_efficiency"]
-        issue = issue_us(figures["instructions"], e)
+        launch = prefill_launch(configuration(load_model(model_spec), name))
         measured = next(b["median_ms"] * 1e3 for b in json.load(open(bench_path))["configurations"]
                         if b["name"] == name and b.get("status") == "ok")
-        ruled = rule_us(launch["terms_us"], issue)
         rows.append({"ncu": ncu_path, "name": name, "measured_us": measured,
                      "ncu_instructions": figures["instructions"], "terms_us": launch["terms_us"],
-                     "issue_us": issue, "modelled_us_without_issue": launch["modelled_us"],
-                     "modelled_us_with_issue": ruled, "measured_over_modelled": measured / ruled})
+                     "wave_efficiency": launch["wave_efficiency"],
+                     "modelled_us_without_issue": launch["modelled_us"]})
+    issued = with_issue([dict(terms_us=r["terms_us"], wave_efficiency=r.pop("wave_efficiency"),
+                              warp_instructions=r["ncu_instructions"]) for r in rows])
+    for r, i in zip(rows, issued):
+        r["issue_us"] = i["issue_us"][0]
+        r["modelled_us_with_issue"] = i["modelled_us_with_issue"][0]
+        r["measured_over_modelled"] = r["measured_us"] / r["modelled_us_with_issue"]
     return rows
 
 
@@ -339,7 +383,6 @@ def predict(static, model, text="prefill", ncu=(), device="H100"):
     element), so those rows are approximate. ncu: (listing path,
     configuration name) pairs whose counted instructions the rows of that
     name also carry."""
-    sms, clock = DEVICES[device]
     counted = {name: ncu_figures(open(path).read())["instructions"] for path, name in ncu}
     rows = []
     for c in model.get("configurations", []):
@@ -359,20 +402,24 @@ def predict(static, model, text="prefill", ncu=(), device="H100"):
             mix = "causal formula"
         else:
             continue
-        e = launch["wave_efficiency"]
-        issue = [issue_us(n, e, sms, clock) for n in (low, high)]
-        times = [rule_us(launch["terms_us"], i) for i in issue]
-        flops = c["unmasked_flops"]
         rows.append({"name": c["name"], "device": device, "tile_mix": mix,
-                     "instructions": [low, high], "issue_us": issue,
-                     "terms_us": launch["terms_us"],
+                     "instructions": [low, high], "terms_us": launch["terms_us"],
+                     "wave_efficiency": launch["wave_efficiency"],
                      "modelled_us_without_issue": launch["modelled_us"],
-                     "modelled_us_with_issue": times,
-                     "tflops_with_issue": [flops / t / 1e6 for t in reversed(times)]})
+                     "unmasked_flops": c["unmasked_flops"]})
         if rescaled is not None:
             rows[-1]["rescaled_fraction"] = rescaled
         if c["name"] in counted:
             rows[-1]["ncu_instructions"] = counted[c["name"]]
+    if not rows:
+        return rows
+    issued = with_issue([dict(terms_us=r["terms_us"], wave_efficiency=r.pop("wave_efficiency"),
+                              warp_instructions=r["instructions"]) for r in rows], device)
+    for r, i in zip(rows, issued):
+        times = i["modelled_us_with_issue"]
+        flops = r.pop("unmasked_flops")
+        r["issue_us"], r["modelled_us_with_issue"] = i["issue_us"], times
+        r["tflops_with_issue"] = [flops / t / 1e6 for t in reversed(times)]
     return rows
 
 
@@ -398,7 +445,7 @@ def calibration_points(predicted, bench, label, text="causal", skip=(), heads_q=
     configurations in both a `predict` result and a `pagedc-gpu bench`
     result whose names hold `text` and none of `skip`."""
     measured = {c["name"]: c for c in bench["configurations"] if c.get("status") == "ok"}
-    sms = bench.get("multiprocessors") or H100_SMS
+    sms = bench.get("multiprocessors") or model_device("H100")["sms"]
     rows = []
     for r in predicted:
         name = r["name"]
@@ -416,7 +463,10 @@ def calibrate(points, clock_ghz=None):
     """Fits s (unless the clock fixes it) and one c per label; returns the
     fit and each point's calibrated time."""
     labels = sorted({p["label"] for p in points}, key=[p["label"] for p in points].index)
-    fixed = H100_CLOCK_HZ / (clock_ghz * 1e9) if clock_ghz else None
+    # The model counts at the H100's clock: a GPU at f takes its clock / f
+    # as long.
+    model_clock_hz = model_device("H100")["clock_hz"]
+    fixed = model_clock_hz / (clock_ghz * 1e9) if clock_ghz else None
     columns = labels if fixed else ["s"] + labels
     if len(points) < len(columns):
         raise ValueError(f"{len(points)} points cannot fit {len(columns)} unknowns "
@@ -440,7 +490,7 @@ def calibrate(points, clock_ghz=None):
     for p in points:
         p["calibrated_us"] = s * p["modelled_us"] + c[p["label"]] * p["tiles_per_sm"]
         p["measured_over_calibrated"] = p["measured_us"] / p["calibrated_us"]
-    return {"s": s, "clock_ghz": H100_CLOCK_HZ / s / 1e9, "clock_fixed": bool(fixed),
+    return {"s": s, "clock_ghz": model_clock_hz / s / 1e9, "clock_fixed": bool(fixed),
             "tile_cost_us": c, "points": points}
 
 
@@ -569,6 +619,8 @@ def static_counts(pagedc, cuobjdump, templates, shape, kernel="warpgroup", arch=
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--pagedc-gpu", help="the pagedc-gpu whose `model` holds the rule "
+                        "(default: $PAGEDC_GPU, else build/bin/pagedc-gpu)")
     sub = parser.add_subparsers(dest="command", required=True)
     f = sub.add_parser("fit")
     f.add_argument("--point", nargs=4, action="append", required=True,
@@ -591,7 +643,7 @@ def main(argv=None):
     p.add_argument("model")
     p.add_argument("--filter", default="prefill",
                    help="configurations whose name holds TEXT (default: every prefill)")
-    p.add_argument("--device", choices=sorted(DEVICES), default="H100")
+    p.add_argument("--device", choices=DEVICES, default="H100")
     p.add_argument("--ncu", nargs=2, action="append", default=[], metavar=("NCU", "NAME"),
                    help="an Nsight Compute listing of the configuration NAME: its "
                         "instruction count is shown beside the counted one")
@@ -611,6 +663,8 @@ def main(argv=None):
                    metavar=("PREDICTED", "LABEL"))
     c.add_argument("--json")
     args = parser.parse_args(argv)
+    global PAGEDC_GPU
+    PAGEDC_GPU = args.pagedc_gpu or PAGEDC_GPU
 
     if args.command == "fit":
         rows = fit(args.point)

@@ -5,98 +5,71 @@ on the same pages, each with 1-128 further keys; Hq 32, Hkv 8, D 128, pages
 of 16, causal; f16 here) run once each way on the SIMT emulator with its
 counters on (PAGEDC_EMU_COUNTERS; checks off; the attention grids sampled
 as pagedc-gpu model samples them, PAGEDC_EMU_SAMPLE_BLOCKS=32, counts
-scaled by grid / blocks run), then each launch through the roofline of
-docs/emulator.md, "The performance model" (tools/pagedc-gpu/Model.cpp's
-H100 constants), summed per call. No GPU ran these kernels.
+scaled by grid / blocks run), then each call's launches through the
+performance model (`pagedc-gpu model --launches`, tools/pagedc-gpu/Model.cpp;
+this script only gathers the counters and formats them) on the H100. No
+GPU ran these kernels.
 
-Two departures from `pagedc-gpu model`, both because no pack holds these
-launches: registers per thread are the emulated driver's default (128; no
-ptxas figures), and a decode or merge launch's DRAM bytes are the bytes it
-requests (cp.async and plain global loads, scaled, plus its stores), i.e.
-no reuse of one sequence's pages by another's CTAs through L2: what a step
-without prefix sharing, each sequence on its own copy of the prefix, reads.
-(The flat step here shares the pages, so its distinct sectors would
-understate that step's traffic.) A prefill launch's DRAM bytes are its
-distinct sectors, as the model has them: the CTAs of one KV head's query
-heads re-read its K/V, assumed caught by L2.
+Two departures from `pagedc-gpu model PACK`, both because no pack holds
+these launches: registers per thread are the emulated driver's default
+(`--registers 128`; no ptxas figures), and a decode or merge launch's DRAM
+bytes are the bytes it requests (`--dram requested`: cp.async and plain
+global loads, scaled, plus its stores), i.e. no reuse of one sequence's
+pages by another's CTAs through L2: what a step without prefix sharing,
+each sequence on its own copy of the prefix, reads. (The flat step here
+shares the pages, so its distinct sectors would understate that step's
+traffic.) A prefill launch's DRAM bytes are its distinct sectors, as the
+model has them: the CTAs of one KV head's query heads re-read its K/V,
+assumed caught by L2.
 
     PYTHONPATH=build/python python3 bench/python/cascade_cuda_model.py \
-        [--sequences 64] [--prefix 4096] [--hq 32] [--hkv 8] [--json FILE]
+        [--sequences 64] [--prefix 4096] [--hq 32] [--hkv 8] [--json FILE] \
+        [--pagedc-gpu build/bin/pagedc-gpu]
 """
 import argparse
 import json
-import math
 import os
+import subprocess
+import sys
 import tempfile
 
 import numpy as np
 
+ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..")
 LABEL = ("MODELLED, not measured: emulator counters + roofline (docs/emulator.md, "
          "'The performance model'); 128 registers per thread assumed; no GPU ran these kernels")
-# H100 SXM5 80GB, as tools/pagedc-gpu/Model.cpp.
-H100 = dict(peak=989.4e12, mma_fraction=0.66, hbm=3.35e12, l2=7.0e12, clock=1.83e9, sms=132,
-            shared_per_sm=228 * 1024, shared_per_block=227 * 1024, registers_per_sm=65536,
-            threads_per_sm=2048, ctas_per_sm=32)
-LAUNCH_US, DEPENDENT_GAP_US, REGISTERS = 3.0, 1.0, 128
+# The emulated driver's registers per thread for a kernel it is not told of.
+REGISTERS = 128
+# What each launch of the result keeps of `pagedc-gpu model --launches`'s.
+LAUNCH_FIELDS = ("kernel", "grid_blocks", "blocks_run", "ctas_per_sm", "wave_efficiency",
+                 "bound", "requested_global_bytes", "dram_bytes", "terms_us", "modelled_us")
 
 
-def occupancy(threads, shared):
-    d = H100
-    ctas = d["ctas_per_sm"]
-    warps = -(-threads // 32)
-    ctas = min(ctas, d["threads_per_sm"] // threads)
-    per_warp = -(-((REGISTERS + 7) // 8 * 8 * 32) // 256) * 256
-    ctas = min(ctas, (d["registers_per_sm"] // per_warp) // warps)
-    ctas = min(ctas, d["shared_per_sm"] // (shared + 1024))
-    return ctas
+def modelled(counters, pagedc_gpu):
+    """The H100 model of the launches in the counter file `counters`."""
+    out = counters + ".model.json"
+    run = subprocess.run([pagedc_gpu, "model", "--launches", counters, "--device", "H100",
+                          "--registers", str(REGISTERS), "--dram", "requested", "--json", out],
+                         capture_output=True, text=True)
+    if run.returncode != 0:
+        sys.exit(f"{pagedc_gpu} model --launches {counters} failed:\n{run.stderr}")
+    with open(out) as f:
+        model = json.load(f)
+    os.remove(out)
+    return model
 
 
-def model_launch(line):
-    """One counter line -> (modelled us, requested bytes scaled, terms)."""
-    c, d = line["counters"], H100
-    scale = c["grid_blocks"] / max(1, c["blocks"])
-    threads = line["block"][0] * line["block"][1] * line["block"][2]
-    ctas = occupancy(threads, line["dynamic_shared_bytes"])
-    slots = d["sms"] * ctas
-    grid = c["grid_blocks"]
-    efficiency = grid / (math.ceil(grid / slots) * slots)
-    requested = (c["cp_async_bytes"] + c["global_load_bytes"]) * scale
-    unique = c["global_sectors_unique"] * 32 * scale
-    dram = (unique if line["kernel"] == "pagedc_prefill"
-            else requested + c["global_store_bytes"] * scale)
-    wavefronts = (c["ldmatrix_wavefronts"] + c["shared_wavefronts"] +
-                  (c["cp_async_bytes"] + c["cp_async_zero_fill_bytes"] + c["bulk_copy_bytes"] +
-                   c["wgmma_shared_bytes"]) / 128)
-    terms = {
-        "tensor": c["mma"] * scale * 2 * 16 * 8 * 16 / (d["peak"] * d["mma_fraction"]),
-        "shared": wavefronts * scale / (d["sms"] * d["clock"]),
-        "dram": dram / d["hbm"],
-        "l2": (c["global_sectors_requested"] * 32 + c["bulk_copy_bytes"]) * scale / d["l2"],
-        "mufu": c["transcendentals"] * scale / (d["sms"] * 16 * d["clock"]),
-    }
-    bound = max(terms, key=terms.get)
-    overhead = DEPENDENT_GAP_US if line.get("programmatic_dependent") else LAUNCH_US
-    us = terms[bound] / efficiency * 1e6 + overhead
-    return dict(kernel=line["kernel"], grid_blocks=grid, blocks_run=c["blocks"],
-                ctas_per_sm=ctas, wave_efficiency=round(efficiency, 4), bound=bound,
-                requested_global_bytes=requested, dram_bytes=dram,
-                terms_us={k: round(v * 1e6, 3) for k, v in terms.items()},
-                modelled_us=round(us, 3))
-
-
-def counted(path, call):
+def counted(path, call, pagedc_gpu):
     os.environ["PAGEDC_EMU_COUNTERS"] = path
     try:
         call()
     finally:
         del os.environ["PAGEDC_EMU_COUNTERS"]
-    with open(path) as f:
-        lines = [json.loads(line) for line in f if line.strip()]
+    model = modelled(path, pagedc_gpu)
     os.remove(path)
-    launches = [model_launch(line) for line in lines]
-    return dict(launches=launches,
-                requested_global_bytes=sum(x["requested_global_bytes"] for x in launches),
-                modelled_us=round(sum(x["modelled_us"] for x in launches), 3))
+    launches = [{k: launch[k] for k in LAUNCH_FIELDS} for launch in model["launches"]]
+    return dict(launches=launches, requested_global_bytes=model["requested_global_bytes"],
+                modelled_us=model["modelled_us"])
 
 
 def write_entry(path, key, result, section="cascade_cuda"):
@@ -129,7 +102,12 @@ def main():
     parser.add_argument("--hq", type=int, default=32)
     parser.add_argument("--hkv", type=int, default=8)
     parser.add_argument("--json", help="write the results here")
+    parser.add_argument("--pagedc-gpu", default=os.path.join(ROOT, "build", "bin", "pagedc-gpu"),
+                        help="the pagedc-gpu that models the launches")
     args = parser.parse_args()
+    if not os.access(args.pagedc_gpu, os.X_OK):
+        parser.error(f"--pagedc-gpu: no executable {args.pagedc_gpu} (build the pagedc-gpu "
+                     "target)")
     os.environ.setdefault("PAGEDC_CUDA_DRIVER", "emu")
     os.environ["PAGEDC_EMU_CHECKS"] = "none"
     os.environ["PAGEDC_EMU_SAMPLE_BLOCKS"] = "32"
@@ -190,10 +168,11 @@ def main():
                       page_size=page, dtype="f16", mask="causal"),
         "prefix_kv_bytes_once_per_kv_head": prefix * hkv * 2 * d * 2,
         "flat": counted(os.path.join(directory, "flat.jsonl"),
-                        lambda: flat.run(qd, kd, vd, return_lse=True)),
+                        lambda: flat.run(qd, kd, vd, return_lse=True), args.pagedc_gpu),
         "cascade": counted(os.path.join(directory, "cascade.jsonl"),
-                           lambda: cascade.run(qd, kd, vd, return_lse=True)),
-        "cascade_8_token_entries": counted(os.path.join(directory, "chunked.jsonl"), chunked),
+                           lambda: cascade.run(qd, kd, vd, return_lse=True), args.pagedc_gpu),
+        "cascade_8_token_entries": counted(os.path.join(directory, "chunked.jsonl"), chunked,
+                                              args.pagedc_gpu),
     }
     for name in ("flat", "cascade", "cascade_8_token_entries"):
         r = result[name]

@@ -20,7 +20,7 @@ import tempfile
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from cascade_cuda_model import LABEL, counted, write_entry  # noqa: E402
+from cascade_cuda_model import LABEL, ROOT, counted, write_entry  # noqa: E402
 
 
 def main():
@@ -30,7 +30,12 @@ def main():
     parser.add_argument("--chunks", type=int, default=2)
     parser.add_argument("--chunk", type=int, default=512)
     parser.add_argument("--json", help="write the results here")
+    parser.add_argument("--pagedc-gpu", default=os.path.join(ROOT, "build", "bin", "pagedc-gpu"),
+                        help="the pagedc-gpu that models the launches")
     args = parser.parse_args()
+    if not os.access(args.pagedc_gpu, os.X_OK):
+        parser.error(f"--pagedc-gpu: no executable {args.pagedc_gpu} (build the pagedc-gpu "
+                     "target)")
     os.environ.setdefault("PAGEDC_CUDA_DRIVER", "emu")
     os.environ["PAGEDC_EMU_CHECKS"] = "none"
     os.environ["PAGEDC_EMU_SAMPLE_BLOCKS"] = "32"
@@ -72,16 +77,16 @@ def main():
     q_decode = pagedc.to_device(q[decode_rows], device="emu")
     directory = tempfile.mkdtemp()
     separate = [counted(os.path.join(directory, "prefill.jsonl"),
-                        lambda: prefill.run(q_prefill, kd, vd, return_lse=True)),
+                        lambda: prefill.run(q_prefill, kd, vd, return_lse=True), args.pagedc_gpu),
                 counted(os.path.join(directory, "decode.jsonl"),
-                        lambda: decode.run(q_decode, kd, vd, return_lse=True))]
+                        lambda: decode.run(q_decode, kd, vd, return_lse=True), args.pagedc_gpu)]
     result = {
         "label": LABEL,
         "shape": dict(decodes=args.decodes, chunks=args.chunks, chunk=args.chunk,
                       context=args.context, hq=hq, hkv=hkv, d=d, page_size=page, dtype="f16",
                       mask="causal"),
         "one_batch_call": counted(os.path.join(directory, "one.jsonl"),
-                                  lambda: one.run(q_all, kd, vd, return_lse=True)),
+                                  lambda: one.run(q_all, kd, vd, return_lse=True), args.pagedc_gpu),
         "separate_calls": dict(
             launches=separate[0]["launches"] + separate[1]["launches"],
             requested_global_bytes=sum(r["requested_global_bytes"] for r in separate),

@@ -194,6 +194,121 @@ Bindings makeBindings(const std::vector<CaseParam> &params,
   return bindings;
 }
 
+/// The architecture the pack's kernels run on: the device's (made current)
+/// or, in a dry run, the pack's.
+std::string runArchitecture(const Pack &pack, const RunOptions &options) {
+  if (options.dryRun)
+    return pack.arch;
+  cudaUseDevice(options.device);
+  return cudaDeviceInfo(options.device).arch();
+}
+
+/// Row-major strides of `shape`.
+std::vector<int64_t> contiguousStrides(const std::vector<int64_t> &shape) {
+  std::vector<int64_t> strides(shape.size(), 1);
+  for (int d = static_cast<int>(strides.size()) - 2; d >= 0; --d)
+    strides[d] = strides[d + 1] * shape[d + 1];
+  return strides;
+}
+
+/// Views of the mods' buffers at fake addresses (a dry run).
+std::vector<TensorView> fakeViews(FakeAddresses &fake, const std::vector<HostTensor> &tensors) {
+  std::vector<TensorView> views;
+  for (const HostTensor &tensor : tensors)
+    views.emplace_back(fake.take(tensor.numel() * dtypeSize(tensor.dtype())), tensor.dtype(),
+                       tensor.shape(), contiguousStrides(tensor.shape()), Device::cuda(0));
+  return views;
+}
+
+/// The mods' buffers uploaded to `device` (kept alive in `storage`), as
+/// views.
+std::vector<TensorView> deviceViews(const std::vector<HostTensor> &tensors, const Device &device,
+                                    std::vector<DeviceBuffer> &storage) {
+  std::vector<TensorView> views;
+  for (const HostTensor &tensor : tensors) {
+    storage.emplace_back(tensor.numel() * dtypeSize(tensor.dtype()), device.index);
+    storage.back().upload(tensor.data(), storage.back().size());
+    views.emplace_back(storage.back().data(), tensor.dtype(), tensor.shape(),
+                       contiguousStrides(tensor.shape()), device);
+  }
+  return views;
+}
+
+/// The kernel arguments' shape of a call on q, out [B, Hq, Lq, D] and a
+/// cache of `numPages` pages [pages, Hkv, page, D] per head (K and V
+/// alike), a page table of `tableSize` entries; no mask.
+PagedcAttentionKernelArgs shapedArgs(int batch, int headsQ, int headsKv, int queryLength,
+                                     int headDim, int64_t numPages, int pageSize, size_t tableSize,
+                                     float scale) {
+  PagedcAttentionKernelArgs args{};
+  args.q_stride[0] = int64_t(headsQ) * queryLength * headDim;
+  args.q_stride[1] = int64_t(queryLength) * headDim;
+  args.q_stride[2] = headDim;
+  std::copy(args.q_stride, args.q_stride + 3, args.out_stride);
+  args.k_stride[0] = numPages * pageSize * headDim;
+  args.k_stride[1] = int64_t(pageSize) * headDim;
+  args.k_stride[2] = headDim;
+  std::copy(args.k_stride, args.k_stride + 3, args.v_stride);
+  args.page_table_stride = static_cast<int64_t>(tableSize) / batch;
+  args.batch = batch;
+  args.heads_q = headsQ;
+  args.heads_kv = headsKv;
+  args.q_len = queryLength;
+  args.scale = scale;
+  args.mask_batch = args.mask_heads = 1;
+  return args;
+}
+
+/// A dry run's block mask of `batch` x `heads` rows of query blocks, at
+/// fake addresses; the builder's launch is described into `launches` and
+/// the attention arguments read the mask.
+void planFakeMask(FakeAddresses &fake, int64_t batch, int64_t heads, int64_t qLength,
+                  int32_t kvLength, int32_t qBlock, int32_t kvBlock,
+                  const std::vector<unsigned char> &params, PagedcAttentionKernelArgs &args,
+                  std::vector<std::string> &launches) {
+  PagedcBlockMaskKernelArgs maskArgs{};
+  const int64_t qBlocks = (qLength + qBlock - 1) / qBlock;
+  const int64_t kvBlocks = (kvLength + kvBlock - 1) / kvBlock;
+  const size_t rows = size_t(batch * heads * qBlocks);
+  maskArgs.kv_num_blocks = static_cast<int32_t *>(fake.take(rows * 4));
+  maskArgs.full_kv_num_blocks = static_cast<int32_t *>(fake.take(rows * 4));
+  maskArgs.kv_indices = static_cast<int32_t *>(fake.take(rows * kvBlocks * 4));
+  maskArgs.full_kv_indices = static_cast<int32_t *>(fake.take(rows * kvBlocks * 4));
+  maskArgs.batch = static_cast<int32_t>(batch);
+  maskArgs.heads = static_cast<int32_t>(heads);
+  maskArgs.q_len = static_cast<int32_t>(qLength);
+  maskArgs.kv_len = kvLength;
+  maskArgs.q_block_size = qBlock;
+  maskArgs.kv_block_size = kvBlock;
+  maskArgs.num_q_blocks = static_cast<int32_t>(qBlocks);
+  maskArgs.max_kv_blocks = static_cast<int32_t>(kvBlocks);
+  launches.push_back(describeLaunch(planBlockMaskBuild(maskArgs, params)));
+  args.kv_num_blocks = maskArgs.kv_num_blocks;
+  args.kv_indices = maskArgs.kv_indices;
+  args.full_kv_num_blocks = maskArgs.full_kv_num_blocks;
+  args.full_kv_indices = maskArgs.full_kv_indices;
+  args.mask_batch = maskArgs.batch;
+  args.mask_heads = maskArgs.heads;
+  args.num_q_blocks = maskArgs.num_q_blocks;
+  args.max_kv_blocks = maskArgs.max_kv_blocks;
+  args.q_block_size = qBlock;
+  args.kv_block_size = kvBlock;
+}
+
+/// A dry run's launch plan, described into `launches`. The dry run has no
+/// mask contents: a masked call is planned as one whose visits do not grow
+/// (a CTA per tile unless prefill_persistent=1; the warpgroup prefill holds
+/// one CTA per SM).
+AttentionLaunchPlan planDryRun(const KernelConfig &config, const PagedcAttentionKernelArgs &args,
+                               const std::vector<unsigned char> &params, int maxKv, bool masked,
+                               const RunOptions &options, std::vector<std::string> &launches) {
+  AttentionLaunchPlan plan =
+      planAttention(config, args, params, maxKv, options.multiprocessors, 2, -1, options.kernel);
+  applyPrefillPersistentRequest(config, plan, options.multiprocessors, !masked, options.kernel);
+  for (const KernelLaunch &launch : plan.launches)
+    launches.push_back(describeLaunch(launch));
+  return plan;
+}
 
 } // namespace
 
@@ -252,14 +367,10 @@ std::vector<CaseResult> checkPack(const Pack &pack, const RunOptions &options,
                                   std::ostream &log) {
   std::vector<CaseResult> results;
   BundleCache bundles(pack);
-  std::string arch = pack.arch;
-  if (!options.dryRun) {
-    cudaUseDevice(options.device);
-    arch = cudaDeviceInfo(options.device).arch();
-    if (arch != pack.arch)
-      log << fmt::format("note: the pack was built for {} but cuda:{} is {}\n", pack.arch,
-                         options.device, arch);
-  }
+  const std::string arch = runArchitecture(pack, options);
+  if (arch != pack.arch)
+    log << fmt::format("note: the pack was built for {} but cuda:{} is {}\n", pack.arch,
+                       options.device, arch);
   for (const PackCase &c : pack.cases) {
     if (!options.filter.empty() && c.name.find(options.filter) == std::string::npos)
       continue;
@@ -327,22 +438,16 @@ std::vector<CaseResult> checkPack(const Pack &pack, const RunOptions &options,
 
         if (options.dryRun) {
           FakeAddresses fake;
-          std::vector<TensorView> views;
-          for (const HostTensor &tensor : hostBuffers) {
-            std::vector<int64_t> strides(tensor.shape().size(), 1);
-            for (int d = static_cast<int>(strides.size()) - 2; d >= 0; --d)
-              strides[d] = strides[d + 1] * tensor.shape()[d + 1];
-            views.emplace_back(fake.take(tensor.numel() * dtypeSize(tensor.dtype())),
-                               tensor.dtype(), tensor.shape(), strides, Device::cuda(0));
-          }
-          Bindings bindings = makeBindings(c.params, c.buffers, views);
+          Bindings bindings = makeBindings(c.params, c.buffers, fakeViews(fake, hostBuffers));
           ResolvedBindings resolved = resolveBindings(mods, bindings, Device::cuda(0));
           const ParamsLayout layout = ParamsLayout::forDeclarations(mods.params, mods.buffers);
           std::vector<unsigned char> params =
               layout.pack(mods.params, mods.buffers, resolved.context());
           // The page table the backend would upload, in call-batch order.
           std::vector<int32_t> table = cache.densePageTable(c.batchIdx);
-          PagedcAttentionKernelArgs args{};
+          PagedcAttentionKernelArgs args =
+              shapedArgs(c.batch, c.headsQ, c.headsKv, c.queryLength, c.headDim, c.numPages,
+                         c.pageSize, table.size(), c.scale);
           args.q = fake.take(inputs.q16.numel() * 2);
           args.k_cache = fake.take(1);
           args.v_cache = fake.take(1);
@@ -351,64 +456,16 @@ std::vector<CaseResult> checkPack(const Pack &pack, const RunOptions &options,
           args.page_table = static_cast<const int32_t *>(fake.take(table.size() * 4));
           args.kv_len = static_cast<const int32_t *>(fake.take(c.batch * 4));
           args.q_offset = static_cast<const int32_t *>(fake.take(c.batch * 4));
-          args.q_stride[0] = int64_t(c.headsQ) * c.queryLength * c.headDim;
-          args.q_stride[1] = int64_t(c.queryLength) * c.headDim;
-          args.q_stride[2] = c.headDim;
-          std::copy(args.q_stride, args.q_stride + 3, args.out_stride);
-          args.k_stride[0] = int64_t(c.numPages) * c.pageSize * c.headDim;
-          args.k_stride[1] = int64_t(c.pageSize) * c.headDim;
-          args.k_stride[2] = c.headDim;
-          std::copy(args.k_stride, args.k_stride + 3, args.v_stride);
-          args.page_table_stride = static_cast<int64_t>(table.size() / c.batch);
-          args.batch = c.batch;
-          args.heads_q = c.headsQ;
-          args.heads_kv = c.headsKv;
-          args.q_len = c.queryLength;
-          args.scale = c.scale;
-          args.mask_batch = args.mask_heads = 1;
           if (useMask) {
-            PagedcBlockMaskKernelArgs maskArgs{};
-            const int64_t qBlocks = (maskQLength + c.qBlock - 1) / c.qBlock;
-            const int64_t kvBlocks = (c.maxKvLength + c.kvBlock - 1) / c.kvBlock;
-            const size_t rows = size_t(maskBatch * maskHeads * qBlocks);
-            maskArgs.kv_num_blocks = static_cast<int32_t *>(fake.take(rows * 4));
-            maskArgs.full_kv_num_blocks = static_cast<int32_t *>(fake.take(rows * 4));
-            maskArgs.kv_indices = static_cast<int32_t *>(fake.take(rows * kvBlocks * 4));
-            maskArgs.full_kv_indices = static_cast<int32_t *>(fake.take(rows * kvBlocks * 4));
-            maskArgs.batch = static_cast<int32_t>(maskBatch);
-            maskArgs.heads = static_cast<int32_t>(maskHeads);
-            maskArgs.q_len = static_cast<int32_t>(maskQLength);
-            maskArgs.kv_len = c.maxKvLength;
-            maskArgs.q_block_size = c.qBlock;
-            maskArgs.kv_block_size = c.kvBlock;
-            maskArgs.num_q_blocks = static_cast<int32_t>(qBlocks);
-            maskArgs.max_kv_blocks = static_cast<int32_t>(kvBlocks);
             if (builder->config.paramsSize >= 0 &&
                 builder->config.paramsSize != static_cast<int64_t>(params.size()))
               throw Error("the builder was compiled for another params layout");
-            result.launches.push_back(describeLaunch(planBlockMaskBuild(maskArgs, params)));
-            args.kv_num_blocks = maskArgs.kv_num_blocks;
-            args.kv_indices = maskArgs.kv_indices;
-            args.full_kv_num_blocks = maskArgs.full_kv_num_blocks;
-            args.full_kv_indices = maskArgs.full_kv_indices;
-            args.mask_batch = maskArgs.batch;
-            args.mask_heads = maskArgs.heads;
-            args.num_q_blocks = maskArgs.num_q_blocks;
-            args.max_kv_blocks = maskArgs.max_kv_blocks;
-            args.q_block_size = c.qBlock;
-            args.kv_block_size = c.kvBlock;
+            planFakeMask(fake, maskBatch, maskHeads, maskQLength, c.maxKvLength, c.qBlock,
+                         c.kvBlock, params, args, result.launches);
           }
           const int maxKv = *std::max_element(c.kvLength.begin(), c.kvLength.end());
           AttentionLaunchPlan plan =
-              planAttention(config, args, params, maxKv, options.multiprocessors, 2, -1,
-                            options.kernel);
-          // (The warpgroup prefill holds one CTA per SM.) The dry run has no
-          // mask contents: a masked call is planned as one whose visits do
-          // not grow (a CTA per tile unless prefill_persistent=1).
-          applyPrefillPersistentRequest(config, plan, options.multiprocessors, !useMask,
-                                        options.kernel);
-          for (const KernelLaunch &launch : plan.launches)
-            result.launches.push_back(describeLaunch(launch));
+              planDryRun(config, args, params, maxKv, useMask, options, result.launches);
           if (plan.workspaceBytes)
             result.launches.push_back(fmt::format("workspace {} B", plan.workspaceBytes));
           result.status = "planned";
@@ -445,17 +502,8 @@ std::vector<CaseResult> checkPack(const Pack &pack, const RunOptions &options,
         DeviceBuffer lseDevice(std::max<size_t>(refLse.numel() * 4, 4), dev);
         lseDevice.fill(0xff);
         std::vector<DeviceBuffer> bufferDevice;
-        std::vector<TensorView> views;
-        for (const HostTensor &tensor : hostBuffers) {
-          bufferDevice.emplace_back(tensor.numel() * dtypeSize(tensor.dtype()), dev);
-          bufferDevice.back().upload(tensor.data(), bufferDevice.back().size());
-          std::vector<int64_t> strides(tensor.shape().size(), 1);
-          for (int d = static_cast<int>(strides.size()) - 2; d >= 0; --d)
-            strides[d] = strides[d + 1] * tensor.shape()[d + 1];
-          views.emplace_back(bufferDevice.back().data(), tensor.dtype(), tensor.shape(), strides,
-                             device);
-        }
-        Bindings bindings = makeBindings(c.params, c.buffers, views);
+        Bindings bindings =
+            makeBindings(c.params, c.buffers, deviceViews(hostBuffers, device, bufferDevice));
         BlockMask hostMask;
         if (useMask) {
           ResolvedBindings resolved = resolveBindings(mods, bindings, device);
@@ -588,11 +636,7 @@ std::vector<BenchResult> benchPack(const Pack &pack, const RunOptions &options,
                                    std::ostream &log) {
   std::vector<BenchResult> results;
   BundleCache bundles(pack);
-  std::string arch = pack.arch;
-  if (!options.dryRun) {
-    cudaUseDevice(options.device);
-    arch = cudaDeviceInfo(options.device).arch();
-  }
+  const std::string arch = runArchitecture(pack, options);
   // A 64 MiB random pattern (bf16 in [-1, 1)) that fills caches and q.
   std::vector<uint16_t> pattern;
   if (!options.dryRun) {
@@ -657,8 +701,6 @@ std::vector<BenchResult> benchPack(const Pack &pack, const RunOptions &options,
       const int numPages = stored * pagesPerSequence + stored;
       const int64_t qElements = int64_t(b.batch) * b.headsQ * b.queryLength * b.headDim;
       const int32_t qOffset = b.kind == KernelKind::Decode ? b.kvLength - b.queryLength : 0;
-      const int64_t qBlocks = b.qBlock ? (qOffset + b.queryLength + b.qBlock - 1) / b.qBlock : 0;
-      const int64_t kvBlocks = b.kvBlock ? (b.kvLength + b.kvBlock - 1) / b.kvBlock : 0;
 
       // The cache bookkeeping: slots grow four pages at a time, round robin,
       // so every page table is scattered over the pool.
@@ -690,31 +732,14 @@ std::vector<BenchResult> benchPack(const Pack &pack, const RunOptions &options,
       callInts.insert(callInts.end(), static_cast<size_t>(b.batch), b.kvLength);
       callInts.insert(callInts.end(), static_cast<size_t>(b.batch), qOffset);
 
-      PagedcAttentionKernelArgs args{};
-      args.q_stride[0] = int64_t(b.headsQ) * b.queryLength * b.headDim;
-      args.q_stride[1] = int64_t(b.queryLength) * b.headDim;
-      args.q_stride[2] = b.headDim;
-      std::copy(args.q_stride, args.q_stride + 3, args.out_stride);
-      args.k_stride[0] = int64_t(numPages) * b.pageSize * b.headDim;
-      args.k_stride[1] = int64_t(b.pageSize) * b.headDim;
-      args.k_stride[2] = b.headDim;
-      std::copy(args.k_stride, args.k_stride + 3, args.v_stride);
-      args.page_table_stride = static_cast<int64_t>(table.size()) / b.batch;
-      args.batch = b.batch;
-      args.heads_q = b.headsQ;
-      args.heads_kv = b.headsKv;
-      args.q_len = b.queryLength;
-      args.scale = 1.0f / std::sqrt(float(b.headDim));
-      args.mask_batch = args.mask_heads = 1;
+      PagedcAttentionKernelArgs args =
+          shapedArgs(b.batch, b.headsQ, b.headsKv, b.queryLength, b.headDim, numPages, b.pageSize,
+                     table.size(), 1.0f / std::sqrt(float(b.headDim)));
       const ParamsLayout layout = ParamsLayout::forDeclarations(mods.params, mods.buffers);
 
       if (options.dryRun) {
         FakeAddresses fake;
-        std::vector<TensorView> views;
-        for (const HostTensor &tensor : hostBuffers)
-          views.emplace_back(fake.take(tensor.numel() * dtypeSize(tensor.dtype())),
-                             tensor.dtype(), tensor.shape(), Device::cuda(0));
-        Bindings bindings = makeBindings(b.params, b.buffers, views);
+        Bindings bindings = makeBindings(b.params, b.buffers, fakeViews(fake, hostBuffers));
         ResolvedBindings resolved = resolveBindings(mods, bindings, Device::cuda(0));
         std::vector<unsigned char> params =
             layout.pack(mods.params, mods.buffers, resolved.context());
@@ -725,37 +750,10 @@ std::vector<BenchResult> benchPack(const Pack &pack, const RunOptions &options,
         args.page_table = static_cast<const int32_t *>(fake.take(callInts.size() * 4));
         args.kv_len = args.page_table + table.size();
         args.q_offset = args.kv_len + b.batch;
-        if (b.qBlock) {
-          PagedcBlockMaskKernelArgs maskArgs{};
-          maskArgs.kv_num_blocks = static_cast<int32_t *>(fake.take(qBlocks * 4));
-          maskArgs.full_kv_num_blocks = static_cast<int32_t *>(fake.take(qBlocks * 4));
-          maskArgs.kv_indices = static_cast<int32_t *>(fake.take(qBlocks * kvBlocks * 4));
-          maskArgs.full_kv_indices = static_cast<int32_t *>(fake.take(qBlocks * kvBlocks * 4));
-          maskArgs.batch = maskArgs.heads = 1;
-          maskArgs.q_len = qOffset + b.queryLength;
-          maskArgs.kv_len = b.kvLength;
-          maskArgs.q_block_size = b.qBlock;
-          maskArgs.kv_block_size = b.kvBlock;
-          maskArgs.num_q_blocks = static_cast<int32_t>(qBlocks);
-          maskArgs.max_kv_blocks = static_cast<int32_t>(kvBlocks);
-          result.launches.push_back(describeLaunch(planBlockMaskBuild(maskArgs, params)));
-          args.kv_num_blocks = maskArgs.kv_num_blocks;
-          args.kv_indices = maskArgs.kv_indices;
-          args.full_kv_num_blocks = maskArgs.full_kv_num_blocks;
-          args.full_kv_indices = maskArgs.full_kv_indices;
-          args.num_q_blocks = maskArgs.num_q_blocks;
-          args.max_kv_blocks = maskArgs.max_kv_blocks;
-          args.q_block_size = b.qBlock;
-          args.kv_block_size = b.kvBlock;
-        }
-        AttentionLaunchPlan plan =
-            planAttention(config, args, params, b.kvLength, options.multiprocessors, 2, -1,
-                          options.kernel);
-        // No mask contents in the dry run: planned as in checkPack's.
-        applyPrefillPersistentRequest(config, plan, options.multiprocessors, !b.qBlock,
-                                      options.kernel);
-        for (const KernelLaunch &launch : plan.launches)
-          result.launches.push_back(describeLaunch(launch));
+        if (b.qBlock)
+          planFakeMask(fake, 1, 1, qOffset + b.queryLength, b.kvLength, b.qBlock, b.kvBlock, params,
+                       args, result.launches);
+        planDryRun(config, args, params, b.kvLength, b.qBlock != 0, options, result.launches);
         result.status = "planned";
       } else {
         const Device device = Device::cuda(dev);
@@ -766,13 +764,8 @@ std::vector<BenchResult> benchPack(const Pack &pack, const RunOptions &options,
         DeviceBuffer callData(callInts.size() * 4, dev);
         callData.upload(callInts.data(), callData.size());
         std::vector<DeviceBuffer> bufferDevice;
-        std::vector<TensorView> views;
-        for (const HostTensor &tensor : hostBuffers) {
-          bufferDevice.emplace_back(tensor.numel() * dtypeSize(tensor.dtype()), dev);
-          bufferDevice.back().upload(tensor.data(), bufferDevice.back().size());
-          views.emplace_back(bufferDevice.back().data(), tensor.dtype(), tensor.shape(), device);
-        }
-        Bindings bindings = makeBindings(b.params, b.buffers, views);
+        Bindings bindings =
+            makeBindings(b.params, b.buffers, deviceViews(hostBuffers, device, bufferDevice));
         ResolvedBindings resolved = resolveBindings(mods, bindings, device);
         std::vector<unsigned char> params =
             layout.pack(mods.params, mods.buffers, resolved.context());

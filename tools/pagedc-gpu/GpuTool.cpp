@@ -8,6 +8,9 @@
 //   pagedc-gpu model PACK [--json FILE] [--filter TEXT] [--sample-blocks N]
 //                         [--decode-sample-blocks N] [--prefill-sample-blocks N]
 //                         [--max-kv-bytes N]
+//   pagedc-gpu model --launches FILE [--device H100|A100] [--registers N]
+//                         [--dram distinct|requested] [--json FILE]
+//   pagedc-gpu model --explain [--json FILE]
 //
 // check runs every correctness case of the pack (inputs regenerated and
 // verified against their checksum, K/V written through the paged cache's
@@ -23,6 +26,9 @@
 // model runs the bench configurations of a pack built with --arch emu once on
 // the SIMT emulator and turns its counters and the pack's ptxas figures into
 // MODELLED H100 / A100 times (Model.h, docs/emulator.md); no GPU needed.
+// model --launches models launches a script gathered (emulator counter
+// lines, or a model JSON's launches with warp instruction counts) with the
+// same formulas; model --explain prints them.
 // --dry-run does everything up to the first launch without a driver.
 // Exit status: 0 all passed (or planned), 1 a case failed, 2 usage or pack
 // errors.
@@ -38,8 +44,6 @@
 
 #include <fmt/format.h>
 
-#include <ctime>
-#include <fstream>
 #include <iostream>
 
 using namespace pagedc;
@@ -56,6 +60,9 @@ const char *kUsage =
     "       pagedc-gpu model PACK [--json FILE] [--filter TEXT] [--sample-blocks N] "
     "[--decode-sample-blocks 32] [--prefill-sample-blocks 128] [--max-kv-bytes N]   (MODELLED on "
     "the emulator)\n"
+    "       pagedc-gpu model --launches FILE [--device H100] [--registers 0] "
+    "[--dram distinct|requested] [--json FILE]\n"
+    "       pagedc-gpu model --explain [--json FILE]   (the model's formulas and constants)\n"
     "  --kernel-option NAME=VALUE  a kernel option of every call (repeatable, the last of a\n"
     "      name wins; check, bench, model; model keeps a CTA per prefill tile whatever\n"
     "      prefill_persistent says). Unset, each takes its $PAGEDC_* variable (NAME in\n"
@@ -69,6 +76,11 @@ struct ToolOptions {
   RunOptions run;
   int copyMiB = 1024;
   ModelOptions model;
+  LaunchesOptions launches;
+  bool explain = false;
+  /// Options only `model --launches` takes, for the error when they come
+  /// without it.
+  std::string launchesOnly;
   /// --kernel-option NAME=VALUE settings in command-line order.
   std::vector<std::string> kernelOptions;
 };
@@ -76,10 +88,7 @@ struct ToolOptions {
 /// The run's header: date, device, driver (or why there is none).
 Value environment(const ToolOptions &options, const Pack &pack) {
   Value env = Value::object();
-  std::time_t now = std::time(nullptr);
-  char date[64];
-  std::strftime(date, sizeof(date), "%Y-%m-%dT%H:%M:%SZ", std::gmtime(&now));
-  env.set("date", date);
+  env.set("date", utcNow());
   env.set("pack", options.pack);
   env.set("pack_created", pack.created);
   env.set("pack_arch", pack.arch);
@@ -104,10 +113,7 @@ Value environment(const ToolOptions &options, const Pack &pack) {
 void writeJson(const std::string &path, const Value &value) {
   if (path.empty())
     return;
-  std::ofstream out(path);
-  out << value.dump() << "\n";
-  if (!out)
-    throw Error("cannot write " + path);
+  writeJsonFile(path, value, 2);
   std::cout << "wrote " << path << "\n";
 }
 
@@ -253,6 +259,9 @@ int main(int argc, char **argv) {
         options.jsonPath = value();
       } else if (arg == "--filter") {
         options.run.filter = value();
+      } else if (arg == "--device" && options.command == "model") {
+        options.launches.device = value();
+        options.launchesOnly = arg;
       } else if (arg == "--device") {
         options.run.device = parseInt(arg, value());
       } else if (arg == "--sms") {
@@ -274,6 +283,16 @@ int main(int argc, char **argv) {
         options.model.sampleBlocks = parseInt(arg, value());
       } else if (arg == "--prefill-sample-blocks") {
         options.model.prefillSampleBlocks = parseInt(arg, value());
+      } else if (arg == "--launches") {
+        options.launches.path = value();
+      } else if (arg == "--explain") {
+        options.explain = true;
+      } else if (arg == "--registers") {
+        options.launches.registers = parseInt(arg, value());
+        options.launchesOnly = arg;
+      } else if (arg == "--dram") {
+        options.launches.dram = value();
+        options.launchesOnly = arg;
       } else if (arg == "--max-kv-bytes") {
         const std::string text = value();
         try {
@@ -291,10 +310,20 @@ int main(int argc, char **argv) {
         throw Error("unexpected argument '" + arg + "'");
       }
     }
-    if ((options.command != "check" && options.command != "bench" &&
-         options.command != "model") ||
-        options.pack.empty())
+    if (options.command == "model" && (!options.launches.path.empty() || options.explain)) {
+      if (!options.pack.empty() || (!options.launches.path.empty() && options.explain))
+        throw Error("model takes one of PACK, --launches FILE and --explain");
+      if (options.explain && !options.launchesOnly.empty())
+        throw Error(options.launchesOnly + " is an option of model --launches");
+      options.launches.jsonPath = options.jsonPath;
+    } else if (!options.launchesOnly.empty() || options.explain || !options.launches.path.empty()) {
+      throw Error("--launches, --explain, --registers, --dram and model's --device go with "
+                  "`model --launches FILE` (or --explain)");
+    } else if ((options.command != "check" && options.command != "bench" &&
+                options.command != "model") ||
+               options.pack.empty()) {
       throw Error("expected `check PACK`, `bench PACK` or `model PACK`");
+    }
     if (options.command == "model" && options.run.dryRun)
       throw Error("model runs on the emulator; it has no --dry-run");
     // The $PAGEDC_* variables at the tool's edge (the runtime reads none),
@@ -314,6 +343,10 @@ int main(int argc, char **argv) {
     return 2;
   }
   try {
+    if (options.explain)
+      return explainModel(options.jsonPath, std::cout);
+    if (!options.launches.path.empty())
+      return runLaunches(options.launches, std::cout);
     const Pack pack = Pack::read(options.pack);
     if (options.command == "model") {
       options.model.filter = options.run.filter;

@@ -1,7 +1,12 @@
 //===- Model.cpp - pagedc-gpu model: MODELLED GPU time from emulator counts ===//
 //
-// The formulas and assumptions are those of docs/emulator.md, "The
-// performance model"; keep the two in step.
+// The performance model, its only copy: the devices' figures, the constants,
+// the roofline of a launch, the issue rule. `pagedc-gpu model --explain`
+// prints the formulas with the constants below; docs/emulator.md ("The
+// performance model") says why each is as it is and points here. Scripts
+// that need modelled times (bench/python/cascade_cuda_model.py,
+// bench/gpu/issue_model.py) gather counters and call `pagedc-gpu model
+// --launches`.
 //
 //===----------------------------------------------------------------------===//
 
@@ -15,11 +20,11 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <array>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
-#include <ctime>
 #include <filesystem>
 #include <fstream>
 #include <iostream>
@@ -66,11 +71,21 @@ constexpr double kLaunchOverheadSeconds = 3e-6; ///< per launch, back to back
 /// resident when that grid ends, so only the completion signal separates
 /// the two (assumed 1 us; no GPU has measured it here).
 constexpr double kDependentLaunchGapSeconds = 1e-6;
-constexpr double kSharedBytesPerClock = 128;    ///< per SM: one wavefront
-constexpr double kMufuPerClock = 16;            ///< per SM
+constexpr double kSharedBytesPerClock = 128; ///< per SM: one wavefront
+constexpr double kMufuPerClock = 16;         ///< per SM
 constexpr double kSectorBytes = 32;
 constexpr double kFlopsPerMma = 2.0 * 16 * 8 * 16; ///< m16n8k16
 constexpr int kReservedSharedPerCta = 1024;
+/// Warp schedulers per SM, each issuing one warp instruction a clock (the
+/// issue rule).
+constexpr double kSchedulersPerSm = 4;
+
+const DeviceModel &deviceNamed(const std::string &name) {
+  for (const DeviceModel &device : kDevices)
+    if (name == device.name)
+      return device;
+  throw Error("--device: '" + name + "' is not H100 or A100");
+}
 
 /// One emulator launch (a line of PAGEDC_EMU_COUNTERS).
 struct Launch {
@@ -89,27 +104,52 @@ struct Launch {
   /// The block-mask builder is built once before `pagedc-gpu bench` times
   /// the call, so it is reported apart.
   bool partOfCall() const { return kernel.find("block_mask") == std::string::npos; }
+  /// What the launch asks of global memory: its cp.async copies and plain
+  /// loads, scaled to the grid.
+  double requestedBytes() const {
+    return (count("cp_async_bytes") + count("global_load_bytes")) * scale();
+  }
 };
 
-std::vector<Launch> readCounters(const std::string &path) {
-  std::ifstream in(path);
-  std::vector<Launch> launches;
-  for (std::string line; std::getline(in, line);) {
-    if (line.empty())
-      continue;
-    Value value = Value::parse(line);
-    Launch launch;
-    launch.kernel = value.at("kernel").asString("kernel");
-    for (int i = 0; i < 3; ++i) {
-      launch.grid[i] = value.at("grid").asArray("grid").at(i).asInt("grid");
-      launch.block[i] = value.at("block").asArray("block").at(i).asInt("block");
-    }
-    launch.dynamicShared = value.at("dynamic_shared_bytes").asInt("dynamic_shared_bytes");
-    if (const Value *flag = value.find("programmatic_dependent"))
-      launch.programmatic = flag->asBool("programmatic_dependent");
-    launch.counters = value.at("counters");
-    launches.push_back(std::move(launch));
+Launch parseLaunch(const Value &value) {
+  Launch launch;
+  launch.kernel = value.at("kernel").asString("kernel");
+  for (int i = 0; i < 3; ++i) {
+    launch.grid[i] = value.at("grid").asArray("grid").at(i).asInt("grid");
+    launch.block[i] = value.at("block").asArray("block").at(i).asInt("block");
   }
+  launch.dynamicShared = value.at("dynamic_shared_bytes").asInt("dynamic_shared_bytes");
+  if (const Value *flag = value.find("programmatic_dependent"))
+    launch.programmatic = flag->asBool("programmatic_dependent");
+  launch.counters = value.at("counters");
+  return launch;
+}
+
+/// The JSON values of a file of JSON lines (blank lines skipped); a line
+/// that does not parse is named.
+std::vector<Value> readJsonLines(const std::string &path) {
+  std::ifstream in(path);
+  if (!in)
+    throw Error("cannot read " + path);
+  std::vector<Value> values;
+  int number = 0;
+  for (std::string line; std::getline(in, line);) {
+    ++number;
+    if (line.find_first_not_of(" \t\r") == std::string::npos)
+      continue;
+    try {
+      values.push_back(Value::parse(line));
+    } catch (const std::exception &e) {
+      throw Error(fmt::format("{}:{}: {}", path, number, e.what()));
+    }
+  }
+  return values;
+}
+
+std::vector<Launch> readCounters(const std::string &path) {
+  std::vector<Launch> launches;
+  for (const Value &value : readJsonLines(path))
+    launches.push_back(parseLaunch(value));
   return launches;
 }
 
@@ -163,19 +203,79 @@ PtxasFigures ptxasFor(const BenchCase &b, const std::string &arch, const std::st
 double round3(double value) { return std::round(value * 1e3) / 1e3; }
 double round4(double value) { return std::round(value * 1e4) / 1e4; }
 
+/// The roofline's terms of a launch, in seconds, in the order the JSON and
+/// a tie (the first largest is the bound) take them.
+constexpr const char *kTermNames[] = {"tensor", "shared", "dram", "l2", "mufu"};
+using Terms = std::array<double, 5>;
+enum Term { Tensor, Shared, Dram, L2, Mufu };
+
+/// Programmatic dependent launch is sm_90's: an A100 launches the grid
+/// after the previous one ends, as a plain launch.
+bool dependentLaunch(const DeviceModel &device, bool programmatic) {
+  return programmatic && std::string(device.arch) == "sm_90";
+}
+
+/// The overhead charged to a launch on top of its terms.
+double launchOverheadSeconds(const DeviceModel &device, bool programmatic) {
+  return dependentLaunch(device, programmatic) ? kDependentLaunchGapSeconds
+                                               : kLaunchOverheadSeconds;
+}
+
+/// The seconds the SMs' schedulers take to issue `warpInstructions` (the
+/// instructions besides the MMAs, which the emulator does not count), slowed
+/// by a partly filled wave as the roofline's terms are.
+double issueSeconds(const DeviceModel &device, double warpInstructions, double efficiency) {
+  return warpInstructions / (device.sms * kSchedulersPerSm * device.clock) / efficiency;
+}
+
+/// The issue rule: the non-MMA instructions are taken not to run under the
+/// tensor or shared-memory time (what Nsight Compute's counts showed on the
+/// prefill kernels, bench/gpu/issue_model.py fit), so they add to the larger
+/// of the two. The terms are taken as they are, only the issue is divided by
+/// the wave efficiency (the rule as it was fitted). Excludes the launch
+/// overhead.
+double issueRuleSeconds(const Terms &terms, double issue) {
+  return std::max(
+      {std::max(terms[Tensor], terms[Shared]) + issue, terms[Dram], terms[L2], terms[Mufu]});
+}
+
+/// How a launch's DRAM bytes are counted.
+enum class DramRule {
+  /// Decode, merge and builder CTAs touch disjoint data: the sample's
+  /// distinct sectors scale. Prefill CTAs of one (batch, kv head) re-read
+  /// the same K/V, assumed caught by L2: DRAM moves what the call must move
+  /// (at least the sample's distinct sectors).
+  Distinct,
+  /// As Distinct for the prefill; a decode or merge launch moves what it
+  /// requests (copies and loads, plus its stores): no reuse of one
+  /// sequence's pages by another's CTAs through L2, what a step reads when
+  /// each sequence has its own copy of a shared prefix.
+  Requested,
+};
+
+DramRule parseDramRule(const std::string &text) {
+  if (text == "distinct")
+    return DramRule::Distinct;
+  if (text == "requested")
+    return DramRule::Requested;
+  throw Error("--dram: '" + text + "' is not distinct or requested");
+}
+
 struct LaunchModel {
   Value json;
   double seconds = 0;
   std::string bound;
   double uniqueBytesScaled = 0;
+  Terms terms{};
+  double efficiency = 1;
 };
 
-/// The roofline of one launch on one device.
-LaunchModel modelLaunch(const DeviceModel &device, const BenchCase &b, const Launch &launch,
-                        double mustMoveBytes) {
+/// The roofline of one launch on one device; `registers` 0 leaves the
+/// register limit out of the occupancy.
+LaunchModel modelLaunch(const DeviceModel &device, const Launch &launch, int registers,
+                        double mustMoveBytes, DramRule dramRule = DramRule::Distinct) {
   const double scale = launch.scale();
-  const PtxasFigures ptxas = ptxasFor(b, device.arch, launch.kernel);
-  const Occupancy occ = occupancy(device, ptxas.registers, launch.threads(), launch.dynamicShared);
+  const Occupancy occ = occupancy(device, registers, launch.threads(), launch.dynamicShared);
   if (occ.ctas == 0)
     throw Error(fmt::format("{} does not fit on an {} SM ({})", launch.kernel, device.name,
                             occ.limit));
@@ -185,12 +285,11 @@ LaunchModel modelLaunch(const DeviceModel &device, const BenchCase &b, const Lau
   const double efficiency = grid / (waves * slots);
 
   const double uniqueBytes = launch.count("global_sectors_unique") * kSectorBytes;
-  // Decode, merge and builder CTAs touch disjoint data: the sample's
-  // distinct sectors scale. Prefill CTAs of one (batch, kv head) re-read
-  // the same K/V, assumed caught by L2: DRAM moves what the call must move.
   double dramBytes = uniqueBytes * scale;
   if (launch.kernel == "pagedc_prefill")
     dramBytes = std::max(mustMoveBytes, uniqueBytes);
+  else if (dramRule == DramRule::Requested)
+    dramBytes = launch.requestedBytes() + launch.count("global_store_bytes") * scale;
   const double wgmmaFlops = launch.count("wgmma_flop");
   if (wgmmaFlops > 0 && device.wgmmaFraction == 0)
     throw Error(fmt::format("{} uses wgmma (sm_90a), which an {} does not have", launch.kernel,
@@ -201,44 +300,38 @@ LaunchModel modelLaunch(const DeviceModel &device, const BenchCase &b, const Lau
   const double bulkBytes = launch.count("bulk_copy_bytes");
   const double wavefronts =
       launch.count("ldmatrix_wavefronts") + launch.count("shared_wavefronts") +
-      (launch.count("cp_async_bytes") + launch.count("cp_async_zero_fill_bytes") +
-       bulkBytes + launch.count("wgmma_shared_bytes")) /
+      (launch.count("cp_async_bytes") + launch.count("cp_async_zero_fill_bytes") + bulkBytes +
+       launch.count("wgmma_shared_bytes")) /
           kSharedBytesPerClock;
-  const std::pair<const char *, double> terms[] = {
-      {"tensor", launch.count("mma") * scale * kFlopsPerMma /
-                         (device.peakFlops * device.mmaSyncFraction) +
-                     (wgmmaFlops > 0
-                          ? wgmmaFlops * scale / (device.peakFlops * device.wgmmaFraction)
-                          : 0.0)},
-      {"shared", wavefronts * scale / (device.sms * device.clock)},
-      {"dram", dramBytes / device.hbm},
-      {"l2", (launch.count("global_sectors_requested") * kSectorBytes + bulkBytes) * scale /
-                 device.l2},
-      {"mufu", launch.count("transcendentals") * scale /
-                   (device.sms * kMufuPerClock * device.clock)},
-  };
   LaunchModel result;
+  result.terms[Tensor] =
+      launch.count("mma") * scale * kFlopsPerMma / (device.peakFlops * device.mmaSyncFraction) +
+      (wgmmaFlops > 0 ? wgmmaFlops * scale / (device.peakFlops * device.wgmmaFraction) : 0.0);
+  result.terms[Shared] = wavefronts * scale / (device.sms * device.clock);
+  result.terms[Dram] = dramBytes / device.hbm;
+  result.terms[L2] =
+      (launch.count("global_sectors_requested") * kSectorBytes + bulkBytes) * scale / device.l2;
+  result.terms[Mufu] =
+      launch.count("transcendentals") * scale / (device.sms * kMufuPerClock * device.clock);
+  result.efficiency = efficiency;
   double longest = -1;
   Value termsJson = Value::object();
-  for (const auto &[name, seconds] : terms) {
-    termsJson.set(name, round3(seconds * 1e6));
-    if (seconds > longest) {
-      longest = seconds;
-      result.bound = name;
+  for (size_t i = 0; i < result.terms.size(); ++i) {
+    termsJson.set(kTermNames[i], round3(result.terms[i] * 1e6));
+    if (result.terms[i] > longest) {
+      longest = result.terms[i];
+      result.bound = kTermNames[i];
     }
   }
-  // Programmatic dependent launch is sm_90's: an A100 launches the grid
-  // after the previous one ends, as a plain launch.
-  const bool dependent = launch.programmatic && std::string(device.arch) == "sm_90";
-  result.seconds = longest / efficiency +
-                   (dependent ? kDependentLaunchGapSeconds : kLaunchOverheadSeconds);
+  const bool dependent = dependentLaunch(device, launch.programmatic);
+  result.seconds = longest / efficiency + launchOverheadSeconds(device, launch.programmatic);
   result.uniqueBytesScaled = uniqueBytes * scale;
   Value j = Value::object();
   j.set("kernel", launch.kernel);
   j.set("part_of_call", launch.partOfCall());
   j.set("grid_blocks", static_cast<int64_t>(grid));
   j.set("blocks_run", static_cast<int64_t>(launch.count("blocks")));
-  j.set("registers", ptxas.registers);
+  j.set("registers", registers);
   j.set("ctas_per_sm", occ.ctas);
   j.set("occupancy_limit", occ.limit);
   j.set("waves", static_cast<int64_t>(waves));
@@ -270,6 +363,42 @@ std::string figureText(const Value &entry) {
   if (const Value *f = entry.find("modelled_tflops"))
     return fmt::format("{:.0f} TFLOP/s", f->asDouble("tflops"));
   return "error";
+}
+
+/// The devices' figures as the JSON results carry them.
+Value devicesJson() {
+  Value devices = Value::object();
+  for (const DeviceModel &d : kDevices) {
+    Value j = Value::object();
+    j.set("arch", d.arch);
+    j.set("note", d.note);
+    j.set("peak_tflops", d.peakFlops * 1e-12);
+    j.set("mma_sync_fraction", d.mmaSyncFraction);
+    j.set("wgmma_fraction", d.wgmmaFraction);
+    j.set("hbm_bytes_per_s", d.hbm);
+    j.set("l2_bytes_per_s", d.l2);
+    j.set("clock_hz", d.clock);
+    j.set("sms", d.sms);
+    j.set("shared_per_sm", d.sharedPerSm);
+    j.set("shared_per_block", d.sharedPerBlock);
+    j.set("registers_per_sm", d.registersPerSm);
+    j.set("threads_per_sm", d.threadsPerSm);
+    j.set("ctas_per_sm", d.ctasPerSm);
+    devices.set(d.name, std::move(j));
+  }
+  return devices;
+}
+
+Value constantsJson() {
+  Value constants = Value::object();
+  constants.set("launch_overhead_us", kLaunchOverheadSeconds * 1e6);
+  constants.set("dependent_launch_gap_us", kDependentLaunchGapSeconds * 1e6);
+  constants.set("shared_bytes_per_clock_per_sm", kSharedBytesPerClock);
+  constants.set("mufu_per_clock_per_sm", kMufuPerClock);
+  constants.set("flops_per_mma", kFlopsPerMma);
+  constants.set("reserved_shared_per_cta", kReservedSharedPerCta);
+  constants.set("schedulers_per_sm", kSchedulersPerSm);
+  return constants;
 }
 
 } // namespace
@@ -403,6 +532,8 @@ int runModel(const Pack &pack, const ModelOptions &options, std::ostream &out,
       j.set("grid", std::move(grid));
       j.set("block", std::move(block));
       j.set("dynamic_shared_bytes", l.dynamicShared);
+      if (l.programmatic)
+        j.set("programmatic_dependent", true);
       j.set("counters", l.counters);
       launchesJson.push(std::move(j));
     }
@@ -444,7 +575,8 @@ int runModel(const Pack &pack, const ModelOptions &options, std::ostream &out,
         double callSeconds = 0, builderSeconds = 0, callUnique = 0, longest = -1;
         std::string bound;
         for (const Launch &l : launches) {
-          LaunchModel m = modelLaunch(device, b, l, mustMove);
+          LaunchModel m =
+              modelLaunch(device, l, ptxasFor(b, device.arch, l.kernel).registers, mustMove);
           if (l.partOfCall()) {
             callSeconds += m.seconds;
             callUnique += m.uniqueBytesScaled;
@@ -495,49 +627,18 @@ int runModel(const Pack &pack, const ModelOptions &options, std::ostream &out,
   root.set("modelled", true);
   root.set("measured", false);
   root.set("tool", "pagedc-gpu model");
-  std::time_t now = std::time(nullptr);
-  char date[64];
-  std::strftime(date, sizeof(date), "%Y-%m-%dT%H:%M:%SZ", std::gmtime(&now));
-  root.set("date", date);
+  root.set("date", utcNow());
   root.set("pack", pack.directory);
   root.set("pack_created", pack.created);
   root.set("sample_blocks", options.sampleBlocks);
   root.set("prefill_sample_blocks", options.prefillSampleBlocks);
   root.set("max_kv_bytes", options.maxKvBytes);
   root.set("wall_seconds", round3(seconds));
-  Value devices = Value::object();
-  for (const DeviceModel &d : kDevices) {
-    Value j = Value::object();
-    j.set("arch", d.arch);
-    j.set("note", d.note);
-    j.set("peak_tflops", d.peakFlops * 1e-12);
-    j.set("mma_sync_fraction", d.mmaSyncFraction);
-    j.set("hbm_bytes_per_s", d.hbm);
-    j.set("l2_bytes_per_s", d.l2);
-    j.set("clock_hz", d.clock);
-    j.set("sms", d.sms);
-    j.set("shared_per_sm", d.sharedPerSm);
-    j.set("shared_per_block", d.sharedPerBlock);
-    j.set("registers_per_sm", d.registersPerSm);
-    j.set("threads_per_sm", d.threadsPerSm);
-    j.set("ctas_per_sm", d.ctasPerSm);
-    devices.set(d.name, std::move(j));
-  }
-  root.set("devices", std::move(devices));
-  Value constants = Value::object();
-  constants.set("launch_overhead_us", kLaunchOverheadSeconds * 1e6);
-  constants.set("dependent_launch_gap_us", kDependentLaunchGapSeconds * 1e6);
-  constants.set("shared_bytes_per_clock_per_sm", kSharedBytesPerClock);
-  constants.set("mufu_per_clock_per_sm", kMufuPerClock);
-  constants.set("flops_per_mma", kFlopsPerMma);
-  constants.set("reserved_shared_per_cta", kReservedSharedPerCta);
-  root.set("constants", std::move(constants));
+  root.set("devices", devicesJson());
+  root.set("constants", constantsJson());
   root.set("configurations", std::move(configurations));
   if (!options.jsonPath.empty()) {
-    std::ofstream file(options.jsonPath);
-    file << root.dump(1) << "\n";
-    if (!file)
-      throw Error("cannot write " + options.jsonPath);
+    writeJsonFile(options.jsonPath, root, 1);
     out << "wrote " << options.jsonPath << " (MODELLED)\n";
   }
   if (missingPtxas)
@@ -550,6 +651,185 @@ int runModel(const Pack &pack, const ModelOptions &options, std::ostream &out,
     return 1;
   }
   return failures ? 1 : 0;
+}
+
+namespace {
+
+/// A line's "warp_instructions": a number or an array of them (a range).
+std::vector<double> warpInstructions(const Value &line) {
+  std::vector<double> counts;
+  const Value *value = line.find("warp_instructions");
+  if (!value)
+    return counts;
+  if (value->kind() == Value::Kind::Array) {
+    for (const Value &item : value->asArray("warp_instructions"))
+      counts.push_back(item.asDouble("warp_instructions"));
+    if (counts.empty())
+      throw Error("warp_instructions is an empty array");
+  } else {
+    counts.push_back(value->asDouble("warp_instructions"));
+  }
+  return counts;
+}
+
+/// The issue rule's figures of a launch with terms `terms` for each count of
+/// warp instructions.
+void addIssue(Value &json, const DeviceModel &device, const Terms &terms, double efficiency,
+              bool programmatic, const std::vector<double> &counts) {
+  Value instructions = Value::array(), issue = Value::array(), total = Value::array();
+  for (double count : counts) {
+    const double seconds = issueSeconds(device, count, efficiency);
+    instructions.push(count);
+    issue.push(seconds * 1e6);
+    total.push((issueRuleSeconds(terms, seconds) + launchOverheadSeconds(device, programmatic)) *
+               1e6);
+  }
+  json.set("warp_instructions", std::move(instructions));
+  json.set("issue_us", std::move(issue));
+  json.set("modelled_us_with_issue", std::move(total));
+}
+
+} // namespace
+
+int runLaunches(const LaunchesOptions &options, std::ostream &out) {
+  const DeviceModel &device = deviceNamed(options.device);
+  const DramRule dramRule = parseDramRule(options.dram);
+  const std::vector<Value> lines = readJsonLines(options.path);
+  if (lines.empty())
+    throw Error(options.path + " holds no launch");
+  Value launches = Value::array();
+  double callSeconds = 0, requested = 0;
+  out << "MODELLED, not measured (no GPU ran these kernels): " << device.name << "\n";
+  out << fmt::format("{:<28} {:>8} {:>8} {:<7} {:>11} {:>16}\n", "kernel", "grid", "run", "bound",
+                     "modelled us", "with issue us");
+  for (size_t i = 0; i < lines.size(); ++i) {
+    const Value &line = lines[i];
+    Value json;
+    std::string text;
+    try {
+      const std::vector<double> counts = warpInstructions(line);
+      if (const Value *given = line.find("terms_us")) {
+        // A launch the model has already turned into terms (a model JSON's):
+        // only the issue rule is applied.
+        if (counts.empty())
+          throw Error("a line with terms_us needs warp_instructions");
+        Terms terms{};
+        for (size_t t = 0; t < terms.size(); ++t)
+          terms[t] = given->at(kTermNames[t]).asDouble(kTermNames[t]) * 1e-6;
+        const double efficiency = line.at("wave_efficiency").asDouble("wave_efficiency");
+        if (!(efficiency > 0 && efficiency <= 1))
+          throw Error(fmt::format("wave_efficiency must be in (0, 1], got {}", efficiency));
+        const Value *flag = line.find("programmatic_dependent");
+        const bool programmatic = flag && flag->asBool("programmatic_dependent");
+        json = Value::object();
+        if (const Value *kernel = line.find("kernel"))
+          json.set("kernel", kernel->asString("kernel"));
+        json.set("wave_efficiency", efficiency);
+        json.set("terms_us", *given);
+        addIssue(json, device, terms, efficiency, programmatic, counts);
+      } else {
+        const Launch launch = parseLaunch(line);
+        int registers = options.registers;
+        if (const Value *r = line.find("registers"))
+          registers = static_cast<int>(r->asInt("registers"));
+        double mustMove = 0;
+        if (const Value *m = line.find("must_move_bytes"))
+          mustMove = m->asDouble("must_move_bytes");
+        LaunchModel m = modelLaunch(device, launch, registers, mustMove, dramRule);
+        json = std::move(m.json);
+        json.set("requested_global_bytes", launch.requestedBytes());
+        if (!counts.empty())
+          addIssue(json, device, m.terms, m.efficiency, launch.programmatic, counts);
+        if (launch.partOfCall()) {
+          callSeconds += m.seconds;
+          requested += launch.requestedBytes();
+        }
+        text = fmt::format("{:>8} {:>8} {:<7} {:>11.3f}",
+                           static_cast<int64_t>(launch.count("grid_blocks")),
+                           static_cast<int64_t>(launch.count("blocks")), m.bound, m.seconds * 1e6);
+      }
+    } catch (const std::exception &e) {
+      throw Error(fmt::format("{}:{}: {}", options.path, i + 1, e.what()));
+    }
+    if (text.empty())
+      text = fmt::format("{:>8} {:>8} {:<7} {:>11}", "-", "-", "-", "-");
+    std::string issue;
+    if (const Value *with = json.find("modelled_us_with_issue")) {
+      const auto &range = with->asArray("modelled_us_with_issue");
+      issue = fmt::format("{:.1f}", range.front().asDouble("us"));
+      if (range.size() > 1)
+        issue += fmt::format("-{:.1f}", range.back().asDouble("us"));
+    }
+    const Value *kernel = json.find("kernel");
+    out << fmt::format("{:<28} {} {:>16}\n", kernel ? kernel->asString("kernel") : "-", text,
+                       issue);
+    launches.push(std::move(json));
+  }
+  Value root = Value::object();
+  root.set("label", kLabel);
+  root.set("modelled", true);
+  root.set("measured", false);
+  root.set("tool", "pagedc-gpu model --launches");
+  root.set("device", device.name);
+  root.set("dram", options.dram);
+  root.set("default_registers", options.registers);
+  root.set("launches", std::move(launches));
+  root.set("modelled_us", round3(callSeconds * 1e6));
+  root.set("requested_global_bytes", requested);
+  out << fmt::format("call (every launch but the block-mask builder's): {:.3f} us MODELLED\n",
+                     callSeconds * 1e6);
+  if (!options.jsonPath.empty())
+    writeJsonFile(options.jsonPath, root, 1);
+  return 0;
+}
+
+int explainModel(const std::string &jsonPath, std::ostream &out) {
+  out << "The performance model (MODELLED; tools/pagedc-gpu/Model.cpp; why: docs/emulator.md)\n";
+  for (const DeviceModel &d : kDevices)
+    out << fmt::format(
+        "{} ({}): {:g} TFLOP/s dense bf16, mma.sync {} of it, wgmma {}; HBM {:g} TB/s, L2 {:g} "
+        "TB/s; {} SMs at {:g} GHz; per SM {} KiB shared ({} per block), {} registers, {} "
+        "threads, {} CTAs\n  {}\n",
+        d.name, d.arch, d.peakFlops * 1e-12, d.mmaSyncFraction,
+        d.wgmmaFraction > 0 ? fmt::format("{}", d.wgmmaFraction) : std::string("none"),
+        d.hbm * 1e-12, d.l2 * 1e-12, d.sms, d.clock * 1e-9, d.sharedPerSm / 1024,
+        d.sharedPerBlock / 1024, d.registersPerSm, d.threadsPerSm, d.ctasPerSm, d.note);
+  out << fmt::format(
+      "Per launch (counters of PAGEDC_EMU_COUNTERS; s = grid_blocks / blocks):\n"
+      "  CTAs per SM = min(CTAs, threads per SM / threads, register limit, shared limit)\n"
+      "    register limit = (registers per SM / (ceil(r / 8) * 8 * 32 rounded up to 256)) / "
+      "warps\n"
+      "    shared limit = shared per SM / (dynamic shared + {}); 0 over the per-block limit\n"
+      "  waves W = ceil(grid / (SMs * CTAs per SM)), efficiency e = grid / (W * SMs * CTAs per "
+      "SM)\n"
+      "  tensor = mma * {} FLOP * s / (peak * mma.sync fraction) + wgmma_flop * s / (peak * "
+      "wgmma fraction)\n"
+      "  shared = (ldmatrix_wavefronts + shared_wavefronts + (cp_async_bytes + "
+      "cp_async_zero_fill_bytes + bulk_copy_bytes + wgmma_shared_bytes) / {}) * s / (SMs * "
+      "clock)\n"
+      "  dram = bytes / HBM; pagedc_prefill: bytes = max(must-move bytes, "
+      "global_sectors_unique * {});\n"
+      "    other kernels: bytes = global_sectors_unique * {} * s (--dram distinct), or\n"
+      "    (cp_async_bytes + global_load_bytes + global_store_bytes) * s (--dram requested)\n"
+      "  l2 = (global_sectors_requested * {} + bulk_copy_bytes) * s / L2\n"
+      "  mufu = transcendentals * s / (SMs * {} * clock)\n"
+      "  t = max(terms) / e + {} us ({} us for a programmatic dependent launch on sm_90); the "
+      "largest term is the bound\n"
+      "A call: its launches' t added, the block-mask builder's apart.\n"
+      "Issue rule (launches with warp_instructions):\n"
+      "  issue = warp_instructions / (SMs * {} schedulers * clock) / e\n"
+      "  t = max(max(tensor, shared) + issue, dram, l2, mufu) + the launch's overhead\n",
+      kReservedSharedPerCta, kFlopsPerMma, kSharedBytesPerClock, kSectorBytes, kSectorBytes,
+      kSectorBytes, kMufuPerClock, kLaunchOverheadSeconds * 1e6, kDependentLaunchGapSeconds * 1e6,
+      kSchedulersPerSm);
+  if (!jsonPath.empty()) {
+    Value root = Value::object();
+    root.set("label", kLabel);
+    root.set("devices", devicesJson());
+    root.set("constants", constantsJson());
+    writeJsonFile(jsonPath, root, 1);
+  }
+  return 0;
 }
 
 } // namespace pagedc::gpu

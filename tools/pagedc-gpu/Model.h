@@ -5,9 +5,11 @@
 // SIMT emulator (sampled grids, checkers off), reads the emulator's counters
 // per launch, and combines them with the ptxas figures the pack carries
 // (`pagedc-gpu-prepare --ptxas-arch sm_90,sm_80`) into a roofline estimate
-// of the call's time on an H100 SXM and an A100 SXM. Every figure is
-// MODELLED, never measured; docs/emulator.md ("The performance model")
-// gives the formulas and every assumption.
+// of the call's time on an H100 SXM and an A100 SXM. `pagedc-gpu model
+// --launches FILE` models launches whose counters a script gathered, with
+// the same formulas; `--explain` prints them. Every figure is MODELLED,
+// never measured; docs/emulator.md ("The performance model") says why each
+// formula is as it is.
 //
 //===----------------------------------------------------------------------===//
 #ifndef PAGEDC_TOOLS_PAGEDC_GPU_MODEL_H
@@ -40,6 +42,35 @@ struct ModelOptions {
   /// a CTA per query tile whatever they say (runModel).
   KernelOptions kernel;
 };
+
+/// `pagedc-gpu model --launches FILE`: the launches of a JSON-lines file,
+/// each an emulator counter line (PAGEDC_EMU_COUNTERS) or a launch a model
+/// JSON already holds (its "terms_us" and "wave_efficiency"), modelled on
+/// one device. A counter line may add "registers" (per thread, from ptxas)
+/// and "must_move_bytes" (a prefill's); any line may add
+/// "warp_instructions" (a count or a range of them), which adds the issue
+/// rule's figures.
+struct LaunchesOptions {
+  std::string path;
+  /// The JSON result (empty: none).
+  std::string jsonPath;
+  /// H100 or A100.
+  std::string device = "H100";
+  /// Registers per thread of a line that gives none; 0 leaves the register
+  /// limit out of the occupancy.
+  int registers = 0;
+  /// How a launch's DRAM bytes are counted: "distinct" (as for a pack) or
+  /// "requested" (a decode or merge launch moves what it requests).
+  std::string dram = "distinct";
+};
+
+/// Models the launches of `options.path`; prints a table to `out`. Throws
+/// pagedc::Error naming the line of a malformed launch.
+int runLaunches(const LaunchesOptions &options, std::ostream &out);
+
+/// Prints the model's formulas with its constants and devices to `out`;
+/// with a `jsonPath`, writes the constants and devices there.
+int explainModel(const std::string &jsonPath, std::ostream &out);
 
 /// Sets the emulator's environment (driver, checks, sampling); must run
 /// before the CUDA driver is first used.

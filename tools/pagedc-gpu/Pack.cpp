@@ -10,6 +10,7 @@
 
 #include <cmath>
 #include <cstring>
+#include <ctime>
 #include <filesystem>
 #include <fstream>
 #include <sstream>
@@ -44,6 +45,20 @@ float fromBits16(uint16_t bits, DType dtype) {
 }
 
 const char *kindName(KernelKind kind) { return kernelKindName(kind); }
+
+std::string utcNow() {
+  std::time_t now = std::time(nullptr);
+  char text[64];
+  std::strftime(text, sizeof(text), "%Y-%m-%dT%H:%M:%SZ", std::gmtime(&now));
+  return text;
+}
+
+void writeJsonFile(const std::string &path, const json::Value &value, int indent) {
+  std::ofstream out(path);
+  out << value.dump(indent) << "\n";
+  if (!out)
+    throw Error("cannot write " + path);
+}
 
 KernelKind kindFromName(const std::string &name) {
   for (KernelKind kind :
@@ -308,10 +323,7 @@ void Pack::write() const {
   }
   root.set("bench", std::move(benchArray));
   fs::create_directories(directory);
-  std::ofstream out(fs::path(directory) / "pack.json");
-  out << root.dump() << "\n";
-  if (!out)
-    throw Error(fmt::format("cannot write {}/pack.json", directory));
+  writeJsonFile((fs::path(directory) / "pack.json").string(), root, 2);
 }
 
 Pack Pack::read(const std::string &directory) {

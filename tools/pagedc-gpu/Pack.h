@@ -28,6 +28,10 @@
 #include <utility>
 #include <vector>
 
+namespace pagedc::json {
+class Value;
+} // namespace pagedc::json
+
 namespace pagedc::gpu {
 
 constexpr const char *kPackFormat = "pagedc-gpu-pack";
@@ -151,6 +155,14 @@ float fromBits16(uint16_t bits, DType dtype);
 
 const char *kindName(KernelKind kind);
 KernelKind kindFromName(const std::string &name);
+
+/// The current UTC time in ISO 8601 (2026-01-31T12:00:00Z): the date of a
+/// pack or a result.
+std::string utcNow();
+
+/// Writes `value` (json::Value::dump with `indent`) and a newline to
+/// `path`; throws pagedc::Error naming the path when it cannot.
+void writeJsonFile(const std::string &path, const json::Value &value, int indent);
 
 } // namespace pagedc::gpu
 

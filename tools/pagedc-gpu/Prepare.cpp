@@ -46,7 +46,6 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
-#include <ctime>
 #include <filesystem>
 #include <fstream>
 #include <iostream>
@@ -480,13 +479,6 @@ double keptFraction(const CompiledMods &mods, const PagedcModContext &context, i
   return kept / (static_cast<double>(qLength) * kvLength);
 }
 
-std::string nowText() {
-  std::time_t now = std::time(nullptr);
-  char text[64];
-  std::strftime(text, sizeof(text), "%Y-%m-%dT%H:%M:%SZ", std::gmtime(&now));
-  return text;
-}
-
 int run(const Options &options) {
   const auto started = std::chrono::steady_clock::now();
   const fs::path packDir(options.out);
@@ -495,7 +487,7 @@ int run(const Options &options) {
   Pack pack;
   pack.directory = options.out;
   pack.arch = options.arch;
-  pack.created = nowText();
+  pack.created = utcNow();
 
   CompileOptions compile;
   compile.arch = options.arch;

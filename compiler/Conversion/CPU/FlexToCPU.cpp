@@ -224,29 +224,12 @@ private:
 
   /// The size of dimension `dim` of a bound buffer (PagedcBufferRef::sizes).
   Value size(Location loc, unsigned buffer, unsigned dim) {
-    Value &cached = bufferSizes[{buffer, dim}];
-    if (cached)
-      return cached;
-    Value refs = loadField(loc, 0, bufferRefs);
-    Value address = prelude.create<LLVM::GEPOp>(
-        loc, pointerType, bufferRefType, refs,
-        ArrayRef<LLVM::GEPArg>{static_cast<int32_t>(buffer), 1,
-                               static_cast<int32_t>(dim)});
-    cached = prelude.create<LLVM::LoadOp>(loc, prelude.getI64Type(), address);
-    return cached;
+    return bufferRefField(loc, buffer, kSizesField, dim, bufferSizes);
   }
 
+  /// The stride of dimension `dim` (PagedcBufferRef::strides).
   Value stride(Location loc, unsigned buffer, unsigned dim) {
-    Value &cached = bufferStrides[{buffer, dim}];
-    if (cached)
-      return cached;
-    Value refs = loadField(loc, 0, bufferRefs);
-    Value address = prelude.create<LLVM::GEPOp>(
-        loc, pointerType, bufferRefType, refs,
-        ArrayRef<LLVM::GEPArg>{static_cast<int32_t>(buffer), 2,
-                               static_cast<int32_t>(dim)});
-    cached = prelude.create<LLVM::LoadOp>(loc, prelude.getI64Type(), address);
-    return cached;
+    return bufferRefField(loc, buffer, kStridesField, dim, bufferStrides);
   }
 
   const DeclarationTable &declarations;
@@ -258,6 +241,26 @@ private:
   llvm::DenseMap<unsigned, Value> bufferData;
   llvm::DenseMap<std::pair<unsigned, unsigned>, Value> bufferStrides;
   llvm::DenseMap<std::pair<unsigned, unsigned>, Value> bufferSizes;
+
+  /// PagedcBufferRef's fields: data, sizes, strides.
+  static constexpr int32_t kSizesField = 1, kStridesField = 2;
+
+  /// Element `dim` of array field `field` of the bound buffer `buffer`'s
+  /// PagedcBufferRef, loaded once in the prelude and cached in `cache`.
+  Value
+  bufferRefField(Location loc, unsigned buffer, int32_t field, unsigned dim,
+                 llvm::DenseMap<std::pair<unsigned, unsigned>, Value> &cache) {
+    Value &cached = cache[{buffer, dim}];
+    if (cached)
+      return cached;
+    Value refs = loadField(loc, 0, bufferRefs);
+    Value address = prelude.create<LLVM::GEPOp>(
+        loc, pointerType, bufferRefType, refs,
+        ArrayRef<LLVM::GEPArg>{static_cast<int32_t>(buffer), field,
+                               static_cast<int32_t>(dim)});
+    cached = prelude.create<LLVM::LoadOp>(loc, prelude.getI64Type(), address);
+    return cached;
+  }
   Value zeroScratch;
 };
 

@@ -477,6 +477,38 @@ std::string encodeCacheMaps(const CudaDriver &driver, const KernelConfig &config
   }
   return "";
 }
+
+/// The tensor maps of a kernel's arguments `maps` (k_map, v_map, k_run_map,
+/// v_run_map, tensor_maps, run_boxes): a box of `boxRows` rows a page, and,
+/// when pages are shorter than `runRows` and `runsEnabled` (the kernel
+/// option) leaves them on, run maps of one box of `runRows` rows over
+/// consecutive pages (without them every page is its own box). Returns why
+/// the page maps could not be encoded (empty: bound, tensor_maps set) and
+/// in `runs` what the launch's note says of the run maps.
+template <typename Maps>
+std::string bindCacheMaps(const CudaDriver &driver, const KernelConfig &config,
+                          const PagedcAttentionKernelArgs &args, int64_t kPages, int64_t vPages,
+                          unsigned boxRows, int64_t runRows, bool runsEnabled, Maps &maps,
+                          std::string &runs) {
+  const std::string why =
+      encodeCacheMaps(driver, config, args, kPages, vPages, boxRows, maps.k_map, maps.v_map);
+  if (!why.empty())
+    return why;
+  maps.tensor_maps = 1;
+  maps.run_boxes = 0;
+  if (config.pageSize >= runRows || !runsEnabled)
+    return "";
+  const std::string runWhy =
+      encodeCacheMaps(driver, config, args, kPages, vPages, boxRows, maps.k_run_map,
+                      maps.v_run_map, static_cast<unsigned>(runRows / config.pageSize));
+  if (runWhy.empty()) {
+    maps.run_boxes = 1;
+    runs = ", page runs";
+  } else {
+    runs = ", no page runs (" + runWhy + ")";
+  }
+  return "";
+}
 } // namespace
 
 std::string bindPrefillTensorMaps(const CudaDriver &driver, const KernelConfig &config,
@@ -501,28 +533,14 @@ std::string bindPrefillTensorMaps(const CudaDriver &driver, const KernelConfig &
   if (config.headDim > 128 && config.blockM == 128)
     return refuse("head dim 256 with two consumer warpgroups");
   const unsigned boxRows = static_cast<unsigned>(std::min(config.pageSize, config.blockN));
-  const std::string why = encodeCacheMaps(driver, config, plan.args, kPages, vPages, boxRows,
-                                          maps.k_map, maps.v_map);
+  // Runs: a segment of up to 64 rows of consecutive pages a box, as
+  // PrefillWgmma.cuh's kRunRows.
+  std::string runs;
+  const std::string why = bindCacheMaps(driver, config, plan.args, kPages, vPages, boxRows,
+                                        std::min<int64_t>(config.blockN, kPrefillRunRows),
+                                        options.prefillTmaRuns.value_or(true), maps, runs);
   if (!why.empty())
     return refuse(why);
-  maps.tensor_maps = 1;
-  // Run maps (one box per segment of up to 64 rows of consecutive pages, as
-  // PrefillWgmma.cuh's kRunRows): pages under a segment; without them every
-  // page is its own box.
-  std::string runs;
-  maps.run_boxes = 0;
-  const int64_t runRows = std::min<int64_t>(config.blockN, kPrefillRunRows);
-  if (config.pageSize < runRows && options.prefillTmaRuns.value_or(true)) {
-    const std::string runWhy =
-        encodeCacheMaps(driver, config, plan.args, kPages, vPages, boxRows, maps.k_run_map,
-                        maps.v_run_map, static_cast<unsigned>(runRows / config.pageSize));
-    if (runWhy.empty()) {
-      maps.run_boxes = 1;
-      runs = ", page runs";
-    } else {
-      runs = ", no page runs (" + runWhy + ")";
-    }
-  }
   launch.arguments[2] = bytesOf(maps);
   launch.note = "tensor maps" + runs + pingPongNote;
   return "";
@@ -567,24 +585,13 @@ std::string bindDecodeTensorMaps(const CudaDriver &driver, const KernelConfig &c
   if (config.valueDim() != config.headDim)
     return refuse(fmt::format("value head dim {} other than the head dim", config.valueDim()));
   const unsigned boxRows = static_cast<unsigned>(std::min(config.pageSize, kDecodeTile));
-  const std::string why = encodeCacheMaps(driver, config, plan.args, kPages, vPages, boxRows,
-                                          maps.k_map, maps.v_map);
+  // Runs: a decode tile's rows of consecutive pages a box.
+  std::string runs;
+  const std::string why = bindCacheMaps(driver, config, plan.args, kPages, vPages, boxRows,
+                                        kDecodeTile, options.decodeTmaRuns.value_or(true), maps,
+                                        runs);
   if (!why.empty())
     return refuse(why);
-  maps.tensor_maps = 1;
-  maps.run_boxes = 0;
-  std::string runs;
-  if (config.pageSize < kDecodeTile && options.decodeTmaRuns.value_or(true)) {
-    const std::string runWhy =
-        encodeCacheMaps(driver, config, plan.args, kPages, vPages, boxRows, maps.k_run_map,
-                        maps.v_run_map, static_cast<unsigned>(kDecodeTile / config.pageSize));
-    if (runWhy.empty()) {
-      maps.run_boxes = 1;
-      runs = ", page runs";
-    } else {
-      runs = ", no page runs (" + runWhy + ")";
-    }
-  }
   launch.arguments[2] = bytesOf(maps);
   launch.note = "tensor maps" + runs;
   return "";

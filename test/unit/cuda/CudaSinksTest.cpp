@@ -16,6 +16,7 @@
 //===----------------------------------------------------------------------===//
 #include "EmulatorEnvironment.h"
 #include "BatchStep.h"
+#include "DeviceStep.h"
 #include "SinkReference.h"
 #include "TestMods.h"
 
@@ -348,59 +349,15 @@ Counts compareStep(const BatchStep &step, const TensorView &out, const TensorVie
   return counts;
 }
 
-/// A step's tensors on the device: q, the cache (K then V in one
-/// allocation), out and lse poisoned with NaN, the sinks, the mods'
-/// buffers.
-struct DeviceStep {
-  DeviceBuffer q, cache, out, lse, sinks, doc, slopes;
-  TensorView qView, kView, vView, outView, lseView, sinksView;
-  Bindings bindings;
+/// A step's tensors on the device (DeviceStep) and the sinks.
+struct SinkDeviceStep : test::DeviceStep {
+  DeviceBuffer sinks;
+  TensorView sinksView;
 
-  DeviceStep(BatchStep &step, const std::vector<float> &sinkValues) {
-    const Device device = Device::cuda(0);
-    const BatchStepCase &c = step.c;
-    auto bytesOf = [](const HostTensor &t) {
-      return static_cast<size_t>(t.numel()) * dtypeSize(t.dtype());
-    };
-    q = DeviceBuffer(bytesOf(step.q), 0);
-    q.upload(step.q.data(), bytesOf(step.q));
-    qView = TensorView(q.data(), c.storage, step.q.shape(), step.q.view().strides(), device);
-    const size_t kBytes = bytesOf(step.cache->k), vBytes = bytesOf(step.cache->v);
-    cache = DeviceBuffer(kBytes + vBytes, 0);
-    cache.upload(step.cache->k.data(), kBytes);
-    cache.upload(step.cache->v.data(), vBytes, kBytes);
-    auto *base = static_cast<char *>(cache.data());
-    // (An 8-bit cache holds its codes.)
-    const DType cacheType = step.cache->k.dtype();
-    kView =
-        TensorView(base, cacheType, step.cache->k.shape(), step.cache->k.view().strides(), device);
-    vView = TensorView(base + kBytes, cacheType, step.cache->v.shape(),
-                       step.cache->v.view().strides(), device);
-    const int64_t rows = step.q.shape()[0];
-    out = DeviceBuffer(static_cast<size_t>(rows * c.qHeads * c.vDim) * dtypeSize(c.storage), 0);
-    out.fill(0xff);
-    outView = TensorView(out.data(), c.storage, {rows, c.qHeads, c.vDim}, device);
-    lse = DeviceBuffer(static_cast<size_t>(rows * c.qHeads) * 4, 0);
-    lse.fill(0xff);
-    lseView = TensorView(lse.data(), DType::F32, {rows, c.qHeads}, device);
+  SinkDeviceStep(BatchStep &step, const std::vector<float> &sinkValues) : DeviceStep(step) {
     sinks = DeviceBuffer(sinkValues.size() * 4, 0);
     sinks.upload(sinkValues.data(), sinkValues.size() * 4);
-    sinksView = TensorView(sinks.data(), DType::F32, {c.qHeads}, device);
-    doc = DeviceBuffer(step.bindings->documents.size() * 4, 0);
-    doc.upload(step.bindings->documents.data(), doc.size());
-    slopes = DeviceBuffer(step.bindings->slopes.size() * 4, 0);
-    slopes.upload(step.bindings->slopes.data(), slopes.size());
-    bindings = step.bindings->bindings;
-    bindings.buffers["doc"] = TensorView(doc.data(), DType::I32, {step.batch, step.maxKv}, device);
-    bindings.buffers["slopes"] = TensorView(slopes.data(), DType::F32, {c.qHeads}, device);
-  }
-
-  std::pair<HostTensor, HostTensor> results() const {
-    HostTensor hostOut(outView.dtype(), outView.shape());
-    out.download(hostOut.data(), out.size());
-    HostTensor hostLse(DType::F32, lseView.shape());
-    lse.download(hostLse.data(), lse.size());
-    return {std::move(hostOut), std::move(hostLse)};
+    sinksView = TensorView(sinks.data(), DType::F32, {step.c.qHeads}, Device::cuda(0));
   }
 };
 
@@ -430,7 +387,7 @@ Counts runStep(const BatchStepCase &c, BatchPlanShape *shape = nullptr) {
   if (shape)
     *shape = attention.planShape();
   const std::vector<float> sinks = sinkValues(c.qHeads);
-  DeviceStep device(step, sinks);
+  SinkDeviceStep device(step, sinks);
   BatchRunOptions options;
   options.out = device.outView;
   options.lse = device.lseView;
@@ -498,7 +455,7 @@ TEST(CudaSinks, CapturedStepReadsSinksInPlace) {
   BatchAttention attention(step.mods, cudaConfig(step));
   step.plan(attention);
   std::vector<float> sinks = sinkValues(c.qHeads);
-  DeviceStep device(step, sinks);
+  SinkDeviceStep device(step, sinks);
   const CudaDriver &driver = CudaDriver::get();
   ASSERT_TRUE(cudaGraphsAvailable(driver));
   cu::Stream stream = nullptr;
@@ -535,7 +492,7 @@ TEST(CudaSinks, Refusals) {
   BatchAttention attention(step.mods, cudaConfig(step));
   step.plan(attention);
   const std::vector<float> sinks = sinkValues(c.qHeads);
-  DeviceStep device(step, sinks);
+  SinkDeviceStep device(step, sinks);
   std::vector<float> hostSinks = sinks;
   const struct {
     TensorView sinks;

@@ -63,6 +63,50 @@ for row in rows:
 print("pagedc-gpu model: %d configurations MODELLED for H100 and A100" % len(rows))
 PY
 
+# One model: the pack run's counter lines, with their ptxas registers and
+# must-move bytes, through `model --launches` give every launch's figures
+# and the calls' times again, on both devices.
+python3 - "$work/model.json" "$work/launches" <<'PY'
+import json, sys
+doc = json.load(open(sys.argv[1]))
+for device in ("H100", "A100"):
+    with open("%s-%s.jsonl" % (sys.argv[2], device), "w") as f:
+        for row in doc["configurations"]:
+            entry = row["devices"][device]
+            for line in row["launches"]:
+                f.write(json.dumps(dict(line, must_move_bytes=row["must_move_bytes"],
+                                        registers=entry["ptxas"][line["kernel"]]["registers"]))
+                        + "\n")
+PY
+for device in H100 A100; do
+  "$build/bin/pagedc-gpu" model --launches "$work/launches-$device.jsonl" --device $device \
+      --json "$work/launches-$device.json" > "$work/launches-$device.txt"
+  grep -q "^MODELLED, not measured" "$work/launches-$device.txt"
+done
+python3 - "$work/model.json" "$work/launches" <<'PY'
+import json, sys
+doc = json.load(open(sys.argv[1]))
+for device in ("H100", "A100"):
+    again = json.load(open("%s-%s.json" % (sys.argv[2], device)))
+    assert again["modelled"] is True and again["device"] == device, again
+    pack = [l for row in doc["configurations"] for l in row["devices"][device]["launches"]]
+    assert len(pack) == len(again["launches"]) > 0, (len(pack), len(again["launches"]))
+    for a, b in zip(pack, again["launches"]):
+        for field in ("kernel", "ctas_per_sm", "wave_efficiency", "bound", "terms_us",
+                      "dram_bytes", "programmatic_dependent", "modelled_us"):
+            assert a[field] == b[field], (device, a["kernel"], field, a[field], b[field])
+    # The calls without the block-mask builders (each call rounded to 1 ns).
+    calls = sum(row["devices"][device]["modelled_us"] for row in doc["configurations"])
+    assert abs(again["modelled_us"] - calls) < 0.01, (device, again["modelled_us"], calls)
+print("pagedc-gpu model --launches: the pack's %d launches MODELLED alike" % len(pack))
+PY
+# --explain prints the formulas with the model's constants.
+"$build/bin/pagedc-gpu" model --explain --json "$work/explain.json" > "$work/explain.txt"
+grep -q "tensor = mma \* 4096 FLOP" "$work/explain.txt"
+grep -q "issue = warp_instructions / (SMs \* 4 schedulers \* clock) / e" "$work/explain.txt"
+python3 -c "import json,sys; d=json.load(open(sys.argv[1])); assert d['devices']['H100']['sms'] == 132" \
+    "$work/explain.json"
+
 # `pagedc-gpu bench` on the emulated driver, its decode configuration cut to
 # one sequence of 512 keys: both timings run (call by call, and queued after
 # an L2 flush) and reach the JSON; --no-queued leaves the second out.

@@ -6,7 +6,9 @@ from a pack, anchors, SDPA support, reserve plans, the merge, the targets,
 the SASS main-loop count, its copy loop and its path range, the decode
 kernel's shared memory and forced paths, the issue term's rule, tile mix
 and Nsight Compute parsing, and persistent_schedule.py's block visits and
-its two ways of handing out query tiles."""
+its two ways of handing out query tiles. The issue rule and the roofline
+are pagedc-gpu's (`pagedc-gpu model --launches`, tools/pagedc-gpu/Model.cpp):
+the tests of them run the binary $PAGEDC_GPU names (ctest sets it)."""
 import json
 import os
 import sys
@@ -490,8 +492,9 @@ class IssueModel(unittest.TestCase):
         launch = {"kernel": "pagedc_prefill", "counters": {
             "grid_blocks": 1, "blocks": 1, "tiles_kept": 8, "tiles_masked": 0,
             "row_groups_rescaled": 8}}
+        terms = {"tensor": 1.0, "shared": 0.5, "dram": 0.25, "l2": 0.25, "mufu": 0.125}
         modelled = {"H100": {"launches": [{"kernel": "pagedc_prefill", "wave_efficiency": 1.0,
-                                          "terms_us": {"tensor": 1.0}, "modelled_us": 4.0}]}}
+                                          "terms_us": terms, "modelled_us": 4.0}]}}
         def config(name, mask, score):
             return {"name": name, "kind": "prefill", "status": "modelled", "mask": mask,
                     "score": score, "batch": 1, "heads_q": 1, "q_len": 128,
@@ -505,14 +508,81 @@ class IssueModel(unittest.TestCase):
         self.assertEqual(rows[0]["tile_mix"], "emulator tallies")
         # 8 kept warp visits of 10 instructions, one CTA visit's producer (0).
         self.assertEqual(rows[0]["instructions"], [80.0, 80.0])
+        # The H100's 132 SMs x 4 schedulers at 1.83 GHz issue them, on top
+        # of the tensor term, plus 3 us of launch.
+        issue = 80 / (132 * 4 * 1.83e9) * 1e6
+        self.assertAlmostEqual(rows[0]["issue_us"][0], issue)
+        self.assertAlmostEqual(rows[0]["modelled_us_with_issue"][1], 1.0 + issue + 3.0)
+        self.assertAlmostEqual(rows[0]["tflops_with_issue"][0], 1e6 / (4.0 + issue) / 1e6)
 
     def test_rule_adds_issue_to_the_larger_of_tensor_and_shared(self):
         terms = {"tensor": 100.0, "shared": 120.0, "l2": 150.0, "dram": 10.0, "mufu": 50.0}
-        self.assertEqual(issue_model.rule_us(terms, 20.0), 150.0 + issue_model.LAUNCH_US)
-        self.assertEqual(issue_model.rule_us(terms, 60.0), 180.0 + issue_model.LAUNCH_US)
-        # 1,056 x 10^6 instructions on 132 SMs x 4 schedulers at 1 GHz,
-        # wave efficiency 0.5: 4 ms.
-        self.assertAlmostEqual(issue_model.issue_us(1056e6, 0.5, clock_hz=1e9), 4000.0)
+        h100 = 132 * 4 * 1.83e9  # warp instructions a second: SMs x schedulers x clock
+        issued = issue_model.with_issue([
+            {"terms_us": terms, "wave_efficiency": 1.0,
+             "warp_instructions": [20e-6 * h100, 60e-6 * h100]},
+            {"terms_us": terms, "wave_efficiency": 0.5, "warp_instructions": 1056e6}])
+        for got, want in zip(issued[0]["issue_us"], (20.0, 60.0)):
+            self.assertAlmostEqual(got, want)
+        # 120 + 20 is below L2's 150; 120 + 60 above it.
+        for got, want in zip(issued[0]["modelled_us_with_issue"], (153.0, 183.0)):
+            self.assertAlmostEqual(got, want)
+        # 1,056 x 10^6 instructions at wave efficiency 0.5: twice their time.
+        self.assertAlmostEqual(issued[1]["issue_us"][0], 1056e6 / h100 / 0.5 * 1e6)
+        # The A100: 108 SMs at 1.41 GHz.
+        a100 = issue_model.with_issue([{"terms_us": terms, "wave_efficiency": 1.0,
+                                        "warp_instructions": 1e9}], "A100")
+        self.assertAlmostEqual(a100[0]["issue_us"][0], 1e9 / (108 * 4 * 1.41e9) * 1e6)
+        self.assertEqual(issue_model.model_device("H100")["sms"], 132)
+        # A line with terms but no instructions is refused, naming the line.
+        with self.assertRaisesRegex(ValueError, "launches.jsonl:1: .*warp_instructions"):
+            issue_model.with_issue([{"terms_us": terms, "wave_efficiency": 1.0}])
+
+    def test_roofline_of_an_emulator_counter_line(self):
+        # One decode launch: 264 blocks of 128 threads, 32 run (s = 8.25),
+        # 40 KiB of dynamic shared memory, 64 registers: 4 warps of 2,048
+        # registers, so 8 CTAs by registers, 5 by shared memory (228 KiB /
+        # 41 KiB): 660 slots, one wave, e = 0.4.
+        counters = {"grid_blocks": 264, "blocks": 32, "mma": 10**6, "wgmma_flop": 0,
+                    "ldmatrix_wavefronts": 10**5, "shared_wavefronts": 28000,
+                    "cp_async_bytes": 1280000, "cp_async_zero_fill_bytes": 0,
+                    "bulk_copy_bytes": 0, "wgmma_shared_bytes": 0,
+                    "global_sectors_unique": 3 * 10**6, "global_sectors_requested": 4 * 10**6,
+                    "global_load_bytes": 720000, "global_store_bytes": 4 * 10**6,
+                    "transcendentals": 5 * 10**6}
+        line = {"kernel": "pagedc_decode", "grid": [264, 1, 1], "block": [128, 1, 1],
+                "dynamic_shared_bytes": 40 * 1024, "counters": counters}
+        with tempfile.TemporaryDirectory() as directory:
+            path = os.path.join(directory, "counters.jsonl")
+            with open(path, "w") as f:
+                f.write(json.dumps(line) + "\n")
+            results = {}
+            for dram in ("distinct", "requested"):
+                out = os.path.join(directory, dram + ".json")
+                issue_model.run_model(["--launches", path, "--registers", "64", "--dram",
+                                       dram, "--json", out])
+                with open(out) as f:
+                    results[dram] = json.load(f)
+        launch = results["distinct"]["launches"][0]
+        s, clock, sms = 8.25, 1.83e9, 132
+        self.assertEqual((launch["ctas_per_sm"], launch["occupancy_limit"]), (5, "shared memory"))
+        self.assertAlmostEqual(launch["wave_efficiency"], 0.4)
+        terms = {"tensor": 1e6 * 4096 * s / (989.4e12 * 0.66),
+                 "shared": (1e5 + 28000 + 1280000 / 128) * s / (sms * clock),
+                 "dram": 3e6 * 32 * s / 3.35e12, "l2": 4e6 * 32 * s / 7.0e12,
+                 "mufu": 5e6 * s / (sms * 16 * clock)}
+        for name, seconds in terms.items():  # rounded to ns
+            self.assertAlmostEqual(launch["terms_us"][name], seconds * 1e6, delta=6e-4)
+        self.assertEqual(launch["bound"], "dram")
+        self.assertAlmostEqual(launch["modelled_us"], terms["dram"] / 0.4 * 1e6 + 3.0, delta=6e-4)
+        self.assertAlmostEqual(launch["requested_global_bytes"], (1280000 + 720000) * s)
+        # --dram requested: the copies and loads, plus the stores, 14.8 us:
+        # L2 bounds the launch then.
+        requested = results["requested"]["launches"][0]
+        self.assertAlmostEqual(requested["dram_bytes"], (1280000 + 720000 + 4e6) * s)
+        self.assertEqual(requested["bound"], "l2")
+        self.assertAlmostEqual(results["requested"]["modelled_us"],
+                               terms["l2"] / 0.4 * 1e6 + 3.0, delta=6e-4)
 
     def test_nsight_compute_listings(self):
         details = """
