@@ -153,7 +153,7 @@ Tensor deviceTensor(DType dtype, const std::vector<int64_t> &shape, Device devic
 }
 
 struct ExportContext {
-  PyObject *owner = nullptr; // a strong reference to the exported Tensor, or
+  PyObject *owner = nullptr;     // a strong reference to the exported Tensor, or
   std::shared_ptr<void> storage; // the storage itself when no Python object holds it
   std::vector<int64_t> shape, strides;
 };
@@ -828,11 +828,11 @@ std::shared_ptr<BlockMask> blockMaskArgument(const py::handle &obj) {
 }
 
 py::tuple attention(const py::handle &qObj, std::shared_ptr<PagedKVCache> cache,
-                    const py::handle &blockMaskObj, const Mods &mods,
-                    const py::dict &buffers, const py::dict &params,
-                    std::vector<int64_t> batchIdx, std::vector<int64_t> kvLength,
-                    std::vector<int64_t> qOffset, std::optional<float> scale, bool returnLse,
-                    py::object outObj, py::object lseObj, int threads,
+                    const py::handle &blockMaskObj, const Mods &mods, const py::dict &buffers,
+                    const py::dict &params, std::vector<int64_t> batchIdx,
+                    std::vector<int64_t> kvLength, std::vector<int64_t> qOffset,
+                    std::optional<float> scale, bool returnLse, py::object outObj,
+                    py::object lseObj, int threads,
                     const std::map<std::string, std::string> &kernelOptions, int deviceIndex,
                     uintptr_t stream, const py::handle &sinksObj, bool capsules = false) {
   const std::optional<CallDevice> device = callDevice(deviceIndex, stream);
@@ -1314,10 +1314,9 @@ PYBIND11_MODULE(_pagedc, m) {
         [](const py::handle &q, std::shared_ptr<PagedKVCache> cache, const py::handle &blockMask,
            const Mods &mods, const py::dict &buffers, const py::dict &params,
            std::vector<int64_t> batchIdx, std::vector<int64_t> kvLength,
-           std::vector<int64_t> qOffset, std::optional<float> scale, bool returnLse,
-           py::object out, py::object lse, int threads,
-           const std::map<std::string, std::string> &kernelOptions, int deviceIndex,
-           uintptr_t stream, const py::handle &sinks) {
+           std::vector<int64_t> qOffset, std::optional<float> scale, bool returnLse, py::object out,
+           py::object lse, int threads, const std::map<std::string, std::string> &kernelOptions,
+           int deviceIndex, uintptr_t stream, const py::handle &sinks) {
           return attention(q, std::move(cache), blockMask, mods, buffers, params,
                            std::move(batchIdx), std::move(kvLength), std::move(qOffset), scale,
                            returnLse, std::move(out), std::move(lse), threads, kernelOptions,
