@@ -366,8 +366,11 @@ class PagedKVCache:
         # flex_attention's default per-batch lists, by (batch, query rows):
         # a decode loop asks for the same ones on every call until the
         # lengths change, and building them costs as much as a small call.
-        # Every change of _lengths clears it (_lengths_changed).
+        # Every change of _lengths counts in _lengths_version and clears
+        # them; an entry keeps the version it was built from, so one built
+        # while another thread changed the lengths is never used.
         self._default_lists = {}
+        self._lengths_version = 0
         # The configuration never changes; flex_attention reads it per call
         # without going through the native object's properties.
         self._heads = self._native.heads
@@ -446,7 +449,7 @@ class PagedKVCache:
         for s in self._slots(batch_idx):
             self._native.erase(s)
             self._lengths.pop(s, None)
-            self._default_lists.clear()
+            self._lengths_changed()
 
     def assign(self, batch_idx, input_pos, k_val, v_val) -> None:
         """Writes ``k_val`` [B, H, S, D] / ``v_val`` [B, H, S, Dv] for slots
@@ -467,7 +470,7 @@ class PagedKVCache:
         for b, s in enumerate(slots):
             if pos.shape[1]:
                 self._lengths[s] = max(self._lengths.get(s, 0), int(pos[b].max()) + 1)
-        self._default_lists.clear()
+        self._lengths_changed()
 
     def fork(self, src: int, dst: int, length: Optional[int] = None) -> None:
         """Makes empty slot ``dst`` share the first ``length`` tokens of
@@ -477,6 +480,10 @@ class PagedKVCache:
             length = self._lengths.get(src, 0)
         self._native.fork(int(src), int(dst), int(length))
         self._lengths[dst] = int(length)
+        self._lengths_changed()
+
+    def _lengths_changed(self) -> None:
+        self._lengths_version += 1
         self._default_lists.clear()
 
     def _defaults(self, batch: int, q_len: int) -> tuple:
@@ -485,20 +492,22 @@ class PagedKVCache:
         offsets are None when a slot is shorter than q_len (the caller
         names the entry). Shared between calls: nobody may change them."""
         key = (batch, q_len)
-        lists = self._default_lists.get(key)
-        if lists is None:
-            if batch > self._max_batch_size:
-                raise ValueError(f"q: a batch of {batch} but the cache has "
-                                 f"{self._max_batch_size} slots")
-            known = self._lengths
-            lengths = [known.get(s, 0) for s in range(batch)]
-            offsets = [n - q_len for n in lengths]
-            if any(o < 0 for o in offsets):
-                offsets = None
-            lists = (list(range(batch)), lengths, offsets)
-            if len(self._default_lists) >= 64:
-                self._default_lists.clear()
-            self._default_lists[key] = lists
+        version = self._lengths_version
+        entry = self._default_lists.get(key)
+        if entry is not None and entry[0] == version:
+            return entry[1]
+        if batch > self._max_batch_size:
+            raise ValueError(f"q: a batch of {batch} but the cache has "
+                             f"{self._max_batch_size} slots")
+        known = self._lengths
+        lengths = [known.get(s, 0) for s in range(batch)]
+        offsets = [n - q_len for n in lengths]
+        if any(o < 0 for o in offsets):
+            offsets = None
+        lists = (list(range(batch)), lengths, offsets)
+        if len(self._default_lists) >= 64:
+            self._default_lists.clear()
+        self._default_lists[key] = (version, lists)
         return lists
 
     # Queries ------------------------------------------------------------
