@@ -241,12 +241,21 @@ def compile(source: Union[str, os.PathLike], mask: Optional[str] = None,
 # Tensors
 # ---------------------------------------------------------------------------
 
+#: _framework_of's answers for NumPy's and torch's types, which a call looks
+#: up before calling it.
+_FRAMEWORK_OF_TYPE = {np.ndarray: "numpy"}
+
+
 def _framework_of(obj) -> str:
+    t = type(obj)
     if isinstance(obj, np.ndarray):
-        return "numpy"
-    if type(obj).__module__.startswith("torch"):
-        return "torch"
-    return "pagedc"
+        framework = "numpy"
+    elif t.__module__.startswith("torch"):
+        framework = "torch"
+    else:
+        return "pagedc"
+    _FRAMEWORK_OF_TYPE[t] = framework
+    return framework
 
 
 def _to_framework(tensor, framework: str):
@@ -354,6 +363,19 @@ class PagedKVCache:
         # costs nothing per configured slot (max_batch_size may be 2^31), so
         # neither does this.
         self._lengths = {}
+        # flex_attention's default per-batch lists, by (batch, query rows):
+        # a decode loop asks for the same ones on every call until the
+        # lengths change, and building them costs as much as a small call.
+        # Every change of _lengths counts in _lengths_version and clears
+        # them; an entry keeps the version it was built from, so one built
+        # while another thread changed the lengths is never used.
+        self._default_lists = {}
+        self._lengths_version = 0
+        # The configuration never changes; flex_attention reads it per call
+        # without going through the native object's properties.
+        self._heads = self._native.heads
+        self._max_batch_size = self._native.max_batch_size
+        self._value_head_dim = self._native.value_head_dim
         self._framework = "torch" if str(dtype_arg).startswith("torch.") else "numpy"
 
     # Configuration -------------------------------------------------------
@@ -427,6 +449,7 @@ class PagedKVCache:
         for s in self._slots(batch_idx):
             self._native.erase(s)
             self._lengths.pop(s, None)
+            self._lengths_changed()
 
     def assign(self, batch_idx, input_pos, k_val, v_val) -> None:
         """Writes ``k_val`` [B, H, S, D] / ``v_val`` [B, H, S, Dv] for slots
@@ -447,6 +470,7 @@ class PagedKVCache:
         for b, s in enumerate(slots):
             if pos.shape[1]:
                 self._lengths[s] = max(self._lengths.get(s, 0), int(pos[b].max()) + 1)
+        self._lengths_changed()
 
     def fork(self, src: int, dst: int, length: Optional[int] = None) -> None:
         """Makes empty slot ``dst`` share the first ``length`` tokens of
@@ -456,6 +480,35 @@ class PagedKVCache:
             length = self._lengths.get(src, 0)
         self._native.fork(int(src), int(dst), int(length))
         self._lengths[dst] = int(length)
+        self._lengths_changed()
+
+    def _lengths_changed(self) -> None:
+        self._lengths_version += 1
+        self._default_lists.clear()
+
+    def _defaults(self, batch: int, q_len: int) -> tuple:
+        """flex_attention's lists for batch entries 0..batch-1 reading their
+        slots' lengths: (slots, lengths, q_offset="end" offsets); the
+        offsets are None when a slot is shorter than q_len (the caller
+        names the entry). Shared between calls: nobody may change them."""
+        key = (batch, q_len)
+        version = self._lengths_version
+        entry = self._default_lists.get(key)
+        if entry is not None and entry[0] == version:
+            return entry[1]
+        if batch > self._max_batch_size:
+            raise ValueError(f"q: a batch of {batch} but the cache has "
+                             f"{self._max_batch_size} slots")
+        known = self._lengths
+        lengths = [known.get(s, 0) for s in range(batch)]
+        offsets = [n - q_len for n in lengths]
+        if any(o < 0 for o in offsets):
+            offsets = None
+        lists = (list(range(batch)), lengths, offsets)
+        if len(self._default_lists) >= 64:
+            self._default_lists.clear()
+        self._default_lists[key] = (version, lists)
+        return lists
 
     # Queries ------------------------------------------------------------
     def capacity(self, slot: int) -> int:
@@ -817,10 +870,11 @@ def flex_attention(q, cache_or_k, v=None, block_mask: Optional[BlockMask] = None
                                      batch_idx=batch_idx, out=out, threads=threads,
                                      kernel_options=kernel_options, stream=stream, sinks=sinks)
         return result, _T.aux_output(lse, return_aux)
-    framework = _framework_of(q)
-    kernel_texts = _kernel_option_texts(kernel_options)
-    mods = _native_mods(mods)
-    device = tensor_device_index(q)
+    framework = _FRAMEWORK_OF_TYPE.get(type(q)) or _framework_of(q)
+    kernel_texts = {} if kernel_options is None else _kernel_option_texts(kernel_options)
+    if type(mods) is not CompiledMods:
+        mods = _native_mods(mods)
+    device = -1 if framework == "numpy" else tensor_device_index(q)
     stream = call_stream(stream, q) if device >= 0 else 0
     if device >= 0 and not mods.has_cuda:
         raise ValueError("mods: q is in CUDA memory but the mods have no CUDA code; compile "
@@ -840,41 +894,50 @@ def flex_attention(q, cache_or_k, v=None, block_mask: Optional[BlockMask] = None
     if len(q_shape) != 4:
         raise ValueError(f"q: expected [B, Hq, L, D], got shape {list(q_shape)}")
     batch, q_heads, q_len = int(q_shape[0]), int(q_shape[1]), int(q_shape[2])
-    if q_heads != cache.heads and not enable_gqa:
-        raise ValueError(f"q: {q_heads} heads but the keys have {cache.heads}; pass "
+    if q_heads != cache._heads and not enable_gqa:
+        raise ValueError(f"q: {q_heads} heads but the keys have {cache._heads}; pass "
                          "enable_gqa=True for grouped-query attention")
-    if batch_idx is None:
-        slots = list(range(batch))
+    end_offsets = None
+    if batch_idx is None and kv_length is None and default_length is None:
+        slots, lengths, end_offsets = cache._defaults(batch, q_len)
     else:
-        slots = cache._slots(batch_idx)
-        if len(slots) != batch:
-            raise ValueError(f"batch_idx: {len(slots)} slots for a batch of {batch}")
-    if kv_length is None:
-        if default_length is not None:
-            lengths = [default_length] * batch
+        if batch_idx is None:
+            slots = list(range(batch))
         else:
-            if batch > cache.max_batch_size:
-                raise ValueError(f"q: a batch of {batch} but the cache has "
-                                 f"{cache.max_batch_size} slots")
-            known = cache._lengths
-            lengths = [known.get(s, 0) for s in slots]
-    else:
-        lengths = _int_list(kv_length, "kv_length", batch)
+            slots = cache._slots(batch_idx)
+            if len(slots) != batch:
+                raise ValueError(f"batch_idx: {len(slots)} slots for a batch of {batch}")
+        if kv_length is None:
+            if default_length is not None:
+                lengths = [default_length] * batch
+            else:
+                if batch > cache._max_batch_size:
+                    raise ValueError(f"q: a batch of {batch} but the cache has "
+                                     f"{cache._max_batch_size} slots")
+                known = cache._lengths
+                lengths = [known.get(s, 0) for s in slots]
+        else:
+            lengths = _int_list(kv_length, "kv_length", batch)
     if q_offset is None:
         offsets = [0] * batch
     elif isinstance(q_offset, str):
         if q_offset != "end":
             raise ValueError(f"q_offset: expected an int, ints or 'end', got '{q_offset}'")
-        offsets = [n - q_len for n in lengths]
-        for b, o in enumerate(offsets):
-            if o < 0:
-                raise ValueError(f"q_offset='end': batch entry {b} has {q_len} query rows but "
-                                 f"kv_length {lengths[b]}")
+        offsets = end_offsets
+        if offsets is None:
+            offsets = [n - q_len for n in lengths]
+            for b, o in enumerate(offsets):
+                if o < 0:
+                    raise ValueError(f"q_offset='end': batch entry {b} has {q_len} query rows "
+                                     f"but kv_length {lengths[b]}")
     else:
         offsets = _int_list(q_offset, "q_offset", batch)
     if block_mask is not None and not isinstance(block_mask, BlockMask):
         raise ValueError("block_mask: expected a pagedc.BlockMask (create_block_mask)")
-    merged, params = mods._bindings(buffers, params)
+    if buffers is None and params is None and not mods.bound_buffers:
+        merged, params = {}, {}
+    else:
+        merged, params = mods._bindings(buffers, params)
     if framework == "torch" and device < 0:
         return _torch_host_call(q, cache, block_mask, mods, merged, params, slots, lengths,
                                 offsets, scale, return_lse, out, threads, kernel_texts, sinks)
@@ -889,32 +952,37 @@ def flex_attention(q, cache_or_k, v=None, block_mask: Optional[BlockMask] = None
     return result
 
 
+_TORCH = None
+_TORCH_FROM_CAPSULE = None
+
+
 def _torch_host_call(q, cache, block_mask, mods, merged, params, slots, lengths, offsets,
                      scale, return_lse, out, threads, kernel_texts, sinks):
     """The native call for torch tensors in host memory. torch's own
     ``Tensor.__dlpack__`` costs several microseconds in Python (it negotiates
     streams and versions), ``to_dlpack`` a fraction of one, and for a small
-    decode step that is most of the call; likewise the outputs are made with
-    ``torch.empty`` and written in place rather than imported from pagedc."""
-    import torch
+    decode step that is most of the call. The outputs the runtime makes come
+    back as DLPack capsules, which torch imports in less time than
+    ``torch.empty`` parses its arguments."""
+    global _TORCH, _TORCH_FROM_CAPSULE
+    torch = _TORCH
+    if torch is None:
+        import torch
+        # torch.utils.dlpack.from_dlpack reaches _from_dlpack after a failed
+        # attribute lookup on the capsule; the C function takes it directly.
+        _TORCH_FROM_CAPSULE = getattr(torch._C, "_from_dlpack", None) or \
+            torch.utils.dlpack.from_dlpack
+        _TORCH = torch
     to_dlpack = torch.utils.dlpack.to_dlpack
-    shape = q.shape
-    if out is None and q.dtype in (torch.float32, torch.bfloat16):
-        out = torch.empty((shape[0], shape[1], shape[2], cache.value_head_dim), dtype=q.dtype)
-    lse = torch.empty((shape[0], shape[1], shape[2]), dtype=torch.float32) \
-        if return_lse else None
-    given_out = out
-
-    def exported(tensor):
-        return to_dlpack(tensor) if isinstance(tensor, torch.Tensor) and \
-            not tensor.is_cuda else tensor
-
-    result, native_lse = _C.flex_attention(
-        exported(q), cache._native, None if block_mask is None else block_mask._native,
+    Tensor = torch.Tensor
+    native_q = to_dlpack(q) if isinstance(q, Tensor) and not q.is_cuda else q
+    native_out = to_dlpack(out) if isinstance(out, Tensor) and not out.is_cuda else out
+    native_sinks = to_dlpack(sinks) if isinstance(sinks, Tensor) and not sinks.is_cuda \
+        else sinks
+    result, lse = _C.flex_attention_dlpack(
+        native_q, cache._native, None if block_mask is None else block_mask._native,
         mods._native, merged, params, slots, lengths, offsets,
-        None if scale is None else float(scale), bool(return_lse), exported(out),
-        None if lse is None else to_dlpack(lse), int(threads), kernel_texts, -1, 0,
-        None if sinks is None else exported(sinks))
-    result = given_out if given_out is not None else _to_framework(result, "torch")
-    return (result, lse) if return_lse else result
-
+        None if scale is None else float(scale), bool(return_lse), native_out, None,
+        int(threads), kernel_texts, -1, 0, native_sinks, True)
+    result = out if out is not None else _TORCH_FROM_CAPSULE(result)
+    return (result, _TORCH_FROM_CAPSULE(lse)) if return_lse else result

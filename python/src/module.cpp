@@ -153,13 +153,14 @@ Tensor deviceTensor(DType dtype, const std::vector<int64_t> &shape, Device devic
 }
 
 struct ExportContext {
-  PyObject *owner; // a strong reference to the exported Tensor
+  PyObject *owner = nullptr;     // a strong reference to the exported Tensor, or
+  std::shared_ptr<void> storage; // the storage itself when no Python object holds it
   std::vector<int64_t> shape, strides;
 };
 
 void deleteExported(DLManagedTensor *managed) {
   auto *context = static_cast<ExportContext *>(managed->manager_ctx);
-  {
+  if (context->owner) {
     // The consumer may call the deleter from any thread.
     PyGILState_STATE state = PyGILState_Ensure();
     Py_XDECREF(context->owner);
@@ -190,6 +191,28 @@ py::capsule exportDLPack(py::object self, const py::object &stream) {
   context->strides = tensor.view().strides();
   auto *managed = new DLManagedTensor;
   managed->dl_tensor = tensor.view().toDLPack();
+  managed->dl_tensor.shape = context->shape.data();
+  managed->dl_tensor.strides = context->strides.data();
+  managed->manager_ctx = context;
+  managed->deleter = deleteExported;
+  PyObject *capsule = PyCapsule_New(managed, "dltensor", capsuleDestructor);
+  if (!capsule) {
+    deleteExported(managed);
+    throw py::error_already_set();
+  }
+  return py::reinterpret_steal<py::capsule>(capsule);
+}
+
+/// A DLPack capsule of a host `view` that `storage` keeps alive, made without
+/// a pagedc.Tensor in between: an attention call's new output handed to torch
+/// costs a Python object and a method call less.
+py::capsule exportHostView(const TensorView &view, std::shared_ptr<void> storage) {
+  auto *context = new ExportContext;
+  context->storage = std::move(storage);
+  context->shape = view.shape();
+  context->strides = view.strides();
+  auto *managed = new DLManagedTensor;
+  managed->dl_tensor = view.toDLPack();
   managed->dl_tensor.shape = context->shape.data();
   managed->dl_tensor.strides = context->strides.data();
   managed->manager_ctx = context;
@@ -724,11 +747,15 @@ struct CallOutputs {
     if (!lseObj.is_none())
       lse = borrowTensor(lseObj, "lse", call);
   }
+  /// `capsules`: the tensors the call made come back as DLPack capsules
+  /// (host calls only), else as pagedc.Tensors.
   py::tuple results(const std::shared_ptr<AttentionResult> &result, const py::handle &outObj,
-                    const py::handle &lseObj, bool returnLse) const {
+                    const py::handle &lseObj, bool returnLse, bool capsules = false) const {
     auto wrap = [&](const TensorView &view) -> py::object {
       if (view.empty() && view.rank() == 0)
         return py::none();
+      if (capsules)
+        return exportHostView(view, result);
       return py::cast(Tensor(view, result));
     };
     py::object outResult =
@@ -787,16 +814,30 @@ void allocateDeviceOutputs(const CallDevice &call, DType dtype,
                                 call.device, call.cuStream()));
 }
 
+/// The block mask argument: None or a BlockMask. Taken as a handle because
+/// pybind11 tries a foreign module's type (an attribute lookup that fails and
+/// formats an AttributeError) before it accepts None for a class argument,
+/// which costs a fraction of a small call.
+std::shared_ptr<BlockMask> blockMaskArgument(const py::handle &obj) {
+  if (obj.is_none())
+    return nullptr;
+  if (!py::isinstance<BlockMask>(obj))
+    throw py::value_error("block_mask: expected a BlockMask or None, got " +
+                          std::string(py::str(py::type::handle_of(obj).attr("__name__"))));
+  return obj.cast<std::shared_ptr<BlockMask>>();
+}
+
 py::tuple attention(const py::handle &qObj, std::shared_ptr<PagedKVCache> cache,
-                    std::shared_ptr<BlockMask> blockMask, const Mods &mods,
-                    const py::dict &buffers, const py::dict &params,
-                    std::vector<int64_t> batchIdx, std::vector<int64_t> kvLength,
-                    std::vector<int64_t> qOffset, std::optional<float> scale, bool returnLse,
-                    py::object outObj, py::object lseObj, int threads,
+                    const py::handle &blockMaskObj, const Mods &mods, const py::dict &buffers,
+                    const py::dict &params, std::vector<int64_t> batchIdx,
+                    std::vector<int64_t> kvLength, std::vector<int64_t> qOffset,
+                    std::optional<float> scale, bool returnLse, py::object outObj,
+                    py::object lseObj, int threads,
                     const std::map<std::string, std::string> &kernelOptions, int deviceIndex,
-                    uintptr_t stream, const py::handle &sinksObj) {
+                    uintptr_t stream, const py::handle &sinksObj, bool capsules = false) {
   const std::optional<CallDevice> device = callDevice(deviceIndex, stream);
   const CallDevice *onDevice = device ? &*device : nullptr;
+  const std::shared_ptr<BlockMask> blockMask = blockMaskArgument(blockMaskObj);
   PreparedCall call(qObj, mods, buffers, params, batchIdx, kvLength, qOffset, threads,
                     onDevice);
   BorrowedTensor &q = call.q;
@@ -830,7 +871,7 @@ py::tuple attention(const py::handle &qObj, std::shared_ptr<PagedKVCache> cache,
     py::gil_scoped_release release;
     *result = flexAttention(q.view, *cache, blockMask.get(), mods.mods, bindings, options);
   }
-  return outputs.results(result, outObj, lseObj, returnLse);
+  return outputs.results(result, outObj, lseObj, returnLse, capsules && !onDevice);
 }
 
 /// Benchmark support (bench/python/overhead.py): the same call as
@@ -1273,7 +1314,21 @@ PYBIND11_MODULE(_pagedc, m) {
                               int32Tensor(physical.pageTable, {rows, physical.pageTableStride}));
       });
 
-  m.def("flex_attention", &attention);
+  m.def("flex_attention",
+        [](const py::handle &q, std::shared_ptr<PagedKVCache> cache, const py::handle &blockMask,
+           const Mods &mods, const py::dict &buffers, const py::dict &params,
+           std::vector<int64_t> batchIdx, std::vector<int64_t> kvLength,
+           std::vector<int64_t> qOffset, std::optional<float> scale, bool returnLse, py::object out,
+           py::object lse, int threads, const std::map<std::string, std::string> &kernelOptions,
+           int deviceIndex, uintptr_t stream, const py::handle &sinks) {
+          return attention(q, std::move(cache), blockMask, mods, buffers, params,
+                           std::move(batchIdx), std::move(kvLength), std::move(qOffset), scale,
+                           returnLse, std::move(out), std::move(lse), threads, kernelOptions,
+                           deviceIndex, stream, sinks);
+        });
+  // The same call with the host tensors it makes returned as DLPack capsules
+  // (torch imports a capsule faster than it allocates a tensor itself).
+  m.def("flex_attention_dlpack", &attention);
   m.def("cuda_driver_info", &cudaDriverInfo,
         "(available, emulated, the library or why there is none); loads the driver.");
   m.def(

@@ -318,6 +318,48 @@ def test_argument_errors(rng):
     assert np.all(out == 7.0)
 
 
+def test_default_lengths_follow_assign_fork_and_erase(rng):
+    """A decode loop's calls reuse the per-batch lists the cache's lengths
+    give; every assign, fork and erase must be seen by the next call."""
+    B, H, D, page = 3, 2, 16, 8
+    S = 37
+    k, v = randn(rng, B, H, S, D), randn(rng, B, H, S, D)
+    cache = pagedc.PagedKVCache(40, page, B + 1, H, D)
+    cache.reserve(list(range(B)), S)
+    q = randn(rng, B, H, 1, D)
+
+    def check(lengths):
+        out, lse = pagedc.flex_attention(q, cache, q_offset="end", return_lse=True)
+        for b, n in enumerate(lengths):
+            ref, ref_lse = reference_attention(q[b:b + 1], k[b:b + 1, :, :n],
+                                               v[b:b + 1, :, :n], None, q_offset=n - 1)
+            assert_close(out[b:b + 1], ref)
+            assert_close(lse[b:b + 1], ref_lse)
+
+    for n in (5, 6, 21, S):  # one decode step after another
+        pos = np.broadcast_to(np.arange(n, dtype=np.int32), (B, n)).copy()
+        cache.assign(np.arange(B, dtype=np.int32), pos, k[:, :, :n], v[:, :, :n])
+        check([n] * B)
+    cache.erase(1)
+    cache.fork(0, 1, 13)
+    k[1], v[1] = k[0], v[0]
+    check([S, 13, S])
+    cache.erase(2)
+    with pytest.raises(ValueError, match="batch entry 2 has 1 query rows but kv_length 0"):
+        pagedc.flex_attention(q, cache, q_offset="end")
+
+
+def test_binding_refuses_a_block_mask_of_another_type(rng):
+    """The binding takes block_mask as a plain object (None is cheaper that
+    way) and checks its type itself."""
+    cache = pagedc.PagedKVCache(4, 8, 1, 2, 8)
+    q = randn(rng, 1, 2, 1, 8)
+    mods = pagedc.compile(CAUSAL)
+    with pytest.raises(ValueError, match="block_mask: expected a BlockMask or None, got dict"):
+        pagedc._pagedc.flex_attention(q, cache._native, {}, mods._native, {}, {}, [0], [0], [0],
+                                      None, False, None, None, 1, {}, -1, 0, None)
+
+
 def test_binding_errors(rng):
     mods = pagedc.compile("buffer bias: f32[?]\nparam w: i32 = 2\n"
                           "score s(s, b, h, q, kv) = s + bias[h] * w\n")

@@ -331,6 +331,11 @@ def test_torch_host_tensors_in_and_out(rng):
     assert lse.dtype == torch.float32
     np.testing.assert_array_equal(out.numpy(), want)
     np.testing.assert_array_equal(lse.numpy(), want_lse)
+    # The runtime made them: they own their memory past the next call.
+    again = pagedc.flex_attention(torch.from_numpy(q.copy()) * 2, cache, mods=mods,
+                                  q_offset="end", enable_gqa=True)
+    assert again.data_ptr() != out.data_ptr()
+    np.testing.assert_array_equal(out.numpy(), want)
 
     given = torch.full((B, Hq, 2, D), float("nan"))
     got = pagedc.flex_attention(torch.from_numpy(q.copy()), cache, mods=mods, q_offset="end",
