@@ -1,10 +1,14 @@
 //===- NvrtcCompileTest.cpp - Every test mod compiles through NVRTC -------===//
 //
-// Compiles each hand-written test mod x {prefill, decode} x {f16, bf16} x
-// {64, 128} to cubin for sm_80 and sm_90 (in parallel), checks ptxas's
-// spill report for the main configurations and mma.sync in the prefill PTX.
-// PAGEDC_FULL_COMPILE_MATRIX=1 adds head dim 256, the block-mask builder,
-// page sizes 1 and 1024 and speculative decode (ctest label "slow").
+// Compiles each hand-written test mod for {prefill, decode} x {f16, bf16} x
+// head dims {64, 128, 256} x {sm_80, sm_90} (in parallel), the block-mask
+// builder, page sizes 1 and 1024 and speculative decode; checks ptxas's
+// spill report for the main configurations, the packed-batch and 8-bit
+// kernels and the other head dims, and mma.sync in the prefill PTX. The two
+// largest sweeps (every test mod, the other head dims) take a covering of
+// their axes, every pair of values of every two axes, unless
+// PAGEDC_FULL_COMPILE_MATRIX=1 asks for the whole product (the extended
+// tier's entries).
 //
 //===----------------------------------------------------------------------===//
 
@@ -111,45 +115,56 @@ TEST(NvrtcCompile, LibraryIdentityNamesTheLoadedFile) {
 TEST(NvrtcCompile, EveryTestModCompilesForSm80AndSm90) {
   REQUIRE_NVRTC();
   std::vector<Case> cases;
-  std::vector<int> headDims = {64, 128};
-  if (fullMatrix())
-    headDims.push_back(256);
-  for (const char *mod : kTestMods)
-    for (KernelKind kind : {KernelKind::Prefill, KernelKind::Decode})
-      for (DType type : {DType::F16, DType::BF16})
+  auto add = [&](const char *mod, bool decode, bool bf16, int headDim, bool sm90) {
+    Case c;
+    c.mod = mod;
+    c.config.kind = decode ? KernelKind::Decode : KernelKind::Prefill;
+    c.config.elementType = bf16 ? DType::BF16 : DType::F16;
+    c.config.headDim = headDim;
+    c.config.groupSize = decode ? 4 : 1;
+    c.config.returnLse = true;
+    c.arch = sm90 ? "sm_90" : "sm_80";
+    cases.push_back(c);
+  };
+  const int headDims[] = {64, 128, 256};
+  unsigned modIndex = 0;
+  for (const char *mod : kTestMods) {
+    if (fullMatrix()) {
+      for (unsigned bits = 0; bits < 8; ++bits)
         for (int headDim : headDims)
-          for (const char *arch : {"sm_80", "sm_90"}) {
-            Case c;
-            c.mod = mod;
-            c.config.kind = kind;
-            c.config.elementType = type;
-            c.config.headDim = headDim;
-            c.config.groupSize = kind == KernelKind::Decode ? 4 : 1;
-            c.config.returnLse = true;
-            c.arch = arch;
-            cases.push_back(c);
-          }
-  if (fullMatrix()) {
-    for (const char *mod : kTestMods)
-      for (const char *arch : {"sm_80", "sm_90"}) {
-        Case c;
-        c.mod = mod;
-        c.config.kind = KernelKind::BlockMaskBuilder;
-        c.arch = arch;
-        cases.push_back(c);
+          add(mod, bits & 4, bits & 2, headDim, bits & 1);
+      continue;
+    }
+    // Per head dim two complementary (kind, type, arch) rows, flipped by
+    // the head dim and the mod: every pair of values of every two of the
+    // four axes, 6 compiles a mod instead of 24.
+    const unsigned flips[] = {0b000, 0b011, 0b101};
+    for (int d = 0; d < 3; ++d)
+      for (unsigned base : {0b000u, 0b111u}) {
+        const unsigned bits = base ^ flips[d] ^ (modIndex % 8);
+        add(mod, bits & 4, bits & 2, headDims[d], bits & 1);
       }
-    for (int pageSize : {1, 1024})
-      for (int tokens : {1, 8}) {
-        Case c;
-        c.mod = "softcap";
-        c.config.kind = KernelKind::Decode;
-        c.config.pageSize = pageSize;
-        c.config.queryTokens = tokens;
-        c.config.groupSize = 8;
-        c.arch = "sm_90";
-        cases.push_back(c);
-      }
+    ++modIndex;
   }
+  for (const char *mod : kTestMods)
+    for (const char *arch : {"sm_80", "sm_90"}) {
+      Case c;
+      c.mod = mod;
+      c.config.kind = KernelKind::BlockMaskBuilder;
+      c.arch = arch;
+      cases.push_back(c);
+    }
+  for (int pageSize : {1, 1024})
+    for (int tokens : {1, 8}) {
+      Case c;
+      c.mod = "softcap";
+      c.config.kind = KernelKind::Decode;
+      c.config.pageSize = pageSize;
+      c.config.queryTokens = tokens;
+      c.config.groupSize = 8;
+      c.arch = "sm_90";
+      cases.push_back(c);
+    }
   auto start = std::chrono::steady_clock::now();
   std::vector<Outcome> outcomes = compileAll(cases, workerCount());
   double wall = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
@@ -208,12 +223,22 @@ TEST(NvrtcCompile, MainConfigurationsDoNotSpill) {
 TEST(NvrtcCompile, OtherHeadDimsCompileWithoutSpills) {
   REQUIRE_NVRTC();
   std::vector<Case> cases;
-  for (const char *mod : kTestMods)
-    for (int headDim : {32, 48, 80, 96, 112, 160, 192})
-      for (const char *arch : {"sm_80", "sm_90"})
-        for (int decodeTokens : {0, 1, 4, 8}) {
-          if (decodeTokens == 4 && headDim > 64)
+  // Without the full matrix, the test mods take turns over the (head dim,
+  // arch, tokens) product, a fifth of the compiles: each mod meets every
+  // head dim, arch and token count (but one mod the 4-token decode, which
+  // only four kernels have).
+  const size_t modCount = std::size(kTestMods);
+  size_t turn = 0;
+  for (int headDim : {32, 48, 80, 96, 112, 160, 192})
+    for (const char *arch : {"sm_80", "sm_90"})
+      for (int decodeTokens : {0, 1, 4, 8}) {
+        if (decodeTokens == 4 && headDim > 64)
+          continue;
+        const size_t mine = turn++ % modCount;
+        for (size_t m = 0; m < modCount; ++m) {
+          if (!fullMatrix() && m != mine)
             continue;
+          const char *mod = kTestMods[m];
           Case c;
           c.mod = mod;
           c.config.kind = decodeTokens == 0 ? KernelKind::Prefill : KernelKind::Decode;
@@ -229,6 +254,7 @@ TEST(NvrtcCompile, OtherHeadDimsCompileWithoutSpills) {
           c.arch = c.config.compileArchFor(arch);
           cases.push_back(c);
         }
+      }
   auto start = std::chrono::steady_clock::now();
   std::vector<Outcome> outcomes = compileAll(cases, workerCount());
   double wall = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
