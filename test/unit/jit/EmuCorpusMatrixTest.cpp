@@ -24,6 +24,12 @@
 // and with the 128 x 32 tile of 32 rows per warp, holding the mods' row
 // values (128x32x32) and recomputing them per KV tile (128x32x32r).
 //
+// The entries that vary one kernel option over the corpus (the tiles above)
+// set $PAGEDC_MATRIX_PER_CASE=2: each case runs the first two combinations
+// of its covering, which differ with the case, and the corpus together must
+// still hold every pair of settings' values (checked at the end): every mod
+// meets the option, at a third of the emulator builds and runs.
+//
 // Each case first builds all its kernels in parallel (the kernel cache's
 // emulator builds), then runs; ctest runs the matrix in shards.
 //
@@ -71,6 +77,11 @@ const Mode kModes[] = {
 class EmuCorpusMatrixTest : public ::testing::TestWithParam<CorpusCase> {};
 
 int64_t gRuns = 0, gMaskedRows = 0;
+
+/// With $PAGEDC_MATRIX_PER_CASE: the settings' value counts, and the pairs
+/// of values (setting a, value, setting b, value) that ran.
+std::vector<size_t> gSettingSizes;
+std::set<std::tuple<size_t, size_t, size_t, size_t>> gPairsRun;
 
 /// One combination of the matrix's settings, by index into each setting's
 /// values.
@@ -145,6 +156,7 @@ struct Variant {
   pagedc::DType dtype;
   int64_t dim;
   bool withBlockMask;
+  Combination combination; // indices into the settings' values
 };
 
 TEST_P(EmuCorpusMatrixTest, CudaKernelsOnEmulatorMatchFloat64Reference) {
@@ -182,6 +194,10 @@ TEST_P(EmuCorpusMatrixTest, CudaKernelsOnEmulatorMatchFloat64Reference) {
   const pagedc::DType dtypes[] = {pagedc::DType::BF16, pagedc::DType::F16};
   const char *fullText = std::getenv("PAGEDC_MATRIX_FULL");
   const bool full = fullText && std::string(fullText) == "1";
+  const char *perCaseText = std::getenv("PAGEDC_MATRIX_PER_CASE");
+  const size_t perCase = perCaseText && *perCaseText && !full ? std::atoi(perCaseText) : 0;
+  if (perCaseText && *perCaseText)
+    ASSERT_GT(std::atoi(perCaseText), 0) << "PAGEDC_MATRIX_PER_CASE: " << perCaseText;
   size_t modeIndex = 0;
   for (const Mode &mode : kModes) {
     ++modeIndex;
@@ -202,10 +218,15 @@ TEST_P(EmuCorpusMatrixTest, CudaKernelsOnEmulatorMatchFloat64Reference) {
       // with different combinations, so together they reach more of them.
       combinations = pairwiseCovering(sizes, std::hash<std::string>()(c.mask + c.score) +
                                                  modeIndex * 7);
+      if (perCase && combinations.size() > perCase)
+        combinations.resize(perCase);
     }
-    for (const Combination &k : combinations)
+    for (const Combination &k : combinations) {
       variants.push_back({&mode, pageSizes[k[0]], gqas[k[1]], dtypes[k[2]], dims[k[3]],
-                          mods.hasMask() && ++index % 2 == 0});
+                          mods.hasMask() && ++index % 2 == 0, k});
+    }
+    if (perCase)
+      gSettingSizes = sizes;
   }
 
   // The block masks' KV block size: $PAGEDC_MATRIX_KV_BLOCK (64 unless set;
@@ -279,6 +300,9 @@ TEST_P(EmuCorpusMatrixTest, CudaKernelsOnEmulatorMatchFloat64Reference) {
           pagedc::testutil::checkPagedAttention(mods, bindings.context(), config);
       ++gRuns;
       gMaskedRows += result.maskedRows;
+      for (size_t a = 0; a < v.combination.size(); ++a)
+        for (size_t b = a + 1; b < v.combination.size(); ++b)
+          gPairsRun.insert({a, v.combination[a], b, v.combination[b]});
       EXPECT_TRUE(result.ok()) << label << ": " << result.describe();
       EXPECT_EQ(result.nonFinite, 0) << label;
     } catch (const pagedc::Error &error) {
@@ -301,6 +325,16 @@ public:
   void TearDown() override {
     if (gRuns > 40)
       EXPECT_GT(gMaskedRows, 0) << "no run produced a fully masked row";
+    // With a few combinations per case, the corpus as a whole must still
+    // have run every pair of values of any two settings.
+    if (gRuns > 40 && !gSettingSizes.empty())
+      for (size_t a = 0; a < gSettingSizes.size(); ++a)
+        for (size_t b = a + 1; b < gSettingSizes.size(); ++b)
+          for (size_t va = 0; va < gSettingSizes[a]; ++va)
+            for (size_t vb = 0; vb < gSettingSizes[b]; ++vb)
+              EXPECT_TRUE(gPairsRun.count({a, va, b, vb}))
+                  << "PAGEDC_MATRIX_PER_CASE: no case ran setting " << a << " = value " << va
+                  << " with setting " << b << " = value " << vb;
   }
 };
 const auto *const gEnvironment = ::testing::AddGlobalTestEnvironment(new EmulatorEnvironment);
