@@ -2,11 +2,15 @@
 # the cmake arguments of the runtime-only tree the GPU machine builds (no
 # LLVM there): compiler, tests and benchmarks off; fmt's headers from the pack
 # when the machine has none (or $PAGEDC_FORCE_PACK_FMT is set); xxHash and
-# nlohmann/json from the pack when it carries them.
+# nlohmann/json from the pack when it carries them. Release, unless
+# $PAGEDC_GPU_RT_BUILD_TYPE names another build type: the dry run's test
+# (test/unit/gpu/dry-run.sh) builds "None", unoptimized, because it only
+# checks that the tree builds and plans, and optimizing doubles its compile.
 #   runtime_cmake_args PACK
 runtime_cmake_args() {
   local pack=$1
-  runtime_args=(-DPAGEDC_ENABLE_COMPILER=OFF -DPAGEDC_BUILD_TESTS=OFF -DPAGEDC_BUILD_BENCHMARKS=OFF)
+  runtime_args=(-DPAGEDC_ENABLE_COMPILER=OFF -DPAGEDC_BUILD_TESTS=OFF -DPAGEDC_BUILD_BENCHMARKS=OFF
+                -DCMAKE_BUILD_TYPE="${PAGEDC_GPU_RT_BUILD_TYPE:-Release}")
   if [[ ! -f /usr/include/fmt/format.h && ! -f /usr/local/include/fmt/format.h ]] ||
      [[ -n "${PAGEDC_FORCE_PACK_FMT:-}" ]]; then
     runtime_args+=(-Dfmt_DIR="$pack/deps/fmt")

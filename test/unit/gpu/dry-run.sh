@@ -20,7 +20,8 @@ cp -r "$work/pack/bench" "$work/pack-z/" 2>/dev/null || true
 ln -s ../pack/cases "$work/pack-z/cases"
 ln -s ../pack/deps "$work/pack-z/deps"
 tar -czf "$work/pack-z/bundles.tar.gz" -C "$work/pack" bundles
-OUT="$work/out" PAGEDC_GPU_RT_BUILD="$work/build-rt" PAGEDC_FORCE_PACK_FMT=1 PAGEDC_JOBS=2 \
+OUT="$work/out" PAGEDC_GPU_RT_BUILD="$work/build-rt" PAGEDC_GPU_RT_BUILD_TYPE=None \
+  PAGEDC_FORCE_PACK_FMT=1 PAGEDC_JOBS=2 \
   bash "$source_dir/scripts/gpu-check.sh" --dry-run --prefill-options --decode-options \
   --also "$work/pack" \
   --also "$work/pack" --also-with "PAGEDC_PREFILL_PERSISTENT=1" "$work/pack-z" "$work/pack"
