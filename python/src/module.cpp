@@ -182,33 +182,9 @@ void capsuleDestructor(PyObject *capsule) {
   }
 }
 
-py::capsule exportDLPack(py::object self, const py::object &stream) {
-  const Tensor &tensor = self.cast<const Tensor &>();
-  syncForConsumer(tensor, stream);
-  auto *context = new ExportContext;
-  context->owner = self.release().ptr();
-  context->shape = tensor.view().shape();
-  context->strides = tensor.view().strides();
-  auto *managed = new DLManagedTensor;
-  managed->dl_tensor = tensor.view().toDLPack();
-  managed->dl_tensor.shape = context->shape.data();
-  managed->dl_tensor.strides = context->strides.data();
-  managed->manager_ctx = context;
-  managed->deleter = deleteExported;
-  PyObject *capsule = PyCapsule_New(managed, "dltensor", capsuleDestructor);
-  if (!capsule) {
-    deleteExported(managed);
-    throw py::error_already_set();
-  }
-  return py::reinterpret_steal<py::capsule>(capsule);
-}
-
-/// A DLPack capsule of a host `view` that `storage` keeps alive, made without
-/// a pagedc.Tensor in between: an attention call's new output handed to torch
-/// costs a Python object and a method call less.
-py::capsule exportHostView(const TensorView &view, std::shared_ptr<void> storage) {
-  auto *context = new ExportContext;
-  context->storage = std::move(storage);
+/// A "dltensor" capsule of `view` whose exporter `context` (owned by the
+/// capsule from here on, freed by its deleter) keeps the memory alive.
+py::capsule capsuleOf(const TensorView &view, ExportContext *context) {
   context->shape = view.shape();
   context->strides = view.strides();
   auto *managed = new DLManagedTensor;
@@ -223,6 +199,23 @@ py::capsule exportHostView(const TensorView &view, std::shared_ptr<void> storage
     throw py::error_already_set();
   }
   return py::reinterpret_steal<py::capsule>(capsule);
+}
+
+py::capsule exportDLPack(py::object self, const py::object &stream) {
+  const Tensor &tensor = self.cast<const Tensor &>();
+  syncForConsumer(tensor, stream);
+  auto *context = new ExportContext;
+  context->owner = self.release().ptr();
+  return capsuleOf(tensor.view(), context);
+}
+
+/// A DLPack capsule of a host `view` that `storage` keeps alive, made without
+/// a pagedc.Tensor in between: an attention call's new output handed to torch
+/// costs a Python object and a method call less.
+py::capsule exportHostView(const TensorView &view, std::shared_ptr<void> storage) {
+  auto *context = new ExportContext;
+  context->storage = std::move(storage);
+  return capsuleOf(view, context);
 }
 
 /// Checks that `view` is on the call's device.
