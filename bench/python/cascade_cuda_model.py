@@ -95,6 +95,18 @@ def write_entry(path, key, result, section="cascade_cuda"):
         f.write(text)
 
 
+def parse_with_pagedc_gpu(parser):
+    """Adds --pagedc-gpu (the binary that models the launches) to `parser`,
+    parses, and refuses a path that is not an executable."""
+    parser.add_argument("--pagedc-gpu", default=os.path.join(ROOT, "build", "bin", "pagedc-gpu"),
+                        help="the pagedc-gpu that models the launches")
+    args = parser.parse_args()
+    if not os.access(args.pagedc_gpu, os.X_OK):
+        parser.error(f"--pagedc-gpu: no executable {args.pagedc_gpu} (build the pagedc-gpu "
+                     "target)")
+    return args
+
+
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--sequences", type=int, default=64)
@@ -102,12 +114,7 @@ def main():
     parser.add_argument("--hq", type=int, default=32)
     parser.add_argument("--hkv", type=int, default=8)
     parser.add_argument("--json", help="write the results here")
-    parser.add_argument("--pagedc-gpu", default=os.path.join(ROOT, "build", "bin", "pagedc-gpu"),
-                        help="the pagedc-gpu that models the launches")
-    args = parser.parse_args()
-    if not os.access(args.pagedc_gpu, os.X_OK):
-        parser.error(f"--pagedc-gpu: no executable {args.pagedc_gpu} (build the pagedc-gpu "
-                     "target)")
+    args = parse_with_pagedc_gpu(parser)
     os.environ.setdefault("PAGEDC_CUDA_DRIVER", "emu")
     os.environ["PAGEDC_EMU_CHECKS"] = "none"
     os.environ["PAGEDC_EMU_SAMPLE_BLOCKS"] = "32"

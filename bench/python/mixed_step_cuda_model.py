@@ -20,7 +20,7 @@ import tempfile
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from cascade_cuda_model import LABEL, ROOT, counted, write_entry  # noqa: E402
+from cascade_cuda_model import LABEL, counted, parse_with_pagedc_gpu, write_entry  # noqa: E402
 
 
 def main():
@@ -30,12 +30,7 @@ def main():
     parser.add_argument("--chunks", type=int, default=2)
     parser.add_argument("--chunk", type=int, default=512)
     parser.add_argument("--json", help="write the results here")
-    parser.add_argument("--pagedc-gpu", default=os.path.join(ROOT, "build", "bin", "pagedc-gpu"),
-                        help="the pagedc-gpu that models the launches")
-    args = parser.parse_args()
-    if not os.access(args.pagedc_gpu, os.X_OK):
-        parser.error(f"--pagedc-gpu: no executable {args.pagedc_gpu} (build the pagedc-gpu "
-                     "target)")
+    args = parse_with_pagedc_gpu(parser)
     os.environ.setdefault("PAGEDC_CUDA_DRIVER", "emu")
     os.environ["PAGEDC_EMU_CHECKS"] = "none"
     os.environ["PAGEDC_EMU_SAMPLE_BLOCKS"] = "32"
