@@ -871,10 +871,13 @@ def flex_attention(q, cache_or_k, v=None, block_mask: Optional[BlockMask] = None
                                      kernel_options=kernel_options, stream=stream, sinks=sinks)
         return result, _T.aux_output(lse, return_aux)
     framework = _FRAMEWORK_OF_TYPE.get(type(q)) or _framework_of(q)
+    if framework != "numpy" and not hasattr(q, "__dlpack__"):
+        raise ValueError(f"q: expected a tensor with __dlpack__, got {type(q).__name__}")
     kernel_texts = {} if kernel_options is None else _kernel_option_texts(kernel_options)
     if type(mods) is not CompiledMods:
         mods = _native_mods(mods)
-    device = -1 if framework == "numpy" else tensor_device_index(q)
+    device = -1 if framework == "numpy" or (framework == "torch" and q.is_cpu) \
+        else tensor_device_index(q)
     stream = call_stream(stream, q) if device >= 0 else 0
     if device >= 0 and not mods.has_cuda:
         raise ValueError("mods: q is in CUDA memory but the mods have no CUDA code; compile "
@@ -888,9 +891,9 @@ def flex_attention(q, cache_or_k, v=None, block_mask: Optional[BlockMask] = None
         if v is None:
             raise ValueError("v: required when cache_or_k is a key tensor")
         cache, default_length = _contiguous_cache(cache_or_k, v, device, stream)
-    if not hasattr(q, "__dlpack__"):
-        raise ValueError(f"q: expected a tensor with __dlpack__, got {type(q).__name__}")
-    q_shape = tuple(q.shape)
+    q_shape = q.shape
+    if not isinstance(q_shape, tuple):  # NumPy's and torch's shapes are tuples
+        q_shape = tuple(q_shape)
     if len(q_shape) != 4:
         raise ValueError(f"q: expected [B, Hq, L, D], got shape {list(q_shape)}")
     batch, q_heads, q_len = int(q_shape[0]), int(q_shape[1]), int(q_shape[2])
@@ -976,9 +979,10 @@ def _torch_host_call(q, cache, block_mask, mods, merged, params, slots, lengths,
     to_dlpack = torch.utils.dlpack.to_dlpack
     Tensor = torch.Tensor
     native_q = to_dlpack(q) if isinstance(q, Tensor) and not q.is_cuda else q
-    native_out = to_dlpack(out) if isinstance(out, Tensor) and not out.is_cuda else out
-    native_sinks = to_dlpack(sinks) if isinstance(sinks, Tensor) and not sinks.is_cuda \
-        else sinks
+    native_out = out if out is None else \
+        to_dlpack(out) if isinstance(out, Tensor) and not out.is_cuda else out
+    native_sinks = sinks if sinks is None else \
+        to_dlpack(sinks) if isinstance(sinks, Tensor) and not sinks.is_cuda else sinks
     result, lse = _C.flex_attention_dlpack(
         native_q, cache._native, None if block_mask is None else block_mask._native,
         mods._native, merged, params, slots, lengths, offsets,

@@ -144,9 +144,21 @@ def _mods_of(handle: int):
     return mods
 
 
+_IS_COMPILING = None
+
+
 def torch_compiling() -> bool:
-    torch = sys.modules.get("torch")
-    return torch is not None and torch.compiler.is_compiling()
+    # Every host call asks this first, so the function is looked up once
+    # torch is imported (three attribute lookups a call otherwise); Dynamo
+    # knows the function itself, not the path to it.
+    global _IS_COMPILING
+    is_compiling = _IS_COMPILING
+    if is_compiling is None:
+        torch = sys.modules.get("torch")
+        if torch is None:
+            return False
+        is_compiling = _IS_COMPILING = torch.compiler.is_compiling
+    return is_compiling()
 
 
 def ensure_op():
