@@ -19,7 +19,7 @@ import numpy as np
 
 from . import _pagedc as _C
 from . import _torch as _T
-from ._device import call_stream, tensor_device_index
+from ._device import call_stream, device_label, tensor_device_index
 
 Error = _C.Error
 Tensor = _C.Tensor
@@ -699,6 +699,9 @@ def _dense_keys(k, v) -> tuple:
     in place. NumPy arrays with a negative stride (which DLPack cannot
     describe) are copied into contiguous arrays first."""
     for name, tensor, dims in (("k", k, "D"), ("v", v, "Dv")):
+        where = tensor_device_index(tensor)
+        if where >= 0:
+            raise ValueError(f"{name}: is on {device_label(where)} but q is on cpu")
         shape = getattr(tensor, "shape", None)
         if shape is None or len(shape) != 4:
             got = "no shape" if shape is None else f"shape {list(shape)}"

@@ -86,6 +86,8 @@ def test_dense_errors_name_the_argument(rng):
         pagedc.flex_attention(q, k, k, kv_length=[10])
     with pytest.raises(ValueError, match="k is f16"):
         pagedc.flex_attention(q, k.astype(np.float16), k.astype(np.float16))
+    with pytest.raises(ValueError, match="^v: is on cuda:0 but q is on cpu"):
+        pagedc.flex_attention(q, k, pagedc.to_device(k.astype(np.float16), device="emu"))
 
 
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
