@@ -67,6 +67,20 @@ def test_numpy_batch_idx_picks_entries_of_k(rng, no_cache):
     assert_close(out, ref)
 
 
+def test_numpy_keys_with_a_non_unit_last_stride(rng, no_cache):
+    # [B, H, D, S] storage viewed as [B, H, S, D]: every element of a key row
+    # is S floats from the next (the runtime converts such rows a tile at a
+    # time instead of reading them in place as vectors).
+    q = randn(rng, 2, 4, 3, 8)
+    k = randn(rng, 2, 2, 8, 45).transpose(0, 1, 3, 2)
+    v = randn(rng, 2, 2, 8, 45).transpose(0, 1, 3, 2)
+    assert k.strides[3] != 4
+    out, lse = pagedc.flex_attention(q, k, v, enable_gqa=True, return_lse=True)
+    ref, ref_lse = reference_attention(q, k, v)
+    assert_close(out, ref)
+    assert_close(lse, ref_lse)
+
+
 def test_numpy_negative_strides_are_copied_first(rng):
     q, k, v = randn(rng, 1, 2, 4, 8), randn(rng, 1, 2, 9, 8), randn(rng, 1, 2, 9, 8)
     backwards = k[:, :, ::-1]
