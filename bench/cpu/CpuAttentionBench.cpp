@@ -6,9 +6,16 @@
 // a naive single-pass loop with the same semantics (page lookup and mod call
 // per element, online softmax, one thread). Reports medians over --reps runs.
 //
+// Decode also runs on dense K/V ([B, Hkv, S, D] read in place, as
+// flexAttention(q, k, v) does; page size 0 in the table) and with Hq = Hkv.
+// --read-bandwidth measures instead what reading the decode's 537 MB of K/V
+// costs with no arithmetic: contiguous, and in shuffled 8 KiB / 64 KiB
+// chunks (16-token pages of one head are 8 KiB), the last also with software
+// prefetch.
+//
 // Usage: pagedc-bench-cpu-attention [--reps N] [--threads T]
 //          [--variant auto|generic|avx2|avx512] [--naive-reps N] [--only CASE]
-//          [--json FILE]
+//          [--read-bandwidth] [--json FILE]
 //
 //===----------------------------------------------------------------------===//
 #include "AttentionCase.h"
@@ -101,11 +108,14 @@ void naiveAttention(const cpu::PagedAttentionArgs &args) {
               continue;
           }
           int64_t page = args.pageTable[b * args.pageTableStride + kv / args.pageSize];
-          int64_t row = ((h / group) * args.kCache.size(1) + page) * args.pageSize +
-                        kv % args.pageSize;
+          auto rowOf = [&](const TensorView &cache) {
+            return (h / group) * cache.stride(0) + page * cache.stride(1) +
+                   (kv % args.pageSize) * cache.stride(2);
+          };
+          const float *kRow = k + rowOf(args.kCache), *vRow = v + rowOf(args.vCache);
           float score = 0.0f;
           for (int64_t d = 0; d < dim; ++d)
-            score += q[d] * k[row * dim + d];
+            score += q[d] * kRow[d];
           score *= args.scale;
           if (mods->scoreRow)
             mods->scoreRow(args.context, static_cast<int32_t>(b), static_cast<int32_t>(h),
@@ -115,7 +125,7 @@ void naiveAttention(const cpu::PagedAttentionArgs &args) {
           float weight = std::exp(score - newMax);
           sum = sum * correction + weight;
           for (int64_t d = 0; d < vDim; ++d)
-            acc[d] = acc[d] * correction + weight * v[row * vDim + d];
+            acc[d] = acc[d] * correction + weight * vRow[d];
           maxScore = newMax;
         }
         float *out = args.out.dataAs<float>() + ((b * qHeads + h) * qLength + i) * vDim;
@@ -164,14 +174,32 @@ struct Options {
   cpu::KernelVariant variant = cpu::KernelVariant::Auto;
   std::string json;
   std::string only; // run just the case of this name
+  /// Measure the read bandwidth of the decode's K/V bytes instead.
+  bool readBandwidth = false;
 };
+
+using bench::rounded;
 
 bench::Json runCase(const Case &c, const Options &options) {
   auto [q, k, v] = bench::randomInputs(c);
   std::vector<int32_t> kvLength(c.batch, static_cast<int32_t>(c.kvLength));
   std::vector<int32_t> qOffset(c.batch, static_cast<int32_t>(c.kvLength - c.qLength));
-  cpu::PagedCache cache =
-      cpu::buildPagedCache(k.view(), v.view(), kvLength.data(), c.pageSize, DType::F32, 7, 0);
+  // Page size 0: dense K/V read in place, as flexAttention(q, k, v, ...)
+  // does: k seen as [Hkv, B, S, D] is a cache of one S-token page per
+  // sequence.
+  const bool dense = c.pageSize == 0;
+  cpu::PagedCache cache;
+  std::vector<int32_t> identity(c.batch);
+  if (!dense)
+    cache = cpu::buildPagedCache(k.view(), v.view(), kvLength.data(), c.pageSize, DType::F32, 7,
+                                 0);
+  for (int64_t b = 0; b < c.batch; ++b)
+    identity[b] = static_cast<int32_t>(b);
+  auto pagedView = [&](HostTensor &t) {
+    return TensorView(t.data(), DType::F32, {c.kvHeads, c.batch, c.kvLength, c.dim},
+                      {c.kvLength * c.dim, c.kvHeads * c.kvLength * c.dim, c.dim, 1},
+                      Device::cpu());
+  };
   std::vector<float> slopes(c.qHeads);
   for (int64_t h = 0; h < c.qHeads; ++h)
     slopes[h] = std::exp2(-8.0f * (h + 1) / c.qHeads);
@@ -193,11 +221,11 @@ bench::Json runCase(const Case &c, const Options &options) {
 
   cpu::PagedAttentionArgs args;
   args.q = q.view();
-  args.kCache = cache.kCache.view();
-  args.vCache = cache.vCache.view();
-  args.pageTable = cache.pageTable.data();
-  args.pageTableStride = cache.pageTableStride;
-  args.pageSize = cache.pageSize;
+  args.kCache = dense ? pagedView(k) : cache.kCache.view();
+  args.vCache = dense ? pagedView(v) : cache.vCache.view();
+  args.pageTable = dense ? identity.data() : cache.pageTable.data();
+  args.pageTableStride = dense ? 1 : cache.pageTableStride;
+  args.pageSize = dense ? static_cast<int32_t>(c.kvLength) : cache.pageSize;
   args.kvLength = kvLength.data();
   args.qOffset = qOffset.data();
   args.blockMask = c.causal && c.qLength > 1 ? &blockMask : nullptr;
@@ -231,8 +259,14 @@ bench::Json runCase(const Case &c, const Options &options) {
              tokens / tiled.medianSeconds, flops / tiled.medianSeconds * 1e-9,
              naive.medianSeconds * 1e3, flops / naive.medianSeconds * 1e-9, ratio,
              maxDifference);
-  using bench::rounded;
   bench::Json row = bench::caseJson(c);
+  row.update(bench::Json{{"kv_layout", dense ? "dense [B, Hkv, S, D]" : "pages"},
+                         {"kv_bytes", 2 * c.batch * c.kvHeads * c.kvLength * c.dim * 4},
+                         {"kv_gb_per_s", rounded(2.0 * static_cast<double>(
+                                                         c.batch * c.kvHeads * c.kvLength *
+                                                         c.dim * 4) /
+                                                     tiled.medianSeconds * 1e-9,
+                                                 2)}});
   row.update(bench::Json{{"median_ms", rounded(tiled.medianSeconds * 1e3, 4)},
                           {"min_ms", rounded(tiled.minSeconds * 1e3, 4)},
                           {"cpu_ms", rounded(tiled.medianCpuSeconds * 1e3, 4)},
@@ -243,6 +277,93 @@ bench::Json runCase(const Case &c, const Options &options) {
                           {"speedup_vs_naive", rounded(ratio, 2)},
                           {"max_abs_diff_vs_naive", bench::significant(maxDifference, 3)}});
   return row;
+}
+
+//===- Read bandwidth ------------------------------------------------------===//
+
+/// Sums [begin, end) of `data` with independent vector accumulators, so the
+/// loop is bound by the loads alone.
+float sumRange(const float *data, int64_t begin, int64_t end) {
+  using Vec = float __attribute__((vector_size(16)));
+  Vec acc[8] = {};
+  int64_t i = begin;
+  for (; i + 32 <= end; i += 32)
+    for (int j = 0; j < 8; ++j) {
+      Vec x;
+      std::memcpy(&x, data + i + 4 * j, sizeof(x));
+      acc[j] += x;
+    }
+  float total = 0;
+  for (; i < end; ++i)
+    total += data[i];
+  for (int j = 0; j < 8; ++j)
+    for (int lane = 0; lane < 4; ++lane)
+      total += acc[j][lane];
+  return total;
+}
+
+/// The ceiling decode runs under: GB/s of `threads` threads reading `bytes`
+/// once, either in one contiguous half each or in chunks of `chunkBytes`
+/// taken in a shuffled order (what scattered pages cost the prefetcher),
+/// with `prefetch`: each thread asks for the chunk four ahead of the one it
+/// sums (prefetcht1 on every line, as the decode kernel does for its next
+/// tile).
+bench::Json readBandwidth(int64_t bytes, int64_t chunkBytes, bool prefetch, int threads,
+                          int reps) {
+  const int64_t floats = bytes / 4;
+  std::vector<float> data(static_cast<size_t>(floats));
+  for (int64_t i = 0; i < floats; ++i)
+    data[i] = static_cast<float>(i & 1023);
+  const int64_t chunk = chunkBytes > 0 ? chunkBytes / 4 : (floats + threads - 1) / threads;
+  const int64_t chunks = (floats + chunk - 1) / chunk;
+  std::vector<int64_t> order(static_cast<size_t>(chunks));
+  for (int64_t i = 0; i < chunks; ++i)
+    order[i] = i;
+  if (chunkBytes > 0)
+    std::shuffle(order.begin(), order.end(), std::mt19937(5));
+  volatile float sink = 0;
+  auto run = [&] {
+    std::vector<std::thread> workers;
+    std::vector<float> sums(static_cast<size_t>(threads));
+    for (int t = 0; t < threads; ++t)
+      workers.emplace_back([&, t] {
+        float total = 0;
+        for (int64_t i = t; i < chunks; i += threads) {
+          int64_t ahead = i + 4 * threads;
+          if (prefetch && ahead < chunks) {
+            const char *next = reinterpret_cast<const char *>(data.data() + order[ahead] * chunk);
+            for (int64_t offset = 0; offset < chunk * 4; offset += 64)
+              __builtin_prefetch(next + offset, 0, 2);
+          }
+          int64_t begin = order[i] * chunk;
+          total += sumRange(data.data(), begin, std::min(floats, begin + chunk));
+        }
+        sums[t] = total;
+      });
+    for (std::thread &worker : workers)
+      worker.join();
+    for (float s : sums)
+      sink = sink + s;
+  };
+  Measurement m = measure(reps, run);
+  std::string name = chunkBytes > 0 ? fmt::format("read-chunks-{}k", chunkBytes / 1024)
+                                    : std::string("read-contiguous");
+  if (prefetch)
+    name += "-prefetch";
+  double gbps = static_cast<double>(bytes) / m.medianSeconds * 1e-9;
+  double best = static_cast<double>(bytes) / m.minSeconds * 1e-9;
+  fmt::print("{:<18} {:>9.2f} ms {:>8.1f} GB/s (best {:.1f}), cpu {:.2f} ms\n", name,
+             m.medianSeconds * 1e3, gbps, best, m.medianCpuSeconds * 1e3);
+  return {{"name", name},
+          {"bytes", bytes},
+          {"chunk_bytes", chunkBytes},
+          {"software_prefetch", prefetch},
+          {"threads", threads},
+          {"median_ms", rounded(m.medianSeconds * 1e3, 4)},
+          {"min_ms", rounded(m.minSeconds * 1e3, 4)},
+          {"cpu_ms", rounded(m.medianCpuSeconds * 1e3, 4)},
+          {"gb_per_s", rounded(gbps, 2)},
+          {"best_gb_per_s", rounded(best, 2)}};
 }
 
 } // namespace
@@ -264,6 +385,8 @@ int main(int argc, char **argv) {
       options.naiveReps = std::max(1, std::stoi(value()));
     } else if (arg == "--threads") {
       options.threads = std::stoi(value());
+    } else if (arg == "--read-bandwidth") {
+      options.readBandwidth = true;
     } else if (arg == "--only") {
       options.only = value();
     } else if (arg == "--json") {
@@ -283,7 +406,8 @@ int main(int argc, char **argv) {
       }
     } else {
       fmt::print(stderr, "usage: {} [--reps N] [--naive-reps N] [--threads T] "
-                         "[--variant auto|generic|avx2|avx512] [--only CASE] [--json FILE]\n", argv[0]);
+                         "[--variant auto|generic|avx2|avx512] [--only CASE] [--read-bandwidth] "
+                         "[--json FILE]\n", argv[0]);
       return 2;
     }
   }
@@ -293,9 +417,33 @@ int main(int argc, char **argv) {
       {"prefill-alibi", 1, 8, 8, 2048, 2048, 64, 16, false, true},
       {"decode", 16, 32, 8, 1, 4096, 128, 16, false, false},
       {"decode-causal", 16, 32, 8, 1, 4096, 128, 16, true, false},
+      {"decode-dense", 16, 32, 8, 1, 4096, 128, 0, false, false},
+      {"decode-mha", 16, 8, 8, 1, 4096, 128, 16, false, false},
+      {"decode-mha-dense", 16, 8, 8, 1, 4096, 128, 0, false, false},
   };
   int threads = options.threads > 0 ? options.threads
                                     : static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  if (options.readBandwidth) {
+    // The bytes of K and V one decode step reads (B 16, Hkv 8, 4096 keys,
+    // D 128, f32): 537 MB.
+    const int64_t bytes = 2LL * 16 * 8 * 4096 * 128 * 4;
+    fmt::print("read bandwidth, {} MB, {} threads, median of {}\n", bytes / 1000000, threads,
+               options.reps);
+    bench::Json rows = bench::Json::array();
+    for (int64_t chunk : {int64_t(0), int64_t(8192), int64_t(65536)})
+      rows.push_back(readBandwidth(bytes, chunk, false, threads, options.reps));
+    rows.push_back(readBandwidth(bytes, 8192, true, threads, options.reps));
+    if (!options.json.empty()) {
+      try {
+        bench::writeJson("--json", options.json,
+                         {{"benchmark", "cpu_read_bandwidth"}, {"cases", rows}});
+      } catch (const Error &error) {
+        fmt::print(stderr, "{}\n", error.what());
+        return 1;
+      }
+    }
+    return 0;
+  }
   // Auto resolves to the widest supported variant.
   cpu::KernelVariant variant = options.variant == cpu::KernelVariant::Auto
                                    ? cpu::supportedKernelVariants().back()

@@ -10,16 +10,26 @@ benchmark binary in the same invocation and reports pagedc's speed as a ratio
   prefill-alibi   B=1  H=8        S=2048       D=64   ALiBi score mod, no mask
   decode          B=16 Hq=32 Hkv=8 1 x 4096    D=128  no mask (GQA 4)
   decode-causal   B=16 Hq=32 Hkv=8 1 x 4096    D=128  causal, query at the end
+  decode-mha      B=16 H=8          1 x 4096    D=128  no mask
 
 PyTorch reads K and V from contiguous [B, Hkv, S, D] tensors; pagedc reads
 them through a page table with 16-token pages, so the anchor is the easier
-layout. The outputs of both sides are not compared here (the pagedc binary
+layout, and (the -dense rows) from the same contiguous layout in place.
+
+Before that, the decode shapes run side by side in this process on the same
+dense tensors, calls alternating: torch.compile'd flex, pagedc's
+flex_attention(q, k, v) from Python (K/V read in place; needs
+PYTHONPATH=build/python), and k.sum() + v.sum() as the read roofline.
+--dense-only stops after that. Afterwards pagedc-bench-cpu-attention
+--read-bandwidth adds the machine's read bandwidth for the same bytes.
+
+The outputs of the anchor runs are not compared (the pagedc binary
 checks itself against a naive loop); this script checks PyTorch's compiled
 result against its own eager result once per case so a miscompiled anchor
 cannot pass for a fast one.
 
 Usage: torch_flex_cpu.py --pagedc-bench build/bin/pagedc-bench-cpu-attention
-                         [--threads 2] [--reps 7] [--json FILE]
+                         [--threads 2] [--reps 7] [--dense-only] [--json FILE]
 """
 import argparse
 import json
@@ -38,7 +48,71 @@ CASES = [
     ("prefill-alibi", 1, 8, 8, 2048, 2048, 64, False, True),
     ("decode", 16, 32, 8, 1, 4096, 128, False, False),
     ("decode-causal", 16, 32, 8, 1, 4096, 128, True, False),
+    ("decode-mha", 16, 8, 8, 1, 4096, 128, False, False),
 ]
+
+
+def timed(fn):
+    start = time.perf_counter()
+    fn()
+    return time.perf_counter() - start
+
+
+def side_by_side(torch, flex, pagedc, case, reps, threads):
+    """Decode on the same dense K/V in one process, the calls alternating so
+    that both sides see the same load: torch.compile'd flex, pagedc's
+    flex_attention(q, k, v) (K/V read in place, through Python), and a
+    read-only pass over the same K and V (k.sum() + v.sum(), torch's
+    vectorised reduction on the same threads) as the bandwidth roofline."""
+    name, batch, hq, hkv, sq, skv, dim, causal, _ = case
+    generator = torch.Generator().manual_seed(11)
+    q = torch.randn(batch, hq, sq, dim, generator=generator)
+    k = torch.randn(batch, hkv, skv, dim, generator=generator)
+    v = torch.randn(batch, hkv, skv, dim, generator=generator)
+    offset = skv - sq
+    block_mask = None
+    if causal:
+        from torch.nn.attention.flex_attention import create_block_mask
+        block_mask = create_block_mask(lambda b, h, qi, kv: qi + offset >= kv, None, None, sq,
+                                       skv, device="cpu", BLOCK_SIZE=128)
+    mask_mod = (lambda b, h, qi, kv: qi >= kv) if causal else None
+    gqa = hq != hkv
+
+    def run_torch():
+        flex(q, k, v, block_mask=block_mask, enable_gqa=gqa)
+
+    def run_pagedc():
+        pagedc.flex_attention(q, k, v, enable_gqa=gqa, mask_mod=mask_mod, q_offset="end",
+                              threads=threads)
+
+    def run_read():
+        k.sum()
+        v.sum()
+
+    ours = pagedc.flex_attention(q, k, v, enable_gqa=gqa, mask_mod=mask_mod, q_offset="end")
+    theirs = flex(q, k, v, block_mask=block_mask, enable_gqa=gqa)
+    max_diff = (ours - theirs).abs().max().item()
+    if not max_diff <= 1e-3:
+        raise SystemExit(f"{name}: pagedc differs from torch by {max_diff}")
+    for fn in (run_torch, run_pagedc, run_read):
+        fn()
+    samples = {"torch": [], "pagedc": [], "read": []}
+    for _ in range(reps):
+        samples["torch"].append(timed(run_torch))
+        samples["pagedc"].append(timed(run_pagedc))
+        samples["read"].append(timed(run_read))
+    kv_bytes = 2 * k.numel() * k.element_size()
+    med = {key: statistics.median(values) for key, values in samples.items()}
+    return {"name": name, "kv_bytes": kv_bytes,
+            "torch_median_ms": med["torch"] * 1e3,
+            "pagedc_dense_median_ms": med["pagedc"] * 1e3,
+            "read_median_ms": med["read"] * 1e3,
+            "read_gb_per_s": kv_bytes / med["read"] * 1e-9,
+            "torch_gb_per_s": kv_bytes / med["torch"] * 1e-9,
+            "pagedc_gb_per_s": kv_bytes / med["pagedc"] * 1e-9,
+            "speedup_vs_torch": med["torch"] / med["pagedc"],
+            "speedup_per_rep": [t / p for t, p in zip(samples["torch"], samples["pagedc"])],
+            "max_abs_diff_vs_torch": max_diff}
 
 
 def torch_case(torch, flex, case, reps):
@@ -95,6 +169,8 @@ def main():
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--reps", type=int, default=7)
     parser.add_argument("--json", help="write the combined results here")
+    parser.add_argument("--dense-only", action="store_true",
+                        help="only the side-by-side decode on dense K/V (pagedc from Python)")
     args = parser.parse_args()
     if not os.access(args.pagedc_bench, os.X_OK):
         raise SystemExit(f"{args.pagedc_bench}: not an executable (build pagedc first)")
@@ -108,6 +184,34 @@ def main():
     warnings.filterwarnings("ignore", message=".*without torch.compile")
     torch.set_num_threads(args.threads)
     flex = torch.compile(flex_attention, dynamic=False)
+    dense_rows = []
+    try:
+        import pagedc
+    except ImportError:
+        pagedc = None
+        print("pagedc's Python package is not importable (PYTHONPATH=build/python): "
+              "no side-by-side dense decode", file=sys.stderr)
+    if pagedc is not None:
+        print(f"{'dense decode':<16} {'pagedc ms':>10} {'torch ms':>10} {'read ms':>8} "
+              f"{'read GB/s':>9} {'torch/pagedc':>13}  per rep")
+        for case in CASES:
+            if case[4] != 1:
+                continue
+            row = side_by_side(torch, flex, pagedc, case, args.reps, args.threads)
+            dense_rows.append(row)
+            print(f"{row['name']:<16} {row['pagedc_dense_median_ms']:>10.2f} "
+                  f"{row['torch_median_ms']:>10.2f} {row['read_median_ms']:>8.2f} "
+                  f"{row['read_gb_per_s']:>9.1f} {row['speedup_vs_torch']:>12.2f}x  "
+                  + " ".join(f"{r:.2f}" for r in row["speedup_per_rep"]), flush=True)
+    if args.dense_only:
+        if args.json:
+            with open(args.json, "w") as file:
+                json.dump({"benchmark": "cpu_dense_decode_vs_torch_flex",
+                           "torch": torch.__version__, "threads": args.threads,
+                           "reps": args.reps, "load_average": os.getloadavg(),
+                           "dense_decode": dense_rows}, file, indent=2)
+                file.write("\n")
+        return
     anchors = {}
     for case in CASES:
         print(f"torch {case[0]} ...", file=sys.stderr, flush=True)
@@ -120,11 +224,21 @@ def main():
                         "--json", ours_path], check=True, stdout=sys.stderr)
         with open(ours_path) as file:
             ours = json.load(file)
+        # The roofline of the decode rows: the same 537 MB read with no
+        # arithmetic, contiguous and in scattered 8 / 64 KiB chunks.
+        read_path = os.path.join(scratch, "read.json")
+        subprocess.run([args.pagedc_bench, "--read-bandwidth", "--threads", str(args.threads),
+                        "--reps", str(args.reps), "--json", read_path], check=True,
+                       stdout=sys.stderr)
+        with open(read_path) as file:
+            read_bandwidth = json.load(file)["cases"]
 
     rows = []
     print(f"{'case':<16} {'pagedc ms':>10} {'torch ms':>10} {'torch/pagedc':>13}")
     for case in ours["cases"]:
-        anchor = anchors[case["name"]]
+        anchor = anchors.get(case["name"].replace("-dense", ""))
+        if anchor is None:
+            continue
         ratio = anchor["median_ms"] / case["median_ms"]
         print(f"{case['name']:<16} {case['median_ms']:>10.2f} "
               f"{anchor['median_ms']:>10.2f} {ratio:>12.2f}x")
@@ -138,8 +252,10 @@ def main():
     result = {"benchmark": "cpu_attention_vs_torch_flex",
               "torch": torch.__version__, "python": platform.python_version(),
               "threads": args.threads, "reps": args.reps,
-              "anchor_layout": "contiguous K/V (pagedc: 16-token pages)",
-              "cases": rows}
+              "anchor_layout": "contiguous K/V (pagedc: 16-token pages, or dense "
+                               "where page_size is 0)",
+              "load_average": os.getloadavg(),
+              "cases": rows, "dense_decode": dense_rows, "read_bandwidth": read_bandwidth}
     if args.json:
         with open(args.json, "w") as file:
             json.dump(result, file, indent=2)

@@ -19,7 +19,7 @@ import numpy as np
 
 from . import _pagedc as _C
 from . import _torch as _T
-from ._device import call_stream, tensor_device_index
+from ._device import call_stream, device_label, tensor_device_index
 
 Error = _C.Error
 Tensor = _C.Tensor
@@ -694,6 +694,25 @@ def create_block_mask(mask_mod, B: Optional[int], H: Optional[int], Q_LEN: int, 
 # flex_attention
 # ---------------------------------------------------------------------------
 
+def _dense_keys(k, v) -> tuple:
+    """Host k [B, Hkv, S, D] and v [B, Hkv, S, Dv] as the runtime reads them
+    in place. NumPy arrays with a negative stride (which DLPack cannot
+    describe) are copied into contiguous arrays first."""
+    for name, tensor, dims in (("k", k, "D"), ("v", v, "Dv")):
+        where = tensor_device_index(tensor)
+        if where >= 0:
+            raise ValueError(f"{name}: is on {device_label(where)} but q is on cpu")
+        shape = getattr(tensor, "shape", None)
+        if shape is None or len(shape) != 4:
+            got = "no shape" if shape is None else f"shape {list(shape)}"
+            raise ValueError(f"{name}: expected [B, H, S, {dims}], got {got}")
+    if isinstance(k, np.ndarray) and any(stride < 0 for stride in k.strides):
+        k = np.ascontiguousarray(k)
+    if isinstance(v, np.ndarray) and any(stride < 0 for stride in v.strides):
+        v = np.ascontiguousarray(v)
+    return k, v
+
+
 def _contiguous_cache(k, v, device: int = -1, stream: int = 0) -> tuple:
     """k [B, H, S, D] / v [B, H, S, Dv] copied into a fresh cache on the
     call's device (-1: the host, else that CUDA device; k and v must be on
@@ -779,8 +798,13 @@ def flex_attention(q, cache_or_k, v=None, block_mask: Optional[BlockMask] = None
     ``q`` [B, Hq, L, D]. ``cache_or_k`` is a ``PagedKVCache`` (``v`` None;
     batch entry b reads slot ``batch_idx[b]``, default b, up to
     ``kv_length[b]``, default the slot's length) or a key tensor
-    [B, Hkv, S, D] with ``v`` [B, Hkv, S, Dv] (copied into a temporary
-    cache). ``q_offset`` (int, one per batch entry, or ``"end"`` =
+    [B', Hkv, S, D] with ``v`` [B', Hkv, S, Dv] (batch entry b reads k's
+    entry ``batch_idx[b]``, default b, up to ``kv_length[b]``, default S).
+    On the CPU the key and value tensors are read where they lie, with no
+    copy, whatever their strides (a transposed view too; a unit last stride
+    and float32 are the fastest); NumPy arrays with a negative stride are
+    copied first. On CUDA they are copied into a temporary cache (the CUDA
+    kernels read compact pages). ``q_offset`` (int, one per batch entry, or ``"end"`` =
     kv_length - L; default 0) is the position of q's first row: a decode step
     passes ``"end"``. ``mods`` are compiled mods (``compile`` /
     ``from_torch``), ``buffers`` / ``params`` their launch values. Hq != Hkv
@@ -882,23 +906,30 @@ def flex_attention(q, cache_or_k, v=None, block_mask: Optional[BlockMask] = None
     if device >= 0 and not mods.has_cuda:
         raise ValueError("mods: q is in CUDA memory but the mods have no CUDA code; compile "
                          "them with pagedc.compile(..., cuda=True)")
+    dense = None
     if isinstance(cache_or_k, PagedKVCache):
         if v is not None:
             raise ValueError("v: must be None when cache_or_k is a PagedKVCache")
         cache = cache_or_k
         default_length = None
+        kv_heads = cache._heads
+    elif v is None:
+        raise ValueError("v: required when cache_or_k is a key tensor")
+    elif device < 0:
+        dense = _dense_keys(cache_or_k, v)
+        cache = None
+        kv_heads, default_length = int(dense[0].shape[1]), int(dense[0].shape[2])
     else:
-        if v is None:
-            raise ValueError("v: required when cache_or_k is a key tensor")
         cache, default_length = _contiguous_cache(cache_or_k, v, device, stream)
+        kv_heads = cache._heads
     q_shape = q.shape
     if not isinstance(q_shape, tuple):  # NumPy's and torch's shapes are tuples
         q_shape = tuple(q_shape)
     if len(q_shape) != 4:
         raise ValueError(f"q: expected [B, Hq, L, D], got shape {list(q_shape)}")
     batch, q_heads, q_len = int(q_shape[0]), int(q_shape[1]), int(q_shape[2])
-    if q_heads != cache._heads and not enable_gqa:
-        raise ValueError(f"q: {q_heads} heads but the keys have {cache._heads}; pass "
+    if q_heads != kv_heads and not enable_gqa:
+        raise ValueError(f"q: {q_heads} heads but the keys have {kv_heads}; pass "
                          "enable_gqa=True for grouped-query attention")
     end_offsets = None
     if batch_idx is None and kv_length is None and default_length is None:
@@ -906,6 +937,8 @@ def flex_attention(q, cache_or_k, v=None, block_mask: Optional[BlockMask] = None
     else:
         if batch_idx is None:
             slots = list(range(batch))
+        elif dense is not None:
+            slots = _int_list(batch_idx, "batch_idx", batch)
         else:
             slots = cache._slots(batch_idx)
             if len(slots) != batch:
@@ -942,13 +975,21 @@ def flex_attention(q, cache_or_k, v=None, block_mask: Optional[BlockMask] = None
     else:
         merged, params = mods._bindings(buffers, params)
     if framework == "torch" and device < 0:
-        return _torch_host_call(q, cache, block_mask, mods, merged, params, slots, lengths,
-                                offsets, scale, return_lse, out, threads, kernel_texts, sinks)
-    result, lse = _C.flex_attention(q, cache._native,
-                                    None if block_mask is None else block_mask._native,
-                                    mods._native, merged, params, slots, lengths, offsets,
-                                    None if scale is None else float(scale), bool(return_lse),
-                                    out, None, int(threads), kernel_texts, device, stream, sinks)
+        return _torch_host_call(q, cache, dense, block_mask, mods, merged, params, slots,
+                                lengths, offsets, scale, return_lse, out, threads, kernel_texts,
+                                sinks)
+    native_mask = None if block_mask is None else block_mask._native
+    native_scale = None if scale is None else float(scale)
+    if dense is not None:
+        result, lse = _C.flex_attention_dense(q, dense[0], dense[1], native_mask, mods._native,
+                                              merged, params, slots, lengths, offsets,
+                                              native_scale, bool(return_lse), out, None,
+                                              int(threads), kernel_texts, sinks, False)
+    else:
+        result, lse = _C.flex_attention(q, cache._native, native_mask, mods._native, merged,
+                                        params, slots, lengths, offsets, native_scale,
+                                        bool(return_lse), out, None, int(threads), kernel_texts,
+                                        device, stream, sinks)
     result = _to_framework(result, framework)
     if return_lse:
         return result, _to_framework(lse, framework)
@@ -959,8 +1000,8 @@ _TORCH = None
 _TORCH_FROM_CAPSULE = None
 
 
-def _torch_host_call(q, cache, block_mask, mods, merged, params, slots, lengths, offsets,
-                     scale, return_lse, out, threads, kernel_texts, sinks):
+def _torch_host_call(q, cache, dense, block_mask, mods, merged, params, slots, lengths,
+                     offsets, scale, return_lse, out, threads, kernel_texts, sinks):
     """The native call for torch tensors in host memory. torch's own
     ``Tensor.__dlpack__`` costs several microseconds in Python (it negotiates
     streams and versions), ``to_dlpack`` a fraction of one, and for a small
@@ -983,10 +1024,18 @@ def _torch_host_call(q, cache, block_mask, mods, merged, params, slots, lengths,
         to_dlpack(out) if isinstance(out, Tensor) and not out.is_cuda else out
     native_sinks = sinks if sinks is None else \
         to_dlpack(sinks) if isinstance(sinks, Tensor) and not sinks.is_cuda else sinks
-    result, lse = _C.flex_attention_dlpack(
-        native_q, cache._native, None if block_mask is None else block_mask._native,
-        mods._native, merged, params, slots, lengths, offsets,
-        None if scale is None else float(scale), bool(return_lse), native_out, None,
-        int(threads), kernel_texts, -1, 0, native_sinks, True)
+    native_mask = None if block_mask is None else block_mask._native
+    native_scale = None if scale is None else float(scale)
+    if dense is not None:
+        k, v = (to_dlpack(t) if isinstance(t, Tensor) else t for t in dense)
+        result, lse = _C.flex_attention_dense(
+            native_q, k, v, native_mask, mods._native, merged, params, slots, lengths, offsets,
+            native_scale, bool(return_lse), native_out, None, int(threads), kernel_texts,
+            native_sinks, True)
+    else:
+        result, lse = _C.flex_attention_dlpack(
+            native_q, cache._native, native_mask, mods._native, merged, params, slots, lengths,
+            offsets, native_scale, bool(return_lse), native_out, None, int(threads),
+            kernel_texts, -1, 0, native_sinks, True)
     result = out if out is not None else _TORCH_FROM_CAPSULE(result)
     return (result, _TORCH_FROM_CAPSULE(lse)) if return_lse else result

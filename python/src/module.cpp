@@ -820,7 +820,21 @@ std::shared_ptr<BlockMask> blockMaskArgument(const py::handle &obj) {
   return obj.cast<std::shared_ptr<BlockMask>>();
 }
 
-py::tuple attention(const py::handle &qObj, std::shared_ptr<PagedKVCache> cache,
+/// What an attention call reads its keys and values from: a cache, or
+/// dense k [B, Hkv, S, D] and v tensors borrowed for the call, which the CPU
+/// backend reads where they lie.
+struct CallKeys {
+  std::shared_ptr<PagedKVCache> cache;
+  BorrowedTensor k, v;
+
+  int64_t valueHeadDim() const {
+    if (cache)
+      return cache->valueHeadDim();
+    return v.view.rank() == 4 ? v.view.size(3) : 0;
+  }
+};
+
+py::tuple attention(const py::handle &qObj, const CallKeys &keys,
                     const py::handle &blockMaskObj, const Mods &mods, const py::dict &buffers,
                     const py::dict &params, std::vector<int64_t> batchIdx,
                     std::vector<int64_t> kvLength, std::vector<int64_t> qOffset,
@@ -847,7 +861,7 @@ py::tuple attention(const py::handle &qObj, std::shared_ptr<PagedKVCache> cache,
     if (q.view.rank() != 4)
       throw py::value_error("q: expected [B, Hq, L, D], got shape " + q.view.shapeString());
     allocateDeviceOutputs(*onDevice, q.view.dtype(),
-                          {q.view.size(0), q.view.size(1), q.view.size(2), cache->valueHeadDim()},
+                          {q.view.size(0), q.view.size(1), q.view.size(2), keys.valueHeadDim()},
                           returnLse, outObj, lseObj);
     options.device = onDevice->device;
     options.stream = onDevice->cuStream();
@@ -862,7 +876,10 @@ py::tuple attention(const py::handle &qObj, std::shared_ptr<PagedKVCache> cache,
   auto result = std::make_shared<AttentionResult>();
   {
     py::gil_scoped_release release;
-    *result = flexAttention(q.view, *cache, blockMask.get(), mods.mods, bindings, options);
+    *result = keys.cache ? flexAttention(q.view, *keys.cache, blockMask.get(), mods.mods,
+                                         bindings, options)
+                         : flexAttention(q.view, keys.k.view, keys.v.view, blockMask.get(),
+                                         mods.mods, bindings, options);
   }
   return outputs.results(result, outObj, lseObj, returnLse, capsules && !onDevice);
 }
@@ -1314,14 +1331,40 @@ PYBIND11_MODULE(_pagedc, m) {
            std::vector<int64_t> qOffset, std::optional<float> scale, bool returnLse, py::object out,
            py::object lse, int threads, const std::map<std::string, std::string> &kernelOptions,
            int deviceIndex, uintptr_t stream, const py::handle &sinks) {
-          return attention(q, std::move(cache), blockMask, mods, buffers, params,
-                           std::move(batchIdx), std::move(kvLength), std::move(qOffset), scale,
-                           returnLse, std::move(out), std::move(lse), threads, kernelOptions,
-                           deviceIndex, stream, sinks);
+          return attention(q, CallKeys{std::move(cache), {}, {}}, blockMask, mods, buffers,
+                           params, std::move(batchIdx), std::move(kvLength), std::move(qOffset),
+                           scale, returnLse, std::move(out), std::move(lse), threads,
+                           kernelOptions, deviceIndex, stream, sinks);
         });
   // The same call with the host tensors it makes returned as DLPack capsules
   // (torch imports a capsule faster than it allocates a tensor itself).
-  m.def("flex_attention_dlpack", &attention);
+  m.def("flex_attention_dlpack",
+        [](const py::handle &q, std::shared_ptr<PagedKVCache> cache, const py::handle &blockMask,
+           const Mods &mods, const py::dict &buffers, const py::dict &params,
+           std::vector<int64_t> batchIdx, std::vector<int64_t> kvLength,
+           std::vector<int64_t> qOffset, std::optional<float> scale, bool returnLse, py::object out,
+           py::object lse, int threads, const std::map<std::string, std::string> &kernelOptions,
+           int deviceIndex, uintptr_t stream, const py::handle &sinks, bool capsules) {
+          return attention(q, CallKeys{std::move(cache), {}, {}}, blockMask, mods, buffers,
+                           params, std::move(batchIdx), std::move(kvLength), std::move(qOffset),
+                           scale, returnLse, std::move(out), std::move(lse), threads,
+                           kernelOptions, deviceIndex, stream, sinks, capsules);
+        });
+  // Dense k [B, Hkv, S, D] and v on the host, read in place (no cache, no
+  // copy); `capsules` as for flex_attention_dlpack.
+  m.def("flex_attention_dense",
+        [](const py::handle &q, const py::handle &k, const py::handle &v,
+           const py::handle &blockMask, const Mods &mods, const py::dict &buffers,
+           const py::dict &params, std::vector<int64_t> batchIdx, std::vector<int64_t> kvLength,
+           std::vector<int64_t> qOffset, std::optional<float> scale, bool returnLse, py::object out,
+           py::object lse, int threads, const std::map<std::string, std::string> &kernelOptions,
+           const py::handle &sinks, bool capsules) {
+          CallKeys keys{nullptr, borrowTensor(k, "k"), borrowTensor(v, "v")};
+          return attention(q, keys, blockMask, mods, buffers, params, std::move(batchIdx),
+                           std::move(kvLength), std::move(qOffset), scale, returnLse,
+                           std::move(out), std::move(lse), threads, kernelOptions, -1, 0, sinks,
+                           capsules);
+        });
   m.def("cuda_driver_info", &cudaDriverInfo,
         "(available, emulated, the library or why there is none); loads the driver.");
   m.def(

@@ -99,6 +99,21 @@ AttentionResult flexAttention(const TensorView &q, const PagedKVCache &cache,
                               const BlockMask *blockMask, const CompiledMods &mods,
                               const Bindings &bindings, const AttentionOptions &options);
 
+/// Flex attention of `q` [B, Hq, Lq, D] against dense keys `k`
+/// [B', Hkv, S, D] and values `v` [B', Hkv, S, Dv], read where they lie: no
+/// copy is made, whatever their strides (negative strides are refused; a
+/// unit last stride with f32 elements is the fast path, others are
+/// converted a tile at a time). Batch entry b reads k's entry
+/// options.batchIdx[b] (default b) up to options.kvLength[b] (default S for
+/// every entry); everything else is as for the cache call above.
+///
+/// CPU only: on a CUDA device this throws pagedc::Error (the CUDA kernels
+/// read a PagedKVCache's compact pages; copy k and v into one). k and v
+/// are f32 or bf16, of one dtype, and must not change during the call.
+AttentionResult flexAttention(const TensorView &q, const TensorView &k, const TensorView &v,
+                              const BlockMask *blockMask, const CompiledMods &mods,
+                              const Bindings &bindings, const AttentionOptions &options);
+
 } // namespace pagedc
 
 #endif // PAGEDC_ATTENTION_H

@@ -5,6 +5,7 @@
 #include "pagedc/CudaAttention.h"
 
 #include "cpu/Reference.h"
+#include "pagedc/Attention.h"
 #include "pagedc/Error.h"
 #include "pagedc/KernelOptions.h"
 
@@ -95,6 +96,13 @@ HostTensor randomTensor(DType dtype, std::vector<int64_t> shape, float range,
   return tensor;
 }
 
+void storeNaN(const TensorView &view, int64_t offset) {
+  if (view.dtype() == DType::F32)
+    view.dataAs<float>()[offset] = std::numeric_limits<float>::quiet_NaN();
+  else
+    view.dataAs<uint16_t>()[offset] = view.dtype() == DType::BF16 ? 0x7fc0 : 0x7e00;
+}
+
 void fillNaN(HostTensor &tensor) {
   for (int64_t i = 0; i < tensor.numel(); ++i) {
     if (tensor.dtype() == DType::BF16)
@@ -156,6 +164,57 @@ void runOnCuda(const cpu::PagedAttentionArgs &hostArgs, const CompiledMods &mods
     buffers[4]->download(hostArgs.lse.data(), buffers[4]->size());
 }
 
+/// The public call's bindings for the values `context` points at: each
+/// declared buffer viewed with the context's sizes and strides, each param
+/// with its declared type.
+Bindings bindingsOf(const CompiledMods &mods, const PagedcModContext *context) {
+  Bindings bindings;
+  if (!context)
+    return bindings;
+  for (size_t i = 0; i < mods.buffers.size(); ++i) {
+    const PagedcBufferRef &ref = context->buffers[i];
+    const size_t rank = mods.buffers[i].dims.size();
+    bindings.buffers[mods.buffers[i].name] =
+        TensorView(const_cast<void *>(ref.data), mods.buffers[i].elementType,
+                   std::vector<int64_t>(ref.sizes, ref.sizes + rank),
+                   std::vector<int64_t>(ref.strides, ref.strides + rank), Device::cpu());
+  }
+  for (size_t i = 0; i < mods.params.size(); ++i) {
+    const PagedcParamSlot &slot = context->params[i];
+    switch (mods.params[i].type) {
+    case ScalarKind::I32:
+      bindings.params[mods.params[i].name] = ParamValue::ofI32(slot.i32);
+      break;
+    case ScalarKind::F32:
+      bindings.params[mods.params[i].name] = ParamValue::ofF32(slot.f32);
+      break;
+    case ScalarKind::Bool:
+      bindings.params[mods.params[i].name] = ParamValue::ofBool(slot.i32 != 0);
+      break;
+    }
+  }
+  return bindings;
+}
+
+/// Runs the public dense-K/V call on `args`' q, outputs, lengths and
+/// offsets with k and v read in place.
+void runDense(const cpu::PagedAttentionArgs &args, const TensorView &k, const TensorView &v,
+              const std::vector<int32_t> &kvLengths, const CompiledMods &mods,
+              const PagedcModContext *context) {
+  AttentionOptions options;
+  // Equal lengths of S: leave kvLength to its default (all of k).
+  if (std::any_of(kvLengths.begin(), kvLengths.end(),
+                  [&](int32_t length) { return length != k.size(2); }))
+    options.kvLength = kvLengths;
+  options.qOffset.assign(args.qOffset, args.qOffset + k.size(0));
+  options.scale = args.scale;
+  options.out = args.out;
+  options.lse = args.lse;
+  options.sinks = args.sinks;
+  options.threads = args.threads;
+  flexAttention(args.q, k, v, args.blockMask, mods, bindingsOf(mods, context), options);
+}
+
 } // namespace
 
 AttentionCheckResult checkPagedAttention(const CompiledMods &mods,
@@ -186,6 +245,30 @@ AttentionCheckResult checkPagedAttention(const CompiledMods &mods,
   HostTensor q = randomTensor(c.storage, qStorageShape, c.range, rng);
   HostTensor k = randomTensor(c.storage, {c.batch, c.kvHeads, kvCapacity, c.dim}, c.range, rng);
   HostTensor v = randomTensor(c.storage, {c.batch, c.kvHeads, kvCapacity, c.vDim}, c.range, rng);
+  // Dense keys stored [B, S, Hkv, D]: the same random values, and views
+  // [B, Hkv, S, D] of them through strides.
+  HostTensor kStored, vStored;
+  TensorView kView = k.view(), vView = v.view();
+  if (c.denseKV && c.transposedKVLayout) {
+    auto transposed = [&](HostTensor &stored, int64_t inner) {
+      stored = randomTensor(c.storage, {c.batch, kvCapacity, c.kvHeads, inner}, c.range, rng);
+      return TensorView(stored.data(), stored.dtype(), {c.batch, c.kvHeads, kvCapacity, inner},
+                        {kvCapacity * c.kvHeads * inner, inner, c.kvHeads * inner, 1},
+                        Device::cpu());
+    };
+    kView = transposed(kStored, c.dim);
+    vView = transposed(vStored, c.vDim);
+  }
+  if (c.denseKV) {
+    // Keys past a sequence's length are NaN: reading one shows up.
+    for (const TensorView &view : {kView, vView})
+      for (int64_t b = 0; b < c.batch; ++b)
+        for (int64_t h = 0; h < c.kvHeads; ++h)
+          for (int64_t j = kvLengths[b]; j < kvCapacity; ++j)
+            for (int64_t d = 0; d < view.size(3); ++d)
+              storeNaN(view, b * view.stride(0) + h * view.stride(1) + j * view.stride(2) +
+                                 d * view.stride(3));
+  }
   auto logicalView = [&](HostTensor &tensor, int64_t inner) {
     if (!c.transposedQueryLayout)
       return tensor.view();
@@ -194,8 +277,10 @@ AttentionCheckResult checkPagedAttention(const CompiledMods &mods,
   };
   TensorView qView = logicalView(q, c.dim);
 
-  cpu::PagedCache cache = cpu::buildPagedCache(k.view(), v.view(), kvLengths.data(), c.pageSize,
-                                               c.storage, c.seed);
+  cpu::PagedCache cache;
+  if (!c.denseKV)
+    cache = cpu::buildPagedCache(k.view(), v.view(), kvLengths.data(), c.pageSize, c.storage,
+                                 c.seed);
 
   BlockMask blockMask;
   if (c.withBlockMask) {
@@ -240,15 +325,17 @@ AttentionCheckResult checkPagedAttention(const CompiledMods &mods,
   }
   args.threads = c.threads;
   args.variant = c.variant;
-  if (onCuda)
+  if (c.denseKV)
+    runDense(args, kView, vView, kvLengths, mods, context);
+  else if (onCuda)
     runOnCuda(args, mods, context, c.device);
   else
     cpu::pagedAttention(args);
 
   cpu::ReferenceArgs referenceArgs;
   referenceArgs.q = qView;
-  referenceArgs.k = k.view();
-  referenceArgs.v = v.view();
+  referenceArgs.k = kView;
+  referenceArgs.v = vView;
   referenceArgs.kvLength = kvLengths.data();
   referenceArgs.qOffset = qOffsets.data();
   referenceArgs.mods = &mods;

@@ -59,6 +59,12 @@ struct AttentionConfig {
   float range = 1.0f;
   /// Hand q and out to the kernel as strided [B, Lq, Hq, D] buffers.
   bool transposedQueryLayout = false;
+  /// Run the public flexAttention() on dense k [B, Hkv, S, D] and v
+  /// (S = the longest kv length, every key finite) instead of a paged cache.
+  bool denseKV = false;
+  /// With denseKV: k and v stored as [B, S, Hkv, D] and handed over through
+  /// strides (what k.transpose(1, 2) of a [B, S, Hkv, D] tensor is).
+  bool transposedKVLayout = false;
   int threads = 2;
   cpu::KernelVariant variant = cpu::KernelVariant::Auto;
   uint64_t seed = 1;
