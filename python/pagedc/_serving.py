@@ -76,7 +76,11 @@ class BatchAttention:
     returns without waiting (docs/python.md, "CUDA memory"). The CPU
     backend takes the caches' and out's types at ``run`` and ignores
     ``dtype``, ``kv_dtype`` and ``out_dtype``.
-    ``threads``: CPU worker threads, 0 = all cores.
+    ``threads``: CPU worker threads, 0 = all cores. ``fixed_grid`` (CUDA):
+    every launch's grid depends only on the limits, so a ``run`` captured
+    into a CUDA graph stays valid after any later ``plan`` within them
+    (``BatchAttentionConfig::fixedGrid``; docs/serving.md, "Under a CUDA
+    graph"); ``plan_shape`` is then the same for every plan.
     """
 
     def __init__(self, mods, num_q_heads: int, num_kv_heads: int, head_dim: int,
@@ -85,7 +89,7 @@ class BatchAttention:
                  value_head_dim: Optional[int] = None,
                  max_blocks_per_seq: Optional[int] = None, threads: int = 0,
                  dtype: str = "bf16", kv_dtype: Optional[str] = None,
-                 out_dtype: Optional[str] = None):
+                 out_dtype: Optional[str] = None, fixed_grid: bool = False):
         from ._device import device_index
         self._device = device_index(device)
         if self._device >= 0 and (mods is None or not _native_mods(mods).has_cuda):
@@ -118,7 +122,7 @@ class BatchAttention:
                           page_size=int(page_size), kv_layout=kv_layout,
                           max_num_seqs=int(max_num_seqs), max_num_tokens=int(max_num_tokens),
                           threads=int(threads), dtype=dtype, kv_dtype=kv_dtype,
-                          out_dtype=out_dtype)
+                          out_dtype=out_dtype, fixed_grid=bool(fixed_grid))
         # Built now, so that a bad setting raises here; without
         # max_blocks_per_seq it is built again at the first plan, sized by
         # that block table.
@@ -135,12 +139,16 @@ class BatchAttention:
                                          a["value_head_dim"], a["page_size"], a["kv_layout"],
                                          a["max_num_seqs"], a["max_num_tokens"],
                                          max_blocks_per_seq, a["threads"], self._device,
-                                         a["dtype"], a["kv_dtype"], a["out_dtype"])
+                                         a["dtype"], a["kv_dtype"], a["out_dtype"],
+                                         a["fixed_grid"])
 
     kv_layout = property(lambda self: self._args["kv_layout"])
     device = property(lambda self: "cpu" if self._device < 0 else f"cuda:{self._device}")
     num_seqs = property(lambda self: self._native.num_seqs if self._native else 0)
     num_tokens = property(lambda self: self._native.num_tokens if self._native else 0)
+    # (prefill tiles, decode sequences, decode splits) the plan launches on
+    # CUDA; zeros on the CPU and before the first plan.
+    plan_shape = property(lambda self: self._native.plan_shape if self._native else (0, 0, 0))
 
     def plan(self, query_start_loc, seq_lens, block_table, kv_start=None,
              kv_end=None, *, token_positions=None, token_batch=None) -> None:

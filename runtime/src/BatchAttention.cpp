@@ -599,7 +599,9 @@ AttentionResult BatchAttention::run(const TensorView &q, const TensorView &kCach
       result.lse = result.ownedLse.view();
     }
   }
-  if (numTokens_ == 0)
+  // (A fixed grid launches even an empty step's kernels, whose CTAs all
+  // exit: a graph captured on it must replay later plans' work.)
+  if (numTokens_ == 0 && !(onCuda && c.fixedGrid))
     return result;
 
   auto as = [&](const TensorView &view, DType type) {

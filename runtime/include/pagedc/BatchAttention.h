@@ -105,6 +105,18 @@ struct BatchAttentionConfig {
   /// for it at construction. The CPU backend ignores it and takes out's
   /// type at run().
   std::optional<DType> outDtype;
+  /// CUDA: plan every step onto one fixed set of launches whose grids
+  /// depend only on the limits above (a CTA per prefill tile the limits
+  /// allow, one per sequence and KV head for decode, a split count chosen
+  /// once from maxNumSeqs and maxBlocksPerSeq), so that a run() captured
+  /// into a CUDA graph replays correctly after any later plan() (any batch
+  /// composition within the limits); the kernels read the step's work
+  /// counts from device memory and CTAs without work exit at once. Costs
+  /// idle CTAs, and the decode split count no longer adapts to the step
+  /// (docs/serving.md, "Under a CUDA graph"). Unset: each plan() sizes its
+  /// launches to its step, and a captured graph is valid only for plans of
+  /// the same planShape(). The CPU backend ignores it.
+  bool fixedGrid = false;
   /// CPU worker threads; 0 = every core, or the calling thread alone when
   /// the call is too small to gain from more.
   int threads = 0;
@@ -144,6 +156,8 @@ struct BatchRunOptions {
 };
 
 /// What a planned step launches on CUDA (BatchAttention::planShape()).
+/// With BatchAttentionConfig::fixedGrid: the limits' grids, the same for
+/// every plan.
 struct BatchPlanShape {
   /// Query tiles of the prefill launch (each one CTA per query head).
   int64_t prefillTiles = 0;

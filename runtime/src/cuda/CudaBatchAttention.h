@@ -78,16 +78,23 @@ private:
   BatchAttentionConfig config_;
   std::shared_ptr<const CudaKernel> prefill_, decode_;
   int64_t maxPrefillTiles_ = 0, maxSplits_ = 1;
+  /// BatchAttentionConfig::fixedGrid's decode split count.
+  int64_t fixedSplits_ = 1;
+  /// The decode split count of `decodeSeqs` sequences whose longest
+  /// context has `maxDecodeKv` keys (at most maxSplits_).
+  int64_t decodeSplits(int64_t decodeSeqs, int64_t maxDecodeKv) const;
   // One allocation of int32 words: page table [maxNumSeqs,
   // maxBlocksPerSeq], kv_len and q_offset [maxNumSeqs], q_start
   // [maxNumSeqs + 1], the prefill tiles [maxPrefillTiles, 2], the decode
   // list [maxNumSeqs, 2], kv_start [maxNumSeqs], the token positions and
-  // batch indices [maxNumTokens] each; then f32: the lse the kernels write when the
-  // caller wants none [maxNumTokens, Hq], the decode splits' partial lse
-  // [maxNumSeqs, kBatchDecodeTokens, Hq, maxSplits] and outputs [..., D].
+  // batch indices [maxNumTokens] each, a fixed grid's work counts [2]
+  // (prefill tiles, decode sequences); then f32: the lse the kernels write
+  // when the caller wants none [maxNumTokens, Hq], the decode splits'
+  // partial lse [maxNumSeqs, kBatchDecodeTokens, Hq, maxSplits] and
+  // outputs [..., D].
   DeviceBuffer storage_;
   size_t kvLenAt_ = 0, qOffsetAt_ = 0, qStartAt_ = 0, prefillAt_ = 0, decodeAt_ = 0;
-  size_t kvStartAt_ = 0, tokenPositionAt_ = 0, tokenBatchAt_ = 0;
+  size_t kvStartAt_ = 0, tokenPositionAt_ = 0, tokenBatchAt_ = 0, workCountsAt_ = 0;
   size_t lseAt_ = 0, partialLseAt_ = 0, partialOutAt_ = 0;
   // The plan.
   int64_t batch_ = 0, prefillTiles_ = 0, decodeSeqs_ = 0, splits_ = 1;
