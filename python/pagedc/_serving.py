@@ -195,9 +195,10 @@ class BatchAttention:
         ``k_scale`` / ``v_scale`` (a number, or one per KV head) are then
         required: a code c means c * scale. On a CUDA device the
         BatchAttention must have been made with that ``kv_dtype``; each
-        distinct pair of scales is copied to the device once, by the first
-        run that passes it (so a run captured into a CUDA graph passes
-        scales an earlier run passed).
+        distinct pair of scales is copied to the device once, by
+        ``upload_scales`` or the first run that passes it (so a run captured
+        into a CUDA graph passes scales already copied; a new pair inside a
+        capture raises pagedc.Error saying so).
 
         On a CUDA device the kernels are enqueued on ``stream`` (a CUstream
         handle or an object with ``cuda_stream``; default: torch's current
@@ -236,6 +237,18 @@ class BatchAttention:
         if return_lse:
             return result, _to_framework(lse, framework)
         return result
+
+    def upload_scales(self, k_scale, v_scale):
+        """An 8-bit cache's scales (each a number, or one per KV head):
+        checked, and on a CUDA device copied to it now unless already
+        copied, so that a later ``run`` given them, captured into a CUDA
+        graph or not, copies nothing. Call it for each layer's pair before
+        capturing. The CPU backend only checks them."""
+        if self._native is None:
+            raise ValueError("upload_scales() needs the BatchAttention built: give "
+                             "max_blocks_per_seq, or call plan() first")
+        from ._api import _scales
+        self._native.upload_scales(_scales(k_scale, "k_scale"), _scales(v_scale, "v_scale"))
 
     def __repr__(self):
         a = self._args

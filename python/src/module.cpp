@@ -1356,6 +1356,10 @@ PYBIND11_MODULE(_pagedc, m) {
            py::arg("fixed_grid") = false)
       .def("plan", &planBatch)
       .def("run", &runBatch)
+      .def("upload_scales",
+           [](const Batch &b, const std::vector<float> &kScale, const std::vector<float> &vScale) {
+             b.attention->uploadScales(kScale, vScale);
+           })
       .def_property_readonly("num_seqs", [](const Batch &b) { return b.attention->numSeqs(); })
       .def_property_readonly("num_tokens",
                              [](const Batch &b) { return b.attention->numTokens(); })

@@ -12,6 +12,7 @@
 //===----------------------------------------------------------------------===//
 #include "cuda/CudaBatchAttention.h"
 #include "cuda/CudaAttention.h"
+#include "cuda/CudaGraph.h"
 
 #include "pagedc/CudaLaunch.h"
 #include "pagedc/EmulatorBuild.h"
@@ -263,7 +264,7 @@ int64_t CudaBatchBackend::decodeSplits(int64_t decodeSeqs, int64_t maxDecodeKv) 
 }
 
 const float *CudaBatchBackend::scalesFor(const std::vector<float> &kScale,
-                                         const std::vector<float> &vScale) const {
+                                         const std::vector<float> &vScale, void *stream) const {
   std::vector<float> pair(kScale);
   pair.insert(pair.end(), vScale.begin(), vScale.end());
   std::lock_guard<std::mutex> lock(scaleMutex_);
@@ -275,6 +276,18 @@ const float *CudaBatchBackend::scalesFor(const std::vector<float> &kScale,
     throw Error(fmt::format("k_scale and v_scale: run() has been given {} distinct pairs of "
                             "scales, the most one BatchAttention keeps on the device",
                             kMaxScaleSets));
+  // The copy is synchronous, which a capturing stream forbids: the driver
+  // would fail it (and invalidate the capture) with a bare copy error.
+  // (The legacy stream, null, cannot be captured.)
+  if (stream) {
+    const CudaDriver &driver = cudaUseDevice(prefill_->device);
+    if (streamCaptureStatus(driver, static_cast<cu::Stream>(stream)) !=
+        cu::kStreamCaptureStatusNone)
+      throw Error("k_scale and v_scale: run() is being captured into a CUDA graph and this pair "
+                  "of scales has not been copied to the device yet, which cannot happen "
+                  "inside a capture; give the pair to uploadScales() (Python: upload_scales) "
+                  "or to one run() before the capture");
+  }
   // A slot no kernel has been given yet: the upload cannot race a launch.
   const size_t bytes = pair.size() * 4;
   scaleStorage_.upload(pair.data(), bytes, scaleSets_.size() * bytes);
@@ -291,7 +304,7 @@ void CudaBatchBackend::run(const CudaBatchCall &call) const {
       throw Error(fmt::format("the {} caches need k_scale and v_scale, one per KV head ({})",
                               dtypeName(*c.kvDtype), c.numKVHeads));
     // Before anything is enqueued: a refused pair leaves nothing half-run.
-    scales = scalesFor(*call.kScale, *call.vScale);
+    scales = scalesFor(*call.kScale, *call.vScale, call.stream);
   }
   {
     std::lock_guard<std::mutex> lock(lastMutex_);
@@ -405,6 +418,11 @@ void CudaBatchBackend::run(const CudaBatchCall &call) const {
       launch(*decode_, decode_->merge, "pagedc_decode_merge", decodeArgs, kBatchDecodeTokens,
              static_cast<unsigned>(c.numQHeads), static_cast<unsigned>(decodeGrid), false);
   }
+}
+
+void CudaBatchBackend::uploadScales(const std::vector<float> &kScale,
+                                    const std::vector<float> &vScale) const {
+  scalesFor(kScale, vScale, nullptr);
 }
 
 BatchPlanShape CudaBatchBackend::planShape() const {

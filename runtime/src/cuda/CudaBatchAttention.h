@@ -71,6 +71,10 @@ public:
   void run(const CudaBatchCall &call) const;
 
   BatchPlanShape planShape() const;
+  /// Copies an 8-bit cache's pair of scales ([Hkv] each, checked) to the
+  /// device now, synchronously, unless an earlier call or run() did: a
+  /// run() given it afterwards copies nothing.
+  void uploadScales(const std::vector<float> &kScale, const std::vector<float> &vScale) const;
   /// The K and V cache addresses the last run() passed its kernels.
   std::pair<const void *, const void *> lastCacheAddresses() const;
 
@@ -113,8 +117,11 @@ private:
   /// once into the next free slot of scaleStorage_ (kMaxScaleSets slots,
   /// allocated at construction) and never changed after, so a kernel still
   /// in flight, or a captured graph, keeps reading the scales it was given.
-  /// The slot of a pair is found again by its bits.
-  const float *scalesFor(const std::vector<float> &kScale, const std::vector<float> &vScale) const;
+  /// The slot of a pair is found again by its bits. A new pair while
+  /// `stream` is being captured into a CUDA graph is refused (the copy is
+  /// not allowed there) with what to do instead.
+  const float *scalesFor(const std::vector<float> &kScale, const std::vector<float> &vScale,
+                         void *stream) const;
   mutable DeviceBuffer scaleStorage_;
   mutable std::mutex scaleMutex_;
   mutable std::vector<std::vector<float>> scaleSets_;

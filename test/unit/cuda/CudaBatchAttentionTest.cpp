@@ -1056,6 +1056,67 @@ TEST(CudaBatchAttention, FixedGridGraphReplaysStepsOfAnyComposition) {
   driver.check(driver.api().streamDestroy(stream), "cuStreamDestroy");
 }
 
+/// An 8-bit cache's pair of scales first seen inside a capture: run()
+/// would have to copy it to the device, which a capture forbids, so it
+/// throws pagedc::Error saying what to do (the driver's bare copy error
+/// otherwise) and the stream is left capturing nothing. uploadScales()
+/// copies the pair before the capture; the captured run() then copies
+/// nothing and the replay matches float64. Scales of the wrong count, and
+/// uploadScales() on a 16-bit configuration, are refused by name.
+TEST(CudaBatchAttention, Float8ScalesFirstSeenInsideACapture) {
+  BatchStepCase c = mixedDocumentCase(360);
+  c.seqs = {{3, 40}, {1, 70}, {20, 33}};
+  c.kvFloat8 = DType::F8E5M2;
+  c.qHeads = 4;
+  c.kvHeads = 2;
+  BatchStep step(c);
+  BatchAttention attention(step.mods, cudaConfig(step));
+  step.plan(attention);
+  DeviceStep device(step);
+  const CudaDriver &driver = CudaDriver::get();
+  ASSERT_TRUE(cudaGraphsAvailable(driver));
+  cu::Stream stream = nullptr;
+  driver.check(driver.api().streamCreate(&stream, 0), "cuStreamCreate");
+  BatchRunOptions options = device.options();
+  options.stream = stream;
+  auto capture = [&] {
+    return captureGraph(driver, stream, [&] {
+      attention.run(device.qView, device.kView, device.vView, device.bindings, options);
+    });
+  };
+  try {
+    capture();
+    ADD_FAILURE() << "a new pair of scales inside a capture was not refused";
+  } catch (const Error &error) {
+    const std::string message = error.what();
+    EXPECT_NE(message.find("k_scale and v_scale"), std::string::npos) << message;
+    EXPECT_NE(message.find("uploadScales()"), std::string::npos) << message;
+  }
+  EXPECT_EQ(streamCaptureStatus(driver, stream), cu::kStreamCaptureStatusNone);
+
+  EXPECT_THROW(attention.uploadScales({1.0f, 2.0f, 3.0f}, device.vScale), Error);
+  attention.uploadScales(device.kScale, device.vScale);
+  CudaGraphExec graph = capture();
+  graph.launch(stream);
+  driver.check(driver.api().streamSynchronize(stream), "cuStreamSynchronize");
+  auto [out, lse] = device.results();
+  BatchStepCheck check = step.compare(out.view(), lse.view(), /*cudaTolerance=*/true);
+  EXPECT_STEP_MATCHES(check);
+  driver.check(driver.api().streamDestroy(stream), "cuStreamDestroy");
+
+  BatchStepCase plain = c;
+  plain.kvFloat8.reset();
+  BatchStep plainStep(plain);
+  BatchAttention sixteen(plainStep.mods, cudaConfig(plainStep));
+  try {
+    sixteen.uploadScales({1.0f}, {1.0f});
+    ADD_FAILURE() << "uploadScales on a 16-bit configuration was not refused";
+  } catch (const Error &error) {
+    EXPECT_NE(std::string(error.what()).find("kv_dtype unset"), std::string::npos)
+        << error.what();
+  }
+}
+
 /// A prefix-LM mask (kv < prefix[b] or causal) whose per-sequence prefix
 /// ends the kernels read from a buffer by the row's sequence: each ends
 /// among its sequence's new tokens, so rows before it see later keys and
