@@ -270,6 +270,10 @@ extern "C" __global__ void __launch_bounds__(pagedc::kDecodeThreads, pagedc::kDe
   // The sequence and its rows (a packed batch's from its decode list).
   int b = blockIdx.z, packed_q_len = 0, first_row = 0;
   if constexpr (kPackedBatch) {
+    // A fixed grid (work_counts): entries past the step's decode list
+    // leave before any copy or barrier (their partials are never merged).
+    if (args.work_counts != nullptr && static_cast<int>(blockIdx.z) >= args.work_counts[1])
+      return;
     b = args.work_tiles[2 * blockIdx.z];
     first_row = args.q_start[b];
     packed_q_len = args.q_start[b + 1] - first_row;
@@ -899,7 +903,10 @@ extern "C" __global__ void __launch_bounds__(128)
   int64_t row_index = (static_cast<int64_t>(b) * args.heads_q + h) * args.q_len + token;
   int64_t lse_index = row_index;
   if constexpr (kPackedBatch) {
-    // Entry z of the decode list; its rows past q_len_b do not exist.
+    // Entry z of the decode list; its rows past q_len_b do not exist, nor
+    // do entries past a fixed grid's count.
+    if (args.work_counts != nullptr && static_cast<int>(blockIdx.z) >= args.work_counts[1])
+      return;
     b = args.work_tiles[2 * blockIdx.z];
     first_row = args.q_start[b];
     if (token >= args.q_start[b + 1] - first_row)

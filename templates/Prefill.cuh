@@ -65,6 +65,13 @@ extern "C" __global__ void __launch_bounds__(pagedc::kPrefillThreads, 1)
   // first_row: its first row of the packed q, out and lse (0 unpacked).
   int q_len = args.q_len, first_row = 0;
   PrefillTile tile;
+  // A fixed grid (work_counts) has a CTA per tile the limits allow; those
+  // past the step's tiles leave before their first copy or barrier, so no
+  // CTA that stays waits on them.
+  if constexpr (kPackedBatch)
+    if (args.work_counts != nullptr &&
+        static_cast<int>(blockIdx.x) / args.heads_q >= args.work_counts[0])
+      return;
   if constexpr (kPackedBatch)
     tile = packed_prefill_tile<kBlockM>(args, q_len, first_row);
   else

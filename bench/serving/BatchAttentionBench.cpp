@@ -8,11 +8,22 @@
 //         run, against the same rows as two flexAttention calls (the decodes
 //         as one batch, the chunks as another) over the same pages. The
 //         ratio is separate / mixed: above 1 the mixed step is faster.
+// With --cuda, in their place, on the CUDA device the driver gives (the SIMT
+// emulator's with PAGEDC_CUDA_DRIVER=emu), for the plan study's step (bf16,
+// causal, NHD):
+//   cuda-plan: host time of plan(), its synchronous uploads included;
+//   cuda-run:  host time of run() with the stream being captured, so that
+//         each launch is recorded into the graph, not executed: pagedc's own
+//         host work (checks, argument packing) and the driver's recording,
+//         each plan's own grids and the fixed grid's.
 //
-// Usage: pagedc-bench-serving [--reps N] [--threads T] [--json FILE]
+// Usage: pagedc-bench-serving [--reps N] [--threads T] [--json FILE] [--cuda]
 //
 //===----------------------------------------------------------------------===//
 #include "BenchJson.h"
+#include "cuda/CudaGraph.h"
+#include "pagedc/CudaAttention.h"
+#include "pagedc/CudaDriver.h"
 #include "pagedc/Attention.h"
 #include "pagedc/BatchAttention.h"
 #include "pagedc/Error.h"
@@ -74,34 +85,50 @@ struct Options {
   int reps = 20;
   int threads = 0;
   std::string json;
+  bool cuda = false;
+};
+
+/// The plan studies' step: 256 sequences, 224 decodes and 32 chunks of 249
+/// tokens (8192 tokens), contexts up to 4k keys on pages of 16, block
+/// table [256, 256] whose entries cycle through `pages` pages.
+struct PlanStep {
+  static constexpr int64_t seqs = 256, pageSize = 16, columns = 256;
+  std::vector<int32_t> qsl{0}, lens, table;
+
+  explicit PlanStep(int32_t pages) : table(seqs * columns) {
+    std::mt19937 rng(1);
+    std::uniform_int_distribution<int32_t> context(64, 4096 - 249);
+    for (int64_t b = 0; b < seqs; ++b) {
+      const int32_t newTokens = b < 224 ? 1 : 249;
+      qsl.push_back(qsl.back() + newTokens);
+      lens.push_back(context(rng) + newTokens);
+    }
+    for (size_t i = 0; i < table.size(); ++i)
+      table[i] = static_cast<int32_t>(i % static_cast<size_t>(pages));
+  }
+  BatchAttentionConfig config() const {
+    BatchAttentionConfig config;
+    config.numQHeads = 32;
+    config.numKVHeads = 8;
+    config.headDim = 128;
+    config.pageSize = pageSize;
+    config.maxNumSeqs = seqs;
+    config.maxNumTokens = 8192;
+    config.maxBlocksPerSeq = columns;
+    return config;
+  }
+  void plan(BatchAttention &attention) {
+    attention.plan(TensorView(qsl.data(), DType::I32, {seqs + 1}),
+                   TensorView(lens.data(), DType::I32, {seqs}),
+                   TensorView(table.data(), DType::I32, {seqs, columns}));
+  }
 };
 
 bench::Json planStudy(const Options &options) {
-  const int64_t seqs = 256, pageSize = 16, columns = 256;
-  std::vector<int32_t> qsl{0}, lens, table(seqs * columns);
-  std::mt19937 rng(1);
-  std::uniform_int_distribution<int32_t> context(64, 4096 - 249);
-  for (int64_t b = 0; b < seqs; ++b) {
-    const int32_t newTokens = b < 224 ? 1 : 249;
-    qsl.push_back(qsl.back() + newTokens);
-    lens.push_back(context(rng) + newTokens);
-  }
-  for (size_t i = 0; i < table.size(); ++i)
-    table[i] = static_cast<int32_t>(i % 60000);
-  BatchAttentionConfig config;
-  config.numQHeads = 32;
-  config.numKVHeads = 8;
-  config.headDim = 128;
-  config.pageSize = pageSize;
-  config.maxNumSeqs = seqs;
-  config.maxNumTokens = 8192;
-  config.maxBlocksPerSeq = columns;
-  BatchAttention attention(CompiledMods{}, config);
-  TensorView qslView(qsl.data(), DType::I32, {seqs + 1});
-  TensorView lensView(lens.data(), DType::I32, {seqs});
-  TensorView tableView(table.data(), DType::I32, {seqs, columns});
-  const double seconds = median(std::max(options.reps, 1) * 50,
-                                [&] { attention.plan(qslView, lensView, tableView); });
+  PlanStep step(60000);
+  BatchAttention attention(CompiledMods{}, step.config());
+  const double seconds =
+      median(std::max(options.reps, 1) * 50, [&] { step.plan(attention); });
   fmt::print("plan   256 sequences, {} tokens, block table [256, 256]: {:.1f} us (median)\n",
              attention.numTokens(), seconds * 1e6);
   return {{"study", "plan"},
@@ -206,6 +233,111 @@ bench::Json mixedStudy(const Options &options, int64_t decodes, int64_t decodeCo
           {"ratio", bench::rounded(separate / mixed, 4)}};
 }
 
+/// Causal in the generated mods' CUDA form (no params, no buffers).
+constexpr const char *kCausalCuda = R"(namespace pagedc_mods {
+struct Params {};
+constexpr bool kHasMask = true;
+constexpr bool kHasScore = false;
+struct MaskRow {
+  int32_t q;
+};
+__device__ __forceinline__ MaskRow mask_row(const Params &, int, int, int q) { return {q}; }
+__device__ __forceinline__ bool mask(const Params &, const MaskRow &row, int, int, int, int kv) {
+  return row.q >= kv;
+}
+struct ScoreRow {};
+__device__ __forceinline__ ScoreRow score_row(const Params &, int, int, int) { return {}; }
+__device__ __forceinline__ float score(const Params &, const ScoreRow &, float s, int, int, int,
+                                       int) {
+  return s;
+}
+} // namespace pagedc_mods
+)";
+
+/// plan() and run() host time on the CUDA device, with and without a fixed
+/// grid. run() is timed while the stream is captured: the driver records
+/// each launch instead of running it, so the time is pagedc's own host
+/// work plus the recording, not the GPU's (nor a real driver's
+/// cuLaunchKernel, which the capture replaces).
+std::vector<bench::Json> cudaHostStudies(const Options &options) {
+  std::string reason;
+  if (!CudaDriver::available(&reason))
+    throw Error("--cuda: no CUDA driver (" + reason +
+                "); PAGEDC_CUDA_DRIVER=emu selects the SIMT emulator's");
+  const CudaDriver &driver = CudaDriver::get();
+  const std::string deviceText = driver.emulated() ? "emu" : "gpu";
+  // 1024 pages of 16 slots, which the table's entries cycle through: the
+  // kernels are never run, only enqueued.
+  constexpr int32_t kPages = 1024;
+  PlanStep step(kPages);
+  CompiledMods mods = causalMods();
+  mods.cuda.modCode = kCausalCuda;
+  const Device device = Device::cuda(0);
+  const int64_t tokens = step.qsl.back();
+  const int64_t heads = 32, kvHeads = 8, dim = 128;
+  DeviceBuffer q(static_cast<size_t>(tokens * heads * dim) * 2, 0);
+  DeviceBuffer out(q.size(), 0), lse(static_cast<size_t>(tokens * heads) * 4, 0);
+  const size_t cacheBytes = static_cast<size_t>(kPages * step.pageSize * kvHeads * dim) * 2;
+  DeviceBuffer k(cacheBytes, 0), v(cacheBytes, 0);
+  const TensorView qView(q.data(), DType::BF16, {tokens, heads, dim}, device);
+  const TensorView outView(out.data(), DType::BF16, {tokens, heads, dim}, device);
+  const TensorView lseView(lse.data(), DType::F32, {tokens, heads}, device);
+  const std::vector<int64_t> cacheShape{kPages, step.pageSize, kvHeads, dim};
+  const TensorView kView(k.data(), DType::BF16, cacheShape, device);
+  const TensorView vView(v.data(), DType::BF16, cacheShape, device);
+  cu::Stream stream = nullptr;
+  driver.check(driver.api().streamCreate(&stream, 0), "cuStreamCreate");
+
+  std::vector<bench::Json> rows;
+  for (bool fixedGrid : {false, true}) {
+    BatchAttentionConfig config = step.config();
+    config.device = device;
+    config.dtype = DType::BF16;
+    config.layout = KVLayout::NHD;
+    config.fixedGrid = fixedGrid;
+    BatchAttention attention(mods, config);
+    const int reps = std::max(options.reps, 1) * 50;
+    const double planSeconds = median(reps, [&] { step.plan(attention); });
+    const BatchPlanShape shape = attention.planShape();
+    BatchRunOptions run;
+    run.out = outView;
+    run.lse = lseView;
+    run.stream = stream;
+    std::vector<double> times;
+    {
+      // Discarded unended: nothing recorded is ever run.
+      CudaStreamCapture capture(driver, stream);
+      for (int i = 0; i < reps; ++i)
+        times.push_back(
+            seconds([&] { attention.run(qView, kView, vView, Bindings{}, run); }));
+    }
+    const double runSeconds = medianOf(times);
+    const int launches = 2 + (shape.decodeSplits > 1);
+    const char *grid = fixedGrid ? "fixed grid" : "own grids";
+    fmt::print("cuda-plan ({}, {}) 256 sequences, {} tokens: {:.1f} us (median)\n", deviceText,
+               grid, tokens, planSeconds * 1e6);
+    fmt::print("cuda-run  ({}, {}) {} launches recorded by a capture: {:.2f} us (median)\n",
+               deviceText, grid, launches, runSeconds * 1e6);
+    rows.push_back({{"study", "cuda-plan"},
+                    {"driver", deviceText},
+                    {"fixed_grid", fixedGrid},
+                    {"sequences", 256},
+                    {"tokens", tokens},
+                    {"median_us", bench::rounded(planSeconds * 1e6, 2)}});
+    rows.push_back({{"study", "cuda-run"},
+                    {"driver", deviceText},
+                    {"fixed_grid", fixedGrid},
+                    {"sequences", 256},
+                    {"tokens", tokens},
+                    {"launches", launches},
+                    {"prefill_tiles", shape.prefillTiles},
+                    {"decode_splits", shape.decodeSplits},
+                    {"median_us", bench::rounded(runSeconds * 1e6, 3)}});
+  }
+  driver.check(driver.api().streamDestroy(stream), "cuStreamDestroy");
+  return rows;
+}
+
 } // namespace
 
 int main(int argc, char **argv) {
@@ -225,20 +357,34 @@ int main(int argc, char **argv) {
       options.threads = std::max(0, std::atoi(value().c_str()));
     else if (arg == "--json")
       options.json = value();
+    else if (arg == "--cuda")
+      options.cuda = true;
     else {
       std::fprintf(stderr,
-                   "usage: %s [--reps N] [--threads T] [--json FILE]\n"
+                   "usage: %s [--reps N] [--threads T] [--json FILE] [--cuda]\n"
                    "  plan() host time at 256 sequences / 8192 tokens, and mixed steps\n"
-                   "  against the same work as separate prefill and decode calls (CPU)\n",
+                   "  against the same work as separate prefill and decode calls (CPU);\n"
+                   "  --cuda: instead, plan() and run() host time on the CUDA device\n"
+                   "  (PAGEDC_CUDA_DRIVER=emu: the SIMT emulator's driver)\n",
                    argv[0]);
       return arg == "--help" ? 0 : 1;
     }
   }
   bench::Json rows = bench::Json::array();
-  rows.push_back(planStudy(options));
-  rows.push_back(mixedStudy(options, 64, 2048, 2, 256, 1024));
-  rows.push_back(mixedStudy(options, 16, 4096, 1, 512, 2048));
-  rows.push_back(mixedStudy(options, 120, 1024, 0, 0, 0));
+  if (!options.cuda) {
+    rows.push_back(planStudy(options));
+    rows.push_back(mixedStudy(options, 64, 2048, 2, 256, 1024));
+    rows.push_back(mixedStudy(options, 16, 4096, 1, 512, 2048));
+    rows.push_back(mixedStudy(options, 120, 1024, 0, 0, 0));
+  } else {
+    try {
+      for (bench::Json &row : cudaHostStudies(options))
+        rows.push_back(std::move(row));
+    } catch (const Error &error) {
+      std::fprintf(stderr, "%s\n", error.what());
+      return 1;
+    }
+  }
   if (!options.json.empty()) {
     try {
       bench::writeJson("--json", options.json, rows);

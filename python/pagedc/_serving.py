@@ -76,7 +76,11 @@ class BatchAttention:
     returns without waiting (docs/python.md, "CUDA memory"). The CPU
     backend takes the caches' and out's types at ``run`` and ignores
     ``dtype``, ``kv_dtype`` and ``out_dtype``.
-    ``threads``: CPU worker threads, 0 = all cores.
+    ``threads``: CPU worker threads, 0 = all cores. ``fixed_grid`` (CUDA):
+    every launch's grid depends only on the limits, so a ``run`` captured
+    into a CUDA graph stays valid after any later ``plan`` within them
+    (``BatchAttentionConfig::fixedGrid``; docs/serving.md, "Under a CUDA
+    graph"); ``plan_shape`` is then the same for every plan.
     """
 
     def __init__(self, mods, num_q_heads: int, num_kv_heads: int, head_dim: int,
@@ -85,7 +89,7 @@ class BatchAttention:
                  value_head_dim: Optional[int] = None,
                  max_blocks_per_seq: Optional[int] = None, threads: int = 0,
                  dtype: str = "bf16", kv_dtype: Optional[str] = None,
-                 out_dtype: Optional[str] = None):
+                 out_dtype: Optional[str] = None, fixed_grid: bool = False):
         from ._device import device_index
         self._device = device_index(device)
         if self._device >= 0 and (mods is None or not _native_mods(mods).has_cuda):
@@ -118,7 +122,7 @@ class BatchAttention:
                           page_size=int(page_size), kv_layout=kv_layout,
                           max_num_seqs=int(max_num_seqs), max_num_tokens=int(max_num_tokens),
                           threads=int(threads), dtype=dtype, kv_dtype=kv_dtype,
-                          out_dtype=out_dtype)
+                          out_dtype=out_dtype, fixed_grid=bool(fixed_grid))
         # Built now, so that a bad setting raises here; without
         # max_blocks_per_seq it is built again at the first plan, sized by
         # that block table.
@@ -135,12 +139,16 @@ class BatchAttention:
                                          a["value_head_dim"], a["page_size"], a["kv_layout"],
                                          a["max_num_seqs"], a["max_num_tokens"],
                                          max_blocks_per_seq, a["threads"], self._device,
-                                         a["dtype"], a["kv_dtype"], a["out_dtype"])
+                                         a["dtype"], a["kv_dtype"], a["out_dtype"],
+                                         a["fixed_grid"])
 
     kv_layout = property(lambda self: self._args["kv_layout"])
     device = property(lambda self: "cpu" if self._device < 0 else f"cuda:{self._device}")
     num_seqs = property(lambda self: self._native.num_seqs if self._native else 0)
     num_tokens = property(lambda self: self._native.num_tokens if self._native else 0)
+    # (prefill tiles, decode sequences, decode splits) the plan launches on
+    # CUDA; zeros on the CPU and before the first plan.
+    plan_shape = property(lambda self: self._native.plan_shape if self._native else (0, 0, 0))
 
     def plan(self, query_start_loc, seq_lens, block_table, kv_start=None,
              kv_end=None, *, token_positions=None, token_batch=None) -> None:
@@ -187,9 +195,10 @@ class BatchAttention:
         ``k_scale`` / ``v_scale`` (a number, or one per KV head) are then
         required: a code c means c * scale. On a CUDA device the
         BatchAttention must have been made with that ``kv_dtype``; each
-        distinct pair of scales is copied to the device once, by the first
-        run that passes it (so a run captured into a CUDA graph passes
-        scales an earlier run passed).
+        distinct pair of scales is copied to the device once, by
+        ``upload_scales`` or the first run that passes it (so a run captured
+        into a CUDA graph passes scales already copied; a new pair inside a
+        capture raises pagedc.Error saying so).
 
         On a CUDA device the kernels are enqueued on ``stream`` (a CUstream
         handle or an object with ``cuda_stream``; default: torch's current
@@ -228,6 +237,18 @@ class BatchAttention:
         if return_lse:
             return result, _to_framework(lse, framework)
         return result
+
+    def upload_scales(self, k_scale, v_scale):
+        """An 8-bit cache's scales (each a number, or one per KV head):
+        checked, and on a CUDA device copied to it now unless already
+        copied, so that a later ``run`` given them, captured into a CUDA
+        graph or not, copies nothing. Call it for each layer's pair before
+        capturing. The CPU backend only checks them."""
+        if self._native is None:
+            raise ValueError("upload_scales() needs the BatchAttention built: give "
+                             "max_blocks_per_seq, or call plan() first")
+        from ._api import _scales
+        self._native.upload_scales(_scales(k_scale, "k_scale"), _scales(v_scale, "v_scale"))
 
     def __repr__(self):
         a = self._args

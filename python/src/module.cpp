@@ -931,7 +931,8 @@ std::shared_ptr<Batch> makeBatch(std::shared_ptr<Mods> mods, int64_t numQHeads, 
                                  const std::string &layout, int64_t maxNumSeqs,
                                  int64_t maxNumTokens, int64_t maxBlocksPerSeq, int threads,
                                  int deviceIndex, const std::string &dtype,
-                                 const std::string &kvDtype, const std::string &outDtype) {
+                                 const std::string &kvDtype, const std::string &outDtype,
+                                 bool fixedGrid) {
   BatchAttentionConfig config;
   config.numQHeads = numQHeads;
   config.numKVHeads = numKVHeads;
@@ -943,6 +944,7 @@ std::shared_ptr<Batch> makeBatch(std::shared_ptr<Mods> mods, int64_t numQHeads, 
   config.maxNumTokens = maxNumTokens;
   config.maxBlocksPerSeq = maxBlocksPerSeq;
   config.threads = threads;
+  config.fixedGrid = fixedGrid;
   if (deviceIndex >= 0) {
     config.device = cudaDevice(deviceIndex);
     config.dtype = parseDType(dtype);
@@ -1393,13 +1395,24 @@ PYBIND11_MODULE(_pagedc, m) {
            py::arg("head_dim"), py::arg("value_head_dim"), py::arg("page_size"),
            py::arg("kv_layout"), py::arg("max_num_seqs"), py::arg("max_num_tokens"),
            py::arg("max_blocks_per_seq"), py::arg("threads"), py::arg("device_index"),
-           py::arg("dtype"), py::arg("kv_dtype") = "", py::arg("out_dtype") = "")
+           py::arg("dtype"), py::arg("kv_dtype") = "", py::arg("out_dtype") = "",
+           py::arg("fixed_grid") = false)
       .def("plan", &planBatch)
       .def("run", &runBatch)
+      .def("upload_scales",
+           [](const Batch &b, const std::vector<float> &kScale, const std::vector<float> &vScale) {
+             b.attention->uploadScales(kScale, vScale);
+           })
       .def_property_readonly("num_seqs", [](const Batch &b) { return b.attention->numSeqs(); })
       .def_property_readonly("num_tokens",
                              [](const Batch &b) { return b.attention->numTokens(); })
       .def_property_readonly("planned", [](const Batch &b) { return b.attention->planned(); })
+      .def_property_readonly("plan_shape",
+                             [](const Batch &b) {
+                               const BatchPlanShape shape = b.attention->planShape();
+                               return py::make_tuple(shape.prefillTiles, shape.decodeSequences,
+                                                     shape.decodeSplits);
+                             })
       .def("kernel_cache_addresses", [](const Batch &b) {
         auto [k, v] = b.attention->kernelCacheAddresses();
         return py::make_tuple(reinterpret_cast<uintptr_t>(k), reinterpret_cast<uintptr_t>(v));

@@ -288,6 +288,22 @@ BatchPlanShape BatchAttention::planShape() const {
   return cuda_ ? cuda_->planShape() : BatchPlanShape{};
 }
 
+void BatchAttention::uploadScales(const std::vector<float> &kScale,
+                                  const std::vector<float> &vScale) const {
+  const BatchAttentionConfig &c = config_;
+  if (cuda_ && !c.kvDtype)
+    throw Error(fmt::format("k_scale and v_scale apply to 8-bit caches, but this BatchAttention's "
+                            "caches hold {} (kv_dtype unset)",
+                            dtypeName(c.dtype)));
+  // The CPU learns the caches' type at run(); the values are checked as an
+  // 8-bit cache's would be.
+  const DType stored = c.kvDtype.value_or(DType::F8E4M3);
+  const std::vector<float> k = checkedScales(kScale, stored, c.numKVHeads, "k_scale");
+  const std::vector<float> v = checkedScales(vScale, stored, c.numKVHeads, "v_scale");
+  if (cuda_)
+    cuda_->uploadScales(k, v);
+}
+
 std::pair<const void *, const void *> BatchAttention::kernelCacheAddresses() const {
   if (!cuda_)
     return {nullptr, nullptr};
@@ -599,7 +615,9 @@ AttentionResult BatchAttention::run(const TensorView &q, const TensorView &kCach
       result.lse = result.ownedLse.view();
     }
   }
-  if (numTokens_ == 0)
+  // (A fixed grid launches even an empty step's kernels, whose CTAs all
+  // exit: a graph captured on it must replay later plans' work.)
+  if (numTokens_ == 0 && !(onCuda && c.fixedGrid))
     return result;
 
   auto as = [&](const TensorView &view, DType type) {

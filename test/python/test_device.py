@@ -284,6 +284,52 @@ def test_batch_attention_on_device_reads_float8_caches(rng, mods, name):
         pagedc.BatchAttention(mods, 4, 2, 64, 16, device="emu", kv_dtype="f16")
 
 
+def test_batch_attention_fixed_grid_and_scales_uploaded_before_a_capture(rng, mods):
+    # fixed_grid=True: plan_shape is the limits' for every plan. A pair of
+    # scales first given inside a capture would need a copy, which the
+    # capture forbids: run() raises saying what to do; upload_scales()
+    # copies it beforehand and the captured run then replays correctly.
+    name, page_size, k_scale, v_scale = "float8_e4m3fn", 16, 0.02, 0.015
+    step = make_step(rng, "NHD", page_size, hq=4, hkv=2, d=64, steps=DEVICE_STEP)
+    step["q"] = step["q"].astype(np.float16)
+    k_codes, v_codes = (quantize(c / s, name) for c, s in zip(step["caches"], (k_scale, v_scale)))
+    step["dense_k"] = [decode(quantize(k / k_scale, name), name) * k_scale
+                       for k in step["dense_k"]]
+    step["dense_v"] = [decode(quantize(v / v_scale, name), name) * v_scale
+                       for v in step["dense_v"]]
+    attn = pagedc.BatchAttention(mods, 4, 2, 64, page_size, kv_layout="NHD", max_num_seqs=8,
+                                 max_num_tokens=64, device="emu", dtype="f16", kv_dtype=name,
+                                 max_blocks_per_seq=step["table"].shape[1], fixed_grid=True)
+    attn.plan(step["qsl"][:2], step["seq_lens"][:1], step["table"][:1])
+    shape = attn.plan_shape
+    attn.plan(step["qsl"], step["seq_lens"], step["table"])
+    assert attn.plan_shape == shape and shape[1] == 8
+    qd = pagedc.to_device(step["q"], device="emu")
+    kd, vd = (pagedc.to_device(c, device="emu") for c in (k_codes, v_codes))
+    out = pagedc.to_device(np.full(step["q"].shape, np.nan, np.float16), device="emu")
+    stream = pagedc.Stream("emu")
+    refused = pagedc.CudaGraph()
+    refused.capture_begin(stream)
+    with pytest.raises(ValueError, match="upload_scales"):
+        attn.run(qd, kd, vd, out=out, kv_dtype=name, k_scale=k_scale, v_scale=v_scale,
+                 stream=stream)
+    refused.capture_end()
+    with pytest.raises(ValueError, match="k_scale"):
+        attn.upload_scales([k_scale] * 3, v_scale)
+    attn.upload_scales(k_scale, v_scale)
+    graph = pagedc.CudaGraph()
+    graph.capture_begin(stream)
+    attn.run(qd, kd, vd, out=out, kv_dtype=name, k_scale=k_scale, v_scale=v_scale,
+             stream=stream)
+    graph.capture_end()
+    graph.replay()
+    stream.synchronize()
+    ref_out, _ = reference_step(step, lambda b, h, qi, kv: qi >= kv)
+    rows = np.concatenate([np.arange(step["qsl"][b], step["qsl"][b + 1])
+                           for b in range(len(DEVICE_STEP))])
+    assert_close(pagedc.to_host(out)[rows], ref_out, atol=2e-3, rtol=2e-3)
+
+
 def test_batch_attention_on_device_writes_f32_out(rng, mods):
     # out_dtype="f32": the kernels store the f32 values they hold (most are
     # not f16 values), and a given out must be float32.

@@ -105,6 +105,18 @@ struct BatchAttentionConfig {
   /// for it at construction. The CPU backend ignores it and takes out's
   /// type at run().
   std::optional<DType> outDtype;
+  /// CUDA: plan every step onto one fixed set of launches whose grids
+  /// depend only on the limits above (a CTA per prefill tile the limits
+  /// allow, one per sequence and KV head for decode, a split count chosen
+  /// once from maxNumSeqs and maxBlocksPerSeq), so that a run() captured
+  /// into a CUDA graph replays correctly after any later plan() (any batch
+  /// composition within the limits); the kernels read the step's work
+  /// counts from device memory and CTAs without work exit at once. Costs
+  /// idle CTAs, and the decode split count no longer adapts to the step
+  /// (docs/serving.md, "Under a CUDA graph"). Unset: each plan() sizes its
+  /// launches to its step, and a captured graph is valid only for plans of
+  /// the same planShape(). The CPU backend ignores it.
+  bool fixedGrid = false;
   /// CPU worker threads; 0 = every core, or the calling thread alone when
   /// the call is too small to gain from more.
   int threads = 0;
@@ -131,10 +143,11 @@ struct BatchRunOptions {
   /// Caches of 8-bit floats (F8E4M3, F8E5M2): the scale of K and of V, one
   /// value or one per KV head (finite, > 0); a code c of head h means
   /// c * kScale[h]. Required for such caches, refused for others. CUDA:
-  /// each distinct pair is copied to the device once, by the first run()
-  /// given it (synchronously), into storage of 256 pairs allocated at
-  /// construction, and never changed after; a run() captured into a CUDA
-  /// graph must be given a pair an earlier run() was given.
+  /// each distinct pair is copied to the device once, by
+  /// BatchAttention::uploadScales() or the first run() given it
+  /// (synchronously), into storage of 256 pairs allocated at construction,
+  /// and never changed after; a run() captured into a CUDA graph must be
+  /// given a pair already copied (otherwise it throws pagedc::Error).
   std::vector<float> kScale, vScale;
   /// Reads caches held as u8 tensors as this 8-bit float type.
   std::optional<DType> kvDtype;
@@ -144,6 +157,8 @@ struct BatchRunOptions {
 };
 
 /// What a planned step launches on CUDA (BatchAttention::planShape()).
+/// With BatchAttentionConfig::fixedGrid: the limits' grids, the same for
+/// every plan.
 struct BatchPlanShape {
   /// Query tiles of the prefill launch (each one CTA per query head).
   int64_t prefillTiles = 0;
@@ -234,6 +249,18 @@ public:
 
   /// CUDA: what the plan launches; zeros on the CPU.
   BatchPlanShape planShape() const;
+
+  /// An 8-bit cache's scales (BatchRunOptions::kScale, vScale: one value or
+  /// one per KV head, finite, > 0), checked, and on CUDA copied to the
+  /// device now (synchronously) unless an earlier call or run() did; a
+  /// run() given them afterwards copies nothing, so it may be captured into
+  /// a CUDA graph (a run() that would copy a new pair inside a capture is
+  /// refused). Call it once per layer's pair before capturing; it counts
+  /// against the 256 pairs one BatchAttention keeps. Throws pagedc::Error
+  /// naming the argument for bad scales, or on CUDA when the caches are
+  /// not 8-bit (kvDtype unset). The CPU backend reads the scales at run()
+  /// and only checks them here.
+  void uploadScales(const std::vector<float> &kScale, const std::vector<float> &vScale) const;
 
   /// CUDA: the K and V cache addresses the last run() gave its kernels
   /// (the engine's memory, read in place); nulls before a run and on the

@@ -112,6 +112,13 @@ typedef struct PagedcAttentionKernelArgs {
   /// has one more key of logit sinks[h] (natural log, the units of the
   /// scores after scale and score mod) and value zero. Appended as q_start.
   const float *sinks;
+  /// Packed batches planned with a fixed grid (BatchAttentionConfig::
+  /// fixedGrid), else null: [2] int32 in device memory, the step's prefill
+  /// work tiles and decode sequences. The grids are sized by the limits;
+  /// a CTA whose work tile (prefill) or decode list entry (decode, merge)
+  /// is at or past its count exits before it reads or waits on anything.
+  /// Appended as q_start.
+  const int32_t *work_counts;
 } PagedcAttentionKernelArgs;
 
 /// The warpgroup prefill's third parameter (templates/PrefillWgmma.cuh):

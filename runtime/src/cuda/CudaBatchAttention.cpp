@@ -12,6 +12,7 @@
 //===----------------------------------------------------------------------===//
 #include "cuda/CudaBatchAttention.h"
 #include "cuda/CudaAttention.h"
+#include "cuda/CudaGraph.h"
 
 #include "pagedc/CudaLaunch.h"
 #include "pagedc/EmulatorBuild.h"
@@ -128,6 +129,12 @@ CudaBatchBackend::CudaBatchBackend(const CompiledMods &mods, const BatchAttentio
   // Splits: as many as the longest context's minimum split length allows.
   maxSplits_ =
       std::clamp<int64_t>(c.maxBlocksPerSeq * c.pageSize / kMinSplitKeys, 1, kBatchMaxDecodeSplits);
+  // A fixed grid splits every step as the cost model splits the fullest
+  // one the limits allow (every sequence decoding at the longest context):
+  // an engine captures one graph per batch size, whose limits are then
+  // that step's.
+  if (c.fixedGrid)
+    fixedSplits_ = decodeSplits(c.maxNumSeqs, c.maxBlocksPerSeq * c.pageSize);
   kvLenAt_ = ints(c.maxNumSeqs * c.maxBlocksPerSeq);
   qOffsetAt_ = kvLenAt_ + ints(c.maxNumSeqs);
   qStartAt_ = qOffsetAt_ + ints(c.maxNumSeqs);
@@ -136,8 +143,9 @@ CudaBatchBackend::CudaBatchBackend(const CompiledMods &mods, const BatchAttentio
   kvStartAt_ = decodeAt_ + ints(2 * c.maxNumSeqs);
   tokenPositionAt_ = kvStartAt_ + ints(c.maxNumSeqs);
   tokenBatchAt_ = tokenPositionAt_ + ints(c.maxNumTokens);
+  workCountsAt_ = tokenBatchAt_ + ints(c.maxNumTokens);
   // (f32 after int32: 4-byte aligned.)
-  lseAt_ = tokenBatchAt_ + ints(c.maxNumTokens);
+  lseAt_ = workCountsAt_ + 2;
   const int64_t partialRows = c.maxNumSeqs * kBatchDecodeTokens * c.numQHeads * maxSplits_;
   partialLseAt_ = lseAt_ + ints(c.maxNumTokens * c.numQHeads);
   partialOutAt_ = partialLseAt_ + ints(partialRows);
@@ -195,25 +203,12 @@ void CudaBatchBackend::plan(const int32_t *queryStart, const int32_t *kvLength,
     ordered_[2 * i + 1] = tiles_[2 * order_[i] + 1];
   }
 
-  // Decode splits: the launch's cost model (chooseDecodeSplits) for the
-  // list's CTAs over the longest decode context, each split at least
-  // kMinSplitKeys long; a CTA divides its own sequence's keys.
+  // Decode splits: the step's own, or the fixed grid's.
   int64_t splits = 1;
-  if (decodeSeqs > 0) {
-    const KernelConfig &config = decode_->config;
-    DecodeSplitProblem problem;
-    problem.ctasPerSplit =
-        decodeSeqs * c.numKVHeads *
-        ((config.groupSize + config.decodeHeadsPerCta() - 1) / config.decodeHeadsPerCta());
-    problem.granules = std::max<int64_t>((maxDecodeKv + kDecodeTile - 1) / kDecodeTile, 1);
-    problem.granuleLength = kDecodeTile;
-    problem.rowsPerCta = int64_t(kBatchDecodeTokens) * config.decodeHeadsPerCta();
-    problem.headDim = config.headDim;
-    problem.multiprocessors = cudaDeviceInfo(decode_->device).multiprocessors;
-    problem.residentCtasPerSm = std::max(decode_->residentCtasPerSm, 1);
-    problem.minGranulesPerSplit = kMinSplitKeys / kDecodeTile;
-    splits = std::clamp<int64_t>(chooseDecodeSplits(problem).splits, 1, maxSplits_);
-  }
+  if (c.fixedGrid)
+    splits = fixedSplits_;
+  else if (decodeSeqs > 0)
+    splits = decodeSplits(decodeSeqs, maxDecodeKv);
 
   const size_t pageInts = ints(batch * c.maxBlocksPerSeq);
   storage_.upload(pageTable, pageInts * 4, 0);
@@ -238,6 +233,10 @@ void CudaBatchBackend::plan(const int32_t *queryStart, const int32_t *kvLength,
                   tokenPositionAt_ * 4);
   storage_.upload(tokenBatch ? tokenBatch : defaultBatch_.data(), ints(tokens) * 4,
                   tokenBatchAt_ * 4);
+  if (c.fixedGrid) {
+    const int32_t counts[2] = {static_cast<int32_t>(tiles), static_cast<int32_t>(decodeSeqs)};
+    storage_.upload(counts, sizeof(counts), workCountsAt_ * 4);
+  }
   batch_ = batch;
   prefillTiles_ = tiles;
   decodeSeqs_ = decodeSeqs;
@@ -245,8 +244,27 @@ void CudaBatchBackend::plan(const int32_t *queryStart, const int32_t *kvLength,
   maxKvLength_ = maxKv;
 }
 
+int64_t CudaBatchBackend::decodeSplits(int64_t decodeSeqs, int64_t maxDecodeKv) const {
+  // The launch's cost model (chooseDecodeSplits) for the list's CTAs over
+  // the longest decode context, each split at least kMinSplitKeys long; a
+  // CTA divides its own sequence's keys.
+  const KernelConfig &config = decode_->config;
+  DecodeSplitProblem problem;
+  problem.ctasPerSplit =
+      decodeSeqs * config_.numKVHeads *
+      ((config.groupSize + config.decodeHeadsPerCta() - 1) / config.decodeHeadsPerCta());
+  problem.granules = std::max<int64_t>((maxDecodeKv + kDecodeTile - 1) / kDecodeTile, 1);
+  problem.granuleLength = kDecodeTile;
+  problem.rowsPerCta = int64_t(kBatchDecodeTokens) * config.decodeHeadsPerCta();
+  problem.headDim = config.headDim;
+  problem.multiprocessors = cudaDeviceInfo(decode_->device).multiprocessors;
+  problem.residentCtasPerSm = std::max(decode_->residentCtasPerSm, 1);
+  problem.minGranulesPerSplit = kMinSplitKeys / kDecodeTile;
+  return std::clamp<int64_t>(chooseDecodeSplits(problem).splits, 1, maxSplits_);
+}
+
 const float *CudaBatchBackend::scalesFor(const std::vector<float> &kScale,
-                                         const std::vector<float> &vScale) const {
+                                         const std::vector<float> &vScale, void *stream) const {
   std::vector<float> pair(kScale);
   pair.insert(pair.end(), vScale.begin(), vScale.end());
   std::lock_guard<std::mutex> lock(scaleMutex_);
@@ -258,6 +276,18 @@ const float *CudaBatchBackend::scalesFor(const std::vector<float> &kScale,
     throw Error(fmt::format("k_scale and v_scale: run() has been given {} distinct pairs of "
                             "scales, the most one BatchAttention keeps on the device",
                             kMaxScaleSets));
+  // The copy is synchronous, which a capturing stream forbids: the driver
+  // would fail it (and invalidate the capture) with a bare copy error.
+  // (The legacy stream, null, cannot be captured.)
+  if (stream) {
+    const CudaDriver &driver = cudaUseDevice(prefill_->device);
+    if (streamCaptureStatus(driver, static_cast<cu::Stream>(stream)) !=
+        cu::kStreamCaptureStatusNone)
+      throw Error("k_scale and v_scale: run() is being captured into a CUDA graph and this pair "
+                  "of scales has not been copied to the device yet, which cannot happen "
+                  "inside a capture; give the pair to uploadScales() (Python: upload_scales) "
+                  "or to one run() before the capture");
+  }
   // A slot no kernel has been given yet: the upload cannot race a launch.
   const size_t bytes = pair.size() * 4;
   scaleStorage_.upload(pair.data(), bytes, scaleSets_.size() * bytes);
@@ -274,7 +304,7 @@ void CudaBatchBackend::run(const CudaBatchCall &call) const {
       throw Error(fmt::format("the {} caches need k_scale and v_scale, one per KV head ({})",
                               dtypeName(*c.kvDtype), c.numKVHeads));
     // Before anything is enqueued: a refused pair leaves nothing half-run.
-    scales = scalesFor(*call.kScale, *call.vScale);
+    scales = scalesFor(*call.kScale, *call.vScale, call.stream);
   }
   {
     std::lock_guard<std::mutex> lock(lastMutex_);
@@ -315,15 +345,20 @@ void CudaBatchBackend::run(const CudaBatchCall &call) const {
     args.v_stride[d] = call.vCache.stride(d);
   }
   args.page_table_stride = c.maxBlocksPerSeq;
-  args.batch = static_cast<int32_t>(batch_);
+  // (A fixed grid's arguments depend on the limits alone, so a captured
+  // launch is the one any later plan would make.)
+  args.batch = static_cast<int32_t>(c.fixedGrid ? c.maxNumSeqs : batch_);
   args.heads_q = static_cast<int32_t>(c.numQHeads);
   args.heads_kv = static_cast<int32_t>(c.numKVHeads);
   args.q_len = 1; // (per sequence, from q_start)
   args.mask_batch = 1;
   args.mask_heads = 1;
   args.num_splits = 1;
-  args.split_size = maxKvLength_;
+  args.split_size = c.fixedGrid ? static_cast<int32_t>(c.maxBlocksPerSeq * c.pageSize)
+                                : maxKvLength_;
   args.scale = call.scale;
+  if (c.fixedGrid)
+    args.work_counts = words + workCountsAt_;
 
   const CudaDriver &driver = cudaUseDevice(prefill_->device);
   const auto stream = static_cast<cu::Stream>(call.stream);
@@ -354,18 +389,21 @@ void CudaBatchBackend::run(const CudaBatchCall &call) const {
     launchKernel(driver, function, launch, stream);
   };
 
-  if (prefillTiles_ > 0) {
+  // A fixed grid launches every kernel at the limits' size, work or not.
+  const int64_t prefillGrid = c.fixedGrid ? maxPrefillTiles_ : prefillTiles_;
+  const int64_t decodeGrid = c.fixedGrid ? c.maxNumSeqs : decodeSeqs_;
+  if (prefillGrid > 0) {
     PagedcAttentionKernelArgs prefillArgs = args;
     prefillArgs.work_tiles = words + prefillAt_;
-    prefillArgs.num_work_tiles = static_cast<int32_t>(prefillTiles_);
+    prefillArgs.num_work_tiles = static_cast<int32_t>(prefillGrid);
     launch(*prefill_, prefill_->main, "pagedc_prefill", prefillArgs,
-           static_cast<unsigned>(prefillTiles_ * c.numQHeads), 1, 1, true);
+           static_cast<unsigned>(prefillGrid * c.numQHeads), 1, 1, true);
   }
-  if (decodeSeqs_ > 0) {
+  if (decodeGrid > 0) {
     const KernelConfig &config = decode_->config;
     PagedcAttentionKernelArgs decodeArgs = args;
     decodeArgs.work_tiles = words + decodeAt_;
-    decodeArgs.num_work_tiles = static_cast<int32_t>(decodeSeqs_);
+    decodeArgs.num_work_tiles = static_cast<int32_t>(decodeGrid);
     decodeArgs.num_splits = static_cast<int32_t>(splits_);
     // (Each CTA divides its own sequence's keys into num_splits parts;
     // split_size stays informational, as without a block mask.)
@@ -374,16 +412,27 @@ void CudaBatchBackend::run(const CudaBatchCall &call) const {
     const int headChunks =
         (config.groupSize + config.decodeHeadsPerCta() - 1) / config.decodeHeadsPerCta();
     launch(*decode_, decode_->main, "pagedc_decode", decodeArgs, static_cast<unsigned>(splits_),
-           static_cast<unsigned>(c.numKVHeads * headChunks), static_cast<unsigned>(decodeSeqs_),
+           static_cast<unsigned>(c.numKVHeads * headChunks), static_cast<unsigned>(decodeGrid),
            true);
     if (splits_ > 1)
       launch(*decode_, decode_->merge, "pagedc_decode_merge", decodeArgs, kBatchDecodeTokens,
-             static_cast<unsigned>(c.numQHeads), static_cast<unsigned>(decodeSeqs_), false);
+             static_cast<unsigned>(c.numQHeads), static_cast<unsigned>(decodeGrid), false);
   }
+}
+
+void CudaBatchBackend::uploadScales(const std::vector<float> &kScale,
+                                    const std::vector<float> &vScale) const {
+  scalesFor(kScale, vScale, nullptr);
 }
 
 BatchPlanShape CudaBatchBackend::planShape() const {
   BatchPlanShape shape;
+  if (config_.fixedGrid) {
+    shape.prefillTiles = maxPrefillTiles_;
+    shape.decodeSequences = config_.maxNumSeqs;
+    shape.decodeSplits = fixedSplits_;
+    return shape;
+  }
   shape.prefillTiles = prefillTiles_;
   shape.decodeSequences = decodeSeqs_;
   shape.decodeSplits = decodeSeqs_ > 0 ? splits_ : 0;

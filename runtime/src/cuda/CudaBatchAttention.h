@@ -71,6 +71,10 @@ public:
   void run(const CudaBatchCall &call) const;
 
   BatchPlanShape planShape() const;
+  /// Copies an 8-bit cache's pair of scales ([Hkv] each, checked) to the
+  /// device now, synchronously, unless an earlier call or run() did: a
+  /// run() given it afterwards copies nothing.
+  void uploadScales(const std::vector<float> &kScale, const std::vector<float> &vScale) const;
   /// The K and V cache addresses the last run() passed its kernels.
   std::pair<const void *, const void *> lastCacheAddresses() const;
 
@@ -78,16 +82,23 @@ private:
   BatchAttentionConfig config_;
   std::shared_ptr<const CudaKernel> prefill_, decode_;
   int64_t maxPrefillTiles_ = 0, maxSplits_ = 1;
+  /// BatchAttentionConfig::fixedGrid's decode split count.
+  int64_t fixedSplits_ = 1;
+  /// The decode split count of `decodeSeqs` sequences whose longest
+  /// context has `maxDecodeKv` keys (at most maxSplits_).
+  int64_t decodeSplits(int64_t decodeSeqs, int64_t maxDecodeKv) const;
   // One allocation of int32 words: page table [maxNumSeqs,
   // maxBlocksPerSeq], kv_len and q_offset [maxNumSeqs], q_start
   // [maxNumSeqs + 1], the prefill tiles [maxPrefillTiles, 2], the decode
   // list [maxNumSeqs, 2], kv_start [maxNumSeqs], the token positions and
-  // batch indices [maxNumTokens] each; then f32: the lse the kernels write when the
-  // caller wants none [maxNumTokens, Hq], the decode splits' partial lse
-  // [maxNumSeqs, kBatchDecodeTokens, Hq, maxSplits] and outputs [..., D].
+  // batch indices [maxNumTokens] each, a fixed grid's work counts [2]
+  // (prefill tiles, decode sequences); then f32: the lse the kernels write
+  // when the caller wants none [maxNumTokens, Hq], the decode splits'
+  // partial lse [maxNumSeqs, kBatchDecodeTokens, Hq, maxSplits] and
+  // outputs [..., D].
   DeviceBuffer storage_;
   size_t kvLenAt_ = 0, qOffsetAt_ = 0, qStartAt_ = 0, prefillAt_ = 0, decodeAt_ = 0;
-  size_t kvStartAt_ = 0, tokenPositionAt_ = 0, tokenBatchAt_ = 0;
+  size_t kvStartAt_ = 0, tokenPositionAt_ = 0, tokenBatchAt_ = 0, workCountsAt_ = 0;
   size_t lseAt_ = 0, partialLseAt_ = 0, partialOutAt_ = 0;
   // The plan.
   int64_t batch_ = 0, prefillTiles_ = 0, decodeSeqs_ = 0, splits_ = 1;
@@ -106,8 +117,11 @@ private:
   /// once into the next free slot of scaleStorage_ (kMaxScaleSets slots,
   /// allocated at construction) and never changed after, so a kernel still
   /// in flight, or a captured graph, keeps reading the scales it was given.
-  /// The slot of a pair is found again by its bits.
-  const float *scalesFor(const std::vector<float> &kScale, const std::vector<float> &vScale) const;
+  /// The slot of a pair is found again by its bits. A new pair while
+  /// `stream` is being captured into a CUDA graph is refused (the copy is
+  /// not allowed there) with what to do instead.
+  const float *scalesFor(const std::vector<float> &kScale, const std::vector<float> &vScale,
+                         void *stream) const;
   mutable DeviceBuffer scaleStorage_;
   mutable std::mutex scaleMutex_;
   mutable std::vector<std::vector<float>> scaleSets_;

@@ -12,7 +12,10 @@ token maps): group 0's 16 tokens go to the packed prefill, group 1's 6 to
 the packed decode. The suffix level is the flat step from kv_start 100 (a
 12-token sequence on the prefill, the others on the decode kernel; its
 page table -1 below kv_start's page, which the kernels must not read).
-The two are merged on the device (merge_state). The mask is a window per
+The two are merged on the device (merge_state). The prefix level has a
+fixed grid (fixed_grid=True: launches sized by its limits, 9 sequences and
+2 prefill tiles, whose CTAs past the step's work exit at once); the suffix
+level sizes its own. The mask is a window per
 sequence read by the row's sequence index (some rows see part of the
 prefix, some none of it: fully masked there), the score a relative bias
 (each row's own position counts).
@@ -103,7 +106,7 @@ def run_on_device(step):
     batch, tokens, columns = len(SEQS), int(step["qsl"][-1]), step["table"].shape[1]
     args = (mods, HQ, HKV, D, PAGE, "NHD", batch + 2, tokens + 4, "emu")
     options = dict(max_blocks_per_seq=columns, dtype="f16")
-    prefix_level = pagedc.BatchAttention(*args, **options)
+    prefix_level = pagedc.BatchAttention(*args, fixed_grid=True, **options)
     suffix_level = pagedc.BatchAttention(*args, **options)
     # The prefix level: one entry per group over its first member's row.
     starts = [int(step["qsl"][first]) for first, _ in GROUPS] + [tokens]

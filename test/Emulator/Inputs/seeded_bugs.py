@@ -647,6 +647,23 @@ BUGS = {
         "        b_of[half] = args.token_batch[token];",
         "        b_of[half] = args.token_batch[first_row];",
         "packed-cascade"),
+    # A fixed grid's CTAs one past the step's work not exiting (the prefix
+    # level's; packed_step.py): a prefill tile, and a decode entry, read
+    # work-list entries no plan wrote (initcheck).
+    "packed-prefill-fixed-grid-one-past": (
+        "Prefill.cuh",
+        "        static_cast<int>(blockIdx.x) / args.heads_q >= args.work_counts[0])",
+        "        static_cast<int>(blockIdx.x) / args.heads_q > args.work_counts[0])",
+        "packed-cascade"),
+    "packed-decode-fixed-grid-one-past": (
+        "Decode.cuh",
+        "static_cast<int>(blockIdx.z) >= args.work_counts[1])\n      return;\n"
+        "    b = args.work_tiles[2 * blockIdx.z];\n    first_row = args.q_start[b];\n"
+        "    packed_q_len",
+        "static_cast<int>(blockIdx.z) > args.work_counts[1])\n      return;\n"
+        "    b = args.work_tiles[2 * blockIdx.z];\n    first_row = args.q_start[b];\n"
+        "    packed_q_len",
+        "packed-cascade"),
 }
 
 

@@ -39,6 +39,7 @@
 #include <cstring>
 #include <fstream>
 #include <functional>
+#include <memory>
 #include <optional>
 #include <random>
 #include <string>
@@ -884,6 +885,236 @@ TEST(CudaBatchAttention, CapturedStepReplaysWithNewMetadata) {
   }
   EXPECT_EQ(streamCaptureStatus(driver, stream), cu::kStreamCaptureStatusNone);
   driver.check(driver.api().streamDestroy(stream), "cuStreamDestroy");
+}
+
+/// The compositions a fixed-grid graph replays: decode (1), speculative
+/// (2-8), chunks (9-80 new tokens at the end of longer contexts), whole
+/// prompts (q_len == seq_len) and sequences with no new tokens, in changing
+/// numbers, none a multiple of the page or tile size; the first is the
+/// captured step. Contexts up to 520 keys: past 512, the limits give a
+/// fixed split count of 2, so the merge launch runs too.
+std::vector<std::vector<BatchSeq>> fixedGridSteps() {
+  return {
+      {{1, 150}, {5, 77}, {0, 40}, {37, 300}, {61, 61}, {8, 129}},
+      {{1, 519}},
+      {{80, 80}, {45, 520}},
+      {{0, 33}, {0, 0}},
+      {{1, 1}, {2, 17}, {3, 250}, {4, 4}, {5, 99}, {6, 401}, {7, 64}, {8, 511}},
+      {{9, 45}, {1, 70}, {0, 12}},
+      {{33, 490}, {17, 17}, {1, 300}, {2, 2}},
+      {{1, 200}, {1, 505}, {1, 31}, {1, 129}, {1, 257}, {1, 64}},
+      {{70, 130}, {0, 260}, {3, 3}},
+      {{12, 512}, {1, 513}, {0, 9}, {8, 8}, {40, 40}},
+      {{2, 480}, {9, 9}, {0, 1}, {1, 2}, {79, 199}, {5, 6}},
+  };
+}
+
+/// One set of device buffers (addresses fixed, as a captured graph holds
+/// them) sized for every step of fixedGridSteps(): each step's q, its NHD
+/// cache (whose page and slot strides do not depend on the page count)
+/// and its document ids are copied in at the start, the documents row by
+/// row into [maxSeqs, maxKeys], the buffer's shape at capture.
+struct FixedGridFrame {
+  DeviceBuffer q, cache, out, lse, doc, slopes;
+  TensorView qView, kView, vView, outView, lseView;
+  Bindings bindings;
+  int64_t docColumns = 0;
+
+  FixedGridFrame(const std::vector<std::unique_ptr<BatchStep>> &steps) {
+    const Device device = Device::cuda(0);
+    const BatchStepCase &c = steps.front()->c;
+    int64_t rows = 1, pages = 1, seqs = 1;
+    size_t qBytes = 0, kBytes = 0;
+    for (const auto &step : steps) {
+      EXPECT_EQ(step->c.layout, KVLayout::NHD);
+      rows = std::max(rows, step->q.shape()[0]);
+      pages = std::max(pages, step->cache->k.shape()[0]);
+      seqs = std::max(seqs, step->batch);
+      docColumns = std::max(docColumns, step->maxKv);
+      qBytes = std::max(qBytes, DeviceStep::bytesOf(step->q));
+      kBytes = std::max(kBytes, DeviceStep::bytesOf(step->cache->k));
+    }
+    q = DeviceBuffer(qBytes, 0);
+    qView = TensorView(q.data(), c.storage, {rows, c.qHeads, c.dim}, device);
+    cache = DeviceBuffer(2 * kBytes, 0);
+    auto *base = static_cast<char *>(cache.data());
+    const int64_t element = dtypeSize(c.storage);
+    kView = TensorView(base, c.storage, {pages, c.pageSize, c.kvHeads, c.dim}, device);
+    vView = TensorView(base + kBytes, c.storage, {pages, c.pageSize, c.kvHeads, c.vDim}, device);
+    EXPECT_LE(pages * c.pageSize * c.kvHeads * c.dim * element, static_cast<int64_t>(kBytes));
+    out = DeviceBuffer(static_cast<size_t>(rows * c.qHeads * c.vDim * element), 0);
+    outView = TensorView(out.data(), c.storage, {rows, c.qHeads, c.vDim}, device);
+    lse = DeviceBuffer(static_cast<size_t>(rows * c.qHeads) * 4, 0);
+    lseView = TensorView(lse.data(), DType::F32, {rows, c.qHeads}, device);
+    doc = DeviceBuffer(static_cast<size_t>(seqs * docColumns) * 4, 0);
+    slopes = DeviceBuffer(static_cast<size_t>(c.qHeads) * 4, 0);
+    bindings = steps.front()->bindings->bindings;
+    bindings.buffers["doc"] = TensorView(doc.data(), DType::I32, {seqs, docColumns}, device);
+    bindings.buffers["slopes"] = TensorView(slopes.data(), DType::F32, {c.qHeads}, device);
+  }
+
+  /// `step`'s inputs into the frame; out and lse back to NaN.
+  void load(const BatchStep &step) {
+    q.upload(step.q.data(), DeviceStep::bytesOf(step.q));
+    const size_t kBytes = DeviceStep::bytesOf(step.cache->k);
+    cache.upload(step.cache->k.data(), kBytes);
+    cache.upload(step.cache->v.data(), DeviceStep::bytesOf(step.cache->v), cache.size() / 2);
+    const std::vector<int32_t> &documents = step.bindings->documents;
+    for (int64_t b = 0; b < step.batch; ++b)
+      doc.upload(documents.data() + b * step.maxKv, static_cast<size_t>(step.maxKv) * 4,
+                 static_cast<size_t>(b * docColumns) * 4);
+    slopes.upload(step.bindings->slopes.data(), slopes.size());
+    out.fill(0xff);
+    lse.fill(0xff);
+  }
+
+  /// out and lse, downloaded.
+  std::pair<HostTensor, HostTensor> results() const {
+    HostTensor hostOut(outView.dtype(), outView.shape());
+    out.download(hostOut.data(), out.size());
+    HostTensor hostLse(DType::F32, lseView.shape());
+    lse.download(hostLse.data(), lse.size());
+    return {std::move(hostOut), std::move(hostLse)};
+  }
+};
+
+/// A fixed grid (BatchAttentionConfig::fixedGrid): one run() captured into
+/// a graph, then ten steps of other compositions (see fixedGridSteps), each
+/// planned and replayed through the captured graph, each against the
+/// float64 reference (out and lse, rows past the step untouched). Every
+/// plan has the same planShape(); without the fixed grid the graph keeps
+/// the captured step's grids and the replays miss or misplace work.
+TEST(CudaBatchAttention, FixedGridGraphReplaysStepsOfAnyComposition) {
+  std::vector<std::unique_ptr<BatchStep>> steps;
+  uint64_t seed = 700;
+  for (const std::vector<BatchSeq> &seqs : fixedGridSteps()) {
+    BatchStepCase c = mixedDocumentCase(seed++);
+    c.seqs = seqs;
+    steps.push_back(std::make_unique<BatchStep>(c));
+  }
+  BatchAttentionConfig config = cudaConfig(*steps.front());
+  config.fixedGrid = true;
+  config.maxNumSeqs = 8;
+  config.maxNumTokens = 160;
+  config.maxBlocksPerSeq = 34; // 544 keys
+  BatchAttention attention(steps.front()->mods, config);
+  FixedGridFrame frame(steps);
+  steps.front()->plan(attention);
+  const BatchPlanShape captured = attention.planShape();
+  // The limits' grids: 160 / 64 whole tiles + one partial tile per
+  // prefill sequence (at most 160 / 9), every sequence, two splits.
+  EXPECT_EQ(captured.prefillTiles, 2 + 8);
+  EXPECT_EQ(captured.decodeSequences, 8);
+  EXPECT_EQ(captured.decodeSplits, 2);
+  frame.load(*steps.front());
+
+  const CudaDriver &driver = CudaDriver::get();
+  ASSERT_TRUE(cudaGraphsAvailable(driver));
+  cu::Stream stream = nullptr;
+  driver.check(driver.api().streamCreate(&stream, 0), "cuStreamCreate");
+  BatchRunOptions options;
+  options.out = frame.outView;
+  options.lse = frame.lseView;
+  options.stream = stream;
+  CudaGraphExec graph = captureGraph(driver, stream, [&] {
+    attention.run(frame.qView, frame.kView, frame.vView, frame.bindings, options);
+  });
+  for (size_t i = 0; i < steps.size(); ++i) {
+    SCOPED_TRACE("step " + std::to_string(i));
+    const BatchStep &step = *steps[i];
+    if (i > 0)
+      step.plan(attention);
+    const BatchPlanShape shape = attention.planShape();
+    EXPECT_EQ(shape.prefillTiles, captured.prefillTiles);
+    EXPECT_EQ(shape.decodeSequences, captured.decodeSequences);
+    EXPECT_EQ(shape.decodeSplits, captured.decodeSplits);
+    frame.load(step);
+    graph.launch(stream);
+    driver.check(driver.api().streamSynchronize(stream), "cuStreamSynchronize");
+    auto [out, lse] = frame.results();
+    BatchStepCheck check = step.compare(out.view(), lse.view(), /*cudaTolerance=*/true);
+    EXPECT_STEP_MATCHES(check);
+    EXPECT_EQ(check.rowsPastWritten, 0) << check.describe();
+  }
+
+  // A graph captured on a step with no new tokens holds the same launches
+  // (their CTAs all exit) and replays the first step's work.
+  const BatchStep &empty = *steps[3];
+  ASSERT_EQ(empty.tokens, 0);
+  empty.plan(attention);
+  frame.load(empty);
+  CudaGraphExec emptyGraph = captureGraph(driver, stream, [&] {
+    attention.run(frame.qView, frame.kView, frame.vView, frame.bindings, options);
+  });
+  steps.front()->plan(attention);
+  frame.load(*steps.front());
+  emptyGraph.launch(stream);
+  driver.check(driver.api().streamSynchronize(stream), "cuStreamSynchronize");
+  auto [out, lse] = frame.results();
+  BatchStepCheck check = steps.front()->compare(out.view(), lse.view(), /*cudaTolerance=*/true);
+  EXPECT_STEP_MATCHES(check);
+  driver.check(driver.api().streamDestroy(stream), "cuStreamDestroy");
+}
+
+/// An 8-bit cache's pair of scales first seen inside a capture: run()
+/// would have to copy it to the device, which a capture forbids, so it
+/// throws pagedc::Error saying what to do (the driver's bare copy error
+/// otherwise) and the stream is left capturing nothing. uploadScales()
+/// copies the pair before the capture; the captured run() then copies
+/// nothing and the replay matches float64. Scales of the wrong count, and
+/// uploadScales() on a 16-bit configuration, are refused by name.
+TEST(CudaBatchAttention, Float8ScalesFirstSeenInsideACapture) {
+  BatchStepCase c = mixedDocumentCase(360);
+  c.seqs = {{3, 40}, {1, 70}, {20, 33}};
+  c.kvFloat8 = DType::F8E5M2;
+  c.qHeads = 4;
+  c.kvHeads = 2;
+  BatchStep step(c);
+  BatchAttention attention(step.mods, cudaConfig(step));
+  step.plan(attention);
+  DeviceStep device(step);
+  const CudaDriver &driver = CudaDriver::get();
+  ASSERT_TRUE(cudaGraphsAvailable(driver));
+  cu::Stream stream = nullptr;
+  driver.check(driver.api().streamCreate(&stream, 0), "cuStreamCreate");
+  BatchRunOptions options = device.options();
+  options.stream = stream;
+  auto capture = [&] {
+    return captureGraph(driver, stream, [&] {
+      attention.run(device.qView, device.kView, device.vView, device.bindings, options);
+    });
+  };
+  try {
+    capture();
+    ADD_FAILURE() << "a new pair of scales inside a capture was not refused";
+  } catch (const Error &error) {
+    const std::string message = error.what();
+    EXPECT_NE(message.find("k_scale and v_scale"), std::string::npos) << message;
+    EXPECT_NE(message.find("uploadScales()"), std::string::npos) << message;
+  }
+  EXPECT_EQ(streamCaptureStatus(driver, stream), cu::kStreamCaptureStatusNone);
+
+  EXPECT_THROW(attention.uploadScales({1.0f, 2.0f, 3.0f}, device.vScale), Error);
+  attention.uploadScales(device.kScale, device.vScale);
+  CudaGraphExec graph = capture();
+  graph.launch(stream);
+  driver.check(driver.api().streamSynchronize(stream), "cuStreamSynchronize");
+  auto [out, lse] = device.results();
+  BatchStepCheck check = step.compare(out.view(), lse.view(), /*cudaTolerance=*/true);
+  EXPECT_STEP_MATCHES(check);
+  driver.check(driver.api().streamDestroy(stream), "cuStreamDestroy");
+
+  BatchStepCase plain = c;
+  plain.kvFloat8.reset();
+  BatchStep plainStep(plain);
+  BatchAttention sixteen(plainStep.mods, cudaConfig(plainStep));
+  try {
+    sixteen.uploadScales({1.0f}, {1.0f});
+    ADD_FAILURE() << "uploadScales on a 16-bit configuration was not refused";
+  } catch (const Error &error) {
+    EXPECT_NE(std::string(error.what()).find("kv_dtype unset"), std::string::npos)
+        << error.what();
+  }
 }
 
 /// A prefix-LM mask (kv < prefix[b] or causal) whose per-sequence prefix
