@@ -50,6 +50,7 @@ KernelConfig packedBatchConfig(const CompiledMods &mods, const BatchAttentionCon
   config.kvFloat8 = c.kvDtype;
   config.outputF32 = c.outDtype == DType::F32;
   config.headDim = static_cast<int>(c.headDim);
+  config.valueHeadDim = static_cast<int>(c.valueHeadDim);
   config.pageSize = static_cast<int>(c.pageSize);
   if (kind == KernelKind::Prefill) {
     // 64-row query tiles with 16 rows per warp, 64 keys per KV tile (32
@@ -83,15 +84,40 @@ size_t ints(int64_t count) { return static_cast<size_t>(count); }
 
 } // namespace
 
+bool isMlaDecode(const BatchAttentionConfig &c) {
+  return c.headDim == KernelConfig::kMlaKeyDim;
+}
+
+void checkMlaConfig(const BatchAttentionConfig &c) {
+  const char *takes = "the MLA decode kernel (head_dim 576) takes value_head_dim 512, "
+                      "num_kv_heads 1 and 16-bit latent caches (dtype bf16 or f16)";
+  if (c.valueHeadDim != KernelConfig::kMlaValueDim)
+    throw Error(fmt::format("value_head_dim {} on CUDA: {}", c.valueHeadDim, takes));
+  if (c.numKVHeads != 1)
+    throw Error(fmt::format("num_kv_heads {} on CUDA: {}", c.numKVHeads, takes));
+  if (c.kvDtype)
+    throw Error(fmt::format("kv_dtype {} on CUDA: {}", dtypeName(*c.kvDtype), takes));
+}
+
+void checkMlaCaches(const TensorView &kCache, const TensorView &vCache) {
+  if (vCache.data() != kCache.data() || vCache.strides() != kCache.strides())
+    throw Error("v_cache must be a view of k_cache on CUDA at head_dim 576: the MLA decode "
+                "kernel reads the values as the first 512 columns of the latent rows "
+                "(k_cache[..., :512]: the same data pointer and strides)");
+}
+
 CudaBatchBackend::CudaBatchBackend(const CompiledMods &mods, const BatchAttentionConfig &config)
     : config_(config) {
   const BatchAttentionConfig &c = config_;
   if (c.dtype != DType::BF16 && c.dtype != DType::F16)
     throw Error(fmt::format("dtype must be bf16 or f16 on CUDA but is {}", dtypeName(c.dtype)));
-  if (!isCudaHeadDim(c.headDim))
-    throw Error(fmt::format("head_dim on CUDA must be one of the {} but is {}", cudaHeadDimsText(),
-                            c.headDim));
-  if (c.valueHeadDim != c.headDim)
+  const bool mla = isMlaDecode(c);
+  if (mla)
+    checkMlaConfig(c);
+  else if (!isCudaHeadDim(c.headDim))
+    throw Error(fmt::format("head_dim on CUDA must be one of the {}, or {} (MLA decode), but is {}",
+                            cudaHeadDimsText(), KernelConfig::kMlaKeyDim, c.headDim));
+  if (!mla && c.valueHeadDim != c.headDim)
     throw Error(
         fmt::format("value_head_dim {} must equal head_dim {} on CUDA", c.valueHeadDim, c.headDim));
   if ((c.pageSize & (c.pageSize - 1)) != 0 || c.pageSize > 1024)
@@ -113,12 +139,15 @@ CudaBatchBackend::CudaBatchBackend(const CompiledMods &mods, const BatchAttentio
   if (!CudaDriver::available(&reason))
     throw Error(
         fmt::format("BatchAttention on {} is not available: {}", deviceName(c.device), reason));
-  prefill_ = cudaKernelFor(mods, packedBatchConfig(mods, c, KernelKind::Prefill), c.device.index);
+  // MLA decode has no prefill kernel: plan() refuses longer sequences.
+  if (!mla)
+    prefill_ =
+        cudaKernelFor(mods, packedBatchConfig(mods, c, KernelKind::Prefill), c.device.index);
   decode_ = cudaKernelFor(mods, packedBatchConfig(mods, c, KernelKind::Decode), c.device.index);
 
   // Prefill tiles: whole tiles of the tokens, plus one partial tile per
   // prefill sequence (which has more than kBatchDecodeTokens tokens).
-  const int64_t rows = prefill_->config.blockM;
+  const int64_t rows = prefill_ ? prefill_->config.blockM : 64;
   maxPrefillTiles_ = std::max<int64_t>(
       c.maxNumTokens / rows + std::min(c.maxNumSeqs, c.maxNumTokens / (kBatchDecodeTokens + 1)), 1);
   if (maxPrefillTiles_ * c.numQHeads > std::numeric_limits<int32_t>::max())
@@ -158,7 +187,7 @@ void CudaBatchBackend::plan(const int32_t *queryStart, const int32_t *kvLength,
                             const int32_t *kvStart, const int32_t *tokenPosition,
                             const int32_t *tokenBatch) {
   const BatchAttentionConfig &c = config_;
-  const int rows = prefill_->config.blockM;
+  const int rows = prefill_ ? prefill_->config.blockM : 64;
   // The prefill tiles, heaviest first (the keys a tile's last row may see:
   // under a causal mask, what it costs), so that light tiles fill the
   // launch's tail; the decode list, and its longest context.
@@ -325,7 +354,7 @@ void CudaBatchBackend::run(const CudaBatchCall &call) const {
   args.split_size = maxKvLength_;
   args.scale = call.scale;
 
-  const CudaDriver &driver = cudaUseDevice(prefill_->device);
+  const CudaDriver &driver = cudaUseDevice(decode_->device);
   const auto stream = static_cast<cu::Stream>(call.stream);
   auto launch = [&](const CudaKernel &kernel, cu::Function function, const char *name,
                     const PagedcAttentionKernelArgs &kernelArgs, unsigned gridX, unsigned gridY,

@@ -49,6 +49,17 @@ struct CudaBatchCall {
   void *stream = nullptr;
 };
 
+/// Whether a configuration is MLA decode (head_dim 576): the CUDA backend
+/// then runs templates/MlaDecode.cuh, decode steps only (at most
+/// kBatchDecodeTokens new tokens a sequence).
+bool isMlaDecode(const BatchAttentionConfig &config);
+/// Throws pagedc::Error unless an MLA configuration is one the kernel takes
+/// (value_head_dim 512, num_kv_heads 1, a 16-bit cache), naming the field.
+void checkMlaConfig(const BatchAttentionConfig &config);
+/// Throws pagedc::Error unless vCache views kCache's memory (the same data
+/// pointer and strides), as the MLA kernel reads it.
+void checkMlaCaches(const TensorView &kCache, const TensorView &vCache);
+
 class CudaBatchBackend {
 public:
   /// Compiles (or takes from the kernel cache) and loads the packed-batch

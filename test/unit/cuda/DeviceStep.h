@@ -2,8 +2,9 @@
 //
 // Shared by the CUDA tests that run BatchAttention steps (cpu/BatchStep.h)
 // on the device: q, the cache's K and V in one allocation as an engine
-// holds them (8-bit caches as their codes, with their scales), out and lse
-// poisoned with NaN, the mods' buffers.
+// holds them (8-bit caches as their codes, with their scales; MLA's values
+// as a view of K), out and lse poisoned with NaN, the mods' buffers, the
+// case's sinks and scale.
 //
 //===----------------------------------------------------------------------===//
 #ifndef PAGEDC_TEST_UNIT_CUDA_DEVICESTEP_H
@@ -28,6 +29,8 @@ namespace pagedc::test {
 struct DeviceStep {
   DeviceBuffer q, cache, out, lse, doc, slopes, prefix;
   std::optional<float> scale; // the case's, when it gives one
+  DeviceBuffer sinks;         // the step's sinks (c.sinks), on the device
+  TensorView sinksView;
   TensorView qView, kView, vView, outView, lseView;
   Bindings bindings;
   const void *kernelK = nullptr, *kernelV = nullptr; // what the kernel must read
@@ -54,6 +57,11 @@ struct DeviceStep {
       kvDtype = c.kvFloat8;
     if (c.scale > 0.0f)
       scale = c.scale;
+    if (!step.sinks.empty()) {
+      sinks = DeviceBuffer(step.sinks.size() * 4, 0);
+      sinks.upload(step.sinks.data(), step.sinks.size() * 4);
+      sinksView = TensorView(sinks.data(), DType::F32, {c.qHeads}, device);
+    }
     q = DeviceBuffer(bytesOf(step.q), 0);
     q.upload(step.q.data(), bytesOf(step.q));
     qView = TensorView(q.data(), c.storage, step.q.shape(), step.q.view().strides(), device);
@@ -117,6 +125,7 @@ struct DeviceStep {
     options.vScale = vScale;
     options.kvDtype = kvDtype;
     options.scale = scale;
+    options.sinks = sinksView;
     return options;
   }
   BatchRunOptions options() const { return options(outView, lseView); }
