@@ -519,13 +519,22 @@ std::pair<DeviceBuffer, DeviceBuffer> runInto(const BatchAttention &attention,
 /// inside the first tile and past a sequence's end), merged on the device:
 /// the float64 attention over all keys, through the decode kernel (and its
 /// splits) and the prefill tiles.
+BatchStepCase mlaCase(int64_t qHeads, std::vector<BatchSeq> seqs, int32_t pageSize,
+                      KVLayout layout, DType storage, const char *mask, const char *score,
+                      uint64_t seed);
+
 TEST(CudaBatchAttention, KvStartAndKvEndHalvesMergeToTheWhole) {
-  for (int variant = 0; variant < 2; ++variant) {
+  for (int variant = 0; variant < 3; ++variant) {
     // Long decode contexts (split keys), GQA 4, HND f16 under a document
     // mask and soft-cap; the mixed step, NHD bf16 under "holes" (every row
-    // with (q + h) % 3 == 0 masked).
+    // with (q + h) % 3 == 0 masked); MLA decode (the tail's keys start
+    // inside a tile: key 37).
     BatchStepCase c = mixedDocumentCase(120 + variant);
-    if (variant == 0) {
+    const bool mla = variant == 2;
+    if (mla) {
+      c = mlaCase(16, {{1, 300}, {3, 177}, {1, 90}}, 16, KVLayout::NHD, DType::BF16, "causal",
+                  "softcap", 122);
+    } else if (variant == 0) {
       c.seqs = {{1, 1900}, {6, 1337}, {0, 500}, {3, 30}, {40, 900}};
       c.dim = c.vDim = 128;
       c.layout = KVLayout::HND;
@@ -554,7 +563,7 @@ TEST(CudaBatchAttention, KvStartAndKvEndHalvesMergeToTheWhole) {
     planWith(tail, false);
     if (variant == 0)
       EXPECT_GT(tail.planShape().decodeSplits, 1);
-    EXPECT_GT(tail.planShape().prefillTiles, 0);
+    EXPECT_EQ(tail.planShape().prefillTiles > 0, !mla);
     DeviceStep device(step);
     TensorView headOut, headLse, tailOut, tailLse;
     auto headBuffers = runInto(head, device, headOut, headLse);
