@@ -192,7 +192,7 @@ void CudaBatchBackend::plan(const int32_t *queryStart, const int32_t *kvLength,
   // under a causal mask, what it costs), so that light tiles fill the
   // launch's tail; the decode list, and its longest context.
   int64_t tiles = 0, decodeSeqs = 0;
-  int32_t maxKv = 1, maxDecodeKv = 0;
+  int32_t maxKv = 1, maxDecodeKv = 0, maxDecodeTokens = 0;
   for (int64_t b = 0; b < batch; ++b) {
     const int32_t qLength = queryStart[b + 1] - queryStart[b];
     maxKv = std::max(maxKv, kvLength[b]);
@@ -205,6 +205,7 @@ void CudaBatchBackend::plan(const int32_t *queryStart, const int32_t *kvLength,
       decodeList_[2 * decodeSeqs + 1] = 0;
       ++decodeSeqs;
       maxDecodeKv = std::max(maxDecodeKv, kvLength[b] - firstKey);
+      maxDecodeTokens = std::max(maxDecodeTokens, qLength);
       continue;
     }
     for (int32_t row = 0; row < qLength; row += rows) {
@@ -234,6 +235,15 @@ void CudaBatchBackend::plan(const int32_t *queryStart, const int32_t *kvLength,
     problem.ctasPerSplit =
         decodeSeqs * c.numKVHeads *
         ((config.groupSize + config.decodeHeadsPerCta() - 1) / config.decodeHeadsPerCta());
+    // The MLA grid covers 8 tokens of the group, but a CTA whose rows are
+    // past its sequence's tokens returns at once: only the step's longest
+    // entry's chunks do work.
+    if (config.isMlaDecode()) {
+      const int64_t rowsPerCta = int64_t(config.decodeHeadsPerCta()) * config.queryTokens;
+      problem.ctasPerSplit =
+          decodeSeqs * ((config.groupSize * int64_t(maxDecodeTokens) + rowsPerCta - 1) /
+                        rowsPerCta);
+    }
     problem.granules = std::max<int64_t>((maxDecodeKv + kDecodeTile - 1) / kDecodeTile, 1);
     problem.granuleLength = kDecodeTile;
     problem.rowsPerCta = int64_t(kBatchDecodeTokens) * config.decodeHeadsPerCta();

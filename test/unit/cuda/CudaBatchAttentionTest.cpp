@@ -23,6 +23,7 @@
 #include "EmulatorEnvironment.h"
 #include "BatchStep.h"
 #include "DeviceStep.h"
+#include "TestMods.h"
 
 #include "cpu/Reference.h"
 #include "pagedc/BatchAttention.h"
@@ -41,6 +42,7 @@
 #include <cstring>
 #include <fstream>
 #include <functional>
+#include <numeric>
 #include <optional>
 #include <random>
 #include <string>
@@ -987,6 +989,44 @@ TEST(CudaBatchAttention, MlaDecodeFromTheLatentCache) {
       EXPECT_GT(check.maskedRows, 0) << check.describe();
     }
   }
+}
+
+/// The MLA grid covers the group's 8 tokens, but only the chunks of rows a
+/// step's entries have do work: the split plan counts those. 40 decodes of
+/// 4096 keys at Hq 16 are one working CTA each with 1 token, four with 8:
+/// the 1-token step's working CTAs, splits included, fit one wave of the
+/// device (one 124 KB CTA per SM), where counting the grid's empty chunks
+/// planned as for the 8-token step (plan only: nothing runs).
+TEST(CudaBatchAttention, MlaDecodeSplitsCountTheCtasThatWork) {
+  const int32_t batch = 40, keys = 4096, pages = keys / 16;
+  BatchAttentionConfig config;
+  config.numQHeads = 16;
+  config.numKVHeads = 1;
+  config.headDim = 576;
+  config.valueHeadDim = 512;
+  config.pageSize = 16;
+  config.layout = KVLayout::NHD;
+  config.maxNumSeqs = batch;
+  config.maxNumTokens = 8 * batch;
+  config.maxBlocksPerSeq = pages;
+  config.device = Device::cuda(0);
+  config.dtype = DType::BF16;
+  BatchAttention attention(testutil::makeTestMods("causal", ""), config);
+  std::vector<int32_t> lens(batch, keys), table(static_cast<size_t>(batch * pages));
+  std::iota(table.begin(), table.end(), 0);
+  auto splitsWith = [&](int32_t tokens) {
+    std::vector<int32_t> qsl(batch + 1);
+    for (int32_t b = 0; b <= batch; ++b)
+      qsl[b] = b * tokens;
+    attention.plan(TensorView(qsl.data(), DType::I32, {batch + 1}),
+                   TensorView(lens.data(), DType::I32, {batch}),
+                   TensorView(table.data(), DType::I32, {batch, pages}));
+    return attention.planShape().decodeSplits;
+  };
+  const int64_t one = splitsWith(1), eight = splitsWith(8);
+  const int sms = cudaDeviceInfo(0).multiprocessors;
+  EXPECT_LE(one * batch, sms) << "1-token splits " << one << " on " << sms << " SMs";
+  EXPECT_NE(one, eight) << "1-token and 8-token splits " << one;
 }
 
 /// MLA decode's refusals on CUDA, each naming what the kernel takes;
