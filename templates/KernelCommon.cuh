@@ -50,10 +50,13 @@ constexpr int kTileHeadDim =
 constexpr int kTileRowBytes = kTileHeadDim * 2;
 
 // mma.sync m16n8k16 takes 16 columns of D per k-step and ldmatrix.x4 16
-// output columns per V read.
-static_assert(kHeadDim % 16 == 0 && kHeadDim >= 32 && kHeadDim <= 256,
+// output columns per V read. The MLA decode (MlaDecode.cuh) takes D 576
+// and Dv 512 with warps that each cover a slice of them.
+static_assert(pagedc_config::kMlaDecode ||
+                  (kHeadDim % 16 == 0 && kHeadDim >= 32 && kHeadDim <= 256),
               "head dim must be a multiple of 16 in [32, 256]");
-static_assert(kValueHeadDim % 16 == 0 && kValueHeadDim >= 32 && kValueHeadDim <= 256,
+static_assert(pagedc_config::kMlaDecode ||
+                  (kValueHeadDim % 16 == 0 && kValueHeadDim >= 32 && kValueHeadDim <= 256),
               "value head dim must be a multiple of 16 in [32, 256]");
 static_assert((kPageSize & (kPageSize - 1)) == 0 && kPageSize <= 1024,
               "page size must be a power of two in [1, 1024]");

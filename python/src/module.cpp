@@ -311,11 +311,16 @@ py::tuple cudaDriverInfo() {
 
 /// Every `step`-th element of `tensor`'s last dimension, as a view of the same
 /// memory with that stride (tests use it for the refusal of strides).
-Tensor stridedView(const Tensor &tensor, int64_t step) {
+Tensor stridedView(const Tensor &tensor, int64_t step, int64_t columns) {
   const TensorView &v = tensor.view();
   if (step < 1 || v.rank() == 0)
     throw py::value_error("step: must be >= 1, on a tensor of rank >= 1");
   std::vector<int64_t> shape = v.shape(), strides = v.strides();
+  if (columns >= 0) {
+    if (columns > shape.back())
+      throw py::value_error("columns: more than the last dimension holds");
+    shape.back() = columns;
+  }
   shape.back() = (shape.back() + step - 1) / step;
   strides.back() *= step;
   return Tensor(TensorView(v.data(), v.dtype(), shape, strides, v.device()), tensor.owner(),
@@ -1378,7 +1383,9 @@ PYBIND11_MODULE(_pagedc, m) {
   m.def("to_device", &toDevice, py::arg("array"), py::arg("device_index"));
   m.def("to_host", &toHost, py::arg("tensor"));
   m.def("_strided_view", &stridedView, py::arg("tensor"), py::arg("step"),
-        "Test support: every step-th element of the last dimension, a non-contiguous view.");
+        py::arg("columns") = -1,
+        "Test support: every step-th element of the last dimension (of its first `columns`, "
+        "-1: all), a view of the same memory.");
   py::class_<Stream, std::shared_ptr<Stream>>(m, "Stream")
       .def(py::init<int>(), py::arg("device_index"))
       .def_property_readonly("cuda_stream", &Stream::handle)

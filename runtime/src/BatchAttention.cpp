@@ -385,8 +385,13 @@ void BatchAttention::plan(const TensorView &queryStartLoc, const TensorView &seq
   checkTokenMaps(tokenPositions, tokenBatch, tokens);
   const bool positioned = isProvided(tokenPositions);
   int32_t maxEntry = -1;
+  const bool mlaOnCuda = cuda_ && detail::isMlaDecode(c);
   for (int64_t b = 0; b < batch; ++b) {
     const int64_t qLength = qsl(b + 1) - qsl(b);
+    if (mlaOnCuda && qLength > detail::kBatchDecodeTokens)
+      throw Error(fmt::format("sequence {} has {} new tokens; MLA decode on CUDA (head_dim 576) "
+                              "takes at most {} a sequence (decode and speculative steps)",
+                              b, qLength, detail::kBatchDecodeTokens));
     if (!positioned && len(b) < qLength)
       throw Error(fmt::format("seq_lens[{}] = {} is less than the sequence's {} new tokens "
                               "(query_start_loc[{}] - query_start_loc[{}])",
@@ -510,6 +515,8 @@ CheckedCaches checkRunCaches(const TensorView &kCache, const TensorView &vCache,
   if (maxPageEntry >= pages)
     throw Error(fmt::format("block_table holds page {} but the cache has {} pages",
                             maxPageEntry, pages));
+  if (onCuda && detail::isMlaDecode(c))
+    detail::checkMlaCaches(kCache, vCache);
   if (onCuda) {
     // 16-byte copies: 8 elements, or 16 codes of an 8-bit cache.
     const int64_t perCopy = c.kvDtype ? 16 : 8;

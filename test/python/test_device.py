@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 import pagedc
-from conftest import assert_close, reference_attention
+from conftest import assert_close, randn, reference_attention
 from test_float8 import FORMATS, decode
 from test_serving import CASCADE_SOURCE, make_cascade_step, make_step, reference_step
 
@@ -526,3 +526,46 @@ def test_cascade_on_device_matches_reference(rng, page_size):
     assert_close(pagedc.to_host(lse), np.concatenate(ref_lse), atol=1e-3, rtol=1e-3)
     # The prefix level: one entry per group and per lone sequence.
     assert cascade._prefix.num_seqs == len(groups) + 2
+
+
+def test_mla_decode_on_device_reads_values_from_the_latent_cache(rng, mods):
+    # MLA decode (templates/MlaDecode.cuh): Hq 16 against one 576-wide
+    # latent head, the values its first 512 columns: v_cache is a view of
+    # k_cache's device memory (the kernels are given one address).
+    hq, d, dv, page_size = 16, 576, 512, 16
+    steps = [(1, 70), (3, 41)]
+    pages = [-(-s // page_size) for _, s in steps]
+    order = rng.permutation(sum(pages))
+    table = np.zeros((len(steps), max(pages)), dtype=np.int32)
+    cache = np.zeros((len(order), page_size, 1, d), dtype=np.float16)
+    latents, next_page = [], 0
+    for b, (_, s) in enumerate(steps):
+        latent = randn(rng, 1, s, d).astype(np.float16)
+        latents.append(latent)
+        table[b, :pages[b]] = order[next_page:next_page + pages[b]]
+        next_page += pages[b]
+        for pos in range(s):
+            cache[table[b, pos // page_size], pos % page_size] = latent[:, pos]
+    qsl = np.cumsum([0] + [n for n, _ in steps]).astype(np.int32)
+    q = randn(rng, int(qsl[-1]), hq, d).astype(np.float16)
+    scale = 1.0 / np.sqrt(192.0)
+    attn = pagedc.BatchAttention(mods, hq, 1, d, page_size, kv_layout="NHD", value_head_dim=dv,
+                                 max_num_seqs=4, max_num_tokens=8, device="emu", dtype="f16")
+    attn.plan(qsl, np.array([s for _, s in steps], dtype=np.int32), table)
+    kd = pagedc.to_device(cache, device="emu")
+    vd = pagedc._pagedc._strided_view(kd, 1, dv)
+    out, lse = attn.run(pagedc.to_device(q, device="emu"), kd, vd, scale=scale, return_lse=True)
+    assert attn._native.kernel_cache_addresses() == (kd.data_ptr, kd.data_ptr)
+    out, lse = pagedc.to_host(out), pagedc.to_host(lse)
+    for b, (n, s) in enumerate(steps):
+        latent = latents[b][None]
+        ref_out, ref_lse = reference_attention(
+            q[qsl[b]:qsl[b + 1]].transpose(1, 0, 2)[None], latent, latent[..., :dv],
+            scale=scale, q_offset=s - n, mask_fn=lambda _b, h, qi, kv: qi >= kv)
+        assert_close(out[qsl[b]:qsl[b + 1]], ref_out[0].transpose(1, 0, 2), atol=2e-3,
+                     rtol=2e-3)
+        assert_close(lse[qsl[b]:qsl[b + 1]], ref_lse[0].T, atol=1e-3, rtol=1e-3)
+    # A V cache of its own memory is refused, naming what the kernel reads.
+    with pytest.raises(ValueError, match="v_cache must be a view of k_cache"):
+        attn.run(pagedc.to_device(q, device="emu"), kd,
+                 pagedc.to_device(cache[..., :dv], device="emu"), scale=scale)

@@ -328,3 +328,46 @@ def test_cascade_and_token_map_errors_name_the_argument(rng):
         attn.plan(step["qsl"], step["seq_lens"], step["table"], token_batch=bad)
     with pytest.raises(ValueError, match="device"):
         pagedc.CascadeAttention(None, 4, 2, 32, 16, device="tpu")
+
+
+def test_mla_decode_reads_values_from_the_latent_cache(rng):
+    # MLA decode: one latent KV head of 576 columns per token (512 + 64 rope)
+    # and 576-wide queries per head; the values are the first 512 columns of
+    # the same rows, so v_cache is a view of k_cache (no copy, no V tensor).
+    hq, d, dv, page_size = 16, 576, 512, 16
+    steps = [(1, 90), (3, 47), (1, 17)]
+    pages = [-(-s // page_size) for _, s in steps]
+    order = rng.permutation(sum(pages) + 1)
+    table = np.full((len(steps), max(pages)), -1, dtype=np.int32)
+    cache = np.full((len(order), page_size, 1, d), np.nan, dtype=np.float32)
+    latents, next_page = [], 0
+    for b, (_, s) in enumerate(steps):
+        latent = randn(rng, 1, s, d)
+        latents.append(latent)
+        table[b, :pages[b]] = order[next_page:next_page + pages[b]]
+        next_page += pages[b]
+        for pos in range(s):
+            cache[table[b, pos // page_size], pos % page_size] = latent[:, pos]
+    values = cache[..., :dv]
+    assert values.__array_interface__["data"][0] == cache.__array_interface__["data"][0]
+    qsl = np.cumsum([0] + [n for n, _ in steps]).astype(np.int32)
+    seq_lens = np.array([s for _, s in steps], dtype=np.int32)
+    q = randn(rng, int(qsl[-1]), hq, d)
+    mods = pagedc.compile("param cap: f32 = 2.0\n"
+                          "mask causal(b, h, q, kv) = q >= kv\n"
+                          "score softcap(s, b, h, q, kv) = cap * tanh(s / cap)\n")
+    scale = 1.0 / np.sqrt(192.0)  # DeepSeek's, given by the caller
+    attn = pagedc.BatchAttention(mods, hq, 1, d, page_size, kv_layout="NHD",
+                                 value_head_dim=dv, max_num_seqs=4, max_num_tokens=8)
+    attn.plan(qsl, seq_lens, table)
+    out, lse = attn.run(q, cache, values, scale=scale, return_lse=True)
+    assert out.shape == (int(qsl[-1]), hq, dv)
+    for b, (n, s) in enumerate(steps):
+        rows = q[qsl[b]:qsl[b + 1]].transpose(1, 0, 2)[None]
+        latent = latents[b][None]
+        ref_out, ref_lse = reference_attention(
+            rows, latent, latent[..., :dv], scale=scale, q_offset=s - n,
+            mask_fn=lambda _b, h, qi, kv: qi >= kv,
+            score_fn=lambda x, _b, h, qi, kv: 2.0 * np.tanh(x / 2.0))
+        assert_close(out[qsl[b]:qsl[b + 1]], ref_out[0].transpose(1, 0, 2), atol=1e-4, rtol=1e-4)
+        assert_close(lse[qsl[b]:qsl[b + 1]], ref_lse[0].T, atol=1e-4, rtol=1e-4)

@@ -78,7 +78,10 @@ KVLayout parseKVLayout(const std::string &name);
 struct BatchAttentionConfig {
   int64_t numQHeads = 0;
   int64_t numKVHeads = 0;
-  /// Key head dim D; the value head dim Dv (0 = D).
+  /// Key head dim D; the value head dim Dv (0 = D). CUDA: D = Dv, or MLA
+  /// decode: D 576 and Dv 512 with numKVHeads 1, run()'s vCache a view of
+  /// kCache (its first 512 columns) and at most 8 new tokens a sequence
+  /// (docs/serving.md, "MLA decode").
   int64_t headDim = 0;
   int64_t valueHeadDim = 0;
   /// Tokens per page, 1 or more.

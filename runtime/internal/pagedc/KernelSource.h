@@ -197,7 +197,20 @@ struct KernelConfig {
   /// A canonical one-line description, e.g. "prefill bf16 d128 page16 ...".
   std::string describe() const;
   /// Decode: query heads one CTA serves (rows = heads * queryTokens <= 64).
+  /// MLA decode (isMlaDecode): a CTA's 32 rows per token (its rows are the
+  /// group's (token, head) pairs flattened, so ceil(groupSize / this) CTAs
+  /// cover queryTokens tokens of the group).
   int decodeHeadsPerCta() const;
+  /// The MLA decode kernel (templates/MlaDecode.cuh): a decode of packed
+  /// batches at D 576 and Dv 512, which reads V as the first 512 columns
+  /// of the K cache's rows.
+  bool isMlaDecode() const {
+    return kind == KernelKind::Decode && headDim == kMlaKeyDim;
+  }
+  /// MLA's widths: a latent row (kv_lora_rank 512 + rope 64) and its value
+  /// part.
+  static constexpr int kMlaKeyDim = 576;
+  static constexpr int kMlaValueDim = 512;
   /// Threads per CTA of the main kernel.
   int threadsPerCta() const;
   /// Dynamic shared memory of the main kernel, in bytes.

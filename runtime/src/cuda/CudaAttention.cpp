@@ -701,6 +701,13 @@ bool isCompact(const TensorView &view) {
 void checkCudaLayout(const cpu::PagedAttentionArgs &args) {
   const TensorView &q = args.q, &out = args.out;
   const int64_t headDim = q.size(3);
+  if (headDim == KernelConfig::kMlaKeyDim)
+    throw Error(fmt::format("the CUDA kernels of flexAttention take head dims that are {}, not "
+                            "{}; MLA decode (head dim {}, the values the latent rows' first {} "
+                            "columns) runs through BatchAttention (docs/serving.md, \"MLA "
+                            "decode\")",
+                            cudaHeadDimsText(), headDim, KernelConfig::kMlaKeyDim,
+                            KernelConfig::kMlaValueDim));
   if (!isCudaHeadDim(headDim))
     throw Error(fmt::format("the CUDA kernels take head dims that are {}, not {}",
                             cudaHeadDimsText(), headDim));

@@ -51,6 +51,7 @@ KernelConfig packedBatchConfig(const CompiledMods &mods, const BatchAttentionCon
   config.kvFloat8 = c.kvDtype;
   config.outputF32 = c.outDtype == DType::F32;
   config.headDim = static_cast<int>(c.headDim);
+  config.valueHeadDim = static_cast<int>(c.valueHeadDim);
   config.pageSize = static_cast<int>(c.pageSize);
   if (kind == KernelKind::Prefill) {
     // 64-row query tiles with 16 rows per warp, 64 keys per KV tile (32
@@ -84,15 +85,40 @@ size_t ints(int64_t count) { return static_cast<size_t>(count); }
 
 } // namespace
 
+bool isMlaDecode(const BatchAttentionConfig &c) {
+  return c.headDim == KernelConfig::kMlaKeyDim;
+}
+
+void checkMlaConfig(const BatchAttentionConfig &c) {
+  const char *takes = "the MLA decode kernel (head_dim 576) takes value_head_dim 512, "
+                      "num_kv_heads 1 and 16-bit latent caches (dtype bf16 or f16)";
+  if (c.valueHeadDim != KernelConfig::kMlaValueDim)
+    throw Error(fmt::format("value_head_dim {} on CUDA: {}", c.valueHeadDim, takes));
+  if (c.numKVHeads != 1)
+    throw Error(fmt::format("num_kv_heads {} on CUDA: {}", c.numKVHeads, takes));
+  if (c.kvDtype)
+    throw Error(fmt::format("kv_dtype {} on CUDA: {}", dtypeName(*c.kvDtype), takes));
+}
+
+void checkMlaCaches(const TensorView &kCache, const TensorView &vCache) {
+  if (vCache.data() != kCache.data() || vCache.strides() != kCache.strides())
+    throw Error("v_cache must be a view of k_cache on CUDA at head_dim 576: the MLA decode "
+                "kernel reads the values as the first 512 columns of the latent rows "
+                "(k_cache[..., :512]: the same data pointer and strides)");
+}
+
 CudaBatchBackend::CudaBatchBackend(const CompiledMods &mods, const BatchAttentionConfig &config)
     : config_(config) {
   const BatchAttentionConfig &c = config_;
   if (c.dtype != DType::BF16 && c.dtype != DType::F16)
     throw Error(fmt::format("dtype must be bf16 or f16 on CUDA but is {}", dtypeName(c.dtype)));
-  if (!isCudaHeadDim(c.headDim))
-    throw Error(fmt::format("head_dim on CUDA must be one of the {} but is {}", cudaHeadDimsText(),
-                            c.headDim));
-  if (c.valueHeadDim != c.headDim)
+  const bool mla = isMlaDecode(c);
+  if (mla)
+    checkMlaConfig(c);
+  else if (!isCudaHeadDim(c.headDim))
+    throw Error(fmt::format("head_dim on CUDA must be one of the {}, or {} (MLA decode), but is {}",
+                            cudaHeadDimsText(), KernelConfig::kMlaKeyDim, c.headDim));
+  if (!mla && c.valueHeadDim != c.headDim)
     throw Error(
         fmt::format("value_head_dim {} must equal head_dim {} on CUDA", c.valueHeadDim, c.headDim));
   if ((c.pageSize & (c.pageSize - 1)) != 0 || c.pageSize > 1024)
@@ -114,12 +140,15 @@ CudaBatchBackend::CudaBatchBackend(const CompiledMods &mods, const BatchAttentio
   if (!CudaDriver::available(&reason))
     throw Error(
         fmt::format("BatchAttention on {} is not available: {}", deviceName(c.device), reason));
-  prefill_ = cudaKernelFor(mods, packedBatchConfig(mods, c, KernelKind::Prefill), c.device.index);
+  // MLA decode has no prefill kernel: plan() refuses longer sequences.
+  if (!mla)
+    prefill_ =
+        cudaKernelFor(mods, packedBatchConfig(mods, c, KernelKind::Prefill), c.device.index);
   decode_ = cudaKernelFor(mods, packedBatchConfig(mods, c, KernelKind::Decode), c.device.index);
 
   // Prefill tiles: whole tiles of the tokens, plus one partial tile per
   // prefill sequence (which has more than kBatchDecodeTokens tokens).
-  const int64_t rows = prefill_->config.blockM;
+  const int64_t rows = prefill_ ? prefill_->config.blockM : 64;
   maxPrefillTiles_ = std::max<int64_t>(
       c.maxNumTokens / rows + std::min(c.maxNumSeqs, c.maxNumTokens / (kBatchDecodeTokens + 1)), 1);
   if (maxPrefillTiles_ * c.numQHeads > std::numeric_limits<int32_t>::max())
@@ -134,7 +163,7 @@ CudaBatchBackend::CudaBatchBackend(const CompiledMods &mods, const BatchAttentio
   // an engine captures one graph per batch size, whose limits are then
   // that step's.
   if (c.fixedGrid)
-    fixedSplits_ = decodeSplits(c.maxNumSeqs, c.maxBlocksPerSeq * c.pageSize);
+    fixedSplits_ = decodeSplits(c.maxNumSeqs, c.maxBlocksPerSeq * c.pageSize, kBatchDecodeTokens);
   kvLenAt_ = ints(c.maxNumSeqs * c.maxBlocksPerSeq);
   qOffsetAt_ = kvLenAt_ + ints(c.maxNumSeqs);
   qStartAt_ = qOffsetAt_ + ints(c.maxNumSeqs);
@@ -166,12 +195,12 @@ void CudaBatchBackend::plan(const int32_t *queryStart, const int32_t *kvLength,
                             const int32_t *kvStart, const int32_t *tokenPosition,
                             const int32_t *tokenBatch) {
   const BatchAttentionConfig &c = config_;
-  const int rows = prefill_->config.blockM;
+  const int rows = prefill_ ? prefill_->config.blockM : 64;
   // The prefill tiles, heaviest first (the keys a tile's last row may see:
   // under a causal mask, what it costs), so that light tiles fill the
   // launch's tail; the decode list, and its longest context.
   int64_t tiles = 0, decodeSeqs = 0;
-  int32_t maxKv = 1, maxDecodeKv = 0;
+  int32_t maxKv = 1, maxDecodeKv = 0, maxDecodeTokens = 0;
   for (int64_t b = 0; b < batch; ++b) {
     const int32_t qLength = queryStart[b + 1] - queryStart[b];
     maxKv = std::max(maxKv, kvLength[b]);
@@ -184,6 +213,7 @@ void CudaBatchBackend::plan(const int32_t *queryStart, const int32_t *kvLength,
       decodeList_[2 * decodeSeqs + 1] = 0;
       ++decodeSeqs;
       maxDecodeKv = std::max(maxDecodeKv, kvLength[b] - firstKey);
+      maxDecodeTokens = std::max(maxDecodeTokens, qLength);
       continue;
     }
     for (int32_t row = 0; row < qLength; row += rows) {
@@ -208,7 +238,7 @@ void CudaBatchBackend::plan(const int32_t *queryStart, const int32_t *kvLength,
   if (c.fixedGrid)
     splits = fixedSplits_;
   else if (decodeSeqs > 0)
-    splits = decodeSplits(decodeSeqs, maxDecodeKv);
+    splits = decodeSplits(decodeSeqs, maxDecodeKv, maxDecodeTokens);
 
   const size_t pageInts = ints(batch * c.maxBlocksPerSeq);
   storage_.upload(pageTable, pageInts * 4, 0);
@@ -244,7 +274,8 @@ void CudaBatchBackend::plan(const int32_t *queryStart, const int32_t *kvLength,
   maxKvLength_ = maxKv;
 }
 
-int64_t CudaBatchBackend::decodeSplits(int64_t decodeSeqs, int64_t maxDecodeKv) const {
+int64_t CudaBatchBackend::decodeSplits(int64_t decodeSeqs, int64_t maxDecodeKv,
+                                       int64_t maxDecodeTokens) const {
   // The launch's cost model (chooseDecodeSplits) for the list's CTAs over
   // the longest decode context, each split at least kMinSplitKeys long; a
   // CTA divides its own sequence's keys.
@@ -253,6 +284,14 @@ int64_t CudaBatchBackend::decodeSplits(int64_t decodeSeqs, int64_t maxDecodeKv) 
   problem.ctasPerSplit =
       decodeSeqs * config_.numKVHeads *
       ((config.groupSize + config.decodeHeadsPerCta() - 1) / config.decodeHeadsPerCta());
+  // The MLA grid covers 8 tokens of the group, but a CTA whose rows are
+  // past its sequence's tokens returns at once: only the step's longest
+  // entry's chunks do work.
+  if (config.isMlaDecode()) {
+    const int64_t rowsPerCta = int64_t(config.decodeHeadsPerCta()) * config.queryTokens;
+    problem.ctasPerSplit =
+        decodeSeqs * ((config.groupSize * maxDecodeTokens + rowsPerCta - 1) / rowsPerCta);
+  }
   problem.granules = std::max<int64_t>((maxDecodeKv + kDecodeTile - 1) / kDecodeTile, 1);
   problem.granuleLength = kDecodeTile;
   problem.rowsPerCta = int64_t(kBatchDecodeTokens) * config.decodeHeadsPerCta();
@@ -360,7 +399,7 @@ void CudaBatchBackend::run(const CudaBatchCall &call) const {
   if (c.fixedGrid)
     args.work_counts = words + workCountsAt_;
 
-  const CudaDriver &driver = cudaUseDevice(prefill_->device);
+  const CudaDriver &driver = cudaUseDevice(decode_->device);
   const auto stream = static_cast<cu::Stream>(call.stream);
   auto launch = [&](const CudaKernel &kernel, cu::Function function, const char *name,
                     const PagedcAttentionKernelArgs &kernelArgs, unsigned gridX, unsigned gridY,

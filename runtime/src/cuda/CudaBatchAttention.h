@@ -49,6 +49,17 @@ struct CudaBatchCall {
   void *stream = nullptr;
 };
 
+/// Whether a configuration is MLA decode (head_dim 576): the CUDA backend
+/// then runs templates/MlaDecode.cuh, decode steps only (at most
+/// kBatchDecodeTokens new tokens a sequence).
+bool isMlaDecode(const BatchAttentionConfig &config);
+/// Throws pagedc::Error unless an MLA configuration is one the kernel takes
+/// (value_head_dim 512, num_kv_heads 1, a 16-bit cache), naming the field.
+void checkMlaConfig(const BatchAttentionConfig &config);
+/// Throws pagedc::Error unless vCache views kCache's memory (the same data
+/// pointer and strides), as the MLA kernel reads it.
+void checkMlaCaches(const TensorView &kCache, const TensorView &vCache);
+
 class CudaBatchBackend {
 public:
   /// Compiles (or takes from the kernel cache) and loads the packed-batch
@@ -85,8 +96,9 @@ private:
   /// BatchAttentionConfig::fixedGrid's decode split count.
   int64_t fixedSplits_ = 1;
   /// The decode split count of `decodeSeqs` sequences whose longest
-  /// context has `maxDecodeKv` keys (at most maxSplits_).
-  int64_t decodeSplits(int64_t decodeSeqs, int64_t maxDecodeKv) const;
+  /// context has `maxDecodeKv` keys and whose longest step has
+  /// `maxDecodeTokens` new tokens (at most maxSplits_).
+  int64_t decodeSplits(int64_t decodeSeqs, int64_t maxDecodeKv, int64_t maxDecodeTokens) const;
   // One allocation of int32 words: page table [maxNumSeqs,
   // maxBlocksPerSeq], kv_len and q_offset [maxNumSeqs], q_start
   // [maxNumSeqs + 1], the prefill tiles [maxPrefillTiles, 2], the decode

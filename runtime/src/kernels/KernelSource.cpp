@@ -52,6 +52,15 @@ int log2Exact(int value) {
   return result;
 }
 
+/// Rows of an MLA decode CTA (templates/MlaDecode.cuh, kMlaRows) and its
+/// threads (a 2 x 4 grid of warps).
+constexpr int kMlaRows = 32;
+constexpr int kMlaThreads = 256;
+/// An MLA decode CTA's shared memory: the query tile and two stages of
+/// 32 latent rows (576 elements each), and the partial scores (a float per
+/// warp, row and key).
+constexpr int kMlaSharedBytes = (kMlaRows + 2 * 32) * 576 * 2 + 8 * 16 * 32 * 4;
+
 /// Rows a decode CTA pads to (16 per row-warp, 1, 2 or 4 row-warps).
 int decodePaddedRows(const KernelConfig &config) {
   int rows = config.decodeHeadsPerCta() * config.queryTokens;
@@ -315,10 +324,31 @@ void KernelConfig::usePrefillSpillFallback() {
   warpRows = 16;
 }
 
+namespace {
+/// validate()'s checks of the MLA decode kernel.
+void validateMlaDecode(const KernelConfig &config) {
+  if (config.valueDim() != KernelConfig::kMlaValueDim)
+    throw Error(fmt::format("the MLA decode kernel (head dim {}) takes value head dim {} (the "
+                            "latent rows' first {} columns), not {}",
+                            KernelConfig::kMlaKeyDim, KernelConfig::kMlaValueDim,
+                            KernelConfig::kMlaValueDim, config.valueDim()));
+  if (config.kvFloat8)
+    throw Error(fmt::format("the MLA decode kernel reads 16-bit latent caches, not {}",
+                            dtypeName(*config.kvFloat8)));
+  if (!config.packedBatch)
+    throw Error("the MLA decode kernel runs packed batches (BatchAttention) only");
+  if (kMlaRows % config.queryTokens != 0)
+    throw Error(fmt::format("the MLA decode kernel takes 1, 2, 4 or 8 query tokens, not {}",
+                            config.queryTokens));
+}
+} // namespace
+
 void KernelConfig::validate() const {
   if (elementType != DType::F16 && elementType != DType::BF16)
     throw Error(fmt::format("CUDA kernels take f16 or bf16 elements, not {}",
                             dtypeName(elementType)));
+  if (isMlaDecode())
+    validateMlaDecode(*this);
   if (kvFloat8 && !isFloat8(*kvFloat8))
     throw Error(
         fmt::format("8-bit float K/V elements are f8e4m3 or f8e5m2, not {}", dtypeName(*kvFloat8)));
@@ -333,10 +363,10 @@ void KernelConfig::validate() const {
   if (kvFloat8 && (valueDim() != headDim || (headDim != 64 && headDim != 128 && headDim != 256)))
     throw Error(fmt::format("{} caches are read at D = Dv in 64, 128 and 256, not D {} Dv {}",
                             dtypeName(*kvFloat8), headDim, valueDim()));
-  if (!isCudaHeadDim(headDim))
+  if (!isCudaHeadDim(headDim) && !isMlaDecode())
     throw Error(fmt::format("head dim {} is not supported by the CUDA kernels; they take {}",
                             headDim, cudaHeadDimsText()));
-  if (!isCudaHeadDim(valueDim()))
+  if (!isCudaHeadDim(valueDim()) && !isMlaDecode())
     throw Error(fmt::format("value head dim {} is not supported by the CUDA kernels; they take {}",
                             valueDim(), cudaHeadDimsText()));
   if (warpRows == 64 && valueDim() != headDim)
@@ -413,6 +443,8 @@ std::string KernelConfig::describe() const {
 }
 
 int KernelConfig::decodeHeadsPerCta() const {
+  if (isMlaDecode())
+    return kMlaRows / queryTokens;
   int ctas = (groupSize * queryTokens + 63) / 64;
   return (groupSize + ctas - 1) / ctas;
 }
@@ -423,6 +455,7 @@ int KernelConfig::threadsPerCta() const {
     // Warpgroup tiles: a consumer warpgroup per 64 rows and a producer one.
     return warpRows == 64 ? (blockM / 64 + 1) * 128 : blockM / warpRows * 32;
   case KernelKind::Decode:
+    return isMlaDecode() ? kMlaThreads : 128;
   case KernelKind::BlockMaskBuilder:
     return 128;
   }
@@ -473,6 +506,8 @@ int KernelConfig::sharedMemoryBytes() const {
     // tile (at most 64: page size 1).
     return (blockM + 4 * blockN) * rowBytes + 64 * 4;
   case KernelKind::Decode: {
+    if (isMlaDecode())
+      return kMlaSharedBytes;
     // Q tile, two K and two V stages, the class map, seen flags, the
     // kv-warp merge maxima and sums (64 rows x kv-warps = 64 floats each),
     // the staged pages of the next tile (at most 64: page size 1), the two
@@ -590,6 +625,7 @@ KernelSource assembleKernel(const KernelConfig &config,
     kvFloat8 = *config.kvFloat8 == DType::F8E4M3 ? 1 : 2;
   code += fmt::format("constexpr int kKvFloat8 = {};\n", kvFloat8);
   code += fmt::format("constexpr bool kOutputF32 = {};\n", config.outputF32 ? "true" : "false");
+  code += fmt::format("constexpr bool kMlaDecode = {};\n", config.isMlaDecode() ? "true" : "false");
   code += "} // namespace pagedc_config\n";
   if (config.paramsSize >= 0)
     code += fmt::format(
@@ -612,6 +648,11 @@ KernelSource assembleKernel(const KernelConfig &config,
     break;
   case KernelKind::Decode:
     append("KernelCommon.cuh");
+    if (config.isMlaDecode()) {
+      append("MlaDecode.cuh");
+      source.kernelNames = {"pagedc_decode", "pagedc_decode_merge"};
+      break;
+    }
     // The bulk tensor copies (used by code for sm_90 and later only).
     append("Hopper.cuh");
     append("Float8.cuh");

@@ -664,6 +664,29 @@ BUGS = {
         "    b = args.work_tiles[2 * blockIdx.z];\n    first_row = args.q_start[b];\n"
         "    packed_q_len",
         "packed-cascade"),
+    # The MLA decode (MlaDecode.cuh, mla_step.py). Its column warps' partial
+    # scores summed before every warp has stored its own: the sum reads
+    # shared memory no thread has written yet on the first tile
+    # (initcheck).
+    "mla-partials-summed-before-barrier": (
+        "MlaDecode.cuh",
+        "        my_partials[(4 * j + e) * 32] = scores[0][j][e];\n    __syncthreads();\n",
+        "        my_partials[(4 * j + e) * 32] = scores[0][j][e];\n",
+        "mla"),
+    # The next tile's copy issued into the stage the warps are still
+    # reading (the loop's closing barrier gone: racecheck).
+    "mla-stage-overwritten-while-read": (
+        "MlaDecode.cuh",
+        "    // next iteration's copy and scores overwrite them.\n    __syncthreads();\n",
+        "    // next iteration's copy and scores overwrite them.\n",
+        "mla"),
+    # The values read from the latent rows' rope half (columns 64 on)
+    # instead of their first 512 (numerically).
+    "mla-values-off-by-64-columns": (
+        "MlaDecode.cuh",
+        "column_warp * (kMlaColumns / 8) + pair * 2 + (lane >> 4)));",
+        "column_warp * (kMlaColumns / 8) + pair * 2 + (lane >> 4) + 8));",
+        "mla"),
 }
 
 
@@ -713,7 +736,7 @@ def rel_l2(a_path, b_path):
 # group (seeded-bugs-*.test), which ctest runs side by side and names on a
 # failure: the mma.sync and decode kernels', the warpgroup prefill's with
 # one CTA per tile, its page runs and ping-pong turns, and its persistent
-# CTAs with and without the work counter.
+# CTAs with and without the work counter; the MLA decode's.
 # Every warpgroup run is named here (a run missing from the table stops the
 # script rather than falling out of every group); the others are "mma".
 WGMMA_GROUPS = {
@@ -729,6 +752,8 @@ WGMMA_GROUPS = {
 def group_of(run):
     if run.startswith("packed"):
         return "packed"
+    if run.startswith("mla"):
+        return "mla"
     return WGMMA_GROUPS[run] if run.startswith("wgmma") else "mma"
 
 
@@ -747,7 +772,7 @@ def main():
     group = None
     if len(chosen) == 1 and chosen[0].startswith("--group="):
         group = chosen[0][len("--group="):]
-        if group not in set(WGMMA_GROUPS.values()) | {"mma", "packed"}:
+        if group not in set(WGMMA_GROUPS.values()) | {"mma", "packed", "mla"}:
             raise SystemExit("unknown group " + group)
         chosen = [bug for bug, (_, _, _, run) in BUGS.items() if group_of(run) == group]
     os.makedirs(work, exist_ok=True)
@@ -877,6 +902,8 @@ def main():
         # BatchAttention's packed prefill and decode on a cascade step (see
         # packed_step.py): token maps, kv_start, the merge.
         "packed-cascade": dict(script="packed_step.py"),
+        # BatchAttention's MLA decode (see mla_step.py).
+        "mla": dict(script="mla_step.py"),
         # And with its consumer warpgroups taking turns (gathered tiles).
         "wgmma-pingpong": dict(q=(1, 4, 150, 128), k=(1, 2, 300, 128),
                                extra=["--q-offset", "end"],

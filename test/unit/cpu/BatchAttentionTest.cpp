@@ -16,6 +16,7 @@
 #include "pagedc/BatchAttention.h"
 #include "pagedc/Error.h"
 
+#include <fmt/format.h>
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -51,6 +52,8 @@ StepCheck checkStep(const StepCase &c) {
   options.out = out.view();
   options.lse = lse.view();
   options.sinks = step.sinksView();
+  if (c.scale > 0.0f)
+    options.scale = c.scale;
   TensorView kView = step.cache->kView(), vView = step.cache->vView();
   if (c.kvFloat8) {
     options.kScale = c.perHeadScale ? step.kScale : std::vector<float>{step.kScale[0]};
@@ -186,6 +189,72 @@ TEST(BatchAttention, ValueWidthDiffersFromKeyWidth) {
   c.mask = "sliding";
   StepCheck check = checkStep(c);
   EXPECT_EQ(check.outViolations + check.lseViolations + check.nonFinite, 0) << check.describe();
+}
+
+/// MLA decode (DeepSeek-V2/V3 after weight absorption): every query head
+/// has a 576-wide query (512 latent + 64 rope), the cache one latent head
+/// of 576 columns per token, and the values are the first 512 columns of
+/// the same rows: v_cache is a view of k_cache (same pointer, same strides,
+/// 512 wide), so no value is stored or copied. The caller gives the scale
+/// (DeepSeek's 1 / sqrt(192), not 1 / sqrt(576)).
+StepCase mlaCase(int64_t qHeads, std::vector<Seq> seqs, int32_t pageSize, KVLayout layout,
+                 const char *mask, const char *score, uint64_t seed) {
+  StepCase c;
+  c.seqs = std::move(seqs);
+  c.qHeads = qHeads;
+  c.kvHeads = 1;
+  c.dim = 576;
+  c.vDim = 512;
+  c.valuesInKeys = true;
+  c.scale = 1.0f / std::sqrt(192.0f);
+  c.pageSize = pageSize;
+  c.layout = layout;
+  c.mask = mask;
+  c.score = score;
+  c.seed = seed;
+  return c;
+}
+
+TEST(BatchAttention, MlaDecodeReadsValuesFromTheLatentCache) {
+  // 1-token decodes and 3-token speculative steps, contexts off the page
+  // grid, a sequence with no new tokens; pages of 1, 16 and 64 shuffled.
+  const std::vector<Seq> step16 = {{1, 300}, {3, 177}, {0, 20}, {1, 65}, {3, 3}, {1, 1000}};
+  struct Variant {
+    int64_t qHeads;
+    int32_t pageSize;
+    KVLayout layout;
+    const char *mask, *score;
+    DType storage;
+  };
+  const Variant variants[] = {
+      {16, 16, KVLayout::NHD, "causal", "softcap", DType::F32},
+      {16, 1, KVLayout::Pagedc, "holes", "alibi", DType::BF16},
+      {16, 64, KVLayout::HND, "holes", "softcap", DType::F32},
+      {128, 64, KVLayout::NHD, "causal", "alibi", DType::BF16},
+      {128, 16, KVLayout::NHD, "holes", "softcap", DType::F32},
+  };
+  uint64_t seed = 70;
+  for (const Variant &v : variants) {
+    // Hq 128 on a shorter step: the float64 reference's cost grows with it.
+    StepCase c = mlaCase(v.qHeads, v.qHeads > 16 ? std::vector<Seq>{{1, 211}, {3, 97}, {1, 1}}
+                                                 : step16,
+                         v.pageSize, v.layout, v.mask, v.score, ++seed);
+    c.storage = v.storage;
+    c.outType = v.storage;
+    SCOPED_TRACE(fmt::format("Hq {} page {} {} {} + {}", v.qHeads, v.pageSize,
+                             kvLayoutName(v.layout), v.mask, v.score));
+    testutil::BatchStep step(c);
+    // The values are K's memory itself: no V tensor exists.
+    EXPECT_EQ(step.cache->vView().data(), step.cache->kView().data());
+    EXPECT_EQ(step.cache->vView().strides(), step.cache->kView().strides());
+    EXPECT_TRUE(step.cache->v.shape().empty());
+    StepCheck check = checkStep(c);
+    EXPECT_EQ(check.outViolations + check.lseViolations + check.nonFinite, 0)
+        << check.describe();
+    if (std::string(v.mask) == "holes") {
+      EXPECT_GT(check.maskedRows, 0) << check.describe();
+    }
+  }
 }
 
 TEST(BatchAttention, OneThreadAndManyDecodesSplitTheKeys) {

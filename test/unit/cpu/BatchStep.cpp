@@ -44,11 +44,22 @@ HostTensor nanTensor(DType type, std::vector<int64_t> shape) {
 }
 
 EngineCache::EngineCache(KVLayout layout, int64_t pages, int64_t pageSize, int64_t heads,
-                         int64_t dim, int64_t vDim, DType type)
-    : layout(layout), pages(pages), pageSize(pageSize), heads(heads), dim(dim), vDim(vDim) {
+                         int64_t dim, int64_t vDim, DType type, bool valuesInKeys)
+    : layout(layout), pages(pages), pageSize(pageSize), heads(heads), dim(dim), vDim(vDim),
+      valuesInKeys(valuesInKeys) {
   k = nanTensor(type, shape(0));
-  if (layout != KVLayout::VLLM)
+  if (layout != KVLayout::VLLM && !valuesInKeys)
     v = nanTensor(type, shape(1));
+}
+
+TensorView EngineCache::vView() {
+  if (layout == KVLayout::VLLM)
+    return TensorView();
+  if (!valuesInKeys)
+    return v.view();
+  std::vector<int64_t> shape = k.view().shape();
+  shape.back() = vDim;
+  return TensorView(k.data(), k.dtype(), shape, k.view().strides(), k.view().device());
 }
 
 std::vector<int64_t> EngineCache::shape(int part) const {
@@ -131,6 +142,11 @@ BatchStep::BatchStep(const BatchStepCase &stepCase) : c(stepCase) {
   for (HostTensor *t : {&q4, &k4, &v4})
     for (int64_t i = 0; i < t->numel(); ++i)
       t->dataAs<double>()[i] = roundTo(c.storage, randomValue(rng));
+  // MLA: each value row is its key row's first vDim columns.
+  if (c.valuesInKeys)
+    for (int64_t row = 0; row < batch * c.kvHeads * maxKv; ++row)
+      for (int64_t d = 0; d < c.vDim; ++d)
+        v4.dataAs<double>()[row * c.vDim + d] = k4.dataAs<double>()[row * c.dim + d];
   // 8-bit K/V: each value becomes what its code means (code * scale), which
   // is what the reference reads; scales differ per head and are not powers
   // of two, so the scale is really applied.
@@ -163,7 +179,7 @@ BatchStep::BatchStep(const BatchStepCase &stepCase) : c(stepCase) {
   std::iota(pageOrder.begin(), pageOrder.end(), 0);
   std::shuffle(pageOrder.begin(), pageOrder.end(), rng);
   cache = std::make_unique<EngineCache>(c.layout, totalPages, c.pageSize, c.kvHeads, c.dim, c.vDim,
-                                        cacheType);
+                                        cacheType, c.valuesInKeys);
   for (const BatchSeq &s : c.seqs)
     columns = std::max<int64_t>(columns, (s.seqLen + c.pageSize - 1) / c.pageSize + 1);
   blockTable.assign(static_cast<size_t>(batch * columns), -1);
@@ -183,7 +199,7 @@ BatchStep::BatchStep(const BatchStepCase &stepCase) : c(stepCase) {
                      static_cast<float>(
                          k4.dataAs<double>()[((b * c.kvHeads + h) * maxKv + pos) * c.dim + d]) /
                          (c.kvFloat8 ? kScale[h] : 1.0f));
-        for (int64_t d = 0; d < c.vDim; ++d)
+        for (int64_t d = 0; d < (c.valuesInKeys ? 0 : c.vDim); ++d)
           cache->set(1, page, slot, h, d,
                      static_cast<float>(
                          v4.dataAs<double>()[((b * c.kvHeads + h) * maxKv + pos) * c.vDim + d]) /
@@ -227,6 +243,11 @@ TensorView BatchStep::sinksView() const {
   if (sinks.empty())
     return {};
   return TensorView(const_cast<float *>(sinks.data()), DType::F32, {c.qHeads});
+}
+
+double BatchStep::scale() const {
+  return c.scale > 0.0f ? static_cast<double>(c.scale)
+                        : 1.0 / std::sqrt(static_cast<double>(c.dim));
 }
 
 BatchAttentionConfig BatchStep::config() const {
@@ -278,7 +299,7 @@ BatchStepCheck BatchStep::compare(const TensorView &out, const TensorView &lse,
     ref.qOffset = &qOffset[b];
     ref.mods = &mods;
     ref.context = &resolved.context();
-    ref.scale = 1.0 / std::sqrt(static_cast<double>(c.dim));
+    ref.scale = scale();
     ref.sinks = sinks.empty() ? nullptr : sinks.data();
     references.push_back(qLen > 0 ? cpu::referenceAttention(ref) : cpu::ReferenceResult{});
   }

@@ -55,6 +55,13 @@ struct BatchStepCase {
   /// a partial last page is each sequence's own copy). Every sequence must
   /// have at least this many keys.
   int32_t sharedPrefix = 0;
+  /// MLA's shared latent cache: V is the first vDim columns of each K row
+  /// (vDim <= dim). The cache has no V tensor; run() is given a view of the
+  /// K cache as v_cache (the same data pointer and strides, vDim wide).
+  bool valuesInKeys = false;
+  /// run()'s scale, which the reference uses too; 0: 1 / sqrt(dim) (the
+  /// call's default).
+  float scale = 0.0f;
 };
 
 /// A value in [-1, 1], never 0.
@@ -71,16 +78,20 @@ HostTensor nanTensor(DType type, std::vector<int64_t> shape);
 struct EngineCache {
   KVLayout layout;
   int64_t pages, pageSize, heads, dim, vDim;
+  /// V is the first vDim columns of K (MLA); v is then unused.
+  bool valuesInKeys;
   HostTensor k, v; // v unused for KVLayout::VLLM
 
   EngineCache(KVLayout layout, int64_t pages, int64_t pageSize, int64_t heads, int64_t dim,
-              int64_t vDim, DType type);
+              int64_t vDim, DType type, bool valuesInKeys = false);
   std::vector<int64_t> shape(int part) const;
   /// Writes element d of the key (part 0) or value (part 1) of `head` at
   /// `slot` of `page`.
   void set(int part, int64_t page, int64_t slot, int64_t head, int64_t d, float value);
   TensorView kView() { return k.view(); }
-  TensorView vView() { return layout == KVLayout::VLLM ? TensorView() : v.view(); }
+  /// The V cache run() is given: none for KVLayout::VLLM, a vDim-wide view
+  /// of K's memory for valuesInKeys.
+  TensorView vView();
 };
 
 /// Bindings of the test mods' declarations (TestMods.h), per sequence.
@@ -129,6 +140,9 @@ struct BatchStep {
   void plan(BatchAttention &attention) const;
   /// The sinks as a host f32 [Hq] view, or an empty view without them.
   TensorView sinksView() const;
+  /// The scale the reference uses and run() is given (c.scale, or
+  /// 1 / sqrt(dim)).
+  double scale() const;
   /// Compares out [T', Hq, Dv] and lse [T', Hq] (host tensors; lse rows past
   /// the plan's tokens must still be NaN) with the float64 reference,
   /// within the CPU kernels' tolerance or, with `cudaTolerance`, the CUDA

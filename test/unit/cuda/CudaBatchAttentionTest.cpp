@@ -14,13 +14,16 @@
 // through kv_dtype) against the reference on the dequantized values, and
 // each run's own scales; key ranges (kv_start, kv_end) and cascade levels
 // (token maps) merged on the device, and the global bytes a cascade reads
-// (the emulator's counters); and the CUDA path's refusals. The extended
+// (the emulator's counters); MLA decode (D 576, Dv 512, V a view of the
+// latent K cache; templates/MlaDecode.cuh) split and unsplit, with sinks;
+// and the CUDA path's refusals. The extended
 // tier adds a 1000-token chunk and head dim 256 on pages of 128.
 //
 //===----------------------------------------------------------------------===//
 #include "EmulatorEnvironment.h"
 #include "BatchStep.h"
 #include "DeviceStep.h"
+#include "TestMods.h"
 
 #include "cpu/Reference.h"
 #include "pagedc/BatchAttention.h"
@@ -40,6 +43,7 @@
 #include <fstream>
 #include <functional>
 #include <memory>
+#include <numeric>
 #include <optional>
 #include <random>
 #include <string>
@@ -518,13 +522,22 @@ std::pair<DeviceBuffer, DeviceBuffer> runInto(const BatchAttention &attention,
 /// inside the first tile and past a sequence's end), merged on the device:
 /// the float64 attention over all keys, through the decode kernel (and its
 /// splits) and the prefill tiles.
+BatchStepCase mlaCase(int64_t qHeads, std::vector<BatchSeq> seqs, int32_t pageSize,
+                      KVLayout layout, DType storage, const char *mask, const char *score,
+                      uint64_t seed);
+
 TEST(CudaBatchAttention, KvStartAndKvEndHalvesMergeToTheWhole) {
-  for (int variant = 0; variant < 2; ++variant) {
+  for (int variant = 0; variant < 3; ++variant) {
     // Long decode contexts (split keys), GQA 4, HND f16 under a document
     // mask and soft-cap; the mixed step, NHD bf16 under "holes" (every row
-    // with (q + h) % 3 == 0 masked).
+    // with (q + h) % 3 == 0 masked); MLA decode (the tail's keys start
+    // inside a tile: key 37).
     BatchStepCase c = mixedDocumentCase(120 + variant);
-    if (variant == 0) {
+    const bool mla = variant == 2;
+    if (mla) {
+      c = mlaCase(16, {{1, 300}, {3, 177}, {1, 90}}, 16, KVLayout::NHD, DType::BF16, "causal",
+                  "softcap", 122);
+    } else if (variant == 0) {
       c.seqs = {{1, 1900}, {6, 1337}, {0, 500}, {3, 30}, {40, 900}};
       c.dim = c.vDim = 128;
       c.layout = KVLayout::HND;
@@ -553,7 +566,7 @@ TEST(CudaBatchAttention, KvStartAndKvEndHalvesMergeToTheWhole) {
     planWith(tail, false);
     if (variant == 0)
       EXPECT_GT(tail.planShape().decodeSplits, 1);
-    EXPECT_GT(tail.planShape().prefillTiles, 0);
+    EXPECT_EQ(tail.planShape().prefillTiles > 0, !mla);
     DeviceStep device(step);
     TensorView headOut, headLse, tailOut, tailLse;
     auto headBuffers = runInto(head, device, headOut, headLse);
@@ -1148,6 +1161,172 @@ TEST(CudaBatchAttention, PrefixLmMaskGqa8PagesOf128) {
 /// one at the end of 700 keys, with decode and speculative rows around
 /// them: GQA 8, shuffled pages of 128, D 128, f16, HND, the prefix-LM mask
 /// and ALiBi (each row's own position counts).
+/// MLA decode (templates/MlaDecode.cuh): one latent KV head of 576
+/// columns whose first 512 are the values, v_cache a view of k_cache
+/// (checkOnDevice checks the kernel was given K's address for both), the
+/// caller's scale 1 / sqrt(192); Hq 16 and 32, 1- and 3-token steps,
+/// contexts of 70 to 300 keys off the page grid, pages of 1, 16 and 64
+/// shuffled, bf16 and f16, causal + soft-capping and holes (fully masked
+/// rows) + ALiBi, sinks, and long contexts split and merged.
+BatchStepCase mlaCase(int64_t qHeads, std::vector<BatchSeq> seqs, int32_t pageSize,
+                      KVLayout layout, DType storage, const char *mask, const char *score,
+                      uint64_t seed) {
+  BatchStepCase c;
+  c.seqs = std::move(seqs);
+  c.qHeads = qHeads;
+  c.kvHeads = 1;
+  c.dim = 576;
+  c.vDim = 512;
+  c.valuesInKeys = true;
+  c.scale = 1.0f / std::sqrt(192.0f);
+  c.pageSize = pageSize;
+  c.layout = layout;
+  c.storage = storage;
+  c.mask = mask;
+  c.score = score;
+  c.seed = seed;
+  return c;
+}
+
+TEST(CudaBatchAttention, MlaDecodeFromTheLatentCache) {
+  struct Variant {
+    int64_t qHeads;
+    std::vector<BatchSeq> seqs;
+    int32_t pageSize;
+    KVLayout layout;
+    DType storage;
+    const char *mask, *score;
+    bool sinks, split;
+  };
+  const Variant variants[] = {
+      {16, {{1, 70}, {3, 150}, {0, 12}, {1, 300}}, 16, KVLayout::NHD, DType::BF16, "causal",
+       "softcap", false, false},
+      {32, {{3, 95}, {1, 211}}, 1, KVLayout::Pagedc, DType::F16, "holes", "alibi", true, false},
+      {16, {{1, 1000}, {3, 777}}, 64, KVLayout::HND, DType::BF16, "holes", "softcap", true, true},
+  };
+  uint64_t seed = 500;
+  for (const Variant &v : variants) {
+    BatchStepCase c =
+        mlaCase(v.qHeads, v.seqs, v.pageSize, v.layout, v.storage, v.mask, v.score, ++seed);
+    c.sinks = v.sinks;
+    SCOPED_TRACE(fmt::format("Hq {} page {} {} {} {} + {}{}", v.qHeads, v.pageSize,
+                             kvLayoutName(v.layout), dtypeName(v.storage), v.mask, v.score,
+                             v.sinks ? ", sinks" : ""));
+    BatchPlanShape shape;
+    BatchStepCheck check = checkOnDevice(c, &shape);
+    EXPECT_STEP_MATCHES(check);
+    EXPECT_EQ(shape.decodeSplits > 1, v.split);
+    if (std::string(v.mask) == "holes") {
+      EXPECT_GT(check.maskedRows, 0) << check.describe();
+    }
+  }
+}
+
+/// The MLA grid covers the group's 8 tokens, but only the chunks of rows a
+/// step's entries have do work: the split plan counts those. 40 decodes of
+/// 4096 keys at Hq 16 are one working CTA each with 1 token, four with 8:
+/// the 1-token step's working CTAs, splits included, fit one wave of the
+/// device (one 124 KB CTA per SM), where counting the grid's empty chunks
+/// planned as for the 8-token step (plan only: nothing runs).
+TEST(CudaBatchAttention, MlaDecodeSplitsCountTheCtasThatWork) {
+  const int32_t batch = 40, keys = 4096, pages = keys / 16;
+  BatchAttentionConfig config;
+  config.numQHeads = 16;
+  config.numKVHeads = 1;
+  config.headDim = 576;
+  config.valueHeadDim = 512;
+  config.pageSize = 16;
+  config.layout = KVLayout::NHD;
+  config.maxNumSeqs = batch;
+  config.maxNumTokens = 8 * batch;
+  config.maxBlocksPerSeq = pages;
+  config.device = Device::cuda(0);
+  config.dtype = DType::BF16;
+  BatchAttention attention(testutil::makeTestMods("causal", ""), config);
+  std::vector<int32_t> lens(batch, keys), table(static_cast<size_t>(batch * pages));
+  std::iota(table.begin(), table.end(), 0);
+  auto splitsWith = [&](int32_t tokens) {
+    std::vector<int32_t> qsl(batch + 1);
+    for (int32_t b = 0; b <= batch; ++b)
+      qsl[b] = b * tokens;
+    attention.plan(TensorView(qsl.data(), DType::I32, {batch + 1}),
+                   TensorView(lens.data(), DType::I32, {batch}),
+                   TensorView(table.data(), DType::I32, {batch, pages}));
+    return attention.planShape().decodeSplits;
+  };
+  const int64_t one = splitsWith(1), eight = splitsWith(8);
+  const int sms = cudaDeviceInfo(0).multiprocessors;
+  EXPECT_LE(one * batch, sms) << "1-token splits " << one << " on " << sms << " SMs";
+  EXPECT_NE(one, eight) << "1-token and 8-token splits " << one;
+}
+
+/// MLA decode's refusals on CUDA, each naming what the kernel takes;
+/// nothing is written and the previous plan stays.
+TEST(CudaBatchAttention, MlaDecodeRefusals) {
+  BatchStepCase c = mlaCase(16, {{1, 40}, {2, 17}}, 16, KVLayout::NHD, DType::BF16, "causal", "",
+                            520);
+  BatchStep step(c);
+  auto expectError = [&](auto call, const std::string &needle) {
+    try {
+      call();
+      ADD_FAILURE() << "no error; expected one naming '" << needle << "'";
+    } catch (const Error &error) {
+      EXPECT_NE(std::string(error.what()).find(needle), std::string::npos)
+          << "message: " << error.what() << "\nexpected: " << needle;
+    }
+  };
+  const std::string takes = "the MLA decode kernel (head_dim 576) takes value_head_dim 512, "
+                            "num_kv_heads 1 and 16-bit latent caches";
+  BatchAttentionConfig config = cudaConfig(step);
+  config.valueHeadDim = 448;
+  expectError([&] { BatchAttention refused(step.mods, config); },
+              "value_head_dim 448 on CUDA: " + takes);
+  config = cudaConfig(step);
+  config.numKVHeads = 2;
+  config.numQHeads = 32;
+  expectError([&] { BatchAttention refused(step.mods, config); },
+              "num_kv_heads 2 on CUDA: " + takes);
+  config = cudaConfig(step);
+  config.kvDtype = DType::F8E4M3;
+  expectError([&] { BatchAttention refused(step.mods, config); },
+              "kv_dtype f8e4m3 on CUDA: " + takes);
+
+  config = cudaConfig(step);
+  config.maxNumTokens = 16;
+  BatchAttention attention(step.mods, config);
+  step.plan(attention);
+  // A 9-token sequence (prefill): refused, the plan stays.
+  std::vector<int32_t> qsl = {0, 9}, lens = {30};
+  std::vector<int32_t> table(static_cast<size_t>(step.columns), 0);
+  expectError(
+      [&] {
+        attention.plan(TensorView(qsl.data(), DType::I32, {2}),
+                       TensorView(lens.data(), DType::I32, {1}),
+                       TensorView(table.data(), DType::I32, {1, step.columns}));
+      },
+      "sequence 0 has 9 new tokens; MLA decode on CUDA (head_dim 576) takes at most 8");
+  EXPECT_EQ(attention.numTokens(), step.tokens);
+  DeviceStep device(step);
+  // V in memory of its own, and V a view of K starting 64 columns in.
+  DeviceBuffer separate(device.cache.size(), 0);
+  TensorView ownV(separate.data(), DType::BF16, device.vView.shape(), device.vView.strides(),
+                  Device::cuda(0));
+  const std::string alias = "v_cache must be a view of k_cache on CUDA at head_dim 576";
+  expectError(
+      [&] { attention.run(device.qView, device.kView, ownV, device.bindings, device.options()); },
+      alias);
+  TensorView shifted(static_cast<char *>(device.kView.data()) + 128, DType::BF16,
+                     device.vView.shape(), device.vView.strides(), Device::cuda(0));
+  expectError(
+      [&] {
+        attention.run(device.qView, device.kView, shifted, device.bindings, device.options());
+      },
+      alias);
+  auto [out, lse] = device.results();
+  for (int64_t i = 0; i < lse.numel(); ++i)
+    EXPECT_TRUE(std::isnan(lse.dataAs<float>()[i])) << i;
+}
+
 TEST(CudaBatchAttentionExtended, ChunksOf1000And300AtTheEndOfLongerContexts) {
   BatchStepCase c;
   c.seqs = {{1, 900}, {1000, 1337}, {5, 333}, {300, 700}, {0, 90}, {45, 45}};

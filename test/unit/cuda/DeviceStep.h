@@ -2,8 +2,9 @@
 //
 // Shared by the CUDA tests that run BatchAttention steps (cpu/BatchStep.h)
 // on the device: q, the cache's K and V in one allocation as an engine
-// holds them (8-bit caches as their codes, with their scales), out and lse
-// poisoned with NaN, the mods' buffers.
+// holds them (8-bit caches as their codes, with their scales; MLA's values
+// as a view of K), out and lse poisoned with NaN, the mods' buffers, the
+// case's sinks and scale.
 //
 //===----------------------------------------------------------------------===//
 #ifndef PAGEDC_TEST_UNIT_CUDA_DEVICESTEP_H
@@ -27,6 +28,9 @@ namespace pagedc::test {
 /// kv_dtype when the case says so, and its scales).
 struct DeviceStep {
   DeviceBuffer q, cache, out, lse, doc, slopes, prefix;
+  std::optional<float> scale; // the case's, when it gives one
+  DeviceBuffer sinks;         // the step's sinks (c.sinks), on the device
+  TensorView sinksView;
   TensorView qView, kView, vView, outView, lseView;
   Bindings bindings;
   const void *kernelK = nullptr, *kernelV = nullptr; // what the kernel must read
@@ -51,12 +55,20 @@ struct DeviceStep {
     }
     if (c.asU8)
       kvDtype = c.kvFloat8;
+    if (c.scale > 0.0f)
+      scale = c.scale;
+    if (!step.sinks.empty()) {
+      sinks = DeviceBuffer(step.sinks.size() * 4, 0);
+      sinks.upload(step.sinks.data(), step.sinks.size() * 4);
+      sinksView = TensorView(sinks.data(), DType::F32, {c.qHeads}, device);
+    }
     q = DeviceBuffer(bytesOf(step.q), 0);
     q.upload(step.q.data(), bytesOf(step.q));
     qView = TensorView(q.data(), c.storage, step.q.shape(), step.q.view().strides(), device);
     // K then V (the vLLM layout's one tensor holds both already).
     const size_t kBytes = bytesOf(step.cache->k);
-    const size_t vBytes = c.layout == KVLayout::VLLM ? 0 : bytesOf(step.cache->v);
+    const size_t vBytes =
+        c.layout == KVLayout::VLLM || c.valuesInKeys ? 0 : bytesOf(step.cache->v);
     cache = DeviceBuffer(kBytes + vBytes, 0);
     cache.upload(step.cache->k.data(), kBytes);
     if (vBytes)
@@ -67,6 +79,12 @@ struct DeviceStep {
     kernelK = base;
     if (c.layout == KVLayout::VLLM) {
       kernelV = base + kBytes / 2;
+    } else if (c.valuesInKeys) {
+      // MLA: V is a view of K's memory, its first vDim columns.
+      std::vector<int64_t> vShape = step.cache->k.shape();
+      vShape.back() = c.vDim;
+      vView = TensorView(base, cacheType, vShape, step.cache->k.view().strides(), device);
+      kernelV = base;
     } else {
       vView = TensorView(base + kBytes, cacheType, step.cache->v.shape(),
                          step.cache->v.view().strides(), device);
@@ -106,6 +124,8 @@ struct DeviceStep {
     options.kScale = kScale;
     options.vScale = vScale;
     options.kvDtype = kvDtype;
+    options.scale = scale;
+    options.sinks = sinksView;
     return options;
   }
   BatchRunOptions options() const { return options(outView, lseView); }
@@ -124,7 +144,9 @@ struct DeviceStep {
   /// engine does before it replays a captured step.
   void reload(const testutil::BatchStep &step) {
     const size_t kBytes = bytesOf(step.cache->k);
-    const size_t vBytes = step.c.layout == KVLayout::VLLM ? 0 : bytesOf(step.cache->v);
+    const size_t vBytes = step.c.layout == KVLayout::VLLM || step.c.valuesInKeys
+                              ? 0
+                              : bytesOf(step.cache->v);
     ASSERT_EQ(bytesOf(step.q), q.size());
     ASSERT_EQ(kBytes + vBytes, cache.size());
     ASSERT_EQ(step.bindings->documents.size() * 4, doc.size());

@@ -188,6 +188,30 @@ TEST(EmuHeadDimErrors, UnsupportedHeadDimNamesTheSupportedOnes) {
   }
 }
 
+/// flexAttention at MLA's widths (D 576, Dv 512) is refused with a pointer
+/// to BatchAttention, which runs MLA decode.
+TEST(EmuHeadDimErrors, MlaWidthsPointToTheBatchCall) {
+  CompiledMods mods = testutil::makeTestMods("causal", "");
+  testutil::AttentionConfig config;
+  config.device = Device::cuda(0);
+  config.kvHeads = 1;
+  config.dim = 576;
+  config.vDim = 512;
+  config.qLength = 1;
+  config.storage = DType::BF16;
+  testutil::TestBindings bindings(config.batch, config.qHeads, 64, 1);
+  try {
+    testutil::checkPagedAttention(mods, bindings.context(), config);
+    ADD_FAILURE() << "head dim 576 ran";
+  } catch (const Error &error) {
+    const std::string what = error.what();
+    EXPECT_NE(what.find("not 576; MLA decode (head dim 576, the values the latent rows' first "
+                        "512 columns) runs through BatchAttention"),
+              std::string::npos)
+        << what;
+  }
+}
+
 /// The warpgroup prefill keeps its head dims; KernelConfig names the
 /// mma.sync tiles for the others, and an sm_90 target picks them there.
 TEST(EmuHeadDimErrors, WarpgroupTilesTakeTheirOwnHeadDims) {

@@ -329,6 +329,45 @@ TEST(NvrtcCompile, PackedBatchKernelsCompileWithoutSpills) {
   }
 }
 
+/// The MLA decode kernel (templates/MlaDecode.cuh: D 576, Dv 512, 8 warps
+/// of 64 output floats and 9 Q fragments each) and its merge compile for
+/// sm_80 and sm_90 without spills: bf16 and f16, no mod, causal and
+/// soft-capping, groups of 16 and 128 query heads, BatchAttention's 8
+/// tokens.
+TEST(NvrtcCompile, MlaDecodeKernelsCompileWithoutSpills) {
+  REQUIRE_NVRTC();
+  std::vector<Case> cases;
+  for (const char *mod : {"none", "causal", "softcap"})
+    for (const char *arch : {"sm_80", "sm_90"})
+      for (DType element : {DType::BF16, DType::F16}) {
+        Case c;
+        c.mod = mod;
+        c.config.kind = KernelKind::Decode;
+        c.config.elementType = element;
+        c.config.headDim = KernelConfig::kMlaKeyDim;
+        c.config.valueHeadDim = KernelConfig::kMlaValueDim;
+        c.config.blockN = 64;
+        c.config.groupSize = element == DType::BF16 ? 128 : 16;
+        c.config.queryTokens = 8;
+        c.config.returnLse = true;
+        c.config.packedBatch = true;
+        c.arch = arch;
+        ASSERT_TRUE(c.config.isMlaDecode());
+        cases.push_back(c);
+      }
+  std::vector<Outcome> outcomes = compileAll(cases, workerCount());
+  for (size_t i = 0; i < cases.size(); ++i) {
+    ASSERT_EQ(outcomes[i].error, "") << cases[i].label();
+    ASSERT_EQ(outcomes[i].reports.size(), 2u) << cases[i].label();
+    for (const PtxasKernelReport &report : outcomes[i].reports) {
+      EXPECT_EQ(report.spillStoreBytes, 0) << cases[i].label() << " " << report.kernel;
+      EXPECT_EQ(report.spillLoadBytes, 0) << cases[i].label() << " " << report.kernel;
+      std::printf("%s %s: %d registers\n", cases[i].label().c_str(), report.kernel.c_str(),
+                  report.registers);
+    }
+  }
+}
+
 /// flexAttention's decode over 8-bit float caches (both formats, f16 and
 /// bf16 q, GQA 1 and 4, 1 and 3 tokens), and the prefill tile of each head
 /// dim, compile for sm_80 (the integer
