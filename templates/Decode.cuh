@@ -158,10 +158,12 @@ using DecodeTile = DecodeLayout<kDecodeTma>::Type;
 constexpr int kDecodeQBytes = kPaddedRows * kTileRowBytes;
 constexpr int kDecodeStageBytes = kDecodeTileN * kTileRowBytes;
 constexpr int kDecodeClassBytes = kPaddedRows * kMaxSplitBlocks;
-/// One tile of 8-bit codes: rows of kHeadDim bytes.
-constexpr int kDecodeCodeBytes = kDecodeTileN * kHeadDim;
-static_assert(kKvFloat8 == 0 || 2 * kDecodeCodeBytes == kDecodeStageBytes,
-              "two tiles of codes fill a stage");
+/// The room of one tile of 8-bit codes (rows of kHeadDim bytes for K,
+/// kValueHeadDim for V): half a stage, so two tiles of codes fit in one.
+constexpr int kDecodeCodeBytes = kDecodeStageBytes / 2;
+static_assert(kDecodeTileN * (kHeadDim > kValueHeadDim ? kHeadDim : kValueHeadDim) <=
+                  kDecodeCodeBytes,
+              "a tile of codes fits in half a stage");
 
 /// Identifies decode row `row` (0..kPaddedRows): its query head and token,
 /// and whether it exists.
