@@ -156,8 +156,7 @@ constexpr int kDecodeRunReversed = kDecodeTileN - kDecodeBoxRows;
 /// rows, where kDecodeTma is off); in atoms it does not.
 template <bool kAtoms> struct DecodeLayout { using Type = SwizzledRows; };
 template <> struct DecodeLayout<true> { using Type = AtomTile<kDecodeTileN>; };
-constexpr bool kDecodeAtoms =
-    kDecodeTma || (kPackedBatch && kHeadDim > 128 && kKvFloat8 == 0);
+constexpr bool kDecodeAtoms = kDecodeTma || (kPackedBatch && kHeadDim > 128 && kKvFloat8 == 0);
 using DecodeTile = DecodeLayout<kDecodeAtoms>::Type;
 
 /// Byte sizes of the decode CTA's shared-memory regions.

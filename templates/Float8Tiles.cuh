@@ -56,8 +56,8 @@ template <int kRows, int kThreads> struct Float8TileCopier {
                                  int thread, const int64_t (&k_stride)[3],
                                  const int64_t (&v_stride)[3])
       : first_row(thread / kThreadsPerRow),
-        column(static_cast<uint32_t>(thread % kThreadsPerRow) * 16), k_page_bytes(k_stride[1]), k_slot_bytes(k_stride[2]), v_page_bytes(v_stride[1]),
-        v_slot_bytes(v_stride[2]) {
+        column(static_cast<uint32_t>(thread % kThreadsPerRow) * 16), k_page_bytes(k_stride[1]),
+        k_slot_bytes(k_stride[2]), v_page_bytes(v_stride[1]), v_slot_bytes(v_stride[2]) {
     k_bytes = static_cast<const char *>(k_head) + column;
     v_bytes = static_cast<const char *>(v_head) + column;
     opaque(k_bytes);

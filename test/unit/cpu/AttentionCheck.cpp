@@ -223,8 +223,8 @@ AttentionCheckResult checkPagedAttention(const CompiledMods &mods,
   };
   TensorView qView = logicalView(q, c.dim);
 
-  cpu::PagedCache cache = cpu::buildPagedCache(k.view(), v.view(), kvLengths.data(), c.pageSize,
-                                               kvValues, c.seed);
+  cpu::PagedCache cache =
+      cpu::buildPagedCache(k.view(), v.view(), kvLengths.data(), c.pageSize, kvValues, c.seed);
   if (c.kvFloat8)
     for (HostTensor *tensor : {&cache.kCache, &cache.vCache}) {
       // The codes of the values (unused slots' NaN: the NaN code).

@@ -109,8 +109,7 @@ struct Float8Cache {
 };
 
 Float8Cache makeCache(const Case &c, std::mt19937 &rng) {
-  const int64_t batch = static_cast<int64_t>(c.lengths.size()), dim = c.headDim,
-                vDim = c.vDim();
+  const int64_t batch = static_cast<int64_t>(c.lengths.size()), dim = c.headDim, vDim = c.vDim();
   int64_t longest = 0, pages = 0;
   for (int32_t n : c.lengths) {
     longest = std::max<int64_t>(longest, n);
@@ -209,8 +208,7 @@ void checkCase(const Case &c, uint32_t seed) {
   SCOPED_TRACE(label(c));
   std::mt19937 rng(seed);
   Float8Cache made = makeCache(c, rng);
-  const int64_t batch = static_cast<int64_t>(c.lengths.size()), dim = c.headDim,
-                vDim = c.vDim();
+  const int64_t batch = static_cast<int64_t>(c.lengths.size()), dim = c.headDim, vDim = c.vDim();
   const int64_t rows = batch * c.qHeads * c.qLength;
 
   // q in the kernel's element type; the reference reads the same values.
@@ -356,8 +354,7 @@ TEST(CudaFloat8, HeadDimsNotMultiplesOf64AndNarrowerValues) {
       {DType::F8E4M3, true, DType::BF16, 80, 16, 8, 1, {300, 77, 161}, "causal", "softcap", 3},
       {DType::F8E5M2, false, DType::F16, 96, 1, 2, 3, {45, 130}, "holes", "", 0},
       {DType::F8E4M3, true, DType::BF16, 112, 128, 8, 45, {300, 45}, "document", "alibi", 0},
-      {DType::F8E5M2, true, DType::BF16, 192, 16, 8, 1, {1100, 70}, "holes", "", 4, 0, false,
-       128},
+      {DType::F8E5M2, true, DType::BF16, 192, 16, 8, 1, {1100, 70}, "holes", "", 4, 0, false, 128},
       {DType::F8E4M3, false, DType::F16, 192, 1, 2, 70, {70, 99}, "sliding", "", 0, 0, false, 128},
       {DType::F8E5M2, true, DType::F16, 80, 128, 2, 45, {45, 200}, "holes", "softcap", 0},
       // Two code chunks a row: more threads than the tile's rows need.
