@@ -149,19 +149,26 @@ constexpr int kDecodeRunReversed = kDecodeTileN - kDecodeBoxRows;
 /// The K/V tiles' layout: with tensor maps, 64 rows in 128-byte swizzled
 /// atoms, where their boxes land (and the gather writes alike); else rows
 /// of kTileRowBytes (tile_offset), whose addresses cost the gather fewer
-/// instructions (about 15 SASS per copy-loop trip at head dim 128).
+/// instructions (about 15 SASS per copy-loop trip at head dim 128). A
+/// packed batch's 16-bit kernel above head dim 128 takes the atoms even
+/// without tensor maps: in rows, ptxas spilled it on sm_90 (8 bytes stored,
+/// 64 loaded, at head dim 256 under a document mask, on pages under 16
+/// rows, where kDecodeTma is off); in atoms it does not.
 template <bool kAtoms> struct DecodeLayout { using Type = SwizzledRows; };
 template <> struct DecodeLayout<true> { using Type = AtomTile<kDecodeTileN>; };
-using DecodeTile = DecodeLayout<kDecodeTma>::Type;
+constexpr bool kDecodeAtoms = kDecodeTma || (kPackedBatch && kHeadDim > 128 && kKvFloat8 == 0);
+using DecodeTile = DecodeLayout<kDecodeAtoms>::Type;
 
 /// Byte sizes of the decode CTA's shared-memory regions.
 constexpr int kDecodeQBytes = kPaddedRows * kTileRowBytes;
 constexpr int kDecodeStageBytes = kDecodeTileN * kTileRowBytes;
 constexpr int kDecodeClassBytes = kPaddedRows * kMaxSplitBlocks;
-/// One tile of 8-bit codes: rows of kHeadDim bytes.
-constexpr int kDecodeCodeBytes = kDecodeTileN * kHeadDim;
-static_assert(kKvFloat8 == 0 || 2 * kDecodeCodeBytes == kDecodeStageBytes,
-              "two tiles of codes fill a stage");
+/// The room of one tile of 8-bit codes (rows of kHeadDim bytes for K,
+/// kValueHeadDim for V): half a stage, so two tiles of codes fit in one.
+constexpr int kDecodeCodeBytes = kDecodeStageBytes / 2;
+static_assert(kDecodeTileN * (kHeadDim > kValueHeadDim ? kHeadDim : kValueHeadDim) <=
+                  kDecodeCodeBytes,
+              "a tile of codes fits in half a stage");
 
 /// Identifies decode row `row` (0..kPaddedRows): its query head and token,
 /// and whether it exists.

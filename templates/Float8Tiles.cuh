@@ -1,12 +1,14 @@
 //===- Float8Tiles.cuh - K/V tiles of 8-bit float codes ---------*- CUDA -*-===//
 //
 // The mma.sync kernels' path for 8-bit float caches (pagedc_config::kKvFloat8):
-// a tile's codes are gathered with cp.async into rows of kHeadDim bytes (half
-// a 16-bit tile, so both stages' codes fit in a kernel's second K and V
-// stage), and after the wait converted (Float8.cuh) into K and V tiles of
-// Element in the first stage, laid out as the kernel's math reads them. The
-// kernels apply the KV head's scales in f32: K's with the call's scale to
-// the scores, V's to the output rows.
+// a tile's codes are gathered with cp.async into rows of kHeadDim bytes for
+// K and kValueHeadDim bytes for V (at most half a 16-bit tile row, so both
+// stages' codes fit in a kernel's second K and V stage), and after the wait
+// converted (Float8.cuh) into K and V tiles of Element in the first stage,
+// laid out as the kernel's math reads them. Rows are whole 16-code chunks
+// (head dims are multiples of 16), not necessarily of 64 codes. The kernels
+// apply the KV head's scales in f32: K's with the call's scale to the
+// scores, V's to the output rows.
 //
 //===----------------------------------------------------------------------===//
 
@@ -14,17 +16,32 @@ namespace pagedc {
 
 constexpr int kKvFloat8 = pagedc_config::kKvFloat8;
 
+/// 16-code chunks of a row of K codes and of V codes.
+constexpr int kKeyCodeChunks = kHeadDim / 16;
+constexpr int kValueCodeChunks = kValueHeadDim / 16;
+
 /// Gathers 8-bit float K/V rows [kv_begin, kv_begin + kRows) of one KV head
-/// into two tiles of codes (rows of kHeadDim bytes), as KvTileCopier does
-/// for Element tiles: rows at or past kv_len and rows whose bit in
-/// keep_rows is clear are zero-filled (code 0 is +0) and never read. A
-/// thread copies 16 codes of every kRowStep-th row; pages and slots are
-/// k_stride[1] and k_stride[2] bytes apart (V's alike).
+/// into two tiles of codes (rows of kHeadDim and kValueHeadDim bytes), as
+/// KvTileCopier does for Element tiles: rows at or past kv_len and rows
+/// whose bit in keep_rows is clear are zero-filled (code 0 is +0) and never
+/// read. A row is copied by kThreadsPerRow threads, 16 codes each: the
+/// wider row's chunks rounded up to a power of two, so that threads divide
+/// into whole rows (a thread whose chunk is past a tensor's row copies
+/// nothing of it: 3 of 8 at head dim 80), and at least kThreads / kRows, so
+/// that no thread's first row is past the tile (head dim 32). Pages and
+/// slots are k_stride[1] and k_stride[2] bytes apart (V's alike).
 template <int kRows, int kThreads> struct Float8TileCopier {
-  static constexpr int kThreadsPerRow = kHeadDim / 16;
+  static constexpr int kRowChunks =
+      kKeyCodeChunks > kValueCodeChunks ? kKeyCodeChunks : kValueCodeChunks;
+  static constexpr int kCopyChunks = kRowChunks <= 2   ? 2
+                                     : kRowChunks <= 4 ? 4
+                                     : kRowChunks <= 8 ? 8
+                                                       : 16;
+  static constexpr int kThreadsPerRow =
+      kCopyChunks > kThreads / kRows ? kCopyChunks : kThreads / kRows;
   static constexpr int kRowStep = kThreads / kThreadsPerRow;
-  // Checked only where 8-bit caches are read (the runtime takes them at
-  // head dims 64, 128 and 256): other kernels construct the copier unused.
+  // Checked only where 8-bit caches are read: other kernels construct the
+  // copier unused.
   static_assert(kKvFloat8 == 0 ||
                     (kThreads % kThreadsPerRow == 0 && kRows % kRowStep == 0 && kRows <= 64),
                 "uneven code tile load");
@@ -35,7 +52,7 @@ template <int kRows, int kThreads> struct Float8TileCopier {
   int64_t k_page_bytes, k_slot_bytes, v_page_bytes, v_slot_bytes;
 
   PAGEDC_DEVICE Float8TileCopier(const void *k_head, // [pages, page_size, D] codes
-                                 const void *v_head, // [pages, page_size, D] codes
+                                 const void *v_head, // [pages, page_size, Dv] codes
                                  int thread, const int64_t (&k_stride)[3],
                                  const int64_t (&v_stride)[3])
       : first_row(thread / kThreadsPerRow),
@@ -60,29 +77,34 @@ template <int kRows, int kThreads> struct Float8TileCopier {
       const int64_t slot = kv & (kPageSize - 1);
       const char *k_source = k_bytes + (valid ? page * k_page_bytes + slot * k_slot_bytes : 0);
       const char *v_source = v_bytes + (valid ? page * v_page_bytes + slot * v_slot_bytes : 0);
-      const uint32_t offset = static_cast<uint32_t>(row * kHeadDim) + column;
-      cp_async_16(k_codes + offset, k_source, valid ? 16 : 0);
-      cp_async_16(v_codes + offset, v_source, valid ? 16 : 0);
+      const uint32_t k_offset = static_cast<uint32_t>(row * kHeadDim) + column;
+      const uint32_t v_offset = static_cast<uint32_t>(row * kValueHeadDim) + column;
+      if (kThreadsPerRow == kKeyCodeChunks || column < 16 * kKeyCodeChunks)
+        cp_async_16(k_codes + k_offset, k_source, valid ? 16 : 0);
+      if (kThreadsPerRow == kValueCodeChunks || column < 16 * kValueCodeChunks)
+        cp_async_16(v_codes + v_offset, v_source, valid ? 16 : 0);
     }
   }
 };
 
 /// Converts one tile of kRows rows of 8-bit K codes and one of V codes
-/// (rows of kHeadDim bytes at k_codes, v_codes) into the Element tiles at
-/// k_tile, v_tile (`Layout`: offset of a row's 16-byte chunk): 16 codes in,
-/// two chunks out per step.
+/// (rows of kHeadDim and kValueHeadDim bytes at k_codes, v_codes) into the
+/// Element tiles at k_tile, v_tile (`Layout`: offset of a row's 16-byte
+/// chunk): 16 codes in, two chunks out per step, K's steps first.
 template <int kRows, int kThreads, typename Layout>
 PAGEDC_DEVICE void convert_code_tiles(unsigned char *k_tile, unsigned char *v_tile,
                                       const unsigned char *k_codes,
                                       const unsigned char *v_codes, int thread) {
-  constexpr int kCodeChunks = kHeadDim / 16;
+  constexpr int kKeySteps = kRows * kKeyCodeChunks;
 #pragma unroll 2
-  for (int index = thread; index < 2 * kRows * kCodeChunks; index += kThreads) {
-    const bool is_v = index >= kRows * kCodeChunks;
-    const int at = is_v ? index - kRows * kCodeChunks : index;
-    const int row = at / kCodeChunks, chunk = at % kCodeChunks;
+  for (int index = thread; index < kKeySteps + kRows * kValueCodeChunks; index += kThreads) {
+    const bool is_v = index >= kKeySteps;
+    const int at = is_v ? index - kKeySteps : index;
+    // (Constants where K's and V's rows are as wide.)
+    const int row_chunks = is_v ? kValueCodeChunks : kKeyCodeChunks;
+    const int row = at / row_chunks, chunk = at % row_chunks;
     Chunk16 codes, low, high;
-    copy_chunk16(&codes, (is_v ? v_codes : k_codes) + row * kHeadDim + chunk * 16);
+    copy_chunk16(&codes, (is_v ? v_codes : k_codes) + row * (16 * row_chunks) + chunk * 16);
 #pragma unroll
     for (int word = 0; word < 4; ++word) {
       uint32_t *into = word < 2 ? &low.word[2 * word] : &high.word[2 * word - 4];

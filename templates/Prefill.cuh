@@ -270,7 +270,7 @@ extern "C" __global__ void __launch_bounds__(pagedc::kPrefillThreads, 1)
       cp_async_wait<1>();
       __syncthreads();
       if constexpr (kKvFloat8 != 0) {
-        unsigned char *k_first = shared + kBlockM * kRowBytes;
+        unsigned char *k_first = shared + kBlockM * kTileRowBytes;
         unsigned char *v_first = k_first + 2 * kStageBytes;
         convert_code_tiles<kBlockN, kPrefillThreads, SwizzledRows>(
             k_first, v_first, k_first + code_offset(stage), v_first + code_offset(stage),

@@ -69,8 +69,8 @@ class BatchAttention:
     "cpu", or a CUDA device ("cuda:N", or "emu": the SIMT emulator's), where
     ``dtype`` ("bf16" or "f16") is the element type of q, the caches and out
     (``kv_dtype`` "float8_e4m3fn" / "float8_e5m2": the caches hold 8-bit
-    floats instead, read with ``run``'s ``k_scale`` / ``v_scale``; head dims
-    64, 128, 256; ``out_dtype`` "f32": out is float32), the mods need CUDA
+    floats instead, read with ``run``'s ``k_scale`` / ``v_scale``, at every CUDA
+    head dim; ``out_dtype`` "f32": out is float32), the mods need CUDA
     code (``compile(..., cuda=True)``), every tensor is in that device's
     memory (read in place) and ``run`` enqueues on the call's stream and
     returns without waiting (docs/python.md, "CUDA memory"). The CPU

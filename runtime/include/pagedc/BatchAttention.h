@@ -98,9 +98,9 @@ struct BatchAttentionConfig {
   /// kernels are built for it at construction). The CPU backend ignores it
   /// and takes q's type at run().
   DType dtype = DType::BF16;
-  /// CUDA: the caches hold 8-bit floats of this type (F8E4M3, F8E5M2; head
-  /// dims 64, 128, 256), read with run()'s kScale and vScale and computed
-  /// on as dtype; unset: they hold dtype. The kernels are built for it at
+  /// CUDA: the caches hold 8-bit floats of this type (F8E4M3, F8E5M2; every
+  /// CUDA head dim), read with run()'s kScale and vScale and computed on as
+  /// dtype; unset: they hold dtype. The kernels are built for it at
   /// construction. The CPU backend ignores it and takes the caches' types
   /// (and BatchRunOptions::kvDtype) at run().
   std::optional<DType> kvDtype;

@@ -131,11 +131,6 @@ CudaBatchBackend::CudaBatchBackend(const CompiledMods &mods, const BatchAttentio
     throw Error(fmt::format("kv_dtype must be an 8-bit float type (f8e4m3, f8e5m2) or unset "
                             "(the caches hold dtype) but is {}",
                             dtypeName(*c.kvDtype)));
-  // The code tiles are rows of head_dim bytes, 16 codes a copy
-  // (Float8Tiles.cuh), checked at these head dims.
-  if (c.kvDtype && c.headDim != 64 && c.headDim != 128 && c.headDim != 256)
-    throw Error(fmt::format("kv_dtype {} on CUDA takes head_dim 64, 128 or 256, not {}",
-                            dtypeName(*c.kvDtype), c.headDim));
   std::string reason;
   if (!CudaDriver::available(&reason))
     throw Error(

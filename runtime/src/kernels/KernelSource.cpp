@@ -358,11 +358,6 @@ void KernelConfig::validate() const {
                             dtypeName(*kvFloat8),
                             warpRows == 64 ? "the warpgroup prefill tiles (...x64)"
                                            : "the block-mask builder"));
-  // The code tiles (Float8Tiles.cuh) are rows of kHeadDim bytes for K and
-  // V alike, checked at the head dims below.
-  if (kvFloat8 && (valueDim() != headDim || (headDim != 64 && headDim != 128 && headDim != 256)))
-    throw Error(fmt::format("{} caches are read at D = Dv in 64, 128 and 256, not D {} Dv {}",
-                            dtypeName(*kvFloat8), headDim, valueDim()));
   if (!isCudaHeadDim(headDim) && !isMlaDecode())
     throw Error(fmt::format("head dim {} is not supported by the CUDA kernels; they take {}",
                             headDim, cudaHeadDimsText()));

@@ -243,8 +243,11 @@ AttentionCheckResult checkPagedAttention(const CompiledMods &mods,
                                            ? std::vector<int64_t>{c.batch, c.qLength, c.qHeads, c.dim}
                                            : std::vector<int64_t>{c.batch, c.qHeads, c.qLength, c.dim};
   HostTensor q = randomTensor(c.storage, qStorageShape, c.range, rng);
-  HostTensor k = randomTensor(c.storage, {c.batch, c.kvHeads, kvCapacity, c.dim}, c.range, rng);
-  HostTensor v = randomTensor(c.storage, {c.batch, c.kvHeads, kvCapacity, c.vDim}, c.range, rng);
+  if (c.denseKV && c.kvFloat8)
+    throw Error("checkPagedAttention: denseKV and kvFloat8 do not combine");
+  const DType kvValues = c.kvFloat8 ? DType::F32 : c.storage;
+  HostTensor k = randomTensor(kvValues, {c.batch, c.kvHeads, kvCapacity, c.dim}, c.range, rng);
+  HostTensor v = randomTensor(kvValues, {c.batch, c.kvHeads, kvCapacity, c.vDim}, c.range, rng);
   // Dense keys stored [B, S, Hkv, D]: the same random values, and views
   // [B, Hkv, S, D] of them through strides.
   HostTensor kStored, vStored;
@@ -269,6 +272,34 @@ AttentionCheckResult checkPagedAttention(const CompiledMods &mods,
               storeNaN(view, b * view.stride(0) + h * view.stride(1) + j * view.stride(2) +
                                  d * view.stride(3));
   }
+  // An 8-bit cache: k and v become the codes' values (exact in f32, what
+  // the cache stores) and kDequantized / vDequantized code x scale (the
+  // reference's). Scales differ per KV head and put the values' codes well
+  // inside both formats' normal range.
+  std::vector<float> kScale, vScale;
+  HostTensor kDequantized, vDequantized;
+  if (c.kvFloat8) {
+    if (!isFloat8(*c.kvFloat8))
+      throw Error("checkPagedAttention: kvFloat8 must be f8e4m3 or f8e5m2");
+    for (int64_t h = 0; h < c.kvHeads; ++h) {
+      kScale.push_back(c.range / 100.0f * (1.0f + 0.5f * static_cast<float>(h)));
+      vScale.push_back(c.range / 60.0f * (1.0f + 0.25f * static_cast<float>(h)));
+    }
+    auto quantize = [&](HostTensor &values, const std::vector<float> &scales) {
+      HostTensor dequantized(DType::F64, values.shape());
+      const int64_t perHead = values.shape()[2] * values.shape()[3];
+      for (int64_t i = 0; i < values.numel(); ++i) {
+        const float scale = scales[(i / perHead) % c.kvHeads];
+        const float code = float8ToFloat(
+            floatToFloat8(values.dataAs<float>()[i] / scale, *c.kvFloat8), *c.kvFloat8);
+        values.dataAs<float>()[i] = code;
+        dequantized.dataAs<double>()[i] = static_cast<double>(code) * scale;
+      }
+      return dequantized;
+    };
+    kDequantized = quantize(k, kScale);
+    vDequantized = quantize(v, vScale);
+  }
   auto logicalView = [&](HostTensor &tensor, int64_t inner) {
     if (!c.transposedQueryLayout)
       return tensor.view();
@@ -279,8 +310,16 @@ AttentionCheckResult checkPagedAttention(const CompiledMods &mods,
 
   cpu::PagedCache cache;
   if (!c.denseKV)
-    cache = cpu::buildPagedCache(k.view(), v.view(), kvLengths.data(), c.pageSize, c.storage,
+    cache = cpu::buildPagedCache(k.view(), v.view(), kvLengths.data(), c.pageSize, kvValues,
                                  c.seed);
+  if (c.kvFloat8)
+    for (HostTensor *tensor : {&cache.kCache, &cache.vCache}) {
+      // The codes of the values (unused slots' NaN: the NaN code).
+      HostTensor codes(*c.kvFloat8, tensor->shape());
+      for (int64_t i = 0; i < tensor->numel(); ++i)
+        codes.dataAs<uint8_t>()[i] = floatToFloat8(tensor->dataAs<float>()[i], *c.kvFloat8);
+      *tensor = std::move(codes);
+    }
 
   BlockMask blockMask;
   if (c.withBlockMask) {
@@ -306,6 +345,10 @@ AttentionCheckResult checkPagedAttention(const CompiledMods &mods,
   args.q = qView;
   args.kCache = cache.kCache.view();
   args.vCache = cache.vCache.view();
+  if (c.kvFloat8) {
+    args.kScale = kScale.data();
+    args.vScale = vScale.data();
+  }
   args.pageTable = cache.pageTable.data();
   args.pageTableStride = cache.pageTableStride;
   args.pageSize = cache.pageSize;
@@ -334,8 +377,8 @@ AttentionCheckResult checkPagedAttention(const CompiledMods &mods,
 
   cpu::ReferenceArgs referenceArgs;
   referenceArgs.q = qView;
-  referenceArgs.k = kView;
-  referenceArgs.v = vView;
+  referenceArgs.k = c.kvFloat8 ? kDequantized.view() : kView;
+  referenceArgs.v = c.kvFloat8 ? vDequantized.view() : vView;
   referenceArgs.kvLength = kvLengths.data();
   referenceArgs.qOffset = qOffsets.data();
   referenceArgs.mods = &mods;

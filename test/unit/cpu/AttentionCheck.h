@@ -15,6 +15,7 @@
 #include "pagedc/Mods.h"
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -36,6 +37,11 @@ struct AttentionConfig {
   /// Storage of q, K and V: F32, BF16 or F16. The reference reads the same
   /// (rounded) values.
   DType storage = DType::F32;
+  /// F8E4M3 or F8E5M2: K and V are stored as 8-bit float codes with a scale
+  /// per KV head instead (random values quantized, round to nearest even and
+  /// saturating, as PagedKVCache::assign does); the reference reads the
+  /// dequantized values (code x scale), q and out stay in `storage`.
+  std::optional<DType> kvFloat8;
   /// Where the paged attention runs: the CPU backend, or cuda:N through the
   /// runtime's CUDA backend (the GPU kernels; on a machine without a GPU, the
   /// SIMT emulator's driver). CUDA needs storage and outType BF16 or F16

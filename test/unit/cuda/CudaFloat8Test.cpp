@@ -1,18 +1,18 @@
 //===- CudaFloat8Test.cpp - 8-bit float KV caches on the CUDA decode ------===//
 //
 // flexAttention over f8e4m3 and f8e5m2 caches on a CUDA device (the decode
-// kernel and the prefill's mma.sync tiles), run on the
-// SIMT emulator (PAGEDC_CUDA_DRIVER=emu) with every checker on (memcheck,
-// racecheck, initcheck, synccheck: a report fails the launch and so the
-// case), against the float64 reference computed on the dequantized values
-// (code x scale): per-tensor and per-head scales, bf16 and f16 q, prefill
-// (45 and 70 query rows), 1- and 3-token decode, split-KV (the split factor
-// raised), pages of 1, 16 and
-// 128 slots in shuffled order, GQA 1 and 4, head dims 64 and 128, lengths
-// that are not multiples of the page or the tile, mask and score mods, out
-// and lse; attention sinks with 8-bit caches (decode with one split and
-// several, 3-token decode, prefill); and the refusals (a warpgroup prefill tile asked for, values on
-// the device, missing or bad scales), which leave out as it was.
+// kernel and the prefill's mma.sync tiles), run on the SIMT emulator
+// (PAGEDC_CUDA_DRIVER=emu) with every checker on (memcheck, racecheck,
+// initcheck, synccheck: a report fails the launch and so the case), against
+// the float64 reference computed on the dequantized values (code x scale):
+// per-tensor and per-head scales, bf16 and f16 q, prefill (45 and 70 query
+// rows), 1- and 3-token decode, split-KV (the split factor raised), pages of
+// 1, 16 and 128 slots in shuffled order, GQA 1 and 4, head dims 32 to 192
+// (and D 192 with Dv 128), lengths that are not multiples of the page or
+// the tile, mask and score mods, fully masked rows, out and lse; attention
+// sinks with 8-bit caches (decode with one split and several, 3-token
+// decode, prefill); and the refusals (a warpgroup prefill tile asked for,
+// values on the device, missing or bad scales), which leave out as it was.
 //
 //===----------------------------------------------------------------------===//
 #include "EmulatorEnvironment.h"
@@ -58,6 +58,9 @@ struct Case {
   int32_t kvBlock = 0;
   /// Attention sinks on the device, one per query head (sinkValues).
   bool sinks = false;
+  /// V's head dim (Dv); 0: headDim.
+  int64_t valueDim = 0;
+  int64_t vDim() const { return valueDim ? valueDim : headDim; }
 };
 
 /// Per query head, in turn: far above every score (a fully masked row's
@@ -71,11 +74,12 @@ std::vector<float> sinkValues(int64_t heads) {
 }
 
 std::string label(const Case &c) {
-  return fmt::format("{} {} scales, q {}, D {}, pages of {}, Hq {}, Lq {}, mods '{}' '{}', split "
-                     "factor {}, kv blocks {}{}",
+  return fmt::format("{} {} scales, q {}, D {}{}, pages of {}, Hq {}, Lq {}, mods '{}' '{}', "
+                     "split factor {}, kv blocks {}{}",
                      dtypeName(c.kvType), c.perHead ? "per-head" : "per-tensor", dtypeName(c.qType),
-                     c.headDim, c.pageSize, c.qHeads, c.qLength, c.mask, c.score, c.splitFactor,
-                     c.kvBlock, c.sinks ? ", sinks" : "");
+                     c.headDim, c.valueDim ? fmt::format(" Dv {}", c.valueDim) : "", c.pageSize,
+                     c.qHeads, c.qLength, c.mask, c.score, c.splitFactor, c.kvBlock,
+                     c.sinks ? ", sinks" : "");
 }
 
 template <typename F> std::string errorOf(F call) {
@@ -98,14 +102,14 @@ float fromElement(uint16_t bits, DType type) {
 /// lengths[b] positions, its pages taken in shuffled order (a scratch slot
 /// takes pages and frees them first, the slots then take pages in turns),
 /// and the values dequantized from the codes the rule gives, f64
-/// [B, Hkv, max length, D].
+/// [B, Hkv, max length, D] (V's Dv).
 struct Float8Cache {
   std::unique_ptr<PagedKVCache> cache;
   HostTensor k, v;
 };
 
 Float8Cache makeCache(const Case &c, std::mt19937 &rng) {
-  const int64_t batch = static_cast<int64_t>(c.lengths.size()), dim = c.headDim;
+  const int64_t batch = static_cast<int64_t>(c.lengths.size()), dim = c.headDim, vDim = c.vDim();
   int64_t longest = 0, pages = 0;
   for (int32_t n : c.lengths) {
     longest = std::max<int64_t>(longest, n);
@@ -116,7 +120,8 @@ Float8Cache makeCache(const Case &c, std::mt19937 &rng) {
   config.pageSize = c.pageSize;
   config.maxBatch = batch + 1;
   config.heads = kKvHeads;
-  config.headDim = config.valueHeadDim = dim;
+  config.headDim = dim;
+  config.valueHeadDim = vDim;
   config.dtype = c.kvType;
   config.device = Device::cuda(0);
   config.kScale = c.perHead ? std::vector<float>{0.011f, 0.023f} : std::vector<float>{0.013f};
@@ -131,11 +136,11 @@ Float8Cache makeCache(const Case &c, std::mt19937 &rng) {
       cache.reserve(b, std::min<int64_t>(n, c.lengths[b]));
 
   made.k = HostTensor(DType::F64, {batch, kKvHeads, longest, dim});
-  made.v = HostTensor(DType::F64, {batch, kKvHeads, longest, dim});
+  made.v = HostTensor(DType::F64, {batch, kKvHeads, longest, vDim});
   std::normal_distribution<float> normal(0.0f, 2.0f);
   for (int64_t b = 0; b < batch; ++b) {
     const int64_t n = c.lengths[b];
-    HostTensor k(DType::F32, {1, kKvHeads, n, dim}), v(DType::F32, {1, kKvHeads, n, dim});
+    HostTensor k(DType::F32, {1, kKvHeads, n, dim}), v(DType::F32, {1, kKvHeads, n, vDim});
     for (HostTensor *t : {&k, &v})
       for (int64_t i = 0; i < t->numel(); ++i)
         t->dataAs<float>()[i] = normal(rng);
@@ -144,21 +149,19 @@ Float8Cache makeCache(const Case &c, std::mt19937 &rng) {
       positions[i] = static_cast<int32_t>(i);
     cache.assign(TensorView(slot.data(), DType::I32, {1}),
                  TensorView(positions.data(), DType::I32, {1, n}), k.view(), v.view());
+    auto dequantized = [&](float value, float scale) {
+      return double(float8ToFloat(floatToFloat8(value / scale, c.kvType), c.kvType)) * scale;
+    };
     for (int64_t h = 0; h < kKvHeads; ++h)
-      for (int64_t i = 0; i < n; ++i)
-        for (int64_t d = 0; d < dim; ++d) {
-          const int64_t from = (h * n + i) * dim + d,
-                        to = ((b * kKvHeads + h) * longest + i) * dim + d;
-          const float ks = cache.kScale()[h], vs = cache.vScale()[h];
-          made.k.dataAs<double>()[to] =
-              double(
-                  float8ToFloat(floatToFloat8(k.dataAs<float>()[from] / ks, c.kvType), c.kvType)) *
-              ks;
-          made.v.dataAs<double>()[to] =
-              double(
-                  float8ToFloat(floatToFloat8(v.dataAs<float>()[from] / vs, c.kvType), c.kvType)) *
-              vs;
-        }
+      for (int64_t i = 0; i < n; ++i) {
+        const int64_t at = (b * kKvHeads + h) * longest + i;
+        for (int64_t d = 0; d < dim; ++d)
+          made.k.dataAs<double>()[at * dim + d] =
+              dequantized(k.dataAs<float>()[(h * n + i) * dim + d], cache.kScale()[h]);
+        for (int64_t d = 0; d < vDim; ++d)
+          made.v.dataAs<double>()[at * vDim + d] =
+              dequantized(v.dataAs<float>()[(h * n + i) * vDim + d], cache.vScale()[h]);
+      }
   }
   return made;
 }
@@ -205,7 +208,7 @@ void checkCase(const Case &c, uint32_t seed) {
   SCOPED_TRACE(label(c));
   std::mt19937 rng(seed);
   Float8Cache made = makeCache(c, rng);
-  const int64_t batch = static_cast<int64_t>(c.lengths.size()), dim = c.headDim;
+  const int64_t batch = static_cast<int64_t>(c.lengths.size()), dim = c.headDim, vDim = c.vDim();
   const int64_t rows = batch * c.qHeads * c.qLength;
 
   // q in the kernel's element type; the reference reads the same values.
@@ -217,7 +220,7 @@ void checkCase(const Case &c, uint32_t seed) {
     qValues.dataAs<float>()[i] = fromElement(qBits[i], c.qType);
   }
   const Device device = Device::cuda(0);
-  DeviceBuffer q(qBits.size() * 2, 0), out(qBits.size() * 2, 0), lse(size_t(rows) * 4, 0);
+  DeviceBuffer q(qBits.size() * 2, 0), out(size_t(rows * vDim) * 2, 0), lse(size_t(rows) * 4, 0);
   q.upload(qBits.data(), q.size());
   out.fill(0xff); // NaN
   lse.fill(0xff);
@@ -228,7 +231,7 @@ void checkCase(const Case &c, uint32_t seed) {
   options.kvLength = c.lengths;
   for (int32_t n : c.lengths)
     options.qOffset.push_back(n - static_cast<int32_t>(c.qLength));
-  options.out = TensorView(out.data(), c.qType, {batch, c.qHeads, c.qLength, dim}, device);
+  options.out = TensorView(out.data(), c.qType, {batch, c.qHeads, c.qLength, vDim}, device);
   options.lse = TensorView(lse.data(), DType::F32, {batch, c.qHeads, c.qLength}, device);
   if (c.splitFactor)
     options.kernel.decodeSplitFactor = c.splitFactor;
@@ -251,7 +254,7 @@ void checkCase(const Case &c, uint32_t seed) {
   }
   flexAttention(TensorView(q.data(), c.qType, {batch, c.qHeads, c.qLength, dim}, device),
                 *made.cache, c.kvBlock > 0 ? &blockMask : nullptr, mods, bindings.device, options);
-  std::vector<uint16_t> outBits(qBits.size());
+  std::vector<uint16_t> outBits(static_cast<size_t>(rows * vDim));
   std::vector<float> lseValues(static_cast<size_t>(rows));
   out.download(outBits.data(), out.size());
   lse.download(lseValues.data(), lse.size());
@@ -277,19 +280,18 @@ void checkCase(const Case &c, uint32_t seed) {
       for (int64_t i = 0; i < c.qLength; ++i) {
         const int64_t row = (b * c.qHeads + h) * c.qLength + i;
         double lseExpected = expected.lseAt(b, h, i);
-        std::vector<double> wanted(static_cast<size_t>(dim));
-        for (int64_t d = 0; d < dim; ++d)
+        std::vector<double> wanted(static_cast<size_t>(vDim));
+        for (int64_t d = 0; d < vDim; ++d)
           wanted[d] = expected.outAt(b, h, i, d);
-        if (c.sinks) {
-          masked += std::isinf(lseExpected);
-          testutil::applySink(sinks[h], lseExpected, wanted.data(), dim);
-        }
+        masked += std::isinf(lseExpected);
+        if (c.sinks)
+          testutil::applySink(sinks[h], lseExpected, wanted.data(), vDim);
         if (std::isinf(lseExpected))
           nonFinite += !(std::isinf(lseValues[row]) && lseValues[row] < 0);
         else
           maxLse = std::max(maxLse, std::abs(lseValues[row] - lseExpected));
-        for (int64_t d = 0; d < dim; ++d) {
-          const double value = fromElement(outBits[row * dim + d], c.qType);
+        for (int64_t d = 0; d < vDim; ++d) {
+          const double value = fromElement(outBits[row * vDim + d], c.qType);
           const double want = wanted[d];
           if (!std::isfinite(value))
             ++nonFinite;
@@ -301,8 +303,8 @@ void checkCase(const Case &c, uint32_t seed) {
   EXPECT_LE(maxOut, outTolerance);
   EXPECT_LE(maxLse, 2e-3);
   EXPECT_GT(largest, 0.05); // the outputs are not all near zero
-  if (c.sinks && c.mask == "holes") {
-    EXPECT_GT(masked, 0); // rows whose lse is the sink alone
+  if (c.mask == "holes") {
+    EXPECT_GT(masked, 0); // fully masked rows (with sinks: whose lse is the sink alone)
   }
   std::printf("[ fp8 ] %s: out error %.2e, lse error %.2e\n", label(c).c_str(), maxOut, maxLse);
 }
@@ -339,6 +341,26 @@ TEST(CudaFloat8, PrefillMatchesFloat64OnDequantizedValues) {
       {DType::F8E5M2, true, DType::BF16, 128, 16, 8, 70, {300, 70}, "sliding", "", 0, 64},
   };
   uint32_t seed = 70;
+  for (const Case &c : cases)
+    checkCase(c, seed++);
+}
+
+/// Head dims whose code rows are not multiples of 64 bytes (a row's 16-code
+/// chunks do not fill the copier's threads, the tile rows are wider than
+/// the data) and K rows wider than V's (D 192, Dv 128): decode, 3-token
+/// decode, split-KV and the prefill, fully masked rows ("holes").
+TEST(CudaFloat8, HeadDimsNotMultiplesOf64AndNarrowerValues) {
+  const Case cases[] = {
+      {DType::F8E4M3, true, DType::BF16, 80, 16, 8, 1, {300, 77, 161}, "causal", "softcap", 3},
+      {DType::F8E5M2, false, DType::F16, 96, 1, 2, 3, {45, 130}, "holes", "", 0},
+      {DType::F8E4M3, true, DType::BF16, 112, 128, 8, 45, {300, 45}, "document", "alibi", 0},
+      {DType::F8E5M2, true, DType::BF16, 192, 16, 8, 1, {1100, 70}, "holes", "", 4, 0, false, 128},
+      {DType::F8E4M3, false, DType::F16, 192, 1, 2, 70, {70, 99}, "sliding", "", 0, 0, false, 128},
+      {DType::F8E5M2, true, DType::F16, 80, 128, 2, 45, {45, 200}, "holes", "softcap", 0},
+      // Two code chunks a row: more threads than the tile's rows need.
+      {DType::F8E4M3, true, DType::BF16, 32, 16, 8, 45, {45, 100}, "causal", "", 0},
+  };
+  uint32_t seed = 110;
   for (const Case &c : cases)
     checkCase(c, seed++);
 }

@@ -4,11 +4,11 @@
 // head dims {64, 128, 256} x {sm_80, sm_90} (in parallel), the block-mask
 // builder, page sizes 1 and 1024 and speculative decode; checks ptxas's
 // spill report for the main configurations, the packed-batch and 8-bit
-// kernels and the other head dims, and mma.sync in the prefill PTX. The two
-// largest sweeps (every test mod, the other head dims) take a covering of
-// their axes, every pair of values of every two axes, unless
-// PAGEDC_FULL_COMPILE_MATRIX=1 asks for the whole product (the extended
-// tier's entries).
+// kernels and the other head dims, and mma.sync in the prefill PTX. The
+// largest sweeps (every test mod, the other head dims, the 8-bit kernels at
+// every head dim) take a covering of their axes, every pair of values of
+// every two axes, unless PAGEDC_FULL_COMPILE_MATRIX=1 asks for the whole
+// product (the extended tier's entries).
 //
 //===----------------------------------------------------------------------===//
 
@@ -24,6 +24,7 @@
 #include <cstdlib>
 #include <future>
 #include <mutex>
+#include <set>
 #include <sstream>
 #include <thread>
 
@@ -91,6 +92,36 @@ int workerCount() {
 bool fullMatrix() {
   const char *value = std::getenv("PAGEDC_FULL_COMPILE_MATRIX");
   return value && std::string(value) == "1";
+}
+
+/// (D, Dv) of the 8-bit kernels' spill checks: every multiple of 64 and the
+/// sizes whose code rows are not (5, 6, 7, 10, 12 chunks of 16 codes), and
+/// K rows wider than V's.
+const std::pair<int, int> kFloat8HeadDims[] = {{32, 32},   {64, 64},   {80, 80},   {96, 96},
+                                               {112, 112}, {128, 128}, {160, 160}, {192, 192},
+                                               {192, 128}, {256, 256}};
+
+/// The covering the 8-bit sweeps take of (mod, head dim, arch, kind): for
+/// head dim `dim` and mod `mod`, arch (dim + mod) % 2 and kind (dim / 2 +
+/// mod) % 2 (of two each), so that with three mods every pair of values of
+/// every two axes comes once or more (pairsCovered checks it); the full
+/// matrix takes all four (arch, kind) of each.
+bool inFloat8Covering(size_t dim, size_t mod, int arch, int kind) {
+  return fullMatrix() || (arch == int((dim + mod) % 2) && kind == int((dim / 2 + mod) % 2));
+}
+
+/// Whether `rows` (one value index per axis, axes of `sizes` values) hold
+/// every pair of values of every two axes.
+bool pairsCovered(const std::vector<std::vector<int>> &rows, const std::vector<int> &sizes) {
+  for (size_t a = 0; a < sizes.size(); ++a)
+    for (size_t b = a + 1; b < sizes.size(); ++b) {
+      std::set<std::pair<int, int>> seen;
+      for (const std::vector<int> &row : rows)
+        seen.insert({row[a], row[b]});
+      if (seen.size() != static_cast<size_t>(sizes[a] * sizes[b]))
+        return false;
+    }
+  return true;
 }
 
 } // namespace
@@ -277,47 +308,87 @@ TEST(NvrtcCompile, OtherHeadDimsCompileWithoutSpills) {
 /// them (64 x 64 prefill tiles, 32 keys above head dim 128; decode for up
 /// to 8 tokens), compile for sm_80 and sm_90 at head dims 64 to 256 without
 /// spills (without the 5-CTA register cap flexAttention's decode takes on
-/// sm_90 for up to 16 rows at head dims up to 64); so do those of 8-bit
-/// caches at head dims 64, 128 and 256 (the formats and element types in
-/// turn), and those of an f32 out.
+/// sm_90 for up to 16 rows at head dims up to 64); so do the 16-bit decode
+/// kernels on pages of 1 and 8 rows at head dims 128 to 256 (no tensor
+/// maps there: Decode.cuh's kDecodeAtoms), those of 8-bit caches at every
+/// head dim of kFloat8HeadDims with D = Dv (a covering, the formats and
+/// element types in turn), and those of an f32 out.
 TEST(NvrtcCompile, PackedBatchKernelsCompileWithoutSpills) {
   REQUIRE_NVRTC();
   std::vector<Case> cases;
-  int variant = 0;
-  for (const char *mod : {"none", "document", "softcap"})
-    for (KernelKind kind : {KernelKind::Prefill, KernelKind::Decode})
+  auto packedCase = [](const char *mod, KernelKind kind, int headDim, const char *arch) {
+    Case c;
+    c.mod = mod;
+    c.config.kind = kind;
+    c.config.elementType = DType::BF16;
+    c.config.headDim = headDim;
+    c.config.blockM = 64;
+    c.config.warpRows = 16;
+    c.config.blockN = kind == KernelKind::Prefill && headDim > 128 ? 32 : 64;
+    // As CudaBatchAttention's prefill config.
+    c.config.recomputeModRows = kind == KernelKind::Prefill && headDim > 128;
+    c.config.groupSize = kind == KernelKind::Decode ? 4 : 1;
+    c.config.queryTokens = kind == KernelKind::Decode ? 8 : 1;
+    c.config.returnLse = true;
+    c.config.packedBatch = true;
+    c.arch = arch;
+    return c;
+  };
+  const char *const mods[] = {"none", "document", "softcap"};
+  const char *const arches[] = {"sm_80", "sm_90"};
+  const KernelKind kinds[] = {KernelKind::Prefill, KernelKind::Decode};
+  for (const char *mod : mods)
+    for (KernelKind kind : kinds)
       for (int headDim : {64, 96, 128, 192, 256})
-        for (const char *arch : {"sm_80", "sm_90"})
-          for (bool float8 : {false, true}) {
-            if (float8 && headDim != 64 && headDim != 128 && headDim != 256)
-              continue;
-            const int v = float8 ? variant++ : 0;
-            Case c;
-            if (float8)
-              c.config.kvFloat8 = v % 2 ? DType::F8E5M2 : DType::F8E4M3;
-            c.mod = mod;
-            c.config.kind = kind;
-            c.config.elementType = (v / 2) % 2 ? DType::F16 : DType::BF16;
-            c.config.headDim = headDim;
-            c.config.blockM = 64;
-            c.config.warpRows = 16;
-            c.config.blockN = kind == KernelKind::Prefill && headDim > 128 ? 32 : 64;
-            // As CudaBatchAttention's prefill config.
-            c.config.recomputeModRows = kind == KernelKind::Prefill && headDim > 128;
-            c.config.groupSize = kind == KernelKind::Decode ? 4 : 1;
-            c.config.queryTokens = kind == KernelKind::Decode ? 8 : 1;
-            c.config.returnLse = true;
-            c.config.packedBatch = true;
-            c.arch = arch;
+        for (const char *arch : arches) {
+          Case c = packedCase(mod, kind, headDim, arch);
+          cases.push_back(c);
+          // An f32 out (its epilogues store pairs of floats): under the
+          // document mask, the mod of most registers, at head dims 64,
+          // 128 and 256.
+          if (std::string(mod) == "document" && headDim % 64 == 0 && headDim != 192) {
+            c.config.outputF32 = true;
             cases.push_back(c);
-            // An f32 out (its epilogues store pairs of floats): under the
-            // document mask, the mod of most registers, at head dims 64,
-            // 128 and 256.
-            if (std::string(mod) == "document" && headDim % 64 == 0 && headDim != 192) {
-              c.config.outputF32 = true;
-              cases.push_back(c);
-            }
           }
+        }
+  // The 16-bit decode on pages under 16 rows: the mods in turn over (page,
+  // head dim, arch), every pair of values of every two axes (the document
+  // mask at head dim 256 on sm_90 on pages of one row, which spilled when
+  // those tiles were rows); the full matrix takes every mod.
+  const int smallPages[] = {1, 8}, wideDims[] = {128, 192, 256};
+  for (int p = 0; p < 2; ++p)
+    for (int d = 0; d < 3; ++d)
+      for (int a = 0; a < 2; ++a)
+        for (int m = 0; m < 3; ++m) {
+          if (!fullMatrix() && m != (p + d + a + 1) % 3)
+            continue;
+          Case c = packedCase(mods[m], KernelKind::Decode, wideDims[d], arches[a]);
+          c.config.pageSize = smallPages[p];
+          cases.push_back(c);
+        }
+  // 8-bit caches: the covering of (mod, head dim, arch, kind).
+  // (BatchAttention takes Dv = D.)
+  std::vector<int> float8Dims;
+  for (const auto &[dim, valueDim] : kFloat8HeadDims)
+    if (dim == valueDim)
+      float8Dims.push_back(dim);
+  int variant = 0;
+  std::vector<std::vector<int>> covered;
+  for (size_t d = 0; d < float8Dims.size(); ++d) {
+    for (size_t m = 0; m < std::size(mods); ++m)
+      for (int a = 0; a < 2; ++a)
+        for (int k = 0; k < 2; ++k) {
+          if (!inFloat8Covering(d, m, a, k))
+            continue;
+          const int v = variant++;
+          Case c = packedCase(mods[m], kinds[k], float8Dims[d], arches[a]);
+          c.config.kvFloat8 = v % 2 ? DType::F8E5M2 : DType::F8E4M3;
+          c.config.elementType = (v / 2) % 2 ? DType::F16 : DType::BF16;
+          cases.push_back(c);
+          covered.push_back({int(m), int(d), a, k});
+        }
+  }
+  EXPECT_TRUE(pairsCovered(covered, {3, int(float8Dims.size()), 2, 2}));
   std::vector<Outcome> outcomes = compileAll(cases, workerCount());
   for (size_t i = 0; i < cases.size(); ++i) {
     ASSERT_EQ(outcomes[i].error, "") << cases[i].label();
@@ -327,6 +398,7 @@ TEST(NvrtcCompile, PackedBatchKernelsCompileWithoutSpills) {
       EXPECT_EQ(report.spillLoadBytes, 0) << cases[i].label() << " " << report.kernel;
     }
   }
+  std::printf("[ packed ] %zu kernels\n", cases.size());
 }
 
 /// The MLA decode kernel (templates/MlaDecode.cuh: D 576, Dv 512, 8 warps
@@ -368,41 +440,49 @@ TEST(NvrtcCompile, MlaDecodeKernelsCompileWithoutSpills) {
   }
 }
 
-/// flexAttention's decode over 8-bit float caches (both formats, f16 and
-/// bf16 q, GQA 1 and 4, 1 and 3 tokens), and the prefill tile of each head
-/// dim, compile for sm_80 (the integer
-/// conversion) and sm_90 (cvt.rn.f16x2.e4m3x2 / e5m2x2)
-/// at every head dim without spills (at head dim 64 without the 5-CTA register
-/// cap of sm_90, Decode.cuh's kDecodeMinBlocks).
+/// flexAttention's decode over 8-bit float caches and the prefill tile of
+/// each head dim compile for sm_80 (the integer conversion) and sm_90
+/// (cvt.rn.f16x2.e4m3x2 / e5m2x2) without spills (at head dim 64 without
+/// the 5-CTA register cap of sm_90, Decode.cuh's kDecodeMinBlocks), at
+/// every (D, Dv) of kFloat8HeadDims: a covering of (mod, head dim, arch,
+/// kind), with the formats, element types, group sizes (1, 4) and decode
+/// token counts (1, 3) in turn; the full matrix compiles the product.
 TEST(NvrtcCompile, Float8KernelsCompileWithoutSpills) {
   REQUIRE_NVRTC();
   std::vector<Case> cases;
+  const char *const mods[] = {"none", "causal", "softcap"};
   int variant = 0;
-  for (const char *mod : {"none", "causal", "softcap"})
-    for (int headDim : {64, 128, 256})
-      for (const char *arch : {"sm_80", "sm_90"}) {
-        // The formats, element types, group sizes and token counts in turn.
-        const int v = variant++;
-        Case c;
-        c.mod = mod;
-        c.config.kind = KernelKind::Decode;
-        c.config.kvFloat8 = (v / 2 + v) % 2 ? DType::F8E5M2 : DType::F8E4M3;
-        c.config.elementType = (v / 2) % 2 ? DType::F16 : DType::BF16;
-        c.config.headDim = headDim;
-        c.config.groupSize = (v / 3) % 2 ? 1 : 4;
-        c.config.queryTokens = v % 5 == 0 ? 3 : 1;
-        c.config.returnLse = true;
-        c.arch = arch;
-        cases.push_back(c);
-        // The prefill's tile of this head dim (choosePrefillShape, as the
-        // runtime takes it for 8-bit caches on every target).
-        Case prefill = c;
-        prefill.config.kind = KernelKind::Prefill;
-        prefill.config.groupSize = 1;
-        prefill.config.queryTokens = 1;
-        prefill.config.choosePrefillShape();
-        cases.push_back(prefill);
-      }
+  std::vector<std::vector<int>> covered;
+  for (size_t d = 0; d < std::size(kFloat8HeadDims); ++d)
+    for (size_t m = 0; m < std::size(mods); ++m)
+      for (int a = 0; a < 2; ++a)
+        for (int k = 0; k < 2; ++k) {
+          if (!inFloat8Covering(d, m, a, k))
+            continue;
+          const int v = variant++;
+          Case c;
+          c.mod = mods[m];
+          c.config.kind = k ? KernelKind::Decode : KernelKind::Prefill;
+          c.config.kvFloat8 = (v / 2 + v) % 2 ? DType::F8E5M2 : DType::F8E4M3;
+          c.config.elementType = (v / 2) % 2 ? DType::F16 : DType::BF16;
+          c.config.headDim = kFloat8HeadDims[d].first;
+          c.config.valueHeadDim =
+              kFloat8HeadDims[d].second == kFloat8HeadDims[d].first ? 0 : kFloat8HeadDims[d].second;
+          c.config.returnLse = true;
+          if (k) {
+            c.config.groupSize = (v / 3) % 2 ? 1 : 4;
+            c.config.queryTokens = v % 5 == 0 ? 3 : 1;
+          } else {
+            // The prefill's tile of this head dim (choosePrefillShape, as
+            // the runtime takes it for 8-bit caches on every target).
+            c.config.groupSize = 1;
+            c.config.choosePrefillShape();
+          }
+          c.arch = a ? "sm_90" : "sm_80";
+          cases.push_back(c);
+          covered.push_back({int(m), int(d), a, k});
+        }
+  EXPECT_TRUE(pairsCovered(covered, {3, int(std::size(kFloat8HeadDims)), 2, 2}));
   std::vector<Outcome> outcomes = compileAll(cases, workerCount());
   for (size_t i = 0; i < cases.size(); ++i) {
     ASSERT_EQ(outcomes[i].error, "") << cases[i].label();

@@ -30,6 +30,10 @@
 // still hold every pair of settings' values (checked at the end): every mod
 // meets the option, at a third of the emulator builds and runs.
 //
+// $PAGEDC_MATRIX_KV_FLOAT8 (f8e4m3, f8e5m2) adds the K/V cache format as a
+// fifth setting: 8-bit caches with a scale per KV head, against the
+// reference on the dequantized values (the .f8 entries).
+//
 // Each case first builds all its kernels in parallel (the kernel cache's
 // emulator builds), then runs; ctest runs the matrix in shards.
 //
@@ -51,6 +55,7 @@
 #include <algorithm>
 #include <cstdlib>
 #include <iterator>
+#include <optional>
 #include <set>
 #include <thread>
 #include <tuple>
@@ -157,6 +162,7 @@ struct Variant {
   int64_t dim;
   bool withBlockMask;
   Combination combination; // indices into the settings' values
+  std::optional<pagedc::DType> kvFloat8;
 };
 
 TEST_P(EmuCorpusMatrixTest, CudaKernelsOnEmulatorMatchFloat64Reference) {
@@ -189,6 +195,21 @@ TEST_P(EmuCorpusMatrixTest, CudaKernelsOnEmulatorMatchFloat64Reference) {
     dims.push_back(dim);
     rest = tail;
   }
+  // $PAGEDC_MATRIX_KV_FLOAT8 (a comma list of f8e4m3, f8e5m2): K and V in
+  // 8-bit float caches of those formats (a fifth setting), scales per KV
+  // head; unset, 16-bit caches of q's type.
+  std::vector<pagedc::DType> float8Formats;
+  if (const char *text = std::getenv("PAGEDC_MATRIX_KV_FLOAT8"); text && *text)
+    for (llvm::StringRef rest = text; !rest.empty();) {
+      auto [item, tail] = rest.split(',');
+      if (item.trim() == "f8e4m3")
+        float8Formats.push_back(pagedc::DType::F8E4M3);
+      else if (item.trim() == "f8e5m2")
+        float8Formats.push_back(pagedc::DType::F8E5M2);
+      else
+        FAIL() << "PAGEDC_MATRIX_KV_FLOAT8: '" << item.str() << "' is not f8e4m3 or f8e5m2";
+      rest = tail;
+    }
   const int32_t pageSizes[] = {1, 16, 128};
   const int gqas[] = {1, 4};
   const pagedc::DType dtypes[] = {pagedc::DType::BF16, pagedc::DType::F16};
@@ -204,15 +225,21 @@ TEST_P(EmuCorpusMatrixTest, CudaKernelsOnEmulatorMatchFloat64Reference) {
     if (only && ("," + std::string(only) + ",").find("," + std::string(mode.name) + ",") ==
                     std::string::npos)
       continue;
-    const std::vector<size_t> sizes = {std::size(pageSizes), std::size(gqas), std::size(dtypes),
-                                       dims.size()};
+    std::vector<size_t> sizes = {std::size(pageSizes), std::size(gqas), std::size(dtypes),
+                                 dims.size()};
+    if (!float8Formats.empty())
+      sizes.push_back(float8Formats.size());
     std::vector<Combination> combinations;
     if (full) {
       for (size_t p = 0; p < sizes[0]; ++p)
         for (size_t g = 0; g < sizes[1]; ++g)
           for (size_t t = 0; t < sizes[2]; ++t)
             for (size_t d = 0; d < sizes[3]; ++d)
-              combinations.push_back({p, g, t, d});
+              for (size_t f = 0; f < (float8Formats.empty() ? 1 : float8Formats.size()); ++f) {
+                combinations.push_back({p, g, t, d});
+                if (!float8Formats.empty())
+                  combinations.back().push_back(f);
+              }
     } else {
       // Rotated by the case and the mode: mods and modes cover their pairs
       // with different combinations, so together they reach more of them.
@@ -223,7 +250,9 @@ TEST_P(EmuCorpusMatrixTest, CudaKernelsOnEmulatorMatchFloat64Reference) {
     }
     for (const Combination &k : combinations) {
       variants.push_back({&mode, pageSizes[k[0]], gqas[k[1]], dtypes[k[2]], dims[k[3]],
-                          mods.hasMask() && ++index % 2 == 0, k});
+                          mods.hasMask() && ++index % 2 == 0, k,
+                          float8Formats.empty() ? std::nullopt
+                                                : std::optional(float8Formats[k[4]])});
     }
     if (perCase)
       gSettingSizes = sizes;
@@ -248,7 +277,7 @@ TEST_P(EmuCorpusMatrixTest, CudaKernelsOnEmulatorMatchFloat64Reference) {
                                                        static_cast<int>(v.mode->qLength),
                                                        /*returnLse=*/true, arch,
                                                        v.withBlockMask ? kvBlockSize : 0,
-                                                       kernelOptions);
+                                                       kernelOptions, 0, v.kvFloat8);
     request.modCode = mods.cuda.modCode;
     request.options.arch = arch;
     if (std::none_of(requests.begin(), requests.end(), [&](const auto &r) {
@@ -278,6 +307,7 @@ TEST_P(EmuCorpusMatrixTest, CudaKernelsOnEmulatorMatchFloat64Reference) {
     config.dim = config.vDim = v.dim;
     config.pageSize = v.pageSize;
     config.storage = v.dtype;
+    config.kvFloat8 = v.kvFloat8;
     config.withLse = true;
     config.withBlockMask = v.withBlockMask;
     config.qBlockSize = 32;
@@ -292,9 +322,10 @@ TEST_P(EmuCorpusMatrixTest, CudaKernelsOnEmulatorMatchFloat64Reference) {
     RandomBindings bindings(mods, {config.batch, config.qHeads, positions}, random);
     if (!bindings.complete())
       return;
-    const std::string label = fmt::format("{} page {} gqa {} {} d{}{}", v.mode->name, v.pageSize,
-                                          v.gqa, pagedc::dtypeName(v.dtype), v.dim,
-                                          v.withBlockMask ? " block mask" : "");
+    const std::string label = fmt::format(
+        "{} page {} gqa {} {} d{}{}{}", v.mode->name, v.pageSize, v.gqa, pagedc::dtypeName(v.dtype),
+        v.dim, v.kvFloat8 ? fmt::format(" kv {}", pagedc::dtypeName(*v.kvFloat8)) : "",
+        v.withBlockMask ? " block mask" : "");
     try {
       pagedc::testutil::AttentionCheckResult result =
           pagedc::testutil::checkPagedAttention(mods, bindings.context(), config);
