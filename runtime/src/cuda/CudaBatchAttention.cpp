@@ -6,8 +6,18 @@
 // K/V page is read once per split; split-KV with a merge launch when the
 // longest such context needs more CTAs than the sequences give), longer
 // ones to the packed-batch prefill kernel's (sequence, query tile) work
-// list. At most three launches (prefill, decode, merge), each only when
-// it has work; a sequence with no new tokens is in neither list.
+// list. At most five launches (prefill, the GQA-packed tiles and their
+// merge, decode and its merge), each only when it has work; a sequence
+// with no new tokens is in no list.
+//
+// Entries of more than kBatchDecodeTokens tokens whose keys outnumber their
+// tokens kBatchGroupKeysPerToken times or more (a cascade's prefix level,
+// a short chunk at the end of a long context) go to the GQA-packed kernel
+// instead (templates/PrefillGroup.cuh): its CTA's rows are (token, query
+// head) pairs of one KV head, so the entry's K/V is read once per KV head
+// and row tile rather than once per query head, and its keys are split
+// over CTAs (a merge launch of its own) so that few entries still fill the
+// machine.
 //
 //===----------------------------------------------------------------------===//
 #include "cuda/CudaBatchAttention.h"
@@ -79,6 +89,19 @@ KernelConfig packedBatchConfig(const CompiledMods &mods, const BatchAttentionCon
   return config;
 }
 
+/// The GQA-packed kernel's configuration: 8 warps of 16 rows (128 rows: 32
+/// tokens of a group of 4 share each copy of a K/V tile; 16 warps spilled,
+/// templates/PrefillGroup.cuh), with the packed prefill's KV tile and
+/// row-value choices.
+KernelConfig groupRowsConfig(const CompiledMods &mods, const BatchAttentionConfig &c) {
+  KernelConfig config = packedBatchConfig(mods, c, KernelKind::Prefill);
+  config.groupRows = true;
+  config.blockM = 128;
+  config.groupSize = static_cast<int>(c.numQHeads / c.numKVHeads);
+  config.validate();
+  return config;
+}
+
 size_t ints(int64_t count) { return static_cast<size_t>(count); }
 
 } // namespace
@@ -115,6 +138,7 @@ CudaBatchBackend::CudaBatchBackend(const CompiledMods &mods, const BatchAttentio
         fmt::format("BatchAttention on {} is not available: {}", deviceName(c.device), reason));
   prefill_ = cudaKernelFor(mods, packedBatchConfig(mods, c, KernelKind::Prefill), c.device.index);
   decode_ = cudaKernelFor(mods, packedBatchConfig(mods, c, KernelKind::Decode), c.device.index);
+  group_ = cudaKernelFor(mods, groupRowsConfig(mods, c), c.device.index);
 
   // Prefill tiles: whole tiles of the tokens, plus one partial tile per
   // prefill sequence (which has more than kBatchDecodeTokens tokens).
@@ -128,6 +152,15 @@ CudaBatchBackend::CudaBatchBackend(const CompiledMods &mods, const BatchAttentio
   // Splits: as many as the longest context's minimum split length allows.
   maxSplits_ =
       std::clamp<int64_t>(c.maxBlocksPerSeq * c.pageSize / kMinSplitKeys, 1, kBatchMaxDecodeSplits);
+  // GQA-packed tiles: whole tiles of the rows (tokens x group), plus one
+  // partial tile per entry of more than kBatchDecodeTokens tokens.
+  const int64_t groupRows = group_->config.blockM;
+  maxGroupTiles_ =
+      std::max<int64_t>(c.maxNumTokens * group_->config.groupSize / groupRows +
+                            std::min(c.maxNumSeqs, c.maxNumTokens / (kBatchDecodeTokens + 1)),
+                        1);
+  groupPartialRows_ = c.numKVHeads * groupRows * maxSplits_ *
+                      std::min<int64_t>(maxGroupTiles_, kBatchGroupPartialTiles);
   kvLenAt_ = ints(c.maxNumSeqs * c.maxBlocksPerSeq);
   qOffsetAt_ = kvLenAt_ + ints(c.maxNumSeqs);
   qStartAt_ = qOffsetAt_ + ints(c.maxNumSeqs);
@@ -136,12 +169,16 @@ CudaBatchBackend::CudaBatchBackend(const CompiledMods &mods, const BatchAttentio
   kvStartAt_ = decodeAt_ + ints(2 * c.maxNumSeqs);
   tokenPositionAt_ = kvStartAt_ + ints(c.maxNumSeqs);
   tokenBatchAt_ = tokenPositionAt_ + ints(c.maxNumTokens);
+  groupAt_ = tokenBatchAt_ + ints(c.maxNumTokens);
   // (f32 after int32: 4-byte aligned.)
-  lseAt_ = tokenBatchAt_ + ints(c.maxNumTokens);
+  lseAt_ = groupAt_ + ints(2 * maxGroupTiles_);
   const int64_t partialRows = c.maxNumSeqs * kBatchDecodeTokens * c.numQHeads * maxSplits_;
   partialLseAt_ = lseAt_ + ints(c.maxNumTokens * c.numQHeads);
   partialOutAt_ = partialLseAt_ + ints(partialRows);
-  storage_ = DeviceBuffer((partialOutAt_ + ints(partialRows * c.headDim)) * 4, c.device.index);
+  groupPartialLseAt_ = partialOutAt_ + ints(partialRows * c.headDim);
+  groupPartialOutAt_ = groupPartialLseAt_ + ints(groupPartialRows_);
+  storage_ =
+      DeviceBuffer((groupPartialOutAt_ + ints(groupPartialRows_ * c.headDim)) * 4, c.device.index);
   if (c.kvDtype)
     scaleStorage_ = DeviceBuffer(kMaxScaleSets * ints(2 * c.numKVHeads) * 4, c.device.index);
   tiles_.assign(ints(2 * maxPrefillTiles_), 0);
@@ -149,6 +186,10 @@ CudaBatchBackend::CudaBatchBackend(const CompiledMods &mods, const BatchAttentio
   order_.assign(ints(maxPrefillTiles_), 0);
   weight_.assign(ints(maxPrefillTiles_), 0);
   decodeList_.assign(ints(2 * c.maxNumSeqs), 0);
+  groupList_.assign(ints(2 * maxGroupTiles_), 0);
+  groupOrdered_.assign(ints(2 * maxGroupTiles_), 0);
+  groupOrder_.assign(ints(maxGroupTiles_), 0);
+  groupKeys_.assign(ints(maxGroupTiles_), 0);
   defaultPosition_.assign(ints(c.maxNumTokens), 0);
   defaultBatch_.assign(ints(c.maxNumTokens), 0);
 }
@@ -162,7 +203,7 @@ void CudaBatchBackend::plan(const int32_t *queryStart, const int32_t *kvLength,
   // The prefill tiles, heaviest first (the keys a tile's last row may see:
   // under a causal mask, what it costs), so that light tiles fill the
   // launch's tail; the decode list, and its longest context.
-  int64_t tiles = 0, decodeSeqs = 0;
+  int64_t tiles = 0, decodeSeqs = 0, groupTiles = 0, maxGroupKeys = 0;
   int32_t maxKv = 1, maxDecodeKv = 0;
   for (int64_t b = 0; b < batch; ++b) {
     const int32_t qLength = queryStart[b + 1] - queryStart[b];
@@ -176,6 +217,16 @@ void CudaBatchBackend::plan(const int32_t *queryStart, const int32_t *kvLength,
       decodeList_[2 * decodeSeqs + 1] = 0;
       ++decodeSeqs;
       maxDecodeKv = std::max(maxDecodeKv, kvLength[b] - firstKey);
+      continue;
+    }
+    // (The GQA-packed launch's tiles are its grid's z: at most 65535.)
+    const int64_t keys = int64_t(kvLength[b]) - firstKey;
+    const int64_t tileRows = group_->config.blockM;
+    if (keys >= kBatchGroupKeysPerToken * qLength &&
+        groupTiles + (int64_t(qLength) * group_->config.groupSize + tileRows - 1) / tileRows <=
+            65535) {
+      groupTiles += addGroupTiles(b, qLength, keys, groupTiles);
+      maxGroupKeys = std::max(maxGroupKeys, keys);
       continue;
     }
     for (int32_t row = 0; row < qLength; row += rows) {
@@ -194,6 +245,8 @@ void CudaBatchBackend::plan(const int32_t *queryStart, const int32_t *kvLength,
     ordered_[2 * i] = tiles_[2 * order_[i]];
     ordered_[2 * i + 1] = tiles_[2 * order_[i] + 1];
   }
+
+  const int64_t groupSplits = finishGroupTiles(groupTiles, maxGroupKeys);
 
   // Decode splits: the launch's cost model (chooseDecodeSplits) for the
   // list's CTAs over the longest decode context, each split at least
@@ -223,6 +276,7 @@ void CudaBatchBackend::plan(const int32_t *queryStart, const int32_t *kvLength,
   storage_.upload(ordered_.data(), ints(2 * tiles) * 4, prefillAt_ * 4);
   storage_.upload(decodeList_.data(), ints(2 * decodeSeqs) * 4, decodeAt_ * 4);
   storage_.upload(kvStart, ints(batch) * 4, kvStartAt_ * 4);
+  storage_.upload(groupOrdered_.data(), ints(2 * groupTiles) * 4, groupAt_ * 4);
   // The token maps, each plan's own or the flat step's (q_offset[b] + i,
   // b): the kernels always read them, so a graph captured on one plan
   // stays right for a plan of the same shape with or without maps.
@@ -242,7 +296,43 @@ void CudaBatchBackend::plan(const int32_t *queryStart, const int32_t *kvLength,
   prefillTiles_ = tiles;
   decodeSeqs_ = decodeSeqs;
   splits_ = splits;
+  groupTiles_ = groupTiles;
+  groupSplits_ = groupSplits;
   maxKvLength_ = maxKv;
+}
+
+int64_t CudaBatchBackend::addGroupTiles(int64_t b, int32_t qLength, int64_t keys, int64_t first) {
+  const int64_t rows = int64_t(qLength) * group_->config.groupSize;
+  const int64_t tileRows = group_->config.blockM;
+  int64_t count = 0;
+  for (int64_t row = 0; row < rows; row += tileRows, ++count) {
+    groupList_[ints(2 * (first + count))] = static_cast<int32_t>(b);
+    groupList_[ints(2 * (first + count) + 1)] = static_cast<int32_t>(row);
+    groupKeys_[ints(first + count)] = keys;
+  }
+  return count;
+}
+
+int64_t CudaBatchBackend::finishGroupTiles(int64_t tiles, int64_t longestKeys) {
+  if (tiles == 0)
+    return 1;
+  std::iota(groupOrder_.begin(), groupOrder_.begin() + tiles, 0);
+  std::stable_sort(groupOrder_.begin(), groupOrder_.begin() + tiles,
+                   [&](int32_t x, int32_t y) { return groupKeys_[x] > groupKeys_[y]; });
+  for (int64_t i = 0; i < tiles; ++i) {
+    groupOrdered_[ints(2 * i)] = groupList_[ints(2 * groupOrder_[i])];
+    groupOrdered_[ints(2 * i + 1)] = groupList_[ints(2 * groupOrder_[i] + 1)];
+  }
+  // Splits: enough CTAs for every SM's resident CTAs, each split at least
+  // kMinSplitKeys long (shorter ones cost more in merging than they gain),
+  // and no more than the partial workspace holds for this many tiles.
+  const int64_t ctasPerSplit = tiles * config_.numKVHeads;
+  const int64_t slots = int64_t(cudaDeviceInfo(group_->device).multiprocessors) *
+                        std::max(group_->residentCtasPerSm, 1);
+  const int64_t wanted = (slots + ctasPerSplit - 1) / ctasPerSplit;
+  const int64_t longest = std::max<int64_t>(longestKeys / kMinSplitKeys, 1);
+  const int64_t held = groupPartialRows_ / (ctasPerSplit * group_->config.blockM);
+  return std::max<int64_t>(std::min({wanted, longest, kBatchMaxDecodeSplits, held}), 1);
 }
 
 const float *CudaBatchBackend::scalesFor(const std::vector<float> &kScale,
@@ -361,6 +451,21 @@ void CudaBatchBackend::run(const CudaBatchCall &call) const {
     launch(*prefill_, prefill_->main, "pagedc_prefill", prefillArgs,
            static_cast<unsigned>(prefillTiles_ * c.numQHeads), 1, 1, true);
   }
+  if (groupTiles_ > 0) {
+    PagedcAttentionKernelArgs groupArgs = args;
+    groupArgs.work_tiles = words + groupAt_;
+    groupArgs.num_work_tiles = static_cast<int32_t>(groupTiles_);
+    groupArgs.num_splits = static_cast<int32_t>(groupSplits_);
+    groupArgs.partial_lse = floats + groupPartialLseAt_;
+    groupArgs.partial_out = floats + groupPartialOutAt_;
+    launch(*group_, group_->main, "pagedc_prefill_group", groupArgs,
+           static_cast<unsigned>(groupSplits_), static_cast<unsigned>(c.numKVHeads),
+           static_cast<unsigned>(groupTiles_), true);
+    if (groupSplits_ > 1)
+      launch(*group_, group_->merge, "pagedc_prefill_group_merge", groupArgs,
+             static_cast<unsigned>(c.numKVHeads * group_->config.blockM / 4),
+             static_cast<unsigned>(groupTiles_), 1, false);
+  }
   if (decodeSeqs_ > 0) {
     const KernelConfig &config = decode_->config;
     PagedcAttentionKernelArgs decodeArgs = args;
@@ -387,6 +492,8 @@ BatchPlanShape CudaBatchBackend::planShape() const {
   shape.prefillTiles = prefillTiles_;
   shape.decodeSequences = decodeSeqs_;
   shape.decodeSplits = decodeSeqs_ > 0 ? splits_ : 0;
+  shape.groupTiles = groupTiles_;
+  shape.groupSplits = groupTiles_ > 0 ? groupSplits_ : 0;
   return shape;
 }
 

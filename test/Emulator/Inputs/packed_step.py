@@ -3,15 +3,17 @@
 
   packed_step.py -o OUT.npy --lse LSE.npy (--device emu | --reference)
 
-Seven sequences in two groups, each group sharing its first 100 keys
-(sequence 0's and sequence 4's; whole pages shared, the partial seventh
-each sequence's own copy), pages of 16 shuffled, f16, GQA 2, D 64. The
-prefix level packs each group's queries as one entry over the prefix's
-pages (kv_end 100) with each token's own position and sequence index (the
-token maps): group 0's 16 tokens go to the packed prefill, group 1's 6 to
-the packed decode. The suffix level is the flat step from kv_start 100 (a
-12-token sequence on the prefill, the others on the decode kernel; its
-page table -1 below kv_start's page, which the kernels must not read).
+Nine sequences in three groups, each group sharing its first 100 keys
+(sequence 0's, 4's and 7's; whole pages shared, the partial seventh each
+sequence's own copy), pages of 16 shuffled, f16, GQA 2, D 64. The prefix
+level packs each group's queries as one entry over the prefix's pages
+(kv_end 100) with each token's own position and sequence index (the token
+maps): group 0's 28 tokens go to the packed prefill (fewer than 4 keys a
+token), group 1's 6 to the packed decode, group 2's 13 to the GQA-packed
+tiles (PrefillGroup.cuh). The suffix level is the flat step from kv_start
+100 (a 24-token sequence on the prefill, a 9-token one over 196 keys on the
+GQA-packed tiles, the others on the decode kernel; its page table -1 below
+kv_start's page, which the kernels must not read).
 The two are merged on the device (merge_state). The mask is a window per
 sequence read by the row's sequence index (some rows see part of the
 prefix, some none of it: fully masked there), the score a relative bias
@@ -33,10 +35,11 @@ score relative(s, b, h, q, kv) = s - 0.01 * (q - kv)
 """
 PREFIX, PAGE, HQ, HKV, D = 100, 16, 4, 2, 64
 # (new tokens, keys) per sequence; groups [0, 4) and [4, 7).
-SEQS = [(1, 150), (2, 140), (1, 200), (12, 133), (1, 170), (3, 161), (2, 300)]
-GROUPS = [(0, 4), (4, 7)]
+SEQS = [(1, 150), (2, 140), (1, 200), (24, 133), (1, 170), (3, 161), (2, 300), (9, 260),
+        (4, 240)]
+GROUPS = [(0, 4), (4, 7), (7, 9)]
 # Sequence 1's rows (positions 138, 139) see no prefix key.
-WINDOW = np.array([80, 30, 150, 60, 100, 45, 250], dtype=np.int32)
+WINDOW = np.array([80, 30, 150, 60, 100, 45, 250, 250, 200], dtype=np.int32)
 
 
 def make_step():

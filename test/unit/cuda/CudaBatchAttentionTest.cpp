@@ -64,25 +64,35 @@ BatchAttentionConfig cudaConfig(const BatchStep &step,
   return config;
 }
 
+/// The GQA-packed kernel's rows per CTA (CudaBatchAttention.cpp).
+constexpr int64_t kGroupTileRows = 128;
+
 /// Runs a step on the emulated device and compares it with the float64
 /// reference; also checks that the kernels read the engine's cache in
 /// place and that the plan sent sequences of 1 to 8 new tokens to the
-/// decode kernel and longer ones to 64-row prefill tiles. `shape` receives
-/// the plan's shape.
+/// decode kernel, longer ones with 4 keys per token or more to the
+/// GQA-packed tiles (tokens x group rows) and the others to 64-row prefill
+/// tiles. `shape` receives the plan's shape.
 BatchStepCheck checkOnDevice(const BatchStepCase &c, BatchPlanShape *shape = nullptr,
                              std::optional<DType> outType = std::nullopt,
                              HostTensor *outCopy = nullptr) {
   BatchStep step(c);
   BatchAttention attention(step.mods, cudaConfig(step, outType));
   step.plan(attention);
-  int64_t decodeSequences = 0, prefillTiles = 0;
+  int64_t decodeSequences = 0, prefillTiles = 0, groupTiles = 0;
+  const int64_t rows = kGroupTileRows, group = c.qHeads / c.kvHeads;
   for (const BatchSeq &s : c.seqs) {
     decodeSequences += s.qLen >= 1 && s.qLen <= 8;
-    prefillTiles += s.qLen > 8 ? (s.qLen + 63) / 64 : 0;
+    if (s.qLen > 8 && s.seqLen >= 4 * s.qLen)
+      groupTiles += (s.qLen * group + rows - 1) / rows;
+    else if (s.qLen > 8)
+      prefillTiles += (s.qLen + 63) / 64;
   }
   const BatchPlanShape planned = attention.planShape();
   EXPECT_EQ(planned.decodeSequences, decodeSequences);
   EXPECT_EQ(planned.prefillTiles, prefillTiles);
+  EXPECT_EQ(planned.groupTiles, groupTiles);
+  EXPECT_EQ(planned.groupSplits > 0, groupTiles > 0);
   EXPECT_EQ(planned.decodeSplits > 0, decodeSequences > 0);
   if (shape)
     *shape = planned;
@@ -552,7 +562,7 @@ TEST(CudaBatchAttention, KvStartAndKvEndHalvesMergeToTheWhole) {
     planWith(tail, false);
     if (variant == 0)
       EXPECT_GT(tail.planShape().decodeSplits, 1);
-    EXPECT_GT(tail.planShape().prefillTiles, 0);
+    EXPECT_GT(tail.planShape().prefillTiles + tail.planShape().groupTiles, 0);
     DeviceStep device(step);
     TensorView headOut, headLse, tailOut, tailLse;
     auto headBuffers = runInto(head, device, headOut, headLse);
@@ -571,7 +581,8 @@ TEST(CudaBatchAttention, KvStartAndKvEndHalvesMergeToTheWhole) {
 /// partial seventh). The prefix level packs each group's queries as one
 /// entry over the prefix pages (kv_end 100) with each token's own position
 /// and sequence index (token maps): a group of 7 tokens goes to the decode
-/// kernel, one of 22 to prefill tiles. The suffix level is the flat step
+/// kernel, one of 22 (100 keys: more than 4 a token) to the GQA-packed
+/// tiles. The suffix level is the flat step
 /// from kv_start 100. Merged on the device they match the float64 step,
 /// under a document mask whose per-sequence ids (indexed by the token's b)
 /// decide which prefix keys each row sees, and ALiBi (its position).
@@ -614,7 +625,8 @@ void checkCascadeLevels(BatchStepCase c) {
                    TensorView(positions.data(), DType::I32, {tokens}),
                    TensorView(batches.data(), DType::I32, {tokens}));
   EXPECT_EQ(prefixLevel.planShape().decodeSequences, 1);
-  EXPECT_EQ(prefixLevel.planShape().prefillTiles, 1);
+  EXPECT_EQ(prefixLevel.planShape().prefillTiles, 0);
+  EXPECT_EQ(prefixLevel.planShape().groupTiles, 1);
   std::vector<int32_t> qsl = step.queryStartLoc, lens = step.seqLens, table = step.blockTable;
   std::vector<int32_t> start(static_cast<size_t>(batch), prefix);
   // The suffix level needs no page below kv_start's: -1 there, which the
@@ -735,7 +747,7 @@ int64_t attentionCopyBytes(const std::function<void()> &run) {
   for (std::string line; std::getline(in, line);) {
     const nlohmann::json launch = nlohmann::json::parse(line);
     const std::string kernel = launch.at("kernel");
-    if (kernel == "pagedc_decode" || kernel == "pagedc_prefill")
+    if (kernel == "pagedc_decode" || kernel == "pagedc_prefill" || kernel == "pagedc_prefill_group")
       bytes += launch.at("counters").at("cp_async_bytes").get<int64_t>();
   }
   std::remove(path.c_str());
@@ -864,6 +876,8 @@ TEST(CudaBatchAttention, CapturedStepReplaysWithNewMetadata) {
     ASSERT_EQ(shape.prefillTiles, captured.prefillTiles) << replay;
     ASSERT_EQ(shape.decodeSequences, captured.decodeSequences) << replay;
     ASSERT_EQ(shape.decodeSplits, captured.decodeSplits) << replay;
+    ASSERT_EQ(shape.groupTiles, captured.groupTiles) << replay;
+    ASSERT_EQ(shape.groupSplits, captured.groupSplits) << replay;
     device.reload(step);
     graph.launch(stream);
     driver.check(driver.api().streamSynchronize(stream), "cuStreamSynchronize");

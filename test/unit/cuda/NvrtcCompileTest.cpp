@@ -279,19 +279,23 @@ TEST(NvrtcCompile, OtherHeadDimsCompileWithoutSpills) {
 /// spills (without the 5-CTA register cap flexAttention's decode takes on
 /// sm_90 for up to 16 rows at head dims up to 64); so do those of 8-bit
 /// caches at head dims 64, 128 and 256 (the formats and element types in
-/// turn), and those of an f32 out.
+/// turn), and those of an f32 out; and so does the GQA-packed prefill
+/// (PrefillGroup.cuh: 128 rows of 8 warps, GQA 4).
 TEST(NvrtcCompile, PackedBatchKernelsCompileWithoutSpills) {
   REQUIRE_NVRTC();
   std::vector<Case> cases;
   int variant = 0;
   for (const char *mod : {"none", "document", "softcap"})
-    for (KernelKind kind : {KernelKind::Prefill, KernelKind::Decode})
+    for (int shape = 0; shape < 3; ++shape)
       for (int headDim : {64, 96, 128, 192, 256})
         for (const char *arch : {"sm_80", "sm_90"})
           for (bool float8 : {false, true}) {
             if (float8 && headDim != 64 && headDim != 128 && headDim != 256)
               continue;
             const int v = float8 ? variant++ : 0;
+            // 0: the per-head prefill tiles, 1: decode, 2: the GQA-packed
+            // prefill.
+            const KernelKind kind = shape == 1 ? KernelKind::Decode : KernelKind::Prefill;
             Case c;
             if (float8)
               c.config.kvFloat8 = v % 2 ? DType::F8E5M2 : DType::F8E4M3;
@@ -308,6 +312,12 @@ TEST(NvrtcCompile, PackedBatchKernelsCompileWithoutSpills) {
             c.config.queryTokens = kind == KernelKind::Decode ? 8 : 1;
             c.config.returnLse = true;
             c.config.packedBatch = true;
+            if (shape == 2) {
+              // As CudaBatchAttention's groupRowsConfig.
+              c.config.groupRows = true;
+              c.config.blockM = 128;
+              c.config.groupSize = 4;
+            }
             c.arch = arch;
             cases.push_back(c);
             // An f32 out (its epilogues store pairs of floats): under the
