@@ -20,7 +20,9 @@ each sequence on its own copy of the prefix, reads. (The flat step here
 shares the pages, so its distinct sectors would understate that step's
 traffic.) A prefill launch's DRAM bytes are its distinct sectors, as the
 model has them: the CTAs of one KV head's query heads re-read its K/V,
-assumed caught by L2.
+assumed caught by L2. The GQA-packed tiles (pagedc_prefill_group, where
+CascadeAttention's prefix level goes) count as a decode launch: DRAM moves
+what they request, each row tile's copy of the prefix included.
 
     PYTHONPATH=build/python python3 bench/python/cascade_cuda_model.py \
         [--sequences 64] [--prefix 4096] [--hq 32] [--hkv 8] [--json FILE] \
@@ -118,7 +120,7 @@ def main():
     os.environ.setdefault("PAGEDC_CUDA_DRIVER", "emu")
     os.environ["PAGEDC_EMU_CHECKS"] = "none"
     os.environ["PAGEDC_EMU_SAMPLE_BLOCKS"] = "32"
-    os.environ["PAGEDC_EMU_SAMPLE_KERNELS"] = "pagedc_decode,pagedc_prefill"
+    os.environ["PAGEDC_EMU_SAMPLE_KERNELS"] = "pagedc_decode,pagedc_prefill,pagedc_prefill_group"
     import pagedc
 
     rng = np.random.default_rng(0)
@@ -181,6 +183,18 @@ def main():
         "cascade_8_token_entries": counted(os.path.join(directory, "chunked.jsonl"), chunked,
                                               args.pagedc_gpu),
     }
+    # The prefix level's GQA-packed launch reads the prefix's K/V once per
+    # KV head and 128-row tile (ceil(sequences x hq / hkv / 128) tiles),
+    # plus q once per split: what its counters must show.
+    group = [x for x in result["cascade"]["launches"] if x["kernel"] == "pagedc_prefill_group"]
+    assert len(group) == 1, "the prefix level goes to the GQA-packed tiles"
+    tiles = -(-seqs * (hq // hkv) // 128)
+    splits = group[0]["grid_blocks"] // (hkv * tiles)
+    expected = tiles * result["prefix_kv_bytes_once_per_kv_head"] + splits * seqs * hq * d * 2
+    result["prefix_level_reads_per_kv_head"] = tiles
+    print(f"prefix level: {tiles} read(s) of the prefix per KV head, {splits} splits; "
+          f"requested {group[0]['requested_global_bytes'] / 1e6:.2f} MB, "
+          f"K/V + q {expected / 1e6:.2f} MB")
     for name in ("flat", "cascade", "cascade_8_token_entries"):
         r = result[name]
         print(f"{name}: {r['requested_global_bytes'] / 1e6:.1f} MB requested, "

@@ -17,9 +17,13 @@
 // CTAs than the sequences give, the keys are split (split-KV, up to 16
 // parts) and a merge launch combines the parts by their lse. Longer
 // sequences go to the packed-batch prefill kernel as a work list of
-// (sequence, 64-row query tile) entries, heaviest first. A step is then
-// at most three launches (prefill, decode, merge), each only when it has
-// work; a sequence with no new tokens is in neither list. plan() uploads
+// (sequence, 64-row query tile) entries, heaviest first, unless their keys
+// number 4 per token or more (a cascade's prefix level): those go to the
+// GQA-packed kernel, whose CTA serves every query head of a KV head (128
+// rows of (token, head)) and whose keys are split over CTAs. A step is then
+// at most five launches (prefill, the GQA-packed tiles, their merge,
+// decode, its merge), each only when it has work; a sequence with no new
+// tokens is in no list. plan() uploads
 // the lists and metadata into device storage allocated at construction,
 // where the kernels are compiled and loaded too; run() only enqueues them.
 // K/V are read in place through the layout's (head, page, slot) strides
@@ -169,6 +173,13 @@ struct BatchPlanShape {
   /// decode work; more than 1: a merge launch follows).
   int64_t decodeSequences = 0;
   int64_t decodeSplits = 0;
+  /// Tiles of the GQA-packed launch (entries of more than 8 tokens whose
+  /// key range holds 4 keys per token or more: a cascade's prefix level;
+  /// 128 rows of (token, query head) each), each one CTA per KV head and
+  /// split, and their splits (0 without such entries; more than 1: a merge
+  /// launch follows).
+  int64_t groupTiles = 0;
+  int64_t groupSplits = 0;
 };
 
 namespace detail {

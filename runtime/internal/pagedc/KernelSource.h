@@ -122,6 +122,13 @@ struct KernelConfig {
   /// Packed batches: out holds f32 instead of elementType (the epilogues,
   /// and the split decode's merge, store pairs of floats).
   bool outputF32 = false;
+  /// Packed-batch prefill (templates/PrefillGroup.cuh): a CTA's rows are
+  /// (token, query head) pairs of one KV head's group (groupSize heads,
+  /// token-major), so each K/V tile it copies serves the whole group, and
+  /// an entry's keys are split over CTAs (num_splits) with a merge launch.
+  /// blockM 128 (8 warps of 16 rows), warpRows 16. For entries whose keys
+  /// far outnumber their tokens (a cascade's prefix level).
+  bool groupRows = false;
 
   bool operator==(const KernelConfig &other) const {
     return kind == other.kind && elementType == other.elementType && kvFloat8 == other.kvFloat8 &&
@@ -131,7 +138,8 @@ struct KernelConfig {
            prefillStageLimit == other.prefillStageLimit && blockN == other.blockN &&
            groupSize == other.groupSize && queryTokens == other.queryTokens &&
            returnLse == other.returnLse && paramsSize == other.paramsSize &&
-           packedBatch == other.packedBatch && outputF32 == other.outputF32;
+           packedBatch == other.packedBatch && outputF32 == other.outputF32 &&
+           groupRows == other.groupRows;
   }
   bool operator!=(const KernelConfig &other) const { return !(*this == other); }
   /// Dv: valueHeadDim, or headDim where it is 0.

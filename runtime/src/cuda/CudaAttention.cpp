@@ -280,7 +280,12 @@ std::shared_ptr<const CudaKernel> loadCudaKernel(const KernelConfig &config,
                             info.maxSharedMemoryPerBlockOptin));
   switch (config.kind) {
   case KernelKind::Prefill:
-    kernel->main = kernel->module->function("pagedc_prefill", shared);
+    if (config.groupRows) {
+      kernel->main = kernel->module->function("pagedc_prefill_group", shared);
+      kernel->merge = kernel->module->function("pagedc_prefill_group_merge");
+    } else {
+      kernel->main = kernel->module->function("pagedc_prefill", shared);
+    }
     break;
   case KernelKind::Decode:
     kernel->main = kernel->module->function("pagedc_decode", shared);

@@ -6,8 +6,18 @@
 // K/V page is read once per split; split-KV with a merge launch when the
 // longest such context needs more CTAs than the sequences give), longer
 // ones to the packed-batch prefill kernel's (sequence, query tile) work
-// list. At most three launches (prefill, decode, merge), each only when
-// it has work; a sequence with no new tokens is in neither list.
+// list. At most five launches (prefill, the GQA-packed tiles and their
+// merge, decode and its merge), each only when it has work; a sequence
+// with no new tokens is in no list.
+//
+// Entries of more than kBatchDecodeTokens tokens whose keys outnumber their
+// tokens kBatchGroupKeysPerToken times or more (a cascade's prefix level,
+// a short chunk at the end of a long context) go to the GQA-packed kernel
+// instead (templates/PrefillGroup.cuh): its CTA's rows are (token, query
+// head) pairs of one KV head, so the entry's K/V is read once per KV head
+// and row tile rather than once per query head, and its keys are split
+// over CTAs (a merge launch of its own) so that few entries still fill the
+// machine.
 //
 //===----------------------------------------------------------------------===//
 #include "cuda/CudaBatchAttention.h"
@@ -81,6 +91,19 @@ KernelConfig packedBatchConfig(const CompiledMods &mods, const BatchAttentionCon
   return config;
 }
 
+/// The GQA-packed kernel's configuration: 8 warps of 16 rows (128 rows: 32
+/// tokens of a group of 4 share each copy of a K/V tile; 16 warps spilled,
+/// templates/PrefillGroup.cuh), with the packed prefill's KV tile and
+/// row-value choices.
+KernelConfig groupRowsConfig(const CompiledMods &mods, const BatchAttentionConfig &c) {
+  KernelConfig config = packedBatchConfig(mods, c, KernelKind::Prefill);
+  config.groupRows = true;
+  config.blockM = 128;
+  config.groupSize = static_cast<int>(c.numQHeads / c.numKVHeads);
+  config.validate();
+  return config;
+}
+
 size_t ints(int64_t count) { return static_cast<size_t>(count); }
 
 } // namespace
@@ -140,6 +163,11 @@ CudaBatchBackend::CudaBatchBackend(const CompiledMods &mods, const BatchAttentio
     prefill_ =
         cudaKernelFor(mods, packedBatchConfig(mods, c, KernelKind::Prefill), c.device.index);
   decode_ = cudaKernelFor(mods, packedBatchConfig(mods, c, KernelKind::Decode), c.device.index);
+  // The GQA-packed tiles' count and split count vary with the step, which
+  // a fixed grid must not: its steps run those entries on the per-query-head
+  // tiles. MLA decode has no prefill path at all.
+  if (!mla && !c.fixedGrid)
+    group_ = cudaKernelFor(mods, groupRowsConfig(mods, c), c.device.index);
 
   // Prefill tiles: whole tiles of the tokens, plus one partial tile per
   // prefill sequence (which has more than kBatchDecodeTokens tokens).
@@ -159,6 +187,17 @@ CudaBatchBackend::CudaBatchBackend(const CompiledMods &mods, const BatchAttentio
   // that step's.
   if (c.fixedGrid)
     fixedSplits_ = decodeSplits(c.maxNumSeqs, c.maxBlocksPerSeq * c.pageSize, kBatchDecodeTokens);
+  // GQA-packed tiles: whole tiles of the rows (tokens x group), plus one
+  // partial tile per entry of more than kBatchDecodeTokens tokens.
+  if (group_) {
+    const int64_t groupRows = group_->config.blockM;
+    maxGroupTiles_ =
+        std::max<int64_t>(c.maxNumTokens * group_->config.groupSize / groupRows +
+                              std::min(c.maxNumSeqs, c.maxNumTokens / (kBatchDecodeTokens + 1)),
+                          1);
+    groupPartialRows_ = c.numKVHeads * groupRows * maxSplits_ *
+                        std::min<int64_t>(maxGroupTiles_, kBatchGroupPartialTiles);
+  }
   kvLenAt_ = ints(c.maxNumSeqs * c.maxBlocksPerSeq);
   qOffsetAt_ = kvLenAt_ + ints(c.maxNumSeqs);
   qStartAt_ = qOffsetAt_ + ints(c.maxNumSeqs);
@@ -168,12 +207,16 @@ CudaBatchBackend::CudaBatchBackend(const CompiledMods &mods, const BatchAttentio
   tokenPositionAt_ = kvStartAt_ + ints(c.maxNumSeqs);
   tokenBatchAt_ = tokenPositionAt_ + ints(c.maxNumTokens);
   workCountsAt_ = tokenBatchAt_ + ints(c.maxNumTokens);
+  groupAt_ = workCountsAt_ + 2;
   // (f32 after int32: 4-byte aligned.)
-  lseAt_ = workCountsAt_ + 2;
+  lseAt_ = groupAt_ + ints(2 * maxGroupTiles_);
   const int64_t partialRows = c.maxNumSeqs * kBatchDecodeTokens * c.numQHeads * maxSplits_;
   partialLseAt_ = lseAt_ + ints(c.maxNumTokens * c.numQHeads);
   partialOutAt_ = partialLseAt_ + ints(partialRows);
-  storage_ = DeviceBuffer((partialOutAt_ + ints(partialRows * c.headDim)) * 4, c.device.index);
+  groupPartialLseAt_ = partialOutAt_ + ints(partialRows * c.headDim);
+  groupPartialOutAt_ = groupPartialLseAt_ + ints(groupPartialRows_);
+  storage_ =
+      DeviceBuffer((groupPartialOutAt_ + ints(groupPartialRows_ * c.headDim)) * 4, c.device.index);
   if (c.kvDtype)
     scaleStorage_ = DeviceBuffer(kMaxScaleSets * ints(2 * c.numKVHeads) * 4, c.device.index);
   tiles_.assign(ints(2 * maxPrefillTiles_), 0);
@@ -181,6 +224,10 @@ CudaBatchBackend::CudaBatchBackend(const CompiledMods &mods, const BatchAttentio
   order_.assign(ints(maxPrefillTiles_), 0);
   weight_.assign(ints(maxPrefillTiles_), 0);
   decodeList_.assign(ints(2 * c.maxNumSeqs), 0);
+  groupList_.assign(ints(2 * maxGroupTiles_), 0);
+  groupOrdered_.assign(ints(2 * maxGroupTiles_), 0);
+  groupOrder_.assign(ints(maxGroupTiles_), 0);
+  groupKeys_.assign(ints(maxGroupTiles_), 0);
   defaultPosition_.assign(ints(c.maxNumTokens), 0);
   defaultBatch_.assign(ints(c.maxNumTokens), 0);
 }
@@ -194,7 +241,7 @@ void CudaBatchBackend::plan(const int32_t *queryStart, const int32_t *kvLength,
   // The prefill tiles, heaviest first (the keys a tile's last row may see:
   // under a causal mask, what it costs), so that light tiles fill the
   // launch's tail; the decode list, and its longest context.
-  int64_t tiles = 0, decodeSeqs = 0;
+  int64_t tiles = 0, decodeSeqs = 0, groupTiles = 0, maxGroupKeys = 0;
   int32_t maxKv = 1, maxDecodeKv = 0, maxDecodeTokens = 0;
   for (int64_t b = 0; b < batch; ++b) {
     const int32_t qLength = queryStart[b + 1] - queryStart[b];
@@ -209,6 +256,16 @@ void CudaBatchBackend::plan(const int32_t *queryStart, const int32_t *kvLength,
       ++decodeSeqs;
       maxDecodeKv = std::max(maxDecodeKv, kvLength[b] - firstKey);
       maxDecodeTokens = std::max(maxDecodeTokens, qLength);
+      continue;
+    }
+    // (The GQA-packed launch's tiles are its grid's z: at most 65535.)
+    const int64_t keys = int64_t(kvLength[b]) - firstKey;
+    const int64_t tileRows = group_ ? group_->config.blockM : 0;
+    if (group_ && keys >= kBatchGroupKeysPerToken * qLength &&
+        groupTiles + (int64_t(qLength) * group_->config.groupSize + tileRows - 1) / tileRows <=
+            65535) {
+      groupTiles += addGroupTiles(b, qLength, keys, groupTiles);
+      maxGroupKeys = std::max(maxGroupKeys, keys);
       continue;
     }
     for (int32_t row = 0; row < qLength; row += rows) {
@@ -228,6 +285,8 @@ void CudaBatchBackend::plan(const int32_t *queryStart, const int32_t *kvLength,
     ordered_[2 * i + 1] = tiles_[2 * order_[i] + 1];
   }
 
+  const int64_t groupSplits = finishGroupTiles(groupTiles, maxGroupKeys);
+
   // Decode splits: the step's own, or the fixed grid's.
   int64_t splits = 1;
   if (c.fixedGrid)
@@ -243,6 +302,7 @@ void CudaBatchBackend::plan(const int32_t *queryStart, const int32_t *kvLength,
   storage_.upload(ordered_.data(), ints(2 * tiles) * 4, prefillAt_ * 4);
   storage_.upload(decodeList_.data(), ints(2 * decodeSeqs) * 4, decodeAt_ * 4);
   storage_.upload(kvStart, ints(batch) * 4, kvStartAt_ * 4);
+  storage_.upload(groupOrdered_.data(), ints(2 * groupTiles) * 4, groupAt_ * 4);
   // The token maps, each plan's own or the flat step's (q_offset[b] + i,
   // b): the kernels always read them, so a graph captured on one plan
   // stays right for a plan of the same shape with or without maps.
@@ -266,6 +326,8 @@ void CudaBatchBackend::plan(const int32_t *queryStart, const int32_t *kvLength,
   prefillTiles_ = tiles;
   decodeSeqs_ = decodeSeqs;
   splits_ = splits;
+  groupTiles_ = groupTiles;
+  groupSplits_ = groupSplits;
   maxKvLength_ = maxKv;
 }
 
@@ -295,6 +357,40 @@ int64_t CudaBatchBackend::decodeSplits(int64_t decodeSeqs, int64_t maxDecodeKv,
   problem.residentCtasPerSm = std::max(decode_->residentCtasPerSm, 1);
   problem.minGranulesPerSplit = kMinSplitKeys / kDecodeTile;
   return std::clamp<int64_t>(chooseDecodeSplits(problem).splits, 1, maxSplits_);
+}
+
+int64_t CudaBatchBackend::addGroupTiles(int64_t b, int32_t qLength, int64_t keys, int64_t first) {
+  const int64_t rows = int64_t(qLength) * group_->config.groupSize;
+  const int64_t tileRows = group_->config.blockM;
+  int64_t count = 0;
+  for (int64_t row = 0; row < rows; row += tileRows, ++count) {
+    groupList_[ints(2 * (first + count))] = static_cast<int32_t>(b);
+    groupList_[ints(2 * (first + count) + 1)] = static_cast<int32_t>(row);
+    groupKeys_[ints(first + count)] = keys;
+  }
+  return count;
+}
+
+int64_t CudaBatchBackend::finishGroupTiles(int64_t tiles, int64_t longestKeys) {
+  if (tiles == 0)
+    return 1;
+  std::iota(groupOrder_.begin(), groupOrder_.begin() + tiles, 0);
+  std::stable_sort(groupOrder_.begin(), groupOrder_.begin() + tiles,
+                   [&](int32_t x, int32_t y) { return groupKeys_[x] > groupKeys_[y]; });
+  for (int64_t i = 0; i < tiles; ++i) {
+    groupOrdered_[ints(2 * i)] = groupList_[ints(2 * groupOrder_[i])];
+    groupOrdered_[ints(2 * i + 1)] = groupList_[ints(2 * groupOrder_[i] + 1)];
+  }
+  // Splits: enough CTAs for every SM's resident CTAs, each split at least
+  // kMinSplitKeys long (shorter ones cost more in merging than they gain),
+  // and no more than the partial workspace holds for this many tiles.
+  const int64_t ctasPerSplit = tiles * config_.numKVHeads;
+  const int64_t slots = int64_t(cudaDeviceInfo(group_->device).multiprocessors) *
+                        std::max(group_->residentCtasPerSm, 1);
+  const int64_t wanted = (slots + ctasPerSplit - 1) / ctasPerSplit;
+  const int64_t longest = std::max<int64_t>(longestKeys / kMinSplitKeys, 1);
+  const int64_t held = groupPartialRows_ / (ctasPerSplit * group_->config.blockM);
+  return std::max<int64_t>(std::min({wanted, longest, kBatchMaxDecodeSplits, held}), 1);
 }
 
 const float *CudaBatchBackend::scalesFor(const std::vector<float> &kScale,
@@ -424,7 +520,7 @@ void CudaBatchBackend::run(const CudaBatchCall &call) const {
   };
 
   // A fixed grid launches every kernel at the limits' size, work or not.
-  const int64_t prefillGrid = c.fixedGrid ? maxPrefillTiles_ : prefillTiles_;
+  const int64_t prefillGrid = !prefill_ ? 0 : c.fixedGrid ? maxPrefillTiles_ : prefillTiles_;
   const int64_t decodeGrid = c.fixedGrid ? c.maxNumSeqs : decodeSeqs_;
   if (prefillGrid > 0) {
     PagedcAttentionKernelArgs prefillArgs = args;
@@ -432,6 +528,21 @@ void CudaBatchBackend::run(const CudaBatchCall &call) const {
     prefillArgs.num_work_tiles = static_cast<int32_t>(prefillGrid);
     launch(*prefill_, prefill_->main, "pagedc_prefill", prefillArgs,
            static_cast<unsigned>(prefillGrid * c.numQHeads), 1, 1, true);
+  }
+  if (groupTiles_ > 0) {
+    PagedcAttentionKernelArgs groupArgs = args;
+    groupArgs.work_tiles = words + groupAt_;
+    groupArgs.num_work_tiles = static_cast<int32_t>(groupTiles_);
+    groupArgs.num_splits = static_cast<int32_t>(groupSplits_);
+    groupArgs.partial_lse = floats + groupPartialLseAt_;
+    groupArgs.partial_out = floats + groupPartialOutAt_;
+    launch(*group_, group_->main, "pagedc_prefill_group", groupArgs,
+           static_cast<unsigned>(groupSplits_), static_cast<unsigned>(c.numKVHeads),
+           static_cast<unsigned>(groupTiles_), true);
+    if (groupSplits_ > 1)
+      launch(*group_, group_->merge, "pagedc_prefill_group_merge", groupArgs,
+             static_cast<unsigned>(c.numKVHeads * group_->config.blockM / 4),
+             static_cast<unsigned>(groupTiles_), 1, false);
   }
   if (decodeGrid > 0) {
     const KernelConfig &config = decode_->config;
@@ -462,7 +573,7 @@ void CudaBatchBackend::uploadScales(const std::vector<float> &kScale,
 BatchPlanShape CudaBatchBackend::planShape() const {
   BatchPlanShape shape;
   if (config_.fixedGrid) {
-    shape.prefillTiles = maxPrefillTiles_;
+    shape.prefillTiles = prefill_ ? maxPrefillTiles_ : 0;
     shape.decodeSequences = config_.maxNumSeqs;
     shape.decodeSplits = fixedSplits_;
     return shape;
@@ -470,6 +581,8 @@ BatchPlanShape CudaBatchBackend::planShape() const {
   shape.prefillTiles = prefillTiles_;
   shape.decodeSequences = decodeSeqs_;
   shape.decodeSplits = decodeSeqs_ > 0 ? splits_ : 0;
+  shape.groupTiles = groupTiles_;
+  shape.groupSplits = groupTiles_ > 0 ? groupSplits_ : 0;
   return shape;
 }
 

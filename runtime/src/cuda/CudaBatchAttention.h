@@ -27,6 +27,16 @@ namespace pagedc::detail {
 constexpr int kBatchDecodeTokens = 8;
 /// The most KV splits of a decode sequence; bounds the split workspace.
 constexpr int64_t kBatchMaxDecodeSplits = 16;
+/// An entry of more than kBatchDecodeTokens tokens whose key range holds at
+/// least this many keys per token goes to the GQA-packed kernel
+/// (templates/PrefillGroup.cuh): reading its K/V is then most of its cost,
+/// and that kernel reads it once per KV head and splits it over CTAs.
+/// Whole prompts and long chunks keep the per-query-head tiles, whose
+/// launch has the CTAs to fill the machine without splits.
+constexpr int64_t kBatchGroupKeysPerToken = 4;
+/// Work tiles of the GQA-packed launch whose partials the split workspace
+/// holds at the most splits; more tiles take fewer splits.
+constexpr int64_t kBatchGroupPartialTiles = 8;
 
 /// One run() of a planned step, every tensor checked and on the device.
 struct CudaBatchCall {
@@ -91,8 +101,8 @@ public:
 
 private:
   BatchAttentionConfig config_;
-  std::shared_ptr<const CudaKernel> prefill_, decode_;
-  int64_t maxPrefillTiles_ = 0, maxSplits_ = 1;
+  std::shared_ptr<const CudaKernel> prefill_, decode_, group_;
+  int64_t maxPrefillTiles_ = 0, maxSplits_ = 1, maxGroupTiles_ = 0, groupPartialRows_ = 0;
   /// BatchAttentionConfig::fixedGrid's decode split count.
   int64_t fixedSplits_ = 1;
   /// The decode split count of `decodeSeqs` sequences whose longest
@@ -104,21 +114,36 @@ private:
   // [maxNumSeqs + 1], the prefill tiles [maxPrefillTiles, 2], the decode
   // list [maxNumSeqs, 2], kv_start [maxNumSeqs], the token positions and
   // batch indices [maxNumTokens] each, a fixed grid's work counts [2]
-  // (prefill tiles, decode sequences); then f32: the lse the kernels write
-  // when the caller wants none [maxNumTokens, Hq], the decode splits'
-  // partial lse [maxNumSeqs, kBatchDecodeTokens, Hq, maxSplits] and
-  // outputs [..., D].
+  // (prefill tiles, decode sequences), the GQA-packed tiles
+  // [maxGroupTiles, 2]; then f32: the lse the kernels write when the caller
+  // wants none [maxNumTokens, Hq], the decode splits' partial lse
+  // [maxNumSeqs, kBatchDecodeTokens, Hq, maxSplits] and outputs [..., D];
+  // the GQA-packed splits' partial lse [groupPartialRows] and outputs
+  // [..., D].
   DeviceBuffer storage_;
   size_t kvLenAt_ = 0, qOffsetAt_ = 0, qStartAt_ = 0, prefillAt_ = 0, decodeAt_ = 0;
-  size_t kvStartAt_ = 0, tokenPositionAt_ = 0, tokenBatchAt_ = 0, workCountsAt_ = 0;
+  size_t kvStartAt_ = 0, tokenPositionAt_ = 0, tokenBatchAt_ = 0, workCountsAt_ = 0, groupAt_ = 0;
   size_t lseAt_ = 0, partialLseAt_ = 0, partialOutAt_ = 0;
+  size_t groupPartialLseAt_ = 0, groupPartialOutAt_ = 0;
   // The plan.
   int64_t batch_ = 0, prefillTiles_ = 0, decodeSeqs_ = 0, splits_ = 1;
+  int64_t groupTiles_ = 0, groupSplits_ = 1;
   int32_t maxKvLength_ = 1;
   // Sized at construction: the prefill tiles in step order, their weights,
   // the heaviest-first order and the tiles in that order (uploaded); the
   // decode list.
   std::vector<int32_t> tiles_, ordered_, order_, decodeList_;
+  // The GQA-packed tiles (sequence, first row), heaviest first, and their
+  // keys.
+  std::vector<int32_t> groupList_, groupOrder_, groupOrdered_;
+  std::vector<int64_t> groupKeys_;
+  /// Writes entry b's GQA-packed tiles (qLength tokens, `keys` keys) to
+  /// groupList_ from tile `first` on; returns their count.
+  int64_t addGroupTiles(int64_t b, int32_t qLength, int64_t keys, int64_t first);
+  /// Orders a plan's `tiles` GQA-packed tiles heaviest first into
+  /// groupOrdered_ and returns their splits, for `longestKeys` keys at the
+  /// most.
+  int64_t finishGroupTiles(int64_t tiles, int64_t longestKeys);
   // [maxNumTokens]: the token maps of a plan given none.
   std::vector<int32_t> defaultPosition_, defaultBatch_;
   std::vector<int64_t> weight_;

@@ -69,6 +69,9 @@ Value configToJson(const KernelConfig &config) {
   // Only for BatchAttention's kernels of an f32 out (absent: out of dtype).
   if (config.outputF32)
     value.set("out_dtype", "f32");
+  // Only for BatchAttention's GQA-packed prefill (absent: per-head tiles).
+  if (config.groupRows)
+    value.set("group_rows", true);
   return value;
 }
 
@@ -121,6 +124,8 @@ KernelConfig configFromJson(const Value &value, const std::string &where) {
       throw Error(fmt::format("bundle manifest {}: out_dtype '{}' is not f32", where, outDtype));
     config.outputF32 = true;
   }
+  if (const Value *groupRows = value.find("group_rows"))
+    config.groupRows = groupRows->asBool(name("group_rows"));
   config.validate();
   return config;
 }

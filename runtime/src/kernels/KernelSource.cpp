@@ -376,7 +376,12 @@ void KernelConfig::validate() const {
   if (!isPowerOfTwo(pageSize) || pageSize > 1024)
     throw Error(fmt::format(
         "page size {} is not a power of two in [1, 1024]", pageSize));
-  if (blockM != 64 && blockM != 128)
+  if (groupRows && (kind != KernelKind::Prefill || !packedBatch || warpRows != 16 || blockM != 128))
+    throw Error(fmt::format("the GQA-packed prefill takes packed batches, 16 rows per warp and "
+                            "blockM 128, not {} blockM {} warpRows {}{}",
+                            kernelKindName(kind), blockM, warpRows,
+                            packedBatch ? "" : " unpacked"));
+  if (!groupRows && blockM != 64 && blockM != 128)
     throw Error(fmt::format("prefill blockM {} must be 64 or 128", blockM));
   if (warpRows != 16 && warpRows != 32 && warpRows != 64)
     throw Error(fmt::format("prefill warpRows {} must be 16, 32 (rows per warp, mma.sync) or "
@@ -434,7 +439,7 @@ std::string KernelConfig::describe() const {
                      blockN, groupSize, queryTokens, returnLse ? 1 : 0, paramsSize) +
          (packedBatch ? " packed" : "") +
          (kvFloat8 ? fmt::format(" kv {}", dtypeName(*kvFloat8)) : std::string()) +
-         (outputF32 ? " out f32" : "");
+         (outputF32 ? " out f32" : "") + (groupRows ? " group-rows" : "");
 }
 
 int KernelConfig::decodeHeadsPerCta() const {
@@ -637,9 +642,11 @@ KernelSource assembleKernel(const KernelConfig &config,
     } else {
       append("Float8.cuh");
       append("Float8Tiles.cuh");
-      append("Prefill.cuh");
+      append(config.groupRows ? "PrefillGroup.cuh" : "Prefill.cuh");
     }
-    source.kernelNames = {"pagedc_prefill"};
+    source.kernelNames = config.groupRows ? std::vector<std::string>{"pagedc_prefill_group",
+                                                                     "pagedc_prefill_group_merge"}
+                                          : std::vector<std::string>{"pagedc_prefill"};
     break;
   case KernelKind::Decode:
     append("KernelCommon.cuh");

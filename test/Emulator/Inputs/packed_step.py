@@ -3,19 +3,22 @@
 
   packed_step.py -o OUT.npy --lse LSE.npy (--device emu | --reference)
 
-Seven sequences in two groups, each group sharing its first 100 keys
-(sequence 0's and sequence 4's; whole pages shared, the partial seventh
-each sequence's own copy), pages of 16 shuffled, f16, GQA 2, D 64. The
-prefix level packs each group's queries as one entry over the prefix's
-pages (kv_end 100) with each token's own position and sequence index (the
-token maps): group 0's 16 tokens go to the packed prefill, group 1's 6 to
-the packed decode. The suffix level is the flat step from kv_start 100 (a
-12-token sequence on the prefill, the others on the decode kernel; its
-page table -1 below kv_start's page, which the kernels must not read).
-The two are merged on the device (merge_state). The prefix level has a
-fixed grid (fixed_grid=True: launches sized by its limits, 9 sequences and
-2 prefill tiles, whose CTAs past the step's work exit at once); the suffix
-level sizes its own. The mask is a window per
+Nine sequences in three groups, each group sharing its first 100 keys
+(sequence 0's, 4's and 7's; whole pages shared, the partial seventh each
+sequence's own copy), pages of 16 shuffled, f16, GQA 2, D 64. The prefix
+level packs each group's queries as one entry over the prefix's pages
+(kv_end 100) with each token's own position and sequence index (the token
+maps): group 0's 28 tokens go to the packed prefill (fewer than 4 keys a
+token), group 1's 6 to the packed decode, group 2's 13 to the GQA-packed
+tiles (PrefillGroup.cuh). The suffix level is the flat step from kv_start
+100 (a 24-token sequence on the prefill, a 9-token one over 196 keys on the
+GQA-packed tiles, the others on the decode kernel; its page table -1 below
+kv_start's page, which the kernels must not read).
+The two are merged on the device (merge_state). The output is that
+cascade's out and lse followed by the same step run flat with a fixed grid
+(fixed_grid=True: launches sized by its limits, 11 sequences, whose CTAs
+past the step's work exit at once; a fixed grid runs the GQA-packed
+entries on the per-query-head tiles). The mask is a window per
 sequence read by the row's sequence index (some rows see part of the
 prefix, some none of it: fully masked there), the score a relative bias
 (each row's own position counts).
@@ -36,10 +39,11 @@ score relative(s, b, h, q, kv) = s - 0.01 * (q - kv)
 """
 PREFIX, PAGE, HQ, HKV, D = 100, 16, 4, 2, 64
 # (new tokens, keys) per sequence; groups [0, 4) and [4, 7).
-SEQS = [(1, 150), (2, 140), (1, 200), (12, 133), (1, 170), (3, 161), (2, 300)]
-GROUPS = [(0, 4), (4, 7)]
+SEQS = [(1, 150), (2, 140), (1, 200), (24, 133), (1, 170), (3, 161), (2, 300), (9, 260),
+        (4, 240)]
+GROUPS = [(0, 4), (4, 7), (7, 9)]
 # Sequence 1's rows (positions 138, 139) see no prefix key.
-WINDOW = np.array([80, 30, 150, 60, 100, 45, 250], dtype=np.int32)
+WINDOW = np.array([80, 30, 150, 60, 100, 45, 250, 250, 200], dtype=np.int32)
 
 
 def make_step():
@@ -106,7 +110,7 @@ def run_on_device(step):
     batch, tokens, columns = len(SEQS), int(step["qsl"][-1]), step["table"].shape[1]
     args = (mods, HQ, HKV, D, PAGE, "NHD", batch + 2, tokens + 4, "emu")
     options = dict(max_blocks_per_seq=columns, dtype="f16")
-    prefix_level = pagedc.BatchAttention(*args, fixed_grid=True, **options)
+    prefix_level = pagedc.BatchAttention(*args, **options)
     suffix_level = pagedc.BatchAttention(*args, **options)
     # The prefix level: one entry per group over its first member's row.
     starts = [int(step["qsl"][first]) for first, _ in GROUPS] + [tokens]
@@ -132,8 +136,13 @@ def run_on_device(step):
                                               device["v_cache"], buffers=window,
                                               return_lse=True, stream=stream)
     pagedc.merge_state_in_place(out, lse, prefix_out, prefix_lse, stream=stream)
+    flat = pagedc.BatchAttention(*args, fixed_grid=True, **options)
+    flat.plan(step["qsl"], step["lens"], step["table"])
+    flat_out, flat_lse = flat.run(device["q"], device["k_cache"], device["v_cache"],
+                                  buffers=window, return_lse=True, stream=stream)
     stream.synchronize()
-    return pagedc.to_host(out).astype(np.float32), pagedc.to_host(lse)
+    return (np.concatenate([pagedc.to_host(out), pagedc.to_host(flat_out)]).astype(np.float32),
+            np.concatenate([pagedc.to_host(lse), pagedc.to_host(flat_lse)]))
 
 
 def main():
@@ -145,7 +154,11 @@ def main():
     which.add_argument("--reference", action="store_true")
     args = parser.parse_args()
     step = make_step()
-    out, lse = reference(step) if args.reference else run_on_device(step)
+    if args.reference:
+        out, lse = reference(step)
+        out, lse = np.concatenate([out, out]), np.concatenate([lse, lse])
+    else:
+        out, lse = run_on_device(step)
     np.save(args.out, np.ascontiguousarray(out, dtype=np.float32))
     np.save(args.lse, np.ascontiguousarray(lse, dtype=np.float32))
 

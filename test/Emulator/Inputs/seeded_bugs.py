@@ -647,8 +647,8 @@ BUGS = {
         "        b_of[half] = args.token_batch[token];",
         "        b_of[half] = args.token_batch[first_row];",
         "packed-cascade"),
-    # A fixed grid's CTAs one past the step's work not exiting (the prefix
-    # level's; packed_step.py): a prefill tile, and a decode entry, read
+    # A fixed grid's CTAs one past the step's work not exiting (the flat
+    # run's; packed_step.py): a prefill tile, and a decode entry, read
     # work-list entries no plan wrote (initcheck).
     "packed-prefill-fixed-grid-one-past": (
         "Prefill.cuh",
@@ -687,6 +687,24 @@ BUGS = {
         "column_warp * (kMlaColumns / 8) + pair * 2 + (lane >> 4)));",
         "column_warp * (kMlaColumns / 8) + pair * 2 + (lane >> 4) + 8));",
         "mla"),
+    # The GQA-packed tiles starting every sequence at key 0 (kv_start
+    # ignored): the suffix level's 9-token sequence reads the pages below
+    # kv_start, which its page table holds as -1 (memcheck).
+    "packed-group-ignores-kv-start": (
+        "PrefillGroup.cuh",
+        "  auto kv_from = [&]() -> int { return args.kv_start ? args.kv_start[recompute_here(b)] : 0; };",
+        "  auto kv_from = [&]() -> int { return 0; };",
+        "packed-cascade"),
+    # The GQA-packed tiles reading the token batch map one token late: the
+    # last token of sequence 7 in the prefix level's third entry takes
+    # sequence 8's window, which sees fewer prefix keys (numerically).
+    "packed-group-token-batch-off-by-one": (
+        "PrefillGroup.cuh",
+        "    b_of[half] = args.token_batch ? args.token_batch[first_row + info.token] : b;",
+        "    b_of[half] = args.token_batch\n"
+        "                     ? args.token_batch[first_row + imin(info.token + 1, q_len - 1)]\n"
+        "                     : b;",
+        "packed-cascade"),
 }
 
 

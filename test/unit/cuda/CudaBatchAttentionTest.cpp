@@ -42,6 +42,7 @@
 #include <cstring>
 #include <fstream>
 #include <functional>
+#include <limits>
 #include <memory>
 #include <numeric>
 #include <optional>
@@ -69,25 +70,35 @@ BatchAttentionConfig cudaConfig(const BatchStep &step,
   return config;
 }
 
+/// The GQA-packed kernel's rows per CTA (CudaBatchAttention.cpp).
+constexpr int64_t kGroupTileRows = 128;
+
 /// Runs a step on the emulated device and compares it with the float64
 /// reference; also checks that the kernels read the engine's cache in
 /// place and that the plan sent sequences of 1 to 8 new tokens to the
-/// decode kernel and longer ones to 64-row prefill tiles. `shape` receives
-/// the plan's shape.
+/// decode kernel, longer ones with 4 keys per token or more to the
+/// GQA-packed tiles (tokens x group rows) and the others to 64-row prefill
+/// tiles. `shape` receives the plan's shape.
 BatchStepCheck checkOnDevice(const BatchStepCase &c, BatchPlanShape *shape = nullptr,
                              std::optional<DType> outType = std::nullopt,
                              HostTensor *outCopy = nullptr) {
   BatchStep step(c);
   BatchAttention attention(step.mods, cudaConfig(step, outType));
   step.plan(attention);
-  int64_t decodeSequences = 0, prefillTiles = 0;
+  int64_t decodeSequences = 0, prefillTiles = 0, groupTiles = 0;
+  const int64_t rows = kGroupTileRows, group = c.qHeads / c.kvHeads;
   for (const BatchSeq &s : c.seqs) {
     decodeSequences += s.qLen >= 1 && s.qLen <= 8;
-    prefillTiles += s.qLen > 8 ? (s.qLen + 63) / 64 : 0;
+    if (s.qLen > 8 && s.seqLen >= 4 * s.qLen)
+      groupTiles += (s.qLen * group + rows - 1) / rows;
+    else if (s.qLen > 8)
+      prefillTiles += (s.qLen + 63) / 64;
   }
   const BatchPlanShape planned = attention.planShape();
   EXPECT_EQ(planned.decodeSequences, decodeSequences);
   EXPECT_EQ(planned.prefillTiles, prefillTiles);
+  EXPECT_EQ(planned.groupTiles, groupTiles);
+  EXPECT_EQ(planned.groupSplits > 0, groupTiles > 0);
   EXPECT_EQ(planned.decodeSplits > 0, decodeSequences > 0);
   if (shape)
     *shape = planned;
@@ -568,7 +579,7 @@ TEST(CudaBatchAttention, KvStartAndKvEndHalvesMergeToTheWhole) {
     planWith(tail, false);
     if (variant == 0)
       EXPECT_GT(tail.planShape().decodeSplits, 1);
-    EXPECT_EQ(tail.planShape().prefillTiles > 0, !mla);
+    EXPECT_EQ(tail.planShape().prefillTiles + tail.planShape().groupTiles > 0, !mla);
     DeviceStep device(step);
     TensorView headOut, headLse, tailOut, tailLse;
     auto headBuffers = runInto(head, device, headOut, headLse);
@@ -587,7 +598,8 @@ TEST(CudaBatchAttention, KvStartAndKvEndHalvesMergeToTheWhole) {
 /// partial seventh). The prefix level packs each group's queries as one
 /// entry over the prefix pages (kv_end 100) with each token's own position
 /// and sequence index (token maps): a group of 7 tokens goes to the decode
-/// kernel, one of 22 to prefill tiles. The suffix level is the flat step
+/// kernel, one of 22 (100 keys: more than 4 a token) to the GQA-packed
+/// tiles. The suffix level is the flat step
 /// from kv_start 100. Merged on the device they match the float64 step,
 /// under a document mask whose per-sequence ids (indexed by the token's b)
 /// decide which prefix keys each row sees, and ALiBi (its position).
@@ -630,7 +642,8 @@ void checkCascadeLevels(BatchStepCase c) {
                    TensorView(positions.data(), DType::I32, {tokens}),
                    TensorView(batches.data(), DType::I32, {tokens}));
   EXPECT_EQ(prefixLevel.planShape().decodeSequences, 1);
-  EXPECT_EQ(prefixLevel.planShape().prefillTiles, 1);
+  EXPECT_EQ(prefixLevel.planShape().prefillTiles, 0);
+  EXPECT_EQ(prefixLevel.planShape().groupTiles, 1);
   std::vector<int32_t> qsl = step.queryStartLoc, lens = step.seqLens, table = step.blockTable;
   std::vector<int32_t> start(static_cast<size_t>(batch), prefix);
   // The suffix level needs no page below kv_start's: -1 there, which the
@@ -654,6 +667,120 @@ void checkCascadeLevels(BatchStepCase c) {
 
 TEST(CudaBatchAttention, CascadeLevelsMergeToTheFlatStep) {
   checkCascadeLevels(mixedDocumentCase(140));
+}
+
+/// A cascade whose prefix level's groups (9 to 70 tokens) go to the
+/// GQA-packed tiles: each group one entry over the shared prefix (a length
+/// off the page grid) with token maps, the suffix level the flat step from
+/// kv_start, merged on the device and compared with the float64 flat step
+/// (out and lse). `groups`: [first, end) ranges of sequences; the plan must
+/// make `tiles` GQA-packed tiles of `splits` splits and nothing else. A
+/// document mask gives sequence b's prefix keys from 20 + 37 b on, and
+/// sequence 1's rows none of them (their prefix part is empty: lse -inf).
+void checkGroupCascade(BatchStepCase c, const std::vector<std::pair<int32_t, int32_t>> &groups,
+                       int64_t tiles, int64_t splits) {
+  SCOPED_TRACE(fmt::format("Hq {} Hkv {} D {} page {} prefix {} mask {}", c.qHeads, c.kvHeads,
+                           c.dim, c.pageSize, c.sharedPrefix, c.mask));
+  BatchStep step(c);
+  const int32_t prefix = c.sharedPrefix, batch = static_cast<int32_t>(step.batch);
+  if (c.mask == "document")
+    for (int64_t b = 0; b < step.batch; ++b)
+      for (int64_t position = 0; position < step.maxKv; ++position)
+        step.bindings->documents[b * step.maxKv + position] =
+            b == 1 ? (position < prefix ? 0 : 2) : (position < 20 + 37 * b ? 0 : 1);
+  std::vector<int32_t> groupStart = {0}, groupLens, groupTable, positions, batches;
+  for (auto [first, end] : groups) {
+    for (int32_t b = first; b < end; ++b)
+      for (int32_t i = 0; i < c.seqs[b].qLen; ++i) {
+        positions.push_back(c.seqs[b].seqLen - c.seqs[b].qLen + i);
+        batches.push_back(b);
+      }
+    groupStart.push_back(step.queryStartLoc[end]);
+    groupLens.push_back(prefix);
+    groupTable.insert(groupTable.end(), step.blockTable.begin(),
+                      step.blockTable.begin() + step.columns);
+  }
+  const int32_t entries = static_cast<int32_t>(groups.size());
+  const int64_t tokens = step.tokens;
+  BatchAttention prefixLevel(step.mods, cudaConfig(step)), suffixLevel(step.mods, cudaConfig(step));
+  prefixLevel.plan(TensorView(groupStart.data(), DType::I32, {entries + 1}),
+                   TensorView(groupLens.data(), DType::I32, {entries}),
+                   TensorView(groupTable.data(), DType::I32, {entries, step.columns}), TensorView(),
+                   TensorView(groupLens.data(), DType::I32, {entries}),
+                   TensorView(positions.data(), DType::I32, {tokens}),
+                   TensorView(batches.data(), DType::I32, {tokens}));
+  const BatchPlanShape shape = prefixLevel.planShape();
+  EXPECT_EQ(shape.decodeSequences + shape.prefillTiles, 0);
+  EXPECT_EQ(shape.groupTiles, tiles);
+  EXPECT_EQ(shape.groupSplits, splits);
+  std::vector<int32_t> qsl = step.queryStartLoc, lens = step.seqLens, table = step.blockTable;
+  std::vector<int32_t> start(static_cast<size_t>(batch), prefix);
+  for (int32_t b = 0; b < batch; ++b)
+    for (int32_t j = 0; j < prefix / c.pageSize; ++j)
+      table[b * step.columns + j] = -1;
+  suffixLevel.plan(TensorView(qsl.data(), DType::I32, {batch + 1}),
+                   TensorView(lens.data(), DType::I32, {batch}),
+                   TensorView(table.data(), DType::I32, {batch, step.columns}),
+                   TensorView(start.data(), DType::I32, {batch}));
+  DeviceStep device(step);
+  TensorView prefixOut, prefixLse, suffixOut, suffixLse;
+  auto prefixBuffers = runInto(prefixLevel, device, prefixOut, prefixLse);
+  auto suffixBuffers = runInto(suffixLevel, device, suffixOut, suffixLse);
+  if (c.mask == "document") {
+    // Sequence 1's rows see no prefix key: their prefix part is empty.
+    std::vector<float> lse(static_cast<size_t>(tokens * c.qHeads));
+    prefixBuffers.second.download(lse.data(), lse.size() * 4);
+    for (int64_t row = step.queryStartLoc[1]; row < step.queryStartLoc[2]; ++row)
+      EXPECT_EQ(lse[row * c.qHeads], -std::numeric_limits<float>::infinity()) << row;
+  }
+  mergeState(prefixOut, prefixLse, suffixOut, suffixLse, device.outView, device.lseView);
+  auto [out, lse] = device.results();
+  BatchStepCheck check = step.compare(out.view(), lse.view(), /*cudaTolerance=*/true);
+  EXPECT_STEP_MATCHES(check);
+  if (c.mask == "holes")
+    EXPECT_GT(check.maskedRows, 0) << check.describe();
+}
+
+/// GQA 4, D 64, pages of 16, a 300-key prefix under a document mask: groups
+/// of 9 tokens (36 rows, one tile) and 70 (280 rows, three tiles of 128),
+/// unsplit (300 keys make one split of at least 256).
+TEST(CudaBatchAttention, GroupCascadeGqa4DocumentMask) {
+  BatchStepCase c = mixedDocumentCase(180);
+  c.qHeads = 8;
+  c.kvHeads = 2;
+  c.sharedPrefix = 300;
+  c.seqs = {{2, 310}, {3, 330}, {4, 304}, {64, 420}, {6, 345}};
+  c.score = "alibi";
+  checkGroupCascade(c, {{0, 3}, {3, 5}}, 4, 1);
+}
+
+/// GQA 8, D 128, shuffled pages of 128, a 700-key prefix (5.5 pages) under
+/// a causal mask with fully masked rows ("holes"): groups of 33 tokens (264
+/// rows, three tiles) and 64 (512 rows, four), split in two over the
+/// prefix.
+TEST(CudaBatchAttention, GroupCascadeGqa8SplitPagesOf128) {
+  BatchStepCase c = mixedDocumentCase(181);
+  c.qHeads = 8;
+  c.kvHeads = 1;
+  c.dim = c.vDim = 128;
+  c.pageSize = 128;
+  c.layout = KVLayout::HND;
+  c.storage = DType::F16;
+  c.mask = "holes";
+  c.sharedPrefix = 700;
+  c.seqs = {{30, 760}, {3, 705}, {64, 801}};
+  checkGroupCascade(c, {{0, 2}, {2, 3}}, 7, 2);
+}
+
+/// GQA 1, D 64, pages of 16, a 530-key prefix under a causal mask: one
+/// group of 40 tokens (40 rows of a 128-row tile), split in two.
+TEST(CudaBatchAttention, GroupCascadeGqa1CausalSplit) {
+  BatchStepCase c = mixedDocumentCase(182);
+  c.qHeads = c.kvHeads = 2;
+  c.mask = "causal";
+  c.sharedPrefix = 530;
+  c.seqs = {{1, 531}, {17, 600}, {22, 560}};
+  checkGroupCascade(c, {{0, 3}}, 1, 2);
 }
 
 /// The cascade over an 8-bit cache: the suffix level's first tiles hold
@@ -751,7 +878,7 @@ int64_t attentionCopyBytes(const std::function<void()> &run) {
   for (std::string line; std::getline(in, line);) {
     const nlohmann::json launch = nlohmann::json::parse(line);
     const std::string kernel = launch.at("kernel");
-    if (kernel == "pagedc_decode" || kernel == "pagedc_prefill")
+    if (kernel == "pagedc_decode" || kernel == "pagedc_prefill" || kernel == "pagedc_prefill_group")
       bytes += launch.at("counters").at("cp_async_bytes").get<int64_t>();
   }
   std::remove(path.c_str());
@@ -842,6 +969,74 @@ TEST(CudaBatchAttention, CascadeReadsTheSharedPrefixOncePerKvHead) {
   EXPECT_STEP_MATCHES(step.compare(out.view(), lse.view(), /*cudaTolerance=*/true));
 }
 
+/// The acceptance line's prefix level at CI size under GQA 4 (Hq 8, Hkv 2,
+/// D 64): 32 and then 64 decoding sequences sharing a 600-key prefix, each
+/// group one entry of 32 or 64 tokens, which goes to the GQA-packed tiles
+/// (128 rows: 32 tokens x 4 query heads). The emulator's cp_async_bytes of
+/// the launch are the prefix's K/V exactly once per KV head and row tile
+/// (once for 32 tokens, twice for 64; the per-query-head tiles read it 4
+/// times), plus q once per split (two: the prefix is split over CTAs); the
+/// 64-token cascade, merged with its
+/// suffix level, matches float64.
+TEST(CudaBatchAttention, GroupPrefixLevelReadsThePrefixOncePerKvHeadAndRowTile) {
+  for (const int32_t sequences : {32, 64}) {
+    BatchStepCase c = mixedDocumentCase(190 + sequences);
+    const int32_t prefix = 600;
+    c.seqs.clear();
+    for (int32_t b = 0; b < sequences; ++b)
+      c.seqs.push_back({1, prefix + 1 + (7 * b) % 90});
+    c.qHeads = 8;
+    c.kvHeads = 2;
+    c.mask = "causal";
+    c.sharedPrefix = prefix;
+    BatchStep step(c);
+    const int64_t rowBytes = c.kvHeads * (c.dim + c.vDim) * 2;
+    const int64_t qBytes = step.tokens * c.qHeads * c.dim * 2;
+    std::vector<int32_t> groupStart = {0, sequences}, groupLen = {prefix};
+    std::vector<int32_t> groupTable(step.blockTable.begin(),
+                                    step.blockTable.begin() + step.columns);
+    std::vector<int32_t> positions, batches;
+    for (int32_t b = 0; b < sequences; ++b) {
+      positions.push_back(c.seqs[b].seqLen - 1);
+      batches.push_back(b);
+    }
+    BatchAttention prefixLevel(step.mods, cudaConfig(step));
+    prefixLevel.plan(TensorView(groupStart.data(), DType::I32, {2}),
+                     TensorView(groupLen.data(), DType::I32, {1}),
+                     TensorView(groupTable.data(), DType::I32, {1, step.columns}), TensorView(),
+                     TensorView(), TensorView(positions.data(), DType::I32, {sequences}),
+                     TensorView(batches.data(), DType::I32, {sequences}));
+    const BatchPlanShape shape = prefixLevel.planShape();
+    const int64_t rowTiles = sequences / 32;
+    ASSERT_EQ(shape.groupTiles, rowTiles);
+    EXPECT_EQ(shape.groupSplits, 2);
+    DeviceStep device(step);
+    TensorView prefixOut, prefixLse;
+    std::pair<DeviceBuffer, DeviceBuffer> prefixBuffers;
+    const int64_t bytes = attentionCopyBytes(
+        [&] { prefixBuffers = runInto(prefixLevel, device, prefixOut, prefixLse); });
+    EXPECT_EQ(bytes, rowTiles * prefix * rowBytes + shape.groupSplits * qBytes) << sequences;
+    std::printf("GQA-packed prefix level of %d tokens: %lld bytes (prefix K/V %lld per read, "
+                "%lld tiles, %lld splits)\n",
+                sequences, static_cast<long long>(bytes), static_cast<long long>(prefix * rowBytes),
+                static_cast<long long>(rowTiles), static_cast<long long>(shape.groupSplits));
+    if (sequences != 64)
+      continue;
+    std::vector<int32_t> qsl = step.queryStartLoc, lens = step.seqLens, table = step.blockTable;
+    std::vector<int32_t> start(static_cast<size_t>(sequences), prefix);
+    BatchAttention suffixLevel(step.mods, cudaConfig(step));
+    suffixLevel.plan(TensorView(qsl.data(), DType::I32, {sequences + 1}),
+                     TensorView(lens.data(), DType::I32, {sequences}),
+                     TensorView(table.data(), DType::I32, {sequences, step.columns}),
+                     TensorView(start.data(), DType::I32, {sequences}));
+    TensorView suffixOut, suffixLse;
+    auto suffixBuffers = runInto(suffixLevel, device, suffixOut, suffixLse);
+    mergeState(prefixOut, prefixLse, suffixOut, suffixLse, device.outView, device.lseView);
+    auto [out, lse] = device.results();
+    EXPECT_STEP_MATCHES(step.compare(out.view(), lse.view(), /*cudaTolerance=*/true));
+  }
+}
+
 /// A mixed step captured once into a CUDA graph (the emulated driver's
 /// stream capture) and replayed for 10 steps whose metadata contents change
 /// through plan(): the sequences in another order, new page tables, new
@@ -880,6 +1075,8 @@ TEST(CudaBatchAttention, CapturedStepReplaysWithNewMetadata) {
     ASSERT_EQ(shape.prefillTiles, captured.prefillTiles) << replay;
     ASSERT_EQ(shape.decodeSequences, captured.decodeSequences) << replay;
     ASSERT_EQ(shape.decodeSplits, captured.decodeSplits) << replay;
+    ASSERT_EQ(shape.groupTiles, captured.groupTiles) << replay;
+    ASSERT_EQ(shape.groupSplits, captured.groupSplits) << replay;
     device.reload(step);
     graph.launch(stream);
     driver.check(driver.api().streamSynchronize(stream), "cuStreamSynchronize");

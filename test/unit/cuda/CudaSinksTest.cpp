@@ -426,9 +426,9 @@ TEST(CudaSinks, BatchAttentionSplitDecode) {
 }
 
 /// An 8-bit cache (f8e4m3 with bf16 q, f8e5m2 with f16 q, per-head
-/// scales): the packed prefill tiles, the decode CTAs and, over long
-/// contexts, the split decode's merge fold the sinks into rows of
-/// dequantized values.
+/// scales): the packed prefill tiles, the GQA-packed tiles, the decode
+/// CTAs and, over long contexts, the split decode's and GQA-packed tiles'
+/// merges fold the sinks into rows of dequantized values.
 TEST(CudaSinks, BatchAttentionFloat8Cache) {
   uint64_t seed = 680;
   for (const auto &[kvType, storage, splits] : {std::tuple{DType::F8E4M3, DType::BF16, false},
@@ -442,8 +442,11 @@ TEST(CudaSinks, BatchAttentionFloat8Cache) {
     const Counts counts = runStep(c, &shape);
     EXPECT_TRUE(counts.ok()) << counts.describe();
     EXPECT_GT(counts.maskedRows, 0);
-    EXPECT_GT(shape.prefillTiles, 0);
+    EXPECT_GT(shape.prefillTiles + shape.groupTiles, 0);
     EXPECT_EQ(shape.decodeSplits > 1, splits);
+    // (40 tokens over 900 keys: the GQA-packed tiles, split, the sinks
+    // joining in their merge.)
+    EXPECT_EQ(shape.groupSplits > 1, splits);
   }
 }
 

@@ -312,7 +312,8 @@ TEST(NvrtcCompile, OtherHeadDimsCompileWithoutSpills) {
 /// kernels on pages of 1 and 8 rows at head dims 128 to 256 (no tensor
 /// maps there: Decode.cuh's kDecodeAtoms), those of 8-bit caches at every
 /// head dim of kFloat8HeadDims with D = Dv (a covering, the formats and
-/// element types in turn), and those of an f32 out.
+/// element types in turn), and those of an f32 out; and so does the
+/// GQA-packed prefill (PrefillGroup.cuh: 128 rows of 8 warps, GQA 4).
 TEST(NvrtcCompile, PackedBatchKernelsCompileWithoutSpills) {
   REQUIRE_NVRTC();
   std::vector<Case> cases;
@@ -350,6 +351,27 @@ TEST(NvrtcCompile, PackedBatchKernelsCompileWithoutSpills) {
             c.config.outputF32 = true;
             cases.push_back(c);
           }
+        }
+  // The GQA-packed prefill as CudaBatchAttention's groupRowsConfig builds
+  // it: 16-bit at every head dim above, and over 8-bit caches at 64, 128
+  // and 256 (the formats and element types in turn).
+  int groupVariant = 0;
+  for (const char *mod : mods)
+    for (int headDim : {64, 96, 128, 192, 256})
+      for (const char *arch : arches)
+        for (bool float8 : {false, true}) {
+          if (float8 && headDim != 64 && headDim != 128 && headDim != 256)
+            continue;
+          Case c = packedCase(mod, KernelKind::Prefill, headDim, arch);
+          c.config.groupRows = true;
+          c.config.blockM = 128;
+          c.config.groupSize = 4;
+          if (float8) {
+            const int v = groupVariant++;
+            c.config.kvFloat8 = v % 2 ? DType::F8E5M2 : DType::F8E4M3;
+            c.config.elementType = (v / 2) % 2 ? DType::F16 : DType::BF16;
+          }
+          cases.push_back(c);
         }
   // The 16-bit decode on pages under 16 rows: the mods in turn over (page,
   // head dim, arch), every pair of values of every two axes (the document
