@@ -17,16 +17,18 @@ constexpr int kKvFloat8 = pagedc_config::kKvFloat8;
 /// Gathers 8-bit float K/V rows [kv_begin, kv_begin + kRows) of one KV head
 /// into two tiles of codes (rows of kHeadDim bytes), as KvTileCopier does
 /// for Element tiles: rows at or past kv_len and rows whose bit in
-/// keep_rows is clear are zero-filled (code 0 is +0) and never read. A
-/// thread copies 16 codes of every kRowStep-th row; pages and slots are
-/// k_stride[1] and k_stride[2] bytes apart (V's alike).
+/// keep_rows is clear are zero-filled (code 0 is +0) and never read
+/// (keep_rows covers 64 rows: a tile of more, the warpgroup prefill's 128
+/// keys, keeps every row). A thread copies 16 codes of every kRowStep-th
+/// row; pages and slots are k_stride[1] and k_stride[2] bytes apart (V's
+/// alike).
 template <int kRows, int kThreads> struct Float8TileCopier {
   static constexpr int kThreadsPerRow = kHeadDim / 16;
   static constexpr int kRowStep = kThreads / kThreadsPerRow;
   // Checked only where 8-bit caches are read (the runtime takes them at
   // head dims 64, 128 and 256): other kernels construct the copier unused.
   static_assert(kKvFloat8 == 0 ||
-                    (kThreads % kThreadsPerRow == 0 && kRows % kRowStep == 0 && kRows <= 64),
+                    (kThreads % kThreadsPerRow == 0 && kRows % kRowStep == 0 && kRows <= 128),
                 "uneven code tile load");
   const char *k_bytes;
   const char *v_bytes;
@@ -55,7 +57,7 @@ template <int kRows, int kThreads> struct Float8TileCopier {
     for (int i = 0; i < kRows / kRowStep; ++i) {
       const int row = first_row + i * kRowStep;
       const int kv = kv_begin + row;
-      const bool valid = kv < kv_len && ((keep_rows >> row) & 1);
+      const bool valid = kv < kv_len && (kRows > 64 || ((keep_rows >> row) & 1));
       const int64_t page = valid ? page_of(kv) : 0;
       const int64_t slot = kv & (kPageSize - 1);
       const char *k_source = k_bytes + (valid ? page * k_page_bytes + slot * k_slot_bytes : 0);
