@@ -331,7 +331,7 @@ TEST(NvrtcCompile, PackedBatchKernelsCompileWithoutSpills) {
 
 /// flexAttention's decode over 8-bit float caches (both formats, f16 and
 /// bf16 q, GQA 1 and 4, 1 and 3 tokens), and the prefill tile of each head
-/// dim, compile for sm_80 (the integer
+/// dim (on sm_90 also the warpgroup tile), compile for sm_80 (the integer
 /// conversion) and sm_90 (cvt.rn.f16x2.e4m3x2 / e5m2x2)
 /// at every head dim without spills (at head dim 64 without the 5-CTA register
 /// cap of sm_90, Decode.cuh's kDecodeMinBlocks).
@@ -363,6 +363,14 @@ TEST(NvrtcCompile, Float8KernelsCompileWithoutSpills) {
         prefill.config.queryTokens = 1;
         prefill.config.choosePrefillShape();
         cases.push_back(prefill);
+        // sm_90: the warpgroup prefill's tile of this head dim
+        // (choosePrefillShapeFor), whose producer converts the codes.
+        if (std::string(arch) == "sm_90") {
+          Case warpgroup = prefill;
+          warpgroup.config.choosePrefillShapeFor(arch);
+          warpgroup.arch = warpgroup.config.compileArchFor(arch);
+          cases.push_back(warpgroup);
+        }
       }
   std::vector<Outcome> outcomes = compileAll(cases, workerCount());
   for (size_t i = 0; i < cases.size(); ++i) {
