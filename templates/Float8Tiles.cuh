@@ -72,8 +72,8 @@ template <int kRows, int kThreads> struct Float8TileCopier {
 /// Converts one tile of kRows rows of 8-bit K codes and one of V codes
 /// (rows of kHeadDim bytes at k_codes, v_codes) into the Element tiles at
 /// k_tile, v_tile (`Layout`: offset of a row's 16-byte chunk): 16 codes in,
-/// two chunks out per step.
-template <int kRows, int kThreads, typename Layout>
+/// two chunks out per step. kSpreadStores: the store order below.
+template <int kRows, int kThreads, typename Layout, bool kSpreadStores = false>
 PAGEDC_DEVICE void convert_code_tiles(unsigned char *k_tile, unsigned char *v_tile,
                                       const unsigned char *k_codes,
                                       const unsigned char *v_codes, int thread) {
@@ -83,17 +83,29 @@ PAGEDC_DEVICE void convert_code_tiles(unsigned char *k_tile, unsigned char *v_ti
     const bool is_v = index >= kRows * kCodeChunks;
     const int at = is_v ? index - kRows * kCodeChunks : index;
     const int row = at / kCodeChunks, chunk = at % kCodeChunks;
-    Chunk16 codes, low, high;
+    Chunk16 codes, first, second;
     copy_chunk16(&codes, (is_v ? v_codes : k_codes) + row * kHeadDim + chunk * 16);
+    // A 16-byte store is served a quarter warp at a time, conflict-free when
+    // its 8 threads write 8 different 16-byte bank groups. At head dims of
+    // 128 and more they hold chunks c of codes 0-7 of one row, and the
+    // swizzles put Element chunks 2 c of chunks 0-3 in the same 4 groups as
+    // those of 4-7: with kSpreadStores, threads with c % 8 >= 4 store their
+    // high chunk (2 c + 1) first, which halves the conversion's store
+    // wavefronts. (At 64 a quarter warp holds 4 chunks of two rows, whose
+    // swizzles differ.) The warpgroup prefill's producer takes it; in the
+    // other kernels the selects made the packed decode at head dim 256
+    // spill 8 bytes (sm_90).
+    const bool high_first = kSpreadStores && (chunk & 4) != 0;
 #pragma unroll
     for (int word = 0; word < 4; ++word) {
-      uint32_t *into = word < 2 ? &low.word[2 * word] : &high.word[2 * word - 4];
-      into[0] = float8x2_to_elements<kKvFloat8, kIsBF16>(codes.word[word] & 0xffffu);
-      into[1] = float8x2_to_elements<kKvFloat8, kIsBF16>(codes.word[word] >> 16);
+      const uint32_t pair = high_first ? codes.word[word ^ 2] : codes.word[word];
+      uint32_t *into = word < 2 ? &first.word[2 * word] : &second.word[2 * word - 4];
+      into[0] = float8x2_to_elements<kKvFloat8, kIsBF16>(pair & 0xffffu);
+      into[1] = float8x2_to_elements<kKvFloat8, kIsBF16>(pair >> 16);
     }
     unsigned char *tile = is_v ? v_tile : k_tile;
-    copy_chunk16(tile + Layout()(row, 2 * chunk), &low);
-    copy_chunk16(tile + Layout()(row, 2 * chunk + 1), &high);
+    copy_chunk16(tile + Layout()(row, 2 * chunk + high_first), &first);
+    copy_chunk16(tile + Layout()(row, 2 * chunk + !high_first), &second);
   }
 }
 

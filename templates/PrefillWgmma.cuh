@@ -179,8 +179,8 @@ PAGEDC_DEVICE void convert_code_stage(const unsigned char *codes, unsigned char 
     cp_async_wait<0>();
   named_barrier_sync(kProducerBarrier, 128); // every thread's codes landed
   mbarrier_wait(empty_bar, empty_parity);
-  convert_code_tiles<kBlockN, 128, AtomRows>(k_tile, k_tile + kBlockN * kRowBytes, codes,
-                                             codes + kBlockN * kHeadDim, thread);
+  convert_code_tiles<kBlockN, 128, AtomRows, true>(k_tile, k_tile + kBlockN * kRowBytes, codes,
+                                                   codes + kBlockN * kHeadDim, thread);
   fence_proxy_async();
   mbarrier_arrive(full_bar);
 }
