@@ -62,6 +62,12 @@ struct Case {
   /// The prefill_shape kernel option ("": the runtime's choice, on the
   /// emulator's sm_90a the warpgroup tiles).
   std::string prefillShape;
+  /// > 0: the warpgroup prefill on this many persistent CTAs (each takes
+  /// query tiles from the work counter, or in fixed rounds when
+  /// `fixedRounds`), so that one CTA's producer converts the codes of
+  /// several query tiles' visits.
+  int persistentCtas = 0;
+  bool fixedRounds = false;
 };
 
 /// Per query head, in turn: far above every score (a fully masked row's
@@ -76,10 +82,11 @@ std::vector<float> sinkValues(int64_t heads) {
 
 std::string label(const Case &c) {
   return fmt::format("{} {} scales, q {}, D {}, pages of {}, Hq {}, Lq {}, mods '{}' '{}', split "
-                     "factor {}, kv blocks {}{}, prefill shape '{}'",
+                     "factor {}, kv blocks {}{}, prefill shape '{}', persistent CTAs {}{}",
                      dtypeName(c.kvType), c.perHead ? "per-head" : "per-tensor", dtypeName(c.qType),
                      c.headDim, c.pageSize, c.qHeads, c.qLength, c.mask, c.score, c.splitFactor,
-                     c.kvBlock, c.sinks ? ", sinks" : "", c.prefillShape);
+                     c.kvBlock, c.sinks ? ", sinks" : "", c.prefillShape, c.persistentCtas,
+                     c.fixedRounds ? " (fixed rounds)" : "");
 }
 
 template <typename F> std::string errorOf(F call) {
@@ -238,6 +245,11 @@ void checkCase(const Case &c, uint32_t seed) {
     options.kernel.decodeSplitFactor = c.splitFactor;
   if (!c.prefillShape.empty())
     options.kernel.prefillShape = c.prefillShape;
+  if (c.persistentCtas > 0) {
+    options.kernel.prefillPersistent = true;
+    options.kernel.prefillPersistentCtas = c.persistentCtas;
+    options.kernel.prefillTileCounter = !c.fixedRounds;
+  }
   const std::vector<float> sinks = c.sinks ? sinkValues(c.qHeads) : std::vector<float>();
   DeviceBuffer sinksOnDevice(std::max<size_t>(sinks.size(), 1) * 4, 0);
   if (c.sinks) {
@@ -375,6 +387,13 @@ TEST(CudaFloat8, WarpgroupPrefillMatchesFloat64OnDequantizedValues) {
        false, d256},
       {DType::F8E4M3, true, DType::BF16, 256, 16, 2, 45, {77, 130}, "document", "", 0, 0, false,
        narrow},
+      // Persistent CTAs: 3 CTAs take the 16 query tiles (GQA 4: the KV
+      // head, and so the K scale, changes between a CTA's tiles), from the
+      // work counter and in fixed rounds.
+      {DType::F8E5M2, true, DType::BF16, 128, 16, 8, 70, {200, 90}, "causal", "softcap", 0, 0,
+       false, wide, 3},
+      {DType::F8E4M3, true, DType::F16, 256, 16, 8, 70, {150, 70}, "causal", "", 0, 0, false,
+       d256, 3, true},
   };
   uint32_t seed = 80;
   for (const Case &c : cases)
