@@ -24,7 +24,8 @@ constexpr int kValueCodeChunks = kValueHeadDim / 16;
 /// into two tiles of codes (rows of kHeadDim and kValueHeadDim bytes), as
 /// KvTileCopier does for Element tiles: rows at or past kv_len and rows
 /// whose bit in keep_rows is clear are zero-filled (code 0 is +0) and never
-/// read. A row is copied by kThreadsPerRow threads, 16 codes each: the
+/// read (keep_rows covers 64 rows: a tile of more, the warpgroup prefill's
+/// 128 keys, keeps every row). A row is copied by kThreadsPerRow threads, 16 codes each: the
 /// wider row's chunks rounded up to a power of two, so that threads divide
 /// into whole rows (a thread whose chunk is past a tensor's row copies
 /// nothing of it: 3 of 8 at head dim 80), and at least kThreads / kRows, so
@@ -43,7 +44,7 @@ template <int kRows, int kThreads> struct Float8TileCopier {
   // Checked only where 8-bit caches are read: other kernels construct the
   // copier unused.
   static_assert(kKvFloat8 == 0 ||
-                    (kThreads % kThreadsPerRow == 0 && kRows % kRowStep == 0 && kRows <= 64),
+                    (kThreads % kThreadsPerRow == 0 && kRows % kRowStep == 0 && kRows <= 128),
                 "uneven code tile load");
   const char *k_bytes;
   const char *v_bytes;
@@ -72,7 +73,7 @@ template <int kRows, int kThreads> struct Float8TileCopier {
     for (int i = 0; i < kRows / kRowStep; ++i) {
       const int row = first_row + i * kRowStep;
       const int kv = kv_begin + row;
-      const bool valid = kv < kv_len && ((keep_rows >> row) & 1);
+      const bool valid = kv < kv_len && (kRows > 64 || ((keep_rows >> row) & 1));
       const int64_t page = valid ? page_of(kv) : 0;
       const int64_t slot = kv & (kPageSize - 1);
       const char *k_source = k_bytes + (valid ? page * k_page_bytes + slot * k_slot_bytes : 0);
@@ -91,7 +92,8 @@ template <int kRows, int kThreads> struct Float8TileCopier {
 /// (rows of kHeadDim and kValueHeadDim bytes at k_codes, v_codes) into the
 /// Element tiles at k_tile, v_tile (`Layout`: offset of a row's 16-byte
 /// chunk): 16 codes in, two chunks out per step, K's steps first.
-template <int kRows, int kThreads, typename Layout>
+/// kSpreadStores: the store order below.
+template <int kRows, int kThreads, typename Layout, bool kSpreadStores = false>
 PAGEDC_DEVICE void convert_code_tiles(unsigned char *k_tile, unsigned char *v_tile,
                                       const unsigned char *k_codes,
                                       const unsigned char *v_codes, int thread) {
@@ -103,17 +105,29 @@ PAGEDC_DEVICE void convert_code_tiles(unsigned char *k_tile, unsigned char *v_ti
     // (Constants where K's and V's rows are as wide.)
     const int row_chunks = is_v ? kValueCodeChunks : kKeyCodeChunks;
     const int row = at / row_chunks, chunk = at % row_chunks;
-    Chunk16 codes, low, high;
+    Chunk16 codes, first, second;
     copy_chunk16(&codes, (is_v ? v_codes : k_codes) + row * (16 * row_chunks) + chunk * 16);
+    // A 16-byte store is served a quarter warp at a time, conflict-free when
+    // its 8 threads write 8 different 16-byte bank groups. At head dims of
+    // 128 and more they hold chunks c of codes 0-7 of one row, and the
+    // swizzles put Element chunks 2 c of chunks 0-3 in the same 4 groups as
+    // those of 4-7: with kSpreadStores, threads with c % 8 >= 4 store their
+    // high chunk (2 c + 1) first, which halves the conversion's store
+    // wavefronts. (At 64 a quarter warp holds 4 chunks of two rows, whose
+    // swizzles differ.) The warpgroup prefill's producer takes it; in the
+    // other kernels the selects made the packed decode at head dim 256
+    // spill 8 bytes (sm_90).
+    const bool high_first = kSpreadStores && (chunk & 4) != 0;
 #pragma unroll
     for (int word = 0; word < 4; ++word) {
-      uint32_t *into = word < 2 ? &low.word[2 * word] : &high.word[2 * word - 4];
-      into[0] = float8x2_to_elements<kKvFloat8, kIsBF16>(codes.word[word] & 0xffffu);
-      into[1] = float8x2_to_elements<kKvFloat8, kIsBF16>(codes.word[word] >> 16);
+      const uint32_t pair = high_first ? codes.word[word ^ 2] : codes.word[word];
+      uint32_t *into = word < 2 ? &first.word[2 * word] : &second.word[2 * word - 4];
+      into[0] = float8x2_to_elements<kKvFloat8, kIsBF16>(pair & 0xffffu);
+      into[1] = float8x2_to_elements<kKvFloat8, kIsBF16>(pair >> 16);
     }
     unsigned char *tile = is_v ? v_tile : k_tile;
-    copy_chunk16(tile + Layout()(row, 2 * chunk), &low);
-    copy_chunk16(tile + Layout()(row, 2 * chunk + 1), &high);
+    copy_chunk16(tile + Layout()(row, 2 * chunk + high_first), &first);
+    copy_chunk16(tile + Layout()(row, 2 * chunk + !high_first), &second);
   }
 }
 

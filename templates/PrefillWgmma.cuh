@@ -35,11 +35,20 @@
 // mask row, kv_len) are those of Prefill.cuh; producer and consumers walk
 // them alike (KvVisits).
 //
+// 8-bit float caches (kKvFloat8, Float8Tiles.cuh): the producer gathers a
+// tile's codes with cp.async into a code buffer of its own (kCodeBuffers:
+// two where shared memory allows, so the next tile's codes land while it
+// converts the current one), converts them into the stage's 16-bit K and V
+// tiles in the same swizzled layout, fences them for the async proxy and
+// arrives on the stage's full mbarrier; the consumers' math is unchanged
+// but for the KV head's K scale on the scores and V scale on the output
+// rows (f32). No tensor maps for codes.
+//
 // Grid: as Prefill.cuh, or fewer CTAs taking the tiles from a work counter
 // (next_counted_tile) or in fixed rounds (prefill_round_tile); block: (kBlockM / 64 + 1) * 128 threads; dynamic
 // shared memory: 1024 (alignment) + (kPrefillQBuffers kBlockM + 2
-// kPrefillStages kBlockN) * D * 2 + 128 (mbarriers):
-// KernelConfig::sharedMemoryBytes.
+// kPrefillStages kBlockN) * D * 2 + kPrefillCodeBuffers * 2 kBlockN * D
+// (codes) + 128 (mbarriers): KernelConfig::sharedMemoryBytes.
 //
 //===----------------------------------------------------------------------===//
 
@@ -78,6 +87,15 @@ static_assert(kBlockM == 64 || kBlockM == 128, "kBlockM must be 64 or 128");
 static_assert(kBlockN == 32 || kBlockN == 64 || kBlockN == 128,
               "wgmma tiles take kBlockN 32, 64 or 128");
 
+/// 8-bit float caches: buffers of one tile's codes, K's kBlockN rows of
+/// kHeadDim bytes then V's (KernelConfig::prefillCodeBuffers).
+constexpr int kCodeBuffers = pagedc_config::kPrefillCodeBuffers;
+constexpr uint32_t kCodeTileBytes = 2 * kBlockN * kHeadDim;
+static_assert(kKvFloat8 == 0 ? kCodeBuffers == 0 : kCodeBuffers == 1 || kCodeBuffers == 2,
+              "8-bit caches take one or two code buffers, 16-bit ones none");
+/// The producer warpgroup's gather of codes (its 128 threads).
+using CodeGather = Float8TileCopier<kBlockN, 128>;
+
 /// The K/V tiles' layout: kBlockN rows in 128-byte swizzled atoms.
 using AtomRows = AtomTile<kBlockN>;
 /// The producer warpgroup's gather (KvTileCopier, its 128 threads).
@@ -101,8 +119,9 @@ static_assert(kValueHeadDim == kHeadDim, "the warpgroup prefill takes Dv = D");
 // Dynamic shared memory (KernelConfig::sharedMemoryBytes), the page index
 // buffers, the stages' run XORs, the Q buffers' tile slots and the
 // producer's two round words must fit the 227 KiB a block may have.
-static_assert(1024 + (kQBuffers * kBlockM + 2 * kStages * kBlockN) * kHeadDim * 2 + 128 +
-                      2 * kTilePages * 4 + kStages * 4 + kQBuffers * 4 + 2 * 4 <=
+static_assert(1024 + (kQBuffers * kBlockM + 2 * kStages * kBlockN) * kHeadDim * 2 +
+                      kCodeBuffers * kCodeTileBytes + 128 + 2 * kTilePages * 4 + kStages * 4 +
+                      kQBuffers * 4 + 2 * 4 <=
                   227 * 1024,
               "shared memory over 227 KiB");
 
@@ -127,6 +146,45 @@ PAGEDC_DEVICE void gather_kv_stage(const KvGather &copy_kv, uint32_t k_tile, uin
   copy_kv.operator()<true>(k_tile, v_tile, StagedPages{slots, kv_begin}, kv_begin, kv_len);
 }
 
+/// An 8-bit cache's gather: the codes of K and V rows [kv_begin, kv_begin
+/// + kBlockN) (zeros past kv_len) into the code buffer at `codes`, one
+/// cp.async group. The pages are looked up and staged as gather_kv_stage
+/// does, with no wait on a stage: the buffer is the producer's own, and the
+/// barrier after the staging also orders every producer thread's reads of
+/// the buffer's last tile (convert_code_stage) before these copies.
+PAGEDC_DEVICE void gather_code_tile(const CodeGather &copy_codes, uint32_t codes,
+                                    const int32_t *page_row, int32_t *slots, int kv_begin,
+                                    int kv_len, int thread) {
+  const int32_t lookup = tile_page<kBlockN>(page_row, kv_begin, kv_len, thread, -1);
+  if (thread < kTilePages)
+    slots[thread] = lookup;
+  named_barrier_sync(kProducerBarrier, 128);
+  copy_codes(codes, codes + kBlockN * kHeadDim, StagedPages{slots, kv_begin}, kv_begin, kv_len);
+  cp_async_commit();
+}
+
+/// Converts the codes gathered into `codes` (with `newer_in_flight`, the
+/// next tile's cp.async group may still be in flight) into one stage's K
+/// and V tiles (`k_tile`, V's after it), once the consumers released the
+/// stage. The
+/// stores are the generic proxy's and the wgmma reads through the async
+/// proxy: each thread fences its own stores before its arrival on the
+/// stage's full mbarrier, so the consumers need no fence of their own.
+PAGEDC_DEVICE void convert_code_stage(const unsigned char *codes, unsigned char *k_tile,
+                                      bool newer_in_flight, int thread, uint32_t full_bar,
+                                      uint32_t empty_bar, unsigned empty_parity) {
+  if (newer_in_flight)
+    cp_async_wait<1>();
+  else
+    cp_async_wait<0>();
+  named_barrier_sync(kProducerBarrier, 128); // every thread's codes landed
+  mbarrier_wait(empty_bar, empty_parity);
+  convert_code_tiles<kBlockN, 128, AtomRows, true>(k_tile, k_tile + kBlockN * kRowBytes, codes,
+                                                   codes + kBlockN * kHeadDim, thread);
+  fence_proxy_async();
+  mbarrier_arrive(full_bar);
+}
+
 /// Pages of at least this many rows are copied with bulk tensor copies
 /// when the launch enabled them (PagedcWgmmaPrefillArgs): one box of
 /// kTmaBoxRows rows x 64 head dims per page and atom, 2-8 KiB. Smaller pages
@@ -134,7 +192,9 @@ PAGEDC_DEVICE void gather_kv_stage(const KvGather &copy_kv, uint32_t k_tile, uin
 constexpr int kTmaPageRows = 16;
 /// (Not at D 256 with two consumer warpgroups: the producer's 56
 /// registers spilled 64 bytes around the 32 copies of a tile.)
-constexpr bool kTmaPages = kPageSize >= kTmaPageRows && (kHeadDim <= 128 || kConsumerGroups == 1);
+/// (Nor for 8-bit caches: their codes are converted on the way in.)
+constexpr bool kTmaPages = kKvFloat8 == 0 && kPageSize >= kTmaPageRows &&
+                           (kHeadDim <= 128 || kConsumerGroups == 1);
 constexpr int kTmaBoxRows = kPageSize < kBlockN ? kPageSize : kBlockN;
 /// Pages (boxes per atom column) in one KV tile.
 constexpr int kTmaTilePages = kBlockN / kTmaBoxRows;
@@ -370,9 +430,11 @@ extern "C" __global__ void __launch_bounds__(pagedc::kPrefillThreads, 1)
   constexpr uint32_t kQBytes = kBlockM * kRowBytes;
   constexpr uint32_t kStageBytes = 2 * kBlockN * kRowBytes;
   const uint32_t stages = q_tiles + kQBuffers * kQBytes;
+  // An 8-bit cache's code buffers (the producer's alone).
+  const uint32_t code_tiles = stages + kStages * kStageBytes;
   // Per Q tile a full (the producer's copies landed) and an empty (the
   // consumers' S products are done with it) mbarrier; per stage the same.
-  const uint32_t q_full = stages + kStages * kStageBytes;
+  const uint32_t q_full = code_tiles + kCodeBuffers * kCodeTileBytes;
   const uint32_t q_empty = q_full + 8 * kQBuffers;
   const uint32_t full = q_empty + 8 * kQBuffers, empty = full + 8 * kStages;
   // Persistent CTAs with a work counter (wg.tile_counter): producer
@@ -536,6 +598,25 @@ extern "C" __global__ void __launch_bounds__(pagedc::kPrefillThreads, 1)
       const Element *v_head =
           static_cast<const Element *>(args.v_cache) + kv_head * args.v_stride[0];
       const KvGather copy_kv(k_head, v_head, thread);
+      // An 8-bit cache's codes: compact pages (the launch checks), so the
+      // strides are constants.
+      const int64_t code_stride[3] = {0, kPageSize * kHeadDim, kHeadDim};
+      const CodeGather copy_codes(
+          static_cast<const char *>(args.k_cache) + kv_head * args.k_stride[0],
+          static_cast<const char *>(args.v_cache) + kv_head * args.v_stride[0], thread,
+          code_stride, code_stride);
+      // With two code buffers, the visit before the last one gathered has
+      // its codes in flight or landed, not yet converted (visit - 1: every
+      // visit of an 8-bit cache is gathered).
+      bool codes_pending = false;
+      auto convert_codes = [&](unsigned at, bool newer_in_flight) {
+        const int stage = at % kStages;
+        convert_code_stage(
+            shared + (code_tiles + (kCodeBuffers > 1 ? at % kCodeBuffers : 0) * kCodeTileBytes -
+                      shared_address(shared)),
+            shared + (stages + stage * kStageBytes - shared_address(shared)), newer_in_flight,
+            thread, full + 8 * stage, empty + 8 * stage, ((at / kStages) & 1) ^ 1);
+      };
       const int32_t *page_row = args.page_table + b * args.page_table_stride;
       for (int pass = pass_first; pass <= pass_last; ++pass) {
         KvVisits<kBlockN> visits;
@@ -555,9 +636,24 @@ extern "C" __global__ void __launch_bounds__(pagedc::kPrefillThreads, 1)
               continue;
             }
           }
+          int32_t *slots = page_slots + (gathered & 1) * kTilePages;
+          if constexpr (kKvFloat8 != 0) {
+            const uint32_t buffer = kCodeBuffers > 1 ? visit % kCodeBuffers : 0;
+            gather_code_tile(copy_codes, code_tiles + buffer * kCodeTileBytes, page_row, slots,
+                             kv, kv_len, thread);
+            if constexpr (kCodeBuffers == 2) {
+              if (codes_pending)
+                convert_codes(visit - 1, true);
+              codes_pending = true;
+            } else {
+              convert_codes(visit, false);
+            }
+            ++gathered;
+            ++visit;
+            continue;
+          }
           const int stage = visit % kStages;
           const uint32_t k_tile = stages + stage * kStageBytes;
-          int32_t *slots = page_slots + (gathered & 1) * kTilePages;
           gather_kv_stage(copy_kv, k_tile, k_tile + kBlockN * kRowBytes, page_row, slots, kv,
                           kv_len, thread, empty + 8 * stage, ((visit / kStages) & 1) ^ 1);
           cp_async_mbarrier_arrive(full + 8 * stage);
@@ -565,6 +661,11 @@ extern "C" __global__ void __launch_bounds__(pagedc::kPrefillThreads, 1)
           ++visit;
         }
       }
+      // The tile's last codes, before the producer waits on anything the
+      // consumers release only once they have them.
+      if constexpr (kKvFloat8 != 0)
+        if (codes_pending)
+          convert_codes(visit - 1, false);
     }
   } else {
   // A consumer warpgroup: rows group_row .. group_row + 63 of the CTA (the
@@ -578,8 +679,9 @@ extern "C" __global__ void __launch_bounds__(pagedc::kPrefillThreads, 1)
       wgmma_descriptor(stages + kBlockN * kRowBytes, atom_bytes(kBlockN), 1024, kSwizzle128);
   // No score mod and a positive scale: the softmax applies scale·log2(e)
   // with an FFMA instead of a multiply per score here.
+  // (An 8-bit cache's K scale, > 0, joins the scale per query tile.)
   const bool scale_in_softmax = !pagedc_mods::kHasScore && args.scale > 0.0f;
-  const float softmax_factor = scale_in_softmax ? args.scale * kLog2e : 1.0f;
+  float softmax_factor = scale_in_softmax ? args.scale * kLog2e : 1.0f;
   // Ping-pong (wg.ping_pong, two consumer warpgroups, kOverlap): named
   // barrier kTurnBarrier + g is warpgroup g's turn to issue its wgmmas;
   // each waits for its turn, issues S and the previous P V, and hands the
@@ -609,6 +711,13 @@ extern "C" __global__ void __launch_bounds__(pagedc::kPrefillThreads, 1)
     const int h = tile.h, b = tile.b, row_begin = tile.row_begin;
     const int kv_len = tile.kv_len, q_offset = tile.q_offset;
     const int pass_first = first_pass(tile), pass_last = last_pass(tile);
+    // The scores' scale: an 8-bit cache's K scale times the call's
+    // (q . (c s) = s (q . c)).
+    float score_scale = args.scale;
+    if constexpr (kKvFloat8 != 0) {
+      score_scale *= args.k_scale[tile.kv_head];
+      softmax_factor = scale_in_softmax ? score_scale * kLog2e : 1.0f;
+    }
     int q_of[2];
     const int b_of[2] = {b, b}, h_of[2] = {h, h};
     pagedc_mods::MaskRow mask_rows[2];
@@ -699,8 +808,9 @@ extern "C" __global__ void __launch_bounds__(pagedc::kPrefillThreads, 1)
         // cp.async wrote gathered tiles through the generic proxy; wgmma
         // reads them through the async proxy. Tiles the producer copied with
         // tensor maps were written by the async proxy: no fence for them (it
-        // cost a MEMBAR.ALL.CTA per tile).
-        if (!by_tensor_maps(kv_begin, kv_len))
+        // cost a MEMBAR.ALL.CTA per tile); nor for an 8-bit cache's
+        // converted tiles, which their writers fenced (convert_code_stage).
+        if (kKvFloat8 == 0 && !by_tensor_maps(kv_begin, kv_len))
           fence_proxy_async();
         const uint64_t k_desc = descriptor_plus(k_desc0, stage * kStageBytes);
         const uint64_t v_desc = descriptor_plus(v_desc0, stage * kStageBytes);
@@ -755,7 +865,7 @@ extern "C" __global__ void __launch_bounds__(pagedc::kPrefillThreads, 1)
                 ? stage_xor[stage]
                 : 0;
         apply_mods<kBlockN / 8>(scores, params, mask_rows, score_rows, b_of, h_of, q_of, visible,
-                                check_mask, kv_begin, kv_len, args.scale, lane, all_kept,
+                                check_mask, kv_begin, kv_len, score_scale, lane, all_kept,
                                 scale_in_softmax, column_xor);
         float rescale[2];
         bool rescale_out;
@@ -780,7 +890,7 @@ extern "C" __global__ void __launch_bounds__(pagedc::kPrefillThreads, 1)
                                shared + (stages + stage * kStageBytes - shared_address(shared)),
                                warp, lane);
               apply_mods<kBlockN / 8>(scores, params, mask_rows, score_rows, b_of, h_of, q_of,
-                                      visible, check_mask, kv_begin, kv_len, args.scale, lane,
+                                      visible, check_mask, kv_begin, kv_len, score_scale, lane,
                                       all_kept, scale_in_softmax, column_xor);
               softmax_tile<kBlockN / 8>(state, scores, rescale, softmax_factor);
             }
@@ -863,7 +973,10 @@ extern "C" __global__ void __launch_bounds__(pagedc::kPrefillThreads, 1)
 #pragma unroll
     for (int half = 0; half < 2; ++half) {
       float row_lse;
-      const float inverse = finish_row(state.max[half], quad_sum(state.sum[half]), sink, row_lse);
+      float inverse = finish_row(state.max[half], quad_sum(state.sum[half]), sink, row_lse);
+      // An 8-bit cache's V scale on the output rows (not on lse).
+      if constexpr (kKvFloat8 != 0)
+        inverse *= args.v_scale[tile.kv_head];
       const int group_local = 16 * warp + (lane >> 2) + 8 * half;
       const int row = row_begin + group_row + group_local;
       if (staged_out) {

@@ -407,8 +407,10 @@ KernelConfig chooseCudaAttentionConfig(const CompiledMods &mods, DType elementTy
       // Prefill reads the GQA ratio at run time: one kernel for every ratio.
       config.kind = KernelKind::Prefill;
       config.groupSize = 1;
-      // 8-bit codes: the mma.sync tiles (Float8Tiles.cuh) on every target.
-      if (kvFloat8)
+      // 8-bit codes: the warpgroup tiles on sm_90 (their producer converts
+      // the codes), the mma.sync tiles of choosePrefillShape elsewhere (the
+      // 128 x 32 tile of sm_80 at head dim 128 does not read them).
+      if (kvFloat8 && arch != "sm_90a" && arch != "sm_90")
         config.choosePrefillShape(options);
       else
         config.choosePrefillShapeFor(arch, options);

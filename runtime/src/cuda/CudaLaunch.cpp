@@ -529,6 +529,10 @@ std::string bindPrefillTensorMaps(const CudaDriver &driver, const KernelConfig &
   };
   if (config.pageSize < kPrefillTmaPageRows)
     return refuse(fmt::format("pages of {} rows, under {}", config.pageSize, kPrefillTmaPageRows));
+  // As PrefillWgmma.cuh's kTmaPages: 8-bit codes are gathered into their
+  // own buffers and converted into the 16-bit tiles the wgmma reads.
+  if (config.kvFloat8)
+    return refuse(fmt::format("{} cache", dtypeName(*config.kvFloat8)));
   // As PrefillWgmma.cuh's kTmaPages.
   if (config.headDim > 128 && config.blockM == 128)
     return refuse("head dim 256 with two consumer warpgroups");

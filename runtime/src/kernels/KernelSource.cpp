@@ -352,12 +352,10 @@ void KernelConfig::validate() const {
   if (kvFloat8 && !isFloat8(*kvFloat8))
     throw Error(
         fmt::format("8-bit float K/V elements are f8e4m3 or f8e5m2, not {}", dtypeName(*kvFloat8)));
-  if (kvFloat8 && (kind == KernelKind::BlockMaskBuilder || warpRows == 64))
-    throw Error(fmt::format("{} caches are read by the decode kernel and the prefill's mma.sync "
-                            "tiles (16 or 32 query rows per warp), not by {}",
-                            dtypeName(*kvFloat8),
-                            warpRows == 64 ? "the warpgroup prefill tiles (...x64)"
-                                           : "the block-mask builder"));
+  if (kvFloat8 && kind == KernelKind::BlockMaskBuilder)
+    throw Error(fmt::format("{} caches are read by the decode and prefill kernels, not by the "
+                            "block-mask builder",
+                            dtypeName(*kvFloat8)));
   if (!isCudaHeadDim(headDim) && !isMlaDecode())
     throw Error(fmt::format("head dim {} is not supported by the CUDA kernels; they take {}",
                             headDim, cudaHeadDimsText()));
@@ -471,12 +469,17 @@ std::string KernelConfig::compileArchFor(const std::string &arch) const {
 }
 
 namespace {
-/// Warpgroup prefill shared memory with `stages` K/V stages and
-/// `qBuffers` Q tiles: 1024 bytes to align the swizzled tiles, Q, the ring
-/// and the mbarriers (128 bytes).
-int wgmmaPrefillSharedBytes(const KernelConfig &config, int stages, int qBuffers = 1) {
+/// Warpgroup prefill shared memory with `stages` K/V stages, `qBuffers` Q
+/// tiles and `codeBuffers` buffers of an 8-bit cache's codes: 1024 bytes
+/// to align the swizzled tiles, Q, the ring, the codes (a byte per
+/// element) and the mbarriers (128 bytes).
+int wgmmaPrefillSharedBytes(const KernelConfig &config, int stages, int qBuffers = 1,
+                            int codeBuffers = -1) {
+  if (codeBuffers < 0)
+    codeBuffers = config.kvFloat8 ? 1 : 0;
   const int rowBytes = config.headDim * 2;
-  return 1024 + (qBuffers * config.blockM + 2 * stages * config.blockN) * rowBytes + 128;
+  return 1024 + (qBuffers * config.blockM + 2 * stages * config.blockN) * rowBytes +
+         codeBuffers * 2 * config.blockN * config.headDim + 128;
 }
 } // namespace
 
@@ -492,8 +495,18 @@ int KernelConfig::prefillStages() const {
 int KernelConfig::prefillQBuffers() const {
   if (kind != KernelKind::Prefill || warpRows != 64)
     return 1;
-  // The ring's stages first: a second Q tile only where it fits beside them.
-  return wgmmaPrefillSharedBytes(*this, prefillStages(), 2) <= kMaxSharedPerCta ? 2 : 1;
+  // The ring's stages first, then an 8-bit cache's second code buffer: a
+  // second Q tile only where it fits beside them.
+  return wgmmaPrefillSharedBytes(*this, prefillStages(), 2, prefillCodeBuffers()) <=
+                 kMaxSharedPerCta
+             ? 2
+             : 1;
+}
+
+int KernelConfig::prefillCodeBuffers() const {
+  if (kind != KernelKind::Prefill || warpRows != 64 || !kvFloat8)
+    return 0;
+  return wgmmaPrefillSharedBytes(*this, prefillStages(), 1, 2) <= kMaxSharedPerCta ? 2 : 1;
 }
 
 int KernelConfig::sharedMemoryBytes() const {
@@ -501,7 +514,8 @@ int KernelConfig::sharedMemoryBytes() const {
   switch (kind) {
   case KernelKind::Prefill:
     if (warpRows == 64)
-      return wgmmaPrefillSharedBytes(*this, prefillStages(), prefillQBuffers());
+      return wgmmaPrefillSharedBytes(*this, prefillStages(), prefillQBuffers(),
+                                     prefillCodeBuffers());
     // Q tile, two K and two V stages, the staged pages of the next KV
     // tile (at most 64: page size 1).
     return (blockM + 4 * blockN) * rowBytes + 64 * 4;
@@ -616,6 +630,7 @@ KernelSource assembleKernel(const KernelConfig &config,
   code += fmt::format("constexpr int kMaxSplitBlocks = {};\n", kMaxSplitBlocks);
   code += fmt::format("constexpr int kPrefillStages = {};\n", config.prefillStages());
   code += fmt::format("constexpr int kPrefillQBuffers = {};\n", config.prefillQBuffers());
+  code += fmt::format("constexpr int kPrefillCodeBuffers = {};\n", config.prefillCodeBuffers());
   code += fmt::format("constexpr bool kHasLse = {};\n",
                       config.returnLse ? "true" : "false");
   code += fmt::format("constexpr bool kPackedBatch = {};\n", config.packedBatch ? "true" : "false");
@@ -638,6 +653,8 @@ KernelSource assembleKernel(const KernelConfig &config,
     append("KernelCommon.cuh");
     if (config.warpRows == 64) {
       append("Hopper.cuh");
+      append("Float8.cuh");
+      append("Float8Tiles.cuh");
       append("PrefillWgmma.cuh");
     } else {
       append("Float8.cuh");

@@ -250,7 +250,7 @@ BUGS = {
         "wgmma"),
     "wgmma-no-proxy-fence": (
         "PrefillWgmma.cuh",
-        "        if (!by_tensor_maps(kv_begin, kv_len))\n"
+        "        if (kKvFloat8 == 0 && !by_tensor_maps(kv_begin, kv_len))\n"
         "          fence_proxy_async();\n",
         "",
         "wgmma"),
@@ -259,8 +259,8 @@ BUGS = {
     # fenced (its first tiles come by tensor maps).
     "tma-gathered-tail-unfenced": (
         "PrefillWgmma.cuh",
-        "        if (!by_tensor_maps(kv_begin, kv_len))\n",
-        "        if (!(kTmaPages && wg.tensor_maps != 0))\n",
+        "        if (kKvFloat8 == 0 && !by_tensor_maps(kv_begin, kv_len))\n",
+        "        if (kKvFloat8 == 0 && !(kTmaPages && wg.tensor_maps != 0))\n",
         "wgmma-tma"),
     "tma-q-unfenced": (
         "PrefillWgmma.cuh",
@@ -353,13 +353,13 @@ BUGS = {
         "wgmma"),
     "wgmma-gather-rows-share-first-page": (
         "PrefillWgmma.cuh",
-        "StagedPages{slots, kv_begin}",
-        "[&](int) { return slots[0]; }",
+        "(k_tile, v_tile, StagedPages{slots, kv_begin}",
+        "(k_tile, v_tile, [&](int) { return slots[0]; }",
         "wgmma"),
     "wgmma-page-slots-read-before-barrier": (
         "PrefillWgmma.cuh",
-        "    slots[thread] = lookup;\n  named_barrier_sync(kProducerBarrier, 128);\n",
-        "    slots[thread] = lookup;\n",
+        "    slots[thread] = lookup;\n  named_barrier_sync(kProducerBarrier, 128);\n  copy_kv",
+        "    slots[thread] = lookup;\n  copy_kv",
         "wgmma"),
     "wgmma-page-slots-one-buffer": (
         "PrefillWgmma.cuh",

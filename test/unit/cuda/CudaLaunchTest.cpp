@@ -269,6 +269,34 @@ TEST(CudaLaunch, WarpgroupPrefillQBuffers) {
   EXPECT_EQ(config.prefillQBuffers(), 2);
   KernelConfig mma; // the mma.sync prefill has one Q tile
   EXPECT_EQ(mma.prefillQBuffers(), 1);
+  EXPECT_EQ(mma.prefillCodeBuffers(), 0);
+}
+
+// An 8-bit cache's code buffers (2 N D bytes each) take shared memory after
+// the ring's stages (beside one buffer) and before a second Q tile
+// (KernelConfig::prefillCodeBuffers); 16-bit caches have none.
+TEST(CudaLaunch, WarpgroupPrefillCodeBuffers) {
+  KernelConfig config = warpgroupPrefill();
+  EXPECT_EQ(config.prefillCodeBuffers(), 0);
+  config.kvFloat8 = DType::F8E4M3;
+  config.validate();
+  EXPECT_EQ(config.prefillStages(), 4); // 128 x 64 at D 128: all still fit
+  EXPECT_EQ(config.prefillCodeBuffers(), 2);
+  EXPECT_EQ(config.prefillQBuffers(), 2);
+  EXPECT_EQ(config.sharedMemoryBytes(),
+            1024 + (2 * 128 + 2 * 4 * 64) * 256 + 2 * 2 * 64 * 128 + 128);
+  config.blockN = 128; // 16-bit: 3 stages; with codes 2 stages and two buffers
+  EXPECT_EQ(config.prefillStages(), 2);
+  EXPECT_EQ(config.prefillCodeBuffers(), 2);
+  EXPECT_EQ(config.prefillQBuffers(), 1);
+  EXPECT_EQ(config.sharedMemoryBytes(),
+            1024 + (128 + 2 * 2 * 128) * 256 + 2 * 2 * 128 * 128 + 128);
+  config.headDim = 256; // 128 x 64 at D 256: a second code buffer does not fit
+  config.blockN = 64;
+  EXPECT_EQ(config.prefillStages(), 2);
+  EXPECT_EQ(config.prefillCodeBuffers(), 1);
+  EXPECT_LE(config.sharedMemoryBytes(), 227 * 1024);
+  config.validate();
 }
 
 TEST(KernelOptions, PersistentSettingsAndTheirPairs) {

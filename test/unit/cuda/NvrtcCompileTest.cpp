@@ -468,7 +468,8 @@ TEST(NvrtcCompile, MlaDecodeKernelsCompileWithoutSpills) {
 /// the 5-CTA register cap of sm_90, Decode.cuh's kDecodeMinBlocks), at
 /// every (D, Dv) of kFloat8HeadDims: a covering of (mod, head dim, arch,
 /// kind), with the formats, element types, group sizes (1, 4) and decode
-/// token counts (1, 3) in turn; the full matrix compiles the product.
+/// token counts (1, 3) in turn; the full matrix compiles the product; and
+/// on sm_90 the warpgroup prefill's tiles at head dims 64, 128 and 256.
 TEST(NvrtcCompile, Float8KernelsCompileWithoutSpills) {
   REQUIRE_NVRTC();
   std::vector<Case> cases;
@@ -505,6 +506,25 @@ TEST(NvrtcCompile, Float8KernelsCompileWithoutSpills) {
           covered.push_back({int(m), int(d), a, k});
         }
   EXPECT_TRUE(pairsCovered(covered, {3, int(std::size(kFloat8HeadDims)), 2, 2}));
+  // sm_90: the warpgroup prefill's tile (choosePrefillShapeFor) of each
+  // head dim it takes, whose producer converts the codes: every mod at each,
+  // the formats and element types in turn.
+  int warpgroupVariant = 0;
+  for (const char *mod : mods)
+    for (int headDim : {64, 128, 256}) {
+      const int v = warpgroupVariant++;
+      Case c;
+      c.mod = mod;
+      c.config.kind = KernelKind::Prefill;
+      c.config.kvFloat8 = v % 2 ? DType::F8E5M2 : DType::F8E4M3;
+      c.config.elementType = (v / 2) % 2 ? DType::F16 : DType::BF16;
+      c.config.headDim = headDim;
+      c.config.returnLse = true;
+      c.config.groupSize = 1;
+      c.config.choosePrefillShapeFor("sm_90");
+      c.arch = c.config.compileArchFor("sm_90");
+      cases.push_back(c);
+    }
   std::vector<Outcome> outcomes = compileAll(cases, workerCount());
   for (size_t i = 0; i < cases.size(); ++i) {
     ASSERT_EQ(outcomes[i].error, "") << cases[i].label();
