@@ -699,6 +699,9 @@ def _dense_keys(k, v) -> tuple:
     in place. NumPy arrays with a negative stride (which DLPack cannot
     describe) are copied into contiguous arrays first."""
     for name, tensor, dims in (("k", k, "D"), ("v", v, "Dv")):
+        if not isinstance(tensor, np.ndarray) and not hasattr(tensor, "__dlpack__"):
+            raise ValueError(f"{name}: expected a tensor with __dlpack__, got "
+                             f"{type(tensor).__name__}")
         where = tensor_device_index(tensor)
         if where >= 0:
             raise ValueError(f"{name}: is on {device_label(where)} but q is on cpu")

@@ -490,7 +490,7 @@ PY_CASES = [
     ("flex-k-none", "pagedc.flex_attention(q, None, v, mods=mods)",
      "expected a tensor with __dlpack__"),
     ("flex-mixed-kv-dtypes", "pagedc.flex_attention(q, k, v.astype(np.float16), mods=mods)",
-     "v: dtype f16 differs from k's f32"),
+     "v is f16 but k is f32; they must match"),
     ("flex-scale-text", "pagedc.flex_attention(q, k, v, mods=mods, scale='abc')", "abc"),
     ("reserve-negative",
      "c = pagedc.PagedKVCache(4, 16, 1, 2, 8)\nc.reserve(0, -1)", "seq_len: -1 is negative"),
