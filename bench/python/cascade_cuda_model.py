@@ -47,12 +47,16 @@ LAUNCH_FIELDS = ("kernel", "grid_blocks", "blocks_run", "ctas_per_sm", "wave_eff
                  "bound", "requested_global_bytes", "dram_bytes", "terms_us", "modelled_us")
 
 
-def modelled(counters, pagedc_gpu):
-    """The H100 model of the launches in the counter file `counters`."""
+def modelled(counters, pagedc_gpu, registers=REGISTERS, dram="requested"):
+    """The H100 model of the launches in the counter file `counters`, with
+    `registers` per thread and `dram` as pagedc-gpu model's --dram (None:
+    its default)."""
     out = counters + ".model.json"
-    run = subprocess.run([pagedc_gpu, "model", "--launches", counters, "--device", "H100",
-                          "--registers", str(REGISTERS), "--dram", "requested", "--json", out],
-                         capture_output=True, text=True)
+    command = [pagedc_gpu, "model", "--launches", counters, "--device", "H100",
+               "--registers", str(registers), "--json", out]
+    if dram is not None:
+        command += ["--dram", dram]
+    run = subprocess.run(command, capture_output=True, text=True)
     if run.returncode != 0:
         sys.exit(f"{pagedc_gpu} model --launches {counters} failed:\n{run.stderr}")
     with open(out) as f:

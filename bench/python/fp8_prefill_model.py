@@ -25,16 +25,15 @@ torch (bf16 q from the host).
         [--sample-blocks 32] [--json FILE] [--pagedc-gpu build/bin/pagedc-gpu]
 """
 import argparse
-import json
 import os
-import subprocess
 import sys
 import tempfile
 
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from cascade_cuda_model import LAUNCH_FIELDS, parse_with_pagedc_gpu, write_entry  # noqa: E402
+from cascade_cuda_model import (LAUNCH_FIELDS, modelled, parse_with_pagedc_gpu,  # noqa: E402
+                                write_entry)
 
 LABEL = ("MODELLED, not measured: emulator counters + roofline (docs/emulator.md, "
          "'The performance model'), H100, 168 registers per thread (ptxas); no issue term; "
@@ -43,19 +42,6 @@ LABEL = ("MODELLED, not measured: emulator counters + roofline (docs/emulator.md
 # 128 x 128 at D 128, both caches; setmaxnreg moves them between the
 # warpgroups).
 REGISTERS = 168
-
-
-def modelled(counters, pagedc_gpu):
-    out = counters + ".model.json"
-    run = subprocess.run([pagedc_gpu, "model", "--launches", counters, "--device", "H100",
-                          "--registers", str(REGISTERS), "--json", out],
-                         capture_output=True, text=True)
-    if run.returncode != 0:
-        sys.exit(f"{pagedc_gpu} model --launches {counters} failed:\n{run.stderr}")
-    with open(out) as f:
-        model = json.load(f)
-    os.remove(out)
-    return model
 
 
 def main():
@@ -109,7 +95,7 @@ def main():
                                   return_lse=True, kernel_options=options)
         finally:
             del os.environ["PAGEDC_EMU_COUNTERS"]
-        model = modelled(counters, args.pagedc_gpu)
+        model = modelled(counters, args.pagedc_gpu, REGISTERS, dram=None)
         launches = [{k: launch[k] for k in LAUNCH_FIELDS} for launch in model["launches"]]
         return dict(launches=launches, modelled_us=model["modelled_us"])
 

@@ -32,24 +32,12 @@ import tempfile
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from cascade_cuda_model import LAUNCH_FIELDS, parse_with_pagedc_gpu, write_entry  # noqa: E402
+from cascade_cuda_model import (LAUNCH_FIELDS, modelled, parse_with_pagedc_gpu,  # noqa: E402
+                                write_entry)
 
 LABEL = ("MODELLED, not measured: emulator counters + roofline (docs/emulator.md, "
          "'The performance model'); ptxas's registers; no GPU ran these kernels")
 D, DV, PAGE = 576, 512, 16
-
-
-def modelled(counters, pagedc_gpu, registers):
-    out = counters + ".model.json"
-    run = subprocess.run([pagedc_gpu, "model", "--launches", counters, "--device", "H100",
-                          "--registers", str(registers), "--dram", "distinct", "--json", out],
-                         capture_output=True, text=True)
-    if run.returncode != 0:
-        sys.exit(f"{pagedc_gpu} model --launches {counters} failed:\n{run.stderr}")
-    with open(out) as f:
-        model = json.load(f)
-    os.remove(out)
-    return model
 
 
 def main():
@@ -93,7 +81,7 @@ def main():
         pagedc.to_host(out)
     finally:
         del os.environ["PAGEDC_EMU_COUNTERS"]
-    model = modelled(counters, args.pagedc_gpu, args.registers)
+    model = modelled(counters, args.pagedc_gpu, args.registers, dram="distinct")
     os.remove(counters)
     explain = counters + ".explain.json"
     subprocess.run([args.pagedc_gpu, "model", "--explain", "--json", explain], check=True,
