@@ -822,8 +822,8 @@ def flex_attention(q, cache_or_k, v=None, block_mask: Optional[BlockMask] = None
     the units of the scores after scale and score mod) whose value is zero:
     out = sum_j p_j v_j / (sum_j exp(s_j) + exp(sinks[h])) and lse includes
     it; a fully masked row gives out 0 and lse ``sinks[h]``; -inf means no
-    sink for that head and NaN gives NaN rows. The CPU backend computes it;
-    CUDA refuses it for now.
+    sink for that head and NaN gives NaN rows. The CPU backend and every
+    CUDA kernel compute it.
 
     ``kernel_options`` (CUDA) picks the kernel and its launch: a dict of
     ``KERNEL_OPTIONS`` names to values (``prefill_shape``: a str such as
