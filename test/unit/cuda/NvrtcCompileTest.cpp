@@ -354,15 +354,22 @@ TEST(NvrtcCompile, PackedBatchKernelsCompileWithoutSpills) {
         }
   // The GQA-packed prefill as CudaBatchAttention's groupRowsConfig builds
   // it: 16-bit at every head dim above, and over 8-bit caches at 64, 128
-  // and 256 (the formats and element types in turn).
+  // and 256 (the formats and element types in turn). A covering: each
+  // (mod, head dim) on one arch, alternating, so that every pair of values
+  // of the three axes is compiled; one mod per 8-bit head dim, the arch in
+  // turn. The full matrix takes the product.
   int groupVariant = 0;
-  for (const char *mod : mods)
-    for (int headDim : {64, 96, 128, 192, 256})
-      for (const char *arch : arches)
+  const int groupDims[] = {64, 96, 128, 192, 256};
+  for (int m = 0; m < 3; ++m)
+    for (int d = 0; d < 5; ++d)
+      for (int a = 0; a < 2; ++a)
         for (bool float8 : {false, true}) {
+          const int headDim = groupDims[d];
           if (float8 && headDim != 64 && headDim != 128 && headDim != 256)
             continue;
-          Case c = packedCase(mod, KernelKind::Prefill, headDim, arch);
+          if (!fullMatrix() && (float8 ? m != d / 2 || a != (d / 2) % 2 : a != (m + d) % 2))
+            continue;
+          Case c = packedCase(mods[m], KernelKind::Prefill, headDim, arches[a]);
           c.config.groupRows = true;
           c.config.blockM = 128;
           c.config.groupSize = 4;
@@ -431,9 +438,18 @@ TEST(NvrtcCompile, PackedBatchKernelsCompileWithoutSpills) {
 TEST(NvrtcCompile, MlaDecodeKernelsCompileWithoutSpills) {
   REQUIRE_NVRTC();
   std::vector<Case> cases;
-  for (const char *mod : {"none", "causal", "softcap"})
-    for (const char *arch : {"sm_80", "sm_90"})
-      for (DType element : {DType::BF16, DType::F16}) {
+  // A covering of (mod, arch, element type): every pair of values, the
+  // element type (and with it the group) in turn; the full matrix takes
+  // the product.
+  const char *const mlaMods[] = {"none", "causal", "softcap"};
+  const char *const mlaArches[] = {"sm_80", "sm_90"};
+  for (int m = 0; m < 3; ++m)
+    for (int a = 0; a < 2; ++a)
+      for (int e = 0; e < 2; ++e) {
+        if (!fullMatrix() && e != (m + a) % 2)
+          continue;
+        const char *mod = mlaMods[m], *arch = mlaArches[a];
+        const DType element = e ? DType::F16 : DType::BF16;
         Case c;
         c.mod = mod;
         c.config.kind = KernelKind::Decode;
@@ -509,9 +525,15 @@ TEST(NvrtcCompile, Float8KernelsCompileWithoutSpills) {
   // sm_90: the warpgroup prefill's tile (choosePrefillShapeFor) of each
   // head dim it takes, whose producer converts the codes: every mod at each,
   // the formats and element types in turn.
+  // Soft-capping (the mod of most registers) at every head dim and each
+  // other mod at one; the full matrix takes every pair.
   int warpgroupVariant = 0;
-  for (const char *mod : mods)
-    for (int headDim : {64, 128, 256}) {
+  for (int m = 0; m < 3; ++m)
+    for (int h = 0; h < 3; ++h) {
+      const char *mod = mods[m];
+      const int headDim = 64 << h;
+      if (!fullMatrix() && std::string(mod) != "softcap" && m != h)
+        continue;
       const int v = warpgroupVariant++;
       Case c;
       c.mod = mod;
