@@ -16,7 +16,8 @@
 //
 // Row tiles of at most kMaxDotRows rows (decode) take a bandwidth-minded
 // path instead of the two GEMMs: scores are dot products along the head
-// dimension (scoresDecode), each K vector loaded once for 4 rows; the next
+// dimension (scoresDecode), each K vector loaded once for up to 4 rows, kept
+// row-major so that the softmax's vectors run along kv (softmaxRows); the next
 // tile's K and V rows are prefetched a few at a time, K while this tile is
 // scored and V during its P . V (pages are scattered, so the hardware
 // prefetcher cannot guess them); and P . V streams each V row once for two
@@ -50,14 +51,15 @@ struct TileOps {
   void (*gemm)(int64_t rows, int64_t cols, int64_t depth, const float *const *aRows,
                int64_t aStep, const float *const *bRows, float *c, int64_t ldc,
                bool accumulate);
-  void (*scoresDecode)(int64_t n, int64_t rows, int64_t width, int64_t depth,
-                       const float *const *kRows, const float *qRows, float *scores,
-                       const char *const *prefetch, int64_t nPrefetch,
-                       int64_t prefetchBytes);
-  void (*pvDecode)(int64_t n, int64_t rows, int64_t width, const float *p,
-                   const float *const *vRows, int64_t vDim, float *acc,
-                   const char *const *prefetch, int64_t nPrefetch, int64_t prefetchBytes);
+  void (*scoresDecode)(int64_t n, int64_t rows, int64_t depth, const float *const *kRows,
+                       const float *qRows, float *scores, int64_t ld, const char *const *prefetch,
+                       int64_t nPrefetch, int64_t prefetchBytes);
+  void (*pvDecode)(int64_t n, int64_t rows, int64_t ld, const float *p, const float *const *vRows,
+                   int64_t vDim, float *acc, const char *const *prefetch, int64_t nPrefetch,
+                   int64_t prefetchBytes);
   void (*softmaxTile)(float *tile, int64_t n, int64_t width, float *m, float *l,
+                      float *alpha);
+  void (*softmaxRows)(float *p, int64_t n, int64_t rows, int64_t ld, float *m, float *l,
                       float *alpha);
   void (*scaleRow)(float *row, int64_t n, float factor);
 };
@@ -244,6 +246,7 @@ Plan makePlan(const PagedAttentionArgs &args, int threads) {
     splits[b] = std::max<int64_t>(1, (length + splitLength[b] - 1) / splitLength[b]);
   }
 
+  plan.items.reserve(static_cast<size_t>(baseItems * (target > 1 ? target : 1)));
   // Latest row tiles first (the heaviest under causal masks), then by the
   // number of keys an item reads, so long items do not start last.
   int64_t maxRowTiles = (maxGroupRows + plan.tileRows - 1) / plan.tileRows;
@@ -270,10 +273,12 @@ Plan makePlan(const PagedAttentionArgs &args, int threads) {
       }
     }
   }
-  std::stable_sort(plan.items.begin(), plan.items.end(),
-                   [](const WorkItem &x, const WorkItem &y) {
-                     return x.rows * (x.kvEnd - x.kvBegin) > y.rows * (y.kvEnd - y.kvBegin);
-                   });
+  // One thread runs the items in any order alike.
+  if (threads > 1)
+    std::stable_sort(plan.items.begin(), plan.items.end(),
+                     [](const WorkItem &x, const WorkItem &y) {
+                       return x.rows * (x.kvEnd - x.kvBegin) > y.rows * (y.kvEnd - y.kvBegin);
+                     });
   return plan;
 }
 
@@ -305,7 +310,10 @@ struct Workspace {
   int64_t padded = 0;        // the item's rows rounded up to whole vectors
   std::vector<float> qT;     // [dim][padded], scale folded in (gemm tiles)
   std::vector<float> qRows;  // [rows rounded up to 4][dim] (decode tiles)
-  std::vector<float> scores; // [kKvTile][padded]
+  // Score tile: [kKvTile][padded] for gemm tiles, [rows][kKvTile] for
+  // decode tiles; element (kv j, row r) is at j * kvStride + r * rowStride.
+  std::vector<float> scores;
+  int64_t kvStride = 0, rowStride = 0;
   std::vector<float> acc;    // [tileRows][vDim]
   std::vector<float> rowMax, rowSum, alpha; // [padded]
   std::vector<float> kConverted, vConverted; // [kKvTile][dim | vDim]
@@ -321,6 +329,16 @@ struct Workspace {
   std::vector<int64_t> segmentStart; // [tileRows + 1]
   std::vector<BlockStatus> headClass; // [group]
 };
+
+/// The calling thread's workspace, kept between calls so that a call
+/// allocates scratch only when it needs more than an earlier one did. Not
+/// inlined: once the compiler sees that every item gets this one object, it
+/// addresses its fields through a TLS lookup (__tls_get_addr in a shared
+/// library) at each use instead of once through the reference.
+__attribute__((noinline)) Workspace &threadWorkspace() {
+  static thread_local Workspace ws;
+  return ws;
+}
 
 template <typename T> void ensureSize(std::vector<T> &v, size_t n) {
   if (v.size() < n)
@@ -352,7 +370,7 @@ public:
     }
   }
 
-  void runItem(const WorkItem &item);
+  void runItem(const WorkItem &item, Workspace &ws);
   void mergeSplits(const MergeGroup &group);
 
 private:
@@ -410,7 +428,10 @@ void Kernel::prepareRows(Workspace &ws, int64_t b, int64_t kvHead, int64_t rowTi
   // scores. The scale is folded in and padding stays zero.
   const bool decodeTile = rows <= kMaxDotRows;
   if (decodeTile) {
-    ws.qRows.assign((rows + 3) / 4 * 4 * plan.dim, 0.0f);
+    // Rows [0, rows) are written below; only the padding rows need zeros.
+    const int64_t blockRows = (rows + 3) / 4 * 4;
+    ensureSize(ws.qRows, blockRows * plan.dim);
+    std::fill(ws.qRows.begin() + rows * plan.dim, ws.qRows.begin() + blockRows * plan.dim, 0.0f);
   } else {
     ws.qT.assign(plan.dim * padded, 0.0f);
     ensureSize(ws.qTRows, plan.dim);
@@ -557,12 +578,18 @@ const float *const *Kernel::gatherRows(Workspace &ws, const TensorView &cache,
   if (!direct)
     ensureSize(converted, kKvTile * width);
   const int32_t *pages = args_.pageTable + b * args_.pageTableStride;
-  int64_t pageSize = args_.pageSize;
-  for (int64_t j = 0; j < n; ++j) {
-    int64_t position = kv0 + j;
-    int64_t page = pages[position / pageSize];
-    int64_t base = kvHead * cache.stride(0) + page * cache.stride(1) +
-                   (position % pageSize) * cache.stride(2);
+  const int64_t pageSize = args_.pageSize;
+  const int64_t headBase = kvHead * cache.stride(0);
+  // One page table lookup (and one division) per page, not per row: a
+  // decode tile's rows are few and the divisions were a fair part of them.
+  int64_t slot = kv0 % pageSize;
+  int64_t pageBase = headBase + pages[kv0 / pageSize] * cache.stride(1);
+  for (int64_t j = 0; j < n; ++j, ++slot) {
+    if (slot == pageSize) {
+      slot = 0;
+      pageBase = headBase + pages[(kv0 + j) / pageSize] * cache.stride(1);
+    }
+    const int64_t base = pageBase + slot * cache.stride(2);
     if (direct) {
       rowPointers[j] = cache.dataAs<const float>() + base;
       continue;
@@ -625,15 +652,15 @@ void appendRowAddresses(const TensorView &cache, const int32_t *pages, int64_t p
 }
 
 /// Runs the score mod and mask mod over the visible runs of every row and
-/// sets skipped or masked scores to -inf. Scores are [kv][padded].
+/// sets skipped or masked scores to -inf, in the item's score layout.
 void Kernel::applyMods(Workspace &ws, int64_t b, int64_t rows, int64_t kv0) {
-  int64_t padded = ws.padded;
+  const int64_t padded = ws.kvStride;
   float *scores = ws.scores.data();
   for (int64_t r = 0; r < rows; ++r) {
     for (int64_t s = ws.segmentStart[r]; s < ws.segmentStart[r + 1]; ++s) {
       const Segment &segment = ws.segments[s];
       int32_t count = segment.end - segment.begin;
-      float *column = scores + (segment.begin - kv0) * padded + r;
+      float *column = scores + (segment.begin - kv0) * padded + r * ws.rowStride;
       if (segment.status == Skip) {
         for (int32_t j = 0; j < count; ++j)
           column[j * padded] = kNegInf;
@@ -680,9 +707,16 @@ void Kernel::writeRow(int64_t b, int64_t h, int64_t i, const float *acc, float m
   }
   bool empty = maxScore == kNegInf;
   float inverse = empty ? 0.0f : keep / sum;
-  for (int64_t d = 0; d < plan_.vDim; ++d)
-    storeElement(out.data(), out.dtype(), base + d * out.stride(3),
-                 empty ? 0.0f : acc[d] * inverse);
+  if (out.dtype() == DType::F32 && out.stride(3) == 1) {
+    // The common layout, in a loop the compiler vectorises.
+    float *row = out.dataAs<float>() + base;
+    for (int64_t d = 0; d < plan_.vDim; ++d)
+      row[d] = empty ? 0.0f : acc[d] * inverse;
+  } else {
+    for (int64_t d = 0; d < plan_.vDim; ++d)
+      storeElement(out.data(), out.dtype(), base + d * out.stride(3),
+                   empty ? 0.0f : acc[d] * inverse);
+  }
   const TensorView &lse = args_.lse;
   if (lse.data())
     lse.dataAs<float>()[rowOffset(args_, lse, b, h, i)] =
@@ -700,10 +734,10 @@ void Kernel::writeRows(int64_t b, int64_t kvHead, int64_t rowTile, int64_t rows,
   }
 }
 
-void Kernel::runItem(const WorkItem &item) {
-  static thread_local Workspace ws;
+void Kernel::runItem(const WorkItem &item, Workspace &ws) {
   const Plan &plan = plan_;
   const int64_t b = item.b, kvHead = item.kvHead, rowTile = item.rowTile, rows = item.rows;
+  const bool decodeTile = rows <= kMaxDotRows;
 
   prepareRows(ws, b, kvHead, rowTile, rows);
   const int64_t padded = ws.padded;
@@ -714,9 +748,13 @@ void Kernel::runItem(const WorkItem &item) {
   ensureSize(ws.scores, kKvTile * padded);
   ensureSize(ws.modScores, kKvTile);
   ensureSize(ws.modMask, kKvTile);
-  ensureSize(ws.scoreRows, rows);
-  for (int64_t r = 0; r < rows; ++r)
-    ws.scoreRows[r] = ws.scores.data() + r;
+  ws.kvStride = decodeTile ? 1 : padded;
+  ws.rowStride = decodeTile ? kKvTile : 1;
+  if (!decodeTile) {
+    ensureSize(ws.scoreRows, rows);
+    for (int64_t r = 0; r < rows; ++r)
+      ws.scoreRows[r] = ws.scores.data() + r;
+  }
 
   const int64_t kvBegin = item.kvBegin, kvEnd = item.kvEnd;
   for (int64_t kv0 = kvBegin; kv0 < kvEnd; kv0 += kKvTile) {
@@ -726,7 +764,7 @@ void Kernel::runItem(const WorkItem &item) {
     const float *const *kRows =
         gatherRows(ws, args_.kCache, args_.kScale, ws.kConverted, ws.kRows, b, kvHead, kv0, n,
                    plan.dim);
-    if (rows <= kMaxDotRows) {
+    if (decodeTile) {
       // Decode: the next tile's K rows are requested while this tile is
       // scored and its V rows while this tile's P . V runs, so memory stays
       // busy in both phases (the first tile's V is requested with the scores).
@@ -741,27 +779,29 @@ void Kernel::runItem(const WorkItem &item) {
       ws.prefetchV.clear();
       appendRowAddresses(args_.vCache, pages, args_.pageSize, kvHead, kv0 + n, nextEnd,
                          ws.prefetchV);
-      ops_.scoresDecode(n, rows, padded, plan.dim, kRows, ws.qRows.data(), ws.scores.data(),
-                        ws.prefetch.data(), static_cast<int64_t>(ws.prefetch.size()),
-                        rowBytes_);
+      ops_.scoresDecode(n, rows, plan.dim, kRows, ws.qRows.data(), ws.scores.data(), kKvTile,
+                        ws.prefetch.data(), static_cast<int64_t>(ws.prefetch.size()), rowBytes_);
     } else {
       prefetchRows(b, kvHead, kv0, n);
       ops_.gemm(n, padded, plan.dim, kRows, 1, ws.qTRows.data(), ws.scores.data(), padded,
                 /*accumulate=*/false);
     }
     applyMods(ws, b, rows, kv0);
-    ops_.softmaxTile(ws.scores.data(), n, padded, ws.rowMax.data(), ws.rowSum.data(),
-                     ws.alpha.data());
+    if (decodeTile)
+      ops_.softmaxRows(ws.scores.data(), n, rows, kKvTile, ws.rowMax.data(), ws.rowSum.data(),
+                       ws.alpha.data());
+    else
+      ops_.softmaxTile(ws.scores.data(), n, padded, ws.rowMax.data(), ws.rowSum.data(),
+                       ws.alpha.data());
     for (int64_t r = 0; r < rows; ++r)
       if (ws.alpha[r] != 1.0f)
         ops_.scaleRow(ws.acc.data() + r * plan.vDim, plan.vDim, ws.alpha[r]);
     const float *const *vRows =
         gatherRows(ws, args_.vCache, args_.vScale, ws.vConverted, ws.vRows, b, kvHead, kv0, n,
                    plan.vDim);
-    if (rows <= kMaxDotRows)
-      ops_.pvDecode(n, rows, padded, ws.scores.data(), vRows, plan.vDim, ws.acc.data(),
-                    ws.prefetchV.data(), static_cast<int64_t>(ws.prefetchV.size()),
-                    rowBytes_);
+    if (decodeTile)
+      ops_.pvDecode(n, rows, kKvTile, ws.scores.data(), vRows, plan.vDim, ws.acc.data(),
+                    ws.prefetchV.data(), static_cast<int64_t>(ws.prefetchV.size()), rowBytes_);
     else
       ops_.gemm(rows, plan.vDim, n, ws.scoreRows.data(), padded, vRows, ws.acc.data(),
                 plan.vDim, /*accumulate=*/true);
@@ -852,9 +892,19 @@ void pagedAttention(const PagedAttentionArgs &args) {
   if (!plan.anyRows)
     return;
   Kernel kernel(args, ops, plan);
+  if (threads == 1 || plan.items.size() == 1) {
+    // Small calls (a decode step of a few short sequences) run here: no
+    // pool hand-off, one workspace lookup for every item.
+    Workspace &ws = threadWorkspace();
+    for (const WorkItem &item : plan.items)
+      kernel.runItem(item, ws);
+    for (const MergeGroup &group : plan.merges)
+      kernel.mergeSplits(group);
+    return;
+  }
   ThreadPool &pool = ThreadPool::global();
   pool.parallelFor(static_cast<int64_t>(plan.items.size()), threads,
-                   [&](int64_t item, int) { kernel.runItem(plan.items[item]); });
+                   [&](int64_t item, int) { kernel.runItem(plan.items[item], threadWorkspace()); });
   if (!plan.merges.empty())
     pool.parallelFor(static_cast<int64_t>(plan.merges.size()), threads,
                      [&](int64_t group, int) { kernel.mergeSplits(plan.merges[group]); });

@@ -389,17 +389,19 @@ TEST(CpuAttention, EveryKernelVariantMatches) {
 }
 
 TEST(CpuAttention, DecodeRowBlocksOddDimensionsAndLengthsOnEveryVariant) {
-  // The decode scorer takes query rows in blocks of 4 and K rows in groups of
-  // kLanes / 4: 1, 3, 4, 6 and 8 rows, head dims that are not a multiple of
-  // any vector width, odd context lengths (partial tiles and pages), no mods
-  // and bf16 storage.
+  // The decode scorer takes query rows one at a time (a single-row tile),
+  // in pairs (two rows) or in blocks of 4, with kLanes / rows-per-block K
+  // rows per pass: 1, 2, 3, 4, 5, 6 and 8 rows, head dims that are not a
+  // multiple of any vector width, odd context lengths (partial tiles and
+  // pages), no mods and bf16 storage.
   struct Shape {
     int64_t qLength, group, dim, vDim;
     int32_t pageSize;
   };
-  const Shape shapes[] = {{1, 4, 128, 128, 16}, {1, 1, 3, 5, 1},  {1, 3, 24, 40, 7},
+  const Shape shapes[] = {{1, 4, 128, 128, 16}, {1, 1, 3, 5, 1},     {1, 3, 24, 40, 7},
                           {2, 3, 72, 16, 256},  {2, 4, 128, 64, 16}, {1, 6, 20, 20, 3},
-                          {1, 8, 128, 128, 64}};
+                          {1, 8, 128, 128, 64}, {1, 2, 64, 64, 16},  {1, 5, 17, 9, 5},
+                          {1, 1, 64, 32, 16}};
   for (cpu::KernelVariant variant : cpu::supportedKernelVariants()) {
     for (const Shape &shape : shapes) {
       SCOPED_TRACE(::testing::Message()
@@ -426,6 +428,44 @@ TEST(CpuAttention, DecodeRowBlocksOddDimensionsAndLengthsOnEveryVariant) {
       config.storage = DType::BF16;
       expectMatch("sliding", "alibi", config);
     }
+  }
+}
+
+TEST(CpuAttention, ScratchReusedAcrossChangingCallsStaysCorrect) {
+  // Each thread keeps its scratch between calls and a decode tile writes
+  // only the parts it reads (the query rows, the -inf padding of each
+  // score row): calls that shrink and grow rows, head dims, tiles and
+  // dtypes, on one and two threads, back to back, must each match the
+  // reference with nothing left over from the call before.
+  struct Step {
+    int64_t qLength, group, dim, vDim;
+    DType storage;
+    int threads;
+    std::vector<int32_t> kvLengths;
+  };
+  const Step steps[] = {
+      {1, 8, 128, 128, DType::F32, 1, {200, 77}}, {1, 1, 64, 64, DType::F32, 1, {16, 9}},
+      {1, 3, 20, 36, DType::BF16, 1, {65, 3}},    {37, 2, 64, 64, DType::F32, 2, {40, 90}},
+      {1, 2, 72, 8, DType::F32, 2, {300, 1}},     {1, 1, 64, 64, DType::BF16, 1, {16, 16}},
+      {1, 8, 128, 128, DType::F32, 2, {129, 64}}, {1, 1, 64, 64, DType::F32, 1, {5, 16}}};
+  uint64_t seed = 700;
+  for (const Step &step : steps) {
+    SCOPED_TRACE(::testing::Message()
+                 << "Lq " << step.qLength << " group " << step.group << " D " << step.dim << "/"
+                 << step.vDim << " threads " << step.threads);
+    AttentionConfig config;
+    config.batch = 2;
+    config.kvHeads = 2;
+    config.qHeads = 2 * step.group;
+    config.qLength = step.qLength;
+    config.dim = step.dim;
+    config.vDim = step.vDim;
+    config.storage = step.storage;
+    config.threads = step.threads;
+    config.kvLengths = step.kvLengths;
+    config.qOffsetAtEnd = step.qLength <= step.kvLengths[0] && step.qLength <= step.kvLengths[1];
+    config.seed = seed++;
+    expectMatch("causal", "", config);
   }
 }
 
