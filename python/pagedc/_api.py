@@ -370,6 +370,10 @@ class PagedKVCache:
         # them; an entry keeps the version it was built from, so one built
         # while another thread changed the lengths is never used.
         self._default_lists = {}
+        # The same lists converted for the native call (_C.CallEntries), by
+        # (batch, query rows, offsets at the end): flex_attention's small
+        # host path passes one object instead of three lists.
+        self._default_entries = {}
         self._lengths_version = 0
         # The configuration never changes; flex_attention reads it per call
         # without going through the native object's properties.
@@ -485,6 +489,25 @@ class PagedKVCache:
     def _lengths_changed(self) -> None:
         self._lengths_version += 1
         self._default_lists.clear()
+        self._default_entries.clear()
+
+    def _entries(self, batch: int, q_len: int, end: bool):
+        """The native form of ``_defaults(batch, q_len)`` with the offsets
+        at the end (``end``) or 0, or None when ``q_offset="end"`` does not
+        fit a slot (the general path names the entry)."""
+        key = (batch, q_len, end)
+        version = self._lengths_version
+        entry = self._default_entries.get(key)
+        if entry is not None and entry[0] == version:
+            return entry[1]
+        slots, lengths, offsets = self._defaults(batch, q_len)
+        if not end:
+            offsets = [0] * batch
+        native = None if offsets is None else _C.CallEntries(slots, lengths, offsets)
+        if len(self._default_entries) >= 64:
+            self._default_entries.clear()
+        self._default_entries[key] = (version, native)
+        return native
 
     def _defaults(self, batch: int, q_len: int) -> tuple:
         """flex_attention's lists for batch entries 0..batch-1 reading their
@@ -857,6 +880,18 @@ def flex_attention(q, cache_or_k, v=None, block_mask: Optional[BlockMask] = None
             score_mod, mask_mod, return_aux,
             dict(q_offset=q_offset, kv_length=kv_length, batch_idx=batch_idx, out=out,
                  kernel_options=kernel_options), sinks)
+    if type(cache_or_k) is PagedKVCache and v is None and block_mask is None and \
+            type(mods) is CompiledMods and buffers is None and params is None and \
+            scale is None and not return_lse and kv_length is None and batch_idx is None and \
+            kernel_options is None and score_mod is None and mask_mod is None and \
+            return_aux is None and stream is None and sinks is None and \
+            not mods.bound_buffers and (q_offset is None or type(q_offset) is str):
+        # A small host call with defaults (a decode step) costs little more
+        # than its Python overhead, so it is taken here, past the general
+        # path's argument handling; anything unusual goes on below.
+        result = _host_fast_path(q, cache_or_k, mods, enable_gqa, q_offset, out, threads)
+        if result is not _NOT_TAKEN:
+            return result
     if block_mask is not None and callable(block_mask) and \
             not isinstance(block_mask, BlockMask) and not _T.is_torch_block_mask(block_mask):
         # torch's positional order: (q, k, v, score_mod, block_mask, scale,
@@ -1001,6 +1036,46 @@ def flex_attention(q, cache_or_k, v=None, block_mask: Optional[BlockMask] = None
 
 _TORCH = None
 _TORCH_FROM_CAPSULE = None
+_TORCH_TO_DLPACK = None
+_NOT_TAKEN = object()
+
+
+def _host_fast_path(q, cache, mods, enable_gqa, q_offset, out, threads):
+    """flex_attention for a host q (NumPy, or torch once torch has been
+    seen) on a cache with default lists, or _NOT_TAKEN when the call needs
+    the general path (another framework or device, a q_offset other than
+    "end" or None, grouped heads without enable_gqa, an out that is not of
+    q's kind, a slot shorter than q). The native call checks the rest as
+    on the general path."""
+    framework = _FRAMEWORK_OF_TYPE.get(type(q))
+    if framework == "torch":
+        if _TORCH is None or not q.is_cpu:
+            return _NOT_TAKEN
+    elif framework != "numpy":
+        return _NOT_TAKEN
+    if out is not None and type(out) is not type(q):
+        return _NOT_TAKEN
+    if q_offset is not None and q_offset != "end":
+        return _NOT_TAKEN
+    shape = q.shape
+    if len(shape) != 4 or (shape[1] != cache._heads and not enable_gqa):
+        return _NOT_TAKEN
+    entries = cache._entries(shape[0], shape[2], q_offset is not None)
+    if entries is None or type(threads) is not int:
+        return _NOT_TAKEN
+    if framework == "torch":
+        to_dlpack = _TORCH_TO_DLPACK
+        if out is None:
+            return _TORCH_FROM_CAPSULE(_C.flex_attention_host(
+                to_dlpack(q), cache._native, mods._native, entries, None, threads, True))
+        if not out.is_cpu:
+            return _NOT_TAKEN
+        _C.flex_attention_host(to_dlpack(q), cache._native, mods._native, entries,
+                               to_dlpack(out), threads, True)
+        return out
+    result = _C.flex_attention_host(q, cache._native, mods._native, entries, out, threads,
+                                    False)
+    return result if out is not None else _to_framework(result, "numpy")
 
 
 def _torch_host_call(q, cache, dense, block_mask, mods, merged, params, slots, lengths,
@@ -1011,7 +1086,7 @@ def _torch_host_call(q, cache, dense, block_mask, mods, merged, params, slots, l
     decode step that is most of the call. The outputs the runtime makes come
     back as DLPack capsules, which torch imports in less time than
     ``torch.empty`` parses its arguments."""
-    global _TORCH, _TORCH_FROM_CAPSULE
+    global _TORCH, _TORCH_FROM_CAPSULE, _TORCH_TO_DLPACK
     torch = _TORCH
     if torch is None:
         import torch
@@ -1019,6 +1094,7 @@ def _torch_host_call(q, cache, dense, block_mask, mods, merged, params, slots, l
         # attribute lookup on the capsule; the C function takes it directly.
         _TORCH_FROM_CAPSULE = getattr(torch._C, "_from_dlpack", None) or \
             torch.utils.dlpack.from_dlpack
+        _TORCH_TO_DLPACK = torch.utils.dlpack.to_dlpack
         _TORCH = torch
     to_dlpack = torch.utils.dlpack.to_dlpack
     Tensor = torch.Tensor

@@ -889,6 +889,44 @@ py::tuple attention(const py::handle &qObj, const CallKeys &keys,
   return outputs.results(result, outObj, lseObj, returnLse, capsules && !onDevice);
 }
 
+/// A host call's per-batch lists (slots, KV lengths, query offsets),
+/// converted to int32 and checked once: the Python layer keeps one with a
+/// cache's default lists, so a small call skips converting three lists.
+struct CallEntries {
+  std::vector<int32_t> slots, kvLength, qOffset;
+};
+
+/// The host call as a small decode step makes it: a cache, compiled mods
+/// without bindings, the default scale, no lse, block mask, sinks or kernel
+/// options, and `entries` prepared beforehand. Returns `outObj` when given,
+/// else the new output (a DLPack capsule with `capsule`, else a Tensor).
+/// Every argument is checked by flexAttention() as on the general path.
+py::object attentionHost(const py::handle &qObj, const std::shared_ptr<PagedKVCache> &cache,
+                         const Mods &mods, const CallEntries &entries, const py::handle &outObj,
+                         int threads, bool capsule) {
+  if (!cache)
+    throw py::value_error("cache: expected a KVCache");
+  BorrowedTensor q = borrowTensor(qObj, "q");
+  AttentionOptions options;
+  options.batchIdx = entries.slots;
+  options.kvLength = entries.kvLength;
+  options.qOffset = entries.qOffset;
+  options.threads = threads;
+  CallOutputs outputs(outObj, py::none());
+  options.out = outputs.out.view;
+  static const Bindings noBindings;
+  auto result = std::make_shared<AttentionResult>();
+  {
+    py::gil_scoped_release release;
+    *result = flexAttention(q.view, *cache, nullptr, mods.mods, noBindings, options);
+  }
+  if (!outObj.is_none())
+    return py::reinterpret_borrow<py::object>(outObj);
+  if (capsule)
+    return exportHostView(result->out, result);
+  return py::cast(Tensor(result->out, result));
+}
+
 /// Benchmark support (bench/python/overhead.py): the same call as
 /// attention(), but the arguments are converted once and flexAttention() is
 /// then timed `repeat` times in a C++ loop, the way a C++ application that
@@ -1372,6 +1410,18 @@ PYBIND11_MODULE(_pagedc, m) {
                            std::move(out), std::move(lse), threads, kernelOptions, -1, 0, sinks,
                            capsules);
         });
+  py::class_<CallEntries, std::shared_ptr<CallEntries>>(m, "CallEntries")
+      .def(py::init([](const std::vector<int64_t> &batchIdx, const std::vector<int64_t> &kvLength,
+                       const std::vector<int64_t> &qOffset) {
+             return std::make_shared<CallEntries>(CallEntries{int32List(batchIdx, "batch_idx"),
+                                                              int32List(kvLength, "kv_length"),
+                                                              int32List(qOffset, "q_offset")});
+           }),
+           py::arg("batch_idx"), py::arg("kv_length"), py::arg("q_offset"));
+  // The small host call (attentionHost): a decode step's fixed cost is
+  // mostly argument conversion, which this signature keeps to a minimum.
+  m.def("flex_attention_host", &attentionHost, py::arg("q"), py::arg("cache"), py::arg("mods"),
+        py::arg("entries"), py::arg("out"), py::arg("threads"), py::arg("capsule"));
   m.def("cuda_driver_info", &cudaDriverInfo,
         "(available, emulated, the library or why there is none); loads the driver.");
   m.def(

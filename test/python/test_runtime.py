@@ -349,6 +349,56 @@ def test_default_lengths_follow_assign_fork_and_erase(rng):
         pagedc.flex_attention(q, cache, q_offset="end")
 
 
+def test_small_host_calls_follow_the_cache_and_match_the_reference(rng):
+    """A call with default lists, no lse and compiled mods takes the small
+    host path, whose per-batch lists are kept by the cache: every assign,
+    fork and erase must reach the next call, out= and q_offset None or "end"
+    must give what the reference gives, and what that path does not take
+    must still be refused as before."""
+    B, Hq, H, D, page = 3, 4, 2, 16, 8
+    S = 45
+    k, v = randn(rng, B, H, S, D), randn(rng, B, H, S, D)
+    cache = pagedc.PagedKVCache(40, page, B + 1, H, D)
+    cache.reserve(list(range(B)), S)
+    mods = pagedc.compile(CAUSAL)
+    q = randn(rng, B, Hq, 1, D)
+    q2 = randn(rng, B, Hq, 2, D)
+
+    def expect(out, q, lengths, at_end):
+        for b, n in enumerate(lengths):
+            offset = n - q.shape[2] if at_end else 0
+            ref, _ = reference_attention(q[b:b + 1], k[b:b + 1, :, :n], v[b:b + 1, :, :n],
+                                         causal, q_offset=offset)
+            assert_close(out[b:b + 1], ref)
+
+    def check(lengths):
+        expect(pagedc.flex_attention(q, cache, mods=mods, enable_gqa=True, q_offset="end"), q,
+               lengths, True)
+        out = np.full((B, Hq, 2, D), np.nan, dtype=np.float32)
+        same = pagedc.flex_attention(q2, cache, mods=mods, enable_gqa=True, q_offset="end",
+                                     out=out, threads=1)
+        assert same is out
+        expect(out, q2, lengths, True)
+        expect(pagedc.flex_attention(q2, cache, mods=mods, enable_gqa=True), q2, lengths, False)
+
+    for n in (5, 6, 21, S):  # one decode step after another
+        pos = np.broadcast_to(np.arange(n, dtype=np.int32), (B, n)).copy()
+        cache.assign(np.arange(B, dtype=np.int32), pos, k[:, :, :n], v[:, :, :n])
+        check([n] * B)
+    cache.erase(1)
+    cache.fork(0, 1, 13)
+    k[1], v[1] = k[0], v[0]
+    check([S, 13, S])
+    with pytest.raises(ValueError, match="enable_gqa"):
+        pagedc.flex_attention(q, cache, mods=mods, q_offset="end")
+    cache.erase(2)
+    with pytest.raises(ValueError, match="batch entry 2 has 1 query rows but kv_length 0"):
+        pagedc.flex_attention(q, cache, mods=mods, enable_gqa=True, q_offset="end")
+    with pytest.raises(ValueError, match="options.out must be"):
+        pagedc.flex_attention(q, cache, mods=mods, enable_gqa=True,
+                              out=np.empty((B, Hq, 2, D), dtype=np.float32))
+
+
 def test_binding_refuses_a_block_mask_of_another_type(rng):
     """The binding takes block_mask as a plain object (None is cheaper that
     way) and checks its type itself."""

@@ -358,6 +358,35 @@ def test_torch_host_tensors_in_and_out(rng):
                               enable_gqa=True, out=torch.empty(B, Hq, 2, D + 1))
 
 
+def test_torch_decode_with_defaults_takes_the_small_host_path(rng, monkeypatch):
+    """A torch decode step with default arguments goes through the small
+    host binding (not the general one), gives what the NumPy call gives,
+    and sees a new token assigned between two calls."""
+    from conftest import randn
+    from test_runtime import paged_cache
+    B, H, S, D = 3, 2, 21, 16
+    k, v = randn(rng, B, H, S + 1, D), randn(rng, B, H, S + 1, D)
+    cache = paged_cache(rng, k[:, :, :S], v[:, :, :S], page_size=8)
+    mods = pagedc.compile("mask causal(b, h, q, kv) = q >= kv\n")
+    q = randn(rng, B, H, 1, D)
+    qt = torch.from_numpy(q.copy())
+    pagedc.flex_attention(qt, cache, mods=mods, q_offset="end", return_lse=True)
+
+    def general(*args, **kwargs):
+        raise AssertionError("the general binding was called")
+
+    monkeypatch.setattr(pagedc._pagedc, "flex_attention_dlpack", general)
+    for n in (S, S + 1):
+        if n > S:
+            cache.reserve(list(range(B)), n)
+            cache.assign(np.arange(B, dtype=np.int32), np.full((B, 1), S, dtype=np.int32),
+                         k[:, :, S:], v[:, :, S:])
+        want = pagedc.flex_attention(q, cache, mods=mods, q_offset="end", return_lse=True)[0]
+        got = pagedc.flex_attention(qt, cache, mods=mods, q_offset="end")
+        assert isinstance(got, torch.Tensor)
+        np.testing.assert_array_equal(got.numpy(), want)
+
+
 def test_cache_and_mask_fields_follow_torch_input(rng):
     """torch in, torch out: the cache's arrays once torch tensors were
     assigned, a mask's indices when it came from torch's vocabulary; the
