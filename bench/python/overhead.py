@@ -16,14 +16,23 @@ microseconds):
   torch    pagedc.flex_attention as a torch user calls it: torch tensors,
            default arguments, a new output tensor each call (when torch
            is installed)
+  compiled torch.compile(flex_attention) on the same decode step with K/V
+           as dense contiguous [B, H, kv, D] tensors (the layout torch
+           reads best; no block mask: the query sits at the end, so the
+           causal mask hides nothing), --compiled-kv lengths only
 
-Medians of --repeat calls after a warm-up, each kind timed in alternating
-rounds so drift hits them alike. The figure that counts is
-torch - cpp (the whole cost of calling from Python).
+Medians (and 10th / 90th percentiles) of --repeat calls after a warm-up,
+each kind timed in alternating rounds so drift hits them alike; and, as a
+figure other processes disturb less on a shared machine, the minimum over
+the rounds of the calling thread's CPU time per call (the C++ loop's
+includes its timer reads; torch's worker threads, if any, are not counted). The figures
+that count are torch - cpp (the whole cost of calling from Python) and
+torch / compiled.
 
     PYTHONPATH=build/python python3 bench/python/overhead.py [--repeat N] [--json FILE]
 """
 import argparse
+import os
 import statistics
 import time
 
@@ -39,14 +48,19 @@ from pagedc import _pagedc
 from results import write_results
 
 
-def time_ns(fn, repeat):
+def time_ns(fn, repeat, cpu=None):
+    """Wall-clock ns of `repeat` calls after a warm-up; appends the calling
+    thread's CPU ns per call over them to `cpu`."""
     for _ in range(20):
         fn()
     samples = []
+    c0 = time.thread_time_ns()
     for _ in range(repeat):
         t0 = time.perf_counter_ns()
         fn()
         samples.append(time.perf_counter_ns() - t0)
+    if cpu is not None:
+        cpu.append((time.thread_time_ns() - c0) / repeat)
     return samples
 
 
@@ -55,6 +69,8 @@ def main():
     parser.add_argument("--repeat", type=int, default=2000)
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--json", help="write the results here")
+    parser.add_argument("--compiled-kv", type=int, nargs="*", default=[16],
+                        help="kv lengths that also time torch.compile(flex_attention)")
     args = parser.parse_args()
     rng = np.random.default_rng(0)
     rows = []
@@ -95,27 +111,53 @@ def main():
         assert np.array_equal(out, expected)
         cpp(1)
         assert np.array_equal(out, expected)
+        compiled = None
         if torch is not None:
             assert np.array_equal(torch_default().numpy(), expected)
+            if kv_len in args.compiled_kv:
+                from torch.nn.attention.flex_attention import flex_attention
+                flex = torch.compile(flex_attention, dynamic=False)
+                k_torch, v_torch = torch.from_numpy(k), torch.from_numpy(v)
+                start = time.perf_counter()
+                got = flex(q_torch, k_torch, v_torch)
+                compile_s = time.perf_counter() - start
+                # The same attention: compare with pagedc's output.
+                assert np.abs(got.numpy() - expected).max() < 1e-4
+
+                def compiled():
+                    return flex(q_torch, k_torch, v_torch)
 
         samples = {"cpp": [], "native": [], "public": []}
         if torch is not None:
             samples["torch_default"] = []
+        if compiled is not None:
+            samples["compiled"] = []
         per_round = max(1, args.repeat // args.rounds)
+        cpu = {kind: [] for kind in samples}
         cpp(20)
         for _ in range(args.rounds):
+            c0 = time.thread_time_ns()
             samples["cpp"] += cpp(per_round)
-            samples["native"] += time_ns(native, per_round)
-            samples["public"] += time_ns(public, per_round)
+            cpu["cpp"].append((time.thread_time_ns() - c0) / per_round)
+            samples["native"] += time_ns(native, per_round, cpu["native"])
+            samples["public"] += time_ns(public, per_round, cpu["public"])
             if torch is not None:
-                samples["torch_default"] += time_ns(torch_default, per_round)
+                samples["torch_default"] += time_ns(torch_default, per_round,
+                                                    cpu["torch_default"])
+            if compiled is not None:
+                samples["compiled"] += time_ns(compiled, per_round, cpu["compiled"])
         med = {kind: statistics.median(v) / 1000.0 for kind, v in samples.items()}
+        deciles = {kind: statistics.quantiles(v, n=10) for kind, v in samples.items()}
         row = {"batch": B, "heads": H, "head_dim": D, "kv_len": kv_len, "page_size": 16,
                "mask": "causal", "calls_per_kind": per_round * args.rounds,
                "cpp_us": round(med["cpp"], 2), "native_us": round(med["native"], 2),
                "public_us": round(med["public"], 2),
                "added_by_python_us": round(med["public"] - med["cpp"], 2),
-               "added_by_binding_us": round(med["native"] - med["cpp"], 2)}
+               "added_by_binding_us": round(med["native"] - med["cpp"], 2),
+               "p10_p90_us": {kind: [round(d[0] / 1000.0, 2), round(d[-1] / 1000.0, 2)]
+                              for kind, d in deciles.items()},
+               "thread_cpu_min_us": {kind: round(min(v) / 1000.0, 2)
+                                     for kind, v in cpu.items()}}
         line = (f"decode B={B} H={H} D={D} kv={kv_len}: C++ call {med['cpp']:.1f} us, "
                 f"native binding {med['native']:.1f} us, pagedc.flex_attention "
                 f"{med['public']:.1f} us (NumPy, threads=1, out=)")
@@ -127,11 +169,21 @@ def main():
                      "(target <= 5)")
         else:
             line += f"; added over C++: {row['added_by_python_us']:.1f} us (torch absent)"
+        if compiled is not None:
+            row["torch_compiled_flex_us"] = round(med["compiled"], 2)
+            row["torch_compile_s"] = round(compile_s, 1)
+            row["torch_threads"] = torch.get_num_threads()
+            row["torch_default_over_compiled"] = round(med["torch_default"] / med["compiled"], 3)
+            line += (f"; torch.compile(flex_attention) {med['compiled']:.1f} us "
+                     f"(pagedc torch call / compiled = {row['torch_default_over_compiled']:.2f})")
         rows.append(row)
         print(line)
+        print("  thread CPU per call, min over rounds (us): " +
+              ", ".join(f"{kind} {v}" for kind, v in row["thread_cpu_min_us"].items()))
     if args.json:
         write_results(args.json, "bench/python/overhead.py", rows,
-                      unit="microseconds, medians")
+                      unit="microseconds, medians", load_average=os.getloadavg(),
+                      torch=None if torch is None else torch.__version__)
 
 if __name__ == "__main__":
     main()
