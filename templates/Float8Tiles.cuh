@@ -131,4 +131,37 @@ PAGEDC_DEVICE void convert_code_tiles(unsigned char *k_tile, unsigned char *v_ti
   }
 }
 
+/// 16 codes from global memory into registers (ld.global.nc: the cache is
+/// not written while a kernel reads it). Not volatile, so that ptxas may
+/// issue a batch of them before the conversions of the one before.
+PAGEDC_DEVICE void load_code_chunk(Chunk16 &codes, const char *global) {
+#ifdef PAGEDC_EMULATOR
+  copy_chunk16(&codes, global);
+#else
+  asm("ld.global.nc.v4.u32 {%0, %1, %2, %3}, [%4];"
+      : "=r"(codes.word[0]), "=r"(codes.word[1]), "=r"(codes.word[2]), "=r"(codes.word[3])
+      : "l"(global));
+#endif
+}
+
+/// Converts one 16-code chunk `codes` (codes 16 chunk .. 16 chunk + 15 of
+/// a row) into the two Element chunks 2 chunk and 2 chunk + 1 of row `row`
+/// of the tile at `tile` (`Layout`), as convert_code_tiles converts a step;
+/// kSpreadStores: its store order (a quarter warp's 8 threads holding
+/// chunks 0-7 of one row store into 8 different bank groups).
+template <typename Layout, bool kSpreadStores>
+PAGEDC_DEVICE void store_code_chunk(unsigned char *tile, int row, int chunk, const Chunk16 &codes) {
+  const bool high_first = kSpreadStores && (chunk & 4) != 0;
+  Chunk16 first, second;
+#pragma unroll
+  for (int word = 0; word < 4; ++word) {
+    const uint32_t pair = high_first ? codes.word[word ^ 2] : codes.word[word];
+    uint32_t *into = word < 2 ? &first.word[2 * word] : &second.word[2 * word - 4];
+    into[0] = float8x2_to_elements<kKvFloat8, kIsBF16>(pair & 0xffffu);
+    into[1] = float8x2_to_elements<kKvFloat8, kIsBF16>(pair >> 16);
+  }
+  copy_chunk16(tile + Layout()(row, 2 * chunk + high_first), &first);
+  copy_chunk16(tile + Layout()(row, 2 * chunk + !high_first), &second);
+}
+
 } // namespace pagedc

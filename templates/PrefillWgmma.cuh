@@ -35,20 +35,19 @@
 // mask row, kv_len) are those of Prefill.cuh; producer and consumers walk
 // them alike (KvVisits).
 //
-// 8-bit float caches (kKvFloat8, Float8Tiles.cuh): the producer gathers a
-// tile's codes with cp.async into a code buffer of its own (kCodeBuffers:
-// two where shared memory allows, so the next tile's codes land while it
-// converts the current one), converts them into the stage's 16-bit K and V
-// tiles in the same swizzled layout, fences them for the async proxy and
-// arrives on the stage's full mbarrier; the consumers' math is unchanged
-// but for the KV head's K scale on the scores and V scale on the output
-// rows (f32). No tensor maps for codes.
+// 8-bit float caches (kKvFloat8, Float8Tiles.cuh): the producer loads a
+// tile's codes from global memory into its registers (a batch of rows at a
+// time), converts them and stores the stage's 16-bit K and V tiles in the
+// same swizzled layout, fences them for the async proxy and arrives on the
+// stage's full mbarrier (convert_code_stage); the consumers' math is
+// unchanged but for the KV head's K scale on the scores and V scale on the
+// output rows (f32). No tensor maps for codes, and no shared memory beyond
+// the 16-bit kernel's.
 //
 // Grid: as Prefill.cuh, or fewer CTAs taking the tiles from a work counter
-// (next_counted_tile) or in fixed rounds (prefill_round_tile); block: (kBlockM / 64 + 1) * 128 threads; dynamic
-// shared memory: 1024 (alignment) + (kPrefillQBuffers kBlockM + 2
-// kPrefillStages kBlockN) * D * 2 + kPrefillCodeBuffers * 2 kBlockN * D
-// (codes) + 128 (mbarriers): KernelConfig::sharedMemoryBytes.
+// (next_counted_tile) or in fixed rounds (prefill_round_tile); block: (kBlockM / 64 + 1) * 128
+// threads; dynamic shared memory: 1024 (alignment) + (kPrefillQBuffers kBlockM + 2 kPrefillStages
+// kBlockN) * D * 2 + 128 (mbarriers): KernelConfig::sharedMemoryBytes.
 //
 //===----------------------------------------------------------------------===//
 
@@ -87,15 +86,6 @@ static_assert(kBlockM == 64 || kBlockM == 128, "kBlockM must be 64 or 128");
 static_assert(kBlockN == 32 || kBlockN == 64 || kBlockN == 128,
               "wgmma tiles take kBlockN 32, 64 or 128");
 
-/// 8-bit float caches: buffers of one tile's codes, K's kBlockN rows of
-/// kHeadDim bytes then V's (KernelConfig::prefillCodeBuffers).
-constexpr int kCodeBuffers = pagedc_config::kPrefillCodeBuffers;
-constexpr uint32_t kCodeTileBytes = 2 * kBlockN * kHeadDim;
-static_assert(kKvFloat8 == 0 ? kCodeBuffers == 0 : kCodeBuffers == 1 || kCodeBuffers == 2,
-              "8-bit caches take one or two code buffers, 16-bit ones none");
-/// The producer warpgroup's gather of codes (its 128 threads).
-using CodeGather = Float8TileCopier<kBlockN, 128>;
-
 /// The K/V tiles' layout: kBlockN rows in 128-byte swizzled atoms.
 using AtomRows = AtomTile<kBlockN>;
 /// The producer warpgroup's gather (KvTileCopier, its 128 threads).
@@ -119,9 +109,8 @@ static_assert(kValueHeadDim == kHeadDim, "the warpgroup prefill takes Dv = D");
 // Dynamic shared memory (KernelConfig::sharedMemoryBytes), the page index
 // buffers, the stages' run XORs, the Q buffers' tile slots and the
 // producer's two round words must fit the 227 KiB a block may have.
-static_assert(1024 + (kQBuffers * kBlockM + 2 * kStages * kBlockN) * kHeadDim * 2 +
-                      kCodeBuffers * kCodeTileBytes + 128 + 2 * kTilePages * 4 + kStages * 4 +
-                      kQBuffers * 4 + 2 * 4 <=
+static_assert(1024 + (kQBuffers * kBlockM + 2 * kStages * kBlockN) * kHeadDim * 2 + 128 +
+                      2 * kTilePages * 4 + kStages * 4 + kQBuffers * 4 + 2 * 4 <=
                   227 * 1024,
               "shared memory over 227 KiB");
 
@@ -146,41 +135,77 @@ PAGEDC_DEVICE void gather_kv_stage(const KvGather &copy_kv, uint32_t k_tile, uin
   copy_kv.operator()<true>(k_tile, v_tile, StagedPages{slots, kv_begin}, kv_begin, kv_len);
 }
 
-/// An 8-bit cache's gather: the codes of K and V rows [kv_begin, kv_begin
-/// + kBlockN) (zeros past kv_len) into the code buffer at `codes`, one
-/// cp.async group. The pages are looked up and staged as gather_kv_stage
-/// does, with no wait on a stage: the buffer is the producer's own, and the
-/// barrier after the staging also orders every producer thread's reads of
-/// the buffer's last tile (convert_code_stage) before these copies.
-PAGEDC_DEVICE void gather_code_tile(const CodeGather &copy_codes, uint32_t codes,
-                                    const int32_t *page_row, int32_t *slots, int kv_begin,
-                                    int kv_len, int thread) {
+/// An 8-bit cache's conversion: thread t holds 16-code chunk t % (D / 16)
+/// of rows t / (D / 16) + i kCodeRowStep of both K and V (the same offsets:
+/// the launch takes compact caches of the same strides), kCodeBatchRows rows
+/// of each per batch in registers (8 kCodeBatchRows registers).
+constexpr int kCodeRowStep = 128 / kKeyCodeChunks;
+constexpr int kCodeRowsPerThread = kBlockN / kCodeRowStep;
+/// Rows per batch: what the producer's registers hold beside its
+/// addressing. With two consumer warpgroups (56 registers) 2 rows, 16
+/// registers of codes, 64 bytes a thread in flight (4 rows spilled 20-44
+/// bytes at D 64 to 256); with one (96 registers) up to 4.
+constexpr int kCodeBatchRowsMost = kConsumerGroups == 1 ? 4 : 2;
+constexpr int kCodeBatchRows =
+    kCodeRowsPerThread < kCodeBatchRowsMost ? kCodeRowsPerThread : kCodeBatchRowsMost;
+static_assert(kKeyCodeChunks == kValueCodeChunks && 128 % kKeyCodeChunks == 0 &&
+                  kBlockN % kCodeRowStep == 0 && kCodeRowsPerThread % kCodeBatchRows == 0,
+              "uneven code rows");
+
+/// The producer warpgroup's conversion of an 8-bit cache's K and V rows
+/// [kv_begin, kv_begin + kBlockN) (zeros past kv_len) into one stage (`k_tile`,
+/// V's after it). The pages are looked up and staged as gather_kv_stage
+/// does; each batch of rows' codes goes from global memory straight into
+/// registers (no code buffer in shared memory: the stage's stores are the
+/// only shared traffic the conversion adds), the first batch issued before
+/// the wait on the stage's empty mbarrier so that its latency runs under
+/// the wait. The stores are the generic proxy's and the wgmma reads through
+/// the async proxy: each thread fences its own stores before its arrival on
+/// the stage's full mbarrier, so the consumers need no fence of their own.
+/// `k_codes` and `v_codes`: the KV head's codes, 16 chunk bytes into a row.
+PAGEDC_DEVICE void convert_code_stage(const char *k_codes, const char *v_codes,
+                                      const int32_t *page_row, int32_t *slots,
+                                      unsigned char *k_tile, int kv_begin, int kv_len, int thread,
+                                      uint32_t full_bar, uint32_t empty_bar,
+                                      unsigned empty_parity) {
   const int32_t lookup = tile_page<kBlockN>(page_row, kv_begin, kv_len, thread, -1);
   if (thread < kTilePages)
     slots[thread] = lookup;
   named_barrier_sync(kProducerBarrier, 128);
-  copy_codes(codes, codes + kBlockN * kHeadDim, StagedPages{slots, kv_begin}, kv_begin, kv_len);
-  cp_async_commit();
-}
-
-/// Converts the codes gathered into `codes` (with `newer_in_flight`, the
-/// next tile's cp.async group may still be in flight) into one stage's K
-/// and V tiles (`k_tile`, V's after it), once the consumers released the
-/// stage. The
-/// stores are the generic proxy's and the wgmma reads through the async
-/// proxy: each thread fences its own stores before its arrival on the
-/// stage's full mbarrier, so the consumers need no fence of their own.
-PAGEDC_DEVICE void convert_code_stage(const unsigned char *codes, unsigned char *k_tile,
-                                      bool newer_in_flight, int thread, uint32_t full_bar,
-                                      uint32_t empty_bar, unsigned empty_parity) {
-  if (newer_in_flight)
-    cp_async_wait<1>();
-  else
-    cp_async_wait<0>();
-  named_barrier_sync(kProducerBarrier, 128); // every thread's codes landed
-  mbarrier_wait(empty_bar, empty_parity);
-  convert_code_tiles<kBlockN, 128, AtomRows, true>(k_tile, k_tile + kBlockN * kRowBytes, codes,
-                                                   codes + kBlockN * kHeadDim, thread);
+  const int chunk = thread % kKeyCodeChunks, first_row = thread / kKeyCodeChunks;
+  unsigned char *const v_tile = k_tile + kBlockN * kRowBytes;
+  // (Unrolled, ptxas hoisted later batches' loads and spilled 12-28 bytes.)
+#pragma unroll 1
+  for (int batch = 0; batch < kCodeRowsPerThread; batch += kCodeBatchRows) {
+    Chunk16 k_chunks[kCodeBatchRows], v_chunks[kCodeBatchRows];
+#pragma unroll
+    for (int i = 0; i < kCodeBatchRows; ++i) {
+      const int row = first_row + (batch + i) * kCodeRowStep;
+      const int kv = kv_begin + row;
+      if (kv < kv_len) {
+        const int64_t offset =
+            static_cast<int64_t>(slots[row >> kLog2PageSize]) * (kPageSize * kHeadDim) +
+            (kv & (kPageSize - 1)) * kHeadDim;
+        load_code_chunk(k_chunks[i], k_codes + offset);
+        load_code_chunk(v_chunks[i], v_codes + offset);
+      } else {
+        // Code 0 is +0: rows past kv_len are finite zeros, as a gather's.
+#pragma unroll
+        for (int w = 0; w < 4; ++w)
+          k_chunks[i].word[w] = v_chunks[i].word[w] = 0;
+      }
+    }
+    if (batch == 0)
+      mbarrier_wait(empty_bar, empty_parity);
+#pragma unroll
+    for (int i = 0; i < kCodeBatchRows; ++i)
+      store_code_chunk<AtomRows, true>(k_tile, first_row + (batch + i) * kCodeRowStep, chunk,
+                                       k_chunks[i]);
+#pragma unroll
+    for (int i = 0; i < kCodeBatchRows; ++i)
+      store_code_chunk<AtomRows, true>(v_tile, first_row + (batch + i) * kCodeRowStep, chunk,
+                                       v_chunks[i]);
+  }
   fence_proxy_async();
   mbarrier_arrive(full_bar);
 }
@@ -430,11 +455,9 @@ extern "C" __global__ void __launch_bounds__(pagedc::kPrefillThreads, 1)
   constexpr uint32_t kQBytes = kBlockM * kRowBytes;
   constexpr uint32_t kStageBytes = 2 * kBlockN * kRowBytes;
   const uint32_t stages = q_tiles + kQBuffers * kQBytes;
-  // An 8-bit cache's code buffers (the producer's alone).
-  const uint32_t code_tiles = stages + kStages * kStageBytes;
   // Per Q tile a full (the producer's copies landed) and an empty (the
   // consumers' S products are done with it) mbarrier; per stage the same.
-  const uint32_t q_full = code_tiles + kCodeBuffers * kCodeTileBytes;
+  const uint32_t q_full = stages + kStages * kStageBytes;
   const uint32_t q_empty = q_full + 8 * kQBuffers;
   const uint32_t full = q_empty + 8 * kQBuffers, empty = full + 8 * kStages;
   // Persistent CTAs with a work counter (wg.tile_counter): producer
@@ -598,25 +621,13 @@ extern "C" __global__ void __launch_bounds__(pagedc::kPrefillThreads, 1)
       const Element *v_head =
           static_cast<const Element *>(args.v_cache) + kv_head * args.v_stride[0];
       const KvGather copy_kv(k_head, v_head, thread);
-      // An 8-bit cache's codes: compact pages (the launch checks), so the
-      // strides are constants.
-      const int64_t code_stride[3] = {0, kPageSize * kHeadDim, kHeadDim};
-      const CodeGather copy_codes(
-          static_cast<const char *>(args.k_cache) + kv_head * args.k_stride[0],
-          static_cast<const char *>(args.v_cache) + kv_head * args.v_stride[0], thread,
-          code_stride, code_stride);
-      // With two code buffers, the visit before the last one gathered has
-      // its codes in flight or landed, not yet converted (visit - 1: every
-      // visit of an 8-bit cache is gathered).
-      bool codes_pending = false;
-      auto convert_codes = [&](unsigned at, bool newer_in_flight) {
-        const int stage = at % kStages;
-        convert_code_stage(
-            shared + (code_tiles + (kCodeBuffers > 1 ? at % kCodeBuffers : 0) * kCodeTileBytes -
-                      shared_address(shared)),
-            shared + (stages + stage * kStageBytes - shared_address(shared)), newer_in_flight,
-            thread, full + 8 * stage, empty + 8 * stage, ((at / kStages) & 1) ^ 1);
-      };
+      // An 8-bit cache's codes: compact pages (the launch checks), so a
+      // row's offset is a product of constants (convert_code_stage); this
+      // thread's chunk of each row.
+      const char *const k_codes = static_cast<const char *>(args.k_cache) +
+                                  kv_head * args.k_stride[0] + 16 * (thread % kKeyCodeChunks);
+      const char *const v_codes = static_cast<const char *>(args.v_cache) +
+                                  kv_head * args.v_stride[0] + 16 * (thread % kKeyCodeChunks);
       const int32_t *page_row = args.page_table + b * args.page_table_stride;
       for (int pass = pass_first; pass <= pass_last; ++pass) {
         KvVisits<kBlockN> visits;
@@ -638,16 +649,11 @@ extern "C" __global__ void __launch_bounds__(pagedc::kPrefillThreads, 1)
           }
           int32_t *slots = page_slots + (gathered & 1) * kTilePages;
           if constexpr (kKvFloat8 != 0) {
-            const uint32_t buffer = kCodeBuffers > 1 ? visit % kCodeBuffers : 0;
-            gather_code_tile(copy_codes, code_tiles + buffer * kCodeTileBytes, page_row, slots,
-                             kv, kv_len, thread);
-            if constexpr (kCodeBuffers == 2) {
-              if (codes_pending)
-                convert_codes(visit - 1, true);
-              codes_pending = true;
-            } else {
-              convert_codes(visit, false);
-            }
+            const int stage = visit % kStages;
+            convert_code_stage(k_codes, v_codes, page_row, slots,
+                               shared + (stages + stage * kStageBytes - shared_address(shared)), kv,
+                               kv_len, thread, full + 8 * stage, empty + 8 * stage,
+                               ((visit / kStages) & 1) ^ 1);
             ++gathered;
             ++visit;
             continue;
@@ -661,11 +667,6 @@ extern "C" __global__ void __launch_bounds__(pagedc::kPrefillThreads, 1)
           ++visit;
         }
       }
-      // The tile's last codes, before the producer waits on anything the
-      // consumers release only once they have them.
-      if constexpr (kKvFloat8 != 0)
-        if (codes_pending)
-          convert_codes(visit - 1, false);
     }
   } else {
   // A consumer warpgroup: rows group_row .. group_row + 63 of the CTA (the

@@ -224,8 +224,9 @@ struct KernelConfig {
   /// Dynamic shared memory of the main kernel, in bytes.
   int sharedMemoryBytes() const;
   /// Warpgroup prefill: K/V stages of the producer's ring, the most (up
-  /// to prefillStageLimit) whose shared memory fits an H100 CTA (227 KiB)
-  /// beside an 8-bit cache's first code buffer, at least 2.
+  /// to prefillStageLimit) whose shared memory fits an H100 CTA (227 KiB),
+  /// at least 2 (8-bit caches alike: they take no shared memory of their
+  /// own).
   /// 1 for the other kernels.
   int prefillStages() const;
   /// Warpgroup prefill: Q tiles in shared memory, 2 where a second fits
@@ -233,12 +234,6 @@ struct KernelConfig {
   /// its next tile's Q while the consumers work on the current one), else
   /// 1. 1 for the other kernels.
   int prefillQBuffers() const;
-  /// Warpgroup prefill of an 8-bit float cache: buffers of one KV tile's
-  /// K and V codes (2 kBlockN D bytes each) that the producer gathers into
-  /// and converts from, 2 where they fit beside prefillStages() stages (the
-  /// next tile's codes then land while the producer converts the current
-  /// one), else 1. 0 for 16-bit caches and the other kernels.
-  int prefillCodeBuffers() const;
   /// Whether the kernel is sm_90a code: warpgroup prefill tiles (warpRows
   /// 64: wgmma, setmaxnreg), which no other architecture runs.
   bool needsSm90a() const;

@@ -469,17 +469,13 @@ std::string KernelConfig::compileArchFor(const std::string &arch) const {
 }
 
 namespace {
-/// Warpgroup prefill shared memory with `stages` K/V stages, `qBuffers` Q
-/// tiles and `codeBuffers` buffers of an 8-bit cache's codes: 1024 bytes
-/// to align the swizzled tiles, Q, the ring, the codes (a byte per
-/// element) and the mbarriers (128 bytes).
-int wgmmaPrefillSharedBytes(const KernelConfig &config, int stages, int qBuffers = 1,
-                            int codeBuffers = -1) {
-  if (codeBuffers < 0)
-    codeBuffers = config.kvFloat8 ? 1 : 0;
+/// Warpgroup prefill shared memory with `stages` K/V stages and `qBuffers`
+/// Q tiles: 1024 bytes to align the swizzled tiles, Q, the ring and the
+/// mbarriers (128 bytes). An 8-bit cache takes no more: its producer
+/// converts codes from registers into the stages.
+int wgmmaPrefillSharedBytes(const KernelConfig &config, int stages, int qBuffers = 1) {
   const int rowBytes = config.headDim * 2;
-  return 1024 + (qBuffers * config.blockM + 2 * stages * config.blockN) * rowBytes +
-         codeBuffers * 2 * config.blockN * config.headDim + 128;
+  return 1024 + (qBuffers * config.blockM + 2 * stages * config.blockN) * rowBytes + 128;
 }
 } // namespace
 
@@ -495,18 +491,8 @@ int KernelConfig::prefillStages() const {
 int KernelConfig::prefillQBuffers() const {
   if (kind != KernelKind::Prefill || warpRows != 64)
     return 1;
-  // The ring's stages first, then an 8-bit cache's second code buffer: a
-  // second Q tile only where it fits beside them.
-  return wgmmaPrefillSharedBytes(*this, prefillStages(), 2, prefillCodeBuffers()) <=
-                 kMaxSharedPerCta
-             ? 2
-             : 1;
-}
-
-int KernelConfig::prefillCodeBuffers() const {
-  if (kind != KernelKind::Prefill || warpRows != 64 || !kvFloat8)
-    return 0;
-  return wgmmaPrefillSharedBytes(*this, prefillStages(), 1, 2) <= kMaxSharedPerCta ? 2 : 1;
+  // The ring's stages first: a second Q tile only where it fits beside them.
+  return wgmmaPrefillSharedBytes(*this, prefillStages(), 2) <= kMaxSharedPerCta ? 2 : 1;
 }
 
 int KernelConfig::sharedMemoryBytes() const {
@@ -514,8 +500,7 @@ int KernelConfig::sharedMemoryBytes() const {
   switch (kind) {
   case KernelKind::Prefill:
     if (warpRows == 64)
-      return wgmmaPrefillSharedBytes(*this, prefillStages(), prefillQBuffers(),
-                                     prefillCodeBuffers());
+      return wgmmaPrefillSharedBytes(*this, prefillStages(), prefillQBuffers());
     // Q tile, two K and two V stages, the staged pages of the next KV
     // tile (at most 64: page size 1).
     return (blockM + 4 * blockN) * rowBytes + 64 * 4;
@@ -630,7 +615,6 @@ KernelSource assembleKernel(const KernelConfig &config,
   code += fmt::format("constexpr int kMaxSplitBlocks = {};\n", kMaxSplitBlocks);
   code += fmt::format("constexpr int kPrefillStages = {};\n", config.prefillStages());
   code += fmt::format("constexpr int kPrefillQBuffers = {};\n", config.prefillQBuffers());
-  code += fmt::format("constexpr int kPrefillCodeBuffers = {};\n", config.prefillCodeBuffers());
   code += fmt::format("constexpr bool kHasLse = {};\n",
                       config.returnLse ? "true" : "false");
   code += fmt::format("constexpr bool kPackedBatch = {};\n", config.packedBatch ? "true" : "false");

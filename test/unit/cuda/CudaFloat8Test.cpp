@@ -390,11 +390,12 @@ TEST(CudaFloat8, HeadDimsNotMultiplesOf64AndNarrowerValues) {
 }
 
 /// The warpgroup prefill (sm_90a; the runtime's tiles on an H100, asked
-/// for here since the emulator's target is not one): the producer gathers
-/// codes and converts them into the wgmma's swizzled 16-bit tiles. The
-/// tiles the runtime takes: 128 x 128 with two code buffers at D 64 and
-/// 128, 128 x 64 with one at D 256, and 64 x 32 (one consumer warpgroup,
-/// its spill fallback at D 256); rows whose keys are all masked ("holes").
+/// for here since the emulator's target is not one): the producer loads
+/// codes into registers and converts them into the wgmma's swizzled 16-bit
+/// tiles. The tiles the runtime takes: 128 x 128 at D 64 and 128, 128 x 64
+/// at D 256 (batches of 2 rows a thread), and 64 x 32 (one consumer
+/// warpgroup, its spill fallback at D 256: batches of 4 rows); rows whose
+/// keys are all masked ("holes").
 TEST(CudaFloat8, WarpgroupPrefillMatchesFloat64OnDequantizedValues) {
   const std::string wide = "128x128x64", d256 = "128x64x64", narrow = "64x32x64";
   const Case cases[] = {

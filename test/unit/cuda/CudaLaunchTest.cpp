@@ -269,34 +269,30 @@ TEST(CudaLaunch, WarpgroupPrefillQBuffers) {
   EXPECT_EQ(config.prefillQBuffers(), 2);
   KernelConfig mma; // the mma.sync prefill has one Q tile
   EXPECT_EQ(mma.prefillQBuffers(), 1);
-  EXPECT_EQ(mma.prefillCodeBuffers(), 0);
 }
 
-// An 8-bit cache's code buffers (2 N D bytes each) take shared memory after
-// the ring's stages (beside one buffer) and before a second Q tile
-// (KernelConfig::prefillCodeBuffers); 16-bit caches have none.
-TEST(CudaLaunch, WarpgroupPrefillCodeBuffers) {
+// An 8-bit cache's producer converts codes from its registers into the
+// stages: no shared memory of its own, so the ring, the Q tiles and the
+// total are the 16-bit kernel's at every tile the runtime takes.
+TEST(CudaLaunch, WarpgroupPrefillFloat8SharedMemory) {
+  for (const auto &[headDim, blockN] : {std::pair{128, 64}, {128, 128}, {64, 128}, {256, 64}}) {
+    KernelConfig sixteen = warpgroupPrefill();
+    sixteen.headDim = headDim;
+    sixteen.blockN = blockN;
+    KernelConfig codes = sixteen;
+    codes.kvFloat8 = DType::F8E4M3;
+    codes.validate();
+    SCOPED_TRACE(codes.describe());
+    EXPECT_EQ(codes.prefillStages(), sixteen.prefillStages());
+    EXPECT_EQ(codes.prefillQBuffers(), sixteen.prefillQBuffers());
+    EXPECT_EQ(codes.sharedMemoryBytes(), sixteen.sharedMemoryBytes());
+  }
   KernelConfig config = warpgroupPrefill();
-  EXPECT_EQ(config.prefillCodeBuffers(), 0);
-  config.kvFloat8 = DType::F8E4M3;
-  config.validate();
-  EXPECT_EQ(config.prefillStages(), 4); // 128 x 64 at D 128: all still fit
-  EXPECT_EQ(config.prefillCodeBuffers(), 2);
-  EXPECT_EQ(config.prefillQBuffers(), 2);
-  EXPECT_EQ(config.sharedMemoryBytes(),
-            1024 + (2 * 128 + 2 * 4 * 64) * 256 + 2 * 2 * 64 * 128 + 128);
-  config.blockN = 128; // 16-bit: 3 stages; with codes 2 stages and two buffers
-  EXPECT_EQ(config.prefillStages(), 2);
-  EXPECT_EQ(config.prefillCodeBuffers(), 2);
+  config.kvFloat8 = DType::F8E5M2;
+  config.blockN = 128; // 128 x 128 at D 128: three stages, one Q tile
+  EXPECT_EQ(config.prefillStages(), 3);
   EXPECT_EQ(config.prefillQBuffers(), 1);
-  EXPECT_EQ(config.sharedMemoryBytes(),
-            1024 + (128 + 2 * 2 * 128) * 256 + 2 * 2 * 128 * 128 + 128);
-  config.headDim = 256; // 128 x 64 at D 256: a second code buffer does not fit
-  config.blockN = 64;
-  EXPECT_EQ(config.prefillStages(), 2);
-  EXPECT_EQ(config.prefillCodeBuffers(), 1);
-  EXPECT_LE(config.sharedMemoryBytes(), 227 * 1024);
-  config.validate();
+  EXPECT_EQ(config.sharedMemoryBytes(), 1024 + (128 + 2 * 3 * 128) * 256 + 128);
 }
 
 TEST(KernelOptions, PersistentSettingsAndTheirPairs) {

@@ -229,16 +229,14 @@ TEST(KernelSource, Float8Kernels) {
   f32Out.packedBatch = false;
   EXPECT_EQ(refusal(f32Out), "only packed batches (BatchAttention's kernels) write an f32 out");
   // The warpgroup prefill reads them too (its producer converts the codes),
-  // with code buffers in its shared memory and the template's Float8 units.
+  // with the template's Float8 units.
   KernelConfig warpgroup = prefill;
   warpgroup.warpRows = 64;
   warpgroup.blockM = 128;
   EXPECT_EQ(refusal(warpgroup), "(accepted)");
   const std::string warpgroupCode = assembleKernel(warpgroup, mods).code;
-  EXPECT_NE(warpgroupCode.find("constexpr int kPrefillCodeBuffers = 2;"), std::string::npos);
-  EXPECT_NE(warpgroupCode.find("struct Float8TileCopier"), std::string::npos);
-  EXPECT_NE(assembleKernel(prefill, mods).code.find("constexpr int kPrefillCodeBuffers = 0;"),
-            std::string::npos);
+  EXPECT_NE(warpgroupCode.find("PAGEDC_DEVICE void store_code_chunk("), std::string::npos);
+  EXPECT_NE(warpgroupCode.find("constexpr int kKvFloat8 = "), std::string::npos);
   KernelConfig builder = e5m2;
   builder.kind = KernelKind::BlockMaskBuilder;
   EXPECT_NE(refusal(builder).find("not by the block-mask builder"), std::string::npos);

@@ -547,6 +547,13 @@ TEST(NvrtcCompile, Float8KernelsCompileWithoutSpills) {
       c.arch = c.config.compileArchFor("sm_90");
       cases.push_back(c);
     }
+  // D 256's spill fallback, 64 x 32: one consumer warpgroup, whose
+  // producer keeps 96 registers and converts larger batches of rows.
+  Case narrow = cases.back();
+  narrow.mod = "softcap";
+  narrow.config.blockM = 64;
+  narrow.config.blockN = 32;
+  cases.push_back(narrow);
   std::vector<Outcome> outcomes = compileAll(cases, workerCount());
   for (size_t i = 0; i < cases.size(); ++i) {
     ASSERT_EQ(outcomes[i].error, "") << cases[i].label();
