@@ -131,4 +131,129 @@ PAGEDC_DEVICE void convert_code_tiles(unsigned char *k_tile, unsigned char *v_ti
   }
 }
 
+/// 16 codes from global memory into registers (LDG.128; `from` 16-byte
+/// aligned). The caches are not written while a kernel reads them, so the
+/// load may take the non-coherent path.
+PAGEDC_DEVICE void load_codes16(Chunk16 &to, const void *from) {
+#ifdef PAGEDC_EMULATOR
+  copy_chunk16(&to, from);
+#else
+  asm volatile("ld.global.nc.v4.u32 {%0, %1, %2, %3}, [%4];"
+               : "=r"(to.word[0]), "=r"(to.word[1]), "=r"(to.word[2]), "=r"(to.word[3])
+               : "l"(from));
+#endif
+}
+
+/// One tile of kRows rows of 8-bit K codes and V codes held in registers:
+/// load() reads them from global memory (LDG.128, 16 codes a thread and
+/// row), store() converts them in registers and writes only the Element
+/// tiles (`Layout`) to shared memory. Against Float8TileCopier and
+/// convert_code_tiles this moves 4 bytes of shared memory an element (the
+/// element tile written, then read by ldmatrix) instead of 6 (codes
+/// written, read, element tile written, read), and a kernel can issue the
+/// next tile's loads before the current tile's math, holding the codes
+/// across it (kRows * (kHeadDim + kValueHeadDim) / kThreads bytes a
+/// thread: 32 registers at head dim 128, 128 threads, 64 rows).
+///
+/// Threads map to rows and 16-code chunks as in Float8TileCopier (rows of
+/// kThreadsPerRow threads, rows outside kv_len or keep_rows zero), except
+/// that with 8 or more threads a row a quarter warp (8 threads, whose
+/// STS.128 are served together) takes 4 chunks of an even row and 4 of the
+/// odd row after it: the Element chunks 2c (and 2c + 1) that 8 chunks of
+/// one row store land on 4 of the 8 bank groups of tile_offset's and
+/// atom_offset's swizzle twice over, while the two rows' swizzles differ
+/// in the lowest bit and fill all 8 (conflict-free stores without the
+/// per-thread selects of kSpreadStores).
+template <int kRows, int kThreads, typename Layout> struct Float8RegisterTiles {
+  static constexpr int kRowChunks =
+      kKeyCodeChunks > kValueCodeChunks ? kKeyCodeChunks : kValueCodeChunks;
+  static constexpr int kCopyChunks = kRowChunks <= 2   ? 2
+                                     : kRowChunks <= 4 ? 4
+                                     : kRowChunks <= 8 ? 8
+                                                       : 16;
+  static constexpr int kThreadsPerRow =
+      kCopyChunks > kThreads / kRows ? kCopyChunks : kThreads / kRows;
+  static constexpr int kRowStep = kThreads / kThreadsPerRow;
+  static constexpr int kTrips = kRows / kRowStep;
+  /// Rows paired across quarter warps (above).
+  static constexpr bool kPairRows = kThreadsPerRow >= 8 && kRowStep % 2 == 0;
+  static_assert(kKvFloat8 == 0 ||
+                    (kThreads % kThreadsPerRow == 0 && kRows % kRowStep == 0 && kRows <= 64),
+                "uneven code tile load");
+  Chunk16 k[kTrips], v[kTrips];
+  const char *k_bytes;
+  const char *v_bytes;
+  int first_row;
+  int column; // the thread's first code of a row
+  int64_t k_page_bytes, k_slot_bytes, v_page_bytes, v_slot_bytes;
+
+  PAGEDC_DEVICE Float8RegisterTiles(const void *k_head, // [pages, page_size, D] codes
+                                    const void *v_head, // [pages, page_size, Dv] codes
+                                    int thread, const int64_t (&k_stride)[3],
+                                    const int64_t (&v_stride)[3])
+      : k_page_bytes(k_stride[1]), k_slot_bytes(k_stride[2]), v_page_bytes(v_stride[1]),
+        v_slot_bytes(v_stride[2]) {
+    const int at = thread % (2 * kThreadsPerRow);
+    const int pair_row = kPairRows ? (at / kThreadsPerRow) ^ ((at / 4) & 1) : at / kThreadsPerRow;
+    first_row = kPairRows ? 2 * (thread / (2 * kThreadsPerRow)) + pair_row
+                          : thread / kThreadsPerRow;
+    column = (thread % kThreadsPerRow) * 16;
+    k_bytes = static_cast<const char *>(k_head) + column;
+    v_bytes = static_cast<const char *>(v_head) + column;
+    opaque(k_bytes);
+    opaque(v_bytes);
+  }
+
+  /// Loads rows [kv_begin, kv_begin + kRows); a row past kv_len or whose
+  /// bit in keep_rows is clear is zero (code 0 is +0) and not read.
+  template <typename PageOf>
+  PAGEDC_DEVICE void load(PageOf page_of, int kv_begin, int kv_len,
+                          uint64_t keep_rows = ~static_cast<uint64_t>(0)) {
+#pragma unroll
+    for (int i = 0; i < kTrips; ++i) {
+      const int row = first_row + i * kRowStep;
+      const int kv = kv_begin + row;
+      const bool valid = kv < kv_len && ((keep_rows >> row) & 1);
+      k[i] = Chunk16{};
+      v[i] = Chunk16{};
+      if (valid) {
+        const int64_t page = page_of(kv);
+        const int64_t slot = kv & (kPageSize - 1);
+        if (kThreadsPerRow == kKeyCodeChunks || column < 16 * kKeyCodeChunks)
+          load_codes16(k[i], k_bytes + page * k_page_bytes + slot * k_slot_bytes);
+        if (kThreadsPerRow == kValueCodeChunks || column < 16 * kValueCodeChunks)
+          load_codes16(v[i], v_bytes + page * v_page_bytes + slot * v_slot_bytes);
+      }
+    }
+  }
+
+  /// Converts the held codes (Float8.cuh, as convert_code_tiles does) and
+  /// stores the Element tiles at k_tile and v_tile.
+  PAGEDC_DEVICE void store(unsigned char *k_tile, unsigned char *v_tile) const {
+    const int chunk = column / 16;
+#pragma unroll
+    for (int i = 0; i < kTrips; ++i) {
+      const int row = first_row + i * kRowStep;
+      if (kThreadsPerRow == kKeyCodeChunks || chunk < kKeyCodeChunks)
+        store_row(k_tile, row, chunk, k[i]);
+      if (kThreadsPerRow == kValueCodeChunks || chunk < kValueCodeChunks)
+        store_row(v_tile, row, chunk, v[i]);
+    }
+  }
+
+private:
+  PAGEDC_DEVICE static void store_row(unsigned char *tile, int row, int chunk,
+                                      const Chunk16 &codes) {
+    Chunk16 first, second;
+#pragma unroll
+    for (int word = 0; word < 4; ++word) {
+      uint32_t *into = word < 2 ? &first.word[2 * word] : &second.word[2 * word - 4];
+      into[0] = float8x2_to_elements<kKvFloat8, kIsBF16>(codes.word[word] & 0xffffu);
+      into[1] = float8x2_to_elements<kKvFloat8, kIsBF16>(codes.word[word] >> 16);
+    }
+    copy_chunk16(tile + Layout()(row, 2 * chunk), &first);
+    copy_chunk16(tile + Layout()(row, 2 * chunk + 1), &second);
+  }
+};
+
 } // namespace pagedc
