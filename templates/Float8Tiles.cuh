@@ -8,7 +8,9 @@
 // laid out as the kernel's math reads them. Rows are whole 16-code chunks
 // (head dims are multiples of 16), not necessarily of 64 codes. The kernels
 // apply the KV head's scales in f32: K's with the call's scale to the
-// scores, V's to the output rows.
+// scores, V's to the output rows. The decode kernel at head dims up to 128
+// takes Float8RegisterTiles instead: codes loaded into registers and
+// converted there, only the Element tiles stored.
 //
 //===----------------------------------------------------------------------===//
 
