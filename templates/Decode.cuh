@@ -95,8 +95,9 @@ constexpr bool kDecodeQInRegisters = kHeadDim <= 128;
 /// chooses there too; and so it does for more than 16 rows (two or four
 /// row warps: a thread's rows take more registers than the cap leaves, and
 /// ptxas spills at head dims 32 to 64), and for a kernel of an 8-bit cache,
-/// whose conversion pass (16 codes in, 16 elements out per step) spilled
-/// 8-12 bytes under it.
+/// whose conversion (16 codes in, 16 elements out per step) spilled 8-12
+/// bytes under it as a pass through shared memory; held in registers
+/// (kDecodeCodeRegisters) a tile's codes take 16 more at head dim 64.
 #if !defined(PAGEDC_EMULATOR) && defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
 constexpr int kDecodeMinBlocks =
     kHeadDim <= 64 && !kPackedBatch && kRowWarps == 1 && pagedc_config::kKvFloat8 == 0 ? 5 : 1;
@@ -130,7 +131,8 @@ constexpr int kDecodeTmaPageRows = 16;
 /// 96 registers for 5 CTAs per SM, where the second copy path spilled 4-12
 /// bytes for some corpus selections (docs/kernels.md).
 constexpr int kDecodeTmaMinHeadDim = 128;
-/// 8-bit codes come by cp.async into rows of their own (no tensor maps).
+/// 8-bit codes take no tensor maps: they come by LDG.128 into registers
+/// (kDecodeCodeRegisters) or by cp.async into rows of their own.
 /// Boxes span 64 head dims (the 128-byte swizzle's row) and K's and V's
 /// maps have the same box, so head dims that are not multiples of 64, and
 /// Dv other than D, take the gather.
