@@ -43,11 +43,11 @@
 // Grid: (num_splits, heads_kv * kDecodeHeadChunks, batch); block: 128
 // threads. Merge grid: (q_len, heads_q, batch); block: 128 threads.
 //
-// 8-bit float caches (kKvFloat8, Float8Tiles.cuh): at head dims up to 128
-// each tile's codes are loaded into registers during the previous tile's
-// math, and converted there into one K and one V tile of Element (the
-// first stage) at the top of the tile's iteration, which the tile's math
-// reads as it reads any other. Above 128 (kDecodeCodeRegisters) the codes
+// 8-bit float caches (kKvFloat8, Float8Tiles.cuh): at head dims up to
+// 128 (kDecodeCodeRegisters) each tile's codes are loaded into registers
+// during the previous tile's math and converted there, at the top of the
+// tile's iteration, into one K and one V tile of Element (the first stage)
+// that the tile's math reads as it reads any other. Above 128 the codes
 // are gathered with cp.async into the second K and V stage and converted
 // after the wait by a pass through shared memory, a barrier separating it
 // from the math. The KV head's scales are applied in f32, K's to the scores
