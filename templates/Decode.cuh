@@ -43,11 +43,13 @@
 // Grid: (num_splits, heads_kv * kDecodeHeadChunks, batch); block: 128
 // threads. Merge grid: (q_len, heads_q, batch); block: 128 threads.
 //
-// 8-bit float caches (kKvFloat8, Float8Tiles.cuh): each tile's codes are
-// gathered with cp.async into the second K and V stage and converted after
-// the wait into one K and one V tile of Element (the first stage) that the
-// tile's math reads as it reads any other: the copy of the next tile's
-// codes still overlaps the math, and a barrier separates the conversion
+// 8-bit float caches (kKvFloat8, Float8Tiles.cuh): at head dims up to
+// 128 (kDecodeCodeRegisters) each tile's codes are loaded into registers
+// during the previous tile's math and converted there, at the top of the
+// tile's iteration, into one K and one V tile of Element (the first stage)
+// that the tile's math reads as it reads any other. Above 128 the codes
+// are gathered with cp.async into the second K and V stage and converted
+// after the wait by a pass through shared memory, a barrier separating it
 // from the math. The KV head's scales are applied in f32, K's to the scores
 // (with args.scale) and V's to the output rows, so the kernel computes on
 // the dequantized values.
@@ -93,8 +95,9 @@ constexpr bool kDecodeQInRegisters = kHeadDim <= 128;
 /// chooses there too; and so it does for more than 16 rows (two or four
 /// row warps: a thread's rows take more registers than the cap leaves, and
 /// ptxas spills at head dims 32 to 64), and for a kernel of an 8-bit cache,
-/// whose conversion pass (16 codes in, 16 elements out per step) spilled
-/// 8-12 bytes under it.
+/// whose conversion (16 codes in, 16 elements out per step) spilled 8-12
+/// bytes under it as a pass through shared memory; held in registers
+/// (kDecodeCodeRegisters) a tile's codes take 16 more at head dim 64.
 #if !defined(PAGEDC_EMULATOR) && defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
 constexpr int kDecodeMinBlocks =
     kHeadDim <= 64 && !kPackedBatch && kRowWarps == 1 && pagedc_config::kKvFloat8 == 0 ? 5 : 1;
@@ -128,13 +131,25 @@ constexpr int kDecodeTmaPageRows = 16;
 /// 96 registers for 5 CTAs per SM, where the second copy path spilled 4-12
 /// bytes for some corpus selections (docs/kernels.md).
 constexpr int kDecodeTmaMinHeadDim = 128;
-/// 8-bit codes come by cp.async into rows of their own (no tensor maps).
+/// 8-bit codes take no tensor maps: they come by LDG.128 into registers
+/// (kDecodeCodeRegisters) or by cp.async into rows of their own.
 /// Boxes span 64 head dims (the 128-byte swizzle's row) and K's and V's
 /// maps have the same box, so head dims that are not multiples of 64, and
 /// Dv other than D, take the gather.
 constexpr bool kDecodeTma = kDecodeBulkCopies && kPageSize >= kDecodeTmaPageRows &&
                             kHeadDim >= kDecodeTmaMinHeadDim && kHeadDim % 64 == 0 &&
                             kValueHeadDim == kHeadDim && kKvFloat8 == 0;
+/// 8-bit codes come by LDG.128 into registers (Float8RegisterTiles), are
+/// converted there and stored as the Element tiles the math reads: 4 bytes
+/// of shared-memory traffic an element, as a 16-bit cache's tile, where
+/// the cp.async path (codes to shared memory, a conversion pass) moves 6
+/// and made the kernel bound by shared memory rather than DRAM. A tile's
+/// codes take (kHeadDim + kValueHeadDim) / 2 bytes a thread, held across
+/// the previous tile's math: 32 registers at head dim 128. Above 128 the
+/// kernel keeps the cp.async path: the 64 registers do not fit beside the
+/// packed decode's (sm_90, head dim 256: 254 of 255).
+constexpr bool kDecodeCodeRegisters =
+    kKvFloat8 != 0 && kHeadDim <= 128 && kValueHeadDim <= 128;
 constexpr int kDecodeBoxRows = kPageSize < kDecodeTileN ? kPageSize : kDecodeTileN;
 /// Boxes of one tensor (K or V) per tile: pages x atom columns (2 to 16).
 constexpr int kDecodeBoxes = kDecodeTileN / kDecodeBoxRows * (kHeadDim / 64);
@@ -605,6 +620,11 @@ extern "C" __global__ void __launch_bounds__(pagedc::kDecodeThreads, pagedc::kDe
     return kDecodeQBytes + kDecodeStageBytes + at_stage * kDecodeCodeBytes;
   };
   auto v_codes = [&](int at_stage) { return k_codes(at_stage) + 2 * kDecodeStageBytes; };
+  // With kDecodeCodeRegisters: the codes of the next tile to convert.
+  Float8RegisterTiles<kDecodeTileN, kDecodeThreads, DecodeTile> held_codes(
+      static_cast<const char *>(args.k_cache) + kv_head * args.k_stride[0],
+      static_cast<const char *>(args.v_cache) + kv_head * args.v_stride[0], thread,
+      args.k_stride, args.v_stride);
   using DecodeCopier = KvTileCopier<kDecodeTileN, kDecodeThreads, DecodeTile>;
   const DecodeCopier copy_kv = [&] {
     if constexpr (kPackedBatch)
@@ -629,7 +649,10 @@ extern "C" __global__ void __launch_bounds__(pagedc::kDecodeThreads, pagedc::kDe
         keep_rows &= ~static_cast<uint64_t>(0) << (kv_from - kv_begin);
     const uint32_t k_tile = k_tiles + into_stage * kDecodeStageBytes;
     const uint32_t v_tile = v_tiles + into_stage * kDecodeStageBytes;
-    if constexpr (kKvFloat8 != 0) {
+    if constexpr (kDecodeCodeRegisters) {
+      held_codes.load(StagedPages{page_slots, kv_begin}, kv_begin, split_end, keep_rows);
+      return false;
+    } else if constexpr (kKvFloat8 != 0) {
       copy_codes(q_tile + k_codes(into_stage), q_tile + v_codes(into_stage),
                  StagedPages{page_slots, kv_begin}, kv_begin, split_end, keep_rows);
       return false;
@@ -722,6 +745,11 @@ extern "C" __global__ void __launch_bounds__(pagedc::kDecodeThreads, pagedc::kDe
 
   while (tile < tiles) {
     const int kv_begin = split_begin + tile * kDecodeTileN;
+    // Held codes: this tile's are converted into the first stage (whose
+    // previous tile's math ended at the loop's last barrier) before the
+    // registers take the next tile's, whose loads then overlap this math.
+    if constexpr (kDecodeCodeRegisters)
+      held_codes.store(shared + kDecodeQBytes, shared + kDecodeQBytes + 2 * kDecodeStageBytes);
     const bool mapped_next = next < tiles && copy_tile(stage ^ 1, next, keep_next);
     cp_async_commit();
     uint64_t keep_after = 0;
@@ -730,7 +758,7 @@ extern "C" __global__ void __launch_bounds__(pagedc::kDecodeThreads, pagedc::kDe
     cp_async_wait<1>();
     wait_tile(stage, mapped);
     __syncthreads();
-    if constexpr (kKvFloat8 != 0) {
+    if constexpr (kKvFloat8 != 0 && !kDecodeCodeRegisters) {
       convert_code_tiles<kDecodeTileN, kDecodeThreads, DecodeTile>(
           shared + kDecodeQBytes, shared + kDecodeQBytes + 2 * kDecodeStageBytes,
           shared + k_codes(stage), shared + v_codes(stage), thread);

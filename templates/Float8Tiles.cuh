@@ -8,7 +8,9 @@
 // laid out as the kernel's math reads them. Rows are whole 16-code chunks
 // (head dims are multiples of 16), not necessarily of 64 codes. The kernels
 // apply the KV head's scales in f32: K's with the call's scale to the
-// scores, V's to the output rows.
+// scores, V's to the output rows. The decode kernel at head dims up to 128
+// takes Float8RegisterTiles instead: codes loaded into registers and
+// converted there, only the Element tiles stored.
 //
 //===----------------------------------------------------------------------===//
 
@@ -163,5 +165,104 @@ PAGEDC_DEVICE void store_code_chunk(unsigned char *tile, int row, int chunk, con
   copy_chunk16(tile + Layout()(row, 2 * chunk + high_first), &first);
   copy_chunk16(tile + Layout()(row, 2 * chunk + !high_first), &second);
 }
+
+/// One tile of kRows rows of 8-bit K codes and V codes held in registers:
+/// load() reads them from global memory (LDG.128, 16 codes a thread and
+/// row), store() converts them in registers and writes only the Element
+/// tiles (`Layout`) to shared memory. Against Float8TileCopier and
+/// convert_code_tiles this moves 4 bytes of shared memory an element (the
+/// element tile written, then read by ldmatrix) instead of 6 (codes
+/// written, read, element tile written, read), and a kernel can issue the
+/// next tile's loads before the current tile's math, holding the codes
+/// across it (kRows * (kHeadDim + kValueHeadDim) / kThreads bytes a
+/// thread: 32 registers at head dim 128, 128 threads, 64 rows).
+///
+/// Threads map to rows and 16-code chunks as in Float8TileCopier (rows of
+/// kThreadsPerRow threads, rows outside kv_len or keep_rows zero), except
+/// that with 8 or more threads a row a quarter warp (8 threads, whose
+/// STS.128 are served together) takes 4 chunks of an even row and 4 of the
+/// odd row after it: the Element chunks 2c (and 2c + 1) that 8 chunks of
+/// one row store land on 4 of the 8 bank groups of tile_offset's and
+/// atom_offset's swizzle twice over, while the two rows' swizzles differ
+/// in the lowest bit and fill all 8 (conflict-free stores without the
+/// per-thread selects of kSpreadStores).
+template <int kRows, int kThreads, typename Layout> struct Float8RegisterTiles {
+  static constexpr int kRowChunks =
+      kKeyCodeChunks > kValueCodeChunks ? kKeyCodeChunks : kValueCodeChunks;
+  static constexpr int kCopyChunks = kRowChunks <= 2   ? 2
+                                     : kRowChunks <= 4 ? 4
+                                     : kRowChunks <= 8 ? 8
+                                                       : 16;
+  static constexpr int kThreadsPerRow =
+      kCopyChunks > kThreads / kRows ? kCopyChunks : kThreads / kRows;
+  static constexpr int kRowStep = kThreads / kThreadsPerRow;
+  static constexpr int kTrips = kRows / kRowStep;
+  /// Rows paired across quarter warps (above).
+  static constexpr bool kPairRows = kThreadsPerRow >= 8 && kRowStep % 2 == 0;
+  static_assert(kKvFloat8 == 0 ||
+                    (kThreads % kThreadsPerRow == 0 && kRows % kRowStep == 0 && kRows <= 64),
+                "uneven code tile load");
+  Chunk16 k[kTrips], v[kTrips];
+  const char *k_bytes;
+  const char *v_bytes;
+  int first_row;
+  int column; // the thread's first code of a row
+  int64_t k_page_bytes, k_slot_bytes, v_page_bytes, v_slot_bytes;
+
+  PAGEDC_DEVICE Float8RegisterTiles(const void *k_head, // [pages, page_size, D] codes
+                                    const void *v_head, // [pages, page_size, Dv] codes
+                                    int thread, const int64_t (&k_stride)[3],
+                                    const int64_t (&v_stride)[3])
+      : k_page_bytes(k_stride[1]), k_slot_bytes(k_stride[2]), v_page_bytes(v_stride[1]),
+        v_slot_bytes(v_stride[2]) {
+    const int at = thread % (2 * kThreadsPerRow);
+    const int pair_row = kPairRows ? (at / kThreadsPerRow) ^ ((at / 4) & 1) : at / kThreadsPerRow;
+    first_row = kPairRows ? 2 * (thread / (2 * kThreadsPerRow)) + pair_row
+                          : thread / kThreadsPerRow;
+    column = (thread % kThreadsPerRow) * 16;
+    k_bytes = static_cast<const char *>(k_head) + column;
+    v_bytes = static_cast<const char *>(v_head) + column;
+    opaque(k_bytes);
+    opaque(v_bytes);
+  }
+
+  /// Loads rows [kv_begin, kv_begin + kRows); a row past kv_len or whose
+  /// bit in keep_rows is clear is zero (code 0 is +0) and not read.
+  template <typename PageOf>
+  PAGEDC_DEVICE void load(PageOf page_of, int kv_begin, int kv_len,
+                          uint64_t keep_rows = ~static_cast<uint64_t>(0)) {
+#pragma unroll
+    for (int i = 0; i < kTrips; ++i) {
+      const int row = first_row + i * kRowStep;
+      const int kv = kv_begin + row;
+      const bool valid = kv < kv_len && ((keep_rows >> row) & 1);
+      k[i] = Chunk16{};
+      v[i] = Chunk16{};
+      if (valid) {
+        const int64_t page = page_of(kv);
+        const int64_t slot = kv & (kPageSize - 1);
+        if (kThreadsPerRow == kKeyCodeChunks || column < 16 * kKeyCodeChunks)
+          load_code_chunk(k[i], k_bytes + page * k_page_bytes + slot * k_slot_bytes);
+        if (kThreadsPerRow == kValueCodeChunks || column < 16 * kValueCodeChunks)
+          load_code_chunk(v[i], v_bytes + page * v_page_bytes + slot * v_slot_bytes);
+      }
+    }
+  }
+
+  /// Converts the held codes (Float8.cuh, as convert_code_tiles does) and
+  /// stores the Element tiles at k_tile and v_tile.
+  PAGEDC_DEVICE void store(unsigned char *k_tile, unsigned char *v_tile) const {
+    const int chunk = column / 16;
+#pragma unroll
+    for (int i = 0; i < kTrips; ++i) {
+      const int row = first_row + i * kRowStep;
+      if (kThreadsPerRow == kKeyCodeChunks || chunk < kKeyCodeChunks)
+        store_code_chunk<Layout, false>(k_tile, row, chunk, k[i]);
+      if (kThreadsPerRow == kValueCodeChunks || chunk < kValueCodeChunks)
+        store_code_chunk<Layout, false>(v_tile, row, chunk, v[i]);
+    }
+  }
+
+};
 
 } // namespace pagedc

@@ -664,6 +664,27 @@ BUGS = {
         "    b = args.work_tiles[2 * blockIdx.z];\n    first_row = args.q_start[b];\n"
         "    packed_q_len",
         "packed-cascade"),
+    # The 8-bit decode's codes held in registers (Float8RegisterTiles):
+    # the next tile's loads issued before the held tile is converted, so
+    # every tile but the last is converted from its successor's codes
+    # (numerically).
+    "packed-f8-decode-next-tile-loaded-before-store": (
+        "Decode.cuh",
+        "    if constexpr (kDecodeCodeRegisters)\n"
+        "      held_codes.store(shared + kDecodeQBytes, shared + kDecodeQBytes + 2 * kDecodeStageBytes);\n"
+        "    const bool mapped_next = next < tiles && copy_tile(stage ^ 1, next, keep_next);\n",
+        "    const bool mapped_next = next < tiles && copy_tile(stage ^ 1, next, keep_next);\n"
+        "    if constexpr (kDecodeCodeRegisters)\n"
+        "      held_codes.store(shared + kDecodeQBytes, shared + kDecodeQBytes + 2 * kDecodeStageBytes);\n",
+        "packed-f8-decode"),
+    # Its quarter warps' row pairing lost: both halves of a 16-thread group
+    # take the even row, whose chunks two threads store unordered, and the
+    # odd rows are never written (racecheck or initcheck; numerically).
+    "packed-f8-decode-rows-not-paired": (
+        "Float8Tiles.cuh",
+        "(at / kThreadsPerRow) ^ ((at / 4) & 1)",
+        "(at / kThreadsPerRow) ^ ((at / 8) & 1)",
+        "packed-f8-decode"),
     # The MLA decode (MlaDecode.cuh, mla_step.py). Its column warps' partial
     # scores summed before every warp has stored its own: the sum reads
     # shared memory no thread has written yet on the first tile
@@ -920,6 +941,9 @@ def main():
         # BatchAttention's packed prefill and decode on a cascade step (see
         # packed_step.py): token maps, kv_start, the merge.
         "packed-cascade": dict(script="packed_step.py"),
+        # BatchAttention's decode over 8-bit caches at head dim 128 (codes
+        # held in registers; see f8_decode_step.py).
+        "packed-f8-decode": dict(script="f8_decode_step.py"),
         # BatchAttention's MLA decode (see mla_step.py).
         "mla": dict(script="mla_step.py"),
         # And with its consumer warpgroups taking turns (gathered tiles).
