@@ -932,9 +932,15 @@ extern "C" __global__ void __launch_bounds__(128)
   // Launched while the split kernel drains: its partials are complete and
   // visible only after this wait.
   wait_for_prerequisite_grid();
-  const int token = blockIdx.x, h = blockIdx.y;
+  // A row's columns may be divided among `chunks` CTAs (grid x = q_len x
+  // chunks, the planner's choice): one CTA per row leaves most of the
+  // device idle when rows are few (B 1: 32 CTAs). A packed batch's grid x
+  // is its token slots, one CTA each.
+  const int chunks = kPackedBatch ? 1 : imax(static_cast<int>(gridDim.x) / imax(args.q_len, 1), 1);
+  const int token = blockIdx.x / chunks, chunk = blockIdx.x % chunks;
   const int splits = args.num_splits;
   int b = blockIdx.z, first_row = 0;
+  const int h = blockIdx.y;
   int64_t row_index = (static_cast<int64_t>(b) * args.heads_q + h) * args.q_len + token;
   int64_t lse_index = row_index;
   if constexpr (kPackedBatch) {
@@ -952,30 +958,73 @@ extern "C" __global__ void __launch_bounds__(128)
   // partial_lse: [splits] of this row; partial_out: [splits, D].
   const float *lse = args.partial_lse + row_index * splits;
   const float *partial = args.partial_out + row_index * splits * kValueHeadDim;
+  // The row's maximum and sum over the splits, each thread taking every
+  // 128th split and the block reducing: a thread walking all the splits
+  // would make the merge one dependent chain of loads per split.
+  PAGEDC_SHARED(float, reduce, kDecodeThreads);
+  const int t = threadIdx.x;
+  float part = -infinity();
+  for (int i = t; i < splits; i += kDecodeThreads)
+    part = fmaxf(part, lse[i]);
+  reduce[t] = part;
+  __syncthreads();
+  for (int stride = kDecodeThreads / 2; stride > 0; stride /= 2) {
+    if (t < stride)
+      reduce[t] = fmaxf(reduce[t], reduce[t + stride]);
+    __syncthreads();
+  }
   // The sink (a logit with a zero value) joins the splits' states here,
   // once: as one more state of lse sinks[h] and output 0.
   const float sink = args.sinks != nullptr ? args.sinks[h] : -infinity();
-  float row_max = sink;
-  for (int i = 0; i < splits; ++i)
-    row_max = fmaxf(row_max, lse[i]);
+  const float row_max = fmaxf(sink, reduce[0]);
   const float base = row_max == -infinity() ? 0.0f : row_max;
-  float total = exp2_approx((sink - base) * kLog2e);
-  for (int i = 0; i < splits; ++i)
-    total += exp2_approx((lse[i] - base) * kLog2e);
+  __syncthreads();
+  part = 0.0f;
+  for (int i = t; i < splits; i += kDecodeThreads)
+    part += exp2_approx((lse[i] - base) * kLog2e);
+  reduce[t] = part;
+  __syncthreads();
+  for (int stride = kDecodeThreads / 2; stride > 0; stride /= 2) {
+    if (t < stride)
+      reduce[t] += reduce[t + stride];
+    __syncthreads();
+  }
+  const float total = exp2_approx((sink - base) * kLog2e) + reduce[0];
   const float inverse = total > 0.0f ? 1.0f / total : 0.0f;
   const int64_t out_row =
       b * args.out_stride[0] + h * args.out_stride[1] + (first_row + token) * args.out_stride[2];
-  for (int column = threadIdx.x * 2; column < kValueHeadDim; column += 256) {
+  // This CTA's column pairs; `lanes` threads share a pair, each taking
+  // every lanes-th split, and the first of them adds the others' sums.
+  constexpr int kPairs = kValueHeadDim / 2;
+  const int pairs = (kPairs + chunks - 1) / chunks, first_pair = chunk * pairs;
+  const int lanes = pairs >= kDecodeThreads ? 1 : kDecodeThreads / pairs;
+  PAGEDC_SHARED(float, sums_x, kDecodeThreads);
+  PAGEDC_SHARED(float, sums_y, kDecodeThreads);
+  for (int pair0 = 0; pair0 < pairs; pair0 += kDecodeThreads / lanes) {
+    const int pair = pair0 + t % (kDecodeThreads / lanes), lane = t / (kDecodeThreads / lanes);
+    const int column = 2 * (first_pair + pair);
+    const bool mine = pair < pairs && first_pair + pair < kPairs && lane < lanes;
     float x = 0.0f, y = 0.0f;
-    for (int i = 0; i < splits; ++i) {
-      float weight = exp2_approx((lse[i] - base) * kLog2e);
-      x += weight * partial[i * kValueHeadDim + column];
-      y += weight * partial[i * kValueHeadDim + column + 1];
+    if (mine)
+      for (int i = lane; i < splits; i += lanes) {
+        const float weight = exp2_approx((lse[i] - base) * kLog2e);
+        x += weight * partial[i * kValueHeadDim + column];
+        y += weight * partial[i * kValueHeadDim + column + 1];
+      }
+    __syncthreads(); // the previous round's sums are read
+    sums_x[t] = x;
+    sums_y[t] = y;
+    __syncthreads();
+    if (mine && lane == 0) {
+      for (int other = 1; other < lanes; ++other) {
+        x += sums_x[t + other * (kDecodeThreads / lanes)];
+        y += sums_y[t + other * (kDecodeThreads / lanes)];
+      }
+      store_out_pair(args.out, out_row + column, x * inverse, y * inverse);
     }
-    store_out_pair(args.out, out_row + column, x * inverse, y * inverse);
   }
   if constexpr (pagedc_config::kHasLse) {
-    if (threadIdx.x == 0)
+    if (t == 0 && chunk == 0)
       args.lse[lse_index] = total > 0.0f ? row_max + logf(total) : -infinity();
   }
 }

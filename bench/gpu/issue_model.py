@@ -65,7 +65,8 @@ the measured figure was 12-18% below the modelled range.
         [--device H100|A100] [--ncu NCU.txt NAME]... [--json OUT]
   issue_model.py calibrate --point PREDICTED.json:KEY BENCH.json LABEL [...]
         [--filter TEXT] [--skip TEXT]... [--clock-ghz F] [--heads-q 32]
-        [--block-m 128] [--apply PREDICTED.json:KEY LABEL]... [--json OUT]
+        [--block-m 128] [--apply PREDICTED.json:KEY LABEL]... [--apply-filter TEXT]
+        [--check PREDICTED.json:KEY BENCH.json LABEL]... [--json OUT]
 
 `calibrate` sets `predict`'s rows (the midpoint of each range) beside a GPU's
 measured medians and fits, by least squares on the relative error,
@@ -78,8 +79,11 @@ c: a cost per query tile that the model does not see, one per --point label
 (a CTA's start and end: Q and the first K/V arriving, the last P V
 draining, O stored; with persistent CTAs, what of it remains between
 tiles). --apply prints calibrated figures for other rows with a label's c,
-at the fitted clock and at 1.83 GHz. MODELLED, and only as good as the
-points: a CTA's cost is taken as the same at every sequence length.
+at the fitted clock and at 1.83 GHz (a row with no measured point takes its
+tile count from the -B<batch>-S<length>- of its name). MODELLED, and only as
+good as the points: a CTA's cost is taken as the same at every sequence
+length. --check sets every measured row, whatever its mask or length, beside
+the fit: the residuals of the rows the fit left out.
 """
 import argparse
 import functools
@@ -494,6 +498,34 @@ def calibrate(points, clock_ghz=None):
             "tile_cost_us": c, "points": points}
 
 
+def residuals(predicted, bench, label, fit, heads_q=32, block_m=128):
+    """Every configuration of a `predict` result that `bench` measured,
+    whatever its mask or length, against `fit` (calibrate's result) with
+    LABEL's cost per query tile: out-of-fit residuals, measured / calibrated;
+    in_fit marks the fit's own points."""
+    rows = calibration_points(predicted, bench, label, "", (), heads_q, block_m)
+    for p in rows:
+        p["calibrated_us"] = fit["s"] * p["modelled_us"] + fit["tile_cost_us"][label] * \
+            p["tiles_per_sm"]
+        p["measured_over_calibrated"] = p["measured_us"] / p["calibrated_us"]
+        p["in_fit"] = any(q["name"] == p["name"] and q["label"] == label for q in fit["points"])
+    return rows
+
+
+def tiles_per_sm_of(name, points, heads_q=32, block_m=128):
+    """Query tiles per SM of a configuration: a measured point's, else from
+    the -B<batch>-S<length>- of its name on the model's SMs (None if
+    neither)."""
+    match = next((p for p in points if p["name"] == name), None)
+    if match is not None:
+        return match["tiles_per_sm"]
+    shape = re.search(r"-B(\d+)-S(\d+)-", name)
+    if not shape:
+        return None
+    return (int(shape.group(1)) * heads_q * math.ceil(int(shape.group(2)) / block_m) /
+            model_device("H100")["sms"])
+
+
 def force(source_dir, directory, values, kernel="warpgroup"):
     """A copy of source_dir's templates with the kernel's forced lines set
     to `values` (name -> 'true' / 'false'); returns (the copy's directory,
@@ -661,6 +693,13 @@ def main(argv=None):
     c.add_argument("--block-m", type=int, default=128)
     c.add_argument("--apply", nargs=2, action="append", default=[],
                    metavar=("PREDICTED", "LABEL"))
+    c.add_argument("--apply-filter",
+                   help="the rows --apply takes hold TEXT, whatever --skip says (default: "
+                        "those of --filter and none of --skip)")
+    c.add_argument("--check", nargs=3, action="append", default=[],
+                   metavar=("PREDICTED", "BENCH", "LABEL"),
+                   help="out-of-fit residuals: every configuration in both, whatever "
+                        "--filter and --skip say, against the fit with LABEL's cost")
     c.add_argument("--json")
     args = parser.parse_args(argv)
     global PAGEDC_GPU
@@ -698,21 +737,35 @@ def main(argv=None):
             print("%-14s %-32s %10.1f %10.1f %10.1f %8.3f" % (
                 p["label"], p["name"], p["modelled_us"], p["measured_us"], p["calibrated_us"],
                 p["measured_over_calibrated"]))
+        checked = []
+        for predicted, bench, label in args.check:
+            checked += residuals(load_model(predicted), json.load(open(bench)), label, result,
+                                 args.heads_q, args.block_m)
+        if checked:
+            print("residuals (measured / calibrated; * = a point of the fit)")
+            for p in checked:
+                print("%-14s %-32s %10.1f %10.1f %10.1f %8.3f%s" % (
+                    p["label"], p["name"], p["modelled_us"], p["measured_us"],
+                    p["calibrated_us"], p["measured_over_calibrated"],
+                    " *" if p["in_fit"] else ""))
+        result["checked"] = checked
         applied = []
+        apply_filter, apply_skip = ((args.filter, args.skip) if args.apply_filter is None
+                                    else (args.apply_filter, ()))
         for predicted, label in args.apply:
             cost = result["tile_cost_us"][label]
             for r in load_model(predicted):
-                if args.filter not in r["name"] or any(t in r["name"] for t in args.skip):
+                if apply_filter not in r["name"] or any(t in r["name"] for t in apply_skip):
                     continue
-                match = next((p for p in points if p["name"] == r["name"]), None)
-                if match is None:
-                    continue  # the tile count comes from a measured point's shape
+                tiles_per_sm = tiles_per_sm_of(r["name"], points, args.heads_q, args.block_m)
+                if tiles_per_sm is None:
+                    continue
                 low, high = r["modelled_us_with_issue"]
                 flops = r["tflops_with_issue"][0] * 1e6 * high
                 row = {"predicted": predicted, "label": label, "name": r["name"],
                        "modelled_us": (low + high) / 2}
                 for key, s_value in (("fitted_clock", result["s"]), ("clock_1.83", 1.0)):
-                    t = s_value * row["modelled_us"] + cost * match["tiles_per_sm"]
+                    t = s_value * row["modelled_us"] + cost * tiles_per_sm
                     row[key] = {"us": t, "tflops": flops / t / 1e6}
                 applied.append(row)
         if applied:

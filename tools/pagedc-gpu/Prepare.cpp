@@ -612,11 +612,17 @@ int run(const Options &options) {
   const std::string benchStem = fs::path(options.benchAttn).stem().string();
   struct BenchMods {
     std::string mask, score;
+    /// The configuration's name for the mask where it is not the mask's own
+    /// ("none" for no mask, a document length range).
+    std::string name = {};
+    /// Document lengths drawn for document_id (tokens, inclusive).
+    int minDoc = 512, maxDoc = 3072;
+    /// Query lengths of the configuration; empty: the plan's prefill lengths.
+    std::vector<int> lengths = {};
   };
   const std::vector<BenchMods> decodeMods = {{"", ""}, {"causal", "alibi"},
                                              {"sliding_4k", "softcap_tanh"}};
-  const std::vector<BenchMods> prefillMods = {{"causal", ""}, {"sliding_1k", ""},
-                                              {"document", ""}};
+  std::vector<BenchMods> prefillMods = {{"causal", ""}, {"sliding_1k", ""}, {"document", ""}};
   std::vector<int> decodeBatches = {1, 16, 64}, contexts = {1024, 8192, 32768},
                    prefillLengths = {1024, 4096, 16384}, benchPages = {16, 128};
   if (options.quick) {
@@ -624,6 +630,11 @@ int run(const Options &options) {
     contexts = {8192};
     prefillLengths = {1024};
     benchPages = {16};
+  } else {
+    // Issue 48's lines beyond section 4's: prefill with no mask, and packed
+    // documents of 1k-4k tokens at S 16k (section 4's documents are 512-3072).
+    prefillMods.push_back({"", "", "none"});
+    prefillMods.push_back({"document", "", "document_1k4k", 1024, 4096, {16384}});
   }
   fs::create_directories(packDir / "bench");
   // The kernel configurations of each benchmark configuration (for ptxas).
@@ -642,18 +653,25 @@ int run(const Options &options) {
   };
   // Shared bench buffers: slopes (ALiBi's 2^(-8(h+1)/H)) and document ids.
   auto benchBindings = [&](const CompiledMods &mods, int heads, int positions,
-                           std::vector<CaseBuffer> &buffers, std::vector<CaseParam> &params) {
+                           std::vector<CaseBuffer> &buffers, std::vector<CaseParam> &params,
+                           int minDoc = 512, int maxDoc = 3072) {
     buffers.clear();
     params.clear();
     PackRandom random(static_cast<uint64_t>(positions) * 131 + heads);
     BoundBuffers bound =
-        makeBindings(mods, 1, heads, positions, random, 512, 3072, params, buffers);
+        makeBindings(mods, 1, heads, positions, random, minDoc, maxDoc, params, buffers);
+    // Documents of other lengths than section 4's get files of their own.
+    const std::string docRange =
+        minDoc == 512 && maxDoc == 3072 ? "" : fmt::format("_docs{}-{}", minDoc, maxDoc);
     for (size_t i = 0; i < buffers.size(); ++i) {
       if (buffers[i].decl.name == "slopes")
         for (int h = 0; h < heads; ++h)
           bound.tensors[i].dataAs<float>()[h] = std::exp2(-8.0f * (h + 1) / heads);
-      buffers[i].file = fmt::format("bench/{}_{}.npy", buffers[i].decl.name,
-                                    buffers[i].decl.name == "slopes" ? heads : positions);
+      const bool documents =
+          buffers[i].decl.name == "document_id" || buffers[i].decl.name == "offsets";
+      buffers[i].file = fmt::format("bench/{}_{}{}.npy", buffers[i].decl.name,
+                                    buffers[i].decl.name == "slopes" ? heads : positions,
+                                    documents ? docRange : "");
       writeNpy((packDir / buffers[i].file).string(), bound.tensors[i].view());
     }
     return bound;
@@ -699,11 +717,12 @@ int run(const Options &options) {
           pack.bench.push_back(std::move(b));
         }
     for (const BenchMods &m : prefillMods)
-      for (int length : prefillLengths) {
+      for (int length : m.lengths.empty() ? prefillLengths : m.lengths) {
         Selection selection = benchSelection(m);
         const CompiledMods &mods = benchCpu.at(selection.label());
         BenchCase b;
-        b.name = fmt::format("prefill-{}-B4-S{}-p{}", m.mask, length, page);
+        b.name =
+            fmt::format("prefill-{}-B4-S{}-p{}", m.name.empty() ? m.mask : m.name, length, page);
         b.label = selection.label();
         b.bundle = bundleDirOfLabel[b.label];
         b.mask = m.mask;
@@ -714,8 +733,10 @@ int run(const Options &options) {
         b.kvLength = length;
         b.pageSize = page;
         b.headDim = options.benchHeadDim;
-        b.qBlock = b.kvBlock = 128;
-        BoundBuffers bound = benchBindings(mods, b.headsQ, length, b.buffers, b.params);
+        if (mods.hasMask())
+          b.qBlock = b.kvBlock = 128;
+        BoundBuffers bound =
+            benchBindings(mods, b.headsQ, length, b.buffers, b.params, m.minDoc, m.maxDoc);
         const PagedcModContext ctx = bound.context();
         b.keptFraction = keptFraction(mods, ctx, length, length, 0);
         const int64_t paramsSize = ParamsLayout::forDeclarations(mods.params, mods.buffers).size;
@@ -729,8 +750,11 @@ int run(const Options &options) {
         config.choosePrefillShapeFor(options.arch, options.kernel);
         config.fitPrefillTileToBlocks(b.kvBlock);
         const KernelConfig settled = request(b.label, config, benchCode.at(b.label));
-        request(b.label, builderConfig(paramsSize), benchCode.at(b.label));
-        benchConfigs.push_back({settled, builderConfig(paramsSize)});
+        benchConfigs.push_back({settled});
+        if (b.qBlock) {
+          request(b.label, builderConfig(paramsSize), benchCode.at(b.label));
+          benchConfigs.back().push_back(builderConfig(paramsSize));
+        }
         pack.bench.push_back(std::move(b));
       }
   }

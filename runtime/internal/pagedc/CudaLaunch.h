@@ -119,6 +119,12 @@ struct DecodeSplitProblem {
   int splitFactor = 1;
 };
 
+/// CTAs the decode merge divides each of `rows` rows' `valueDim` columns
+/// among (a power of two, each CTA 8 column pairs or more) so that its
+/// grid fills the merge CTA slots of `multiprocessors` SMs; 1 when the
+/// rows fill them.
+int decodeMergeChunks(int64_t rows, int valueDim, int multiprocessors);
+
 /// The split count by the performance model's rule (docs/emulator.md): the
 /// decode grid's K/V and partial bytes, the merge's, each over the fraction
 /// of the device's CTA slots its waves keep busy, and the merge launch; the

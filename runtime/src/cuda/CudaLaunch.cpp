@@ -117,6 +117,18 @@ void checkArgs(const KernelConfig &config, const PagedcAttentionKernelArgs &args
 
 } // namespace
 
+int decodeMergeChunks(int64_t rows, int valueDim, int multiprocessors) {
+  // One CTA per row leaves the merge slots idle when rows are few (B 1:
+  // 32 CTAs where an H100 holds 2,112), and each CTA then reads its row's
+  // partials alone.
+  const int64_t slots = int64_t(std::max(multiprocessors, 1)) * kMergeCtasPerSm;
+  const int most = std::max(valueDim / 16, 1);
+  int chunks = 1;
+  while (chunks * 2 <= most && std::max<int64_t>(rows, 1) * chunks * 2 <= slots)
+    chunks *= 2;
+  return chunks;
+}
+
 DecodeSplitChoice chooseDecodeSplits(const DecodeSplitProblem &p) {
   const int64_t ctasPerSplit = std::max<int64_t>(p.ctasPerSplit, 1);
   const int64_t granules = std::max<int64_t>(p.granules, 1);
@@ -141,6 +153,10 @@ DecodeSplitChoice chooseDecodeSplits(const DecodeSplitProblem &p) {
       double(granules) * double(p.granuleLength) * p.headDim * 2 /*bytes*/ * 2 /*K, V*/ *
       double(ctasPerSplit);
   const double rows = double(ctasPerSplit) * std::max<int64_t>(p.rowsPerCta, 1);
+  // The merge is priced as one CTA per row, which overstates it where
+  // decodeMergeChunks divides few rows' columns: such plans keep the split
+  // counts of a merge without chunks, not more (more splits lengthen each
+  // merge CTA's walk over the partials, which the model does not see).
   const int64_t mergeCtas = std::max<int64_t>(static_cast<int64_t>(rows), 1);
   std::vector<std::pair<double, DecodeSplitChoice>> costs;
   double best = 0;
@@ -155,7 +171,7 @@ DecodeSplitChoice chooseDecodeSplits(const DecodeSplitProblem &p) {
       cost = launchCost(kvBytes, ctas, slots);
     } else {
       // Each split writes its rows' f32 partials and lse; the merge reads
-      // them (one CTA per row, kMergeCtasPerSm per SM) and writes out.
+      // them (kMergeCtasPerSm CTAs per SM) and writes out.
       const double partials = rows * double(splits) * (p.headDim + 1) * 4;
       cost = launchCost(kvBytes + partials, ctas, slots) + kLaunchBytes +
              launchCost(partials + rows * p.headDim * 2, mergeCtas,
@@ -335,7 +351,10 @@ AttentionLaunchPlan planAttention(const KernelConfig &config,
   if (splits > 1) {
     KernelLaunch merge;
     merge.kernel = "pagedc_decode_merge";
-    merge.grid[0] = static_cast<unsigned>(args.q_len);
+    // templates/Decode.cuh reads the column chunks from grid x.
+    const int chunks = decodeMergeChunks(int64_t(args.batch) * args.heads_q * args.q_len,
+                                         config.valueDim(), multiprocessors);
+    merge.grid[0] = static_cast<unsigned>(args.q_len * chunks);
     merge.grid[1] = static_cast<unsigned>(args.heads_q);
     merge.grid[2] = static_cast<unsigned>(args.batch);
     merge.block[0] = 128;

@@ -597,6 +597,22 @@ BUGS = {
         "      args.lse[lse_index] = total > 0.0f ? row_max + logf(total) : -infinity();",
         "      args.lse[lse_index] = lse[0];",
         "decode"),
+    # The merge's column chunks: the first lane of a column pair stores its
+    # own splits' sum without the other lanes' (numerically: out off the
+    # reference; lse stays right).
+    "merge-lane-sums-not-added": (
+        "Decode.cuh",
+        "      for (int other = 1; other < lanes; ++other) {",
+        "      for (int other = lanes; other < lanes; ++other) {",
+        "decode"),
+    # The merge's lane sums read by the first lane before the barrier that
+    # orders the other lanes' stores (initcheck in the first round, whose
+    # slots no lane has written yet; racecheck's read-after-write after).
+    "merge-lane-sums-read-before-barrier": (
+        "Decode.cuh",
+        "    sums_x[t] = x;\n    sums_y[t] = y;\n    __syncthreads();\n",
+        "    sums_x[t] = x;\n    sums_y[t] = y;\n",
+        "decode"),
     # Attention sinks applied by every split as well as by the merge: the
     # split partials' lse then hold the sink, which the merge counts once
     # per split more (numerically: out and lse off the reference).

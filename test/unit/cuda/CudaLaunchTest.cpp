@@ -556,6 +556,9 @@ TEST(CudaLaunch, DecodeDryRunSplitsAndMerges) {
   EXPECT_LT(int64_t(splits - 1) * plan.args.split_size, 32768);
   EXPECT_EQ(main.grid[0], unsigned(splits));
   EXPECT_EQ(main.grid[1], 8u);
+  // 32 rows on 132 SMs' 2,112 merge slots: each row's 128 columns go to 8
+  // CTAs (8 column pairs each).
+  EXPECT_EQ(merge.grid[0], 8u);
   EXPECT_EQ(merge.grid[1], 32u);
   EXPECT_EQ(merge.arguments.size(), 1u);
   EXPECT_EQ(plan.workspaceBytes, size_t(32) * splits * (128 + 1) * 4);
@@ -620,6 +623,18 @@ TEST(CudaLaunch, DecodeSplitsFollowOccupancy) {
   DecodeSplitChoice b1 = chooseDecodeSplits(problemOf(8, 16, 3));
   EXPECT_GT(b1.splits, 1);
   EXPECT_GE(b1.granulesPerSplit, 4);
+}
+
+TEST(CudaLaunch, DecodeMergeChunksFillTheSlots) {
+  // 132 SMs x 16 merge CTAs: 2,112 slots.
+  EXPECT_EQ(decodeMergeChunks(32, 128, 132), 8); // at most 128 / 16
+  EXPECT_EQ(decodeMergeChunks(32, 256, 132), 16);
+  EXPECT_EQ(decodeMergeChunks(32, 64, 132), 4);
+  EXPECT_EQ(decodeMergeChunks(512, 128, 132), 4);  // 2,048 CTAs
+  EXPECT_EQ(decodeMergeChunks(1056, 128, 132), 2); // 2,112
+  EXPECT_EQ(decodeMergeChunks(2048, 128, 132), 1); // the rows fill the slots
+  EXPECT_EQ(decodeMergeChunks(32, 8, 132), 1);     // too few columns to divide
+  EXPECT_EQ(decodeMergeChunks(32, 128, 1), 1);
 }
 
 TEST(CudaLaunch, DecodeSplitsKeepTheirBounds) {

@@ -637,6 +637,23 @@ class IssueModel(unittest.TestCase):
         # One point cannot fix both s and a cost.
         with self.assertRaises(ValueError):
             issue_model.calibrate([dict(points[0])])
+        # Residuals take every measured row, the document row too, with the
+        # label's cost (times are label b's); the fit's own points come back
+        # at 1 and marked.
+        measured = times + [("prefill-document-S4096", 4096, 2 * (1.1 * 1.5 + 0.5 * tiles[4096]))]
+        checked = issue_model.residuals(predicted, bench(measured), "b", fit)
+        self.assertEqual([p["name"] for p in checked], [r["name"] for r in predicted])
+        self.assertEqual([p["in_fit"] for p in checked], [True, True, False])
+        for p, ratio in zip(checked, (1.0, 1.0, 2.0)):
+            self.assertAlmostEqual(p["measured_over_calibrated"], ratio, places=6)
+        self.assertFalse(issue_model.residuals(predicted, bench(measured), "c",
+                                               dict(fit, tile_cost_us={"c": 0.0}))[0]["in_fit"])
+        # Tiles per SM: a measured point's, else from the name's B and S.
+        self.assertEqual(issue_model.tiles_per_sm_of("prefill-causal-S4096", points),
+                         points[0]["tiles_per_sm"])
+        self.assertAlmostEqual(issue_model.tiles_per_sm_of("prefill-none-B4-S1000-p16", points),
+                               4 * 32 * 8 / 132)
+        self.assertIsNone(issue_model.tiles_per_sm_of("prefill-none", points))
 
     def test_load_model_walks_nested_keys(self):
         with tempfile.TemporaryDirectory() as directory:
