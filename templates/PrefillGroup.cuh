@@ -114,6 +114,10 @@ extern "C" __global__ void __launch_bounds__(pagedc::kPrefillThreads, 1)
   constexpr uint32_t kStageBytes = kBlockN * kTileRowBytes;
   int32_t *page_slots =
       reinterpret_cast<int32_t *>(shared + (kBlockM + 4 * kBlockN) * kTileRowBytes);
+  // After the 64 page slots: the tile's rows' positions and batch indices
+  // (kRecomputeModRows reads them for each KV tile).
+  int32_t *row_positions = page_slots + 64;
+  int32_t *row_batches = row_positions + kBlockM;
 
   // Query rows: row p of the tile is token p / group of the entry, query
   // head p % group of the KV head (q [T, Hq, D]: a token's heads adjacent).
@@ -159,10 +163,11 @@ extern "C" __global__ void __launch_bounds__(pagedc::kPrefillThreads, 1)
   const bool warp_has_rows = warp_row < row_count;
   // Row (m, half)'s ids (a cascade level's token maps give its position
   // and batch index); padding rows take the tile's last row and are never
-  // stored. With kRecomputeModRows the ids are loaded again for each KV
-  // tile (`at` goes through recompute_here) rather than held across the
-  // loop with their kv-independent mod values: 32-row warps at head dim
-  // 128 have no registers to spare for them.
+  // stored. With kRecomputeModRows the ids are read again for each KV tile
+  // (from row_positions and row_batches, where the rows' thread puts them
+  // once; the row index goes through recompute_here) rather than held
+  // across the loop with their kv-independent mod values: 32-row warps at
+  // head dim 128 have no registers to spare for them.
   auto row_ids = [&](int at) {
     const GroupRow info = group_row(row_begin + imin(at, imax(row_count - 1, 0)), kv_head, q_len);
     GroupRowIds ids;
@@ -177,6 +182,13 @@ extern "C" __global__ void __launch_bounds__(pagedc::kPrefillThreads, 1)
   pagedc_mods::ScoreRow score_rows[kMTiles][2];
   RowState state[kMTiles];
   float out[kMTiles][kValueHeadDim / 8][4];
+  if constexpr (kRecomputeModRows) {
+    if (thread < kBlockM) {
+      const GroupRowIds ids = row_ids(thread);
+      row_positions[thread] = ids.q;
+      row_batches[thread] = ids.b;
+    }
+  }
 #pragma unroll
   for (int m = 0; m < kMTiles; ++m) {
     reset_rows(state[m], out[m]);
@@ -266,13 +278,13 @@ extern "C" __global__ void __launch_bounds__(pagedc::kPrefillThreads, 1)
 #pragma unroll
         for (int half = 0; half < 2; ++half) {
           if constexpr (kRecomputeModRows) {
-            const GroupRowIds ids =
-                row_ids(recompute_here(warp_row + 16 * m + (lane >> 2) + 8 * half));
-            h_now[half] = ids.h;
-            q_now[half] = ids.q;
-            b_now[half] = ids.b;
-            mask_now[half] = pagedc_mods::mask_row(params, ids.b, ids.h, ids.q);
-            score_now[half] = pagedc_mods::score_row(params, ids.b, ids.h, ids.q);
+            const int at = imin(recompute_here(warp_row + 16 * m + (lane >> 2) + 8 * half),
+                                imax(row_count - 1, 0));
+            h_now[half] = group_row(row_begin + at, kv_head, q_len).head;
+            q_now[half] = row_positions[at];
+            b_now[half] = row_batches[at];
+            mask_now[half] = pagedc_mods::mask_row(params, b_now[half], h_now[half], q_now[half]);
+            score_now[half] = pagedc_mods::score_row(params, b_now[half], h_now[half], q_now[half]);
           } else {
             h_now[half] = ids_of[m][half].h;
             q_now[half] = ids_of[m][half].q;

@@ -331,7 +331,7 @@ void KernelConfig::chooseGroupRowsShape() {
   // tiles (64-key score tiles of two row blocks spilled 4-64 bytes at head
   // dim 64; at 32 the copier needs 64 rows for 256 threads), the row values
   // recomputed per KV tile above 64 (held, they spilled 24-64 bytes at
-  // 128). 8-bit caches at 128 spilled 8-28 bytes even so: 128 rows there.
+  // 128). 8-bit caches at 128 spilled 4-32 bytes even so: 128 rows there.
   if (widest <= 128 && !(kvFloat8 && widest > 112)) {
     blockM = 256;
     warpRows = 32;
@@ -540,8 +540,9 @@ int KernelConfig::sharedMemoryBytes() const {
       return wgmmaPrefillSharedBytes(*this, prefillStages(), prefillQBuffers(),
                                      prefillCodeBuffers());
     // Q tile, two K and two V stages, the staged pages of the next KV
-    // tile (at most 64: page size 1).
-    return (blockM + 4 * blockN) * rowBytes + 64 * 4;
+    // tile (at most 64: page size 1); the GQA-packed tiles' rows' positions
+    // and batch indices.
+    return (blockM + 4 * blockN) * rowBytes + 64 * 4 + (groupRows ? blockM * 8 : 0);
   case KernelKind::Decode: {
     if (isMlaDecode())
       return kMlaSharedBytes;
