@@ -30,7 +30,7 @@ what they request, each row tile's copy of the prefix included.
 
 --group-registers N gives pagedc_prefill_group ptxas's registers per thread
 (the emulated driver's occupancy, which the plan's split count reads, and
-the model's): its 256-row tile takes 240-255, so one CTA per SM, where the
+the model's): its 256-row tile takes 237-255 at D 128, so one CTA per SM, where the
 default 128 allows two.
 """
 import argparse
