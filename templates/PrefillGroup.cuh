@@ -9,13 +9,19 @@
 // pair, token-major (row p: token p / kGroupSize, head p % kGroupSize of
 // the group), so each K/V tile a CTA copies into shared memory serves
 // every query head of its KV head: an entry's K/V is read ceil(tokens x
-// group / 128) times per KV head (twice for 64 tokens under GQA 4, once
-// for 32), instead of group x ceil(tokens / 64) times. Every warp (16 rows)
-// reads the same K/V tile from shared memory. 8 warps, not 16 (256 rows,
-// once for 64 tokens under GQA 4): a thread of a 512-thread CTA may have
-// 128 registers, and ptxas spilled 16-272 bytes there at head dims 64 to
-// 128 (the packed spill check's mods) where the 256-thread CTA, like the
-// per-head tiles, has 255 and spills nothing.
+// group / kBlockM) times per KV head instead of group x ceil(tokens / 64)
+// times. Every warp reads the same K/V tile from shared memory.
+//
+// Rows per CTA: 8 warps always, each of kWarpRows rows: 16 (kBlockM 128)
+// or 32 (kBlockM 256, head dims up to 128: once for 64 tokens under GQA 4).
+// A 32-row warp holds two 16-row MMA blocks, each with its own scores,
+// softmax state and output accumulators, that share every K and V fragment
+// it reads from shared memory (warp_scores_rows, warp_accumulate_rows).
+// Not 16 warps of 16 rows: a thread of a 512-thread CTA may have 128
+// registers, and ptxas spilled 16-272 bytes there at head dims 64 to 128
+// (the packed spill check's mods), where a thread of the 256-thread CTA
+// may have 255. At head dim 256 two 16-row blocks' accumulators alone take
+// 256 registers, so it keeps 16 rows a warp.
 //
 // Split-KV: the entry's keys from the tile that holds kv_start to kv_len
 // are divided into num_splits parts of whole kBlockN tiles, one CTA each,
@@ -26,9 +32,10 @@
 //
 // Grid: (num_splits, heads_kv, num_work_tiles); work_tiles[2 z] = sequence
 // b, work_tiles[2 z + 1] = its first row (token x group + head); block:
-// kBlockM / 16 warps. Partials: [heads_kv, num_work_tiles, kBlockM rows,
-// num_splits] lse and [..., Dv] rows. Merge grid: (heads_kv * kBlockM / 4,
-// num_work_tiles); block: 128 threads, a warp per row.
+// 8 warps, warp w rows [w kWarpRows, (w + 1) kWarpRows). Partials:
+// [heads_kv, num_work_tiles, kBlockM rows, num_splits] lse and [..., Dv]
+// rows. Merge grid: (heads_kv * kBlockM / 4, num_work_tiles); block: 128
+// threads, a warp per row.
 //
 // Packed batches have no block mask: the mask mod is evaluated per
 // element. 8-bit float caches as in Prefill.cuh (Float8Tiles.cuh).
@@ -40,10 +47,14 @@ constexpr int kBlockM = pagedc_config::kBlockM;
 constexpr int kBlockN = pagedc_config::kBlockN;
 constexpr int kGroupSize = pagedc_config::kGroupSize;
 constexpr bool kRecomputeModRows = pagedc_config::kRecomputeModRows;
-constexpr int kPrefillThreads = kBlockM / 16 * 32;
+constexpr int kWarpRows = pagedc_config::kWarpRows;
+/// 16-row MMA blocks per warp.
+constexpr int kMTiles = kWarpRows / 16;
+constexpr int kPrefillThreads = kBlockM / kWarpRows * 32;
 constexpr bool kPrefillQInRegisters = kHeadDim <= 64;
-static_assert(pagedc_config::kWarpRows == 16, "16 rows per warp");
-static_assert(kBlockM == 128, "kBlockM must be 128");
+static_assert((kBlockM == 128 && kWarpRows == 16) ||
+                  (kBlockM == 256 && kWarpRows == 32 && kHeadDim <= 128 && kValueHeadDim <= 128),
+              "128 rows of 16 per warp, or 256 rows of 32 per warp up to head dim 128");
 static_assert(kBlockN == 32 || kBlockN == 64, "kBlockN must be 32 or 64");
 static_assert(kPackedBatch, "GQA-packed tiles take packed batches");
 constexpr int kPrefillTilePages = kTilePagesOf<kBlockN>;
@@ -54,6 +65,10 @@ static_assert(kPrefillTilePages <= kPrefillThreads, "a thread per staged page");
 /// token's and is never stored.
 struct GroupRow {
   int token, head;
+};
+/// A row's values for the mods: query head, position and batch index.
+struct GroupRowIds {
+  int h, q, b;
 };
 PAGEDC_DEVICE GroupRow group_row(int row, int kv_head, int q_len) {
   GroupRow result;
@@ -99,6 +114,10 @@ extern "C" __global__ void __launch_bounds__(pagedc::kPrefillThreads, 1)
   constexpr uint32_t kStageBytes = kBlockN * kTileRowBytes;
   int32_t *page_slots =
       reinterpret_cast<int32_t *>(shared + (kBlockM + 4 * kBlockN) * kTileRowBytes);
+  // After the 64 page slots: the tile's rows' positions and batch indices
+  // (kRecomputeModRows reads them for each KV tile).
+  int32_t *row_positions = page_slots + 64;
+  int32_t *row_batches = row_positions + kBlockM;
 
   // Query rows: row p of the tile is token p / group of the entry, query
   // head p % group of the KV head (q [T, Hq, D]: a token's heads adjacent).
@@ -136,33 +155,54 @@ extern "C" __global__ void __launch_bounds__(pagedc::kPrefillThreads, 1)
   if constexpr (kKvFloat8 != 0)
     k_scale = args.k_scale[kv_head];
 
-  // The two rows this thread holds (lane / 4 and lane / 4 + 8 of its
-  // warp's 16): query head, position and batch index (a cascade level's
-  // token maps), and their kv-independent mod values.
-  const int warp_row = warp * 16;
+  // The 2 * kMTiles rows this thread holds: lane / 4 and lane / 4 + 8 of
+  // each of its warp's 16-row blocks.
+  const int warp_row = warp * kWarpRows;
   // A warp whose rows are all past the tile's computes nothing (it still
   // copies and meets the barriers).
   const bool warp_has_rows = warp_row < row_count;
-  int h_of[2], q_of[2], b_of[2];
-  pagedc_mods::MaskRow mask_rows[2];
-  pagedc_mods::ScoreRow score_rows[2];
-  RowState state;
-  float out[kValueHeadDim / 8][4];
-  reset_rows(state, out);
-#pragma unroll
-  for (int half = 0; half < 2; ++half) {
-    const int row = imin(warp_row + (lane >> 2) + 8 * half, imax(row_count - 1, 0));
-    const GroupRow info = group_row(row_begin + row, kv_head, q_len);
-    h_of[half] = info.head;
-    q_of[half] = args.token_position ? args.token_position[first_row + info.token]
-                                     : q_offset + info.token;
-    b_of[half] = args.token_batch ? args.token_batch[first_row + info.token] : b;
-    if constexpr (!kRecomputeModRows) {
-      mask_rows[half] = pagedc_mods::mask_row(params, b_of[half], h_of[half], q_of[half]);
-      score_rows[half] = pagedc_mods::score_row(params, b_of[half], h_of[half], q_of[half]);
+  // Row (m, half)'s ids (a cascade level's token maps give its position
+  // and batch index); padding rows take the tile's last row and are never
+  // stored. With kRecomputeModRows the ids are read again for each KV tile
+  // (from row_positions and row_batches, where the rows' thread puts them
+  // once; the row index goes through recompute_here) rather than held
+  // across the loop with their kv-independent mod values: 32-row warps at
+  // head dim 128 have no registers to spare for them.
+  auto row_ids = [&](int at) {
+    const GroupRow info = group_row(row_begin + imin(at, imax(row_count - 1, 0)), kv_head, q_len);
+    GroupRowIds ids;
+    ids.h = info.head;
+    ids.q =
+        args.token_position ? args.token_position[first_row + info.token] : q_offset + info.token;
+    ids.b = args.token_batch ? args.token_batch[first_row + info.token] : b;
+    return ids;
+  };
+  GroupRowIds ids_of[kMTiles][2];
+  pagedc_mods::MaskRow mask_rows[kMTiles][2];
+  pagedc_mods::ScoreRow score_rows[kMTiles][2];
+  RowState state[kMTiles];
+  float out[kMTiles][kValueHeadDim / 8][4];
+  if constexpr (kRecomputeModRows) {
+    if (thread < kBlockM) {
+      const GroupRowIds ids = row_ids(thread);
+      row_positions[thread] = ids.q;
+      row_batches[thread] = ids.b;
     }
   }
-  uint32_t q_regs[kPrefillQInRegisters ? kHeadDim / 16 : 1][4];
+#pragma unroll
+  for (int m = 0; m < kMTiles; ++m) {
+    reset_rows(state[m], out[m]);
+    if constexpr (!kRecomputeModRows) {
+#pragma unroll
+      for (int half = 0; half < 2; ++half) {
+        const GroupRowIds ids = row_ids(warp_row + 16 * m + (lane >> 2) + 8 * half);
+        ids_of[m][half] = ids;
+        mask_rows[m][half] = pagedc_mods::mask_row(params, ids.b, ids.h, ids.q);
+        score_rows[m][half] = pagedc_mods::score_row(params, ids.b, ids.h, ids.q);
+      }
+    }
+  }
+  uint32_t q_regs[kMTiles][kPrefillQInRegisters ? kHeadDim / 16 : 1][4];
 
   auto stage_page = [&](int kv_first) {
     return tile_page<kBlockN>(page_row, kv_first, kv_len, thread);
@@ -195,8 +235,10 @@ extern "C" __global__ void __launch_bounds__(pagedc::kPrefillThreads, 1)
   __syncthreads(); // q landed; the first tile's copies have read the slots
   if constexpr (kPrefillQInRegisters) {
 #pragma unroll
-    for (int k_step = 0; k_step < kHeadDim / 16; ++k_step)
-      load_query_fragment(q_regs[k_step], q_tile, warp_row, k_step, lane);
+    for (int m = 0; m < kMTiles; ++m)
+#pragma unroll
+      for (int k_step = 0; k_step < kHeadDim / 16; ++k_step)
+        load_query_fragment(q_regs[m][k_step], q_tile, warp_row + 16 * m, k_step, lane);
   }
   if (thread < kPrefillTilePages)
     page_slots[thread] = staged;
@@ -219,38 +261,48 @@ extern "C" __global__ void __launch_bounds__(pagedc::kPrefillThreads, 1)
     }
     const int math_stage = kKvFloat8 != 0 ? 0 : stage;
     if (warp_has_rows) {
-      float scores[kBlockN / 8][4];
-      warp_scores<kBlockN / 8, kPrefillQInRegisters>(scores, q_regs, q_tile, warp_row,
-                                                     k_tiles + math_stage * kStageBytes, 0,
-                                                     lane);
+      // Both row blocks' scores from one read of each K fragment.
+      float scores[kMTiles][kBlockN / 8][4];
+      warp_scores_rows<kMTiles, kBlockN / 8, kPrefillQInRegisters>(
+          scores, q_regs, q_tile, warp_row, k_tiles + math_stage * kStageBytes, 0, lane);
       const bool visible[2] = {true, true};
       const bool check_mask[2] = {true, true};
       const bool all_kept = !pagedc_mods::kHasMask && kv_begin + kBlockN <= kv_len;
       tally_tile(all_kept, lane);
-      int q_now[2];
-      pagedc_mods::MaskRow mask_now[2];
-      pagedc_mods::ScoreRow score_now[2];
-#pragma unroll
-      for (int half = 0; half < 2; ++half) {
-        if constexpr (kRecomputeModRows) {
-          q_now[half] = recompute_here(q_of[half]);
-          mask_now[half] = pagedc_mods::mask_row(params, b_of[half], h_of[half], q_now[half]);
-          score_now[half] = pagedc_mods::score_row(params, b_of[half], h_of[half], q_now[half]);
-        } else {
-          q_now[half] = q_of[half];
-          mask_now[half] = mask_rows[half];
-          score_now[half] = score_rows[half];
-        }
-      }
-      apply_mods<kBlockN / 8>(scores, params, mask_now, score_now, b_of, h_of, q_now, visible,
-                              check_mask, kv_begin, kv_len,
-                              kKvFloat8 != 0 ? args.scale * k_scale : args.scale, lane,
-                              all_kept);
       const int kv_start_here = kv_from();
-      if (kv_begin < kv_start_here)
-        mask_keys_below<kBlockN / 8>(scores, kv_begin, kv_start_here, lane);
-      tally_rescale(online_softmax<kBlockN / 8>(state, scores, out), lane);
-      warp_accumulate<kBlockN / 8>(out, scores, v_tiles + math_stage * kStageBytes, 0, lane);
+#pragma unroll
+      for (int m = 0; m < kMTiles; ++m) {
+        int h_now[2], q_now[2], b_now[2];
+        pagedc_mods::MaskRow mask_now[2];
+        pagedc_mods::ScoreRow score_now[2];
+#pragma unroll
+        for (int half = 0; half < 2; ++half) {
+          if constexpr (kRecomputeModRows) {
+            const int at = imin(recompute_here(warp_row + 16 * m + (lane >> 2) + 8 * half),
+                                imax(row_count - 1, 0));
+            h_now[half] = group_row(row_begin + at, kv_head, q_len).head;
+            q_now[half] = row_positions[at];
+            b_now[half] = row_batches[at];
+            mask_now[half] = pagedc_mods::mask_row(params, b_now[half], h_now[half], q_now[half]);
+            score_now[half] = pagedc_mods::score_row(params, b_now[half], h_now[half], q_now[half]);
+          } else {
+            h_now[half] = ids_of[m][half].h;
+            q_now[half] = ids_of[m][half].q;
+            b_now[half] = ids_of[m][half].b;
+            mask_now[half] = mask_rows[m][half];
+            score_now[half] = score_rows[m][half];
+          }
+        }
+        apply_mods<kBlockN / 8>(scores[m], params, mask_now, score_now, b_now, h_now, q_now,
+                                visible, check_mask, kv_begin, kv_len,
+                                kKvFloat8 != 0 ? args.scale * k_scale : args.scale, lane, all_kept);
+        if (kv_begin < kv_start_here)
+          mask_keys_below<kBlockN / 8>(scores[m], kv_begin, kv_start_here, lane);
+        tally_rescale(online_softmax<kBlockN / 8>(state[m], scores[m], out[m]), lane);
+      }
+      // Both row blocks' outputs from one read of each V fragment.
+      warp_accumulate_rows<kMTiles, kBlockN / 8>(out, scores, v_tiles + math_stage * kStageBytes, 0,
+                                                 lane);
     }
     if (thread < kPrefillTilePages)
       page_slots[thread] = staged;
@@ -263,44 +315,46 @@ extern "C" __global__ void __launch_bounds__(pagedc::kPrefillThreads, 1)
   // f32 partials (the sink joins in the merge, once).
   const bool single_split = args.num_splits == 1;
 #pragma unroll
-  for (int half = 0; half < 2; ++half) {
-    // (Every lane of the warp takes part in the quad's sum.)
-    const float sum = quad_sum(state.sum[half]);
-    const int row = warp_row + (lane >> 2) + 8 * half;
-    if (row >= row_count)
-      continue;
-    const GroupRow info = group_row(row_begin + row, kv_head, q_len);
-    float row_lse;
-    float inverse =
-        finish_row(state.max[half], sum,
-                   single_split && args.sinks != nullptr ? args.sinks + info.head : nullptr,
-                   row_lse);
-    if constexpr (kKvFloat8 != 0)
-      inverse *= args.v_scale[kv_head];
-    if (single_split) {
-      const int64_t out_row = info.head * args.out_stride[1] +
-                              (first_row + info.token) * args.out_stride[2] + 2 * (lane & 3);
+  for (int m = 0; m < kMTiles; ++m) {
 #pragma unroll
-      for (int d = 0; d < kValueHeadDim / 8; ++d)
-        store_out_pair(args.out, out_row + d * 8, out[d][2 * half] * inverse,
-                       out[d][2 * half + 1] * inverse);
-      if constexpr (pagedc_config::kHasLse)
+    for (int half = 0; half < 2; ++half) {
+      // (Every lane of the warp takes part in the quad's sum.)
+      const float sum = quad_sum(state[m].sum[half]);
+      const int row = warp_row + 16 * m + (lane >> 2) + 8 * half;
+      if (row >= row_count)
+        continue;
+      const GroupRow info = group_row(row_begin + row, kv_head, q_len);
+      float row_lse;
+      float inverse = finish_row(
+          state[m].max[half], sum,
+          single_split && args.sinks != nullptr ? args.sinks + info.head : nullptr, row_lse);
+      if constexpr (kKvFloat8 != 0)
+        inverse *= args.v_scale[kv_head];
+      if (single_split) {
+        const int64_t out_row = info.head * args.out_stride[1] +
+                                (first_row + info.token) * args.out_stride[2] + 2 * (lane & 3);
+#pragma unroll
+        for (int d = 0; d < kValueHeadDim / 8; ++d)
+          store_out_pair(args.out, out_row + d * 8, out[m][d][2 * half] * inverse,
+                         out[m][d][2 * half + 1] * inverse);
+        if constexpr (pagedc_config::kHasLse)
+          if ((lane & 3) == 0)
+            args.lse[static_cast<int64_t>(first_row + info.token) * args.heads_q + info.head] =
+                row_lse;
+      } else {
+        const int64_t partial_row =
+            ((static_cast<int64_t>(kv_head) * args.num_work_tiles + work) * kBlockM + row) *
+                args.num_splits +
+            split;
+        float *partial = args.partial_out + partial_row * kValueHeadDim + 2 * (lane & 3);
+#pragma unroll
+        for (int d = 0; d < kValueHeadDim / 8; ++d) {
+          partial[d * 8] = out[m][d][2 * half] * inverse;
+          partial[d * 8 + 1] = out[m][d][2 * half + 1] * inverse;
+        }
         if ((lane & 3) == 0)
-          args.lse[static_cast<int64_t>(first_row + info.token) * args.heads_q + info.head] =
-              row_lse;
-    } else {
-      const int64_t partial_row =
-          ((static_cast<int64_t>(kv_head) * args.num_work_tiles + work) * kBlockM + row) *
-              args.num_splits +
-          split;
-      float *partial = args.partial_out + partial_row * kValueHeadDim + 2 * (lane & 3);
-#pragma unroll
-      for (int d = 0; d < kValueHeadDim / 8; ++d) {
-        partial[d * 8] = out[d][2 * half] * inverse;
-        partial[d * 8 + 1] = out[d][2 * half + 1] * inverse;
+          args.partial_lse[partial_row] = row_lse;
       }
-      if ((lane & 3) == 0)
-        args.partial_lse[partial_row] = row_lse;
     }
   }
 }

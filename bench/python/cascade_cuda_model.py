@@ -26,7 +26,12 @@ what they request, each row tile's copy of the prefix included.
 
     PYTHONPATH=build/python python3 bench/python/cascade_cuda_model.py \
         [--sequences 64] [--prefix 4096] [--hq 32] [--hkv 8] [--json FILE] \
-        [--pagedc-gpu build/bin/pagedc-gpu]
+        [--group-registers N] [--pagedc-gpu build/bin/pagedc-gpu]
+
+--group-registers N gives pagedc_prefill_group ptxas's registers per thread
+(the emulated driver's occupancy, which the plan's split count reads, and
+the model's): its 256-row tile takes 237-255 at D 128, so one CTA per SM, where the
+default 128 allows two.
 """
 import argparse
 import json
@@ -42,6 +47,9 @@ LABEL = ("MODELLED, not measured: emulator counters + roofline (docs/emulator.md
          "'The performance model'); 128 registers per thread assumed; no GPU ran these kernels")
 # The emulated driver's registers per thread for a kernel it is not told of.
 REGISTERS = 128
+# The GQA-packed tiles' rows per CTA at head dim 128 with a 16-bit cache
+# (KernelConfig::chooseGroupRowsShape: 8 warps of 32 rows).
+GROUP_TILE_ROWS = 256
 # What each launch of the result keeps of `pagedc-gpu model --launches`'s.
 LAUNCH_FIELDS = ("kernel", "grid_blocks", "blocks_run", "ctas_per_sm", "wave_efficiency",
                  "bound", "requested_global_bytes", "dram_bytes", "terms_us", "modelled_us")
@@ -65,12 +73,22 @@ def modelled(counters, pagedc_gpu, registers=REGISTERS, dram="requested"):
     return model
 
 
-def counted(path, call, pagedc_gpu):
+def counted(path, call, pagedc_gpu, registers=None):
+    """The modelled launches of `call`; `registers` (kernel -> registers per
+    thread) overrides the default for those kernels' launches."""
     os.environ["PAGEDC_EMU_COUNTERS"] = path
     try:
         call()
     finally:
         del os.environ["PAGEDC_EMU_COUNTERS"]
+    if registers:
+        with open(path) as f:
+            lines = [json.loads(line) for line in f if line.strip()]
+        with open(path, "w") as f:
+            for line in lines:
+                if line.get("kernel") in registers:
+                    line["registers"] = registers[line["kernel"]]
+                f.write(json.dumps(line) + "\n")
     model = modelled(path, pagedc_gpu)
     os.remove(path)
     launches = [{k: launch[k] for k in LAUNCH_FIELDS} for launch in model["launches"]]
@@ -120,7 +138,15 @@ def main():
     parser.add_argument("--hq", type=int, default=32)
     parser.add_argument("--hkv", type=int, default=8)
     parser.add_argument("--json", help="write the results here")
+    parser.add_argument("--group-registers", type=int,
+                        help="registers per thread of pagedc_prefill_group (ptxas's figure) "
+                             "for the emulated driver's occupancy and the model, instead of "
+                             "the default")
     args = parse_with_pagedc_gpu(parser)
+    registers = {}
+    if args.group_registers:
+        registers["pagedc_prefill_group"] = args.group_registers
+        os.environ["PAGEDC_EMU_REGISTERS"] = f"pagedc_prefill_group={args.group_registers}"
     os.environ.setdefault("PAGEDC_CUDA_DRIVER", "emu")
     os.environ["PAGEDC_EMU_CHECKS"] = "none"
     os.environ["PAGEDC_EMU_SAMPLE_BLOCKS"] = "32"
@@ -181,18 +207,20 @@ def main():
                       page_size=page, dtype="f16", mask="causal"),
         "prefix_kv_bytes_once_per_kv_head": prefix * hkv * 2 * d * 2,
         "flat": counted(os.path.join(directory, "flat.jsonl"),
-                        lambda: flat.run(qd, kd, vd, return_lse=True), args.pagedc_gpu),
+                        lambda: flat.run(qd, kd, vd, return_lse=True), args.pagedc_gpu,
+                        registers),
         "cascade": counted(os.path.join(directory, "cascade.jsonl"),
-                           lambda: cascade.run(qd, kd, vd, return_lse=True), args.pagedc_gpu),
+                           lambda: cascade.run(qd, kd, vd, return_lse=True), args.pagedc_gpu,
+                           registers),
         "cascade_8_token_entries": counted(os.path.join(directory, "chunked.jsonl"), chunked,
-                                              args.pagedc_gpu),
+                                              args.pagedc_gpu, registers),
     }
     # The prefix level's GQA-packed launch reads the prefix's K/V once per
-    # KV head and 128-row tile (ceil(sequences x hq / hkv / 128) tiles),
-    # plus q once per split: what its counters must show.
+    # KV head and row tile (ceil(sequences x hq / hkv / GROUP_TILE_ROWS)
+    # tiles), plus q once per split: what its counters must show.
     group = [x for x in result["cascade"]["launches"] if x["kernel"] == "pagedc_prefill_group"]
     assert len(group) == 1, "the prefix level goes to the GQA-packed tiles"
-    tiles = -(-seqs * (hq // hkv) // 128)
+    tiles = -(-seqs * (hq // hkv) // GROUP_TILE_ROWS)
     splits = group[0]["grid_blocks"] // (hkv * tiles)
     expected = tiles * result["prefix_kv_bytes_once_per_kv_head"] + splits * seqs * hq * d * 2
     result["prefix_level_reads_per_kv_head"] = tiles
@@ -209,7 +237,11 @@ def main():
                   f"{launch['requested_global_bytes'] / 1e6:.2f} MB, {launch['bound']}-bound, "
                   f"{launch['modelled_us']:.1f} us")
     if args.json:
-        write_entry(args.json, f"{seqs}x{prefix} hq{hq} hkv{hkv}", result)
+        key = f"{seqs}x{prefix} hq{hq} hkv{hkv}"
+        if args.group_registers:
+            result["group_registers"] = args.group_registers
+            key += f" group-registers {args.group_registers}"
+        write_entry(args.json, key, result)
 
 
 if __name__ == "__main__":

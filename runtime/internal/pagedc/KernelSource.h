@@ -126,8 +126,10 @@ struct KernelConfig {
   /// (token, query head) pairs of one KV head's group (groupSize heads,
   /// token-major), so each K/V tile it copies serves the whole group, and
   /// an entry's keys are split over CTAs (num_splits) with a merge launch.
-  /// blockM 128 (8 warps of 16 rows), warpRows 16. For entries whose keys
-  /// far outnumber their tokens (a cascade's prefix level).
+  /// 8 warps: blockM 128 with warpRows 16, or blockM 256 with warpRows 32
+  /// (two 16-row MMA blocks a warp; head dims up to 128), as
+  /// chooseGroupRowsShape picks. For entries whose keys far outnumber their
+  /// tokens (a cascade's prefix level).
   bool groupRows = false;
 
   bool operator==(const KernelConfig &other) const {
@@ -200,6 +202,14 @@ struct KernelConfig {
   /// recomputeModRows -> choosePrefillShape's (64 x 64, 16 rows per warp),
   /// which never spills.
   void usePrefillSpillFallback();
+  /// The GQA-packed prefill's tile (groupRows), set in blockM, warpRows,
+  /// blockN and recomputeModRows by the wider of D and Dv: up to 128, 256
+  /// rows (8 warps of 32) on 32-key tiles (64 at head dim 32), the row
+  /// values recomputed per KV tile above 64; above 128, and for 8-bit
+  /// caches above 112, 128 rows (8 warps of 16) on the packed prefill's KV
+  /// tiles (64 keys, 32 above 128, row values recomputed above 128). Each
+  /// is a tile ptxas allocates without spills on sm_80 and sm_90.
+  void chooseGroupRowsShape();
   /// Throws pagedc::Error naming the first unsupported value.
   void validate() const;
   /// A canonical one-line description, e.g. "prefill bf16 d128 page16 ...".

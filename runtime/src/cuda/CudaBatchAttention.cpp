@@ -91,14 +91,14 @@ KernelConfig packedBatchConfig(const CompiledMods &mods, const BatchAttentionCon
   return config;
 }
 
-/// The GQA-packed kernel's configuration: 8 warps of 16 rows (128 rows: 32
-/// tokens of a group of 4 share each copy of a K/V tile; 16 warps spilled,
-/// templates/PrefillGroup.cuh), with the packed prefill's KV tile and
-/// row-value choices.
+/// The GQA-packed kernel's configuration: 8 warps of 32 rows up to head
+/// dim 128 (256 rows: the 64 tokens of a group of 4 share each copy of a
+/// K/V tile), of 16 rows above (KernelConfig::chooseGroupRowsShape,
+/// templates/PrefillGroup.cuh).
 KernelConfig groupRowsConfig(const CompiledMods &mods, const BatchAttentionConfig &c) {
   KernelConfig config = packedBatchConfig(mods, c, KernelKind::Prefill);
   config.groupRows = true;
-  config.blockM = 128;
+  config.chooseGroupRowsShape();
   config.groupSize = static_cast<int>(c.numQHeads / c.numKVHeads);
   config.validate();
   return config;

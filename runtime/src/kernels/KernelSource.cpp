@@ -324,6 +324,28 @@ void KernelConfig::usePrefillSpillFallback() {
   warpRows = 16;
 }
 
+void KernelConfig::chooseGroupRowsShape() {
+  const int widest = std::max(headDim, valueDim());
+  // 256 rows where ptxas allocates them without spills (the packed spill
+  // check's mods at every head dim up to 128, sm_80 and sm_90): 32-key
+  // tiles (64-key score tiles of two row blocks spilled 4-64 bytes at head
+  // dim 64; at 32 the copier needs 64 rows for 256 threads), the row values
+  // recomputed per KV tile above 64 (held, they spilled 24-64 bytes at
+  // 128). 8-bit caches at 128 spilled 4-32 bytes even so: 128 rows there.
+  if (widest <= 128 && !(kvFloat8 && widest > 112)) {
+    blockM = 256;
+    warpRows = 32;
+    blockN = widest <= 32 ? 64 : 32;
+    recomputeModRows = widest > 64;
+  } else {
+    // The packed prefill's choices (CudaBatchAttention.cpp).
+    blockM = 128;
+    warpRows = 16;
+    blockN = widest <= 128 ? 64 : 32;
+    recomputeModRows = widest > 128;
+  }
+}
+
 namespace {
 /// validate()'s checks of the MLA decode kernel.
 void validateMlaDecode(const KernelConfig &config) {
@@ -374,9 +396,10 @@ void KernelConfig::validate() const {
   if (!isPowerOfTwo(pageSize) || pageSize > 1024)
     throw Error(fmt::format(
         "page size {} is not a power of two in [1, 1024]", pageSize));
-  if (groupRows && (kind != KernelKind::Prefill || !packedBatch || warpRows != 16 || blockM != 128))
-    throw Error(fmt::format("the GQA-packed prefill takes packed batches, 16 rows per warp and "
-                            "blockM 128, not {} blockM {} warpRows {}{}",
+  if (groupRows && (kind != KernelKind::Prefill || !packedBatch ||
+                    !((blockM == 128 && warpRows == 16) || (blockM == 256 && warpRows == 32))))
+    throw Error(fmt::format("the GQA-packed prefill takes packed batches and 8 warps (blockM 128 "
+                            "of 16 rows per warp, or 256 of 32), not {} blockM {} warpRows {}{}",
                             kernelKindName(kind), blockM, warpRows,
                             packedBatch ? "" : " unpacked"));
   if (!groupRows && blockM != 64 && blockM != 128)
@@ -502,8 +525,9 @@ int KernelConfig::sharedMemoryBytes() const {
     if (warpRows == 64)
       return wgmmaPrefillSharedBytes(*this, prefillStages(), prefillQBuffers());
     // Q tile, two K and two V stages, the staged pages of the next KV
-    // tile (at most 64: page size 1).
-    return (blockM + 4 * blockN) * rowBytes + 64 * 4;
+    // tile (at most 64: page size 1); the GQA-packed tiles' rows' positions
+    // and batch indices.
+    return (blockM + 4 * blockN) * rowBytes + 64 * 4 + (groupRows ? blockM * 8 : 0);
   case KernelKind::Decode: {
     if (isMlaDecode())
       return kMlaSharedBytes;

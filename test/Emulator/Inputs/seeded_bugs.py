@@ -737,10 +737,19 @@ BUGS = {
     # sequence 8's window, which sees fewer prefix keys (numerically).
     "packed-group-token-batch-off-by-one": (
         "PrefillGroup.cuh",
-        "    b_of[half] = args.token_batch ? args.token_batch[first_row + info.token] : b;",
-        "    b_of[half] = args.token_batch\n"
-        "                     ? args.token_batch[first_row + imin(info.token + 1, q_len - 1)]\n"
-        "                     : b;",
+        "    ids.b = args.token_batch ? args.token_batch[first_row + info.token] : b;",
+        "    ids.b = args.token_batch\n"
+        "                ? args.token_batch[first_row + imin(info.token + 1, q_len - 1)]\n"
+        "                : b;",
+        "packed-cascade"),
+    # The GQA-packed tiles' second 16-row block of each 32-row warp (256-row
+    # CTAs, head dims up to 128) taking the first block's Q fragments: the
+    # prefix level's 26-row entry (13 tokens x GQA 2) has rows 16-25 there,
+    # which then compute rows 0-9's attention (numerically).
+    "packed-group-second-block-reads-first-q": (
+        "PrefillGroup.cuh",
+        "        load_query_fragment(q_regs[m][k_step], q_tile, warp_row + 16 * m, k_step, lane);",
+        "        load_query_fragment(q_regs[m][k_step], q_tile, warp_row, k_step, lane);",
         "packed-cascade"),
 }
 

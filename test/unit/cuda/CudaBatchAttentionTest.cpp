@@ -70,8 +70,12 @@ BatchAttentionConfig cudaConfig(const BatchStep &step,
   return config;
 }
 
-/// The GQA-packed kernel's rows per CTA (CudaBatchAttention.cpp).
-constexpr int64_t kGroupTileRows = 128;
+/// The GQA-packed kernel's rows per CTA for case `c`
+/// (KernelConfig::chooseGroupRowsShape): 8 warps of 32 rows up to head dim
+/// 128, of 16 above and over 8-bit caches at 128.
+int64_t groupTileRows(const BatchStepCase &c) {
+  return c.dim <= 128 && !(c.kvFloat8 && c.dim > 112) ? 256 : 128;
+}
 
 /// Runs a step on the emulated device and compares it with the float64
 /// reference; also checks that the kernels read the engine's cache in
@@ -86,7 +90,7 @@ BatchStepCheck checkOnDevice(const BatchStepCase &c, BatchPlanShape *shape = nul
   BatchAttention attention(step.mods, cudaConfig(step, outType));
   step.plan(attention);
   int64_t decodeSequences = 0, prefillTiles = 0, groupTiles = 0;
-  const int64_t rows = kGroupTileRows, group = c.qHeads / c.kvHeads;
+  const int64_t rows = groupTileRows(c), group = c.qHeads / c.kvHeads;
   for (const BatchSeq &s : c.seqs) {
     decodeSequences += s.qLen >= 1 && s.qLen <= 8;
     if (s.qLen > 8 && s.seqLen >= 4 * s.qLen)
@@ -742,8 +746,9 @@ void checkGroupCascade(BatchStepCase c, const std::vector<std::pair<int32_t, int
 }
 
 /// GQA 4, D 64, pages of 16, a 300-key prefix under a document mask: groups
-/// of 9 tokens (36 rows, one tile) and 70 (280 rows, three tiles of 128),
-/// unsplit (300 keys make one split of at least 256).
+/// of 9 tokens (36 rows, one tile) and 70 (280 rows, two tiles of 256, the
+/// second's 24 rows in both row blocks of its first warp), unsplit (300
+/// keys make one split of at least 256).
 TEST(CudaBatchAttention, GroupCascadeGqa4DocumentMask) {
   BatchStepCase c = mixedDocumentCase(180);
   c.qHeads = 8;
@@ -751,12 +756,12 @@ TEST(CudaBatchAttention, GroupCascadeGqa4DocumentMask) {
   c.sharedPrefix = 300;
   c.seqs = {{2, 310}, {3, 330}, {4, 304}, {64, 420}, {6, 345}};
   c.score = "alibi";
-  checkGroupCascade(c, {{0, 3}, {3, 5}}, 4, 1);
+  checkGroupCascade(c, {{0, 3}, {3, 5}}, 3, 1);
 }
 
 /// GQA 8, D 128, shuffled pages of 128, a 700-key prefix (5.5 pages) under
 /// a causal mask with fully masked rows ("holes"): groups of 33 tokens (264
-/// rows, three tiles) and 64 (512 rows, four), split in two over the
+/// rows, two tiles of 256) and 64 (512 rows, two), split in two over the
 /// prefix.
 TEST(CudaBatchAttention, GroupCascadeGqa8SplitPagesOf128) {
   BatchStepCase c = mixedDocumentCase(181);
@@ -769,11 +774,11 @@ TEST(CudaBatchAttention, GroupCascadeGqa8SplitPagesOf128) {
   c.mask = "holes";
   c.sharedPrefix = 700;
   c.seqs = {{30, 760}, {3, 705}, {64, 801}};
-  checkGroupCascade(c, {{0, 2}, {2, 3}}, 7, 2);
+  checkGroupCascade(c, {{0, 2}, {2, 3}}, 4, 2);
 }
 
 /// GQA 1, D 64, pages of 16, a 530-key prefix under a causal mask: one
-/// group of 40 tokens (40 rows of a 128-row tile), split in two.
+/// group of 40 tokens (40 rows of a 256-row tile), split in two.
 TEST(CudaBatchAttention, GroupCascadeGqa1CausalSplit) {
   BatchStepCase c = mixedDocumentCase(182);
   c.qHeads = c.kvHeads = 2;
@@ -781,6 +786,22 @@ TEST(CudaBatchAttention, GroupCascadeGqa1CausalSplit) {
   c.sharedPrefix = 530;
   c.seqs = {{1, 531}, {17, 600}, {22, 560}};
   checkGroupCascade(c, {{0, 3}}, 1, 2);
+}
+
+/// GQA 4 at head dim 192 (the 128-row tiles of 16 rows a warp), f16 HND
+/// pages of 16, a 530-key prefix under "holes" (fully masked rows): one
+/// group of 40 tokens (160 rows, two tiles of 128), split in two.
+TEST(CudaBatchAttention, GroupCascadeGqa4HeadDim192Tiles128) {
+  BatchStepCase c = mixedDocumentCase(183);
+  c.qHeads = 8;
+  c.kvHeads = 2;
+  c.dim = c.vDim = 192;
+  c.layout = KVLayout::HND;
+  c.storage = DType::F16;
+  c.mask = "holes";
+  c.sharedPrefix = 530;
+  c.seqs = {{1, 531}, {17, 600}, {22, 560}};
+  checkGroupCascade(c, {{0, 3}}, 2, 2);
 }
 
 /// The cascade over an 8-bit cache: the suffix level's first tiles hold
@@ -970,16 +991,16 @@ TEST(CudaBatchAttention, CascadeReadsTheSharedPrefixOncePerKvHead) {
 }
 
 /// The acceptance line's prefix level at CI size under GQA 4 (Hq 8, Hkv 2,
-/// D 64): 32 and then 64 decoding sequences sharing a 600-key prefix, each
-/// group one entry of 32 or 64 tokens, which goes to the GQA-packed tiles
-/// (128 rows: 32 tokens x 4 query heads). The emulator's cp_async_bytes of
+/// D 64): 64 and then 96 decoding sequences sharing a 600-key prefix, each
+/// group one entry of 64 or 96 tokens, which goes to the GQA-packed tiles
+/// (256 rows: 64 tokens x 4 query heads). The emulator's cp_async_bytes of
 /// the launch are the prefix's K/V exactly once per KV head and row tile
-/// (once for 32 tokens, twice for 64; the per-query-head tiles read it 4
-/// times), plus q once per split (two: the prefix is split over CTAs); the
-/// 64-token cascade, merged with its
-/// suffix level, matches float64.
+/// (once for 64 tokens, twice for 96; 128-row tiles read it twice and
+/// three times, the per-query-head tiles 4 and 8 times), plus q once per
+/// split (two: the prefix is split over CTAs); the 64-token cascade,
+/// merged with its suffix level, matches float64.
 TEST(CudaBatchAttention, GroupPrefixLevelReadsThePrefixOncePerKvHeadAndRowTile) {
-  for (const int32_t sequences : {32, 64}) {
+  for (const int32_t sequences : {64, 96}) {
     BatchStepCase c = mixedDocumentCase(190 + sequences);
     const int32_t prefix = 600;
     c.seqs.clear();
@@ -1007,8 +1028,8 @@ TEST(CudaBatchAttention, GroupPrefixLevelReadsThePrefixOncePerKvHeadAndRowTile) 
                      TensorView(), TensorView(positions.data(), DType::I32, {sequences}),
                      TensorView(batches.data(), DType::I32, {sequences}));
     const BatchPlanShape shape = prefixLevel.planShape();
-    const int64_t rowTiles = sequences / 32;
-    ASSERT_EQ(shape.groupTiles, rowTiles);
+    const int64_t rowTiles = (sequences * 4 + 255) / 256;
+    EXPECT_EQ(shape.groupTiles, rowTiles);
     EXPECT_EQ(shape.groupSplits, 2);
     DeviceStep device(step);
     TensorView prefixOut, prefixLse;

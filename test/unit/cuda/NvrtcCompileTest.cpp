@@ -313,7 +313,7 @@ TEST(NvrtcCompile, OtherHeadDimsCompileWithoutSpills) {
 /// maps there: Decode.cuh's kDecodeAtoms), those of 8-bit caches at every
 /// head dim of kFloat8HeadDims with D = Dv (a covering, the formats and
 /// element types in turn), and those of an f32 out; and so does the
-/// GQA-packed prefill (PrefillGroup.cuh: 128 rows of 8 warps, GQA 4).
+/// GQA-packed prefill (PrefillGroup.cuh: 8 warps of 32 or 16 rows, GQA 4).
 TEST(NvrtcCompile, PackedBatchKernelsCompileWithoutSpills) {
   REQUIRE_NVRTC();
   std::vector<Case> cases;
@@ -353,15 +353,17 @@ TEST(NvrtcCompile, PackedBatchKernelsCompileWithoutSpills) {
           }
         }
   // The GQA-packed prefill as CudaBatchAttention's groupRowsConfig builds
-  // it: 16-bit at every head dim above, and over 8-bit caches at 64, 128
-  // and 256 (the formats and element types in turn). A covering: each
-  // (mod, head dim) on one arch, alternating, so that every pair of values
-  // of the three axes is compiled; one mod per 8-bit head dim, the arch in
+  // it (chooseGroupRowsShape: 256 rows up to head dim 128, on 64-key tiles
+  // at 32; 128 rows above, and for 8-bit caches at 128): 16-bit at head
+  // dim 32 and every head dim above, and over 8-bit caches at 64, 128 and
+  // 256 (the formats and element types in turn). A covering: each (mod,
+  // head dim) on one arch, alternating, so that every pair of values of
+  // the three axes is compiled; one mod per 8-bit head dim, the arch in
   // turn. The full matrix takes the product.
   int groupVariant = 0;
-  const int groupDims[] = {64, 96, 128, 192, 256};
+  const int groupDims[] = {32, 64, 96, 128, 192, 256};
   for (int m = 0; m < 3; ++m)
-    for (int d = 0; d < 5; ++d)
+    for (int d = 0; d < 6; ++d)
       for (int a = 0; a < 2; ++a)
         for (bool float8 : {false, true}) {
           const int headDim = groupDims[d];
@@ -371,13 +373,13 @@ TEST(NvrtcCompile, PackedBatchKernelsCompileWithoutSpills) {
             continue;
           Case c = packedCase(mods[m], KernelKind::Prefill, headDim, arches[a]);
           c.config.groupRows = true;
-          c.config.blockM = 128;
           c.config.groupSize = 4;
           if (float8) {
             const int v = groupVariant++;
             c.config.kvFloat8 = v % 2 ? DType::F8E5M2 : DType::F8E4M3;
             c.config.elementType = (v / 2) % 2 ? DType::F16 : DType::BF16;
           }
+          c.config.chooseGroupRowsShape();
           cases.push_back(c);
         }
   // The 16-bit decode on pages under 16 rows: the mods in turn over (page,
@@ -425,6 +427,10 @@ TEST(NvrtcCompile, PackedBatchKernelsCompileWithoutSpills) {
     for (const PtxasKernelReport &report : outcomes[i].reports) {
       EXPECT_EQ(report.spillStoreBytes, 0) << cases[i].label() << " " << report.kernel;
       EXPECT_EQ(report.spillLoadBytes, 0) << cases[i].label() << " " << report.kernel;
+      // The GQA-packed tiles run closest to the 255 registers a thread may
+      // have: their counts, for the record.
+      if (cases[i].config.groupRows && report.kernel == "pagedc_prefill_group")
+        std::printf("[ ptxas ] %s: %d registers\n", cases[i].label().c_str(), report.registers);
     }
   }
   std::printf("[ packed ] %zu kernels\n", cases.size());
