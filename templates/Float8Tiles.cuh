@@ -22,18 +22,11 @@ constexpr int kKvFloat8 = pagedc_config::kKvFloat8;
 constexpr int kKeyCodeChunks = kHeadDim / 16;
 constexpr int kValueCodeChunks = kValueHeadDim / 16;
 
-/// Gathers 8-bit float K/V rows [kv_begin, kv_begin + kRows) of one KV head
-/// into two tiles of codes (rows of kHeadDim and kValueHeadDim bytes), as
-/// KvTileCopier does for Element tiles: rows at or past kv_len and rows
-/// whose bit in keep_rows is clear are zero-filled (code 0 is +0) and never
-/// read (keep_rows covers 64 rows: a tile of more, the warpgroup prefill's
-/// 128 keys, keeps every row). A row is copied by kThreadsPerRow threads, 16 codes each: the
-/// wider row's chunks rounded up to a power of two, so that threads divide
-/// into whole rows (a thread whose chunk is past a tensor's row copies
-/// nothing of it: 3 of 8 at head dim 80), and at least kThreads / kRows, so
-/// that no thread's first row is past the tile (head dim 32). Pages and
-/// slots are k_stride[1] and k_stride[2] bytes apart (V's alike).
-template <int kRows, int kThreads> struct Float8TileCopier {
+/// Threads that copy one row of 8-bit codes, 16 codes each, for tiles of
+/// kRows rows and kThreads threads: the wider row's chunks rounded up to a
+/// power of two, so that threads divide into whole rows, and at least
+/// kThreads / kRows, so that no thread's first row is past the tile.
+template <int kRows, int kThreads> struct CodeRowThreads {
   static constexpr int kRowChunks =
       kKeyCodeChunks > kValueCodeChunks ? kKeyCodeChunks : kValueCodeChunks;
   static constexpr int kCopyChunks = kRowChunks <= 2   ? 2
@@ -42,6 +35,19 @@ template <int kRows, int kThreads> struct Float8TileCopier {
                                                        : 16;
   static constexpr int kThreadsPerRow =
       kCopyChunks > kThreads / kRows ? kCopyChunks : kThreads / kRows;
+};
+
+/// Gathers 8-bit float K/V rows [kv_begin, kv_begin + kRows) of one KV head
+/// into two tiles of codes (rows of kHeadDim and kValueHeadDim bytes), as
+/// KvTileCopier does for Element tiles: rows at or past kv_len and rows
+/// whose bit in keep_rows is clear are zero-filled (code 0 is +0) and never
+/// read (keep_rows covers 64 rows: a tile of more, the warpgroup prefill's
+/// 128 keys, keeps every row). A row is copied by kThreadsPerRow threads
+/// (CodeRowThreads; a thread whose chunk is past a tensor's row copies
+/// nothing of it: 3 of 8 at head dim 80). Pages and slots are k_stride[1]
+/// and k_stride[2] bytes apart (V's alike).
+template <int kRows, int kThreads> struct Float8TileCopier {
+  static constexpr int kThreadsPerRow = CodeRowThreads<kRows, kThreads>::kThreadsPerRow;
   static constexpr int kRowStep = kThreads / kThreadsPerRow;
   // Checked only where 8-bit caches are read: other kernels construct the
   // copier unused.
@@ -187,14 +193,7 @@ PAGEDC_DEVICE void store_code_chunk(unsigned char *tile, int row, int chunk, con
 /// in the lowest bit and fill all 8 (conflict-free stores without the
 /// per-thread selects of kSpreadStores).
 template <int kRows, int kThreads, typename Layout> struct Float8RegisterTiles {
-  static constexpr int kRowChunks =
-      kKeyCodeChunks > kValueCodeChunks ? kKeyCodeChunks : kValueCodeChunks;
-  static constexpr int kCopyChunks = kRowChunks <= 2   ? 2
-                                     : kRowChunks <= 4 ? 4
-                                     : kRowChunks <= 8 ? 8
-                                                       : 16;
-  static constexpr int kThreadsPerRow =
-      kCopyChunks > kThreads / kRows ? kCopyChunks : kThreads / kRows;
+  static constexpr int kThreadsPerRow = CodeRowThreads<kRows, kThreads>::kThreadsPerRow;
   static constexpr int kRowStep = kThreads / kThreadsPerRow;
   static constexpr int kTrips = kRows / kRowStep;
   /// Rows paired across quarter warps (above).
