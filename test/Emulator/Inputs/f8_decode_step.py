@@ -16,9 +16,9 @@ f32); --device emu runs the kernels on the SIMT emulator (PAGEDC_TEMPLATE_DIR
 and the checkers apply as for `pagedc run`). Inputs are the same on every
 run (fixed seed).
 """
-import argparse
-
 import numpy as np
+
+from step_cli import step_main
 
 SOURCE = "mask causal(b, h, q, kv) = q >= kv\n"
 PAGE, HQ, HKV, D = 16, 8, 2, 128
@@ -96,19 +96,6 @@ def run_on_device(step):
     return pagedc.to_host(out).astype(np.float32), pagedc.to_host(lse)
 
 
-def main():
-    parser = argparse.ArgumentParser()
-    parser.add_argument("-o", dest="out", required=True)
-    parser.add_argument("--lse", required=True)
-    which = parser.add_mutually_exclusive_group(required=True)
-    which.add_argument("--device", choices=["emu"])
-    which.add_argument("--reference", action="store_true")
-    args = parser.parse_args()
-    step = make_step()
-    out, lse = reference(step) if args.reference else run_on_device(step)
-    np.save(args.out, np.ascontiguousarray(out, dtype=np.float32))
-    np.save(args.lse, np.ascontiguousarray(lse, dtype=np.float32))
-
 
 if __name__ == "__main__":
-    main()
+    step_main(make_step, reference, run_on_device)

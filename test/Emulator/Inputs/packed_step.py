@@ -28,9 +28,9 @@ prefix, some none of it: fully masked there), the score a relative bias
 and the checkers apply as for `pagedc run`). Inputs are the same on every
 run (fixed seed).
 """
-import argparse
-
 import numpy as np
+
+from step_cli import step_main
 
 SOURCE = """
 buffer window: i32[B]
@@ -145,23 +145,12 @@ def run_on_device(step):
             np.concatenate([pagedc.to_host(lse), pagedc.to_host(flat_lse)]))
 
 
-def main():
-    parser = argparse.ArgumentParser()
-    parser.add_argument("-o", dest="out", required=True)
-    parser.add_argument("--lse", required=True)
-    which = parser.add_mutually_exclusive_group(required=True)
-    which.add_argument("--device", choices=["emu"])
-    which.add_argument("--reference", action="store_true")
-    args = parser.parse_args()
-    step = make_step()
-    if args.reference:
-        out, lse = reference(step)
-        out, lse = np.concatenate([out, out]), np.concatenate([lse, lse])
-    else:
-        out, lse = run_on_device(step)
-    np.save(args.out, np.ascontiguousarray(out, dtype=np.float32))
-    np.save(args.lse, np.ascontiguousarray(lse, dtype=np.float32))
+def doubled_reference(step):
+    """The reference of the cascade step, twice: run_on_device returns the
+    cascade's rows and then the flat batch's."""
+    out, lse = reference(step)
+    return np.concatenate([out, out]), np.concatenate([lse, lse])
 
 
 if __name__ == "__main__":
-    main()
+    step_main(make_step, doubled_reference, run_on_device)
