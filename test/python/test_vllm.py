@@ -21,8 +21,8 @@ torch = pytest.importorskip("torch", reason="vLLM's tensors are torch tensors")
 import pagedc  # noqa: E402
 import pagedc.vllm as pagedc_vllm  # noqa: E402
 from conftest import SOURCE_DIR, reference_attention  # noqa: E402
-from pagedc.vllm.backend import (PagedcAttentionBackend, PagedcAttentionImpl,  # noqa: E402
-                                 PagedcMetadataBuilder)
+from pagedc.vllm.backend import (FP8_CACHE_DTYPES, PagedcAttentionBackend,  # noqa: E402
+                                 PagedcAttentionImpl, PagedcMetadataBuilder)
 from vllm.v1.attention.backend import AttentionCGSupport, CommonAttentionMetadata  # noqa: E402
 from vllm.v1.kv_cache_interface import FullAttentionSpec  # noqa: E402
 
@@ -260,32 +260,39 @@ def test_mixed_step_matches_reference(rng, layout, dtype):
     np.testing.assert_allclose(out, step.reference(scale, causal), **tolerance(dtype))
 
 
-@pytest.mark.parametrize("cache_dtype,torch_type", [("fp8", torch.float8_e4m3fn),
-                                                     ("fp8_e5m2", torch.float8_e5m2)])
-def test_fp8_cache_written_and_read_with_the_layers_scales(rng, cache_dtype, torch_type):
-    # vLLM's FP8 cache is uint8; a code c means c * scale (scales are powers
-    # of two, so the reference's dequantized values are exact).
-    step = Step(rng, layout="LBNHC", cache_dtype=torch.uint8)
-    layer = types.SimpleNamespace(_k_scale_float=0.5, _v_scale_float=0.25)
-    scale = 1 / math.sqrt(step.d)
-    impl = make_impl(step, scale, kv_cache_dtype=cache_dtype)
-    slots = step.slot_mapping
-    impl.do_kv_cache_update(layer, step.key, step.value, step.kv_cache, slots)
+def run_fp8_step(step, impl, torch_type, k_scale=0.5, v_scale=0.25):
+    """Writes the step's context and new K/V into step's uint8 cache through
+    do_kv_cache_update with the layer's scales, runs forward, and turns
+    step's K/V into the values the codes stand for (the reference's input).
+    Scales are powers of two, so those values are exact."""
+    layer = types.SimpleNamespace(_k_scale_float=k_scale, _v_scale_float=v_scale)
+    impl.do_kv_cache_update(layer, step.key, step.value, step.kv_cache, step.slot_mapping)
     context = [(b, pos) for b, (n, s) in enumerate(step.steps) for pos in range(s - n)]
     impl.do_kv_cache_update(layer, torch.stack([step.k[b][p] for b, p in context]),
                             torch.stack([step.v[b][p] for b, p in context]), step.kv_cache,
                             torch.tensor([step.slot(b, p) for b, p in context]))
     builder = PagedcMetadataBuilder(step.spec(), ["l"], vllm_config(), torch.device("cpu"))
     metadata = builder.build(0, step.metadata())
-    output = torch.zeros(step.tokens + PADDING, step.hq, step.d)
+    output = torch.full((step.tokens + PADDING, step.hq, step.d), 7.0, dtype=step.dtype)
     impl.forward(layer, step.q, step.key, step.value, step.kv_cache, metadata, output)
+    assert torch.all(output[step.tokens:] == 7.0), "padding rows were written"
 
-    def dequantized(x, s):
-        return (x / s).to(torch_type).float() * s
-    step.k = [dequantized(k, 0.5) for k in step.k]
-    step.v = [dequantized(v, 0.25) for v in step.v]
-    np.testing.assert_allclose(output[:step.tokens].numpy(), step.reference(scale, causal),
-                               atol=2e-5, rtol=2e-5)
+    def dequantized(x, scale):
+        return ((x.float() / scale).to(torch_type).float() * scale).to(x.dtype)
+    step.k = [dequantized(k, k_scale) for k in step.k]
+    step.v = [dequantized(v, v_scale) for v in step.v]
+    return output[:step.tokens].double().numpy()
+
+
+@pytest.mark.parametrize("cache_dtype,torch_type", [("fp8", torch.float8_e4m3fn),
+                                                     ("fp8_e5m2", torch.float8_e5m2)])
+def test_fp8_cache_written_and_read_with_the_layers_scales(rng, cache_dtype, torch_type):
+    # vLLM's FP8 cache is uint8; a code c means c * scale.
+    step = Step(rng, layout="LBNHC", cache_dtype=torch.uint8)
+    scale = 1 / math.sqrt(step.d)
+    impl = make_impl(step, scale, kv_cache_dtype=cache_dtype)
+    out = run_fp8_step(step, impl, torch_type)
+    np.testing.assert_allclose(out, step.reference(scale, causal), atol=2e-5, rtol=2e-5)
 
 
 @pytest.mark.parametrize("cache_dtype,torch_type,largest", [
@@ -548,7 +555,7 @@ def test_emulated_device_runs_the_cuda_kernels_on_a_mixed_step(rng, tmp_path):
     pagedc_vllm.set_mods(str(path), mask="sliding", score="capped", device="emu")
     assert PagedcAttentionBackend.supports_dtype(torch.bfloat16)
     assert not PagedcAttentionBackend.supports_dtype(torch.float32)
-    assert PagedcAttentionBackend.get_supported_head_sizes() == [64, 128, 256]
+    assert PagedcAttentionBackend.get_supported_head_sizes() == list(range(32, 257, 16))
     step = Step(rng, hq=4, hkv=2, d=64, dtype=torch.bfloat16, steps=EMU_STEP, layout="LBNHC")
     impl = make_impl(step, 1.0)
     step.write_context(impl)
@@ -587,3 +594,42 @@ def test_emulated_device_with_python_mods_and_their_captured_tensor(rng):
     p = prefix.numpy()
     np.testing.assert_allclose(out, step.reference(scale, lambda b, h, q, kv: (kv < p[b]) |
                                                    (q >= kv)), atol=2e-2, rtol=2e-2)
+
+
+@pytest.mark.parametrize("cache_dtype,torch_type,d", [("fp8", torch.float8_e4m3fn, 64),
+                                                       ("fp8_e5m2", torch.float8_e5m2, 80)])
+def test_emulated_device_reads_fp8_caches(rng, monkeypatch, cache_dtype, torch_type, d):
+    emulator_or_skip()
+    monkeypatch.setenv("PAGEDC_VLLM_DEVICE", "emu")
+    assert PagedcAttentionBackend.supports_kv_cache_dtype(cache_dtype)
+    step = Step(rng, hq=4, hkv=2, d=d, dtype=torch.bfloat16, steps=EMU_STEP, layout="LBNHC",
+                cache_dtype=torch.uint8)
+    scale = 1 / math.sqrt(step.d)
+    impl = make_impl(step, scale, kv_cache_dtype=cache_dtype)
+    out = run_fp8_step(step, impl, torch_type)
+    assert impl._engine.on_cuda and impl._engine.args["kv_dtype"] == FP8_CACHE_DTYPES[
+        cache_dtype][0]
+    np.testing.assert_allclose(out, step.reference(scale, causal), atol=2e-2, rtol=2e-2)
+
+
+def test_emulated_device_sinks_and_a_common_prefix(rng, monkeypatch):
+    # gpt-oss's sinks and a cascade split on pagedc's CUDA kernels: the two
+    # levels run on the device and merge there (merge_state_in_place).
+    emulator_or_skip()
+    monkeypatch.setenv("PAGEDC_VLLM_DEVICE", "emu")
+    assert PagedcAttentionBackend.supports_sink()
+    assert 80 in PagedcAttentionBackend.get_supported_head_sizes()
+    steps = [(1, 40), (3, 35), (13, 50), (1, 33)]
+    step = Step(rng, hq=4, hkv=2, d=64, dtype=torch.bfloat16, steps=steps,
+                shared_prefix=2 * BLOCK)
+    scale = 1 / math.sqrt(step.d)
+    sinks, values = gpt_oss_sinks(step, rng)
+    with torch.no_grad():
+        sinks.copy_(torch.tensor(values))
+    impl = make_impl(step, scale, sinks=sinks)
+    step.write_context(impl)
+    out = run_step(step, impl, common_prefix_len=2 * BLOCK)
+    assert impl._engine.on_cuda and impl._engine.cascade
+    np.testing.assert_allclose(out, step.reference(scale, causal, sinks=sinks.float().numpy()),
+                               atol=2e-2, rtol=2e-2)
+    assert not np.allclose(out, step.reference(scale, causal), atol=5e-2)

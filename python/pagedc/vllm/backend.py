@@ -28,8 +28,9 @@ from ._config import builtin_source, current_config
 
 logger = init_logger(__name__)
 
-#: Head sizes of pagedc's CUDA kernels; the CPU backend takes any.
-CUDA_HEAD_SIZES = [64, 128, 256]
+#: Head sizes of pagedc's CUDA kernels (each multiple of 16 from 32 to 256);
+#: the CPU backend takes any.
+CUDA_HEAD_SIZES = list(range(32, 257, 16))
 
 #: vLLM's 8-bit KV cache dtypes (uint8 caches) -> pagedc's kv_dtype, torch's
 #: type and its largest finite value (writes saturate, as vLLM's kernels do).
@@ -74,22 +75,13 @@ class PagedcAttentionBackend(AttentionBackend):
         return dtype in cls.supported_dtypes
 
     @classmethod
-    def supports_kv_cache_dtype(cls, kv_cache_dtype) -> bool:
-        # The plugin builds its CUDA BatchAttention for 16-bit caches only
-        # (BatchAttention(..., kv_dtype=) would read 8-bit ones).
-        if current_config().on_cuda and kv_cache_dtype in FP8_CACHE_DTYPES:
-            return False
-        return super().supports_kv_cache_dtype(kv_cache_dtype)
-
-    @classmethod
     def supports_sliding_window(cls) -> bool:
         return True
 
     @classmethod
     def supports_sink(cls) -> bool:
-        # gpt-oss's per-head sinks: the CPU backend computes them; the CUDA
-        # kernels do not take them yet.
-        return not current_config().on_cuda
+        # gpt-oss's per-head sinks: both backends take them.
+        return True
 
     @classmethod
     def supports_device_cpu_query_lens_mismatch(cls) -> bool:
@@ -184,14 +176,16 @@ class _Engine:
     second one attends to the prefix, merged by merge_state."""
 
     def __init__(self, mods, num_q_heads, num_kv_heads, head_size, value_head_size,
-                 block_size, device, threads, max_num_seqs, max_num_tokens, dtype):
+                 block_size, device, threads, max_num_seqs, max_num_tokens, dtype,
+                 kv_dtype=None):
         self.args = dict(num_q_heads=num_q_heads, num_kv_heads=num_kv_heads,
                          head_dim=head_size, value_head_dim=value_head_size,
                          page_size=block_size, kv_layout="NHD", device=device, threads=threads)
         self.shape = (block_size, dtype)
         self.on_cuda = device != "cpu"
         if self.on_cuda:
-            self.args["dtype"] = dtype
+            # A CUDA BatchAttention is built for its caches' type.
+            self.args.update(dtype=dtype, kv_dtype=kv_dtype)
         self.mods = mods
         self.limits = [max_num_seqs, max_num_tokens, 1]  # seqs, tokens, blocks per seq
         self.main = self.prefix = None
@@ -213,9 +207,6 @@ class _Engine:
             self.main = self._make()
             self.prefix = None
         prefix = metadata.common_prefix_len
-        if prefix > 0 and self.on_cuda:
-            raise NotImplementedError("pagedc backend: a common prefix (cascade) needs "
-                                      "kv_start, which pagedc's CUDA batch call lacks")
         if prefix > 0:
             if self.prefix is None:
                 self.prefix = self._make()
@@ -232,8 +223,13 @@ class _Engine:
     def run(self, q, k_cache, v_cache, out, buffers, params, scale, sinks=None,
             **quantized) -> None:
         if self.on_cuda and q.device.type == "cpu":
-            self._run_staged(q, k_cache, v_cache, out, buffers, params, scale, sinks)
+            self._run_staged(q, k_cache, v_cache, out, buffers, params, scale, sinks,
+                             quantized)
             return
+        self._attend(q, k_cache, v_cache, out, buffers, params, scale, sinks, quantized)
+
+    def _attend(self, q, k_cache, v_cache, out, buffers, params, scale, sinks,
+                quantized) -> None:
         if not self.cascade:
             self.main.run(q, k_cache, v_cache, buffers=buffers, params=params, scale=scale,
                           out=out, sinks=sinks, **quantized)
@@ -246,7 +242,8 @@ class _Engine:
                                                  **quantized)
         pagedc.merge_state_in_place(out, lse, prefix_out, prefix_lse)
 
-    def _run_staged(self, q, k_cache, v_cache, out, buffers, params, scale, sinks) -> None:
+    def _run_staged(self, q, k_cache, v_cache, out, buffers, params, scale, sinks,
+                    quantized) -> None:
         """Host tensors on the emulated device: q and the caches are copied
         into its memory, the kernels run there, out is copied back. A GPU's
         CUDA tensors take run() in place instead."""
@@ -258,9 +255,8 @@ class _Engine:
         bound.update(buffers)
         staged_buffers = {name: pagedc.to_device(np.asarray(value), device=device)
                           for name, value in bound.items()}
-        self.main.run(*staged, buffers=staged_buffers, params=params, scale=scale,
-                      out=result,
-                      sinks=None if sinks is None else pagedc.to_device(sinks, device=device))
+        staged_sinks = None if sinks is None else pagedc.to_device(sinks, device=device)
+        self._attend(*staged, result, staged_buffers, params, scale, staged_sinks, quantized)
         out.copy_(torch.from_dlpack(pagedc.to_host(result)))
 
 
@@ -349,10 +345,6 @@ class PagedcAttentionImpl(AttentionImpl):
         # vLLM loads its values after the impl is made; made f32 per call.
         self.sinks = sinks
         if sinks is not None:
-            if config.on_cuda:
-                raise NotImplementedError("pagedc backend: attention sinks run on the CPU "
-                                          "backend only (pagedc's CUDA kernels do not take "
-                                          "them yet)")
             if tuple(sinks.shape) != (self.num_heads,):
                 raise ValueError(f"pagedc backend: sinks must be [num_heads] = "
                                  f"[{self.num_heads}] but have shape {list(sinks.shape)}")
@@ -366,14 +358,17 @@ class PagedcAttentionImpl(AttentionImpl):
         if scheduler is not None:
             seqs = int(getattr(scheduler, "max_num_seqs", seqs) or seqs)
             tokens = int(getattr(scheduler, "max_num_batched_tokens", tokens) or tokens)
+        fp8 = FP8_CACHE_DTYPES.get(self.kv_cache_dtype)
+        kv_dtype = fp8[0] if fp8 is not None else None
         key = (self.mods_key, block_size, self.num_kv_heads, self.head_size,
-               self.head_size_v, self.num_heads, self.config.device, self.config.threads, dtype)
+               self.head_size_v, self.num_heads, self.config.device, self.config.threads, dtype,
+               kv_dtype)
         with _LOCK:
             engine = _ENGINES.get(key)
             if engine is None:
                 engine = _Engine(self.mods, self.num_heads, self.num_kv_heads, self.head_size,
                                  self.head_size_v, block_size, self.config.device,
-                                 self.config.threads, seqs, tokens, dtype)
+                                 self.config.threads, seqs, tokens, dtype, kv_dtype)
                 _ENGINES[key] = engine
         self._engine = engine
         return engine
