@@ -96,11 +96,40 @@ template <int kRows, int kThreads> struct Float8TileCopier {
   }
 };
 
+/// Converts one 16-code chunk `codes` (codes 16 chunk .. 16 chunk + 15 of
+/// a row) into the two Element chunks 2 chunk and 2 chunk + 1 of row `row`
+/// of the tile at `tile` (`Layout`); kSpreadStores: the store order below.
+///
+/// A 16-byte store is served a quarter warp at a time, conflict-free when
+/// its 8 threads write 8 different 16-byte bank groups. At head dims of
+/// 128 and more they hold chunks c of codes 0-7 of one row, and the
+/// swizzles put Element chunks 2 c of chunks 0-3 in the same 4 groups as
+/// those of 4-7: with kSpreadStores, threads with c % 8 >= 4 store their
+/// high chunk (2 c + 1) first, which halves the conversion's store
+/// wavefronts. (At 64 a quarter warp holds 4 chunks of two rows, whose
+/// swizzles differ.) The warpgroup prefill's producer takes it; in the
+/// other kernels the selects made the packed decode at head dim 256
+/// spill 8 bytes (sm_90).
+template <typename Layout, bool kSpreadStores>
+PAGEDC_DEVICE void store_code_chunk(unsigned char *tile, int row, int chunk, const Chunk16 &codes) {
+  const bool high_first = kSpreadStores && (chunk & 4) != 0;
+  Chunk16 first, second;
+#pragma unroll
+  for (int word = 0; word < 4; ++word) {
+    const uint32_t pair = high_first ? codes.word[word ^ 2] : codes.word[word];
+    uint32_t *into = word < 2 ? &first.word[2 * word] : &second.word[2 * word - 4];
+    into[0] = float8x2_to_elements<kKvFloat8, kIsBF16>(pair & 0xffffu);
+    into[1] = float8x2_to_elements<kKvFloat8, kIsBF16>(pair >> 16);
+  }
+  copy_chunk16(tile + Layout()(row, 2 * chunk + high_first), &first);
+  copy_chunk16(tile + Layout()(row, 2 * chunk + !high_first), &second);
+}
+
 /// Converts one tile of kRows rows of 8-bit K codes and one of V codes
 /// (rows of kHeadDim and kValueHeadDim bytes at k_codes, v_codes) into the
 /// Element tiles at k_tile, v_tile (`Layout`: offset of a row's 16-byte
-/// chunk): 16 codes in, two chunks out per step, K's steps first.
-/// kSpreadStores: the store order below.
+/// chunk): 16 codes in, two chunks out per step (store_code_chunk), K's
+/// steps first.
 template <int kRows, int kThreads, typename Layout, bool kSpreadStores = false>
 PAGEDC_DEVICE void convert_code_tiles(unsigned char *k_tile, unsigned char *v_tile,
                                       const unsigned char *k_codes,
@@ -113,29 +142,9 @@ PAGEDC_DEVICE void convert_code_tiles(unsigned char *k_tile, unsigned char *v_ti
     // (Constants where K's and V's rows are as wide.)
     const int row_chunks = is_v ? kValueCodeChunks : kKeyCodeChunks;
     const int row = at / row_chunks, chunk = at % row_chunks;
-    Chunk16 codes, first, second;
+    Chunk16 codes;
     copy_chunk16(&codes, (is_v ? v_codes : k_codes) + row * (16 * row_chunks) + chunk * 16);
-    // A 16-byte store is served a quarter warp at a time, conflict-free when
-    // its 8 threads write 8 different 16-byte bank groups. At head dims of
-    // 128 and more they hold chunks c of codes 0-7 of one row, and the
-    // swizzles put Element chunks 2 c of chunks 0-3 in the same 4 groups as
-    // those of 4-7: with kSpreadStores, threads with c % 8 >= 4 store their
-    // high chunk (2 c + 1) first, which halves the conversion's store
-    // wavefronts. (At 64 a quarter warp holds 4 chunks of two rows, whose
-    // swizzles differ.) The warpgroup prefill's producer takes it; in the
-    // other kernels the selects made the packed decode at head dim 256
-    // spill 8 bytes (sm_90).
-    const bool high_first = kSpreadStores && (chunk & 4) != 0;
-#pragma unroll
-    for (int word = 0; word < 4; ++word) {
-      const uint32_t pair = high_first ? codes.word[word ^ 2] : codes.word[word];
-      uint32_t *into = word < 2 ? &first.word[2 * word] : &second.word[2 * word - 4];
-      into[0] = float8x2_to_elements<kKvFloat8, kIsBF16>(pair & 0xffffu);
-      into[1] = float8x2_to_elements<kKvFloat8, kIsBF16>(pair >> 16);
-    }
-    unsigned char *tile = is_v ? v_tile : k_tile;
-    copy_chunk16(tile + Layout()(row, 2 * chunk + high_first), &first);
-    copy_chunk16(tile + Layout()(row, 2 * chunk + !high_first), &second);
+    store_code_chunk<Layout, kSpreadStores>(is_v ? v_tile : k_tile, row, chunk, codes);
   }
 }
 
@@ -150,26 +159,6 @@ PAGEDC_DEVICE void load_code_chunk(Chunk16 &codes, const char *global) {
       : "=r"(codes.word[0]), "=r"(codes.word[1]), "=r"(codes.word[2]), "=r"(codes.word[3])
       : "l"(global));
 #endif
-}
-
-/// Converts one 16-code chunk `codes` (codes 16 chunk .. 16 chunk + 15 of
-/// a row) into the two Element chunks 2 chunk and 2 chunk + 1 of row `row`
-/// of the tile at `tile` (`Layout`), as convert_code_tiles converts a step;
-/// kSpreadStores: its store order (a quarter warp's 8 threads holding
-/// chunks 0-7 of one row store into 8 different bank groups).
-template <typename Layout, bool kSpreadStores>
-PAGEDC_DEVICE void store_code_chunk(unsigned char *tile, int row, int chunk, const Chunk16 &codes) {
-  const bool high_first = kSpreadStores && (chunk & 4) != 0;
-  Chunk16 first, second;
-#pragma unroll
-  for (int word = 0; word < 4; ++word) {
-    const uint32_t pair = high_first ? codes.word[word ^ 2] : codes.word[word];
-    uint32_t *into = word < 2 ? &first.word[2 * word] : &second.word[2 * word - 4];
-    into[0] = float8x2_to_elements<kKvFloat8, kIsBF16>(pair & 0xffffu);
-    into[1] = float8x2_to_elements<kKvFloat8, kIsBF16>(pair >> 16);
-  }
-  copy_chunk16(tile + Layout()(row, 2 * chunk + high_first), &first);
-  copy_chunk16(tile + Layout()(row, 2 * chunk + !high_first), &second);
 }
 
 /// One tile of kRows rows of 8-bit K codes and V codes held in registers:
