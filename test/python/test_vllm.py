@@ -480,9 +480,12 @@ def test_gpt_oss_sinks_match_reference(rng, dtype):
     assert not np.allclose(out, step.reference(scale, causal), atol=1e-2)
 
 
-def test_gpt_oss_sinks_with_a_common_prefix(rng):
-    steps = [(1, 40), (3, 35), (13, 50), (1, 33), (5, 64)]
-    step = Step(rng, steps=steps, shared_prefix=2 * BLOCK)
+def run_sinks_with_a_common_prefix(rng, **step_args):
+    """Runs a step whose requests share their first 2 blocks, with gpt-oss's
+    sinks; returns the output, the step, the impl, the scale and the sinks'
+    f32 values (for the reference)."""
+    steps = [(1, 40), (3, 35), (13, 50), (1, 33), (5, 64)][:step_args.pop("requests", 5)]
+    step = Step(rng, steps=steps, shared_prefix=2 * BLOCK, **step_args)
     scale = 1 / math.sqrt(step.d)
     sinks, values = gpt_oss_sinks(step, rng)
     with torch.no_grad():
@@ -491,7 +494,12 @@ def test_gpt_oss_sinks_with_a_common_prefix(rng):
     step.write_context(impl)
     out = run_step(step, impl, common_prefix_len=2 * BLOCK)
     assert impl._engine.cascade
-    np.testing.assert_allclose(out, step.reference(scale, causal, sinks=sinks.float().numpy()),
+    return out, step, impl, scale, sinks.float().numpy()
+
+
+def test_gpt_oss_sinks_with_a_common_prefix(rng):
+    out, step, _, scale, sinks = run_sinks_with_a_common_prefix(rng)
+    np.testing.assert_allclose(out, step.reference(scale, causal, sinks=sinks),
                                atol=2e-5, rtol=2e-5)
 
 
@@ -619,17 +627,9 @@ def test_emulated_device_sinks_and_a_common_prefix(rng, monkeypatch):
     monkeypatch.setenv("PAGEDC_VLLM_DEVICE", "emu")
     assert PagedcAttentionBackend.supports_sink()
     assert 80 in PagedcAttentionBackend.get_supported_head_sizes()
-    steps = [(1, 40), (3, 35), (13, 50), (1, 33)]
-    step = Step(rng, hq=4, hkv=2, d=64, dtype=torch.bfloat16, steps=steps,
-                shared_prefix=2 * BLOCK)
-    scale = 1 / math.sqrt(step.d)
-    sinks, values = gpt_oss_sinks(step, rng)
-    with torch.no_grad():
-        sinks.copy_(torch.tensor(values))
-    impl = make_impl(step, scale, sinks=sinks)
-    step.write_context(impl)
-    out = run_step(step, impl, common_prefix_len=2 * BLOCK)
-    assert impl._engine.on_cuda and impl._engine.cascade
-    np.testing.assert_allclose(out, step.reference(scale, causal, sinks=sinks.float().numpy()),
+    out, step, impl, scale, sinks = run_sinks_with_a_common_prefix(
+        rng, requests=4, hq=4, hkv=2, d=64, dtype=torch.bfloat16)
+    assert impl._engine.on_cuda
+    np.testing.assert_allclose(out, step.reference(scale, causal, sinks=sinks),
                                atol=2e-2, rtol=2e-2)
     assert not np.allclose(out, step.reference(scale, causal), atol=5e-2)

@@ -306,6 +306,8 @@ class PagedcAttentionImpl(AttentionImpl):
         self.scale = float(scale)
         self.num_kv_heads = int(num_kv_heads or num_heads)
         self.kv_cache_dtype = kv_cache_dtype
+        # (pagedc kv_dtype, torch type, largest value) of an 8-bit cache; None: 16-bit.
+        self.fp8 = FP8_CACHE_DTYPES.get(kv_cache_dtype)
         self.kv_sharing_target_layer_name = kv_sharing_target_layer_name
         self.attn_type = attn_type
         self.sliding_window = sliding_window
@@ -358,8 +360,7 @@ class PagedcAttentionImpl(AttentionImpl):
         if scheduler is not None:
             seqs = int(getattr(scheduler, "max_num_seqs", seqs) or seqs)
             tokens = int(getattr(scheduler, "max_num_batched_tokens", tokens) or tokens)
-        fp8 = FP8_CACHE_DTYPES.get(self.kv_cache_dtype)
-        kv_dtype = fp8[0] if fp8 is not None else None
+        kv_dtype = self.fp8[0] if self.fp8 is not None else None
         key = (self.mods_key, block_size, self.num_kv_heads, self.head_size,
                self.head_size_v, self.num_heads, self.config.device, self.config.threads, dtype,
                kv_dtype)
@@ -381,7 +382,7 @@ class PagedcAttentionImpl(AttentionImpl):
         if self.kv_sharing_target_layer_name is not None:
             return
         k_cache, v_cache = _split_kv_cache(kv_cache, self.head_size)
-        fp8 = FP8_CACHE_DTYPES.get(self.kv_cache_dtype)
+        fp8 = self.fp8
         block_size = k_cache.shape[1]
         slots = slot_mapping.to(torch.long)
         count = slots.shape[0]
@@ -423,7 +424,7 @@ class PagedcAttentionImpl(AttentionImpl):
         q = q[:tokens]
         engine = self._engine_for(int(k_cache.shape[1]), _DTYPE_NAMES.get(q.dtype, str(q.dtype)))
         engine.plan(metadata)
-        fp8 = FP8_CACHE_DTYPES.get(self.kv_cache_dtype)
+        fp8 = self.fp8
         quantized = {}
         if fp8 is not None:
             k_scale, v_scale = _scales(layer)
