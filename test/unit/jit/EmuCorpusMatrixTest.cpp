@@ -28,7 +28,9 @@
 // set $PAGEDC_MATRIX_PER_CASE=2: each case runs the first two combinations
 // of its covering, which differ with the case, and the corpus together must
 // still hold every pair of settings' values (checked at the end): every mod
-// meets the option, at a third of the emulator builds and runs.
+// meets the option, at a third of the emulator builds and runs. The full
+// suite's shards of the whole matrix take 3 per mode and case the same way;
+// the extended tier's run each case's whole covering.
 //
 // $PAGEDC_MATRIX_KV_FLOAT8 (f8e4m3, f8e5m2) adds the K/V cache format as a
 // fifth setting: 8-bit caches with a scale per KV head, against the
