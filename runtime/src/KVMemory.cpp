@@ -7,6 +7,7 @@
 //
 //===----------------------------------------------------------------------===//
 #include "KVMemory.h"
+#include "HostMemory.h"
 #include "pagedc/Error.h"
 
 #include "cuda/CudaAttention.h"
@@ -17,8 +18,6 @@
 #include <cstring>
 #include <map>
 #include <mutex>
-
-#include <sys/mman.h>
 
 namespace pagedc {
 
@@ -57,23 +56,10 @@ class HostKVMemory final : public KVMemory {
 public:
   Device device() const override { return Device::cpu(); }
 
-  // Large caches are zeroed anonymous mappings marked for transparent huge
-  // pages (as NumPy does for its large arrays): filling 512 MB of fresh
-  // 4 KiB pages costs more in page faults than the copy itself.
-  static constexpr size_t kMappedBytes = size_t(4) << 20;
-
+  // Zeroed, and in huge pages when large (HostMemory.h): filling 512 MB of
+  // fresh 4 KiB pages costs more in page faults than the copy itself.
   void *allocate(size_t bytes) override {
-    if (bytes >= kMappedBytes) {
-      void *data = ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS,
-                          -1, 0);
-      if (data == MAP_FAILED)
-        throw Error(fmt::format("out of host memory allocating {} bytes for the KV cache", bytes));
-#ifdef MADV_HUGEPAGE
-      ::madvise(data, bytes, MADV_HUGEPAGE); // only advice: failure changes nothing
-#endif
-      return data;
-    }
-    void *data = std::calloc(std::max<size_t>(bytes, 1), 1);
+    void *data = allocateZeroedHost(bytes);
     if (!data)
       throw Error(fmt::format("out of host memory allocating {} bytes for the KV cache", bytes));
     return data;
@@ -84,12 +70,7 @@ public:
       std::memcpy(dst, src, bytes);
   }
 
-  void deallocate(void *data, size_t bytes) noexcept override {
-    if (bytes >= kMappedBytes)
-      ::munmap(data, bytes);
-    else
-      std::free(data);
-  }
+  void deallocate(void *data, size_t bytes) noexcept override { freeHost(data, bytes); }
 
   void copy(void *dst, const void *src, size_t bytes) override { std::memmove(dst, src, bytes); }
 

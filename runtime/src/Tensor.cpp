@@ -1,10 +1,13 @@
 //===- Tensor.cpp - Tensor views, DLPack mapping, float conversions -------===//
 #include "pagedc/Tensor.h"
 #include "pagedc/Error.h"
+#include "HostMemory.h"
 
 #include <fmt/format.h>
 
 #include <cmath>
+#include <cstring>
+#include <utility>
 #include <limits>
 #include <new>
 #include <stdexcept>
@@ -300,16 +303,41 @@ HostTensor::HostTensor(DType dtype, std::vector<int64_t> shape)
                               "overflows 64 bits",
                               dtypeName(dtype_), extent));
   }
-  try {
-    storage_.assign(static_cast<size_t>(bytes), 0);
-  } catch (const std::bad_alloc &) {
+  if (bytes == 0)
+    return;
+  data_ = allocateZeroedHost(static_cast<size_t>(bytes));
+  if (!data_)
     throw Error(fmt::format("out of memory allocating a {} tensor of {} bytes", dtypeName(dtype_),
                             bytes));
-  } catch (const std::length_error &) {
-    throw Error(fmt::format("out of memory allocating a {} tensor of {} bytes", dtypeName(dtype_),
-                            bytes));
-  }
+  bytes_ = static_cast<size_t>(bytes);
 }
+
+HostTensor::HostTensor(const HostTensor &other) : dtype_(other.dtype_), shape_(other.shape_) {
+  if (other.bytes_ == 0)
+    return;
+  data_ = allocateZeroedHost(other.bytes_);
+  if (!data_)
+    throw Error(fmt::format("out of memory copying a {} tensor of {} bytes", dtypeName(dtype_),
+                            other.bytes_));
+  bytes_ = other.bytes_;
+  std::memcpy(data_, other.data_, bytes_);
+}
+
+HostTensor::HostTensor(HostTensor &&other) noexcept
+    : dtype_(other.dtype_), shape_(std::move(other.shape_)),
+      data_(std::exchange(other.data_, nullptr)), bytes_(std::exchange(other.bytes_, 0)) {
+  other.shape_.clear();
+}
+
+HostTensor &HostTensor::operator=(HostTensor other) noexcept {
+  std::swap(dtype_, other.dtype_);
+  std::swap(shape_, other.shape_);
+  std::swap(data_, other.data_);
+  std::swap(bytes_, other.bytes_);
+  return *this;
+}
+
+HostTensor::~HostTensor() { freeHost(data_, bytes_); }
 
 int64_t HostTensor::numel() const {
   int64_t n = 1;

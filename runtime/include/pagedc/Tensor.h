@@ -115,26 +115,30 @@ private:
   mutable std::array<int64_t, kMaxRank> dlStrides_{};
 };
 
-/// An owning, compact, row-major CPU tensor.
+/// An owning, compact, row-major CPU tensor, zero-filled. Large tensors
+/// live in transparent huge pages, which attention streams faster.
 class HostTensor {
 public:
   HostTensor() = default;
   HostTensor(DType dtype, std::vector<int64_t> shape);
+  HostTensor(const HostTensor &other);
+  HostTensor(HostTensor &&other) noexcept;
+  HostTensor &operator=(HostTensor other) noexcept;
+  ~HostTensor();
   DType dtype() const { return dtype_; }
   const std::vector<int64_t> &shape() const { return shape_; }
   int64_t numel() const;
-  void *data() { return storage_.data(); }
-  const void *data() const { return storage_.data(); }
-  template <typename T> T *dataAs() { return reinterpret_cast<T *>(storage_.data()); }
-  template <typename T> const T *dataAs() const {
-    return reinterpret_cast<const T *>(storage_.data());
-  }
+  void *data() { return data_; }
+  const void *data() const { return data_; }
+  template <typename T> T *dataAs() { return static_cast<T *>(data_); }
+  template <typename T> const T *dataAs() const { return static_cast<const T *>(data_); }
   TensorView view() { return TensorView(data(), dtype_, shape_); }
 
 private:
   DType dtype_ = DType::F32;
   std::vector<int64_t> shape_;
-  std::vector<unsigned char> storage_;
+  void *data_ = nullptr; // null when the tensor has no elements
+  size_t bytes_ = 0;
 };
 
 /// Whether `type` is one of the 8-bit floats.

@@ -372,6 +372,39 @@ TEST(TensorHardening, OverflowingShapesAreErrors) {
   EXPECT_THROW(HostTensor(DType::F32, {int64_t(1) << 62}), Error);
 }
 
+// Host tensors start zeroed and own their bytes: a copy is deep and a moved
+// one is empty, both below and above the size where storage is mapped in
+// huge pages (4 MiB).
+TEST(HostTensorStorage, ZeroedDeepCopiesAndEmptyAfterMove) {
+  for (int64_t elements : {int64_t(3), int64_t(1) << 20, (int64_t(1) << 21) + 5}) {
+    SCOPED_TRACE(elements);
+    HostTensor a(DType::F32, {elements});
+    float *data = a.dataAs<float>();
+    ASSERT_NE(data, nullptr);
+    EXPECT_TRUE(std::all_of(data, data + elements, [](float x) { return x == 0.0f; }));
+    data[0] = 1.5f;
+    data[elements - 1] = -2.5f;
+    HostTensor copy = a;
+    ASSERT_NE(copy.data(), a.data());
+    EXPECT_EQ(copy.dataAs<float>()[0], 1.5f);
+    EXPECT_EQ(copy.dataAs<float>()[elements - 1], -2.5f);
+    copy.dataAs<float>()[0] = 7.0f;
+    EXPECT_EQ(data[0], 1.5f);
+    HostTensor moved = std::move(a);
+    EXPECT_EQ(moved.data(), data);
+    EXPECT_EQ(a.data(), nullptr);
+    EXPECT_TRUE(a.shape().empty());
+    copy = std::move(moved);
+    EXPECT_EQ(copy.data(), data);
+    EXPECT_EQ(copy.shape(), std::vector<int64_t>{elements});
+  }
+  HostTensor none(DType::F32, {4, 0});
+  EXPECT_EQ(none.data(), nullptr);
+  EXPECT_EQ(none.numel(), 0);
+  HostTensor copyOfNone = none;
+  EXPECT_EQ(copyOfNone.data(), nullptr);
+}
+
 // Issue 47: a null dense array is an Error for every valid shape, not a read
 // through null.
 TEST(BlockMaskHardening, DenseToBlockMaskRefusesNull) {
