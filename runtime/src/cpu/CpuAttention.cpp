@@ -62,6 +62,8 @@ struct TileOps {
   void (*softmaxRows)(float *p, int64_t n, int64_t rows, int64_t ld, float *m, float *l,
                       float *alpha);
   void (*scaleRow)(float *row, int64_t n, float factor);
+  void (*transpose)(const float *src, int64_t srcLd, float *dst, int64_t dstLd, int64_t rows,
+                    int64_t cols);
 };
 
 namespace generic {
@@ -319,7 +321,7 @@ struct Workspace {
   std::vector<float> kConverted, vConverted; // [kKvTile][dim | vDim]
   std::vector<const float *> kRows, vRows, qTRows, scoreRows;
   std::vector<const char *> prefetch, prefetchV; // rows to request (decode)
-  std::vector<float> modScores;  // [kKvTile]
+  std::vector<float> rowScores;  // [padded][kKvTile]: a GEMM tile's scores by row
   std::vector<uint8_t> modMask;  // [kKvTile]
   std::vector<int32_t> rowHead, rowQuery, rowPosition, rowBatch; // [tileRows]
   std::vector<const uint8_t *> rowBlockStatus;         // [tileRows]
@@ -384,7 +386,7 @@ private:
                                  std::vector<const float *> &rowPointers, int64_t b,
                                  int64_t kvHead, int64_t kv0, int64_t n, int64_t width);
   void prefetchRows(int64_t b, int64_t kvHead, int64_t kv0, int64_t n) const;
-  void applyMods(Workspace &ws, int64_t b, int64_t rows, int64_t kv0);
+  void applyMods(Workspace &ws, int64_t b, int64_t rows, int64_t kv0, int64_t n);
   void writeRow(int64_t b, int64_t h, int64_t i, const float *acc, float maxScore,
                 float sum);
 
@@ -651,40 +653,53 @@ void appendRowAddresses(const TensorView &cache, const int32_t *pages, int64_t p
   }
 }
 
-/// Runs the score mod and mask mod over the visible runs of every row and
-/// sets skipped or masked scores to -inf, in the item's score layout.
-void Kernel::applyMods(Workspace &ws, int64_t b, int64_t rows, int64_t kv0) {
-  const int64_t padded = ws.kvStride;
-  float *scores = ws.scores.data();
+/// Runs the score mod and mask mod over the visible runs of every row of the
+/// tile [kv0, kv0 + n) and sets skipped or masked scores to -inf. The mods
+/// take a row's scores contiguous: a decode tile is row-major already; a
+/// GEMM tile ([kv][row]) is transposed into ws.rowScores and back, a block
+/// of vectors at a time, which costs far less than gathering and scattering
+/// each row's column one score at a time.
+void Kernel::applyMods(Workspace &ws, int64_t b, int64_t rows, int64_t kv0, int64_t n) {
+  if (!hasScore_ && std::all_of(ws.segments.begin(), ws.segments.end(),
+                                [](const Segment &s) { return s.status == Full; }))
+    return;
+  const bool gemmTile = ws.kvStride != 1;
+  const int64_t kvPadded = (n + ops_.lanes - 1) / ops_.lanes * ops_.lanes;
+  float *rowMajor = ws.scores.data();
+  int64_t ld = ws.rowStride;
+  if (gemmTile) {
+    ensureSize(ws.rowScores, ws.padded * kKvTile);
+    ops_.transpose(ws.scores.data(), ws.padded, ws.rowScores.data(), kKvTile, kvPadded,
+                   ws.padded);
+    rowMajor = ws.rowScores.data();
+    ld = kKvTile;
+  }
   for (int64_t r = 0; r < rows; ++r) {
     for (int64_t s = ws.segmentStart[r]; s < ws.segmentStart[r + 1]; ++s) {
       const Segment &segment = ws.segments[s];
       int32_t count = segment.end - segment.begin;
-      float *column = scores + (segment.begin - kv0) * padded + r * ws.rowStride;
+      float *run = rowMajor + r * ld + (segment.begin - kv0);
       if (segment.status == Skip) {
-        for (int32_t j = 0; j < count; ++j)
-          column[j * padded] = kNegInf;
+        std::fill(run, run + count, kNegInf);
         continue;
       }
-      if (hasScore_) {
-        float *run = ws.modScores.data();
-        for (int32_t j = 0; j < count; ++j)
-          run[j] = column[j * padded];
-        args_.mods->scoreRow(context_, ws.rowBatch[r], ws.rowHead[r],
-                             ws.rowPosition[r], segment.begin, count, run);
-        for (int32_t j = 0; j < count; ++j)
-          column[j * padded] = run[j];
-      }
+      if (hasScore_)
+        args_.mods->scoreRow(context_, ws.rowBatch[r], ws.rowHead[r], ws.rowPosition[r],
+                             segment.begin, count, run);
       if (segment.status == Partial) {
         uint8_t *keep = ws.modMask.data();
-        args_.mods->maskRow(context_, ws.rowBatch[r], ws.rowHead[r],
-                            ws.rowPosition[r], segment.begin, count, keep);
+        args_.mods->maskRow(context_, ws.rowBatch[r], ws.rowHead[r], ws.rowPosition[r],
+                            segment.begin, count, keep);
+        // A select, not a branch: along a causal diagonal the kept runs
+        // change length from row to row and a branch mispredicts.
         for (int32_t j = 0; j < count; ++j)
-          if (!keep[j])
-            column[j * padded] = kNegInf;
+          run[j] = keep[j] ? run[j] : kNegInf;
       }
     }
   }
+  if (gemmTile)
+    ops_.transpose(ws.rowScores.data(), kKvTile, ws.scores.data(), ws.padded, ws.padded,
+                   kvPadded);
 }
 
 void Kernel::writeRow(int64_t b, int64_t h, int64_t i, const float *acc, float maxScore,
@@ -746,7 +761,6 @@ void Kernel::runItem(const WorkItem &item, Workspace &ws) {
   ensureSize(ws.alpha, padded);
   ws.acc.assign(rows * plan.vDim, 0.0f);
   ensureSize(ws.scores, kKvTile * padded);
-  ensureSize(ws.modScores, kKvTile);
   ensureSize(ws.modMask, kKvTile);
   ws.kvStride = decodeTile ? 1 : padded;
   ws.rowStride = decodeTile ? kKvTile : 1;
@@ -786,7 +800,7 @@ void Kernel::runItem(const WorkItem &item, Workspace &ws) {
       ops_.gemm(n, padded, plan.dim, kRows, 1, ws.qTRows.data(), ws.scores.data(), padded,
                 /*accumulate=*/false);
     }
-    applyMods(ws, b, rows, kv0);
+    applyMods(ws, b, rows, kv0, n);
     if (decodeTile)
       ops_.softmaxRows(ws.scores.data(), n, rows, kKvTile, ws.rowMax.data(), ws.rowSum.data(),
                        ws.alpha.data());
