@@ -16,11 +16,15 @@ PyTorch reads K and V from contiguous [B, Hkv, S, D] tensors; pagedc reads
 them through a page table with 16-token pages, so the anchor is the easier
 layout, and (the -dense rows) from the same contiguous layout in place.
 
-Before that, the decode shapes run side by side in this process on the same
-dense tensors, calls alternating: torch.compile'd flex, pagedc's
-flex_attention(q, k, v) from Python (K/V read in place; needs
-PYTHONPATH=build/python), and k.sum() + v.sum() as the read roofline.
---dense-only stops after that. Afterwards pagedc-bench-cpu-attention
+Before that, every shape runs side by side in this process, calls
+alternating with a pause before each (PAUSE_S): torch.compile'd flex on
+dense tensors, pagedc's flex_attention(q, k, v) from Python on the same
+tensors (read in place, the mods given as torch's Python functions; needs
+PYTHONPATH=build/python), pagedc from its own PagedKVCache holding the same
+K/V (16-token pages), and k.sum() + v.sum() as the read roofline. These
+ratios come from one process and alternating calls, so they hold against
+the machine's drift better than the separate runs that follow.
+--dense-only runs only the decode shapes side by side and stops. Afterwards pagedc-bench-cpu-attention
 --read-bandwidth adds the machine's read bandwidth for the same bytes.
 
 The outputs of the anchor runs are not compared (the pagedc binary
@@ -58,59 +62,105 @@ def timed(fn):
     return time.perf_counter() - start
 
 
+# Seconds of idle before each timed call of the side-by-side runs. torch's
+# OpenMP workers spin for milliseconds after a parallel region, so a call
+# started right after torch's shares the two cores with them and is timed
+# slower than it runs; after the pause every call starts on idle cores.
+PAUSE_S = 0.05
+
+
+def paged_copy(torch, pagedc, k, v, page_size=16):
+    """K and V in a pagedc.PagedKVCache whose pages interleave across the
+    sequences as a decode loop leaves them (each sequence's next page
+    reserved in turn), so a sequence's pages are not adjacent."""
+    batch, heads, length, dim = k.shape
+    cache = pagedc.PagedKVCache(batch * length // page_size + 1, page_size, batch, heads, dim,
+                                dtype="torch.float32")
+    for end in range(page_size, length + page_size, page_size):
+        for b in range(batch):
+            cache.reserve(b, min(end, length))
+    positions = torch.arange(length, dtype=torch.int32).expand(batch, length).contiguous()
+    cache.assign(torch.arange(batch, dtype=torch.int32), positions, k, v)
+    return cache
+
+
 def side_by_side(torch, flex, pagedc, case, reps, threads):
-    """Decode on the same dense K/V in one process, the calls alternating so
-    that both sides see the same load: torch.compile'd flex, pagedc's
-    flex_attention(q, k, v) (K/V read in place, through Python), and a
-    read-only pass over the same K and V (k.sum() + v.sum(), torch's
-    vectorised reduction on the same threads) as the bandwidth roofline."""
-    name, batch, hq, hkv, sq, skv, dim, causal, _ = case
+    """Decode in one process, the calls alternating so that all see the same
+    machine: torch.compile'd flex on dense K/V, pagedc's
+    flex_attention(q, k, v) on the same tensors (read in place), pagedc from
+    its own paged cache holding the same K/V (16-token pages, interleaved
+    across sequences), and a read-only pass over the dense K and V
+    (k.sum() + v.sum(), torch's vectorised reduction on the same threads) as
+    the bandwidth roofline."""
+    name, batch, hq, hkv, sq, skv, dim, causal, alibi = case
     generator = torch.Generator().manual_seed(11)
     q = torch.randn(batch, hq, sq, dim, generator=generator)
     k = torch.randn(batch, hkv, skv, dim, generator=generator)
     v = torch.randn(batch, hkv, skv, dim, generator=generator)
+    cache = paged_copy(torch, pagedc, k, v)
     offset = skv - sq
     block_mask = None
     if causal:
         from torch.nn.attention.flex_attention import create_block_mask
         block_mask = create_block_mask(lambda b, h, qi, kv: qi + offset >= kv, None, None, sq,
                                        skv, device="cpu", BLOCK_SIZE=128)
+    # pagedc's q_offset="end" puts q's rows at the end of the keys, so its
+    # mods see the positions that torch's see through `offset`.
     mask_mod = (lambda b, h, qi, kv: qi >= kv) if causal else None
+    score_mod = torch_score = None
+    if alibi:
+        slopes = torch.exp2(-8.0 * torch.arange(1, hq + 1, dtype=torch.float32) / hq)
+
+        def score_mod(score, b, h, q_idx, kv_idx):
+            return score + slopes[h] * (kv_idx - q_idx)
+
+        def torch_score(score, b, h, q_idx, kv_idx):
+            return score + slopes[h] * (kv_idx - q_idx - offset)
     gqa = hq != hkv
 
     def run_torch():
-        flex(q, k, v, block_mask=block_mask, enable_gqa=gqa)
+        return flex(q, k, v, score_mod=torch_score, block_mask=block_mask, enable_gqa=gqa)
 
     def run_pagedc():
-        pagedc.flex_attention(q, k, v, enable_gqa=gqa, mask_mod=mask_mod, q_offset="end",
-                              threads=threads)
+        return pagedc.flex_attention(q, k, v, enable_gqa=gqa, mask_mod=mask_mod,
+                                     score_mod=score_mod, q_offset="end", threads=threads)
+
+    def run_cache():
+        return pagedc.flex_attention(q, cache, enable_gqa=gqa, mask_mod=mask_mod,
+                                     score_mod=score_mod, q_offset="end", threads=threads)
 
     def run_read():
         k.sum()
         v.sum()
 
-    ours = pagedc.flex_attention(q, k, v, enable_gqa=gqa, mask_mod=mask_mod, q_offset="end")
-    theirs = flex(q, k, v, block_mask=block_mask, enable_gqa=gqa)
-    max_diff = (ours - theirs).abs().max().item()
+    theirs = run_torch()
+    max_diff = max((ours - theirs).abs().max().item() for ours in (run_pagedc(), run_cache()))
     if not max_diff <= 1e-3:
         raise SystemExit(f"{name}: pagedc differs from torch by {max_diff}")
-    for fn in (run_torch, run_pagedc, run_read):
+    calls = {"torch": run_torch, "pagedc": run_pagedc, "cache": run_cache}
+    if sq == 1:  # the read roofline bounds a decode, not a prefill
+        calls["read"] = run_read
+    for fn in calls.values():
         fn()
-    samples = {"torch": [], "pagedc": [], "read": []}
+    samples = {key: [] for key in calls}
     for _ in range(reps):
-        samples["torch"].append(timed(run_torch))
-        samples["pagedc"].append(timed(run_pagedc))
-        samples["read"].append(timed(run_read))
+        for key, fn in calls.items():
+            time.sleep(PAUSE_S)
+            samples[key].append(timed(fn))
     kv_bytes = 2 * k.numel() * k.element_size()
     med = {key: statistics.median(values) for key, values in samples.items()}
-    return {"name": name, "kv_bytes": kv_bytes,
+    read = {}
+    if "read" in med:
+        read = {"read_median_ms": med["read"] * 1e3,
+                "read_gb_per_s": kv_bytes / med["read"] * 1e-9}
+    return {"name": name, "kv_bytes": kv_bytes, "pause_s": PAUSE_S,
             "torch_median_ms": med["torch"] * 1e3,
             "pagedc_dense_median_ms": med["pagedc"] * 1e3,
-            "read_median_ms": med["read"] * 1e3,
-            "read_gb_per_s": kv_bytes / med["read"] * 1e-9,
+            "pagedc_cache_median_ms": med["cache"] * 1e3, **read,
             "torch_gb_per_s": kv_bytes / med["torch"] * 1e-9,
             "pagedc_gb_per_s": kv_bytes / med["pagedc"] * 1e-9,
             "speedup_vs_torch": med["torch"] / med["pagedc"],
+            "cache_speedup_vs_torch": med["torch"] / med["cache"],
             "speedup_per_rep": [t / p for t, p in zip(samples["torch"], samples["pagedc"])],
             "max_abs_diff_vs_torch": max_diff}
 
@@ -170,7 +220,7 @@ def main():
     parser.add_argument("--reps", type=int, default=7)
     parser.add_argument("--json", help="write the combined results here")
     parser.add_argument("--dense-only", action="store_true",
-                        help="only the side-by-side decode on dense K/V (pagedc from Python)")
+                        help="only the decode shapes side by side (pagedc from Python)")
     args = parser.parse_args()
     if not os.access(args.pagedc_bench, os.X_OK):
         raise SystemExit(f"{args.pagedc_bench}: not an executable (build pagedc first)")
@@ -184,32 +234,36 @@ def main():
     warnings.filterwarnings("ignore", message=".*without torch.compile")
     torch.set_num_threads(args.threads)
     flex = torch.compile(flex_attention, dynamic=False)
-    dense_rows = []
+    side_rows = []
     try:
         import pagedc
     except ImportError:
         pagedc = None
         print("pagedc's Python package is not importable (PYTHONPATH=build/python): "
-              "no side-by-side dense decode", file=sys.stderr)
+              "no side-by-side runs", file=sys.stderr)
     if pagedc is not None:
-        print(f"{'dense decode':<16} {'pagedc ms':>10} {'torch ms':>10} {'read ms':>8} "
-              f"{'read GB/s':>9} {'torch/pagedc':>13}  per rep")
+        print(f"{'side by side':<16} {'pagedc ms':>10} {'torch ms':>10} {'read ms':>8} "
+              f"{'read GB/s':>9} {'torch/pagedc':>13} {'cache ms':>9} {'torch/cache':>12}"
+              "  per rep (torch/pagedc)")
         for case in CASES:
-            if case[4] != 1:
+            if args.dense_only and case[4] != 1:
                 continue
             row = side_by_side(torch, flex, pagedc, case, args.reps, args.threads)
-            dense_rows.append(row)
+            side_rows.append(row)
             print(f"{row['name']:<16} {row['pagedc_dense_median_ms']:>10.2f} "
-                  f"{row['torch_median_ms']:>10.2f} {row['read_median_ms']:>8.2f} "
-                  f"{row['read_gb_per_s']:>9.1f} {row['speedup_vs_torch']:>12.2f}x  "
+                  f"{row['torch_median_ms']:>10.2f} "
+                  + (f"{row['read_median_ms']:>8.2f} {row['read_gb_per_s']:>9.1f} "
+                     if "read_median_ms" in row else f"{'-':>8} {'-':>9} ")
+                  + f"{row['speedup_vs_torch']:>12.2f}x "
+                  f"{row['pagedc_cache_median_ms']:>9.2f} {row['cache_speedup_vs_torch']:>11.2f}x  "
                   + " ".join(f"{r:.2f}" for r in row["speedup_per_rep"]), flush=True)
     if args.dense_only:
         if args.json:
             with open(args.json, "w") as file:
-                json.dump({"benchmark": "cpu_dense_decode_vs_torch_flex",
+                json.dump({"benchmark": "cpu_decode_side_by_side_vs_torch_flex",
                            "torch": torch.__version__, "threads": args.threads,
                            "reps": args.reps, "load_average": os.getloadavg(),
-                           "dense_decode": dense_rows}, file, indent=2)
+                           "side_by_side": side_rows}, file, indent=2)
                 file.write("\n")
         return
     anchors = {}
@@ -255,7 +309,7 @@ def main():
               "anchor_layout": "contiguous K/V (pagedc: 16-token pages, or dense "
                                "where page_size is 0)",
               "load_average": os.getloadavg(),
-              "cases": rows, "dense_decode": dense_rows, "read_bandwidth": read_bandwidth}
+              "cases": rows, "side_by_side": side_rows, "read_bandwidth": read_bandwidth}
     if args.json:
         with open(args.json, "w") as file:
             json.dump(result, file, indent=2)
