@@ -8,6 +8,11 @@
 
 namespace pagedc {
 
+namespace {
+/// Blocks this large or larger are mapped (and advised for huge pages).
+constexpr size_t kMappedBytes = size_t(4) << 20;
+} // namespace
+
 void *allocateZeroedHost(size_t bytes) noexcept {
   if (bytes >= kMappedBytes) {
     void *data =

@@ -1,7 +1,7 @@
 //===- HostMemory.h - Large zeroed host allocations -------------*- C++ -*-===//
 //
 // The host memory behind pagedc's own buffers (HostTensor, the host KV
-// cache). Blocks of at least kMappedBytes are anonymous mappings advised for
+// cache). Blocks of 4 MiB or more are anonymous mappings advised for
 // transparent huge pages: attention streams them, and with 4 KiB pages every
 // 4 KiB of a K or V stream is a TLB miss and a restart of the hardware
 // prefetcher, while a fresh 2 MiB page is also one fault instead of 512.
@@ -13,9 +13,6 @@
 #include <cstddef>
 
 namespace pagedc {
-
-/// Blocks this large or larger are mapped (and advised for huge pages).
-constexpr size_t kMappedBytes = size_t(4) << 20;
 
 /// `bytes` zeroed bytes (at least one, so the pointer is never null), or
 /// nullptr when the system has no memory for them.

@@ -14,7 +14,6 @@
 
 #include <fmt/format.h>
 
-#include <cstdlib>
 #include <cstring>
 #include <map>
 #include <mutex>

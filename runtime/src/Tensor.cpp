@@ -7,10 +7,8 @@
 
 #include <cmath>
 #include <cstring>
-#include <utility>
 #include <limits>
-#include <new>
-#include <stdexcept>
+#include <utility>
 
 namespace pagedc {
 
