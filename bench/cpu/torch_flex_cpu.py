@@ -24,8 +24,9 @@ PYTHONPATH=build/python), pagedc from its own PagedKVCache holding the same
 K/V (16-token pages), and k.sum() + v.sum() as the read roofline. These
 ratios come from one process and alternating calls, so they hold against
 the machine's drift better than the separate runs that follow.
---dense-only runs only the decode shapes side by side and stops. Afterwards pagedc-bench-cpu-attention
---read-bandwidth adds the machine's read bandwidth for the same bytes.
+--dense-only runs only the decode shapes side by side and stops. Afterwards
+pagedc-bench-cpu-attention --read-bandwidth adds the machine's read
+bandwidth for the same bytes.
 
 The outputs of the anchor runs are not compared (the pagedc binary
 checks itself against a naive loop); this script checks PyTorch's compiled
@@ -75,7 +76,7 @@ def paged_copy(torch, pagedc, k, v, page_size=16):
     reserved in turn), so a sequence's pages are not adjacent."""
     batch, heads, length, dim = k.shape
     cache = pagedc.PagedKVCache(batch * length // page_size + 1, page_size, batch, heads, dim,
-                                dtype="torch.float32")
+                                dtype=torch.float32)
     for end in range(page_size, length + page_size, page_size):
         for b in range(batch):
             cache.reserve(b, min(end, length))
@@ -85,13 +86,13 @@ def paged_copy(torch, pagedc, k, v, page_size=16):
 
 
 def side_by_side(torch, flex, pagedc, case, reps, threads):
-    """Decode in one process, the calls alternating so that all see the same
-    machine: torch.compile'd flex on dense K/V, pagedc's
+    """One shape in this process, the calls alternating so that all see the
+    same machine: torch.compile'd flex on dense K/V, pagedc's
     flex_attention(q, k, v) on the same tensors (read in place), pagedc from
     its own paged cache holding the same K/V (16-token pages, interleaved
-    across sequences), and a read-only pass over the dense K and V
-    (k.sum() + v.sum(), torch's vectorised reduction on the same threads) as
-    the bandwidth roofline."""
+    across sequences), and for a decode a read-only pass over the dense K
+    and V (k.sum() + v.sum(), torch's vectorised reduction on the same
+    threads) as the bandwidth roofline."""
     name, batch, hq, hkv, sq, skv, dim, causal, alibi = case
     generator = torch.Generator().manual_seed(11)
     q = torch.randn(batch, hq, sq, dim, generator=generator)
