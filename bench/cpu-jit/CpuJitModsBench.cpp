@@ -226,6 +226,10 @@ bench::Json runRowFunctions(const Options &options) {
 } // namespace
 
 int main(int argc, char **argv) {
+  auto usage = [&](FILE *to) {
+    fmt::print(to, "usage: {} [--reps N] [--threads T] [--quick] [--json FILE] [--help]\n",
+               argv[0]);
+  };
   Options options;
   for (int i = 1; i < argc; ++i) {
     std::string arg = argv[i];
@@ -236,17 +240,45 @@ int main(int argc, char **argv) {
       }
       return argv[++i];
     };
-    if (arg == "--reps")
-      options.reps = std::max(1, std::stoi(value()));
+    auto count = [&](int least) {
+      const std::string text = value();
+      try {
+        size_t used = 0;
+        const int parsed = std::stoi(text, &used);
+        if (used == text.size() && parsed >= least)
+          return parsed;
+      } catch (const std::exception &) {
+      }
+      fmt::print(stderr, "{} needs an integer of at least {}, got '{}'\n", arg, least, text);
+      std::exit(2);
+    };
+    if (arg == "-h" || arg == "--help") {
+      usage(stdout);
+      fmt::print(
+          "\nCPU paged attention, f32, with hand-written mods (the anchor) and the same mods\n"
+          "compiled from examples/mods.attn by the CPU JIT, alternating; medians and the\n"
+          "JIT/hand ratio, then the row functions alone (ns per element).\n"
+          "Cases: prefill-causal and prefill-alibi (B 1 x H 8 x S 2048 x D 64), decode-causal\n"
+          "and decode-alibi (B 16 x Hq 32 x Hkv 8 x kv 4096 x D 128, pages of 16).\n"
+          "\n"
+          "  --reps N       repetitions of each (default {})\n"
+          "  --threads T    worker threads (default: one per core)\n"
+          "  --quick        S 512 and kv 1024 instead\n"
+          "  --json FILE    also write the results to FILE\n"
+          "  -h, --help     print this help and exit\n",
+          Options{}.reps);
+      return 0;
+    } else if (arg == "--reps")
+      options.reps = count(1);
     else if (arg == "--threads")
-      options.threads = std::stoi(value());
+      options.threads = count(0);
     else if (arg == "--quick")
       options.quick = true;
     else if (arg == "--json")
       options.json = value();
     else {
-      fmt::print(stderr, "usage: {} [--reps N] [--threads T] [--quick] "
-                         "[--json FILE]\n", argv[0]);
+      fmt::print(stderr, "unknown option '{}'\n", arg);
+      usage(stderr);
       return 2;
     }
   }

@@ -369,6 +369,42 @@ bench::Json readBandwidth(int64_t bytes, int64_t chunkBytes, bool prefetch, int 
 } // namespace
 
 int main(int argc, char **argv) {
+  const Case cases[] = {
+      {"prefill-causal", 1, 8, 8, 2048, 2048, 64, 16, true, false},
+      {"prefill-alibi", 1, 8, 8, 2048, 2048, 64, 16, false, true},
+      {"decode", 16, 32, 8, 1, 4096, 128, 16, false, false},
+      {"decode-causal", 16, 32, 8, 1, 4096, 128, 16, true, false},
+      {"decode-dense", 16, 32, 8, 1, 4096, 128, 0, false, false},
+      {"decode-mha", 16, 8, 8, 1, 4096, 128, 16, false, false},
+      {"decode-mha-dense", 16, 8, 8, 1, 4096, 128, 0, false, false},
+  };
+  auto usage = [&](FILE *to) {
+    fmt::print(to, "usage: {} [--reps N] [--naive-reps N] [--threads T] "
+                   "[--variant auto|generic|avx2|avx512] [--only CASE] [--read-bandwidth] "
+                   "[--json FILE] [--help]\n", argv[0]);
+  };
+  auto help = [&] {
+    usage(stdout);
+    fmt::print(
+        "\nCPU paged attention, f32: each case runs pagedc's tiled kernel and, as the anchor,\n"
+        "a naive one-thread loop with the same semantics; medians of the repetitions.\n"
+        "\n"
+        "  --reps N            repetitions of the tiled kernel (default 7)\n"
+        "  --naive-reps N      repetitions of the naive loop (default 3)\n"
+        "  --threads T         worker threads (default: one per core)\n"
+        "  --variant NAME      kernel variant: auto (the widest supported), generic, avx2,\n"
+        "                      avx512\n"
+        "  --only CASE         run one case\n"
+        "  --read-bandwidth    measure reading the decode's 537 MB of K/V instead: contiguous,\n"
+        "                      in shuffled 8 KiB / 64 KiB chunks, and with software prefetch\n"
+        "  --json FILE         also write the results to FILE\n"
+        "  -h, --help          print this help and exit\n"
+        "\ncases (page 0: dense K/V read in place):\n");
+    for (const Case &c : cases)
+      fmt::print("  {:<18} B {} x Hq {} x Hkv {} x q {} x kv {} x D {}, page {}{}{}\n", c.name,
+                 c.batch, c.qHeads, c.kvHeads, c.qLength, c.kvLength, c.dim, c.pageSize,
+                 c.causal ? ", causal" : "", c.alibi ? ", ALiBi" : "");
+  };
   Options options;
   for (int i = 1; i < argc; ++i) {
     std::string arg = argv[i];
@@ -379,12 +415,27 @@ int main(int argc, char **argv) {
       }
       return argv[++i];
     };
-    if (arg == "--reps") {
-      options.reps = std::max(1, std::stoi(value()));
+    auto count = [&](int least) {
+      const std::string text = value();
+      try {
+        size_t used = 0;
+        const int parsed = std::stoi(text, &used);
+        if (used == text.size() && parsed >= least)
+          return parsed;
+      } catch (const std::exception &) {
+      }
+      fmt::print(stderr, "{} needs an integer of at least {}, got '{}'\n", arg, least, text);
+      std::exit(2);
+    };
+    if (arg == "-h" || arg == "--help") {
+      help();
+      return 0;
+    } else if (arg == "--reps") {
+      options.reps = count(1);
     } else if (arg == "--naive-reps") {
-      options.naiveReps = std::max(1, std::stoi(value()));
+      options.naiveReps = count(1);
     } else if (arg == "--threads") {
-      options.threads = std::stoi(value());
+      options.threads = count(0);
     } else if (arg == "--read-bandwidth") {
       options.readBandwidth = true;
     } else if (arg == "--only") {
@@ -405,22 +456,18 @@ int main(int argc, char **argv) {
         return 2;
       }
     } else {
-      fmt::print(stderr, "usage: {} [--reps N] [--naive-reps N] [--threads T] "
-                         "[--variant auto|generic|avx2|avx512] [--only CASE] [--read-bandwidth] "
-                         "[--json FILE]\n", argv[0]);
+      fmt::print(stderr, "unknown option '{}'\n", arg);
+      usage(stderr);
       return 2;
     }
   }
+  if (!options.only.empty() &&
+      std::none_of(std::begin(cases), std::end(cases),
+                   [&](const Case &c) { return options.only == c.name; })) {
+    fmt::print(stderr, "--only: no case '{}' (--help lists them)\n", options.only);
+    return 2;
+  }
 
-  const Case cases[] = {
-      {"prefill-causal", 1, 8, 8, 2048, 2048, 64, 16, true, false},
-      {"prefill-alibi", 1, 8, 8, 2048, 2048, 64, 16, false, true},
-      {"decode", 16, 32, 8, 1, 4096, 128, 16, false, false},
-      {"decode-causal", 16, 32, 8, 1, 4096, 128, 16, true, false},
-      {"decode-dense", 16, 32, 8, 1, 4096, 128, 0, false, false},
-      {"decode-mha", 16, 8, 8, 1, 4096, 128, 16, false, false},
-      {"decode-mha-dense", 16, 8, 8, 1, 4096, 128, 0, false, false},
-  };
   int threads = options.threads > 0 ? options.threads
                                     : static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
   if (options.readBandwidth) {

@@ -36,6 +36,7 @@
 //
 //===----------------------------------------------------------------------===//
 
+#include "BenchArgs.h"
 #include "Target/CudaSource.h"
 
 #include "Conversion/CUDA/FlexToEmitC.h"
@@ -419,6 +420,16 @@ int main(int argc, char **argv) {
     return warmChild(argv[2], argv[3]);
   if (argc == 4 && std::string(argv[1]) == "--second-child")
     return secondChild(argv[2], argv[3]);
+  if (int status = bench::readBenchmarkArgs(
+          argc, argv, "pagedc-bench-jit-e2e",
+          "JIT latency with generated code: examples/mods.attn (mask causal, score alibi),\n"
+          "bf16, D 128, page 16, sm_90, decode (GQA 4) and prefill. .attn -> cubin cold\n"
+          "against nvcc -cubin on the same generated source, the first and the warm run of\n"
+          "pagedc-jit in a new process, an in-process hit, where a cold compile goes\n"
+          "(NVRTC's stage split) and a second variant in a warm process; medians of 5.\n"
+          "Prints the tables and writes bench/results/jit-e2e.json in the source tree.");
+      status >= 0)
+    return status;
   std::string reason;
   if (!Nvrtc::available(&reason)) {
     fmt::print(stderr, "pagedc-bench-jit-e2e: NVRTC unavailable: {}\n", reason);
@@ -496,7 +507,6 @@ int main(int argc, char **argv) {
   std::ofstream(std::string(PAGEDC_BENCH_RESULTS_DIR) + "/jit-e2e.json")
       << json;
 
-  benchmark::Initialize(&argc, argv);
   benchmark::RunSpecifiedBenchmarks();
   return 0;
 }

@@ -12,6 +12,7 @@
 //
 //===----------------------------------------------------------------------===//
 
+#include "BenchArgs.h"
 #include "BenchJson.h"
 #include "pagedc/KernelCache.h"
 
@@ -204,6 +205,15 @@ BENCHMARK(inProcessHit)->Arg(0)->Arg(1)->ArgName("decode");
 int main(int argc, char **argv) {
   if (argc == 4 && std::string(argv[1]) == "--warm-child")
     return warmChild(argv[2], argv[3]);
+  if (int status = bench::readBenchmarkArgs(
+          argc, argv, "pagedc-bench-jit",
+          "How long a kernel variant takes to get, for the decode and prefill kernels (bf16,\n"
+          "D 128, page 16, the causal + ALiBi test mod, sm_90): a cold NVRTC compile into an\n"
+          "empty cache against nvcc -cubin on the same source, the variant from the on-disk\n"
+          "cache in a new process, and a hit in the in-process map; medians of 5. Prints a\n"
+          "table and writes bench/results/jit.json in the source tree.");
+      status >= 0)
+    return status;
   std::string reason;
   if (!Nvrtc::available(&reason)) {
     fmt::print(stderr, "pagedc-bench-jit: NVRTC unavailable: {}\n", reason);
@@ -268,7 +278,6 @@ int main(int argc, char **argv) {
                       {"in_process_hit_s", 5e-6}}}});
   fmt::print("wrote {}\n\n", out);
 
-  benchmark::Initialize(&argc, argv);
   benchmark::RunSpecifiedBenchmarks();
   benchmark::Shutdown();
   return 0;

@@ -1,7 +1,8 @@
 //===- DeviceQuery.cpp - List CUDA devices --------------------------------===//
 //
 // Prints one line per device, "cuda:N <name> sm_XY <memory> GiB <SMs> SMs",
-// and exits 0; or prints why there is no usable device and exits 1.
+// and exits 0; or prints why there is no usable device and exits 1. It takes
+// no arguments but --help.
 //
 //===----------------------------------------------------------------------===//
 
@@ -11,8 +12,23 @@
 #include <fmt/format.h>
 
 #include <cstdio>
+#include <string>
 
-int main() {
+int main(int argc, char **argv) {
+  if (argc > 1) {
+    const std::string arg = argv[1];
+    if (arg == "-h" || arg == "--help") {
+      fmt::print("usage: pagedc-device-query [--help]\n\n"
+                 "Lists the CUDA devices the NVIDIA driver reports, one line each:\n"
+                 "  cuda:N <name> sm_XY <memory> GiB <SMs> SMs\n"
+                 "\nEXIT STATUS: 0 with a device listed; 1 without a driver or a device (the\n"
+                 "reason on standard error); 2 on a usage error.\n");
+      return 0;
+    }
+    fmt::print(stderr, "pagedc-device-query: unknown argument '{}' (it takes none; --help)\n",
+               arg);
+    return 2;
+  }
   std::string reason;
   if (!pagedc::CudaDriver::available(&reason)) {
     fmt::print(stderr, "pagedc-device-query: {}\n", reason);
