@@ -3,6 +3,7 @@
 #   scripts/build.sh [--target NAME]... [CMAKE_CONFIGURE_ARGUMENTS]...
 # Builds every target unless --target names some (scripts/test.sh --quick:
 # pagedc-quick-tier); other arguments go to the first configure.
+source "$(dirname "$0")/script-help.sh"
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 build=${PAGEDC_BUILD_DIR:-$root/build}

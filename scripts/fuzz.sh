@@ -22,6 +22,7 @@
 # New inputs the fuzzer finds go to build-fuzz/fuzz/corpus/<target>/ (kept
 # between runs, never into the source tree). Reproduce a finding with
 #   build-fuzz/bin/pagedc-fuzz-<target> FILE
+source "$(dirname "$0")/script-help.sh"
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 seconds=${1:-20}

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Installs the Debian packages pagedc needs, only those that are missing.
 # Quiet when everything is already there; safe to run any number of times.
+source "$(dirname "$0")/script-help.sh"
 set -euo pipefail
 packages=(cmake ninja-build g++ lld python3 llvm-19-dev libmlir-19-dev mlir-19-tools llvm-19-tools
           libfmt-dev libgtest-dev libbenchmark-dev libxxhash-dev nlohmann-json3-dev

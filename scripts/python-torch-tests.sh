@@ -5,6 +5,7 @@
 # installs torch from PyPI there (`pip install torch`: about 5 GB with its
 # dependencies, so never in CI) plus pytest, and runs the whole suite against
 # the build tree's package. Usage: scripts/python-torch-tests.sh [BUILD_DIR]
+source "$(dirname "$0")/script-help.sh"
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 build=${1:-$root/build}

@@ -10,6 +10,7 @@
 #   scripts/sanitizer-tree.sh        configure build-fuzz/ (or
 #                                    $PAGEDC_FUZZ_BUILD_DIR) if needed and
 #                                    print its path
+source "$(dirname "$0")/script-help.sh"
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 build=${PAGEDC_FUZZ_BUILD_DIR:-$root/build-fuzz}

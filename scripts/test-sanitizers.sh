@@ -16,6 +16,7 @@
 #
 #   scripts/test-sanitizers.sh      PAGEDC_SANITIZER_SKIP_BUILD=1: use the
 #                                   pagedc already built there
+source "$(dirname "$0")/script-help.sh"
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 build=$("$root/scripts/sanitizer-tree.sh")

@@ -8,6 +8,7 @@
 # test_vllm_config.py) against the build tree's package. pagedc is not
 # installed in the venv: the entry-point test reads python/pyproject.toml.
 # Usage: scripts/vllm-tests.sh [BUILD_DIR] [PYTEST_ARGS...]
+source "$(dirname "$0")/script-help.sh"
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 build=${1:-$root/build}
