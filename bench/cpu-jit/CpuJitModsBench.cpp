@@ -11,6 +11,7 @@
 //===----------------------------------------------------------------------===//
 
 #include "AttentionCase.h"
+#include "OptionValues.h"
 #include "JIT/CompileSource.h"
 
 #include "cpu/CpuAttention.h"
@@ -233,25 +234,8 @@ int main(int argc, char **argv) {
   Options options;
   for (int i = 1; i < argc; ++i) {
     std::string arg = argv[i];
-    auto value = [&]() -> std::string {
-      if (i + 1 >= argc) {
-        fmt::print(stderr, "{} needs a value\n", arg);
-        std::exit(2);
-      }
-      return argv[++i];
-    };
-    auto count = [&](int least) {
-      const std::string text = value();
-      try {
-        size_t used = 0;
-        const int parsed = std::stoi(text, &used);
-        if (used == text.size() && parsed >= least)
-          return parsed;
-      } catch (const std::exception &) {
-      }
-      fmt::print(stderr, "{} needs an integer of at least {}, got '{}'\n", arg, least, text);
-      std::exit(2);
-    };
+    auto value = [&] { return bench::optionValue(argc, argv, i); };
+    auto count = [&](int least) { return bench::optionCount(argc, argv, i, least); };
     if (arg == "-h" || arg == "--help") {
       usage(stdout);
       fmt::print(
