@@ -3,6 +3,7 @@
 #include "pagedc/Error.h"
 
 #include "OutputFiles.h"
+#include "TensorChecks.h"
 
 #include <fmt/format.h>
 
@@ -22,6 +23,8 @@
 namespace pagedc {
 namespace {
 
+using detail::shapeText;
+
 constexpr char kMagic[] = "\x93NUMPY";
 constexpr size_t kMagicLength = 6;
 /// The largest header read. NumPy writes a few hundred bytes at most (a dict
@@ -32,13 +35,6 @@ constexpr uint64_t kMaxHeaderBytes = uint64_t(1) << 20;
 
 [[noreturn]] void fail(const std::string &name, const std::string &problem) {
   throw Error(fmt::format("npy file '{}': {}", name, problem));
-}
-
-std::string shapeText(const std::vector<int64_t> &shape) {
-  std::string text = "[";
-  for (size_t i = 0; i < shape.size(); ++i)
-    text += (i ? ", " : "") + std::to_string(shape[i]);
-  return text + "]";
 }
 
 /// The header dictionary of a .npy file.

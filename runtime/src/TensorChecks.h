@@ -28,8 +28,13 @@ inline bool isProvided(const TensorView &view) {
 /// The element types the CPU backend computes with.
 inline bool isCpuFloat(DType type) { return type == DType::F32 || type == DType::BF16; }
 
+/// "[2, 3]": any shape, also one no tensor may have (the .npy reader names
+/// those in its errors), as TensorView::shapeString writes a tensor's.
 inline std::string shapeText(const std::vector<int64_t> &shape) {
-  return TensorView(nullptr, DType::F32, shape).shapeString();
+  std::string text = "[";
+  for (size_t i = 0; i < shape.size(); ++i)
+    text += (i ? ", " : "") + std::to_string(shape[i]);
+  return text + "]";
 }
 
 /// Inputs may broadcast (stride 0) but not run backwards, and need data.

@@ -35,6 +35,15 @@ enum class KernelKind : uint8_t {
 };
 const char *kernelKindName(KernelKind kind);
 
+/// The decode kernel's KV tile (templates/Decode.cuh, kDecodeTileN): the
+/// planner counts a decode split's keys in these, and block-mask kv blocks
+/// under a decode must be multiples of it.
+inline constexpr int kDecodeKvTile = 64;
+/// The most kv blocks of a block mask one decode split may cover: the size
+/// of the kernel's per-split block tables (each unit's
+/// pagedc_config::kMaxSplitBlocks) and so the planner's limit.
+inline constexpr int kDecodeMaxSplitBlocks = 64;
+
 /// Checks a KernelOptions::prefillShape value: its list of entries and
 /// every shape in it. Throws pagedc::Error naming `label` (what the caller
 /// calls the setting) and the forms it takes.

@@ -30,8 +30,6 @@ namespace {
 
 /// The most query tokens the decode kernel takes (KernelConfig::validate).
 constexpr int kMaxDecodeTokens = 8;
-/// The decode kernel's KV tile (block-mask kv blocks must be multiples).
-constexpr int kDecodeTile = 64;
 
 struct DeviceState {
   cu::Context context = nullptr;
@@ -825,7 +823,7 @@ void pagedAttention(const cpu::PagedAttentionArgs &args, Device device, void *st
       isFloat8(kvType) ? std::optional<DType>(kvType) : std::nullopt);
   const BlockMask *mask = args.blockMask;
   if (mask) {
-    const int tile = config.kind == KernelKind::Decode ? kDecodeTile : config.blockN;
+    const int tile = config.kind == KernelKind::Decode ? kDecodeKvTile : config.blockN;
     if (mask->kvBlockSize % tile != 0)
       throw Error(fmt::format("the block mask's kv block size {} is not a multiple of the CUDA "
                               "{} kernel's KV tile {}",

@@ -40,8 +40,6 @@ namespace pagedc::detail {
 
 namespace {
 
-/// The decode kernel's KV tile (granule of its splits).
-constexpr int64_t kDecodeTile = 64;
 /// A split covers at least this many keys when the context has them (as
 /// planAttention's splits): shorter ones cost more in merging than they
 /// gain in parallelism.
@@ -249,7 +247,7 @@ void CudaBatchBackend::plan(const int32_t *queryStart, const int32_t *kvLength,
     if (qLength == 0)
       continue;
     // The keys the kernels visit: from the tile that holds kv_start.
-    const int32_t firstKey = kvStart[b] / kDecodeTile * kDecodeTile;
+    const int32_t firstKey = kvStart[b] / kDecodeKvTile * kDecodeKvTile;
     if (qLength <= kBatchDecodeTokens) {
       decodeList_[2 * decodeSeqs] = static_cast<int32_t>(b);
       decodeList_[2 * decodeSeqs + 1] = 0;
@@ -349,13 +347,13 @@ int64_t CudaBatchBackend::decodeSplits(int64_t decodeSeqs, int64_t maxDecodeKv,
     problem.ctasPerSplit =
         decodeSeqs * ((config.groupSize * maxDecodeTokens + rowsPerCta - 1) / rowsPerCta);
   }
-  problem.granules = std::max<int64_t>((maxDecodeKv + kDecodeTile - 1) / kDecodeTile, 1);
-  problem.granuleLength = kDecodeTile;
+  problem.granules = std::max<int64_t>((maxDecodeKv + kDecodeKvTile - 1) / kDecodeKvTile, 1);
+  problem.granuleLength = kDecodeKvTile;
   problem.rowsPerCta = int64_t(kBatchDecodeTokens) * config.decodeHeadsPerCta();
   problem.headDim = config.headDim;
   problem.multiprocessors = cudaDeviceInfo(decode_->device).multiprocessors;
   problem.residentCtasPerSm = std::max(decode_->residentCtasPerSm, 1);
-  problem.minGranulesPerSplit = kMinSplitKeys / kDecodeTile;
+  problem.minGranulesPerSplit = kMinSplitKeys / kDecodeKvTile;
   return std::clamp<int64_t>(chooseDecodeSplits(problem).splits, 1, maxSplits_);
 }
 

@@ -19,8 +19,6 @@ namespace pagedc {
 
 namespace {
 
-constexpr int kDecodeTile = 64;
-constexpr int kMaxSplitBlocks = 64; // must match KernelSource.cpp
 /// Fewest kv positions worth a split of their own.
 constexpr int kMinSplitLength = 256;
 /// The most splits of one sequence the planner considers.
@@ -93,7 +91,7 @@ void checkArgs(const KernelConfig &config, const PagedcAttentionKernelArgs &args
                               name, stride[0], perCopy, pageStride));
   }
   if (args.kv_num_blocks) {
-    int tile = config.kind == KernelKind::Decode ? kDecodeTile : config.blockN;
+    int tile = config.kind == KernelKind::Decode ? kDecodeKvTile : config.blockN;
     if (!args.kv_indices)
       throw Error("attention launch: kv_num_blocks is given without kv_indices");
     if ((args.full_kv_num_blocks == nullptr) != (args.full_kv_indices == nullptr))
@@ -310,10 +308,10 @@ AttentionLaunchPlan planAttention(const KernelConfig &config,
   // Decode: the split count. Each CTA divides what its rows see into
   // num_splits equal parts (templates/Decode.cuh), so the plan works in
   // granules of the longest context: block-mask blocks (a split covers at
-  // most kMaxSplitBlocks of them) or KV tiles.
+  // most kDecodeMaxSplitBlocks of them) or KV tiles.
   const int headChunks = static_cast<int>(ceilDiv(config.groupSize, config.decodeHeadsPerCta()));
   const int64_t ctasPerSplit = int64_t(args.batch) * args.heads_kv * headChunks;
-  const int granularity = args.kv_num_blocks ? args.kv_block_size : kDecodeTile;
+  const int granularity = args.kv_num_blocks ? args.kv_block_size : kDecodeKvTile;
   const int64_t span =
       maxVisibleKv < 0 ? maxKvLength : std::min<int64_t>(maxVisibleKv, maxKvLength);
   DecodeSplitProblem problem;
@@ -324,7 +322,7 @@ AttentionLaunchPlan planAttention(const KernelConfig &config,
   problem.headDim = config.headDim;
   problem.multiprocessors = multiprocessors;
   problem.residentCtasPerSm = residentCtasPerSm;
-  problem.maxGranulesPerSplit = args.kv_num_blocks ? kMaxSplitBlocks : 0;
+  problem.maxGranulesPerSplit = args.kv_num_blocks ? kDecodeMaxSplitBlocks : 0;
   problem.minGranulesPerSplit = ceilDiv(kMinSplitLength, granularity);
   problem.splitFactor = decodeSplitFactor(options);
   const DecodeSplitChoice choice = chooseDecodeSplits(problem);
@@ -607,11 +605,11 @@ std::string bindDecodeTensorMaps(const CudaDriver &driver, const KernelConfig &c
     return refuse(fmt::format("head dim {}, not a multiple of 64", config.headDim));
   if (config.valueDim() != config.headDim)
     return refuse(fmt::format("value head dim {} other than the head dim", config.valueDim()));
-  const unsigned boxRows = static_cast<unsigned>(std::min(config.pageSize, kDecodeTile));
+  const unsigned boxRows = static_cast<unsigned>(std::min(config.pageSize, kDecodeKvTile));
   // Runs: a decode tile's rows of consecutive pages a box.
   std::string runs;
   const std::string why = bindCacheMaps(driver, config, plan.args, kPages, vPages, boxRows,
-                                        kDecodeTile, options.decodeTmaRuns.value_or(true), maps,
+                                        kDecodeKvTile, options.decodeTmaRuns.value_or(true), maps,
                                         runs);
   if (!why.empty())
     return refuse(why);

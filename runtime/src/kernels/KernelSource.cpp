@@ -36,9 +36,6 @@ extern const std::size_t kEmbeddedTemplateCount;
 namespace pagedc {
 namespace {
 
-/// Most kv blocks of a block mask one decode split may cover.
-constexpr int kMaxSplitBlocks = 64;
-
 int countLines(std::string_view text) {
   return static_cast<int>(std::count(text.begin(), text.end(), '\n'));
 }
@@ -537,8 +534,8 @@ int KernelConfig::sharedMemoryBytes() const {
     // stages' mbarriers and 1 KiB to align the regions to 1,024 bytes (the
     // tensor maps' swizzle).
     int padded = decodePaddedRows(*this);
-    return padded * rowBytes + 4 * 64 * rowBytes + padded * kMaxSplitBlocks +
-           kMaxSplitBlocks + 2 * 64 * 4 + 64 * 4 + 2 * 8 + 1024;
+    return padded * rowBytes + 4 * 64 * rowBytes + padded * kDecodeMaxSplitBlocks +
+           kDecodeMaxSplitBlocks + 2 * 64 * 4 + 64 * 4 + 2 * 8 + 1024;
   }
   case KernelKind::BlockMaskBuilder:
     return 0;
@@ -636,7 +633,7 @@ KernelSource assembleKernel(const KernelConfig &config,
   code += fmt::format("constexpr int kQueryTokens = {};\n", config.queryTokens);
   code += fmt::format("constexpr int kDecodeHeadsPerCta = {};\n",
                       config.decodeHeadsPerCta());
-  code += fmt::format("constexpr int kMaxSplitBlocks = {};\n", kMaxSplitBlocks);
+  code += fmt::format("constexpr int kMaxSplitBlocks = {};\n", kDecodeMaxSplitBlocks);
   code += fmt::format("constexpr int kPrefillStages = {};\n", config.prefillStages());
   code += fmt::format("constexpr int kPrefillQBuffers = {};\n", config.prefillQBuffers());
   code += fmt::format("constexpr bool kHasLse = {};\n",
