@@ -37,6 +37,7 @@
 //===----------------------------------------------------------------------===//
 
 #include "BenchArgs.h"
+#include "JitBench.h"
 #include "Target/CudaSource.h"
 
 #include "Conversion/CUDA/FlexToEmitC.h"
@@ -77,6 +78,8 @@ extern char **environ;
 
 namespace {
 
+using bench::median;
+
 constexpr int kRepetitions = 5;
 constexpr const char *kProgram = PAGEDC_BENCH_EXAMPLES_DIR "/mods.attn";
 constexpr const char *kMask = "causal";
@@ -84,32 +87,6 @@ constexpr const char *kScore = "alibi";
 /// The second variant of a warm process.
 constexpr const char *kSecondMask = "sliding";
 constexpr const char *kSecondScore = "capped";
-
-double seconds(Clock::time_point start) {
-  return std::chrono::duration<double>(Clock::now() - start).count();
-}
-
-double median(std::vector<double> values) {
-  std::sort(values.begin(), values.end());
-  size_t n = values.size();
-  return n % 2 ? values[n / 2] : 0.5 * (values[n / 2 - 1] + values[n / 2]);
-}
-
-KernelConfig benchConfig(KernelKind kind) {
-  KernelConfig config;
-  config.kind = kind;
-  config.elementType = DType::BF16;
-  config.headDim = 128;
-  config.pageSize = 16;
-  config.groupSize = kind == KernelKind::Decode ? 4 : 1;
-  return config;
-}
-
-CompileOptions benchOptions() {
-  CompileOptions options;
-  options.arch = "sm_90";
-  return options;
-}
 
 /// The whole compiler front: .attn file -> generated mod code, in a fresh
 /// MLIRContext (what a new variant costs before NVRTC).
@@ -142,28 +119,6 @@ std::string generateFromSource(const char *mask = kMask, const char *score = kSc
   return *code;
 }
 
-/// CPU seconds of the waited-for children (nvcc and the tools it runs).
-double childrenCpu() {
-  rusage usage;
-  getrusage(RUSAGE_CHILDREN, &usage);
-  return usage.ru_utime.tv_sec + usage.ru_stime.tv_sec +
-         (usage.ru_utime.tv_usec + usage.ru_stime.tv_usec) * 1e-6;
-}
-
-/// CPU seconds of this process, all threads (NVRTC included).
-double processCpu() {
-  timespec now;
-  clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &now);
-  return now.tv_sec + now.tv_nsec * 1e-9;
-}
-
-std::string freshDirectory(const char *tag) {
-  std::string pattern =
-      (fs::temp_directory_path() / fmt::format("pagedc-e2e-{}-XXXXXX", tag))
-          .string();
-  return mkdtemp(pattern.data());
-}
-
 /// The child of the warm measurement: DSL -> mod code, then one disk lookup
 /// that must hit. Writes its own elapsed time to DIR/lookup.txt.
 int warmChild(const std::string &kind, const std::string &dir) {
@@ -171,9 +126,9 @@ int warmChild(const std::string &kind, const std::string &dir) {
   KernelCache cache(dir);
   std::string mods = generateFromSource();
   auto kernel = cache.getOrCompile(
-      benchConfig(kind == "decode" ? KernelKind::Decode : KernelKind::Prefill),
-      mods, benchOptions());
-  double elapsed = seconds(start);
+      bench::jitBenchConfig(kind == "decode" ? KernelKind::Decode : KernelKind::Prefill),
+      mods, bench::jitBenchOptions());
+  double elapsed = bench::secondsSince(start);
   if (cache.stats().diskHits != 1 || kernel->image.empty())
     return 2;
   std::ofstream(dir + "/lookup.txt") << elapsed;
@@ -185,8 +140,8 @@ int warmChild(const std::string &kind, const std::string &dir) {
 /// variant's time to DIR/second.txt.
 int secondChild(const std::string &kind, const std::string &dir) {
   const KernelConfig config =
-      benchConfig(kind == "decode" ? KernelKind::Decode : KernelKind::Prefill);
-  CompileOptions options = benchOptions();
+      bench::jitBenchConfig(kind == "decode" ? KernelKind::Decode : KernelKind::Prefill);
+  CompileOptions options = bench::jitBenchOptions();
   KernelCache cache(dir);
   auto kernel = cache.getOrCompile(config, generateFromSource(), options);
   if (cache.stats().compiles != 1 || kernel->image.empty())
@@ -195,7 +150,7 @@ int secondChild(const std::string &kind, const std::string &dir) {
   auto start = Clock::now();
   KernelSource second = assembleKernel(config, generateFromSource(kSecondMask, kSecondScore));
   CompileResult compiled = Nvrtc::get().compile(second.code, "second.cu", options, &second);
-  double elapsed = seconds(start);
+  double elapsed = bench::secondsSince(start);
   if (compiled.image.empty() || compiled.image == kernel->image)
     return 3;
   std::ofstream(dir + "/second.txt") << elapsed;
@@ -203,7 +158,7 @@ int secondChild(const std::string &kind, const std::string &dir) {
 }
 
 double runSecondChild(const std::string &self, const std::string &kind) {
-  std::string dir = freshDirectory("second");
+  std::string dir = bench::freshDirectory("second");
   std::string flag = "--second-child";
   char *argv[] = {const_cast<char *>(self.c_str()), flag.data(), const_cast<char *>(kind.c_str()),
                   dir.data(), nullptr};
@@ -235,7 +190,7 @@ double runWarmChild(const std::string &self, const std::string &kind,
     throw std::runtime_error("posix_spawn failed");
   int status = 0;
   waitpid(child, &status, 0);
-  double wall = seconds(start);
+  double wall = bench::secondsSince(start);
   if (!WIFEXITED(status) || WEXITSTATUS(status) != 0)
     throw std::runtime_error("warm child failed (no disk hit?)");
   std::ifstream(dir + "/lookup.txt") >> inChild;
@@ -266,7 +221,7 @@ double runJitTool(const std::string &kind, const std::string &dir,
     throw std::runtime_error("posix_spawn pagedc-jit failed");
   int status = 0;
   waitpid(child, &status, 0);
-  double wall = seconds(start);
+  double wall = bench::secondsSince(start);
   if (!WIFEXITED(status) || WEXITSTATUS(status) != 0)
     throw std::runtime_error(fmt::format(
         "pagedc-jit failed (exit {}; a warm run must hit the variant index)",
@@ -289,18 +244,18 @@ struct KindResult {
 KindResult measure(KernelKind kind, const std::string &self) {
   KindResult result;
   result.kind = kernelKindName(kind);
-  KernelConfig config = benchConfig(kind);
+  KernelConfig config = bench::jitBenchConfig(kind);
   std::string warmDir, mods;
   for (int i = 0; i < kRepetitions; ++i) {
-    std::string dir = freshDirectory("cold");
+    std::string dir = bench::freshDirectory("cold");
     auto start = Clock::now();
-    double cpu = processCpu();
+    double cpu = bench::processCpuSeconds();
     KernelCache cache(dir);
     mods = generateFromSource();
-    result.dsl.push_back(seconds(start));
-    auto kernel = cache.getOrCompile(config, mods, benchOptions());
-    result.cold.push_back(seconds(start));
-    result.coldCpu.push_back(processCpu() - cpu);
+    result.dsl.push_back(bench::secondsSince(start));
+    auto kernel = cache.getOrCompile(config, mods, bench::jitBenchOptions());
+    result.cold.push_back(bench::secondsSince(start));
+    result.coldCpu.push_back(bench::processCpuSeconds() - cpu);
     if (cache.stats().compiles != 1 || kernel->image.empty())
       throw std::runtime_error("cold compile did not compile");
     if (i == 0)
@@ -313,8 +268,8 @@ KindResult measure(KernelKind kind, const std::string &self) {
   for (int i = 0; i < kRepetitions; ++i) {
     auto start = Clock::now();
     KernelSource source = assembleKernel(config, mods);
-    result.assemble.push_back(seconds(start));
-    CompileOptions options = benchOptions();
+    result.assemble.push_back(bench::secondsSince(start));
+    CompileOptions options = bench::jitBenchOptions();
     options.timeStages = true;
     CompileResult compiled = Nvrtc::get().compile(source.code, "stages.cu", options, &source);
     result.frontEnd.push_back(compiled.stages.frontEnd);
@@ -326,21 +281,8 @@ KindResult measure(KernelKind kind, const std::string &self) {
   for (int i = 0; i < kRepetitions; ++i)
     result.secondVariant.push_back(runSecondChild(self, result.kind));
 
-  std::string work = freshDirectory("nvcc");
-  std::string path = work + "/kernel.cu";
-  std::ofstream(path) << assembleKernel(config, mods).code;
-  std::string command =
-      fmt::format("{} -cubin -arch=sm_90 -std=c++17 {} -o {}/kernel.cubin",
-                  PAGEDC_BENCH_NVCC, path, work);
-  for (int i = 0; i < kRepetitions; ++i) {
-    auto start = Clock::now();
-    double cpu = childrenCpu();
-    if (std::system(command.c_str()) != 0)
-      throw std::runtime_error("nvcc failed: " + command);
-    result.nvcc.push_back(seconds(start));
-    result.nvccCpu.push_back(childrenCpu() - cpu);
-  }
-  fs::remove_all(work);
+  bench::timeNvcc(PAGEDC_BENCH_NVCC, assembleKernel(config, mods).code, kRepetitions,
+                  result.nvcc, result.nvccCpu);
 
   for (int i = 0; i < kRepetitions; ++i) {
     double inChild = 0;
@@ -355,7 +297,7 @@ KindResult measure(KernelKind kind, const std::string &self) {
   std::string variantDir;
   std::map<std::string, std::string> stats;
   for (int i = 0; i < kRepetitions; ++i) {
-    std::string dir = freshDirectory("first");
+    std::string dir = bench::freshDirectory("first");
     result.firstProcess.push_back(runJitTool(result.kind, dir, false, stats));
     if (stats["outcome"] != "generated" || stats["plugin_loaded"] != "1" ||
         stats["compiles"] != "1")
@@ -377,14 +319,14 @@ KindResult measure(KernelKind kind, const std::string &self) {
   fs::remove_all(variantDir);
 
   KernelCache cache("");
-  cache.getOrCompile(config, mods, benchOptions());
+  cache.getOrCompile(config, mods, bench::jitBenchOptions());
   for (int i = 0; i < kRepetitions; ++i) {
     constexpr int kHits = 20000;
     auto start = Clock::now();
     for (int j = 0; j < kHits; ++j)
       benchmark::DoNotOptimize(
-          cache.getOrCompile(config, mods, benchOptions()));
-    result.hit.push_back(seconds(start) / kHits);
+          cache.getOrCompile(config, mods, bench::jitBenchOptions()));
+    result.hit.push_back(bench::secondsSince(start) / kHits);
   }
   return result;
 }
@@ -393,10 +335,10 @@ void inProcessHit(benchmark::State &state) {
   static KernelCache cache("");
   static std::string mods = generateFromSource();
   KernelConfig config =
-      benchConfig(state.range(0) ? KernelKind::Decode : KernelKind::Prefill);
-  cache.getOrCompile(config, mods, benchOptions());
+      bench::jitBenchConfig(state.range(0) ? KernelKind::Decode : KernelKind::Prefill);
+  cache.getOrCompile(config, mods, bench::jitBenchOptions());
   for (auto _ : state)
-    benchmark::DoNotOptimize(cache.getOrCompile(config, mods, benchOptions()));
+    benchmark::DoNotOptimize(cache.getOrCompile(config, mods, bench::jitBenchOptions()));
 }
 BENCHMARK(inProcessHit)->Arg(0)->Arg(1)->ArgName("decode");
 

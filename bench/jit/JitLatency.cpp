@@ -14,6 +14,7 @@
 
 #include "BenchArgs.h"
 #include "BenchJson.h"
+#include "JitBench.h"
 #include "pagedc/KernelCache.h"
 
 #include <benchmark/benchmark.h>
@@ -39,6 +40,8 @@ extern char **environ;
 
 namespace {
 
+using bench::median;
+
 constexpr int kRepetitions = 5;
 
 std::string loadAverage() {
@@ -48,51 +51,7 @@ std::string loadAverage() {
   return first;
 }
 
-KernelConfig benchConfig(KernelKind kind) {
-  KernelConfig config;
-  config.kind = kind;
-  config.elementType = DType::BF16;
-  config.headDim = 128;
-  config.pageSize = 16;
-  config.groupSize = kind == KernelKind::Decode ? 4 : 1;
-  return config;
-}
-
 std::string benchMods() { return std::string(embeddedTemplate("testing/alibi.cuh")); }
-
-CompileOptions benchOptions() {
-  CompileOptions options;
-  options.arch = "sm_90";
-  return options;
-}
-
-double seconds(Clock::time_point start) {
-  return std::chrono::duration<double>(Clock::now() - start).count();
-}
-
-/// CPU seconds of this process (all threads) and of its waited-for children.
-double processCpu() {
-  timespec now;
-  clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &now);
-  return now.tv_sec + now.tv_nsec * 1e-9;
-}
-double childrenCpu() {
-  rusage usage;
-  getrusage(RUSAGE_CHILDREN, &usage);
-  return usage.ru_utime.tv_sec + usage.ru_stime.tv_sec +
-         (usage.ru_utime.tv_usec + usage.ru_stime.tv_usec) * 1e-6;
-}
-
-double median(std::vector<double> values) {
-  std::sort(values.begin(), values.end());
-  size_t n = values.size();
-  return n % 2 ? values[n / 2] : 0.5 * (values[n / 2 - 1] + values[n / 2]);
-}
-
-std::string freshDirectory(const char *tag) {
-  std::string pattern = (fs::temp_directory_path() / fmt::format("pagedc-bench-{}-XXXXXX", tag)).string();
-  return mkdtemp(pattern.data());
-}
 
 /// Runs this binary as `--warm-child KIND DIR` and returns its wall time;
 /// the child's own lookup time comes back through `lookup`.
@@ -108,7 +67,7 @@ double runWarmChild(const std::string &self, const std::string &kind, const std:
     throw std::runtime_error("posix_spawn failed");
   int status = 0;
   waitpid(child, &status, 0);
-  double wall = seconds(start);
+  double wall = bench::secondsSince(start);
   if (!WIFEXITED(status) || WEXITSTATUS(status) != 0)
     throw std::runtime_error("warm child failed");
   std::ifstream(resultFile) >> lookup;
@@ -120,9 +79,9 @@ int warmChild(const std::string &kind, const std::string &dir) {
   auto start = Clock::now();
   KernelCache cache(dir);
   auto kernel = cache.getOrCompile(
-      benchConfig(kind == "decode" ? KernelKind::Decode : KernelKind::Prefill), benchMods(),
-      benchOptions());
-  double lookup = seconds(start);
+      bench::jitBenchConfig(kind == "decode" ? KernelKind::Decode : KernelKind::Prefill),
+      benchMods(), bench::jitBenchOptions());
+  double lookup = bench::secondsSince(start);
   if (cache.stats().diskHits != 1 || kernel->image.empty())
     return 2;
   std::ofstream(dir + "/lookup.txt") << lookup;
@@ -138,38 +97,25 @@ struct KindResult {
 KindResult measure(KernelKind kind, const std::string &self) {
   KindResult result;
   result.kind = kernelKindName(kind);
-  KernelConfig config = benchConfig(kind);
+  KernelConfig config = bench::jitBenchConfig(kind);
   std::string mods = benchMods();
   std::string warmDir;
   for (int i = 0; i < kRepetitions; ++i) {
-    std::string dir = freshDirectory("cold");
+    std::string dir = bench::freshDirectory("cold");
     KernelCache cache(dir);
     auto start = Clock::now();
-    double cpu = processCpu();
-    auto kernel = cache.getOrCompile(config, mods, benchOptions());
-    result.cold.push_back(seconds(start));
-    result.coldCpu.push_back(processCpu() - cpu);
+    double cpu = bench::processCpuSeconds();
+    auto kernel = cache.getOrCompile(config, mods, bench::jitBenchOptions());
+    result.cold.push_back(bench::secondsSince(start));
+    result.coldCpu.push_back(bench::processCpuSeconds() - cpu);
     if (i == 0)
       warmDir = dir;
     else
       fs::remove_all(dir);
   }
   // nvcc on the identical source.
-  std::string source = assembleKernel(config, mods).code;
-  std::string work = freshDirectory("nvcc");
-  std::string path = work + "/kernel.cu";
-  std::ofstream(path) << source;
-  std::string command = fmt::format("{} -cubin -arch=sm_90 -std=c++17 {} -o {}/kernel.cubin",
-                                    PAGEDC_BENCH_NVCC, path, work);
-  for (int i = 0; i < kRepetitions; ++i) {
-    auto start = Clock::now();
-    double cpu = childrenCpu();
-    if (std::system(command.c_str()) != 0)
-      throw std::runtime_error("nvcc failed: " + command);
-    result.nvcc.push_back(seconds(start));
-    result.nvccCpu.push_back(childrenCpu() - cpu);
-  }
-  fs::remove_all(work);
+  bench::timeNvcc(PAGEDC_BENCH_NVCC, assembleKernel(config, mods).code, kRepetitions, result.nvcc,
+                  result.nvccCpu);
   for (int i = 0; i < kRepetitions; ++i) {
     double lookup = 0;
     result.warmProcess.push_back(runWarmChild(self, result.kind, warmDir, lookup));
@@ -178,22 +124,23 @@ KindResult measure(KernelKind kind, const std::string &self) {
   fs::remove_all(warmDir);
   // In-process: batches of hits.
   KernelCache cache("");
-  cache.getOrCompile(config, mods, benchOptions());
+  cache.getOrCompile(config, mods, bench::jitBenchOptions());
   for (int i = 0; i < kRepetitions; ++i) {
     constexpr int kHits = 20000;
     auto start = Clock::now();
     for (int j = 0; j < kHits; ++j)
-      benchmark::DoNotOptimize(cache.getOrCompile(config, mods, benchOptions()));
-    result.inProcess.push_back(seconds(start) / kHits);
+      benchmark::DoNotOptimize(cache.getOrCompile(config, mods, bench::jitBenchOptions()));
+    result.inProcess.push_back(bench::secondsSince(start) / kHits);
   }
   return result;
 }
 
 void inProcessHit(benchmark::State &state) {
   static KernelCache cache("");
-  KernelConfig config = benchConfig(state.range(0) ? KernelKind::Decode : KernelKind::Prefill);
+  KernelConfig config =
+      bench::jitBenchConfig(state.range(0) ? KernelKind::Decode : KernelKind::Prefill);
   std::string mods = benchMods();
-  CompileOptions options = benchOptions();
+  CompileOptions options = bench::jitBenchOptions();
   cache.getOrCompile(config, mods, options);
   for (auto _ : state)
     benchmark::DoNotOptimize(cache.getOrCompile(config, mods, options));
