@@ -2,6 +2,7 @@
 #include "pagedc/Tensor.h"
 #include "pagedc/Error.h"
 #include "HostMemory.h"
+#include "TensorChecks.h"
 
 #include <fmt/format.h>
 
@@ -119,10 +120,7 @@ bool TensorView::isContiguous() const {
 }
 
 std::string TensorView::shapeString() const {
-  std::string text = "[";
-  for (int i = 0; i < rank_; ++i)
-    text += (i ? ", " : "") + std::to_string(shape_[i]);
-  return text + "]";
+  return detail::shapeText(shape());
 }
 
 static DType dtypeFromDLPack(PagedcDLDataType type) {

@@ -29,7 +29,7 @@ inline bool isProvided(const TensorView &view) {
 inline bool isCpuFloat(DType type) { return type == DType::F32 || type == DType::BF16; }
 
 /// "[2, 3]": any shape, also one no tensor may have (the .npy reader names
-/// those in its errors), as TensorView::shapeString writes a tensor's.
+/// those in its errors); TensorView::shapeString writes a tensor's with it.
 inline std::string shapeText(const std::vector<int64_t> &shape) {
   std::string text = "[";
   for (size_t i = 0; i < shape.size(); ++i)
