@@ -347,7 +347,7 @@ extern "C" __global__ void __launch_bounds__(pagedc::kDecodeThreads, pagedc::kDe
     // (Visible to every thread at the barriers before the first copy.)
   }
   static_assert(2 * kPaddedRows * 4 <= kDecodeStageBytes, "list lengths fit a stage");
-  const bool has_block_mask = args.kv_num_blocks != nullptr;
+  const bool has_block_mask = binds_block_mask(args);
 
   // Query rows: head-major, token-minor; gathered from q [B, Hq, Lq, D].
   // Issued first: their copy overlaps the block-list loads below.

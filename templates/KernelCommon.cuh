@@ -671,6 +671,14 @@ PAGEDC_DEVICE void reset_rows(RowState &state, float (&out)[kValueHeadDim / 8][4
       out[d][e] = 0.0f;
 }
 
+/// Whether the launch binds a block mask. A kernel built for launches
+/// without one (pagedc_config::kMayBindBlockMask false) never does, so the
+/// compiler drops every block-mask path: a quarter or so of NVVM's and
+/// ptxas's work. The host refuses such a kernel a launch with a mask.
+PAGEDC_DEVICE bool binds_block_mask(const PagedcAttentionKernelArgs &args) {
+  return pagedc_config::kMayBindBlockMask && args.kv_num_blocks != nullptr;
+}
+
 /// The KV tiles of kTile rows a prefill CTA of (b, h) visits in one pass:
 /// entry `list` of its block-mask row's lists (partial blocks, then full
 /// blocks) and tile `sub` of that block; without a block mask, tile `list`
@@ -685,7 +693,7 @@ template <int kTile> struct KvVisits {
   /// that it covers every row of the call).
   PAGEDC_DEVICE bool start(const PagedcAttentionKernelArgs &args, int b, int h, int pass,
                            int kv_len) {
-    if (args.kv_num_blocks == nullptr) {
+    if (!binds_block_mask(args)) {
       partial_count = list_count = (kv_len + kTile - 1) / kTile;
       return true;
     }
@@ -715,7 +723,7 @@ template <int kTile> struct KvVisits {
   }
   /// Logical kv of the first key of visit (list, sub).
   PAGEDC_DEVICE int kv_of(const PagedcAttentionKernelArgs &args, int list, int sub) const {
-    if (args.kv_num_blocks == nullptr)
+    if (!binds_block_mask(args))
       return list * kTile;
     const int block = list < partial_count
                           ? args.kv_indices[list_offset + list]
@@ -747,7 +755,7 @@ template <int kTile> struct KvVisits {
   PAGEDC_DEVICE int seek_first(const PagedcAttentionKernelArgs &args, int kv_len, int &list,
                                int &sub) const {
     list = sub = 0;
-    if (args.kv_num_blocks == nullptr || list_count == 0)
+    if (!binds_block_mask(args) || list_count == 0)
       return seek(args, kv_len, list, sub);
     const int kv = (partial_count > 0 ? first_blocks[0] : first_blocks[1]) * args.kv_block_size;
     if (kv < kv_len)

@@ -181,7 +181,7 @@ extern "C" __global__ void __launch_bounds__(pagedc::kPrefillThreads, 1)
   uint32_t q_regs[kMTiles][kPrefillQInRegisters ? kHeadDim / 16 : 1][4];
   bool q_ready = false;
 
-  const bool has_block_mask = args.kv_num_blocks != nullptr;
+  const bool has_block_mask = binds_block_mask(args);
   const int position_first = q_offset + row_begin;
   const int position_last = q_offset + row_begin + row_count - 1;
   const int pass_first = has_block_mask ? position_first / args.q_block_size : 0;

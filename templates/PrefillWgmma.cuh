@@ -487,11 +487,10 @@ extern "C" __global__ void __launch_bounds__(pagedc::kPrefillThreads, 1)
   // branch (live across the producer / consumer split, the value was
   // spilled once the producer could copy with tensor maps).
   auto first_pass = [&](const PrefillTile &tile) {
-    return args.kv_num_blocks != nullptr ? (tile.q_offset + tile.row_begin) / args.q_block_size
-                                         : 0;
+    return binds_block_mask(args) ? (tile.q_offset + tile.row_begin) / args.q_block_size : 0;
   };
   auto last_pass = [&](const PrefillTile &tile) {
-    return args.kv_num_blocks != nullptr
+    return binds_block_mask(args)
                ? (tile.q_offset + tile.row_begin + tile.row_count - 1) / args.q_block_size
                : 0;
   };

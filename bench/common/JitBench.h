@@ -2,7 +2,8 @@
 //
 // pagedc-bench-jit (hand-written test mods) and pagedc-bench-jit-e2e (mods
 // generated from examples/mods.attn) time the same kernels the same way:
-// bf16, head dim 128, pages of 16, decode with GQA 4, sm_90; wall and CPU
+// bf16, head dim 128, pages of 16, decode with GQA 4, sm_90, for launches
+// without a block mask; wall and CPU
 // seconds, medians, fresh cache directories, and nvcc -cubin on the identical
 // source as the anchor.
 //
@@ -32,9 +33,13 @@ namespace pagedc::bench {
 
 using Clock = std::chrono::steady_clock;
 
-/// The kernel both benchmarks compile: bf16, D 128, page 16, GQA 4 decode.
-inline KernelConfig jitBenchConfig(KernelKind kind) {
+/// The kernel both benchmarks compile: bf16, D 128, page 16, GQA 4 decode,
+/// built as a call without a block mask builds it (KernelConfig::noBlockMask);
+/// with `blockMaskPaths`, the kernel that also takes block masks (a call with
+/// one, and bundles).
+inline KernelConfig jitBenchConfig(KernelKind kind, bool blockMaskPaths = false) {
   KernelConfig config;
+  config.noBlockMask = !blockMaskPaths;
   config.kind = kind;
   config.elementType = DType::BF16;
   config.headDim = 128;

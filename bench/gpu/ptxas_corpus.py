@@ -12,11 +12,12 @@ spills, else that tile with the mods' row values recomputed per KV tile, else
 64x64; rows that fell back say so and name the tile), bf16, page 16, for each
 head dim and architecture asked; with --kernel decode, the split-KV
 decode kernel for --gqa query heads per KV head (default 4, the GPU
-benchmark's). Prints one line per kernel that spills and a summary; --json
-writes every kernel's registers and spill bytes.
+benchmark's). With --no-block-mask, the kernels a call without a block mask
+compiles (`pagedc --no-block-mask`). Prints one line per kernel that spills and
+a summary; --json writes every kernel's registers and spill bytes.
 
 Usage: ptxas_corpus.py --pagedc build/bin/pagedc --examples examples
-       [--kernel prefill|decode] [--gqa N]
+       [--kernel prefill|decode] [--gqa N] [--no-block-mask]
        [--arch sm_90,sm_80] [--head-dim 64,128,256] [--no-score] [--jobs N] [--json OUT]
 Exit status 1 when any kernel spills or fails to compile.
 """
@@ -77,10 +78,13 @@ def settled_tile(stderr):
     return last
 
 
-def compile_one(pagedc, path, mask, score, arch, head_dim, kernel="prefill", gqa=1):
+def compile_one(pagedc, path, mask, score, arch, head_dim, kernel="prefill", gqa=1,
+                no_block_mask=False):
     command = [pagedc, path, "--emit=cubin", f"--arch={arch}", f"--head-dim={head_dim}",
                f"--kernel={kernel}", "--ptxas-report",
                "-o", path + f".{kernel}.{arch}.{head_dim}.cubin"]
+    if no_block_mask:
+        command.append("--no-block-mask")
     if kernel == "decode":
         command.append(f"--gqa={gqa}")
     if mask:
@@ -115,6 +119,8 @@ def main():
     parser.add_argument("--head-dim", default="64,128,256")
     parser.add_argument("--kernel", choices=("prefill", "decode"), default="prefill")
     parser.add_argument("--gqa", type=int, default=4)
+    parser.add_argument("--no-block-mask", action="store_true",
+                        help="the kernels for launches without a block mask")
     parser.add_argument("--jobs", type=int, default=os.cpu_count() or 1)
     parser.add_argument("--json")
     parser.add_argument("--no-score", action="store_true",
@@ -156,7 +162,7 @@ def main():
                     for dim in dims:
                         jobs.append((label, arch, dim, pool.submit(
                             compile_one, options.pagedc, path, mask, score, arch, dim,
-                            options.kernel, options.gqa)))
+                            options.kernel, options.gqa, options.no_block_mask)))
             for label, arch, dim, future in jobs:
                 result = future.result()
                 row = {"mods": label, "arch": arch, "head_dim": dim, **result}

@@ -9,6 +9,9 @@
 //   nvcc     `nvcc -cubin -arch=sm_90` on the identical generated source;
 //            also its CPU seconds (it and its tools, RUSAGE_CHILDREN), so
 //            cold/nvcc can be read on CPU seconds on a loaded machine
+//   (every kernel is the one a call without a block mask compiles; "with
+//            block-mask paths" times the kernel that also takes them, cold
+//            and nvcc, for comparison)
 //   first    a new process of the runtime-only tool pagedc-jit on an empty
 //            cache directory: variant miss, the code generator plugin
 //            (libpagedc-codegen.so) is loaded, generates the mod code, NVRTC
@@ -206,7 +209,7 @@ double runJitTool(const std::string &kind, const std::string &dir,
       PAGEDC_BENCH_JIT_TOOL, kProgram, std::string("--mask=") + kMask,
       std::string("--score=") + kScore, "--kernel=" + kind,
       kind == "decode" ? "--gqa=4" : "--gqa=1", "--arch=sm_90", "--dtype=bf16",
-      "--head-dim=128", "--page-size=16", "--cache-dir=" + dir,
+      "--head-dim=128", "--page-size=16", "--no-block-mask", "--cache-dir=" + dir,
       "--stats=" + statsPath};
   if (requireHit)
     args.push_back("--require-hit");
@@ -238,7 +241,7 @@ struct KindResult {
   std::string kind;
   std::vector<double> cold, coldCpu, dsl, nvcc, firstProcess, firstInProcess, nvccCpu, warmProcess,
       warmInProcess, warmCompilerProcess, warmCompilerInChild, hit, assemble, frontEnd, optimizer,
-      ptxToSass, nvrtc, secondVariant;
+      ptxToSass, nvrtc, secondVariant, coldWithMaskPaths, nvccWithMaskPaths;
 };
 
 KindResult measure(KernelKind kind, const std::string &self) {
@@ -283,6 +286,24 @@ KindResult measure(KernelKind kind, const std::string &self) {
 
   bench::timeNvcc(PAGEDC_BENCH_NVCC, assembleKernel(config, mods).code, kRepetitions,
                   result.nvcc, result.nvccCpu);
+
+  // The kernel that also takes block masks, alternating with nvcc on its
+  // source so that both see the same machine.
+  const KernelConfig withMaskPaths = bench::jitBenchConfig(kind, /*blockMaskPaths=*/true);
+  const std::string withMaskPathsSource = assembleKernel(withMaskPaths, mods).code;
+  for (int i = 0; i < kRepetitions; ++i) {
+    std::string dir = bench::freshDirectory("masks");
+    auto start = Clock::now();
+    KernelCache cache(dir);
+    auto kernel =
+        cache.getOrCompile(withMaskPaths, generateFromSource(), bench::jitBenchOptions());
+    result.coldWithMaskPaths.push_back(bench::secondsSince(start));
+    if (cache.stats().compiles != 1 || kernel->image.empty())
+      throw std::runtime_error("cold compile (with block-mask paths) did not compile");
+    fs::remove_all(dir);
+    std::vector<double> cpu;
+    bench::timeNvcc(PAGEDC_BENCH_NVCC, withMaskPathsSource, 1, result.nvccWithMaskPaths, cpu);
+  }
 
   for (int i = 0; i < kRepetitions; ++i) {
     double inChild = 0;
@@ -365,11 +386,13 @@ int main(int argc, char **argv) {
   if (int status = bench::readBenchmarkArgs(
           argc, argv, "pagedc-bench-jit-e2e",
           "JIT latency with generated code: examples/mods.attn (mask causal, score alibi),\n"
-          "bf16, D 128, page 16, sm_90, decode (GQA 4) and prefill. .attn -> cubin cold\n"
-          "against nvcc -cubin on the same generated source, the first and the warm run of\n"
-          "pagedc-jit in a new process, an in-process hit, where a cold compile goes\n"
-          "(NVRTC's stage split) and a second variant in a warm process; medians of 5.\n"
-          "Prints the tables and writes bench/results/jit-e2e.json in the source tree.");
+          "bf16, D 128, page 16, sm_90, decode (GQA 4) and prefill, as a call without a\n"
+          "block mask compiles them. .attn -> cubin cold against nvcc -cubin on the same\n"
+          "generated source, the first and the warm run of pagedc-jit in a new process, an\n"
+          "in-process hit, where a cold compile goes (NVRTC's stage split), a second variant\n"
+          "in a warm process, and cold and nvcc for the kernels with the block-mask paths;\n"
+          "medians of 5. Prints the tables and writes bench/results/jit-e2e.json in the\n"
+          "source tree.");
       status >= 0)
     return status;
   std::string reason;
@@ -420,13 +443,15 @@ int main(int argc, char **argv) {
         "\"in_process_hit_s\": {}, "
         "\"stages\": {{\"assemble_s\": {}, \"nvrtc_front_end_s\": {}, "
         "\"nvrtc_optimizer_s\": {}, \"nvrtc_ptx_to_sass_s\": {}, \"nvrtc_s\": {}}}, "
-        "\"second_variant_s\": {}}}{}\n",
+        "\"second_variant_s\": {}, "
+        "\"with_block_mask_paths\": {{\"cold_s\": {}, \"nvcc_s\": {}}}}}{}\n",
         r.kind, list(r.cold), list(r.coldCpu), list(r.dsl), list(r.nvcc), ratio, list(r.nvccCpu),
         median(r.coldCpu) / median(r.nvccCpu), list(r.firstProcess), list(r.firstInProcess),
         list(r.warmProcess), list(r.warmInProcess), median(r.warmProcess),
         list(r.warmCompilerProcess), list(r.warmCompilerInChild), list(r.hit), list(r.assemble),
         list(r.frontEnd), list(r.optimizer), list(r.ptxToSass), list(r.nvrtc),
-        list(r.secondVariant), i + 1 < results.size() ? "," : "");
+        list(r.secondVariant), list(r.coldWithMaskPaths), list(r.nvccWithMaskPaths),
+        i + 1 < results.size() ? "," : "");
   }
   fmt::print("\nwhere the cold compile goes (s, medians of {}; NVRTC's --time), a second "
              "variant in a warm process (new process each)\n",
@@ -440,6 +465,16 @@ int main(int argc, char **argv) {
                r.kind, median(r.dsl), median(r.assemble), median(r.frontEnd), median(r.optimizer),
                median(r.ptxToSass), median(r.nvrtc), median(r.secondVariant), median(r.nvccCpu),
                median(r.coldCpu) / median(r.nvccCpu));
+  fmt::print("\nthe kernels with block-mask paths (calls with a block mask, bundles): cold "
+             "and nvcc alternating, medians of {}\n",
+             kRepetitions);
+  fmt::print("{:<8} {:>8} {:>8} {:>9} {:>20}\n", "kernel", "cold s", "nvcc s", "cold/nvcc",
+             "cold without/with");
+  for (const KindResult &r : results)
+    fmt::print("{:<8} {:>8.3f} {:>8.3f} {:>9.2f} {:>20.2f}\n", r.kind,
+               median(r.coldWithMaskPaths), median(r.nvccWithMaskPaths),
+               median(r.coldWithMaskPaths) / median(r.nvccWithMaskPaths),
+               median(r.cold) / median(r.coldWithMaskPaths));
   std::ifstream("/proc/loadavg") >> load;
   fmt::print("load average at the end {}\n", load);
   json += "  ],\n  \"load_at_end\": " + load +

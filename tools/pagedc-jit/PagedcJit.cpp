@@ -3,8 +3,8 @@
 //   pagedc-jit FILE.attn [--mask=M] [--score=S] [-D NAME=VALUE ...]
 //              [--kernel=prefill,decode] [--arch=sm_90] [--dtype=bf16]
 //              [--head-dim=128] [--page-size=16] [--gqa=N]
-//              [--cache-dir=DIR] [--require-hit] [--stats=FILE|-]
-//              [--time-stages]
+//              [--no-block-mask] [--cache-dir=DIR] [--require-hit]
+//              [--stats=FILE|-] [--time-stages]
 //
 // Makes sure the on-disk cache holds the kernels of one variant and says how
 // they were found: through the variant index (no compiler loaded), rebuilt
@@ -50,7 +50,7 @@ int usage(const std::string &message) {
              "pagedc-jit: {}\nusage: pagedc-jit FILE.attn [--mask=M] "
              "[--score=S] [-D NAME=VALUE ...] [--kernel=prefill,decode] "
              "[--arch=sm_90] [--dtype=f16|bf16] [--head-dim=N] "
-             "[--page-size=N] [--gqa=N] [--cache-dir=DIR] [--require-hit] "
+             "[--page-size=N] [--gqa=N] [--no-block-mask] [--cache-dir=DIR] [--require-hit] "
              "[--stats=FILE|-] [--time-stages] [--help]\n",
              message);
   return 2;
@@ -78,6 +78,8 @@ int help() {
       "  --head-dim=N        head dimension (default 128)\n"
       "  --page-size=N       tokens per KV page (default 16)\n"
       "  --gqa=N             query heads per KV head, decode kernels (default 1)\n"
+      "  --no-block-mask     the kernels for launches without a block mask (what such a\n"
+      "                      call compiles: no block-mask paths, a faster compile)\n"
       "  --cache-dir=DIR     the kernel cache (default $PAGEDC_CACHE_DIR, else\n"
       "                      $HOME/.cache/pagedc)\n"
       "  --require-hit       exit 3 unless the variant index held the kernels\n"
@@ -123,7 +125,7 @@ static int runJit(int argc, char **argv) {
   std::optional<std::string> cacheDir;
   std::string kernels = "prefill", dtype = "bf16";
   int headDim = 128, pageSize = 16, gqa = 1;
-  bool requireHit = false;
+  bool requireHit = false, noBlockMask = false;
   for (int i = 1; i < argc; ++i) {
     std::string arg = argv[i];
     if (arg == "-h" || arg == "--help")
@@ -152,6 +154,8 @@ static int runJit(int argc, char **argv) {
         return usage("bad --gqa " + text);
     } else if (arg == "--require-hit") {
       requireHit = true;
+    } else if (arg == "--no-block-mask") {
+      noBlockMask = true;
     } else if (arg == "--time-stages") {
       request.options.timeStages = true;
     } else if (arg == "-D" || arg.compare(0, 2, "-D") == 0) {
@@ -211,6 +215,7 @@ static int runJit(int argc, char **argv) {
     config.headDim = headDim;
     config.pageSize = pageSize;
     config.groupSize = config.kind == KernelKind::Decode ? gqa : 1;
+    config.noBlockMask = noBlockMask;
     if (config.kind == KernelKind::Prefill)
       config.choosePrefillShape(kernelOptions);
     request.configs.push_back(config);

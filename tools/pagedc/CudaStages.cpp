@@ -182,6 +182,7 @@ CudaTarget readTarget(const Options &options) {
   if (!warpRows.empty())
     parseInt(warpRows, target.warpRows);
   target.ptxasReport = options.extra.count("ptxas-report") != 0;
+  config.noBlockMask = options.extra.count("no-block-mask") != 0;
   if (auto it = options.extra.find("kernel-option"); it != options.extra.end()) {
     llvm::SmallVector<llvm::StringRef> settings;
     llvm::StringRef(it->second).split(settings, '\n');
@@ -554,6 +555,11 @@ void pagedc::driver::registerCudaStages(Registry &registry) {
   registry.addOption({"--ptxas-report", "",
                       "print ptxas's register and spill report to stderr",
                       storeExtra("ptxas-report")});
+  registry.addOption({"--no-block-mask", "",
+                      "build the kernels for launches without a block mask: their "
+                      "block-mask paths are left out (a faster compile), and a launch "
+                      "with one is refused",
+                      storeExtra("no-block-mask")});
 
   registry.addStage({"cuda", "the CUDA kernel translation unit",
                      /*needsProgram=*/true, runCudaStage});

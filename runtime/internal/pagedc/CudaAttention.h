@@ -126,8 +126,9 @@ std::shared_ptr<const CudaKernel> cudaKernelFor(const CompiledMods &mods,
 /// tokens), prefill otherwise. The element type, head dim, page size, group
 /// size, lse flag and params size come from the call; block sizes from the
 /// bundle module found (defaults with mod code). `arch` is the device's.
-/// `kvBlockSize`: the call's block mask's KV block size (0: no block mask);
-/// prefill takes a KV tile that divides it where it can
+/// `kvBlockSize`: the call's block mask's KV block size (0: no block mask,
+/// and with mod code a kernel built without its paths,
+/// KernelConfig::noBlockMask); prefill takes a KV tile that divides it where it can
 /// (KernelConfig::fitPrefillTileToBlocks; in a bundle, the prefill module
 /// with the widest tile that divides it, else the first). `options`: the
 /// call's kernel options (with mod code, prefillShape picks the prefill

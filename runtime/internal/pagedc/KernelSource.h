@@ -140,6 +140,14 @@ struct KernelConfig {
   /// chooseGroupRowsShape picks. For entries whose keys far outnumber their
   /// tokens (a cascade's prefix level).
   bool groupRows = false;
+  /// Launches of this kernel bind no block mask: the TU's block-mask paths
+  /// (pagedc_config::kMayBindBlockMask false) are compiled out, which takes
+  /// about a quarter of NVVM's and ptxas's time off the compile
+  /// (bench/studies/jit-latency.md). Calls without a block mask compiling
+  /// from mod code choose it (chooseCudaAttentionConfig, BatchAttention); a
+  /// launch with a mask is refused. False (the kernel takes launches with
+  /// and without one) is what bundles hold and what serves both.
+  bool noBlockMask = false;
 
   bool operator==(const KernelConfig &other) const {
     return kind == other.kind && elementType == other.elementType && kvFloat8 == other.kvFloat8 &&
@@ -150,7 +158,7 @@ struct KernelConfig {
            groupSize == other.groupSize && queryTokens == other.queryTokens &&
            returnLse == other.returnLse && paramsSize == other.paramsSize &&
            packedBatch == other.packedBatch && outputF32 == other.outputF32 &&
-           groupRows == other.groupRows;
+           groupRows == other.groupRows && noBlockMask == other.noBlockMask;
   }
   bool operator!=(const KernelConfig &other) const { return !(*this == other); }
   /// Dv: valueHeadDim, or headDim where it is 0.

@@ -308,9 +308,15 @@ std::string modsLabel(const CompiledMods &mods) {
                      mods.hasScore() ? mods.scoreName : "none");
 }
 
-bool sameConfigIgnoringParams(const KernelConfig &a, const KernelConfig &b) {
-  KernelConfig left = a, right = b;
+/// Whether a bundle module built for `module` serves a launch that wants
+/// `wanted`: the same kernel but for the params' size, where a module that
+/// takes launches with and without a block mask also serves one built for
+/// launches without (bundles hold the former).
+bool moduleServes(const KernelConfig &module, const KernelConfig &wanted) {
+  KernelConfig left = module, right = wanted;
   left.paramsSize = right.paramsSize = 0;
+  if (right.noBlockMask)
+    left.noBlockMask = true;
   return left == right;
 }
 
@@ -354,7 +360,7 @@ std::shared_ptr<const CudaKernel> cudaKernelFor(const CompiledMods &mods,
     const BundleModule *module = nullptr;
     for (const BundleModule &candidate : mods.cuda.bundle->modules)
       if (candidate.mods == mods.cuda.bundleLabel && bundleArchRuns(candidate.arch, arch) &&
-          sameConfigIgnoringParams(candidate.config, config) &&
+          moduleServes(candidate.config, config) &&
           (candidate.config.paramsSize < 0 || candidate.config.paramsSize == config.paramsSize))
         module = &candidate;
     if (!module)
@@ -414,6 +420,9 @@ KernelConfig chooseCudaAttentionConfig(const CompiledMods &mods, DType elementTy
         config.choosePrefillShapeFor(arch, options);
       config.fitPrefillTileToBlocks(kvBlockSize);
     }
+    // Without a block mask the kernel need not carry its paths: a faster
+    // compile (KernelConfig::noBlockMask).
+    config.noBlockMask = kvBlockSize <= 0;
     config.validate();
     // Prefill: 128 x 32 with 32 rows per warp where it compiles without
     // spills (any other config is returned as it is).
@@ -426,7 +435,8 @@ KernelConfig chooseCudaAttentionConfig(const CompiledMods &mods, DType elementTy
     if (module.mods != mods.cuda.bundleLabel || !bundleArchRuns(module.arch, arch) || c.kvFloat8 ||
         c.elementType != elementType || c.headDim != headDim ||
         c.valueDim() != (valueHeadDim ? valueHeadDim : headDim) || c.pageSize != pageSize ||
-        c.returnLse != returnLse || (c.paramsSize >= 0 && c.paramsSize != paramsSize))
+        c.returnLse != returnLse || (c.paramsSize >= 0 && c.paramsSize != paramsSize) ||
+        (c.noBlockMask && kvBlockSize > 0))
       continue;
     if (c.kind == KernelKind::Decode && c.groupSize == groupSize &&
         c.queryTokens >= queryLength &&

@@ -85,6 +85,9 @@ KernelConfig packedBatchConfig(const CompiledMods &mods, const BatchAttentionCon
   config.returnLse = true;
   config.paramsSize = ParamsLayout::forDeclarations(mods.params, mods.buffers).size;
   config.packedBatch = true;
+  // A packed batch never binds a block mask (its mods mask per element):
+  // the kernels are compiled without those paths.
+  config.noBlockMask = true;
   config.validate();
   return config;
 }

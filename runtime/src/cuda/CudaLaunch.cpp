@@ -90,6 +90,10 @@ void checkArgs(const KernelConfig &config, const PagedcAttentionKernelArgs &args
                               "elements (16-byte copies) of at least one page ({})",
                               name, stride[0], perCopy, pageStride));
   }
+  if (args.kv_num_blocks && config.noBlockMask)
+    throw Error(fmt::format("attention launch: the kernel ({}) was built for launches without "
+                            "a block mask, and this one binds one",
+                            config.describe()));
   if (args.kv_num_blocks) {
     int tile = config.kind == KernelKind::Decode ? kDecodeKvTile : config.blockN;
     if (!args.kv_indices)

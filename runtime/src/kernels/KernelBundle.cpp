@@ -72,6 +72,10 @@ Value configToJson(const KernelConfig &config) {
   // Only for BatchAttention's GQA-packed prefill (absent: per-head tiles).
   if (config.groupRows)
     value.set("group_rows", true);
+  // Only for kernels built for launches without a block mask (absent: they
+  // take either).
+  if (config.noBlockMask)
+    value.set("block_mask", false);
   return value;
 }
 
@@ -126,6 +130,8 @@ KernelConfig configFromJson(const Value &value, const std::string &where) {
   }
   if (const Value *groupRows = value.find("group_rows"))
     config.groupRows = groupRows->asBool(name("group_rows"));
+  if (const Value *blockMask = value.find("block_mask"))
+    config.noBlockMask = !blockMask->asBool(name("block_mask"));
   config.validate();
   return config;
 }

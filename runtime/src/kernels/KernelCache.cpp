@@ -78,7 +78,8 @@ uint64_t fastHash(const KernelConfig &config, std::string_view modCode,
                         config.packedBatch ? 1 : 0,
                         config.kvFloat8 ? 1 + static_cast<int>(*config.kvFloat8) : 0,
                         config.outputF32 ? 1 : 0,
-                        config.groupRows ? 1 : 0};
+                        config.groupRows ? 1 : 0,
+                        config.noBlockMask ? 1 : 0};
   return contentHash64(std::string_view(reinterpret_cast<const char *>(fields), sizeof(fields)),
                        hash);
 }

@@ -457,7 +457,8 @@ std::string KernelConfig::describe() const {
                      blockN, groupSize, queryTokens, returnLse ? 1 : 0, paramsSize) +
          (packedBatch ? " packed" : "") +
          (kvFloat8 ? fmt::format(" kv {}", dtypeName(*kvFloat8)) : std::string()) +
-         (outputF32 ? " out f32" : "") + (groupRows ? " group-rows" : "");
+         (outputF32 ? " out f32" : "") + (groupRows ? " group-rows" : "") +
+         (noBlockMask ? " no-block-mask" : "");
 }
 
 int KernelConfig::decodeHeadsPerCta() const {
@@ -646,6 +647,8 @@ KernelSource assembleKernel(const KernelConfig &config,
   code += fmt::format("constexpr int kKvFloat8 = {};\n", kvFloat8);
   code += fmt::format("constexpr bool kOutputF32 = {};\n", config.outputF32 ? "true" : "false");
   code += fmt::format("constexpr bool kMlaDecode = {};\n", config.isMlaDecode() ? "true" : "false");
+  code += fmt::format("constexpr bool kMayBindBlockMask = {};\n",
+                      config.noBlockMask ? "false" : "true");
   code += "} // namespace pagedc_config\n";
   if (config.paramsSize >= 0)
     code += fmt::format(

@@ -971,6 +971,13 @@ TEST(CudaLaunch, MismatchesAreNamed) {
   masked.kv_block_size = 96;
   masked.mask_batch = masked.mask_heads = masked.num_q_blocks = masked.max_kv_blocks = 1;
   expectError(decode, masked, "kv block size 96 must be a multiple of the kernel's KV tile 64");
+  // A kernel built without the block-mask paths would ignore the mask.
+  KernelConfig unmasked = decode;
+  unmasked.noBlockMask = true;
+  masked.kv_block_size = 128;
+  EXPECT_NO_THROW(planAttention(decode, masked, {0}, 1024, 132));
+  expectError(unmasked, masked, "built for launches without a block mask, and this one binds one");
+  EXPECT_NO_THROW(planAttention(unmasked, callArgs(1, 32, 8, 1), {0}, 1024, 132));
   PagedcAttentionKernelArgs noQ = callArgs(1, 32, 8, 1);
   noQ.q = nullptr;
   expectError(decode, noQ, "must all be device pointers");

@@ -49,6 +49,7 @@ TEST(KernelBundle, WritesAndReadsBack) {
                                                                "ELFdecode bytes");
   packedDecode.config.packedBatch = true;
   packedDecode.config.outputF32 = true;
+  packedDecode.config.noBlockMask = true;
   bundle.add(packedDecode, "causal \"v2\"");
   // A warpgroup prefill with a 2-stage ring: its limit comes back too.
   CompiledKernel ring = fakeKernel(KernelKind::Prefill, "\x7f" "ELFring");
@@ -75,6 +76,8 @@ TEST(KernelBundle, WritesAndReadsBack) {
   EXPECT_TRUE(loaded.modules[1].config.outputF32);
   EXPECT_FALSE(loaded.modules[0].config.packedBatch);
   EXPECT_FALSE(loaded.modules[0].config.outputF32);
+  EXPECT_TRUE(loaded.modules[1].config.noBlockMask);
+  EXPECT_FALSE(loaded.modules[0].config.noBlockMask);
   EXPECT_EQ(loaded.modules[2].config.prefillStageLimit, 2);
   EXPECT_EQ(loaded.modules[2].sharedMemoryBytes, ring.config.sharedMemoryBytes());
   for (size_t i = 0; i < 4; ++i) {

@@ -147,6 +147,27 @@ TEST(KernelSource, RejectsUnsupportedConfigs) {
   EXPECT_NO_THROW(config.validate());
 }
 
+// Kernels for launches without a block mask: the TU says launches may not
+// bind one, which compiles the kernels' block-mask paths out; the flag is
+// part of the description and the comparison.
+TEST(KernelSource, KernelsWithoutBlockMaskPaths) {
+  std::string mods(embeddedTemplate("testing/causal.cuh"));
+  for (KernelKind kind : {KernelKind::Prefill, KernelKind::Decode}) {
+    KernelConfig config;
+    config.kind = kind;
+    if (kind == KernelKind::Prefill)
+      config.choosePrefillShape();
+    const std::string generic = assembleKernel(config, mods).code;
+    EXPECT_NE(generic.find("constexpr bool kMayBindBlockMask = true;"), std::string::npos);
+    KernelConfig unmasked = config;
+    unmasked.noBlockMask = true;
+    EXPECT_NE(assembleKernel(unmasked, mods).code.find("constexpr bool kMayBindBlockMask = false;"),
+              std::string::npos);
+    EXPECT_EQ(unmasked.describe(), config.describe() + " no-block-mask");
+    EXPECT_NE(unmasked, config);
+  }
+}
+
 // BatchAttention's kernels: the flag is a constexpr of the TU (false for
 // every other kernel), part of the description and the comparison, and
 // refused where no packed path exists (warpgroup tiles, the mask builder).

@@ -96,6 +96,13 @@ TEST(CudaKernels, ConfigChoiceFromModCodeAndBundles) {
   EXPECT_EQ(decode.groupSize, 4);
   EXPECT_TRUE(decode.returnLse);
   EXPECT_EQ(decode.paramsSize, 1); // empty Params
+  // No block mask: a kernel without the block-mask paths; with one, the
+  // kernel that takes it.
+  EXPECT_TRUE(decode.noBlockMask);
+  EXPECT_FALSE(
+      chooseCudaAttentionConfig(mods, DType::BF16, 128, 16, 4, 1, true, "sm_90", 64).noBlockMask);
+  EXPECT_FALSE(
+      chooseCudaAttentionConfig(mods, DType::BF16, 128, 16, 4, 300, true, "sm_90", 128).noBlockMask);
   EXPECT_EQ(chooseCudaAttentionConfig(mods, DType::F16, 64, 1, 1, 3, false, "sm_90").queryTokens,
             3);
   EXPECT_EQ(chooseCudaAttentionConfig(mods, DType::F16, 64, 1, 1, 9, false, "sm_90").kind,
@@ -114,6 +121,21 @@ TEST(CudaKernels, ConfigChoiceFromModCodeAndBundles) {
   mods.cuda.bundleLabel = "causal";
   EXPECT_EQ(chooseCudaAttentionConfig(mods, DType::BF16, 128, 16, 4, 1, false, "sm_90").kind,
             KernelKind::Prefill);
+  // The bundle's kernels are what they are: the prefill takes block masks.
+  EXPECT_FALSE(
+      chooseCudaAttentionConfig(mods, DType::BF16, 128, 16, 4, 1, false, "sm_90").noBlockMask);
+  // A decode module built for launches without a block mask serves those
+  // alone.
+  BundleModule unmasked = module;
+  unmasked.config.kind = KernelKind::Decode;
+  unmasked.config.groupSize = 4;
+  unmasked.config.noBlockMask = true;
+  bundle->modules.push_back(unmasked);
+  EXPECT_EQ(chooseCudaAttentionConfig(mods, DType::BF16, 128, 16, 4, 1, false, "sm_90").kind,
+            KernelKind::Decode);
+  EXPECT_EQ(chooseCudaAttentionConfig(mods, DType::BF16, 128, 16, 4, 1, false, "sm_90", 64).kind,
+            KernelKind::Prefill);
+  bundle->modules.pop_back();
   const std::string missing = errorOf(
       [&] { chooseCudaAttentionConfig(mods, DType::BF16, 128, 128, 4, 1, false, "sm_90"); });
   EXPECT_NE(missing.find("page size 128"), std::string::npos) << missing;
