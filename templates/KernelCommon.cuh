@@ -673,7 +673,7 @@ PAGEDC_DEVICE void reset_rows(RowState &state, float (&out)[kValueHeadDim / 8][4
 
 /// Whether the launch binds a block mask. A kernel built for launches
 /// without one (pagedc_config::kMayBindBlockMask false) never does, so the
-/// compiler drops every block-mask path: a quarter or so of NVVM's and
+/// compiler drops every block-mask path, a large part of NVVM's and
 /// ptxas's work. The host refuses such a kernel a launch with a mask.
 PAGEDC_DEVICE bool binds_block_mask(const PagedcAttentionKernelArgs &args) {
   return pagedc_config::kMayBindBlockMask && args.kv_num_blocks != nullptr;
