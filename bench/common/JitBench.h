@@ -3,9 +3,8 @@
 // pagedc-bench-jit (hand-written test mods) and pagedc-bench-jit-e2e (mods
 // generated from examples/mods.attn) time the same kernels the same way:
 // bf16, head dim 128, pages of 16, decode with GQA 4, sm_90, for launches
-// without a block mask; wall and CPU
-// seconds, medians, fresh cache directories, and nvcc -cubin on the identical
-// source as the anchor.
+// without a block mask; wall and CPU seconds, medians, fresh cache
+// directories, and nvcc -cubin on the identical source as the anchor.
 //
 //===----------------------------------------------------------------------===//
 #ifndef PAGEDC_BENCH_JITBENCH_H

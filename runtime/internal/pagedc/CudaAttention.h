@@ -128,11 +128,11 @@ std::shared_ptr<const CudaKernel> cudaKernelFor(const CompiledMods &mods,
 /// bundle module found (defaults with mod code). `arch` is the device's.
 /// `kvBlockSize`: the call's block mask's KV block size (0: no block mask,
 /// and with mod code a kernel built without its paths,
-/// KernelConfig::noBlockMask); prefill takes a KV tile that divides it where it can
-/// (KernelConfig::fitPrefillTileToBlocks; in a bundle, the prefill module
-/// with the widest tile that divides it, else the first). `options`: the
-/// call's kernel options (with mod code, prefillShape picks the prefill
-/// tile; a bundle's modules are what they are). `valueHeadDim`: Dv, 0 for
+/// KernelConfig::noBlockMask); prefill takes a KV tile that divides it
+/// where it can (KernelConfig::fitPrefillTileToBlocks; in a bundle, the
+/// prefill module with the widest tile that divides it, else the first).
+/// `options`: the call's kernel options (with mod code, prefillShape picks
+/// the prefill tile; a bundle's modules are what they are). `valueHeadDim`: Dv, 0 for
 /// Dv = headDim. `kvFloat8`: the cache's 8-bit float type
 /// (KernelConfig::kvFloat8), whose prefill takes the mma.sync tiles on every
 /// target (choosePrefillShape); bundles hold no such kernels (pagedc::Error).

@@ -142,10 +142,11 @@ struct KernelConfig {
   bool groupRows = false;
   /// Launches of this kernel bind no block mask: the TU's block-mask paths
   /// (pagedc_config::kMayBindBlockMask false) are compiled out, a large part
-  /// of NVVM's and ptxas's work (bench/studies/jit-latency.md). Calls without a block mask compiling
-  /// from mod code choose it (chooseCudaAttentionConfig, BatchAttention); a
-  /// launch with a mask is refused. False (the kernel takes launches with
-  /// and without one) is what bundles hold and what serves both.
+  /// of NVVM's and ptxas's work (bench/studies/jit-latency.md). Calls
+  /// without a block mask compiling from mod code choose it
+  /// (chooseCudaAttentionConfig, BatchAttention); a launch with a mask is
+  /// refused. False (the kernel takes launches with and without one) is
+  /// what bundles hold and what serves both.
   bool noBlockMask = false;
 
   bool operator==(const KernelConfig &other) const {
