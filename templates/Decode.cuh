@@ -67,8 +67,16 @@
 
 namespace pagedc {
 constexpr int kDecodeThreads = 128;
-constexpr int kDecodeTileN = 64;
 constexpr int kQueryTokens = pagedc_config::kQueryTokens;
+} // namespace pagedc
+
+// The runtime compiles the two kernels as units of their own
+// (KernelSource.h, KernelUnit): the merge reads no mod code, so one merge
+// unit serves every mod variant of a shape and compiles beside the split
+// kernel instead of after it. Bundles and `pagedc --emit` keep both in one.
+#ifndef PAGEDC_UNIT_DECODE_MERGE
+namespace pagedc {
+constexpr int kDecodeTileN = 64;
 constexpr int kGroupSize = pagedc_config::kGroupSize;
 /// Query heads one CTA serves and the CTAs one KV head needs.
 constexpr int kDecodeHeads = pagedc_config::kDecodeHeadsPerCta;
@@ -926,6 +934,9 @@ extern "C" __global__ void __launch_bounds__(pagedc::kDecodeThreads, pagedc::kDe
   }
 }
 
+#endif // PAGEDC_UNIT_DECODE_MERGE
+
+#ifndef PAGEDC_UNIT_DECODE_SPLIT
 extern "C" __global__ void __launch_bounds__(128)
     pagedc_decode_merge(const __grid_constant__ PagedcAttentionKernelArgs args) {
   using namespace pagedc;
@@ -1028,3 +1039,4 @@ extern "C" __global__ void __launch_bounds__(128)
       args.lse[lse_index] = total > 0.0f ? row_max + logf(total) : -infinity();
   }
 }
+#endif // PAGEDC_UNIT_DECODE_SPLIT

@@ -154,6 +154,10 @@ PAGEDC_DEVICE void wait_for_prerequisite_grid() {
 #endif
 }
 
+// A decode merge unit (PAGEDC_UNIT_DECODE_MERGE, KernelSource.h) holds no
+// mod code and no tiles: only the pieces above, which its kernel uses.
+#ifndef PAGEDC_UNIT_DECODE_MERGE
+
 /// Lane 0's `value` in every lane: for values the same across the warp
 /// (a warp or warpgroup index), so that ptxas knows they are and keeps
 /// what derives from them (wgmma descriptors, barrier ids) in uniform
@@ -1038,5 +1042,7 @@ PAGEDC_DEVICE void mask_keys_below(float (&scores)[kNTiles][4], int kv_base, int
       if (kv_base + j * 8 + 2 * (lane & 3) + (e & 1) < kv_from)
         scores[j][e] = -infinity();
 }
+
+#endif // PAGEDC_UNIT_DECODE_MERGE
 
 } // namespace pagedc

@@ -282,10 +282,31 @@ struct KernelSource {
   int modLineCount = 0;
 };
 
+/// Which kernels of `config` a TU holds. The split-KV decode (not MLA) may
+/// be compiled as two units: its merge kernel reads no mod code, so the
+/// runtime compiles one merge unit per shape (decodeMergeConfig), shared
+/// by every mod variant, beside the split kernel's unit instead of inside
+/// it (KernelCache::getOrCompileModules). Whole: every kernel of the kind
+/// (bundles, `pagedc --emit`).
+enum class KernelUnit { Whole, DecodeSplit, DecodeMerge };
+
+/// Whether the runtime compiles `config`'s merge kernel as a unit of its
+/// own: the split-KV decode, not MLA decode.
+bool hasSeparateMergeUnit(const KernelConfig &config);
+/// The configuration of the merge unit that serves `config`'s split
+/// kernel: the fields the merge reads (element and output types, value
+/// head dim, lse, packed batch and its tokens) kept, the rest set to one
+/// value so that mod variants, masks and cache types share it.
+KernelConfig decodeMergeConfig(const KernelConfig &config);
+
 /// Builds the TU for `config` around `generatedModCode` (the hooks of
-/// templates/Hooks.cuh). Pure string assembly; validates the config.
+/// templates/Hooks.cuh). Pure string assembly; validates the config. A
+/// DecodeMerge unit takes no mod code (pass ""; its config is
+/// decodeMergeConfig's); DecodeSplit and DecodeMerge need a config with
+/// hasSeparateMergeUnit.
 KernelSource assembleKernel(const KernelConfig &config,
-                            std::string_view generatedModCode);
+                            std::string_view generatedModCode,
+                            KernelUnit unit = KernelUnit::Whole);
 
 /// Names of the embedded templates ("Prelude.cuh", "Prefill.cuh",
 /// "testing/causal.cuh", ...).

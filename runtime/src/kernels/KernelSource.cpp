@@ -584,14 +584,46 @@ std::string_view embeddedTemplate(std::string_view name) {
   throw Error(fmt::format("no embedded kernel template named '{}'", name));
 }
 
+bool hasSeparateMergeUnit(const KernelConfig &config) {
+  return config.kind == KernelKind::Decode && !config.isMlaDecode();
+}
+
+KernelConfig decodeMergeConfig(const KernelConfig &config) {
+  if (!hasSeparateMergeUnit(config))
+    throw Error(fmt::format("the {} kernel has no merge unit of its own", config.describe()));
+  KernelConfig merge;
+  merge.kind = KernelKind::Decode;
+  merge.elementType = config.elementType;
+  merge.headDim = config.headDim;
+  merge.valueHeadDim = config.valueDim();
+  merge.returnLse = config.returnLse;
+  merge.packedBatch = config.packedBatch;
+  merge.outputF32 = config.outputF32;
+  // Only a packed batch's merge indexes its rows by the token count.
+  merge.queryTokens = config.packedBatch ? config.queryTokens : 1;
+  merge.noBlockMask = true;
+  return merge;
+}
+
 KernelSource assembleKernel(const KernelConfig &config,
-                            std::string_view generatedModCode) {
+                            std::string_view generatedModCode, KernelUnit unit) {
   config.validate();
+  if (unit != KernelUnit::Whole && !hasSeparateMergeUnit(config))
+    throw Error(fmt::format("the {} kernel is compiled as one unit", config.describe()));
+  if (unit == KernelUnit::DecodeMerge && !generatedModCode.empty())
+    throw Error("a decode merge unit takes no mod code");
   KernelSource source;
   source.config = config;
   std::string &code = source.code;
   code.reserve(64 * 1024 + generatedModCode.size());
-  code += fmt::format("// pagedc kernel: {}\n", config.describe());
+  code += fmt::format("// pagedc kernel: {}{}\n", config.describe(),
+                      unit == KernelUnit::DecodeSplit   ? " (split kernel)"
+                      : unit == KernelUnit::DecodeMerge ? " (merge kernel)"
+                                                        : "");
+  if (unit == KernelUnit::DecodeSplit)
+    code += "#define PAGEDC_UNIT_DECODE_SPLIT 1\n";
+  if (unit == KernelUnit::DecodeMerge)
+    code += "#define PAGEDC_UNIT_DECODE_MERGE 1\n";
   auto append = [&](std::string_view name) {
     code += fmt::format("// ---- {} ----\n", name);
     code += embeddedTemplate(name);
@@ -601,17 +633,16 @@ KernelSource assembleKernel(const KernelConfig &config,
   append("Prelude.cuh");
   append("KernelArgs.h");
 
-  code += "// ---- generated mod code ----\n";
-  source.modFirstLine = countLines(code) + 1;
-  code += generatedModCode;
-  if (!generatedModCode.empty() && generatedModCode.back() != '\n')
-    code += '\n';
-  source.modLineCount = countLines(generatedModCode) +
-                        (generatedModCode.empty() ||
-                                 generatedModCode.back() == '\n'
-                             ? 0
-                             : 1);
-  append("Hooks.cuh");
+  if (unit != KernelUnit::DecodeMerge) {
+    code += "// ---- generated mod code ----\n";
+    source.modFirstLine = countLines(code) + 1;
+    code += generatedModCode;
+    if (!generatedModCode.empty() && generatedModCode.back() != '\n')
+      code += '\n';
+    source.modLineCount = countLines(generatedModCode) +
+                          (generatedModCode.empty() || generatedModCode.back() == '\n' ? 0 : 1);
+    append("Hooks.cuh");
+  }
 
   code += "// ---- configuration ----\n";
   code += "namespace pagedc_config {\n";
@@ -650,7 +681,7 @@ KernelSource assembleKernel(const KernelConfig &config,
   code += fmt::format("constexpr bool kMayBindBlockMask = {};\n",
                       config.noBlockMask ? "false" : "true");
   code += "} // namespace pagedc_config\n";
-  if (config.paramsSize >= 0)
+  if (config.paramsSize >= 0 && unit != KernelUnit::DecodeMerge)
     code += fmt::format(
         "static_assert(sizeof(pagedc_mods::Params) == {0}, \"pagedc_mods::Params "
         "does not have the {0}-byte layout the host packs\");\n",
@@ -680,12 +711,19 @@ KernelSource assembleKernel(const KernelConfig &config,
       source.kernelNames = {"pagedc_decode", "pagedc_decode_merge"};
       break;
     }
+    if (unit == KernelUnit::DecodeMerge) {
+      append("Decode.cuh");
+      source.kernelNames = {"pagedc_decode_merge"};
+      break;
+    }
     // The bulk tensor copies (used by code for sm_90 and later only).
     append("Hopper.cuh");
     append("Float8.cuh");
     append("Float8Tiles.cuh");
     append("Decode.cuh");
-    source.kernelNames = {"pagedc_decode", "pagedc_decode_merge"};
+    source.kernelNames = unit == KernelUnit::DecodeSplit
+                             ? std::vector<std::string>{"pagedc_decode"}
+                             : std::vector<std::string>{"pagedc_decode", "pagedc_decode_merge"};
     break;
   case KernelKind::BlockMaskBuilder:
     append("BlockMaskBuilder.cuh");

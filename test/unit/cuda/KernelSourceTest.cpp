@@ -168,6 +168,76 @@ TEST(KernelSource, KernelsWithoutBlockMaskPaths) {
   }
 }
 
+// The split-KV decode as two units: the split kernel's with the mods, and
+// a merge unit without them whose configuration every mod variant, mask
+// and cache type of a shape shares. MLA decode and prefill stay whole.
+TEST(KernelSource, DecodeSplitAndMergeUnits) {
+  std::string mods(embeddedTemplate("testing/causal.cuh"));
+  KernelConfig config;
+  config.kind = KernelKind::Decode;
+  config.headDim = 64;
+  config.groupSize = 4;
+  config.paramsSize = 0;
+  ASSERT_TRUE(hasSeparateMergeUnit(config));
+  KernelSource split = assembleKernel(config, mods, KernelUnit::DecodeSplit);
+  EXPECT_EQ(split.kernelNames, std::vector<std::string>{"pagedc_decode"});
+  EXPECT_NE(split.code.find("#define PAGEDC_UNIT_DECODE_SPLIT 1"), std::string::npos);
+  EXPECT_NE(split.code.find("return row.q >= kv;"), std::string::npos);
+
+  const KernelConfig mergeConfig = decodeMergeConfig(config);
+  KernelSource merge = assembleKernel(mergeConfig, "", KernelUnit::DecodeMerge);
+  EXPECT_EQ(merge.kernelNames, std::vector<std::string>{"pagedc_decode_merge"});
+  EXPECT_NE(merge.code.find("#define PAGEDC_UNIT_DECODE_MERGE 1"), std::string::npos);
+  EXPECT_EQ(merge.code.find("// ---- generated mod code ----"), std::string::npos);
+  EXPECT_EQ(merge.code.find("// ---- Hooks.cuh ----"), std::string::npos);
+  KernelConfig withParams = mergeConfig;
+  withParams.paramsSize = 8; // no Params in the unit to check the size of
+  EXPECT_EQ(assembleKernel(withParams, "", KernelUnit::DecodeMerge)
+                .code.find("static_assert(sizeof(pagedc_mods::Params)"),
+            std::string::npos);
+  EXPECT_EQ(merge.code.find("// ---- Hopper.cuh ----"), std::string::npos);
+  EXPECT_THROW(assembleKernel(mergeConfig, mods, KernelUnit::DecodeMerge), Error);
+
+  // What the merge reads is kept; what varies between variants is not.
+  KernelConfig other = config;
+  other.paramsSize = 24;
+  other.noBlockMask = true;
+  other.kvFloat8 = DType::F8E4M3;
+  other.groupSize = 8;
+  other.pageSize = 64;
+  EXPECT_EQ(decodeMergeConfig(other), mergeConfig);
+  for (auto change : std::vector<void (*)(KernelConfig &)>{
+           [](KernelConfig &c) { c.elementType = DType::F16; },
+           [](KernelConfig &c) { c.valueHeadDim = 128; },
+           [](KernelConfig &c) { c.returnLse = true; },
+           [](KernelConfig &c) { c.packedBatch = true; },
+       }) {
+    KernelConfig changed = config;
+    change(changed);
+    EXPECT_NE(decodeMergeConfig(changed), mergeConfig) << changed.describe();
+  }
+  // A packed batch's merge indexes rows by its token count, an unpacked
+  // one does not.
+  KernelConfig tokens = config;
+  tokens.queryTokens = 4;
+  EXPECT_EQ(decodeMergeConfig(tokens), mergeConfig);
+  tokens.packedBatch = true;
+  KernelConfig packed = config;
+  packed.packedBatch = true;
+  EXPECT_NE(decodeMergeConfig(tokens), decodeMergeConfig(packed));
+
+  KernelConfig prefill;
+  EXPECT_FALSE(hasSeparateMergeUnit(prefill));
+  EXPECT_THROW(assembleKernel(prefill, mods, KernelUnit::DecodeSplit), Error);
+  EXPECT_THROW(decodeMergeConfig(prefill), Error);
+  KernelConfig mla = config;
+  mla.headDim = KernelConfig::kMlaKeyDim;
+  mla.valueHeadDim = KernelConfig::kMlaValueDim;
+  mla.packedBatch = true;
+  mla.groupSize = 16;
+  EXPECT_FALSE(hasSeparateMergeUnit(mla));
+}
+
 // BatchAttention's kernels: the flag is a constexpr of the TU (false for
 // every other kernel), part of the description and the comparison, and
 // refused where no packed path exists (warpgroup tiles, the mask builder).
