@@ -95,6 +95,9 @@ struct CudaKernel {
   std::string arch;
   int device = 0;
   std::shared_ptr<CudaModule> module;
+  /// The module of `merge` when it is not `module` (a decode compiled from
+  /// mod code: KernelCache::getOrCompileModules); else null.
+  std::shared_ptr<CudaModule> mergeModule;
   /// pagedc_prefill, pagedc_decode or pagedc_build_block_mask.
   cu::Function main = nullptr;
   /// pagedc_decode_merge (decode modules only).
@@ -106,10 +109,13 @@ struct CudaKernel {
 
 /// Loads a module image (cubin or PTX) on device `deviceIndex` and resolves
 /// its kernels, raising the main kernel's dynamic shared-memory limit.
+/// `mergeImage` non-null: a decode's merge kernel is in that module (its
+/// merge unit) instead of `image`'s.
 std::shared_ptr<const CudaKernel> loadCudaKernel(const KernelConfig &config,
                                                  const std::string &arch,
                                                  const std::string &image,
-                                                 int deviceIndex);
+                                                 int deviceIndex,
+                                                 const std::string *mergeImage = nullptr);
 
 /// The kernel of `config` for `mods` on device `deviceIndex`, loaded once per
 /// process: from mods.cuda.bundle (module labelled mods.cuda.bundleLabel

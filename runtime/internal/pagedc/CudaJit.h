@@ -13,8 +13,9 @@
 //     compiler is loaded, no LLVM is mapped, NVRTC is not loaded.
 //  2. On a miss the code generator plugin (CodegenPlugin.h,
 //     libpagedc-codegen.so) is dlopened once per process and generates the
-//     mod code; KernelCache::getOrCompile() compiles it (or finds it on
-//     disk); the variant is recorded (temporary file + rename, checksummed).
+//     mod code; KernelCache::getOrCompileModules() compiles the modules the
+//     CUDA backend loads (or finds them on disk); the variant is recorded
+//     (temporary file + rename, checksummed).
 //
 // A variant file that is truncated or corrupt, names another key, or whose
 // kernel entry is missing or corrupt is never an error: it is rebuilt and
@@ -73,8 +74,13 @@ struct CudaJitResult {
   /// maskName, scoreName, params, buffers and cuda.modCode (no CPU
   /// functions: those come from the CPU JIT).
   CompiledMods mods;
-  /// One per request config, in order (config.paramsSize filled in).
+  /// One per request config, in order (config.paramsSize filled in): the
+  /// modules the CUDA backend loads (KernelCache::getOrCompileModules), so
+  /// the split kernel's unit for a split-KV decode config.
   std::vector<std::shared_ptr<const CompiledKernel>> kernels;
+  /// One per request config: the merge unit of a split-KV decode config
+  /// (hasSeparateMergeUnit), else null.
+  std::vector<std::shared_ptr<const CompiledKernel>> mergeKernels;
   CudaJitOutcome outcome = CudaJitOutcome::Generated;
   /// The variant key (32 hex digits) and its file.
   std::string variantKey, variantPath;

@@ -103,16 +103,38 @@ public:
   std::vector<std::shared_ptr<const CompiledKernel>>
   getOrCompileAll(const std::vector<Request> &requests);
 
+  /// The modules a launch of `config` loads (cudaKernelFor): where the
+  /// kind has a merge unit of its own (hasSeparateMergeUnit: the split-KV
+  /// decode), the split kernel's unit as `main` and the merge unit of its
+  /// shape (decodeMergeConfig) as `merge`, compiled side by side; one unit
+  /// shared by every mod variant of the shape. Otherwise the whole unit of
+  /// getOrCompile() and no `merge`.
+  struct Modules {
+    std::shared_ptr<const CompiledKernel> main;
+    std::shared_ptr<const CompiledKernel> merge;
+  };
+  Modules getOrCompileModules(const KernelConfig &config, std::string_view modCode,
+                              const CompileOptions &options);
+  /// getOrCompileModules for independent requests, in parallel.
+  std::vector<Modules> getOrCompileAllModules(const std::vector<Request> &requests);
+  /// One unit of `config` (assembleKernel's `unit`), with the in-process
+  /// shortcut of getOrCompile(), which is this for KernelUnit::Whole.
+  std::shared_ptr<const CompiledKernel> getOrCompileUnit(const KernelConfig &config,
+                                                         std::string_view modCode,
+                                                         const CompileOptions &options,
+                                                         KernelUnit unit);
+
   /// The kernel recorded under disk key `key` by an earlier process (the
   /// variant index, CudaJit.h, stores such keys), for `config`: from memory
   /// or from the disk entry, which counts as a disk hit. nullptr when there
   /// is no entry or it is corrupt (then it is removed). The caller vouches
-  /// that `key` is the key of (config, modCode, options); on a hit the
-  /// in-process map learns it, so a later getOrCompile(config, modCode,
-  /// options) is a memory hit.
+  /// that `key` is the key of (config, modCode, options, unit); on a hit
+  /// the in-process map learns it, so a later getOrCompileUnit(config,
+  /// modCode, options, unit) is a memory hit.
   std::shared_ptr<const CompiledKernel>
   lookupEntry(const std::string &key, const KernelConfig &config,
-              std::string_view modCode, const CompileOptions &options);
+              std::string_view modCode, const CompileOptions &options,
+              KernelUnit unit = KernelUnit::Whole);
 
   /// The disk key of a source compiled with `options`.
   static std::string diskKey(std::string_view code,
@@ -144,8 +166,14 @@ private:
     KernelConfig config;
     std::string modCode;
     std::string optionsKey;
+    KernelUnit unit = KernelUnit::Whole;
     Future result;
   };
+
+  /// The in-process entry of a unit, compiled or under way; invalid when
+  /// there is none.
+  Future knownUnit(const KernelConfig &config, std::string_view modCode,
+                   const CompileOptions &options, KernelUnit unit);
   std::shared_ptr<const CompiledKernel> loadOrBuild(const KernelSource &source,
                                                     const CompileOptions &options,
                                                     const std::string &key);

@@ -261,8 +261,11 @@ std::shared_ptr<KVMemory> cudaKVMemory(int index) {
 
 std::shared_ptr<const CudaKernel> loadCudaKernel(const KernelConfig &config,
                                                  const std::string &arch,
-                                                 const std::string &image, int deviceIndex) {
+                                                 const std::string &image, int deviceIndex,
+                                                 const std::string *mergeImage) {
   config.validate();
+  if (mergeImage && !hasSeparateMergeUnit(config))
+    throw Error(fmt::format("the {} kernel has no merge unit of its own", config.describe()));
   const CudaDriver &driver = cudaUseDevice(deviceIndex);
   const CudaDeviceInfo &info = cudaDeviceInfo(deviceIndex);
   auto kernel = std::make_shared<CudaKernel>();
@@ -270,6 +273,8 @@ std::shared_ptr<const CudaKernel> loadCudaKernel(const KernelConfig &config,
   kernel->arch = arch;
   kernel->device = deviceIndex;
   kernel->module = std::make_shared<CudaModule>(driver, image);
+  if (mergeImage)
+    kernel->mergeModule = std::make_shared<CudaModule>(driver, *mergeImage);
   const int shared = config.sharedMemoryBytes();
   if (shared > info.maxSharedMemoryPerBlockOptin)
     throw Error(fmt::format("the {} kernel needs {} bytes of shared memory but cuda:{} ({}) "
@@ -287,7 +292,8 @@ std::shared_ptr<const CudaKernel> loadCudaKernel(const KernelConfig &config,
     break;
   case KernelKind::Decode:
     kernel->main = kernel->module->function("pagedc_decode", shared);
-    kernel->merge = kernel->module->function("pagedc_decode_merge");
+    kernel->merge =
+        (mergeImage ? kernel->mergeModule : kernel->module)->function("pagedc_decode_merge");
     break;
   case KernelKind::BlockMaskBuilder:
     kernel->main = kernel->module->function("pagedc_build_block_mask");
@@ -376,9 +382,10 @@ std::shared_ptr<const CudaKernel> cudaKernelFor(const CompiledMods &mods,
       throw Error(fmt::format("warpgroup prefill tiles (kernel option prefill_shape ...x64) "
                               "need an sm_90 device; {} is {}",
                               info.name, arch));
-    std::shared_ptr<const CompiledKernel> compiled =
-        KernelCache::global().getOrCompile(config, mods.cuda.modCode, options);
-    kernel = loadCudaKernel(compiled->config, compiled->arch, compiled->image, deviceIndex);
+    const KernelCache::Modules compiled =
+        KernelCache::global().getOrCompileModules(config, mods.cuda.modCode, options);
+    kernel = loadCudaKernel(compiled.main->config, compiled.main->arch, compiled.main->image,
+                            deviceIndex, compiled.merge ? &compiled.merge->image : nullptr);
   }
   std::lock_guard<std::mutex> lock(mutex);
   return loaded.emplace(key, kernel).first->second;

@@ -533,6 +533,17 @@ std::string cudaVariantKey(const CudaJitRequest &request) {
   return contentKey128({material});
 }
 
+namespace {
+/// The kernel entries a variant records for `configs`: each config's
+/// module and, where it has one, its merge unit (KernelCache::Modules).
+size_t moduleCount(const std::vector<KernelConfig> &configs) {
+  size_t count = 0;
+  for (const KernelConfig &config : configs)
+    count += hasSeparateMergeUnit(config) ? 2 : 1;
+  return count;
+}
+} // namespace
+
 CudaJitResult loadCudaMods(const CudaJitRequest &request, KernelCache &cache) {
   if (request.configs.empty())
     throw Error("loadCudaMods: no kernel configuration given");
@@ -549,7 +560,7 @@ CudaJitResult loadCudaMods(const CudaJitRequest &request, KernelCache &cache) {
   Variant variant;
   if (!result.variantPath.empty() &&
       readVariant(result.variantPath, result.variantKey, variant) &&
-      variant.kernelKeys.size() == request.configs.size() &&
+      variant.kernelKeys.size() == moduleCount(request.configs) &&
       variant.mask == request.mask && variant.score == request.score &&
       parseModDeclarations(variant.declarations, result.mods.params,
                            result.mods.buffers)) {
@@ -562,16 +573,28 @@ CudaJitResult loadCudaMods(const CudaJitRequest &request, KernelCache &cache) {
       std::vector<KernelConfig> configs =
           filledConfigs(request, result.mods.params, result.mods.buffers);
       bool allFound = true;
-      for (size_t i = 0; i < configs.size(); ++i) {
-        auto kernel = cache.lookupEntry(variant.kernelKeys[i], configs[i],
-                                        result.mods.cuda.modCode, request.options);
+      size_t next = 0;
+      // The recorded entry of a module, else the module compiled again.
+      auto module = [&](const KernelConfig &config, std::string_view modCode, KernelUnit unit) {
+        std::string &key = variant.kernelKeys[next++];
+        auto kernel = cache.lookupEntry(key, config, modCode, request.options, unit);
         if (!kernel) {
           allFound = false;
-          kernel = cache.getOrCompile(configs[i], result.mods.cuda.modCode,
-                                      request.options);
-          variant.kernelKeys[i] = kernel->key;
+          kernel = cache.getOrCompileUnit(config, modCode, request.options, unit);
+          key = kernel->key;
         }
-        result.kernels.push_back(std::move(kernel));
+        return kernel;
+      };
+      for (const KernelConfig &config : configs) {
+        if (hasSeparateMergeUnit(config)) {
+          result.kernels.push_back(
+              module(config, result.mods.cuda.modCode, KernelUnit::DecodeSplit));
+          result.mergeKernels.push_back(
+              module(decodeMergeConfig(config), "", KernelUnit::DecodeMerge));
+        } else {
+          result.kernels.push_back(module(config, result.mods.cuda.modCode, KernelUnit::Whole));
+          result.mergeKernels.push_back(nullptr);
+        }
       }
       if (allFound) {
         result.outcome = CudaJitOutcome::VariantHit;
@@ -593,14 +616,12 @@ CudaJitResult loadCudaMods(const CudaJitRequest &request, KernelCache &cache) {
   result.mods.cuda.modCode = std::move(generated.modCode);
   std::vector<KernelConfig> configs =
       filledConfigs(request, result.mods.params, result.mods.buffers);
-  if (configs.size() == 1) {
-    result.kernels.push_back(
-        cache.getOrCompile(configs[0], result.mods.cuda.modCode, request.options));
-  } else {
-    std::vector<KernelCache::Request> requests;
-    for (const KernelConfig &config : configs)
-      requests.push_back({config, result.mods.cuda.modCode, request.options});
-    result.kernels = cache.getOrCompileAll(requests);
+  std::vector<KernelCache::Request> requests;
+  for (const KernelConfig &config : configs)
+    requests.push_back({config, result.mods.cuda.modCode, request.options});
+  for (KernelCache::Modules &modules : cache.getOrCompileAllModules(requests)) {
+    result.kernels.push_back(std::move(modules.main));
+    result.mergeKernels.push_back(std::move(modules.merge));
   }
   if (!result.variantPath.empty() && cache.writable()) {
     Variant fresh;
@@ -611,8 +632,11 @@ CudaJitResult loadCudaMods(const CudaJitRequest &request, KernelCache &cache) {
     }
     fresh.mask = request.mask;
     fresh.score = request.score;
-    for (const auto &kernel : result.kernels)
-      fresh.kernelKeys.push_back(kernel->key);
+    for (size_t i = 0; i < result.kernels.size(); ++i) {
+      fresh.kernelKeys.push_back(result.kernels[i]->key);
+      if (result.mergeKernels[i])
+        fresh.kernelKeys.push_back(result.mergeKernels[i]->key);
+    }
     fresh.declarations =
         serializeModDeclarations(result.mods.params, result.mods.buffers);
     fresh.modCode = result.mods.cuda.modCode;

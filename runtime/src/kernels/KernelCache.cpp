@@ -21,9 +21,11 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <exception>
 #include <filesystem>
 #include <fstream>
 #include <map>
@@ -58,7 +60,7 @@ using sealed::hex64;
 
 /// Hash of the in-process key: mod code, config and options.
 uint64_t fastHash(const KernelConfig &config, std::string_view modCode,
-                  const std::string &optionsKey) {
+                  const std::string &optionsKey, KernelUnit unit) {
   uint64_t hash = contentHash64(modCode);
   hash = contentHash64(optionsKey, hash);
   const int fields[] = {static_cast<int>(config.kind),
@@ -79,7 +81,8 @@ uint64_t fastHash(const KernelConfig &config, std::string_view modCode,
                         config.kvFloat8 ? 1 + static_cast<int>(*config.kvFloat8) : 0,
                         config.outputF32 ? 1 : 0,
                         config.groupRows ? 1 : 0,
-                        config.noBlockMask ? 1 : 0};
+                        config.noBlockMask ? 1 : 0,
+                        static_cast<int>(unit)};
   return contentHash64(std::string_view(reinterpret_cast<const char *>(fields), sizeof(fields)),
                        hash);
 }
@@ -370,8 +373,82 @@ KernelCache::getOrCompile(const KernelSource &source, const CompileOptions &opti
 std::shared_ptr<const CompiledKernel>
 KernelCache::getOrCompile(const KernelConfig &config, std::string_view modCode,
                           const CompileOptions &options) {
+  return getOrCompileUnit(config, modCode, options, KernelUnit::Whole);
+}
+
+KernelCache::Modules KernelCache::getOrCompileModules(const KernelConfig &config,
+                                                      std::string_view modCode,
+                                                      const CompileOptions &options) {
+  if (!hasSeparateMergeUnit(config))
+    return {getOrCompile(config, modCode, options), nullptr};
+  const KernelConfig mergeConfig = decodeMergeConfig(config);
+  // Compiled already (one merge unit serves every variant of a shape): no
+  // thread for it.
+  if (Future known = knownUnit(mergeConfig, "", options, KernelUnit::DecodeMerge);
+      known.valid() && known.wait_for(std::chrono::seconds(0)) == std::future_status::ready) {
+    ++memoryHits_;
+    Modules modules;
+    modules.merge = known.get();
+    modules.main = getOrCompileUnit(config, modCode, options, KernelUnit::DecodeSplit);
+    return modules;
+  }
+  // The merge unit on another thread: on the first decode of a shape it is
+  // a compile of its own, which would otherwise follow the split kernel's.
+  auto merge = std::async(std::launch::async, [this, &mergeConfig, &options] {
+    return getOrCompileUnit(mergeConfig, "", options, KernelUnit::DecodeMerge);
+  });
+  Modules modules;
+  try {
+    modules.main = getOrCompileUnit(config, modCode, options, KernelUnit::DecodeSplit);
+  } catch (...) {
+    merge.wait(); // it reads mergeConfig and options
+    throw;
+  }
+  modules.merge = merge.get();
+  return modules;
+}
+
+KernelCache::Future KernelCache::knownUnit(const KernelConfig &config, std::string_view modCode,
+                                           const CompileOptions &options, KernelUnit unit) {
+  const std::string optionsKey = options.key();
+  const uint64_t hash = fastHash(config, modCode, optionsKey, unit);
+  std::lock_guard<std::mutex> lock(mutex_);
+  auto bucket = fast_.find(hash);
+  if (bucket != fast_.end())
+    for (const FastEntry &entry : bucket->second)
+      if (entry.config == config && entry.modCode == modCode && entry.optionsKey == optionsKey &&
+          entry.unit == unit)
+        return entry.result;
+  return {};
+}
+
+std::vector<KernelCache::Modules>
+KernelCache::getOrCompileAllModules(const std::vector<Request> &requests) {
+  std::vector<std::future<Modules>> futures;
+  for (const Request &request : requests)
+    futures.push_back(std::async(std::launch::async, [this, &request] {
+      return getOrCompileModules(request.config, request.modCode, request.options);
+    }));
+  std::vector<Modules> results;
+  std::exception_ptr failure;
+  for (auto &future : futures) {
+    try {
+      results.push_back(future.get());
+    } catch (...) {
+      if (!failure)
+        failure = std::current_exception();
+    }
+  }
+  if (failure)
+    std::rethrow_exception(failure);
+  return results;
+}
+
+std::shared_ptr<const CompiledKernel>
+KernelCache::getOrCompileUnit(const KernelConfig &config, std::string_view modCode,
+                              const CompileOptions &options, KernelUnit unit) {
   std::string optionsKey = options.key();
-  uint64_t hash = fastHash(config, modCode, optionsKey);
+  uint64_t hash = fastHash(config, modCode, optionsKey, unit);
   std::promise<std::shared_ptr<const CompiledKernel>> promise;
   Future pending;
   {
@@ -379,21 +456,21 @@ KernelCache::getOrCompile(const KernelConfig &config, std::string_view modCode,
     auto &bucket = fast_[hash];
     for (const FastEntry &entry : bucket) {
       if (entry.config == config && entry.modCode == modCode &&
-          entry.optionsKey == optionsKey) {
+          entry.optionsKey == optionsKey && entry.unit == unit) {
         pending = entry.result;
         ++memoryHits_;
         break;
       }
     }
     if (!pending.valid())
-      bucket.push_back({config, std::string(modCode), optionsKey,
+      bucket.push_back({config, std::string(modCode), optionsKey, unit,
                         promise.get_future().share()});
   }
   // As above: never wait for a compile while holding the lock.
   if (pending.valid())
     return pending.get();
   try {
-    KernelSource source = assembleKernel(config, modCode);
+    KernelSource source = assembleKernel(config, modCode, unit);
     auto kernel = getOrCompile(source, options);
     promise.set_value(kernel);
     return kernel;
@@ -403,7 +480,7 @@ KernelCache::getOrCompile(const KernelConfig &config, std::string_view modCode,
     auto &bucket = fast_[hash];
     for (auto it = bucket.begin(); it != bucket.end(); ++it)
       if (it->config == config && it->modCode == modCode &&
-          it->optionsKey == optionsKey) {
+          it->optionsKey == optionsKey && it->unit == unit) {
         bucket.erase(it);
         break;
       }
@@ -413,7 +490,8 @@ KernelCache::getOrCompile(const KernelConfig &config, std::string_view modCode,
 
 std::shared_ptr<const CompiledKernel>
 KernelCache::lookupEntry(const std::string &key, const KernelConfig &config,
-                         std::string_view modCode, const CompileOptions &options) {
+                         std::string_view modCode, const CompileOptions &options,
+                         KernelUnit unit) {
   Future pending;
   {
     std::lock_guard<std::mutex> lock(mutex_);
@@ -436,13 +514,13 @@ KernelCache::lookupEntry(const std::string &key, const KernelConfig &config,
   std::string optionsKey = options.key();
   std::lock_guard<std::mutex> lock(mutex_);
   byKey_.emplace(key, future);
-  auto &bucket = fast_[fastHash(config, modCode, optionsKey)];
+  auto &bucket = fast_[fastHash(config, modCode, optionsKey, unit)];
   bool known = false;
   for (const FastEntry &entry : bucket)
     known = known || (entry.config == config && entry.modCode == modCode &&
-                      entry.optionsKey == optionsKey);
+                      entry.optionsKey == optionsKey && entry.unit == unit);
   if (!known)
-    bucket.push_back({config, std::string(modCode), optionsKey, future});
+    bucket.push_back({config, std::string(modCode), optionsKey, unit, future});
   return kernel;
 }
 

@@ -236,6 +236,47 @@ TEST(KernelCache, CompilesPrefillAndDecodeTogether) {
   EXPECT_EQ(cache.stats().compiles, 2u);
 }
 
+// The runtime's decode modules: the split kernel's unit per variant and one
+// merge unit per shape, which a second variant finds in memory; the cubins
+// hold the kernels their names say. A kind without a merge unit of its own
+// is one module.
+TEST(KernelCache, DecodeModulesShareTheMergeUnit) {
+  REQUIRE_NVRTC();
+  KernelCache cache(""); // memory only
+  KernelConfig decode;
+  decode.kind = KernelKind::Decode;
+  decode.groupSize = 4;
+  decode.headDim = 64;
+  decode.noBlockMask = true;
+  const std::string causal = cheapMods();
+  const std::string alibi(embeddedTemplate("testing/alibi.cuh"));
+  KernelCache::Modules first = cache.getOrCompileModules(decode, causal, {});
+  ASSERT_TRUE(first.main && first.merge);
+  EXPECT_EQ(first.main->kernelNames, std::vector<std::string>{"pagedc_decode"});
+  EXPECT_EQ(first.merge->kernelNames, std::vector<std::string>{"pagedc_decode_merge"});
+  EXPECT_EQ(first.main->image.find("pagedc_decode_merge"), std::string::npos);
+  EXPECT_NE(first.main->image.find("pagedc_decode"), std::string::npos);
+  EXPECT_NE(first.merge->image.find("pagedc_decode_merge"), std::string::npos);
+  EXPECT_EQ(cache.stats().compiles, 2u);
+
+  KernelConfig masked = decode;
+  masked.noBlockMask = false;
+  KernelCache::Modules second = cache.getOrCompileModules(masked, alibi, {});
+  EXPECT_EQ(second.merge, first.merge);
+  EXPECT_NE(second.main, first.main);
+  EXPECT_EQ(cache.stats().compiles, 3u);
+  // The whole unit is another kernel of the cache, not the split one.
+  EXPECT_EQ(cache.getOrCompileModules(decode, causal, {}).main, first.main);
+  std::shared_ptr<const CompiledKernel> whole = cache.getOrCompile(decode, causal, {});
+  EXPECT_NE(whole, first.main);
+  EXPECT_EQ(whole->kernelNames,
+            (std::vector<std::string>{"pagedc_decode", "pagedc_decode_merge"}));
+
+  KernelCache::Modules builder = cache.getOrCompileModules(cheapConfig(), causal, {});
+  EXPECT_EQ(builder.merge, nullptr);
+  EXPECT_EQ(builder.main->kernelNames, std::vector<std::string>{"pagedc_build_block_mask"});
+}
+
 /// Run only as a child of ConcurrentProcessesShareOneEntry.
 TEST(DISABLED_CacheChild, CompileOnce) {
   const char *dir = std::getenv("PAGEDC_TEST_CHILD_CACHE");

@@ -296,6 +296,50 @@ TEST_F(CudaJit, MissingOrCorruptKernelEntryIsRebuilt) {
   }
 }
 
+// A decode request yields the modules the CUDA backend loads: the split
+// kernel's unit and the merge unit, both recorded by the variant; a hit
+// reads both and teaches the in-process map both; a missing merge entry is
+// rebuilt alone.
+TEST_F(CudaJit, DecodeVariantRecordsBothModules) {
+  REQUIRE_NVRTC();
+  TempDir dir("pagedc-cudajit");
+  CudaJitRequest request = cheapRequest();
+  request.configs[0].kind = KernelKind::Decode;
+  request.configs[0].groupSize = 4;
+  request.configs[0].headDim = 64;
+  KernelCache first(dir.path());
+  CudaJitResult generated = loadCudaMods(request, first);
+  EXPECT_EQ(first.stats().compiles, 2u);
+  ASSERT_EQ(generated.kernels.size(), 1u);
+  ASSERT_EQ(generated.mergeKernels.size(), 1u);
+  ASSERT_TRUE(generated.mergeKernels[0]);
+  EXPECT_EQ(generated.kernels[0]->kernelNames, std::vector<std::string>{"pagedc_decode"});
+  EXPECT_EQ(generated.mergeKernels[0]->kernelNames,
+            std::vector<std::string>{"pagedc_decode_merge"});
+
+  KernelCache second(dir.path());
+  CudaJitResult hit = loadCudaMods(request, second);
+  EXPECT_EQ(hit.outcome, CudaJitOutcome::VariantHit);
+  EXPECT_EQ(second.stats().diskHits, 2u);
+  EXPECT_EQ(hit.kernels[0]->key, generated.kernels[0]->key);
+  ASSERT_TRUE(hit.mergeKernels[0]);
+  EXPECT_EQ(hit.mergeKernels[0]->key, generated.mergeKernels[0]->key);
+  KernelCache::Modules modules =
+      second.getOrCompileModules(hit.kernels[0]->config, hit.mods.cuda.modCode, request.options);
+  EXPECT_EQ(modules.main, hit.kernels[0]);
+  EXPECT_EQ(modules.merge, hit.mergeKernels[0]);
+  EXPECT_EQ(second.stats().compiles, 0u);
+
+  fs::remove(second.entryPath(generated.mergeKernels[0]->key));
+  KernelCache third(dir.path());
+  CudaJitResult rebuilt = loadCudaMods(request, third);
+  EXPECT_EQ(rebuilt.outcome, CudaJitOutcome::KernelsRebuilt);
+  EXPECT_EQ(third.stats().compiles, 1u);
+  EXPECT_EQ(rebuilt.mergeKernels[0]->key, generated.mergeKernels[0]->key);
+  KernelCache fourth(dir.path());
+  EXPECT_EQ(loadCudaMods(request, fourth).outcome, CudaJitOutcome::VariantHit);
+}
+
 TEST_F(CudaJit, ProgramErrorsNameTheirPlace) {
   REQUIRE_NVRTC();
   TempDir dir("pagedc-cudajit");
@@ -380,12 +424,13 @@ TEST_F(CudaJit, NewProcessHitsWithoutLlvm) {
   EXPECT_EQ(stats["outcome"], "generated");
   EXPECT_EQ(stats["plugin_loaded"], "1");
   EXPECT_EQ(stats["llvm_mapped"], "1"); // the plugin brings LLVM along
-  EXPECT_EQ(stats["compiles"], "1");
+  // The split kernel's unit and its merge unit (KernelCache::Modules).
+  EXPECT_EQ(stats["compiles"], "2");
 
   ASSERT_EQ(runTool(args + " --require-hit", stats, errors, dir.path()), 0)
       << errors;
   EXPECT_EQ(stats["outcome"], "variant-hit");
-  EXPECT_EQ(stats["disk_hits"], "1");
+  EXPECT_EQ(stats["disk_hits"], "2");
   EXPECT_EQ(stats["compiles"], "0");
   EXPECT_EQ(stats["plugin_loaded"], "0");
   EXPECT_EQ(stats["llvm_mapped"], "0");

@@ -291,7 +291,7 @@ TEST_P(EmuCorpusMatrixTest, CudaKernelsOnEmulatorMatchFloat64Reference) {
   for (size_t begin = 0; begin < requests.size(); begin += parallel) {
     std::vector<pagedc::KernelCache::Request> batch(
         requests.begin() + begin, requests.begin() + std::min(requests.size(), begin + parallel));
-    ASSERT_NO_THROW(pagedc::KernelCache::global().getOrCompileAll(batch));
+    ASSERT_NO_THROW(pagedc::KernelCache::global().getOrCompileAllModules(batch));
   }
 
   uint64_t seed = std::hash<std::string>()(caseName({c, 0}));
