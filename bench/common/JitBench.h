@@ -88,15 +88,22 @@ inline std::string freshDirectory(const char *tag) {
   return pattern;
 }
 
-/// `nvcc` -cubin -arch=sm_90 on `source`, `repetitions` times: the wall and
-/// the CPU seconds (nvcc and its tools) of each.
-inline void timeNvcc(const std::string &nvcc, const std::string &source, int repetitions,
-                     std::vector<double> &wall, std::vector<double> &cpu) {
+/// `nvcc` -cubin -arch=sm_90 on `sources`, `repetitions` times: the wall
+/// and the CPU seconds (nvcc and its tools) of each. Several sources are
+/// compiled side by side (one nvcc each, started together), as the runtime
+/// compiles a decode's two units (KernelCache::getOrCompileModules).
+inline void timeNvcc(const std::string &nvcc, const std::vector<std::string> &sources,
+                     int repetitions, std::vector<double> &wall, std::vector<double> &cpu) {
   const std::string work = freshDirectory("nvcc");
-  const std::string path = work + "/kernel.cu";
-  std::ofstream(path) << source;
-  const std::string command =
-      fmt::format("{} -cubin -arch=sm_90 -std=c++17 {} -o {}/kernel.cubin", nvcc, path, work);
+  std::string command = "status=0;", waits;
+  for (size_t i = 0; i < sources.size(); ++i) {
+    const std::string path = fmt::format("{}/unit{}.cu", work, i);
+    std::ofstream(path) << sources[i];
+    command += fmt::format(" {} -cubin -arch=sm_90 -std=c++17 {} -o {}/unit{}.cubin & job{}=$!;",
+                           nvcc, path, work, i, i);
+    waits += fmt::format(" wait $job{} || status=1;", i);
+  }
+  command += waits + " exit $status";
   for (int i = 0; i < repetitions; ++i) {
     auto start = Clock::now();
     const double before = childrenCpuSeconds();
@@ -106,6 +113,17 @@ inline void timeNvcc(const std::string &nvcc, const std::string &source, int rep
     cpu.push_back(childrenCpuSeconds() - before);
   }
   std::filesystem::remove_all(work);
+}
+
+/// The sources of the modules a launch of `config` loads (KernelCache::
+/// getOrCompileModules): the split kernel's unit and its merge unit for a
+/// split-KV decode, else the whole unit.
+inline std::vector<std::string> moduleSources(const KernelConfig &config,
+                                              const std::string &modCode) {
+  if (!hasSeparateMergeUnit(config))
+    return {assembleKernel(config, modCode).code};
+  return {assembleKernel(config, modCode, KernelUnit::DecodeSplit).code,
+          assembleKernel(decodeMergeConfig(config), "", KernelUnit::DecodeMerge).code};
 }
 
 } // namespace pagedc::bench

@@ -5,10 +5,14 @@
 // decode (GQA 4) and prefill kernels:
 //   cold     .attn text -> front end -> MLIRGen -> pipeline -> EmitC -> C++
 //            -> assembleKernel -> NVRTC cubin, empty on-disk cache, fresh
-//            MLIRContext, median of 5 (the DSL part is also reported alone)
-//   nvcc     `nvcc -cubin -arch=sm_90` on the identical generated source;
-//            also its CPU seconds (it and its tools, RUSAGE_CHILDREN), so
-//            cold/nvcc can be read on CPU seconds on a loaded machine
+//            MLIRContext, median of 5 (the DSL part is also reported alone);
+//            the modules a launch loads (KernelCache::getOrCompileModules:
+//            decode's split kernel unit and its merge unit side by side)
+//   nvcc     `nvcc -cubin -arch=sm_90` on the identical generated sources
+//            (decode's two units side by side, and, for comparison, the
+//            whole decode unit alone); also its CPU seconds (it and its
+//            tools, RUSAGE_CHILDREN), so cold/nvcc can be read on CPU
+//            seconds on a loaded machine
 //   (every kernel is the one a call without a block mask compiles; "with
 //            block-mask paths" times the kernel that also takes them, cold
 //            and nvcc, for comparison)
@@ -30,11 +34,13 @@
 //            (Google Benchmark; the table shows a median of 5 batches)
 //   stages   where a cold compile goes: .attn -> mod code, source assembly,
 //            and NVRTC's own times (--time: C++ front end, NVVM optimizer,
-//            PTX -> SASS), each a median of 5 plain compiles
+//            PTX -> SASS), each a median of 5 plain compiles of the main
+//            unit (decode: the split kernel's)
 //   second   a new process of this binary: a cold compile (empty cache),
 //            then a second variant (`sliding` + `capped`: .attn -> mod code
-//            -> assembleKernel -> NVRTC cubin) timed in that warm process;
-//            median of 5 processes
+//            -> the modules a launch loads; decode's merge unit is the
+//            first variant's) timed in that warm process; median of 5
+//            processes
 // Prints a table and writes bench/results/jit-e2e.json (in the source tree).
 //
 //===----------------------------------------------------------------------===//
@@ -128,11 +134,12 @@ int warmChild(const std::string &kind, const std::string &dir) {
   auto start = Clock::now();
   KernelCache cache(dir);
   std::string mods = generateFromSource();
-  auto kernel = cache.getOrCompile(
+  auto modules = cache.getOrCompileModules(
       bench::jitBenchConfig(kind == "decode" ? KernelKind::Decode : KernelKind::Prefill),
       mods, bench::jitBenchOptions());
   double elapsed = bench::secondsSince(start);
-  if (cache.stats().diskHits != 1 || kernel->image.empty())
+  if (cache.stats().diskHits != (modules.merge ? 2u : 1u) || cache.stats().compiles != 0 ||
+      modules.main->image.empty())
     return 2;
   std::ofstream(dir + "/lookup.txt") << elapsed;
   return 0;
@@ -146,15 +153,17 @@ int secondChild(const std::string &kind, const std::string &dir) {
       bench::jitBenchConfig(kind == "decode" ? KernelKind::Decode : KernelKind::Prefill);
   CompileOptions options = bench::jitBenchOptions();
   KernelCache cache(dir);
-  auto kernel = cache.getOrCompile(config, generateFromSource(), options);
-  if (cache.stats().compiles != 1 || kernel->image.empty())
+  auto first = cache.getOrCompileModules(config, generateFromSource(), options);
+  const uint64_t units = first.merge ? 2 : 1;
+  if (cache.stats().compiles != units || first.main->image.empty())
     return 2;
 
   auto start = Clock::now();
-  KernelSource second = assembleKernel(config, generateFromSource(kSecondMask, kSecondScore));
-  CompileResult compiled = Nvrtc::get().compile(second.code, "second.cu", options, &second);
+  auto second =
+      cache.getOrCompileModules(config, generateFromSource(kSecondMask, kSecondScore), options);
   double elapsed = bench::secondsSince(start);
-  if (compiled.image.empty() || compiled.image == kernel->image)
+  if (cache.stats().compiles != units + 1 || second.main->image.empty() ||
+      second.main->image == first.main->image || second.merge != first.merge)
     return 3;
   std::ofstream(dir + "/second.txt") << elapsed;
   return 0;
@@ -173,7 +182,8 @@ double runSecondChild(const std::string &self, const std::string &kind) {
   if (!WIFEXITED(status) || WEXITSTATUS(status) != 0)
     throw std::runtime_error(
         fmt::format("second-variant child failed (exit {}; 2: the cold compile did not "
-                    "compile, 3: the second variant gave no cubin or the first one's)",
+                    "compile, 3: the second variant compiled no new main unit, or did not "
+                    "take its merge unit from memory)",
                     WIFEXITED(status) ? WEXITSTATUS(status) : -1));
   double elapsed = 0;
   std::ifstream(dir + "/second.txt") >> elapsed;
@@ -241,7 +251,7 @@ struct KindResult {
   std::string kind;
   std::vector<double> cold, coldCpu, dsl, nvcc, firstProcess, firstInProcess, nvccCpu, warmProcess,
       warmInProcess, warmCompilerProcess, warmCompilerInChild, hit, assemble, frontEnd, optimizer,
-      ptxToSass, nvrtc, secondVariant, coldWithMaskPaths, nvccWithMaskPaths;
+      ptxToSass, nvrtc, secondVariant, coldWithMaskPaths, nvccWithMaskPaths, nvccWhole;
 };
 
 KindResult measure(KernelKind kind, const std::string &self) {
@@ -256,10 +266,10 @@ KindResult measure(KernelKind kind, const std::string &self) {
     KernelCache cache(dir);
     mods = generateFromSource();
     result.dsl.push_back(bench::secondsSince(start));
-    auto kernel = cache.getOrCompile(config, mods, bench::jitBenchOptions());
+    auto modules = cache.getOrCompileModules(config, mods, bench::jitBenchOptions());
     result.cold.push_back(bench::secondsSince(start));
     result.coldCpu.push_back(bench::processCpuSeconds() - cpu);
-    if (cache.stats().compiles != 1 || kernel->image.empty())
+    if (cache.stats().compiles != (modules.merge ? 2u : 1u) || modules.main->image.empty())
       throw std::runtime_error("cold compile did not compile");
     if (i == 0)
       warmDir = dir;
@@ -270,7 +280,8 @@ KindResult measure(KernelKind kind, const std::string &self) {
   // Where the cold time goes: NVRTC's own stage times on plain compiles.
   for (int i = 0; i < kRepetitions; ++i) {
     auto start = Clock::now();
-    KernelSource source = assembleKernel(config, mods);
+    KernelSource source = assembleKernel(
+        config, mods, hasSeparateMergeUnit(config) ? KernelUnit::DecodeSplit : KernelUnit::Whole);
     result.assemble.push_back(bench::secondsSince(start));
     CompileOptions options = bench::jitBenchOptions();
     options.timeStages = true;
@@ -284,25 +295,28 @@ KindResult measure(KernelKind kind, const std::string &self) {
   for (int i = 0; i < kRepetitions; ++i)
     result.secondVariant.push_back(runSecondChild(self, result.kind));
 
-  bench::timeNvcc(PAGEDC_BENCH_NVCC, assembleKernel(config, mods).code, kRepetitions,
+  bench::timeNvcc(PAGEDC_BENCH_NVCC, bench::moduleSources(config, mods), kRepetitions,
                   result.nvcc, result.nvccCpu);
+  std::vector<double> wholeCpu;
+  bench::timeNvcc(PAGEDC_BENCH_NVCC, {assembleKernel(config, mods).code}, kRepetitions,
+                  result.nvccWhole, wholeCpu);
 
   // The kernel that also takes block masks, alternating with nvcc on its
   // source so that both see the same machine.
   const KernelConfig withMaskPaths = bench::jitBenchConfig(kind, /*blockMaskPaths=*/true);
-  const std::string withMaskPathsSource = assembleKernel(withMaskPaths, mods).code;
+  const std::vector<std::string> withMaskPathsSources = bench::moduleSources(withMaskPaths, mods);
   for (int i = 0; i < kRepetitions; ++i) {
     std::string dir = bench::freshDirectory("masks");
     auto start = Clock::now();
     KernelCache cache(dir);
-    auto kernel =
-        cache.getOrCompile(withMaskPaths, generateFromSource(), bench::jitBenchOptions());
+    auto modules =
+        cache.getOrCompileModules(withMaskPaths, generateFromSource(), bench::jitBenchOptions());
     result.coldWithMaskPaths.push_back(bench::secondsSince(start));
-    if (cache.stats().compiles != 1 || kernel->image.empty())
+    if (cache.stats().compiles != (modules.merge ? 2u : 1u) || modules.main->image.empty())
       throw std::runtime_error("cold compile (with block-mask paths) did not compile");
     fs::remove_all(dir);
     std::vector<double> cpu;
-    bench::timeNvcc(PAGEDC_BENCH_NVCC, withMaskPathsSource, 1, result.nvccWithMaskPaths, cpu);
+    bench::timeNvcc(PAGEDC_BENCH_NVCC, withMaskPathsSources, 1, result.nvccWithMaskPaths, cpu);
   }
 
   for (int i = 0; i < kRepetitions; ++i) {
@@ -317,11 +331,12 @@ KindResult measure(KernelKind kind, const std::string &self) {
   // then warm hits of the variant index.
   std::string variantDir;
   std::map<std::string, std::string> stats;
+  const std::string units = hasSeparateMergeUnit(config) ? "2" : "1";
   for (int i = 0; i < kRepetitions; ++i) {
     std::string dir = bench::freshDirectory("first");
     result.firstProcess.push_back(runJitTool(result.kind, dir, false, stats));
     if (stats["outcome"] != "generated" || stats["plugin_loaded"] != "1" ||
-        stats["compiles"] != "1")
+        stats["compiles"] != units)
       throw std::runtime_error("the first pagedc-jit run did not generate");
     result.firstInProcess.push_back(std::stod(stats["seconds"]));
     if (i == 0)
@@ -331,7 +346,7 @@ KindResult measure(KernelKind kind, const std::string &self) {
   }
   for (int i = 0; i < kRepetitions; ++i) {
     result.warmProcess.push_back(runJitTool(result.kind, variantDir, true, stats));
-    if (stats["outcome"] != "variant-hit" || stats["disk_hits"] != "1" ||
+    if (stats["outcome"] != "variant-hit" || stats["disk_hits"] != units ||
         stats["compiles"] != "0" || stats["plugin_loaded"] != "0" ||
         stats["llvm_mapped"] != "0")
       throw std::runtime_error("a warm pagedc-jit run was not a clean variant hit");
@@ -443,28 +458,31 @@ int main(int argc, char **argv) {
         "\"in_process_hit_s\": {}, "
         "\"stages\": {{\"assemble_s\": {}, \"nvrtc_front_end_s\": {}, "
         "\"nvrtc_optimizer_s\": {}, \"nvrtc_ptx_to_sass_s\": {}, \"nvrtc_s\": {}}}, "
-        "\"second_variant_s\": {}, "
+        "\"second_variant_s\": {}, \"nvcc_whole_unit_s\": {}, "
         "\"with_block_mask_paths\": {{\"cold_s\": {}, \"nvcc_s\": {}}}}}{}\n",
         r.kind, list(r.cold), list(r.coldCpu), list(r.dsl), list(r.nvcc), ratio, list(r.nvccCpu),
         median(r.coldCpu) / median(r.nvccCpu), list(r.firstProcess), list(r.firstInProcess),
         list(r.warmProcess), list(r.warmInProcess), median(r.warmProcess),
         list(r.warmCompilerProcess), list(r.warmCompilerInChild), list(r.hit), list(r.assemble),
         list(r.frontEnd), list(r.optimizer), list(r.ptxToSass), list(r.nvrtc),
-        list(r.secondVariant), list(r.coldWithMaskPaths), list(r.nvccWithMaskPaths),
+        list(r.secondVariant), list(r.nvccWhole), list(r.coldWithMaskPaths),
+        list(r.nvccWithMaskPaths),
         i + 1 < results.size() ? "," : "");
   }
-  fmt::print("\nwhere the cold compile goes (s, medians of {}; NVRTC's --time), a second "
-             "variant in a warm process (new process each)\n",
+  fmt::print("\nwhere the cold compile goes (s, medians of {}; NVRTC's --time, the main unit), "
+             "a second variant in a warm process (new process each), nvcc on the whole unit\n",
              kRepetitions);
-  fmt::print("{:<8} {:>7} {:>8} {:>9} {:>9} {:>9} {:>8} | {:>11} | {:>10} {:>14}\n", "kernel",
-             "dsl", "assemble", "front end", "optimizer", "ptx->sass", "nvrtc", "2nd variant",
-             "nvcc cpu", "cold/nvcc cpu");
+  fmt::print("{:<8} {:>7} {:>8} {:>9} {:>9} {:>9} {:>8} | {:>11} | {:>10} {:>14} | {:>12} "
+             "{:>15}\n",
+             "kernel", "dsl", "assemble", "front end", "optimizer", "ptx->sass", "nvrtc",
+             "2nd variant", "nvcc cpu", "cold/nvcc cpu", "nvcc whole s", "cold/nvcc whole");
   for (const KindResult &r : results)
     fmt::print("{:<8} {:>7.3f} {:>8.4f} {:>9.3f} {:>9.3f} {:>9.3f} {:>8.3f} | {:>11.3f} | "
-               "{:>10.3f} {:>14.2f}\n",
+               "{:>10.3f} {:>14.2f} | {:>12.3f} {:>15.2f}\n",
                r.kind, median(r.dsl), median(r.assemble), median(r.frontEnd), median(r.optimizer),
                median(r.ptxToSass), median(r.nvrtc), median(r.secondVariant), median(r.nvccCpu),
-               median(r.coldCpu) / median(r.nvccCpu));
+               median(r.coldCpu) / median(r.nvccCpu), median(r.nvccWhole),
+               median(r.cold) / median(r.nvccWhole));
   fmt::print("\nthe kernels with block-mask paths (calls with a block mask, bundles): cold "
              "and nvcc alternating, medians of {}\n",
              kRepetitions);

@@ -2,8 +2,11 @@
 //
 // bench/README.md targets §1, for the decode and prefill kernels (bf16, D=128,
 // page 16, causal + ALiBi test mod, sm_90):
-//   cold      assemble + NVRTC -> cubin into an empty cache, median of 5
-//   nvcc      `nvcc -cubin -arch=sm_90` on the identical source, median of 5
+//   cold      assemble + NVRTC -> cubin into an empty cache, the modules a
+//             launch loads (KernelCache::getOrCompileModules: decode's split
+//             kernel and merge units side by side), median of 5
+//   nvcc      `nvcc -cubin -arch=sm_90` on the identical sources (decode's
+//             two units side by side), median of 5
 //   warm      the same variant from the on-disk cache in a new process,
 //             median of 5 (whole process, and the lookup inside it)
 //   in-proc   a hit in the in-process map (Google Benchmark, and a median
@@ -78,11 +81,12 @@ double runWarmChild(const std::string &self, const std::string &kind, const std:
 int warmChild(const std::string &kind, const std::string &dir) {
   auto start = Clock::now();
   KernelCache cache(dir);
-  auto kernel = cache.getOrCompile(
-      bench::jitBenchConfig(kind == "decode" ? KernelKind::Decode : KernelKind::Prefill),
-      benchMods(), bench::jitBenchOptions());
+  const KernelConfig config =
+      bench::jitBenchConfig(kind == "decode" ? KernelKind::Decode : KernelKind::Prefill);
+  auto modules = cache.getOrCompileModules(config, benchMods(), bench::jitBenchOptions());
   double lookup = bench::secondsSince(start);
-  if (cache.stats().diskHits != 1 || kernel->image.empty())
+  if (cache.stats().diskHits != (modules.merge ? 2u : 1u) || cache.stats().compiles != 0 ||
+      modules.main->image.empty())
     return 2;
   std::ofstream(dir + "/lookup.txt") << lookup;
   return 0;
@@ -105,7 +109,7 @@ KindResult measure(KernelKind kind, const std::string &self) {
     KernelCache cache(dir);
     auto start = Clock::now();
     double cpu = bench::processCpuSeconds();
-    auto kernel = cache.getOrCompile(config, mods, bench::jitBenchOptions());
+    cache.getOrCompileModules(config, mods, bench::jitBenchOptions());
     result.cold.push_back(bench::secondsSince(start));
     result.coldCpu.push_back(bench::processCpuSeconds() - cpu);
     if (i == 0)
@@ -113,9 +117,9 @@ KindResult measure(KernelKind kind, const std::string &self) {
     else
       fs::remove_all(dir);
   }
-  // nvcc on the identical source.
-  bench::timeNvcc(PAGEDC_BENCH_NVCC, assembleKernel(config, mods).code, kRepetitions, result.nvcc,
-                  result.nvccCpu);
+  // nvcc on the identical sources.
+  bench::timeNvcc(PAGEDC_BENCH_NVCC, bench::moduleSources(config, mods), kRepetitions,
+                  result.nvcc, result.nvccCpu);
   for (int i = 0; i < kRepetitions; ++i) {
     double lookup = 0;
     result.warmProcess.push_back(runWarmChild(self, result.kind, warmDir, lookup));
