@@ -26,8 +26,8 @@
 //            loadCudaMods(); the variant index hits, so the kernel's modules
 //            come from the on-disk cache with no compiler loaded. Each run
 //            must report outcome=variant-hit, a disk hit per module (decode:
-//            2), 0 compiles, plugin not loaded, libLLVM not mapped. Median of 5, process wall (spawn to exit)
-//            and time inside the process
+//            2), 0 compiles, plugin not loaded, libLLVM not mapped. Median
+//            of 5, process wall (spawn to exit) and time inside the process
 //   warm via compiler   the previous warm figure, kept for comparison: a new
 //            process of this (LLVM-linked) binary runs the DSL path again to
 //            know the kernel key, then hits the on-disk kernel cache

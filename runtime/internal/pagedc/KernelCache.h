@@ -168,6 +168,11 @@ private:
     std::string optionsKey;
     KernelUnit unit = KernelUnit::Whole;
     Future result;
+    bool matches(const KernelConfig &otherConfig, std::string_view otherModCode,
+                 const std::string &otherOptionsKey, KernelUnit otherUnit) const {
+      return config == otherConfig && modCode == otherModCode &&
+             optionsKey == otherOptionsKey && unit == otherUnit;
+    }
   };
 
   /// The in-process entry of a unit, compiled or under way; invalid when

@@ -25,7 +25,6 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
-#include <exception>
 #include <filesystem>
 #include <fstream>
 #include <map>
@@ -85,6 +84,23 @@ uint64_t fastHash(const KernelConfig &config, std::string_view modCode,
                         static_cast<int>(unit)};
   return contentHash64(std::string_view(reinterpret_cast<const char *>(fields), sizeof(fields)),
                        hash);
+}
+
+/// `compile` of each request on a thread of its own; the results in order.
+/// The first failure (in order) is rethrown once every thread has ended
+/// (a std::async future waits for its thread when destroyed).
+template <typename Request, typename Compile>
+auto eachInParallel(const std::vector<Request> &requests, Compile compile)
+    -> std::vector<decltype(compile(requests.front()))> {
+  std::vector<std::future<decltype(compile(requests.front()))>> futures;
+  for (const Request &request : requests)
+    futures.push_back(std::async(std::launch::async, [&compile, &request] {
+      return compile(request);
+    }));
+  std::vector<decltype(compile(requests.front()))> results;
+  for (auto &future : futures)
+    results.push_back(future.get());
+  return results;
 }
 
 /// Entry layout (SealedFile.h): the kernel's key, arch, kernel names and
@@ -416,32 +432,16 @@ KernelCache::Future KernelCache::knownUnit(const KernelConfig &config, std::stri
   auto bucket = fast_.find(hash);
   if (bucket != fast_.end())
     for (const FastEntry &entry : bucket->second)
-      if (entry.config == config && entry.modCode == modCode && entry.optionsKey == optionsKey &&
-          entry.unit == unit)
+      if (entry.matches(config, modCode, optionsKey, unit))
         return entry.result;
   return {};
 }
 
 std::vector<KernelCache::Modules>
 KernelCache::getOrCompileAllModules(const std::vector<Request> &requests) {
-  std::vector<std::future<Modules>> futures;
-  for (const Request &request : requests)
-    futures.push_back(std::async(std::launch::async, [this, &request] {
-      return getOrCompileModules(request.config, request.modCode, request.options);
-    }));
-  std::vector<Modules> results;
-  std::exception_ptr failure;
-  for (auto &future : futures) {
-    try {
-      results.push_back(future.get());
-    } catch (...) {
-      if (!failure)
-        failure = std::current_exception();
-    }
-  }
-  if (failure)
-    std::rethrow_exception(failure);
-  return results;
+  return eachInParallel(requests, [this](const Request &request) {
+    return getOrCompileModules(request.config, request.modCode, request.options);
+  });
 }
 
 std::shared_ptr<const CompiledKernel>
@@ -455,8 +455,7 @@ KernelCache::getOrCompileUnit(const KernelConfig &config, std::string_view modCo
     std::lock_guard<std::mutex> lock(mutex_);
     auto &bucket = fast_[hash];
     for (const FastEntry &entry : bucket) {
-      if (entry.config == config && entry.modCode == modCode &&
-          entry.optionsKey == optionsKey && entry.unit == unit) {
+      if (entry.matches(config, modCode, optionsKey, unit)) {
         pending = entry.result;
         ++memoryHits_;
         break;
@@ -479,8 +478,7 @@ KernelCache::getOrCompileUnit(const KernelConfig &config, std::string_view modCo
     std::lock_guard<std::mutex> lock(mutex_);
     auto &bucket = fast_[hash];
     for (auto it = bucket.begin(); it != bucket.end(); ++it)
-      if (it->config == config && it->modCode == modCode &&
-          it->optionsKey == optionsKey && it->unit == unit) {
+      if (it->matches(config, modCode, optionsKey, unit)) {
         bucket.erase(it);
         break;
       }
@@ -517,8 +515,7 @@ KernelCache::lookupEntry(const std::string &key, const KernelConfig &config,
   auto &bucket = fast_[fastHash(config, modCode, optionsKey, unit)];
   bool known = false;
   for (const FastEntry &entry : bucket)
-    known = known || (entry.config == config && entry.modCode == modCode &&
-                      entry.optionsKey == optionsKey && entry.unit == unit);
+    known = known || entry.matches(config, modCode, optionsKey, unit);
   if (!known)
     bucket.push_back({config, std::string(modCode), optionsKey, unit, future});
   return kernel;
@@ -526,15 +523,9 @@ KernelCache::lookupEntry(const std::string &key, const KernelConfig &config,
 
 std::vector<std::shared_ptr<const CompiledKernel>>
 KernelCache::getOrCompileAll(const std::vector<Request> &requests) {
-  std::vector<std::future<std::shared_ptr<const CompiledKernel>>> futures;
-  for (const Request &request : requests)
-    futures.push_back(std::async(std::launch::async, [this, &request] {
-      return getOrCompile(request.config, request.modCode, request.options);
-    }));
-  std::vector<std::shared_ptr<const CompiledKernel>> results;
-  for (auto &future : futures)
-    results.push_back(future.get());
-  return results;
+  return eachInParallel(requests, [this](const Request &request) {
+    return getOrCompile(request.config, request.modCode, request.options);
+  });
 }
 
 // Test-only entry points (TestHooks.h).
