@@ -1,15 +1,19 @@
 #!/usr/bin/env python3
-"""Merges `pagedc-gpu bench` and bench/gpu/torch_flex.py results into the
-bench/README.md targets §4 table and JSON (docs/gpu.md).
+"""Merges `pagedc-gpu bench`, bench/gpu/torch_flex.py and
+bench/gpu/baselines.py results into the bench/README.md targets §4 table and
+JSON (docs/gpu.md).
 
-    report.py PAGEDC.json TORCH.json --json OUT.json
+    report.py PAGEDC.json TORCH.json [--baselines BASELINES.json]
+              [--clocks clocks.json] [--commit REV] --json OUT.json
 
 Per configuration and timing (call by call; queued back to back after an L2
 flush, where both benchmarks recorded it): our median time, achieved bandwidth
 as a fraction of the copy bandwidth (decode) or TFLOP/s of unmasked work
-(prefill), PyTorch's paged flex_attention (page 128) and SDPA flash times, the
-speed-ups, and which targets are met on each timing. A missing anchor is reported as missing, never as met.
-Runs without torch or numpy.
+(prefill), PyTorch's paged flex_attention (page 128) and SDPA flash times, each
+baseline's time that passed its check, the speed-ups, the strongest anchor of
+the row and whether it beats us, and which targets are met on each timing. A
+missing anchor is reported as missing, never as met. Runs without torch or
+numpy.
 """
 
 import argparse
@@ -17,7 +21,7 @@ import json
 import sys
 
 sys.path.insert(0, __file__.rsplit("/", 1)[0] if "/" in __file__ else ".")
-from torch_flex import anchor_name  # noqa: E402
+from torch_flex import anchor_name, write_json  # noqa: E402
 
 
 # The two timings of both benchmarks: call by call (the host waits for each:
@@ -28,8 +32,10 @@ TIMINGS = (("", "median_ms", "", "call by call"),
            ("queued_", "queued_median_ms", "_queued", "queued, L2 flushed"))
 
 
-def merge(ours, torch_results):
+def merge(ours, torch_results, baseline_results=None):
     anchors = {c["name"]: c for c in (torch_results or {}).get("configurations", [])}
+    others = {c["name"]: c.get("baselines", {})
+              for c in (baseline_results or {}).get("configurations", [])}
     copy = ours.get("copy_bandwidth_bytes_per_s") or 0.0
     rows = []
     for config in ours.get("configurations", []):
@@ -50,14 +56,35 @@ def merge(ours, torch_results):
                     row[prefix + "bandwidth_bytes_per_s"] / copy if copy else None)
             if config["kind"] == "prefill" and seconds > 0:
                 row[prefix + "tflops"] = config["flops"] / seconds * 1e-12
-            if not anchor or anchor.get("status") != "ok" or seconds <= 0:
+            if seconds <= 0:
                 continue
-            for theirs, ratio in (("flex_paged", "speedup_vs_flex"),
-                                  ("sdpa_flash", "speedup_vs_sdpa")):
-                value = anchor.get(theirs + theirs_suffix + "_ms")
+            times = {}
+            if anchor and anchor.get("status") == "ok":
+                for theirs, ratio in (("flex_paged", "speedup_vs_flex"),
+                                      ("sdpa_flash", "speedup_vs_sdpa")):
+                    value = anchor.get(theirs + theirs_suffix + "_ms")
+                    if value:
+                        row[prefix + theirs + "_ms"] = value
+                        row[prefix + ratio] = value / ms
+                        times[theirs] = value
+            for theirs, entry in others.get(config["name"], {}).items():
+                value = entry.get(prefix + "ms") if entry.get("status") == "ok" else None
                 if value:
                     row[prefix + theirs + "_ms"] = value
-                    row[prefix + ratio] = value / ms
+                    row[prefix + "speedup_vs_" + theirs] = value / ms
+                    times[theirs] = value
+            if times:
+                strongest = min(times, key=times.get)
+                row[prefix + "strongest"] = strongest
+                row[prefix + "strongest_ms"] = times[strongest]
+                row[prefix + "speedup_vs_strongest"] = times[strongest] / ms
+                row[prefix + "baseline_wins"] = times[strongest] < ms
+        statuses = {theirs: "%s%s" % (entry.get("status"), ": " + entry["message"]
+                                      if entry.get("message") else "")
+                    for theirs, entry in others.get(config["name"], {}).items()
+                    if entry.get("status") != "ok"}
+        if statuses:
+            row["baselines_not_timed"] = statuses
         if anchor and anchor.get("status") != "ok":
             row["anchor_status"] = "%s: %s" % (anchor.get("status"), anchor.get("message", ""))
         elif not anchor:
@@ -112,22 +139,33 @@ def targets(rows, timing=""):
     return checks
 
 
+def read_optional(path, what):
+    """The JSON at `path`, or None (with a note) when it is absent or bad."""
+    if not path:
+        return None
+    try:
+        with open(path) as f:
+            return json.load(f)
+    except (OSError, ValueError) as error:
+        print("note: no %s results (%s)" % (what, error))
+        return None
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("ours")
     parser.add_argument("torch", nargs="?")
+    parser.add_argument("--baselines", help="bench/gpu/baselines.py's JSON")
+    parser.add_argument("--clocks", help="bench/gpu/clocks.py's JSON: the SM clock under load")
+    parser.add_argument("--commit", default="", help="the commit the run ran")
     parser.add_argument("--json", required=True)
     args = parser.parse_args(argv)
     with open(args.ours) as f:
         ours = json.load(f)
-    theirs = None
-    if args.torch:
-        try:
-            with open(args.torch) as f:
-                theirs = json.load(f)
-        except (OSError, ValueError) as error:
-            print("note: no PyTorch results (%s)" % error)
-    rows = merge(ours, theirs)
+    theirs = read_optional(args.torch, "PyTorch")
+    others = read_optional(args.baselines, "baseline")
+    clocks = read_optional(args.clocks, "clock")
+    rows = merge(ours, theirs, others)
     checks = targets(rows)
     if any("queued_median_ms" in r for r in rows):
         checks += targets(rows, "queued_")
@@ -138,33 +176,43 @@ def main(argv=None):
         if not any(prefix + "median_ms" in r for r in rows):
             continue
         print("timing: %s" % label)
-        print("%-46s %9s %9s %8s %9s %9s %7s %7s" % ("configuration", "ours ms", "GB/s",
-                                                     "of copy", "TFLOP/s", "flex ms", "x flex",
-                                                     "x sdpa"))
+        print("%-46s %9s %9s %8s %9s %9s %7s %7s %-11s %7s" % (
+            "configuration", "ours ms", "GB/s", "of copy", "TFLOP/s", "flex ms", "x flex",
+            "x sdpa", "strongest", "x it"))
         for r in rows:
             bandwidth = r.get(prefix + "bandwidth_bytes_per_s")
-            print("%-46s %9s %9s %8s %9s %9s %7s %7s" % (
+            print("%-46s %9s %9s %8s %9s %9s %7s %7s %-11s %7s" % (
                 r["name"], fmt(r.get(prefix + "median_ms"), "%.4f"),
                 fmt(bandwidth * 1e-9 if bandwidth is not None else None, "%.0f"),
                 fmt(r.get(prefix + "fraction_of_copy"), "%.3f"),
                 fmt(r.get(prefix + "tflops"), "%.1f"),
                 fmt(r.get(prefix + "flex_paged_ms"), "%.4f"),
                 fmt(r.get(prefix + "speedup_vs_flex"), "%.2f"),
-                fmt(r.get(prefix + "speedup_vs_sdpa"), "%.2f")))
+                fmt(r.get(prefix + "speedup_vs_sdpa"), "%.2f"),
+                r.get(prefix + "strongest", "-"),
+                fmt(r.get(prefix + "speedup_vs_strongest"), "%.2f")))
+        for r in rows:
+            if r.get(prefix + "baseline_wins"):
+                print("a baseline wins: %-46s %s %.4f ms against ours %.4f ms (%.2fx)" % (
+                    r["name"], r[prefix + "strongest"], r[prefix + "strongest_ms"],
+                    r[prefix + "median_ms"], r[prefix + "speedup_vs_strongest"]))
     for check in checks:
         print("target: %-62s %s (%d rows, %d without data)" % (
             check["target"], "MET" if check["met"] else "not met", check["rows"],
             check["unknown"]))
-    report = {"date": ours.get("date"), "gpu": ours.get("gpu"),
+    for name, why in (others or {}).get("unavailable", {}).items():
+        print("baseline %s unavailable: %s" % (name, why))
+    report = {"date": ours.get("date"), "commit": args.commit, "gpu": ours.get("gpu"),
               "driver_version": ours.get("driver_version"),
               "copy_bandwidth_bytes_per_s": ours.get("copy_bandwidth_bytes_per_s"),
               "torch": (theirs or {}).get("torch"),
               "torch_copy_bandwidth_bytes_per_s":
                   (theirs or {}).get("copy_bandwidth_bytes_per_s"),
-              "rows": rows, "targets": checks}
-    with open(args.json, "w") as f:
-        json.dump(report, f, indent=2)
-    print("wrote", args.json)
+              "baselines": (others or {}).get("baselines"),
+              "baseline_versions": (others or {}).get("versions"),
+              "baselines_unavailable": (others or {}).get("unavailable"),
+              "clocks": clocks, "rows": rows, "targets": checks}
+    write_json(args.json, report)
     return 0
 
 

@@ -26,7 +26,6 @@ torch and are unit-tested on machines without it (test/unit/gpu).
 import argparse
 import datetime
 import json
-import math
 import os
 import sys
 import time
@@ -123,8 +122,9 @@ def reserve_plan(batch, kv_len, page_size, chunk_pages=4):
 # The PyTorch side
 # --------------------------------------------------------------------------
 
-def time_cuda(torch, fn, warmup, iters):
-    """Median milliseconds of fn() with CUDA events, after warm-up."""
+def time_cuda(torch, fn, warmup, iters, samples=None):
+    """Median and minimum milliseconds of fn() with CUDA events, after
+    warm-up; every call's time is appended to `samples` when given."""
     for _ in range(warmup):
         fn()
     torch.cuda.synchronize()
@@ -137,10 +137,12 @@ def time_cuda(torch, fn, warmup, iters):
         stop.record()
         stop.synchronize()
         times.append(start.elapsed_time(stop))
+    if samples is not None:
+        samples.extend(times)
     return median(times), min(times)
 
 
-def time_cuda_queued(torch, fn, iters, flush):
+def time_cuda_queued(torch, fn, iters, flush, samples=None):
     """Median and minimum milliseconds of fn() queued back to back, as
     `pagedc-gpu bench` times its `queued_median_ms`: each call after a write
     of `flush` (larger than L2), between its own pair of events, one wait at
@@ -158,6 +160,8 @@ def time_cuda_queued(torch, fn, iters, flush):
         pairs.append((start, stop))
     pairs[-1][1].synchronize()
     times = [start.elapsed_time(stop) for start, stop in pairs]
+    if samples is not None:
+        samples.extend(times)
     return median(times), min(times)
 
 
@@ -311,24 +315,44 @@ def run_config(torch, config, pack_dir, args):
     return result
 
 
-def main(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def write_json(path, data):
+    """Writes a result file and says so."""
+    with open(path, "w") as f:
+        json.dump(data, f, indent=2)
+    print("wrote", path)
+
+
+def timing_arguments(parser, budget_s):
+    """The options this script and baselines.py share: the pack, the output,
+    the timing and the deadline."""
     parser.add_argument("--pack", required=True)
     parser.add_argument("--json", required=True)
     parser.add_argument("--iters", type=int, default=20)
     parser.add_argument("--warmup", type=int, default=5)
-    parser.add_argument("--copy-mib", type=int, default=1024)
     parser.add_argument("--flush-mib", type=int, default=256,
                         help="bytes written before each queued call (evicts L2)")
-    parser.add_argument("--budget-s", type=float, default=300.0)
-    parser.add_argument("--filter", default="")
-    args = parser.parse_args(argv)
+    parser.add_argument("--budget-s", type=float, default=budget_s)
+    parser.add_argument("--filter", default="",
+                        help="only the configurations whose name holds this text")
 
+
+def import_torch():
+    """PyTorch with dynamo's recompile limit raised: every configuration
+    compiles its own flex_attention."""
     import torch  # only here: the helpers above run without it
     import torch._dynamo
     for name in ("recompile_limit", "cache_size_limit"):
         if hasattr(torch._dynamo.config, name):
             setattr(torch._dynamo.config, name, 1024)
+    return torch
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    timing_arguments(parser, budget_s=300.0)
+    parser.add_argument("--copy-mib", type=int, default=1024)
+    args = parser.parse_args(argv)
+    torch = import_torch()
 
     started = time.monotonic()
     report = {
@@ -359,9 +383,7 @@ def main(argv=None):
                                  if "flex_paged_ms" in entry else entry.get("message", "")),
               flush=True)
         report["configurations"].append(entry)
-    with open(args.json, "w") as f:
-        json.dump(report, f, indent=2)
-    print("wrote", args.json)
+    write_json(args.json, report)
     return 0
 
 

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Unit tests of the pure parts of bench/gpu/torch_flex.py, report.py,
+"""Unit tests of the pure parts of bench/gpu/torch_flex.py, baselines.py, report.py,
 model_vs_measured.py, ptxas_shapes.py, ptxas_decode.py and issue_model.py
 (no torch, no numpy, no GPU): medians, byte and FLOP counts, the plan read
 from a pack, anchors, SDPA support, reserve plans, the merge, the targets,
@@ -16,6 +16,7 @@ import tempfile
 import unittest
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "..", "bench", "gpu"))
+import baselines  # noqa: E402
 import clocks  # noqa: E402
 import issue_model  # noqa: E402
 import model_vs_measured  # noqa: E402
@@ -127,6 +128,106 @@ class Report(unittest.TestCase):
         self.assertTrue(called["decode >= 1.3x paged FlexAttention (B >= 16, context >= 8k)"])
         self.assertFalse(queued["decode >= 1.3x paged FlexAttention (B >= 16, context >= 8k) "
                                 "[queued, L2 flushed]"])
+
+
+    def test_baselines_join_and_the_strongest_is_named(self):
+        ours = {"copy_bandwidth_bytes_per_s": 3.0e12, "configurations": []}
+        for page in (16, 128):
+            c = config("prefill-causal-B4-S4096-p%d" % page, kind="prefill", batch=4,
+                       q_len=4096, kv_len=4096)
+            c.update(status="ok", median_ms=1.0, queued_median_ms=0.9, bytes=0,
+                     flops=torch_flex.attention_flops(c))
+            ours["configurations"].append(c)
+        theirs = {"configurations": [{"name": "prefill-causal-B4-S4096-p128", "status": "ok",
+                                      "flex_paged_ms": 2.0, "sdpa_flash_ms": 1.5}]}
+        others = {"unavailable": {"flashinfer": "import flashinfer: ModuleNotFoundError"},
+                  "configurations": [
+                      {"name": "prefill-causal-B4-S4096-p16", "baselines": {
+                          "sdpa_cudnn": {"status": "ok", "ms": 0.8, "queued_ms": 0.95},
+                          "fa4": {"status": "mismatch", "ms": 0.1, "message": "another"},
+                          "flashinfer": {"status": "unavailable"}}},
+                      {"name": "prefill-causal-B4-S4096-p128", "baselines": {
+                          "sdpa_cudnn": {"status": "ok", "ms": 1.2, "queued_ms": 1.1}}}]}
+        rows = {r["name"]: r for r in report.merge(ours, theirs, others)}
+        p16, p128 = rows["prefill-causal-B4-S4096-p16"], rows["prefill-causal-B4-S4096-p128"]
+        # cuDNN beats us call by call at page 16; the mismatched FA4 is no anchor.
+        self.assertEqual(p16["strongest"], "sdpa_cudnn")
+        self.assertAlmostEqual(p16["speedup_vs_strongest"], 0.8)
+        self.assertTrue(p16["baseline_wins"])
+        self.assertNotIn("fa4_ms", p16)
+        self.assertIn("mismatch", p16["baselines_not_timed"]["fa4"])
+        self.assertEqual(p16["baselines_not_timed"]["flashinfer"], "unavailable")
+        # Queued, ours is faster than every anchor.
+        self.assertEqual(p16["queued_strongest"], "sdpa_cudnn")
+        self.assertFalse(p16["queued_baseline_wins"])
+        # At page 128 the strongest, cuDNN, is slower than us.
+        self.assertEqual(p128["strongest"], "sdpa_cudnn")
+        self.assertAlmostEqual(p128["speedup_vs_sdpa_cudnn"], 1.2)
+        self.assertFalse(p128["baseline_wins"])
+        with tempfile.TemporaryDirectory() as directory:
+            paths = {}
+            for name, data in (("ours", ours), ("torch", theirs), ("others", others)):
+                paths[name] = os.path.join(directory, name + ".json")
+                with open(paths[name], "w") as f:
+                    json.dump(data, f)
+            out = os.path.join(directory, "out.json")
+            report.main([paths["ours"], paths["torch"], "--baselines", paths["others"],
+                         "--commit", "abc123", "--clocks", os.path.join(directory, "none"),
+                         "--json", out])
+            with open(out) as f:
+                merged = json.load(f)
+        self.assertEqual(merged["commit"], "abc123")
+        self.assertEqual(merged["baselines_unavailable"], others["unavailable"])
+        self.assertIsNone(merged["clocks"])
+
+
+class Baselines(unittest.TestCase):
+    def test_what_each_baseline_can_compute(self):
+        decode = config("d", mask="causal", score="alibi")
+        self.assertEqual(baselines.supports("sdpa_cudnn", decode)[0], False)
+        self.assertEqual(baselines.supports("fa4", decode),
+                         (False, "FlashAttention-4's interface takes no ALiBi slopes"))
+        self.assertTrue(baselines.supports("flashinfer", decode)[0])
+        self.assertTrue(baselines.supports("flex_flash", decode)[0])
+        sliding = config("s", mask="sliding_4k", score="softcap_tanh")
+        self.assertTrue(baselines.supports("fa4", sliding)[0])
+        self.assertFalse(baselines.supports("sdpa_cudnn", sliding)[0])
+        self.assertTrue(baselines.supports("sdpa_cudnn", config("c", kind="prefill",
+                                                                mask="causal"))[0])
+        documents = config("p", kind="prefill", mask="document")
+        self.assertTrue(baselines.supports("flashinfer", documents)[0])
+        self.assertTrue(baselines.supports("fa4", documents)[0])
+        self.assertFalse(baselines.supports("fa4", config("x", mask="natten"))[0])
+        with self.assertRaises(ValueError):
+            baselines.supports("nothing", decode)
+        self.assertEqual(baselines.window_of("sliding_1k"), 1024)
+        self.assertIsNone(baselines.window_of("causal"))
+
+    def test_page_tables_and_flashinfer_indices(self):
+        tables = baselines.page_table(2, 150, 16, chunk_pages=4)
+        # 10 pages each, four at a time in turn: 0-3, 4-7, 8-11, ...
+        self.assertEqual(tables[0], [0, 1, 2, 3, 8, 9, 10, 11, 16, 17])
+        self.assertEqual(tables[1], [4, 5, 6, 7, 12, 13, 14, 15, 18, 19])
+        indptr, indices, last = baselines.flashinfer_indices(tables, [150, 33], 16)
+        self.assertEqual(indptr, [0, 10, 13])
+        self.assertEqual(indices, tables[0] + [4, 5, 6])
+        self.assertEqual(last, [6, 1])
+        # A length of whole pages ends on a full page.
+        self.assertEqual(baselines.flashinfer_indices([[7, 3]], [32], 16)[2], [16])
+        with self.assertRaises(ValueError):
+            baselines.flashinfer_indices([[0]], [17], 16)
+
+    def test_documents_and_rows(self):
+        ids = [0] * 5 + [1] * 3 + [2] * 4
+        self.assertEqual(baselines.document_spans(ids), [(0, 5), (5, 8), (8, 12)])
+        self.assertEqual(baselines.varlen_offsets(2, 12, baselines.document_spans(ids)),
+                         [0, 5, 8, 12, 17, 20, 24])
+        self.assertEqual(baselines.sample_rows(1), [0])
+        rows = baselines.sample_rows(1000, count=8)
+        self.assertEqual(rows[-4:], [996, 997, 998, 999])
+        self.assertEqual(rows[0], 0)
+        self.assertEqual(len(rows), len(set(rows)))
+        self.assertTrue(all(0 <= r < 1000 for r in rows))
 
 
 class ModelVsMeasured(unittest.TestCase):
