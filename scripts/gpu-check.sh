@@ -3,6 +3,7 @@
 #
 #   scripts/gpu-check.sh [--dry-run] [--prefill-options] [--decode-options]
 #                        [--also PACK2]... [--also-with SETTINGS PACK2]...
+#                        [--baselines LIST | --no-baselines] [--wheels]
 #                        [PACK_DIR]
 #                                                             (default: gpu-pack/)
 #
@@ -48,13 +49,24 @@
 # The --also and --also-with packs share one numbering (also-, also2-, ...),
 # in the order given; a pack may come twice, with different settings.
 #
+# --baselines LIST: the strongest baselines beside pagedc, in one process
+# after PyTorch's flex (bench/gpu/baselines.py: sdpa_cudnn, fa4, flashinfer,
+# flex_flash; default all), each checked against a float32 reference before
+# it is timed; a package that does not import is reported unavailable.
+# $PAGEDC_BASELINE_BUDGET_S (default 180) bounds them. --no-baselines: none.
+# --wheels: first install the wheels scripts/gpu-wheels.sh staged on this
+# machine (FlashAttention-4 and the CuTe DSL, FlashInfer) and put them on
+# PYTHONPATH for the PyTorch steps.
+#
 # Results go to $OUT (the run tool's folder) or gpu-results/:
 #   summary.txt          every step's status and the tables
 #   gpu-check.json       correctness: per case and variant, the error, NaNs
 #   sanitizer.txt        compute-sanitizer memcheck over one small case of
 #                        each kernel (prefill, decode + merge, block-mask builder)
-#   gpu-bench-pagedc.json, gpu-bench-torch.json, gpu-bench.json
-#                        section 4 benchmark: ours, PyTorch's, merged + targets
+#   gpu-bench-pagedc.json, gpu-bench-torch.json, gpu-bench-baselines.json,
+#   gpu-bench.json       section 4 benchmark: ours, PyTorch's, the baselines',
+#                        merged (the commit, the clock, the strongest anchor
+#                        of each row and where it wins) + targets
 #   clocks.csv           nvidia-smi every 0.5 s from the first launch on: SM
 #                        clock (and its maximum), power, temperature
 #   clocks.json          their summary under load (bench/gpu/clocks.py):
@@ -63,7 +75,9 @@
 # Steps: (0) configure + build runtime-only (-DPAGEDC_ENABLE_COMPILER=OFF;
 # fmt from the pack when the machine has none): pagedc-gpu and
 # pagedc-device-query; (1) pagedc-gpu check; (2) compute-sanitizer; (3)
-# pagedc-gpu bench + bench/gpu/torch_flex.py + bench/gpu/report.py.
+# pagedc-gpu bench + bench/gpu/torch_flex.py + bench/gpu/baselines.py +
+# bench/gpu/report.py. The commit is the pack's (commit.txt, written by
+# scripts/gpu-prepare.sh), else this tree's.
 # --dry-run builds and runs everything up to the first launch (steps 0-1
 # with --dry-run; no driver needed), which is what the tests do without a GPU.
 # Exit status: 0 when every step passed, 1 otherwise.
@@ -75,14 +89,23 @@ pack=""
 also=()
 also_env=()
 options=0
+baselines=all
+wheels=0
+expect_list=0
 for arg in "$@"; do
+  if [[ $expect_list == 1 ]]; then baselines=$arg; expect_list=0; continue; fi
   case "$arg" in
-    --dry-run) dry=1 ;;
-    --prefill-options) options=1 ;;
-    --decode-options) decode_options=1 ;;
+    --dry-run) dry=1; continue ;;
+    --baselines) expect_list=1; continue ;;
+    --no-baselines) baselines=none; continue ;;
+    --wheels) wheels=1; continue ;;
+    --prefill-options) options=1; continue ;;
+    --decode-options) decode_options=1; continue ;;
     --also) if [[ ${expect_also:-0} == 0 ]]; then expect_also=1; pending_env=""; continue; fi ;;
     --also-with) if [[ ${expect_also:-0} == 0 ]]; then expect_also=2; continue; fi ;;
     -h|--help) sed -n '2,/^# Exit status/p' "$0"; exit 0 ;;
+    -*) [[ ${expect_also:-0} == 2 ]] ||
+          { echo "gpu-check: unknown option '$arg' (--help lists them)" >&2; exit 2; } ;;
   esac
   if [[ ${expect_also:-0} == 2 ]]; then
     # The settings of --also-with: VAR=VALUE words only.
@@ -103,6 +126,10 @@ for arg in "$@"; do
   fi
   expect_also=0
 done
+if [[ $expect_list == 1 ]]; then
+  echo "gpu-check: --baselines needs a comma list (sdpa_cudnn,fa4,flashinfer,flex_flash)" >&2
+  exit 2
+fi
 if [[ ${expect_also:-0} != 0 ]]; then
   echo "gpu-check: --also needs a pack directory (--also-with: settings, then a pack)" >&2
   exit 2
@@ -130,6 +157,7 @@ out=${OUT:-$root/gpu-results}
 build=${PAGEDC_GPU_RT_BUILD:-$root/build-gpu-check}
 jobs=${PAGEDC_JOBS:-$(nproc 2>/dev/null || echo 4)}
 budget=${PAGEDC_TORCH_BUDGET_S:-240}
+baseline_budget=${PAGEDC_BASELINE_BUDGET_S:-180}
 step_timeout=${PAGEDC_STEP_TIMEOUT_S:-300}
 mkdir -p "$out"
 summary="$out/summary.txt"
@@ -149,7 +177,9 @@ step() {  # step NAME COMMAND...: runs, records the status
   return $status
 }
 
-note "pagedc GPU check $(date -u +%Y-%m-%dT%H:%M:%SZ) pack=$pack dry_run=$dry"
+commit=$(cat "$pack/commit.txt" 2>/dev/null || git -C "$root" rev-parse HEAD 2>/dev/null ||
+         echo unknown)
+note "pagedc GPU check $(date -u +%Y-%m-%dT%H:%M:%SZ) pack=$pack commit=$commit dry_run=$dry"
 [[ -f "$pack/pack.json" ]] || { note "no pack at $pack (run scripts/gpu-prepare.sh first)"; exit 1; }
 if [[ $dry == 0 ]] && command -v nvidia-smi >/dev/null; then
   nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.mem --format=csv 2>&1 | tee -a "$summary"
@@ -295,30 +325,44 @@ for variant in "${variants[@]}"; do
     --json "$out/$label-gpu-bench-pagedc.json"
 done
 
+if [[ $wheels == 1 ]]; then
+  step "install the staged baseline wheels" "$root/scripts/gpu-wheels.sh" install &&
+    export PYTHONPATH=${PAGEDC_WHEEL_SITE:-/tmp/pagedc-site}${PYTHONPATH:+:$PYTHONPATH}
+fi
 PYTHONUNBUFFERED=1 step_limit=$((budget + 180)) step "bench (PyTorch flex_attention + PagedAttention, SDPA flash)" \
   python3 "$root/bench/gpu/torch_flex.py" --pack "$pack" --json "$out/gpu-bench-torch.json" \
   --budget-s "$budget"
-step "report" python3 "$root/bench/gpu/report.py" "$out/gpu-bench-pagedc.json" \
-  "$out/gpu-bench-torch.json" --json "$out/gpu-bench.json"
-
-for prefix in "${also_done[@]}"; do
-  step "report (${prefix%-})" python3 "$root/bench/gpu/report.py" "$out/${prefix}gpu-bench-pagedc.json" \
-    "$out/gpu-bench-torch.json" --json "$out/${prefix}gpu-bench.json"
-done
-
-for variant in "${variants[@]}"; do
-  label=${variant%%:*}
-  step "report ($label)" python3 "$root/bench/gpu/report.py" "$out/$label-gpu-bench-pagedc.json" \
-    "$out/gpu-bench-torch.json" --json "$out/$label-gpu-bench.json"
-done
+baseline_args=()
+if [[ $baselines != none ]]; then
+  [[ $baselines == all ]] || baseline_args=(--only "$baselines")
+  PYTHONUNBUFFERED=1 step_limit=$((baseline_budget + 180)) step "bench (baselines: $baselines)" \
+    python3 "$root/bench/gpu/baselines.py" --pack "$pack" --json "$out/gpu-bench-baselines.json" \
+    --budget-s "$baseline_budget" --commit "$commit" "${baseline_args[@]}"
+fi
 
 # The clock under load, from the samples (bench/gpu/clocks.py): what the
-# TFLOP/s above ran at.
+# TFLOP/s above ran at; the reports carry it.
 if [[ -n ${clock_sampler:-} ]]; then
   kill "$clock_sampler" 2>/dev/null
   wait "$clock_sampler" 2>/dev/null
   step "clocks" python3 "$root/bench/gpu/clocks.py" "$out/clocks.csv" --json "$out/clocks.json"
 fi
+
+report_args=(--commit "$commit" --clocks "$out/clocks.json")
+[[ $baselines == none ]] || report_args+=(--baselines "$out/gpu-bench-baselines.json")
+step "report" python3 "$root/bench/gpu/report.py" "$out/gpu-bench-pagedc.json" \
+  "$out/gpu-bench-torch.json" "${report_args[@]}" --json "$out/gpu-bench.json"
+
+for prefix in "${also_done[@]}"; do
+  step "report (${prefix%-})" python3 "$root/bench/gpu/report.py" "$out/${prefix}gpu-bench-pagedc.json" \
+    "$out/gpu-bench-torch.json" "${report_args[@]}" --json "$out/${prefix}gpu-bench.json"
+done
+
+for variant in "${variants[@]}"; do
+  label=${variant%%:*}
+  step "report ($label)" python3 "$root/bench/gpu/report.py" "$out/$label-gpu-bench-pagedc.json" \
+    "$out/gpu-bench-torch.json" "${report_args[@]}" --json "$out/$label-gpu-bench.json"
+done
 
 note "gpu-check: $failures step(s) failed; results in $out"
 exit $((failures > 0))

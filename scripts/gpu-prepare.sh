@@ -61,6 +61,14 @@ echo "== pagedc-gpu-prepare"
 "$build/bin/pagedc-gpu-prepare" -o "$pack" "${quick[@]}" "${bench_dim[@]}" \
   --cli-bundle "$pack/bundles/cli-causal"
 
+# The commit the pack was prepared from ("-modified" when tracked files
+# differ from it): gpu-check.sh writes it into every result.
+commit=$(git -C "$root" rev-parse HEAD 2>/dev/null || echo unknown)
+if [[ $commit != unknown ]] && ! git -C "$root" diff --quiet HEAD 2>/dev/null; then
+  commit="$commit-modified"
+fi
+echo "$commit" >"$pack/commit.txt"
+
 echo "== dependencies for the GPU machine (fmt, xxHash, nlohmann/json; header-only)"
 fmt_include=""
 for candidate in /usr/include /usr/local/include; do

@@ -103,3 +103,10 @@ assert len(configs) == len(pack["bench"]) and all(c["status"] == "planned" for c
 print("gpu.dry-run: %d case variants and %d benchmark configurations planned" %
       (len(statuses), len(configs)))
 PY
+# The pack names the commit it was prepared from, and the check's summary
+# carries it (every result of a GPU run says what it ran).
+commit=$(cat "$work/pack/commit.txt")
+[[ $commit =~ ^([0-9a-f]{40}(-modified)?|unknown)$ ]] ||
+  { echo "gpu.dry-run: commit.txt holds '$commit'"; exit 1; }
+grep -q "commit=$commit " "$work/out/summary.txt" ||
+  { echo "gpu.dry-run: the summary does not name commit $commit"; exit 1; }

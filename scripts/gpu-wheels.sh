@@ -1,0 +1,122 @@
+#!/usr/bin/env bash
+# The baselines' Python packages for a GPU machine that cannot download
+# (bench/gpu/baselines.py; docs/gpu.md, "Baselines"). FlashAttention-4 and
+# compiled flex's FLASH backend need the CuTe DSL (about 100 MB of wheels),
+# FlashInfer about 140 MB more: more than one call of the run tool carries
+# (64 MiB with the working tree), so the wheels travel in parts, one part a
+# call, while the machine stays warm between the calls.
+#
+#   scripts/gpu-wheels.sh download [SET...]   HERE: fetch the wheels of the
+#       sets (fa4, flashinfer; default both), cut them into parts of at most
+#       $PAGEDC_WHEEL_PART_MIB MiB (default 40) under .gpu-wheels/part-N/,
+#       with .gpu-wheels/manifest (each wheel's sha256 and size); prints
+#       the commands of the device calls
+#   scripts/gpu-wheels.sh stage N             THERE: keep part N (carried as
+#       .gpu-wheels/part-N and .gpu-wheels/manifest) in $PAGEDC_WHEEL_STAGE
+#       (default /tmp/pagedc-wheels)
+#   scripts/gpu-wheels.sh install             THERE: join the staged parts,
+#       check every wheel against the manifest, install them without their
+#       dependencies into $PAGEDC_WHEEL_SITE (default /tmp/pagedc-site); then
+#       PYTHONPATH=$PAGEDC_WHEEL_SITE (scripts/gpu-check.sh --wheels does it)
+#
+# Only the packages the GPU machine's image lacks are fetched (its image has
+# torch, triton, numpy, einops, ninja, nvidia-ml-py, cuda-bindings, cuDNN).
+# Exit status: 0 done, 1 a download, part or check failed, 2 usage error.
+source "$(dirname "$0")/script-help.sh"
+set -euo pipefail
+
+root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+dir=$root/.gpu-wheels
+stage=${PAGEDC_WHEEL_STAGE:-/tmp/pagedc-wheels}
+site=${PAGEDC_WHEEL_SITE:-/tmp/pagedc-site}
+part_mib=${PAGEDC_WHEEL_PART_MIB:-40}
+
+# Pinned: the versions the baselines' calls were written against.
+fa4_set=(flash-attn-4==4.0.0b40 nvidia-cutlass-dsl==4.8.1 nvidia-cutlass-dsl-libs-base==4.8.1
+         nvidia-cutlass-dsl-libs-cu13==4.8.1 apache-tvm-ffi==0.1.15.post2
+         torch-c-dlpack-ext==0.1.5 quack-kernels==0.6.5)
+flashinfer_set=(flashinfer-python==0.7.4 cuda-tile==1.7.0 nccl4py==0.6.0
+                nccl-extensions==0.1.0 nvidia-cudnn-frontend==1.32.0)
+
+usage() { echo "gpu-wheels: $*" >&2; echo "usage: scripts/gpu-wheels.sh download [fa4|flashinfer]... | stage N | install" >&2; exit 2; }
+
+download() {
+  local specs=() set
+  [[ $# -gt 0 ]] || set -- fa4 flashinfer
+  for set in "$@"; do
+    case "$set" in
+      fa4) specs+=("${fa4_set[@]}") ;;
+      flashinfer) specs+=("${flashinfer_set[@]}" "${fa4_set[@]:1}") ;;
+      *) usage "unknown set '$set' (fa4, flashinfer)" ;;
+    esac
+  done
+  # The GPU image's Python is 3.12 on x86-64 (manylinux).
+  local platforms=()
+  for n in 2_17 2_24 2_27 2_28 2_34; do platforms+=(--platform "manylinux_${n}_x86_64"); done
+  rm -rf "$dir.new" && mkdir -p "$dir.new/wheels"
+  python3 -m pip download -q --pre --no-deps --only-binary=:all: --python-version 3.12 \
+    --implementation cp "${platforms[@]}" --platform manylinux2014_x86_64 \
+    -d "$dir.new/wheels" $(printf '%s\n' "${specs[@]}" | sort -u) ||
+    { echo "gpu-wheels: download failed" >&2; exit 1; }
+  (cd "$dir.new/wheels" && sha256sum -- *.whl) >"$dir.new/manifest"
+  # Cut every wheel into pieces, then fill the parts with whole pieces,
+  # largest first, each into the first part with room: the fewest calls.
+  mkdir -p "$dir.new/pieces"
+  local wheel
+  for wheel in "$dir.new/wheels"/*.whl; do
+    split -b "$((part_mib - 1))M" -d -a 3 "$wheel" "$dir.new/pieces/$(basename "$wheel")."
+  done
+  local part=0 piece size i limit=$((part_mib << 20)) used=()
+  while read -r size piece; do
+    for ((i = 1; i <= part; i++)); do
+      ((used[i] + size <= limit)) && break
+    done
+    if ((i > part)); then part=$i; used[i]=0; fi
+    used[i]=$((used[i] + size))
+    mkdir -p "$dir.new/part-$i" && mv "$piece" "$dir.new/part-$i/"
+  done < <(for piece in "$dir.new/pieces"/*; do echo "$(stat -c %s "$piece") $piece"; done |
+             sort -rn)
+  rm -rf "$dir.new/wheels" "$dir.new/pieces" "$dir" && mv "$dir.new" "$dir"
+  echo "gpu-wheels: $(wc -l <"$dir/manifest") wheels, $(du -sm "$dir" | cut -f1) MiB in $part parts under $dir"
+  echo "device calls, back to back (the machine stays warm only briefly between them):"
+  local n
+  for n in $(seq 1 "$part"); do
+    echo "  carry [.gpu-wheels/part-$n, .gpu-wheels/manifest]: scripts/gpu-wheels.sh stage $n"
+  done
+  echo "  then: scripts/gpu-check.sh --wheels [options] PACK"
+}
+
+stage_part() {
+  [[ $1 =~ ^[0-9]+$ ]] || usage "stage needs a part number"
+  [[ -d "$dir/part-$1" ]] || { echo "gpu-wheels: no $dir/part-$1 (carry it)" >&2; exit 1; }
+  mkdir -p "$stage"
+  cp "$dir/part-$1"/* "$stage/"
+  cp "$dir/manifest" "$stage/manifest"
+  echo "gpu-wheels: part $1 staged in $stage ($(du -sm "$stage" | cut -f1) MiB there)"
+}
+
+install_staged() {
+  [[ -f "$stage/manifest" ]] || { echo "gpu-wheels: nothing staged in $stage" >&2; exit 1; }
+  local joined=$stage/joined hash name missing=0
+  rm -rf "$joined" && mkdir -p "$joined"
+  while read -r hash name; do
+    if ! compgen -G "$stage/$name.[0-9][0-9][0-9]" >/dev/null; then
+      echo "gpu-wheels: $name: no pieces staged" >&2; missing=1; continue
+    fi
+    cat "$stage/$name".[0-9][0-9][0-9] >"$joined/$name"
+    if [[ $(sha256sum <"$joined/$name" | cut -d' ' -f1) != "$hash" ]]; then
+      echo "gpu-wheels: $name: checksum differs (a part missing or cut short)" >&2; missing=1
+    fi
+  done <"$stage/manifest"
+  [[ $missing == 0 ]] || exit 1
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+    --target "$site" "$joined"/*.whl || { echo "gpu-wheels: pip install failed" >&2; exit 1; }
+  echo "gpu-wheels: $(wc -l <"$stage/manifest") wheels installed in $site"
+}
+
+case "${1:-}" in
+  download) shift; download "$@" ;;
+  stage) [[ $# == 2 ]] || usage "stage takes one part number"; stage_part "$2" ;;
+  install) [[ $# == 1 ]] || usage "install takes no arguments"; install_staged ;;
+  *) usage "unknown command '${1:-}'" ;;
+esac
