@@ -394,15 +394,10 @@ DENSE = {"sdpa_cudnn", "flex_flash"}
 
 
 def timed(torch, fn, args, flush):
-    """torch_flex.py's two timings of fn(), with the spread of each."""
+    """torch_flex.py's two timings of fn(), each with its spread."""
     result = {}
-    for key, run in (("", lambda s: torch_flex.time_cuda(torch, fn, args.warmup, args.iters,
-                                                        samples=s)),
-                     ("queued_", lambda s: torch_flex.time_cuda_queued(torch, fn, args.iters,
-                                                                       flush, samples=s))):
-        samples = []
-        result[key + "ms"], result[key + "min_ms"] = run(samples)
-        result[key + "max_ms"] = max(samples)
+    torch_flex.record(result, "", torch_flex.time_cuda(torch, fn, args.warmup, args.iters))
+    torch_flex.record(result, "queued", torch_flex.time_cuda_queued(torch, fn, args.iters, flush))
     return result
 
 

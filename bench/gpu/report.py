@@ -49,6 +49,10 @@ def merge(ours, torch_results, baseline_results=None):
             if ms is None:
                 continue
             row[prefix + "median_ms"] = ms
+            # The spread of the run's calls: a win inside it is no win.
+            for bound in ("min_ms", "max_ms"):
+                if config.get(prefix + bound) is not None:
+                    row[prefix + bound] = config[prefix + bound]
             seconds = ms * 1e-3
             if config["kind"] == "decode" and seconds > 0:
                 row[prefix + "bandwidth_bytes_per_s"] = config["bytes"] / seconds
@@ -58,7 +62,7 @@ def merge(ours, torch_results, baseline_results=None):
                 row[prefix + "tflops"] = config["flops"] / seconds * 1e-12
             if seconds <= 0:
                 continue
-            times = {}
+            times, slowest = {}, {}
             if anchor and anchor.get("status") == "ok":
                 for theirs, ratio in (("flex_paged", "speedup_vs_flex"),
                                       ("sdpa_flash", "speedup_vs_sdpa")):
@@ -67,18 +71,24 @@ def merge(ours, torch_results, baseline_results=None):
                         row[prefix + theirs + "_ms"] = value
                         row[prefix + ratio] = value / ms
                         times[theirs] = value
+                        slowest[theirs] = anchor.get(theirs + theirs_suffix + "_max_ms")
             for theirs, entry in others.get(config["name"], {}).items():
                 value = entry.get(prefix + "ms") if entry.get("status") == "ok" else None
                 if value:
                     row[prefix + theirs + "_ms"] = value
                     row[prefix + "speedup_vs_" + theirs] = value / ms
                     times[theirs] = value
+                    slowest[theirs] = entry.get(prefix + "max_ms")
             if times:
                 strongest = min(times, key=times.get)
                 row[prefix + "strongest"] = strongest
                 row[prefix + "strongest_ms"] = times[strongest]
                 row[prefix + "speedup_vs_strongest"] = times[strongest] / ms
                 row[prefix + "baseline_wins"] = times[strongest] < ms
+                # Beyond the spread: its slowest call faster than our fastest.
+                ours_min, theirs_max = row.get(prefix + "min_ms"), slowest[strongest]
+                row[prefix + "baseline_wins_beyond_spread"] = (
+                    None if ours_min is None or theirs_max is None else theirs_max < ours_min)
         statuses = {theirs: "%s%s" % (entry.get("status"), ": " + entry["message"]
                                       if entry.get("message") else "")
                     for theirs, entry in others.get(config["name"], {}).items()
@@ -176,13 +186,16 @@ def main(argv=None):
         if not any(prefix + "median_ms" in r for r in rows):
             continue
         print("timing: %s" % label)
-        print("%-46s %9s %9s %8s %9s %9s %7s %7s %-11s %7s" % (
-            "configuration", "ours ms", "GB/s", "of copy", "TFLOP/s", "flex ms", "x flex",
-            "x sdpa", "strongest", "x it"))
+        print("%-46s %9s %7s %9s %8s %9s %9s %7s %7s %-11s %7s" % (
+            "configuration", "ours ms", "spread", "GB/s", "of copy", "TFLOP/s", "flex ms",
+            "x flex", "x sdpa", "strongest", "x it"))
         for r in rows:
             bandwidth = r.get(prefix + "bandwidth_bytes_per_s")
-            print("%-46s %9s %9s %8s %9s %9s %7s %7s %-11s %7s" % (
+            width = (r[prefix + "max_ms"] - r[prefix + "min_ms"]) / r[prefix + "median_ms"] \
+                if r.get(prefix + "max_ms") and r.get(prefix + "median_ms") else None
+            print("%-46s %9s %7s %9s %8s %9s %9s %7s %7s %-11s %7s" % (
                 r["name"], fmt(r.get(prefix + "median_ms"), "%.4f"),
+                fmt(width * 100 if width is not None else None, "%.1f%%"),
                 fmt(bandwidth * 1e-9 if bandwidth is not None else None, "%.0f"),
                 fmt(r.get(prefix + "fraction_of_copy"), "%.3f"),
                 fmt(r.get(prefix + "tflops"), "%.1f"),
@@ -193,9 +206,12 @@ def main(argv=None):
                 fmt(r.get(prefix + "speedup_vs_strongest"), "%.2f")))
         for r in rows:
             if r.get(prefix + "baseline_wins"):
-                print("a baseline wins: %-46s %s %.4f ms against ours %.4f ms (%.2fx)" % (
+                beyond = r.get(prefix + "baseline_wins_beyond_spread")
+                print("a baseline wins: %-46s %s %.4f ms against ours %.4f ms (%.2fx; %s)" % (
                     r["name"], r[prefix + "strongest"], r[prefix + "strongest_ms"],
-                    r[prefix + "median_ms"], r[prefix + "speedup_vs_strongest"]))
+                    r[prefix + "median_ms"], r[prefix + "speedup_vs_strongest"],
+                    "beyond both spreads" if beyond else "within the spread" if beyond is False
+                    else "spread unknown"))
     for check in checks:
         print("target: %-62s %s (%d rows, %d without data)" % (
             check["target"], "MET" if check["met"] else "not met", check["rows"],

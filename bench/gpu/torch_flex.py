@@ -12,8 +12,8 @@ pagedc-gpu-prepare), on the same GPU and in the same run as `pagedc-gpu bench`:
   mask at all);
 * the device-to-device copy bandwidth (bytes read + written per second).
 
-Timing: CUDA events, warm-up first (compilation happens there), median of
-``--iters`` launches, twice, as ``pagedc-gpu bench`` times its own: call by
+Timing: CUDA events, warm-up first (compilation happens there), median,
+minimum and maximum of ``--iters`` launches, twice, as ``pagedc-gpu bench`` times its own: call by
 call with the host waiting for each (``*_ms``), and queued back to back, each
 call after a ``--flush-mib`` write that evicts L2 (``*_queued_ms``). A deadline (``--budget-s``) stops starting new
 configurations so that the whole GPU check fits its 10 minutes; skipped and
@@ -122,9 +122,21 @@ def reserve_plan(batch, kv_len, page_size, chunk_pages=4):
 # The PyTorch side
 # --------------------------------------------------------------------------
 
-def time_cuda(torch, fn, warmup, iters, samples=None):
-    """Median and minimum milliseconds of fn() with CUDA events, after
-    warm-up; every call's time is appended to `samples` when given."""
+def spread(times):
+    """(median, minimum, maximum) of a run's times."""
+    return median(times), min(times), max(times)
+
+
+def record(result, name, timing):
+    """Files a (median, minimum, maximum) under `name`_ms, `name`_min_ms and
+    `name`_max_ms (ms, min_ms, max_ms when `name` is empty)."""
+    stem = name + "_" if name else ""
+    result[stem + "ms"], result[stem + "min_ms"], result[stem + "max_ms"] = timing
+
+
+def time_cuda(torch, fn, warmup, iters):
+    """Median, minimum and maximum milliseconds of fn() with CUDA events,
+    after warm-up."""
     for _ in range(warmup):
         fn()
     torch.cuda.synchronize()
@@ -137,13 +149,11 @@ def time_cuda(torch, fn, warmup, iters, samples=None):
         stop.record()
         stop.synchronize()
         times.append(start.elapsed_time(stop))
-    if samples is not None:
-        samples.extend(times)
-    return median(times), min(times)
+    return spread(times)
 
 
-def time_cuda_queued(torch, fn, iters, flush, samples=None):
-    """Median and minimum milliseconds of fn() queued back to back, as
+def time_cuda_queued(torch, fn, iters, flush):
+    """Median, minimum and maximum milliseconds of fn() queued back to back, as
     `pagedc-gpu bench` times its `queued_median_ms`: each call after a write
     of `flush` (larger than L2), between its own pair of events, one wait at
     the end. The host queues the next call while the GPU writes the flush,
@@ -160,15 +170,13 @@ def time_cuda_queued(torch, fn, iters, flush, samples=None):
         pairs.append((start, stop))
     pairs[-1][1].synchronize()
     times = [start.elapsed_time(stop) for start, stop in pairs]
-    if samples is not None:
-        samples.extend(times)
-    return median(times), min(times)
+    return spread(times)
 
 
 def copy_bandwidth(torch, mib, iters):
     source = torch.empty(mib << 20, dtype=torch.uint8, device="cuda").random_(0, 255)
     target = torch.empty_like(source)
-    ms, _ = time_cuda(torch, lambda: target.copy_(source), 3, iters)
+    ms = time_cuda(torch, lambda: target.copy_(source), 3, iters)[0]
     return 2.0 * source.numel() / (ms * 1e-3)
 
 
@@ -273,16 +281,14 @@ def run_config(torch, config, pack_dir, args):
     import warnings
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        ms, best = time_cuda(torch, flex, args.warmup, args.iters)
+        timing = time_cuda(torch, flex, args.warmup, args.iters)
     unfused = [w for w in caught if "without torch.compile" in str(w.message)]
     if unfused:
         raise RuntimeError("flex_attention ran unfused (not compiled): %s" %
                            str(unfused[0].message).splitlines()[0])
-    result["flex_paged_ms"] = ms
-    result["flex_paged_min_ms"] = best
+    record(result, "flex_paged", timing)
     flush = torch.empty(args.flush_mib << 20, dtype=torch.uint8, device=device)
-    result["flex_paged_queued_ms"], result["flex_paged_queued_min_ms"] = time_cuda_queued(
-        torch, flex, args.iters, flush)
+    record(result, "flex_paged_queued", time_cuda_queued(torch, flex, args.iters, flush))
 
     # SDPA flash on contiguous K/V.
     if sdpa_supported(config):
@@ -293,7 +299,7 @@ def run_config(torch, config, pack_dir, args):
             return F.scaled_dot_product_attention(q, k, v, is_causal=causal, enable_gqa=True)
         try:
             with sdpa_kernel(SDPBackend.FLASH_ATTENTION):
-                ms, best = time_cuda(torch, native, args.warmup, args.iters)
+                timing = time_cuda(torch, native, args.warmup, args.iters)
             sdpa = native
             result["sdpa_flash_gqa"] = "native"
         except RuntimeError:
@@ -304,13 +310,11 @@ def run_config(torch, config, pack_dir, args):
             def sdpa():
                 return F.scaled_dot_product_attention(q, ke, ve, is_causal=causal)
             with sdpa_kernel(SDPBackend.FLASH_ATTENTION):
-                ms, best = time_cuda(torch, sdpa, args.warmup, args.iters)
+                timing = time_cuda(torch, sdpa, args.warmup, args.iters)
             result["sdpa_flash_gqa"] = "expanded"
-        result["sdpa_flash_ms"] = ms
-        result["sdpa_flash_min_ms"] = best
+        record(result, "sdpa_flash", timing)
         with sdpa_kernel(SDPBackend.FLASH_ATTENTION):
-            result["sdpa_flash_queued_ms"], result["sdpa_flash_queued_min_ms"] = \
-                time_cuda_queued(torch, sdpa, args.iters, flush)
+            record(result, "sdpa_flash_queued", time_cuda_queued(torch, sdpa, args.iters, flush))
     result["status"] = "ok"
     return result
 

@@ -824,6 +824,7 @@ std::vector<BenchResult> benchPack(const Pack &pack, const RunOptions &options,
         std::sort(times.begin(), times.end());
         result.medianMs = times[times.size() / 2];
         result.minMs = times.front();
+        result.maxMs = times.back();
         if (options.queued) {
           if (!flush)
             flush = std::make_unique<DeviceBuffer>(options.flushBytes, dev);
@@ -832,6 +833,7 @@ std::vector<BenchResult> benchPack(const Pack &pack, const RunOptions &options,
           std::sort(queued.begin(), queued.end());
           result.queuedMedianMs = queued[queued.size() / 2];
           result.queuedMinMs = queued.front();
+          result.queuedMaxMs = queued.back();
         }
         result.status = "ok";
       }

@@ -75,11 +75,11 @@ struct BenchResult {
   /// Each call timed alone: events around one enqueue, the host waits for
   /// the call before the next (the GPU idles while the launch is submitted,
   /// and the call finds in L2 what the previous one left).
-  double medianMs = 0, minMs = 0;
+  double medianMs = 0, minMs = 0, maxMs = 0;
   /// Calls queued back to back, each after a write of flushBytes that
   /// evicts L2, events around the call alone: the launch latency is hidden
   /// behind the flush and K/V come from DRAM (0 when not timed).
-  double queuedMedianMs = 0, queuedMinMs = 0;
+  double queuedMedianMs = 0, queuedMinMs = 0, queuedMaxMs = 0;
   /// Decode: bytes of K, V (kept pages of every sequence), Q and O.
   double bytes = 0;
   /// Prefill: FLOPs of unmasked work (4 * B * Hq * Lq * Lkv * D * kept).

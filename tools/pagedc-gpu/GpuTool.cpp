@@ -207,10 +207,12 @@ int runBench(const ToolOptions &options, const Pack &pack) {
     item.set("page_size", r.pageSize);
     item.set("median_ms", r.medianMs);
     item.set("min_ms", r.minMs);
+    item.set("max_ms", r.maxMs);
     // Queued back to back after an L2 flush (absent when not timed).
     if (r.queuedMedianMs > 0) {
       item.set("queued_median_ms", r.queuedMedianMs);
       item.set("queued_min_ms", r.queuedMinMs);
+      item.set("queued_max_ms", r.queuedMaxMs);
     }
     item.set("bytes", r.bytes);
     item.set("flops", r.flops);

@@ -135,25 +135,39 @@ class Report(unittest.TestCase):
         for page in (16, 128):
             c = config("prefill-causal-B4-S4096-p%d" % page, kind="prefill", batch=4,
                        q_len=4096, kv_len=4096)
-            c.update(status="ok", median_ms=1.0, queued_median_ms=0.9, bytes=0,
-                     flops=torch_flex.attention_flops(c))
+            c.update(status="ok", median_ms=1.0, min_ms=0.95, max_ms=1.1, queued_median_ms=0.9,
+                     bytes=0, flops=torch_flex.attention_flops(c))
             ours["configurations"].append(c)
         theirs = {"configurations": [{"name": "prefill-causal-B4-S4096-p128", "status": "ok",
                                       "flex_paged_ms": 2.0, "sdpa_flash_ms": 1.5}]}
         others = {"unavailable": {"flashinfer": "import flashinfer: ModuleNotFoundError"},
                   "configurations": [
                       {"name": "prefill-causal-B4-S4096-p16", "baselines": {
-                          "sdpa_cudnn": {"status": "ok", "ms": 0.8, "queued_ms": 0.95},
+                          "sdpa_cudnn": {"status": "ok", "ms": 0.8, "max_ms": 0.9,
+                                         "queued_ms": 0.95},
                           "fa4": {"status": "mismatch", "ms": 0.1, "message": "another"},
                           "flashinfer": {"status": "unavailable"}}},
                       {"name": "prefill-causal-B4-S4096-p128", "baselines": {
-                          "sdpa_cudnn": {"status": "ok", "ms": 1.2, "queued_ms": 1.1}}}]}
+                          "sdpa_cudnn": {"status": "ok", "ms": 1.2, "queued_ms": 1.1}}},
+                      {"name": "prefill-causal-B4-S1024-p16", "baselines": {
+                          "fa4": {"status": "ok", "ms": 0.97, "max_ms": 1.05}}}]}
+        c = config("prefill-causal-B4-S1024-p16", kind="prefill", batch=4, q_len=1024,
+                   kv_len=1024)
+        c.update(status="ok", median_ms=1.0, min_ms=0.95, max_ms=1.1, bytes=0, flops=1.0)
+        ours["configurations"].append(c)
         rows = {r["name"]: r for r in report.merge(ours, theirs, others)}
         p16, p128 = rows["prefill-causal-B4-S4096-p16"], rows["prefill-causal-B4-S4096-p128"]
         # cuDNN beats us call by call at page 16; the mismatched FA4 is no anchor.
         self.assertEqual(p16["strongest"], "sdpa_cudnn")
         self.assertAlmostEqual(p16["speedup_vs_strongest"], 0.8)
         self.assertTrue(p16["baseline_wins"])
+        # Its slowest call (0.9 ms) beat our fastest (0.95 ms): beyond the spread.
+        self.assertTrue(p16["baseline_wins_beyond_spread"])
+        self.assertEqual((p16["min_ms"], p16["max_ms"]), (0.95, 1.1))
+        short = rows["prefill-causal-B4-S1024-p16"]
+        self.assertTrue(short["baseline_wins"])
+        self.assertFalse(short["baseline_wins_beyond_spread"])
+        self.assertIsNone(p16["queued_baseline_wins_beyond_spread"])
         self.assertNotIn("fa4_ms", p16)
         self.assertIn("mismatch", p16["baselines_not_timed"]["fa4"])
         self.assertEqual(p16["baselines_not_timed"]["flashinfer"], "unavailable")
