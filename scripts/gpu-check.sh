@@ -327,7 +327,7 @@ done
 
 if [[ $wheels == 1 ]]; then
   step "install the staged baseline wheels" "$root/scripts/gpu-wheels.sh" install &&
-    export PYTHONPATH=${PAGEDC_WHEEL_SITE:-/tmp/pagedc-site}${PYTHONPATH:+:$PYTHONPATH}
+    export PYTHONPATH=$(cat "${PAGEDC_WHEEL_SITE:-/tmp/pagedc-site}/pythonpath")${PYTHONPATH:+:$PYTHONPATH}
 fi
 PYTHONUNBUFFERED=1 step_limit=$((budget + 180)) step "bench (PyTorch flex_attention + PagedAttention, SDPA flash)" \
   python3 "$root/bench/gpu/torch_flex.py" --pack "$pack" --json "$out/gpu-bench-torch.json" \

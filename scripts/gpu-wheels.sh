@@ -14,10 +14,11 @@
 #   scripts/gpu-wheels.sh stage N             THERE: keep part N (carried as
 #       .gpu-wheels/part-N and .gpu-wheels/manifest) in $PAGEDC_WHEEL_STAGE
 #       (default /tmp/pagedc-wheels)
-#   scripts/gpu-wheels.sh install             THERE: join the staged parts,
-#       check every wheel against the manifest, install them without their
-#       dependencies into $PAGEDC_WHEEL_SITE (default /tmp/pagedc-site); then
-#       PYTHONPATH=$PAGEDC_WHEEL_SITE (scripts/gpu-check.sh --wheels does it)
+#   scripts/gpu-wheels.sh install             THERE: stage the parts this call
+#       carries, join the staged parts, check every wheel against the
+#       manifest, install them without their dependencies into
+#       $PAGEDC_WHEEL_SITE (default /tmp/pagedc-site); then PYTHONPATH from
+#       $PAGEDC_WHEEL_SITE/pythonpath (scripts/gpu-check.sh --wheels does it)
 #
 # Only the packages the GPU machine's image lacks are fetched (its image has
 # torch, triton, numpy, einops, ninja, nvidia-ml-py, cuda-bindings, cuDNN).
@@ -32,7 +33,8 @@ site=${PAGEDC_WHEEL_SITE:-/tmp/pagedc-site}
 part_mib=${PAGEDC_WHEEL_PART_MIB:-40}
 
 # Pinned: the versions the baselines' calls were written against.
-fa4_set=(flash-attn-4==4.0.0b40 nvidia-cutlass-dsl==4.8.1 nvidia-cutlass-dsl-libs-base==4.8.1
+fa4_set=(flash-attn-4==4.0.0b40 nvidia-cutlass-dsl==4.8.1 nvidia-cutlass-dsl-libs-core==4.8.1
+         nvidia-cutlass-dsl-libs-base==4.8.1
          nvidia-cutlass-dsl-libs-cu13==4.8.1 apache-tvm-ffi==0.1.15.post2
          torch-c-dlpack-ext==0.1.5 quack-kernels==0.6.5)
 flashinfer_set=(flashinfer-python==0.7.4 cuda-tile==1.7.0 nccl4py==0.6.0
@@ -80,10 +82,13 @@ download() {
   echo "gpu-wheels: $(wc -l <"$dir/manifest") wheels, $(du -sm "$dir" | cut -f1) MiB in $part parts under $dir"
   echo "device calls, back to back (the machine stays warm only briefly between them):"
   local n
-  for n in $(seq 1 "$part"); do
+  for n in $(seq 1 "$((part - 1))"); do
     echo "  carry [.gpu-wheels/part-$n, .gpu-wheels/manifest]: scripts/gpu-wheels.sh stage $n"
   done
-  echo "  then: scripts/gpu-check.sh --wheels [options] PACK"
+  echo "  carry [PACK, .gpu-wheels/part-$part, .gpu-wheels/manifest]:" \
+    "scripts/gpu-check.sh --wheels [options] PACK"
+  echo "  (the last part, $(du -sm "$dir/part-$part" | cut -f1) MiB, travels with the check when" \
+    "the pack and the working tree leave room under 64 MiB; else stage it first)"
 }
 
 stage_part() {
@@ -96,6 +101,12 @@ stage_part() {
 }
 
 install_staged() {
+  # Parts carried by this very call are staged first: the last, smallest
+  # part can travel with the check's own call.
+  local carried
+  for carried in "$dir"/part-*; do
+    [[ -d "$carried" ]] && stage_part "${carried##*/part-}"
+  done
   [[ -f "$stage/manifest" ]] || { echo "gpu-wheels: nothing staged in $stage" >&2; exit 1; }
   local joined=$stage/joined hash name missing=0
   rm -rf "$joined" && mkdir -p "$joined"
@@ -109,9 +120,26 @@ install_staged() {
     fi
   done <"$stage/manifest"
   [[ $missing == 0 ]] || exit 1
-  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
-    --target "$site" "$joined"/*.whl || { echo "gpu-wheels: pip install failed" >&2; exit 1; }
-  echo "gpu-wheels: $(wc -l <"$stage/manifest") wheels installed in $site"
+  # Unpacked, not `pip install --target`: the CuTe DSL's three wheels fill
+  # the same directories, and pip's --target keeps only the last wheel's
+  # copy of a directory they share. Their .pth file (which puts the DSL's
+  # packages on the path) is read by site.addsitedir, not from PYTHONPATH, so
+  # the path it yields is written to $site/pythonpath for gpu-check.sh.
+  rm -rf "$site" && mkdir -p "$site"
+  python3 - "$site" "$joined"/*.whl <<'PY' || { echo "gpu-wheels: install failed" >&2; exit 1; }
+import site, sys, zipfile
+target = sys.argv[1]
+for wheel in sys.argv[2:]:
+    with zipfile.ZipFile(wheel) as archive:
+        archive.extractall(target)
+before = list(sys.path)
+site.addsitedir(target)
+added = [p for p in sys.path if p not in before]
+with open(target + "/pythonpath", "w") as f:
+    f.write(":".join(added) + "\n")
+PY
+  echo "gpu-wheels: $(wc -l <"$stage/manifest") wheels installed in $site;" \
+    "PYTHONPATH=$(cat "$site/pythonpath")"
 }
 
 case "${1:-}" in

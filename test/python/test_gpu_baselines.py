@@ -149,3 +149,122 @@ def test_a_baseline_computing_another_function_is_no_anchor(pack, monkeypatch):
     wrong = baselines.run_baseline(torch, "wrong", inputs, args, None)
     assert wrong["status"] == "mismatch" and wrong["rel_l2"] > 0.03 and "ms" not in wrong
     assert timed == [1]
+
+
+# The libraries' own signatures, where they import (they need no GPU to
+# import: FlashAttention-4 with the CuTe DSL, FlashInfer): each builder's
+# calls are bound to the real functions and methods, and their tensors are
+# checked against the layouts the libraries document. Skipped where the
+# packages are not installed (scripts/gpu-wheels.sh fetches them).
+import importlib  # noqa: E402
+import inspect  # noqa: E402
+
+
+def _library(name):
+    try:
+        return importlib.import_module(name)
+    except Exception as error:  # any import failure: the test cannot run here
+        pytest.skip("%s does not import here (%s: %s)" % (name, type(error).__name__, error))
+
+
+def _bound(real, calls):
+    """A stand-in for `real` that binds every call to its signature, keeps
+    the arguments and returns zeros shaped as its q (out, lse)."""
+    signature = inspect.signature(real)
+
+    def stand_in(*args, **kwargs):
+        calls.append(signature.bind(*args, **kwargs).arguments)
+        q = args[0]
+        return torch.zeros_like(q), None
+    return stand_in
+
+
+@pytest.mark.parametrize("kind,mask,score", [("decode", "sliding_4k", "softcap_tanh"),
+                                             ("decode", "causal", ""),
+                                             ("prefill", "causal", ""),
+                                             ("prefill", "sliding_1k", "softcap_tanh"),
+                                             ("prefill", "document", "")])
+def test_fa4_calls_bind_to_its_interface(pack, monkeypatch, kind, mask, score):
+    cute = _library("flash_attn.cute")
+    calls = []
+    for name in ("flash_attn_func", "flash_attn_varlen_func"):
+        monkeypatch.setattr(cute, name, _bound(getattr(cute, name), calls))
+    length = 97 if kind == "prefill" else 1
+    config = _config(kind, mask, score, q_len=length, kv_len=97 if kind == "prefill" else 200)
+    inputs = baselines.Inputs(torch, config, pack)
+    fn, layout, to_bhld = baselines.build_fa4(torch, inputs)
+    out = to_bhld(fn())
+    assert tuple(out.shape) == tuple(inputs.q.shape)
+    (arguments,) = calls
+    B, Hq, Hkv, Lq, Lkv, D = inputs.shape
+    if kind == "decode":
+        # FlashAttention-4's paged layout: k, v (pages, page, Hkv, D),
+        # page_table int32 (B, pages a sequence), q (B, Lq, Hq, D).
+        table = arguments["page_table"]
+        assert table.dtype == torch.int32 and table.shape[0] == B
+        assert tuple(arguments["k"].shape[1:]) == (16, Hkv, D)
+        assert arguments["seqused_k"].tolist() == [Lkv] * B
+        assert tuple(arguments["q"].shape) == (B, Lq, Hq, D)
+    elif mask == "document":
+        assert arguments["cu_seqlens_q"].tolist()[-1] == B * Lq
+        assert tuple(arguments["q"].shape) == (B * Lq, Hq, D)
+    window = baselines.window_of(mask)
+    assert arguments.get("window_size", (None, None)) == ((window - 1, 0) if window
+                                                          else (None, None))
+    assert arguments.get("softcap", 0.0) == (SOFTCAP if score else 0.0)
+
+
+@pytest.mark.parametrize("kind,mask,score", [("decode", "causal", "alibi"),
+                                             ("decode", "sliding_4k", "softcap_tanh"),
+                                             ("prefill", "causal", "alibi"),
+                                             ("prefill", "sliding_1k", "softcap_tanh"),
+                                             ("prefill", "document", "")])
+def test_flashinfer_calls_bind_to_its_wrappers(pack, monkeypatch, kind, mask, score):
+    flashinfer = _library("flashinfer")
+    calls = []
+
+    def stand_in_for(real_class):
+        class StandIn:
+            def __init__(self, *args, **kwargs):
+                inspect.signature(real_class.__init__).bind(self, *args, **kwargs)
+
+            def plan(self, *args, **kwargs):
+                arguments = inspect.signature(real_class.plan).bind(self, *args, **kwargs)
+                named = dict(arguments.arguments)
+                # The decode plan takes its options as **kwargs: each must be
+                # one its documentation names.
+                for key in named.pop("kwargs", {}):
+                    assert ("\n        %s :" % key) in real_class.plan.__doc__, key
+                calls.append((real_class.__name__, named, kwargs))
+
+            def run(self, *args, **kwargs):
+                inspect.signature(real_class.run).bind(self, *args, **kwargs)
+                return torch.zeros_like(args[0])
+        return StandIn
+    for name in ("BatchDecodeWithPagedKVCacheWrapper", "BatchPrefillWithPagedKVCacheWrapper",
+                 "BatchPrefillWithRaggedKVCacheWrapper"):
+        monkeypatch.setattr(flashinfer, name, stand_in_for(getattr(flashinfer, name)))
+    monkeypatch.setattr(baselines, "WORKSPACE_MIB", 1)
+    length = 97 if kind == "prefill" else 1
+    config = _config(kind, mask, score, q_len=length, kv_len=97 if kind == "prefill" else 200)
+    inputs = baselines.Inputs(torch, config, pack)
+    fn, layout, to_bhld = baselines.build_flashinfer(torch, inputs)
+    assert tuple(to_bhld(fn()).shape) == tuple(inputs.q.shape)
+    ((wrapper, arguments, options),) = calls
+    B, Hq, Hkv, Lq, Lkv, D = inputs.shape
+    window = baselines.window_of(mask)
+    assert options["window_left"] == (window - 1 if window else -1)
+    assert options["pos_encoding_mode"] == ("ALIBI" if score == "alibi" else "NONE")
+    assert options["logits_soft_cap"] == (SOFTCAP if score == "softcap_tanh" else None)
+    if mask == "document":
+        assert wrapper == "BatchPrefillWithRaggedKVCacheWrapper" and options["causal"]
+        return
+    pages = -(-Lkv // 16)
+    indptr = arguments.get("indptr", arguments.get("paged_kv_indptr"))
+    assert indptr.tolist() == [pages * b for b in range(B + 1)]
+    last = arguments.get("last_page_len", arguments.get("paged_kv_last_page_len"))
+    assert last.tolist() == [Lkv - (pages - 1) * 16] * B
+    if kind == "prefill":
+        assert wrapper == "BatchPrefillWithPagedKVCacheWrapper"
+        assert arguments["qo_indptr"].tolist() == [Lq * b for b in range(B + 1)]
+        assert options["causal"] is True
