@@ -53,7 +53,7 @@
 # after PyTorch's flex (bench/gpu/baselines.py: sdpa_cudnn, fa4, flashinfer,
 # flex_flash; default all), each checked against a float32 reference before
 # it is timed; a package that does not import is reported unavailable.
-# $PAGEDC_BASELINE_BUDGET_S (default 180) bounds them. --no-baselines: none.
+# $PAGEDC_BASELINE_BUDGET_S (default 120) bounds them. --no-baselines: none.
 # --wheels: first install the wheels scripts/gpu-wheels.sh staged on this
 # machine (FlashAttention-4 and the CuTe DSL, FlashInfer) and put them on
 # PYTHONPATH for the PyTorch steps.
@@ -156,8 +156,8 @@ also_check_env() {
 out=${OUT:-$root/gpu-results}
 build=${PAGEDC_GPU_RT_BUILD:-$root/build-gpu-check}
 jobs=${PAGEDC_JOBS:-$(nproc 2>/dev/null || echo 4)}
-budget=${PAGEDC_TORCH_BUDGET_S:-240}
-baseline_budget=${PAGEDC_BASELINE_BUDGET_S:-180}
+budget=${PAGEDC_TORCH_BUDGET_S:-180}
+baseline_budget=${PAGEDC_BASELINE_BUDGET_S:-120}
 step_timeout=${PAGEDC_STEP_TIMEOUT_S:-300}
 mkdir -p "$out"
 summary="$out/summary.txt"

@@ -87,8 +87,8 @@ download() {
   done
   echo "  carry [PACK, .gpu-wheels/part-$part, .gpu-wheels/manifest]:" \
     "scripts/gpu-check.sh --wheels [options] PACK"
-  echo "  (the last part, $(du -sm "$dir/part-$part" | cut -f1) MiB, travels with the check when" \
-    "the pack and the working tree leave room under 64 MiB; else stage it first)"
+  echo "  (the last part, $(du -sm "$dir/part-$part" | cut -f1) MiB, travels with the check only" \
+    "when it, the pack and the working tree stay under 64 MiB; else stage it as the others)"
 }
 
 stage_part() {
