@@ -167,6 +167,13 @@ def _library(name):
         pytest.skip("%s does not import here (%s: %s)" % (name, type(error).__name__, error))
 
 
+def _small_inputs(pack, kind, mask, score):
+    """A prefill of 97 rows, or a decode over 200 keys (13 pages of 16)."""
+    length = 97 if kind == "prefill" else 1
+    config = _config(kind, mask, score, q_len=length, kv_len=97 if kind == "prefill" else 200)
+    return baselines.Inputs(torch, config, pack)
+
+
 def _bound(real, calls):
     """A stand-in for `real` that binds every call to its signature, keeps
     the arguments and returns zeros shaped as its q (out, lse)."""
@@ -189,9 +196,7 @@ def test_fa4_calls_bind_to_its_interface(pack, monkeypatch, kind, mask, score):
     calls = []
     for name in ("flash_attn_func", "flash_attn_varlen_func"):
         monkeypatch.setattr(cute, name, _bound(getattr(cute, name), calls))
-    length = 97 if kind == "prefill" else 1
-    config = _config(kind, mask, score, q_len=length, kv_len=97 if kind == "prefill" else 200)
-    inputs = baselines.Inputs(torch, config, pack)
+    inputs = _small_inputs(pack, kind, mask, score)
     fn, layout, to_bhld = baselines.build_fa4(torch, inputs)
     out = to_bhld(fn())
     assert tuple(out.shape) == tuple(inputs.q.shape)
@@ -245,9 +250,7 @@ def test_flashinfer_calls_bind_to_its_wrappers(pack, monkeypatch, kind, mask, sc
                  "BatchPrefillWithRaggedKVCacheWrapper"):
         monkeypatch.setattr(flashinfer, name, stand_in_for(getattr(flashinfer, name)))
     monkeypatch.setattr(baselines, "WORKSPACE_MIB", 1)
-    length = 97 if kind == "prefill" else 1
-    config = _config(kind, mask, score, q_len=length, kv_len=97 if kind == "prefill" else 200)
-    inputs = baselines.Inputs(torch, config, pack)
+    inputs = _small_inputs(pack, kind, mask, score)
     fn, layout, to_bhld = baselines.build_flashinfer(torch, inputs)
     assert tuple(to_bhld(fn()).shape) == tuple(inputs.q.shape)
     ((wrapper, arguments, options),) = calls
