@@ -79,7 +79,9 @@
 # bench/gpu/report.py. The commit is the pack's (commit.txt, written by
 # scripts/gpu-prepare.sh), else this tree's.
 # --dry-run builds and runs everything up to the first launch (steps 0-1
-# with --dry-run; no driver needed), which is what the tests do without a GPU.
+# with --dry-run; no driver needed) and plans the baselines (which runs
+# where, which rows each cannot express), which is what the tests do
+# without a GPU.
 # Exit status: 0 when every step passed, 1 otherwise.
 set -uo pipefail
 
@@ -158,6 +160,7 @@ build=${PAGEDC_GPU_RT_BUILD:-$root/build-gpu-check}
 jobs=${PAGEDC_JOBS:-$(nproc 2>/dev/null || echo 4)}
 budget=${PAGEDC_TORCH_BUDGET_S:-180}
 baseline_budget=${PAGEDC_BASELINE_BUDGET_S:-120}
+baseline_args=()
 step_timeout=${PAGEDC_STEP_TIMEOUT_S:-300}
 mkdir -p "$out"
 summary="$out/summary.txt"
@@ -252,6 +255,12 @@ if [[ $dry == 1 ]]; then
     step "bench --dry-run ($settings)" env $settings "$gpu" bench "$pack" --dry-run \
       --filter "$kind" --json "$out/$label-gpu-bench-pagedc.json"
   done
+  if [[ $baselines != none ]]; then
+    [[ $baselines == all ]] || baseline_args=(--only "$baselines")
+    step "baselines --dry-run ($baselines)" python3 "$root/bench/gpu/baselines.py" --dry-run \
+      --pack "$pack" --json "$out/gpu-bench-baselines.json" --commit "$commit" \
+      "${baseline_args[@]}"
+  fi
   note "gpu-check (dry run): $failures step(s) failed"
   exit $((failures > 0))
 fi
@@ -332,7 +341,6 @@ fi
 PYTHONUNBUFFERED=1 step_limit=$((budget + 180)) step "bench (PyTorch flex_attention + PagedAttention, SDPA flash)" \
   python3 "$root/bench/gpu/torch_flex.py" --pack "$pack" --json "$out/gpu-bench-torch.json" \
   --budget-s "$budget"
-baseline_args=()
 if [[ $baselines != none ]]; then
   [[ $baselines == all ]] || baseline_args=(--only "$baselines")
   PYTHONUNBUFFERED=1 step_limit=$((baseline_budget + 180)) step "bench (baselines: $baselines)" \

@@ -430,22 +430,26 @@ def main(argv=None):
     parser.add_argument("--only", default=",".join(BASELINES),
                         help="comma list of the baselines to run (default: all)")
     parser.add_argument("--commit", default="", help="the commit the results are of")
+    parser.add_argument("--dry-run", action="store_true",
+                        help="no torch, no GPU: what each baseline would run on each row")
     args = parser.parse_args(argv)
     chosen = [b for b in args.only.split(",") if b]
     for name in chosen:
         if name not in BASELINES:
             parser.error("unknown baseline '%s' (known: %s)" % (name, ", ".join(BASELINES)))
 
-    torch = torch_flex.import_torch()
+    torch = None if args.dry_run else torch_flex.import_torch()
     started = time.monotonic()
-    unavailable = probe(torch)
-    versions = {"torch": torch.__version__}
+    unavailable = {} if args.dry_run else probe(torch)
+    versions = {} if args.dry_run else {"torch": torch.__version__}
     for name, module in (("fa4", "flash_attn.cute"), ("flashinfer", "flashinfer")):
-        if not unavailable.get(name):
+        if not args.dry_run and not unavailable.get(name):
             versions[name] = getattr(sys.modules[module], "__version__", "unknown")
     report = {
         "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
-        "commit": args.commit, "gpu": torch.cuda.get_device_name(0), "cuda": torch.version.cuda,
+        "commit": args.commit, "dry_run": args.dry_run,
+        "gpu": None if args.dry_run else torch.cuda.get_device_name(0),
+        "cuda": None if args.dry_run else torch.version.cuda,
         "versions": versions, "baselines": chosen,
         "unavailable": {b: unavailable[b] for b in chosen if unavailable.get(b)},
         "tolerance": args.tolerance, "configurations": [],
@@ -455,7 +459,8 @@ def main(argv=None):
     with open(os.path.join(args.pack, "pack.json")) as f:
         plan = json.load(f)["bench"]
     plan.sort(key=lambda c: (-(c["batch"] * c["kv_len"] * c["q_len"]), c["name"]))
-    flush = torch.empty(args.flush_mib << 20, dtype=torch.uint8, device=DEVICE)
+    flush = None if args.dry_run else torch.empty(args.flush_mib << 20, dtype=torch.uint8,
+                                                  device=DEVICE)
     dense_done = {}
     for config in plan:
         if args.filter and args.filter not in config["name"]:
@@ -469,6 +474,8 @@ def main(argv=None):
                 entry = {"status": "unavailable"}
             elif not ok:
                 entry = {"status": "unsupported", "message": why}
+            elif args.dry_run:
+                entry = {"status": "planned"}
             elif name in DENSE and (name, torch_flex.anchor_name(config["name"])) in dense_done:
                 entry = dict(dense_done[(name, torch_flex.anchor_name(config["name"]))])
                 entry["same_as"] = torch_flex.anchor_name(config["name"])
@@ -486,7 +493,8 @@ def main(argv=None):
                     dense_done[(name, torch_flex.anchor_name(config["name"]))] = entry
             row["baselines"][name] = entry
         inputs = None
-        torch.cuda.empty_cache()
+        if torch is not None:
+            torch.cuda.empty_cache()
         row["elapsed_s"] = round(time.monotonic() - started, 1)
         print("%-44s %s" % (row["name"], "  ".join(
             "%s %s" % (b, "%.4f ms" % e["ms"] if e.get("status") == "ok" else e["status"])

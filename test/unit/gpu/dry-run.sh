@@ -110,3 +110,22 @@ commit=$(cat "$work/pack/commit.txt")
   { echo "gpu.dry-run: commit.txt holds '$commit'"; exit 1; }
 grep -q "commit=$commit " "$work/out/summary.txt" ||
   { echo "gpu.dry-run: the summary does not name commit $commit"; exit 1; }
+# The baselines planned on every benchmark row (no torch here): each row has
+# each baseline, planned or unsupported with its reason; cuDNN SDPA only
+# where the row has no score and at most a causal mask.
+python3 - "$work/pack/pack.json" "$work/out/gpu-bench-baselines.json" "$commit" <<'PY'
+import json, sys
+pack, planned = (json.load(open(p)) for p in sys.argv[1:3])
+assert planned["dry_run"] and planned["commit"] == sys.argv[3], planned["commit"]
+rows = {r["name"]: r["baselines"] for r in planned["configurations"]}
+assert sorted(rows) == sorted(b["name"] for b in pack["bench"]), "rows differ from the pack"
+for bench in pack["bench"]:
+    entries = rows[bench["name"]]
+    assert sorted(entries) == sorted(planned["baselines"]) and len(entries) == 4, entries
+    for name, entry in entries.items():
+        assert entry["status"] in ("planned", "unsupported"), (bench["name"], name, entry)
+        assert entry["status"] == "planned" or entry["message"], (bench["name"], name)
+    cudnn = not bench["score"] and bench["mask"] in ("", "causal")
+    assert (entries["sdpa_cudnn"]["status"] == "planned") == cudnn, bench["name"]
+print("gpu.dry-run: baselines planned on %d rows" % len(rows))
+PY
