@@ -184,28 +184,31 @@ class Inputs:
     the same values), the mods, and what the paged baselines need."""
 
     def __init__(self, torch, config, pack_dir):
-        import numpy as np
         self.torch = torch
         self.config = config
-        device = DEVICE
-        B, Hq, Hkv = config["batch"], config["heads_q"], config["heads_kv"]
-        Lq, Lkv, D = config["q_len"], config["kv_len"], config["head_dim"]
-        self.shape = (B, Hq, Hkv, Lq, Lkv, D)
-        self.buffers = {}
-        for buffer in config.get("buffers", []):
-            array = np.load(os.path.join(pack_dir, buffer["file"]))
-            self.buffers[buffer["name"]] = torch.from_numpy(array).to(device)
-        self.q_offset = Lkv - Lq
-        self.buffers["q_offset"] = torch.full((B,), self.q_offset, dtype=torch.int32,
-                                              device=device)
+        self.shape = (config["batch"], config["heads_q"], config["heads_kv"], config["q_len"],
+                      config["kv_len"], config["head_dim"])
+        self.q, self.k, self.v, self.buffers = torch_flex.bench_inputs(torch, config, pack_dir,
+                                                                       DEVICE)
         self.mask_mod, self.score_mod = torch_flex.mods_for(torch, config, self.buffers)
-        generator = torch.Generator(device=device).manual_seed(1234)
-        dtype = torch.bfloat16
-        q = torch.rand(B, Hq, Lq, D, device=device, generator=generator, dtype=torch.float32)
-        self.q = (q * 2 - 1).to(dtype)
-        self.k = (torch.rand(B, Hkv, Lkv, D, device=device, generator=generator) * 2 - 1).to(dtype)
-        self.v = (torch.rand(B, Hkv, Lkv, D, device=device, generator=generator) * 2 - 1).to(dtype)
         self._paged = None
+
+    @staticmethod
+    def sequence_major(x):
+        """[B, H, L, D] as [B, L, H, D], contiguous: the layout of
+        FlashAttention's dense calls."""
+        return x.transpose(1, 2).contiguous()
+
+    @staticmethod
+    def tokens(x):
+        """[B, H, L, D] as packed tokens [B * L, H, D]: the layout of the
+        varlen, ragged and paged-prefill calls."""
+        return x.transpose(1, 2).reshape(-1, x.shape[1], x.shape[3]).contiguous()
+
+    def from_tokens(self, out):
+        """Packed query tokens [B * Lq, Hq, D] back as [B, Hq, Lq, D]."""
+        B, Hq, _, Lq, _, D = self.shape
+        return out.view(B, Lq, Hq, D).transpose(1, 2)
 
     def paged(self):
         """(k_cache, v_cache [pages, page, Hkv, D], table [B, pages a
@@ -287,7 +290,6 @@ def build_sdpa_cudnn(torch, inputs):
 
 def build_fa4(torch, inputs):
     from flash_attn.cute import flash_attn_func, flash_attn_varlen_func
-    B, Hq, Hkv, Lq, Lkv, D = inputs.shape
     config = inputs.config
     mask, score = config.get("mask", ""), config.get("score", "")
     window = window_of(mask)
@@ -301,7 +303,7 @@ def build_fa4(torch, inputs):
         return result[0] if isinstance(result, tuple) else result
     if config["kind"] == "decode":
         k_cache, v_cache, table, lens, _ = inputs.paged()
-        qt = inputs.q.transpose(1, 2).contiguous()  # [B, 1, Hq, D]
+        qt = inputs.sequence_major(inputs.q)  # [B, 1, Hq, D]
 
         def paged():
             return first(flash_attn_varlen_func(qt, k_cache, v_cache, seqused_k=lens,
@@ -309,19 +311,14 @@ def build_fa4(torch, inputs):
         return paged, "paged, page %d" % config["page_size"], lambda out: out.transpose(1, 2)
     if mask == "document":
         offsets, longest = inputs.document_offsets()
-        qp = inputs.q.transpose(1, 2).reshape(B * Lq, Hq, D).contiguous()
-        kp = inputs.k.transpose(1, 2).reshape(B * Lkv, Hkv, D).contiguous()
-        vp = inputs.v.transpose(1, 2).reshape(B * Lkv, Hkv, D).contiguous()
+        qp, kp, vp = (inputs.tokens(x) for x in (inputs.q, inputs.k, inputs.v))
 
         def varlen():
             return first(flash_attn_varlen_func(qp, kp, vp, cu_seqlens_q=offsets,
                                                 cu_seqlens_k=offsets, max_seqlen_q=longest,
                                                 max_seqlen_k=longest, **options))
-        return varlen, "dense, documents as a varlen batch", \
-            lambda out: out.view(B, Lq, Hq, D).transpose(1, 2)
-    qt = inputs.q.transpose(1, 2).contiguous()
-    kt = inputs.k.transpose(1, 2).contiguous()
-    vt = inputs.v.transpose(1, 2).contiguous()
+        return varlen, "dense, documents as a varlen batch", inputs.from_tokens
+    qt, kt, vt = (inputs.sequence_major(x) for x in (inputs.q, inputs.k, inputs.v))
 
     def dense():
         return first(flash_attn_func(qt, kt, vt, **options))
@@ -343,11 +340,9 @@ def build_flashinfer(torch, inputs):
         offsets, _ = inputs.document_offsets()
         wrapper = flashinfer.BatchPrefillWithRaggedKVCacheWrapper(workspace, "NHD")
         wrapper.plan(offsets, offsets, Hq, Hkv, D, causal=True, **options)
-        qp = inputs.q.transpose(1, 2).reshape(B * Lq, Hq, D).contiguous()
-        kp = inputs.k.transpose(1, 2).reshape(B * Lkv, Hkv, D).contiguous()
-        vp = inputs.v.transpose(1, 2).reshape(B * Lkv, Hkv, D).contiguous()
+        qp, kp, vp = (inputs.tokens(x) for x in (inputs.q, inputs.k, inputs.v))
         return (lambda: wrapper.run(qp, kp, vp)), "dense, documents as a ragged batch", \
-            lambda out: out.view(B, Lq, Hq, D).transpose(1, 2)
+            inputs.from_tokens
     k_cache, v_cache, _, _, tables = inputs.paged()
     page = config["page_size"]
     indptr, indices, last = (torch.tensor(x, dtype=torch.int32, device=DEVICE)
@@ -366,9 +361,9 @@ def build_flashinfer(torch, inputs):
     qo_indptr = torch.arange(0, (B + 1) * Lq, Lq, dtype=torch.int32, device=DEVICE)
     wrapper.plan(qo_indptr, indptr, indices, last, Hq, Hkv, D, page,
                  causal=mask != "", **options)
-    qp = inputs.q.transpose(1, 2).reshape(B * Lq, Hq, D).contiguous()
+    qp = inputs.tokens(inputs.q)
     return (lambda: wrapper.run(qp, (k_cache, v_cache))), layout + (", " + backend), \
-        lambda out: out.view(B, Lq, Hq, D).transpose(1, 2)
+        inputs.from_tokens
 
 
 def build_flex_flash(torch, inputs):

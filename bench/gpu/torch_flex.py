@@ -224,8 +224,29 @@ def mods_for(torch, config, buffers):
     return mask_mod, score_mod
 
 
-def run_config(torch, config, pack_dir, args):
+def bench_inputs(torch, config, pack_dir, device):
+    """A configuration's q [B, Hq, Lq, D], k, v [B, Hkv, Lkv, D] (bf16,
+    uniform in [-1, 1), one fixed seed: every script times the same values)
+    and its buffers: the pack's files, and q_offset, the query's position
+    behind the keys (a decode's query is the sequence's last token)."""
     import numpy as np
+    B, Hq, Hkv = config["batch"], config["heads_q"], config["heads_kv"]
+    Lq, Lkv, D = config["q_len"], config["kv_len"], config["head_dim"]
+    buffers = {}
+    for buffer in config.get("buffers", []):
+        array = np.load(os.path.join(pack_dir, buffer["file"]))
+        buffers[buffer["name"]] = torch.from_numpy(array).to(device)
+    buffers["q_offset"] = torch.full((B,), Lkv - Lq, dtype=torch.int32, device=device)
+    generator = torch.Generator(device=device).manual_seed(1234)
+    dtype = torch.bfloat16
+    q = torch.rand(B, Hq, Lq, D, device=device, generator=generator, dtype=torch.float32)
+    q = (q * 2 - 1).to(dtype)
+    k = (torch.rand(B, Hkv, Lkv, D, device=device, generator=generator) * 2 - 1).to(dtype)
+    v = (torch.rand(B, Hkv, Lkv, D, device=device, generator=generator) * 2 - 1).to(dtype)
+    return q, k, v, buffers
+
+
+def run_config(torch, config, pack_dir, args):
     from torch.nn.attention.flex_attention import create_block_mask, flex_attention
     from torch.nn.attention.experimental._paged_attention import PagedAttention
 
@@ -238,19 +259,8 @@ def run_config(torch, config, pack_dir, args):
               "kv_len": Lkv, "page_size": page, "bytes": decode_bytes(config)
               if config["kind"] == "decode" else 0.0, "flops": attention_flops(config)}
 
-    buffers = {}
-    for buffer in config.get("buffers", []):
-        array = np.load(os.path.join(pack_dir, buffer["file"]))
-        buffers[buffer["name"]] = torch.from_numpy(array).to(device)
-    q_offset = Lkv - Lq if config["kind"] == "decode" else 0
-    buffers["q_offset"] = torch.full((B,), q_offset, dtype=torch.int32, device=device)
+    q, k, v, buffers = bench_inputs(torch, config, pack_dir, device)
     mask_mod, score_mod = mods_for(torch, config, buffers)
-
-    generator = torch.Generator(device=device).manual_seed(1234)
-    q = torch.rand(B, Hq, Lq, D, device=device, generator=generator, dtype=torch.float32)
-    q = (q * 2 - 1).to(dtype)
-    k = (torch.rand(B, Hkv, Lkv, D, device=device, generator=generator) * 2 - 1).to(dtype)
-    v = (torch.rand(B, Hkv, Lkv, D, device=device, generator=generator) * 2 - 1).to(dtype)
 
     # Paged flex attention.
     pages_per_sequence = -(-Lkv // page)
