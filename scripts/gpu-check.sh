@@ -161,6 +161,7 @@ jobs=${PAGEDC_JOBS:-$(nproc 2>/dev/null || echo 4)}
 budget=${PAGEDC_TORCH_BUDGET_S:-180}
 baseline_budget=${PAGEDC_BASELINE_BUDGET_S:-120}
 baseline_args=()
+[[ $baselines == all || $baselines == none ]] || baseline_args=(--only "$baselines")
 step_timeout=${PAGEDC_STEP_TIMEOUT_S:-300}
 mkdir -p "$out"
 summary="$out/summary.txt"
@@ -256,7 +257,6 @@ if [[ $dry == 1 ]]; then
       --filter "$kind" --json "$out/$label-gpu-bench-pagedc.json"
   done
   if [[ $baselines != none ]]; then
-    [[ $baselines == all ]] || baseline_args=(--only "$baselines")
     step "baselines --dry-run ($baselines)" python3 "$root/bench/gpu/baselines.py" --dry-run \
       --pack "$pack" --json "$out/gpu-bench-baselines.json" --commit "$commit" \
       "${baseline_args[@]}"
@@ -342,7 +342,6 @@ PYTHONUNBUFFERED=1 step_limit=$((budget + 180)) step "bench (PyTorch flex_attent
   python3 "$root/bench/gpu/torch_flex.py" --pack "$pack" --json "$out/gpu-bench-torch.json" \
   --budget-s "$budget"
 if [[ $baselines != none ]]; then
-  [[ $baselines == all ]] || baseline_args=(--only "$baselines")
   PYTHONUNBUFFERED=1 step_limit=$((baseline_budget + 180)) step "bench (baselines: $baselines)" \
     python3 "$root/bench/gpu/baselines.py" --pack "$pack" --json "$out/gpu-bench-baselines.json" \
     --budget-s "$baseline_budget" --commit "$commit" "${baseline_args[@]}"
