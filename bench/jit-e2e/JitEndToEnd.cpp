@@ -11,7 +11,8 @@
 //            alternating with it, the same kernel compiled as one unit
 //   nvcc     `nvcc -cubin -arch=sm_90` on the identical generated sources
 //            (decode's two units side by side, and, for comparison, the
-//            whole decode unit alone); also its CPU seconds (it and its
+//            whole decode unit alone), each round right after cold's, so
+//            both see the same machine; also its CPU seconds (it and its
 //            tools, RUSAGE_CHILDREN), so cold/nvcc can be read on CPU
 //            seconds on a loaded machine
 //   (every kernel is the one a call without a block mask compiles; "with
@@ -284,6 +285,14 @@ KindResult measure(KernelKind kind, const std::string &self) {
     wholeCache.getOrCompile(config, generateFromSource(), bench::jitBenchOptions());
     result.coldWhole.push_back(bench::secondsSince(start));
     fs::remove_all(wholeDir);
+    // nvcc on the identical sources, in the same round: the machine's speed
+    // drifts over a run, and a ratio of medians taken minutes apart would
+    // carry that drift.
+    bench::timeNvcc(PAGEDC_BENCH_NVCC, bench::moduleSources(config, mods), 1, result.nvcc,
+                    result.nvccCpu);
+    std::vector<double> wholeCpu;
+    bench::timeNvcc(PAGEDC_BENCH_NVCC, {assembleKernel(config, mods).code}, 1, result.nvccWhole,
+                    wholeCpu);
   }
 
   // Where the cold time goes: NVRTC's own stage times on plain compiles.
@@ -303,12 +312,6 @@ KindResult measure(KernelKind kind, const std::string &self) {
 
   for (int i = 0; i < kRepetitions; ++i)
     result.secondVariant.push_back(runSecondChild(self, result.kind));
-
-  bench::timeNvcc(PAGEDC_BENCH_NVCC, bench::moduleSources(config, mods), kRepetitions,
-                  result.nvcc, result.nvccCpu);
-  std::vector<double> wholeCpu;
-  bench::timeNvcc(PAGEDC_BENCH_NVCC, {assembleKernel(config, mods).code}, kRepetitions,
-                  result.nvccWhole, wholeCpu);
 
   // The kernel that also takes block masks, alternating with nvcc on its
   // source so that both see the same machine.
