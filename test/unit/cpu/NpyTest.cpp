@@ -89,9 +89,10 @@ TEST(Npy, RoundTripsEveryDtypeAndShapeThroughAFile) {
       EXPECT_EQ(read.dtype(), dtype);
       EXPECT_EQ(read.shape(), shape);
       ASSERT_EQ(read.numel(), original.numel());
-      if (original.numel() > 0)
+      if (original.numel() > 0) {
         EXPECT_EQ(
             std::memcmp(read.data(), original.data(), original.numel() * dtypeSize(dtype)), 0);
+      }
     }
   }
   std::remove(path.c_str());

@@ -408,9 +408,10 @@ TEST(HostTensorStorage, ZeroedDeepCopiesAndEmptyAfterMove) {
 // Issue 47: a null dense array is an Error for every valid shape, not a read
 // through null.
 TEST(BlockMaskHardening, DenseToBlockMaskRefusesNull) {
-  for (const auto &[b, h, lq, lkv] :
+  // Named sizes, not a structured binding: the check's lambda captures them.
+  for (const std::array<int64_t, 4> &sizes :
        std::vector<std::array<int64_t, 4>>{{1, 1, 1, 1}, {2, 3, 5, 7}, {1, 1, 4096, 1}}) {
-    EXPECT_PAGEDC_ERROR(denseToBlockMask(nullptr, b, h, lq, lkv, 2, 2),
+    EXPECT_PAGEDC_ERROR(denseToBlockMask(nullptr, sizes[0], sizes[1], sizes[2], sizes[3], 2, 2),
                         "denseToBlockMask: dense is null");
   }
   // Invalid sizes are still reported as such.
