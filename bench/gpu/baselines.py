@@ -461,6 +461,8 @@ def main(argv=None):
         if args.filter and args.filter not in config["name"]:
             continue
         row = {"name": config["name"], "kind": config["kind"], "baselines": {}}
+        # Rows that differ only in page size share the dense baselines' run.
+        anchor = torch_flex.anchor_name(config["name"])
         over = time.monotonic() - started > args.budget_s
         inputs = None
         for name in chosen:
@@ -471,9 +473,9 @@ def main(argv=None):
                 entry = {"status": "unsupported", "message": why}
             elif args.dry_run:
                 entry = {"status": "planned"}
-            elif name in DENSE and (name, torch_flex.anchor_name(config["name"])) in dense_done:
-                entry = dict(dense_done[(name, torch_flex.anchor_name(config["name"]))])
-                entry["same_as"] = torch_flex.anchor_name(config["name"])
+            elif name in DENSE and (name, anchor) in dense_done:
+                entry = dict(dense_done[(name, anchor)])
+                entry["same_as"] = anchor
             elif over:
                 entry = {"status": "skipped",
                          "message": "time budget of %.0f s used up" % args.budget_s}
@@ -485,7 +487,7 @@ def main(argv=None):
                     entry = {"status": "error",
                              "message": "%s: %s" % (type(error).__name__, str(error)[:2000])}
                 if name in DENSE:
-                    dense_done[(name, torch_flex.anchor_name(config["name"]))] = entry
+                    dense_done[(name, anchor)] = entry
             row["baselines"][name] = entry
         inputs = None
         if torch is not None:

@@ -62,23 +62,25 @@ def merge(ours, torch_results, baseline_results=None):
                 row[prefix + "tflops"] = config["flops"] / seconds * 1e-12
             if seconds <= 0:
                 continue
-            times, slowest = {}, {}
+            # Every timed anchor of the row: (name, speed-up key, median,
+            # slowest call).
+            timed = []
             if anchor and anchor.get("status") == "ok":
                 for theirs, ratio in (("flex_paged", "speedup_vs_flex"),
                                       ("sdpa_flash", "speedup_vs_sdpa")):
-                    value = anchor.get(theirs + theirs_suffix + "_ms")
-                    if value:
-                        row[prefix + theirs + "_ms"] = value
-                        row[prefix + ratio] = value / ms
-                        times[theirs] = value
-                        slowest[theirs] = anchor.get(theirs + theirs_suffix + "_max_ms")
+                    timed.append((theirs, ratio, anchor.get(theirs + theirs_suffix + "_ms"),
+                                  anchor.get(theirs + theirs_suffix + "_max_ms")))
             for theirs, entry in others.get(config["name"], {}).items():
-                value = entry.get(prefix + "ms") if entry.get("status") == "ok" else None
+                if entry.get("status") == "ok":
+                    timed.append((theirs, "speedup_vs_" + theirs, entry.get(prefix + "ms"),
+                                  entry.get(prefix + "max_ms")))
+            times, slowest = {}, {}
+            for theirs, ratio, value, value_max in timed:
                 if value:
                     row[prefix + theirs + "_ms"] = value
-                    row[prefix + "speedup_vs_" + theirs] = value / ms
+                    row[prefix + ratio] = value / ms
                     times[theirs] = value
-                    slowest[theirs] = entry.get(prefix + "max_ms")
+                    slowest[theirs] = value_max
             if times:
                 strongest = min(times, key=times.get)
                 row[prefix + "strongest"] = strongest
