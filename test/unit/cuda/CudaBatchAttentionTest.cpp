@@ -887,8 +887,14 @@ TEST(CudaBatchAttention, CapturedPrefixLevelTakesALaterPlansTokenMaps) {
 
 /// The bytes the attention kernels' cp.async copies read from global
 /// memory (K/V rows and q; zero-filled rows excluded), from the emulator's
-/// counter lines of the launches that `run` makes.
+/// counter lines of the launches that `run` makes; on the system's driver
+/// (PAGEDC_TEST_CUDA_DRIVER=system), which has no such counters, it runs
+/// `run` and returns -1, and the callers check the results alone.
 int64_t attentionCopyBytes(const std::function<void()> &run) {
+  if (!pagedc::test::onEmulator()) {
+    run();
+    return -1;
+  }
   const std::string path = ::testing::TempDir() + "cascade-counters.jsonl";
   std::remove(path.c_str());
   ::setenv("PAGEDC_EMU_COUNTERS", path.c_str(), 1);
@@ -942,8 +948,10 @@ TEST(CudaBatchAttention, CascadeReadsTheSharedPrefixOncePerKvHead) {
   std::pair<DeviceBuffer, DeviceBuffer> flatBuffers;
   const int64_t flatBytes =
       attentionCopyBytes([&] { flatBuffers = runInto(flat, device, flatOut, flatLse); });
-  EXPECT_EQ(flatBytes,
-            (sequences * prefix + suffixKeys) * rowBytes + flat.planShape().decodeSplits * qBytes);
+  const bool counted = flatBytes >= 0;
+  if (counted)
+    EXPECT_EQ(flatBytes,
+              (sequences * prefix + suffixKeys) * rowBytes + flat.planShape().decodeSplits * qBytes);
 
   std::vector<int32_t> groupStart = {0, static_cast<int32_t>(step.tokens)}, groupLen = {prefix};
   std::vector<int32_t> groupTable(step.blockTable.begin(), step.blockTable.begin() + step.columns);
@@ -971,12 +979,14 @@ TEST(CudaBatchAttention, CascadeReadsTheSharedPrefixOncePerKvHead) {
       [&] { prefixBuffers = runInto(prefixLevel, device, prefixOut, prefixLse); });
   const int64_t suffixBytes = attentionCopyBytes(
       [&] { suffixBuffers = runInto(suffixLevel, device, suffixOut, suffixLse); });
-  EXPECT_EQ(prefixBytes, prefix * rowBytes + prefixLevel.planShape().decodeSplits * qBytes);
-  EXPECT_EQ(suffixBytes, suffixKeys * rowBytes + suffixLevel.planShape().decodeSplits * qBytes);
-  // The prefix's share: 8 times in the flat step, once in the cascade.
-  const int64_t flatPrefix =
-      flatBytes - suffixKeys * rowBytes - flat.planShape().decodeSplits * qBytes;
-  EXPECT_EQ(flatPrefix, sequences * prefix * rowBytes);
+  if (counted) {
+    EXPECT_EQ(prefixBytes, prefix * rowBytes + prefixLevel.planShape().decodeSplits * qBytes);
+    EXPECT_EQ(suffixBytes, suffixKeys * rowBytes + suffixLevel.planShape().decodeSplits * qBytes);
+    // The prefix's share: 8 times in the flat step, once in the cascade.
+    const int64_t flatPrefix =
+        flatBytes - suffixKeys * rowBytes - flat.planShape().decodeSplits * qBytes;
+    EXPECT_EQ(flatPrefix, sequences * prefix * rowBytes);
+  }
   std::printf("cascade bytes: flat %lld, cascade %lld (prefix level %lld, suffix level %lld)\n",
               static_cast<long long>(flatBytes), static_cast<long long>(prefixBytes + suffixBytes),
               static_cast<long long>(prefixBytes), static_cast<long long>(suffixBytes));
@@ -1036,7 +1046,8 @@ TEST(CudaBatchAttention, GroupPrefixLevelReadsThePrefixOncePerKvHeadAndRowTile) 
     std::pair<DeviceBuffer, DeviceBuffer> prefixBuffers;
     const int64_t bytes = attentionCopyBytes(
         [&] { prefixBuffers = runInto(prefixLevel, device, prefixOut, prefixLse); });
-    EXPECT_EQ(bytes, rowTiles * prefix * rowBytes + shape.groupSplits * qBytes) << sequences;
+    if (bytes >= 0)
+      EXPECT_EQ(bytes, rowTiles * prefix * rowBytes + shape.groupSplits * qBytes) << sequences;
     std::printf("GQA-packed prefix level of %d tokens: %lld bytes (prefix K/V %lld per read, "
                 "%lld tiles, %lld splits)\n",
                 sequences, static_cast<long long>(bytes), static_cast<long long>(prefix * rowBytes),
