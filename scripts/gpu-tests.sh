@@ -11,7 +11,7 @@
 #       DIR (default gpu-tests/, ignored by git), to carry to the GPU machine
 #   scripts/gpu-tests.sh run [DIR]       THERE: run every test of each binary
 #       (the extended tier too) in $PAGEDC_GPU_TEST_SHARDS gtest shards
-#       (default 5) a binary, all at once; NVRTC compiles the kernels at
+#       (default 4) a binary, all at once; NVRTC compiles the kernels at
 #       first use into one kernel cache. Results in $OUT (or gpu-results/):
 #       gpu-tests.txt (each shard's counts and failures) and gpu-tests.log.gz
 #       (every shard's output)
@@ -44,7 +44,7 @@ prepare() {
 }
 
 run() {
-  local dir=$1 out=${OUT:-$root/gpu-results} shards=${PAGEDC_GPU_TEST_SHARDS:-5}
+  local dir=$1 out=${OUT:-$root/gpu-results} shards=${PAGEDC_GPU_TEST_SHARDS:-4}
   local logs summary test shard pids=() names=() status failed=0
   [[ -x "$dir/${tests[0]}" ]] || { echo "gpu-tests: no tests in $dir (prepare them first)" >&2; exit 1; }
   [[ $shards =~ ^[1-9][0-9]*$ ]] || usage "PAGEDC_GPU_TEST_SHARDS must be a positive number"

@@ -986,10 +986,10 @@ TEST(CudaBatchAttention, CascadeReadsTheSharedPrefixOncePerKvHead) {
     const int64_t flatPrefix =
         flatBytes - suffixKeys * rowBytes - flat.planShape().decodeSplits * qBytes;
     EXPECT_EQ(flatPrefix, sequences * prefix * rowBytes);
+    std::printf("cascade bytes: flat %lld, cascade %lld (prefix level %lld, suffix level %lld)\n",
+                static_cast<long long>(flatBytes), static_cast<long long>(prefixBytes + suffixBytes),
+                static_cast<long long>(prefixBytes), static_cast<long long>(suffixBytes));
   }
-  std::printf("cascade bytes: flat %lld, cascade %lld (prefix level %lld, suffix level %lld)\n",
-              static_cast<long long>(flatBytes), static_cast<long long>(prefixBytes + suffixBytes),
-              static_cast<long long>(prefixBytes), static_cast<long long>(suffixBytes));
 
   HostTensor hostOut(flatOut.dtype(), flatOut.shape()), hostLse(DType::F32, flatLse.shape());
   flatBuffers.first.download(hostOut.data(), flatBuffers.first.size());
@@ -1046,12 +1046,14 @@ TEST(CudaBatchAttention, GroupPrefixLevelReadsThePrefixOncePerKvHeadAndRowTile) 
     std::pair<DeviceBuffer, DeviceBuffer> prefixBuffers;
     const int64_t bytes = attentionCopyBytes(
         [&] { prefixBuffers = runInto(prefixLevel, device, prefixOut, prefixLse); });
-    if (bytes >= 0)
+    if (bytes >= 0) {
       EXPECT_EQ(bytes, rowTiles * prefix * rowBytes + shape.groupSplits * qBytes) << sequences;
-    std::printf("GQA-packed prefix level of %d tokens: %lld bytes (prefix K/V %lld per read, "
-                "%lld tiles, %lld splits)\n",
-                sequences, static_cast<long long>(bytes), static_cast<long long>(prefix * rowBytes),
-                static_cast<long long>(rowTiles), static_cast<long long>(shape.groupSplits));
+      std::printf("GQA-packed prefix level of %d tokens: %lld bytes (prefix K/V %lld per read, "
+                  "%lld tiles, %lld splits)\n",
+                  sequences, static_cast<long long>(bytes),
+                  static_cast<long long>(prefix * rowBytes), static_cast<long long>(rowTiles),
+                  static_cast<long long>(shape.groupSplits));
+    }
     if (sequences != 64)
       continue;
     std::vector<int32_t> qsl = step.queryStartLoc, lens = step.seqLens, table = step.blockTable;
