@@ -15,7 +15,11 @@
 //   cuda-run:  host time of run() with the stream being captured, so that
 //         each launch is recorded into the graph, not executed: pagedc's own
 //         host work (checks, argument packing) and the driver's recording,
-//         each plan's own grids and the fixed grid's.
+//         each plan's own grids and the fixed grid's;
+//   cuda-run-eager (a GPU's driver only): host time of run() outside a
+//         capture, the driver's cuLaunchKernel included;
+//   cuda-graph-replay (a GPU's driver only): host time of one launch of the
+//         step captured into a graph.
 //
 // Usage: pagedc-bench-serving [--reps N] [--threads T] [--json FILE] [--cuda]
 //
@@ -312,12 +316,52 @@ std::vector<bench::Json> cudaHostStudies(const Options &options) {
             seconds([&] { attention.run(qView, kView, vView, Bindings{}, run); }));
     }
     const double runSeconds = medianOf(times);
+    // On a GPU, run() as an engine calls it outside a capture: the time to
+    // enqueue, the driver's cuLaunchKernel included. The stream is drained
+    // every kEagerBatch calls, outside the timed calls, so the launch queue
+    // never fills (a full queue would block cuLaunchKernel on the GPU). Not
+    // on the emulator, whose launches run the kernels on the CPU.
+    constexpr int kEagerBatch = 32;
+    std::vector<double> eagerTimes;
+    if (!driver.emulated()) {
+      attention.run(qView, kView, vView, Bindings{}, run); // first launches
+      driver.check(driver.api().streamSynchronize(stream), "cuStreamSynchronize");
+      for (int i = 0; i < reps; ++i) {
+        eagerTimes.push_back(
+            seconds([&] { attention.run(qView, kView, vView, Bindings{}, run); }));
+        if ((i + 1) % kEagerBatch == 0)
+          driver.check(driver.api().streamSynchronize(stream), "cuStreamSynchronize");
+      }
+      driver.check(driver.api().streamSynchronize(stream), "cuStreamSynchronize");
+    }
+    // The step captured once and replayed, as an engine runs decode steps:
+    // the host time of one graph launch.
+    std::vector<double> replayTimes;
+    if (!driver.emulated()) {
+      CudaGraphExec graph = captureGraph(
+          driver, stream, [&] { attention.run(qView, kView, vView, Bindings{}, run); });
+      graph.launch(stream);
+      driver.check(driver.api().streamSynchronize(stream), "cuStreamSynchronize");
+      for (int i = 0; i < reps; ++i) {
+        replayTimes.push_back(seconds([&] { graph.launch(stream); }));
+        if ((i + 1) % kEagerBatch == 0)
+          driver.check(driver.api().streamSynchronize(stream), "cuStreamSynchronize");
+      }
+      driver.check(driver.api().streamSynchronize(stream), "cuStreamSynchronize");
+    }
     const int launches = 2 + (shape.decodeSplits > 1);
     const char *grid = fixedGrid ? "fixed grid" : "own grids";
     fmt::print("cuda-plan ({}, {}) 256 sequences, {} tokens: {:.1f} us (median)\n", deviceText,
                grid, tokens, planSeconds * 1e6);
     fmt::print("cuda-run  ({}, {}) {} launches recorded by a capture: {:.2f} us (median)\n",
                deviceText, grid, launches, runSeconds * 1e6);
+    if (!eagerTimes.empty())
+      fmt::print("cuda-run  ({}, {}) {} launches enqueued, no capture: {:.2f} us (median)\n",
+                 deviceText, grid, launches, medianOf(eagerTimes) * 1e6);
+    if (!replayTimes.empty())
+      fmt::print("cuda-run  ({}, {}) the captured step replayed (one graph launch): {:.2f} us "
+                 "(median)\n",
+                 deviceText, grid, medianOf(replayTimes) * 1e6);
     rows.push_back({{"study", "cuda-plan"},
                     {"driver", deviceText},
                     {"fixed_grid", fixedGrid},
@@ -333,6 +377,29 @@ std::vector<bench::Json> cudaHostStudies(const Options &options) {
                     {"prefill_tiles", shape.prefillTiles},
                     {"decode_splits", shape.decodeSplits},
                     {"median_us", bench::rounded(runSeconds * 1e6, 3)}});
+    if (!eagerTimes.empty()) {
+      std::vector<double> sorted = eagerTimes;
+      std::sort(sorted.begin(), sorted.end());
+      rows.push_back({{"study", "cuda-run-eager"},
+                      {"driver", deviceText},
+                      {"fixed_grid", fixedGrid},
+                      {"sequences", 256},
+                      {"tokens", tokens},
+                      {"launches", launches},
+                      {"calls", static_cast<int64_t>(sorted.size())},
+                      {"median_us", bench::rounded(medianOf(eagerTimes) * 1e6, 3)},
+                      {"p90_us", bench::rounded(sorted[sorted.size() * 9 / 10] * 1e6, 3)},
+                      {"max_us", bench::rounded(sorted.back() * 1e6, 3)}});
+    }
+    if (!replayTimes.empty())
+      rows.push_back({{"study", "cuda-graph-replay"},
+                      {"driver", deviceText},
+                      {"fixed_grid", fixedGrid},
+                      {"sequences", 256},
+                      {"tokens", tokens},
+                      {"launches", launches},
+                      {"calls", static_cast<int64_t>(replayTimes.size())},
+                      {"median_us", bench::rounded(medianOf(replayTimes) * 1e6, 3)}});
   }
   driver.check(driver.api().streamDestroy(stream), "cuStreamDestroy");
   return rows;
