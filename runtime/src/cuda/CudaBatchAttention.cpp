@@ -229,7 +229,8 @@ CudaBatchBackend::CudaBatchBackend(const CompiledMods &mods, const BatchAttentio
   groupOrdered_.assign(ints(2 * maxGroupTiles_), 0);
   groupOrder_.assign(ints(maxGroupTiles_), 0);
   groupKeys_.assign(ints(maxGroupTiles_), 0);
-  metadata_.assign(lseAt_ - kvLenAt_, 0);
+  defaultPosition_.assign(ints(c.maxNumTokens), 0);
+  defaultBatch_.assign(ints(c.maxNumTokens), 0);
 }
 
 void CudaBatchBackend::plan(const int32_t *queryStart, const int32_t *kvLength,
@@ -294,43 +295,34 @@ void CudaBatchBackend::plan(const int32_t *queryStart, const int32_t *kvLength,
   else if (decodeSeqs > 0)
     splits = decodeSplits(decodeSeqs, maxDecodeKv, maxDecodeTokens);
 
-  // The metadata go to the device in two synchronous copies, the page
-  // table's rows and one span of everything else: on a GPU each copy from
-  // pageable memory costs several microseconds of host time, which one
-  // copy a section would pay ten times over.
-  auto put = [&](size_t at, const int32_t *source, int64_t count) {
-    std::copy_n(source, count, metadata_.begin() + static_cast<std::ptrdiff_t>(at - kvLenAt_));
-  };
-  put(kvLenAt_, kvLength, batch);
-  put(qOffsetAt_, qOffset, batch);
-  put(qStartAt_, queryStart, batch + 1);
-  put(prefillAt_, ordered_.data(), 2 * tiles);
-  put(decodeAt_, decodeList_.data(), 2 * decodeSeqs);
-  put(kvStartAt_, kvStart, batch);
-  put(groupAt_, groupOrdered_.data(), 2 * groupTiles);
+  const size_t pageInts = ints(batch * c.maxBlocksPerSeq);
+  storage_.upload(pageTable, pageInts * 4, 0);
+  storage_.upload(kvLength, ints(batch) * 4, kvLenAt_ * 4);
+  storage_.upload(qOffset, ints(batch) * 4, qOffsetAt_ * 4);
+  storage_.upload(queryStart, ints(batch + 1) * 4, qStartAt_ * 4);
+  storage_.upload(ordered_.data(), ints(2 * tiles) * 4, prefillAt_ * 4);
+  storage_.upload(decodeList_.data(), ints(2 * decodeSeqs) * 4, decodeAt_ * 4);
+  storage_.upload(kvStart, ints(batch) * 4, kvStartAt_ * 4);
+  storage_.upload(groupOrdered_.data(), ints(2 * groupTiles) * 4, groupAt_ * 4);
   // The token maps, each plan's own or the flat step's (q_offset[b] + i,
   // b): the kernels always read them, so a graph captured on one plan
   // stays right for a plan of the same shape with or without maps.
   const int64_t tokens = queryStart[batch];
-  int32_t *positions = metadata_.data() + (tokenPositionAt_ - kvLenAt_);
-  int32_t *batches = metadata_.data() + (tokenBatchAt_ - kvLenAt_);
-  if (!tokenPosition || !tokenBatch)
+  if (!tokenPosition || !tokenBatch) {
     for (int64_t b = 0; b < batch; ++b)
       for (int32_t row = queryStart[b]; row < queryStart[b + 1]; ++row) {
-        positions[row] = qOffset[b] + (row - queryStart[b]);
-        batches[row] = static_cast<int32_t>(b);
+        defaultPosition_[row] = qOffset[b] + (row - queryStart[b]);
+        defaultBatch_[row] = static_cast<int32_t>(b);
       }
-  if (tokenPosition)
-    std::copy_n(tokenPosition, tokens, positions);
-  if (tokenBatch)
-    std::copy_n(tokenBatch, tokens, batches);
+  }
+  storage_.upload(tokenPosition ? tokenPosition : defaultPosition_.data(), ints(tokens) * 4,
+                  tokenPositionAt_ * 4);
+  storage_.upload(tokenBatch ? tokenBatch : defaultBatch_.data(), ints(tokens) * 4,
+                  tokenBatchAt_ * 4);
   if (c.fixedGrid) {
     const int32_t counts[2] = {static_cast<int32_t>(tiles), static_cast<int32_t>(decodeSeqs)};
-    put(workCountsAt_, counts, 2);
+    storage_.upload(counts, sizeof(counts), workCountsAt_ * 4);
   }
-  storage_.upload(pageTable, ints(batch * c.maxBlocksPerSeq) * 4, 0);
-  const size_t metadataEnd = groupAt_ + ints(2 * groupTiles);
-  storage_.upload(metadata_.data(), (metadataEnd - kvLenAt_) * 4, kvLenAt_ * 4);
   batch_ = batch;
   prefillTiles_ = tiles;
   decodeSeqs_ = decodeSeqs;

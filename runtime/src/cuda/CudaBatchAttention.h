@@ -144,10 +144,8 @@ private:
   /// groupOrdered_ and returns their splits, for `longestKeys` keys at the
   /// most.
   int64_t finishGroupTiles(int64_t tiles, int64_t longestKeys);
-  // The host copy of the words from kv_len to the GQA-packed tiles
-  // ([kvLenAt_, lseAt_) of storage_), which plan() fills and uploads in
-  // one copy.
-  std::vector<int32_t> metadata_;
+  // [maxNumTokens]: the token maps of a plan given none.
+  std::vector<int32_t> defaultPosition_, defaultBatch_;
   std::vector<int64_t> weight_;
   mutable std::mutex lastMutex_;
   mutable const void *lastK_ = nullptr, *lastV_ = nullptr;
