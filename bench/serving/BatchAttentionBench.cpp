@@ -85,6 +85,25 @@ double median(int reps, const std::function<void()> &body) {
   return medianOf(times);
 }
 
+/// Host seconds of each of `reps` calls of `body`, which enqueues work on
+/// `stream` of a GPU's driver, after one untimed call. The stream is
+/// drained every 32 calls, outside the timed ones, so that the launch
+/// queue never fills (a full queue would block the launches).
+std::vector<double> drainedTimes(const CudaDriver &driver, cu::Stream stream, int reps,
+                                 const std::function<void()> &body) {
+  constexpr int kDrainEvery = 32;
+  body();
+  driver.check(driver.api().streamSynchronize(stream), "cuStreamSynchronize");
+  std::vector<double> times;
+  for (int i = 0; i < reps; ++i) {
+    times.push_back(seconds(body));
+    if ((i + 1) % kDrainEvery == 0)
+      driver.check(driver.api().streamSynchronize(stream), "cuStreamSynchronize");
+  }
+  driver.check(driver.api().streamSynchronize(stream), "cuStreamSynchronize");
+  return times;
+}
+
 struct Options {
   int reps = 20;
   int threads = 0;
@@ -316,38 +335,18 @@ std::vector<bench::Json> cudaHostStudies(const Options &options) {
             seconds([&] { attention.run(qView, kView, vView, Bindings{}, run); }));
     }
     const double runSeconds = medianOf(times);
-    // On a GPU, run() as an engine calls it outside a capture: the time to
-    // enqueue, the driver's cuLaunchKernel included. The stream is drained
-    // every kEagerBatch calls, outside the timed calls, so the launch queue
-    // never fills (a full queue would block cuLaunchKernel on the GPU). Not
-    // on the emulator, whose launches run the kernels on the CPU.
-    constexpr int kEagerBatch = 32;
-    std::vector<double> eagerTimes;
+    // On a GPU's driver only (the emulator's launches run the kernels on
+    // the CPU): run() as an engine calls it outside a capture, the driver's
+    // launches included, and the step captured once and replayed, as an
+    // engine runs its decode steps.
+    std::vector<double> eagerTimes, replayTimes;
     if (!driver.emulated()) {
-      attention.run(qView, kView, vView, Bindings{}, run); // first launches
-      driver.check(driver.api().streamSynchronize(stream), "cuStreamSynchronize");
-      for (int i = 0; i < reps; ++i) {
-        eagerTimes.push_back(
-            seconds([&] { attention.run(qView, kView, vView, Bindings{}, run); }));
-        if ((i + 1) % kEagerBatch == 0)
-          driver.check(driver.api().streamSynchronize(stream), "cuStreamSynchronize");
-      }
-      driver.check(driver.api().streamSynchronize(stream), "cuStreamSynchronize");
-    }
-    // The step captured once and replayed, as an engine runs decode steps:
-    // the host time of one graph launch.
-    std::vector<double> replayTimes;
-    if (!driver.emulated()) {
+      eagerTimes = drainedTimes(driver, stream, reps, [&] {
+        attention.run(qView, kView, vView, Bindings{}, run);
+      });
       CudaGraphExec graph = captureGraph(
           driver, stream, [&] { attention.run(qView, kView, vView, Bindings{}, run); });
-      graph.launch(stream);
-      driver.check(driver.api().streamSynchronize(stream), "cuStreamSynchronize");
-      for (int i = 0; i < reps; ++i) {
-        replayTimes.push_back(seconds([&] { graph.launch(stream); }));
-        if ((i + 1) % kEagerBatch == 0)
-          driver.check(driver.api().streamSynchronize(stream), "cuStreamSynchronize");
-      }
-      driver.check(driver.api().streamSynchronize(stream), "cuStreamSynchronize");
+      replayTimes = drainedTimes(driver, stream, reps, [&] { graph.launch(stream); });
     }
     const int launches = 2 + (shape.decodeSplits > 1);
     const char *grid = fixedGrid ? "fixed grid" : "own grids";
