@@ -42,7 +42,8 @@
 //            then a second variant (`sliding` + `capped`: .attn -> mod code
 //            -> the modules a launch loads; decode's merge unit is the
 //            first variant's) timed in that warm process; median of 5
-//            processes
+//            processes; and the same with linked mods (kernel option
+//            link_mods: the second variant compiles its mods' unit and links)
 // Prints a table and writes bench/results/jit-e2e.json (in the source tree).
 //
 //===----------------------------------------------------------------------===//
@@ -149,14 +150,24 @@ int warmChild(const std::string &kind, const std::string &dir) {
 
 /// The child of the second-variant measurement: a cold compile, then a
 /// second variant in the same (now warm) process. Writes the second
-/// variant's time to DIR/second.txt.
+/// variant's time to DIR/second.txt. KIND "decode+linked" / "prefill+linked":
+/// kernels with linked mods (KernelConfig::linkedMods; Params room of 64
+/// bytes, linkedParamsCapacity of both variants' Params), whose cold compile
+/// is the kernel's unit and the mods' unit and whose second variant
+/// compiles the mods' unit and links.
 int secondChild(const std::string &kind, const std::string &dir) {
-  const KernelConfig config =
-      bench::jitBenchConfig(kind == "decode" ? KernelKind::Decode : KernelKind::Prefill);
+  const bool linked = kind.size() > 7 && kind.compare(kind.size() - 7, 7, "+linked") == 0;
+  const std::string base = linked ? kind.substr(0, kind.size() - 7) : kind;
+  KernelConfig config =
+      bench::jitBenchConfig(base == "decode" ? KernelKind::Decode : KernelKind::Prefill);
+  if (linked) {
+    config.linkedMods = true;
+    config.paramsSize = linkedParamsCapacity(0);
+  }
   CompileOptions options = bench::jitBenchOptions();
   KernelCache cache(dir);
   auto first = cache.getOrCompileModules(config, generateFromSource(), options);
-  const uint64_t units = first.merge ? 2 : 1;
+  const uint64_t units = (first.merge ? 2 : 1) + (linked ? 1 : 0);
   if (cache.stats().compiles != units || first.main->image.empty())
     return 2;
 
@@ -165,7 +176,8 @@ int secondChild(const std::string &kind, const std::string &dir) {
       cache.getOrCompileModules(config, generateFromSource(kSecondMask, kSecondScore), options);
   double elapsed = bench::secondsSince(start);
   if (cache.stats().compiles != units + 1 || second.main->image.empty() ||
-      second.main->image == first.main->image || second.merge != first.merge)
+      second.main->image == first.main->image || second.merge != first.merge ||
+      cache.stats().links != (linked ? 2u : 0u))
     return 3;
   std::ofstream(dir + "/second.txt") << elapsed;
   return 0;
@@ -253,7 +265,7 @@ struct KindResult {
   std::string kind;
   std::vector<double> cold, coldCpu, dsl, nvcc, firstProcess, firstInProcess, nvccCpu, warmProcess,
       warmInProcess, warmCompilerProcess, warmCompilerInChild, hit, assemble, frontEnd, optimizer,
-      ptxToSass, nvrtc, secondVariant, coldWithMaskPaths, nvccWithMaskPaths, nvccWhole, coldWhole;
+      ptxToSass, nvrtc, secondVariant, secondLinked, coldWithMaskPaths, nvccWithMaskPaths, nvccWhole, coldWhole;
 };
 
 KindResult measure(KernelKind kind, const std::string &self) {
@@ -310,8 +322,10 @@ KindResult measure(KernelKind kind, const std::string &self) {
     result.nvrtc.push_back(compiled.seconds);
   }
 
-  for (int i = 0; i < kRepetitions; ++i)
+  for (int i = 0; i < kRepetitions; ++i) {
     result.secondVariant.push_back(runSecondChild(self, result.kind));
+    result.secondLinked.push_back(runSecondChild(self, result.kind + "+linked"));
+  }
 
   // The kernel that also takes block masks, alternating with nvcc on its
   // source so that both see the same machine.
@@ -470,14 +484,15 @@ int main(int argc, char **argv) {
         "\"in_process_hit_s\": {}, "
         "\"stages\": {{\"assemble_s\": {}, \"nvrtc_front_end_s\": {}, "
         "\"nvrtc_optimizer_s\": {}, \"nvrtc_ptx_to_sass_s\": {}, \"nvrtc_s\": {}}}, "
-        "\"second_variant_s\": {}, \"nvcc_whole_unit_s\": {}, \"cold_whole_unit_s\": {}, "
+        "\"second_variant_s\": {}, \"second_variant_linked_mods_s\": {}, "
+        "\"nvcc_whole_unit_s\": {}, \"cold_whole_unit_s\": {}, "
         "\"with_block_mask_paths\": {{\"cold_s\": {}, \"nvcc_s\": {}}}}}{}\n",
         r.kind, list(r.cold), list(r.coldCpu), list(r.dsl), list(r.nvcc), ratio, list(r.nvccCpu),
         median(r.coldCpu) / median(r.nvccCpu), list(r.firstProcess), list(r.firstInProcess),
         list(r.warmProcess), list(r.warmInProcess), median(r.warmProcess),
         list(r.warmCompilerProcess), list(r.warmCompilerInChild), list(r.hit), list(r.assemble),
         list(r.frontEnd), list(r.optimizer), list(r.ptxToSass), list(r.nvrtc),
-        list(r.secondVariant), list(r.nvccWhole), list(r.coldWhole), list(r.coldWithMaskPaths),
+        list(r.secondVariant), list(r.secondLinked), list(r.nvccWhole), list(r.coldWhole), list(r.coldWithMaskPaths),
         list(r.nvccWithMaskPaths),
         i + 1 < results.size() ? "," : "");
   }
@@ -498,6 +513,13 @@ int main(int argc, char **argv) {
                median(r.coldCpu) / median(r.nvccCpu), median(r.nvccWhole),
                median(r.cold) / median(r.nvccWhole), median(r.coldWhole),
                median(r.cold) / median(r.coldWhole));
+  fmt::print("\na second variant in a warm process, inlined mods against linked mods "
+             "(kernel option link_mods: the mods' unit and a link), s, medians of {}\n",
+             kRepetitions);
+  fmt::print("{:<8} {:>9} {:>9}\n", "kernel", "inlined", "linked");
+  for (const KindResult &r : results)
+    fmt::print("{:<8} {:>9.3f} {:>9.3f}\n", r.kind, median(r.secondVariant),
+               median(r.secondLinked));
   fmt::print("\nthe kernels with block-mask paths (calls with a block mask, bundles): cold "
              "and nvcc alternating, medians of {}\n",
              kRepetitions);

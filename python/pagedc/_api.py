@@ -780,7 +780,7 @@ def _contiguous_cache(k, v, device: int = -1, stream: int = 0) -> tuple:
 #: The names flex_attention's ``kernel_options`` takes (pagedc/KernelOptions.h).
 KERNEL_OPTIONS = ("prefill_shape", "prefill_persistent", "prefill_persistent_ctas",
                   "prefill_tile_counter", "prefill_tma", "prefill_tma_runs", "prefill_pingpong",
-                  "decode_split_factor", "decode_tma", "decode_tma_runs")
+                  "decode_split_factor", "decode_tma", "decode_tma_runs", "link_mods")
 
 
 def _kernel_option_texts(kernel_options) -> dict:

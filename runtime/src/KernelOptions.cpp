@@ -40,6 +40,8 @@ const char *switchMeaning(std::string_view name) {
     return "tensor-map copies of K/V pages in decode";
   if (name == "decode_tma_runs")
     return "one tensor-map box per tile of consecutive pages in decode";
+  if (name == "link_mods")
+    return "the mods compiled apart and linked into a kernel shared by every variant";
   return "on";
 }
 
@@ -104,6 +106,8 @@ bool parseOption(KernelOptions &options, std::string_view name, std::string_view
       field = &KernelOptions::decodeTma;
     else if (name == "decode_tma_runs")
       field = &KernelOptions::decodeTmaRuns;
+    else if (name == "link_mods")
+      field = &KernelOptions::linkMods;
     else
       return false;
     options.*field = unset ? std::nullopt : std::optional<bool>(parseSwitch(label, name, value));
@@ -137,7 +141,7 @@ bool KernelOptions::operator==(const KernelOptions &other) const {
          prefillTileCounter == other.prefillTileCounter && prefillTma == other.prefillTma &&
          prefillTmaRuns == other.prefillTmaRuns && prefillPingPong == other.prefillPingPong &&
          decodeSplitFactor == other.decodeSplitFactor && decodeTma == other.decodeTma &&
-         decodeTmaRuns == other.decodeTmaRuns;
+         decodeTmaRuns == other.decodeTmaRuns && linkMods == other.linkMods;
 }
 
 const std::vector<KernelOptionInfo> &kernelOptionInfos() {
@@ -165,6 +169,9 @@ const std::vector<KernelOptionInfo> &kernelOptionInfos() {
        "tensor-map copies of K/V tiles in decode, sm_90 code (0: cp.async gather)"},
       {"decode_tma_runs", "PAGEDC_DECODE_TMA_RUNS", "0 or 1", "1",
        "one tensor-map box per tile of consecutive pages in decode"},
+      {"link_mods", "PAGEDC_LINK_MODS", "0 or 1", "0",
+       "the mods compiled as a unit of their own and linked into a kernel compiled once per "
+       "shape: a new variant compiles in a fraction of the time, the kernel runs slower"},
   };
   return infos;
 }

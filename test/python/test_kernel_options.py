@@ -12,7 +12,7 @@ from conftest import assert_close, randn, reference_attention
 CAUSAL = "mask causal(b, h, q, kv) = q >= kv\n"
 NAMES = ("prefill_shape, prefill_persistent, prefill_persistent_ctas, prefill_tile_counter, "
          "prefill_tma, prefill_tma_runs, prefill_pingpong, decode_split_factor, decode_tma, "
-         "decode_tma_runs")
+         "decode_tma_runs, link_mods")
 
 
 def causal(b, h, q, kv):
@@ -33,7 +33,8 @@ def test_valid_options_leave_a_cpu_call_as_it_is(rng):
     options = {"prefill_shape": "128x64x64", "prefill_persistent": True,
                "prefill_persistent_ctas": 3, "prefill_tile_counter": False,
                "prefill_tma": False, "prefill_tma_runs": "0", "prefill_pingpong": 1,
-               "decode_split_factor": 2, "decode_tma": None, "decode_tma_runs": False}
+               "decode_split_factor": 2, "decode_tma": None, "decode_tma_runs": False,
+               "link_mods": True}
     q, k, v, out = call(rng, kernel_options=options)
     assert_close(out, reference_attention(q, k, v, causal)[0])
     _, _, _, empty = call(rng, kernel_options={})

@@ -68,7 +68,7 @@ const char *kUsage =
     "      prefill_persistent says). Unset, each takes its $PAGEDC_* variable (NAME in\n"
     "      capitals after PAGEDC_), if set. NAME: prefill_shape, prefill_persistent,\n"
     "      prefill_persistent_ctas, prefill_tile_counter, prefill_tma, prefill_tma_runs,\n"
-    "      prefill_pingpong, decode_split_factor, decode_tma, decode_tma_runs\n"
+    "      prefill_pingpong, decode_split_factor, decode_tma, decode_tma_runs, link_mods\n"
     "      (docs/kernels.md, \"Kernel options\").\n";
 
 struct ToolOptions {

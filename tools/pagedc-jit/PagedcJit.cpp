@@ -3,7 +3,7 @@
 //   pagedc-jit FILE.attn [--mask=M] [--score=S] [-D NAME=VALUE ...]
 //              [--kernel=prefill,decode] [--arch=sm_90] [--dtype=bf16]
 //              [--head-dim=128] [--page-size=16] [--gqa=N]
-//              [--no-block-mask] [--cache-dir=DIR] [--require-hit]
+//              [--no-block-mask] [--link-mods] [--cache-dir=DIR] [--require-hit]
 //              [--stats=FILE|-] [--time-stages]
 //
 // Makes sure the on-disk cache holds the kernels of one variant and says how
@@ -50,7 +50,8 @@ int usage(const std::string &message) {
              "pagedc-jit: {}\nusage: pagedc-jit FILE.attn [--mask=M] "
              "[--score=S] [-D NAME=VALUE ...] [--kernel=prefill,decode] "
              "[--arch=sm_90] [--dtype=f16|bf16] [--head-dim=N] "
-             "[--page-size=N] [--gqa=N] [--no-block-mask] [--cache-dir=DIR] [--require-hit] "
+             "[--page-size=N] [--gqa=N] [--no-block-mask] [--link-mods] [--cache-dir=DIR] "
+             "[--require-hit] "
              "[--stats=FILE|-] [--time-stages] [--help]\n",
              message);
   return 2;
@@ -82,6 +83,9 @@ int help() {
       "  --gqa=N             query heads per KV head, decode kernels (default 1)\n"
       "  --no-block-mask     the kernels for launches without a block mask (what such a\n"
       "                      call compiles: no block-mask paths, a faster compile)\n"
+      "  --link-mods         the mods in a unit of their own, linked into a kernel compiled\n"
+      "                      once per shape (kernel option link_mods: a new variant compiles\n"
+      "                      in a fraction of the time; the kernel runs slower)\n"
       "  --cache-dir=DIR     the kernel cache (default $PAGEDC_CACHE_DIR, else\n"
       "                      $HOME/.cache/pagedc)\n"
       "  --require-hit       exit 3 unless the variant index held the kernels\n"
@@ -127,7 +131,7 @@ static int runJit(int argc, char **argv) {
   std::optional<std::string> cacheDir;
   std::string kernels = "prefill", dtype = "bf16";
   int headDim = 128, pageSize = 16, gqa = 1;
-  bool requireHit = false, noBlockMask = false;
+  bool requireHit = false, noBlockMask = false, linkMods = false;
   for (int i = 1; i < argc; ++i) {
     std::string arg = argv[i];
     if (arg == "-h" || arg == "--help")
@@ -158,6 +162,8 @@ static int runJit(int argc, char **argv) {
       requireHit = true;
     } else if (arg == "--no-block-mask") {
       noBlockMask = true;
+    } else if (arg == "--link-mods") {
+      linkMods = true;
     } else if (arg == "--time-stages") {
       request.options.timeStages = true;
     } else if (arg == "-D" || arg.compare(0, 2, "-D") == 0) {
@@ -218,6 +224,7 @@ static int runJit(int argc, char **argv) {
     config.pageSize = pageSize;
     config.groupSize = config.kind == KernelKind::Decode ? gqa : 1;
     config.noBlockMask = noBlockMask;
+    config.linkedMods = linkMods || kernelOptions.linkMods.value_or(false);
     if (config.kind == KernelKind::Prefill)
       config.choosePrefillShape(kernelOptions);
     request.configs.push_back(config);

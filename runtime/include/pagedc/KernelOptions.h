@@ -79,6 +79,15 @@ struct KernelOptions {
   /// copies a tile of consecutive pages with one box per 64 head dims
   /// (unset: yes) rather than one box per page.
   std::optional<bool> decodeTmaRuns;
+  /// [link_mods, $PAGEDC_LINK_MODS] Whether kernels compiled from mod code
+  /// take their mods from a unit of their own, linked into a kernel
+  /// compiled once per shape and per which mods are present
+  /// (KernelConfig::linkedMods; unset: no). A new mod variant then costs
+  /// its small unit and a link instead of a whole kernel compile
+  /// (docs/kernels.md, "Linked mods"), but the kernel calls the mods
+  /// instead of inlining them and runs slower: for trying variants, not
+  /// for serving. Kernel bundles ignore it.
+  std::optional<bool> linkMods;
 
   bool operator==(const KernelOptions &other) const;
   bool operator!=(const KernelOptions &other) const { return !(*this == other); }

@@ -148,6 +148,8 @@ public:
     uint64_t diskHits = 0;
     uint64_t compiles = 0;
     uint64_t corruptEntries = 0;
+    /// nvJitLink runs (kernels with linked mods; not counted in compiles).
+    uint64_t links = 0;
     /// Seconds inside NVRTC over this cache's compiles, and NVRTC's own
     /// split of them over the compiles that asked for it
     /// (CompileOptions::timeStages; CompileResult::Stages).
@@ -182,6 +184,13 @@ private:
   std::shared_ptr<const CompiledKernel> loadOrBuild(const KernelSource &source,
                                                     const CompileOptions &options,
                                                     const std::string &key);
+  /// A kernel with linked mods (KernelConfig::linkedMods): `kernel` (its
+  /// unit with linkedModHooks) and the mods' unit compiled relocatable and
+  /// linked by nvJitLink, the link an entry of its own keyed by both units'
+  /// keys; on the emulator one unit holding both.
+  std::shared_ptr<const CompiledKernel> linkMods(const KernelSource &kernel,
+                                                 std::string_view modCode,
+                                                 const CompileOptions &options);
   std::shared_ptr<const CompiledKernel> readEntry(const std::string &key);
   void writeEntry(const CompiledKernel &kernel);
 
@@ -191,7 +200,7 @@ private:
   std::unordered_map<uint64_t, std::vector<FastEntry>> fast_;
   std::unordered_map<std::string, Future> byKey_;
   std::atomic<uint64_t> memoryHits_{0}, diskHits_{0}, compiles_{0},
-      corruptEntries_{0};
+      corruptEntries_{0}, links_{0};
   mutable std::mutex timesMutex_;
   Stats times_; // the NVRTC times only
 };

@@ -148,6 +148,16 @@ struct KernelConfig {
   /// refused. False (the kernel takes launches with and without one) is
   /// what bundles hold and what serves both.
   bool noBlockMask = false;
+  /// The mods are compiled as a unit of their own (assembleLinkedMods) and
+  /// linked (nvJitLink) into a kernel compiled once per shape and per which
+  /// mods are present (linkedModHooks in place of the mod code): a new mod
+  /// variant then compiles only its small unit and the link. The kernel
+  /// calls the mods across the link instead of inlining them, so it saves
+  /// and restores live registers around each call and runs slower; a
+  /// choice for trying many variants, not for serving
+  /// (KernelOptions::linkMods). Needs paramsSize >= 0: the kernel's Params
+  /// is opaque bytes of that size.
+  bool linkedMods = false;
 
   bool operator==(const KernelConfig &other) const {
     return kind == other.kind && elementType == other.elementType && kvFloat8 == other.kvFloat8 &&
@@ -158,7 +168,8 @@ struct KernelConfig {
            groupSize == other.groupSize && queryTokens == other.queryTokens &&
            returnLse == other.returnLse && paramsSize == other.paramsSize &&
            packedBatch == other.packedBatch && outputF32 == other.outputF32 &&
-           groupRows == other.groupRows && noBlockMask == other.noBlockMask;
+           groupRows == other.groupRows && noBlockMask == other.noBlockMask &&
+           linkedMods == other.linkedMods;
   }
   bool operator!=(const KernelConfig &other) const { return !(*this == other); }
   /// Dv: valueHeadDim, or headDim where it is 0.
@@ -307,6 +318,37 @@ KernelConfig decodeMergeConfig(const KernelConfig &config);
 KernelSource assembleKernel(const KernelConfig &config,
                             std::string_view generatedModCode,
                             KernelUnit unit = KernelUnit::Whole);
+
+/// The bytes a kernel with linked mods holds for each of the mods' row
+/// values (MaskRow, ScoreRow); a variant whose rows take more is refused
+/// by its own unit's static_assert.
+constexpr int kLinkedModRowBytes = 32;
+/// The Params size a kernel with linked mods is compiled for when the
+/// mods' Params take `size` bytes: `size` rounded up to a multiple of 64,
+/// so that variants of different Params share the kernel (the host pads
+/// the Params it packs to it).
+constexpr int64_t linkedParamsCapacity(int64_t size) {
+  return size <= 0 ? 64 : (size + 63) / 64 * 64;
+}
+/// What a kernel with linked mods (KernelConfig::linkedMods) compiles in
+/// place of the generated mod code: namespace pagedc_mods with Params as
+/// `paramsSize` opaque bytes, row values as opaque bytes, kHasMask /
+/// kHasScore as in `modCode`, and hooks that call the extern "C" functions
+/// linkedModDefinitions defines (an absent mod is inlined as neutral).
+/// Depends on `modCode` through the two flags alone, so one kernel serves
+/// every variant with the same mods present. Throws pagedc::Error when
+/// `modCode` does not declare the flags.
+std::string linkedModHooks(std::string_view modCode, int64_t paramsSize);
+/// The generated mod code in a namespace of its own and the extern "C"
+/// functions that linkedModHooks's kernel calls, with static_asserts that
+/// the Params fit the kernel's `paramsSize` bytes and the row sizes and
+/// the flags agree with that kernel.
+std::string linkedModDefinitions(std::string_view modCode, int64_t paramsSize);
+/// The mods' own unit of a kernel with linked mods: Prelude.cuh and
+/// linkedModDefinitions, no kernel (kernelNames: the four functions). Compiled
+/// relocatable and linked with the kernel's unit (KernelCache); the
+/// emulator compiles linkedModDefinitions into the kernel's unit instead.
+KernelSource assembleLinkedMods(const KernelConfig &config, std::string_view generatedModCode);
 
 /// Names of the embedded templates ("Prelude.cuh", "Prefill.cuh",
 /// "testing/causal.cuh", ...).

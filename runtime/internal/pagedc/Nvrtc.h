@@ -108,6 +108,23 @@ private:
   int major_ = 0, minor_ = 0;
 };
 
+/// nvJitLink, loaded at run time like NVRTC: links the relocatable cubins
+/// of a kernel with linked mods and of its mods' unit
+/// (KernelConfig::linkedMods) into one cubin.
+class NvJitLink {
+public:
+  /// Whether nvJitLink can be loaded; sets `reason` (every path tried) when
+  /// it cannot.
+  static bool available(std::string *reason = nullptr);
+  /// Links `cubins` (relocatable, compiled with -rdc=true) for `arch`
+  /// (e.g. "sm_90a"); throws pagedc::Error with nvJitLink's log on failure
+  /// (an unresolved or twice-defined function, a cubin of another arch).
+  static std::string link(const std::vector<std::string_view> &cubins, const std::string &arch);
+  /// "realpath|size|mtime" of the library loaded: linked entries of the
+  /// kernel cache are keyed by it.
+  static const std::string &identity();
+};
+
 /// Identifies the NVRTC library that Nvrtc::get() would load without
 /// loading it (loading takes ~25 ms): "realpath|size|mtime" of the first
 /// candidate found, searching bare names in LD_LIBRARY_PATH, the directories

@@ -430,6 +430,9 @@ KernelConfig chooseCudaAttentionConfig(const CompiledMods &mods, DType elementTy
     // Without a block mask the kernel need not carry its paths: a faster
     // compile (KernelConfig::noBlockMask).
     config.noBlockMask = kvBlockSize <= 0;
+    config.linkedMods = options.linkMods.value_or(false);
+    if (config.linkedMods)
+      config.paramsSize = linkedParamsCapacity(paramsSize);
     config.validate();
     // Prefill: 128 x 32 with 32 rows per warp where it compiles without
     // spills (any other config is returned as it is).
@@ -853,6 +856,10 @@ void pagedAttention(const cpu::PagedAttentionArgs &args, Device device, void *st
   const ParamsLayout layout = ParamsLayout::forDeclarations(mods.params, mods.buffers);
   std::vector<unsigned char> params =
       layout.pack(mods.params, mods.buffers, args.context ? *args.context : noContext);
+  // A kernel with linked mods takes Params of its capacity; the tail is
+  // never read.
+  if (config.linkedMods)
+    params.resize(static_cast<size_t>(config.paramsSize), 0);
 
   PagedcAttentionKernelArgs kernelArgs{};
   kernelArgs.q = q.data();

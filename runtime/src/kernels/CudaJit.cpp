@@ -296,7 +296,7 @@ std::vector<KernelConfig> filledConfigs(const CudaJitRequest &request,
       continue;
     if (size < 0)
       size = ParamsLayout::forDeclarations(params, buffers).size;
-    config.paramsSize = size;
+    config.paramsSize = config.linkedMods ? linkedParamsCapacity(size) : size;
   }
   return configs;
 }

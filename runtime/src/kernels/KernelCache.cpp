@@ -81,6 +81,7 @@ uint64_t fastHash(const KernelConfig &config, std::string_view modCode,
                         config.outputF32 ? 1 : 0,
                         config.groupRows ? 1 : 0,
                         config.noBlockMask ? 1 : 0,
+                        config.linkedMods ? 1 : 0,
                         static_cast<int>(unit)};
   return contentHash64(std::string_view(reinterpret_cast<const char *>(fields), sizeof(fields)),
                        hash);
@@ -270,6 +271,7 @@ KernelCache::Stats KernelCache::stats() const {
   stats.diskHits = diskHits_;
   stats.compiles = compiles_;
   stats.corruptEntries = corruptEntries_;
+  stats.links = links_;
   return stats;
 }
 
@@ -470,7 +472,9 @@ KernelCache::getOrCompileUnit(const KernelConfig &config, std::string_view modCo
     return pending.get();
   try {
     KernelSource source = assembleKernel(config, modCode, unit);
-    auto kernel = getOrCompile(source, options);
+    auto kernel = config.linkedMods && unit != KernelUnit::DecodeMerge
+                      ? linkMods(source, modCode, options)
+                      : getOrCompile(source, options);
     promise.set_value(kernel);
     return kernel;
   } catch (...) {
@@ -484,6 +488,60 @@ KernelCache::getOrCompileUnit(const KernelConfig &config, std::string_view modCo
       }
     throw;
   }
+}
+
+std::shared_ptr<const CompiledKernel>
+KernelCache::linkMods(const KernelSource &kernel, std::string_view modCode,
+                      const CompileOptions &options) {
+  // The emulator builds one shared object per unit: the mods' definitions
+  // are compiled into the kernel's unit, behind the same hooks.
+  if (isEmulatorArch(options.arch)) {
+    KernelSource whole = kernel;
+    whole.code += "// ---- linked mod code ----\n";
+    whole.code += linkedModDefinitions(modCode, kernel.config.paramsSize);
+    return getOrCompile(whole, options);
+  }
+  if (options.output != CompileOptions::Output::Cubin)
+    throw Error(fmt::format("the {} kernel links its mods as cubins: its compile options must "
+                            "ask for a cubin, not PTX",
+                            kernel.config.describe()));
+  CompileOptions relocatable = options;
+  relocatable.extraOptions.push_back("-rdc=true");
+  CompileOptions modsOptions = relocatable;
+  modsOptions.ptxasVerbose = false;
+  const KernelSource mods = assembleLinkedMods(kernel.config, modCode);
+  // The kernel's unit serves every variant of its shape: after the first
+  // variant a memory or disk hit. The first compiles both side by side.
+  auto kernelUnit =
+      std::async(std::launch::async, [&] { return getOrCompile(kernel, relocatable); });
+  std::shared_ptr<const CompiledKernel> modsUnit;
+  try {
+    modsUnit = getOrCompile(mods, modsOptions);
+  } catch (...) {
+    kernelUnit.wait(); // it reads `kernel` and `relocatable`
+    throw;
+  }
+  const std::shared_ptr<const CompiledKernel> generic = kernelUnit.get();
+  const std::string key =
+      contentKey128({"linked mods", generic->key, modsUnit->key, NvJitLink::identity()});
+  if (auto found = readEntry(key)) {
+    auto result = std::const_pointer_cast<CompiledKernel>(found);
+    result->config = kernel.config;
+    ++diskHits_;
+    return result;
+  }
+  auto linked = std::make_shared<CompiledKernel>();
+  linked->config = kernel.config;
+  linked->arch = options.arch;
+  linked->kernelNames = kernel.kernelNames;
+  linked->key = key;
+  linked->output = CompileOptions::Output::Cubin;
+  linked->image = NvJitLink::link({generic->image, modsUnit->image}, options.arch);
+  linked->log = generic->log + modsUnit->log;
+  linked->spillBytes = generic->spillBytes;
+  ++links_;
+  writeEntry(*linked);
+  return linked;
 }
 
 std::shared_ptr<const CompiledKernel>
@@ -545,7 +603,8 @@ CompileOptions cudaCompileOptions(const KernelConfig &config, const std::string 
 
 KernelConfig settlePrefillShape(KernelConfig config, std::string_view modCode,
                                 const std::string &arch, KernelCache &cache) {
-  if (isEmulatorArch(arch))
+  // A kernel with linked mods spills around its calls whatever the tile.
+  if (isEmulatorArch(arch) || config.linkedMods)
     return config;
   // The tile, then the same tile with its row values recomputed per KV
   // tile, then the fallback tile (which is not tried: it does not spill).

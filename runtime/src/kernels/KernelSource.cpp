@@ -438,6 +438,8 @@ void KernelConfig::validate() const {
                             blockM, blockN, headDim, sharedMemoryBytes(), kMaxSharedPerCta));
   if (groupSize < 1)
     throw Error(fmt::format("group size {} must be at least 1", groupSize));
+  if (linkedMods && kind == KernelKind::BlockMaskBuilder)
+    throw Error("the block-mask builder inlines its mask; only the attention kernels link mods");
   if (queryTokens < 1 || queryTokens > 8)
     throw Error(fmt::format("decode takes 1..8 query tokens, not {}",
                             queryTokens));
@@ -458,7 +460,7 @@ std::string KernelConfig::describe() const {
          (packedBatch ? " packed" : "") +
          (kvFloat8 ? fmt::format(" kv {}", dtypeName(*kvFloat8)) : std::string()) +
          (outputF32 ? " out f32" : "") + (groupRows ? " group-rows" : "") +
-         (noBlockMask ? " no-block-mask" : "");
+         (noBlockMask ? " no-block-mask" : "") + (linkedMods ? " linked-mods" : "");
 }
 
 int KernelConfig::decodeHeadsPerCta() const {
@@ -634,6 +636,16 @@ KernelSource assembleKernel(const KernelConfig &config,
   append("KernelArgs.h");
 
   if (unit != KernelUnit::DecodeMerge) {
+    // Linked mods: the kernel sees the hooks' shapes, the mods' own unit
+    // (assembleLinkedMods) defines them.
+    std::string linkedHooks;
+    if (config.linkedMods) {
+      if (config.paramsSize < 0)
+        throw Error("a kernel with linked mods needs the Params size (paramsSize >= 0): its "
+                    "Params are bytes the mods' own unit reads");
+      linkedHooks = linkedModHooks(generatedModCode, config.paramsSize);
+      generatedModCode = linkedHooks;
+    }
     code += "// ---- generated mod code ----\n";
     source.modFirstLine = countLines(code) + 1;
     code += generatedModCode;
@@ -730,6 +742,164 @@ KernelSource assembleKernel(const KernelConfig &config,
     source.kernelNames = {"pagedc_build_block_mask"};
     break;
   }
+  return source;
+}
+
+//===--- Linked mods -----------------------------------------------------===//
+
+namespace {
+
+/// The value of the generator's `constexpr bool NAME = true;` (or false).
+bool modCodeFlag(std::string_view modCode, std::string_view name) {
+  if (modCode.find(fmt::format("constexpr bool {} = true;", name)) != std::string_view::npos)
+    return true;
+  if (modCode.find(fmt::format("constexpr bool {} = false;", name)) != std::string_view::npos)
+    return false;
+  throw Error(fmt::format("the mod code declares no `constexpr bool {} = true;` (or false): "
+                          "it is not the generator's, so its mods cannot be linked",
+                          name));
+}
+
+/// The largest power of two, at most 8, that divides `size`: the Params'
+/// alignment as the host lays them out (ParamsLayout rounds the size up to
+/// the largest field's alignment).
+int paramsAlignment(int64_t size) {
+  int alignment = 8;
+  while (alignment > 1 && size % alignment != 0)
+    alignment /= 2;
+  return alignment;
+}
+
+} // namespace
+
+std::string linkedModHooks(std::string_view modCode, int64_t paramsSize) {
+  const bool hasMask = modCodeFlag(modCode, "kHasMask");
+  const bool hasScore = modCodeFlag(modCode, "kHasScore");
+  const int64_t size = std::max<int64_t>(paramsSize, 1);
+  std::string code = "namespace pagedc_mods {\n";
+  code += fmt::format("struct alignas({}) Params {{\n  unsigned char bytes[{}];\n}};\n",
+                      paramsAlignment(size), size);
+  code += fmt::format("constexpr bool kHasMask = {};\n", hasMask ? "true" : "false");
+  code += fmt::format("constexpr bool kHasScore = {};\n", hasScore ? "true" : "false");
+  code += fmt::format("struct alignas(16) MaskRow {{\n  unsigned char bytes[{0}];\n}};\n"
+                      "struct alignas(16) ScoreRow {{\n  unsigned char bytes[{0}];\n}};\n",
+                      kLinkedModRowBytes);
+  code += R"(extern "C" __device__ void pagedc_linked_mask_row(const void *, void *, int, int, int);
+extern "C" __device__ bool pagedc_linked_mask(const void *, const void *, int, int, int, int);
+extern "C" __device__ void pagedc_linked_score_row(const void *, void *, int, int, int);
+extern "C" __device__ float pagedc_linked_score(const void *, const void *, float, int, int, int,
+                                                int);
+)";
+  // An absent mod is never called across the link.
+  code += hasMask ? R"(__device__ __forceinline__ MaskRow mask_row(const Params &p, int b, int h, int q) {
+  MaskRow row;
+  pagedc_linked_mask_row(&p, &row, b, h, q);
+  return row;
+}
+__device__ __forceinline__ bool mask(const Params &p, const MaskRow &row, int b, int h, int q,
+                                     int kv) {
+  return pagedc_linked_mask(&p, &row, b, h, q, kv);
+}
+)"
+                  : R"(__device__ __forceinline__ MaskRow mask_row(const Params &, int, int, int) {
+  return MaskRow{};
+}
+__device__ __forceinline__ bool mask(const Params &, const MaskRow &, int, int, int, int) {
+  return true;
+}
+)";
+  code += hasScore ? R"(__device__ __forceinline__ ScoreRow score_row(const Params &p, int b, int h, int q) {
+  ScoreRow row;
+  pagedc_linked_score_row(&p, &row, b, h, q);
+  return row;
+}
+__device__ __forceinline__ float score(const Params &p, const ScoreRow &row, float s, int b,
+                                       int h, int q, int kv) {
+  return pagedc_linked_score(&p, &row, s, b, h, q, kv);
+}
+)"
+                   : R"(__device__ __forceinline__ ScoreRow score_row(const Params &, int, int, int) {
+  return ScoreRow{};
+}
+__device__ __forceinline__ float score(const Params &, const ScoreRow &, float s, int, int, int,
+                                       int) {
+  return s;
+}
+)";
+  code += "} // namespace pagedc_mods\n";
+  return code;
+}
+
+std::string linkedModDefinitions(std::string_view modCode, int64_t paramsSize) {
+  const bool hasMask = modCodeFlag(modCode, "kHasMask");
+  const bool hasScore = modCodeFlag(modCode, "kHasScore");
+  // The generator's namespace renamed: in the emulator's single unit the
+  // kernel's pagedc_mods (linkedModHooks) is already defined.
+  std::string code = "#define pagedc_mods pagedc_linked_variant\n";
+  code += modCode;
+  if (!modCode.empty() && modCode.back() != '\n')
+    code += '\n';
+  code += "#undef pagedc_mods\n";
+  code += "namespace pagedc_linked_variant {\n";
+  if (paramsSize >= 0)
+    code += fmt::format("static_assert(sizeof(Params) <= {0} && alignof(Params) <= 8, "
+                        "\"pagedc_mods::Params do not fit the {0} bytes the kernel takes\");\n",
+                        std::max<int64_t>(paramsSize, 1));
+  code += fmt::format(
+      "static_assert(sizeof(MaskRow) <= {0} && alignof(MaskRow) <= 16 && sizeof(ScoreRow) <= {0} "
+      "&& alignof(ScoreRow) <= 16, \"the mods' row values take more than the {0} bytes a kernel "
+      "with linked mods holds for them: compile this variant without link_mods\");\n",
+      kLinkedModRowBytes);
+  code += fmt::format("static_assert(kHasMask == {} && kHasScore == {}, \"the kernel was "
+                      "compiled for other mods present\");\n",
+                      hasMask ? "true" : "false", hasScore ? "true" : "false");
+  code += "} // namespace pagedc_linked_variant\n";
+  code += R"(extern "C" __device__ void pagedc_linked_mask_row(const void *p, void *row, int b, int h,
+                                                  int q) {
+  using namespace pagedc_linked_variant;
+  *static_cast<MaskRow *>(row) = mask_row(*static_cast<const Params *>(p), b, h, q);
+}
+extern "C" __device__ bool pagedc_linked_mask(const void *p, const void *row, int b, int h, int q,
+                                              int kv) {
+  using namespace pagedc_linked_variant;
+  return mask(*static_cast<const Params *>(p), *static_cast<const MaskRow *>(row), b, h, q, kv);
+}
+extern "C" __device__ void pagedc_linked_score_row(const void *p, void *row, int b, int h,
+                                                   int q) {
+  using namespace pagedc_linked_variant;
+  *static_cast<ScoreRow *>(row) = score_row(*static_cast<const Params *>(p), b, h, q);
+}
+extern "C" __device__ float pagedc_linked_score(const void *p, const void *row, float s, int b,
+                                                int h, int q, int kv) {
+  using namespace pagedc_linked_variant;
+  return score(*static_cast<const Params *>(p), *static_cast<const ScoreRow *>(row), s, b, h, q,
+               kv);
+}
+)";
+  return code;
+}
+
+KernelSource assembleLinkedMods(const KernelConfig &config, std::string_view generatedModCode) {
+  if (!config.linkedMods)
+    throw Error(fmt::format("the {} kernel inlines its mods (KernelConfig::linkedMods is false)",
+                            config.describe()));
+  KernelSource source;
+  source.config = config;
+  std::string &code = source.code;
+  code += fmt::format("// pagedc linked mods of: {}\n", config.describe());
+  code += "// ---- Prelude.cuh ----\n";
+  code += embeddedTemplate("Prelude.cuh");
+  if (!code.empty() && code.back() != '\n')
+    code += '\n';
+  code += "// ---- generated mod code ----\n";
+  source.modFirstLine = countLines(code) + 2; // after the #define
+  source.modLineCount = countLines(generatedModCode) +
+                        (generatedModCode.empty() || generatedModCode.back() == '\n' ? 0 : 1);
+  code += linkedModDefinitions(generatedModCode, config.paramsSize);
+  // Not kernels: the functions the kernel's unit calls, by which the cache
+  // entry names what it holds.
+  source.kernelNames = {"pagedc_linked_mask_row", "pagedc_linked_mask", "pagedc_linked_score_row",
+                        "pagedc_linked_score"};
   return source;
 }
 

@@ -332,6 +332,140 @@ std::vector<PtxasKernelReport> parsePtxasReport(std::string_view log) {
   return reports;
 }
 
+namespace {
+
+/// The nvJitLink entry points used (nvJitLinkResult is an int enum, 0 =
+/// NVJITLINK_SUCCESS; the handle a pointer).
+struct JitLinkApi {
+  using Handle = void *;
+  int (*create)(Handle *, uint32_t, const char **);
+  int (*destroy)(Handle *);
+  int (*addData)(Handle, int, const void *, size_t, const char *);
+  int (*complete)(Handle);
+  int (*getLinkedCubinSize)(Handle, size_t *);
+  int (*getLinkedCubin)(Handle, void *);
+  int (*getErrorLogSize)(Handle, size_t *);
+  int (*getErrorLog)(Handle, char *);
+};
+/// NVJITLINK_INPUT_CUBIN.
+constexpr int kJitLinkInputCubin = 1;
+
+struct LoadedJitLink {
+  JitLinkApi api{};
+  std::string identity;
+  std::string error; // non-empty: not available
+};
+
+const LoadedJitLink &loadJitLink() {
+  static LoadedJitLink loaded = [] {
+    LoadedJitLink result;
+    void *handle = nullptr;
+    std::string tried;
+    for (const std::string &candidate :
+         cudaLibraryCandidates({"libnvJitLink.so.13", "libnvJitLink.so.12", "libnvJitLink.so"})) {
+      handle = dlopen(candidate.c_str(), RTLD_LAZY | RTLD_LOCAL);
+      if (handle)
+        break;
+      tried += "\n  " + candidate;
+    }
+    if (!handle) {
+      result.error = "nvJitLink not found (set CUDA_HOME); tried:" + tried;
+      return result;
+    }
+    std::string missing;
+    auto resolve = [&](auto &slot, const char *name) {
+      void *symbol = dlsym(handle, name);
+      if (!symbol)
+        missing += std::string(" ") + name;
+      slot = reinterpret_cast<std::remove_reference_t<decltype(slot)>>(symbol);
+    };
+    JitLinkApi &api = result.api;
+    resolve(api.create, "nvJitLinkCreate");
+    resolve(api.destroy, "nvJitLinkDestroy");
+    resolve(api.addData, "nvJitLinkAddData");
+    resolve(api.complete, "nvJitLinkComplete");
+    resolve(api.getLinkedCubinSize, "nvJitLinkGetLinkedCubinSize");
+    resolve(api.getLinkedCubin, "nvJitLinkGetLinkedCubin");
+    resolve(api.getErrorLogSize, "nvJitLinkGetErrorLogSize");
+    resolve(api.getErrorLog, "nvJitLinkGetErrorLog");
+    if (!missing.empty()) {
+      result.error = "the nvJitLink library lacks functions:" + missing;
+      return result;
+    }
+    struct link_map *map = nullptr;
+    std::string path;
+    if (dlinfo(handle, RTLD_DI_LINKMAP, &map) == 0 && map && map->l_name) {
+      std::error_code error;
+      path = std::filesystem::canonical(map->l_name, error).string();
+    }
+    struct stat info;
+    if (!path.empty() && stat(path.c_str(), &info) == 0)
+      result.identity = fmt::format("{}|{}|{}", path, static_cast<long long>(info.st_size),
+                                    static_cast<long long>(info.st_mtime));
+    return result;
+  }();
+  return loaded;
+}
+
+const LoadedJitLink &jitLink() {
+  const LoadedJitLink &loaded = loadJitLink();
+  if (!loaded.error.empty())
+    throw Error(loaded.error);
+  return loaded;
+}
+
+} // namespace
+
+bool NvJitLink::available(std::string *reason) {
+  const LoadedJitLink &loaded = loadJitLink();
+  if (!loaded.error.empty() && reason)
+    *reason = loaded.error;
+  return loaded.error.empty();
+}
+
+const std::string &NvJitLink::identity() { return jitLink().identity; }
+
+std::string NvJitLink::link(const std::vector<std::string_view> &cubins, const std::string &arch) {
+  const JitLinkApi &api = jitLink().api;
+  const std::string archOption = "-arch=" + arch;
+  const char *options[] = {archOption.c_str()};
+  JitLinkApi::Handle handle = nullptr;
+  if (int status = api.create(&handle, 1, options); status != 0)
+    throw Error(fmt::format("nvJitLinkCreate for {} failed (status {})", arch, status));
+  struct Destroy {
+    const JitLinkApi &api;
+    JitLinkApi::Handle &handle;
+    ~Destroy() { api.destroy(&handle); }
+  } destroy{api, handle};
+  auto failure = [&](std::string_view what, int status) {
+    size_t size = 0;
+    std::string log;
+    if (api.getErrorLogSize(handle, &size) == 0 && size > 0) {
+      log.resize(size);
+      api.getErrorLog(handle, log.data());
+      log.resize(std::strlen(log.c_str()));
+    }
+    return Error(fmt::format("nvJitLink {} failed for {} (status {}){}{}", what, arch, status,
+                             log.empty() ? "" : ":\n", log));
+  };
+  for (size_t i = 0; i < cubins.size(); ++i) {
+    const std::string name = fmt::format("pagedc_link_input_{}", i);
+    if (int status = api.addData(handle, kJitLinkInputCubin, cubins[i].data(), cubins[i].size(),
+                                 name.c_str());
+        status != 0)
+      throw failure(fmt::format("adding cubin {}", i), status);
+  }
+  if (int status = api.complete(handle); status != 0)
+    throw failure("linking", status);
+  size_t size = 0;
+  if (int status = api.getLinkedCubinSize(handle, &size); status != 0)
+    throw failure("reading the linked size", status);
+  std::string image(size, '\0');
+  if (int status = api.getLinkedCubin(handle, image.data()); status != 0)
+    throw failure("reading the linked cubin", status);
+  return image;
+}
+
 bool Nvrtc::available(std::string *reason) {
   const Loaded &loaded = loadNvrtc();
   if (!loaded.error.empty() && reason)

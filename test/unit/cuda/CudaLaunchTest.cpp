@@ -161,7 +161,8 @@ TEST(KernelOptions, SwitchesParseAsZeroOrOne) {
         Switch{"prefill_pingpong", &KernelOptions::prefillPingPong},
         Switch{"prefill_tile_counter", &KernelOptions::prefillTileCounter},
         Switch{"decode_tma", &KernelOptions::decodeTma},
-        Switch{"decode_tma_runs", &KernelOptions::decodeTmaRuns}}) {
+        Switch{"decode_tma_runs", &KernelOptions::decodeTmaRuns},
+        Switch{"link_mods", &KernelOptions::linkMods}}) {
     KernelOptions options;
     setKernelOption(options, name, "0");
     EXPECT_EQ(options.*field, false) << name;
@@ -691,7 +692,7 @@ TEST(KernelOptions, UnknownNamesListTheValidOnes) {
   const std::string names = kernelOptionNames();
   EXPECT_EQ(names, "prefill_shape, prefill_persistent, prefill_persistent_ctas, "
                    "prefill_tile_counter, prefill_tma, prefill_tma_runs, prefill_pingpong, "
-                   "decode_split_factor, decode_tma, decode_tma_runs");
+                   "decode_split_factor, decode_tma, decode_tma_runs, link_mods");
   KernelOptions options;
   for (const char *bad : {"prefill_tmaa=1", "PREFILL_TMA=1", "PAGEDC_PREFILL_TMA=1", "=1",
                           "prefill_tma"}) {

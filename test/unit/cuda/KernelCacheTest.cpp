@@ -105,6 +105,7 @@ TEST(KernelCache, MissThenMemoryHitThenDiskHitInANewCache) {
   KernelCache fresh(dir.path());
   auto loaded = fresh.getOrCompile(cheapConfig(), cheapMods(), options);
   EXPECT_EQ(fresh.stats().compiles, 0u);
+  EXPECT_EQ(fresh.stats().corruptEntries, 0u);
   EXPECT_EQ(fresh.stats().diskHits, 1u);
   EXPECT_EQ(loaded->image, first->image);
   EXPECT_EQ(loaded->key, first->key);
@@ -275,6 +276,108 @@ TEST(KernelCache, DecodeModulesShareTheMergeUnit) {
   KernelCache::Modules builder = cache.getOrCompileModules(cheapConfig(), causal, {});
   EXPECT_EQ(builder.merge, nullptr);
   EXPECT_EQ(builder.main->kernelNames, std::vector<std::string>{"pagedc_build_block_mask"});
+}
+
+TEST(LinkedMods, HooksFollowTheModsPresentAndCheckTheVariant) {
+  const std::string causal = cheapMods();
+  const std::string hooks = linkedModHooks(causal, 64);
+  EXPECT_NE(hooks.find("constexpr bool kHasMask = true;"), std::string::npos);
+  EXPECT_NE(hooks.find("constexpr bool kHasScore = false;"), std::string::npos);
+  EXPECT_NE(hooks.find("struct alignas(8) Params {\n  unsigned char bytes[64];"),
+            std::string::npos);
+  // The absent score is inlined, the present mask called across the link.
+  EXPECT_NE(hooks.find("return pagedc_linked_mask(&p, &row, b, h, q, kv);"), std::string::npos);
+  EXPECT_EQ(hooks.find("pagedc_linked_score(&p"), std::string::npos);
+  // The kernel depends on the mod code through its flags alone.
+  std::string window = causal;
+  window.replace(window.find("return row.q >= kv;"), 19, "return row.q >= kv && row.q - kv < 8;");
+  EXPECT_EQ(linkedModHooks(window, 64), hooks);
+  EXPECT_NE(linkedModHooks(std::string(embeddedTemplate("testing/alibi.cuh")), 64), hooks);
+  EXPECT_THROW(linkedModHooks("namespace pagedc_mods {}", 64), Error);
+  EXPECT_EQ(linkedParamsCapacity(1), 64);
+  EXPECT_EQ(linkedParamsCapacity(64), 64);
+  EXPECT_EQ(linkedParamsCapacity(65), 128);
+
+  KernelConfig decode;
+  decode.kind = KernelKind::Decode;
+  decode.linkedMods = true;
+  EXPECT_THROW(assembleKernel(decode, causal), Error); // no Params size
+  decode.paramsSize = 64;
+  const KernelSource kernel = assembleKernel(decode, causal);
+  EXPECT_NE(kernel.code.find(hooks), std::string::npos);
+  EXPECT_EQ(kernel.code.find("return row.q >= kv;"), std::string::npos);
+  const KernelSource mods = assembleLinkedMods(decode, window);
+  EXPECT_EQ(mods.kernelNames.size(), 4u);
+  EXPECT_NE(mods.code.find("return row.q >= kv && row.q - kv < 8;"), std::string::npos);
+  EXPECT_NE(mods.code.find("extern \"C\" __device__ float pagedc_linked_score("),
+            std::string::npos);
+  decode.linkedMods = false;
+  EXPECT_THROW(assembleLinkedMods(decode, causal), Error);
+  KernelConfig builder = cheapConfig();
+  builder.linkedMods = true;
+  builder.paramsSize = 64;
+  EXPECT_THROW(assembleKernel(builder, causal), Error);
+}
+
+TEST(LinkedMods, ANewVariantCompilesOnlyItsModsAndLinks) {
+  REQUIRE_NVRTC();
+  std::string reason;
+  if (!NvJitLink::available(&reason))
+    GTEST_SKIP() << "nvJitLink unavailable: " << reason;
+  TempDir dir;
+  KernelCache cache(dir.path());
+  KernelConfig decode;
+  decode.kind = KernelKind::Decode;
+  decode.groupSize = 4;
+  decode.headDim = 64;
+  decode.noBlockMask = true;
+  decode.linkedMods = true;
+  decode.paramsSize = 64;
+  const std::string causal = cheapMods();
+  std::string window = causal;
+  window.replace(window.find("return row.q >= kv;"), 19, "return row.q >= kv && row.q - kv < 8;");
+  CompileOptions options;
+  options.ptxasVerbose = true;
+
+  KernelCache::Modules first = cache.getOrCompileModules(decode, causal, options);
+  ASSERT_TRUE(first.main && first.merge);
+  // The kernel's unit, the mods' unit and the merge unit; one link.
+  EXPECT_EQ(cache.stats().compiles, 3u);
+  EXPECT_EQ(cache.stats().links, 1u);
+  EXPECT_EQ(first.main->kernelNames, std::vector<std::string>{"pagedc_decode"});
+  EXPECT_NE(first.main->image.find("pagedc_decode"), std::string::npos);
+  EXPECT_NE(first.main->image.find("pagedc_linked_mask"), std::string::npos);
+  EXPECT_NE(first.main->log.find("Used"), std::string::npos); // the kernel's ptxas report
+
+  KernelCache::Modules second = cache.getOrCompileModules(decode, window, options);
+  EXPECT_EQ(cache.stats().compiles, 4u); // the mods' unit alone
+  EXPECT_EQ(cache.stats().links, 2u);
+  EXPECT_EQ(second.merge, first.merge);
+  EXPECT_NE(second.main->key, first.main->key);
+  EXPECT_NE(second.main->image, first.main->image);
+  // In memory the second time; in a new cache, the linked entry from disk.
+  EXPECT_EQ(cache.getOrCompileModules(decode, window, options).main, second.main);
+  KernelCache fresh(dir.path());
+  std::shared_ptr<const CompiledKernel> again = fresh.getOrCompileModules(decode, window, options).main;
+  EXPECT_EQ(fresh.stats().compiles, 0u);
+  EXPECT_EQ(fresh.stats().corruptEntries, 0u);
+  EXPECT_EQ(fresh.stats().links, 0u);
+  EXPECT_EQ(again->image, second.main->image);
+
+  // Row values over the kernel's room for them: the mods' unit says so.
+  std::string wide = causal;
+  wide.replace(wide.find("  int32_t q;\n"), 12, "  int32_t q;\n  float pad[15];\n");
+  try {
+    cache.getOrCompileModules(decode, wide, options);
+    ADD_FAILURE() << "row values of 64 bytes were linked";
+  } catch (const Error &error) {
+    EXPECT_NE(std::string(error.what()).find("without link_mods"), std::string::npos)
+        << error.what();
+  }
+  // PTX cannot be linked.
+  CompileOptions ptx;
+  ptx.output = CompileOptions::Output::Ptx;
+  EXPECT_THROW(cache.getOrCompile(decode, window, ptx), Error);
 }
 
 /// Run only as a child of ConcurrentProcessesShareOneEntry.
