@@ -851,8 +851,9 @@ def flex_attention(q, cache_or_k, v=None, block_mask: Optional[BlockMask] = None
     ``kernel_options`` (CUDA) picks the kernel and its launch: a dict of
     ``KERNEL_OPTIONS`` names to values (``prefill_shape``: a str such as
     ``"128x64x64"``; ``decode_split_factor`` and ``prefill_persistent_ctas``:
-    ints; the others: bools; a str is taken as ``pagedc run --kernel-option``
-    takes it; None: the runtime decides, as when absent).
+    ints; ``link_mods``: a bool or ``"first"``; the others: bools; a str is
+    taken as ``pagedc run --kernel-option`` takes it; None: the runtime
+    decides, as when absent).
     docs/kernels.md, "Kernel options", says what each changes. An unknown
     name or a bad value raises ``ValueError`` listing the valid ones. The
     ``PAGEDC_*`` environment variables of these settings do not apply here.

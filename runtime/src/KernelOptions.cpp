@@ -40,8 +40,6 @@ const char *switchMeaning(std::string_view name) {
     return "tensor-map copies of K/V pages in decode";
   if (name == "decode_tma_runs")
     return "one tensor-map box per tile of consecutive pages in decode";
-  if (name == "link_mods")
-    return "the mods compiled apart and linked into a kernel shared by every variant";
   return "on";
 }
 
@@ -87,6 +85,20 @@ bool parseOption(KernelOptions &options, std::string_view name, std::string_view
         unset ? std::nullopt
               : std::optional<int>(parseInteger(label, value, 1, kMaxPersistentCtas,
                                                 "the persistent prefill's CTAs"));
+  } else if (name == "link_mods") {
+    std::optional<ModLinking> linking;
+    if (value == "0")
+      linking = ModLinking::Inline;
+    else if (value == "1")
+      linking = ModLinking::Linked;
+    else if (value == "first")
+      linking = ModLinking::LinkedFirst;
+    else if (!unset)
+      throw Error(fmt::format("{} is '{}': expected 0 (mods inlined), 1 (mods linked into a kernel "
+                              "compiled once per shape) or first (linked until the inlined "
+                              "kernel, compiled in the background, is ready)",
+                              label, value));
+    options.linkMods = linking;
   } else if (name == "decode_split_factor") {
     options.decodeSplitFactor =
         unset ? std::nullopt
@@ -106,8 +118,6 @@ bool parseOption(KernelOptions &options, std::string_view name, std::string_view
       field = &KernelOptions::decodeTma;
     else if (name == "decode_tma_runs")
       field = &KernelOptions::decodeTmaRuns;
-    else if (name == "link_mods")
-      field = &KernelOptions::linkMods;
     else
       return false;
     options.*field = unset ? std::nullopt : std::optional<bool>(parseSwitch(label, name, value));
@@ -169,9 +179,10 @@ const std::vector<KernelOptionInfo> &kernelOptionInfos() {
        "tensor-map copies of K/V tiles in decode, sm_90 code (0: cp.async gather)"},
       {"decode_tma_runs", "PAGEDC_DECODE_TMA_RUNS", "0 or 1", "1",
        "one tensor-map box per tile of consecutive pages in decode"},
-      {"link_mods", "PAGEDC_LINK_MODS", "0 or 1", "0",
+      {"link_mods", "PAGEDC_LINK_MODS", "0, 1 or first", "0",
        "the mods compiled as a unit of their own and linked into a kernel compiled once per "
-       "shape: a new variant compiles in a fraction of the time, the kernel runs slower"},
+       "shape (1): a new variant compiles in a fraction of the time, the kernel runs slower; "
+       "first: linked until the inlined kernel, compiled in the background, is ready"},
   };
   return infos;
 }

@@ -121,6 +121,23 @@ def test_flex_attention_on_device_matches_reference(rng, mods):
     assert_close(pagedc.to_host(lse), ref_lse, atol=1e-3, rtol=1e-3)
 
 
+@pytest.mark.parametrize("link_mods", [True, "first"])
+def test_flex_attention_with_linked_mods_matches_reference(rng, mods, link_mods):
+    # The kernels that call the mods across a link (kernel option link_mods;
+    # "first": linked until the inlined kernel compiled in the background is
+    # ready), decode (one token) and prefill, against the same reference.
+    for length in (1, 7):
+        q, k, v = dense_inputs(rng, length=length)
+        qd, kd, vd = (pagedc.to_device(a, device="emu") for a in (q, k, v))
+        out, lse = pagedc.flex_attention(qd, kd, vd, mods=mods, enable_gqa=True,
+                                         return_lse=True, q_offset="end",
+                                         kernel_options={"link_mods": link_mods})
+        ref_out, ref_lse = reference_attention(q, k, v, mask_fn=lambda b, h, qi, kv: qi >= kv,
+                                               q_offset=37 - length)
+        assert_close(pagedc.to_host(out), ref_out, atol=2e-3, rtol=2e-3)
+        assert_close(pagedc.to_host(lse), ref_lse, atol=1e-3, rtol=1e-3)
+
+
 def test_flex_attention_reads_inputs_and_writes_out_in_place(rng, mods):
     q, k, v = dense_inputs(rng, b=1, length=3, keys=20)
     qd = Producer(pagedc.to_device(q, device="emu"))

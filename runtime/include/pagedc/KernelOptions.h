@@ -23,6 +23,19 @@
 
 namespace pagedc {
 
+/// How a kernel compiled from mod code gets its mods (KernelOptions::linkMods).
+enum class ModLinking : unsigned char {
+  /// Inlined into the kernel: a whole kernel compile per mod variant.
+  Inline,
+  /// From a unit of their own, linked into a kernel compiled once per shape
+  /// (KernelConfig::linkedMods): a new variant compiles in a fraction of the
+  /// time, the kernel runs slower.
+  Linked,
+  /// Linked for the calls made while the inlined kernel compiles on a
+  /// background thread, inlined from the first call after it is ready.
+  LinkedFirst,
+};
+
 /// The kernel choices of one call. The text name of each field (for
 /// setKernelOption, `pagedc run --kernel-option` and Python's
 /// kernel_options) and the environment variable the tools map onto it are
@@ -79,15 +92,16 @@ struct KernelOptions {
   /// copies a tile of consecutive pages with one box per 64 head dims
   /// (unset: yes) rather than one box per page.
   std::optional<bool> decodeTmaRuns;
-  /// [link_mods, $PAGEDC_LINK_MODS] Whether kernels compiled from mod code
-  /// take their mods from a unit of their own, linked into a kernel
-  /// compiled once per shape and per which mods are present
-  /// (KernelConfig::linkedMods; unset: no). A new mod variant then costs
-  /// its small unit and a link instead of a whole kernel compile
-  /// (docs/kernels.md, "Linked mods"), but the kernel calls the mods
-  /// instead of inlining them and runs slower: for trying variants, not
-  /// for serving. Kernel bundles ignore it.
-  std::optional<bool> linkMods;
+  /// [link_mods, $PAGEDC_LINK_MODS] How kernels compiled from mod code take
+  /// their mods: "0" inlined (unset: so), "1" from a unit of their own
+  /// linked into a kernel compiled once per shape and per which mods are
+  /// present (KernelConfig::linkedMods), "first" linked until the inlined
+  /// kernel, compiled in the background, is ready (ModLinking). Linked, a
+  /// new mod variant costs its small unit and a link instead of a whole
+  /// kernel compile (docs/kernels.md, "Linked mods"), but the kernel calls
+  /// the mods instead of inlining them and runs slower. flexAttention's
+  /// CUDA calls take all three; BatchAttention and kernel bundles ignore it.
+  std::optional<ModLinking> linkMods;
 
   bool operator==(const KernelOptions &other) const;
   bool operator!=(const KernelOptions &other) const { return !(*this == other); }

@@ -125,6 +125,9 @@ std::shared_ptr<const CudaKernel> loadCudaKernel(const KernelConfig &config,
 std::shared_ptr<const CudaKernel> cudaKernelFor(const CompiledMods &mods,
                                                 const KernelConfig &config,
                                                 int deviceIndex);
+/// The configs of the kernels cudaKernelFor has loaded in this process, in
+/// the order they were loaded: which kernel served a call (tests).
+std::vector<KernelConfig> cudaLoadedKernelConfigs();
 
 /// The kernel configuration the backend uses for a call: decode for up to 8
 /// query tokens when a decode kernel is available (always with mod code; in

@@ -19,8 +19,10 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cstdlib>
 #include <cstring>
+#include <future>
 #include <map>
 #include <mutex>
 
@@ -314,6 +316,21 @@ std::string modsLabel(const CompiledMods &mods) {
                      mods.hasScore() ? mods.scoreName : "none");
 }
 
+/// cudaKernelFor's kernels, by mods, config and device, and their configs
+/// in load order (cudaLoadedKernelConfigs); under loadedKernelsMutex().
+std::mutex &loadedKernelsMutex() {
+  static std::mutex mutex;
+  return mutex;
+}
+std::map<std::string, std::shared_ptr<const CudaKernel>> &loadedKernels() {
+  static std::map<std::string, std::shared_ptr<const CudaKernel>> loaded;
+  return loaded;
+}
+std::vector<KernelConfig> &loadedKernelOrder() {
+  static std::vector<KernelConfig> order;
+  return order;
+}
+
 /// Whether a bundle module built for `module` serves a launch that wants
 /// `wanted`: the same kernel but for the params' size, where a module that
 /// takes launches with and without a block mask also serves one built for
@@ -341,8 +358,8 @@ std::shared_ptr<const CudaKernel> cudaKernelFor(const CompiledMods &mods,
   const CudaDeviceInfo &info = cudaDeviceInfo(deviceIndex);
   const std::string arch = info.arch();
 
-  static std::mutex mutex;
-  static std::map<std::string, std::shared_ptr<const CudaKernel>> loaded;
+  std::mutex &mutex = loadedKernelsMutex();
+  std::map<std::string, std::shared_ptr<const CudaKernel>> &loaded = loadedKernels();
   std::string key;
   if (mods.cuda.bundle)
     key = fmt::format("bundle {} {}", static_cast<const void *>(mods.cuda.bundle.get()),
@@ -388,7 +405,15 @@ std::shared_ptr<const CudaKernel> cudaKernelFor(const CompiledMods &mods,
                             deviceIndex, compiled.merge ? &compiled.merge->image : nullptr);
   }
   std::lock_guard<std::mutex> lock(mutex);
-  return loaded.emplace(key, kernel).first->second;
+  auto [at, added] = loaded.emplace(key, kernel);
+  if (added)
+    loadedKernelOrder().push_back(kernel->config);
+  return at->second;
+}
+
+std::vector<KernelConfig> cudaLoadedKernelConfigs() {
+  std::lock_guard<std::mutex> lock(loadedKernelsMutex());
+  return loadedKernelOrder();
 }
 
 KernelConfig chooseCudaAttentionConfig(const CompiledMods &mods, DType elementType, int headDim,
@@ -430,7 +455,7 @@ KernelConfig chooseCudaAttentionConfig(const CompiledMods &mods, DType elementTy
     // Without a block mask the kernel need not carry its paths: a faster
     // compile (KernelConfig::noBlockMask).
     config.noBlockMask = kvBlockSize <= 0;
-    config.linkedMods = options.linkMods.value_or(false);
+    config.linkedMods = options.linkMods.value_or(ModLinking::Inline) != ModLinking::Inline;
     if (config.linkedMods)
       config.paramsSize = linkedParamsCapacity(paramsSize);
     config.validate();
@@ -815,6 +840,45 @@ DeviceBuffer uploadCallData(const cpu::PagedAttentionArgs &args, const KernelCon
   return callData;
 }
 
+/// ModLinking::LinkedFirst: the inlined kernel of the call whose linked
+/// config is `linked`, compiled on a background thread that the first call
+/// asking for it starts; null while that compile runs. A failed compile is
+/// rethrown to every call that asks.
+std::shared_ptr<const CudaKernel> inlinedKernelWhenReady(const CompiledMods &mods,
+                                                         const KernelConfig &linked,
+                                                         const std::string &arch,
+                                                         int deviceIndex) {
+  // Made before the map below, so destroyed after it: the map's last
+  // future waits for its thread, which compiles through this cache.
+  KernelCache &cache = KernelCache::global();
+  KernelConfig inlined = linked;
+  inlined.linkedMods = false;
+  inlined.paramsSize = ParamsLayout::forDeclarations(mods.params, mods.buffers).size;
+  const std::string key =
+      fmt::format("{:016x} {} | {} | {}", contentHash64(mods.cuda.modCode),
+                  mods.cuda.modCode.size(), inlined.describe(), arch);
+  static std::mutex mutex;
+  static std::map<std::string, std::shared_future<KernelConfig>> compiles;
+  std::shared_future<KernelConfig> compiled;
+  {
+    std::lock_guard<std::mutex> lock(mutex);
+    auto found = compiles.find(key);
+    if (found == compiles.end()) {
+      auto compile = [&cache, modCode = mods.cuda.modCode, inlined, arch] {
+        // The tile a call with inlined mods would run (narrowed on spills).
+        const KernelConfig settled = settlePrefillShape(inlined, modCode, arch, cache);
+        cache.getOrCompileModules(settled, modCode, cudaCompileOptions(settled, arch));
+        return settled;
+      };
+      found = compiles.emplace(key, std::async(std::launch::async, compile).share()).first;
+    }
+    compiled = found->second;
+  }
+  if (compiled.wait_for(std::chrono::seconds(0)) != std::future_status::ready)
+    return nullptr;
+  return cudaKernelFor(mods, compiled.get(), deviceIndex);
+}
+
 } // namespace
 
 void pagedAttention(const cpu::PagedAttentionArgs &args, Device device, void *streamHandle,
@@ -835,12 +899,20 @@ void pagedAttention(const cpu::PagedAttentionArgs &args, Device device, void *st
             queryLength = static_cast<int>(q.size(2)), headDim = static_cast<int>(q.size(3));
   const int headsKv = static_cast<int>(args.kCache.size(0));
   const DType kvType = args.kCache.dtype();
-  const KernelConfig config = chooseCudaAttentionConfig(
+  KernelConfig config = chooseCudaAttentionConfig(
       mods, q.dtype(), headDim, args.pageSize, headsQ / headsKv, queryLength,
       args.lse.data() != nullptr, info.arch(),
       args.blockMask ? static_cast<int>(args.blockMask->kvBlockSize) : 0, kernelOptions,
       static_cast<int>(args.vCache.size(3)),
       isFloat8(kvType) ? std::optional<DType>(kvType) : std::nullopt);
+  std::shared_ptr<const CudaKernel> kernel;
+  if (config.linkedMods && kernelOptions.linkMods == ModLinking::LinkedFirst) {
+    kernel = inlinedKernelWhenReady(mods, config, info.arch(), device.index);
+    if (kernel)
+      config = kernel->config;
+  }
+  if (!kernel)
+    kernel = cudaKernelFor(mods, config, device.index);
   const BlockMask *mask = args.blockMask;
   if (mask) {
     const int tile = config.kind == KernelKind::Decode ? kDecodeKvTile : config.blockN;
@@ -849,7 +921,6 @@ void pagedAttention(const cpu::PagedAttentionArgs &args, Device device, void *st
                               "{} kernel's KV tile {}",
                               mask->kvBlockSize, kernelKindName(config.kind), tile));
   }
-  std::shared_ptr<const CudaKernel> kernel = cudaKernelFor(mods, config, device.index);
 
   // Params: bound values and device buffer addresses.
   PagedcModContext noContext{nullptr, nullptr};

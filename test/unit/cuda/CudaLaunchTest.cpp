@@ -161,8 +161,7 @@ TEST(KernelOptions, SwitchesParseAsZeroOrOne) {
         Switch{"prefill_pingpong", &KernelOptions::prefillPingPong},
         Switch{"prefill_tile_counter", &KernelOptions::prefillTileCounter},
         Switch{"decode_tma", &KernelOptions::decodeTma},
-        Switch{"decode_tma_runs", &KernelOptions::decodeTmaRuns},
-        Switch{"link_mods", &KernelOptions::linkMods}}) {
+        Switch{"decode_tma_runs", &KernelOptions::decodeTmaRuns}}) {
     KernelOptions options;
     setKernelOption(options, name, "0");
     EXPECT_EQ(options.*field, false) << name;
@@ -186,6 +185,31 @@ TEST(KernelOptions, SwitchesParseAsZeroOrOne) {
       EXPECT_EQ(options.*field, false) << name << ": changed by a refused value";
     }
   }
+}
+
+TEST(KernelOptions, LinkModsTakesZeroOneOrFirst) {
+  KernelOptions options;
+  setKernelOption(options, "link_mods", "0");
+  EXPECT_EQ(options.linkMods, ModLinking::Inline);
+  setKernelOption(options, "link_mods", "1");
+  EXPECT_EQ(options.linkMods, ModLinking::Linked);
+  setKernelOption(options, "link_mods=first");
+  EXPECT_EQ(options.linkMods, ModLinking::LinkedFirst);
+  for (const char *bad : {"2", "yes", "First", " 1"}) {
+    try {
+      setKernelOption(options, "link_mods", bad);
+      ADD_FAILURE() << "'" << bad << "' was taken";
+    } catch (const Error &error) {
+      const std::string message = error.what();
+      EXPECT_NE(message.find(fmt::format("kernel option link_mods is '{}': expected 0", bad)),
+                std::string::npos)
+          << message;
+      EXPECT_NE(message.find("or first ("), std::string::npos) << message;
+    }
+    EXPECT_EQ(options.linkMods, ModLinking::LinkedFirst) << "changed by a refused value";
+  }
+  setKernelOption(options, "link_mods", "");
+  EXPECT_FALSE(options.linkMods.has_value());
 }
 
 // Persistent CTAs: the grid shrinks to min(CTAs, query tiles) and the note

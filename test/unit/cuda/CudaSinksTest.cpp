@@ -11,7 +11,10 @@
 // and tile grids, fully masked rows ("holes"), sinks above every score,
 // negligible ones and ones of the scores' size, out and lse compared; the
 // packed kernels over 8-bit caches. And a captured step replayed after the
-// sinks' values change in place.
+// sinks' values change in place. And flexAttention's kernels with linked
+// mods (kernel option link_mods), which pass the Params and rows through
+// the link's opaque bytes, and link_mods=first's switch to the inlined
+// kernel once its background compile is done.
 //
 //===----------------------------------------------------------------------===//
 #include "EmulatorEnvironment.h"
@@ -33,10 +36,12 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <memory>
 #include <random>
 #include <string>
+#include <thread>
 #include <tuple>
 #include <vector>
 
@@ -288,6 +293,58 @@ TEST(CudaSinks, WarpgroupPrefill) {
       {"wgmma-prefill", 150, {300, 170}, 4, DType::F16, 16, 128, "holes", "", warpgroup},
       {"wgmma-prefill", 150, {170, 300}, 1, DType::BF16, 16, 64, "holes", "alibi", warpgroup},
   });
+}
+
+/// Linked mods: the kernels calling the mods through linkedModHooks (the
+/// launch pads the Params to the kernel's room), decode split and merged
+/// and the mma.sync prefill.
+TEST(CudaSinks, LinkedMods) {
+  KernelOptions linked = withSplitFactor(8);
+  linked.linkMods = ModLinking::Linked;
+  KernelOptions linkedPrefill = withPrefillShape("64x64x16");
+  linkedPrefill.linkMods = ModLinking::Linked;
+  const size_t loadedBefore = cudaLoadedKernelConfigs().size();
+  expectFlexCases({
+      {"linked-decode", 1, {333, 701}, 4, DType::F16, 16, 64, "holes", "alibi", linked},
+      {"linked-prefill", 37, {45, 83}, 4, DType::BF16, 16, 64, "holes", "softcap", linkedPrefill},
+  });
+  const std::vector<KernelConfig> loaded = cudaLoadedKernelConfigs();
+  ASSERT_EQ(loaded.size(), loadedBefore + 2);
+  EXPECT_TRUE(loaded[loadedBefore].linkedMods && loaded[loadedBefore + 1].linkedMods);
+  EXPECT_EQ(loaded[loadedBefore].paramsSize % 64, 0); // the Params' room
+}
+
+/// link_mods=first: the first call runs the linked kernel while the
+/// inlined one compiles in the background; once it is ready a call loads
+/// and runs it, and the calls after it load nothing more.
+TEST(CudaSinks, LinkedModsFirstThenInlined) {
+  KernelOptions first = withSplitFactor(2);
+  first.linkMods = ModLinking::LinkedFirst;
+  const FlexCase c{"linked-first", 1, {150, 37}, 4, DType::BF16, 16, 64, "holes", "softcap",
+                   first};
+  auto kernelsNow = [] { return cudaLoadedKernelConfigs(); };
+  const size_t before = kernelsNow().size();
+  expectFlexCases({c});
+  std::vector<KernelConfig> loaded = kernelsNow();
+  ASSERT_EQ(loaded.size(), before + 1);
+  const KernelConfig linked = loaded.back();
+  EXPECT_TRUE(linked.linkedMods);
+  // Calls until one takes the inlined kernel (the emulator builds it in
+  // seconds; a minute is the bound).
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+  while (kernelsNow().size() == before + 1 && std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    expectFlexCases({c});
+  }
+  loaded = kernelsNow();
+  ASSERT_EQ(loaded.size(), before + 2) << "no call took the inlined kernel within a minute";
+  EXPECT_FALSE(loaded.back().linkedMods);
+  EXPECT_EQ(loaded.back().kind, KernelKind::Decode);
+  // The Params as packed, not the linked kernel's room for them.
+  EXPECT_EQ(linkedParamsCapacity(loaded.back().paramsSize), linked.paramsSize);
+  EXPECT_NE(loaded.back().paramsSize, linked.paramsSize);
+  expectFlexCases({c});
+  EXPECT_EQ(kernelsNow().size(), before + 2);
 }
 
 //===--- BatchAttention's packed kernels ------------------------------------===//
