@@ -192,6 +192,10 @@ private:
                                                  std::string_view modCode,
                                                  const CompileOptions &options);
   std::shared_ptr<const CompiledKernel> readEntry(const std::string &key);
+  /// readEntry counted as a disk hit, its config set to `config` (an entry
+  /// records its config as text, not every field of it).
+  std::shared_ptr<const CompiledKernel> diskHit(const std::string &key,
+                                                const KernelConfig &config);
   void writeEntry(const CompiledKernel &kernel);
 
   std::string directory_;

@@ -2,6 +2,7 @@
 
 #include "pagedc/CudaDriver.h"
 #include "Environment.h"
+#include "SymbolResolver.h"
 
 #include "pagedc/Error.h"
 
@@ -102,13 +103,7 @@ void *openDriverLibrary(Loaded &result) {
 /// Resolves the entry points into `api`; returns the names of required
 /// ones the library lacks (empty if none).
 std::string resolveDriverApi(void *handle, CudaDriver::Api &api) {
-  std::string missing;
-  auto resolve = [&](auto &slot, const char *name) {
-    void *symbol = dlsym(handle, name);
-    if (!symbol)
-      missing += std::string(" ") + name;
-    slot = reinterpret_cast<std::remove_reference_t<decltype(slot)>>(symbol);
-  };
+  SymbolResolver resolve{handle, {}};
   resolve(api.init, "cuInit");
   resolve(api.driverGetVersion, "cuDriverGetVersion");
   resolve(api.getErrorName, "cuGetErrorName");
@@ -184,7 +179,7 @@ std::string resolveDriverApi(void *handle, CudaDriver::Api &api) {
       api.graphDestroy = nullptr;
     }
   }
-  return missing;
+  return resolve.missing;
 }
 
 const Loaded &loadDriver() {

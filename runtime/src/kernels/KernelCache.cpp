@@ -281,6 +281,16 @@ void KernelCache::clearMemory() {
   byKey_.clear();
 }
 
+std::shared_ptr<const CompiledKernel> KernelCache::diskHit(const std::string &key,
+                                                           const KernelConfig &config) {
+  auto kernel = readEntry(key);
+  if (!kernel)
+    return nullptr;
+  std::const_pointer_cast<CompiledKernel>(kernel)->config = config;
+  ++diskHits_;
+  return kernel;
+}
+
 std::shared_ptr<const CompiledKernel> KernelCache::readEntry(const std::string &key) {
   if (directory_.empty())
     return nullptr;
@@ -309,12 +319,8 @@ void KernelCache::writeEntry(const CompiledKernel &kernel) {
 std::shared_ptr<const CompiledKernel>
 KernelCache::loadOrBuild(const KernelSource &source, const CompileOptions &options,
                          const std::string &key) {
-  if (auto kernel = readEntry(key)) {
-    auto result = std::const_pointer_cast<CompiledKernel>(kernel);
-    result->config = source.config;
-    ++diskHits_;
-    return result;
-  }
+  if (auto kernel = diskHit(key, source.config))
+    return kernel;
   auto kernel = std::make_shared<CompiledKernel>();
   const bool emulator = isEmulatorArch(options.arch);
   CompileResult compiled =
@@ -524,12 +530,8 @@ KernelCache::linkMods(const KernelSource &kernel, std::string_view modCode,
   const std::shared_ptr<const CompiledKernel> generic = kernelUnit.get();
   const std::string key =
       contentKey128({"linked mods", generic->key, modsUnit->key, NvJitLink::identity()});
-  if (auto found = readEntry(key)) {
-    auto result = std::const_pointer_cast<CompiledKernel>(found);
-    result->config = kernel.config;
-    ++diskHits_;
-    return result;
-  }
+  if (auto found = diskHit(key, kernel.config))
+    return found;
   auto linked = std::make_shared<CompiledKernel>();
   linked->config = kernel.config;
   linked->arch = options.arch;
@@ -559,11 +561,9 @@ KernelCache::lookupEntry(const std::string &key, const KernelConfig &config,
   }
   if (pending.valid()) // waited for outside the lock, as in getOrCompile
     return pending.get();
-  auto kernel = readEntry(key);
+  auto kernel = diskHit(key, config);
   if (!kernel)
     return nullptr;
-  std::const_pointer_cast<CompiledKernel>(kernel)->config = config;
-  ++diskHits_;
   std::promise<std::shared_ptr<const CompiledKernel>> promise;
   promise.set_value(kernel);
   Future future = promise.get_future().share();

@@ -2,6 +2,7 @@
 
 #include "pagedc/Nvrtc.h"
 #include "Environment.h"
+#include "SymbolResolver.h"
 
 #include "pagedc/Error.h"
 
@@ -101,33 +102,39 @@ struct Loaded {
   int major = 0, minor = 0;
 };
 
+/// dlopens the first of cudaLibraryCandidates(fileNames) that loads and
+/// sets `path` to it; null when none does, with `error` saying that `what`
+/// was not found and every candidate tried.
+void *openCudaLibrary(const std::vector<std::string> &fileNames, const char *what,
+                      std::string &path, std::string &error) {
+  std::string tried;
+  for (const std::string &candidate : cudaLibraryCandidates(fileNames)) {
+    if (void *handle = dlopen(candidate.c_str(), RTLD_LAZY | RTLD_LOCAL)) {
+      path = candidate;
+      return handle;
+    }
+    tried += "\n  " + candidate;
+  }
+  error = fmt::format("{} not found (set CUDA_HOME); tried:{}", what, tried);
+  return nullptr;
+}
+
+/// The resolved path of the file behind a dlopen handle ("" if unknown).
+std::string loadedRealPath(void *handle) {
+  struct link_map *map = nullptr;
+  if (dlinfo(handle, RTLD_DI_LINKMAP, &map) != 0 || !map || !map->l_name)
+    return "";
+  std::error_code error;
+  return std::filesystem::canonical(map->l_name, error).string();
+}
+
 const Loaded &loadNvrtc() {
   static Loaded loaded = [] {
     Loaded result;
-    void *handle = nullptr;
-    std::string tried;
-    for (const std::string &candidate : cudaLibraryCandidates(kNvrtcFileNames)) {
-      handle = dlopen(candidate.c_str(), RTLD_LAZY | RTLD_LOCAL);
-      if (handle) {
-        result.path = candidate;
-        break;
-      }
-      tried += "\n  " + candidate;
-    }
-    if (!handle) {
-      result.error = "NVRTC not found (set CUDA_HOME); tried:" + tried;
+    void *handle = openCudaLibrary(kNvrtcFileNames, "NVRTC", result.path, result.error);
+    if (!handle)
       return result;
-    }
-    bool missing = false;
-    std::string missingNames;
-    auto resolve = [&](auto &slot, const char *name) {
-      void *symbol = dlsym(handle, name);
-      if (!symbol) {
-        missing = true;
-        missingNames += std::string(" ") + name;
-      }
-      slot = reinterpret_cast<std::remove_reference_t<decltype(slot)>>(symbol);
-    };
+    SymbolResolver resolve{handle, {}};
     Nvrtc::Api &api = result.api;
     resolve(api.getErrorString, "nvrtcGetErrorString");
     resolve(api.version, "nvrtcVersion");
@@ -142,17 +149,12 @@ const Loaded &loadNvrtc() {
     resolve(api.getPTX, "nvrtcGetPTX");
     resolve(api.getCUBINSize, "nvrtcGetCUBINSize");
     resolve(api.getCUBIN, "nvrtcGetCUBIN");
-    if (missing) {
-      result.error = fmt::format("{} lacks NVRTC functions:{}", result.path,
-                                 missingNames);
+    if (!resolve.missing.empty()) {
+      result.error = fmt::format("{} lacks NVRTC functions:{}", result.path, resolve.missing);
       return result;
     }
     api.version(&result.major, &result.minor);
-    struct link_map *map = nullptr;
-    if (dlinfo(handle, RTLD_DI_LINKMAP, &map) == 0 && map && map->l_name) {
-      std::error_code error;
-      result.realPath = std::filesystem::canonical(map->l_name, error).string();
-    }
+    result.realPath = loadedRealPath(handle);
     return result;
   }();
   return loaded;
@@ -359,26 +361,12 @@ struct LoadedJitLink {
 const LoadedJitLink &loadJitLink() {
   static LoadedJitLink loaded = [] {
     LoadedJitLink result;
-    void *handle = nullptr;
-    std::string tried;
-    for (const std::string &candidate :
-         cudaLibraryCandidates({"libnvJitLink.so.13", "libnvJitLink.so.12", "libnvJitLink.so"})) {
-      handle = dlopen(candidate.c_str(), RTLD_LAZY | RTLD_LOCAL);
-      if (handle)
-        break;
-      tried += "\n  " + candidate;
-    }
-    if (!handle) {
-      result.error = "nvJitLink not found (set CUDA_HOME); tried:" + tried;
+    std::string opened;
+    void *handle = openCudaLibrary({"libnvJitLink.so.13", "libnvJitLink.so.12", "libnvJitLink.so"},
+                                   "nvJitLink", opened, result.error);
+    if (!handle)
       return result;
-    }
-    std::string missing;
-    auto resolve = [&](auto &slot, const char *name) {
-      void *symbol = dlsym(handle, name);
-      if (!symbol)
-        missing += std::string(" ") + name;
-      slot = reinterpret_cast<std::remove_reference_t<decltype(slot)>>(symbol);
-    };
+    SymbolResolver resolve{handle, {}};
     JitLinkApi &api = result.api;
     resolve(api.create, "nvJitLinkCreate");
     resolve(api.destroy, "nvJitLinkDestroy");
@@ -388,16 +376,11 @@ const LoadedJitLink &loadJitLink() {
     resolve(api.getLinkedCubin, "nvJitLinkGetLinkedCubin");
     resolve(api.getErrorLogSize, "nvJitLinkGetErrorLogSize");
     resolve(api.getErrorLog, "nvJitLinkGetErrorLog");
-    if (!missing.empty()) {
-      result.error = "the nvJitLink library lacks functions:" + missing;
+    if (!resolve.missing.empty()) {
+      result.error = fmt::format("{} lacks nvJitLink functions:{}", opened, resolve.missing);
       return result;
     }
-    struct link_map *map = nullptr;
-    std::string path;
-    if (dlinfo(handle, RTLD_DI_LINKMAP, &map) == 0 && map && map->l_name) {
-      std::error_code error;
-      path = std::filesystem::canonical(map->l_name, error).string();
-    }
+    const std::string path = loadedRealPath(handle);
     struct stat info;
     if (!path.empty() && stat(path.c_str(), &info) == 0)
       result.identity = fmt::format("{}|{}|{}", path, static_cast<long long>(info.st_size),
