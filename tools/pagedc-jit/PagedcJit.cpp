@@ -270,11 +270,11 @@ static int runJit(int argc, char **argv) {
                        .count();
   KernelCache::Stats stats = cache->stats();
   std::string line = fmt::format(
-      "outcome={} variant={} disk_hits={} memory_hits={} compiles={} "
+      "outcome={} variant={} disk_hits={} memory_hits={} compiles={} links={} "
       "corrupt_entries={} plugin_loaded={} llvm_mapped={} kernels={} "
       "seconds={:.6f}\n",
       cudaJitOutcomeName(result.outcome), result.variantKey, stats.diskHits,
-      stats.memoryHits, stats.compiles, stats.corruptEntries,
+      stats.memoryHits, stats.compiles, stats.links, stats.corruptEntries,
       codegenPluginLoaded() ? 1 : 0, mapped("libLLVM") ? 1 : 0,
       result.kernels.size(), seconds);
   if (request.options.timeStages)
