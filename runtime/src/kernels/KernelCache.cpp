@@ -316,6 +316,19 @@ void KernelCache::writeEntry(const CompiledKernel &kernel) {
     sealed::writeAtomically(entryPath(kernel.key), serializeEntry(kernel));
 }
 
+namespace {
+
+/// Whether the loaded NVRTC is the file disk keys name (nvrtcLibraryIdentity):
+/// only then is an entry it built cached, since a later process could not
+/// trust an entry its key does not describe.
+bool keyedNvrtcIsLoaded() {
+  const std::string &identity = nvrtcLibraryIdentity();
+  const std::string &loaded = Nvrtc::get().libraryRealPath();
+  return !identity.empty() && identity.compare(0, loaded.size() + 1, loaded + "|") == 0;
+}
+
+} // namespace
+
 std::shared_ptr<const CompiledKernel>
 KernelCache::loadOrBuild(const KernelSource &source, const CompileOptions &options,
                          const std::string &key) {
@@ -350,15 +363,7 @@ KernelCache::loadOrBuild(const KernelSource &source, const CompileOptions &optio
     for (const PtxasKernelReport &report : reports)
       kernel->spillBytes += report.spillStoreBytes;
   }
-  // Only cache what the key describes: if the loaded NVRTC is not the file
-  // the key was computed from, a later process could not trust the entry.
-  if (emulator) {
-    writeEntry(*kernel);
-    return kernel;
-  }
-  const std::string &identity = nvrtcLibraryIdentity();
-  const std::string &loaded = Nvrtc::get().libraryRealPath();
-  if (!identity.empty() && identity.compare(0, loaded.size() + 1, loaded + "|") == 0)
+  if (emulator || keyedNvrtcIsLoaded())
     writeEntry(*kernel);
   return kernel;
 }
@@ -542,7 +547,8 @@ KernelCache::linkMods(const KernelSource &kernel, std::string_view modCode,
   linked->log = generic->log + modsUnit->log;
   linked->spillBytes = generic->spillBytes;
   ++links_;
-  writeEntry(*linked);
+  if (keyedNvrtcIsLoaded()) // the units' keys name NVRTC
+    writeEntry(*linked);
   return linked;
 }
 
