@@ -339,6 +339,12 @@ int main(int argc, char **argv) {
       }
     }
     checkKernelOptions(options.run.kernel);
+    // A pack's kernels are bundles compiled when it was prepared, which
+    // never link mods: refused rather than run with the mods inlined under
+    // a label that says linked.
+    if (options.run.kernel.linkMods.value_or(ModLinking::Inline) != ModLinking::Inline)
+      throw Error("kernel option link_mods: a pack's kernels are bundles, compiled when it was "
+                  "prepared, and bundles never link mods");
     options.model.kernel = options.run.kernel;
   } catch (const Error &error) {
     std::cerr << "pagedc-gpu: error: " << error.what() << "\n" << kUsage;

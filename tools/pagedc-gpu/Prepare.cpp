@@ -894,6 +894,9 @@ int main(int argc, char **argv) {
     if (options.out.empty())
       throw Error("-o PACK is required");
     options.kernel = kernelOptionsFromEnvironment();
+    // Bundles never link mods (pagedc-gpu refuses the option as well).
+    if (options.kernel.linkMods.value_or(ModLinking::Inline) != ModLinking::Inline)
+      throw Error("PAGEDC_LINK_MODS: a pack's kernels are bundles, and bundles never link mods");
     return run(options);
   } catch (const std::exception &error) {
     std::cerr << "pagedc-gpu-prepare: error: " << error.what() << "\n";
