@@ -339,12 +339,13 @@ int main(int argc, char **argv) {
       }
     }
     checkKernelOptions(options.run.kernel);
-    // A pack's kernels are bundles compiled when it was prepared, which
-    // never link mods: refused rather than run with the mods inlined under
+    // A pack's kernels are bundles compiled when it was prepared: the
+    // option would change nothing, so it is refused rather than run under
     // a label that says linked.
     if (options.run.kernel.linkMods.value_or(ModLinking::Inline) != ModLinking::Inline)
       throw Error("kernel option link_mods: a pack's kernels are bundles, compiled when it was "
-                  "prepared, and bundles never link mods");
+                  "prepared; prepare it with PAGEDC_LINK_MODS=1 for kernels that link their "
+                  "mods");
     options.model.kernel = options.run.kernel;
   } catch (const Error &error) {
     std::cerr << "pagedc-gpu: error: " << error.what() << "\n" << kUsage;

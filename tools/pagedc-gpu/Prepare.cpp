@@ -497,8 +497,14 @@ int run(const Options &options) {
   std::set<std::string> requested;
   // Returns the config requested: the prefill tile the runtime would compile
   // for this target (the tiles kept only without spills: settlePrefillShape).
-  auto request = [&](const std::string &label, const KernelConfig &chosen,
-                     const std::string &modCode) {
+  // PAGEDC_LINK_MODS=1: the attention kernels link their mods (the
+  // block-mask builder inlines its mask), with the Params' room.
+  const bool linkMods = options.kernel.linkMods == ModLinking::Linked;
+  auto request = [&](const std::string &label, KernelConfig chosen, const std::string &modCode) {
+    if (linkMods && chosen.kind != KernelKind::BlockMaskBuilder) {
+      chosen.linkedMods = true;
+      chosen.paramsSize = linkedParamsCapacity(chosen.paramsSize);
+    }
     const KernelConfig config = settlePrefillShape(chosen, modCode, compile.arch);
     const std::string key = label + "|" + config.describe();
     if (requested.insert(key).second) {
@@ -708,8 +714,7 @@ int run(const Options &options) {
           config.pageSize = page;
           config.groupSize = b.headsQ / b.headsKv;
           config.paramsSize = paramsSize;
-          request(b.label, config, benchCode.at(b.label));
-          benchConfigs.push_back({config});
+          benchConfigs.push_back({request(b.label, config, benchCode.at(b.label))});
           if (b.qBlock) {
             request(b.label, builderConfig(paramsSize), benchCode.at(b.label));
             benchConfigs.back().push_back(builderConfig(paramsSize));
@@ -894,9 +899,10 @@ int main(int argc, char **argv) {
     if (options.out.empty())
       throw Error("-o PACK is required");
     options.kernel = kernelOptionsFromEnvironment();
-    // Bundles never link mods (pagedc-gpu refuses the option as well).
-    if (options.kernel.linkMods.value_or(ModLinking::Inline) != ModLinking::Inline)
-      throw Error("PAGEDC_LINK_MODS: a pack's kernels are bundles, and bundles never link mods");
+    // A bundle holds one kernel per config: nothing to switch to.
+    if (options.kernel.linkMods == ModLinking::LinkedFirst)
+      throw Error("PAGEDC_LINK_MODS is 'first': a pack's bundles hold one kernel per config, "
+                  "linked (1) or inlined (0)");
     return run(options);
   } catch (const std::exception &error) {
     std::cerr << "pagedc-gpu-prepare: error: " << error.what() << "\n";

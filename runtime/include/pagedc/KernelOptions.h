@@ -100,7 +100,8 @@ struct KernelOptions {
   /// new mod variant costs its small unit and a link instead of a whole
   /// kernel compile (docs/kernels.md, "Linked mods"), but the kernel calls
   /// the mods instead of inlining them and runs slower. flexAttention's
-  /// CUDA calls take all three; BatchAttention and kernel bundles ignore it.
+  /// CUDA calls take all three; BatchAttention ignores it, and a kernel
+  /// bundle holds the kernels it was built with.
   std::optional<ModLinking> linkMods;
 
   bool operator==(const KernelOptions &other) const;

@@ -470,7 +470,10 @@ KernelConfig chooseCudaAttentionConfig(const CompiledMods &mods, DType elementTy
     if (module.mods != mods.cuda.bundleLabel || !bundleArchRuns(module.arch, arch) || c.kvFloat8 ||
         c.elementType != elementType || c.headDim != headDim ||
         c.valueDim() != (valueHeadDim ? valueHeadDim : headDim) || c.pageSize != pageSize ||
-        c.returnLse != returnLse || (c.paramsSize >= 0 && c.paramsSize != paramsSize) ||
+        c.returnLse != returnLse ||
+        // A kernel with linked mods takes Params up to its room.
+        (c.paramsSize >= 0 && (c.linkedMods ? paramsSize > c.paramsSize
+                                            : c.paramsSize != paramsSize)) ||
         (c.noBlockMask && kvBlockSize > 0))
       continue;
     if (c.kind == KernelKind::Decode && c.groupSize == groupSize &&
@@ -503,7 +506,9 @@ KernelConfig chooseCudaAttentionConfig(const CompiledMods &mods, DType elementTy
         queryLength, returnLse ? "yes" : "no", paramsSize, have.empty() ? " nothing" : have));
   }
   KernelConfig config = chosen->config;
-  config.paramsSize = config.paramsSize < 0 ? config.paramsSize : paramsSize;
+  // (Linked mods: the module's room, to which the launch pads the Params.)
+  if (config.paramsSize >= 0 && !config.linkedMods)
+    config.paramsSize = paramsSize;
   return config;
 }
 

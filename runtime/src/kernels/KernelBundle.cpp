@@ -76,6 +76,10 @@ Value configToJson(const KernelConfig &config) {
   // take either).
   if (config.noBlockMask)
     value.set("block_mask", false);
+  // Only for kernels with linked mods (absent: inlined); params_size is then
+  // the Params' room.
+  if (config.linkedMods)
+    value.set("linked_mods", true);
   return value;
 }
 
@@ -132,6 +136,8 @@ KernelConfig configFromJson(const Value &value, const std::string &where) {
     config.groupRows = groupRows->asBool(name("group_rows"));
   if (const Value *blockMask = value.find("block_mask"))
     config.noBlockMask = !blockMask->asBool(name("block_mask"));
+  if (const Value *linked = value.find("linked_mods"))
+    config.linkedMods = linked->asBool(name("linked_mods"));
   config.validate();
   return config;
 }
