@@ -1,4 +1,5 @@
 # Lit configuration for pagedc's compiler, CLI and runtime tests.
+import glob
 import os
 import subprocess
 
@@ -35,6 +36,9 @@ if module_python:
 
 if config.have_nvrtc:
     config.available_features.add("nvrtc")
+    # nvJitLink (kernels with linked mods) ships beside NVRTC from CUDA 12.
+    if glob.glob(os.path.join(config.cuda_toolkit_root, "lib*", "libnvJitLink.so*")):
+        config.available_features.add("nvjitlink")
 
 # Tools not every tree builds (the sanitized tree builds a few).
 for tool in ("pagedc-gpu",):
