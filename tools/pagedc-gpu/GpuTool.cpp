@@ -342,7 +342,7 @@ int main(int argc, char **argv) {
     // A pack's kernels are bundles compiled when it was prepared: the
     // option would change nothing, so it is refused rather than run under
     // a label that says linked.
-    if (options.run.kernel.linkMods.value_or(ModLinking::Inline) != ModLinking::Inline)
+    if (options.run.kernel.linksMods())
       throw Error("kernel option link_mods: a pack's kernels are bundles, compiled when it was "
                   "prepared; prepare it with PAGEDC_LINK_MODS=1 for kernels that link their "
                   "mods");

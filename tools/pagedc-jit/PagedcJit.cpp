@@ -224,8 +224,7 @@ static int runJit(int argc, char **argv) {
     config.pageSize = pageSize;
     config.groupSize = config.kind == KernelKind::Decode ? gqa : 1;
     config.noBlockMask = noBlockMask;
-    config.linkedMods =
-        linkMods || kernelOptions.linkMods.value_or(ModLinking::Inline) != ModLinking::Inline;
+    config.linkedMods = linkMods || kernelOptions.linksMods();
     if (config.kind == KernelKind::Prefill)
       config.choosePrefillShape(kernelOptions);
     request.configs.push_back(config);

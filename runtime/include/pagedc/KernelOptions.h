@@ -104,6 +104,9 @@ struct KernelOptions {
   /// bundle holds the kernels it was built with.
   std::optional<ModLinking> linkMods;
 
+  /// Whether linkMods asks for kernels with linked mods (1 or first).
+  bool linksMods() const { return linkMods.value_or(ModLinking::Inline) != ModLinking::Inline; }
+
   bool operator==(const KernelOptions &other) const;
   bool operator!=(const KernelOptions &other) const { return !(*this == other); }
 };

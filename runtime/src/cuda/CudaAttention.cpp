@@ -455,7 +455,7 @@ KernelConfig chooseCudaAttentionConfig(const CompiledMods &mods, DType elementTy
     // Without a block mask the kernel need not carry its paths: a faster
     // compile (KernelConfig::noBlockMask).
     config.noBlockMask = kvBlockSize <= 0;
-    config.linkedMods = options.linkMods.value_or(ModLinking::Inline) != ModLinking::Inline;
+    config.linkedMods = options.linksMods();
     if (config.linkedMods)
       config.paramsSize = linkedParamsCapacity(paramsSize);
     config.validate();

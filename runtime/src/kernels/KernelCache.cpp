@@ -483,9 +483,9 @@ KernelCache::getOrCompileUnit(const KernelConfig &config, std::string_view modCo
     return pending.get();
   try {
     KernelSource source = assembleKernel(config, modCode, unit);
-    auto kernel = config.linkedMods && unit != KernelUnit::DecodeMerge
-                      ? linkMods(source, modCode, options)
-                      : getOrCompile(source, options);
+    // (A merge unit's config never links: decodeMergeConfig.)
+    auto kernel =
+        config.linkedMods ? linkMods(source, modCode, options) : getOrCompile(source, options);
     promise.set_value(kernel);
     return kernel;
   } catch (...) {

@@ -102,6 +102,12 @@ struct Loaded {
   int major = 0, minor = 0;
 };
 
+/// "realpath|size|mtime": what the cache keys a library's file by.
+std::string fileIdentity(const std::string &realPath, const struct stat &info) {
+  return fmt::format("{}|{}|{}", realPath, static_cast<long long>(info.st_size),
+                     static_cast<long long>(info.st_mtime));
+}
+
 /// dlopens the first of cudaLibraryCandidates(fileNames) that loads and
 /// sets `path` to it; null when none does, with `error` saying that `what`
 /// was not found and every candidate tried.
@@ -264,9 +270,7 @@ const std::string &nvrtcLibraryIdentity() {
         if (stat(path.c_str(), &info) != 0 || !S_ISREG(info.st_mode))
           continue;
         std::error_code error;
-        std::string real = std::filesystem::canonical(path, error).string();
-        return fmt::format("{}|{}|{}", real, static_cast<long long>(info.st_size),
-                           static_cast<long long>(info.st_mtime));
+        return fileIdentity(std::filesystem::canonical(path, error).string(), info);
       }
     }
     return std::string();
@@ -383,8 +387,7 @@ const LoadedJitLink &loadJitLink() {
     const std::string path = loadedRealPath(handle);
     struct stat info;
     if (!path.empty() && stat(path.c_str(), &info) == 0)
-      result.identity = fmt::format("{}|{}|{}", path, static_cast<long long>(info.st_size),
-                                    static_cast<long long>(info.st_mtime));
+      result.identity = fileIdentity(path, info);
     return result;
   }();
   return loaded;
