@@ -182,7 +182,8 @@ const std::vector<KernelOptionInfo> &kernelOptionInfos() {
       {"link_mods", "PAGEDC_LINK_MODS", "0, 1 or first", "0",
        "the mods compiled as a unit of their own and linked into a kernel compiled once per "
        "shape (1): a new variant compiles in a fraction of the time, the kernel runs slower; "
-       "first: linked until the inlined kernel, compiled in the background, is ready"},
+       "first: linked until the inlined kernel, compiled in the background, is ready (a "
+       "shape's first variant: inlined at once)"},
   };
   return infos;
 }

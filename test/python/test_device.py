@@ -125,7 +125,8 @@ def test_flex_attention_on_device_matches_reference(rng, mods):
 def test_flex_attention_with_linked_mods_matches_reference(rng, mods, link_mods):
     # The kernels that call the mods across a link (kernel option link_mods;
     # "first": linked until the inlined kernel compiled in the background is
-    # ready), decode (one token) and prefill, against the same reference.
+    # ready, a shape's first variant inlined at once), decode (one token) and
+    # prefill, against the same reference.
     for length in (1, 7):
         q, k, v = dense_inputs(rng, length=length)
         qd, kd, vd = (pagedc.to_device(a, device="emu") for a in (q, k, v))

@@ -32,7 +32,10 @@ enum class ModLinking : unsigned char {
   /// time, the kernel runs slower.
   Linked,
   /// Linked for the calls made while the inlined kernel compiles on a
-  /// background thread, inlined from the first call after it is ready.
+  /// background thread, inlined from the first call after it is ready. A
+  /// shape's first variant waits for its inlined kernel instead (its linked
+  /// kernel would wait as long for the shape's unit), which is then built
+  /// in the background for the variants that follow.
   LinkedFirst,
 };
 
@@ -96,7 +99,8 @@ struct KernelOptions {
   /// their mods: "0" inlined (unset: so), "1" from a unit of their own
   /// linked into a kernel compiled once per shape and per which mods are
   /// present (KernelConfig::linkedMods), "first" linked until the inlined
-  /// kernel, compiled in the background, is ready (ModLinking). Linked, a
+  /// kernel, compiled in the background, is ready, except for a shape's
+  /// first variant (ModLinking). Linked, a
   /// new mod variant costs its small unit and a link instead of a whole
   /// kernel compile (docs/kernels.md, "Linked mods"), but the kernel calls
   /// the mods instead of inlining them and runs slower. flexAttention's

@@ -128,6 +128,10 @@ std::shared_ptr<const CudaKernel> cudaKernelFor(const CompiledMods &mods,
 /// The configs of the kernels cudaKernelFor has loaded in this process, in
 /// the order they were loaded: which kernel served a call (tests).
 std::vector<KernelConfig> cudaLoadedKernelConfigs();
+/// Waits for the compiles that kernel option link_mods=first started on
+/// background threads (tests); their failures are left to the calls that
+/// ask for their kernels.
+void cudaWaitForBackgroundCompiles();
 
 /// The kernel configuration the backend uses for a call: decode for up to 8
 /// query tokens when a decode kernel is available (always with mod code; in

@@ -27,6 +27,7 @@
 #include <string>
 #include <string_view>
 #include <unordered_map>
+#include <unordered_set>
 #include <vector>
 
 namespace pagedc {
@@ -124,6 +125,20 @@ public:
                                                          const CompileOptions &options,
                                                          KernelUnit unit);
 
+  /// Linked mods (KernelConfig::linkedMods): whether the kernel unit that
+  /// every mod variant of `config`'s shape links against is compiled or
+  /// under way in this process, or has a disk entry, so that a variant
+  /// costs only its mods' unit and a link. On the emulator, which compiles
+  /// each variant's mods into the kernel's own unit, whether a linked
+  /// kernel of the shape was built or prepared in this process.
+  bool linkedKernelUnitKnown(const KernelConfig &config, std::string_view modCode,
+                             const CompileOptions &options);
+  /// Builds that shared unit without a variant's mods (on the emulator,
+  /// records the shape as prepared), so that the shape's next variant
+  /// links at once; returns when it is built.
+  void prepareLinkedKernelUnit(const KernelConfig &config, std::string_view modCode,
+                               const CompileOptions &options);
+
   /// The kernel recorded under disk key `key` by an earlier process (the
   /// variant index, CudaJit.h, stores such keys), for `config`: from memory
   /// or from the disk entry, which counts as a disk hit. nullptr when there
@@ -191,6 +206,11 @@ private:
   std::shared_ptr<const CompiledKernel> linkMods(const KernelSource &kernel,
                                                  std::string_view modCode,
                                                  const CompileOptions &options);
+  /// The unit a linked `config` shares with its shape's variants (the
+  /// unit its launch's main module comes from) and the options it is
+  /// compiled with.
+  static KernelSource linkedKernelSource(const KernelConfig &config, std::string_view modCode);
+  static CompileOptions relocatable(const CompileOptions &options);
   std::shared_ptr<const CompiledKernel> readEntry(const std::string &key);
   /// readEntry counted as a disk hit, its config set to `config` (an entry
   /// records its config as text, not every field of it).
@@ -203,6 +223,9 @@ private:
   mutable std::mutex mutex_;
   std::unordered_map<uint64_t, std::vector<FastEntry>> fast_;
   std::unordered_map<std::string, Future> byKey_;
+  /// Emulator: the disk keys of the linked kernel units whose shapes were
+  /// built or prepared (linkedKernelUnitKnown).
+  std::unordered_set<std::string> emulatedLinkedUnits_;
   std::atomic<uint64_t> memoryHits_{0}, diskHits_{0}, compiles_{0},
       corruptEntries_{0}, links_{0};
   mutable std::mutex timesMutex_;

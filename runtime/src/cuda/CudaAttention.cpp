@@ -845,16 +845,33 @@ DeviceBuffer uploadCallData(const cpu::PagedAttentionArgs &args, const KernelCon
   return callData;
 }
 
+/// ModLinking::LinkedFirst's compiles on background threads: the inlined
+/// kernels by mods and config, and the kernel units shared by a shape's
+/// linked variants, by config. Each is started once; a failed one is
+/// rethrown to every call that asks for it.
+struct BackgroundCompiles {
+  std::mutex mutex;
+  std::map<std::string, std::shared_future<KernelConfig>> inlined;
+  std::map<std::string, std::shared_future<void>> linkedUnits;
+
+  /// Made after KernelCache::global(), so destroyed before it: the maps'
+  /// last futures wait for their threads, which compile through that
+  /// cache.
+  static BackgroundCompiles &get() {
+    KernelCache::global();
+    static BackgroundCompiles compiles;
+    return compiles;
+  }
+};
+
 /// ModLinking::LinkedFirst: the inlined kernel of the call whose linked
 /// config is `linked`, compiled on a background thread that the first call
-/// asking for it starts; null while that compile runs. A failed compile is
-/// rethrown to every call that asks.
+/// asking for it starts; null while that compile runs, unless `wait`.
 std::shared_ptr<const CudaKernel> inlinedKernelWhenReady(const CompiledMods &mods,
                                                          const KernelConfig &linked,
                                                          const std::string &arch,
-                                                         int deviceIndex) {
-  // Made before the map below, so destroyed after it: the map's last
-  // future waits for its thread, which compiles through this cache.
+                                                         int deviceIndex, bool wait) {
+  BackgroundCompiles &compiles = BackgroundCompiles::get();
   KernelCache &cache = KernelCache::global();
   KernelConfig inlined = linked;
   inlined.linkedMods = false;
@@ -862,26 +879,41 @@ std::shared_ptr<const CudaKernel> inlinedKernelWhenReady(const CompiledMods &mod
   const std::string key =
       fmt::format("{:016x} {} | {} | {}", contentHash64(mods.cuda.modCode),
                   mods.cuda.modCode.size(), inlined.describe(), arch);
-  static std::mutex mutex;
-  static std::map<std::string, std::shared_future<KernelConfig>> compiles;
   std::shared_future<KernelConfig> compiled;
   {
-    std::lock_guard<std::mutex> lock(mutex);
-    auto found = compiles.find(key);
-    if (found == compiles.end()) {
+    std::lock_guard<std::mutex> lock(compiles.mutex);
+    auto found = compiles.inlined.find(key);
+    if (found == compiles.inlined.end()) {
       auto compile = [&cache, modCode = mods.cuda.modCode, inlined, arch] {
         // The tile a call with inlined mods would run (narrowed on spills).
         const KernelConfig settled = settlePrefillShape(inlined, modCode, arch, cache);
         cache.getOrCompileModules(settled, modCode, cudaCompileOptions(settled, arch));
         return settled;
       };
-      found = compiles.emplace(key, std::async(std::launch::async, compile).share()).first;
+      found =
+          compiles.inlined.emplace(key, std::async(std::launch::async, compile).share()).first;
     }
     compiled = found->second;
   }
-  if (compiled.wait_for(std::chrono::seconds(0)) != std::future_status::ready)
+  if (!wait && compiled.wait_for(std::chrono::seconds(0)) != std::future_status::ready)
     return nullptr;
   return cudaKernelFor(mods, compiled.get(), deviceIndex);
+}
+
+/// ModLinking::LinkedFirst: builds, on a background thread, the kernel
+/// unit that the linked variants of `linked`'s shape share.
+void prepareLinkedUnitInBackground(const CompiledMods &mods, const KernelConfig &linked,
+                                   const CompileOptions &options) {
+  BackgroundCompiles &compiles = BackgroundCompiles::get();
+  KernelCache &cache = KernelCache::global();
+  const std::string key = linked.describe() + " | " + options.key();
+  std::lock_guard<std::mutex> lock(compiles.mutex);
+  if (compiles.linkedUnits.count(key) != 0)
+    return;
+  compiles.linkedUnits.emplace(
+      key, std::async(std::launch::async, [&cache, modCode = mods.cuda.modCode, linked, options] {
+             cache.prepareLinkedKernelUnit(linked, modCode, options);
+           }).share());
 }
 
 } // namespace
@@ -911,8 +943,22 @@ void pagedAttention(const cpu::PagedAttentionArgs &args, Device device, void *st
       static_cast<int>(args.vCache.size(3)),
       isFloat8(kvType) ? std::optional<DType>(kvType) : std::nullopt);
   std::shared_ptr<const CudaKernel> kernel;
-  if (config.linkedMods && kernelOptions.linkMods == ModLinking::LinkedFirst) {
-    kernel = inlinedKernelWhenReady(mods, config, info.arch(), device.index);
+  // (A bundle's kernels are what it was built with: nothing compiles.)
+  if (config.linkedMods && kernelOptions.linkMods == ModLinking::LinkedFirst &&
+      !mods.cuda.bundle) {
+    kernel = inlinedKernelWhenReady(mods, config, info.arch(), device.index, false);
+    // The first variant of a shape: its linked kernel would need the
+    // shape's kernel unit, a compile as long as the inlined kernel's. That
+    // call waits for the inlined kernel; the shape's unit is built after
+    // it, for the variants that follow.
+    if (!kernel) {
+      const CompileOptions linkedOptions = cudaCompileOptions(config, info.arch());
+      if (!KernelCache::global().linkedKernelUnitKnown(config, mods.cuda.modCode,
+                                                       linkedOptions)) {
+        kernel = inlinedKernelWhenReady(mods, config, info.arch(), device.index, true);
+        prepareLinkedUnitInBackground(mods, config, linkedOptions);
+      }
+    }
     if (kernel)
       config = kernel->config;
   }
@@ -991,4 +1037,22 @@ void pagedAttention(const cpu::PagedAttentionArgs &args, Device device, void *st
 }
 
 } // namespace cuda
+
+void cudaWaitForBackgroundCompiles() {
+  cuda::BackgroundCompiles &compiles = cuda::BackgroundCompiles::get();
+  std::vector<std::shared_future<KernelConfig>> inlined;
+  std::vector<std::shared_future<void>> linkedUnits;
+  {
+    std::lock_guard<std::mutex> lock(compiles.mutex);
+    for (const auto &[key, future] : compiles.inlined)
+      inlined.push_back(future);
+    for (const auto &[key, future] : compiles.linkedUnits)
+      linkedUnits.push_back(future);
+  }
+  for (const auto &future : inlined)
+    future.wait();
+  for (const auto &future : linkedUnits)
+    future.wait();
+}
+
 } // namespace pagedc

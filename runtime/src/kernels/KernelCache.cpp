@@ -501,12 +501,58 @@ KernelCache::getOrCompileUnit(const KernelConfig &config, std::string_view modCo
   }
 }
 
+KernelSource KernelCache::linkedKernelSource(const KernelConfig &config,
+                                             std::string_view modCode) {
+  if (!config.linkedMods)
+    throw Error(fmt::format("the {} kernel inlines its mods: it shares no unit with other "
+                            "variants",
+                            config.describe()));
+  return assembleKernel(config, modCode,
+                        hasSeparateMergeUnit(config) ? KernelUnit::DecodeSplit : KernelUnit::Whole);
+}
+
+CompileOptions KernelCache::relocatable(const CompileOptions &options) {
+  CompileOptions relocatable = options;
+  relocatable.extraOptions.push_back("-rdc=true");
+  return relocatable;
+}
+
+bool KernelCache::linkedKernelUnitKnown(const KernelConfig &config, std::string_view modCode,
+                                        const CompileOptions &options) {
+  const std::string key = diskKey(linkedKernelSource(config, modCode).code, relocatable(options));
+  const bool emulator = isEmulatorArch(options.arch);
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (emulator ? emulatedLinkedUnits_.count(key) != 0 : byKey_.count(key) != 0)
+      return true;
+  }
+  // An entry on disk counts unread: one that proves corrupt is rebuilt by
+  // the link that wanted it, as any other.
+  std::error_code error;
+  return !emulator && !directory_.empty() && std::filesystem::exists(entryPath(key), error);
+}
+
+void KernelCache::prepareLinkedKernelUnit(const KernelConfig &config, std::string_view modCode,
+                                          const CompileOptions &options) {
+  const KernelSource kernel = linkedKernelSource(config, modCode);
+  if (isEmulatorArch(options.arch)) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    emulatedLinkedUnits_.insert(diskKey(kernel.code, relocatable(options)));
+    return;
+  }
+  getOrCompile(kernel, relocatable(options));
+}
+
 std::shared_ptr<const CompiledKernel>
 KernelCache::linkMods(const KernelSource &kernel, std::string_view modCode,
                       const CompileOptions &options) {
   // The emulator builds one shared object per unit: the mods' definitions
   // are compiled into the kernel's unit, behind the same hooks.
   if (isEmulatorArch(options.arch)) {
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      emulatedLinkedUnits_.insert(diskKey(kernel.code, relocatable(options)));
+    }
     KernelSource whole = kernel;
     whole.code += "// ---- linked mod code ----\n";
     whole.code += linkedModDefinitions(modCode, kernel.config.paramsSize);
@@ -516,20 +562,19 @@ KernelCache::linkMods(const KernelSource &kernel, std::string_view modCode,
     throw Error(fmt::format("the {} kernel links its mods as cubins: its compile options must "
                             "ask for a cubin, not PTX",
                             kernel.config.describe()));
-  CompileOptions relocatable = options;
-  relocatable.extraOptions.push_back("-rdc=true");
-  CompileOptions modsOptions = relocatable;
+  const CompileOptions kernelOptions = relocatable(options);
+  CompileOptions modsOptions = kernelOptions;
   modsOptions.ptxasVerbose = false;
   const KernelSource mods = assembleLinkedMods(kernel.config, modCode);
   // The kernel's unit serves every variant of its shape: after the first
   // variant a memory or disk hit. The first compiles both side by side.
   auto kernelUnit =
-      std::async(std::launch::async, [&] { return getOrCompile(kernel, relocatable); });
+      std::async(std::launch::async, [&] { return getOrCompile(kernel, kernelOptions); });
   std::shared_ptr<const CompiledKernel> modsUnit;
   try {
     modsUnit = getOrCompile(mods, modsOptions);
   } catch (...) {
-    kernelUnit.wait(); // it reads `kernel` and `relocatable`
+    kernelUnit.wait(); // it reads `kernel` and `kernelOptions`
     throw;
   }
   const std::shared_ptr<const CompiledKernel> generic = kernelUnit.get();

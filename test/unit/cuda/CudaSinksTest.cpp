@@ -314,37 +314,50 @@ TEST(CudaSinks, LinkedMods) {
   EXPECT_EQ(loaded[loadedBefore].paramsSize % 64, 0); // the Params' room
 }
 
-/// link_mods=first: the first call runs the linked kernel while the
-/// inlined one compiles in the background; once it is ready a call loads
-/// and runs it, and the calls after it load nothing more.
+/// link_mods=first: a shape's first variant runs its inlined kernel (its
+/// linked kernel would wait for the shape's kernel unit, as long a
+/// compile), and the shape's unit is built after it; a later variant runs
+/// the linked kernel while its inlined one compiles in the background,
+/// then that, and the calls after it load nothing more.
 TEST(CudaSinks, LinkedModsFirstThenInlined) {
   KernelOptions first = withSplitFactor(2);
   first.linkMods = ModLinking::LinkedFirst;
-  const FlexCase c{"linked-first", 1, {150, 37}, 4, DType::BF16, 16, 64, "holes", "softcap",
-                   first};
   auto kernelsNow = [] { return cudaLoadedKernelConfigs(); };
   const size_t before = kernelsNow().size();
-  expectFlexCases({c});
+  const FlexCase shapeFirst{"linked-first-1", 1, {150, 37}, 4, DType::BF16, 16, 64, "holes",
+                            "softcap", first};
+  expectFlexCases({shapeFirst});
   std::vector<KernelConfig> loaded = kernelsNow();
   ASSERT_EQ(loaded.size(), before + 1);
+  EXPECT_FALSE(loaded.back().linkedMods);
+  EXPECT_EQ(loaded.back().kind, KernelKind::Decode);
+  cudaWaitForBackgroundCompiles();
+  expectFlexCases({shapeFirst});
+  EXPECT_EQ(kernelsNow().size(), before + 1);
+
+  const FlexCase later{"linked-first-2", 1, {150, 37}, 4, DType::BF16, 16, 64, "holes", "alibi",
+                       first};
+  expectFlexCases({later});
+  loaded = kernelsNow();
+  ASSERT_EQ(loaded.size(), before + 2);
   const KernelConfig linked = loaded.back();
   EXPECT_TRUE(linked.linkedMods);
   // Calls until one takes the inlined kernel (the emulator builds it in
   // seconds; a minute is the bound).
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
-  while (kernelsNow().size() == before + 1 && std::chrono::steady_clock::now() < deadline) {
+  while (kernelsNow().size() == before + 2 && std::chrono::steady_clock::now() < deadline) {
     std::this_thread::sleep_for(std::chrono::milliseconds(50));
-    expectFlexCases({c});
+    expectFlexCases({later});
   }
   loaded = kernelsNow();
-  ASSERT_EQ(loaded.size(), before + 2) << "no call took the inlined kernel within a minute";
+  ASSERT_EQ(loaded.size(), before + 3) << "no call took the inlined kernel within a minute";
   EXPECT_FALSE(loaded.back().linkedMods);
   EXPECT_EQ(loaded.back().kind, KernelKind::Decode);
   // The Params as packed, not the linked kernel's room for them.
   EXPECT_EQ(linkedParamsCapacity(loaded.back().paramsSize), linked.paramsSize);
   EXPECT_NE(loaded.back().paramsSize, linked.paramsSize);
-  expectFlexCases({c});
-  EXPECT_EQ(kernelsNow().size(), before + 2);
+  expectFlexCases({later});
+  EXPECT_EQ(kernelsNow().size(), before + 3);
 }
 
 //===--- BatchAttention's packed kernels ------------------------------------===//

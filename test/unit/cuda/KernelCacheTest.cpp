@@ -1,5 +1,6 @@
 //===- KernelCacheTest.cpp - In-process and on-disk kernel cache ----------===//
 
+#include "pagedc/EmulatorBuild.h"
 #include "pagedc/Error.h"
 #include "pagedc/KernelCache.h"
 #include "support/CudaTestSupport.h"
@@ -378,6 +379,59 @@ TEST(LinkedMods, ANewVariantCompilesOnlyItsModsAndLinks) {
   CompileOptions ptx;
   ptx.output = CompileOptions::Output::Ptx;
   EXPECT_THROW(cache.getOrCompile(decode, window, ptx), Error);
+}
+
+// link_mods=first builds a shape's kernel unit ahead of its variants: once
+// prepared (in this process or on disk) a variant compiles only its mods.
+TEST(LinkedMods, APreparedShapeLinksItsFirstVariantAtOnce) {
+  REQUIRE_NVRTC();
+  std::string reason;
+  if (!NvJitLink::available(&reason))
+    GTEST_SKIP() << "nvJitLink unavailable: " << reason;
+  TempDir dir;
+  KernelCache cache(dir.path());
+  KernelConfig decode;
+  decode.kind = KernelKind::Decode;
+  decode.groupSize = 4;
+  decode.headDim = 64;
+  decode.noBlockMask = true;
+  decode.linkedMods = true;
+  decode.paramsSize = 64;
+  const std::string causal = cheapMods();
+  std::string window = causal;
+  window.replace(window.find("return row.q >= kv;"), 19, "return row.q >= kv && row.q - kv < 8;");
+  const CompileOptions options;
+
+  EXPECT_FALSE(cache.linkedKernelUnitKnown(decode, window, options));
+  cache.prepareLinkedKernelUnit(decode, causal, options);
+  EXPECT_EQ(cache.stats().compiles, 1u);
+  EXPECT_EQ(cache.stats().links, 0u);
+  // Known for every variant with the same mods present and Params room.
+  EXPECT_TRUE(cache.linkedKernelUnitKnown(decode, window, options));
+  KernelConfig widerRoom = decode;
+  widerRoom.paramsSize = 128;
+  EXPECT_FALSE(cache.linkedKernelUnitKnown(widerRoom, window, options));
+  const std::string alibi(embeddedTemplate("testing/alibi.cuh"));
+  EXPECT_FALSE(cache.linkedKernelUnitKnown(decode, alibi, options)); // a score present
+  cache.getOrCompileModules(decode, window, options);
+  EXPECT_EQ(cache.stats().compiles, 3u); // the mods' unit and the merge unit
+  EXPECT_EQ(cache.stats().links, 1u);
+  // A later process finds it on disk; a cache without the directory not.
+  KernelCache fresh(dir.path());
+  EXPECT_TRUE(fresh.linkedKernelUnitKnown(decode, causal, options));
+  KernelCache memoryOnly("");
+  EXPECT_FALSE(memoryOnly.linkedKernelUnitKnown(decode, causal, options));
+  // The emulator compiles each variant whole: preparing compiles nothing.
+  CompileOptions emulator;
+  emulator.arch = std::string(kEmulatorArch);
+  EXPECT_FALSE(memoryOnly.linkedKernelUnitKnown(decode, causal, emulator));
+  memoryOnly.prepareLinkedKernelUnit(decode, causal, emulator);
+  EXPECT_TRUE(memoryOnly.linkedKernelUnitKnown(decode, window, emulator));
+  EXPECT_EQ(memoryOnly.stats().compiles, 0u);
+  // Inlined mods share no unit.
+  KernelConfig inlined = decode;
+  inlined.linkedMods = false;
+  EXPECT_THROW(cache.linkedKernelUnitKnown(inlined, causal, options), Error);
 }
 
 /// Run only as a child of ConcurrentProcessesShareOneEntry.
