@@ -39,6 +39,32 @@ KernelConfig cheapConfig() {
   return config;
 }
 std::string cheapMods() { return std::string(embeddedTemplate("testing/causal.cuh")); }
+/// NVRTC and nvJitLink, which kernels with linked mods need, or skip.
+#define REQUIRE_NVRTC_AND_NVJITLINK()                                          \
+  do {                                                                         \
+    REQUIRE_NVRTC();                                                           \
+    std::string reason;                                                        \
+    if (!::pagedc::NvJitLink::available(&reason))                              \
+      GTEST_SKIP() << "nvJitLink unavailable: " << reason;                     \
+  } while (0)
+
+/// cheapMods() under a window: another variant with the same mods present.
+std::string windowMods() {
+  std::string window = cheapMods();
+  window.replace(window.find("return row.q >= kv;"), 19, "return row.q >= kv && row.q - kv < 8;");
+  return window;
+}
+/// The decode kernel the LinkedMods tests link (head dim 64, GQA 4).
+KernelConfig linkedDecodeConfig() {
+  KernelConfig decode;
+  decode.kind = KernelKind::Decode;
+  decode.groupSize = 4;
+  decode.headDim = 64;
+  decode.noBlockMask = true;
+  decode.linkedMods = true;
+  decode.paramsSize = 64;
+  return decode;
+}
 
 std::vector<fs::path> filesIn(const std::string &dir) {
   std::vector<fs::path> files;
@@ -290,8 +316,7 @@ TEST(LinkedMods, HooksFollowTheModsPresentAndCheckTheVariant) {
   EXPECT_NE(hooks.find("return pagedc_linked_mask(&p, &row, b, h, q, kv);"), std::string::npos);
   EXPECT_EQ(hooks.find("pagedc_linked_score(&p"), std::string::npos);
   // The kernel depends on the mod code through its flags alone.
-  std::string window = causal;
-  window.replace(window.find("return row.q >= kv;"), 19, "return row.q >= kv && row.q - kv < 8;");
+  const std::string window = windowMods();
   EXPECT_EQ(linkedModHooks(window, 64), hooks);
   EXPECT_NE(linkedModHooks(std::string(embeddedTemplate("testing/alibi.cuh")), 64), hooks);
   EXPECT_THROW(linkedModHooks("namespace pagedc_mods {}", 64), Error);
@@ -321,22 +346,11 @@ TEST(LinkedMods, HooksFollowTheModsPresentAndCheckTheVariant) {
 }
 
 TEST(LinkedMods, ANewVariantCompilesOnlyItsModsAndLinks) {
-  REQUIRE_NVRTC();
-  std::string reason;
-  if (!NvJitLink::available(&reason))
-    GTEST_SKIP() << "nvJitLink unavailable: " << reason;
+  REQUIRE_NVRTC_AND_NVJITLINK();
   TempDir dir;
   KernelCache cache(dir.path());
-  KernelConfig decode;
-  decode.kind = KernelKind::Decode;
-  decode.groupSize = 4;
-  decode.headDim = 64;
-  decode.noBlockMask = true;
-  decode.linkedMods = true;
-  decode.paramsSize = 64;
-  const std::string causal = cheapMods();
-  std::string window = causal;
-  window.replace(window.find("return row.q >= kv;"), 19, "return row.q >= kv && row.q - kv < 8;");
+  KernelConfig decode = linkedDecodeConfig();
+  const std::string causal = cheapMods(), window = windowMods();
   CompileOptions options;
   options.ptxasVerbose = true;
 
@@ -384,22 +398,11 @@ TEST(LinkedMods, ANewVariantCompilesOnlyItsModsAndLinks) {
 // link_mods=first builds a shape's kernel unit ahead of its variants: once
 // prepared (in this process or on disk) a variant compiles only its mods.
 TEST(LinkedMods, APreparedShapeLinksItsFirstVariantAtOnce) {
-  REQUIRE_NVRTC();
-  std::string reason;
-  if (!NvJitLink::available(&reason))
-    GTEST_SKIP() << "nvJitLink unavailable: " << reason;
+  REQUIRE_NVRTC_AND_NVJITLINK();
   TempDir dir;
   KernelCache cache(dir.path());
-  KernelConfig decode;
-  decode.kind = KernelKind::Decode;
-  decode.groupSize = 4;
-  decode.headDim = 64;
-  decode.noBlockMask = true;
-  decode.linkedMods = true;
-  decode.paramsSize = 64;
-  const std::string causal = cheapMods();
-  std::string window = causal;
-  window.replace(window.find("return row.q >= kv;"), 19, "return row.q >= kv && row.q - kv < 8;");
+  KernelConfig decode = linkedDecodeConfig();
+  const std::string causal = cheapMods(), window = windowMods();
   const CompileOptions options;
 
   EXPECT_FALSE(cache.linkedKernelUnitKnown(decode, window, options));
