@@ -29,6 +29,8 @@
 #include "pagedc/BatchAttention.h"
 #include "pagedc/CudaAttention.h"
 #include "pagedc/CudaDriver.h"
+#include "pagedc/EmulatorBuild.h"
+#include "pagedc/KernelCache.h"
 #include "pagedc/Error.h"
 
 #include <fmt/format.h>
@@ -38,6 +40,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <functional>
 #include <memory>
 #include <random>
 #include <string>
@@ -134,7 +137,10 @@ HostTensor randomTensor(DType type, std::vector<int64_t> shape, float range, std
 
 /// Runs one case through cuda::pagedAttention with device-resident sinks
 /// and compares with the float64 reference, sinks applied.
-Counts runFlexCase(const FlexCase &c, uint64_t seed) {
+/// `prepare`, when given, adjusts the case's mods before the call (e.g. to
+/// a kernel bundle of them).
+Counts runFlexCase(const FlexCase &c, uint64_t seed,
+                   const std::function<void(CompiledMods &)> &prepare = {}) {
   const Device device = Device::cuda(0);
   const int64_t batch = static_cast<int64_t>(c.kvLengths.size());
   const int64_t kvHeads = c.gqa == 1 ? 4 : 1, qHeads = kvHeads * c.gqa;
@@ -152,6 +158,8 @@ Counts runFlexCase(const FlexCase &c, uint64_t seed) {
   cpu::PagedCache cache =
       cpu::buildPagedCache(k.view(), v.view(), c.kvLengths.data(), c.pageSize, c.dtype, seed);
   CompiledMods mods = testutil::makeTestMods(c.mask, c.score);
+  if (prepare)
+    prepare(mods);
   testutil::TestBindings bindings(batch, qHeads, capacity + c.qLength, seed);
   const std::vector<float> sinks = sinkValues(qHeads);
 
@@ -233,7 +241,8 @@ Counts runFlexCase(const FlexCase &c, uint64_t seed) {
   return counts;
 }
 
-void expectFlexCases(const std::vector<FlexCase> &cases) {
+void expectFlexCases(const std::vector<FlexCase> &cases,
+                     const std::function<void(CompiledMods &)> &prepare = {}) {
   uint64_t seed = 500;
   for (const FlexCase &c : cases) {
     const std::string label =
@@ -241,7 +250,7 @@ void expectFlexCases(const std::vector<FlexCase> &cases) {
                     c.qLength, c.kvLengths[0], c.kvLengths[1], c.gqa, dtypeName(c.dtype),
                     c.pageSize, c.dim, c.mask, c.score);
     try {
-      const Counts counts = runFlexCase(c, ++seed);
+      const Counts counts = runFlexCase(c, ++seed, prepare);
       EXPECT_TRUE(counts.ok()) << label << ": " << counts.describe();
       if (std::string(c.mask) == "holes") {
         EXPECT_GT(counts.maskedRows, 0) << label;
@@ -358,6 +367,49 @@ TEST(CudaSinks, LinkedModsFirstThenInlined) {
   EXPECT_NE(loaded.back().paramsSize, linked.paramsSize);
   expectFlexCases({later});
   EXPECT_EQ(kernelsNow().size(), before + 3);
+}
+
+/// A bundle holds the kernels it was built with: one whose decode module
+/// links its mods serves link_mods=first calls as it is, with nothing
+/// compiled in the background, call after call.
+TEST(CudaSinks, LinkedBundleUnderLinkedFirst) {
+  KernelOptions first = withSplitFactor(2);
+  first.linkMods = ModLinking::LinkedFirst;
+  const FlexCase c{"linked-bundle", 1, {150, 37}, 4, DType::F16, 16, 64, "holes", "softcap",
+                   first};
+  std::shared_ptr<KernelBundle> bundle; // one for both calls
+  auto toBundle = [&](CompiledMods &mods) {
+    mods.cuda.bundleLabel = "holes+softcap";
+    if (bundle) {
+      mods.cuda.bundle = bundle;
+      return;
+    }
+    KernelOptions linked = first;
+    linked.linkMods = ModLinking::Linked;
+    const std::string arch(kEmulatorArch);
+    const KernelConfig config =
+        chooseCudaAttentionConfig(mods, c.dtype, 64, c.pageSize, c.gqa, 1, true, arch, 0, linked);
+    ASSERT_TRUE(config.linkedMods);
+    ASSERT_EQ(config.kind, KernelKind::Decode);
+    const auto compiled = KernelCache::global().getOrCompile(config, mods.cuda.modCode,
+                                                             cudaCompileOptions(config, arch));
+    BundleModule module;
+    module.arch = arch;
+    module.mods = mods.cuda.bundleLabel;
+    module.config = config;
+    module.kernelNames = compiled->kernelNames;
+    module.image = compiled->image;
+    bundle = std::make_shared<KernelBundle>();
+    bundle->modules.push_back(module);
+    mods.cuda.bundle = bundle;
+  };
+  const size_t before = cudaLoadedKernelConfigs().size();
+  expectFlexCases({c}, toBundle);
+  cudaWaitForBackgroundCompiles();
+  expectFlexCases({c}, toBundle);
+  const std::vector<KernelConfig> loaded = cudaLoadedKernelConfigs();
+  ASSERT_EQ(loaded.size(), before + 1);
+  EXPECT_TRUE(loaded.back().linkedMods);
 }
 
 //===--- BatchAttention's packed kernels ------------------------------------===//
