@@ -854,11 +854,29 @@ struct BackgroundCompiles {
   std::map<std::string, std::shared_future<KernelConfig>> inlined;
   std::map<std::string, std::shared_future<void>> linkedUnits;
 
-  /// Made after KernelCache::global(), so destroyed before it: the maps'
-  /// last futures wait for their threads, which compile through that
-  /// cache.
-  static BackgroundCompiles &get() {
-    KernelCache::global();
+  /// Made after what the compile threads use (the global cache, and for
+  /// the first call's `arch` the compiler's identity and, on a GPU, the
+  /// loaded NVRTC), so destroyed before them at exit: the maps' last
+  /// futures wait for their threads.
+  static BackgroundCompiles &get(const std::string &arch) {
+    static BackgroundCompiles &compiles = [&]() -> BackgroundCompiles & {
+      KernelCache::global();
+      CompileOptions options;
+      options.arch = arch;
+      KernelCache::diskKey("", options);
+      if (!isEmulatorArch(arch)) {
+        try {
+          Nvrtc::get();
+        } catch (const Error &) {
+          // The compile that needs it throws the reason to the calls.
+        }
+      }
+      return instance();
+    }();
+    return compiles;
+  }
+  /// The maps, made on first use (get() makes them in the right order).
+  static BackgroundCompiles &instance() {
     static BackgroundCompiles compiles;
     return compiles;
   }
@@ -871,7 +889,7 @@ std::shared_ptr<const CudaKernel> inlinedKernelWhenReady(const CompiledMods &mod
                                                          const KernelConfig &linked,
                                                          const std::string &arch,
                                                          int deviceIndex, bool wait) {
-  BackgroundCompiles &compiles = BackgroundCompiles::get();
+  BackgroundCompiles &compiles = BackgroundCompiles::get(arch);
   KernelCache &cache = KernelCache::global();
   KernelConfig inlined = linked;
   inlined.linkedMods = false;
@@ -904,7 +922,7 @@ std::shared_ptr<const CudaKernel> inlinedKernelWhenReady(const CompiledMods &mod
 /// unit that the linked variants of `linked`'s shape share.
 void prepareLinkedUnitInBackground(const CompiledMods &mods, const KernelConfig &linked,
                                    const CompileOptions &options) {
-  BackgroundCompiles &compiles = BackgroundCompiles::get();
+  BackgroundCompiles &compiles = BackgroundCompiles::get(options.arch);
   KernelCache &cache = KernelCache::global();
   const std::string key = linked.describe() + " | " + options.key();
   std::lock_guard<std::mutex> lock(compiles.mutex);
@@ -1039,7 +1057,7 @@ void pagedAttention(const cpu::PagedAttentionArgs &args, Device device, void *st
 } // namespace cuda
 
 void cudaWaitForBackgroundCompiles() {
-  cuda::BackgroundCompiles &compiles = cuda::BackgroundCompiles::get();
+  cuda::BackgroundCompiles &compiles = cuda::BackgroundCompiles::instance();
   std::vector<std::shared_future<KernelConfig>> inlined;
   std::vector<std::shared_future<void>> linkedUnits;
   {
