@@ -6,18 +6,19 @@
 # dependencies, so never in CI) plus pytest, and runs the whole suite against
 # the build tree's package.
 #
-# Usage: scripts/python-torch-tests.sh [--with-flashinfer] [BUILD_DIR]
+# Usage: scripts/python-torch-tests.sh [--with-baselines] [BUILD_DIR]
 #
-# --with-flashinfer: also FlashInfer, the version scripts/gpu-wheels.sh pins,
-# without its GPU-only dependencies, in $VENV/flashinfer-site (about 0.9 GB):
-# it imports without a GPU, so test_gpu_baselines.py binds the benchmark's
-# FlashInfer calls to its real wrappers here instead of skipping them.
+# --with-baselines: also FlashInfer and FlashAttention-4 with its CuTe DSL,
+# the versions scripts/gpu-wheels.sh pins, without their GPU-only
+# dependencies, in $VENV/baselines-site (about 1.2 GB): they import without
+# a GPU, so test_gpu_baselines.py binds the benchmark's calls to their real
+# functions and wrappers here instead of skipping those tests.
 source "$(dirname "$0")/script-help.sh"
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
-with_flashinfer=0
-if [[ "${1:-}" == --with-flashinfer ]]; then
-  with_flashinfer=1
+with_baselines=0
+if [[ "${1:-}" == --with-baselines ]]; then
+  with_baselines=1
   shift
 fi
 [[ "${1:-}" != -* ]] || { echo "python-torch-tests: unknown option '$1' (see --help)" >&2; exit 2; }
@@ -34,19 +35,24 @@ fi
 "$venv/bin/python" -c "import ml_dtypes" 2>/dev/null || "$venv/bin/pip" install ml_dtypes
 "$venv/bin/python" -c "import pytest, numpy" 2>/dev/null || "$venv/bin/pip" install pytest numpy
 pythonpath=$build/python
-if [[ $with_flashinfer == 1 ]]; then
-  site=$venv/flashinfer-site
-  # The pins scripts/gpu-wheels.sh carries to the GPU machine.
-  pins=$(grep -o -E '(flashinfer-python|apache-tvm-ffi)==[^ )]+' "$root/scripts/gpu-wheels.sh" | sort -u)
-  [[ $(wc -l <<<"$pins") == 2 ]] || { echo "python-torch-tests: no FlashInfer pins in scripts/gpu-wheels.sh" >&2; exit 1; }
-  if ! PYTHONPATH=$site "$venv/bin/python" -c "import flashinfer" 2>/dev/null; then
+if [[ $with_baselines == 1 ]]; then
+  site=$venv/baselines-site
+  # The pins scripts/gpu-wheels.sh carries to the GPU machine, but for
+  # FlashInfer's GPU-only dependencies.
+  pins=$(grep -o -E '(flashinfer-python|flash-attn-4|nvidia-cutlass-dsl[a-z0-9-]*|apache-tvm-ffi|torch-c-dlpack-ext|quack-kernels)==[^ )]+' \
+         "$root/scripts/gpu-wheels.sh" | sort -u)
+  [[ $(wc -l <<<"$pins") -ge 8 ]] || { echo "python-torch-tests: the baselines' pins are not in scripts/gpu-wheels.sh" >&2; exit 1; }
+  # The CuTe DSL's modules, which its .pth file would add in a site dir.
+  pythonpath_site=$site:$site/nvidia_cutlass_dsl/dsl_packages
+  imports="import flashinfer, flash_attn.cute"
+  if ! PYTHONPATH=$pythonpath_site "$venv/bin/python" -c "$imports" 2>/dev/null; then
     # shellcheck disable=SC2086 # one pin a word
     "$venv/bin/pip" install -q --no-deps --target "$site" $pins
-    # What it imports besides torch and numpy (the GPU image has them).
-    "$venv/bin/pip" install -q --target "$site" requests tqdm nvidia-ml-py
+    # What they import besides torch and numpy (the GPU image has them).
+    "$venv/bin/pip" install -q --target "$site" requests tqdm nvidia-ml-py einops
   fi
-  PYTHONPATH=$site "$venv/bin/python" -c "import flashinfer"
-  pythonpath=$pythonpath:$site
+  PYTHONPATH=$pythonpath_site "$venv/bin/python" -c "$imports"
+  pythonpath=$pythonpath:$pythonpath_site
 fi
 PYTHONPATH="$pythonpath" PAGEDC_SOURCE_DIR="$root" \
   "$venv/bin/python" -m pytest -q -rs -p no:cacheprovider "$root/test/python"
