@@ -211,6 +211,8 @@ private:
   /// compiled with.
   static KernelSource linkedKernelSource(const KernelConfig &config, std::string_view modCode);
   static CompileOptions relocatable(const CompileOptions &options);
+  /// The disk key of that shared unit, compiled relocatable.
+  static std::string linkedUnitKey(const KernelSource &kernel, const CompileOptions &options);
   std::shared_ptr<const CompiledKernel> readEntry(const std::string &key);
   /// readEntry counted as a disk hit, its config set to `config` (an entry
   /// records its config as text, not every field of it).

@@ -501,14 +501,26 @@ KernelCache::getOrCompileUnit(const KernelConfig &config, std::string_view modCo
   }
 }
 
+namespace {
+
+/// The unit a launch's main module comes from (getOrCompileModules).
+KernelUnit mainUnit(const KernelConfig &config) {
+  return hasSeparateMergeUnit(config) ? KernelUnit::DecodeSplit : KernelUnit::Whole;
+}
+
+} // namespace
+
 KernelSource KernelCache::linkedKernelSource(const KernelConfig &config,
                                              std::string_view modCode) {
   if (!config.linkedMods)
     throw Error(fmt::format("the {} kernel inlines its mods: it shares no unit with other "
                             "variants",
                             config.describe()));
-  return assembleKernel(config, modCode,
-                        hasSeparateMergeUnit(config) ? KernelUnit::DecodeSplit : KernelUnit::Whole);
+  return assembleKernel(config, modCode, mainUnit(config));
+}
+
+std::string KernelCache::linkedUnitKey(const KernelSource &kernel, const CompileOptions &options) {
+  return diskKey(kernel.code, relocatable(options));
 }
 
 CompileOptions KernelCache::relocatable(const CompileOptions &options) {
@@ -519,7 +531,11 @@ CompileOptions KernelCache::relocatable(const CompileOptions &options) {
 
 bool KernelCache::linkedKernelUnitKnown(const KernelConfig &config, std::string_view modCode,
                                         const CompileOptions &options) {
-  const std::string key = diskKey(linkedKernelSource(config, modCode).code, relocatable(options));
+  // This variant linked in this process (its in-memory entry, no source
+  // assembled): its shape's unit is known.
+  if (config.linkedMods && knownUnit(config, modCode, options, mainUnit(config)).valid())
+    return true;
+  const std::string key = linkedUnitKey(linkedKernelSource(config, modCode), options);
   const bool emulator = isEmulatorArch(options.arch);
   {
     std::lock_guard<std::mutex> lock(mutex_);
@@ -537,7 +553,7 @@ void KernelCache::prepareLinkedKernelUnit(const KernelConfig &config, std::strin
   const KernelSource kernel = linkedKernelSource(config, modCode);
   if (isEmulatorArch(options.arch)) {
     std::lock_guard<std::mutex> lock(mutex_);
-    emulatedLinkedUnits_.insert(diskKey(kernel.code, relocatable(options)));
+    emulatedLinkedUnits_.insert(linkedUnitKey(kernel, options));
     return;
   }
   getOrCompile(kernel, relocatable(options));
@@ -551,7 +567,7 @@ KernelCache::linkMods(const KernelSource &kernel, std::string_view modCode,
   if (isEmulatorArch(options.arch)) {
     {
       std::lock_guard<std::mutex> lock(mutex_);
-      emulatedLinkedUnits_.insert(diskKey(kernel.code, relocatable(options)));
+      emulatedLinkedUnits_.insert(linkedUnitKey(kernel, options));
     }
     KernelSource whole = kernel;
     whole.code += "// ---- linked mod code ----\n";
