@@ -31,18 +31,29 @@
 //                                               int q);
 //   __device__ __forceinline__ bool mask(const Params &, const MaskRow &,
 //                                        int b, int h, int q, int kv);
+//   struct MaskCol  { ... };  // mask values read from buffers by kv alone
+//   __device__ __forceinline__ MaskCol mask_col(const Params &, int kv);
+//   __device__ __forceinline__ bool mask_at(const Params &, const MaskRow &,
+//                                           const MaskCol &, int b, int h,
+//                                           int q, int kv);
 //   __device__ __forceinline__ ScoreRow score_row(const Params &, int b,
 //                                                 int h, int q);
 //   __device__ __forceinline__ float score(const Params &, const ScoreRow &,
 //                                          float s, int b, int h, int q,
 //                                          int kv);
 //
-// When a mod is absent the generator still emits the four functions (empty
-// row struct, mask returning true, score returning s) and sets the flag to
-// false. Indices are LOGICAL: b is the call's batch index, h the query head,
-// q = q_offset[b] + row, kv the logical key position. `s` is the scaled
-// logit scale * q.k. The kernels call *_row once per query row they own and
-// the per-element functions only inside `if constexpr (kHas*)`.
+// mask_at(p, row, mask_col(p, kv), b, h, q, kv) == mask(p, row, b, h, q, kv):
+// a kernel whose thread holds several rows of one key (apply_mods) reads a
+// mask's key-only values, such as `document_id[kv]`, once per key. Hook sets
+// written by hand define the column hooks with PAGEDC_MASK_COL_UNSPLIT()
+// (Prelude.cuh): an empty MaskCol and mask_at calling mask.
+//
+// When a mod is absent the generator still emits the functions (empty row
+// and column structs, mask returning true, score returning s) and sets the
+// flag to false. Indices are LOGICAL: b is the call's batch index, h the
+// query head, q = q_offset[b] + row, kv the logical key position. `s` is the
+// scaled logit scale * q.k. The kernels call *_row once per query row they
+// own and the per-element functions only inside `if constexpr (kHas*)`.
 //
 // The host packs Params with C layout rules (each field at the next multiple
 // of its alignment: bool 1, int32_t/float 4, pointers and int64_t 8; total
@@ -69,6 +80,12 @@ static_assert(is_same<decltype(&mask), bool (*)(const Params &, const MaskRow &,
                                                 int, int, int, int)>::value,
               "pagedc_mods::mask must be bool mask(const Params &, const "
               "MaskRow &, int b, int h, int q, int kv)");
+static_assert(is_same<decltype(&mask_col), MaskCol (*)(const Params &, int)>::value,
+              "pagedc_mods::mask_col must be MaskCol mask_col(const Params &, int kv)");
+static_assert(is_same<decltype(&mask_at), bool (*)(const Params &, const MaskRow &,
+                                                   const MaskCol &, int, int, int, int)>::value,
+              "pagedc_mods::mask_at must be bool mask_at(const Params &, const "
+              "MaskRow &, const MaskCol &, int b, int h, int q, int kv)");
 static_assert(is_same<decltype(&score_row),
                       ScoreRow (*)(const Params &, int, int, int)>::value,
               "pagedc_mods::score_row must be "

@@ -176,3 +176,15 @@ template <typename A> struct is_same<A, A> {
 };
 
 } // namespace pagedc
+
+/// The column hooks of a hook set written by hand (templates/Hooks.cuh):
+/// no key-only part, mask_at calls mask. Used inside namespace pagedc_mods,
+/// after mask.
+#define PAGEDC_MASK_COL_UNSPLIT()                                                  \
+  struct MaskCol {};                                                               \
+  __device__ __forceinline__ MaskCol mask_col(const Params &, int) { return {}; }  \
+  __device__ __forceinline__ bool mask_at(const Params &p, const MaskRow &row,     \
+                                          const MaskCol &, int b, int h, int q,    \
+                                          int kv) {                                \
+    return mask(p, row, b, h, q, kv);                                              \
+  }

@@ -274,6 +274,7 @@ __device__ __forceinline__ float score(const Params &, const ScoreRow &, float s
                                        int) {
   return s;
 }
+PAGEDC_MASK_COL_UNSPLIT()
 } // namespace pagedc_mods
 )";
 

@@ -31,4 +31,5 @@ __device__ __forceinline__ float score(const Params &, const ScoreRow &row,
                                        float s, int, int, int, int kv) {
   return s + row.slope * static_cast<float>(kv - row.q);
 }
+PAGEDC_MASK_COL_UNSPLIT()
 } // namespace pagedc_mods

@@ -30,4 +30,5 @@ __device__ __forceinline__ float score(const Params &, const ScoreRow &,
                                        float s, int, int, int, int) {
   return s;
 }
+PAGEDC_MASK_COL_UNSPLIT()
 } // namespace pagedc_mods

@@ -32,4 +32,5 @@ __device__ __forceinline__ float score(const Params &, const ScoreRow &row,
                                        float s, int, int, int, int) {
   return row.cap * pagedc::tanh_approx(s * row.inverseCap);
 }
+PAGEDC_MASK_COL_UNSPLIT()
 } // namespace pagedc_mods

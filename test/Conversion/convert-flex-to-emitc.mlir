@@ -1,6 +1,6 @@
 // RUN: pagedc-opt --split-input-file --verify-diagnostics --convert-flex-to-emitc="mask=causal score=alibi" %s | FileCheck %s --enable-var-scope
 
-// The selected mods become the four hooks; kv-independent slopes[h] is
+// The selected mods become the hooks; kv-independent slopes[h] is
 // computed in score_row and read from the ScoreRow field r0 in score.
 
 flex.param @cap : f32 = 3.000000e+01 : f32
@@ -33,6 +33,20 @@ flex.mod mask @unused(%b: i32, %h: i32, %q: i32, %kv: i32) -> i1 {
 // CHECK-NEXT:      emitc.return %[[ROW]]
 // CHECK-NEXT:    }
 // CHECK-NEXT:    emitc.func @mask(%{{.*}}: !emitc.opaque<"const Params&">, %{{.*}}: !emitc.opaque<"const MaskRow&">, %{{.*}}: i32, %{{.*}}: i32, %[[Q:.*]]: i32, %[[KV:.*]]: i32) -> i1
+// CHECK-NEXT:      %[[E:.*]] = emitc.expression : i1 {
+// CHECK-NEXT:        %[[C:.*]] = emitc.cmp ge, %[[Q]], %[[KV]] : (i32, i32) -> i1
+// CHECK-NEXT:        emitc.yield %[[C]] : i1
+// CHECK-NEXT:      }
+// CHECK-NEXT:      emitc.return %[[E]] : i1
+// CHECK-NEXT:    }
+// Causal reads nothing of kv alone: an empty column struct, and mask_at is
+// mask with the column argument.
+// CHECK-NEXT:    emitc.verbatim "struct MaskCol {};"
+// CHECK-NEXT:    emitc.func @mask_col(%{{.*}}: !emitc.opaque<"const Params&">, %{{.*}}: i32) -> !emitc.opaque<"MaskCol"> attributes {specifiers = ["__device__", "__forceinline__"]} {
+// CHECK-NEXT:      %[[COL:.*]] = "emitc.variable"() <{value = #emitc.opaque<"{}">}> : () -> !emitc.opaque<"MaskCol">
+// CHECK-NEXT:      emitc.return %[[COL]]
+// CHECK-NEXT:    }
+// CHECK-NEXT:    emitc.func @mask_at(%{{.*}}: !emitc.opaque<"const Params&">, %{{.*}}: !emitc.opaque<"const MaskRow&">, %{{.*}}: !emitc.opaque<"const MaskCol&">, %{{.*}}: i32, %{{.*}}: i32, %[[Q:.*]]: i32, %[[KV:.*]]: i32) -> i1
 // CHECK-NEXT:      %[[E:.*]] = emitc.expression : i1 {
 // CHECK-NEXT:        %[[C:.*]] = emitc.cmp ge, %[[Q]], %[[KV]] : (i32, i32) -> i1
 // CHECK-NEXT:        emitc.yield %[[C]] : i1

@@ -1,9 +1,11 @@
 //===- FlexToEmitC.cpp - Selected mods to the EmitC kernel hooks ----------===//
 //
-// -convert-flex-to-emitc: builds `struct Params`, the row structs and the
-// four hook functions of templates/Hooks.cuh from the selected mods, splitting
-// each mod body into its kv-independent part (once per query row) and its
-// per-element part, then converts the arith / math / flex ops inside to EmitC.
+// -convert-flex-to-emitc: builds `struct Params`, the row and column structs
+// and the hook functions of templates/Hooks.cuh from the selected mods,
+// splitting each mod body into its kv-independent part (once per query row)
+// and its per-element part, and a mask's per-element part again into what
+// depends on kv alone (once per key) and the rest, then converts the arith /
+// math / flex ops inside to EmitC.
 //
 //===----------------------------------------------------------------------===//
 
@@ -210,6 +212,18 @@ struct HoistingPlan {
   /// The row struct field numbers of split load `i`: bounds test, offset.
   unsigned splitOkField(unsigned i) const { return rowFields.size() + 2 * i; }
   unsigned splitOffsetField(unsigned i) const { return rowFields.size() + 2 * i + 1; }
+
+  /// The column part (mask mods): element operations whose value depends on
+  /// kv alone (with params and constants) through a buffer read, e.g.
+  /// `document_id[kv]`. A kernel whose thread holds several rows of one key
+  /// computes them once per key (mask_col) instead of once per element
+  /// (planColumns).
+  DenseSet<Operation *> columnOps;
+  /// Column-part values the rest of the element part reads: the fields c0,
+  /// c1, ... of the column struct, in this order.
+  llvm::SetVector<Value> columnFields;
+  /// Other element operations that only the column part reads.
+  DenseSet<Operation *> columnInputs;
 };
 
 /// The arguments that change from one key to the next: kv, and s for a
@@ -259,6 +273,56 @@ HoistingPlan planHoisting(flex::ModOp mod) {
   if (needsField(result))
     plan.rowFields.insert(result);
   return plan;
+}
+
+/// Fills the column part of `plan` (HoistingPlan::columnOps): an element
+/// operation belongs to it when it is pure or a buffer read, not a split
+/// load, reads only kv, param-only values and other such operations, and
+/// is a buffer read or reads one. Arithmetic on kv alone (natten's
+/// `kv // W`) stays per element: the CUDA compiler computes it once for a
+/// thread's rows by itself, where it does not merge the buffer reads (inline
+/// PTX), and holding it in MaskCol only lengthened its live range (the
+/// 128 x 128 warpgroup tile spilled for natten).
+void planColumns(flex::ModOp mod, HoistingPlan &plan) {
+  DenseSet<Value> kvOnly;
+  kvOnly.insert(mod.getKV());
+  DenseSet<Value> readsBuffer;
+  for (Operation *op : plan.elementOps) {
+    if (op->getNumResults() != 1 || op->getNumRegions() != 0 || plan.splitIndex.count(op) ||
+        !(isa<flex::BufferLoadOp>(op) || isMemoryEffectFree(op)))
+      continue;
+    if (llvm::any_of(op->getOperands(), [&](Value v) {
+          return !kvOnly.contains(v) && !plan.cheap.contains(v.getDefiningOp());
+        }))
+      continue;
+    kvOnly.insert(op->getResult(0));
+    if (isa<flex::BufferLoadOp>(op) ||
+        llvm::any_of(op->getOperands(), [&](Value v) { return readsBuffer.contains(v); })) {
+      plan.columnOps.insert(op);
+      readsBuffer.insert(op->getResult(0));
+    }
+  }
+  for (Operation *op : plan.elementOps) {
+    if (plan.columnOps.contains(op))
+      continue;
+    for (Value operand : op->getOperands())
+      if (plan.columnOps.contains(operand.getDefiningOp()))
+        plan.columnFields.insert(operand);
+  }
+  Value result = mod.getYield().getValue();
+  if (plan.columnOps.contains(result.getDefiningOp()))
+    plan.columnFields.insert(result);
+  // What only the column part reads (a read's index arithmetic) is left out
+  // of mask_at as well.
+  for (Operation *op : llvm::reverse(plan.elementOps)) {
+    if (plan.columnOps.contains(op) || op->getNumResults() != 1 ||
+        op->getResult(0) == result || op->getResult(0).use_empty())
+      continue;
+    if (llvm::all_of(op->getUsers(), [&](Operation *user) {
+          return plan.columnOps.contains(user) || plan.columnInputs.contains(user);
+        }))
+      plan.columnInputs.insert(op);
+  }
 }
 
 /// `x / y` where y is the same for every key of a query row (it reads
@@ -363,10 +427,14 @@ struct HookNames {
   StringRef rowFunction;     // mask_row / score_row
   StringRef rowStruct;       // MaskRow / ScoreRow
   StringRef elementFunction; // mask / score
+  /// The column part's hooks (masks only; empty for scores).
+  StringRef columnFunction;        // mask_col
+  StringRef columnStruct;          // MaskCol
+  StringRef columnElementFunction; // mask_at
 };
 
-constexpr HookNames kMaskHooks{"mask_row", "MaskRow", "mask"};
-constexpr HookNames kScoreHooks{"score_row", "ScoreRow", "score"};
+constexpr HookNames kMaskHooks{"mask_row", "MaskRow", "mask", "mask_col", "MaskCol", "mask_at"};
+constexpr HookNames kScoreHooks{"score_row", "ScoreRow", "score", "", "", ""};
 
 /// Builds the hook functions of one kind (from `mod`, or the neutral ones
 /// when `mod` is null) at the end of `module`.
@@ -392,11 +460,36 @@ public:
     if (failed(emitRowStruct(plan, loc)))
       return failure();
     emitRowFunction(mod, plan, loc);
-    emitElementFunction(mod, plan, loc);
+    emitElementFunction(mod, plan, loc, /*columns=*/false);
+    if (names.columnStruct.empty())
+      return success();
+    if (mod)
+      planColumns(mod, plan);
+    if (failed(emitColumnStruct(plan, loc)))
+      return failure();
+    emitColumnFunction(mod, plan, loc);
+    emitElementFunction(mod, plan, loc, /*columns=*/true);
     return success();
   }
 
 private:
+  /// Clones `roots` and what they depend on in `mod` (block arguments
+  /// excepted: `mapping` has them), in body order.
+  void cloneSlice(flex::ModOp mod, ArrayRef<Operation *> roots, IRMapping &mapping) {
+    DenseSet<Operation *> needed;
+    SmallVector<Operation *> worklist(roots.begin(), roots.end());
+    while (!worklist.empty()) {
+      Operation *op = worklist.pop_back_val();
+      if (!op || !needed.insert(op).second)
+        continue;
+      for (Value operand : op->getOperands())
+        worklist.push_back(operand.getDefiningOp());
+    }
+    for (Operation &op : mod.getBody().front().without_terminator())
+      if (needed.contains(&op))
+        builder.clone(op, mapping);
+  }
+
   emitc::FuncOp createHook(Location loc, StringRef name, ArrayRef<Type> inputs,
                            Type result) {
     auto func = builder.create<emitc::FuncOp>(
@@ -407,17 +500,26 @@ private:
     return func;
   }
 
+  /// The struct lines of `fields`: `TYPE PREFIXi; // origin`.
+  static LogicalResult printFields(llvm::raw_ostream &os, const llvm::SetVector<Value> &fields,
+                                   StringRef prefix, StringRef structKind) {
+    for (auto [index, field] : llvm::enumerate(fields)) {
+      std::optional<StringRef> type = cppTypeName(field.getType());
+      if (!type)
+        return field.getDefiningOp()->emitOpError()
+               << "produces a type the CUDA lowering cannot keep in a " << structKind
+               << " struct";
+      os << "\n  " << *type << " " << prefix << index << "; // " << describeField(field);
+    }
+    return success();
+  }
+
   LogicalResult emitRowStruct(const HoistingPlan &plan, Location loc) {
     std::string text;
     llvm::raw_string_ostream os(text);
     os << "struct " << names.rowStruct << " {";
-    for (auto [index, field] : llvm::enumerate(plan.rowFields)) {
-      std::optional<StringRef> type = cppTypeName(field.getType());
-      if (!type)
-        return field.getDefiningOp()->emitOpError(
-            "produces a type the CUDA lowering cannot keep in a row struct");
-      os << "\n  " << *type << " r" << index << "; // " << describeField(field);
-    }
+    if (failed(printFields(os, plan.rowFields, "r", "row")))
+      return failure();
     for (auto [index, split] : llvm::enumerate(plan.splitLoads)) {
       auto field = params.buffers.find(split.op.getBuffer());
       if (field == params.buffers.end())
@@ -434,6 +536,45 @@ private:
     return success();
   }
 
+  /// The column struct: one field per HoistingPlan::columnFields value.
+  LogicalResult emitColumnStruct(const HoistingPlan &plan, Location loc) {
+    std::string text;
+    llvm::raw_string_ostream os(text);
+    os << "struct " << names.columnStruct << " {";
+    if (failed(printFields(os, plan.columnFields, "c", "column")))
+      return failure();
+    os << (plan.columnFields.empty() ? "};" : "\n};");
+    builder.create<emitc::VerbatimOp>(loc, text);
+    return success();
+  }
+
+  /// NAME_col(params, kv): the column part, stored into the column struct.
+  void emitColumnFunction(flex::ModOp mod, const HoistingPlan &plan, Location loc) {
+    emitc::FuncOp func = createHook(loc, names.columnFunction,
+                                    {paramsType, builder.getI32Type()}, columnType());
+    OpBuilder::InsertionGuard guard(builder);
+    builder.setInsertionPointToStart(&func.getBody().front());
+    IRMapping mapping;
+    if (mod) {
+      mapping.map(mod.getKV(), func.getArgument(1));
+      // The fields' slice: column and param-only operations.
+      SmallVector<Operation *> roots;
+      for (Value field : plan.columnFields)
+        roots.push_back(field.getDefiningOp());
+      cloneSlice(mod, roots, mapping);
+    }
+    auto column = builder.create<emitc::VariableOp>(
+        loc, columnType(), emitc::OpaqueAttr::get(context, "{}"));
+    for (auto [index, field] : llvm::enumerate(plan.columnFields)) {
+      auto member = builder.create<emitc::MemberOp>(loc, field.getType(),
+                                                    ("c" + Twine(index)).str(), column);
+      builder.create<emitc::AssignOp>(loc, member, mapping.lookup(field));
+    }
+    builder.create<emitc::ReturnOp>(loc, column.getResult());
+  }
+
+  Type columnType() { return emitc::OpaqueType::get(context, names.columnStruct); }
+
   /// NAME_row(params, b, h, q): the row part, stored into the row struct.
   void emitRowFunction(flex::ModOp mod, const HoistingPlan &plan,
                        Location loc) {
@@ -447,24 +588,13 @@ private:
       mapping.map(mod.getB(), func.getArgument(1));
       mapping.map(mod.getH(), func.getArgument(2));
       mapping.map(mod.getQ(), func.getArgument(3));
-      // Clone the backward slice of the fields, in body order.
-      DenseSet<Operation *> needed;
-      SmallVector<Operation *> worklist;
+      SmallVector<Operation *> roots;
       for (Value field : plan.rowFields)
-        worklist.push_back(field.getDefiningOp());
+        roots.push_back(field.getDefiningOp());
       for (const HoistingPlan::SplitLoad &split : plan.splitLoads)
         for (unsigned dim : split.rowDims)
-          worklist.push_back(split.op.getIndices()[dim].getDefiningOp());
-      while (!worklist.empty()) {
-        Operation *op = worklist.pop_back_val();
-        if (!op || !needed.insert(op).second)
-          continue;
-        for (Value operand : op->getOperands())
-          worklist.push_back(operand.getDefiningOp());
-      }
-      for (Operation &op : mod.getBody().front().without_terminator())
-        if (needed.contains(&op))
-          builder.clone(op, mapping);
+          roots.push_back(split.op.getIndices()[dim].getDefiningOp());
+      cloneSlice(mod, roots, mapping);
     }
     auto row = builder.create<emitc::VariableOp>(
         loc, rowType, emitc::OpaqueAttr::get(context, "{}"));
@@ -487,21 +617,26 @@ private:
     builder.create<emitc::ReturnOp>(loc, row.getResult());
   }
 
-  /// NAME(params, row, [s,] b, h, q, kv): the per-element part.
+  /// NAME(params, row, [s,] b, h, q, kv): the per-element part; with
+  /// `columns`, NAME_at(params, row, col, b, h, q, kv), which takes the
+  /// column part's values from `col` (a mask's only).
   void emitElementFunction(flex::ModOp mod, const HoistingPlan &plan,
-                           Location loc) {
+                           Location loc, bool columns) {
     Type i32 = builder.getI32Type();
     Type f32 = builder.getF32Type();
     SmallVector<Type> inputs = {paramsType, rowRefType};
+    if (columns)
+      inputs.push_back(
+          emitc::OpaqueType::get(context, ("const " + names.columnStruct + "&").str()));
     if (isScore)
       inputs.push_back(f32);
     inputs.append({i32, i32, i32, i32});
     Type resultType = isScore ? f32 : builder.getI1Type();
-    emitc::FuncOp func =
-        createHook(loc, names.elementFunction, inputs, resultType);
+    emitc::FuncOp func = createHook(
+        loc, columns ? names.columnElementFunction : names.elementFunction, inputs, resultType);
     OpBuilder::InsertionGuard guard(builder);
     builder.setInsertionPointToStart(&func.getBody().front());
-    unsigned firstIndex = isScore ? 3 : 2;
+    unsigned firstIndex = isScore || columns ? 3 : 2;
 
     if (!mod) {
       // The neutral hook: keep every element, leave the score as it is.
@@ -526,6 +661,13 @@ private:
                                                     func.getArgument(1));
       mapping.map(field, member.getResult());
     }
+    if (columns)
+      for (auto [index, field] : llvm::enumerate(plan.columnFields))
+        mapping.map(field, builder
+                               .create<emitc::MemberOp>(loc, field.getType(),
+                                                        ("c" + Twine(index)).str(),
+                                                        func.getArgument(2))
+                               .getResult());
     // Clones the param-only slice of `value` (iteratively, in body order;
     // sorting the slice rather than scanning the body keeps a mod with many
     // param-only values linear).
@@ -552,6 +694,8 @@ private:
         builder.clone(*op, mapping);
     };
     for (Operation *op : plan.elementOps) {
+      if (columns && (plan.columnOps.contains(op) || plan.columnInputs.contains(op)))
+        continue;
       auto split = plan.splitIndex.find(op);
       if (split == plan.splitIndex.end()) {
         for (Value operand : op->getOperands())

@@ -808,6 +808,8 @@ __device__ __forceinline__ bool mask(const Params &, const MaskRow &, int, int, 
   return true;
 }
 )";
+  // Across the link a mask is one call per element: no key-only part.
+  code += "PAGEDC_MASK_COL_UNSPLIT()\n";
   code += hasScore ? R"(__device__ __forceinline__ ScoreRow score_row(const Params &p, int b, int h, int q) {
   ScoreRow row;
   pagedc_linked_score_row(&p, &row, b, h, q);

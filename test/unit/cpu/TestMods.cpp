@@ -151,7 +151,7 @@ __device__ __forceinline__ int32_t document_at(const Params &p, int b, int posit
           "int b, int h, int q, int kv) {\n  (void)p; (void)b; (void)h; (void)q; (void)kv;\n"
           "  return " +
           modded + ";\n}\n";
-  code += "} // namespace pagedc_mods\n";
+  code += "PAGEDC_MASK_COL_UNSPLIT()\n} // namespace pagedc_mods\n";
   return code;
 }
 

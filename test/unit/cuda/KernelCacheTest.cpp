@@ -620,6 +620,7 @@ __device__ __forceinline__ float score(const Params &, const ScoreRow &, float s
                                        int) {
   return s;
 }
+PAGEDC_MASK_COL_UNSPLIT()
 } // namespace pagedc_mods
 )";
 }
@@ -656,6 +657,7 @@ __device__ __forceinline__ float score(const Params &, const ScoreRow &row, floa
     sum += (kv >> i & 1) ? row.r[i] : -row.r[i];
   return sum;
 }
+PAGEDC_MASK_COL_UNSPLIT()
 } // namespace pagedc_mods
 )";
 }
