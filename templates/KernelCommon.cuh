@@ -963,7 +963,14 @@ PAGEDC_DEVICE void tally_rescale(bool rescaled, int lane) {
 /// second row is padding (softmax_tile), left as it is. `column_xor`: column
 /// c holds the key kv_base + (c ^ column_xor) (a multiple of 8: whole
 /// 8-column tiles move; a tile copied as a descending page run).
-template <int kNTiles, int kHalves = 2>
+/// `kKeyColumns`: a mask's key-only values (mask_col) once per key for both
+/// rows, else the whole mask per element. A warp of several 16-row tiles
+/// calls this once per tile, and the compiler keeps a key's values live from
+/// one call to the next: at 32 rows a warp (sm_80, head dim 128) the
+/// document masks then spill, even with their rows recomputed per KV tile,
+/// and fall back to the 64x64 tile, so those kernels evaluate the mask per
+/// element.
+template <int kNTiles, int kHalves = 2, bool kKeyColumns = true>
 PAGEDC_DEVICE void apply_mods(float (&scores)[kNTiles][4],
                               const pagedc_mods::Params &params,
                               const pagedc_mods::MaskRow (&mask_rows)[2],
@@ -1003,17 +1010,37 @@ PAGEDC_DEVICE void apply_mods(float (&scores)[kNTiles][4],
   // took 1,011-1,051 instructions a warp, now 620-660 (bench/README.md).
   // The short circuit stays: evaluated for every element (& and |), a mask
   // that reads buffers (document_causal) had its loads hoisted and spilled.
+  // A thread's rows share its keys: a mask's key-only values (mask_col, such
+  // as document_id[kv]) are read once per key for both rows, and only where
+  // some row tests the mask there.
   const int kv_limit[2] = {visible[0] ? kv_len : 0, visible[1] ? kv_len : 0};
 #pragma unroll
   for (int j = 0; j < kNTiles; ++j) {
+    pagedc_mods::MaskCol key_values[2] = {};
+    if constexpr (pagedc_mods::kHasMask && kKeyColumns) {
+#pragma unroll
+      for (int column = 0; column < 2; ++column) {
+        const int kv = kv_base + ((j * 8) ^ column_xor) + 2 * (lane & 3) + column;
+        bool tested = false;
+#pragma unroll
+        for (int half = 0; half < kHalves; ++half)
+          tested = tested || (check_mask[half] && kv < kv_limit[half]);
+        if (tested)
+          key_values[column] = pagedc_mods::mask_col(params, kv);
+      }
+    }
 #pragma unroll
     for (int e = 0; e < 2 * kHalves; ++e) {
       int half = e >> 1;
       int kv = kv_base + ((j * 8) ^ column_xor) + 2 * (lane & 3) + (e & 1);
       bool keep = kv < kv_limit[half];
       if constexpr (pagedc_mods::kHasMask)
-        keep = keep && (!check_mask[half] || pagedc_mods::mask(params, mask_rows[half], b[half],
-                                                               h[half], q[half], kv));
+        keep = keep && (!check_mask[half] ||
+                        (kKeyColumns ? pagedc_mods::mask_at(params, mask_rows[half],
+                                                            key_values[e & 1], b[half], h[half],
+                                                            q[half], kv)
+                                     : pagedc_mods::mask(params, mask_rows[half], b[half],
+                                                         h[half], q[half], kv)));
       float logit;
       if constexpr (pagedc_mods::kHasScore) {
         logit = keep ? pagedc_mods::score(params, score_rows[half],

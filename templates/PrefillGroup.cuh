@@ -293,9 +293,11 @@ extern "C" __global__ void __launch_bounds__(pagedc::kPrefillThreads, 1)
             score_now[half] = score_rows[m][half];
           }
         }
-        apply_mods<kBlockN / 8>(scores[m], params, mask_now, score_now, b_now, h_now, q_now,
-                                visible, check_mask, kv_begin, kv_len,
-                                kKvFloat8 != 0 ? args.scale * k_scale : args.scale, lane, all_kept);
+        // A key's mask values read once for both rows only at one 16-row tile
+        // a warp (apply_mods' kKeyColumns).
+        apply_mods<kBlockN / 8, 2, kMTiles == 1>(
+            scores[m], params, mask_now, score_now, b_now, h_now, q_now, visible, check_mask,
+            kv_begin, kv_len, kKvFloat8 != 0 ? args.scale * k_scale : args.scale, lane, all_kept);
         if (kv_begin < kv_start_here)
           mask_keys_below<kBlockN / 8>(scores[m], kv_begin, kv_start_here, lane);
         tally_rescale(online_softmax<kBlockN / 8>(state[m], scores[m], out[m]), lane);

@@ -33,8 +33,13 @@ from compare_npy import read_npy  # noqa: E402
 KV_LIMIT_PAST_KV_LEN = (
     "  const int kv_limit[2] = {visible[0] ? kv_len : 0, visible[1] ? kv_len : 0};",
     "  const int kv_limit[2] = {visible[0] ? kv_len + 64 : 0, visible[1] ? kv_len + 64 : 0};")
-MASK_ON_FULL_BLOCKS = ("keep = keep && (!check_mask[half] || pagedc_mods::mask(",
-                       "keep = keep && (check_mask[half] || pagedc_mods::mask(")
+MASK_ON_FULL_BLOCKS = ("keep = keep && (!check_mask[half] ||\n",
+                       "keep = keep && (check_mask[half] ||\n")
+# A mask's key-only values (mask_col) taken at the next key: at each
+# document's edge a row keeps a key of the document before and drops its
+# own diagonal (numerically, on the document runs).
+MASK_COLUMN_OF_NEXT_KEY = ("key_values[column] = pagedc_mods::mask_col(params, kv);",
+                           "key_values[column] = pagedc_mods::mask_col(params, kv + 1);")
 
 # name: (template, text, replacement, run); or (template, [(text,
 # replacement), ...], None, run) for a bug of several edits.
@@ -533,6 +538,9 @@ BUGS = {
     # ones: the causal diagonal keeps its future keys.
     "mask-dropped-on-partial-blocks": ("KernelCommon.cuh", *MASK_ON_FULL_BLOCKS, "prefill"),
     "wgmma-mask-dropped-on-partial-blocks": ("KernelCommon.cuh", *MASK_ON_FULL_BLOCKS, "wgmma"),
+    "mask-columns-of-the-next-key": ("KernelCommon.cuh", *MASK_COLUMN_OF_NEXT_KEY, "document"),
+    "wgmma-mask-columns-of-the-next-key": ("KernelCommon.cuh", *MASK_COLUMN_OF_NEXT_KEY,
+                                           "wgmma-document"),
     # The producer's and consumers' setmaxnreg counts swapped: the producer
     # warpgroup's .dec asks for more registers than it holds and the
     # consumers' .inc for fewer (synccheck's register accounting).
@@ -754,13 +762,18 @@ BUGS = {
 }
 
 
-def make_npy(path, shape, seed, climb=None):
+def make_npy(path, shape, seed, climb=None, extra=()):
     subprocess.run([sys.executable,
                     os.path.join(os.path.dirname(__file__), "..", "..", "Runtime", "Inputs",
                                  "make_npy.py"),
                     path, "--shape", ",".join(map(str, shape)), "--seed", str(seed)] +
-                   (["--climb", climb] if climb else []),
+                   (["--climb", climb] if climb else []) + list(extra),
                    check=True)
+
+
+# Documents packed into the prefill runs' 300 keys, none a multiple of the
+# 64-key tiles: examples/document_mask.attn's buffers.
+DOCUMENTS = [37, 70, 53, 90, 50]
 
 
 # Natural-log units: bf16 inputs move a row's lse by ~1e-3; the bugs it
@@ -804,7 +817,7 @@ def rel_l2(a_path, b_path):
 # Every warpgroup run is named here (a run missing from the table stops the
 # script rather than falling out of every group); the others are "mma".
 WGMMA_GROUPS = {
-    "wgmma": "wgmma", "wgmma-rescale": "wgmma", "wgmma-tma": "wgmma",
+    "wgmma": "wgmma", "wgmma-rescale": "wgmma", "wgmma-tma": "wgmma", "wgmma-document": "wgmma",
     "wgmma-climb": "wgmma", "wgmma-climb-n128": "wgmma",
     "wgmma-runs": "wgmma-launch", "wgmma-runs-n128": "wgmma-launch",
     "wgmma-pingpong": "wgmma-launch",
@@ -843,6 +856,14 @@ def main():
     # Prefill: q rows and keys not multiples of the 128-row tiles, GQA 2,
     # causal block mask, 16-token shuffled pages. Decode: one token against
     # 1100 keys, which the launch plan splits (split-KV + merge).
+    document_ids = os.path.join(work, "document_id.npy")
+    document_starts = os.path.join(work, "offsets.npy")
+    segments = ",".join(map(str, DOCUMENTS))
+    make_npy(document_ids, (sum(DOCUMENTS),), 0, extra=["--dtype", "i4", "--segments", segments])
+    make_npy(document_starts, (len(DOCUMENTS),), 0,
+             extra=["--dtype", "i4", "--segment-starts", segments])
+    document_buffers = ["--buffer", "document_id=" + document_ids,
+                        "--buffer", "offsets=" + document_starts]
     runs = {
         "prefill": dict(q=(1, 4, 150, 64), k=(1, 2, 300, 64), extra=["--q-offset", "end"]),
         # (Head dim 64: every tile gathered with cp.async.)
@@ -971,6 +992,20 @@ def main():
         "packed-f8-decode": dict(script="f8_decode_step.py"),
         # BatchAttention's MLA decode (see mla_step.py).
         "mla": dict(script="mla_step.py"),
+        # Packed documents, causal inside each (DOCUMENTS; the queries are
+        # the last 150 keys'): the mask reads document_id at the key for
+        # both of a thread's rows, once (mask_col), in the mma.sync prefill
+        # at 16 rows a warp (at 32 it reads them per element) and in the
+        # warpgroup prefill's 128-key tiles.
+        "document": dict(q=(1, 4, 150, 64), k=(1, 2, 300, 64),
+                         attn="document_mask.attn", mask="document_causal",
+                         extra=["--q-offset", "end"] + document_buffers,
+                         env={"PAGEDC_PREFILL_SHAPE": "64x64x16"}),
+        "wgmma-document": dict(q=(1, 4, 150, 128), k=(1, 2, 300, 128),
+                               attn="document_mask.attn", mask="document_causal",
+                               extra=["--q-offset", "end"] + document_buffers,
+                               env={"PAGEDC_PREFILL_SHAPE": "128x128x64",
+                                    "PAGEDC_PREFILL_TMA": "1"}),
         # And with its consumer warpgroups taking turns (gathered tiles).
         "wgmma-pingpong": dict(q=(1, 4, 150, 128), k=(1, 2, 300, 128),
                                extra=["--q-offset", "end"],
