@@ -601,18 +601,22 @@ def mma_nested_trips(code, block_n, rows, head_dim):
 
 
 def static_counts(pagedc, cuobjdump, templates, shape, kernel="warpgroup", arch="sm_90a",
-                  head_dim=128, page=128):
+                  head_dim=128, page=128, example=None, mask="causal"):
     """Path ranges of the kernel's KV-tile loop (all kept / masked, O
     rescaled or not) and of its producer's loop; for the mma.sync kernel
-    also the copy loop's further trips per tile (ptxas_shapes' rules)."""
-    example = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "examples",
-                           "causal.attn")
+    also the copy loop's further trips per tile (ptxas_shapes' rules).
+    The mods: `mask` of `example` (default: examples/causal.attn's causal;
+    the predictions take the causal counts)."""
+    example = example or os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..",
+                                      "examples", "causal.attn")
     block_m, block_n, rows = (int(x) for x in shape.rstrip("r").split("x"))
     out = {"kernel": kernel, "shape": shape, "block_m": block_m, "block_n": block_n,
            "rows_per_warp": rows if kernel == "mma" else ROWS_PER_WARP,
            "warps": 4 if kernel == "mma" else block_m // ROWS_PER_WARP,
            "producer_warps": 0 if kernel == "mma" else PRODUCER_WARPS,
-           "head_dim": head_dim, "page_size": page, "arch": arch, "mods": "causal"}
+           "head_dim": head_dim, "page_size": page, "arch": arch, "mods": mask}
+    if mask != "causal" or os.path.basename(example) != "causal.attn":
+        out["mods_file"] = os.path.basename(example)
     with tempfile.TemporaryDirectory() as directory:
         for kept in ("true", "false"):
             path = out.setdefault("all_kept" if kept == "true" else "masked", {})
@@ -622,7 +626,7 @@ def static_counts(pagedc, cuobjdump, templates, shape, kernel="warpgroup", arch=
                 forced, absent = force(templates, work, values, kernel)
                 out["not_forced"] = absent
                 cubin = os.path.join(work, "kernel.cubin")
-                command = [pagedc, example, "--mask=causal", "--emit=cubin", f"--arch={arch}",
+                command = [pagedc, example, f"--mask={mask}", "--emit=cubin", f"--arch={arch}",
                            f"--head-dim={head_dim}", f"--page-size={page}", "-o", cubin]
                 run = subprocess.run(command, capture_output=True, text=True,
                                      env={**os.environ, "PAGEDC_TEMPLATE_DIR": forced,
@@ -669,6 +673,9 @@ def main(argv=None):
                    help="warpgroup: PrefillWgmma.cuh (sm_90a); mma: Prefill.cuh")
     s.add_argument("--arch", help="default sm_90a (warpgroup), sm_80 (mma)")
     s.add_argument("--head-dim", type=int, choices=(64, 128, 256), default=128)
+    s.add_argument("--mods", metavar="FILE.attn:MASK",
+                   help="count the kernel of another mask (default examples/causal.attn:causal; "
+                        "predict takes causal counts)")
     s.add_argument("--json")
     p = sub.add_parser("predict")
     p.add_argument("static")
@@ -779,8 +786,13 @@ def main(argv=None):
         result["applied"] = applied
     elif args.command == "static":
         arch = args.arch or ("sm_80" if args.kernel == "mma" else "sm_90a")
+        example, mask = None, "causal"
+        if args.mods:
+            example, _, mask = args.mods.rpartition(":")
+            if not example or not mask:
+                parser.error("--mods takes FILE.attn:MASK")
         result = static_counts(args.pagedc, args.cuobjdump, args.templates, args.shape,
-                               args.kernel, arch, args.head_dim)
+                               args.kernel, arch, args.head_dim, example=example, mask=mask)
         print(json.dumps(result, indent=2))
     else:
         rows = predict(load_model(args.static), load_model(args.model), args.filter, args.ncu,
