@@ -1017,7 +1017,10 @@ PAGEDC_DEVICE void apply_mods(float (&scores)[kNTiles][4],
 #pragma unroll
   for (int j = 0; j < kNTiles; ++j) {
     pagedc_mods::MaskCol key_values[2] = {};
+    // The branch lets a trip on which no row tests the mask skip the
+    // column reads instead of issuing them predicated off.
     if constexpr (pagedc_mods::kHasMask && kKeyColumns) {
+      if (check_mask[0] || (kHalves > 1 && check_mask[1]))
 #pragma unroll
       for (int column = 0; column < 2; ++column) {
         const int kv = kv_base + ((j * 8) ^ column_xor) + 2 * (lane & 3) + column;
