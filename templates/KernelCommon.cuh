@@ -981,6 +981,10 @@ PAGEDC_DEVICE void apply_mods(float (&scores)[kNTiles][4],
                               int kv_len, float scale, int lane,
                               bool all_kept = false, bool scale_in_softmax = false,
                               int column_xor = 0) {
+  // The key of the thread's column `column` (0, 1) of 8-column tile j.
+  auto key_of = [&](int j, int column) {
+    return kv_base + ((j * 8) ^ column_xor) + 2 * (lane & 3) + column;
+  };
   if (all_kept) {
     if (!pagedc_mods::kHasScore && scale_in_softmax)
       return;
@@ -990,7 +994,7 @@ PAGEDC_DEVICE void apply_mods(float (&scores)[kNTiles][4],
       for (int e = 0; e < 2 * kHalves; ++e) {
         if constexpr (pagedc_mods::kHasScore) {
           const int half = e >> 1;
-          const int kv = kv_base + ((j * 8) ^ column_xor) + 2 * (lane & 3) + (e & 1);
+          const int kv = key_of(j, e & 1);
           scores[j][e] = pagedc_mods::score(params, score_rows[half],
                                             scores[j][e] * scale, b[half],
                                             h[half], q[half], kv) *
@@ -1020,22 +1024,23 @@ PAGEDC_DEVICE void apply_mods(float (&scores)[kNTiles][4],
     // The branch lets a trip on which no row tests the mask skip the
     // column reads instead of issuing them predicated off.
     if constexpr (pagedc_mods::kHasMask && kKeyColumns) {
-      if (check_mask[0] || (kHalves > 1 && check_mask[1]))
+      if (check_mask[0] || (kHalves > 1 && check_mask[1])) {
 #pragma unroll
-      for (int column = 0; column < 2; ++column) {
-        const int kv = kv_base + ((j * 8) ^ column_xor) + 2 * (lane & 3) + column;
-        bool tested = false;
+        for (int column = 0; column < 2; ++column) {
+          const int kv = key_of(j, column);
+          bool tested = false;
 #pragma unroll
-        for (int half = 0; half < kHalves; ++half)
-          tested = tested || (check_mask[half] && kv < kv_limit[half]);
-        if (tested)
-          key_values[column] = pagedc_mods::mask_col(params, kv);
+          for (int half = 0; half < kHalves; ++half)
+            tested = tested || (check_mask[half] && kv < kv_limit[half]);
+          if (tested)
+            key_values[column] = pagedc_mods::mask_col(params, kv);
+        }
       }
     }
 #pragma unroll
     for (int e = 0; e < 2 * kHalves; ++e) {
       int half = e >> 1;
-      int kv = kv_base + ((j * 8) ^ column_xor) + 2 * (lane & 3) + (e & 1);
+      int kv = key_of(j, e & 1);
       bool keep = kv < kv_limit[half];
       if constexpr (pagedc_mods::kHasMask)
         keep = keep && (!check_mask[half] ||
