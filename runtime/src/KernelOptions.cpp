@@ -25,6 +25,7 @@ namespace {
 constexpr long kMaxPersistentCtas = 1L << 20;
 /// The largest decode split factor a setting may ask for.
 constexpr long kMaxDecodeSplitFactor = 16;
+constexpr long kMaxDecodeMergeChunks = 16;
 
 /// What a 0/1 switch turns on, for its message.
 const char *switchMeaning(std::string_view name) {
@@ -99,6 +100,17 @@ bool parseOption(KernelOptions &options, std::string_view name, std::string_view
                               "kernel, compiled in the background, is ready)",
                               label, value));
     options.linkMods = linking;
+  } else if (name == "decode_merge_chunks") {
+    std::optional<int> chunks;
+    if (!unset) {
+      chunks = parseInteger(label, value, 1, kMaxDecodeMergeChunks,
+                            "the merge's CTAs a query row, a power of two");
+      if (*chunks & (*chunks - 1))
+        throw Error(fmt::format("{} is '{}': expected 1, 2, 4, 8 or 16 (the merge's CTAs a "
+                                "query row)",
+                                label, value));
+    }
+    options.decodeMergeChunks = chunks;
   } else if (name == "decode_split_factor") {
     options.decodeSplitFactor =
         unset ? std::nullopt
@@ -150,7 +162,8 @@ bool KernelOptions::operator==(const KernelOptions &other) const {
          prefillPersistentCtas == other.prefillPersistentCtas &&
          prefillTileCounter == other.prefillTileCounter && prefillTma == other.prefillTma &&
          prefillTmaRuns == other.prefillTmaRuns && prefillPingPong == other.prefillPingPong &&
-         decodeSplitFactor == other.decodeSplitFactor && decodeTma == other.decodeTma &&
+         decodeSplitFactor == other.decodeSplitFactor &&
+         decodeMergeChunks == other.decodeMergeChunks && decodeTma == other.decodeTma &&
          decodeTmaRuns == other.decodeTmaRuns && linkMods == other.linkMods;
 }
 
@@ -175,6 +188,10 @@ const std::vector<KernelOptionInfo> &kernelOptionInfos() {
        "the warpgroup prefill's consumer warpgroups take turns issuing wgmmas"},
       {"decode_split_factor", "PAGEDC_DECODE_SPLIT_FACTOR", "1 to 16", "1",
        "a decode gets this many times the KV splits the model chooses"},
+      {"decode_merge_chunks", "PAGEDC_DECODE_MERGE_CHUNKS", "1, 2, 4, 8 or 16",
+       "as many as the merge's slots take for few rows",
+       "the CTAs among which a split decode's merge divides a query row's columns (at most "
+       "one per 16)"},
       {"decode_tma", "PAGEDC_DECODE_TMA", "0 or 1", "1",
        "tensor-map copies of K/V tiles in decode, sm_90 code (0: cp.async gather)"},
       {"decode_tma_runs", "PAGEDC_DECODE_TMA_RUNS", "0 or 1", "1",
@@ -250,6 +267,12 @@ void checkKernelOptions(const KernelOptions &options) {
                             "count times this)",
                             optionLabel("decode_split_factor"), *options.decodeSplitFactor,
                             kMaxDecodeSplitFactor));
+  if (options.decodeMergeChunks &&
+      (*options.decodeMergeChunks < 1 || *options.decodeMergeChunks > kMaxDecodeMergeChunks ||
+       (*options.decodeMergeChunks & (*options.decodeMergeChunks - 1))))
+    throw Error(fmt::format("{} is '{}': expected 1, 2, 4, 8 or 16 (the merge's CTAs a query "
+                            "row)",
+                            optionLabel("decode_merge_chunks"), *options.decodeMergeChunks));
   checkPairs(options, [](std::string_view name) { return optionLabel(name); });
 }
 

@@ -11,8 +11,8 @@ from conftest import assert_close, randn, reference_attention
 
 CAUSAL = "mask causal(b, h, q, kv) = q >= kv\n"
 NAMES = ("prefill_shape, prefill_persistent, prefill_persistent_ctas, prefill_tile_counter, "
-         "prefill_tma, prefill_tma_runs, prefill_pingpong, decode_split_factor, decode_tma, "
-         "decode_tma_runs, link_mods")
+         "prefill_tma, prefill_tma_runs, prefill_pingpong, decode_split_factor, "
+         "decode_merge_chunks, decode_tma, decode_tma_runs, link_mods")
 
 
 def causal(b, h, q, kv):
@@ -33,7 +33,7 @@ def test_valid_options_leave_a_cpu_call_as_it_is(rng):
     options = {"prefill_shape": "128x64x64", "prefill_persistent": True,
                "prefill_persistent_ctas": 3, "prefill_tile_counter": False,
                "prefill_tma": False, "prefill_tma_runs": "0", "prefill_pingpong": 1,
-               "decode_split_factor": 2, "decode_tma": None, "decode_tma_runs": False,
+               "decode_split_factor": 2, "decode_merge_chunks": 4, "decode_tma": None, "decode_tma_runs": False,
                "link_mods": True}
     q, k, v, out = call(rng, kernel_options=options)
     assert_close(out, reference_attention(q, k, v, causal)[0])
@@ -55,6 +55,8 @@ def test_unknown_key_names_it_and_lists_the_valid_ones(rng):
     ("prefill_pingpong", "yes", "kernel option prefill_pingpong is 'yes': expected 1 ("),
     ("decode_split_factor", 17, "kernel option decode_split_factor is '17': expected an "
                                 "integer from 1 to 16"),
+    ("decode_merge_chunks", 3, "kernel option decode_merge_chunks is '3': expected 1, 2, 4, 8 "
+                               "or 16"),
     ("prefill_persistent_ctas", 0, "kernel option prefill_persistent_ctas is '0': expected "
                                    "an integer from 1 to 1048576"),
     ("prefill_shape", "big", "kernel option prefill_shape 'big' is not MxNxW, MxNxWr or "

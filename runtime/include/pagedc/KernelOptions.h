@@ -87,6 +87,12 @@ struct KernelOptions {
   /// many times (1 to 16) the KV splits the performance model chooses
   /// (unset: 1).
   std::optional<int> decodeSplitFactor;
+  /// [decode_merge_chunks, $PAGEDC_DECODE_MERGE_CHUNKS] The CTAs among which
+  /// a split decode's merge divides each query row's columns: 1, 2, 4, 8 or
+  /// 16, at most one per 16 columns (unset: as many as the merge's slots
+  /// take for few rows, decodeMergeChunks). A packed batch's merge keeps one
+  /// CTA per row.
+  std::optional<int> decodeMergeChunks;
   /// [decode_tma, $PAGEDC_DECODE_TMA] Whether the decode kernel (code for
   /// sm_90 and later) copies K/V tiles with tensor maps (unset: yes) rather
   /// than gathering them with cp.async.

@@ -354,8 +354,15 @@ AttentionLaunchPlan planAttention(const KernelConfig &config,
     KernelLaunch merge;
     merge.kernel = "pagedc_decode_merge";
     // templates/Decode.cuh reads the column chunks from grid x.
-    const int chunks = decodeMergeChunks(int64_t(args.batch) * args.heads_q * args.q_len,
-                                         config.valueDim(), multiprocessors);
+    int chunks = decodeMergeChunks(int64_t(args.batch) * args.heads_q * args.q_len,
+                                   config.valueDim(), multiprocessors);
+    if (options.decodeMergeChunks) {
+      // As asked, halved while above one chunk per 16 columns (the counts
+      // stay powers of two, as decodeMergeChunks' do).
+      chunks = *options.decodeMergeChunks;
+      while (chunks > 1 && chunks * 16 > config.valueDim())
+        chunks /= 2;
+    }
     merge.grid[0] = static_cast<unsigned>(args.q_len * chunks);
     merge.grid[1] = static_cast<unsigned>(args.heads_q);
     merge.grid[2] = static_cast<unsigned>(args.batch);

@@ -531,6 +531,27 @@ TEST(KernelOptions, EveryOptionChangesTheLaunchPlan) {
   EXPECT_LE(tripled.args.num_splits, 3 * base.args.num_splits);
   EXPECT_EQ(tripled.launches[0].grid[0], unsigned(tripled.args.num_splits));
   EXPECT_EQ(tripled.launches[0].note, "gather (decode_tma=0)");
+
+  // decode_merge_chunks: the merge's CTAs a row (grid x; 8 by default at
+  // B 1 x Hq 32, D 128), halved while above one per 16 columns; the split
+  // kernel's launch is left as it was.
+  ASSERT_EQ(base.launches.size(), 2u);
+  EXPECT_EQ(base.launches[1].grid[0], 8u);
+  for (auto [asked, given] : {std::pair{1, 1u}, {2, 2u}, {4, 4u}, {8, 8u}, {16, 8u}}) {
+    KernelOptions chunked;
+    chunked.decodeMergeChunks = asked;
+    const AttentionLaunchPlan plan = decode(chunked);
+    ASSERT_EQ(plan.launches.size(), 2u) << asked;
+    EXPECT_EQ(plan.launches[1].grid[0], given) << asked;
+    EXPECT_EQ(plan.launches[1].grid[1], 32u) << asked;
+    EXPECT_EQ(plan.launches[0].grid[0], base.launches[0].grid[0]) << asked;
+    EXPECT_EQ(plan.args.num_splits, base.args.num_splits) << asked;
+  }
+  for (int bad : {0, 3, 32, -1}) {
+    KernelOptions refused;
+    refused.decodeMergeChunks = bad; // set directly: refused where it is checked
+    EXPECT_THROW(checkKernelOptions(refused), Error) << bad;
+  }
 }
 
 // Which code has sm_90's instructions (the decode kernel's tensor maps, the
@@ -716,7 +737,8 @@ TEST(KernelOptions, UnknownNamesListTheValidOnes) {
   const std::string names = kernelOptionNames();
   EXPECT_EQ(names, "prefill_shape, prefill_persistent, prefill_persistent_ctas, "
                    "prefill_tile_counter, prefill_tma, prefill_tma_runs, prefill_pingpong, "
-                   "decode_split_factor, decode_tma, decode_tma_runs, link_mods");
+                   "decode_split_factor, decode_merge_chunks, decode_tma, decode_tma_runs, "
+                   "link_mods");
   KernelOptions options;
   for (const char *bad : {"prefill_tmaa=1", "PREFILL_TMA=1", "PAGEDC_PREFILL_TMA=1", "=1",
                           "prefill_tma"}) {
