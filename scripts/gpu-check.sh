@@ -31,9 +31,12 @@
 # (PAGEDC_DECODE_TMA=0: every K/V tile gathered with cp.async instead of
 # the default tensor-map copies of whole tiles of pages of 16 rows or more),
 # "decode-page-boxes" (PAGEDC_DECODE_TMA_RUNS=0: one box per page even for a
-# tile of consecutive pages) and "decode-splits2" (PAGEDC_DECODE_SPLIT_FACTOR=2: twice the splits the
-# plan chooses, about two waves of CTAs where it chose one), each with the
-# pack's decode checks, benchmarks and a memcheck of one decode case.
+# tile of consecutive pages), "decode-splits2" (PAGEDC_DECODE_SPLIT_FACTOR=2:
+# twice the splits the plan chooses, about two waves of CTAs where it chose
+# one) and "decode-merge1" (PAGEDC_DECODE_MERGE_CHUNKS=1: one merge CTA a
+# query row, where few rows' columns are divided among several by default),
+# each with the pack's decode checks, benchmarks and a memcheck of one
+# decode case.
 # --also PACK2: a second pack (e.g. one prepared with
 # PAGEDC_PREFILL_SHAPE=64x64x16, whose prefill bundles are the mma.sync
 # kernel, or with PAGEDC_TEMPLATE_DIR holding an earlier commit's templates,
@@ -66,7 +69,9 @@
 #   gpu-bench-pagedc.json, gpu-bench-torch.json, gpu-bench-baselines.json,
 #   gpu-bench.json       section 4 benchmark: ours, PyTorch's, the baselines',
 #                        merged (the commit, the clock, the strongest anchor
-#                        of each row and where it wins) + targets
+#                        of each row and where it wins) + targets; a decode
+#                        row's split kernel and merge timed apart too
+#                        (gpu-bench-pagedc.json, launch_queued_median_ms)
 #   clocks.csv           nvidia-smi every 0.5 s from the first launch on: SM
 #                        clock (and its maximum), power, temperature
 #   clocks.json          their summary under load (bench/gpu/clocks.py):
@@ -233,7 +238,8 @@ fi
 if [[ ${decode_options:-0} == 1 ]]; then
   variants+=("decode-gather:PAGEDC_DECODE_TMA=0:decode"
             "decode-page-boxes:PAGEDC_DECODE_TMA_RUNS=0:decode"
-            "decode-splits2:PAGEDC_DECODE_SPLIT_FACTOR=2:decode")
+            "decode-splits2:PAGEDC_DECODE_SPLIT_FACTOR=2:decode"
+            "decode-merge1:PAGEDC_DECODE_MERGE_CHUNKS=1:decode")
 fi
 declare -A options_case=()
 if [[ ${#variants[@]} -gt 0 ]]; then
@@ -299,7 +305,7 @@ else
 fi
 
 # (3) Benchmarks: ours, (4) the second pack, then PyTorch's on the same GPU, then the merge.
-step "bench (pagedc)" "$gpu" bench "$pack" --json "$out/gpu-bench-pagedc.json"
+step "bench (pagedc)" "$gpu" bench "$pack" --launch-times --json "$out/gpu-bench-pagedc.json"
 # (4) The second pack: correctness and our benchmark, before PyTorch's (which
 # is not rerun: the configurations are the same); merged with it after.
 also_done=()
@@ -331,7 +337,7 @@ for variant in "${variants[@]}"; do
       --log-file "$out/$label-sanitizer.txt" "$gpu" check "$pack" --filter "$memcheck_case"
   fi
   step "bench (pagedc, $settings)" env $settings "$gpu" bench "$pack" --filter "$kind" \
-    --json "$out/$label-gpu-bench-pagedc.json"
+    --launch-times --json "$out/$label-gpu-bench-pagedc.json"
 done
 
 if [[ $wheels == 1 ]]; then

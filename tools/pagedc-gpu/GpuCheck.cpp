@@ -590,13 +590,16 @@ double copyBandwidth(int device, size_t bytes, int iterations) {
 
 namespace {
 
-/// `count` calls of `call` queued on the null stream without waiting
-/// between them, each after an asynchronous write of all of `flush` (which
-/// evicts L2) and between its own pair of events; milliseconds per call.
-/// The host enqueues the next call while the GPU writes the flush, so the
-/// events time the GPU's work, not the submission.
-std::vector<float> timeQueued(int device, const DeviceBuffer &flush, int count,
-                              const std::function<void()> &call) {
+/// `count` calls queued on the null stream without waiting between them,
+/// each after an asynchronous write of all of `flush` (which evicts L2).
+/// A call is `parts` pieces (`part(i)` enqueues piece i) with an event
+/// before, between and after them; returns the milliseconds of each piece,
+/// call by call (count vectors of `parts`). The host enqueues the next call
+/// while the GPU writes the flush, so the events time the GPU's work, not
+/// the submission.
+std::vector<std::vector<float>> timeQueuedParts(int device, const DeviceBuffer &flush,
+                                                int count, size_t parts,
+                                                const std::function<void(size_t)> &part) {
   const CudaDriver &driver = cudaUseDevice(device);
   struct Events {
     const CudaDriver &driver;
@@ -606,7 +609,8 @@ std::vector<float> timeQueued(int device, const DeviceBuffer &flush, int count,
         driver.api().eventDestroy(event);
     }
   } events{driver, {}};
-  for (int i = 0; i < 2 * count; ++i) {
+  const size_t perCall = parts + 1;
+  for (size_t i = 0; i < perCall * size_t(count); ++i) {
     cu::Event event = nullptr;
     driver.check(driver.api().eventCreate(&event, 0), "cuEventCreate");
     events.list.push_back(event);
@@ -615,18 +619,48 @@ std::vector<float> timeQueued(int device, const DeviceBuffer &flush, int count,
     driver.check(driver.api().memsetD8Async(flush.address(), static_cast<unsigned char>(i),
                                             flush.size(), nullptr),
                  "cuMemsetD8Async (L2 flush)");
-    driver.check(driver.api().eventRecord(events.list[2 * i], nullptr), "cuEventRecord");
-    call();
-    driver.check(driver.api().eventRecord(events.list[2 * i + 1], nullptr), "cuEventRecord");
+    for (size_t p = 0; p < parts; ++p) {
+      driver.check(driver.api().eventRecord(events.list[perCall * i + p], nullptr),
+                   "cuEventRecord");
+      part(p);
+    }
+    driver.check(driver.api().eventRecord(events.list[perCall * i + parts], nullptr),
+                 "cuEventRecord");
   }
   driver.check(driver.api().eventSynchronize(events.list.back()), "cuEventSynchronize");
-  std::vector<float> times;
+  std::vector<std::vector<float>> times;
   for (int i = 0; i < count; ++i) {
-    float ms = 0;
-    driver.check(driver.api().eventElapsedTime(&ms, events.list[2 * i], events.list[2 * i + 1]),
-                 "cuEventElapsedTime");
-    times.push_back(ms);
+    std::vector<float> call;
+    for (size_t p = 0; p < parts; ++p) {
+      float ms = 0;
+      driver.check(driver.api().eventElapsedTime(&ms, events.list[perCall * i + p],
+                                                 events.list[perCall * i + p + 1]),
+                   "cuEventElapsedTime");
+      call.push_back(ms);
+    }
+    times.push_back(std::move(call));
   }
+  return times;
+}
+
+/// " (launches a + b ms)" for a result with launch times, else "".
+std::string launchTimesText(const BenchResult &result) {
+  if (result.launchQueuedMedianMs.empty())
+    return "";
+  std::string text;
+  for (double ms : result.launchQueuedMedianMs)
+    text += fmt::format("{}{:.4f}", text.empty() ? "" : " + ", ms);
+  return " (launches " + text + " ms)";
+}
+
+/// `count` calls of `call` queued as timeQueuedParts queues them, each one
+/// piece: milliseconds per call.
+std::vector<float> timeQueued(int device, const DeviceBuffer &flush, int count,
+                              const std::function<void()> &call) {
+  std::vector<float> times;
+  for (const std::vector<float> &parts :
+       timeQueuedParts(device, flush, count, 1, [&](size_t) { call(); }))
+    times.push_back(parts.front());
   return times;
 }
 
@@ -835,6 +869,22 @@ std::vector<BenchResult> benchPack(const Pack &pack, const RunOptions &options,
           result.queuedMinMs = queued.front();
           result.queuedMaxMs = queued.back();
         }
+        // (A call of one launch has its queued time already.)
+        if (options.launchTimes && launch.plan().launches.size() > 1) {
+          if (!flush)
+            flush = std::make_unique<DeviceBuffer>(options.flushBytes, dev);
+          const size_t parts = launch.plan().launches.size();
+          std::vector<std::vector<float>> calls =
+              timeQueuedParts(dev, *flush, options.iterations, parts,
+                              [&](size_t index) { launch.enqueueLaunch(index, nullptr); });
+          for (size_t p = 0; p < parts; ++p) {
+            std::vector<float> times;
+            for (const std::vector<float> &call : calls)
+              times.push_back(call[p]);
+            std::sort(times.begin(), times.end());
+            result.launchQueuedMedianMs.push_back(times[times.size() / 2]);
+          }
+        }
         result.status = "ok";
       }
     } catch (const std::exception &error) {
@@ -844,9 +894,10 @@ std::vector<BenchResult> benchPack(const Pack &pack, const RunOptions &options,
     log << fmt::format("{:<8} {} {}\n", result.status, result.name,
                        result.status != "ok" ? result.message
                        : result.queuedMedianMs > 0
-                           ? fmt::format("{:.4f} ms (queued {:.4f} ms)", result.medianMs,
-                                         result.queuedMedianMs)
-                           : fmt::format("{:.4f} ms", result.medianMs));
+                           ? fmt::format("{:.4f} ms (queued {:.4f} ms){}", result.medianMs,
+                                         result.queuedMedianMs, launchTimesText(result))
+                           : fmt::format("{:.4f} ms{}", result.medianMs,
+                                         launchTimesText(result)));
     results.push_back(std::move(result));
   }
   return results;

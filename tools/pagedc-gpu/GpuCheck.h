@@ -42,6 +42,10 @@ struct RunOptions {
   bool queued = true;
   /// Bytes written by each queued call's L2 flush (larger than any L2).
   size_t flushBytes = size_t(256) << 20;
+  /// Benchmark: also time each launch of a call of several apart, queued
+  /// after the flush with an event between launches
+  /// (BenchResult::launchQueuedMedianMs).
+  bool launchTimes = false;
   /// Benchmark, for the model only: when > 0 and below the batch, the
   /// cache holds this many sequences' pages and sequence s reads those of
   /// s mod kvSequences (same launches and page-table walk, less memory).
@@ -80,6 +84,12 @@ struct BenchResult {
   /// evicts L2, events around the call alone: the launch latency is hidden
   /// behind the flush and K/V come from DRAM (0 when not timed).
   double queuedMedianMs = 0, queuedMinMs = 0, queuedMaxMs = 0;
+  /// With RunOptions::launchTimes: each launch's median time, in the
+  /// order of `launches`, from calls queued as above with an event between
+  /// consecutive launches. The event ends a programmatic dependent launch's
+  /// overlap with the launch before it, so the sum may exceed the queued
+  /// median; the split says which launch holds the time.
+  std::vector<double> launchQueuedMedianMs;
   /// Decode: bytes of K, V (kept pages of every sequence), Q and O.
   double bytes = 0;
   /// Prefill: FLOPs of unmasked work (4 * B * Hq * Lq * Lkv * D * kept).

@@ -4,7 +4,7 @@
 //                         [--device N] [--sms N]
 //   pagedc-gpu bench PACK [--dry-run] [--json FILE] [--filter TEXT]
 //                         [--device N] [--iters N] [--warmup N] [--copy-mib N]
-//                         [--flush-mib N] [--no-queued]
+//                         [--flush-mib N] [--no-queued] [--launch-times]
 //   pagedc-gpu model PACK [--json FILE] [--filter TEXT] [--sample-blocks N]
 //                         [--decode-sample-blocks N] [--prefill-sample-blocks N]
 //                         [--max-kv-bytes N]
@@ -23,6 +23,9 @@
 // configuration is timed twice: call by call, the host waiting for each
 // (`median_ms`), and queued back to back, each call after a write of
 // --flush-mib MiB that evicts L2 (`queued_median_ms`; --no-queued skips it).
+// --launch-times also times each launch of a call of several apart (a
+// decode's split kernel and its merge), queued the same way with an event
+// between them (`launch_queued_median_ms`, in the order of `launches`).
 // model runs the bench configurations of a pack built with --arch emu once on
 // the SIMT emulator and turns its counters and the pack's ptxas figures into
 // MODELLED H100 / A100 times (Model.h, docs/emulator.md); no GPU needed.
@@ -56,7 +59,7 @@ const char *kUsage =
     "usage: pagedc-gpu check PACK [--dry-run] [--json FILE] [--filter TEXT] [--device N] "
     "[--sms N]\n"
     "       pagedc-gpu bench PACK [--dry-run] [--json FILE] [--filter TEXT] [--device N] "
-    "[--iters N] [--warmup N] [--copy-mib N] [--flush-mib 256] [--no-queued]\n"
+    "[--iters N] [--warmup N] [--copy-mib N] [--flush-mib 256] [--no-queued] [--launch-times]\n"
     "       pagedc-gpu model PACK [--json FILE] [--filter TEXT] [--sample-blocks N] "
     "[--decode-sample-blocks 32] [--prefill-sample-blocks 128] [--max-kv-bytes N]   (MODELLED on "
     "the emulator)\n"
@@ -68,7 +71,8 @@ const char *kUsage =
     "      prefill_persistent says). Unset, each takes its $PAGEDC_* variable (NAME in\n"
     "      capitals after PAGEDC_), if set. NAME: prefill_shape, prefill_persistent,\n"
     "      prefill_persistent_ctas, prefill_tile_counter, prefill_tma, prefill_tma_runs,\n"
-    "      prefill_pingpong, decode_split_factor, decode_tma, decode_tma_runs, link_mods\n"
+    "      prefill_pingpong, decode_split_factor, decode_merge_chunks, decode_tma,\n"
+    "      decode_tma_runs, link_mods\n"
     "      (docs/kernels.md, \"Kernel options\").\n";
 
 struct ToolOptions {
@@ -214,6 +218,12 @@ int runBench(const ToolOptions &options, const Pack &pack) {
       item.set("queued_min_ms", r.queuedMinMs);
       item.set("queued_max_ms", r.queuedMaxMs);
     }
+    if (!r.launchQueuedMedianMs.empty()) {
+      Value times = Value::array();
+      for (double ms : r.launchQueuedMedianMs)
+        times.push(ms);
+      item.set("launch_queued_median_ms", std::move(times));
+    }
     item.set("bytes", r.bytes);
     item.set("flops", r.flops);
     item.set("bandwidth_bytes_per_s", bandwidth);
@@ -274,6 +284,8 @@ int main(int argc, char **argv) {
         options.run.warmup = parseInt(arg, value());
       } else if (arg == "--no-queued") {
         options.run.queued = false;
+      } else if (arg == "--launch-times") {
+        options.run.launchTimes = true;
       } else if (arg == "--flush-mib") {
         options.run.flushBytes = size_t(std::max(1, parseInt(arg, value()))) << 20;
       } else if (arg == "--copy-mib") {

@@ -230,6 +230,11 @@ public:
   std::string applyLaunchOptions(int64_t kPages, int64_t vPages, bool visitsGrow);
   /// Launches the call's kernels on `stream` (checks each launch).
   void enqueue(cu::Stream stream);
+  /// Launches plan().launches[index] alone on `stream` (the first zeroes
+  /// the work counter as enqueue does): what a caller uses to put its own
+  /// work, an event say, between the launches of one call. Their order is
+  /// the caller's to keep.
+  void enqueueLaunch(size_t index, cu::Stream stream);
   const AttentionLaunchPlan &plan() const { return plan_; }
 
 private:

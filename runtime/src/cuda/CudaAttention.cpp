@@ -683,21 +683,28 @@ std::string CudaAttentionLaunch::applyLaunchOptions(int64_t kPages, int64_t vPag
 }
 
 void CudaAttentionLaunch::enqueue(cu::Stream stream) {
+  for (size_t i = 0; i < plan_.launches.size(); ++i)
+    enqueueLaunch(i, stream);
+}
+
+void CudaAttentionLaunch::enqueueLaunch(size_t index, cu::Stream stream) {
+  if (index >= plan_.launches.size())
+    throw Error(fmt::format("attention launch: launch {} of a plan of {}", index,
+                            plan_.launches.size()));
   const CudaDriver &driver = cudaUseDevice(kernel_->device);
   // The work counter starts at zero, set on the launch's own stream: a
   // cuMemsetD8 would go to the legacy default stream, which a non-blocking
   // stream does not wait for. Each launch then leaves it at zero.
-  if (tileCounter_.size() && !tileCounterZeroed_) {
+  if (index == 0 && tileCounter_.size() && !tileCounterZeroed_) {
     driver.check(driver.api().memsetD8Async(tileCounter_.address(), 0, tileCounter_.size(),
                                             stream),
                  "cuMemsetD8Async (tile counter)");
     tileCounterZeroed_ = true;
   }
-  for (KernelLaunch &launch : plan_.launches) {
-    cu::Function function = launch.kernel == "pagedc_decode_merge" ? kernel_->merge
-                                                                   : kernel_->main;
-    launchKernel(driver, function, launch, stream);
-  }
+  KernelLaunch &launch = plan_.launches[index];
+  cu::Function function = launch.kernel == "pagedc_decode_merge" ? kernel_->merge
+                                                                 : kernel_->main;
+  launchKernel(driver, function, launch, stream);
 }
 
 CudaTimer::CudaTimer(int deviceIndex) : driver_(cudaUseDevice(deviceIndex)) {

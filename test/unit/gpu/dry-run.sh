@@ -70,7 +70,7 @@ assert any(l.startswith("pagedc_prefill grid (3, 1, 1)") for l in checked), chec
 # the splits; the benchmark's decodes (long enough to split) planned with
 # twice the CTAs of their default plans.
 decode = [c["status"] for c in check["cases"] if c["name"].find("decode") >= 0]
-for label in ("decode-gather", "decode-page-boxes", "decode-splits2"):
+for label in ("decode-gather", "decode-page-boxes", "decode-splits2", "decode-merge1"):
     option = json.load(open(os.path.join(sys.argv[5], label + "-gpu-check.json")))
     assert [c["status"] for c in option["cases"]] == decode and decode, label
 
@@ -87,6 +87,19 @@ doubled = decode_ctas(json.load(open(os.path.join(
     sys.argv[5], "decode-splits2-gpu-bench-pagedc.json")))["configurations"])
 assert default and set(doubled) == set(default), ("decode-splits2 plans", default, doubled)
 assert all(doubled[k] == 2 * default[k] for k in default), ("decode-splits2", default, doubled)
+# decode-merge1: the same split launches, and one merge CTA a query row
+# (grid x = q_len) where the default divides some rows' columns.
+def merge_grids(configurations):
+    return {config["name"]: launch.split("(")[1].split(")")[0]
+            for config in configurations for launch in config["launches"]
+            if launch.startswith("pagedc_decode_merge grid")}
+merge1_configs = json.load(open(os.path.join(
+    sys.argv[5], "decode-merge1-gpu-bench-pagedc.json")))["configurations"]
+assert decode_ctas(merge1_configs) == default, "decode-merge1 changed the split launches"
+merged, merged1 = merge_grids(bench["configurations"]), merge_grids(merge1_configs)
+assert merged and set(merged1) == set(merged), ("decode-merge1 merges", merged, merged1)
+assert all(g.split(", ")[0] == "1" for g in merged1.values()), merged1
+assert any(g.split(", ")[0] != "1" for g in merged.values()), merged
 variants = sum(2 if c["q_block"] else 1 for c in pack["cases"])
 statuses = [c["status"] for c in check["cases"]]
 assert check["dry_run"] is True
