@@ -6,7 +6,7 @@ from a pack, anchors, SDPA support, reserve plans, the merge, the targets,
 the SASS main-loop count, its copy loop and its path range, the decode
 kernel's shared memory and forced paths, the issue term's rule, tile mix
 and Nsight Compute parsing, and persistent_schedule.py's block visits and
-its two ways of handing out query tiles. The issue rule and the roofline
+its two ways of handing out query tiles, and decode_fit.py's line. The issue rule and the roofline
 are pagedc-gpu's (`pagedc-gpu model --launches`, tools/pagedc-gpu/Model.cpp):
 the tests of them run the binary $PAGEDC_GPU names (ctest sets it)."""
 import json
@@ -851,6 +851,55 @@ class PersistentSchedule(unittest.TestCase):
                         header.encode("latin1") + (7).to_bytes(4, "little") * 3)
             self.assertEqual(persistent_schedule.read_int32_npy(path), [7, 7, 7])
 
+
+
+class DecodeFit(unittest.TestCase):
+    """decode_fit.py recovers a line the rows lie on, leaves rows under
+    --min-mb out of it, and flags a series whose time is its call path's."""
+
+    def run_fit(self, rows, configs, *extra):
+        import subprocess
+        with tempfile.TemporaryDirectory() as d:
+            json.dump({"copy_bandwidth_bytes_per_s": 4.2e12, "configurations": configs},
+                      open(os.path.join(d, "gpu-bench-pagedc.json"), "w"))
+            json.dump({"rows": rows}, open(os.path.join(d, "gpu-bench.json"), "w"))
+            out = os.path.join(d, "fit.json")
+            subprocess.run([sys.executable, os.path.join(ROOT, "bench", "gpu", "decode_fit.py"), d,
+                            "--json", out, *extra], check=True, capture_output=True)
+            return json.load(open(out))
+
+    def test_line(self):
+        configs, rows = [], []
+        for i, mb in enumerate([4, 70, 140, 270, 540, 2150, 8600]):
+            name = "decode-none-B%d-ctx1024-p128" % i
+            pagedc_us = 20.0 + mb / 4.5  # 4.5 TB/s = 4.5 MB per us
+            queued_us = 30.0 + mb / 4.4 + (3.0 if mb == 4 else 0.0)  # the small row: off the line
+            configs.append({"name": name, "kind": "decode", "page_size": 128, "status": "ok",
+                            "bytes": mb * 1e6, "median_ms": pagedc_us / 1e3,
+                            "queued_median_ms": queued_us / 1e3,
+                            "launch_queued_median_ms": [queued_us * 0.8e-3, queued_us * 0.2e-3]})
+            rows.append({"name": name, "median_ms": pagedc_us / 1e3,
+                         "queued_median_ms": queued_us / 1e3,
+                         "queued_slow_ms": (150.0 + mb / 50.0) / 1e3})
+        # Another page size and another mask are not this fit's rows.
+        configs.append(dict(configs[0], name="decode-none-B0-ctx1024-p16", page_size=16))
+        configs.append(dict(configs[0], name="decode-causal-B0-ctx1024-p128"))
+        fit = self.run_fit(rows, configs)["fits"]
+        self.assertAlmostEqual(fit["pagedc"]["fixed_us"], 20.0, places=6)
+        self.assertAlmostEqual(fit["pagedc"]["rate_bytes_per_s"], 4.5e12, delta=1e6)
+        self.assertEqual(fit["pagedc"]["rows"], 6)  # 4 MB is under --min-mb 60
+        self.assertAlmostEqual(fit["pagedc queued"]["fixed_us"], 30.0, places=6)
+        self.assertTrue(fit["pagedc"]["streaming"])
+        # 50 MB per us is no streaming rate: that series is its call path.
+        self.assertFalse(fit["slow queued"]["streaming"])
+        # With the small row the queued line moves and says how far it is off.
+        wide = self.run_fit(rows, configs, "--min-mb", "1")["fits"]["pagedc queued"]
+        self.assertEqual(wide["rows"], 7)
+        self.assertGreater(wide["worst_relative_residual"], 0.01)
+        rows_out = self.run_fit(rows, configs)["rows"]
+        self.assertEqual(len(rows_out), 7)
+        self.assertAlmostEqual(sum(rows_out[0]["launch_queued_us"]), rows_out[0]["queued_us"],
+                               places=6)
 
 if __name__ == "__main__":
     unittest.main()
