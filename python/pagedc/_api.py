@@ -780,8 +780,8 @@ def _contiguous_cache(k, v, device: int = -1, stream: int = 0) -> tuple:
 #: The names flex_attention's ``kernel_options`` takes (pagedc/KernelOptions.h).
 KERNEL_OPTIONS = ("prefill_shape", "prefill_persistent", "prefill_persistent_ctas",
                   "prefill_tile_counter", "prefill_tma", "prefill_tma_runs", "prefill_pingpong",
-                  "decode_split_factor", "decode_merge_chunks", "decode_tma", "decode_tma_runs",
-                  "link_mods")
+                  "decode_split_factor", "decode_splits", "decode_merge_chunks", "decode_tma",
+                  "decode_tma_runs", "link_mods")
 
 
 def _kernel_option_texts(kernel_options) -> dict:
@@ -851,8 +851,8 @@ def flex_attention(q, cache_or_k, v=None, block_mask: Optional[BlockMask] = None
 
     ``kernel_options`` (CUDA) picks the kernel and its launch: a dict of
     ``KERNEL_OPTIONS`` names to values (``prefill_shape``: a str such as
-    ``"128x64x64"``; ``decode_split_factor``, ``decode_merge_chunks`` and
-    ``prefill_persistent_ctas``: ints; ``link_mods``: a bool or ``"first"``; the others: bools; a str is
+    ``"128x64x64"``; ``decode_split_factor``, ``decode_splits``,
+    ``decode_merge_chunks`` and ``prefill_persistent_ctas``: ints; ``link_mods``: a bool or ``"first"``; the others: bools; a str is
     taken as ``pagedc run --kernel-option`` takes it; None: the runtime
     decides, as when absent).
     docs/kernels.md, "Kernel options", says what each changes. An unknown

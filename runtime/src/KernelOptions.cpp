@@ -26,6 +26,8 @@ constexpr long kMaxPersistentCtas = 1L << 20;
 /// The largest decode split factor a setting may ask for.
 constexpr long kMaxDecodeSplitFactor = 16;
 constexpr long kMaxDecodeMergeChunks = 16;
+/// The most decode splits a setting may ask for (CudaLaunch.cpp's kMaxSplits).
+constexpr long kMaxDecodeSplits = 1024;
 
 /// What a 0/1 switch turns on, for its message.
 const char *switchMeaning(std::string_view name) {
@@ -111,6 +113,11 @@ bool parseOption(KernelOptions &options, std::string_view name, std::string_view
                                 label, value));
     }
     options.decodeMergeChunks = chunks;
+  } else if (name == "decode_splits") {
+    options.decodeSplits =
+        unset ? std::nullopt
+              : std::optional<int>(parseInteger(label, value, 1, kMaxDecodeSplits,
+                                                "the decode's split count"));
   } else if (name == "decode_split_factor") {
     options.decodeSplitFactor =
         unset ? std::nullopt
@@ -146,6 +153,11 @@ void checkPairs(const KernelOptions &options, Label label) {
                             "prefill only",
                             label("prefill_persistent_ctas"), *options.prefillPersistentCtas,
                             label("prefill_persistent")));
+  if (options.decodeSplits && options.decodeSplitFactor)
+    throw Error(fmt::format("{} is '{}' and {} is '{}': give the split count or its factor, "
+                            "not both",
+                            label("decode_splits"), *options.decodeSplits,
+                            label("decode_split_factor"), *options.decodeSplitFactor));
   if (options.prefillTileCounter && options.prefillPersistent == false)
     throw Error(fmt::format("{} is '{}' but {} is 0: the work counter is for the persistent "
                             "prefill only",
@@ -163,7 +175,8 @@ bool KernelOptions::operator==(const KernelOptions &other) const {
          prefillTileCounter == other.prefillTileCounter && prefillTma == other.prefillTma &&
          prefillTmaRuns == other.prefillTmaRuns && prefillPingPong == other.prefillPingPong &&
          decodeSplitFactor == other.decodeSplitFactor &&
-         decodeMergeChunks == other.decodeMergeChunks && decodeTma == other.decodeTma &&
+         decodeSplits == other.decodeSplits && decodeMergeChunks == other.decodeMergeChunks &&
+         decodeTma == other.decodeTma &&
          decodeTmaRuns == other.decodeTmaRuns && linkMods == other.linkMods;
 }
 
@@ -188,6 +201,9 @@ const std::vector<KernelOptionInfo> &kernelOptionInfos() {
        "the warpgroup prefill's consumer warpgroups take turns issuing wgmmas"},
       {"decode_split_factor", "PAGEDC_DECODE_SPLIT_FACTOR", "1 to 16", "1",
        "a decode gets this many times the KV splits the model chooses"},
+      {"decode_splits", "PAGEDC_DECODE_SPLITS", "1 to 1024", "the model's",
+       "the decode's split count, kept within what the call allows (not with "
+       "decode_split_factor)"},
       {"decode_merge_chunks", "PAGEDC_DECODE_MERGE_CHUNKS", "1, 2, 4, 8 or 16",
        "as many as the merge's slots take for few rows",
        "the CTAs among which a split decode's merge divides a query row's columns (at most "
@@ -267,6 +283,12 @@ void checkKernelOptions(const KernelOptions &options) {
                             "count times this)",
                             optionLabel("decode_split_factor"), *options.decodeSplitFactor,
                             kMaxDecodeSplitFactor));
+  if (options.decodeSplits &&
+      (*options.decodeSplits < 1 || *options.decodeSplits > kMaxDecodeSplits))
+    throw Error(fmt::format("{} is '{}': expected an integer from 1 to {} (the decode's split "
+                            "count)",
+                            optionLabel("decode_splits"), *options.decodeSplits,
+                            kMaxDecodeSplits));
   if (options.decodeMergeChunks &&
       (*options.decodeMergeChunks < 1 || *options.decodeMergeChunks > kMaxDecodeMergeChunks ||
        (*options.decodeMergeChunks & (*options.decodeMergeChunks - 1))))

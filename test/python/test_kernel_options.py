@@ -11,7 +11,7 @@ from conftest import assert_close, randn, reference_attention
 
 CAUSAL = "mask causal(b, h, q, kv) = q >= kv\n"
 NAMES = ("prefill_shape, prefill_persistent, prefill_persistent_ctas, prefill_tile_counter, "
-         "prefill_tma, prefill_tma_runs, prefill_pingpong, decode_split_factor, "
+         "prefill_tma, prefill_tma_runs, prefill_pingpong, decode_split_factor, decode_splits, "
          "decode_merge_chunks, decode_tma, decode_tma_runs, link_mods")
 
 
@@ -33,7 +33,8 @@ def test_valid_options_leave_a_cpu_call_as_it_is(rng):
     options = {"prefill_shape": "128x64x64", "prefill_persistent": True,
                "prefill_persistent_ctas": 3, "prefill_tile_counter": False,
                "prefill_tma": False, "prefill_tma_runs": "0", "prefill_pingpong": 1,
-               "decode_split_factor": 2, "decode_merge_chunks": 4, "decode_tma": None, "decode_tma_runs": False,
+               "decode_split_factor": 2, "decode_splits": None, "decode_merge_chunks": 4,
+               "decode_tma": None, "decode_tma_runs": False,
                "link_mods": True}
     q, k, v, out = call(rng, kernel_options=options)
     assert_close(out, reference_attention(q, k, v, causal)[0])
@@ -55,6 +56,8 @@ def test_unknown_key_names_it_and_lists_the_valid_ones(rng):
     ("prefill_pingpong", "yes", "kernel option prefill_pingpong is 'yes': expected 1 ("),
     ("decode_split_factor", 17, "kernel option decode_split_factor is '17': expected an "
                                 "integer from 1 to 16"),
+    ("decode_splits", 0, "kernel option decode_splits is '0': expected an integer from 1 to "
+                         "1024"),
     ("decode_merge_chunks", 3, "kernel option decode_merge_chunks is '3': expected 1, 2, 4, 8 "
                                "or 16"),
     ("prefill_persistent_ctas", 0, "kernel option prefill_persistent_ctas is '0': expected "
@@ -77,6 +80,10 @@ def test_bad_types_and_pairs(rng):
     with pytest.raises(pagedc.Error, match="kernel option prefill_persistent_ctas is '3' but "
                                            "kernel option prefill_persistent is not 1"):
         call(rng, kernel_options={"prefill_persistent_ctas": 3})
+    with pytest.raises(pagedc.Error, match="kernel option decode_splits is '4' and kernel option "
+                                           "decode_split_factor is '2': give the split count or "
+                                           "its factor, not both"):
+        call(rng, kernel_options={"decode_splits": 4, "decode_split_factor": 2})
 
 
 def test_environment_variables_do_not_apply(rng, monkeypatch):

@@ -87,6 +87,12 @@ struct KernelOptions {
   /// many times (1 to 16) the KV splits the performance model chooses
   /// (unset: 1).
   std::optional<int> decodeSplitFactor;
+  /// [decode_splits, $PAGEDC_DECODE_SPLITS] The decode's split count (1 to
+  /// 1024) instead of the performance model's, kept within what the call
+  /// allows (a block mask's blocks a split; no split shorter than the
+  /// planner's least, none empty); not with decode_split_factor (unset: the
+  /// model's). flexAttention's CUDA calls; BatchAttention plans its own.
+  std::optional<int> decodeSplits;
   /// [decode_merge_chunks, $PAGEDC_DECODE_MERGE_CHUNKS] The CTAs among which
   /// a split decode's merge divides each query row's columns: 1, 2, 4, 8 or
   /// 16, at most one per 16 columns (unset: as many as the merge's slots

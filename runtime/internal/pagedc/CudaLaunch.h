@@ -117,6 +117,10 @@ struct DecodeSplitProblem {
   /// minGranulesPerSplit allows, none empty): an experiment's knob
   /// (KernelOptions::decodeSplitFactor).
   int splitFactor = 1;
+  /// When > 0, the split count instead of the model's (kept within the
+  /// fewest and most splits above, none empty): an experiment's knob
+  /// (KernelOptions::decodeSplits).
+  int64_t splits = 0;
 };
 
 /// CTAs the decode merge divides each of `rows` rows' `valueDim` columns

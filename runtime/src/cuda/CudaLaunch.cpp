@@ -191,6 +191,12 @@ DecodeSplitChoice chooseDecodeSplits(const DecodeSplitProblem &p) {
       chosen = choice;
       break;
     }
+  if (p.splits > 0) {
+    const int64_t wanted = std::clamp<int64_t>(p.splits, fewest, most);
+    chosen.granulesPerSplit = ceilDiv(granules, wanted);
+    chosen.splits = ceilDiv(granules, chosen.granulesPerSplit);
+    return chosen;
+  }
   if (p.splitFactor > 1) {
     // As many splits as asked, up to `most`, with none left empty.
     const int64_t wanted = std::min<int64_t>(chosen.splits * p.splitFactor, most);
@@ -329,6 +335,7 @@ AttentionLaunchPlan planAttention(const KernelConfig &config,
   problem.maxGranulesPerSplit = args.kv_num_blocks ? kDecodeMaxSplitBlocks : 0;
   problem.minGranulesPerSplit = ceilDiv(kMinSplitLength, granularity);
   problem.splitFactor = decodeSplitFactor(options);
+  problem.splits = options.decodeSplits.value_or(0);
   const DecodeSplitChoice choice = chooseDecodeSplits(problem);
   const int64_t splits = choice.splits;
   if (splits > std::numeric_limits<int32_t>::max() ||

@@ -552,6 +552,28 @@ TEST(KernelOptions, EveryOptionChangesTheLaunchPlan) {
     refused.decodeMergeChunks = bad; // set directly: refused where it is checked
     EXPECT_THROW(checkKernelOptions(refused), Error) << bad;
   }
+
+  // decode_splits: the count asked for (12 of 64-key tiles: 43 tiles each,
+  // the last shorter), one split and no merge, or as many as the call
+  // allows (no split shorter than the planner's least).
+  KernelOptions forced;
+  forced.decodeSplits = 12;
+  const AttentionLaunchPlan twelve = decode(forced);
+  EXPECT_EQ(twelve.args.num_splits, 12);
+  EXPECT_EQ(twelve.launches[0].grid[0], 12u);
+  EXPECT_EQ(twelve.args.split_size, 43 * 64);
+  ASSERT_EQ(twelve.launches.size(), 2u);
+  forced.decodeSplits = 1;
+  const AttentionLaunchPlan one = decode(forced);
+  EXPECT_EQ(one.args.num_splits, 1);
+  EXPECT_EQ(one.launches.size(), 1u);
+  forced.decodeSplits = 1024;
+  const AttentionLaunchPlan most = decode(forced);
+  EXPECT_GT(most.args.num_splits, base.args.num_splits);
+  EXPECT_GE(most.args.split_size, 256); // CudaLaunch.cpp's kMinSplitLength
+  EXPECT_LT(int64_t(most.args.num_splits - 1) * most.args.split_size, 32768);
+  forced.decodeSplitFactor = 2; // with the factor: refused
+  EXPECT_THROW(decode(forced), Error);
 }
 
 // Which code has sm_90's instructions (the decode kernel's tensor maps, the
@@ -737,8 +759,8 @@ TEST(KernelOptions, UnknownNamesListTheValidOnes) {
   const std::string names = kernelOptionNames();
   EXPECT_EQ(names, "prefill_shape, prefill_persistent, prefill_persistent_ctas, "
                    "prefill_tile_counter, prefill_tma, prefill_tma_runs, prefill_pingpong, "
-                   "decode_split_factor, decode_merge_chunks, decode_tma, decode_tma_runs, "
-                   "link_mods");
+                   "decode_split_factor, decode_splits, decode_merge_chunks, decode_tma, "
+                   "decode_tma_runs, link_mods");
   KernelOptions options;
   for (const char *bad : {"prefill_tmaa=1", "PREFILL_TMA=1", "PAGEDC_PREFILL_TMA=1", "=1",
                           "prefill_tma"}) {
