@@ -372,7 +372,7 @@ std::vector<CaseResult> checkPack(const Pack &pack, const RunOptions &options,
     log << fmt::format("note: the pack was built for {} but cuda:{} is {}\n", pack.arch,
                        options.device, arch);
   for (const PackCase &c : pack.cases) {
-    if (!options.filter.empty() && c.name.find(options.filter) == std::string::npos)
+    if (!nameMatches(c.name, options.filter))
       continue;
     const fs::path caseDir = fs::path(pack.directory) / "cases" / c.name;
     std::vector<std::string> variants = {"dense"};
@@ -666,6 +666,19 @@ std::vector<float> timeQueued(int device, const DeviceBuffer &flush, int count,
 
 } // namespace
 
+bool nameMatches(const std::string &name, const std::string &filter) {
+  size_t from = 0;
+  while (true) {
+    const size_t comma = filter.find(',', from);
+    const std::string text = filter.substr(from, comma == std::string::npos ? comma : comma - from);
+    if (name.find(text) != std::string::npos)
+      return true;
+    if (comma == std::string::npos)
+      return false;
+    from = comma + 1;
+  }
+}
+
 std::vector<BenchResult> benchPack(const Pack &pack, const RunOptions &options,
                                    std::ostream &log) {
   std::vector<BenchResult> results;
@@ -692,7 +705,7 @@ std::vector<BenchResult> benchPack(const Pack &pack, const RunOptions &options,
   };
 
   for (const BenchCase &b : pack.bench) {
-    if (!options.filter.empty() && b.name.find(options.filter) == std::string::npos)
+    if (!nameMatches(b.name, options.filter))
       continue;
     BenchResult result;
     result.name = b.name;

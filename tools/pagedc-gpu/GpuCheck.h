@@ -32,7 +32,8 @@ struct RunOptions {
   int device = 0;
   /// Multiprocessors assumed by a dry run's decode split choice (H100: 132).
   int multiprocessors = 132;
-  /// Only cases whose name contains this.
+  /// Only cases whose name contains one of these comma-separated texts
+  /// (nameMatches).
   std::string filter;
   /// Benchmark: timed launches per configuration (median reported) and
   /// warm-up launches.
@@ -96,6 +97,10 @@ struct BenchResult {
   double flops = 0;
   std::vector<std::string> launches;
 };
+
+/// Whether `name` contains one of `filter`'s comma-separated texts (an
+/// empty filter, or an empty text in it, matches every name).
+bool nameMatches(const std::string &name, const std::string &filter);
 
 /// Device-to-device copy bandwidth (bytes read + written per second) of a
 /// `bytes` buffer, median of `iterations` copies.

@@ -1,13 +1,13 @@
 //===- GpuTool.cpp - pagedc-gpu: run a prepared pack on a GPU -------------===//
 //
-//   pagedc-gpu check PACK [--dry-run] [--json FILE] [--filter TEXT]
+//   pagedc-gpu check PACK [--dry-run] [--json FILE] [--filter TEXT[,TEXT...]]
 //                         [--device N] [--sms N]
-//   pagedc-gpu bench PACK [--dry-run] [--json FILE] [--filter TEXT]
+//   pagedc-gpu bench PACK [--dry-run] [--json FILE] [--filter TEXT[,TEXT...]]
 //                         [--device N] [--iters N] [--warmup N] [--copy-mib N]
 //                         [--flush-mib N] [--no-queued] [--launch-times]
-//   pagedc-gpu model PACK [--json FILE] [--filter TEXT] [--sample-blocks N]
-//                         [--decode-sample-blocks N] [--prefill-sample-blocks N]
-//                         [--max-kv-bytes N]
+//   pagedc-gpu model PACK [--json FILE] [--filter TEXT[,TEXT...]]
+//                         [--sample-blocks N] [--decode-sample-blocks N]
+//                         [--prefill-sample-blocks N] [--max-kv-bytes N]
 //   pagedc-gpu model --launches FILE [--device H100|A100] [--registers N]
 //                         [--dram distinct|requested] [--json FILE]
 //   pagedc-gpu model --explain [--json FILE]
@@ -32,6 +32,8 @@
 // model --launches models launches a script gathered (emulator counter
 // lines, or a model JSON's launches with warp instruction counts) with the
 // same formulas; model --explain prints them.
+// --filter keeps the cases (configurations) whose name contains one of its
+// comma-separated texts.
 // --dry-run does everything up to the first launch without a driver.
 // Exit status: 0 all passed (or planned), 1 a case failed, 2 usage or pack
 // errors.
@@ -56,23 +58,27 @@ using json::Value;
 namespace {
 
 const char *kUsage =
-    "usage: pagedc-gpu check PACK [--dry-run] [--json FILE] [--filter TEXT] [--device N] "
-    "[--sms N]\n"
-    "       pagedc-gpu bench PACK [--dry-run] [--json FILE] [--filter TEXT] [--device N] "
-    "[--iters N] [--warmup N] [--copy-mib N] [--flush-mib 256] [--no-queued] [--launch-times]\n"
-    "       pagedc-gpu model PACK [--json FILE] [--filter TEXT] [--sample-blocks N] "
-    "[--decode-sample-blocks 32] [--prefill-sample-blocks 128] [--max-kv-bytes N]   (MODELLED on "
-    "the emulator)\n"
+    "usage: pagedc-gpu check PACK [--dry-run] [--json FILE] [--filter TEXT[,TEXT...]] "
+    "[--device N] [--sms N]\n"
+    "       pagedc-gpu bench PACK [--dry-run] [--json FILE] [--filter TEXT[,TEXT...]] "
+    "[--device N] [--iters N] [--warmup N] [--copy-mib N] [--flush-mib 256] [--no-queued] "
+    "[--launch-times]\n"
+    "       pagedc-gpu model PACK [--json FILE] [--filter TEXT[,TEXT...]] [--sample-blocks N] "
+    "[--decode-sample-blocks 32] [--prefill-sample-blocks 128] [--max-kv-bytes N]   (MODELLED "
+    "on the emulator)\n"
     "       pagedc-gpu model --launches FILE [--device H100] [--registers 0] "
     "[--dram distinct|requested] [--json FILE]\n"
     "       pagedc-gpu model --explain [--json FILE]   (the model's formulas and constants)\n"
+    "  --filter TEXT[,TEXT...]  only the cases whose name contains one of the texts\n"
+    "  --launch-times  bench: also time each launch of a call of several (a decode's split\n"
+    "      kernel and its merge) apart, queued with an event between them\n"
     "  --kernel-option NAME=VALUE  a kernel option of every call (repeatable, the last of a\n"
     "      name wins; check, bench, model; model keeps a CTA per prefill tile whatever\n"
     "      prefill_persistent says). Unset, each takes its $PAGEDC_* variable (NAME in\n"
     "      capitals after PAGEDC_), if set. NAME: prefill_shape, prefill_persistent,\n"
     "      prefill_persistent_ctas, prefill_tile_counter, prefill_tma, prefill_tma_runs,\n"
-    "      prefill_pingpong, decode_split_factor, decode_merge_chunks, decode_tma,\n"
-    "      decode_tma_runs, link_mods\n"
+    "      prefill_pingpong, decode_split_factor, decode_splits, decode_merge_chunks,\n"
+    "      decode_tma, decode_tma_runs, link_mods\n"
     "      (docs/kernels.md, \"Kernel options\").\n";
 
 struct ToolOptions {

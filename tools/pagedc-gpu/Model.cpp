@@ -432,7 +432,7 @@ int runModel(const Pack &pack, const ModelOptions &options, std::ostream &out,
   out << fmt::format("{:<48} {:>10} {:<16} {:<7} {:>10} {:<16} {:<7}\n", "configuration",
                      "H100 us", "H100 figure", "bound", "A100 us", "A100 figure", "bound");
   for (const BenchCase &b : pack.bench) {
-    if (!options.filter.empty() && b.name.find(options.filter) == std::string::npos)
+    if (!nameMatches(b.name, options.filter))
       continue;
     Value row = Value::object();
     row.set("name", b.name);

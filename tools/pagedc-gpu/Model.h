@@ -25,7 +25,8 @@
 namespace pagedc::gpu {
 
 struct ModelOptions {
-  /// Only configurations whose name contains this.
+  /// Only configurations whose name contains one of these comma-separated
+  /// texts (nameMatches).
   std::string filter;
   /// The JSON result (empty: none).
   std::string jsonPath;

@@ -122,13 +122,16 @@ if [ -n "${PAGEDC_PACK_EXPECT_KERNELS:-}" ]; then
     fi
   done
 fi
-# The benchmark's per-launch timing on one decode row (the emulator's event
-# times are its own wall clock: only the shape of the result is checked):
-# a time for the split kernel and one for the merge, each positive.
+# The benchmark's per-launch timing on one decode row, split in two
+# whatever the emulated SM count (the kernel option decode_splits; the
+# emulator's event times are its own wall clock: only the shape of the
+# result is checked): a time for the split kernel and one for the merge,
+# each positive.
 if [ -z "${PAGEDC_PACK_CASES:-}" ]; then
   PAGEDC_CUDA_DRIVER=emu "$build/bin/pagedc-gpu" bench "$work/pack" \
     --filter decode-none-B1-ctx1024-p16 --iters 2 --warmup 0 --flush-mib 1 --copy-mib 1 \
-    --launch-times --json "$work/launch-times.json" > "$work/launch-times.log" 2>&1 || {
+    --kernel-option decode_splits=2 --launch-times --json "$work/launch-times.json" \
+    > "$work/launch-times.log" 2>&1 || {
     echo "emulator pack: FAILED (pagedc-gpu bench --launch-times)"
     tail -5 "$work/launch-times.log"
     exit 1
@@ -138,7 +141,8 @@ import json, sys
 row = json.load(open(sys.argv[1]))["configurations"][0]
 times, launches = row.get("launch_queued_median_ms", []), row["launches"]
 ok = (row["status"] == "ok" and len(launches) == 2 and len(times) == 2 and
-      all(t > 0 for t in times) and launches[1].startswith("pagedc_decode_merge"))
+      all(t > 0 for t in times) and launches[0].startswith("pagedc_decode grid (2,") and
+      launches[1].startswith("pagedc_decode_merge"))
 print("emulator pack: launch times %s for %s" % (times, [l.split(" grid")[0] for l in launches]))
 if not ok:
     print("emulator pack: FAILED (launch times do not match the launches)")

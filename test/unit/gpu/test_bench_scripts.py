@@ -6,7 +6,8 @@ from a pack, anchors, SDPA support, reserve plans, the merge, the targets,
 the SASS main-loop count, its copy loop and its path range, the decode
 kernel's shared memory and forced paths, the issue term's rule, tile mix
 and Nsight Compute parsing, and persistent_schedule.py's block visits and
-its two ways of handing out query tiles, and decode_fit.py's line. The issue rule and the roofline
+its two ways of handing out query tiles, decode_fit.py's line and
+decode_splits.py's table. The issue rule and the roofline
 are pagedc-gpu's (`pagedc-gpu model --launches`, tools/pagedc-gpu/Model.cpp):
 the tests of them run the binary $PAGEDC_GPU names (ctest sets it)."""
 import json
@@ -18,6 +19,7 @@ import unittest
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "..", "bench", "gpu"))
 import baselines  # noqa: E402
 import clocks  # noqa: E402
+import decode_splits  # noqa: E402
 import issue_model  # noqa: E402
 import model_vs_measured  # noqa: E402
 import persistent_schedule  # noqa: E402
@@ -900,6 +902,39 @@ class DecodeFit(unittest.TestCase):
         self.assertEqual(len(rows_out), 7)
         self.assertAlmostEqual(sum(rows_out[0]["launch_queued_us"]), rows_out[0]["queued_us"],
                                places=6)
+
+
+class DecodeSplits(unittest.TestCase):
+    """decode_splits.py reads each run's split count off its decode launch,
+    keeps the rows of the planned run, and names the fastest count."""
+
+    def test_table(self):
+        def config(name, splits, queued_us, merge=True):
+            launches = ["pagedc_decode grid (%d, 8, 1) block 128" % splits]
+            if merge:
+                launches.append("pagedc_decode_merge grid (8, 32, 1) block 128")
+            return {"name": name, "status": "ok", "launches": launches,
+                    "median_ms": queued_us * 0.9e-3, "queued_median_ms": queued_us * 1e-3,
+                    "launch_queued_median_ms": [queued_us * 0.7e-3, queued_us * 0.4e-3]}
+        with tempfile.TemporaryDirectory() as d:
+            def write(label, configs):
+                json.dump({"configurations": configs}, open(os.path.join(
+                    d, "decode-splits-%s-gpu-bench-pagedc.json" % label), "w"))
+            write("planned", [config("a", 47, 57.8), config("b", 3, 39.7)])
+            write("1", [config("a", 1, 900.0, merge=False), config("b", 1, 35.0, merge=False)])
+            # A short row keeps its longest plan when asked for more.
+            write("24", [config("a", 24, 52.0), config("b", 4, 41.0),
+                         dict(config("c", 2, 1.0), status="error")])
+            rows = {r["name"]: r for r in decode_splits.summarize(d, [1, 24, 47])}
+        self.assertEqual(sorted(rows), ["a", "b"])  # the planned run's rows
+        self.assertEqual(rows["a"]["planned_splits"], 47)
+        self.assertEqual([r["splits"] for r in rows["a"]["runs"]], [1, 24])
+        self.assertEqual(rows["a"]["fastest"]["splits"], 24)
+        self.assertEqual(rows["b"]["fastest"]["asked"], 1)
+        self.assertEqual(rows["b"]["runs"][1]["splits"], 4)
+        self.assertAlmostEqual(rows["a"]["runs"][1]["launch_queued_us"][1], 52.0 * 0.4)
+        self.assertEqual(decode_splits.splits_of({"launches": ["pagedc_prefill grid (4, 1, 1)"]}),
+                         0)
 
 if __name__ == "__main__":
     unittest.main()
