@@ -32,15 +32,8 @@ splits=("$@")
 for n in "${splits[@]}"; do
   [[ $n =~ ^[1-9][0-9]*$ ]] || { echo "gpu-decode-splits: '$n' is not a split count" >&2; exit 2; }
 done
-out=${OUT:-$root/gpu-results}
-build=${PAGEDC_GPU_RT_BUILD:-$root/build-gpu-check}
-mkdir -p "$out"
-if [[ ! -x "$build/bin/pagedc-gpu" ]]; then
-  source "$root/scripts/gpu-runtime-args.sh"
-  runtime_cmake_args "$pack"
-  cmake -S "$root" -B "$build" -G Ninja "${runtime_args[@]}" >/dev/null || exit 1
-  ninja -C "$build" -j"$(nproc)" pagedc-gpu >/dev/null || exit 1
-fi
+source "$root/scripts/gpu-runtime-args.sh"
+runtime_tool_setup "$pack" || exit 1
 failures=0
 run() {
   local label=$1

@@ -22,15 +22,8 @@ root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 [[ $# -ge 2 ]] || { sed -n '2,16p' "$0"; exit 2; }
 pack=$(cd "$1" && pwd) || exit 2
 shift
-out=${OUT:-$root/gpu-results}
-build=${PAGEDC_GPU_RT_BUILD:-$root/build-gpu-check}
-mkdir -p "$out"
-if [[ ! -x "$build/bin/pagedc-gpu" ]]; then
-  source "$root/scripts/gpu-runtime-args.sh"
-  runtime_cmake_args "$pack"
-  cmake -S "$root" -B "$build" -G Ninja "${runtime_args[@]}" >/dev/null || exit 1
-  ninja -C "$build" -j"$(nproc)" pagedc-gpu >/dev/null || exit 1
-fi
+source "$root/scripts/gpu-runtime-args.sh"
+runtime_tool_setup "$pack" || exit 1
 failures=0
 n=0
 for filter in "$@"; do
