@@ -285,6 +285,20 @@ extern "C" __global__ void __launch_bounds__(pagedc::kDecodeThreads, pagedc::kDe
   // The merge (a programmatic dependent launch on sm_90) may be scheduled
   // once every split CTA has started; it waits for this grid to finish.
   allow_dependent_launch();
+  // The maps' descriptors are fetched under the prologue's own loads (the
+  // lengths, the page table), not after them at the first copy; by a thread
+  // of the second warp, which issues no copy. (Here, first: issued further
+  // down, beside the barriers' setup, it kept two more registers live
+  // through the kernel, past the 168 that three CTAs a multiprocessor allow
+  // in many kernels.)
+  if (kDecodeTma && maps.tensor_maps != 0 && threadIdx.x == 32) {
+    prefetch_tensor_map(reinterpret_cast<const TensorMap *>(maps.k_map));
+    prefetch_tensor_map(reinterpret_cast<const TensorMap *>(maps.v_map));
+    if (kDecodeRunBoxes && maps.run_boxes != 0) {
+      prefetch_tensor_map(reinterpret_cast<const TensorMap *>(maps.k_run_map));
+      prefetch_tensor_map(reinterpret_cast<const TensorMap *>(maps.v_run_map));
+    }
+  }
   PAGEDC_EXTERN_SHARED(unsigned char, shared_bytes);
   // With tensor maps the regions start 1,024-byte aligned (the launch gives
   // 1 KiB more): their 128-byte swizzle follows the shared address's bits.

@@ -135,6 +135,18 @@ PAGEDC_DEVICE void bulk_tensor_g2s(uint32_t shared, const TensorMap *map,
 #endif
 }
 
+/// Starts fetching `map` (a __grid_constant__ parameter) into the tensor-map
+/// cache, so that the first bulk tensor copy through it finds it there
+/// instead of waiting for the fetch after the copy's own address chain. No
+/// effect on memory (the emulator, which has no such cache, does nothing).
+PAGEDC_DEVICE void prefetch_tensor_map(const TensorMap *map) {
+#ifdef PAGEDC_EMULATOR
+  (void)map;
+#else
+  asm volatile("prefetch.tensormap [%0];" ::"l"(reinterpret_cast<uint64_t>(map)) : "memory");
+#endif
+}
+
 /// One of `bar`'s expected arrivals, made when this thread's earlier
 /// cp.asyncs have landed (the gather path for small pages).
 PAGEDC_DEVICE void cp_async_mbarrier_arrive(uint32_t bar PAGEDC_SITE_PARAMS) {
