@@ -98,7 +98,10 @@ constexpr bool kDecodeQInRegisters = kHeadDim <= 128;
 /// CTAs per SM the register allocation must allow. On sm_90 at head dim
 /// 64, five (96 registers a thread; the shared memory allows six), which
 /// the all-kept path's second copy of the mod code would otherwise cost;
-/// elsewhere ptxas chooses. A packed batch's kernel (8 tokens: up to 64
+/// at head dim 128, three (168 registers; the shared memory allows three),
+/// which a document or neighbourhood mask with a score mod and the
+/// block-mask paths took ptxas past (169-171 registers unbounded, 2 CTAs an
+/// SM; 162-163 bounded, no spill); elsewhere ptxas chooses. A packed batch's kernel (8 tokens: up to 64
 /// rows, and the strided copies' registers) spills under that cap, so ptxas
 /// chooses there too; and so it does for more than 16 rows (two or four
 /// row warps: a thread's rows take more registers than the cap leaves, and
@@ -108,7 +111,9 @@ constexpr bool kDecodeQInRegisters = kHeadDim <= 128;
 /// (kDecodeCodeRegisters) a tile's codes take 16 more at head dim 64.
 #if !defined(PAGEDC_EMULATOR) && defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
 constexpr int kDecodeMinBlocks =
-    kHeadDim <= 64 && !kPackedBatch && kRowWarps == 1 && pagedc_config::kKvFloat8 == 0 ? 5 : 1;
+    !kPackedBatch && kRowWarps == 1 && pagedc_config::kKvFloat8 == 0
+        ? (kHeadDim <= 64 ? 5 : kHeadDim == 128 ? 3 : 1)
+        : 1;
 #else
 constexpr int kDecodeMinBlocks = 1;
 #endif
