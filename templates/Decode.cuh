@@ -99,11 +99,11 @@ constexpr bool kDecodeQInRegisters = kHeadDim <= 128;
 /// 64, five (96 registers a thread; the shared memory allows six), which
 /// the all-kept path's second copy of the mod code would otherwise cost;
 /// at head dim 128, three (168 registers; the shared memory allows three),
-/// which a document or neighbourhood mask with a score mod and the
-/// block-mask paths took ptxas past (169-171 registers unbounded, 2 CTAs an
-/// SM; 162-163 bounded, no spill); elsewhere ptxas chooses. A packed batch's kernel (8 tokens: up to 64
-/// rows, and the strided copies' registers) spills under that cap, so ptxas
-/// chooses there too; and so it does for more than 16 rows (two or four
+/// which ptxas left unbounded goes past for some masks with a score mod and
+/// the block-mask paths, though it fits them under the bound without
+/// spilling; elsewhere ptxas chooses. A packed batch's kernel (8 tokens: up
+/// to 64 rows, and the strided copies' registers) spills under that cap, so
+/// ptxas chooses there too; and so it does for more than 16 rows (two or four
 /// row warps: a thread's rows take more registers than the cap leaves, and
 /// ptxas spills at head dims 32 to 64), and for a kernel of an 8-bit cache,
 /// whose conversion (16 codes in, 16 elements out per step) spilled 8-12
@@ -292,18 +292,10 @@ extern "C" __global__ void __launch_bounds__(pagedc::kDecodeThreads, pagedc::kDe
   allow_dependent_launch();
   // The maps' descriptors are fetched under the prologue's own loads (the
   // lengths, the page table), not after them at the first copy; by a thread
-  // of the second warp, which issues no copy. (Here, first: issued further
-  // down, beside the barriers' setup, it kept two more registers live
-  // through the kernel, past the 168 that three CTAs a multiprocessor allow
-  // in many kernels.)
-  if (kDecodeTma && maps.tensor_maps != 0 && threadIdx.x == 32) {
-    prefetch_tensor_map(reinterpret_cast<const TensorMap *>(maps.k_map));
-    prefetch_tensor_map(reinterpret_cast<const TensorMap *>(maps.v_map));
-    if (kDecodeRunBoxes && maps.run_boxes != 0) {
-      prefetch_tensor_map(reinterpret_cast<const TensorMap *>(maps.k_run_map));
-      prefetch_tensor_map(reinterpret_cast<const TensorMap *>(maps.v_run_map));
-    }
-  }
+  // of the second warp, which issues no copy. First in the kernel, so that
+  // nothing it reads stays live past it.
+  if (kDecodeTma && maps.tensor_maps != 0 && threadIdx.x == 32)
+    prefetch_cache_maps(maps, kDecodeRunBoxes && maps.run_boxes != 0);
   PAGEDC_EXTERN_SHARED(unsigned char, shared_bytes);
   // With tensor maps the regions start 1,024-byte aligned (the launch gives
   // 1 KiB more): their 128-byte swizzle follows the shared address's bits.

@@ -147,6 +147,18 @@ PAGEDC_DEVICE void prefetch_tensor_map(const TensorMap *map) {
 #endif
 }
 
+/// prefetch_tensor_map of a cache's K and V maps, and of its run maps where
+/// `run_maps`: `maps` is the kernel parameter that holds them
+/// (PagedcDecodeMapArgs, PagedcWgmmaPrefillArgs).
+template <typename Maps> PAGEDC_DEVICE void prefetch_cache_maps(const Maps &maps, bool run_maps) {
+  prefetch_tensor_map(reinterpret_cast<const TensorMap *>(maps.k_map));
+  prefetch_tensor_map(reinterpret_cast<const TensorMap *>(maps.v_map));
+  if (run_maps) {
+    prefetch_tensor_map(reinterpret_cast<const TensorMap *>(maps.k_run_map));
+    prefetch_tensor_map(reinterpret_cast<const TensorMap *>(maps.v_run_map));
+  }
+}
+
 /// One of `bar`'s expected arrivals, made when this thread's earlier
 /// cp.asyncs have landed (the gather path for small pages).
 PAGEDC_DEVICE void cp_async_mbarrier_arrive(uint32_t bar PAGEDC_SITE_PARAMS) {

@@ -508,14 +508,8 @@ extern "C" __global__ void __launch_bounds__(pagedc::kPrefillThreads, 1)
     setmaxnreg_dec<kProducerRegisters>();
     // The maps' descriptors are fetched under the first tile's block-list
     // and page lookups, not after them at its first copy.
-    if (kTmaPages && wg.tensor_maps != 0 && thread == 32) {
-      prefetch_tensor_map(reinterpret_cast<const TensorMap *>(wg.k_map));
-      prefetch_tensor_map(reinterpret_cast<const TensorMap *>(wg.v_map));
-      if (wg.run_boxes != 0) {
-        prefetch_tensor_map(reinterpret_cast<const TensorMap *>(wg.k_run_map));
-        prefetch_tensor_map(reinterpret_cast<const TensorMap *>(wg.v_run_map));
-      }
-    }
+    if (kTmaPages && wg.tensor_maps != 0 && thread == 32)
+      prefetch_cache_maps(wg, wg.run_boxes != 0);
     // The page indices of gathered tiles, two buffers used in turn: a
     // buffer is rewritten two gathers later, after every producer thread
     // passed the next gather's barrier, so after its reads.

@@ -21,13 +21,18 @@
 namespace pagedc {
 namespace {
 
+/// An integer option's range and what its messages call it.
+struct IntegerRange {
+  long low, high;
+  const char *what;
+};
 /// The largest persistent prefill grid a setting may ask for.
-constexpr long kMaxPersistentCtas = 1L << 20;
-/// The largest decode split factor a setting may ask for.
-constexpr long kMaxDecodeSplitFactor = 16;
-constexpr long kMaxDecodeMergeChunks = 16;
+constexpr IntegerRange kPersistentCtasRange{1, 1L << 20, "the persistent prefill's CTAs"};
+constexpr IntegerRange kDecodeSplitFactorRange{1, 16, "the decode's split count times this"};
 /// The most decode splits a setting may ask for (CudaLaunch.cpp's kMaxSplits).
-constexpr long kMaxDecodeSplits = 1024;
+constexpr IntegerRange kDecodeSplitsRange{1, 1024, "the decode's split count"};
+constexpr IntegerRange kDecodeMergeChunksRange{1, 16,
+                                               "the merge's CTAs a query row, a power of two"};
 
 /// What a 0/1 switch turns on, for its message.
 const char *switchMeaning(std::string_view name) {
@@ -54,16 +59,36 @@ bool parseSwitch(std::string_view label, std::string_view name, std::string_view
   throw Error(fmt::format("{} is '{}': expected 1 ({}) or 0", label, value, switchMeaning(name)));
 }
 
-int parseInteger(std::string_view label, std::string_view value, long low, long high,
-                 const char *what) {
+[[noreturn]] void throwOutOfRange(std::string_view label, std::string_view value,
+                                  const IntegerRange &range) {
+  throw Error(fmt::format("{} is '{}': expected an integer from {} to {} ({})", label, value,
+                          range.low, range.high, range.what));
+}
+
+int parseInteger(std::string_view label, std::string_view value, const IntegerRange &range) {
   const std::string text(value);
   char *end = nullptr;
   errno = 0;
   const long number = std::strtol(text.c_str(), &end, 10);
-  if (errno || *end || end == text.c_str() || number < low || number > high)
-    throw Error(fmt::format("{} is '{}': expected an integer from {} to {} ({})", label, value,
-                            low, high, what));
+  if (errno || *end || end == text.c_str() || number < range.low || number > range.high)
+    throwOutOfRange(label, value, range);
   return static_cast<int>(number);
+}
+
+/// The parser's range check again, for a field set on the struct directly.
+void checkInteger(std::string_view label, const std::optional<int> &value,
+                  const IntegerRange &range) {
+  if (value && (*value < range.low || *value > range.high))
+    throwOutOfRange(label, std::to_string(*value), range);
+}
+
+/// decode_merge_chunks beyond its range: a power of two (`text` as given).
+void checkMergeChunks(std::string_view label, int chunks, std::string_view text) {
+  if (chunks < kDecodeMergeChunksRange.low || chunks > kDecodeMergeChunksRange.high ||
+      (chunks & (chunks - 1)))
+    throw Error(fmt::format("{} is '{}': expected 1, 2, 4, 8 or 16 (the merge's CTAs a query "
+                            "row)",
+                            label, text));
 }
 
 /// Parses `value` into option `name` of `options` (untouched when it
@@ -86,8 +111,7 @@ bool parseOption(KernelOptions &options, std::string_view name, std::string_view
   } else if (name == "prefill_persistent_ctas") {
     options.prefillPersistentCtas =
         unset ? std::nullopt
-              : std::optional<int>(parseInteger(label, value, 1, kMaxPersistentCtas,
-                                                "the persistent prefill's CTAs"));
+              : std::optional<int>(parseInteger(label, value, kPersistentCtasRange));
   } else if (name == "link_mods") {
     std::optional<ModLinking> linking;
     if (value == "0")
@@ -105,24 +129,18 @@ bool parseOption(KernelOptions &options, std::string_view name, std::string_view
   } else if (name == "decode_merge_chunks") {
     std::optional<int> chunks;
     if (!unset) {
-      chunks = parseInteger(label, value, 1, kMaxDecodeMergeChunks,
-                            "the merge's CTAs a query row, a power of two");
-      if (*chunks & (*chunks - 1))
-        throw Error(fmt::format("{} is '{}': expected 1, 2, 4, 8 or 16 (the merge's CTAs a "
-                                "query row)",
-                                label, value));
+      chunks = parseInteger(label, value, kDecodeMergeChunksRange);
+      checkMergeChunks(label, *chunks, value);
     }
     options.decodeMergeChunks = chunks;
   } else if (name == "decode_splits") {
     options.decodeSplits =
         unset ? std::nullopt
-              : std::optional<int>(parseInteger(label, value, 1, kMaxDecodeSplits,
-                                                "the decode's split count"));
+              : std::optional<int>(parseInteger(label, value, kDecodeSplitsRange));
   } else if (name == "decode_split_factor") {
     options.decodeSplitFactor =
         unset ? std::nullopt
-              : std::optional<int>(parseInteger(label, value, 1, kMaxDecodeSplitFactor,
-                                                "the decode's split count times this"));
+              : std::optional<int>(parseInteger(label, value, kDecodeSplitFactorRange));
   } else {
     std::optional<bool> KernelOptions::*field = nullptr;
     if (name == "prefill_tile_counter")
@@ -271,30 +289,14 @@ void checkKernelOptions(const KernelOptions &options) {
   // The parser's checks again, for fields set on the struct directly.
   if (options.prefillShape && !options.prefillShape->empty())
     checkPrefillShape(*options.prefillShape, optionLabel("prefill_shape"));
-  if (options.prefillPersistentCtas &&
-      (*options.prefillPersistentCtas < 1 || *options.prefillPersistentCtas > kMaxPersistentCtas))
-    throw Error(fmt::format("{} is '{}': expected an integer from 1 to {} (the persistent "
-                            "prefill's CTAs)",
-                            optionLabel("prefill_persistent_ctas"),
-                            *options.prefillPersistentCtas, kMaxPersistentCtas));
-  if (options.decodeSplitFactor &&
-      (*options.decodeSplitFactor < 1 || *options.decodeSplitFactor > kMaxDecodeSplitFactor))
-    throw Error(fmt::format("{} is '{}': expected an integer from 1 to {} (the decode's split "
-                            "count times this)",
-                            optionLabel("decode_split_factor"), *options.decodeSplitFactor,
-                            kMaxDecodeSplitFactor));
-  if (options.decodeSplits &&
-      (*options.decodeSplits < 1 || *options.decodeSplits > kMaxDecodeSplits))
-    throw Error(fmt::format("{} is '{}': expected an integer from 1 to {} (the decode's split "
-                            "count)",
-                            optionLabel("decode_splits"), *options.decodeSplits,
-                            kMaxDecodeSplits));
-  if (options.decodeMergeChunks &&
-      (*options.decodeMergeChunks < 1 || *options.decodeMergeChunks > kMaxDecodeMergeChunks ||
-       (*options.decodeMergeChunks & (*options.decodeMergeChunks - 1))))
-    throw Error(fmt::format("{} is '{}': expected 1, 2, 4, 8 or 16 (the merge's CTAs a query "
-                            "row)",
-                            optionLabel("decode_merge_chunks"), *options.decodeMergeChunks));
+  checkInteger(optionLabel("prefill_persistent_ctas"), options.prefillPersistentCtas,
+               kPersistentCtasRange);
+  checkInteger(optionLabel("decode_split_factor"), options.decodeSplitFactor,
+               kDecodeSplitFactorRange);
+  checkInteger(optionLabel("decode_splits"), options.decodeSplits, kDecodeSplitsRange);
+  if (options.decodeMergeChunks)
+    checkMergeChunks(optionLabel("decode_merge_chunks"), *options.decodeMergeChunks,
+                     std::to_string(*options.decodeMergeChunks));
   checkPairs(options, [](std::string_view name) { return optionLabel(name); });
 }
 

@@ -126,8 +126,9 @@ struct DecodeSplitProblem {
 /// CTAs the decode merge divides each of `rows` rows' `valueDim` columns
 /// among (a power of two, each CTA 8 column pairs or more) so that its
 /// grid fills the merge CTA slots of `multiprocessors` SMs; 1 when the
-/// rows fill them.
-int decodeMergeChunks(int64_t rows, int valueDim, int multiprocessors);
+/// rows fill them. `asked` > 0 (a power of two, KernelOptions::
+/// decodeMergeChunks): that count, halved while above one per 16 columns.
+int decodeMergeChunks(int64_t rows, int valueDim, int multiprocessors, int asked = 0);
 
 /// The split count by the performance model's rule (docs/emulator.md): the
 /// decode grid's K/V and partial bytes, the merge's, each over the fraction

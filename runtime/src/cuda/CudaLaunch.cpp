@@ -119,12 +119,18 @@ void checkArgs(const KernelConfig &config, const PagedcAttentionKernelArgs &args
 
 } // namespace
 
-int decodeMergeChunks(int64_t rows, int valueDim, int multiprocessors) {
+int decodeMergeChunks(int64_t rows, int valueDim, int multiprocessors, int asked) {
+  const int most = std::max(valueDim / 16, 1);
+  if (asked > 0) {
+    int chunks = asked;
+    while (chunks > most)
+      chunks /= 2;
+    return std::max(chunks, 1);
+  }
   // One CTA per row leaves the merge slots idle when rows are few (B 1:
   // 32 CTAs where an H100 holds 2,112), and each CTA then reads its row's
   // partials alone.
   const int64_t slots = int64_t(std::max(multiprocessors, 1)) * kMergeCtasPerSm;
-  const int most = std::max(valueDim / 16, 1);
   int chunks = 1;
   while (chunks * 2 <= most && std::max<int64_t>(rows, 1) * chunks * 2 <= slots)
     chunks *= 2;
@@ -143,6 +149,11 @@ DecodeSplitChoice chooseDecodeSplits(const DecodeSplitProblem &p) {
       p.maxGranulesPerSplit > 0 ? ceilDiv(granules, p.maxGranulesPerSplit) : 1;
   const int64_t most =
       std::max<int64_t>(std::max(fewest, std::min<int64_t>(granules / minPer, kMaxSplits)), 1);
+  if (p.splits > 0) {
+    // Asked for: within [fewest, most], none empty; the model is not run.
+    const int64_t perSplit = ceilDiv(granules, std::clamp<int64_t>(p.splits, fewest, most));
+    return {ceilDiv(granules, perSplit), perSplit};
+  }
   // The performance model's rule (docs/emulator.md) in bytes at the
   // device's bandwidth: a launch moves its bytes in ceil(CTAs / slots)
   // waves, so it costs bytes x waves x slots / CTAs (the fraction of slots
@@ -191,12 +202,6 @@ DecodeSplitChoice chooseDecodeSplits(const DecodeSplitProblem &p) {
       chosen = choice;
       break;
     }
-  if (p.splits > 0) {
-    const int64_t wanted = std::clamp<int64_t>(p.splits, fewest, most);
-    chosen.granulesPerSplit = ceilDiv(granules, wanted);
-    chosen.splits = ceilDiv(granules, chosen.granulesPerSplit);
-    return chosen;
-  }
   if (p.splitFactor > 1) {
     // As many splits as asked, up to `most`, with none left empty.
     const int64_t wanted = std::min<int64_t>(chosen.splits * p.splitFactor, most);
@@ -361,15 +366,9 @@ AttentionLaunchPlan planAttention(const KernelConfig &config,
     KernelLaunch merge;
     merge.kernel = "pagedc_decode_merge";
     // templates/Decode.cuh reads the column chunks from grid x.
-    int chunks = decodeMergeChunks(int64_t(args.batch) * args.heads_q * args.q_len,
-                                   config.valueDim(), multiprocessors);
-    if (options.decodeMergeChunks) {
-      // As asked, halved while above one chunk per 16 columns (the counts
-      // stay powers of two, as decodeMergeChunks' do).
-      chunks = *options.decodeMergeChunks;
-      while (chunks > 1 && chunks * 16 > config.valueDim())
-        chunks /= 2;
-    }
+    const int chunks = decodeMergeChunks(int64_t(args.batch) * args.heads_q * args.q_len,
+                                         config.valueDim(), multiprocessors,
+                                         options.decodeMergeChunks.value_or(0));
     merge.grid[0] = static_cast<unsigned>(args.q_len * chunks);
     merge.grid[1] = static_cast<unsigned>(args.heads_q);
     merge.grid[2] = static_cast<unsigned>(args.batch);
