@@ -6,11 +6,19 @@
 # (64 MiB with the working tree), so the wheels travel in parts, one part a
 # call, while the machine stays warm between the calls.
 #
-#   scripts/gpu-wheels.sh download [SET...]   HERE: fetch the wheels of the
-#       sets (fa4, flashinfer; default both), cut them into parts of at most
-#       $PAGEDC_WHEEL_PART_MIB MiB (default 40) under .gpu-wheels/part-N/,
-#       with .gpu-wheels/manifest (each wheel's sha256 and size); prints
-#       the commands of the device calls
+#   scripts/gpu-wheels.sh download [--aot PACK] [SET...]   HERE: fetch the
+#       wheels of the sets (fa4, flashinfer; default both), cut them into
+#       parts of at most $PAGEDC_WHEEL_PART_MIB MiB (default 40) under
+#       .gpu-wheels/part-N/, with .gpu-wheels/manifest (each wheel's sha256
+#       and size); prints the commands of the device calls. With --aot PACK
+#       and the flashinfer set, also compiles here the FlashInfer kernels
+#       PACK's baseline rows load (bench/gpu/flashinfer_aot.py; nvcc from
+#       $CUDA_HOME, default /usr/local/cuda; a Python with torch,
+#       $PAGEDC_TORCH_PYTHON, default the venv scripts/python-torch-tests.sh
+#       makes (build/torch-venv), else python3; minutes on 2 cores, kept in
+#       .gpu-wheels-cache/ for the next download) and ships them as one more
+#       wheel that `install` unpacks where FlashInfer looks first, so the GPU
+#       machine loads them instead of compiling
 #   scripts/gpu-wheels.sh stage N             THERE: keep part N (carried as
 #       .gpu-wheels/part-N and .gpu-wheels/manifest) in $PAGEDC_WHEEL_STAGE
 #       (default /tmp/pagedc-wheels)
@@ -40,18 +48,24 @@ fa4_set=(flash-attn-4==4.0.0b40 nvidia-cutlass-dsl==4.8.1 nvidia-cutlass-dsl-lib
 flashinfer_set=(flashinfer-python==0.7.4 cuda-tile==1.7.0 nccl4py==0.6.0
                 nccl-extensions==0.1.0 nvidia-cudnn-frontend==1.32.0)
 
-usage() { echo "gpu-wheels: $*" >&2; echo "usage: scripts/gpu-wheels.sh download [fa4|flashinfer]... | stage N | install" >&2; exit 2; }
+usage() { echo "gpu-wheels: $*" >&2; echo "usage: scripts/gpu-wheels.sh download [--aot PACK] [fa4|flashinfer]... | stage N | install" >&2; exit 2; }
 
 download() {
-  local specs=() set
+  local specs=() set aot_pack="" with_flashinfer=0
+  if [[ ${1:-} == --aot ]]; then
+    [[ $# -ge 2 ]] || usage "--aot needs a pack"
+    aot_pack=$2; shift 2
+    [[ -f "$aot_pack/pack.json" ]] || usage "--aot: no $aot_pack/pack.json (scripts/gpu-prepare.sh)"
+  fi
   [[ $# -gt 0 ]] || set -- fa4 flashinfer
   for set in "$@"; do
     case "$set" in
       fa4) specs+=("${fa4_set[@]}") ;;
-      flashinfer) specs+=("${flashinfer_set[@]}" "${fa4_set[@]:1}") ;;
+      flashinfer) specs+=("${flashinfer_set[@]}" "${fa4_set[@]:1}"); with_flashinfer=1 ;;
       *) usage "unknown set '$set' (fa4, flashinfer)" ;;
     esac
   done
+  [[ -z $aot_pack || $with_flashinfer == 1 ]] || usage "--aot needs the flashinfer set"
   # The GPU image's Python is 3.12 on x86-64 (manylinux).
   local platforms=()
   for n in 2_17 2_24 2_27 2_28 2_34; do platforms+=(--platform "manylinux_${n}_x86_64"); done
@@ -60,6 +74,7 @@ download() {
     --implementation cp "${platforms[@]}" --platform manylinux2014_x86_64 \
     -d "$dir.new/wheels" $(printf '%s\n' "${specs[@]}" | sort -u) ||
     { echo "gpu-wheels: download failed" >&2; exit 1; }
+  [[ -z $aot_pack ]] || flashinfer_aot "$aot_pack" "$dir.new/wheels"
   (cd "$dir.new/wheels" && sha256sum -- *.whl) >"$dir.new/manifest"
   # Cut every wheel into pieces, then fill the parts with whole pieces,
   # largest first, each into the first part with room: the fewest calls.
@@ -89,6 +104,52 @@ download() {
     "scripts/gpu-check.sh --wheels [options] PACK"
   echo "  (the last part, $(du -sm "$dir/part-$part" | cut -f1) MiB, travels with the check only" \
     "when it, the pack and the working tree stay under 64 MiB; else stage it as the others)"
+}
+
+# FlashInfer's kernels for PACK's rows, compiled here into a wheel of
+# flashinfer/data/aot/ (bench/gpu/flashinfer_aot.py) placed in WHEELS. The
+# downloaded FlashInfer wheel is installed for this machine's Python with
+# what its import needs, in a scratch directory; nvcc's objects stay in
+# .gpu-wheels-cache/ so that a second download compiles only what changed.
+flashinfer_aot() {
+  local pack=$1 wheels=$2 python=${PAGEDC_TORCH_PYTHON:-}
+  if [[ -z $python ]]; then
+    python=${PAGEDC_TORCH_VENV:-$root/build/torch-venv}/bin/python
+    [[ -x $python ]] || python=python3
+  fi
+  local cache=$root/.gpu-wheels-cache scratch=$dir.new/aot-site
+  "$python" -c "import torch" 2>/dev/null ||
+    { echo "gpu-wheels: --aot needs a Python with torch (PAGEDC_TORCH_PYTHON=$python has none)" >&2; exit 1; }
+  local wheel
+  wheel=$(compgen -G "$wheels/flashinfer_python-*.whl" | head -1)
+  [[ -n $wheel ]] || { echo "gpu-wheels: no FlashInfer wheel was downloaded" >&2; exit 1; }
+  local tvm_ffi
+  tvm_ffi=$(printf '%s\n' "${fa4_set[@]}" | grep '^apache-tvm-ffi==')
+  echo "gpu-wheels: installing FlashInfer for this machine's Python in $scratch"
+  "$python" -m pip install -q --no-deps --target "$scratch" "$wheel" "$tvm_ffi" einops tabulate \
+    tqdm click nvidia-ml-py cuda-python cuda-bindings cuda-pathfinder packaging requests \
+    urllib3 idna certifi ||
+    { echo "gpu-wheels: installing FlashInfer here failed" >&2; exit 1; }
+  mkdir -p "$cache"
+  (export PYTHONPATH=$scratch FLASHINFER_WORKSPACE_BASE=$cache \
+          CUDA_HOME=${CUDA_HOME:-/usr/local/cuda} MAX_JOBS=${MAX_JOBS:-$(nproc)}
+   "$python" "$root/bench/gpu/flashinfer_aot.py" build "$pack" "$scratch" &&
+   "$python" "$root/bench/gpu/flashinfer_aot.py" check "$pack" "$scratch") ||
+    { echo "gpu-wheels: compiling FlashInfer's kernels failed" >&2; exit 1; }
+  local version=${wheel##*/flashinfer_python-}; version=${version%%-*}
+  "$python" - "$scratch" "$wheels/pagedc_flashinfer_aot-$version-py3-none-any.whl" <<'PY' ||
+import os, sys, zipfile
+site, out = sys.argv[1], sys.argv[2]
+top = os.path.join(site, "flashinfer", "data", "aot")
+with zipfile.ZipFile(out + ".part", "w", zipfile.ZIP_DEFLATED) as archive:
+    for folder, _, files in sorted(os.walk(top)):
+        for name in sorted(files):
+            path = os.path.join(folder, name)
+            archive.write(path, os.path.relpath(path, site))
+os.replace(out + ".part", out)
+PY
+    { echo "gpu-wheels: packing FlashInfer's kernels failed" >&2; exit 1; }
+  rm -rf "$scratch"
 }
 
 stage_part() {

@@ -179,6 +179,19 @@ def probe(torch):
     return reasons
 
 
+def flashinfer_jit_modules():
+    """The FlashInfer modules compiled on this machine so far (its JIT
+    cache's libraries): what the run compiled is the difference, and none
+    when the modules shipped ahead of time (bench/gpu/flashinfer_aot.py)
+    covered its rows."""
+    from flashinfer.jit import env
+    root = str(env.FLASHINFER_JIT_DIR)
+    if not os.path.isdir(root):
+        return set()
+    return {name for name in os.listdir(root)
+            if os.path.exists(os.path.join(root, name, name + ".so"))}
+
+
 class Inputs:
     """One configuration's tensors: torch_flex.py's q, k, v (same seed, so
     the same values), the mods, and what the paged baselines need."""
@@ -457,6 +470,9 @@ def main(argv=None):
     flush = None if args.dry_run else torch.empty(args.flush_mib << 20, dtype=torch.uint8,
                                                   device=DEVICE)
     dense_done = {}
+    flashinfer_before = None
+    if "flashinfer" in chosen and not args.dry_run and not unavailable.get("flashinfer"):
+        flashinfer_before = flashinfer_jit_modules()
     for config in plan:
         if args.filter and args.filter not in config["name"]:
             continue
@@ -497,6 +513,11 @@ def main(argv=None):
             "%s %s" % (b, "%.4f ms" % e["ms"] if e.get("status") == "ok" else e["status"])
             for b, e in row["baselines"].items())), flush=True)
         report["configurations"].append(row)
+    if flashinfer_before is not None:
+        compiled = sorted(flashinfer_jit_modules() - flashinfer_before)
+        report["flashinfer_compiled_here"] = compiled
+        print("flashinfer: %d kernel module(s) compiled on this machine%s" % (
+            len(compiled), "".join("\n  " + name for name in compiled)), flush=True)
     torch_flex.write_json(args.json, report)
     return 0
 

@@ -20,6 +20,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "..", "be
 import baselines  # noqa: E402
 import clocks  # noqa: E402
 import decode_splits  # noqa: E402
+import flashinfer_aot  # noqa: E402
 import issue_model  # noqa: E402
 import model_vs_measured  # noqa: E402
 import persistent_schedule  # noqa: E402
@@ -935,6 +936,47 @@ class DecodeSplits(unittest.TestCase):
         self.assertAlmostEqual(rows["a"]["runs"][1]["launch_queued_us"][1], 52.0 * 0.4)
         self.assertEqual(decode_splits.splits_of({"launches": ["pagedc_prefill grid (4, 1, 1)"]}),
                          0)
+
+
+class FlashinferAot(unittest.TestCase):
+    """flashinfer_aot.py picks the kernel variants FlashInfer's wrappers load
+    for the baseline rows it can run, and none for the others."""
+
+    def test_variants(self):
+        gqa1 = dict(config("mha"), heads_q=8, heads_kv=8)
+        configs = [
+            config("plain"), config("alibi", mask="causal", score="alibi"),
+            config("window", mask="sliding_4k", score="softcap_tanh"), gqa1,
+            config("p", kind="prefill", q_len=4096, kv_len=4096),
+            config("p-causal", kind="prefill", q_len=4096, kv_len=4096, mask="causal"),
+            config("p-alibi", kind="prefill", q_len=4096, kv_len=4096, score="alibi"),
+            dict(config("p-d96", kind="prefill", q_len=4096, kv_len=4096), head_dim=96),
+            config("docs", kind="prefill", q_len=4096, kv_len=4096, mask="document"),
+            # Rows FlashInfer is not run on: no variant.
+            config("docs-scored", kind="prefill", q_len=4096, kv_len=4096, mask="document",
+                   score="alibi"),
+            config("unknown", mask="natten"),
+        ]
+        self.assertEqual(flashinfer_aot.variants(configs), [
+            ("decode", "", 128, 0, False, False),
+            ("prefill", "fa2", 96, 0, False, False),
+            ("prefill", "fa2", 128, 0, False, False),
+            ("prefill", "fa2", 128, 0, True, True),
+            ("prefill", "fa2", 128, 2, False, False),
+            ("prefill", "fa3", 128, 0, False, False),
+        ])
+        self.assertEqual(flashinfer_aot.variants([configs[-1], configs[-2]]), [])
+
+    def test_modules_command(self):
+        with tempfile.TemporaryDirectory() as d:
+            json.dump({"bench": [config("w", mask="sliding_4k", score="softcap_tanh")]},
+                      open(os.path.join(d, "pack.json"), "w"))
+            import contextlib
+            import io
+            out = io.StringIO()
+            with contextlib.redirect_stdout(out):
+                self.assertEqual(flashinfer_aot.main(["modules", d]), 0)
+        self.assertEqual(out.getvalue(), "prefill fa2 head_dim 128 sliding-window soft-cap\n")
 
 if __name__ == "__main__":
     unittest.main()
