@@ -201,6 +201,11 @@ with open(target + "/pythonpath", "w") as f:
 PY
   echo "gpu-wheels: $(wc -l <"$stage/manifest") wheels installed in $site;" \
     "PYTHONPATH=$(cat "$site/pythonpath")"
+  if compgen -G "$joined/flashinfer_python-*.whl" >/dev/null &&
+     ! compgen -G "$joined/pagedc_flashinfer_aot-*.whl" >/dev/null; then
+    echo "gpu-wheels: no FlashInfer kernels came with the wheels (download --aot PACK):" \
+      "FlashInfer compiles each one here when first used, minutes of the run"
+  fi
 }
 
 case "${1:-}" in
