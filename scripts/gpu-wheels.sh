@@ -109,28 +109,37 @@ download() {
 # FlashInfer's kernels for PACK's rows, compiled here into a wheel of
 # flashinfer/data/aot/ (bench/gpu/flashinfer_aot.py) placed in WHEELS. The
 # downloaded FlashInfer wheel is installed for this machine's Python with
-# what its import needs, in a scratch directory; nvcc's objects stay in
-# .gpu-wheels-cache/ so that a second download compiles only what changed.
+# what its import needs in .gpu-wheels-cache/ (once per wheel: ninja
+# recompiles whatever includes a header newer than its object, and a fresh
+# install makes every header new), and nvcc's objects stay beside it, so a
+# second download compiles only variants it has not seen.
 flashinfer_aot() {
   local pack=$1 wheels=$2 python=${PAGEDC_TORCH_PYTHON:-}
   if [[ -z $python ]]; then
     python=${PAGEDC_TORCH_VENV:-$root/build/torch-venv}/bin/python
     [[ -x $python ]] || python=python3
   fi
-  local cache=$root/.gpu-wheels-cache scratch=$dir.new/aot-site
   "$python" -c "import torch" 2>/dev/null ||
     { echo "gpu-wheels: --aot needs a Python with torch (PAGEDC_TORCH_PYTHON=$python has none)" >&2; exit 1; }
   local wheel
   wheel=$(compgen -G "$wheels/flashinfer_python-*.whl" | head -1)
   [[ -n $wheel ]] || { echo "gpu-wheels: no FlashInfer wheel was downloaded" >&2; exit 1; }
-  local tvm_ffi
-  tvm_ffi=$(printf '%s\n' "${fa4_set[@]}" | grep '^apache-tvm-ffi==')
-  echo "gpu-wheels: installing FlashInfer for this machine's Python in $scratch"
-  "$python" -m pip install -q --no-deps --target "$scratch" "$wheel" "$tvm_ffi" einops tabulate \
-    tqdm click nvidia-ml-py cuda-python cuda-bindings cuda-pathfinder packaging requests \
-    urllib3 idna certifi ||
-    { echo "gpu-wheels: installing FlashInfer here failed" >&2; exit 1; }
-  mkdir -p "$cache"
+  local cache=$root/.gpu-wheels-cache hash
+  hash=$(sha256sum <"$wheel" | cut -c1-16)
+  local scratch=$cache/site-$hash
+  if [[ ! -f $scratch/.installed ]]; then
+    local tvm_ffi
+    tvm_ffi=$(printf '%s\n' "${fa4_set[@]}" | grep '^apache-tvm-ffi==')
+    echo "gpu-wheels: installing FlashInfer for this machine's Python in $scratch"
+    rm -rf "$scratch"
+    "$python" -m pip install -q --no-deps --target "$scratch" "$wheel" "$tvm_ffi" einops \
+      tabulate tqdm click nvidia-ml-py cuda-python cuda-bindings cuda-pathfinder packaging \
+      requests urllib3 idna certifi ||
+      { echo "gpu-wheels: installing FlashInfer here failed" >&2; exit 1; }
+    touch "$scratch/.installed"
+  fi
+  # Only this pack's variants go into the wheel.
+  rm -rf "$scratch/flashinfer/data/aot"
   (export PYTHONPATH=$scratch FLASHINFER_WORKSPACE_BASE=$cache \
           CUDA_HOME=${CUDA_HOME:-/usr/local/cuda} MAX_JOBS=${MAX_JOBS:-$(nproc)}
    "$python" "$root/bench/gpu/flashinfer_aot.py" build "$pack" "$scratch" &&
@@ -149,7 +158,6 @@ with zipfile.ZipFile(out + ".part", "w", zipfile.ZIP_DEFLATED) as archive:
 os.replace(out + ".part", out)
 PY
     { echo "gpu-wheels: packing FlashInfer's kernels failed" >&2; exit 1; }
-  rm -rf "$scratch"
 }
 
 stage_part() {

@@ -140,8 +140,9 @@ def build(pack, site):
             print("[%d/%d] %s: already built" % (i, len(chosen), describe(variant)), flush=True)
             continue
         started = time.monotonic()
-        print("[%d/%d] %s: compiling %d sources (%s)" % (i, len(chosen), describe(variant),
-                                                         len(spec.sources), spec.name),
+        # FlashInfer's ninja build: a no-op when its objects are up to date.
+        print("[%d/%d] %s: building %s (%d sources)" % (i, len(chosen), describe(variant),
+                                                        spec.name, len(spec.sources)),
               flush=True)
         spec.build(verbose=False)
         os.makedirs(os.path.dirname(target), exist_ok=True)
