@@ -969,8 +969,13 @@ PAGEDC_DEVICE void tally_rescale(bool rescaled, int lane) {
 /// one call to the next: at 32 rows a warp (sm_80, head dim 128) the
 /// document masks then spill, even with their rows recomputed per KV tile,
 /// and fall back to the 64x64 tile, so those kernels evaluate the mask per
-/// element.
-template <int kNTiles, int kHalves = 2, bool kKeyColumns = true>
+/// element. `kStagedColumns`: `staged_columns` (shared memory) holds the
+/// tile's key-only values by key offset from kv_base, which the caller's
+/// threads wrote together, one key each; they are read there instead of
+/// each thread reading the buffers at its 32 keys, whose predicated global
+/// loads and 64-bit index arithmetic were most of a document mask's
+/// partial tile.
+template <int kNTiles, int kHalves = 2, bool kKeyColumns = true, bool kStagedColumns = false>
 PAGEDC_DEVICE void apply_mods(float (&scores)[kNTiles][4],
                               const pagedc_mods::Params &params,
                               const pagedc_mods::MaskRow (&mask_rows)[2],
@@ -980,7 +985,8 @@ PAGEDC_DEVICE void apply_mods(float (&scores)[kNTiles][4],
                               const bool (&check_mask)[2], int kv_base,
                               int kv_len, float scale, int lane,
                               bool all_kept = false, bool scale_in_softmax = false,
-                              int column_xor = 0) {
+                              int column_xor = 0,
+                              const pagedc_mods::MaskCol *staged_columns = nullptr) {
   // The key of the thread's column `column` (0, 1) of 8-column tile j.
   auto key_of = [&](int j, int column) {
     return kv_base + ((j * 8) ^ column_xor) + 2 * (lane & 3) + column;
@@ -1028,6 +1034,10 @@ PAGEDC_DEVICE void apply_mods(float (&scores)[kNTiles][4],
 #pragma unroll
         for (int column = 0; column < 2; ++column) {
           const int kv = key_of(j, column);
+          if constexpr (kStagedColumns) {
+            key_values[column] = staged_columns[kv - kv_base];
+            continue;
+          }
           bool tested = false;
 #pragma unroll
           for (int half = 0; half < kHalves; ++half)

@@ -109,10 +109,30 @@ static_assert(kValueHeadDim == kHeadDim, "the warpgroup prefill takes Dv = D");
 // Dynamic shared memory (KernelConfig::sharedMemoryBytes), the page index
 // buffers, the stages' run XORs, the Q buffers' tile slots and the
 // producer's two round words must fit the 227 KiB a block may have.
-static_assert(1024 + (kQBuffers * kBlockM + 2 * kStages * kBlockN) * kHeadDim * 2 + 128 +
-                      2 * kTilePages * 4 + kStages * 4 + kQBuffers * 4 + 2 * 4 <=
-                  227 * 1024,
-              "shared memory over 227 KiB");
+constexpr int kSharedBeforeColumns =
+    1024 + (kQBuffers * kBlockM + 2 * kStages * kBlockN) * kHeadDim * 2 + 128 +
+    2 * kTilePages * 4 + kStages * 4 + kQBuffers * 4 + 2 * 4;
+static_assert(kSharedBeforeColumns <= 227 * 1024, "shared memory over 227 KiB");
+/// The key-only mask values (pagedc_mods::MaskCol) of a partial tile,
+/// staged in shared memory by each consumer warpgroup's 128 threads, one
+/// key each, instead of each thread reading the buffers at its 32 keys
+/// (apply_mods' kStagedColumns): for a mask that has such values, of at
+/// most 16 bytes a key, in two buffers a warpgroup where they fit beside
+/// the rest, else in one (three K/V stages at head dim 128 leave room for
+/// one). (Read by each thread at its own keys, a predicated load and 64-bit
+/// index arithmetic per key, they were most of a document mask's partial
+/// tile.)
+constexpr int kColumnBytes = static_cast<int>(sizeof(pagedc_mods::MaskCol));
+/// The bytes of one buffer: kBlockN keys' values for each consumer warpgroup.
+constexpr int kColumnBufferBytes = kConsumerGroups * kBlockN * kColumnBytes;
+constexpr int kColumnBuffers = kSharedBeforeColumns + 2 * kColumnBufferBytes <= 227 * 1024 ? 2
+                               : kSharedBeforeColumns + kColumnBufferBytes <= 227 * 1024   ? 1
+                                                                                            : 0;
+constexpr bool kStageColumns = pagedc_mods::kHasMask && !__is_empty(pagedc_mods::MaskCol) &&
+                               kColumnBytes <= 16 && kColumnBuffers > 0;
+/// Named barriers kColumnBarrier + g: consumer warpgroup g's 128 threads
+/// between staging a partial tile's key-only values and reading them.
+constexpr unsigned kColumnBarrier = 6;
 
 /// The producer warpgroup's gather of the K and V rows [kv_begin, kv_begin
 /// + kBlockN) (zeros past kv_len) into one stage, after waiting on the
@@ -686,6 +706,14 @@ extern "C" __global__ void __launch_bounds__(pagedc::kPrefillThreads, 1)
   // (An 8-bit cache's K scale, > 0, joins the scale per query tile.)
   const bool scale_in_softmax = !pagedc_mods::kHasScore && args.scale > 0.0f;
   float softmax_factor = scale_in_softmax ? args.scale * kLog2e : 1.0f;
+  // kStageColumns: kColumnBuffers buffers of kBlockN keys per warpgroup,
+  // used in turn by its partial tiles (`staged` counts them). With two, a
+  // buffer is rewritten two partial tiles later, after every thread of the
+  // warpgroup passed the next one's barrier, so after its reads; with one,
+  // a barrier before each write keeps it from the last tile's reads.
+  PAGEDC_SHARED(pagedc_mods::MaskCol, column_stage,
+                kStageColumns ? kColumnBuffers * kConsumerGroups * kBlockN : 1);
+  unsigned staged = 0;
   // Ping-pong (wg.ping_pong, two consumer warpgroups, kOverlap): named
   // barrier kTurnBarrier + g is warpgroup g's turn to issue its wgmmas;
   // each waits for its turn, issues S and the previous P V, and hands the
@@ -818,6 +846,25 @@ extern "C" __global__ void __launch_bounds__(pagedc::kPrefillThreads, 1)
           fence_proxy_async();
         const uint64_t k_desc = descriptor_plus(k_desc0, stage * kStageBytes);
         const uint64_t v_desc = descriptor_plus(v_desc0, stage * kStageBytes);
+        // A partial tile's key-only mask values, a thread of the warpgroup
+        // reading the buffers at each key while S runs.
+        const pagedc_mods::MaskCol *columns = column_stage;
+        auto stage_columns = [&]() {
+          if constexpr (kStageColumns) {
+            if (!is_full) {
+              pagedc_mods::MaskCol *const slot =
+                  column_stage + ((staged % kColumnBuffers) * kConsumerGroups + group) * kBlockN;
+              if (kColumnBuffers == 1 && staged != 0)
+                named_barrier_sync(kColumnBarrier + group, 128);
+              // (Tiles of 32 or 64 keys: the warpgroup's first kBlockN threads.)
+              if ((consumer & 127) < kBlockN)
+                slot[consumer & 127] = pagedc_mods::mask_col(params, kv_begin + (consumer & 127));
+              ++staged;
+              named_barrier_sync(kColumnBarrier + group, 128);
+              columns = slot;
+            }
+          }
+        };
 
         // S = Q K^T, issued before the previous tile's O += P V so that the
         // tensor cores run both while this warpgroup waits for S.
@@ -850,8 +897,10 @@ extern "C" __global__ void __launch_bounds__(pagedc::kPrefillThreads, 1)
           if (ping_pong)
             named_barrier_arrive(kTurnBarrier + (group ^ 1), 256);
           find_next();
+          stage_columns();
           wgmma_wait<1>();
         } else {
+          stage_columns();
           wgmma_wait<0>();
         }
         wgmma_fence_operands(s_acc);
@@ -868,9 +917,9 @@ extern "C" __global__ void __launch_bounds__(pagedc::kPrefillThreads, 1)
             kRunBoxes && by_tensor_maps(kv_begin, kv_len)
                 ? stage_xor[stage]
                 : 0;
-        apply_mods<kBlockN / 8>(scores, params, mask_rows, score_rows, b_of, h_of, q_of, visible,
-                                check_mask, kv_begin, kv_len, score_scale, lane, all_kept,
-                                scale_in_softmax, column_xor);
+        apply_mods<kBlockN / 8, 2, true, kStageColumns>(
+            scores, params, mask_rows, score_rows, b_of, h_of, q_of, visible, check_mask, kv_begin,
+            kv_len, score_scale, lane, all_kept, scale_in_softmax, column_xor, columns);
         float rescale[2];
         bool rescale_out;
         if (kFastSoftmax && references_known) {
@@ -893,9 +942,10 @@ extern "C" __global__ void __launch_bounds__(pagedc::kPrefillThreads, 1)
               recompute_scores(scores, shared + (q_group - shared_address(shared)),
                                shared + (stages + stage * kStageBytes - shared_address(shared)),
                                warp, lane);
-              apply_mods<kBlockN / 8>(scores, params, mask_rows, score_rows, b_of, h_of, q_of,
-                                      visible, check_mask, kv_begin, kv_len, score_scale, lane,
-                                      all_kept, scale_in_softmax, column_xor);
+              apply_mods<kBlockN / 8, 2, true, kStageColumns>(
+                  scores, params, mask_rows, score_rows, b_of, h_of, q_of, visible, check_mask,
+                  kv_begin, kv_len, score_scale, lane, all_kept, scale_in_softmax, column_xor,
+                  columns);
               softmax_tile<kBlockN / 8>(state, scores, rescale, softmax_factor);
             }
             rescale_out = !kOverlap ||

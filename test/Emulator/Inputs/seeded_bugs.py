@@ -539,8 +539,25 @@ BUGS = {
     "mask-dropped-on-partial-blocks": ("KernelCommon.cuh", *MASK_ON_FULL_BLOCKS, "prefill"),
     "wgmma-mask-dropped-on-partial-blocks": ("KernelCommon.cuh", *MASK_ON_FULL_BLOCKS, "wgmma"),
     "mask-columns-of-the-next-key": ("KernelCommon.cuh", *MASK_COLUMN_OF_NEXT_KEY, "document"),
-    "wgmma-mask-columns-of-the-next-key": ("KernelCommon.cuh", *MASK_COLUMN_OF_NEXT_KEY,
-                                           "wgmma-document"),
+    # The warpgroup prefill stages a partial tile's key-only values in
+    # shared memory, one key a thread (at head dim 64: document_causal's
+    # 8 bytes a key do not fit beside three K/V stages at 128): the key
+    # after the thread's.
+    "wgmma-mask-columns-of-the-next-key": (
+        "PrefillWgmma.cuh",
+        "pagedc_mods::mask_col(params, kv_begin + (consumer & 127));",
+        "pagedc_mods::mask_col(params, kv_begin + (consumer & 127) + 1);",
+        "wgmma-document-d64"),
+    # The staged values read without the barrier after their writes
+    # (racecheck: another warp's shared write not ordered before the read).
+    # (The barrier before a single buffer's rewrite has no seeded bug: the
+    # emulator orders a warpgroup's threads at each wgmma, which the next
+    # tile's S issues before the rewrite.)
+    "wgmma-staged-columns-read-before-barrier": (
+        "PrefillWgmma.cuh",
+        "              ++staged;\n              named_barrier_sync(kColumnBarrier + group, 128);\n",
+        "              ++staged;\n",
+        "wgmma-document-d64"),
     # The producer's and consumers' setmaxnreg counts swapped: the producer
     # warpgroup's .dec asks for more registers than it holds and the
     # consumers' .inc for fewer (synccheck's register accounting).
@@ -818,6 +835,7 @@ def rel_l2(a_path, b_path):
 # script rather than falling out of every group); the others are "mma".
 WGMMA_GROUPS = {
     "wgmma": "wgmma", "wgmma-rescale": "wgmma", "wgmma-tma": "wgmma", "wgmma-document": "wgmma",
+    "wgmma-document-d64": "wgmma", "wgmma-document-one-buffer": "wgmma",
     "wgmma-climb": "wgmma", "wgmma-climb-n128": "wgmma",
     "wgmma-runs": "wgmma-launch", "wgmma-runs-n128": "wgmma-launch",
     "wgmma-pingpong": "wgmma-launch",
@@ -1006,6 +1024,22 @@ def main():
                                extra=["--q-offset", "end"] + document_buffers,
                                env={"PAGEDC_PREFILL_SHAPE": "128x128x64",
                                     "PAGEDC_PREFILL_TMA": "1"}),
+        # At head dim 64, where the warpgroups stage the mask's key-only
+        # values (two buffers each; at 128 its 8 bytes a key do not fit).
+        "wgmma-document-d64": dict(q=(1, 4, 150, 64), k=(1, 2, 300, 64),
+                                   attn="document_mask.attn", mask="document_causal",
+                                   extra=["--q-offset", "end"] + document_buffers,
+                                   env={"PAGEDC_PREFILL_SHAPE": "128x128x64",
+                                        "PAGEDC_PREFILL_TMA": "1"}),
+        # Documents by document_id alone (4 bytes a key): at head dim 128
+        # the warpgroups stage them in one buffer each (two do not fit
+        # beside three K/V stages), a barrier before each rewrite.
+        "wgmma-document-one-buffer": dict(q=(1, 4, 150, 128), k=(1, 2, 300, 128),
+                                          attn=os.path.join(work, "document_ids.attn"),
+                                          mask="document",
+                                          extra=["--q-offset", "end"] + document_buffers[:2],
+                                          env={"PAGEDC_PREFILL_SHAPE": "128x128x64",
+                                               "PAGEDC_PREFILL_TMA": "1"}),
         # And with its consumer warpgroups taking turns (gathered tiles).
         "wgmma-pingpong": dict(q=(1, 4, 150, 128), k=(1, 2, 300, 128),
                                extra=["--q-offset", "end"],
@@ -1013,6 +1047,9 @@ def main():
                                     "PAGEDC_PREFILL_TMA": "0",
                                     "PAGEDC_PREFILL_PINGPONG": "1"}),
     }
+    with open(os.path.join(work, "document_ids.attn"), "w") as f:
+        f.write("buffer document_id: i32[S]\n"
+                "mask document(b, h, q, kv) = (document_id[q] == document_id[kv]) & (q >= kv)\n")
     with open(os.path.join(work, "climb.attn"), "w") as f:
         f.write("score climb(s, b, h, q, kv) = s + kv * 1.0\n")
     with open(os.path.join(work, "alibi_causal.attn"), "w") as f:
