@@ -125,9 +125,11 @@ static_assert(kSharedBeforeColumns <= 227 * 1024, "shared memory over 227 KiB");
 constexpr int kColumnBytes = static_cast<int>(sizeof(pagedc_mods::MaskCol));
 /// The bytes of one buffer: kBlockN keys' values for each consumer warpgroup.
 constexpr int kColumnBufferBytes = kConsumerGroups * kBlockN * kColumnBytes;
-constexpr int kColumnBuffers = kSharedBeforeColumns + 2 * kColumnBufferBytes <= 227 * 1024 ? 2
-                               : kSharedBeforeColumns + kColumnBufferBytes <= 227 * 1024   ? 1
-                                                                                            : 0;
+/// ptxas rounds a kernel's static shared memory up to 128 bytes.
+constexpr int kColumnRoom = 227 * 1024 - kSharedBeforeColumns - 128;
+constexpr int kColumnBuffers = 2 * kColumnBufferBytes <= kColumnRoom ? 2
+                               : kColumnBufferBytes <= kColumnRoom   ? 1
+                                                                     : 0;
 constexpr bool kStageColumns = pagedc_mods::kHasMask && !__is_empty(pagedc_mods::MaskCol) &&
                                kColumnBytes <= 16 && kColumnBuffers > 0;
 /// Named barriers kColumnBarrier + g: consumer warpgroup g's 128 threads
