@@ -666,6 +666,7 @@ static int runLaunch(const KernelLaunch &launch) {
   // The ptxas figure PAGEDC_EMU_REGISTERS gives a kernel is its launch
   // count (setmaxnreg's start); unnamed, the launch derives it.
   config.launchRegisters = static_cast<unsigned>(settings.registersOf(launch.kernel->name, 0));
+  config.ctasPerSm = launch.kernel->ctasPerSm;
   emu::LaunchResult result = emu::launch(*launch.kernel, config, params.data(), settings.checks);
 
   const std::string name = launch.kernel->name;

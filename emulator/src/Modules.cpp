@@ -113,6 +113,10 @@ const Kernel *findKernel(const Module &module, const std::string &name) {
   unsigned count = 0;
   const unsigned long *list = sizes(&count);
   kernel->parameterSizes.assign(list, list + count);
+  if (const auto *ctas = static_cast<const int *>(
+          dlsym(module.handle, ("pagedc_emu_ctas_per_sm_" + name).c_str()));
+      ctas && *ctas > 1)
+    kernel->ctasPerSm = static_cast<unsigned>(*ctas);
   return module.kernels.emplace(name, std::move(kernel)).first->second.get();
 }
 

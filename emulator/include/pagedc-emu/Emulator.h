@@ -105,6 +105,9 @@ struct Kernel {
   void (*entry)(void **params) = nullptr;
   /// The byte size of each parameter, in order.
   std::vector<unsigned long> parameterSizes;
+  /// The minimum CTAs an SM of the kernel's __launch_bounds__, which the
+  /// image exports as pagedc_emu_ctas_per_sm_<name> where it is not 1.
+  unsigned ctasPerSm = 1;
   const Module *module = nullptr;
 };
 
@@ -169,12 +172,15 @@ struct LaunchConfig {
   uint64_t sampleBlocks = 0;
   /// Registers per thread at launch: setmaxnreg's starting count for every
   /// warp, and times the block's threads the CTA's register pool. 0: the
-  /// most one CTA of the block's size may hold on an SM (65536 / threads,
-  /// rounded down to the 8-register granule, at most 255), which is what
-  /// ptxas gives a kernel built for one CTA per SM (168 at 384 threads, 255
-  /// at 256), the kind that hands registers between warpgroups with
+  /// most ctasPerSm CTAs of the block's size may hold on an SM (65536 /
+  /// ctasPerSm / threads, rounded down to the 8-register granule, at most
+  /// 255), which is what ptxas gives a kernel whose __launch_bounds__ asks
+  /// for that many CTAs an SM (one: 168 at 384 threads, 255 at 256; two:
+  /// 128 at 256), the kind that hands registers between warpgroups with
   /// setmaxnreg.
   unsigned launchRegisters = 0;
+  /// The CTAs an SM the kernel is built for (Kernel::ctasPerSm).
+  unsigned ctasPerSm = 1;
 };
 
 /// Runs `kernel` over the grid; `params` as cuLaunchKernel takes them.

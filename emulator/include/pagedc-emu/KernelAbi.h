@@ -175,6 +175,9 @@ typedef void (*PagedcEmuEntryFunction)(void **params);
 /** Exported per kernel as pagedc_emu_params_<name>: the byte size of each
  * parameter, so the emulator copies them at launch as a driver does. */
 typedef const unsigned long *(*PagedcEmuParamsFunction)(unsigned *count);
+/* Optionally exported per kernel as const int pagedc_emu_ctas_per_sm_<name>:
+ * the minimum CTAs an SM of its __launch_bounds__ (empty in an image), from
+ * which the emulator derives the registers a thread holds at launch. */
 
 #ifdef __cplusplus
 }
