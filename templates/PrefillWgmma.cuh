@@ -64,6 +64,16 @@ static_assert(kStages >= 2 && kStages <= 4, "the ring has 2 to 4 stages");
 constexpr int kQBuffers = pagedc_config::kPrefillQBuffers;
 static_assert(kQBuffers == 1 || kQBuffers == 2, "one or two Q tiles");
 constexpr int kPrefillThreads = kConsumerThreads + 128;
+/// CTAs an SM the kernel is built for (KernelConfig::prefillCtasPerSm): 2
+/// only with one consumer warpgroup, so that where CTAs are short one
+/// CTA's copies, softmax and epilogue run under the other's products.
+constexpr int kCtasPerSm = pagedc_config::kPrefillCtasPerSm;
+static_assert(kCtasPerSm == 1 || (kCtasPerSm == 2 && kConsumerGroups == 1),
+              "two CTAs an SM take one consumer warpgroup");
+/// Shared memory a CTA may have: 227 KiB alone on the SM, else half the
+/// SM's 228 KiB less the 1 KiB reserved per CTA
+/// (KernelConfig::prefillSharedLimit).
+constexpr int kSharedLimit = kCtasPerSm == 1 ? 227 * 1024 : 228 * 1024 / kCtasPerSm - 1024;
 /// Registers per thread after setmaxnreg: the producer warpgroup gives
 /// registers to the consumers (one CTA per SM: the launch's 168 x 384
 /// registers with two consumer warpgroups); one consumer warpgroup takes
@@ -71,15 +81,16 @@ constexpr int kPrefillThreads = kConsumerThreads + 128;
 /// mods), which leaves the producer 96 (at 56 the tensor-map copies spilled
 /// 24 bytes at D 256). (128-key tiles fit too since the gather reads its
 /// page indices from shared memory: holding them in registers it spilled
-/// 20-68 bytes at 56.)
-constexpr int kProducerRegisters = kConsumerGroups == 1 ? 96 : 56;
+/// 20-68 bytes at 56.) Two CTAs an SM halve the launch's registers to 128 a
+/// thread: the consumers take 192, the producer 64.
+constexpr int kProducerRegisters = kCtasPerSm == 2 ? 64 : kConsumerGroups == 1 ? 96 : 56;
 /// Named barriers kTurnBarrier and kTurnBarrier + 1: the consumer
 /// warpgroups' turns to issue wgmmas when they ping-pong (0 is
 /// __syncthreads).
 constexpr unsigned kTurnBarrier = 1;
-constexpr int kConsumerRegisters = kConsumerGroups == 1 ? 256 : 224;
+constexpr int kConsumerRegisters = kCtasPerSm == 2 ? 192 : kConsumerGroups == 1 ? 256 : 224;
 static_assert(128 * kProducerRegisters + kConsumerThreads * kConsumerRegisters <=
-                  kPrefillThreads * (65536 / kPrefillThreads / 8 * 8),
+                  kPrefillThreads * (65536 / kCtasPerSm / kPrefillThreads / 8 * 8),
               "setmaxnreg asks for more registers than the launch gave the CTA");
 static_assert(pagedc_config::kWarpRows == 64, "PrefillWgmma.cuh is the warpgroup design");
 static_assert(kBlockM == 64 || kBlockM == 128, "kBlockM must be 64 or 128");
@@ -108,11 +119,11 @@ static_assert(kHeadDim == 64 || kHeadDim == 128 || kHeadDim == 256,
 static_assert(kValueHeadDim == kHeadDim, "the warpgroup prefill takes Dv = D");
 // Dynamic shared memory (KernelConfig::sharedMemoryBytes), the page index
 // buffers, the stages' run XORs, the Q buffers' tile slots and the
-// producer's two round words must fit the 227 KiB a block may have.
+// producer's two round words must fit the share of a CTA (kSharedLimit).
 constexpr int kSharedBeforeColumns =
     1024 + (kQBuffers * kBlockM + 2 * kStages * kBlockN) * kHeadDim * 2 + 128 +
     2 * kTilePages * 4 + kStages * 4 + kQBuffers * 4 + 2 * 4;
-static_assert(kSharedBeforeColumns <= 227 * 1024, "shared memory over 227 KiB");
+static_assert(kSharedBeforeColumns <= kSharedLimit, "shared memory over a CTA's share");
 /// The key-only mask values (pagedc_mods::MaskCol) of a partial tile,
 /// staged in shared memory by each consumer warpgroup's 128 threads, one
 /// key each, instead of each thread reading the buffers at its 32 keys
@@ -126,7 +137,7 @@ constexpr int kColumnBytes = static_cast<int>(sizeof(pagedc_mods::MaskCol));
 /// The bytes of one buffer: kBlockN keys' values for each consumer warpgroup.
 constexpr int kColumnBufferBytes = kConsumerGroups * kBlockN * kColumnBytes;
 /// ptxas rounds a kernel's static shared memory up to 128 bytes.
-constexpr int kColumnRoom = 227 * 1024 - kSharedBeforeColumns - 128;
+constexpr int kColumnRoom = kSharedLimit - kSharedBeforeColumns - 128;
 constexpr int kColumnBuffers = 2 * kColumnBufferBytes <= kColumnRoom ? 2
                                : kColumnBufferBytes <= kColumnRoom   ? 1
                                                                      : 0;
@@ -457,7 +468,13 @@ PAGEDC_DEVICE void pack_probabilities(uint32_t (&p)[kBlockN / 16][4],
 }
 } // namespace pagedc
 
-extern "C" __global__ void __launch_bounds__(pagedc::kPrefillThreads, 1)
+#ifdef PAGEDC_EMULATOR
+// __launch_bounds__ is empty in an emulator image: the CTA count it asks
+// for sets the registers setmaxnreg starts from there.
+PAGEDC_EMU_EXPORT const int pagedc_emu_ctas_per_sm_pagedc_prefill = pagedc::kCtasPerSm;
+#endif
+
+extern "C" __global__ void __launch_bounds__(pagedc::kPrefillThreads, pagedc::kCtasPerSm)
     pagedc_prefill(const __grid_constant__ PagedcAttentionKernelArgs args,
                    const __grid_constant__ pagedc_mods::Params params,
                    const __grid_constant__ PagedcWgmmaPrefillArgs wg) {

@@ -63,7 +63,7 @@ def test_unknown_key_names_it_and_lists_the_valid_ones(rng):
     ("prefill_persistent_ctas", 0, "kernel option prefill_persistent_ctas is '0': expected "
                                    "an integer from 1 to 1048576"),
     ("prefill_shape", "big", "kernel option prefill_shape 'big' is not MxNxW, MxNxWr or "
-                             "MxNxWsK"),
+                             "MxNxW[sK][c2]"),
     ("prefill_persistent", "maybe", "kernel option prefill_persistent is 'maybe': expected 1 ("),
 ])
 def test_bad_values_list_what_is_valid(rng, name, value, message):

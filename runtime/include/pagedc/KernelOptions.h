@@ -49,8 +49,9 @@ struct KernelOptions {
   /// a comma-separated list of MxNxW entries (query rows x KV rows per tile x
   /// query rows per warp, or per warpgroup with W 64, e.g. 64x64x16), each
   /// with an optional suffix "r" (the mods' row values recomputed per KV
-  /// tile) or, with W 64, "sK" (at most K = 2, 3 or 4 K/V stages), and
-  /// optionally prefixed "dD=" to apply at head dim D alone ("dD=" with no
+  /// tile) or, with W 64, "sK" (at most K = 2, 3 or 4 K/V stages) and then
+  /// "c2" (two CTAs an SM; M 64, head dims 64 and 128), and optionally
+  /// prefixed "dD=" to apply at head dim D alone ("dD=" with no
   /// shape keeps the default there); an entry without a prefix applies at
   /// the other head dims, e.g. "128x128x64,d256=128x64x64". A tile asked
   /// for is compiled as asked, never narrowed because ptxas reports spills.

@@ -103,6 +103,16 @@ struct KernelConfig {
   /// kernels. KernelOptions::prefillShape sets it with a suffix "sK"
   /// (e.g. 128x128x64s2).
   int prefillStageLimit = 4;
+  /// Warpgroup prefill with one consumer warpgroup (blockM 64): CTAs an SM
+  /// the kernel is built for, 1 or 2. With 2 it declares
+  /// __launch_bounds__(threads, 2), splits the 128 registers a thread the
+  /// launch gives into 192 for the consumers and 64 for the producer, and
+  /// fits its ring in half the SM's shared memory (prefillSharedLimit), so
+  /// that one CTA's copies, softmax and epilogue run under the other's
+  /// products where CTAs are short (few KV tiles a query tile). 1 for the
+  /// other kernels. KernelOptions::prefillShape sets it with a suffix "c2"
+  /// (e.g. 64x64x64c2, after an "sK").
+  int prefillCtasPerSm = 1;
   /// KV rows per tile (32 or 64; 32, 64 or 128 with warpgroup tiles).
   /// Block-mask kv blocks must be multiples.
   int blockN = 64;
@@ -164,7 +174,8 @@ struct KernelConfig {
            headDim == other.headDim && valueDim() == other.valueDim() &&
            pageSize == other.pageSize && blockM == other.blockM && warpRows == other.warpRows &&
            recomputeModRows == other.recomputeModRows &&
-           prefillStageLimit == other.prefillStageLimit && blockN == other.blockN &&
+           prefillStageLimit == other.prefillStageLimit &&
+           prefillCtasPerSm == other.prefillCtasPerSm && blockN == other.blockN &&
            groupSize == other.groupSize && queryTokens == other.queryTokens &&
            returnLse == other.returnLse && paramsSize == other.paramsSize &&
            packedBatch == other.packedBatch && outputF32 == other.outputF32 &&
@@ -186,7 +197,7 @@ struct KernelConfig {
   /// bench/README.md has the ptxas figures). options.prefillShape MxNxW
   /// (e.g. 64x64x16, the first design) overrides it for comparisons, with
   /// a suffix "r" (recomputeModRows) or, on warpgroup tiles, "sK"
-  /// (prefillStageLimit K); entries "dD=MxNxW" after it, comma-separated, override it at head dim
+  /// (prefillStageLimit K) and "c2" (prefillCtasPerSm 2); entries "dD=MxNxW" after it, comma-separated, override it at head dim
   /// D alone ("128x128x64,d256=128x64x64": a tile that fits each; "dD="
   /// keeps the default there); a malformed value throws pagedc::Error
   /// naming it. Sets prefillShapeAsked. A warpgroup tile (W 64) asked for at
@@ -262,7 +273,8 @@ struct KernelConfig {
   /// Dynamic shared memory of the main kernel, in bytes.
   int sharedMemoryBytes() const;
   /// Warpgroup prefill: K/V stages of the producer's ring, the most (up
-  /// to prefillStageLimit) whose shared memory fits an H100 CTA (227 KiB),
+  /// to prefillStageLimit) whose shared memory fits an H100 CTA (227 KiB,
+  /// or 113 KiB with two CTAs an SM),
   /// at least 2 (8-bit caches alike: they take no shared memory of their
   /// own).
   /// 1 for the other kernels.

@@ -54,6 +54,9 @@ Value configToJson(const KernelConfig &config) {
   // Only where it caps the ring (absent: 4, as in manifests from before it).
   if (config.prefillStageLimit != 4)
     value.set("prefill_stage_limit", config.prefillStageLimit);
+  // Only for two CTAs an SM (absent: 1).
+  if (config.prefillCtasPerSm != 1)
+    value.set("prefill_ctas_per_sm", config.prefillCtasPerSm);
   value.set("block_n", config.blockN);
   value.set("group_size", config.groupSize);
   value.set("query_tokens", config.queryTokens);
@@ -112,6 +115,8 @@ KernelConfig configFromJson(const Value &value, const std::string &where) {
   // ... and before prefill_stage_limit, rings of up to 4 stages.
   if (const Value *limit = value.find("prefill_stage_limit"))
     config.prefillStageLimit = static_cast<int>(limit->asInt(name("prefill_stage_limit")));
+  if (const Value *ctas = value.find("prefill_ctas_per_sm"))
+    config.prefillCtasPerSm = static_cast<int>(ctas->asInt(name("prefill_ctas_per_sm")));
   config.blockN = static_cast<int>(field("block_n").asInt(name("block_n")));
   config.groupSize = static_cast<int>(field("group_size").asInt(name("group_size")));
   config.queryTokens = static_cast<int>(field("query_tokens").asInt(name("query_tokens")));

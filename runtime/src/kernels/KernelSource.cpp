@@ -83,6 +83,13 @@ namespace {
 /// are far under it).
 constexpr int kMaxSharedPerCta = 227 * 1024;
 
+/// The shared memory a warpgroup prefill CTA may have with `ctasPerSm`
+/// CTAs an SM: an sm_90 SM has 228 KiB, of which each CTA's 1 KiB is
+/// reserved.
+int prefillSharedLimit(int ctasPerSm) {
+  return ctasPerSm == 1 ? kMaxSharedPerCta : 228 * 1024 / ctasPerSm - 1024;
+}
+
 /// The entries of a prefill_shape value (KernelOptions::prefillShape): a
 /// comma-separated list of MxNxW[r|sK] entries, each optionally prefixed
 /// "dD=" (it then applies at head dim D only, and "dD=" alone keeps the
@@ -149,29 +156,40 @@ struct PrefillTile {
   int blockM = 0, blockN = 0, warpRows = 0;
   bool recompute = false;
   int stageLimit = 4;
+  int ctasPerSm = 1;
 };
 
 /// Parses `shape`, an entry of prefill_shape value `value`; throws
-/// pagedc::Error naming `label` when it is not MxNxW, MxNxWr or MxNxWsK.
+/// pagedc::Error naming `label` when it is not MxNxW, MxNxWr, MxNxW[sK][c2].
 PrefillTile parsePrefillTile(const std::string &shape, const std::string &value,
                              const std::string &label) {
   PrefillTile tile;
   int consumed = 0;
   const int fields = std::sscanf(shape.c_str(), "%dx%dx%d%n", &tile.blockM, &tile.blockN,
                                  &tile.warpRows, &consumed);
-  const std::string suffix = fields == 3 ? shape.substr(consumed) : std::string();
-  bool suffixOk = suffix.empty();
+  std::string suffix = fields == 3 ? shape.substr(consumed) : std::string();
+  bool suffixOk = true;
   if (suffix == "r") {
-    tile.recompute = suffixOk = true;
-  } else if (suffix.size() == 2 && suffix[0] == 's' && suffix[1] >= '2' && suffix[1] <= '4') {
+    tile.recompute = true;
+    suffix.clear();
+  }
+  // Warpgroup tiles (W 64): "sK", then "c2", each optional.
+  if (suffix.size() >= 2 && suffix[0] == 's' && suffix[1] >= '2' && suffix[1] <= '4') {
     tile.stageLimit = suffix[1] - '0';
     suffixOk = tile.warpRows == 64;
+    suffix.erase(0, 2);
   }
-  if (fields != 3 || !suffixOk)
-    throw Error(fmt::format("{} '{}' is not MxNxW, MxNxWr or MxNxWsK (query "
+  if (suffix == "c2") {
+    tile.ctasPerSm = 2;
+    suffixOk = suffixOk && tile.warpRows == 64;
+    suffix.clear();
+  }
+  if (fields != 3 || !suffixOk || !suffix.empty())
+    throw Error(fmt::format("{} '{}' is not MxNxW, MxNxWr or MxNxW[sK][c2] (query "
                             "rows x KV rows per tile x query rows per warp, e.g. 64x64x16; r: "
-                            "the mods' row values recomputed per KV tile; sK, warpgroup tiles "
-                            "(W 64) only: at most K = 2, 3 or 4 K/V stages; \"dD=\" before a "
+                            "the mods' row values recomputed per KV tile; warpgroup tiles "
+                            "(W 64) only: sK, at most K = 2, 3 or 4 K/V stages, and c2, two "
+                            "CTAs an SM (one consumer warpgroup, M 64); \"dD=\" before a "
                             "shape: at head dim D only)",
                             label, value));
   return tile;
@@ -223,11 +241,13 @@ void KernelConfig::choosePrefillShape(const KernelOptions &options) {
     warpRows = tile.warpRows;
     recomputeModRows = tile.recompute;
     prefillStageLimit = tile.stageLimit;
+    prefillCtasPerSm = tile.ctasPerSm;
     prefillShapeAsked = true;
     return;
   }
   prefillShapeAsked = false;
   prefillStageLimit = 4;
+  prefillCtasPerSm = 1;
   // By the wider head dim: D sets the score k-steps and the Q tile, Dv the
   // output accumulators, and shared memory holds rows of the wider.
   const int widest = std::max(headDim, valueDim());
@@ -415,6 +435,17 @@ void KernelConfig::validate() const {
                             prefillStageLimit));
   if (prefillStageLimit != 4 && (kind != KernelKind::Prefill || warpRows != 64))
     throw Error("only the warpgroup prefill (64 rows per warpgroup) has a K/V stage limit");
+  if (prefillCtasPerSm != 1 && prefillCtasPerSm != 2)
+    throw Error(fmt::format("the warpgroup prefill runs 1 or 2 CTAs an SM, not {}",
+                            prefillCtasPerSm));
+  if (prefillCtasPerSm == 2 && (kind != KernelKind::Prefill || warpRows != 64 || blockM != 64))
+    throw Error("two CTAs an SM (c2) are for the warpgroup prefill with one consumer "
+                "warpgroup (64 x N x 64 tiles)");
+  // A head dim 256 wgmma's 128 accumulator registers a thread do not fit
+  // the 128 a thread of two CTAs an SM has before setmaxnreg (ptxas
+  // refuses it).
+  if (prefillCtasPerSm == 2 && headDim > 128)
+    throw Error(fmt::format("two CTAs an SM (c2) take head dims 64 and 128, not {}", headDim));
   if (recomputeModRows && (kind != KernelKind::Prefill || warpRows == 64))
     throw Error("only the prefill kernel's mma.sync tiles (16 or 32 query rows per warp) "
                 "recompute the mods' row values per KV tile");
@@ -430,12 +461,15 @@ void KernelConfig::validate() const {
     throw Error("only the decode kernel and the prefill kernel's mma.sync tiles (16 or 32 query "
                 "rows per warp) take packed batches");
   // (Two K/V stages at least: prefillStages' floor.)
-  if (kind == KernelKind::Prefill && warpRows == 64 && sharedMemoryBytes() > kMaxSharedPerCta)
+  if (kind == KernelKind::Prefill && warpRows == 64 &&
+      sharedMemoryBytes() > prefillSharedLimit(prefillCtasPerSm))
     throw Error(fmt::format("the warpgroup prefill tile {} x {} at head dim {} needs {} bytes "
-                            "of shared memory with two K/V stages, over the {} a CTA may have: "
+                            "of shared memory with two K/V stages, over the {} a CTA may have{}: "
                             "take a narrower tile (in the prefill_shape kernel option, a dD= "
                             "entry names one for head dim D alone, e.g. d256=128x64x64)",
-                            blockM, blockN, headDim, sharedMemoryBytes(), kMaxSharedPerCta));
+                            blockM, blockN, headDim, sharedMemoryBytes(),
+                            prefillSharedLimit(prefillCtasPerSm),
+                            prefillCtasPerSm == 2 ? " with two CTAs an SM" : ""));
   if (groupSize < 1)
     throw Error(fmt::format("group size {} must be at least 1", groupSize));
   if (linkedMods && kind == KernelKind::BlockMaskBuilder)
@@ -449,13 +483,14 @@ std::string KernelConfig::describe() const {
   // The first design (16 rows per warp) keeps its historical description.
   // "r": the mods' row values recomputed per KV tile.
   // "sK": a stage limit under 4.
-  return fmt::format("{} {} d{}{} page{} m{}{}{}{} n{} group{} tokens{} lse{} params{}",
+  return fmt::format("{} {} d{}{} page{} m{}{}{}{}{} n{} group{} tokens{} lse{} params{}",
                      kernelKindName(kind), dtypeName(elementType), headDim,
                      valueDim() == headDim ? std::string() : fmt::format(" dv{}", valueDim()),
                      pageSize, blockM,
                      warpRows == 16 ? std::string() : fmt::format("w{}", warpRows),
                      recomputeModRows ? "r" : "",
                      prefillStageLimit == 4 ? std::string() : fmt::format("s{}", prefillStageLimit),
+                     prefillCtasPerSm == 1 ? std::string() : fmt::format("c{}", prefillCtasPerSm),
                      blockN, groupSize, queryTokens, returnLse ? 1 : 0, paramsSize) +
          (packedBatch ? " packed" : "") +
          (kvFloat8 ? fmt::format(" kv {}", dtypeName(*kvFloat8)) : std::string()) +
@@ -506,7 +541,7 @@ int KernelConfig::prefillStages() const {
   if (kind != KernelKind::Prefill || warpRows != 64)
     return 1;
   for (int stages = std::min(4, prefillStageLimit); stages > 2; --stages)
-    if (wgmmaPrefillSharedBytes(*this, stages) <= kMaxSharedPerCta)
+    if (wgmmaPrefillSharedBytes(*this, stages) <= prefillSharedLimit(prefillCtasPerSm))
       return stages;
   return 2;
 }
@@ -515,7 +550,9 @@ int KernelConfig::prefillQBuffers() const {
   if (kind != KernelKind::Prefill || warpRows != 64)
     return 1;
   // The ring's stages first: a second Q tile only where it fits beside them.
-  return wgmmaPrefillSharedBytes(*this, prefillStages(), 2) <= kMaxSharedPerCta ? 2 : 1;
+  return wgmmaPrefillSharedBytes(*this, prefillStages(), 2) <= prefillSharedLimit(prefillCtasPerSm)
+             ? 2
+             : 1;
 }
 
 int KernelConfig::sharedMemoryBytes() const {
@@ -680,6 +717,7 @@ KernelSource assembleKernel(const KernelConfig &config,
   code += fmt::format("constexpr int kMaxSplitBlocks = {};\n", kDecodeMaxSplitBlocks);
   code += fmt::format("constexpr int kPrefillStages = {};\n", config.prefillStages());
   code += fmt::format("constexpr int kPrefillQBuffers = {};\n", config.prefillQBuffers());
+  code += fmt::format("constexpr int kPrefillCtasPerSm = {};\n", config.prefillCtasPerSm);
   code += fmt::format("constexpr bool kHasLse = {};\n",
                       config.returnLse ? "true" : "false");
   code += fmt::format("constexpr bool kPackedBatch = {};\n", config.packedBatch ? "true" : "false");

@@ -51,13 +51,15 @@ TEST(KernelBundle, WritesAndReadsBack) {
   packedDecode.config.outputF32 = true;
   packedDecode.config.noBlockMask = true;
   bundle.add(packedDecode, "causal \"v2\"");
-  // A warpgroup prefill with a 2-stage ring: its limit comes back too.
+  // A warpgroup prefill with a 2-stage ring, two CTAs an SM: its limit and
+  // CTAs come back too.
   CompiledKernel ring = fakeKernel(KernelKind::Prefill, "\x7f" "ELFring");
   ring.config.headDim = 128;
-  ring.config.blockM = 128;
-  ring.config.blockN = 128;
+  ring.config.blockM = 64;
+  ring.config.blockN = 64;
   ring.config.warpRows = 64;
   ring.config.prefillStageLimit = 2;
+  ring.config.prefillCtasPerSm = 2;
   ring.key = "0123456789abcdef0123456789abcdef";
   bundle.add(ring, "causal \"v2\"");
   // A decode of an 8-bit float cache: its type comes back too.
@@ -79,6 +81,8 @@ TEST(KernelBundle, WritesAndReadsBack) {
   EXPECT_TRUE(loaded.modules[1].config.noBlockMask);
   EXPECT_FALSE(loaded.modules[0].config.noBlockMask);
   EXPECT_EQ(loaded.modules[2].config.prefillStageLimit, 2);
+  EXPECT_EQ(loaded.modules[2].config.prefillCtasPerSm, 2);
+  EXPECT_EQ(loaded.modules[0].config.prefillCtasPerSm, 1);
   EXPECT_EQ(loaded.modules[2].sharedMemoryBytes, ring.config.sharedMemoryBytes());
   for (size_t i = 0; i < 4; ++i) {
     const BundleModule &a = bundle.modules[i], &b = loaded.modules[i];

@@ -883,6 +883,38 @@ TEST(SettlePrefillShape, LeavesOtherTilesAlone) {
   config.choosePrefillShapeFor("sm_90a", asked); // the default again: no limit left over
   EXPECT_EQ(config.prefillStageLimit, 4);
   EXPECT_EQ(config.prefillStages(), 3);
+  // "c2": two CTAs an SM, one consumer warpgroup; the ring and Q tiles fit
+  // half the SM's shared memory (at D 128 and 64 keys: 2 stages, two Q tiles).
+  asked.prefillShape = "64x64x64c2";
+  config.choosePrefillShapeFor("sm_90a", asked);
+  EXPECT_EQ(config.blockM, 64);
+  EXPECT_EQ(config.prefillCtasPerSm, 2);
+  EXPECT_EQ(config.prefillStageLimit, 4);
+  EXPECT_EQ(config.prefillStages(), 2);
+  EXPECT_EQ(config.prefillQBuffers(), 2);
+  EXPECT_EQ(config.sharedMemoryBytes(), 1024 + (2 * 64 + 2 * 2 * 64) * 256 + 128);
+  EXPECT_LE(config.sharedMemoryBytes(), 228 * 1024 / 2 - 1024);
+  EXPECT_NE(config.describe().find("m64w64c2 n64"), std::string::npos) << config.describe();
+  config.validate();
+  asked.prefillShape = "64x64x64s2c2";
+  config.choosePrefillShapeFor("sm_90a", asked);
+  EXPECT_EQ(config.prefillStageLimit, 2);
+  EXPECT_EQ(config.prefillCtasPerSm, 2);
+  EXPECT_NE(config.describe().find("m64w64s2c2 n64"), std::string::npos) << config.describe();
+  config.validate();
+  config.headDim = 256; // a D 256 wgmma's accumulators do not fit 128 registers
+  config.blockN = 32;
+  EXPECT_THROW(config.validate(), Error);
+  config.headDim = 128;
+  config.blockN = 128; // 64 x 128: two stages are 148,608 bytes, over the half
+  EXPECT_THROW(config.validate(), Error);
+  asked.prefillShape = "128x64x64c2"; // two consumer warpgroups
+  config.choosePrefillShapeFor("sm_90a", asked);
+  EXPECT_THROW(config.validate(), Error);
+  asked.prefillShape.reset();
+  config.choosePrefillShapeFor("sm_90a", asked); // the default again: one CTA an SM
+  EXPECT_EQ(config.prefillCtasPerSm, 1);
+  config.validate();
   config.prefillStageLimit = 1;
   EXPECT_THROW(config.validate(), Error);
   config.prefillStageLimit = 2;
@@ -890,7 +922,9 @@ TEST(SettlePrefillShape, LeavesOtherTilesAlone) {
   config.blockN = 32;
   EXPECT_THROW(config.validate(), Error); // mma.sync tiles have no ring
   for (const char *bad : {"128x32x32q", "128x32x32rr", "128x32", "128x32x32s2", "128x128x64s5",
-                          "128x128x64s1", "128x128x64s", "128x128x64s2r", "128x128x64s22"}) {
+                          "128x128x64s1", "128x128x64s", "128x128x64s2r", "128x128x64s22",
+                          "64x64x32c2", "64x64x64c3", "64x64x64c2s2", "64x64x64c", "64x64x64rc2",
+                          "64x64x64c2c2"}) {
     asked.prefillShape = bad;
     EXPECT_THROW(config.choosePrefillShapeFor("sm_80", asked), Error) << bad;
   }
