@@ -609,7 +609,9 @@ def static_counts(pagedc, cuobjdump, templates, shape, kernel="warpgroup", arch=
     the predictions take the causal counts)."""
     example = example or os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..",
                                       "examples", "causal.attn")
-    block_m, block_n, rows = (int(x) for x in shape.rstrip("r").split("x"))
+    # The tile's three numbers, without a suffix ("r", "sK", "c2").
+    block_m, block_n, rows = (int(x) for x in
+                              re.match(r"(\d+)x(\d+)x(\d+)", shape).groups())
     out = {"kernel": kernel, "shape": shape, "block_m": block_m, "block_n": block_n,
            "rows_per_warp": rows if kernel == "mma" else ROWS_PER_WARP,
            "warps": 4 if kernel == "mma" else block_m // ROWS_PER_WARP,
