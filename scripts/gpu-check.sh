@@ -4,7 +4,7 @@
 #   scripts/gpu-check.sh [--dry-run] [--prefill-options] [--decode-options]
 #                        [--also PACK2]... [--also-with SETTINGS PACK2]...
 #                        [--baselines LIST | --no-baselines] [--wheels]
-#                        [PACK_DIR]
+#                        [--rows TEXT[,TEXT...]] [PACK_DIR]
 #                                                             (default: gpu-pack/)
 #
 # The launch options and tiles below are kernel options (docs/kernels.md,
@@ -57,6 +57,12 @@
 # flex_flash; default all), each checked against a float32 reference before
 # it is timed; a package that does not import is reported unavailable.
 # $PAGEDC_BASELINE_BUDGET_S (default 120) bounds them. --no-baselines: none.
+# --rows TEXT[,TEXT...]: benchmark only the rows whose names hold one of the
+# texts (e.g. prefill-causal-B4-S1024,prefill-document), in every pack and
+# for PyTorch and the baselines (a launch option of --prefill-options or
+# --decode-options: the texts that begin with its kind, prefill or decode);
+# the checks still run every case. An A/B of a few rows then fits a short
+# lease of the GPU.
 # --wheels: first install the wheels scripts/gpu-wheels.sh staged on this
 # machine (FlashAttention-4 and the CuTe DSL, FlashInfer) and put them on
 # PYTHONPATH for the PyTorch steps.
@@ -99,9 +105,13 @@ options=0
 baselines=all
 wheels=0
 expect_list=0
+rows=""
+expect_rows=0
 for arg in "$@"; do
   if [[ $expect_list == 1 ]]; then baselines=$arg; expect_list=0; continue; fi
+  if [[ $expect_rows == 1 ]]; then rows=$arg; expect_rows=0; continue; fi
   case "$arg" in
+    --rows) expect_rows=1; continue ;;
     --dry-run) dry=1; continue ;;
     --baselines) expect_list=1; continue ;;
     --no-baselines) baselines=none; continue ;;
@@ -137,6 +147,26 @@ if [[ $expect_list == 1 ]]; then
   echo "gpu-check: --baselines needs a comma list (sdpa_cudnn,fa4,flashinfer,flex_flash)" >&2
   exit 2
 fi
+if [[ $expect_rows == 1 || ( -n $rows && ! $rows =~ ^[A-Za-z0-9_+.-]+(,[A-Za-z0-9_+.-]+)*$ ) ]]; then
+  echo "gpu-check: --rows needs a comma list of texts in row names (e.g." \
+    "prefill-causal-B4-S1024,prefill-document)" >&2
+  exit 2
+fi
+# The benchmarks' row filter: --rows, as pagedc-gpu and the Python benches
+# take it.
+row_args=()
+[[ -z $rows ]] || row_args=(--filter "$rows")
+# kind_rows KIND: the --rows texts that name rows of KIND (prefill, decode),
+# or KIND itself without --rows; nothing when --rows names none of KIND.
+kind_rows() {
+  if [[ -z $rows ]]; then echo "$1"; return; fi
+  local text picked=()
+  IFS=',' read -ra texts <<<"$rows"
+  for text in "${texts[@]}"; do
+    [[ $text == "$1"* ]] && picked+=("$text")
+  done
+  (IFS=','; echo "${picked[*]}")
+}
 if [[ ${expect_also:-0} != 0 ]]; then
   echo "gpu-check: --also needs a pack directory (--also-with: settings, then a pack)" >&2
   exit 2
@@ -248,7 +278,8 @@ fi
 
 if [[ $dry == 1 ]]; then
   step "check --dry-run" "$gpu" check "$pack" --dry-run --json "$out/gpu-check.json"
-  step "bench --dry-run" "$gpu" bench "$pack" --dry-run --json "$out/gpu-bench-pagedc.json"
+  step "bench --dry-run" "$gpu" bench "$pack" --dry-run "${row_args[@]}" \
+    --json "$out/gpu-bench-pagedc.json"
   for i in "${!also[@]}"; do
     step "check --dry-run (also: ${also[i]}${also_env[i]:+ with ${also_env[i]}})" \
       env $(also_check_env "$i") "$gpu" check "${also[i]}" --dry-run \
@@ -259,13 +290,15 @@ if [[ $dry == 1 ]]; then
     step "check --dry-run ($settings $check_only; memcheck case: ${options_case[$kind]:-none})" \
       env $settings $check_only \
       "$gpu" check "$pack" --dry-run --filter "$kind" --json "$out/$label-gpu-check.json"
+    picked=$(kind_rows "$kind")
+    [[ -n $picked ]] || continue
     step "bench --dry-run ($settings)" env $settings "$gpu" bench "$pack" --dry-run \
-      --filter "$kind" --json "$out/$label-gpu-bench-pagedc.json"
+      --filter "$picked" --json "$out/$label-gpu-bench-pagedc.json"
   done
   if [[ $baselines != none ]]; then
     step "baselines --dry-run ($baselines)" python3 "$root/bench/gpu/baselines.py" --dry-run \
       --pack "$pack" --json "$out/gpu-bench-baselines.json" --commit "$commit" \
-      "${baseline_args[@]}"
+      "${baseline_args[@]}" "${row_args[@]}"
   fi
   note "gpu-check (dry run): $failures step(s) failed"
   exit $((failures > 0))
@@ -305,7 +338,8 @@ else
 fi
 
 # (3) Benchmarks: ours, (4) the second pack, then PyTorch's on the same GPU, then the merge.
-step "bench (pagedc)" "$gpu" bench "$pack" --launch-times --json "$out/gpu-bench-pagedc.json"
+step "bench (pagedc)" "$gpu" bench "$pack" --launch-times "${row_args[@]}" \
+  --json "$out/gpu-bench-pagedc.json"
 # (4) The second pack: correctness and our benchmark, before PyTorch's (which
 # is not rerun: the configurations are the same); merged with it after.
 also_done=()
@@ -316,7 +350,7 @@ for i in "${!also[@]}"; do
     step "check (also: ${also[i]}$with; files $prefix*)" env $(also_check_env "$i") \
       "$gpu" check "${also[i]}" --json "$out/${prefix}gpu-check.json"
     step "bench (pagedc, also: ${also[i]}$with; files $prefix*)" env ${also_env[i]} \
-      "$gpu" bench "${also[i]}" --json "$out/${prefix}gpu-bench-pagedc.json"
+      "$gpu" bench "${also[i]}" "${row_args[@]}" --json "$out/${prefix}gpu-bench-pagedc.json"
     also_done+=("$prefix")
   else
     note "no pack at ${also[i]}"
@@ -336,8 +370,13 @@ for variant in "${variants[@]}"; do
       compute-sanitizer --tool memcheck --error-exitcode 3 \
       --log-file "$out/$label-sanitizer.txt" "$gpu" check "$pack" --filter "$memcheck_case"
   fi
-  step "bench (pagedc, $settings)" env $settings "$gpu" bench "$pack" --filter "$kind" \
-    --launch-times --json "$out/$label-gpu-bench-pagedc.json"
+  picked=$(kind_rows "$kind")
+  if [[ -n $picked ]]; then
+    step "bench (pagedc, $settings)" env $settings "$gpu" bench "$pack" --filter "$picked" \
+      --launch-times --json "$out/$label-gpu-bench-pagedc.json"
+  else
+    note "bench (pagedc, $settings): skipped, --rows names no $kind row"
+  fi
 done
 
 if [[ $wheels == 1 ]]; then
@@ -346,11 +385,11 @@ if [[ $wheels == 1 ]]; then
 fi
 PYTHONUNBUFFERED=1 step_limit=$((budget + 180)) step "bench (PyTorch flex_attention + PagedAttention, SDPA flash)" \
   python3 "$root/bench/gpu/torch_flex.py" --pack "$pack" --json "$out/gpu-bench-torch.json" \
-  --budget-s "$budget"
+  --budget-s "$budget" "${row_args[@]}"
 if [[ $baselines != none ]]; then
   PYTHONUNBUFFERED=1 step_limit=$((baseline_budget + 180)) step "bench (baselines: $baselines)" \
     python3 "$root/bench/gpu/baselines.py" --pack "$pack" --json "$out/gpu-bench-baselines.json" \
-    --budget-s "$baseline_budget" --commit "$commit" "${baseline_args[@]}"
+    --budget-s "$baseline_budget" --commit "$commit" "${baseline_args[@]}" "${row_args[@]}"
 fi
 
 # The clock under load, from the samples (bench/gpu/clocks.py): what the
@@ -373,6 +412,7 @@ done
 
 for variant in "${variants[@]}"; do
   label=${variant%%:*}
+  [[ -f "$out/$label-gpu-bench-pagedc.json" ]] || continue
   step "report ($label)" python3 "$root/bench/gpu/report.py" "$out/$label-gpu-bench-pagedc.json" \
     "$out/gpu-bench-torch.json" "${report_args[@]}" --json "$out/$label-gpu-bench.json"
 done

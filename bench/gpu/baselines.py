@@ -474,7 +474,7 @@ def main(argv=None):
     if "flashinfer" in chosen and not args.dry_run and not unavailable.get("flashinfer"):
         flashinfer_before = flashinfer_jit_modules()
     for config in plan:
-        if args.filter and args.filter not in config["name"]:
+        if not torch_flex.row_wanted(args.filter, config["name"]):
             continue
         row = {"name": config["name"], "kind": config["kind"], "baselines": {}}
         # Rows that differ only in page size share the dense baselines' run.

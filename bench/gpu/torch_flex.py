@@ -347,7 +347,15 @@ def timing_arguments(parser, budget_s):
                         help="bytes written before each queued call (evicts L2)")
     parser.add_argument("--budget-s", type=float, default=budget_s)
     parser.add_argument("--filter", default="",
-                        help="only the configurations whose name holds this text")
+                        help="only the configurations whose name holds one of these "
+                             "comma-separated texts (as pagedc-gpu bench --filter)")
+
+
+def row_wanted(filter_text, name):
+    """Whether `name` holds one of filter_text's comma-separated texts (all
+    names when filter_text is empty)."""
+    texts = [t for t in filter_text.split(",") if t]
+    return not texts or any(t in name for t in texts)
 
 
 def import_torch():
@@ -378,7 +386,7 @@ def main(argv=None):
         "configurations": [],
     }
     for config in load_plan(args.pack):
-        if args.filter and args.filter not in config["name"]:
+        if not row_wanted(args.filter, config["name"]):
             continue
         entry = {"name": config["anchor"], "status": "skipped"}
         if time.monotonic() - started > args.budget_s:

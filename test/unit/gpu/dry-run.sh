@@ -142,3 +142,31 @@ for bench in pack["bench"]:
     assert (entries["sdpa_cudnn"]["status"] == "planned") == cudnn, bench["name"]
 print("gpu.dry-run: baselines planned on %d rows" % len(rows))
 PY
+# --rows: the benchmarks (pagedc's, each --also pack's, each launch option's
+# and the baselines') plan only the rows it names, the checks every case; a
+# launch option whose kind --rows does not name is not benchmarked.
+first_prefill=$(python3 -c 'import json, sys
+print(next(b["name"] for b in json.load(open(sys.argv[1]))["bench"] if b["kind"] == "prefill"))' \
+  "$work/pack/pack.json")
+rm -rf "$work/out-rows"
+OUT="$work/out-rows" PAGEDC_GPU_RT_BUILD="$work/build-rt" PAGEDC_GPU_RT_BUILD_TYPE=None \
+  PAGEDC_FORCE_PACK_FMT=1 PAGEDC_JOBS=2 \
+  bash "$source_dir/scripts/gpu-check.sh" --dry-run --prefill-options --decode-options \
+  --rows "$first_prefill,no-such-row" --also "$work/pack" "$work/pack" >/dev/null
+python3 - "$work/out" "$work/out-rows" "$first_prefill" <<'PY'
+import json, os, sys
+full, rows, wanted = sys.argv[1:4]
+def names(path):
+    return [c["name"] for c in json.load(open(path))["configurations"]]
+assert names(os.path.join(rows, "gpu-bench-pagedc.json")) == [wanted]
+assert names(os.path.join(rows, "persistent-gpu-bench-pagedc.json")) == [wanted]
+assert names(os.path.join(rows, "gpu-bench-baselines.json")) == [wanted]
+assert not os.path.exists(os.path.join(rows, "decode-splits2-gpu-bench-pagedc.json"))
+for check in ("gpu-check.json", "also-gpu-check.json", "decode-splits2-gpu-check.json"):
+    assert (len(json.load(open(os.path.join(rows, check)))["cases"]) ==
+            len(json.load(open(os.path.join(full, check)))["cases"])), check
+print("gpu.dry-run: --rows benchmarked %s alone; the checks ran every case" % wanted)
+PY
+if bash "$source_dir/scripts/gpu-check.sh" --dry-run --rows "a b" "$work/pack" 2>/dev/null; then
+  echo "gpu.dry-run: --rows took a text with a space"; exit 1
+fi

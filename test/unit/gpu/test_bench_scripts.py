@@ -59,6 +59,13 @@ class Helpers(unittest.TestCase):
         self.assertEqual(torch_flex.anchor_name("decode-none-B1-ctx1024-p16"),
                          "decode-none-B1-ctx1024-p128")
         self.assertEqual(torch_flex.anchor_name("odd"), "odd")
+        # --filter: comma-separated texts, any of which a row name holds.
+        self.assertTrue(torch_flex.row_wanted("", "prefill-causal-B4-S1024-p16"))
+        self.assertTrue(torch_flex.row_wanted("decode-,prefill-causal-B4-S1024",
+                                              "prefill-causal-B4-S1024-p16"))
+        self.assertFalse(torch_flex.row_wanted("prefill-causal-B4-S1024,decode-",
+                                               "prefill-causal-B4-S16384-p16"))
+        self.assertFalse(torch_flex.row_wanted("prefill-document", "decode-none-B1-ctx1024-p16"))
         self.assertTrue(torch_flex.sdpa_supported(config("a", mask="causal")))
         self.assertTrue(torch_flex.sdpa_supported(config("a")))
         self.assertFalse(torch_flex.sdpa_supported(config("a", mask="causal", score="alibi")))
