@@ -536,6 +536,10 @@ EXPORT int cuModuleGetFunction(void **function, void *module, const char *name) 
 EXPORT int cuFuncSetAttribute(void *function, int attribute, int value) {
   if (!function)
     return kInvalidHandle;
+  // CU_FUNC_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT: a hint (-1, or a
+  // percentage), which the emulator's fixed limits leave without effect.
+  if (attribute == 9)
+    return value >= -1 && value <= 100 ? kSuccess : kInvalidValue;
   if (attribute != 8) // CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES
     return kInvalidValue;
   if (value < 0 || value > kLimits.maxSharedMemoryPerBlockOptin)

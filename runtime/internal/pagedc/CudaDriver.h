@@ -41,6 +41,9 @@ constexpr int kAttributeComputeCapabilityMajor = 75;
 constexpr int kAttributeComputeCapabilityMinor = 76;
 constexpr int kAttributeMaxSharedMemoryPerBlockOptin = 97;
 constexpr int kFunctionAttributeMaxDynamicSharedSizeBytes = 8;
+constexpr int kFunctionAttributePreferredSharedMemoryCarveout = 9;
+/// CU_SHAREDMEM_CARVEOUT_MAX_SHARED: as much of L1 as shared memory as the SM has.
+constexpr int kSharedCarveoutMaxShared = 100;
 /// CUstreamCaptureMode: a global capture refuses "potentially unsafe" calls
 /// (allocation, module loading, ...) from any thread, a thread-local one
 /// from its own thread; a relaxed one allows them.
@@ -199,8 +202,12 @@ public:
   CudaModule(const CudaModule &) = delete;
   CudaModule &operator=(const CudaModule &) = delete;
   /// The kernel named `name`; raises its dynamic shared-memory limit to
-  /// `dynamicSharedBytes` when that is over the 48 KiB default.
-  cu::Function function(const std::string &name, int dynamicSharedBytes = 0) const;
+  /// `dynamicSharedBytes` when that is over the 48 KiB default, and with
+  /// `maxSharedCarveout` asks for the SM's whole L1 as shared memory (a
+  /// kernel built for several large CTAs an SM: the carveout is a hint, and
+  /// without it the driver need only make room for one).
+  cu::Function function(const std::string &name, int dynamicSharedBytes = 0,
+                        bool maxSharedCarveout = false) const;
 
 private:
   const CudaDriver &driver_;

@@ -289,7 +289,8 @@ std::shared_ptr<const CudaKernel> loadCudaKernel(const KernelConfig &config,
       kernel->main = kernel->module->function("pagedc_prefill_group", shared);
       kernel->merge = kernel->module->function("pagedc_prefill_group_merge");
     } else {
-      kernel->main = kernel->module->function("pagedc_prefill", shared);
+      kernel->main =
+          kernel->module->function("pagedc_prefill", shared, config.prefillCtasPerSm > 1);
     }
     break;
   case KernelKind::Decode:

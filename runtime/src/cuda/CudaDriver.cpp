@@ -302,7 +302,8 @@ CudaModule::~CudaModule() {
     driver_.api().moduleUnload(module_);
 }
 
-cu::Function CudaModule::function(const std::string &name, int dynamicSharedBytes) const {
+cu::Function CudaModule::function(const std::string &name, int dynamicSharedBytes,
+                                  bool maxSharedCarveout) const {
   cu::Function function = nullptr;
   driver_.check(driver_.api().moduleGetFunction(&function, module_, name.c_str()),
                 "cuModuleGetFunction(" + name + ")");
@@ -311,6 +312,11 @@ cu::Function CudaModule::function(const std::string &name, int dynamicSharedByte
                       function, cu::kFunctionAttributeMaxDynamicSharedSizeBytes,
                       dynamicSharedBytes),
                   "cuFuncSetAttribute(max dynamic shared memory of " + name + ")");
+  if (maxSharedCarveout)
+    driver_.check(driver_.api().funcSetAttribute(
+                      function, cu::kFunctionAttributePreferredSharedMemoryCarveout,
+                      cu::kSharedCarveoutMaxShared),
+                  "cuFuncSetAttribute(shared memory carveout of " + name + ")");
   return function;
 }
 
