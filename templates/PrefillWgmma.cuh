@@ -470,7 +470,8 @@ PAGEDC_DEVICE void pack_probabilities(uint32_t (&p)[kBlockN / 16][4],
 
 #ifdef PAGEDC_EMULATOR
 // __launch_bounds__ is empty in an emulator image: the CTA count it asks
-// for sets the registers setmaxnreg starts from there.
+// for sets the registers setmaxnreg starts from there, and the registers
+// the emulator's occupancy counts.
 PAGEDC_EMU_EXPORT const int pagedc_emu_ctas_per_sm_pagedc_prefill = pagedc::kCtasPerSm;
 #endif
 

@@ -549,7 +549,9 @@ EXPORT int cuFuncSetAttribute(void *function, int attribute, int value) {
 }
 
 /// Resident CTAs per SM by the H100's limits: threads, registers
-/// (allocated per warp in units of 256, per thread in units of 8), shared
+/// (allocated per warp in units of 256, per thread in units of 8; a
+/// kernel's PAGEDC_EMU_REGISTERS figure, else what the launch bounds it
+/// exports give a thread, else DeviceLimits::defaultRegisters), shared
 /// memory (1 KiB reserved per CTA) and the CTA limit.
 EXPORT int cuOccupancyMaxActiveBlocksPerMultiprocessor(int *blocks, void *function,
                                                        int blockSize, size_t dynamicShared) {
@@ -562,8 +564,13 @@ EXPORT int cuOccupancyMaxActiveBlocksPerMultiprocessor(int *blocks, void *functi
   emu::Settings settings;
   if (int status = readSettings(&settings))
     return status;
-  const int registers = settings.registersOf(static_cast<Function *>(function)->kernel->name,
-                                             kLimits.defaultRegisters);
+  // A kernel that exports its launch bounds' CTA count holds what they give
+  // a thread (the setmaxnreg kernels); others the default.
+  const emu::Kernel &kernel = *static_cast<Function *>(function)->kernel;
+  const int registers = settings.registersOf(
+      kernel.name, kernel.boundsExported
+                       ? static_cast<int>(emu::boundedRegisters(blockSize, kernel.ctasPerSm))
+                       : kLimits.defaultRegisters);
   const int warps = (blockSize + 31) / 32;
   const int perWarp = ((registers + 7) / 8 * 8 * 32 + 255) / 256 * 256;
   int resident = std::min(kLimits.ctasPerSm, kLimits.threadsPerSm / blockSize);

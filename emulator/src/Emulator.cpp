@@ -26,6 +26,7 @@
 
 #include "EmulatorInternal.h"
 
+#include <algorithm>
 #include <chrono>
 #include <thread>
 
@@ -105,6 +106,10 @@ bool decodeTensorMap(const void *map128, TensorMap *map) {
   map->elementBytes = bytes[107];
   map->swizzle = bytes[108];
   return map->rank >= 1 && map->rank <= 5;
+}
+
+unsigned boundedRegisters(unsigned threads, unsigned ctasPerSm) {
+  return std::min(255u, 65536u / std::max(ctasPerSm, 1u) / ((threads + 31) / 32 * 32) / 8 * 8);
 }
 
 LaunchResult launch(const Kernel &kernel, const LaunchConfig &config, void **params,

@@ -237,8 +237,7 @@ void runBlock(Worker &worker, uint64_t linearBlock) {
   worker.registerWaiter.assign(worker.warpgroups.size(), -1);
   unsigned launchRegisters = config.launchRegisters;
   if (launchRegisters == 0)
-    launchRegisters = std::min(
-        255u, 65536u / std::max(config.ctasPerSm, 1u) / ((threads + 31) / 32 * 32) / 8 * 8);
+    launchRegisters = boundedRegisters(threads, config.ctasPerSm);
   worker.warpRegisters.assign((threads + 31) / 32, launchRegisters);
   worker.registerPool = uint64_t(launchRegisters) * threads;
   worker.live = threads;

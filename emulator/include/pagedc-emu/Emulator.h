@@ -106,8 +106,12 @@ struct Kernel {
   /// The byte size of each parameter, in order.
   std::vector<unsigned long> parameterSizes;
   /// The minimum CTAs an SM of the kernel's __launch_bounds__, which the
-  /// image exports as pagedc_emu_ctas_per_sm_<name> where it is not 1.
+  /// image exports as pagedc_emu_ctas_per_sm_<name>; 1 where it does not.
   unsigned ctasPerSm = 1;
+  /// Whether the image exports it: such a kernel holds the registers its
+  /// launch bounds give a thread (launchRegisters), which the occupancy
+  /// counts instead of DeviceLimits::defaultRegisters.
+  bool boundsExported = false;
   const Module *module = nullptr;
 };
 
@@ -182,6 +186,12 @@ struct LaunchConfig {
   /// The CTAs an SM the kernel is built for (Kernel::ctasPerSm).
   unsigned ctasPerSm = 1;
 };
+
+/// The registers a thread of a `threads`-thread CTA holds at launch when
+/// the kernel is built for `ctasPerSm` CTAs an SM: 65536 / ctasPerSm /
+/// threads (threads rounded up to whole warps), rounded down to the
+/// 8-register granule, at most 255 (LaunchConfig::launchRegisters' 0).
+unsigned boundedRegisters(unsigned threads, unsigned ctasPerSm);
 
 /// Runs `kernel` over the grid; `params` as cuLaunchKernel takes them.
 LaunchResult launch(const Kernel &kernel, const LaunchConfig &config, void **params,

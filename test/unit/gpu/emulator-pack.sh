@@ -51,8 +51,10 @@ if [ -z "${PAGEDC_PREFILL_PERSISTENT:-}" ] && [ -n "${PAGEDC_EMU_MULTIPROCESSORS
   # warpgroup prefills of more than N query tiles run N CTAs taking tiles
   # from the work counter where the block mask's visits grow (causal,
   # sliding window, no block mask), and a CTA per tile where they do not
-  # (a document mask's, inverse causal's): both must occur.
-  sms=$PAGEDC_EMU_MULTIPROCESSORS
+  # (a document mask's, inverse causal's): both must occur. With
+  # PAGEDC_PACK_CTAS_PER_SM=C (kernels built for C CTAs an SM, whose
+  # shared memory lets the occupancy count that many), N x C CTAs.
+  sms=$((PAGEDC_EMU_MULTIPROCESSORS * ${PAGEDC_PACK_CTAS_PER_SM:-1}))
   persistent=$(grep "\"kernel\":\"pagedc_prefill\",\"grid\":\[$sms," "$work/counters.jsonl" |
                  grep -c '"atomics":[1-9]' || true)
   over=$(grep -o '"kernel":"pagedc_prefill","grid":\[[0-9]*' "$work/counters.jsonl" |
