@@ -70,10 +70,10 @@ constexpr int kPrefillThreads = kConsumerThreads + 128;
 constexpr int kCtasPerSm = pagedc_config::kPrefillCtasPerSm;
 static_assert(kCtasPerSm == 1 || (kCtasPerSm == 2 && kConsumerGroups == 1),
               "two CTAs an SM take one consumer warpgroup");
-/// Shared memory a CTA may have: 227 KiB alone on the SM, else half the
-/// SM's 228 KiB less the 1 KiB reserved per CTA
-/// (KernelConfig::prefillSharedLimit).
-constexpr int kSharedLimit = kCtasPerSm == 1 ? 227 * 1024 : 228 * 1024 / kCtasPerSm - 1024;
+/// Shared memory a CTA may have: 227 KiB alone on the SM, else its share of
+/// the SM's 228 KiB less the 1 KiB reserved per CTA (the host's
+/// prefillSharedLimit, which sized the ring).
+constexpr int kSharedLimit = pagedc_config::kPrefillSharedLimit;
 /// Registers per thread after setmaxnreg: the producer warpgroup gives
 /// registers to the consumers (one CTA per SM: the launch's 168 x 384
 /// registers with two consumer warpgroups); one consumer warpgroup takes

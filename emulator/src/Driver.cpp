@@ -568,7 +568,7 @@ EXPORT int cuOccupancyMaxActiveBlocksPerMultiprocessor(int *blocks, void *functi
   // a thread (the setmaxnreg kernels); others the default.
   const emu::Kernel &kernel = *static_cast<Function *>(function)->kernel;
   const int registers = settings.registersOf(
-      kernel.name, kernel.boundsExported
+      kernel.name, kernel.ctasPerSm > 0
                        ? static_cast<int>(emu::boundedRegisters(blockSize, kernel.ctasPerSm))
                        : kLimits.defaultRegisters);
   const int warps = (blockSize + 31) / 32;

@@ -115,10 +115,8 @@ const Kernel *findKernel(const Module &module, const std::string &name) {
   kernel->parameterSizes.assign(list, list + count);
   if (const auto *ctas = static_cast<const int *>(
           dlsym(module.handle, ("pagedc_emu_ctas_per_sm_" + name).c_str()));
-      ctas && *ctas >= 1) {
+      ctas && *ctas >= 1)
     kernel->ctasPerSm = static_cast<unsigned>(*ctas);
-    kernel->boundsExported = true;
-  }
   return module.kernels.emplace(name, std::move(kernel)).first->second.get();
 }
 

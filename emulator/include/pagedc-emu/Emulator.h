@@ -106,12 +106,10 @@ struct Kernel {
   /// The byte size of each parameter, in order.
   std::vector<unsigned long> parameterSizes;
   /// The minimum CTAs an SM of the kernel's __launch_bounds__, which the
-  /// image exports as pagedc_emu_ctas_per_sm_<name>; 1 where it does not.
-  unsigned ctasPerSm = 1;
-  /// Whether the image exports it: such a kernel holds the registers its
-  /// launch bounds give a thread (launchRegisters), which the occupancy
-  /// counts instead of DeviceLimits::defaultRegisters.
-  bool boundsExported = false;
+  /// image exports as pagedc_emu_ctas_per_sm_<name>; 0 where it does not
+  /// (launches then start from one CTA's registers, and the occupancy
+  /// counts DeviceLimits::defaultRegisters instead of what the bounds give).
+  unsigned ctasPerSm = 0;
   const Module *module = nullptr;
 };
 
@@ -183,7 +181,7 @@ struct LaunchConfig {
   /// 128 at 256), the kind that hands registers between warpgroups with
   /// setmaxnreg.
   unsigned launchRegisters = 0;
-  /// The CTAs an SM the kernel is built for (Kernel::ctasPerSm).
+  /// The CTAs an SM the kernel is built for (Kernel::ctasPerSm; 0 as 1).
   unsigned ctasPerSm = 1;
 };
 

@@ -91,7 +91,7 @@ int prefillSharedLimit(int ctasPerSm) {
 }
 
 /// The entries of a prefill_shape value (KernelOptions::prefillShape): a
-/// comma-separated list of MxNxW[r|sK] entries, each optionally prefixed
+/// comma-separated list of MxNxW[r|sK][c2] entries, each optionally prefixed
 /// "dD=" (it then applies at head dim D only, and "dD=" alone keeps the
 /// default tile there; an entry without a prefix applies at the others),
 /// e.g. "128x128x64,d256=128x64x64". Returns (D, shape) pairs, D 0 for the
@@ -482,7 +482,7 @@ void KernelConfig::validate() const {
 std::string KernelConfig::describe() const {
   // The first design (16 rows per warp) keeps its historical description.
   // "r": the mods' row values recomputed per KV tile.
-  // "sK": a stage limit under 4.
+  // "sK": a stage limit under 4. "cK": built for K CTAs an SM.
   return fmt::format("{} {} d{}{} page{} m{}{}{}{}{} n{} group{} tokens{} lse{} params{}",
                      kernelKindName(kind), dtypeName(elementType), headDim,
                      valueDim() == headDim ? std::string() : fmt::format(" dv{}", valueDim()),
@@ -718,6 +718,8 @@ KernelSource assembleKernel(const KernelConfig &config,
   code += fmt::format("constexpr int kPrefillStages = {};\n", config.prefillStages());
   code += fmt::format("constexpr int kPrefillQBuffers = {};\n", config.prefillQBuffers());
   code += fmt::format("constexpr int kPrefillCtasPerSm = {};\n", config.prefillCtasPerSm);
+  code += fmt::format("constexpr int kPrefillSharedLimit = {};\n",
+                      prefillSharedLimit(config.prefillCtasPerSm));
   code += fmt::format("constexpr bool kHasLse = {};\n",
                       config.returnLse ? "true" : "false");
   code += fmt::format("constexpr bool kPackedBatch = {};\n", config.packedBatch ? "true" : "false");
