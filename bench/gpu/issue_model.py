@@ -29,7 +29,9 @@ the warpgroup kernel the softmax scale folded, as for a call with no score
 mod, and tensor-map copies; for the mma.sync kernel, a tile that is not the
 CTA's last) and takes, per path, the fewest and most
 instructions of one trip round the loop (ptxas_shapes.loop_paths), and the
-producer's loop likewise. A loop nested in the KV-tile loop counts once
+producer's loop likewise. A fixed path that ptxas compiles with a spill
+the kernel itself does not have is refused: its counts would describe code
+the GPU never runs. A loop nested in the KV-tile loop counts once
 there; the mma.sync kernel's two (the K/V copy loop, the Q K^T loop over
 the head dim) add their further trips (`copy_extra`). `predict` turns those
 into a range of issue terms for the model's prefill configurations on an
@@ -129,10 +131,14 @@ KERNELS = {
              "              !kOverlap || __ballot_sync(0xffffffffu, rescale[0] != 1.0f || "
              "rescale[1] != 1.0f) != 0;",
              "          rescale_out = {value};"),
+            # the fast tile's fallback made unreachable by leaving the
+            # kernel, not by __trap(): a trap there made ptxas spill 176
+            # bytes in the two-CTA 64-row kernel (and serialize its wgmmas),
+            # which the kernel with both paths does not
             ("rescale", "PrefillWgmma.cuh",
              "          } else {\n            if (__ballot_sync(0xffffffffu, !(tile_sum[0] < "
              "infinity() &&",
-             "          }} else {{\n            if (!{value})\n              __trap();\n"
+             "          }} else {{\n            if (!{value})\n              return;\n"
              "            if (__ballot_sync(0xffffffffu, !(tile_sum[0] < infinity() &&"),
             # O's rescale for the previous tile, at the top of the next trip
             ("rescale", "PrefillWgmma.cuh", "          if (o_rescale) {",
@@ -600,6 +606,35 @@ def mma_nested_trips(code, block_n, rows, head_dim):
             "copy_extra": (copy_trips - 1) * copy_loop + (qk_trips - 1) * qk_loop}
 
 
+def spilled_paths(kernel_figures, path_figures):
+    """The fixed paths (name -> ptxas_figures) that spill more bytes than
+    the kernel with every path (`kernel_figures`): ptxas compiled their
+    copy differently from the code the GPU runs, so their counts do not
+    describe it. A message naming them, or None."""
+    allowed = kernel_figures.get("spill_store_bytes") or 0
+    worse = {name: f.get("spill_store_bytes") or 0 for name, f in path_figures.items()
+             if (f.get("spill_store_bytes") or 0) > allowed}
+    if not worse:
+        return None
+    listed = ", ".join(f"{name} {size} bytes" for name, size in sorted(worse.items()))
+    return (f"ptxas spilled where the kernel itself spills {allowed} bytes: {listed}; "
+            "their counts would describe code the GPU never runs")
+
+
+def compile_counted(pagedc, example, mask, arch, head_dim, page, cubin, shape, templates=None):
+    """Compiles the prefill of `mask` to `cubin` (with $PAGEDC_TEMPLATE_DIR
+    `templates` when given) and returns ptxas's figures for it."""
+    command = [pagedc, example, f"--mask={mask}", "--emit=cubin", f"--arch={arch}",
+               f"--head-dim={head_dim}", f"--page-size={page}", "--ptxas-report", "-o", cubin]
+    env = {**os.environ, "PAGEDC_PREFILL_SHAPE": shape}
+    if templates is not None:
+        env["PAGEDC_TEMPLATE_DIR"] = templates
+    run = subprocess.run(command, capture_output=True, text=True, env=env)
+    if run.returncode != 0:
+        sys.exit(f"{' '.join(command)} failed:\n{run.stderr}")
+    return ptxas_shapes.ptxas_figures(run.stderr, "pagedc_prefill")
+
+
 def static_counts(pagedc, cuobjdump, templates, shape, kernel="warpgroup", arch="sm_90a",
                   head_dim=128, page=128, example=None, mask="causal"):
     """Path ranges of the kernel's KV-tile loop (all kept / masked, O
@@ -620,6 +655,12 @@ def static_counts(pagedc, cuobjdump, templates, shape, kernel="warpgroup", arch=
     if mask != "causal" or os.path.basename(example) != "causal.attn":
         out["mods_file"] = os.path.basename(example)
     with tempfile.TemporaryDirectory() as directory:
+        # The kernel with every path, as the GPU runs it: the fixed paths'
+        # copies may spill no more than it does.
+        kernel_figures = compile_counted(pagedc, example, mask, arch, head_dim, page,
+                                         os.path.join(directory, "kernel.cubin"), shape,
+                                         os.path.abspath(templates))
+        path_figures = {}
         for kept in ("true", "false"):
             path = out.setdefault("all_kept" if kept == "true" else "masked", {})
             for rescale in ("true", "false"):
@@ -628,13 +669,10 @@ def static_counts(pagedc, cuobjdump, templates, shape, kernel="warpgroup", arch=
                 forced, absent = force(templates, work, values, kernel)
                 out["not_forced"] = absent
                 cubin = os.path.join(work, "kernel.cubin")
-                command = [pagedc, example, f"--mask={mask}", "--emit=cubin", f"--arch={arch}",
-                           f"--head-dim={head_dim}", f"--page-size={page}", "-o", cubin]
-                run = subprocess.run(command, capture_output=True, text=True,
-                                     env={**os.environ, "PAGEDC_TEMPLATE_DIR": forced,
-                                          "PAGEDC_PREFILL_SHAPE": shape})
-                if run.returncode != 0:
-                    sys.exit(f"{' '.join(command)} failed:\n{run.stderr}")
+                name = ("all_kept" if kept == "true" else "masked") + \
+                    ("/rescale" if rescale == "true" else "/no_rescale")
+                path_figures[name] = compile_counted(pagedc, example, mask, arch, head_dim, page,
+                                                     cubin, shape, forced)
                 code = ptxas_shapes.cubin_instructions(cuobjdump, cubin)
                 mma, fewest, most = ptxas_shapes.main_loop_paths(code)
                 path["rescale" if rescale == "true" else "no_rescale"] = [fewest, most]
@@ -651,6 +689,10 @@ def static_counts(pagedc, cuobjdump, templates, shape, kernel="warpgroup", arch=
                         # arrive); a gather runs in all four.
                         out["producer_copy_warps"] = (
                             PRODUCER_WARPS if "tensor_maps" in absent else 1)
+    refused = spilled_paths(kernel_figures, path_figures)
+    if refused:
+        sys.exit(f"{shape}: {refused}")
+    out["ptxas"] = {"kernel": kernel_figures, "paths": path_figures}
     return out
 
 

@@ -536,6 +536,25 @@ class IssueModel(unittest.TestCase):
         self.assertEqual(found, {"copy_loop": 3, "copy_trips": 1, "qk_loop": 2, "qk_trips": 16,
                                  "copy_extra": 30})
 
+    def test_a_fixed_path_that_spills_more_than_the_kernel_is_refused(self):
+        # ptxas -v's report of the kernel with every path, then of two
+        # fixed paths: one as the kernel (no spill), one that spills.
+        report = ("ptxas info    : Compiling entry function 'pagedc_prefill' for 'sm_90a'\n"
+                  "ptxas info    : Function properties for pagedc_prefill\n"
+                  "ptxas         .     {stack} bytes stack frame, {spill} bytes spill stores, "
+                  "{spill} bytes spill loads\n"
+                  "ptxas info    : Used 128 registers, used 16 barriers, 128 bytes smem\n")
+        kernel = ptxas_shapes.ptxas_figures(report.format(stack=0, spill=0), "pagedc_prefill")
+        same = ptxas_shapes.ptxas_figures(report.format(stack=0, spill=0), "pagedc_prefill")
+        spilled = ptxas_shapes.ptxas_figures(report.format(stack=80, spill=176), "pagedc_prefill")
+        self.assertIsNone(issue_model.spilled_paths(kernel, {"all_kept/rescale": same}))
+        message = issue_model.spilled_paths(
+            kernel, {"all_kept/rescale": same, "all_kept/no_rescale": spilled})
+        self.assertIn("all_kept/no_rescale 176 bytes", message)
+        self.assertNotIn("all_kept/rescale ", message)
+        # A kernel that spills itself allows its paths as much.
+        self.assertIsNone(issue_model.spilled_paths(spilled, {"masked/rescale": spilled}))
+
     def test_rescale_probability(self):
         self.assertEqual(issue_model.rescale_probability(0), 1.0)
         self.assertAlmostEqual(issue_model.rescale_probability(1), 1.0 - 0.5 ** 16)
@@ -805,7 +824,7 @@ class IssueModel(unittest.TestCase):
             # with what its vote guards unreachable
             self.assertIn("          rescale_out = false;\n", text)
             self.assertIn("if (kFastSoftmax && !false) {", text)
-            self.assertIn("            if (!false)\n              __trap();\n", text)
+            self.assertIn("            if (!false)\n              return;\n", text)
             self.assertIn("return true;", text)
         with tempfile.TemporaryDirectory() as directory:
             forced, absent = issue_model.force(os.path.join(ROOT, "templates"), directory,
