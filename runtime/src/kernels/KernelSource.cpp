@@ -605,6 +605,14 @@ const std::map<std::string, std::string, std::less<>> &templateOverrides() {
         files.emplace(name, std::string((std::istreambuf_iterator<char>(file)),
                                         std::istreambuf_iterator<char>()));
     }
+    // A directory holding none of them (a typo, or the parent of the
+    // templates) would silently compile the embedded templates, and a
+    // comparison of template versions would measure one version twice.
+    // Some may be missing: an earlier commit's copy lacks later files.
+    if (files.empty())
+      throw Error(fmt::format("{} is '{}': it holds none of the kernel templates (such as {})",
+                              env::variableName(env::Setting::TemplateDir), directory,
+                              detail::kEmbeddedTemplates[0].name));
     return files;
   }();
   return overrides;
