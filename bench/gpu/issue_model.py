@@ -3,7 +3,7 @@
 
 The emulator's counters have no term for the instructions a kernel issues
 besides its MMAs (softmax, mods, address arithmetic, barriers). On the H100
-runs of 2026-11-25 Nsight Compute counted them, and the elapsed time of the
+runs that Nsight Compute profiled it counted them, and the elapsed time of the
 two designs that kept their pipelines full matched the model's issue rule
 
     t = max(max(tensor, shared) + issue, L2, DRAM, MUFU) + launch
@@ -121,7 +121,7 @@ KERNELS = {
              "rescale[1] != 1.0f) != 0;",
              "const bool rescale_out = {value};"),
             # since the softmax without the row maximum (kernels with no
-            # score mod, 2026-11-28): rescaled = the maximum-first path
+            # score mod): rescaled = the maximum-first path
             # (softmax_tile, O rescaled); not rescaled = the fast path, its
             # vote kept and what the vote guards made unreachable
             ("rescale", "PrefillWgmma.cuh", "if (kFastSoftmax && references_known) {",
@@ -144,7 +144,7 @@ KERNELS = {
             ("rescale", "PrefillWgmma.cuh", "          if (o_rescale) {",
              "          if ({value}) {{"),
             # the same test in templates from before O's rescale moved under
-            # the next S (2026-11-26)
+            # the next S
             ("rescale", "PrefillWgmma.cuh",
              "if (!kOverlap || __ballot_sync(0xffffffffu, rescale[0] != 1.0f || "
              "rescale[1] != 1.0f))",
@@ -156,7 +156,7 @@ KERNELS = {
              "return kTmaPages && wg.tensor_maps != 0 && kv + kBlockN <= kv_len;",
              "return {value};"),
             # the same choice in templates from before the tail tile's
-            # gather had its own test (2026-11-26)
+            # gather had its own test
             ("tensor_maps", "PrefillWgmma.cuh", "if (use_tma && kv + kBlockN <= kv_len) {",
              "if ({value}) {{"),
         ],
@@ -175,7 +175,7 @@ KERNELS = {
              "      if ({value})\n        copy_tile(stage ^ 1, kv_next);"),
             ("next_tile", "Prefill.cuh", "      if (next_list < visits.list_count) {\n",
              "      if ({value}) {{\n"),
-            # the copy's test in templates from before its copier (2026-11-26)
+            # the copy's test in templates from before its copier
             ("next_tile", "Prefill.cuh",
              "      if (next_list < visits.list_count)\n        load_kv_tiles<",
              "      if ({value})\n        load_kv_tiles<"),

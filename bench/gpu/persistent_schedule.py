@@ -19,7 +19,7 @@ the CTAs two ways:
   counter  the work counter (next_counted_tile): the CTA's own tile first,
            then the next tile in order to whichever CTA is free first;
   ahead    the same counter taken a round ahead, as the kernel's producer
-           takes it since 2026-11-28: a CTA takes its next tile when it
+           takes it: a CTA takes its next tile when it
            starts a tile (at launch, besides its own), not when it is free.
 
 It prints each way's efficiency: the total cost / (G x the busiest CTA's
