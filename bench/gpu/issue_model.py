@@ -26,8 +26,9 @@ compiles the prefill (--kernel warpgroup: PrefillWgmma.cuh, sm_90a; mma:
 Prefill.cuh, sm_80 by default) with its KV-tile loop's path fixed in a
 template copy (all keys kept or masked per element; O rescaled or not; for
 the warpgroup kernel the softmax scale folded, as for a call with no score
-mod, and tensor-map copies; for the mma.sync kernel, a tile that is not the
-CTA's last) and takes, per path, the fewest and most
+mod, tensor-map copies and a pass every row of the warpgroup belongs to;
+for the mma.sync kernel, a tile that is not the CTA's last) and takes, per
+path, the fewest and most
 instructions of one trip round the loop (ptxas_shapes.loop_paths), and the
 producer's loop likewise. A fixed path that ptxas compiles with a spill
 the kernel itself does not have is refused: its counts would describe code
@@ -149,6 +150,12 @@ KERNELS = {
              "if (!kOverlap || __ballot_sync(0xffffffffu, rescale[0] != 1.0f || "
              "rescale[1] != 1.0f))",
              "if ({value})"),
+            # a visit whose pass some row of the warpgroup belongs to: the
+            # tile is computed (without O's overlap, D 256, a warpgroup with
+            # no row in the pass releases the stage at once, a path of a few
+            # instructions that is not a tile's cost)
+            ("group_visible", "PrefillWgmma.cuh", "if (!kOverlap && !group_visible) {",
+             "if (!kOverlap && !{value}) {{"),
             ("scale_folded", "PrefillWgmma.cuh",
              "const bool scale_in_softmax = !pagedc_mods::kHasScore && args.scale > 0.0f;",
              "const bool scale_in_softmax = !pagedc_mods::kHasScore && {value};"),
@@ -182,7 +189,8 @@ KERNELS = {
         ],
     },
 }
-FORCED_VALUES = {"warpgroup": {"scale_folded": "true", "tensor_maps": "true"},
+FORCED_VALUES = {"warpgroup": {"scale_folded": "true", "tensor_maps": "true",
+                               "group_visible": "true"},
                  "mma": {"next_tile": "true"}}
 
 # The devices the model describes (tools/pagedc-gpu/Model.cpp).

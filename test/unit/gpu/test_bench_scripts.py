@@ -814,7 +814,7 @@ class IssueModel(unittest.TestCase):
         # name must be found once, or its counts would be of both sides.
         with tempfile.TemporaryDirectory() as directory:
             values = {"all_kept": "true", "rescale": "false", "scale_folded": "true",
-                      "tensor_maps": "true"}
+                      "tensor_maps": "true", "group_visible": "true"}
             forced, absent = issue_model.force(os.path.join(ROOT, "templates"), directory, values)
             self.assertEqual(absent, [])
             with open(os.path.join(forced, "PrefillWgmma.cuh")) as file:
@@ -826,6 +826,7 @@ class IssueModel(unittest.TestCase):
             self.assertIn("if (kFastSoftmax && !false) {", text)
             self.assertIn("            if (!false)\n              return;\n", text)
             self.assertIn("return true;", text)
+            self.assertIn("if (!kOverlap && !true) {", text)
         with tempfile.TemporaryDirectory() as directory:
             forced, absent = issue_model.force(os.path.join(ROOT, "templates"), directory,
                                                {"all_kept": "false", "rescale": "true"}, "mma")
