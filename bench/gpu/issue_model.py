@@ -32,7 +32,7 @@ path, the fewest and most
 instructions of one trip round the loop (ptxas_shapes.loop_paths), and the
 producer's loop likewise. A fixed path that ptxas compiles with a spill
 the kernel itself does not have is refused: its counts would describe code
-the GPU never runs. A loop nested in the KV-tile loop counts once
+the GPU never runs (--allow-spills counts it, named in `spilled_paths`). A loop nested in the KV-tile loop counts once
 there; the mma.sync kernel's two (the K/V copy loop, the Q K^T loop over
 the head dim) add their further trips (`copy_extra`). `predict` turns those
 into a range of issue terms for the model's prefill configurations on an
@@ -640,11 +640,15 @@ def compile_counted(pagedc, example, mask, arch, head_dim, page, cubin, shape, t
     run = subprocess.run(command, capture_output=True, text=True, env=env)
     if run.returncode != 0:
         sys.exit(f"{' '.join(command)} failed:\n{run.stderr}")
-    return ptxas_shapes.ptxas_figures(run.stderr, "pagedc_prefill")
+    figures = ptxas_shapes.ptxas_figures(run.stderr, "pagedc_prefill")
+    if figures["spill_store_bytes"] is None:
+        sys.exit(f"{' '.join(command)}: no ptxas report of pagedc_prefill's spills in:\n"
+                 f"{run.stderr}")
+    return figures
 
 
 def static_counts(pagedc, cuobjdump, templates, shape, kernel="warpgroup", arch="sm_90a",
-                  head_dim=128, page=128, example=None, mask="causal"):
+                  head_dim=128, page=128, example=None, mask="causal", allow_spills=False):
     """Path ranges of the kernel's KV-tile loop (all kept / masked, O
     rescaled or not) and of its producer's loop; for the mma.sync kernel
     also the copy loop's further trips per tile (ptxas_shapes' rules).
@@ -698,8 +702,11 @@ def static_counts(pagedc, cuobjdump, templates, shape, kernel="warpgroup", arch=
                         out["producer_copy_warps"] = (
                             PRODUCER_WARPS if "tensor_maps" in absent else 1)
     refused = spilled_paths(kernel_figures, path_figures)
+    if refused and not allow_spills:
+        sys.exit(f"{shape}: {refused} (--allow-spills counts them, marked)")
     if refused:
-        sys.exit(f"{shape}: {refused}")
+        print(f"issue_model.py static: {shape}: {refused}", file=sys.stderr)
+        out["spilled_paths"] = refused
     out["ptxas"] = {"kernel": kernel_figures, "paths": path_figures}
     return out
 
@@ -728,6 +735,10 @@ def main(argv=None):
     s.add_argument("--mods", metavar="FILE.attn:MASK",
                    help="count the kernel of another mask (default examples/causal.attn:causal; "
                         "predict takes causal counts)")
+    s.add_argument("--allow-spills", action="store_true",
+                   help="count fixed paths that spill more than the kernel (refused by default: "
+                        "ptxas compiled their copy differently); the result names them in "
+                        "spilled_paths")
     s.add_argument("--json")
     p = sub.add_parser("predict")
     p.add_argument("static")
@@ -844,7 +855,8 @@ def main(argv=None):
             if not example or not mask:
                 parser.error("--mods takes FILE.attn:MASK")
         result = static_counts(args.pagedc, args.cuobjdump, args.templates, args.shape,
-                               args.kernel, arch, args.head_dim, example=example, mask=mask)
+                               args.kernel, arch, args.head_dim, example=example, mask=mask,
+                               allow_spills=args.allow_spills)
         print(json.dumps(result, indent=2))
     else:
         rows = predict(load_model(args.static), load_model(args.model), args.filter, args.ncu,
