@@ -29,8 +29,9 @@
 // K/V are read in place through the layout's (head, page, slot) strides
 // with cp.async gathers (the tensor-map copies need flexAttention's compact
 // pages). The mask is evaluated per element over every key tile below
-// kv_len (no block classifier yet); a sequence's keys start at the tile
-// that holds its kv_start, whose rows below it are neither read nor kept,
+// kv_len; a sequence's keys start at the tile that holds its kv_start
+// (moved later by plan() where the mask's block classifier proves the keys
+// before it masked), whose rows below it are neither read nor kept,
 // and the token maps give each packed row its own position and batch index
 // (cascade levels). Caches of 8-bit floats (BatchAttentionConfig::kvDtype)
 // are gathered as codes and converted to dtype in shared memory after each
@@ -233,6 +234,13 @@ public:
   ///     the prefix's pages, read those pages once for the whole group,
   ///     while each query keeps its own position and sequence index
   ///     (docs/serving.md, "Cascade").
+  /// Where the mask has a block classifier (CompiledMods::maskBlockClass,
+  /// from the JIT) and reads no params, buffers or head — a causal or
+  /// sliding-window mask with a constant window — and no token maps are
+  /// given, plan() starts each sequence's keys at the first 64-key granule
+  /// from kv_start that a row of its new tokens may keep: a sliding window
+  /// reads its window, not the whole context, and the result is the same
+  /// (those keys are masked for every row).
   /// Every check comes first: a bad argument throws pagedc::Error naming it
   /// and the previous plan stays in force. On CUDA plan() uploads the step
   /// (synchronously, so the host arguments may change once it returns).
@@ -246,6 +254,12 @@ public:
   /// The planned step's sequences B and packed tokens T.
   int64_t numSeqs() const { return numSeqs_; }
   int64_t numTokens() const { return numTokens_; }
+  /// The keys [keyBegin, keyEnd) run() reads for sequence b of the plan
+  /// (b < numSeqs()): kv_start and kv_end (0 and seq_lens by default), or
+  /// from a later key where the mask's block classifier proves every key
+  /// before it masked for all of the sequence's new tokens (plan(), below).
+  int32_t keyBegin(int64_t b) const;
+  int32_t keyEnd(int64_t b) const;
 
   /// Attention of the planned step. q is [T', Hq, D] with T' >= T (rows
   /// past T are neither read nor written); kCache and vCache are views of

@@ -273,6 +273,66 @@ TEST(BatchAttention, OneThreadAndManyDecodesSplitTheKeys) {
   }
 }
 
+/// The first key plan() leaves a sequence under the "window" test mask (the
+/// 100 keys ending at each query, a constant): the start of the 64-key
+/// granule holding its first new token's first kept key.
+int32_t windowKeyBegin(const Seq &s) {
+  const int32_t first = s.seqLen - s.qLen - 99;
+  return first > 0 ? first / 64 * 64 : 0;
+}
+
+TEST(BatchAttention, ClassifierStartsEachSequenceAtItsWindow) {
+  // Long contexts under a fixed window: each sequence's keys start at its
+  // window's granule, and the step still matches the reference.
+  StepCase c;
+  c.seqs = {{1, 2000}, {3, 700}, {37, 300}, {61, 61}, {0, 40}, {1, 150}, {9, 164}};
+  c.mask = "window";
+  c.score = "alibi";
+  c.seed = 51;
+  {
+    testutil::BatchStep step(c);
+    BatchAttention attention(step.mods, step.config());
+    step.plan(attention);
+    for (size_t b = 0; b < c.seqs.size(); ++b) {
+      const Seq &s = c.seqs[b];
+      EXPECT_EQ(attention.keyBegin(b), s.qLen > 0 ? windowKeyBegin(s) : 0) << "sequence " << b;
+      EXPECT_EQ(attention.keyEnd(b), s.seqLen) << "sequence " << b;
+    }
+    EXPECT_EQ(attention.keyBegin(0), 1856); // 1999 - 99 = 1900, in the granule from 1856
+    EXPECT_THROW(attention.keyBegin(static_cast<int64_t>(c.seqs.size())), Error);
+  }
+  StepCheck check = checkStep(c);
+  EXPECT_EQ(check.outViolations + check.lseViolations + check.nonFinite, 0) << check.describe();
+}
+
+TEST(BatchAttention, ClassifierBoundsOnlyWhatItCanAtPlan) {
+  const std::vector<Seq> seqs = {{1, 900}, {20, 400}, {0, 30}};
+  auto begins = [&](const char *mask) {
+    StepCase c;
+    c.seqs = seqs;
+    c.mask = mask;
+    testutil::BatchStep step(c);
+    BatchAttention attention(step.mods, step.config());
+    step.plan(attention);
+    std::vector<int32_t> out;
+    for (size_t b = 0; b < seqs.size(); ++b)
+      out.push_back(attention.keyBegin(b));
+    return out;
+  };
+  // Causal keeps key 0 for every row: nothing moves.
+  EXPECT_EQ(begins("causal"), (std::vector<int32_t>{0, 0, 0}));
+  // The param window is bound only at run(): no classifier at plan().
+  EXPECT_EQ(begins("sliding"), (std::vector<int32_t>{0, 0, 0}));
+  // A mask that keeps nothing leaves its sequences no key (the one with no
+  // new tokens keeps its kv_start).
+  EXPECT_EQ(begins("never"), (std::vector<int32_t>{900, 400, 0}));
+  StepCase c;
+  c.seqs = seqs;
+  c.mask = "never";
+  StepCheck check = checkStep(c);
+  EXPECT_EQ(check.outViolations + check.lseViolations + check.nonFinite, 0) << check.describe();
+}
+
 TEST(BatchAttention, Float8CachesMatchFloat64OnDequantizedValues) {
   // Both formats, per-head and per-tensor scales, native 8-bit and u8 +
   // kv_dtype tensors, pages 1 / 16 / 128, GQA 1 and 4; the long decodes with

@@ -34,6 +34,10 @@ bool document(const PagedcModContext &ctx, int32_t b, int32_t q, int32_t kv) {
   return q >= kv && documentAt(&ctx, b, q) == documentAt(&ctx, b, kv);
 }
 bool holes(int32_t h, int32_t q, int32_t kv) { return (q + h) % 3 != 0 && q >= kv; }
+/// A window of kFixedWindow keys ending at the query, fixed in the mod (no
+/// param): the block classifier can bound it when plan() runs.
+constexpr int32_t kFixedWindow = 100;
+bool fixedWindow(int32_t q, int32_t kv) { return q >= kv && q - kv < kFixedWindow; }
 bool prefixLm(const PagedcModContext &ctx, int32_t b, int32_t q, int32_t kv) {
   const PagedcBufferRef &prefix = ctx.buffers[PrefixBuffer];
   return kv < static_cast<const int32_t *>(prefix.data)[b * prefix.strides[0]] || q >= kv;
@@ -53,6 +57,11 @@ void documentRow(const PagedcModContext *ctx, int32_t b, int32_t, int32_t q, int
                  int32_t count, uint8_t *out) {
   for (int32_t i = 0; i < count; ++i)
     out[i] = document(*ctx, b, q, kv + i);
+}
+void windowRow(const PagedcModContext *, int32_t, int32_t, int32_t q, int32_t kv,
+               int32_t count, uint8_t *out) {
+  for (int32_t i = 0; i < count; ++i)
+    out[i] = fixedWindow(q, kv + i);
 }
 void holesRow(const PagedcModContext *, int32_t, int32_t h, int32_t q, int32_t kv,
               int32_t count, uint8_t *out) {
@@ -77,6 +86,20 @@ int32_t causalBlockClass(const PagedcModContext *, int32_t, int32_t, int32_t qLo
   if (qLow >= kvHigh)
     return 2;
   return 1;
+}
+
+/// Exact classification of window over the same rectangles.
+int32_t windowBlockClass(const PagedcModContext *, int32_t, int32_t, int32_t qLow,
+                         int32_t qHigh, int32_t kvLow, int32_t kvHigh) {
+  if (qHigh < kvLow || qLow - kvHigh >= kFixedWindow)
+    return 0;
+  if (qLow >= kvHigh && qHigh - kvLow < kFixedWindow)
+    return 2;
+  return 1;
+}
+int32_t neverBlockClass(const PagedcModContext *, int32_t, int32_t, int32_t, int32_t, int32_t,
+                        int32_t) {
+  return 0;
 }
 
 //===- Score mods ---------------------------------------------------------===//
@@ -133,6 +156,8 @@ __device__ __forceinline__ int32_t document_at(const Params &p, int b, int posit
     keep = "q >= kv && document_at(p, b, q) == document_at(p, b, kv)";
   else if (mask == "holes")
     keep = "(q + h) % 3 != 0 && q >= kv";
+  else if (mask == "window")
+    keep = "q >= kv && q - kv < " + std::to_string(kFixedWindow);
   else if (mask == "prefix_lm")
     keep = "kv < p.prefix[b * p.prefix_stride[0]] || q >= kv";
   else if (mask == "never")
@@ -190,6 +215,12 @@ CompiledMods makeTestMods(const std::string &mask, const std::string &score) {
     mods.maskReference = [](const PagedcModContext &ctx, int32_t b, int32_t, int32_t q,
                             int32_t kv) { return document(ctx, b, q, kv); };
     mods.maskDependence = {true, false, true, true, false, {"doc"}, {}};
+  } else if (mask == "window") {
+    mods.maskRow = windowRow;
+    mods.maskBlockClass = windowBlockClass;
+    mods.maskReference = [](const PagedcModContext &, int32_t, int32_t, int32_t q,
+                            int32_t kv) { return fixedWindow(q, kv); };
+    mods.maskDependence = {false, false, true, true, true, {}, {}};
   } else if (mask == "holes") {
     mods.maskRow = holesRow;
     mods.maskReference = [](const PagedcModContext &, int32_t, int32_t h, int32_t q,
@@ -207,6 +238,7 @@ CompiledMods makeTestMods(const std::string &mask, const std::string &score) {
     mods.maskDependence = {true, false, true, true, false, {"prefix"}, {}};
   } else if (mask == "never") {
     mods.maskRow = neverRow;
+    mods.maskBlockClass = neverBlockClass;
     mods.maskReference = [](const PagedcModContext &, int32_t, int32_t, int32_t,
                             int32_t) { return false; };
     mods.maskDependence = {false, false, false, false, false, {}, {}};

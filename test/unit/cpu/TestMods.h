@@ -25,7 +25,9 @@ namespace pagedc::testutil {
 
 /// Mask mods: "" (none), "causal", "sliding", "document" (document and
 /// causal), "holes" (causal, and rows with (q + h) % 3 == 0 fully masked),
-/// "never" (masks everything), "prefix_lm" (kv < prefix[b] or causal; it
+/// "window" (causal, the 100 keys ending at the query: a constant, not the
+/// param; with a block classifier), "never" (masks everything; its
+/// classifier answers 0), "prefix_lm" (kv < prefix[b] or causal; it
 /// alone also declares `buffer prefix: i32[B]`, bound per sequence).
 /// Score mods: "" (none), "alibi" (s * temperature + slopes[h] * (kv - q)),
 /// "softcap" (softcap * tanh(s / softcap)).

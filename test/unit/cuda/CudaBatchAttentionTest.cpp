@@ -16,7 +16,8 @@
 // (token maps) merged on the device, and the global bytes a cascade reads
 // (the emulator's counters); MLA decode (D 576, Dv 512, V a view of the
 // latent K cache; templates/MlaDecode.cuh) split and unsplit, with sinks;
-// and the CUDA path's refusals. The extended
+// a constant window's keys bounded by plan() with the mask's classifier
+// (the keys read, on the counters); and the CUDA path's refusals. The extended
 // tier adds a 1000-token chunk and head dim 256 on pages of 128.
 //
 //===----------------------------------------------------------------------===//
@@ -80,7 +81,7 @@ int64_t groupTileRows(const BatchStepCase &c) {
 /// Runs a step on the emulated device and compares it with the float64
 /// reference; also checks that the kernels read the engine's cache in
 /// place and that the plan sent sequences of 1 to 8 new tokens to the
-/// decode kernel, longer ones with 4 keys per token or more to the
+/// decode kernel, longer ones with 4 keys read per token or more to the
 /// GQA-packed tiles (tokens x group rows) and the others to 64-row prefill
 /// tiles. `shape` receives the plan's shape.
 BatchStepCheck checkOnDevice(const BatchStepCase &c, BatchPlanShape *shape = nullptr,
@@ -91,9 +92,12 @@ BatchStepCheck checkOnDevice(const BatchStepCase &c, BatchPlanShape *shape = nul
   step.plan(attention);
   int64_t decodeSequences = 0, prefillTiles = 0, groupTiles = 0;
   const int64_t rows = groupTileRows(c), group = c.qHeads / c.kvHeads;
-  for (const BatchSeq &s : c.seqs) {
+  for (size_t b = 0; b < c.seqs.size(); ++b) {
+    const BatchSeq &s = c.seqs[b];
+    // The keys the plan reads: from the tile holding the sequence's first.
+    const int64_t keys = s.seqLen - attention.keyBegin(static_cast<int64_t>(b)) / 64 * 64;
     decodeSequences += s.qLen >= 1 && s.qLen <= 8;
-    if (s.qLen > 8 && s.seqLen >= 4 * s.qLen)
+    if (s.qLen > 8 && keys >= 4 * s.qLen)
       groupTiles += (s.qLen * group + rows - 1) / rows;
     else if (s.qLen > 8)
       prefillTiles += (s.qLen + 63) / 64;
@@ -155,6 +159,40 @@ BatchStepCase mixedDocumentCase(uint64_t seed) {
 TEST(CudaBatchAttention, MixedStepDocumentMaskNHD) {
   const BatchStepCase c = mixedDocumentCase(3);
   BatchStepCheck check = checkOnDevice(c);
+  EXPECT_STEP_MATCHES(check);
+}
+
+/// A fixed window over long contexts (the "window" test mask: the 100
+/// keys ending at each query, with a block classifier): plan() starts each
+/// sequence at its window's 64-key granule, so the decode of 3,000 keys
+/// reads 120 of them, and the kernels still match the reference;
+/// a mask that keeps nothing leaves its sequences empty key ranges, whose
+/// rows are 0 with lse -inf.
+TEST(CudaBatchAttention, ClassifiedWindowReadsOnlyItsKeys) {
+  BatchStepCase c;
+  c.seqs = {{1, 3000}, {3, 700}, {37, 300}, {61, 61}, {0, 40}, {12, 530}};
+  c.qHeads = 8;
+  c.kvHeads = 2;
+  c.dim = c.vDim = 64;
+  c.pageSize = 16;
+  c.layout = KVLayout::NHD;
+  c.storage = DType::BF16;
+  c.mask = "window";
+  c.score = "softcap";
+  c.seed = 61;
+  {
+    BatchStep step(c);
+    BatchAttention attention(step.mods, cudaConfig(step));
+    step.plan(attention);
+    const int32_t expected[] = {2880, 576, 128, 0, 0, 384};
+    for (size_t b = 0; b < c.seqs.size(); ++b)
+      EXPECT_EQ(attention.keyBegin(b), expected[b]) << "sequence " << b;
+  }
+  BatchStepCheck check = checkOnDevice(c);
+  EXPECT_STEP_MATCHES(check);
+  c.mask = "never";
+  c.score = "";
+  check = checkOnDevice(c);
   EXPECT_STEP_MATCHES(check);
 }
 
@@ -998,6 +1036,49 @@ TEST(CudaBatchAttention, CascadeReadsTheSharedPrefixOncePerKvHead) {
   mergeState(prefixOut, prefixLse, suffixOut, suffixLse, device.outView, device.lseView);
   auto [out, lse] = device.results();
   EXPECT_STEP_MATCHES(step.compare(out.view(), lse.view(), /*cudaTolerance=*/true));
+}
+
+/// Decodes under the "window" test mask (the 100 keys ending at each
+/// query): the emulator's counters show the kernels reading each
+/// sequence's keys from its window's 64-key granule (plan()'s keyBegin), not
+/// its whole context (3,000, 1,200 and 700 keys; 90 start at key 0), and
+/// q once per KV split; the step matches float64.
+TEST(CudaBatchAttention, ClassifiedWindowDecodeReadsItsWindowOnly) {
+  BatchStepCase c;
+  c.seqs = {{1, 3000}, {1, 1200}, {1, 90}, {2, 700}};
+  c.qHeads = 4;
+  c.kvHeads = 2;
+  c.dim = c.vDim = 64;
+  c.pageSize = 16;
+  c.layout = KVLayout::NHD;
+  c.storage = DType::BF16;
+  c.mask = "window";
+  c.seed = 170;
+  BatchStep step(c);
+  DeviceStep device(step);
+  BatchAttention attention(step.mods, cudaConfig(step));
+  step.plan(attention);
+  const int64_t rowBytes = c.kvHeads * (c.dim + c.vDim) * 2; // K and V of a key
+  const int64_t qBytes = step.tokens * c.qHeads * c.dim * 2;
+  int64_t keys = 0, context = 0;
+  for (size_t b = 0; b < c.seqs.size(); ++b) {
+    keys += c.seqs[b].seqLen - attention.keyBegin(static_cast<int64_t>(b));
+    context += c.seqs[b].seqLen;
+  }
+  EXPECT_EQ(keys, (3000 - 2880) + (1200 - 1088) + 90 + (700 - 576));
+  TensorView out, lse;
+  std::pair<DeviceBuffer, DeviceBuffer> buffers;
+  const int64_t bytes = attentionCopyBytes([&] { buffers = runInto(attention, device, out, lse); });
+  if (bytes >= 0) {
+    EXPECT_EQ(bytes, keys * rowBytes + attention.planShape().decodeSplits * qBytes);
+    std::printf("window decode bytes: %lld for %lld keys of %lld\n",
+                static_cast<long long>(bytes), static_cast<long long>(keys),
+                static_cast<long long>(context));
+  }
+  HostTensor hostOut(out.dtype(), out.shape()), hostLse(DType::F32, lse.shape());
+  buffers.first.download(hostOut.data(), buffers.first.size());
+  buffers.second.download(hostLse.data(), buffers.second.size());
+  EXPECT_STEP_MATCHES(step.compare(hostOut.view(), hostLse.view(), /*cudaTolerance=*/true));
 }
 
 /// The acceptance line's prefix level at CI size under GQA 4 (Hq 8, Hkv 2,
