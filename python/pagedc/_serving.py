@@ -150,6 +150,17 @@ class BatchAttention:
     # CUDA; zeros on the CPU and before the first plan.
     plan_shape = property(lambda self: self._native.plan_shape if self._native else (0, 0, 0))
 
+    def key_range(self, sequence: int):
+        """The keys ``(begin, end)`` run() reads for ``sequence`` of the
+        plan: kv_start and kv_end, or from a later key where the mask's
+        block classifier proves every key before it masked for all of the
+        sequence's new tokens (a causal or sliding-window mask whose window
+        is a constant: a window reads its own keys, not the whole context).
+        Raises ValueError for a sequence the plan does not have."""
+        if self._native is None:
+            raise ValueError("key_range: nothing is planned")
+        return tuple(self._native.key_range(int(sequence)))
+
     def plan(self, query_start_loc, seq_lens, block_table, kv_start=None,
              kv_end=None, *, token_positions=None, token_batch=None) -> None:
         """Takes a step's metadata (host int32): ``query_start_loc`` [B + 1]

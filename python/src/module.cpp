@@ -1464,6 +1464,11 @@ PYBIND11_MODULE(_pagedc, m) {
       .def_property_readonly("num_tokens",
                              [](const Batch &b) { return b.attention->numTokens(); })
       .def_property_readonly("planned", [](const Batch &b) { return b.attention->planned(); })
+      .def("key_range",
+           [](const Batch &b, int64_t sequence) {
+             return py::make_tuple(b.attention->keyBegin(sequence),
+                                   b.attention->keyEnd(sequence));
+           })
       .def_property_readonly("plan_shape",
                              [](const Batch &b) {
                                const BatchPlanShape shape = b.attention->planShape();

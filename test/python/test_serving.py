@@ -115,6 +115,36 @@ def test_prefix_lm_per_sequence_and_out_written_in_place(rng):
     assert_close(out, ref_out, atol=1e-4, rtol=1e-4)
 
 
+WINDOW_SOURCE = """
+const WINDOW = 100
+param window: i32 = 100
+mask fixed(b, h, q, kv) = (q >= kv) & (q - kv < WINDOW)
+mask by_param(b, h, q, kv) = (q >= kv) & (q - kv < window)
+"""
+
+
+def test_a_constant_window_reads_its_own_keys(rng):
+    # The compiler's block classifier bounds a constant window when plan()
+    # runs: each sequence's keys start at its window's 64-key granule; a
+    # window given as a param is only known at run(), so it reads from 0.
+    steps = [(1, 900), (3, 700), (37, 300), (0, 40), (61, 61), (1, 150)]
+    step = make_step(rng, "NHD", 16, steps=steps)
+    expected = [0 if n == 0 or s - n - 99 <= 0 else (s - n - 99) // 64 * 64 for n, s in steps]
+    for mask, starts in (("fixed", expected), ("by_param", [0] * len(steps))):
+        mods = pagedc.compile(WINDOW_SOURCE, mask=mask)
+        attn = pagedc.BatchAttention(mods, step["hq"], step["hkv"], step["d"], 16,
+                                     max_num_seqs=8, max_num_tokens=200)
+        attn.plan(step["qsl"], step["seq_lens"], step["table"])
+        assert [attn.key_range(b) for b in range(len(steps))] == \
+            [(start, s) for start, (_, s) in zip(starts, steps)], mask
+        out, lse = attn.run(step["q"], *step["caches"], return_lse=True)
+        ref_out, ref_lse = reference_step(step, lambda b, h, qi, kv: (qi >= kv) & (qi - kv < 100))
+        assert_close(out, ref_out, atol=1e-4, rtol=1e-4)
+        assert_close(lse, ref_lse, atol=1e-4, rtol=1e-4)
+    with pytest.raises(ValueError, match="sequence 6 is not in the plan, which has 6"):
+        attn.key_range(len(steps))
+
+
 def test_plan_errors_name_the_argument(rng):
     attn = pagedc.BatchAttention(None, 4, 2, 32, 16, max_num_seqs=2, max_num_tokens=8,
                                  max_blocks_per_seq=4)

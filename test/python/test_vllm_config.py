@@ -59,6 +59,23 @@ def test_layer_settings_become_mods_that_match_vllms_semantics(rng, window, cap,
     np.testing.assert_allclose(out, expected, atol=2e-5, rtol=2e-5)
 
 
+def test_a_layers_sliding_window_bounds_the_keys_each_request_reads():
+    # The window is a constant of the generated mods, so BatchAttention's
+    # plan() starts each request at its window (with soft cap and ALiBi,
+    # whose params and buffer are the score's); without a window, causal
+    # reads from key 0.
+    qsl = np.array([0, 1, 4, 4], dtype=np.int32)
+    seq_lens = np.array([5000, 700, 30], dtype=np.int32)
+    table = np.arange(3 * 320, dtype=np.int32).reshape(3, 320) % 900
+    for window, begins in ((256, [4736, 384, 0]), (None, [0, 0, 0])):
+        mods = pagedc.compile(builtin_source(window, 3.0, True, True))
+        attn = pagedc.BatchAttention(mods, 4, 2, 64, 16, max_num_seqs=4, max_num_tokens=16,
+                                     max_blocks_per_seq=320)
+        attn.plan(qsl, seq_lens, table)
+        assert [attn.key_range(b) for b in range(3)] == \
+            [(begin, int(s)) for begin, s in zip(begins, seq_lens)], window
+
+
 def test_set_mods_wins_over_additional_config_and_variables(monkeypatch, tmp_path):
     path = tmp_path / "m.attn"
     path.write_text("mask causal(b, h, q, kv) = q >= kv\n")
