@@ -602,25 +602,32 @@ PAGEDC_DEVICE PrefillTile prefill_tile(const PagedcAttentionKernelArgs &args) {
   return prefill_tile<kRows>(args, static_cast<int>(blockIdx.x));
 }
 
+/// Ints of a packed batch's prefill tile in work_tiles: sequence, first
+/// row, first key, end of keys.
+constexpr int kPackedTileInts = 4;
+
 /// A packed batch's prefill tile (kPackedBatch): CTA x computes query head
-/// x % heads_q of work tile x / heads_q, whose sequence b and first row the
-/// plan wrote to work_tiles (heaviest first). Sequence b's q_len_b =
-/// q_start[b + 1] - q_start[b] new tokens are the packed rows from
-/// q_start[b]: `q_len` gets q_len_b and `first_row` q_start[b].
+/// x % heads_q of work tile x / heads_q, whose sequence b, first row and
+/// keys [first key, end) the plan wrote to work_tiles (heaviest first; the
+/// keys are the sequence's [kv_start, kv_len), or fewer where the mask's
+/// block classifier proved the rest masked for the tile's rows: keys past
+/// the end are neither read nor kept, as past kv_len). Sequence b's
+/// q_len_b = q_start[b + 1] - q_start[b] new tokens are the packed rows
+/// from q_start[b]: `q_len` gets q_len_b and `first_row` q_start[b].
 template <int kRows>
 PAGEDC_DEVICE PrefillTile packed_prefill_tile(const PagedcAttentionKernelArgs &args, int &q_len,
                                               int &first_row) {
   PrefillTile tile;
   const int index = static_cast<int>(blockIdx.x);
   tile.h = index % args.heads_q;
-  const int work = index / args.heads_q;
-  tile.b = args.work_tiles[2 * work];
-  tile.row_begin = args.work_tiles[2 * work + 1];
+  const int *const work = args.work_tiles + kPackedTileInts * (index / args.heads_q);
+  tile.b = work[0];
+  tile.row_begin = work[1];
   first_row = args.q_start[tile.b];
   q_len = args.q_start[tile.b + 1] - first_row;
   tile.row_count = imin(kRows, q_len - tile.row_begin);
   tile.kv_head = tile.h / (args.heads_q / args.heads_kv);
-  tile.kv_len = args.kv_len[tile.b];
+  tile.kv_len = imin(args.kv_len[tile.b], work[3]);
   tile.q_offset = args.q_offset ? args.q_offset[tile.b] : 0;
   return tile;
 }

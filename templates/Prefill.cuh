@@ -78,13 +78,17 @@ extern "C" __global__ void __launch_bounds__(pagedc::kPrefillThreads, 1)
     tile = prefill_tile<kBlockM>(args);
   const int h = tile.h, b = tile.b, row_begin = tile.row_begin, row_count = tile.row_count;
   const int kv_head = tile.kv_head, kv_len = tile.kv_len, q_offset = tile.q_offset;
-  // A packed batch's first key (kv_start): the tiles start at the one that
-  // holds it, whose rows below it are neither copied nor kept.
-  // (Read where it is used rather than held through the KV loop: the
-  // packed tiles at head dim 256 have no registers to spare for it.)
+  // A packed batch's tile's first key (its work list entry: kv_start, or
+  // later where the mask's classifier proved the keys before it masked):
+  // the tiles start at the one that holds it, whose rows below it are
+  // neither copied nor kept. (Read where it is used rather than held
+  // through the KV loop: the packed tiles at head dim 256 have no registers
+  // to spare for it.)
   auto kv_from = [&]() -> int {
     if constexpr (kPackedBatch)
-      return args.kv_start ? args.kv_start[recompute_here(b)] : 0;
+      return args.work_tiles[kPackedTileInts *
+                                 recompute_here(static_cast<int>(blockIdx.x) / args.heads_q) +
+                             2];
     return 0;
   };
 

@@ -9,6 +9,7 @@
 //===----------------------------------------------------------------------===//
 #include "pagedc/BatchAttention.h"
 
+#include "KeyBounds.h"
 #include "TensorChecks.h"
 #include "cpu/CpuAttention.h"
 #include "cuda/CudaBatchAttention.h"
@@ -332,50 +333,6 @@ void checkTokenMaps(const TensorView &positions, const TensorView &batches, int6
 
 } // namespace
 
-namespace {
-
-/// Keys a classifier answer covers: whole 64-key tiles, as the kernels
-/// read a sequence's keys from the tile that holds its first.
-constexpr int32_t kKeyGranule = 64;
-
-/// Whether the mask's block classifier can bound a sequence's keys when
-/// plan() runs: it reads no params or buffers (bound only at run()) and not
-/// the head (one bound serves every head).
-bool classifiesAtPlan(const CompiledMods &mods) {
-  const ModDependence &d = mods.maskDependence;
-  return mods.hasMask() && mods.maskBlockClass && d.params.empty() && d.buffers.empty() && !d.h;
-}
-
-/// The first key of [from, to) that the mask may keep for a row of
-/// positions [qLo, qHi] of sequence b: every key before it is proven masked
-/// (class 0). Whole granules from `from`, by bisection; every bound it
-/// returns was proven by a call, so it is exact for any classifier, and as
-/// tight as the granules for one whose answer only widens with the interval
-/// (interval arithmetic's). A causal mask costs one call.
-int32_t firstKeyKept(const CompiledMods &mods, int32_t b, int32_t qLo, int32_t qHi,
-                     int32_t from, int32_t to) {
-  const PagedcModContext none{nullptr, nullptr};
-  auto masked = [&](int32_t end) {
-    return mods.maskBlockClass(&none, b, 0, qLo, qHi, from, end - 1) == 0;
-  };
-  const int32_t granules = (to - from) / kKeyGranule;
-  if (granules == 0 || !masked(from + kKeyGranule))
-    return from;
-  if (masked(to))
-    return to;
-  int32_t lo = 1, hi = granules + 1; // masked(lo granules); not hi (to, or past it)
-  while (hi - lo > 1) {
-    const int32_t mid = lo + (hi - lo) / 2;
-    if (mid <= granules && masked(from + mid * kKeyGranule))
-      lo = mid;
-    else
-      hi = mid;
-  }
-  return from + lo * kKeyGranule;
-}
-
-} // namespace
-
 void BatchAttention::plan(const TensorView &queryStartLoc, const TensorView &seqLens,
                           const TensorView &blockTable, const TensorView &kvStart,
                           const TensorView &kvEnd, const TensorView &tokenPositions,
@@ -469,11 +426,11 @@ void BatchAttention::plan(const TensorView &queryStartLoc, const TensorView &seq
   for (int64_t b = 0; b <= batch; ++b)
     queryStart_[b] = qsl(b);
   const bool classified =
-      classifiesAtPlan(mods_) && !positioned && !isProvided(tokenBatch);
+      detail::classifiesAtPlan(mods_) && !positioned && !isProvided(tokenBatch);
   for (int64_t b = 0; b < batch; ++b) {
     const int32_t qLength = qsl(b + 1) - qsl(b);
     kvBegin_[b] = classified && qLength > 0
-                      ? firstKeyKept(mods_, static_cast<int32_t>(b), len(b) - qLength,
+                      ? detail::firstKeyKept(mods_, static_cast<int32_t>(b), len(b) - qLength,
                                      len(b) - 1, start(b), end(b))
                       : start(b);
     kvLength_[b] = end(b);

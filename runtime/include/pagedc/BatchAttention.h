@@ -28,10 +28,11 @@
 // where the kernels are compiled and loaded too; run() only enqueues them.
 // K/V are read in place through the layout's (head, page, slot) strides
 // with cp.async gathers (the tensor-map copies need flexAttention's compact
-// pages). The mask is evaluated per element over every key tile below
-// kv_len; a sequence's keys start at the tile that holds its kv_start
-// (moved later by plan() where the mask's block classifier proves the keys
-// before it masked), whose rows below it are neither read nor kept,
+// pages). The mask is evaluated per element over every key tile a
+// sequence, or a prefill tile of its rows, reads: from the tile that holds
+// its kv_start to kv_len, or fewer where plan() proved the rest masked with
+// the mask's block classifier; rows below the first key are neither read
+// nor kept,
 // and the token maps give each packed row its own position and batch index
 // (cascade levels). Caches of 8-bit floats (BatchAttentionConfig::kvDtype)
 // are gathered as codes and converted to dtype in shared memory after each
@@ -238,9 +239,11 @@ public:
   /// from the JIT) and reads no params, buffers or head — a causal or
   /// sliding-window mask with a constant window — and no token maps are
   /// given, plan() starts each sequence's keys at the first 64-key granule
-  /// from kv_start that a row of its new tokens may keep: a sliding window
-  /// reads its window, not the whole context, and the result is the same
-  /// (those keys are masked for every row).
+  /// from kv_start that a row of its new tokens may keep, and on CUDA bounds
+  /// each 64-row prefill tile's keys the same way at both ends: a sliding
+  /// window reads its window, not the whole context, a causal prompt's tile
+  /// the keys up to its last row, and the result is the same (the keys left
+  /// out are masked for every row).
   /// Every check comes first: a bad argument throws pagedc::Error naming it
   /// and the previous plan stays in force. On CUDA plan() uploads the step
   /// (synchronously, so the host arguments may change once it returns).

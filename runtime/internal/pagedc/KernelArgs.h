@@ -90,8 +90,10 @@ typedef struct PagedcAttentionKernelArgs {
   /// q_start[b] rows start at row q_start[b] of q and out (whose batch
   /// strides are 0; q_len is unused), and lse is [T, heads_q] contiguous.
   const int32_t *q_start;
-  /// [num_work_tiles, 2] (sequence, first row) of each query tile; prefill
-  /// CTA x computes query head x % heads_q of tile x / heads_q.
+  /// The work list: of the packed prefill, [num_work_tiles, 4] (sequence,
+  /// first row, first key, end of keys) of each query tile, CTA x computing
+  /// query head x % heads_q of tile x / heads_q; of the decode and the
+  /// GQA-packed tiles, [num_work_tiles, 2] (sequence, first row).
   const int32_t *work_tiles;
   int32_t num_work_tiles;
   /// Kernels of 8-bit float caches (KernelConfig::kvFloat8; null for the

@@ -21,6 +21,7 @@
 //
 //===----------------------------------------------------------------------===//
 #include "cuda/CudaBatchAttention.h"
+#include "KeyBounds.h"
 #include "cuda/CudaAttention.h"
 #include "cuda/CudaGraph.h"
 
@@ -132,7 +133,7 @@ void checkMlaCaches(const TensorView &kCache, const TensorView &vCache) {
 }
 
 CudaBatchBackend::CudaBatchBackend(const CompiledMods &mods, const BatchAttentionConfig &config)
-    : config_(config) {
+    : config_(config), mods_(mods), classifies_(classifiesAtPlan(mods)) {
   const BatchAttentionConfig &c = config_;
   if (c.dtype != DType::BF16 && c.dtype != DType::F16)
     throw Error(fmt::format("dtype must be bf16 or f16 on CUDA but is {}", dtypeName(c.dtype)));
@@ -203,7 +204,7 @@ CudaBatchBackend::CudaBatchBackend(const CompiledMods &mods, const BatchAttentio
   qOffsetAt_ = kvLenAt_ + ints(c.maxNumSeqs);
   qStartAt_ = qOffsetAt_ + ints(c.maxNumSeqs);
   prefillAt_ = qStartAt_ + ints(c.maxNumSeqs + 1);
-  decodeAt_ = prefillAt_ + ints(2 * maxPrefillTiles_);
+  decodeAt_ = prefillAt_ + ints(kPrefillTileInts * maxPrefillTiles_);
   kvStartAt_ = decodeAt_ + ints(2 * c.maxNumSeqs);
   tokenPositionAt_ = kvStartAt_ + ints(c.maxNumSeqs);
   tokenBatchAt_ = tokenPositionAt_ + ints(c.maxNumTokens);
@@ -220,8 +221,8 @@ CudaBatchBackend::CudaBatchBackend(const CompiledMods &mods, const BatchAttentio
       DeviceBuffer((groupPartialOutAt_ + ints(groupPartialRows_ * c.headDim)) * 4, c.device.index);
   if (c.kvDtype)
     scaleStorage_ = DeviceBuffer(kMaxScaleSets * ints(2 * c.numKVHeads) * 4, c.device.index);
-  tiles_.assign(ints(2 * maxPrefillTiles_), 0);
-  ordered_.assign(ints(2 * maxPrefillTiles_), 0);
+  tiles_.assign(ints(kPrefillTileInts * maxPrefillTiles_), 0);
+  ordered_.assign(ints(kPrefillTileInts * maxPrefillTiles_), 0);
   order_.assign(ints(maxPrefillTiles_), 0);
   weight_.assign(ints(maxPrefillTiles_), 0);
   decodeList_.assign(ints(2 * c.maxNumSeqs), 0);
@@ -244,6 +245,9 @@ void CudaBatchBackend::plan(const int32_t *queryStart, const int32_t *kvLength,
   // launch's tail; the decode list, and its longest context.
   int64_t tiles = 0, decodeSeqs = 0, groupTiles = 0, maxGroupKeys = 0;
   int32_t maxKv = 1, maxDecodeKv = 0, maxDecodeTokens = 0;
+  // Token maps give rows positions and batch indices of their own: the
+  // tiles then keep their sequences' keys.
+  const bool classified = classifies_ && !tokenPosition && !tokenBatch;
   for (int64_t b = 0; b < batch; ++b) {
     const int32_t qLength = queryStart[b + 1] - queryStart[b];
     maxKv = std::max(maxKv, kvLength[b]);
@@ -270,21 +274,30 @@ void CudaBatchBackend::plan(const int32_t *queryStart, const int32_t *kvLength,
       continue;
     }
     for (int32_t row = 0; row < qLength; row += rows) {
-      weight_[tiles] = std::min<int64_t>(kvLength[b], int64_t(qOffset[b]) + row +
-                                                          std::min(rows, qLength - row)) -
-                       firstKey;
-      tiles_[2 * tiles] = static_cast<int32_t>(b);
-      tiles_[2 * tiles + 1] = row;
+      // The tile's keys: the sequence's, or where the mask's classifier
+      // proves the rest masked for the tile's rows (a causal tile's end at
+      // its last row, a window's start).
+      int32_t begin = kvStart[b], end = kvLength[b];
+      if (classified) {
+        const int32_t first = qOffset[b] + row, last = first + std::min(rows, qLength - row) - 1;
+        begin = firstKeyKept(mods_, static_cast<int32_t>(b), first, last, begin, end);
+        end = endOfKeysKept(mods_, static_cast<int32_t>(b), first, last, begin, end);
+      }
+      weight_[tiles] = end - begin / kDecodeKvTile * kDecodeKvTile;
+      int32_t *tile = tiles_.data() + kPrefillTileInts * tiles;
+      tile[0] = static_cast<int32_t>(b);
+      tile[1] = row;
+      tile[2] = begin;
+      tile[3] = end;
       ++tiles;
     }
   }
   std::iota(order_.begin(), order_.begin() + tiles, 0);
   std::stable_sort(order_.begin(), order_.begin() + tiles,
                    [&](int32_t x, int32_t y) { return weight_[x] > weight_[y]; });
-  for (int64_t i = 0; i < tiles; ++i) {
-    ordered_[2 * i] = tiles_[2 * order_[i]];
-    ordered_[2 * i + 1] = tiles_[2 * order_[i] + 1];
-  }
+  for (int64_t i = 0; i < tiles; ++i)
+    std::copy_n(tiles_.data() + kPrefillTileInts * order_[i], kPrefillTileInts,
+                ordered_.data() + kPrefillTileInts * i);
 
   const int64_t groupSplits = finishGroupTiles(groupTiles, maxGroupKeys);
 
@@ -300,7 +313,7 @@ void CudaBatchBackend::plan(const int32_t *queryStart, const int32_t *kvLength,
   storage_.upload(kvLength, ints(batch) * 4, kvLenAt_ * 4);
   storage_.upload(qOffset, ints(batch) * 4, qOffsetAt_ * 4);
   storage_.upload(queryStart, ints(batch + 1) * 4, qStartAt_ * 4);
-  storage_.upload(ordered_.data(), ints(2 * tiles) * 4, prefillAt_ * 4);
+  storage_.upload(ordered_.data(), ints(kPrefillTileInts * tiles) * 4, prefillAt_ * 4);
   storage_.upload(decodeList_.data(), ints(2 * decodeSeqs) * 4, decodeAt_ * 4);
   storage_.upload(kvStart, ints(batch) * 4, kvStartAt_ * 4);
   storage_.upload(groupOrdered_.data(), ints(2 * groupTiles) * 4, groupAt_ * 4);

@@ -101,6 +101,13 @@ public:
 
 private:
   BatchAttentionConfig config_;
+  /// The mods, for their block classifier; whether it bounds the prefill
+  /// tiles' keys at plan() (classifiesAtPlan, KeyBounds.h).
+  CompiledMods mods_;
+  bool classifies_ = false;
+  /// Ints of a prefill tile in the work list: sequence, first row, first
+  /// key, end of keys (templates/KernelCommon.cuh, packed_prefill_tile).
+  static constexpr int kPrefillTileInts = 4;
   std::shared_ptr<const CudaKernel> prefill_, decode_, group_;
   int64_t maxPrefillTiles_ = 0, maxSplits_ = 1, maxGroupTiles_ = 0, groupPartialRows_ = 0;
   /// BatchAttentionConfig::fixedGrid's decode split count.
@@ -111,7 +118,7 @@ private:
   int64_t decodeSplits(int64_t decodeSeqs, int64_t maxDecodeKv, int64_t maxDecodeTokens) const;
   // One allocation of int32 words: page table [maxNumSeqs,
   // maxBlocksPerSeq], kv_len and q_offset [maxNumSeqs], q_start
-  // [maxNumSeqs + 1], the prefill tiles [maxPrefillTiles, 2], the decode
+  // [maxNumSeqs + 1], the prefill tiles [maxPrefillTiles, 4], the decode
   // list [maxNumSeqs, 2], kv_start [maxNumSeqs], the token positions and
   // batch indices [maxNumTokens] each, a fixed grid's work counts [2]
   // (prefill tiles, decode sequences), the GQA-packed tiles

@@ -165,12 +165,14 @@ TEST(CudaBatchAttention, MixedStepDocumentMaskNHD) {
 /// A fixed window over long contexts (the "window" test mask: the 100
 /// keys ending at each query, with a block classifier): plan() starts each
 /// sequence at its window's 64-key granule, so the decode of 3,000 keys
-/// reads 120 of them, and the kernels still match the reference;
+/// reads 120 of them, and each 64-row tile of a 400-token prompt its own
+/// window (from key 0, 64, ..., 256), and the kernels still match the
+/// reference;
 /// a mask that keeps nothing leaves its sequences empty key ranges, whose
 /// rows are 0 with lse -inf.
 TEST(CudaBatchAttention, ClassifiedWindowReadsOnlyItsKeys) {
   BatchStepCase c;
-  c.seqs = {{1, 3000}, {3, 700}, {37, 300}, {61, 61}, {0, 40}, {12, 530}};
+  c.seqs = {{1, 3000}, {3, 700}, {37, 300}, {61, 61}, {0, 40}, {12, 530}, {400, 400}};
   c.qHeads = 8;
   c.kvHeads = 2;
   c.dim = c.vDim = 64;
@@ -184,7 +186,7 @@ TEST(CudaBatchAttention, ClassifiedWindowReadsOnlyItsKeys) {
     BatchStep step(c);
     BatchAttention attention(step.mods, cudaConfig(step));
     step.plan(attention);
-    const int32_t expected[] = {2880, 576, 128, 0, 0, 384};
+    const int32_t expected[] = {2880, 576, 128, 0, 0, 384, 0};
     for (size_t b = 0; b < c.seqs.size(); ++b)
       EXPECT_EQ(attention.keyBegin(b), expected[b]) << "sequence " << b;
   }
@@ -950,6 +952,33 @@ int64_t attentionCopyBytes(const std::function<void()> &run) {
   return bytes;
 }
 
+/// A step of GQA 2 (Hq 4, Hkv 2), D 64, bf16, NHD pages of 16: the
+/// counted steps' (their bytes are worked out by hand).
+BatchStepCase countedCase(std::vector<BatchSeq> seqs, const char *mask, uint64_t seed) {
+  BatchStepCase c;
+  c.seqs = std::move(seqs);
+  c.qHeads = 4;
+  c.kvHeads = 2;
+  c.dim = c.vDim = 64;
+  c.pageSize = 16;
+  c.layout = KVLayout::NHD;
+  c.storage = DType::BF16;
+  c.mask = mask;
+  c.seed = seed;
+  return c;
+}
+
+/// Compares the out and lse a runInto() wrote with the step's float64
+/// reference.
+BatchStepCheck checkRunInto(const BatchStep &step,
+                            const std::pair<DeviceBuffer, DeviceBuffer> &buffers,
+                            const TensorView &out, const TensorView &lse) {
+  HostTensor hostOut(out.dtype(), out.shape()), hostLse(DType::F32, lse.shape());
+  buffers.first.download(hostOut.data(), buffers.first.size());
+  buffers.second.download(hostLse.data(), buffers.second.size());
+  return step.compare(hostOut.view(), hostLse.view(), /*cudaTolerance=*/true);
+}
+
 /// The acceptance check of cascade, at CI size: 8 decoding sequences
 /// sharing a 500-key prefix (GQA 2, D 64, bf16; the suffixes start inside
 /// a 64-key tile, whose rows below kv_start must not be read). The emulator's counters
@@ -959,19 +988,12 @@ int64_t attentionCopyBytes(const std::function<void()> &run) {
 /// each sequence's own keys from kv_start; q is read once per KV split.
 /// Both match float64.
 TEST(CudaBatchAttention, CascadeReadsTheSharedPrefixOncePerKvHead) {
-  BatchStepCase c;
   const int32_t prefix = 500, sequences = 8;
+  std::vector<BatchSeq> seqs;
   for (int32_t b = 0; b < sequences; ++b)
-    c.seqs.push_back({1, prefix + 13 + 11 * b});
-  c.qHeads = 4;
-  c.kvHeads = 2;
-  c.dim = c.vDim = 64;
-  c.pageSize = 16;
-  c.layout = KVLayout::NHD;
-  c.storage = DType::BF16;
-  c.mask = "causal";
+    seqs.push_back({1, prefix + 13 + 11 * b});
+  BatchStepCase c = countedCase(std::move(seqs), "causal", 160);
   c.sharedPrefix = prefix;
-  c.seed = 160;
   BatchStep step(c);
   const int64_t rowBytes = c.kvHeads * (c.dim + c.vDim) * 2; // K and V of a key
   const int64_t qBytes = step.tokens * c.qHeads * c.dim * 2;
@@ -1029,10 +1051,7 @@ TEST(CudaBatchAttention, CascadeReadsTheSharedPrefixOncePerKvHead) {
                 static_cast<long long>(prefixBytes), static_cast<long long>(suffixBytes));
   }
 
-  HostTensor hostOut(flatOut.dtype(), flatOut.shape()), hostLse(DType::F32, flatLse.shape());
-  flatBuffers.first.download(hostOut.data(), flatBuffers.first.size());
-  flatBuffers.second.download(hostLse.data(), flatBuffers.second.size());
-  EXPECT_STEP_MATCHES(step.compare(hostOut.view(), hostLse.view(), /*cudaTolerance=*/true));
+  EXPECT_STEP_MATCHES(checkRunInto(step, flatBuffers, flatOut, flatLse));
   mergeState(prefixOut, prefixLse, suffixOut, suffixLse, device.outView, device.lseView);
   auto [out, lse] = device.results();
   EXPECT_STEP_MATCHES(step.compare(out.view(), lse.view(), /*cudaTolerance=*/true));
@@ -1044,16 +1063,7 @@ TEST(CudaBatchAttention, CascadeReadsTheSharedPrefixOncePerKvHead) {
 /// its whole context (3,000, 1,200 and 700 keys; 90 start at key 0), and
 /// q once per KV split; the step matches float64.
 TEST(CudaBatchAttention, ClassifiedWindowDecodeReadsItsWindowOnly) {
-  BatchStepCase c;
-  c.seqs = {{1, 3000}, {1, 1200}, {1, 90}, {2, 700}};
-  c.qHeads = 4;
-  c.kvHeads = 2;
-  c.dim = c.vDim = 64;
-  c.pageSize = 16;
-  c.layout = KVLayout::NHD;
-  c.storage = DType::BF16;
-  c.mask = "window";
-  c.seed = 170;
+  const BatchStepCase c = countedCase({{1, 3000}, {1, 1200}, {1, 90}, {2, 700}}, "window", 170);
   BatchStep step(c);
   DeviceStep device(step);
   BatchAttention attention(step.mods, cudaConfig(step));
@@ -1075,10 +1085,40 @@ TEST(CudaBatchAttention, ClassifiedWindowDecodeReadsItsWindowOnly) {
                 static_cast<long long>(bytes), static_cast<long long>(keys),
                 static_cast<long long>(context));
   }
-  HostTensor hostOut(out.dtype(), out.shape()), hostLse(DType::F32, lse.shape());
-  buffers.first.download(hostOut.data(), buffers.first.size());
-  buffers.second.download(hostLse.data(), buffers.second.size());
-  EXPECT_STEP_MATCHES(step.compare(hostOut.view(), hostLse.view(), /*cudaTolerance=*/true));
+  EXPECT_STEP_MATCHES(checkRunInto(step, buffers, out, lse));
+}
+
+/// Whole prompts and a chunk after its context under a causal mask, on
+/// the 64-row prefill tiles: with the mask's classifier each tile reads
+/// the keys up to its last row's (ends 64, 128, ..., the sequence's last
+/// tile to its end), without it every key of its sequence. The emulator's
+/// counters differ by exactly the keys left out (776 of 3,324, for each
+/// of the 4 query heads' CTAs); both match float64.
+TEST(CudaBatchAttention, ClassifiedPrefillTilesReadTheKeysTheirRowsSee) {
+  const BatchStepCase c = countedCase({{300, 300}, {200, 456}}, "causal", 171);
+  BatchStep step(c);
+  DeviceStep device(step);
+  CompiledMods unclassified = step.mods;
+  unclassified.maskBlockClass = nullptr;
+  BatchAttention bounded(step.mods, cudaConfig(step)), whole(unclassified, cudaConfig(step));
+  step.plan(bounded);
+  step.plan(whole);
+  EXPECT_EQ(bounded.planShape().prefillTiles, 9);
+  TensorView out[2], lse[2];
+  std::pair<DeviceBuffer, DeviceBuffer> buffers[2];
+  const int64_t boundedBytes =
+      attentionCopyBytes([&] { buffers[0] = runInto(bounded, device, out[0], lse[0]); });
+  const int64_t wholeBytes =
+      attentionCopyBytes([&] { buffers[1] = runInto(whole, device, out[1], lse[1]); });
+  if (boundedBytes >= 0) {
+    const int64_t keyBytes = c.qHeads * (c.dim + c.vDim) * 2; // a key for each head's CTA
+    const int64_t boundedKeys = (64 + 128 + 192 + 256 + 300) + (320 + 384 + 448 + 456);
+    EXPECT_EQ(wholeBytes - boundedBytes, (5 * 300 + 4 * 456 - boundedKeys) * keyBytes);
+    std::printf("prefill tile bytes: %lld with the classifier, %lld without\n",
+                static_cast<long long>(boundedBytes), static_cast<long long>(wholeBytes));
+  }
+  for (int i = 0; i < 2; ++i)
+    EXPECT_STEP_MATCHES(checkRunInto(step, buffers[i], out[i], lse[i]));
 }
 
 /// The acceptance line's prefix level at CI size under GQA 4 (Hq 8, Hkv 2,
