@@ -82,11 +82,15 @@ CompiledMods windowMods() {
   return mods;
 }
 
+/// Causal, with what the compiler's dependence analysis says of it (q and
+/// kv, through their difference): as a compiled causal mask, its classifier
+/// bounds keys when plan() runs.
 CompiledMods causalMods() {
   CompiledMods mods;
   mods.maskName = "causal";
   mods.maskRow = causalRow;
   mods.maskBlockClass = causalClass;
+  mods.maskDependence = {false, false, true, true, true, {}, {}};
   return mods;
 }
 
