@@ -10,6 +10,7 @@
 //===----------------------------------------------------------------------===//
 #include "BatchStep.h"
 #include "TestMods.h"
+#include "KeyBounds.h"
 #include "cpu/CpuAttention.h"
 #include "cpu/Reference.h"
 
@@ -331,6 +332,64 @@ TEST(BatchAttention, ClassifierBoundsOnlyWhatItCanAtPlan) {
   c.mask = "never";
   StepCheck check = checkStep(c);
   EXPECT_EQ(check.outViolations + check.lseViolations + check.nonFinite, 0) << check.describe();
+}
+
+TEST(KeyBounds, MatchWhatABruteForceFindsOverTheGranules) {
+  // For random rows and key ranges under causal and the fixed window, the
+  // bounds are the tightest granules every key outside of which is masked
+  // for every row (the test mods' classifiers are exact).
+  std::mt19937 rng(7);
+  for (const char *mask : {"causal", "window", "never"}) {
+    const CompiledMods mods = testutil::makeTestMods(mask, "");
+    ASSERT_TRUE(detail::classifiesAtPlan(mods)) << mask;
+    auto keptByAny = [&](int32_t qLo, int32_t qHi, int32_t kv) {
+      for (int32_t q = qLo; q <= qHi; ++q)
+        if (mods.maskReference(PagedcModContext{nullptr, nullptr}, 0, 0, q, kv))
+          return true;
+      return false;
+    };
+    for (int trial = 0; trial < 300; ++trial) {
+      const int32_t to = std::uniform_int_distribution<int32_t>(0, 700)(rng);
+      const int32_t from = std::uniform_int_distribution<int32_t>(0, to)(rng);
+      const int32_t qHi = std::uniform_int_distribution<int32_t>(0, 800)(rng);
+      const int32_t qLo = std::max(0, qHi - std::uniform_int_distribution<int32_t>(0, 70)(rng));
+      // First key: the largest from + k granules (or `to`) below which no
+      // key is kept.
+      int32_t first = from;
+      for (int32_t k = 1; from + k * detail::kKeyGranule <= to; ++k) {
+        bool none = true;
+        for (int32_t kv = from; kv < from + k * detail::kKeyGranule && none; ++kv)
+          none = !keptByAny(qLo, qHi, kv);
+        if (none)
+          first = from + k * detail::kKeyGranule;
+      }
+      bool anyKept = false;
+      for (int32_t kv = from; kv < to && !anyKept; ++kv)
+        anyKept = keptByAny(qLo, qHi, kv);
+      if (!anyKept)
+        first = to;
+      EXPECT_EQ(detail::firstKeyKept(mods, 0, qLo, qHi, from, to), first)
+          << mask << " rows [" << qLo << ", " << qHi << "] keys [" << from << ", " << to << ")";
+      // End: the smallest granule start above `from` (or `to`) from which on
+      // no key is kept; `from` when none is.
+      int32_t end = to;
+      if (!anyKept) {
+        end = from;
+      } else {
+        for (int32_t e = (to - 1) / detail::kKeyGranule * detail::kKeyGranule; e > from;
+             e -= detail::kKeyGranule) {
+          bool none = true;
+          for (int32_t kv = e; kv < to && none; ++kv)
+            none = !keptByAny(qLo, qHi, kv);
+          if (!none)
+            break;
+          end = e;
+        }
+      }
+      EXPECT_EQ(detail::endOfKeysKept(mods, 0, qLo, qHi, from, to), end)
+          << mask << " rows [" << qLo << ", " << qHi << "] keys [" << from << ", " << to << ")";
+    }
+  }
 }
 
 TEST(BatchAttention, Float8CachesMatchFloat64OnDequantizedValues) {
