@@ -656,14 +656,22 @@ BUGS = {
         "prefill-sinks"),
     # BatchAttention's packed kernels on a cascade step (packed_step.py):
     # the prefix level's token maps, the suffix level's kv_start. The packed
-    # prefill starting every sequence at key 0 (kv_start ignored): the
-    # suffix level's 12-token sequence reads the pages below kv_start,
-    # which its page table holds as -1 (memcheck; numerically, the prefix
-    # counted twice).
+    # prefill starting every tile at key 0 (its first key, kv_start,
+    # ignored): the suffix level's 12-token sequence reads the pages below
+    # kv_start, which its page table holds as -1 (memcheck; numerically,
+    # the prefix counted twice).
     "packed-prefill-ignores-kv-start": (
         "Prefill.cuh",
-        "      return args.kv_start ? args.kv_start[recompute_here(b)] : 0;",
-        "      return 0;",
+        "      return args.work_tiles[kPackedTileInts *",
+        "      return 0 * args.work_tiles[kPackedTileInts *",
+        "packed-cascade"),
+    # The packed prefill ending a tile's keys 16 before the end the plan gave
+    # it (there the sequence's kv_len: token maps leave the tiles their
+    # sequences' keys): kept keys dropped (numerically).
+    "packed-prefill-tile-end-short": (
+        "KernelCommon.cuh",
+        "  tile.kv_len = imin(args.kv_len[tile.b], work[3]);",
+        "  tile.kv_len = imin(args.kv_len[tile.b], work[3] - 16);",
         "packed-cascade"),
     # The packed prefill reading the token batch map one row late: the last
     # row of each sequence in a prefix-level entry takes the next sequence's
