@@ -603,8 +603,8 @@ PAGEDC_DEVICE PrefillTile prefill_tile(const PagedcAttentionKernelArgs &args) {
 }
 
 /// Ints of a packed batch's prefill tile in work_tiles: sequence, first
-/// row, first key, end of keys.
-constexpr int kPackedTileInts = 4;
+/// row, first key, end of keys (the host writes them: KernelArgs.h).
+constexpr int kPackedTileInts = PAGEDC_PACKED_PREFILL_TILE_INTS;
 
 /// A packed batch's prefill tile (kPackedBatch): CTA x computes query head
 /// x % heads_q of work tile x / heads_q, whose sequence b, first row and

@@ -73,26 +73,21 @@ int32_t windowClass(const PagedcModContext *, int32_t, int32_t, int32_t qLow, in
   return qLow >= kvHigh && qHigh - kvLow < kPlanWindow ? 2 : 1;
 }
 
-CompiledMods windowMods() {
+/// A mask of index arithmetic on q and kv alone, with its exact classifier
+/// and what the compiler's dependence analysis says of such a mask (q and
+/// kv, through their difference): as a compiled mask, its classifier bounds
+/// keys when plan() runs.
+CompiledMods classifiedMask(const char *name, PagedcMaskRowFn row, PagedcBlockClassFn classify) {
   CompiledMods mods;
-  mods.maskName = "window";
-  mods.maskRow = windowRow;
-  mods.maskBlockClass = windowClass;
+  mods.maskName = name;
+  mods.maskRow = row;
+  mods.maskBlockClass = classify;
   mods.maskDependence = {false, false, true, true, true, {}, {}};
   return mods;
 }
 
-/// Causal, with what the compiler's dependence analysis says of it (q and
-/// kv, through their difference): as a compiled causal mask, its classifier
-/// bounds keys when plan() runs.
-CompiledMods causalMods() {
-  CompiledMods mods;
-  mods.maskName = "causal";
-  mods.maskRow = causalRow;
-  mods.maskBlockClass = causalClass;
-  mods.maskDependence = {false, false, true, true, true, {}, {}};
-  return mods;
-}
+CompiledMods windowMods() { return classifiedMask("window", windowRow, windowClass); }
+CompiledMods causalMods() { return classifiedMask("causal", causalRow, causalClass); }
 
 double seconds(const std::function<void()> &body) {
   auto start = std::chrono::steady_clock::now();

@@ -425,6 +425,8 @@ void BatchAttention::plan(const TensorView &queryStartLoc, const TensorView &seq
   // Valid: replace the plan.
   for (int64_t b = 0; b <= batch; ++b)
     queryStart_[b] = qsl(b);
+  // Token maps give rows positions and batch indices of their own: the
+  // sequences and tiles then keep their keys.
   const bool classified =
       detail::classifiesAtPlan(mods_) && !positioned && !isProvided(tokenBatch);
   for (int64_t b = 0; b < batch; ++b) {
@@ -453,7 +455,7 @@ void BatchAttention::plan(const TensorView &queryStartLoc, const TensorView &seq
   if (cuda_)
     cuda_->plan(queryStart_.data(), kvLength_.data(), qOffset_.data(), pageTable_.data(), batch,
                 kvBegin_.data(), positioned ? tokenPosition_.data() : nullptr,
-                tokenBatches_ ? tokenBatch_.data() : nullptr);
+                tokenBatches_ ? tokenBatch_.data() : nullptr, classified ? &mods_ : nullptr);
   numSeqs_ = batch;
   numTokens_ = tokens;
   maxPageEntry_ = maxEntry;

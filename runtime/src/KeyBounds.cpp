@@ -9,8 +9,6 @@
 //===----------------------------------------------------------------------===//
 #include "KeyBounds.h"
 
-#include <algorithm>
-
 namespace pagedc::detail {
 
 namespace {

@@ -17,6 +17,9 @@
 extern "C" {
 #endif
 
+/// Ints of a packed prefill tile in PagedcAttentionKernelArgs::work_tiles.
+#define PAGEDC_PACKED_PREFILL_TILE_INTS 4
+
 /// Arguments of the prefill, decode and decode-merge kernels.
 typedef struct PagedcAttentionKernelArgs {
   /// [B, Hq, Lq, D] element type of the kernel; last dim contiguous.
@@ -90,10 +93,11 @@ typedef struct PagedcAttentionKernelArgs {
   /// q_start[b] rows start at row q_start[b] of q and out (whose batch
   /// strides are 0; q_len is unused), and lse is [T, heads_q] contiguous.
   const int32_t *q_start;
-  /// The work list: of the packed prefill, [num_work_tiles, 4] (sequence,
-  /// first row, first key, end of keys) of each query tile, CTA x computing
-  /// query head x % heads_q of tile x / heads_q; of the decode and the
-  /// GQA-packed tiles, [num_work_tiles, 2] (sequence, first row).
+  /// The work list: of the packed prefill, [num_work_tiles,
+  /// PAGEDC_PACKED_PREFILL_TILE_INTS] (sequence, first row, first key, end
+  /// of keys) of each query tile, CTA x computing query head x % heads_q of
+  /// tile x / heads_q; of the decode and the GQA-packed tiles,
+  /// [num_work_tiles, 2] (sequence, first row).
   const int32_t *work_tiles;
   int32_t num_work_tiles;
   /// Kernels of 8-bit float caches (KernelConfig::kvFloat8; null for the

@@ -133,7 +133,7 @@ void checkMlaCaches(const TensorView &kCache, const TensorView &vCache) {
 }
 
 CudaBatchBackend::CudaBatchBackend(const CompiledMods &mods, const BatchAttentionConfig &config)
-    : config_(config), mods_(mods), classifies_(classifiesAtPlan(mods)) {
+    : config_(config) {
   const BatchAttentionConfig &c = config_;
   if (c.dtype != DType::BF16 && c.dtype != DType::F16)
     throw Error(fmt::format("dtype must be bf16 or f16 on CUDA but is {}", dtypeName(c.dtype)));
@@ -237,7 +237,7 @@ CudaBatchBackend::CudaBatchBackend(const CompiledMods &mods, const BatchAttentio
 void CudaBatchBackend::plan(const int32_t *queryStart, const int32_t *kvLength,
                             const int32_t *qOffset, const int32_t *pageTable, int64_t batch,
                             const int32_t *kvStart, const int32_t *tokenPosition,
-                            const int32_t *tokenBatch) {
+                            const int32_t *tokenBatch, const CompiledMods *keyBounds) {
   const BatchAttentionConfig &c = config_;
   const int rows = prefill_ ? prefill_->config.blockM : 64;
   // The prefill tiles, heaviest first (the keys a tile's last row may see:
@@ -245,9 +245,6 @@ void CudaBatchBackend::plan(const int32_t *queryStart, const int32_t *kvLength,
   // launch's tail; the decode list, and its longest context.
   int64_t tiles = 0, decodeSeqs = 0, groupTiles = 0, maxGroupKeys = 0;
   int32_t maxKv = 1, maxDecodeKv = 0, maxDecodeTokens = 0;
-  // Token maps give rows positions and batch indices of their own: the
-  // tiles then keep their sequences' keys.
-  const bool classified = classifies_ && !tokenPosition && !tokenBatch;
   for (int64_t b = 0; b < batch; ++b) {
     const int32_t qLength = queryStart[b + 1] - queryStart[b];
     maxKv = std::max(maxKv, kvLength[b]);
@@ -278,10 +275,10 @@ void CudaBatchBackend::plan(const int32_t *queryStart, const int32_t *kvLength,
       // proves the rest masked for the tile's rows (a causal tile's end at
       // its last row, a window's start).
       int32_t begin = kvStart[b], end = kvLength[b];
-      if (classified) {
+      if (keyBounds) {
         const int32_t first = qOffset[b] + row, last = first + std::min(rows, qLength - row) - 1;
-        begin = firstKeyKept(mods_, static_cast<int32_t>(b), first, last, begin, end);
-        end = endOfKeysKept(mods_, static_cast<int32_t>(b), first, last, begin, end);
+        begin = firstKeyKept(*keyBounds, static_cast<int32_t>(b), first, last, begin, end);
+        end = endOfKeysKept(*keyBounds, static_cast<int32_t>(b), first, last, begin, end);
       }
       weight_[tiles] = end - begin / kDecodeKvTile * kDecodeKvTile;
       int32_t *tile = tiles_.data() + kPrefillTileInts * tiles;

@@ -82,10 +82,13 @@ public:
   /// kvLength, qOffset [B], pageTable [B, maxBlocksPerSeq], kvStart [B],
   /// the token maps tokenPosition and tokenBatch [T] (each null when not
   /// given: q_offset[b] + row and b are uploaded in their place), and the
-  /// work lists built from them.
+  /// work lists built from them. `keyBounds`: the mods whose block
+  /// classifier bounds each prefill tile's keys (KeyBounds.h), or null
+  /// when the plan's tiles keep their sequences' keys.
   void plan(const int32_t *queryStart, const int32_t *kvLength, const int32_t *qOffset,
             const int32_t *pageTable, int64_t batch, const int32_t *kvStart,
-            const int32_t *tokenPosition, const int32_t *tokenBatch);
+            const int32_t *tokenPosition, const int32_t *tokenBatch,
+            const CompiledMods *keyBounds);
 
   /// Enqueues the planned step's kernels on call.stream: the prefill
   /// tiles, the decode splits and their merge (each only when it has work).
@@ -101,13 +104,9 @@ public:
 
 private:
   BatchAttentionConfig config_;
-  /// The mods, for their block classifier; whether it bounds the prefill
-  /// tiles' keys at plan() (classifiesAtPlan, KeyBounds.h).
-  CompiledMods mods_;
-  bool classifies_ = false;
   /// Ints of a prefill tile in the work list: sequence, first row, first
   /// key, end of keys (templates/KernelCommon.cuh, packed_prefill_tile).
-  static constexpr int kPrefillTileInts = 4;
+  static constexpr int kPrefillTileInts = PAGEDC_PACKED_PREFILL_TILE_INTS;
   std::shared_ptr<const CudaKernel> prefill_, decode_, group_;
   int64_t maxPrefillTiles_ = 0, maxSplits_ = 1, maxGroupTiles_ = 0, groupPartialRows_ = 0;
   /// BatchAttentionConfig::fixedGrid's decode split count.
